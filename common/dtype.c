@@ -1,0 +1,62 @@
+/* dtype.c — element type table and overflow-checked size arithmetic (see dtype.h). */
+#include "dtype.h"
+
+#include "err.h"
+
+#include <string.h>
+
+_Static_assert(ERR_OVERFLOW == -10005, "dtype.h inlines the value of ERR_OVERFLOW");
+
+static const struct dtype_info infos[DT_COUNT_] = {
+    [DT_F32] = {"f32", 1, 4},
+    [DT_F16] = {"f16", 1, 2},
+    [DT_BF16] = {"bf16", 1, 2},
+    [DT_Q8_0] = {"q8_0", 32, 34},
+    [DT_Q4_0] = {"q4_0", 32, 18},
+};
+
+const struct dtype_info *dtype_info(enum dtype dt)
+{
+    if ((unsigned)dt >= DT_COUNT_)
+        return NULL;
+    return &infos[dt];
+}
+
+int dtype_from_name(const char *name, enum dtype *out)
+{
+    for (int i = 0; i < DT_COUNT_; i++) {
+        if (strcmp(infos[i].name, name) == 0) {
+            *out = (enum dtype)i;
+            return 0;
+        }
+    }
+    return ERR_NOT_FOUND;
+}
+
+int dtype_row_bytes(enum dtype dt, uint64_t n, uint64_t *out)
+{
+    const struct dtype_info *di = dtype_info(dt);
+    if (!di)
+        return ERR_RANGE;
+    if (n % di->block != 0)
+        return ERR_FORMAT;
+    return dtype_mul_u64(n / di->block, di->block_bytes, out);
+}
+
+int dtype_tensor_bytes(enum dtype dt, const uint64_t *shape, int n_dims, uint64_t *out)
+{
+    if (n_dims < 1 || n_dims > 4)
+        return ERR_RANGE;
+    uint64_t rows = 1;
+    for (int i = 0; i < n_dims; i++) {
+        if (shape[i] == 0)
+            return ERR_RANGE;
+        if (i < n_dims - 1 && dtype_mul_u64(rows, shape[i], &rows) != 0)
+            return ERR_OVERFLOW;
+    }
+    uint64_t row_bytes;
+    int rc = dtype_row_bytes(dt, shape[n_dims - 1], &row_bytes);
+    if (rc != 0)
+        return rc;
+    return dtype_mul_u64(rows, row_bytes, out);
+}

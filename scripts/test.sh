@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (README's second command).
+#  1. release build with -Werror: every test (unit, integration);
+#  2. ASan+UBSan build: the unit tests;
+#  3. clang libFuzzer build: each fuzzer for a bounded time (CLOCHER_FUZZ_SECONDS, default 20).
+# Build trees go to build/ci-*; a clean checkout is all it needs (deps are installed first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+jobs=$(nproc)
+fuzz_seconds=${CLOCHER_FUZZ_SECONDS:-20}
+
+section() { printf '\n==== %s ====\n' "$*"; }
+
+section "release build (-Werror)"
+cmake -S . -B build/ci-release -DCLOCHER_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build/ci-release -j"$jobs"
+ctest --test-dir build/ci-release --output-on-failure -j"$jobs" -LE fuzz
+
+section "ASan+UBSan build: unit tests"
+cmake -S . -B build/ci-asan -DCLOCHER_WERROR=ON -DCLOCHER_SANITIZE=address,undefined \
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
+cmake --build build/ci-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build/ci-asan --output-on-failure -j"$jobs" -L unit
+
+section "libFuzzer: ${fuzz_seconds}s per parser"
+cmake -S . -B build/ci-fuzz -DCMAKE_C_COMPILER=clang -DCLOCHER_FUZZ=ON \
+  -DCLOCHER_FUZZ_SECONDS="$fuzz_seconds" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
+cmake --build build/ci-fuzz -j"$jobs"
+if ctest --test-dir build/ci-fuzz -N -L fuzz | grep -q 'Total Tests: 0'; then
+  echo "no fuzz targets yet"
+else
+  ctest --test-dir build/ci-fuzz --output-on-failure -j"$jobs" -L fuzz
+fi
