@@ -1,0 +1,46 @@
+/*
+ * main.c — `clocher`: the command-line client of clocherd and the offline model tools.
+ * Dispatches to one cmd_* function per subcommand (cmds.h); each parses its own flags.
+ */
+#include "cmds.h"
+
+#include "log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Keep sorted by name; `clocher --help` prints them in this order. */
+static const struct cmd commands[] = {
+    {"convert", cmd_convert, "convert a llama2.c / Hugging Face / GGUF model to IEBIN"},
+    {"detokenize", cmd_detokenize, "token ids on stdin -> text on stdout"},
+    {"synth", cmd_synth, "write a deterministic random-weight model (Hugging Face form)"},
+    {"tokenize", cmd_tokenize, "text on stdin -> token ids on stdout"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: clocher COMMAND [ARGS...]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n`clocher COMMAND --help` describes each command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    log_set_ident("clocher");
+    if (argc < 2) {
+        usage(stderr);
+        return CMD_EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return CMD_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "clocher: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return CMD_EXIT_USAGE;
+}
