@@ -679,14 +679,18 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
         m->slot_index_[slot] = (uint32_t)m->n_tensors;
         m->tensors[m->n_tensors++] = t;
     }
-    for (size_t slot = 0; slot < ns; slot++) {
-        if (seen[slot] || (slot == K_OUTPUT && m->hp.tied_embeddings))
-            continue;
-        char nm[IEBIN_NAME_MAX];
-        slot_name(slot, nm, sizeof nm);
-        LOG_ERR("%s: tensor '%s' is missing (architecture llama, %u layers%s)", what, nm,
-                m->hp.n_layers,
-                slot == K_OUTPUT ? ", tied_embeddings false" : "");
+    size_t n_missing = 0, first_missing = 0;
+    for (size_t slot = ns; slot-- > 0;) {
+        if (!seen[slot] && !(slot == K_OUTPUT && m->hp.tied_embeddings))
+            n_missing++, first_missing = slot;
+    }
+    if (n_missing) {
+        char nm[IEBIN_NAME_MAX], more[48] = "";
+        slot_name(first_missing, nm, sizeof nm);
+        if (n_missing > 1)
+            snprintf(more, sizeof more, "; %zu more missing", n_missing - 1);
+        LOG_ERR("%s: tensor '%s' is missing (architecture llama, %u layers%s%s)", what, nm,
+                m->hp.n_layers, first_missing == K_OUTPUT ? ", tied_embeddings false" : "", more);
         rc = ERR_NOT_FOUND;
         goto out;
     }
