@@ -133,6 +133,10 @@ int iebin_writer_create(const char *dir, const char *arch, const char *name,
 {
     int rc;
     *out = NULL;
+    if (!*dir) {
+        LOG_ERR("iebin writer: the output directory name is empty");
+        return -EINVAL;
+    }
     if (strcmp(arch, "llama") != 0) {
         LOG_ERR("%s: architecture '%s' is not supported (known: llama)", dir, arch);
         return ERR_UNSUPPORTED;
@@ -202,8 +206,14 @@ int iebin_writer_begin(struct iebin_writer *w, const char *name, enum dtype dt,
         return fail(w, rc);
     uint64_t size;
     if ((rc = dtype_tensor_bytes(dt, shape, n_dims, &size)) != 0) {
-        LOG_ERR("%s: tensor '%s': its shape has no valid %s size (%s)", w->blob_path, name,
-                di->name, err_str(rc));
+        if (rc == ERR_FORMAT)
+            LOG_ERR("%s: tensor '%s': rows of %llu elements are not a whole number of %s "
+                    "blocks (%u)",
+                    w->blob_path, name, (unsigned long long)shape[n_dims - 1], di->name,
+                    di->block);
+        else
+            LOG_ERR("%s: tensor '%s': its %s byte size is invalid (%s)", w->blob_path, name,
+                    di->name, err_str(rc));
         return fail(w, rc);
     }
     for (size_t i = 0; i < w->n_tensors; i++) {

@@ -964,6 +964,13 @@ static void test_writer_rejects(void **state)
     tu_assert_log_contains("tensor 'tok_embeddings' is not a tensor of architecture llama", NULL);
     iebin_writer_abort(w);
 
+    assert_int_equal(iebin_writer_create(dir, "llama", NULL, &tiny_hp, &w), 0);
+    assert_int_equal(iebin_writer_begin(w, "tok_embd", DT_Q4_0, good, 2), ERR_FORMAT);
+    tu_assert_log_contains("tensor 'tok_embd': rows of 8 elements are not a whole number of "
+                           "q4_0 blocks (32)",
+                           NULL);
+    iebin_writer_abort(w);
+
     uint64_t nshape[1] = {8};
     assert_int_equal(iebin_writer_create(dir, "llama", NULL, &tiny_hp, &w), 0);
     assert_int_equal(iebin_writer_begin(w, "output_norm", DT_F16, nshape, 1), ERR_MISMATCH);
@@ -1062,6 +1069,11 @@ static void test_writer_unwritable_dir(void **state)
     tu_log_capture_begin();
     assert_int_equal(iebin_writer_create(file, "llama", NULL, &tiny_hp, &w), -ENOTDIR);
     tu_assert_log_contains("cannot create directory", file, NULL);
+    tu_log_capture_end();
+
+    tu_log_capture_begin();
+    assert_int_equal(iebin_writer_create("", "llama", NULL, &tiny_hp, &w), -EINVAL);
+    tu_assert_log_contains("output directory name is empty", NULL);
     tu_log_capture_end();
 
     /* /proc refuses new files */
