@@ -25,7 +25,6 @@
 #include <fcntl.h>
 #include <float.h>
 #include <jansson.h>
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
