@@ -12,9 +12,10 @@
  * architecture tensors, hyper-parameters out of range. After it returns 0 every tensor's
  * `data` points at `size` valid bytes.
  *
- * Writing: the blob and tokenizer go under temporary names and are renamed into place; the
- * manifest is written last (and any old manifest removed first), so a directory whose
- * conversion failed or was interrupted never loads as a valid model.
+ * Writing: the blob, tokenizer and manifest are written and fsynced under temporary names;
+ * then the old manifest is removed, the blob and tokenizer renamed into place and the
+ * manifest last, so a directory whose conversion failed or was interrupted never loads as a
+ * half-written model, and a failure before the commit leaves a previous model intact.
  *
  * NOTES: a struct iebin_model is immutable after iebin_open() and may be shared by threads.
  */
@@ -33,7 +34,9 @@
 #define IEBIN_BLOB "model.ie.bin"
 #define IEBIN_TOKENIZER "tokenizer.ie.json"
 #define IEBIN_MAX_DIMS 4
-#define IEBIN_NAME_MAX 128
+#define IEBIN_NAME_MAX 128          /* names are 1..127 printable ASCII bytes */
+#define IEBIN_MANIFEST_MAX (64u << 20) /* bytes; larger manifests are refused unread */
+#define IEBIN_INT_MAX (UINT64_C(1) << 53) /* every manifest integer is <= 2^53 (exact in JSON) */
 
 /* Hyper-parameters of the "llama" architecture (the only one of v1). */
 struct iebin_hparams {
@@ -68,26 +71,91 @@ struct iebin_model {
     size_t n_tensors;
     struct iebin_tensor *tensors;
     char *tokenizer_path;        /* absolute path of tokenizer.ie.json, NULL when absent */
-    void *map;                   /* the blob mapping */
+    void *map;                   /* the blob mapping (NULL for iebin_open_mem) */
     size_t map_size;
+    size_t n_slots_;             /* private: size of slot_index_ */
+    uint32_t *slot_index_;       /* private: architecture slot -> index in tensors */
 };
 
-/* 0 and *out, or a negative code with the reason logged once (log_last_error()). */
+/*
+ * Opens the model in `dir`: reads and validates the manifest, checks the blob's size, maps it
+ * read-only and points every tensor's `data` into the mapping. 0 and *out, or a negative code
+ * with the reason logged once (log_last_error()). Codes: -errno for a missing/unreadable file;
+ * ERR_FORMAT (malformed JSON, missing or mistyped field, misalignment, overlap, unknown or
+ * duplicate tensor), ERR_UNSUPPORTED (version, architecture, dtype), ERR_RANGE (a value out of
+ * its range, a tensor outside the blob), ERR_OVERFLOW (dimension product), ERR_MISMATCH
+ * (shape x dtype != size, shape != the architecture's, blob larger than stated), ERR_TRUNCATED
+ * (blob shorter than stated), ERR_NOT_FOUND (an architecture tensor is missing).
+ */
 int iebin_open(const char *dir, struct iebin_model **out);
+
+/* iebin_open's flags. */
+#define IEBIN_OPEN_LAZY 0x1u /* map without MAP_POPULATE: pages fault in on first use */
+
+/*
+ * iebin_open with flags. By default the blob is mapped MAP_PRIVATE|MAP_POPULATE (docs/IEBIN.md,
+ * "Reading"): the whole model is read (or found in the page cache) at load time so that the
+ * first request does not pay for page faults; IEBIN_OPEN_LAZY is for tools that only look at
+ * the manifest or a few tensors.
+ */
+int iebin_open_ex(const char *dir, unsigned flags, struct iebin_model **out);
+
+/*
+ * Validates `manifest` (manifest_len bytes, not NUL-terminated) against an in-memory blob of
+ * blob_len bytes exactly as iebin_open validates files; `label` names the manifest in messages.
+ * On success the tensors point into `blob`, which the caller keeps alive until iebin_close;
+ * model->map is NULL and model->tokenizer_path NULL (there is no directory).
+ */
+int iebin_open_mem(const char *label, const void *manifest, size_t manifest_len, const void *blob,
+                   size_t blob_len, struct iebin_model **out);
+
+/* Frees everything iebin_open* returned (unmaps the blob). NULL is a no-op. */
 void iebin_close(struct iebin_model *m);
-/* NULL when absent. */
+/* NULL when absent. O(1): the name is resolved through the architecture's tensor table. */
 const struct iebin_tensor *iebin_find(const struct iebin_model *m, const char *name);
 
-/* Validates hyper-parameters alone (also used by converters before they write anything). */
+/*
+ * Validates hyper-parameters alone (also used by converters before they write anything).
+ * `what` names the source in messages ("…/model.ie.json", "stories260K.bin"). 0 or ERR_RANGE.
+ */
 int iebin_check_hparams(const struct iebin_hparams *hp, const char *what);
 
+/*
+ * Checks one tensor against the architecture `arch` with (already valid) hyper-parameters:
+ * the name is one the architecture defines (ERR_FORMAT otherwise, also for `output` when the
+ * embeddings are tied), norms are f32 and the shape is exactly the expected one (ERR_MISMATCH).
+ * Converters may call it before streaming a tensor; the writer does.
+ */
+int iebin_check_tensor(const char *what, const char *arch, const struct iebin_hparams *hp,
+                       const char *name, enum dtype dt, const uint64_t *shape, int n_dims);
+
+/*
+ * Validates a manifest document as if its blob were blob_size bytes, without any blob (what
+ * iebin_writer_finish runs on the manifest it is about to commit). 0 or a code as above.
+ */
+int iebin_check_manifest(const char *label, const char *manifest, size_t manifest_len,
+                         uint64_t blob_size);
+
 /* ---- writing ---- */
+/*
+ * A writer streams tensors into a temporary blob beside the final one and keeps their records
+ * in memory; iebin_writer_finish validates the whole set with the reader's own checks, flushes
+ * every temporary, and only then replaces the model (docs/IEBIN.md, "Writing"):
+ *  - any failure before the commit phase (a bad tensor, a full disk, an fsync error) leaves
+ *    the directory as it was: a model already there still loads, unchanged;
+ *  - the commit phase removes the old manifest first (and fsyncs the directory), renames the
+ *    blob and the tokenizer into place, then the manifest; a failure there leaves a directory
+ *    without a manifest, which does not load.
+ * Every function logs its own failures; after the first one the writer refuses further calls
+ * with the same code, and iebin_writer_finish returns it (having removed the temporaries).
+ */
 struct iebin_writer;
 
-/* Creates dir if needed; nothing under the final names is touched until iebin_writer_finish. */
+/* Creates dir (and missing parents) if needed and the temporary blob; checks arch and hp. */
 int iebin_writer_create(const char *dir, const char *arch, const char *name,
                         const struct iebin_hparams *hp, struct iebin_writer **out);
-/* Appends one tensor (64-byte aligned in the blob). size must equal shape x dtype. */
+/* Appends one tensor (64-byte aligned in the blob). size must equal shape x dtype, and the
+ * tensor must be one the architecture defines, with its exact shape (iebin_check_tensor). */
 int iebin_writer_add(struct iebin_writer *w, const char *name, enum dtype dt,
                      const uint64_t *shape, int n_dims, const void *data, uint64_t size);
 /* Streams a tensor in pieces: begin, any number of writes adding up to the size, end. */
@@ -95,12 +163,14 @@ int iebin_writer_begin(struct iebin_writer *w, const char *name, enum dtype dt,
                        const uint64_t *shape, int n_dims);
 int iebin_writer_write(struct iebin_writer *w, const void *data, uint64_t n);
 int iebin_writer_end(struct iebin_writer *w);
-/* The tokenizer document (tokenizer.ie.json bytes, see tok_save_json). Optional. */
+/* The tokenizer document (tokenizer.ie.json bytes, see tok_save_json). Optional; at most once.
+ * The bytes are written to a temporary file at once (the caller may free them). Without it,
+ * finish removes any tokenizer.ie.json left by a previous model. */
 int iebin_writer_set_tokenizer(struct iebin_writer *w, const char *json, size_t len);
 /* Validates the set against the architecture, then commits: blob, tokenizer, manifest last.
  * Frees w whatever the outcome; on failure nothing that loads is left behind. */
 int iebin_writer_finish(struct iebin_writer *w);
-/* Removes temporaries and frees w. */
+/* Removes temporaries and frees w. NULL is a no-op. */
 void iebin_writer_abort(struct iebin_writer *w);
 
 /* Tensor names of the llama architecture (docs/IEBIN.md). */
