@@ -1,0 +1,108 @@
+/*
+ * engine.h — the serving engine: continuous batching over one model, paged KV cache with
+ * prefix reuse, per-request LoRA adapters. The in-process heart of each worker; usable
+ * without the daemon (inference-engine uses it).
+ *
+ * Threading contract: an engine is owned by ONE thread (the worker's loop); every engine_*
+ * call must come from it. engine_step() uses the engine's thread pool internally and returns
+ * when the iteration is complete. Events are delivered through the callback given at
+ * creation, from inside engine_step()/engine_cancel(), on the owner thread.
+ */
+#ifndef CLOCHER_WORKER_ENGINE_H
+#define CLOCHER_WORKER_ENGINE_H
+
+#include "dtype.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum engine_priority { ENGINE_PRIO_HIGH = 0, ENGINE_PRIO_NORMAL = 1, ENGINE_PRIO_LOW = 2 };
+
+enum engine_finish {
+    ENGINE_FINISH_EOS = 1,      /* the model produced end-of-sequence */
+    ENGINE_FINISH_LENGTH,       /* max_new tokens reached */
+    ENGINE_FINISH_STOP,         /* a stop string matched */
+    ENGINE_FINISH_CANCELLED,    /* engine_cancel() */
+    ENGINE_FINISH_DEADLINE,     /* the request's deadline passed */
+    ENGINE_FINISH_CONTEXT,      /* the model's context length was reached */
+    ENGINE_FINISH_ERROR,        /* see the event's code/message */
+};
+
+struct engine_config {
+    const char *model_dir;
+    int n_threads;              /* 0 = all online CPUs */
+    const char *pin;            /* NULL, "compact" or "scatter" */
+    uint64_t kv_budget_bytes;   /* 0 = a default fraction of RAM */
+    enum dtype kv_dtype;        /* DT_F32, DT_F16 or DT_BF16 */
+    uint32_t kv_block_tokens;   /* 0 = 16 */
+    uint32_t max_step_tokens;   /* per-iteration token budget (decode + prefill chunks) */
+    uint32_t max_running;       /* sequences in the running batch */
+    uint32_t max_queue;         /* waiting requests beyond which submit fails: ERR_OVERLOADED */
+    bool prefix_cache;
+    const char *snapshot_path;  /* NULL: no KV snapshot save/restore */
+};
+
+struct engine_request {
+    const int32_t *prompt;      /* [n_prompt] token ids (BOS included if wanted) */
+    size_t n_prompt;
+    uint32_t max_new;
+    /* sampling: temperature 0 = greedy; top_k 0 = off; top_p 1 = off; min_p 0 = off;
+     * repeat_penalty 1 = off (over the last repeat_window tokens); same seed, same output */
+    float temperature, top_p, min_p, repeat_penalty;
+    uint32_t top_k, repeat_window;
+    uint64_t seed;
+    const char *const *stop;    /* [n_stop] stop strings */
+    size_t n_stop;
+    uint64_t tenant;            /* prefix reuse and fairness are per tenant */
+    const char *adapter;        /* NULL = base model */
+    float adapter_scale;
+    enum engine_priority priority;
+    uint64_t deadline_ns;       /* CLOCK_MONOTONIC; 0 = none */
+    void *user;                 /* returned in events */
+};
+
+enum engine_event_kind { ENGINE_EV_TOKEN = 1, ENGINE_EV_FINISH, ENGINE_EV_ERROR };
+
+struct engine_event {
+    enum engine_event_kind kind;
+    uint64_t id;
+    void *user;
+    int32_t token;              /* TOKEN */
+    const char *text;           /* TOKEN: completed UTF-8 text (may be ""), not NUL-owned */
+    size_t text_len;
+    enum engine_finish reason;  /* FINISH */
+    int code;                   /* ERROR: negative code */
+    const char *message;        /* ERROR */
+    /* FINISH: usage and timings */
+    uint32_t prompt_tokens, generated_tokens, cached_tokens;
+    double ttft_ms, tpot_ms, e2e_ms;
+};
+
+typedef void engine_event_fn(const struct engine_event *ev, void *ud);
+
+struct engine;
+int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, void *ud,
+                  struct engine **out);
+void engine_destroy(struct engine *e);
+int engine_submit(struct engine *e, const struct engine_request *req, uint64_t *id);
+/* One scheduler iteration; *active = running + waiting afterwards. */
+int engine_step(struct engine *e, size_t *active);
+int engine_cancel(struct engine *e, uint64_t id);
+int engine_load_adapter(struct engine *e, const char *name, const char *dir);
+int engine_unload_adapter(struct engine *e, const char *name);
+
+struct engine_metrics {
+    uint32_t running, waiting;
+    uint64_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
+    uint64_t prefix_hit_tokens, prefix_miss_tokens, preemptions;
+    uint64_t requests_finished, tokens_generated, tokens_prefilled;
+    double tokens_per_s;            /* generated tokens per second over the last window */
+    double ttft_p50_ms, ttft_p95_ms, tpot_p50_ms, tpot_p95_ms, e2e_p50_ms, e2e_p95_ms;
+};
+void engine_get_metrics(const struct engine *e, struct engine_metrics *m);
+
+/* single-shot: submit, step until finished */
+int engine_generate(struct engine *e, const struct engine_request *req, int32_t **ids,
+                    size_t *n_ids, struct engine_event *finish);
+#endif
