@@ -64,12 +64,12 @@ struct iebin_tensor {
 };
 
 struct iebin_model {
-    char *dir;
+    char *dir;                   /* absolute (realpath); iebin_open_mem: its label */
     char *name;                  /* free text from the manifest ("" if none) */
     char arch[32];               /* "llama" */
     struct iebin_hparams hp;
     size_t n_tensors;
-    struct iebin_tensor *tensors;
+    struct iebin_tensor *tensors; /* [n_tensors], in manifest order */
     char *tokenizer_path;        /* absolute path of tokenizer.ie.json, NULL when absent */
     void *map;                   /* the blob mapping (NULL for iebin_open_mem) */
     size_t map_size;
