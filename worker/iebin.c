@@ -288,7 +288,10 @@ static const char *jdesc(const json_t *v, char *buf, size_t n)
     char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
     if (!s)
         return "?";
-    snprintf(buf, n, "%s%s", s, strlen(s) >= n ? "..." : "");
+    if (strlen(s) < n)
+        snprintf(buf, n, "%s", s);
+    else
+        snprintf(buf, n, "%.*s...", (int)(n - 4), s);
     free(s);
     return buf;
 }
@@ -570,7 +573,7 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
     if ((rc = get_string(what, "format", json_object_get(root, "format"), &s)) != 0)
         goto out;
     if (strcmp(s, "iebin") != 0) {
-        LOG_ERR("%s: format is \"%s\", not \"iebin\"", what, s);
+        LOG_ERR("%s: format is \"%.64s\", not \"iebin\"", what, s);
         rc = ERR_FORMAT;
         goto out;
     }

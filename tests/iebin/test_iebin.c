@@ -849,6 +849,10 @@ static void test_hparams_out_of_range(void **state)
     EXPECT_FAIL(fx, ERR_RANGE, fx->manifest, "hparams.rms_eps 0 must be in (0, 1)");
     set_hparam(fx, "rms_eps", json_string("1e-5"));
     EXPECT_FAIL(fx, ERR_FORMAT, fx->manifest, "hparams.rms_eps is \"1e-5\", not a number");
+    set_hparam(fx, "rms_eps", json_string("0.000000000000000000000000000000000000000000000001"));
+    EXPECT_FAIL(fx, ERR_FORMAT, fx->manifest,
+                "hparams.rms_eps is \"0.00000000000000000000000000000000000000000..., not a "
+                "number");
     set_hparam(fx, "rms_eps", json_real(1e-5));
 
     set_hparam(fx, "ffn_dim", NULL);
