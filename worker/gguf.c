@@ -1064,7 +1064,7 @@ struct buf {
 
 static void buf_put(struct buf *b, const void *src, size_t n)
 {
-    if (b->oom)
+    if (b->oom || n == 0)
         return;
     if (n > b->cap - b->len) {
         size_t cap = b->cap ? b->cap : 4096;
