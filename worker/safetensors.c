@@ -61,7 +61,17 @@ size_t safetensors_dtype_size(enum safetensors_dtype dt)
     return (unsigned)dt < SAFETENSORS_DTYPE_COUNT_ ? dtypes[dt].size : 0;
 }
 
-static int dtype_from_name(const char *s, enum safetensors_dtype *out)
+int safetensors_dtype_to_dtype(enum safetensors_dtype dt, enum dtype *out)
+{
+    switch (dt) {
+    case SAFETENSORS_F32: *out = DT_F32; return 0;
+    case SAFETENSORS_F16: *out = DT_F16; return 0;
+    case SAFETENSORS_BF16: *out = DT_BF16; return 0;
+    default: return ERR_NOT_FOUND;
+    }
+}
+
+static int st_dtype_from_name(const char *s, enum safetensors_dtype *out)
 {
     for (int i = 0; i < SAFETENSORS_DTYPE_COUNT_; i++) {
         if (strcmp(s, dtypes[i].name) == 0) {
@@ -217,7 +227,7 @@ static int parse_tensor(const char *what, const char *name, json_t *e, uint64_t 
         LOG_ERR("%s: tensor '%s': \"dtype\" is %s", what, name, jd ? "not a string" : "missing");
         return ERR_FORMAT;
     }
-    if (dtype_from_name(json_string_value(jd), &t->dtype) != 0) {
+    if (st_dtype_from_name(json_string_value(jd), &t->dtype) != 0) {
         LOG_ERR("%s: tensor '%s': unknown dtype '%s'", what, name, json_string_value(jd));
         return ERR_FORMAT;
     }

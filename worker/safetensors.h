@@ -14,6 +14,8 @@
 #ifndef CLOCHER_WORKER_SAFETENSORS_H
 #define CLOCHER_WORKER_SAFETENSORS_H
 
+#include "dtype.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,6 +80,9 @@ const char *safetensors_metadata(const struct safetensors_file *f, const char *k
 const char *safetensors_dtype_name(enum safetensors_dtype dt);
 /* bytes per element (0 outside the enum) */
 size_t safetensors_dtype_size(enum safetensors_dtype dt);
+/* DT_F32 / DT_F16 / DT_BF16 for F32 / F16 / BF16; ERR_NOT_FOUND for the others (not logged:
+ * the caller names the tensor it refuses, with safetensors_dtype_name). */
+int safetensors_dtype_to_dtype(enum safetensors_dtype dt, enum dtype *out);
 
 /* A model's weights, looked for in this order: the shards named by
  * dir/model.safetensors.index.json ("weight_map": tensor name -> file name in dir; names with

@@ -90,6 +90,25 @@ static void build_small(struct bytes *b)
     bytes_put(b, data + 8, 24);
 }
 
+/* Bytes of one row of n elements of a ggml type, as the reader computes them. */
+static int tensor_bytes_for_test(uint32_t type, uint64_t n, uint64_t *out)
+{
+    struct bytes b = {0};
+    bytes_gguf_header(&b, 3, 1, 0);
+    bytes_gguf_tensor(&b, "r", 1, &n, type, 0);
+    bytes_pad(&b, 32);
+    uint8_t zero[512] = {0};
+    bytes_put(&b, zero, sizeof zero);
+    struct gguf_file *f = NULL;
+    int rc = gguf_open_mem(b.p, b.len, "row", &f);
+    if (rc == 0) {
+        *out = f->tensors[0].size;
+        gguf_close(f);
+    }
+    bytes_free(&b);
+    return rc;
+}
+
 /* ---- round trips ------------------------------------------------------------------------ */
 
 struct tspec {
@@ -910,6 +929,21 @@ static void test_tensor_types(void **state)
     bytes_free(&b);
     assert_null(gguf_ggml_type_name(4));
     assert_string_equal(gguf_ggml_type_name(GGUF_GGML_BF16), "bf16");
+    /* the supported types map onto the project's dtypes with the same block layout */
+    static const uint32_t g[] = {GGUF_GGML_F32, GGUF_GGML_F16, GGUF_GGML_BF16, GGUF_GGML_Q8_0,
+                                 GGUF_GGML_Q4_0};
+    static const enum dtype want[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0};
+    for (int i = 0; i < 5; i++) {
+        enum dtype dt;
+        assert_int_equal(gguf_ggml_type_to_dtype(g[i], &dt), 0);
+        assert_int_equal(dt, want[i]);
+        uint64_t ne32 = 64, bytes = 0, gbytes = 0;
+        assert_int_equal(dtype_row_bytes(dt, ne32, &bytes), 0);
+        assert_int_equal(tensor_bytes_for_test(g[i], 64, &gbytes), 0);
+        assert_int_equal(bytes, gbytes);
+    }
+    enum dtype dt;
+    assert_int_equal(gguf_ggml_type_to_dtype(12, &dt), ERR_NOT_FOUND);
 }
 
 static void test_bad_values(void **state)

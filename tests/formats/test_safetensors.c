@@ -185,6 +185,14 @@ static void test_roundtrip_all_dtypes(void **state)
         free(data[i]);
     assert_string_equal(safetensors_dtype_name(SAFETENSORS_BF16), "BF16");
     assert_int_equal(safetensors_dtype_size(SAFETENSORS_I64), 8);
+    enum dtype dt;
+    assert_int_equal(safetensors_dtype_to_dtype(SAFETENSORS_BF16, &dt), 0);
+    assert_int_equal(dt, DT_BF16);
+    assert_int_equal(safetensors_dtype_to_dtype(SAFETENSORS_F16, &dt), 0);
+    assert_int_equal(dt, DT_F16);
+    assert_int_equal(safetensors_dtype_to_dtype(SAFETENSORS_F32, &dt), 0);
+    assert_int_equal(dt, DT_F32);
+    assert_int_equal(safetensors_dtype_to_dtype(SAFETENSORS_F8_E4M3, &dt), ERR_NOT_FOUND);
     tu_rmtree(dir);
     free(dir);
 }
