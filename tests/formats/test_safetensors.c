@@ -307,25 +307,57 @@ static void test_header_length(void **state)
     memcpy(b.p, &len, 8);
     expect_fail(&b, ERR_TRUNCATED, "header length 1000 is beyond the end of the file (10 bytes)",
                 NULL);
+    bytes_free(&b);
+}
 
+static void test_header_over_limit(void **state)
+{
+    (void)state;
+    struct bytes b = {0};
+    build(&b, "{}", 0);
+    uint64_t len;
     /* the length says 200 MB: refused from the 8 bytes alone, nothing is allocated for it */
     len = 200u * 1000u * 1000u;
     memcpy(b.p, &len, 8);
     expect_fail(&b, ERR_RANGE, "header length 200000000 exceeds the 100000000-byte limit", NULL);
+    /* the same through a file on disk (10 bytes long, though it claims a 200 MB header) */
+    char *dir = tu_mkdtemp();
+    const char *path = tu_path(dir, "huge_header.safetensors");
+    tu_write_file(path, b.p, b.len);
+    struct safetensors_file *f = NULL;
+    tu_log_capture_begin();
+    assert_int_equal(safetensors_open(path, &f), ERR_RANGE);
+    tu_assert_log_contains(path, "header length 200000000 exceeds", NULL);
+    tu_log_capture_end();
+    assert_null(f);
+    tu_rmtree(dir);
+    free(dir);
     len = UINT64_MAX;
     memcpy(b.p, &len, 8);
     expect_fail(&b, ERR_RANGE, "header length 18446744073709551615", NULL);
     bytes_free(&b);
 }
 
-static void test_bad_json(void **state)
+static void test_invalid_json(void **state)
 {
     (void)state;
     expect_header_fail("{\"a\": {\"dtype\": \"F32\",", 0, ERR_FORMAT, "header is not valid JSON",
                        "line 1");
     expect_header_fail("", 0, ERR_FORMAT, "header is not valid JSON", NULL);
     expect_header_fail("[1, 2]", 0, ERR_FORMAT, "header is not a JSON object", NULL);
+}
+
+static void test_invalid_utf8(void **state)
+{
+    (void)state;
     expect_header_fail("{\"caf\xe9\": {}}", 0, ERR_FORMAT, "header is not valid UTF-8", NULL);
+    expect_header_fail("{\"__metadata__\": {\"k\": \"\xc3\x28\"}}", 0, ERR_FORMAT,
+                       "header is not valid UTF-8", NULL);
+}
+
+static void test_bad_json(void **state)
+{
+    (void)state;
     expect_header_fail("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                        "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                        8, ERR_FORMAT, "duplicate", NULL);
@@ -338,11 +370,18 @@ static void test_bad_json(void **state)
                        ERR_FORMAT, "control characters", NULL);
 }
 
-static void test_bad_fields(void **state)
+static void test_unknown_dtype(void **state)
 {
     (void)state;
     expect_header_fail("{\"w\": {\"dtype\": \"F4\", \"shape\": [2], \"data_offsets\": [0, 1]}}", 1,
                        ERR_FORMAT, "tensor 'w': unknown dtype 'F4'", NULL);
+    expect_header_fail("{\"w\": {\"dtype\": \"f32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8,
+                       ERR_FORMAT, "tensor 'w': unknown dtype 'f32'", NULL);
+}
+
+static void test_bad_fields(void **state)
+{
+    (void)state;
     expect_header_fail("{\"w\": {\"shape\": [2], \"data_offsets\": [0, 8]}}", 8, ERR_FORMAT,
                        "tensor 'w': \"dtype\" is missing", NULL);
     expect_header_fail("{\"w\": {\"dtype\": \"F32\", \"shape\": [2, -1], \"data_offsets\": [0, 8]}}",
@@ -555,18 +594,30 @@ static void expect_set_fail(const char *index_json, int code, const char *n1, co
     free(dir);
 }
 
-static void test_set_bad_index(void **state)
+static void test_set_missing_shard(void **state)
 {
     (void)state;
     expect_set_fail("{\"weight_map\": {" GOOD_MAP ", \"extra\": \"model-00003-of-00003.safetensors\"}}",
                     ERR_NOT_FOUND, "shard 'model-00003-of-00003.safetensors' named in weight_map "
                     "does not exist", NULL);
+}
+
+static void test_set_escaping_shard(void **state)
+{
+    (void)state;
     expect_set_fail("{\"weight_map\": {" GOOD_MAP ", \"x\": \"../model-00001-of-00002.safetensors\"}}",
                     ERR_FORMAT, "weight_map['x']: shard '../model-00001-of-00002.safetensors' is "
                     "not a plain file name", NULL);
     expect_set_fail("{\"weight_map\": {\"x\": \"/etc/passwd\"}}", ERR_FORMAT, "'/etc/passwd'",
                     NULL);
     expect_set_fail("{\"weight_map\": {\"x\": \"..\"}}", ERR_FORMAT, "shard '..'", NULL);
+    expect_set_fail("{\"weight_map\": {\"x\": \"sub/model.safetensors\"}}", ERR_FORMAT,
+                    "shard 'sub/model.safetensors' is not a plain file name", NULL);
+}
+
+static void test_set_bad_index(void **state)
+{
+    (void)state;
     expect_set_fail("{\"weight_map\": {" GOOD_MAP ", \"model.extra\": "
                     "\"model-00001-of-00002.safetensors\"}}",
                     ERR_NOT_FOUND, "tensor 'model.extra' is mapped to shard "
@@ -621,7 +672,11 @@ int main(void)
         cmocka_unit_test(test_stream_writer),
         cmocka_unit_test(test_writer_misuse),
         cmocka_unit_test(test_header_length),
+        cmocka_unit_test(test_header_over_limit),
+        cmocka_unit_test(test_invalid_json),
+        cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_bad_json),
+        cmocka_unit_test(test_unknown_dtype),
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_shape_vs_range),
         cmocka_unit_test(test_offsets_beyond_data),
@@ -629,6 +684,8 @@ int main(void)
         cmocka_unit_test(test_truncated_everywhere),
         cmocka_unit_test(test_set_single_and_adapter),
         cmocka_unit_test(test_set_sharded),
+        cmocka_unit_test(test_set_missing_shard),
+        cmocka_unit_test(test_set_escaping_shard),
         cmocka_unit_test(test_set_bad_index),
         cmocka_unit_test(test_set_duplicate_across_shards),
         cmocka_unit_test(test_set_bad_shard),
