@@ -99,6 +99,18 @@ bool gguf_ggml_type_supported(uint32_t t)
            t == GGUF_GGML_Q8_0 || t == GGUF_GGML_Q4_0;
 }
 
+int gguf_ggml_type_to_dtype(uint32_t ggml_type, enum dtype *out)
+{
+    switch (ggml_type) {
+    case GGUF_GGML_F32: *out = DT_F32; return 0;
+    case GGUF_GGML_F16: *out = DT_F16; return 0;
+    case GGUF_GGML_BF16: *out = DT_BF16; return 0;
+    case GGUF_GGML_Q8_0: *out = DT_Q8_0; return 0;
+    case GGUF_GGML_Q4_0: *out = DT_Q4_0; return 0;
+    default: return ERR_NOT_FOUND;
+    }
+}
+
 /* Bytes of a tensor: ne[0] must be whole blocks. 0, ERR_FORMAT (ragged) or ERR_OVERFLOW. */
 static int tensor_bytes(uint32_t type, const uint64_t *ne, uint32_t n_dims, uint64_t *out)
 {
@@ -1064,7 +1076,7 @@ struct buf {
 
 static void buf_put(struct buf *b, const void *src, size_t n)
 {
-    if (b->oom)
+    if (b->oom || n == 0)
         return;
     if (n > b->cap - b->len) {
         size_t cap = b->cap ? b->cap : 4096;

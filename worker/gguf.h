@@ -16,6 +16,8 @@
 #ifndef CLOCHER_WORKER_GGUF_H
 #define CLOCHER_WORKER_GGUF_H
 
+#include "dtype.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -116,6 +118,9 @@ const char *gguf_type_name(enum gguf_type t);
 const char *gguf_ggml_type_name(uint32_t ggml_type);
 /* true for the types whose data this project reads (enum gguf_ggml_type). */
 bool gguf_ggml_type_supported(uint32_t ggml_type);
+/* The project's dtype for a supported ggml type (the block layouts are identical); ERR_NOT_FOUND
+ * otherwise. Not logged: the caller names the tensor it refuses. */
+int gguf_ggml_type_to_dtype(uint32_t ggml_type, enum dtype *out);
 
 /* O(1) lookups (hash tables built at open); NULL when absent. */
 const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key);

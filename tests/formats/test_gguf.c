@@ -90,6 +90,25 @@ static void build_small(struct bytes *b)
     bytes_put(b, data + 8, 24);
 }
 
+/* Bytes of one row of n elements of a ggml type, as the reader computes them. */
+static int tensor_bytes_for_test(uint32_t type, uint64_t n, uint64_t *out)
+{
+    struct bytes b = {0};
+    bytes_gguf_header(&b, 3, 1, 0);
+    bytes_gguf_tensor(&b, "r", 1, &n, type, 0);
+    bytes_pad(&b, 32);
+    uint8_t zero[512] = {0};
+    bytes_put(&b, zero, sizeof zero);
+    struct gguf_file *f = NULL;
+    int rc = gguf_open_mem(b.p, b.len, "row", &f);
+    if (rc == 0) {
+        *out = f->tensors[0].size;
+        gguf_close(f);
+    }
+    bytes_free(&b);
+    return rc;
+}
+
 /* ---- round trips ------------------------------------------------------------------------ */
 
 struct tspec {
@@ -668,7 +687,7 @@ static void test_bad_magic(void **state)
     bytes_free(&b);
 }
 
-static void test_versions(void **state)
+static void test_version1(void **state)
 {
     (void)state;
     struct bytes b = {0};
@@ -676,7 +695,15 @@ static void test_versions(void **state)
     uint32_t v = 1;
     memcpy(b.p + 4, &v, 4);
     expect_fail(&b, ERR_UNSUPPORTED, "GGUF version 1 is not supported", NULL);
-    v = 4;
+    bytes_free(&b);
+}
+
+static void test_versions(void **state)
+{
+    (void)state;
+    struct bytes b = {0};
+    build_small(&b);
+    uint32_t v = 4;
     memcpy(b.p + 4, &v, 4);
     expect_fail(&b, ERR_UNSUPPORTED, "GGUF version 4 is not supported", NULL);
     v = 3u << 24; /* a big-endian v3 file read as little-endian */
@@ -751,17 +778,23 @@ static void test_huge_array_count(void **state)
     bytes_free(&b);
 }
 
-static void test_huge_counts(void **state)
+static void test_huge_n_kv(void **state)
+{
+    (void)state;
+    struct bytes b = {0};
+    bytes_gguf_header(&b, 3, 0, UINT64_MAX);
+    bytes_pad(&b, 64);
+    expect_fail(&b, ERR_FORMAT, "n_kv 18446744073709551615 is impossible", NULL);
+    bytes_free(&b);
+}
+
+static void test_huge_tensor_count(void **state)
 {
     (void)state;
     struct bytes b = {0};
     bytes_gguf_header(&b, 3, 1ull << 60, 0);
     bytes_pad(&b, 64);
     expect_fail(&b, ERR_FORMAT, "n_tensors 1152921504606846976 is impossible", NULL);
-    bytes_free(&b);
-    bytes_gguf_header(&b, 3, 0, UINT64_MAX);
-    bytes_pad(&b, 64);
-    expect_fail(&b, ERR_FORMAT, "n_kv 18446744073709551615 is impossible", NULL);
     bytes_free(&b);
     /* plausible against the whole file, impossible against what follows the keys */
     bytes_gguf_header(&b, 3, 3, 1);
@@ -840,27 +873,37 @@ static void test_bad_alignment_key(void **state)
     bytes_free(&b);
 }
 
-static void test_bad_dims(void **state)
+static void test_zero_dimension(void **state)
 {
     (void)state;
     struct bytes b = {0};
-    uint64_t ne[5] = {4, 0, 2, 1, 1};
+    uint64_t ne[2] = {4, 0};
     bytes_gguf_header(&b, 3, 1, 0);
     bytes_gguf_tensor(&b, "zero", 2, ne, GGUF_GGML_F32, 0);
     bytes_pad(&b, 64);
     expect_fail(&b, ERR_FORMAT, "tensor 'zero': dimension ne[1] is 0", NULL);
     bytes_free(&b);
+}
 
-    ne[1] = 1ull << 32;
-    ne[2] = 1ull << 32; /* 4 * 4 * 2^64: the element count overflows */
+static void test_dimension_overflow(void **state)
+{
+    (void)state;
+    struct bytes b = {0};
+    /* 16 bytes per row x 2^64 rows: the byte size overflows 64 bits */
+    const uint64_t ne[3] = {4, 1ull << 32, 1ull << 32};
     bytes_gguf_header(&b, 3, 1, 0);
     bytes_gguf_tensor(&b, "vast", 3, ne, GGUF_GGML_F32, 0);
     bytes_pad(&b, 64);
     expect_fail(&b, ERR_OVERFLOW, "tensor 'vast': the byte size of shape [4, 4294967296, "
                 "4294967296] of f32 overflows", NULL);
     bytes_free(&b);
+}
 
-    ne[1] = 2;
+static void test_bad_dims(void **state)
+{
+    (void)state;
+    struct bytes b = {0};
+    uint64_t ne[5] = {4, 2, 2, 1, 1};
     bytes_gguf_header(&b, 3, 1, 0);
     bytes_gguf_tensor(&b, "five", 5, ne, GGUF_GGML_F32, 0);
     bytes_pad(&b, 64);
@@ -875,7 +918,7 @@ static void test_bad_dims(void **state)
     bytes_free(&b);
 }
 
-static void test_tensor_types(void **state)
+static void test_unknown_tensor_type(void **state)
 {
     (void)state;
     static const uint64_t ne[2] = {256, 2};
@@ -890,6 +933,13 @@ static void test_tensor_types(void **state)
     bytes_pad(&b, 32);
     expect_fail(&b, ERR_FORMAT, "tensor 't': unknown ggml type 1000", NULL);
     bytes_free(&b);
+}
+
+static void test_tensor_types(void **state)
+{
+    (void)state;
+    static const uint64_t ne[2] = {256, 2};
+    struct bytes b = {0};
 
     /* a real ggml type we do not read: listed, sized, range-checked, but without data */
     bytes_gguf_header(&b, 3, 2, 0);
@@ -910,9 +960,24 @@ static void test_tensor_types(void **state)
     bytes_free(&b);
     assert_null(gguf_ggml_type_name(4));
     assert_string_equal(gguf_ggml_type_name(GGUF_GGML_BF16), "bf16");
+    /* the supported types map onto the project's dtypes with the same block layout */
+    static const uint32_t g[] = {GGUF_GGML_F32, GGUF_GGML_F16, GGUF_GGML_BF16, GGUF_GGML_Q8_0,
+                                 GGUF_GGML_Q4_0};
+    static const enum dtype want[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0};
+    for (int i = 0; i < 5; i++) {
+        enum dtype dt;
+        assert_int_equal(gguf_ggml_type_to_dtype(g[i], &dt), 0);
+        assert_int_equal(dt, want[i]);
+        uint64_t ne32 = 64, bytes = 0, gbytes = 0;
+        assert_int_equal(dtype_row_bytes(dt, ne32, &bytes), 0);
+        assert_int_equal(tensor_bytes_for_test(g[i], 64, &gbytes), 0);
+        assert_int_equal(bytes, gbytes);
+    }
+    enum dtype dt;
+    assert_int_equal(gguf_ggml_type_to_dtype(12, &dt), ERR_NOT_FOUND);
 }
 
-static void test_bad_values(void **state)
+static void test_unknown_value_type(void **state)
 {
     (void)state;
     struct bytes b = {0};
@@ -922,6 +987,19 @@ static void test_bad_values(void **state)
     bytes_u64(&b, 0);
     expect_fail(&b, ERR_FORMAT, "key 'general.weird': unknown value type 13", NULL);
     bytes_free(&b);
+    bytes_gguf_header(&b, 3, 0, 1);
+    bytes_gstr(&b, "general.weird_array");
+    bytes_u32(&b, GGUF_TYPE_ARRAY);
+    bytes_u32(&b, 99);
+    bytes_u64(&b, 0);
+    expect_fail(&b, ERR_FORMAT, "key 'general.weird_array': unknown array element type 99", NULL);
+    bytes_free(&b);
+}
+
+static void test_bad_values(void **state)
+{
+    (void)state;
+    struct bytes b = {0};
 
     bytes_gguf_header(&b, 3, 0, 1);
     bytes_gstr(&b, "nested");
@@ -957,7 +1035,7 @@ static void test_bad_values(void **state)
     bytes_free(&b);
 }
 
-static void test_duplicates(void **state)
+static void test_duplicate_key(void **state)
 {
     (void)state;
     struct bytes b = {0};
@@ -967,7 +1045,12 @@ static void test_duplicates(void **state)
     bytes_gguf_kv_u32(&b, "llama.block_count", 3);
     expect_fail(&b, ERR_FORMAT, "duplicate key 'llama.block_count'", "#0 and key #2");
     bytes_free(&b);
+}
 
+static void test_bad_tensor_names(void **state)
+{
+    (void)state;
+    struct bytes b = {0};
     static const uint64_t ne[1] = {4};
     bytes_gguf_header(&b, 3, 2, 0);
     bytes_gguf_tensor(&b, "output.weight", 1, ne, GGUF_GGML_F32, 0);
@@ -1042,19 +1125,26 @@ int main(void)
         cmocka_unit_test(test_open_errors),
         cmocka_unit_test(test_truncated_everywhere),
         cmocka_unit_test(test_bad_magic),
+        cmocka_unit_test(test_version1),
         cmocka_unit_test(test_versions),
         cmocka_unit_test(test_huge_key_length),
         cmocka_unit_test(test_huge_string_value),
         cmocka_unit_test(test_huge_array_count),
-        cmocka_unit_test(test_huge_counts),
+        cmocka_unit_test(test_huge_n_kv),
+        cmocka_unit_test(test_huge_tensor_count),
         cmocka_unit_test(test_tensor_beyond_file),
         cmocka_unit_test(test_overlapping_tensors),
         cmocka_unit_test(test_misaligned_offset),
         cmocka_unit_test(test_bad_alignment_key),
+        cmocka_unit_test(test_zero_dimension),
+        cmocka_unit_test(test_dimension_overflow),
         cmocka_unit_test(test_bad_dims),
+        cmocka_unit_test(test_unknown_tensor_type),
         cmocka_unit_test(test_tensor_types),
+        cmocka_unit_test(test_unknown_value_type),
         cmocka_unit_test(test_bad_values),
-        cmocka_unit_test(test_duplicates),
+        cmocka_unit_test(test_duplicate_key),
+        cmocka_unit_test(test_bad_tensor_names),
         cmocka_unit_test(test_many_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
