@@ -27,7 +27,7 @@ int afile_write(struct afile *af, const void *buf, size_t n);
 int afile_pad(struct afile *af, uint64_t align);
 /* fsync + rename + directory fsync; frees the paths. On failure the temporary is removed. */
 int afile_commit(struct afile *af);
-/* Closes and removes the temporary; safe after a failed commit or on a zeroed struct. */
+/* Closes and removes the temporary; safe after a failed open or commit (fd is -1 then). */
 void afile_abort(struct afile *af);
 
 #endif
