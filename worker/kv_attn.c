@@ -8,7 +8,9 @@
  *   ATT_ROWS rows; each tile's K and V rows of head g are converted to f32 once (f16/bf16) or
  *   read in place (f32) and serve every query row of the batch. Each row keeps a running max
  *   m, a running sum l and its output accumulator o (the caller's out row):
- *     m' = max(m, max_t s_t);  l = l e^(m-m') + sum_t e^(s_t-m');  o = o e^(m-m') + sum_t e^(s_t-m') v_t
+ *     m' = max(m, max_t s_t)
+ *     l  = l e^(m-m') + sum_t e^(s_t-m')
+ *     o  = o e^(m-m') + sum_t e^(s_t-m') v_t
  *   and o / l at the end: the softmax with max subtraction, without materializing scores.
  * Stack use is fixed (two tiles of ATT_ROWS x KV_HEAD_DIM_MAX floats, 32 KiB); no allocation.
  *

@@ -75,6 +75,15 @@ struct kv_seq {
     uint32_t *written;     /* [n_layers] rows written per layer: len <= written <= cap */
 };
 
+/* Snapshot format constants (docs/KV.md), shared with the tests and the fuzz harness that
+ * craft files with valid checksums. */
+#define KV__SNAP_MAGIC "CLKVSNAP"
+#define KV__SNAP_VERSION 1u
+#define KV__SNAP_HEADER_BYTES 64u
+#define KV__SNAP_REC_HEAD 32u
+#define KV__SNAP_SEED_HEADER UINT64_C(0x6b76736e61706864)
+#define KV__SNAP_SEED_RECORD UINT64_C(0x6b76736e61707263)
+
 /* 64-bit hash of n bytes (four independent multiply-rotate lanes, then an avalanche). Used
  * for the prefix chain and the snapshot checksums; not cryptographic. */
 uint64_t kv__hash64(const void *data, size_t n, uint64_t seed);

@@ -32,12 +32,6 @@
 #include <string.h>
 #include <zstd.h>
 
-#define SNAP_MAGIC "CLKVSNAP"
-#define SNAP_VERSION 1u
-#define SNAP_HEADER_BYTES 64u
-#define SNAP_REC_HEAD 32u
-#define SNAP_SEED_HEADER UINT64_C(0x6b76736e61706864)
-#define SNAP_SEED_RECORD UINT64_C(0x6b76736e61707263)
 #define SNAP_ZSTD_LEVEL 1 /* K/V values compress little; favour speed */
 
 static void put32(uint8_t *b, uint32_t v) { memcpy(b, &v, 4); }
@@ -57,13 +51,13 @@ static uint64_t get64(const uint8_t *b)
 
 static size_t record_bytes(const struct kv_pool *p)
 {
-    return SNAP_REC_HEAD + (size_t)p->B * sizeof(int32_t) + p->data_bytes;
+    return KV__SNAP_REC_HEAD + (size_t)p->B * sizeof(int32_t) + p->data_bytes;
 }
 
 static uint64_t record_checksum(const uint8_t *rec, size_t n)
 {
-    uint64_t seed = kv__hash64(rec, 24, SNAP_SEED_RECORD);
-    return kv__hash64(rec + SNAP_REC_HEAD, n - SNAP_REC_HEAD, seed);
+    uint64_t seed = kv__hash64(rec, 24, KV__SNAP_SEED_RECORD);
+    return kv__hash64(rec + KV__SNAP_REC_HEAD, n - KV__SNAP_REC_HEAD, seed);
 }
 
 /* ---- save ---------------------------------------------------------------------------------- */
@@ -192,10 +186,10 @@ int kv_snapshot_save(const struct kv_pool *p, const char *path, uint64_t model_f
     if ((rc = select_blocks(p, max_blocks, sel, &n)) != 0)
         goto out;
 
-    uint8_t h[SNAP_HEADER_BYTES] = {0};
-    memcpy(h, SNAP_MAGIC, 8);
-    put32(h + 8, SNAP_VERSION);
-    put32(h + 12, SNAP_HEADER_BYTES);
+    uint8_t h[KV__SNAP_HEADER_BYTES] = {0};
+    memcpy(h, KV__SNAP_MAGIC, 8);
+    put32(h + 8, KV__SNAP_VERSION);
+    put32(h + 12, KV__SNAP_HEADER_BYTES);
     put64(h + 16, model_fingerprint);
     put32(h + 24, (uint32_t)p->cfg.dtype);
     put32(h + 28, p->B);
@@ -204,7 +198,7 @@ int kv_snapshot_save(const struct kv_pool *p, const char *path, uint64_t model_f
     put32(h + 40, p->cfg.head_dim);
     put32(h + 44, n);
     put64(h + 48, rb);
-    put64(h + 56, kv__hash64(h, 56, SNAP_SEED_HEADER));
+    put64(h + 56, kv__hash64(h, 56, KV__SNAP_SEED_HEADER));
 
     size_t zr;
     if (ZSTD_isError(zr = ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, SNAP_ZSTD_LEVEL)) ||
@@ -227,8 +221,8 @@ int kv_snapshot_save(const struct kv_pool *p, const char *path, uint64_t model_f
         put32(rec + 16, b->depth);
         /* select_blocks put every parent earlier, so rec_of[parent] is set */
         put32(rec + 20, b->parent == KV_NONE ? UINT32_MAX : rec_of[b->parent]);
-        memcpy(rec + SNAP_REC_HEAD, kv__block_tokens(p, sel[i].id), (size_t)p->B * 4);
-        memcpy(rec + SNAP_REC_HEAD + (size_t)p->B * 4, kv__block_data(p, sel[i].id),
+        memcpy(rec + KV__SNAP_REC_HEAD, kv__block_tokens(p, sel[i].id), (size_t)p->B * 4);
+        memcpy(rec + KV__SNAP_REC_HEAD + (size_t)p->B * 4, kv__block_data(p, sel[i].id),
                p->data_bytes);
         put64(rec + 24, record_checksum(rec, rb));
         if ((rc = zwrite(cc, &af, rec, rb, false, obuf, ocap, path)) != 0)
@@ -382,22 +376,22 @@ static int check_header(const struct kv_pool *p, const uint8_t *h, const char *n
                         uint64_t fp)
 {
     int rc;
-    if (memcmp(h, SNAP_MAGIC, 8) != 0) {
+    if (memcmp(h, KV__SNAP_MAGIC, 8) != 0) {
         LOG_WARN("kv snapshot %s ignored: bad magic, not a KV snapshot", name);
         return ERR_FORMAT;
     }
-    if (get32(h + 8) != SNAP_VERSION) {
+    if (get32(h + 8) != KV__SNAP_VERSION) {
         LOG_WARN("kv snapshot %s ignored: version %u, this build reads version %u", name,
-                 get32(h + 8), SNAP_VERSION);
+                 get32(h + 8), KV__SNAP_VERSION);
         return ERR_UNSUPPORTED;
     }
-    if (get64(h + 56) != kv__hash64(h, 56, SNAP_SEED_HEADER)) {
+    if (get64(h + 56) != kv__hash64(h, 56, KV__SNAP_SEED_HEADER)) {
         LOG_WARN("kv snapshot %s ignored: header checksum mismatch (corrupt header)", name);
         return ERR_FORMAT;
     }
-    if (get32(h + 12) != SNAP_HEADER_BYTES) {
+    if (get32(h + 12) != KV__SNAP_HEADER_BYTES) {
         LOG_WARN("kv snapshot %s ignored: header size %u, expected %u", name, get32(h + 12),
-                 SNAP_HEADER_BYTES);
+                 KV__SNAP_HEADER_BYTES);
         return ERR_FORMAT;
     }
     if (get64(h + 16) != fp) {
@@ -463,7 +457,7 @@ static int restore_record(struct kv_pool *p, const uint8_t *rec, size_t rb, uint
         }
         ph = pb->hash;
     }
-    const uint8_t *tok_bytes = rec + SNAP_REC_HEAD;
+    const uint8_t *tok_bytes = rec + KV__SNAP_REC_HEAD;
     int32_t tokens[KV_BLOCK_TOKENS_MAX];
     memcpy(tokens, tok_bytes, (size_t)p->B * 4);
     uint64_t h = kv__chain_hash(p, ph, tokens);
@@ -485,7 +479,7 @@ static int restore_record(struct kv_pool *p, const uint8_t *rec, size_t rb, uint
 static int restore(struct kv_pool *p, struct src *src, uint64_t fp, uint32_t *n_restored)
 {
     const char *name = src->name;
-    uint8_t h[SNAP_HEADER_BYTES];
+    uint8_t h[KV__SNAP_HEADER_BYTES];
     size_t have = 0, got;
     int rc;
     *n_restored = 0;
@@ -501,7 +495,7 @@ static int restore(struct kv_pool *p, struct src *src, uint64_t fp, uint32_t *n_
     } while (got > 0 && have < sizeof h);
     if (have < sizeof h) {
         LOG_WARN("kv snapshot %s ignored: truncated: %zu bytes, shorter than the %u-byte header",
-                 name, have, SNAP_HEADER_BYTES);
+                 name, have, KV__SNAP_HEADER_BYTES);
         return ERR_TRUNCATED;
     }
     if ((rc = check_header(p, h, name, fp)) != 0)
