@@ -657,6 +657,30 @@ static void block_copy_rows(struct kv_pool *p, uint32_t dst, uint32_t src, uint3
     memcpy(kv__block_tokens(p, dst), kv__block_tokens(p, src), (size_t)rows * sizeof(int32_t));
 }
 
+/* What reserving n more positions takes: new table entries and whether the block receiving
+ * position len must be copied first. n <= KV_SEQ_TOKENS_MAX - len. */
+static uint32_t reserve_plan(const struct kv_seq *s, uint32_t n, uint32_t *n_new, bool *cow)
+{
+    const struct kv_pool *p = s->pool;
+    uint32_t blocks_needed = (s->len + n + p->B - 1) / p->B;
+    *n_new = blocks_needed > s->n_table ? blocks_needed - s->n_table : 0;
+    /* Positions past an earlier reservation are already exclusive (fork refuses sequences
+     * with reservations, and only full blocks are shared through the index). */
+    *cow = n > 0 && s->len % p->B != 0 && s->cap == s->len &&
+           p->blocks[s->table[s->len / p->B]].ref > 1;
+    return blocks_needed;
+}
+
+uint32_t kv_seq_blocks_needed(const struct kv_seq *s, uint32_t n)
+{
+    uint32_t n_new;
+    bool cow;
+    if (n > KV_SEQ_TOKENS_MAX - s->len)
+        n = KV_SEQ_TOKENS_MAX - s->len;
+    reserve_plan(s, n, &n_new, &cow);
+    return n_new + (cow ? 1 : 0);
+}
+
 int kv_seq_reserve(struct kv_seq *s, uint32_t n)
 {
     struct kv_pool *p = s->pool;
@@ -665,14 +689,10 @@ int kv_seq_reserve(struct kv_seq *s, uint32_t n)
                 KV_SEQ_TOKENS_MAX);
         return ERR_RANGE;
     }
-    uint32_t target = s->len + n;
-    uint32_t blocks_needed = (target + p->B - 1) / p->B;
-    uint32_t n_new = blocks_needed > s->n_table ? blocks_needed - s->n_table : 0;
-    /* The block receiving position len must be exclusive. Positions past an earlier
-     * reservation are already exclusive (fork refuses sequences with reservations). */
+    uint32_t target = s->len + n, n_new;
     uint32_t partial = s->len % p->B;
-    bool cow = n > 0 && partial != 0 && s->cap == s->len &&
-               p->blocks[s->table[s->len / p->B]].ref > 1;
+    bool cow;
+    uint32_t blocks_needed = reserve_plan(s, n, &n_new, &cow);
     uint32_t need = n_new + (cow ? 1 : 0);
     if (need == 0) {
         if (target > s->cap)

@@ -147,6 +147,10 @@ int kv_seq_write(struct kv_seq *s, uint32_t layer, const float *k, const float *
  */
 int kv_seq_commit(struct kv_seq *s, const int32_t *tokens, uint32_t n);
 
+/* Blocks kv_seq_reserve(s, n) would take from the pool (new blocks plus a copy-on-write);
+ * it succeeds when this is at most the pool's blocks_free + blocks_cached. For admission. */
+uint32_t kv_seq_blocks_needed(const struct kv_seq *s, uint32_t n);
+
 uint32_t kv_seq_len(const struct kv_seq *s);
 /* Rows written for a layer: len <= written <= len + reserved. */
 uint32_t kv_seq_written(const struct kv_seq *s, uint32_t layer);

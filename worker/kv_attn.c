@@ -36,24 +36,90 @@ struct tile {
     float vbuf[ATT_ROWS * KV_HEAD_DIM_MAX];
 };
 
-/* Eight independent partial sums: a fixed summation order the compiler can vectorize. */
-static float dot(const float *a, const float *b, uint32_t n)
+/*
+ * Four floats as one GNU C vector: plain C that compiles to the baseline ISA's registers (SSE
+ * on x86-64) without per-file ISA flags in worker/; loops step 8 floats with two of them.
+ * aligned(4) makes loads through it unaligned-safe.
+ */
+typedef float v4f __attribute__((vector_size(16), aligned(4)));
+
+static inline v4f load4(const float *p)
 {
-    float acc[8] = {0};
+    v4f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float hsum4(v4f a, v4f b)
+{
+    v4f v = a + b;
+    return (v[0] + v[1]) + (v[2] + v[3]);
+}
+
+/* q . k[j] for four rows at once: q is loaded once per 8 elements, eight independent sums. */
+static void dot4(const float *q, const float *const *k, uint32_t n, float *out)
+{
+    const float *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3];
+    v4f a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
     uint32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (uint32_t j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i + 8 <= n; i += 8) {
+        v4f x = load4(q + i), y = load4(q + i + 4);
+        a0 += x * load4(k0 + i);
+        b0 += y * load4(k0 + i + 4);
+        a1 += x * load4(k1 + i);
+        b1 += y * load4(k1 + i + 4);
+        a2 += x * load4(k2 + i);
+        b2 += y * load4(k2 + i + 4);
+        a3 += x * load4(k3 + i);
+        b3 += y * load4(k3 + i + 4);
+    }
+    float s0 = hsum4(a0, b0), s1 = hsum4(a1, b1), s2 = hsum4(a2, b2), s3 = hsum4(a3, b3);
+    for (; i < n; i++) {
+        s0 += q[i] * k0[i];
+        s1 += q[i] * k1[i];
+        s2 += q[i] * k2[i];
+        s3 += q[i] * k3[i];
+    }
+    out[0] = s0;
+    out[1] = s1;
+    out[2] = s2;
+    out[3] = s3;
+}
+
+static float dot1(const float *q, const float *k, uint32_t n)
+{
+    v4f a = {0}, b = {0};
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        a += load4(q + i) * load4(k + i);
+        b += load4(q + i + 4) * load4(k + i + 4);
+    }
+    float s = hsum4(a, b);
     for (; i < n; i++)
-        s += a[i] * b[i];
+        s += q[i] * k[i];
     return s;
 }
 
-static void scale_add(float *o, float a, const float *v, uint32_t n)
+/* o = o * corr + sum_j e[j] v[j]: each slice of o stays in registers across the n rows. */
+static void accumulate(float *o, float corr, const float *e, const float *const *v, uint32_t n,
+                       uint32_t hd)
 {
-    for (uint32_t i = 0; i < n; i++)
-        o[i] += a * v[i];
+    uint32_t d = 0;
+    for (; d + 8 <= hd; d += 8) {
+        v4f a = load4(o + d) * corr, b = load4(o + d + 4) * corr;
+        for (uint32_t j = 0; j < n; j++) {
+            a += e[j] * load4(v[j] + d);
+            b += e[j] * load4(v[j] + d + 4);
+        }
+        memcpy(o + d, &a, sizeof a);
+        memcpy(o + d + 4, &b, sizeof b);
+    }
+    for (; d < hd; d++) {
+        float acc = o[d] * corr;
+        for (uint32_t j = 0; j < n; j++)
+            acc += e[j] * v[j][d];
+        o[d] = acc;
+    }
 }
 
 /* Rows [r0, r0+n) of block `id`, layer `layer`, KV head g, as f32. */
@@ -109,25 +175,26 @@ static void attend(const struct kv_seq *s, uint32_t layer, uint32_t g, const flo
         for (uint32_t r = 0; r < nr; r++) {
             if (lim[r] <= pos)
                 continue;
-            uint32_t vis = lim[r] - pos < n ? lim[r] - pos : n;
+            uint32_t vis = lim[r] - pos < n ? lim[r] - pos : n, j = 0;
+            for (; j + 4 <= vis; j += 4)
+                dot4(q[r], t.k + j, hd, sc + j);
+            for (; j < vis; j++)
+                sc[j] = dot1(q[r], t.k[j], hd);
             float mx = -INFINITY;
-            for (uint32_t j = 0; j < vis; j++) {
-                sc[j] = dot(q[r], t.k[j], hd) * scale;
+            for (j = 0; j < vis; j++) {
+                sc[j] *= scale;
                 if (sc[j] > mx)
                     mx = sc[j];
             }
             float mn = m[r] > mx ? m[r] : mx;
             float corr = expf(m[r] - mn); /* 0 on the first tile (m = -inf) */
-            if (corr != 1.0f) {
-                l[r] *= corr;
-                for (uint32_t d = 0; d < hd; d++)
-                    o[r][d] *= corr;
+            float sum = 0.0f;
+            for (j = 0; j < vis; j++) {
+                sc[j] = expf(sc[j] - mn);
+                sum += sc[j];
             }
-            for (uint32_t j = 0; j < vis; j++) {
-                float e = expf(sc[j] - mn);
-                l[r] += e;
-                scale_add(o[r], e, t.v[j], hd);
-            }
+            l[r] = l[r] * corr + sum;
+            accumulate(o[r], corr, sc, t.v, vis, hd);
             m[r] = mn;
         }
         pos += n;

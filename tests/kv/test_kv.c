@@ -100,6 +100,7 @@ static void test_exhaustion(void **state)
     assert_int_equal(kt_append(b, tok, 2), 0);  /* 1 block: the pool is full */
 
     /* b needs a second block: refused, b unchanged and still usable */
+    assert_int_equal(kv_seq_blocks_needed(b, 3), 1);
     assert_int_equal(kv_seq_reserve(b, 3), ERR_OVERLOADED);
     assert_int_equal(kv_seq_len(b), 2);
     assert_int_equal(kv_seq_n_blocks(b), 1);
@@ -227,7 +228,11 @@ static void test_cow_partial_block(void **state)
         uint32_t shared_partial = kv_seq_block(a, 2);
 
         /* b writes into the shared partial block: it gets its own copy first */
+        assert_int_equal(kv_seq_blocks_needed(b, 2), 1);
+        assert_int_equal(kv_seq_blocks_needed(b, 5), 2);
+        assert_int_equal(kv_seq_blocks_needed(b, 0), 0);
         assert_int_equal(kt_append(b, tb + 20, 2), 0);
+        assert_int_equal(kv_seq_blocks_needed(b, 2), 0);
         struct kv_metrics m = kt_valid(p);
         assert_int_equal(m.cow_copies, 1);
         assert_int_not_equal(kv_seq_block(b, 2), shared_partial);
