@@ -196,11 +196,12 @@ int kv_snapshot_save(const struct kv_pool *p, const char *path, uint64_t model_f
                      uint32_t max_blocks, uint32_t *n_saved);
 /*
  * Re-inserts a snapshot's blocks as cached blocks into a pool that has no sequences and no
- * indexed blocks (ERR_STATE otherwise). If there are more records than the pool holds, the
- * first ones (shallowest, hottest) are kept. A missing file is -ENOENT (logged as info). A
- * corrupt, truncated or mismatched file (other model, dtype or dims) is never trusted: it is
- * rejected with a LOG_WARN naming the reason, the pool is left empty and consistent, and the
- * code is ERR_FORMAT / ERR_TRUNCATED / ERR_MISMATCH / ERR_UNSUPPORTED.
+ * indexed blocks (ERR_STATE otherwise); with prefix_cache off it restores nothing and
+ * returns 0. If there are more records than the pool holds, the first ones (shallowest,
+ * hottest) are kept. A missing file is -ENOENT (logged as info). A corrupt, truncated or
+ * mismatched file (other model, dtype or dims) is never trusted: it is rejected with a
+ * LOG_WARN naming the reason, the pool is left empty and consistent, and the code is
+ * ERR_FORMAT / ERR_TRUNCATED / ERR_MISMATCH / ERR_UNSUPPORTED (-errno if reading fails).
  */
 int kv_snapshot_restore(struct kv_pool *p, const char *path, uint64_t model_fingerprint,
                         uint32_t *n_restored);

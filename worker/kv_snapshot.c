@@ -488,6 +488,10 @@ static int restore(struct kv_pool *p, struct src *src, uint64_t fp, uint32_t *n_
                 name, p->n_seqs, p->n_indexed);
         return ERR_STATE;
     }
+    if (!p->cfg.prefix_cache) {
+        LOG_INFO("kv snapshot %s: not restored, the prefix cache is off", name);
+        return 0;
+    }
     do {
         if ((rc = src_read(src, h + have, sizeof h - have, &got)) != 0)
             return rc;

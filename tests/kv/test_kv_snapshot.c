@@ -510,8 +510,17 @@ static void test_restore_preconditions(void **state)
     kv_seq_destroy(s);
     assert_int_equal(kv_snapshot_restore_mem(p, file, len, "s.snap", FP, &n), 0);
     assert_int_equal(kv_snapshot_restore_mem(p, file, len, "s.snap", FP, &n), ERR_STATE);
-    tu_log_capture_end();
     kt_valid(p);
+    kv_pool_destroy(p);
+    /* nothing to restore into when the prefix cache is off */
+    c.prefix_cache = false;
+    p = kt_pool(&c);
+    n = 99;
+    assert_int_equal(kv_snapshot_restore_mem(p, file, len, "s.snap", FP, &n), 0);
+    tu_assert_log_contains("the prefix cache is off", NULL);
+    tu_log_capture_end();
+    assert_int_equal(n, 0);
+    assert_empty(p);
     kv_pool_destroy(p);
     free(file);
     tu_rmtree(dir);
