@@ -174,8 +174,8 @@ static size_t run_end(const unsigned char *p, size_t n, size_t i, enum cls k)
     return i;
 }
 
-/* End of the pre-token that starts at i (< n): the regex's alternatives in order. */
-static size_t gpt2_next(const unsigned char *p, size_t n, size_t i)
+/* The regex's alternatives in order. */
+size_t tok__gpt2_next(const unsigned char *p, size_t n, size_t i)
 {
     size_t l;
     uint32_t c = cp_at(p, n, i, &l);
@@ -214,7 +214,7 @@ static size_t gpt2_next(const unsigned char *p, size_t n, size_t i)
 static int encode_segment(struct bpe *w, const unsigned char *p, size_t n, struct tok__ids *out)
 {
     for (size_t i = 0; i < n;) {
-        size_t end = gpt2_next(p, n, i);
+        size_t end = tok__gpt2_next(p, n, i);
         int rc = encode_word(w, p + i, end - i, out);
         if (rc != 0)
             return rc;

@@ -144,6 +144,8 @@ int tok__ids_push(struct tok__ids *a, int32_t id); /* 0 or -ENOMEM (not logged) 
 /* Encoders: append the ids of already validated UTF-8 text. 0 or -ENOMEM (not logged). */
 int tok__spm_encode(const struct tok *t, const char *text, size_t len, struct tok__ids *out);
 int tok__bpe_encode(const struct tok *t, const char *text, size_t len, struct tok__ids *out);
+/* GPT-2 pre-tokenizer: the end of the pre-token starting at i (< n) of valid UTF-8 p. */
+size_t tok__gpt2_next(const unsigned char *p, size_t n, size_t i);
 
 /* ---- UTF-8 and Unicode (tok_unicode.c) ---- */
 /* Length of the valid UTF-8 sequence at p (1..4), or 0 if p[0..n) does not start with one
