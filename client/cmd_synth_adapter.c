@@ -1,6 +1,6 @@
 /*
  * cmd_synth_adapter.c — `clocher synth-adapter BASE_DIR OUT_DIR --rank R [--alpha A]
- * [--targets q,k,v,o,gate,up,down] [--seed N] [--dtype f32|f16|bf16]`: writes a deterministic
+ * [--targets q,k,v,o,gate,up,down] [--seed N] [--dtype f32|f16|bf16] [--strength S]`: writes a deterministic
  * random LoRA adapter in PEFT form for an IEBIN base model (synth_adapter.h).
  */
 #include "cmds.h"
@@ -24,20 +24,22 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: clocher synth-adapter BASE_DIR OUT_DIR --rank R [--alpha A]\n"
             "                             [--targets q,k,v,o,gate,up,down] [--seed N]\n"
-            "                             [--dtype f32|f16|bf16]\n"
+            "                             [--dtype f32|f16|bf16] [--strength S]\n"
             "\n"
             "Writes a deterministic random LoRA adapter in Hugging Face PEFT form\n"
             "(adapter_config.json + adapter_model.safetensors) for the IEBIN model in BASE_DIR.\n"
             "Unlike a freshly initialised PEFT adapter, lora_B is non-zero: each adapted\n"
-            "projection's output moves by about a quarter of its size.\n"
+            "projection's output moves by about S times its size.\n"
             "\n"
             "  --rank R      LoRA rank r, 1..%u (required)\n"
             "  --alpha A     lora_alpha (default: R, i.e. scaling 1)\n"
             "  --targets L   comma-separated projections: q k v o gate up down (or q_proj, ...),\n"
             "                or 'all' (default: q,v)\n"
             "  --seed N      PRNG seed (default 0); same seed, same bytes\n"
-            "  --dtype T     tensor dtype written: f32 (default), f16 or bf16\n",
-            LORA_MAX_RANK);
+            "  --dtype T     tensor dtype written: f32 (default), f16 or bf16\n"
+            "  --strength S  relative change of each adapted projection, 0 < S <= 10\n"
+            "                (default %.2f)\n",
+            LORA_MAX_RANK, (double)SYNTH_ADAPTER_STRENGTH);
 }
 
 static int parse_u64(const char *s, uint64_t max, uint64_t *out)
@@ -48,6 +50,17 @@ static int parse_u64(const char *s, uint64_t max, uint64_t *out)
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || *end || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
         return -1;
     *out = v;
     return 0;
@@ -90,7 +103,8 @@ int cmd_synth_adapter(int argc, char **argv)
     static const struct option opts[] = {
         {"rank", required_argument, NULL, 'r'},  {"alpha", required_argument, NULL, 'a'},
         {"targets", required_argument, NULL, 't'}, {"seed", required_argument, NULL, 's'},
-        {"dtype", required_argument, NULL, 'd'}, {"help", no_argument, NULL, 'h'},
+        {"dtype", required_argument, NULL, 'd'}, {"strength", required_argument, NULL, 'S'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     struct synth_adapter_opts o = {
@@ -113,10 +127,8 @@ int cmd_synth_adapter(int argc, char **argv)
             o.rank = (uint32_t)v;
             break;
         case 'a': {
-            char *end;
-            errno = 0;
-            double a = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !isfinite(a) || a == 0.0 || fabs(a) > 1e30) {
+            double a;
+            if (parse_double(optarg, &a) != 0 || a == 0.0 || fabs(a) > 1e30) {
                 fprintf(stderr, "clocher synth-adapter: --alpha '%s': expected a finite, "
                                 "non-zero number\n",
                         optarg);
@@ -124,6 +136,17 @@ int cmd_synth_adapter(int argc, char **argv)
             }
             o.alpha = (float)a;
             have_alpha = true;
+            break;
+        }
+        case 'S': {
+            double a;
+            if (parse_double(optarg, &a) != 0 || !(a > 0.0 && a <= 10.0)) {
+                fprintf(stderr, "clocher synth-adapter: --strength '%s': expected a number in "
+                                "(0, 10]\n",
+                        optarg);
+                return CMD_EXIT_USAGE;
+            }
+            o.strength = (float)a;
             break;
         }
         case 't':

@@ -10,8 +10,10 @@
  * Magnitudes: A ~ U with std 1/sqrt(in), so A x keeps the scale of x; B with std
  * strength * rms(W) * sqrt(in) / (s * sqrt(r)) where W is the base projection of the same
  * layer and s the LoRA scaling, so each adapted projection's output moves by about
- * `strength` (default 0.25) times the base output's size: a clearly visible but bounded
- * change. Every tensor has its own PRNG stream derived from (seed, layer, module, A/B), so a
+ * `strength` (default 0.05) times the base output's size: a clearly visible but bounded
+ * change (on stories260K, an all-projection adapter moves logits by ~1 on average and changes
+ * the top-1 token at ~40% of positions; a single projection at 10-30%). Every tensor has its
+ * own PRNG stream derived from (seed, layer, module, A/B), so a
  * projection's weights do not depend on which other targets are chosen.
  */
 #ifndef CLOCHER_CLIENT_SYNTH_ADAPTER_H
@@ -22,7 +24,7 @@
 
 #include <stdint.h>
 
-#define SYNTH_ADAPTER_STRENGTH 0.25f
+#define SYNTH_ADAPTER_STRENGTH 0.05f
 
 struct synth_adapter_opts {
     uint32_t rank;        /* 1..LORA_MAX_RANK */
