@@ -362,8 +362,8 @@ int lora_config_parse(const char *what, const char *json, size_t len, struct lor
     if ((rc = parse_layers(what, json_object_get(root, "layers_to_transform"), out)))
         goto out;
 
-    out->scaling = out->rslora ? (float)(alpha / sqrt((double)out->rank))
-                               : (float)(alpha / (double)out->rank);
+    out->scaling = out->rslora ? (float)((double)out->alpha / sqrt((double)out->rank))
+                               : (float)((double)out->alpha / (double)out->rank);
     rc = 0;
 out:
     json_decref(root);
