@@ -649,7 +649,9 @@ static void test_apply_grouped(void **state)
                 if (!who[i] || scale[i] == 0.0f)
                     assert_memory_equal(got + (size_t)i * ldy, y0 + (size_t)i * ldy, out * 4);
 
-            /* sharded over uneven rank and row ranges (as a pool would): same bits */
+            /* sharded over uneven rank and row ranges (as a pool would): the same values;
+             * the same bits on the scalar path (SIMD kernels may order a row's sum
+             * differently in a row block's tail, so there only to rounding) */
             float *sh = malloc((size_t)N * ldy * 4);
             memcpy(sh, y0, (size_t)N * ldy * 4);
             memset(tmp, 0xff, plan.tmp_floats * 4);
@@ -661,7 +663,12 @@ static void test_apply_grouped(void **state)
                 if (rcuts[k] < rcuts[k + 1])
                     lora_apply_b(&plan, layer, (enum lora_target)t, tmp, sh, ldy, rcuts[k],
                                  rcuts[k + 1]);
-            assert_memory_equal(sh, got, (size_t)N * ldy * 4);
+            if (kern_isa() == KERN_ISA_REF)
+                assert_memory_equal(sh, got, (size_t)N * ldy * 4);
+            for (size_t i = 0; i < (size_t)N * ldy; i++)
+                if (fabsf(sh[i] - got[i]) > 1e-6f * (1.0f + fabsf(got[i])))
+                    fail_msg("sharded y[%zu][%zu] = %g, unsharded %g", i / ldy, i % ldy,
+                             (double)sh[i], (double)got[i]);
 
             /* one adapter for a whole run: lora_apply_one == its plan segment */
             float *one = malloc((size_t)N * ldy * 4);
