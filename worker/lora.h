@@ -186,8 +186,9 @@ struct lora_plan {
 void lora_plan_init(struct lora_plan *p);
 void lora_plan_fini(struct lora_plan *p);
 /*
- * ad[t], scale[t] for t < n_tok: token t's adapter (NULL = base model) and request scale.
- * Reuses the plan's arrays; 0 or -ENOMEM (logged).
+ * ad[t], scale[t] for t < n_tok: token t's adapter (NULL = base model) and request scale
+ * (finite: the engine validates requests). The adapters must stay referenced while the plan
+ * is used. Reuses the plan's arrays; 0 or -ENOMEM (logged).
  */
 int lora_plan_build(struct lora_plan *p, const struct lora_adapter *const *ad,
                     const float *scale, size_t n_tok);

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -550,6 +551,60 @@ static void test_registry(void **state)
     free(dir);
 }
 
+/* Users on pool threads: each computes with the adapter, then drops its references. */
+struct user_arg {
+    struct lora_adapter *ad;
+    int refs;
+    float y[16];
+};
+
+static void *user_thread(void *p)
+{
+    struct user_arg *u = p;
+    float x[16], tmp[4];
+    for (int i = 0; i < 16; i++)
+        x[i] = (float)i * 0.1f;
+    for (int k = 0; k < u->refs; k++) {
+        memset(u->y, 0, sizeof u->y);
+        lora_apply_one(u->ad, 1.0f, 1, LORA_Q, x, 1, u->y, 16, tmp);
+        lora_registry_release(u->ad);
+    }
+    return NULL;
+}
+
+static void test_release_from_threads(void **state)
+{
+    (void)state;
+    struct iebin_hparams hp = peft_small_hparams();
+    struct peft_adapter *pa = peft_adapter_random(&hp, 4, 4.0, 1u << LORA_Q, 5, 0.5f, 0.5f);
+    char *dir = subdir("threads");
+    peft_adapter_write(pa, dir, SAFETENSORS_F32, "");
+    peft_adapter_free(pa);
+    struct lora_registry *r;
+    assert_int_equal(lora_registry_create(&hp, 0, &r), 0);
+    assert_int_equal(lora_registry_load(r, "t", dir), 0);
+    enum { THREADS = 4, REFS = 50 };
+    struct user_arg args[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        args[i].refs = REFS;
+        for (int k = 0; k < REFS; k++)
+            assert_int_equal(lora_registry_acquire(r, "t", &args[i].ad), 0);
+    }
+    assert_int_equal(lora_refcount(args[0].ad), 1 + THREADS * REFS);
+    /* the owner unloads while the users are still running; the last release frees it
+     * (ASan reports a use after free or a leak otherwise; TSan a race) */
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, user_thread, &args[i]), 0);
+    assert_int_equal(lora_registry_unload(r, "t"), 0);
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    for (int i = 1; i < THREADS; i++)
+        assert_memory_equal(args[i].y, args[0].y, sizeof args[0].y);
+    lora_registry_destroy(r);
+    free(dir);
+}
+
 /* ---- applying ---- */
 
 /* y[t] += s_t * B (A x_t), in double, straight from the definition. */
@@ -719,6 +774,7 @@ int main(void)
         cmocka_unit_test(test_load_missing_files),
         cmocka_unit_test(test_load_bad_tensors),
         cmocka_unit_test(test_registry),
+        cmocka_unit_test(test_release_from_threads),
         cmocka_unit_test(test_apply_grouped),
     };
     return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
