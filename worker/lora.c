@@ -835,7 +835,7 @@ void lora_close(struct lora_adapter *ad) { adapter_unref(ad); }
 
 int lora_refcount(const struct lora_adapter *ad)
 {
-    return atomic_load_explicit(&((struct lora_adapter *)ad)->refs_, memory_order_acquire);
+    return atomic_load_explicit(&ad->refs_, memory_order_acquire);
 }
 
 const struct lora_weights *lora_weights(const struct lora_adapter *ad, uint32_t layer,
@@ -924,9 +924,10 @@ int lora_registry_load(struct lora_registry *r, const char *name, const char *di
     int rc;
     if ((rc = check_name(name)) != 0)
         return rc;
-    if (find(r, name) >= 0) {
+    long taken = find(r, name);
+    if (taken >= 0) {
         LOG_ERR("LoRA adapter '%s' is already loaded (from %s): unload it first", name,
-                r->v[find(r, name)]->dir);
+                r->v[taken]->dir);
         return ERR_STATE;
     }
     if (r->n == r->max) {
