@@ -654,63 +654,30 @@ static int check_tensor(const char *path, const struct safetensors_tensor *st,
 
 static size_t round_up(size_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
 
-static int open_named(const char *dir, const char *name, const struct iebin_hparams *hp,
-                      struct lora_adapter **out)
+/*
+ * The loader's core: ad->cfg parsed from cfg_what; validates f's tensors (f_what in messages)
+ * against it and hp, then fills and finishes ad. Does not close f.
+ */
+static int build(struct lora_adapter *ad, const char *cfg_what, struct safetensors_file *f,
+                 const char *f_what, const struct iebin_hparams *hp, const char *name,
+                 const char *dir)
 {
     int rc;
-    char *cfg_path = NULL, *st_path = NULL, *cfg_text = NULL;
     const struct safetensors_tensor **found = NULL; /* [n_layers][TARGETS][2] */
-    struct safetensors_file *f = NULL;
-    struct lora_adapter *ad = NULL;
-    size_t cfg_len = 0;
 
-    *out = NULL;
-    if ((rc = iebin_check_hparams(hp, "LoRA base model")) != 0)
-        return rc;
-    cfg_path = join(dir, LORA_CONFIG_FILE);
-    st_path = join(dir, LORA_WEIGHTS_FILE);
-    ad = calloc(1, sizeof *ad);
-    if (!cfg_path || !st_path || !ad) {
-        LOG_ERR("%s: out of memory loading the adapter", dir);
-        rc = -ENOMEM;
-        goto out;
-    }
-    if ((rc = read_capped(cfg_path, LORA_CONFIG_MAX, &cfg_text, &cfg_len)) != 0)
-        goto out;
-    if ((rc = lora_config_parse(cfg_path, cfg_text, cfg_len, &ad->cfg)) != 0)
-        goto out;
     if (ad->cfg.has_layers) {
         for (uint32_t l = hp->n_layers; l < LORA_MAX_LAYERS; l++)
             if (layer_listed(&ad->cfg, l)) {
                 LOG_ERR("%s: layers_to_transform lists layer %u, out of range (the base model "
                         "has %u layers, 0..%u)",
-                        cfg_path, l, hp->n_layers, hp->n_layers - 1);
-                rc = ERR_RANGE;
-                goto out;
+                        cfg_what, l, hp->n_layers, hp->n_layers - 1);
+                return ERR_RANGE;
             }
     }
-
-    if (access(st_path, F_OK) != 0 && errno == ENOENT) {
-        char *bin = join(dir, "adapter_model.bin");
-        bool has_bin = bin && access(bin, F_OK) == 0;
-        free(bin);
-        if (has_bin) {
-            LOG_ERR("%s: missing; %s/adapter_model.bin (PyTorch pickle) is not supported: save "
-                    "the adapter with safe_serialization=True",
-                    st_path, dir);
-            rc = ERR_UNSUPPORTED;
-            goto out;
-        }
-    }
-    if ((rc = safetensors_open(st_path, &f)) != 0)
-        goto out;
-
-    const size_t n_slots = (size_t)hp->n_layers * LORA_TARGET_COUNT * 2;
-    found = calloc(n_slots, sizeof *found);
+    found = calloc((size_t)hp->n_layers * LORA_TARGET_COUNT * 2, sizeof *found);
     if (!found) {
-        LOG_ERR("%s: out of memory", st_path);
-        rc = -ENOMEM;
-        goto out;
+        LOG_ERR("%s: out of memory", f_what);
+        return -ENOMEM;
     }
     for (uint32_t t = 0; t < LORA_TARGET_COUNT; t++)
         lora_target_dims(hp, (enum lora_target)t, &ad->in[t], &ad->out[t]);
@@ -720,23 +687,23 @@ static int open_named(const char *dir, const char *name, const struct iebin_hpar
         uint32_t layer;
         enum lora_target t;
         enum ab ab;
-        if ((rc = parse_name(st_path, st->name, hp->n_layers, &layer, &t, &ab)) != 0)
+        if ((rc = parse_name(f_what, st->name, hp->n_layers, &layer, &t, &ab)) != 0)
             goto out;
         if (!(ad->cfg.target_mask >> t & 1u)) {
             LOG_ERR("%s: tensor '%.200s' adapts %s, which adapter_config.json's target_modules "
                     "does not list",
-                    st_path, st->name, targets[t].module);
+                    f_what, st->name, targets[t].module);
             rc = ERR_MISMATCH;
             goto out;
         }
         if (!layer_listed(&ad->cfg, layer)) {
             LOG_ERR("%s: tensor '%.200s' adapts layer %u, which adapter_config.json's "
                     "layers_to_transform does not list",
-                    st_path, st->name, layer);
+                    f_what, st->name, layer);
             rc = ERR_MISMATCH;
             goto out;
         }
-        if ((rc = check_tensor(st_path, st, &ad->cfg, t, ab, ad->in[t], ad->out[t])) != 0)
+        if ((rc = check_tensor(f_what, st, &ad->cfg, t, ab, ad->in[t], ad->out[t])) != 0)
             goto out;
         /* duplicates cannot happen: safetensors rejects duplicate keys, and the grammar
          * admits one spelling per (layer, module, A/B) */
@@ -759,7 +726,7 @@ static int open_named(const char *dir, const char *name, const struct iebin_hpar
                 tensor_name(tn, sizeof tn, l, (enum lora_target)t, (enum ab)ab);
                 LOG_ERR("%s: tensor '%s' is missing (%s is in target_modules and layer %u is "
                         "adapted)",
-                        st_path, tn, targets[t].module, l);
+                        f_what, tn, targets[t].module, l);
                 rc = ERR_NOT_FOUND;
                 goto out;
             }
@@ -769,8 +736,8 @@ static int open_named(const char *dir, const char *name, const struct iebin_hpar
         }
     }
     if (total > SIZE_MAX / sizeof(float)) {
-        LOG_ERR("%s: the adapter needs %llu floats, more than this machine can address",
-                st_path, (unsigned long long)total);
+        LOG_ERR("%s: the adapter needs %llu floats, more than this machine can address", f_what,
+                (unsigned long long)total);
         rc = ERR_OVERFLOW;
         goto out;
     }
@@ -780,7 +747,7 @@ static int open_named(const char *dir, const char *name, const struct iebin_hpar
     ad->w = calloc((size_t)hp->n_layers * LORA_TARGET_COUNT, sizeof *ad->w);
     ad->store = total ? aligned_alloc(64, (size_t)total * sizeof(float)) : NULL;
     if (!ad->w || (total && !ad->store)) {
-        LOG_ERR("%s: out of memory for %llu bytes of adapter weights", st_path,
+        LOG_ERR("%s: out of memory for %llu bytes of adapter weights", f_what,
                 (unsigned long long)total * sizeof(float));
         rc = -ENOMEM;
         goto out;
@@ -794,15 +761,13 @@ static int open_named(const char *dir, const char *name, const struct iebin_hpar
             uint32_t r = ad->cfg.rank, in = ad->in[t], o = ad->out[t];
             uint32_t heads = t == LORA_Q ? hp->n_heads : t == LORA_K ? hp->n_kv_heads : 0;
             float *a = p, *b = p + round_up((size_t)r * in);
-            if ((rc = convert(st_path, ab[AB_A], a, r, in, 0, 0)) != 0 ||
-                (rc = convert(st_path, ab[AB_B], b, o, r, heads, hp->head_dim)) != 0)
+            if ((rc = convert(f_what, ab[AB_A], a, r, in, 0, 0)) != 0 ||
+                (rc = convert(f_what, ab[AB_B], b, o, r, heads, hp->head_dim)) != 0)
                 goto out;
             ad->w[(size_t)l * LORA_TARGET_COUNT + t] = (struct lora_weights){a, b};
             p = b + round_up((size_t)o * r);
         }
     }
-    ad->magic = LORA_MAGIC;
-    ad->id = atomic_fetch_add(&g_next_id, 1);
     ad->name = strdup(name);
     ad->dir = strdup(dir);
     if (!ad->name || !ad->dir) {
@@ -810,19 +775,99 @@ static int open_named(const char *dir, const char *name, const struct iebin_hpar
         rc = -ENOMEM;
         goto out;
     }
+    ad->magic = LORA_MAGIC;
+    ad->id = atomic_fetch_add(&g_next_id, 1);
     atomic_init(&ad->refs_, 1);
     LOG_DEBUG("%s: LoRA adapter r=%u alpha=%g scaling=%g, %zu floats", dir, ad->cfg.rank,
               (double)ad->cfg.alpha, (double)ad->cfg.scaling, ad->store_floats);
+    rc = 0;
+out:
+    free(found);
+    return rc;
+}
+
+static int open_named(const char *dir, const char *name, const struct iebin_hparams *hp,
+                      struct lora_adapter **out)
+{
+    int rc;
+    char *cfg_path = NULL, *st_path = NULL, *cfg_text = NULL;
+    struct safetensors_file *f = NULL;
+    struct lora_adapter *ad = NULL;
+    size_t cfg_len = 0;
+
+    *out = NULL;
+    if ((rc = iebin_check_hparams(hp, "LoRA base model")) != 0)
+        return rc;
+    cfg_path = join(dir, LORA_CONFIG_FILE);
+    st_path = join(dir, LORA_WEIGHTS_FILE);
+    ad = calloc(1, sizeof *ad);
+    if (!cfg_path || !st_path || !ad) {
+        LOG_ERR("%s: out of memory loading the adapter", dir);
+        rc = -ENOMEM;
+        goto out;
+    }
+    if ((rc = read_capped(cfg_path, LORA_CONFIG_MAX, &cfg_text, &cfg_len)) != 0)
+        goto out;
+    if ((rc = lora_config_parse(cfg_path, cfg_text, cfg_len, &ad->cfg)) != 0)
+        goto out;
+    if (access(st_path, F_OK) != 0 && errno == ENOENT) {
+        char *bin = join(dir, "adapter_model.bin");
+        bool has_bin = bin && access(bin, F_OK) == 0;
+        free(bin);
+        if (has_bin) {
+            LOG_ERR("%s: missing; %s/adapter_model.bin (PyTorch pickle) is not supported: save "
+                    "the adapter with safe_serialization=True",
+                    st_path, dir);
+            rc = ERR_UNSUPPORTED;
+            goto out;
+        }
+    }
+    if ((rc = safetensors_open(st_path, &f)) != 0)
+        goto out;
+    if ((rc = build(ad, cfg_path, f, st_path, hp, name, dir)) != 0)
+        goto out;
     *out = ad;
     ad = NULL;
-    rc = 0;
 out:
     adapter_free(ad);
     safetensors_close(f);
-    free(found);
     free(cfg_text);
     free(st_path);
     free(cfg_path);
+    return rc;
+}
+
+int lora_open_mem(const char *what, const char *config, size_t config_len,
+                  const void *weights, size_t weights_len, const struct iebin_hparams *hp,
+                  struct lora_adapter **out)
+{
+    int rc;
+    struct safetensors_file *f = NULL;
+    struct lora_adapter *ad = NULL;
+    char *cfg_what = NULL, *st_what = NULL;
+
+    *out = NULL;
+    if ((rc = iebin_check_hparams(hp, "LoRA base model")) != 0)
+        return rc;
+    cfg_what = join(what, LORA_CONFIG_FILE);
+    st_what = join(what, LORA_WEIGHTS_FILE);
+    ad = calloc(1, sizeof *ad);
+    if (!cfg_what || !st_what || !ad) {
+        LOG_ERR("%s: out of memory loading the adapter", what);
+        rc = -ENOMEM;
+        goto out;
+    }
+    if ((rc = lora_config_parse(cfg_what, config, config_len, &ad->cfg)) != 0 ||
+        (rc = safetensors_open_mem(weights, weights_len, st_what, &f)) != 0 ||
+        (rc = build(ad, cfg_what, f, st_what, hp, what, what)) != 0)
+        goto out;
+    *out = ad;
+    ad = NULL;
+out:
+    adapter_free(ad);
+    safetensors_close(f);
+    free(st_what);
+    free(cfg_what);
     return rc;
 }
 

@@ -113,6 +113,14 @@ struct lora_adapter {
  * module not in target_modules), ERR_NOT_FOUND (a targeted tensor missing), -ENOMEM.
  */
 int lora_open(const char *dir, const struct iebin_hparams *hp, struct lora_adapter **out);
+/*
+ * lora_open on bytes in memory: `config` (adapter_config.json) and `weights`
+ * (adapter_model.safetensors, borrowed for the call only: the adapter keeps f32 copies).
+ * `what` names the adapter in messages ("what/adapter_config.json"). Same checks and codes.
+ */
+int lora_open_mem(const char *what, const char *config, size_t config_len,
+                  const void *weights, size_t weights_len, const struct iebin_hparams *hp,
+                  struct lora_adapter **out);
 /* Drops the reference lora_open returned; frees the adapter if it was the last. NULL: no-op. */
 void lora_close(struct lora_adapter *ad);
 /* Current number of references (tests, metrics). */
