@@ -652,6 +652,61 @@ static int check_tensor(const char *path, const struct safetensors_tensor *st,
     return 0;
 }
 
+/*
+ * The content digest: an xxh64-style 4-lane multiply-rotate hash over 64-bit words (not
+ * cryptographic: it tells adapters apart, it does not authenticate them; an accidental
+ * collision between two of n adapters has probability ~n^2 / 2^65).
+ */
+#define P1 UINT64_C(0x9e3779b185ebca87)
+#define P2 UINT64_C(0xc2b2ae3d27d4eb4f)
+#define P3 UINT64_C(0x165667b19e3779f9)
+
+static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static uint64_t lane(uint64_t acc, uint64_t w) { return rotl64(acc + w * P2, 31) * P1; }
+
+struct digest {
+    uint64_t v[4];
+    uint64_t n; /* words */
+};
+
+static void digest_init(struct digest *d)
+{
+    d->v[0] = P1 + P2, d->v[1] = P2, d->v[2] = 0, d->v[3] = (uint64_t)0 - P1;
+    d->n = 0;
+}
+
+static void digest_words(struct digest *d, const void *p, size_t bytes)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i + 8 <= bytes; i += 8, d->n++) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        d->v[d->n & 3] = lane(d->v[d->n & 3], w);
+    }
+    if (bytes % 8) {
+        uint64_t w = 0;
+        memcpy(&w, b + bytes / 8 * 8, bytes % 8);
+        d->v[d->n & 3] = lane(d->v[d->n & 3], w);
+        d->n++;
+    }
+}
+
+static uint64_t digest_final(const struct digest *d)
+{
+    uint64_t h = rotl64(d->v[0], 1) + rotl64(d->v[1], 7) + rotl64(d->v[2], 12) +
+                 rotl64(d->v[3], 18);
+    for (int i = 0; i < 4; i++)
+        h = (h ^ lane(0, d->v[i])) * P1 + P3;
+    h += d->n * 8;
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    h ^= h >> 32;
+    return h ? h : 1; /* 0 is the base model */
+}
+
 static size_t round_up(size_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
 
 /*
@@ -768,6 +823,23 @@ static int build(struct lora_adapter *ad, const char *cfg_what, struct safetenso
             p = b + round_up((size_t)o * r);
         }
     }
+    /* the digest covers what changes the computation, in a fixed layout (padding between
+     * matrices is left out: it is never read) */
+    struct digest dg;
+    digest_init(&dg);
+    uint32_t hdr[4] = {ad->cfg.rank, ad->cfg.target_mask, hp->n_layers, 0};
+    memcpy(&hdr[3], &ad->cfg.scaling, 4);
+    digest_words(&dg, hdr, sizeof hdr);
+    for (size_t i = 0; i < (size_t)hp->n_layers * LORA_TARGET_COUNT; i++) {
+        const struct lora_weights *w = &ad->w[i];
+        uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT), here = w->a != NULL;
+        digest_words(&dg, &here, 4);
+        if (!here)
+            continue;
+        digest_words(&dg, w->a, (size_t)ad->cfg.rank * ad->in[t] * sizeof(float));
+        digest_words(&dg, w->b, (size_t)ad->out[t] * ad->cfg.rank * sizeof(float));
+    }
+    ad->digest = digest_final(&dg);
     ad->name = strdup(name);
     ad->dir = strdup(dir);
     if (!ad->name || !ad->dir) {

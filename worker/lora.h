@@ -91,7 +91,11 @@ struct lora_weights {
 
 struct lora_adapter {
     uint32_t magic;
-    uint64_t id;               /* unique per load in this process (never 0): KV prefix keys */
+    uint64_t id;               /* unique per load in this process (never 0) */
+    uint64_t digest;           /* 64-bit hash of what the adapter computes (rank, scaling,
+                                * targets, layers, every f32 weight), never 0: equal for the
+                                * same files across loads and processes, so it is the
+                                * "adapter set" key of KV prefix reuse and snapshots */
     char *name;                /* registry name, or the directory for lora_open */
     char *dir;                 /* as given */
     struct lora_config cfg;

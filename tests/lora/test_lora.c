@@ -465,6 +465,45 @@ static void test_load_bad_tensors(void **state)
         free((char *)good[i].name);
 }
 
+static void test_digest(void **state)
+{
+    (void)state;
+    struct iebin_hparams hp = peft_small_hparams();
+    struct peft_adapter *pa = peft_adapter_random(&hp, 4, 8.0, 1u << LORA_V | 1u << LORA_UP,
+                                                  21, 0.5f, 0.5f);
+    struct {
+        const char *name;
+        enum safetensors_dtype dt;
+        const char *extra;
+        double alpha;
+        int tweak; /* change one weight */
+    } v[] = {
+        {"dg_a", SAFETENSORS_F32, "", 8.0, 0},   {"dg_same", SAFETENSORS_F32, "", 8.0, 0},
+        {"dg_bf16", SAFETENSORS_BF16, "", 8.0, 0}, {"dg_alpha", SAFETENSORS_F32, "", 4.0, 0},
+        {"dg_rslora", SAFETENSORS_F32, ",\n  \"use_rslora\": true", 8.0, 0},
+        {"dg_weight", SAFETENSORS_F32, "", 8.0, 1},
+    };
+    uint64_t d[6];
+    for (size_t i = 0; i < 6; i++) {
+        char *dir = subdir(v[i].name);
+        pa->alpha = v[i].alpha;
+        if (v[i].tweak)
+            pa->b[1][LORA_UP][7] += 1e-3f;
+        peft_adapter_write(pa, dir, v[i].dt, v[i].extra);
+        struct lora_adapter *ad;
+        assert_int_equal(lora_open(dir, &hp, &ad), 0);
+        d[i] = ad->digest;
+        lora_close(ad);
+        free(dir);
+    }
+    assert_true(d[0] == d[1]); /* the same files: the same digest, across loads */
+    for (size_t i = 2; i < 6; i++)
+        for (size_t j = 0; j < i; j++)
+            if (!(i == 1 && j == 0))
+                assert_true(d[i] != d[j]);
+    peft_adapter_free(pa);
+}
+
 /* ---- registry ---- */
 
 static void test_registry(void **state)
@@ -522,6 +561,8 @@ static void test_registry(void **state)
     assert_int_equal(lora_registry_acquire(r, "sql-v1", &u3), 0);
     assert_ptr_not_equal(u3, u1);
     assert_true(u3->id != old_id);
+    /* ... computing the same thing: the same digest (KV computed with either is the same) */
+    assert_true(u3->digest == u1->digest && u3->digest != 0);
 
     /* the old version still computes (ASan would flag a use after free) */
     float x[16], y[16] = {0}, tmp[4];
@@ -773,6 +814,7 @@ int main(void)
         cmocka_unit_test(test_layers_to_transform),
         cmocka_unit_test(test_load_missing_files),
         cmocka_unit_test(test_load_bad_tensors),
+        cmocka_unit_test(test_digest),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_release_from_threads),
         cmocka_unit_test(test_apply_grouped),
