@@ -43,7 +43,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     if (rc < 0)
         return 0;
-    if (lora_refcount(ad) != 1 || ad->cfg.rank < 1 || ad->cfg.rank > LORA_MAX_RANK)
+    if (lora_refcount(ad) != 1 || ad->digest == 0 || ad->cfg.rank < 1 ||
+        ad->cfg.rank > LORA_MAX_RANK)
         abort();
     float x[24], y[24], *tmp = malloc(ad->cfg.rank * sizeof(float));
     if (!tmp)
