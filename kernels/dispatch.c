@@ -1,17 +1,33 @@
 /*
- * dispatch.c — picks the kernel ISA once from CPUID (or CLOCHER_ISA) and routes calls.
+ * dispatch.c — picks the kernel ISA once from CPUID (or CLOCHER_ISA), routes products to the
+ * variant that suits the weight type and the number of tokens, and owns the per-thread
+ * scratch that kern_matmul prepares activations in.
+ *
+ * NOTES: the ISA and the routing table are written by kern_init()/kern_force_isa() only, which
+ * run before worker threads exist (kern.h); afterwards they are read-only. Scratch is per
+ * thread (thread-local pointer, freed by a pthread key destructor at thread exit).
  */
 #include "kern.h"
 #include "internal.h"
 
+#include "check.h"
 #include "err.h"
 #include "log.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* Which variant runs a product: gemm from gemm_min_n tokens on, gemv below. */
+struct route {
+    kern_mm_fn *gemv;
+    kern_mm_fn *gemm;
+    size_t gemm_min_n;
+};
+
 static enum kern_isa g_isa = KERN_ISA_REF;
 static int g_inited;
+static struct route g_route[DT_COUNT_];
 
 static const char *const isa_names[] = {"ref", "avx2", "avx512"};
 
@@ -27,12 +43,54 @@ int kern_isa_supported(enum kern_isa isa)
     case KERN_ISA_REF:
         return 1;
     case KERN_ISA_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
     case KERN_ISA_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl");
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
     }
     return 0;
+}
+
+int kern_has_avx512bf16(void)
+{
+    __builtin_cpu_init();
+    return kern_isa_supported(KERN_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
+}
+
+/*
+ * Routing per ISA. gemm_min_n comes from bench/kern_bench (docs/PERFORMANCE.md): below it the
+ * row-streaming gemv, blocked over up to 4 tokens, beats packing panels.
+ */
+static void set_routes(enum kern_isa isa)
+{
+    memset(g_route, 0, sizeof g_route);
+#define ROUTE_(dt, wty, aty, sfx, min_n)                                                     \
+    g_route[dt] = (struct route){kern_gemv_##wty##_##aty##_##sfx,                            \
+                                 kern_gemm_##wty##_##aty##_##sfx, (min_n)}
+    switch (isa) {
+    case KERN_ISA_REF:
+        break; /* kern_matmul_act runs kern_matmul_ref on the f32 activations */
+    case KERN_ISA_AVX2:
+        ROUTE_(DT_F32, f32, f32, avx2, 2);
+        ROUTE_(DT_F16, f16, f32, avx2, 2);
+        ROUTE_(DT_BF16, bf16, f32, avx2, 2);
+        ROUTE_(DT_Q8_0, q8_0, q8_0, avx2, 4);
+        ROUTE_(DT_Q4_0, q4_0, q8_0, avx2, 4);
+        break;
+    case KERN_ISA_AVX512:
+        ROUTE_(DT_F32, f32, f32, avx512, 2);
+        ROUTE_(DT_F16, f16, f32, avx512, 2);
+        ROUTE_(DT_BF16, bf16, f32, avx512, 2);
+        if (kern_has_avx512bf16())
+            g_route[DT_BF16].gemm = kern_gemm_bf16_bf16_avx512;
+        ROUTE_(DT_Q8_0, q8_0, q8_0, avx512, 4);
+        ROUTE_(DT_Q4_0, q4_0, q8_0, avx512, 4);
+        break;
+    }
+#undef ROUTE_
 }
 
 int kern_force_isa(enum kern_isa isa)
@@ -42,6 +100,7 @@ int kern_force_isa(enum kern_isa isa)
         return ERR_UNSUPPORTED;
     }
     g_isa = isa;
+    set_routes(isa);
     g_inited = 1;
     return 0;
 }
@@ -58,16 +117,79 @@ int kern_init(void)
         LOG_ERR("CLOCHER_ISA=%s: expected ref, avx2 or avx512", s);
         return ERR_USAGE;
     }
-    /* Only the scalar path exists so far; SIMD paths register here as they land. */
-    g_isa = KERN_ISA_REF;
-    g_inited = 1;
-    return 0;
+    for (int i = KERN_ISA_AVX512; i >= KERN_ISA_REF; i--)
+        if (kern_isa_supported((enum kern_isa)i))
+            return kern_force_isa((enum kern_isa)i);
+    return 0; /* unreachable: ref is always supported */
 }
 
 enum kern_isa kern_isa(void) { return g_isa; }
 
+/* ---- per-thread scratch ------------------------------------------------------------------ */
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static _Thread_local void *tl_scratch;
+static _Thread_local size_t tl_scratch_cap;
+
+static void scratch_key_init(void) { CHECK(pthread_key_create(&scratch_key, free) == 0); }
+
+void *kern__scratch(size_t bytes)
+{
+    if (bytes <= tl_scratch_cap)
+        return tl_scratch;
+    pthread_once(&scratch_once, scratch_key_init);
+    size_t cap = kern__round_up(bytes + bytes / 4, 64); /* grow with headroom */
+    if (cap < bytes)
+        return NULL;
+    void *p = aligned_alloc(64, cap);
+    if (!p)
+        return NULL;
+    free(tl_scratch);
+    tl_scratch = p;
+    tl_scratch_cap = cap;
+    pthread_setspecific(scratch_key, p); /* the destructor frees it at thread exit */
+    return p;
+}
+
+/* ---- products ---------------------------------------------------------------------------- */
+
+void kern_matmul_act(const void *w, const struct kern_act *a, float *y, size_t ldy, size_t r0,
+                     size_t r1)
+{
+    if (r0 >= r1 || a->n == 0)
+        return;
+    const struct route *rt = &g_route[a->wt];
+    if (g_isa == KERN_ISA_REF || !rt->gemv) {
+        kern_matmul_ref(a->wt, w, a->cols, a->x, a->n, y, ldy, r0, r1);
+        return;
+    }
+    (a->n >= rt->gemm_min_n ? rt->gemm : rt->gemv)(w, a, y, ldy, r0, r1);
+}
+
 void kern_matmul(enum dtype wt, const void *w, size_t cols, const float *x, size_t n, float *y,
                  size_t ldy, size_t r0, size_t r1)
 {
-    kern_matmul_ref(wt, w, cols, x, n, y, ldy, r0, r1);
+    if (r0 >= r1 || n == 0)
+        return;
+    if (g_isa == KERN_ISA_REF) {
+        kern_matmul_ref(wt, w, cols, x, n, y, ldy, r0, r1);
+        return;
+    }
+    size_t bytes;
+    CHECK(kern_act_bytes(wt, cols, n, &bytes) == 0);
+    void *buf = bytes ? kern__scratch(bytes) : NULL;
+    if (bytes && !buf) {
+        /* out of memory: the scalar path needs none; slow but correct beats failing */
+        static _Thread_local int warned;
+        if (!warned++)
+            LOG_WARN("kern_matmul: no memory for %zu bytes of activations, using the scalar path",
+                     bytes);
+        kern_matmul_ref(wt, w, cols, x, n, y, ldy, r0, r1);
+        return;
+    }
+    struct kern_act a;
+    kern_act_init(&a, wt, x, cols, n, buf);
+    kern_act_prepare(&a, 0, n);
+    kern_matmul_act(w, &a, y, ldy, r0, r1);
 }

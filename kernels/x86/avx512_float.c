@@ -1,0 +1,184 @@
+/*
+ * avx512_float.c — AVX-512 kernels for f32, f16 and bf16 weights (compiled with -mavx512*).
+ *
+ * One register tile computes NR rows x NT tokens: per step of 16 (32 for bf16 pairs) columns
+ * it loads each row's weights once, widens them to f32 once, and multiplies them into every
+ * token's accumulator, so a weight loaded is reused NT times. Rows are the outer loop: a tile
+ * of rows is streamed from memory once and reused, from L1, for all tokens. Ragged column
+ * tails use masked loads (masked-off lanes are never read, so no over-read past a row).
+ *
+ * bf16 x bf16 (vdpbf16ps, 32 products per instruction) is the prefill path when the CPU has
+ * AVX512-BF16: activations rounded to bf16 (kern_act.xb), f32 accumulation; the bf16 x f32
+ * path widens weights exactly and costs 2 extra ops per 16 weights (docs/PERFORMANCE.md).
+ */
+#include "kern.h"
+#include "internal.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+
+enum wk { WK_F32, WK_F16, WK_BF16 };
+
+/* 16 weights from column c of a row, as f32; lanes outside m read nothing and are 0. */
+INLINE __m512 load_w(enum wk k, const void *row, size_t c, __mmask16 m)
+{
+    switch (k) {
+    case WK_F32:
+        return _mm512_maskz_loadu_ps(m, (const float *)row + c);
+    case WK_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + c));
+    case WK_BF16:
+    default: {
+        __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + c));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    }
+    }
+}
+
+/* y[t+j][r+i] = W[r+i] . x[t+j] for i < NR, j < NT (compile-time constants after inlining). */
+INLINE void tile_f32(enum wk k, const uint8_t *w, size_t rb, size_t r, int NR, const float *x,
+                     size_t cols, size_t t, int NT, float *y, size_t ldy)
+{
+    __m512 acc[4][8];
+    const void *rows[4];
+    const float *xs[8];
+    UNROLL for (int i = 0; i < NR; i++)
+    {
+        rows[i] = w + (r + (size_t)i) * rb;
+        UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
+    }
+    UNROLL for (int j = 0; j < NT; j++) xs[j] = x + (t + (size_t)j) * cols;
+
+    size_t c = 0;
+    __mmask16 m = 0xffff;
+    for (;;) {
+        if (c + 16 > cols) {
+            if (c >= cols)
+                break;
+            m = (__mmask16)((1u << (cols - c)) - 1u);
+        }
+        __m512 wv[4];
+        UNROLL for (int i = 0; i < NR; i++) wv[i] = load_w(k, rows[i], c, m);
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512 xv = _mm512_maskz_loadu_ps(m, xs[j] + c);
+            UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+        }
+        c += 16;
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+        UNROLL for (int i = 0; i < NR; i++)
+            y[(t + (size_t)j) * ldy + r + (size_t)i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+/* bf16 weights x bf16 activations: 32 columns per step, one vdpbf16ps per row and token. */
+INLINE void tile_bf16(const uint8_t *w, size_t rb, size_t r, int NR, const uint16_t *xb,
+                      size_t cp, size_t cols, size_t t, int NT, float *y, size_t ldy)
+{
+    __m512 acc[4][8];
+    const uint16_t *rows[4];
+    const uint16_t *xs[8];
+    UNROLL for (int i = 0; i < NR; i++)
+    {
+        rows[i] = (const uint16_t *)(const void *)(w + (r + (size_t)i) * rb);
+        UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
+    }
+    UNROLL for (int j = 0; j < NT; j++) xs[j] = xb + (t + (size_t)j) * cp;
+
+    size_t c = 0;
+    __mmask32 m = 0xffffffffu;
+    for (;;) {
+        if (c + 32 > cols) {
+            if (c >= cols)
+                break;
+            m = (__mmask32)((1u << (cols - c)) - 1u);
+        }
+        __m512bh wv[4];
+        UNROLL for (int i = 0; i < NR; i++)
+            wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(m, rows[i] + c);
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            /* activations are zero-padded to cp >= cols rounded up to 32: no mask needed */
+            __m512bh xv = (__m512bh)_mm512_loadu_si512(xs[j] + c);
+            UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv);
+        }
+        c += 32;
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+        UNROLL for (int i = 0; i < NR; i++)
+            y[(t + (size_t)j) * ldy + r + (size_t)i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+/*
+ * Drives tiles of NR x NT over rows [r0, r1) and all tokens; ragged edges run smaller tiles
+ * (every (nr, nt) pair is its own unrolled instance).
+ */
+#define TILE_CASES_(CALL)                                                                    \
+    CALL(1, 1) CALL(1, 2) CALL(1, 3) CALL(1, 4) CALL(1, 5) CALL(1, 6) CALL(1, 7) CALL(1, 8)  \
+    CALL(2, 1) CALL(2, 2) CALL(2, 3) CALL(2, 4) CALL(2, 5) CALL(2, 6) CALL(2, 7) CALL(2, 8)  \
+    CALL(3, 1) CALL(3, 2) CALL(3, 3) CALL(3, 4) CALL(3, 5) CALL(3, 6) CALL(3, 7) CALL(3, 8)  \
+    CALL(4, 1) CALL(4, 2) CALL(4, 3) CALL(4, 4)
+
+INLINE void mm_float(enum wk k, int bf16a, const void *w, const struct kern_act *a, float *y,
+                     size_t ldy, size_t r0, size_t r1, size_t NR, size_t NT)
+{
+    static const enum dtype dts[] = {DT_F32, DT_F16, DT_BF16};
+    size_t rb = kern__row_bytes(dts[k], a->cols);
+    for (size_t r = r0; r < r1; r += NR) {
+        size_t nr = r1 - r < NR ? r1 - r : NR;
+        for (size_t t = 0; t < a->n; t += NT) {
+            size_t nt = a->n - t < NT ? a->n - t : NT;
+            switch (nr * 16 + nt) {
+#define CALL_(R, T)                                                                          \
+    case R * 16 + T:                                                                         \
+        if (R <= NR && T <= NT) {                                                            \
+            if (bf16a)                                                                       \
+                tile_bf16(w, rb, r, R, a->xb, a->cp, a->cols, t, T, y, ldy);                 \
+            else                                                                             \
+                tile_f32(k, w, rb, r, R, a->x, a->cols, t, T, y, ldy);                       \
+        }                                                                                    \
+        break;
+                TILE_CASES_(CALL_)
+#undef CALL_
+            }
+        }
+    }
+}
+
+/* gemv: 4 rows x up to 2 tokens (4 streams in flight; memory bound at n == 1). */
+#define GEMV_NR 4
+#define GEMV_NT 2
+/* gemm: 3 rows x 8 tokens: 24 accumulators, 11 loads per 24 FMAs. */
+#define GEMM_NR 3
+#define GEMM_NT 8
+
+#define FLOAT_VARIANTS_(wty, K)                                                              \
+    void kern_gemv_##wty##_f32_avx512(const void *w, const struct kern_act *a, float *y,     \
+                                      size_t ldy, size_t r0, size_t r1)                      \
+    {                                                                                        \
+        mm_float(K, 0, w, a, y, ldy, r0, r1, GEMV_NR, GEMV_NT);                              \
+    }                                                                                        \
+    void kern_gemm_##wty##_f32_avx512(const void *w, const struct kern_act *a, float *y,     \
+                                      size_t ldy, size_t r0, size_t r1)                      \
+    {                                                                                        \
+        mm_float(K, 0, w, a, y, ldy, r0, r1, GEMM_NR, GEMM_NT);                              \
+    }
+
+FLOAT_VARIANTS_(f32, WK_F32)
+FLOAT_VARIANTS_(f16, WK_F16)
+FLOAT_VARIANTS_(bf16, WK_BF16)
+
+void kern_gemv_bf16_bf16_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    mm_float(WK_BF16, 1, w, a, y, ldy, r0, r1, GEMV_NR, GEMV_NT);
+}
+
+void kern_gemm_bf16_bf16_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    mm_float(WK_BF16, 1, w, a, y, ldy, r0, r1, GEMM_NR, GEMM_NT);
+}

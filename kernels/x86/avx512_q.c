@@ -1,0 +1,320 @@
+/*
+ * avx512_q.c — AVX-512 VNNI kernels for q8_0 and q4_0 weights against int8 activations
+ * (compiled with -mavx512* -mavx512vnni).
+ *
+ * Both paths use vpdpbusd (unsigned bytes x signed bytes, 4 products summed per int32 lane)
+ * and fix up the unsigned operand's +128 / +8 offset with a precomputed sum, so no
+ * instruction is spent on signs:
+ *
+ * gemv (decode): weights are read in their stored layout, two blocks (64 elements) per zmm in
+ *   natural element order, as unsigned bytes (q4_0: the nibble 0..15; q8_0: w ^ 0x80 = w+128),
+ *   times the signed activation quants. Lane l then holds sum(wu*q) over 4 elements; the
+ *   accumulator starts at (minus the sum of those 4 quants) << 3 (q4_0: wu = w + 8) or << 7
+ *   (q8_0: wu = w + 128), i.e. kern_act.ns4 shifted, giving the exact signed dot. Each lane is
+ *   converted and scaled by its block's activation scale (kern_act.d4) and weight scale.
+ *
+ * gemm (prefill): a panel of 16 rows x KC columns is unpacked to signed bytes and transposed
+ *   so that one zmm holds 4 consecutive columns of all 16 rows (lane = row); vpdpbusd with a
+ *   broadcast of 4 activation bytes (unsigned, kern_act.qu = q + 128) then advances 16 rows at
+ *   once, 8 instructions per block of 32 columns, and the 16 row scales are applied once per
+ *   block. The +128 offset costs sum(w) * 128 per row and block, computed while packing.
+ *   One packed panel (16 KiB, on the stack) is reused, from L1, by every token tile.
+ */
+#include "kern.h"
+#include "internal.h"
+#include "quant.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+
+enum qk { QK_Q8_0, QK_Q4_0 };
+
+static const size_t blk_bytes[] = {[QK_Q8_0] = 34, [QK_Q4_0] = 18};
+
+INLINE uint16_t load_u16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+INLINE int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/*
+ * The quants of block A (at blk) and, if has_b, of the next block, in natural element order:
+ * bytes 0..31 = A, 32..63 = B (zero without B). Unsigned (wu = w + 8 / w + 128) for gemv,
+ * or signed (w) for packing.
+ */
+INLINE __m512i unpack_pair(enum qk k, const uint8_t *blk, int has_b, int is_signed)
+{
+    if (k == QK_Q4_0) {
+        __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
+        __m256i b = has_b ? _mm256_broadcastsi128_si256(
+                                _mm_loadu_si128((const __m128i *)(blk + 18 + 2)))
+                          : _mm256_setzero_si256();
+        __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        /* [qA, qA, qB, qB]: shift the 2nd copy of each by 4 so high nibbles land second */
+        z = _mm512_srlv_epi64(z, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+        z = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+        if (is_signed)
+            z = _mm512_sub_epi8(z, _mm512_set1_epi8(8));
+        if (!has_b) /* B's lanes must stay zero, also after the -8 */
+            z = _mm512_maskz_mov_epi64(0x0f, z);
+        return z;
+    }
+    __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    __m256i b = has_b ? _mm256_loadu_si256((const __m256i *)(blk + 34 + 2))
+                      : _mm256_setzero_si256();
+    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    if (!is_signed)
+        z = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
+    return z;
+}
+
+/* [dA x 8 lanes, dB x 8 lanes] as f32 (dB = 0 without B). */
+INLINE __m512 scale_pair(enum qk k, const uint8_t *blk, int has_b)
+{
+    uint16_t da = load_u16(blk), db = has_b ? load_u16(blk + blk_bytes[k]) : 0;
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)da)),
+                                        _mm_set1_epi16((short)db), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+/* ---- gemv -------------------------------------------------------------------------------- */
+
+INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
+                      const struct kern_act *a, size_t t, int NT, float *y, size_t ldy)
+{
+    const int sh = k == QK_Q4_0 ? 3 : 7; /* the unsigned weights' offset: 8 or 128 */
+    const size_t bb = blk_bytes[k], cols = a->cols, cp = a->cp;
+    __m512 acc[4][4];
+    UNROLL for (int i = 0; i < NR; i++) UNROLL for (int j = 0; j < NT; j++) acc[i][j] =
+        _mm512_setzero_ps();
+
+    for (size_t c = 0; c < cols; c += 64) {
+        int has_b = c + 64 <= cols;
+        size_t boff = c / 32 * bb;
+        __m512i wz[4];
+        __m512 dw[4];
+        UNROLL for (int i = 0; i < NR; i++)
+        {
+            const uint8_t *blk = w + (r + (size_t)i) * rb + boff;
+            wz[i] = unpack_pair(k, blk, has_b, 0);
+            dw[i] = scale_pair(k, blk, has_b);
+        }
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            size_t tj = t + (size_t)j;
+            __m512i q = _mm512_loadu_si512(a->q + tj * cp + c);
+            __m512i ns = _mm512_slli_epi32(_mm512_loadu_si512(a->ns4 + (tj * cp + c) / 4), sh);
+            __m512 dx = _mm512_loadu_ps(a->d4 + (tj * cp + c) / 4);
+            UNROLL for (int i = 0; i < NR; i++)
+            {
+                __m512i dot = _mm512_dpbusd_epi32(ns, wz[i], q);
+                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
+                acc[i][j] = _mm512_fmadd_ps(f, dw[i], acc[i][j]);
+            }
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
+        y[(t + (size_t)j) * ldy + r + (size_t)i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+#define GEMV_NR 4
+#define GEMV_NT 2
+
+INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
+                   size_t r0, size_t r1)
+{
+    size_t rb = kern__row_bytes(k == QK_Q4_0 ? DT_Q4_0 : DT_Q8_0, a->cols);
+    for (size_t r = r0; r < r1; r += GEMV_NR) {
+        size_t nr = r1 - r < GEMV_NR ? r1 - r : GEMV_NR;
+        for (size_t t = 0; t < a->n; t += GEMV_NT) {
+            size_t nt = a->n - t < GEMV_NT ? a->n - t : GEMV_NT;
+            switch (nr * 16 + nt) {
+#define CASE_(R, T)                                                                          \
+    case R * 16 + T:                                                                         \
+        gemv_tile(k, w, rb, r, R, a, t, T, y, ldy);                                          \
+        break;
+                CASE_(1, 1) CASE_(1, 2) CASE_(2, 1) CASE_(2, 2) CASE_(3, 1) CASE_(3, 2)
+                CASE_(4, 1) CASE_(4, 2)
+#undef CASE_
+            }
+        }
+    }
+}
+
+void kern_gemv_q8_0_q8_0_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    gemv_q(QK_Q8_0, w, a, y, ldy, r0, r1);
+}
+
+void kern_gemv_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    gemv_q(QK_Q4_0, w, a, y, ldy, r0, r1);
+}
+
+/* ---- gemm -------------------------------------------------------------------------------- */
+
+#define PANEL 16    /* rows per panel: one per int32 lane */
+#define KC 1024     /* columns per packed chunk: 16 KiB of quants */
+#define GEMM_NT 8   /* tokens per register tile: 8 int + 8 float accumulators */
+
+/* A packed chunk: P[block][group of 4 columns][row] dwords, per block scales and offsets. */
+struct panel {
+    __m512i p[KC / 4];      /* [KC/32 blocks][8 groups] x 16 rows x 4 signed bytes */
+    float s[KC / 32][PANEL];  /* weight scale per block and row (0 for absent rows) */
+    int32_t c[KC / 32][PANEL]; /* -128 * sum of the block's weights, per row */
+};
+
+/* In-register transpose of a 16x16 matrix of dwords (r[i] = row i). */
+INLINE void transpose16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    UNROLL for (int i = 0; i < 8; i++)
+    {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    UNROLL for (int i = 0; i < 4; i++)
+    {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    /* u[4i + c], 128-bit lane L = rows 4i..4i+3 of column 4L + c: transpose the lanes */
+    UNROLL for (int c = 0; c < 4; c++)
+    {
+        __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
+        __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+        __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+        __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+        r[8 + c] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+        r[4 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+    }
+}
+
+/* Packs rows [r, r+nr) (nr <= 16; absent rows are zero) x columns [k0, k0+kc) into pn. */
+INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
+                       size_t kc, struct panel *pn)
+{
+    const size_t bb = blk_bytes[k], nblk = kc / 32;
+    for (size_t c = 0; c < kc; c += 64) {
+        int has_b = c + 64 <= kc;
+        __m512i z[16];
+        UNROLL for (int i = 0; i < PANEL; i++)
+        {
+            if ((size_t)i < nr)
+                z[i] = unpack_pair(k, w + (r + (size_t)i) * rb + (k0 + c) / 32 * bb, has_b, 1);
+            else
+                z[i] = _mm512_setzero_si512();
+        }
+        transpose16(z);
+        UNROLL for (int g = 0; g < 16; g++) pn->p[c / 4 + (size_t)g] = z[g];
+    }
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (size_t b = 0; b < nblk; b++) {
+        uint16_t h[PANEL] = {0};
+        for (size_t i = 0; i < nr; i++)
+            h[i] = load_u16(w + (r + i) * rb + (k0 / 32 + b) * bb);
+        _mm512_storeu_ps(pn->s[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
+        __m512i sum = _mm512_setzero_si512();
+        UNROLL for (int g = 0; g < 8; g++) sum = _mm512_dpbusd_epi32(sum, ones, pn->p[b * 8 + (size_t)g]);
+        _mm512_storeu_si512(pn->c[b], _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+    }
+}
+
+/* y[t+j][r..r+16) (+)= panel . x[t+j] over the chunk, j < NT; rows beyond nr are not stored. */
+INLINE void gemm_tile(const struct panel *pn, size_t nblk, const struct kern_act *a, size_t k0,
+                      size_t t, int NT, float *y, size_t ldy, size_t r, __mmask16 rm, int add)
+{
+    const size_t cp = a->cp;
+    __m512 facc[GEMM_NT];
+    const uint8_t *xq[GEMM_NT];
+    const float *xd[GEMM_NT];
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        facc[j] = _mm512_setzero_ps();
+        xq[j] = a->qu + (t + (size_t)j) * cp + k0;
+        xd[j] = a->d + ((t + (size_t)j) * cp + k0) / 32;
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        __m512i iacc[GEMM_NT];
+        __m512i corr = _mm512_loadu_si512(pn->c[b]);
+        UNROLL for (int j = 0; j < NT; j++) iacc[j] = corr;
+        UNROLL for (int g = 0; g < 8; g++)
+        {
+            __m512i wv = pn->p[b * 8 + (size_t)g];
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512i xv = _mm512_set1_epi32(load_i32(xq[j] + b * 32 + (size_t)g * 4));
+                iacc[j] = _mm512_dpbusd_epi32(iacc[j], xv, wv);
+            }
+        }
+        __m512 s = _mm512_loadu_ps(pn->s[b]);
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(xd[j][b]));
+            facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (t + (size_t)j) * ldy + r;
+        if (add)
+            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
+        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+    }
+}
+
+INLINE void gemm_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
+                   size_t r0, size_t r1)
+{
+    size_t rb = kern__row_bytes(k == QK_Q4_0 ? DT_Q4_0 : DT_Q8_0, a->cols);
+    struct panel pn __attribute__((aligned(64)));
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+            size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+            pack_panel(k, w, rb, r, nr, k0, kc, &pn);
+            for (size_t t = 0; t < a->n; t += GEMM_NT) {
+                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+                switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gemm_tile(&pn, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                         \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+                }
+            }
+        }
+    }
+}
+
+void kern_gemm_q8_0_q8_0_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    gemm_q(QK_Q8_0, w, a, y, ldy, r0, r1);
+}
+
+void kern_gemm_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    gemm_q(QK_Q4_0, w, a, y, ldy, r0, r1);
+}
