@@ -9,7 +9,7 @@
  * Numerics (docs/PERFORMANCE.md has the measurements behind these choices):
  *  - f32/f16 weights: exact f32 products, f32 accumulation (order differs from _ref).
  *  - bf16 weights: the decode GEMV widens to f32 exactly; the prefill GEMM on AVX-512-BF16
- *    rounds activations to bf16 and uses vdpbf16ps (relative error ~2^-9 per product, see
+ *    rounds activations to bf16 and uses vdpbf16ps (relative error <= 2^-8 per product, see
  *    tests/kern for the bound asserted).
  *  - q8_0/q4_0 weights: the SIMD paths quantize activations per block of 32 to int8 with an f32
  *    scale (kernels/quant.h states the resulting error bound) and use integer dot products;
