@@ -57,6 +57,8 @@ struct pool {
     int n;         /* participants, caller included */
     int n_started; /* worker threads running (for cleanup after a failed create) */
     struct worker *workers;
+    int caller_pinned;     /* the creating thread was pinned: restore caller_mask at destroy */
+    cpu_set_t caller_mask;
 
     /* the job, written by the caller before it publishes gen */
     pool_task_fn *fn;
@@ -294,8 +296,14 @@ int pool_create(int n_threads, enum pool_pin pin, struct pool **out)
             goto fail;
         }
     }
-    if (pin != POOL_PIN_NONE && (rc = pin_thread(pthread_self(), cpu_of[0], 0)) != 0)
-        goto fail;
+    if (pin != POOL_PIN_NONE) {
+        if (pthread_getaffinity_np(pthread_self(), sizeof p->caller_mask, &p->caller_mask) != 0 ||
+            (rc = pin_thread(pthread_self(), cpu_of[0], 0)) != 0) {
+            rc = rc ? rc : -EINVAL;
+            goto fail;
+        }
+        p->caller_pinned = 1;
+    }
     for (int i = 1; i < n_threads; i++) {
         struct worker *wk = &p->workers[i - 1];
         wk->pool = p;
@@ -338,6 +346,8 @@ void pool_destroy(struct pool *p)
         for (int i = 0; i < p->n_started; i++)
             pthread_join(p->workers[i].thread, NULL);
     }
+    if (p->caller_pinned)
+        pthread_setaffinity_np(pthread_self(), sizeof p->caller_mask, &p->caller_mask);
     free(p->workers);
     free(p->act_buf);
     p->magic = 0;

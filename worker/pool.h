@@ -11,7 +11,8 @@
  * NOTES: one pool serves one dispatching thread at a time (the engine's thread); pool_run is
  * not reentrant (a task must not call pool_run on the same pool). Effects of tasks are visible
  * to the caller when pool_run returns (release/acquire on the completion counter). Pinning
- * (compact/scatter) also pins the creating thread, which is participant 0.
+ * (compact/scatter) also pins the creating thread, which is participant 0, until
+ * pool_destroy (called from that same thread) restores its previous affinity.
  */
 #ifndef CLOCHER_WORKER_POOL_H
 #define CLOCHER_WORKER_POOL_H
