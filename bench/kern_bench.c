@@ -9,7 +9,7 @@
  * GEMV weights rotate through copies totalling >= 256 MiB so they stream from DRAM, as in
  * decode, rather than from the 32 MiB L3.
  *
- *   usage: kern_bench [--threads N] [--quick] [--only gemv|gemm|variants|model]
+ *   usage: kern_bench [--threads N] [--quick] [--only gemv|gemm|variants|model] [--dtype T]
  */
 #include "bench_util.h"
 #include "dtype.h"
@@ -23,6 +23,7 @@
 
 static struct pool *g_pool;
 static int g_threads;
+static const char *g_dtype; /* --dtype: only this weight type */
 static double g_min_time = 1.0;
 
 static const enum dtype all_types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0};
@@ -135,6 +136,8 @@ static void bench_gemv(double bw)
     printf("| dtype | rows x cols | ref | avx2 | avx512 |\n|---|---|---|---|---|\n");
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum dtype dt = all_types[ti];
+        if (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0)
+            continue;
         for (size_t s = 0; s < 3; s++) {
             size_t rows = shapes[s][0], cols = shapes[s][1];
             void **w;
@@ -181,6 +184,8 @@ static void bench_gemm(void)
     printf("\n|---|---|---|---|---|---|---|\n");
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum dtype dt = all_types[ti];
+        if (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0)
+            continue;
         void *w = bench_random_matrix(dt, rows, cols, 7);
         float *x = random_x(512, cols), *y = malloc(512 * rows * sizeof(float));
         /* the scalar path's rate does not depend on n: measure it once, at n = 8 */
@@ -242,6 +247,8 @@ static void bench_variants(double bw)
     };
     static const size_t ns[] = {1, 2, 4, 8, 16, 64};
     for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+        if (g_dtype && strcmp(g_dtype, dtype_info(vs[v].dt)->name) != 0)
+            continue;
         if (vs[v].fn == kern_gemv_bf16_bf16_avx512 || vs[v].fn == kern_gemm_bf16_bf16_avx512)
             if (!kern_has_avx512bf16())
                 continue;
@@ -277,8 +284,8 @@ static void bench_model(double bw)
            bw, n_prefill);
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum dtype dt = all_types[ti];
-        if (dt == DT_F32)
-            continue; /* 4.4 GB of weights; not a serving format */
+        if (dt == DT_F32 || (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0))
+            continue; /* f32: 4.4 GB of weights, not a serving format */
         int nm = layers * 7 + 1;
         void **w = calloc((size_t)nm, sizeof *w);
         size_t *rows = calloc((size_t)nm, sizeof *rows), *cols = calloc((size_t)nm, sizeof *cols);
@@ -332,9 +339,11 @@ int main(int argc, char **argv)
             g_min_time = 0.2;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
+        else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc)
+            g_dtype = argv[++i];
         else {
             fprintf(stderr, "usage: kern_bench [--threads N] [--quick] "
-                            "[--only gemv|gemm|variants|model]\n");
+                            "[--only gemv|gemm|variants|model] [--dtype NAME]\n");
             return 2;
         }
     }

@@ -88,7 +88,10 @@ void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t col
     }
 }
 
-/* One block of 32 activations (fewer at a ragged f32 tail never happens: block types only). */
+/* The unsigned-weight offset ns4 corrects for (kern.h). */
+static int32_t weight_offset(enum dtype wt) { return wt == DT_Q4_0 ? 8 : 128; }
+
+/* One block of 32 activations (block types only, so never a ragged block). */
 static void quantize_block(const float *x, int8_t *q, float *d)
 {
     float amax = 0.0f;
@@ -97,8 +100,11 @@ static void quantize_block(const float *x, int8_t *q, float *d)
     float dd = amax / (float)QUANT_ACT_QMAX;
     float id = dd > 0.0f ? (float)QUANT_ACT_QMAX / amax : 0.0f;
     for (int i = 0; i < 32; i++) {
-        /* clamp before converting: NaN/inf inputs give garbage, never undefined behaviour */
-        float v = fminf(fmaxf(rintf(x[i] * id), -(float)QUANT_ACT_QMAX), (float)QUANT_ACT_QMAX);
+        /* clamp first: NaN/inf inputs give garbage, never undefined behaviour */
+        float v = fminf(fmaxf(x[i] * id, -(float)QUANT_ACT_QMAX), (float)QUANT_ACT_QMAX);
+        /* round half to even (the default rounding mode) without a libm call: adding
+         * 1.5 * 2^23 leaves no fraction bits for |v| <= 2^22 */
+        v = (v + 12582912.0f) - 12582912.0f;
         q[i] = (int8_t)v;
     }
     *d = dd;
@@ -108,6 +114,7 @@ void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1)
 {
     CHECK(t0 <= t1 && t1 <= a->n);
     size_t cols = a->cols, cp = a->cp;
+    int32_t off = weight_offset(a->wt);
     for (size_t t = t0; t < t1; t++) {
         const float *x = a->x + t * cols; /* [cols] */
         if (a->q) {
@@ -127,7 +134,7 @@ void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1)
             for (size_t i = 0; i < cp; i++)
                 qu[i] = (uint8_t)(q[i] + 128);
             for (size_t g = 0; g < cp / 4; g++) {
-                ns4[g] = -(q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3]);
+                ns4[g] = -off * (q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3]);
                 d4[g] = d[g / 8];
             }
         }

@@ -6,7 +6,7 @@
  * arranged to stay below saturation: q4_0 nibbles (0..15) or |w| <= 128 times activation quants
  * |q| <= 127 (at most 2*128*127 = 32512 per pair); vpmaddwd with ones then sums to int32.
  *  - q4_0: unsigned nibbles x signed quants; the accumulator starts at (minus the sum of the
- *    quants) * 8 to undo the +8 (gemv: per 4-element lane from kern_act.ns4); in the packed
+ *    quants) * 8 to undo the +8 (gemv: per 4-element lane, kern_act.ns4); in the packed
  *    gemm, signed w-8 x unsigned q+128 (at most 2*255*8) with -128*sum(w) per row and block.
  *  - q8_0: |w| x sign(q, w) (vpsignb), needing no correction.
  * gemv streams the stored layout one block per register; gemm packs 8-row panels (one row per
@@ -89,8 +89,7 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
             float dx = a->d[tj * cp / 32 + b];
             __m256i ns = _mm256_setzero_si256();
             if (k == QK_Q4_0)
-                ns = _mm256_slli_epi32(
-                    _mm256_loadu_si256((const __m256i *)(a->ns4 + (tj * cp + b * 32) / 4)), 3);
+                ns = _mm256_loadu_si256((const __m256i *)(a->ns4 + (tj * cp + b * 32) / 4));
             UNROLL for (int i = 0; i < NR; i++)
             {
                 __m256i p;

@@ -38,40 +38,58 @@ INLINE __m512 load_w(enum wk k, const void *row, size_t c, __mmask16 m)
     }
 }
 
-/* y[t+j][r+i] = W[r+i] . x[t+j] for i < NR, j < NT (compile-time constants after inlining). */
+/*
+ * y[t+j][r+i] = W[r+i] . x[t+j] for i < NR, j < NT (compile-time constants after inlining).
+ * Small tiles keep U > 1 accumulators per output, used round-robin over steps of 16 columns,
+ * so that at least 4 independent FMA chains hide the FMA latency.
+ */
 INLINE void tile_f32(enum wk k, const uint8_t *w, size_t rb, size_t r, int NR, const float *x,
                      size_t cols, size_t t, int NT, float *y, size_t ldy)
 {
-    __m512 acc[4][8];
+    const int U = NR * NT >= 4 ? 1 : NR * NT >= 2 ? 2 : 4;
+    __m512 acc[4][8][4];
     const void *rows[4];
     const float *xs[8];
     UNROLL for (int i = 0; i < NR; i++)
     {
         rows[i] = w + (r + (size_t)i) * rb;
-        UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
+        UNROLL for (int j = 0; j < NT; j++) UNROLL for (int u = 0; u < U; u++) acc[i][j][u] =
+            _mm512_setzero_ps();
     }
     UNROLL for (int j = 0; j < NT; j++) xs[j] = x + (t + (size_t)j) * cols;
 
     size_t c = 0;
-    __mmask16 m = 0xffff;
-    for (;;) {
-        if (c + 16 > cols) {
-            if (c >= cols)
-                break;
-            m = (__mmask16)((1u << (cols - c)) - 1u);
+    for (; c + 16 * (size_t)U <= cols; c += 16 * (size_t)U) {
+        UNROLL for (int u = 0; u < U; u++)
+        {
+            size_t cu = c + 16 * (size_t)u;
+            __m512 wv[4];
+            UNROLL for (int i = 0; i < NR; i++) wv[i] = load_w(k, rows[i], cu, 0xffff);
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512 xv = _mm512_loadu_ps(xs[j] + cu);
+                UNROLL for (int i = 0; i < NR; i++) acc[i][j][u] =
+                    _mm512_fmadd_ps(wv[i], xv, acc[i][j][u]);
+            }
         }
+    }
+    for (; c < cols; c += 16) {
+        __mmask16 m = cols - c >= 16 ? 0xffff : (__mmask16)((1u << (cols - c)) - 1u);
         __m512 wv[4];
         UNROLL for (int i = 0; i < NR; i++) wv[i] = load_w(k, rows[i], c, m);
         UNROLL for (int j = 0; j < NT; j++)
         {
             __m512 xv = _mm512_maskz_loadu_ps(m, xs[j] + c);
-            UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+            UNROLL for (int i = 0; i < NR; i++) acc[i][j][0] =
+                _mm512_fmadd_ps(wv[i], xv, acc[i][j][0]);
         }
-        c += 16;
     }
-    UNROLL for (int j = 0; j < NT; j++)
-        UNROLL for (int i = 0; i < NR; i++)
-            y[(t + (size_t)j) * ldy + r + (size_t)i] = _mm512_reduce_add_ps(acc[i][j]);
+    UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
+    {
+        __m512 sum = acc[i][j][0];
+        UNROLL for (int u = 1; u < U; u++) sum = _mm512_add_ps(sum, acc[i][j][u]);
+        y[(t + (size_t)j) * ldy + r + (size_t)i] = _mm512_reduce_add_ps(sum);
+    }
 }
 
 /* bf16 weights x bf16 activations: 32 columns per step, one vdpbf16ps per row and token. */
@@ -148,8 +166,10 @@ INLINE void mm_float(enum wk k, int bf16a, const void *w, const struct kern_act 
     }
 }
 
-/* gemv: 4 rows x up to 2 tokens (4 streams in flight; memory bound at n == 1). */
-#define GEMV_NR 4
+/* gemv: 1 row x up to 2 tokens. One row at a time makes decode a single sequential stream,
+ * which the hardware prefetchers follow at full bandwidth; tiles of several rows (several
+ * short interleaved streams) measured up to 2x slower from DRAM. */
+#define GEMV_NR 1
 #define GEMV_NT 2
 /* gemm: 3 rows x 8 tokens: 24 accumulators, 11 loads per 24 FMAs. */
 #define GEMM_NR 3

@@ -9,9 +9,9 @@
  * gemv (decode): weights are read in their stored layout, two blocks (64 elements) per zmm in
  *   natural element order, as unsigned bytes (q4_0: the nibble 0..15; q8_0: w ^ 0x80 = w+128),
  *   times the signed activation quants. Lane l then holds sum(wu*q) over 4 elements; the
- *   accumulator starts at (minus the sum of those 4 quants) << 3 (q4_0: wu = w + 8) or << 7
- *   (q8_0: wu = w + 128), i.e. kern_act.ns4 shifted, giving the exact signed dot. Each lane is
- *   converted and scaled by its block's activation scale (kern_act.d4) and weight scale.
+ *   accumulator starts at kern_act.ns4 = -offset * (sum of those 4 quants), offset = 8 (q4_0)
+ *   or 128 (q8_0), giving the exact signed dot. Each lane is converted and scaled by its
+ *   block's weight scale x activation scale.
  *
  * gemm (prefill): a panel of 16 rows x KC columns is unpacked to signed bytes and transposed
  *   so that one zmm holds 4 consecutive columns of all 16 rows (lane = row); vpdpbusd with a
@@ -32,6 +32,10 @@
 #define UNROLL _Pragma("GCC unroll 16")
 
 enum qk { QK_Q8_0, QK_Q4_0 };
+
+#ifndef PF_DIST
+#define PF_DIST 2048
+#endif
 
 static const size_t blk_bytes[] = {[QK_Q8_0] = 34, [QK_Q4_0] = 18};
 
@@ -91,32 +95,126 @@ INLINE __m512 scale_pair(enum qk k, const uint8_t *blk, int has_b)
 
 /* ---- gemv -------------------------------------------------------------------------------- */
 
+/*
+ * The f16 scales of 16 consecutive blocks as 16 f32: word gathers (vpermt2w) from loads that
+ * stay inside the 16 blocks. q4_0 (18-byte blocks): blocks 0..7 lie in bytes [0, 128) at words
+ * 9j, blocks 8..15 likewise from byte 144. q8_0 (34-byte blocks): 4 blocks per 128 bytes at
+ * words 17j, from bytes 0, 136, 272, 408.
+ */
+static const uint16_t idx_q4[32] = {0, 9, 18, 27, 36, 45, 54, 63, 0, 9, 18, 27, 36, 45, 54, 63};
+static const uint16_t idx_q8[32] = {0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51};
+
+INLINE __m512i load512(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
+
+INLINE __m512 scales16(enum qk k, const uint8_t *blk0)
+{
+    __m512i h;
+    if (k == QK_Q4_0) {
+        __m512i idx = _mm512_loadu_si512(idx_q4);
+        h = _mm512_or_si512(
+            _mm512_maskz_permutex2var_epi16(0x00ff, load512(blk0), idx, load512(blk0 + 64)),
+            _mm512_maskz_permutex2var_epi16(0xff00, load512(blk0 + 144), idx,
+                                            load512(blk0 + 208)));
+    } else {
+        __m512i idx = _mm512_loadu_si512(idx_q8);
+        h = _mm512_setzero_si512();
+        UNROLL for (int g = 0; g < 4; g++)
+        {
+            const uint8_t *p = blk0 + 136 * g;
+            h = _mm512_or_si512(h, _mm512_maskz_permutex2var_epi16((__mmask32)(0xfu << (4 * g)),
+                                                                    load512(p), idx,
+                                                                    load512(p + 64)));
+        }
+    }
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+}
+
+/*
+ * NR rows x NT tokens. Main loop: 16 blocks at a time, so the 16 weight scales are gathered
+ * and multiplied by the activation scales once (scale16); each block pair then takes one
+ * vpermps to spread its two scales over its lanes. A tail of < 16 blocks goes pair by pair.
+ */
 INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
                       const struct kern_act *a, size_t t, int NT, float *y, size_t ldy)
 {
-    const int sh = k == QK_Q4_0 ? 3 : 7; /* the unsigned weights' offset: 8 or 128 */
-    const size_t bb = blk_bytes[k], cols = a->cols, cp = a->cp;
-    __m512 acc[4][4];
-    UNROLL for (int i = 0; i < NR; i++) UNROLL for (int j = 0; j < NT; j++) acc[i][j] =
-        _mm512_setzero_ps();
+    const size_t bb = blk_bytes[k], nb = a->cols / 32, cp = a->cp;
+    const uint8_t *rows[4];
+    const int8_t *xq[4];
+    const int32_t *xs[4];
+    const float *xd[4], *xd4[4];
+    /* two accumulators per output, for even and odd block pairs: one chain of dependent
+     * FMAs (4 cycles each) would otherwise bound a row to 2 cycles per block */
+    __m512 acc[4][4], acc2[4][4];
+    UNROLL for (int i = 0; i < NR; i++)
+    {
+        rows[i] = w + (r + (size_t)i) * rb;
+        UNROLL for (int j = 0; j < NT; j++) acc[i][j] = acc2[i][j] = _mm512_setzero_ps();
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        size_t tj = t + (size_t)j;
+        xq[j] = a->q + tj * cp;
+        xs[j] = a->ns4 + tj * cp / 4;
+        xd[j] = a->d + tj * cp / 32;
+        xd4[j] = a->d4 + tj * cp / 4;
+    }
 
-    for (size_t c = 0; c < cols; c += 64) {
-        int has_b = c + 64 <= cols;
-        size_t boff = c / 32 * bb;
+    size_t b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        __m512 sc[4][4];
+        UNROLL for (int i = 0; i < NR; i++)
+        {
+            /* software prefetch PF_DIST bytes ahead in the row stream (past the row's end is
+             * the next row, which is next to be read): the hardware prefetcher alone leaves
+             * this loop waiting on DRAM */
+            const uint8_t *pf = rows[i] + b * bb + PF_DIST;
+            UNROLL for (size_t l = 0; l < 16 * bb; l += 64) _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
+            __m512 dw = scales16(k, rows[i] + b * bb);
+            UNROLL for (int j = 0; j < NT; j++) sc[i][j] =
+                _mm512_mul_ps(dw, _mm512_loadu_ps(xd[j] + b));
+        }
+        UNROLL for (int pr = 0; pr < 8; pr++)
+        {
+            size_t c = (b + 2 * (size_t)pr) * 32;
+            /* lanes 0..7 take the scale of block 2pr, lanes 8..15 that of block 2pr+1 */
+            __m512i sidx = _mm512_set_epi32(2 * pr + 1, 2 * pr + 1, 2 * pr + 1, 2 * pr + 1,
+                                            2 * pr + 1, 2 * pr + 1, 2 * pr + 1, 2 * pr + 1,
+                                            2 * pr, 2 * pr, 2 * pr, 2 * pr, 2 * pr, 2 * pr,
+                                            2 * pr, 2 * pr);
+            __m512i wz[4];
+            UNROLL for (int i = 0; i < NR; i++) wz[i] =
+                unpack_pair(k, rows[i] + (b + 2 * (size_t)pr) * bb, 1, 0);
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512i q = _mm512_loadu_si512(xq[j] + c);
+                __m512i ns = _mm512_loadu_si512(xs[j] + c / 4);
+                UNROLL for (int i = 0; i < NR; i++)
+                {
+                    __m512i dot = _mm512_dpbusd_epi32(ns, wz[i], q);
+                    __m512 f = _mm512_cvtepi32_ps(dot), s2 = _mm512_permutexvar_ps(sidx, sc[i][j]);
+                    if (pr & 1)
+                        acc2[i][j] = _mm512_fmadd_ps(f, s2, acc2[i][j]);
+                    else
+                        acc[i][j] = _mm512_fmadd_ps(f, s2, acc[i][j]);
+                }
+            }
+        }
+    }
+    for (; b < nb; b += 2) {
+        int has_b = b + 1 < nb;
+        size_t c = b * 32;
         __m512i wz[4];
         __m512 dw[4];
         UNROLL for (int i = 0; i < NR; i++)
         {
-            const uint8_t *blk = w + (r + (size_t)i) * rb + boff;
-            wz[i] = unpack_pair(k, blk, has_b, 0);
-            dw[i] = scale_pair(k, blk, has_b);
+            wz[i] = unpack_pair(k, rows[i] + b * bb, has_b, 0);
+            dw[i] = scale_pair(k, rows[i] + b * bb, has_b);
         }
         UNROLL for (int j = 0; j < NT; j++)
         {
-            size_t tj = t + (size_t)j;
-            __m512i q = _mm512_loadu_si512(a->q + tj * cp + c);
-            __m512i ns = _mm512_slli_epi32(_mm512_loadu_si512(a->ns4 + (tj * cp + c) / 4), sh);
-            __m512 dx = _mm512_loadu_ps(a->d4 + (tj * cp + c) / 4);
+            __m512i q = _mm512_loadu_si512(xq[j] + c);
+            __m512i ns = _mm512_loadu_si512(xs[j] + c / 4);
+            __m512 dx = _mm512_loadu_ps(xd4[j] + c / 4);
             UNROLL for (int i = 0; i < NR; i++)
             {
                 __m512i dot = _mm512_dpbusd_epi32(ns, wz[i], q);
@@ -126,10 +224,14 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
         }
     }
     UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
-        y[(t + (size_t)j) * ldy + r + (size_t)i] = _mm512_reduce_add_ps(acc[i][j]);
+        y[(t + (size_t)j) * ldy + r + (size_t)i] =
+            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][j], acc2[i][j]));
 }
 
-#define GEMV_NR 4
+/* One row at a time: decode streams the matrix as a single sequential run, which the
+ * hardware prefetchers follow at full bandwidth (several interleaved row streams, each a
+ * few KiB long, measured 2x slower). Up to 2 tokens share each unpacked weight register. */
+#define GEMV_NR 1
 #define GEMV_NT 2
 
 INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
@@ -143,10 +245,10 @@ INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y,
             switch (nr * 16 + nt) {
 #define CASE_(R, T)                                                                          \
     case R * 16 + T:                                                                         \
-        gemv_tile(k, w, rb, r, R, a, t, T, y, ldy);                                          \
+        if (R <= GEMV_NR && T <= GEMV_NT)                                                    \
+            gemv_tile(k, w, rb, r, R, a, t, T, y, ldy);                                      \
         break;
-                CASE_(1, 1) CASE_(1, 2) CASE_(2, 1) CASE_(2, 2) CASE_(3, 1) CASE_(3, 2)
-                CASE_(4, 1) CASE_(4, 2)
+                CASE_(1, 1) CASE_(1, 2) CASE_(2, 1) CASE_(2, 2)
 #undef CASE_
             }
         }

@@ -407,7 +407,7 @@ static void test_act_prepare(void **state)
             assert_true(fabsf(xv - d * (float)q) <= d / 2 * (1 + 1e-6f) + 1e-37f);
             if (c % 4 == 0) {
                 const int8_t *g = a.q + t * a.cp + c;
-                assert_int_equal(a.ns4[(t * a.cp + c) / 4], -(g[0] + g[1] + g[2] + g[3]));
+                assert_int_equal(a.ns4[(t * a.cp + c) / 4], -8 * (g[0] + g[1] + g[2] + g[3]));
             }
         }
     /* the zeroed block [32, 64) of each token has scale 0 and zero quants */
