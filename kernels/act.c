@@ -2,9 +2,11 @@
  * act.c — activations prepared once per product (struct kern_act, kern.h): int8 blocks of 32
  * for integer dot products against q8_0/q4_0 weights, bf16 copies for bf16 weights.
  *
- * Plain C on purpose: preparing is O(n*cols) against the product's O(rows*n*cols), and one
- * implementation guarantees every ISA sees bit-identical quants (the _ref twins included).
- * The quantization rule (kernels/quant.h): d = max|x|/127, q = round-half-even(x/d).
+ * The scalar kern__act_prepare_ref is the specification; x86/avx*_act.c compute the same bits
+ * (tests/kern checks them bit for bit) because preparing is not negligible: a 64-token GEMM
+ * with 2048 rows spends ~32 cycles per activation element, the scalar code ~20.
+ * The quantization rule (kernels/quant.h): d = max|x|/127, q = round-half-even(x * 127/max|x|),
+ * NaNs ignored by the max and quantized to -127 (garbage in, garbage out, but defined).
  */
 #include "kern.h"
 #include "internal.h"
@@ -22,7 +24,7 @@ static int needs_q8(enum dtype wt) { return wt == DT_Q8_0 || wt == DT_Q4_0; }
 
 /* Byte offsets of each array inside the buffer; each starts on a 64-byte boundary. */
 struct act_layout {
-    size_t q, qu, d, ns4, d4, xb, total;
+    size_t q, d, ns4, ns32, d4, xb, total;
 };
 
 static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l)
@@ -39,10 +41,10 @@ static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l
         /* elems <= SIZE_MAX/16 keeps every sum below from overflowing */
         l->q = off;
         off += elems;
-        l->qu = off;
-        off += elems;
         l->d = off;
         off += kern__round_up(elems / 32 * sizeof(float), 64);
+        l->ns32 = off;
+        off += kern__round_up(elems / 32 * sizeof(int32_t), 64);
         l->ns4 = off;
         off += elems / 4 * sizeof(int32_t);
         l->d4 = off;
@@ -79,8 +81,8 @@ void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t col
     a->x = x;
     if (needs_q8(wt)) {
         a->q = (int8_t *)(b + l.q);
-        a->qu = b + l.qu;
         a->d = (float *)(void *)(b + l.d);
+        a->ns32 = (int32_t *)(void *)(b + l.ns32);
         a->ns4 = (int32_t *)(void *)(b + l.ns4);
         a->d4 = (float *)(void *)(b + l.d4);
     } else if (wt == DT_BF16) {
@@ -88,8 +90,7 @@ void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t col
     }
 }
 
-/* The unsigned-weight offset ns4 corrects for (kern.h). */
-static int32_t weight_offset(enum dtype wt) { return wt == DT_Q4_0 ? 8 : 128; }
+int32_t kern__act_offset(enum dtype wt) { return wt == DT_Q4_0 ? 8 : 128; }
 
 /* One block of 32 activations (block types only, so never a ragged block). */
 static void quantize_block(const float *x, int8_t *q, float *d)
@@ -113,13 +114,27 @@ static void quantize_block(const float *x, int8_t *q, float *d)
 void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1)
 {
     CHECK(t0 <= t1 && t1 <= a->n);
+    switch (kern_isa()) {
+    case KERN_ISA_AVX512:
+        kern__act_prepare_avx512(a, t0, t1);
+        return;
+    case KERN_ISA_AVX2:
+        kern__act_prepare_avx2(a, t0, t1);
+        return;
+    default:
+        kern__act_prepare_ref(a, t0, t1);
+    }
+}
+
+void kern__act_prepare_ref(const struct kern_act *a, size_t t0, size_t t1)
+{
     size_t cols = a->cols, cp = a->cp;
-    int32_t off = weight_offset(a->wt);
+    int32_t off = kern__act_offset(a->wt);
     for (size_t t = t0; t < t1; t++) {
         const float *x = a->x + t * cols; /* [cols] */
         if (a->q) {
             int8_t *q = a->q + t * cp;
-            uint8_t *qu = a->qu + t * cp;
+            int32_t *ns32 = a->ns32 + t * cp / 32;
             float *d = a->d + t * cp / 32;
             int32_t *ns4 = a->ns4 + t * cp / 4;
             float *d4 = a->d4 + t * cp / 4;
@@ -131,10 +146,11 @@ void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1)
                     d[b] = 0.0f;
                 }
             }
-            for (size_t i = 0; i < cp; i++)
-                qu[i] = (uint8_t)(q[i] + 128);
+            for (size_t b = 0; b < cp / 32; b++)
+                ns32[b] = 0;
             for (size_t g = 0; g < cp / 4; g++) {
                 ns4[g] = -off * (q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3]);
+                ns32[g / 8] += ns4[g];
                 d4[g] = d[g / 8];
             }
         }

@@ -8,6 +8,7 @@
 #include "kern.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Activation rows are padded to this many elements (one AVX-512 block pair). */
 #define KERN__ACT_PAD 64
@@ -23,5 +24,12 @@ size_t kern__row_bytes(enum dtype wt, size_t cols);
  * to the allocation-free scalar path rather than fail: kernels have no error path).
  */
 void *kern__scratch(size_t bytes);
+
+/* kern_act_prepare per ISA: the scalar specification and two bit-identical SIMD versions. */
+void kern__act_prepare_ref(const struct kern_act *a, size_t t0, size_t t1);
+void kern__act_prepare_avx2(const struct kern_act *a, size_t t0, size_t t1);
+void kern__act_prepare_avx512(const struct kern_act *a, size_t t0, size_t t1);
+/* The offset of the unsigned weights that kern_act.ns4/ns32 correct for: 8 or 128. */
+int32_t kern__act_offset(enum dtype wt);
 
 #endif

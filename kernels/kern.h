@@ -74,10 +74,10 @@ struct kern_act {
     size_t cols, n, cp;
     const float *x;  /* [n][cols] the f32 source, borrowed */
     int8_t *q;       /* [n][cp] int8 quants, blocks of 32 (NULL if unused) */
-    uint8_t *qu;     /* [n][cp] q + 128 as unsigned bytes, for vpdpbusd's unsigned operand */
     float *d;        /* [n][cp/32] block scales: x ~= d * q */
     int32_t *ns4;    /* [n][cp/4] -off * (sum of each group of 4 quants): the correction for
                         unsigned weights w + off (off = 8 for q4_0, 128 for q8_0) */
+    int32_t *ns32;   /* [n][cp/32] the same per block of 32 */
     float *d4;       /* [n][cp/4] the block scale of each group of 4 (lane-wise scales) */
     uint16_t *xb;    /* [n][cp] x rounded to bf16, for bf16 weights (NULL if unused) */
 };

@@ -6,8 +6,8 @@
  * arranged to stay below saturation: q4_0 nibbles (0..15) or |w| <= 128 times activation quants
  * |q| <= 127 (at most 2*128*127 = 32512 per pair); vpmaddwd with ones then sums to int32.
  *  - q4_0: unsigned nibbles x signed quants; the accumulator starts at (minus the sum of the
- *    quants) * 8 to undo the +8 (gemv: per 4-element lane, kern_act.ns4); in the packed
- *    gemm, signed w-8 x unsigned q+128 (at most 2*255*8) with -128*sum(w) per row and block.
+ *    quants) * 8 to undo the +8 (gemv: per 4-element lane, kern_act.ns4; gemm: per block,
+ *    kern_act.ns32).
  *  - q8_0: |w| x sign(q, w) (vpsignb), needing no correction.
  * gemv streams the stored layout one block per register; gemm packs 8-row panels (one row per
  * int32 lane, 8x8 dword transpose) and reuses each 4-column weight group for 4 tokens.
@@ -148,9 +148,9 @@ void kern_gemv_q4_0_q8_0_avx2(const void *w, const struct kern_act *a, float *y,
 #define GEMM_NT 4 /* tokens per register tile */
 
 struct panel {
-    __m256i p[KC / 4];         /* [KC/32 blocks][8 groups] x 8 rows x 4 signed bytes */
-    float s[KC / 32][PANEL];   /* weight scale per block and row (0 for absent rows) */
-    int32_t c[KC / 32][PANEL]; /* q4_0: -128 * sum of the block's weights w-8, per row */
+    __m256i p[KC / 4];       /* [KC/32 blocks][8 groups] x 8 rows x 4 bytes (q4_0: nibbles,
+                                q8_0: signed quants) */
+    float s[KC / 32][PANEL]; /* weight scale per block and row (0 for absent rows) */
 };
 
 /* In-register transpose of an 8x8 matrix of dwords (r[i] = row i). */
@@ -180,7 +180,6 @@ INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t 
                        size_t kc, struct panel *pn)
 {
     const size_t bb = blk_bytes[k];
-    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
     for (size_t b = 0; b < kc / 32; b++) {
         __m256i z[8];
         UNROLL for (int i = 0; i < PANEL; i++)
@@ -189,7 +188,7 @@ INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t 
                 const uint8_t *blk = w + (r + (size_t)i) * rb + (k0 / 32 + b) * bb;
                 pn->s[b][i] = load_f16(blk);
                 if (k == QK_Q4_0)
-                    z[i] = _mm256_sub_epi8(nibbles(blk), _mm256_set1_epi8(8));
+                    z[i] = nibbles(blk);
                 else
                     z[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
             } else {
@@ -198,14 +197,7 @@ INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t 
             }
         }
         transpose8(z);
-        __m256i sum = _mm256_setzero_si256();
-        UNROLL for (int g = 0; g < 8; g++)
-        {
-            pn->p[b * 8 + (size_t)g] = z[g];
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, z[g]), ones16));
-        }
-        _mm256_storeu_si256((__m256i *)pn->c[b],
-                            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 7)));
+        UNROLL for (int g = 0; g < 8; g++) pn->p[b * 8 + (size_t)g] = z[g];
     }
 }
 
@@ -216,20 +208,21 @@ INLINE void gemm_tile(enum qk k, const struct panel *pn, size_t nblk, const stru
     const size_t cp = a->cp;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 facc[GEMM_NT];
-    const uint8_t *xq[GEMM_NT];
+    const int8_t *xq[GEMM_NT];
     const float *xd[GEMM_NT];
+    const int32_t *xs[GEMM_NT];
     UNROLL for (int j = 0; j < NT; j++)
     {
+        size_t tj = t + (size_t)j;
         facc[j] = _mm256_setzero_ps();
-        /* q4_0 uses the unsigned activations (q+128), q8_0 the signed ones with vpsignb */
-        xq[j] = (k == QK_Q4_0 ? a->qu : (const uint8_t *)a->q) + (t + (size_t)j) * cp + k0;
-        xd[j] = a->d + ((t + (size_t)j) * cp + k0) / 32;
+        xq[j] = a->q + tj * cp + k0;
+        xd[j] = a->d + (tj * cp + k0) / 32;
+        xs[j] = a->ns32 + (tj * cp + k0) / 32;
     }
     for (size_t b = 0; b < nblk; b++) {
         __m256i iacc[GEMM_NT];
-        __m256i corr = k == QK_Q4_0 ? _mm256_loadu_si256((const __m256i *)pn->c[b])
-                                    : _mm256_setzero_si256();
-        UNROLL for (int j = 0; j < NT; j++) iacc[j] = corr;
+        UNROLL for (int j = 0; j < NT; j++) iacc[j] =
+            k == QK_Q4_0 ? _mm256_set1_epi32(xs[j][b]) : _mm256_setzero_si256();
         UNROLL for (int g = 0; g < 8; g++)
         {
             __m256i wv = pn->p[b * 8 + (size_t)g];
@@ -237,7 +230,7 @@ INLINE void gemm_tile(enum qk k, const struct panel *pn, size_t nblk, const stru
             UNROLL for (int j = 0; j < NT; j++)
             {
                 __m256i xv = _mm256_set1_epi32(load_i32(xq[j] + b * 32 + (size_t)g * 4));
-                __m256i p16 = k == QK_Q4_0 ? _mm256_maddubs_epi16(xv, wv)
+                __m256i p16 = k == QK_Q4_0 ? _mm256_maddubs_epi16(wv, xv)
                                            : _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv));
                 iacc[j] = _mm256_add_epi32(iacc[j], _mm256_madd_epi16(p16, ones));
             }

@@ -13,12 +13,12 @@
  *   or 128 (q8_0), giving the exact signed dot. Each lane is converted and scaled by its
  *   block's weight scale x activation scale.
  *
- * gemm (prefill): a panel of 16 rows x KC columns is unpacked to signed bytes and transposed
- *   so that one zmm holds 4 consecutive columns of all 16 rows (lane = row); vpdpbusd with a
- *   broadcast of 4 activation bytes (unsigned, kern_act.qu = q + 128) then advances 16 rows at
- *   once, 8 instructions per block of 32 columns, and the 16 row scales are applied once per
- *   block. The +128 offset costs sum(w) * 128 per row and block, computed while packing.
- *   One packed panel (16 KiB, on the stack) is reused, from L1, by every token tile.
+ * gemm (prefill): a panel of 16 rows x KC columns is unpacked to the same unsigned bytes and
+ *   transposed so that one zmm holds 4 consecutive columns of all 16 rows (lane = row);
+ *   vpdpbusd with an embedded broadcast of 4 signed activation quants then advances 16 rows at
+ *   once, 8 instructions per block of 32 columns. The accumulator starts at kern_act.ns32 (the
+ *   offset's correction, the same for every row) and the 16 row scales are applied once per
+ *   block. One packed panel (16 KiB, on the stack) is reused, from L1, by every token tile.
  */
 #include "kern.h"
 #include "internal.h"
@@ -54,11 +54,11 @@ INLINE int32_t load_i32(const void *p)
 }
 
 /*
- * The quants of block A (at blk) and, if has_b, of the next block, in natural element order:
- * bytes 0..31 = A, 32..63 = B (zero without B). Unsigned (wu = w + 8 / w + 128) for gemv,
- * or signed (w) for packing.
+ * The quants of block A (at blk) and, if has_b, of the next block, in natural element order as
+ * unsigned bytes w + off (q4_0: the nibble itself, off 8; q8_0: w ^ 0x80, off 128): bytes
+ * 0..31 = A, 32..63 = B (zero without B, and never read).
  */
-INLINE __m512i unpack_pair(enum qk k, const uint8_t *blk, int has_b, int is_signed)
+INLINE __m512i unpack_pair(enum qk k, const uint8_t *blk, int has_b)
 {
     if (k == QK_Q4_0) {
         __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
@@ -68,19 +68,16 @@ INLINE __m512i unpack_pair(enum qk k, const uint8_t *blk, int has_b, int is_sign
         __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
         /* [qA, qA, qB, qB]: shift the 2nd copy of each by 4 so high nibbles land second */
         z = _mm512_srlv_epi64(z, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
-        z = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
-        if (is_signed)
-            z = _mm512_sub_epi8(z, _mm512_set1_epi8(8));
-        if (!has_b) /* B's lanes must stay zero, also after the -8 */
-            z = _mm512_maskz_mov_epi64(0x0f, z);
-        return z;
+        return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
     }
     __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 2));
-    __m256i b = has_b ? _mm256_loadu_si256((const __m256i *)(blk + 34 + 2))
-                      : _mm256_setzero_si256();
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-    if (!is_signed)
-        z = _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80));
+    __m512i z = _mm512_castsi256_si512(_mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)));
+    if (has_b) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(blk + 34 + 2));
+        z = _mm512_inserti64x4(z, _mm256_xor_si256(b, _mm256_set1_epi8((char)0x80)), 1);
+    } else {
+        z = _mm512_zextsi256_si512(_mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)));
+    }
     return z;
 }
 
@@ -183,7 +180,7 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
                                             2 * pr, 2 * pr);
             __m512i wz[4];
             UNROLL for (int i = 0; i < NR; i++) wz[i] =
-                unpack_pair(k, rows[i] + (b + 2 * (size_t)pr) * bb, 1, 0);
+                unpack_pair(k, rows[i] + (b + 2 * (size_t)pr) * bb, 1);
             UNROLL for (int j = 0; j < NT; j++)
             {
                 __m512i q = _mm512_loadu_si512(xq[j] + c);
@@ -207,7 +204,7 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
         __m512 dw[4];
         UNROLL for (int i = 0; i < NR; i++)
         {
-            wz[i] = unpack_pair(k, rows[i] + b * bb, has_b, 0);
+            wz[i] = unpack_pair(k, rows[i] + b * bb, has_b);
             dw[i] = scale_pair(k, rows[i] + b * bb, has_b);
         }
         UNROLL for (int j = 0; j < NT; j++)
@@ -273,11 +270,10 @@ void kern_gemv_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *
 #define KC 1024     /* columns per packed chunk: 16 KiB of quants */
 #define GEMM_NT 8   /* tokens per register tile: 8 int + 8 float accumulators */
 
-/* A packed chunk: P[block][group of 4 columns][row] dwords, per block scales and offsets. */
+/* A packed chunk: P[block][group of 4 columns][row] dwords, and per block scales. */
 struct panel {
-    __m512i p[KC / 4];      /* [KC/32 blocks][8 groups] x 16 rows x 4 signed bytes */
-    float s[KC / 32][PANEL];  /* weight scale per block and row (0 for absent rows) */
-    int32_t c[KC / 32][PANEL]; /* -128 * sum of the block's weights, per row */
+    __m512i p[KC / 4];       /* [KC/32 blocks][8 groups] x 16 rows x 4 unsigned bytes w+off */
+    float s[KC / 32][PANEL]; /* weight scale per block and row (0 for absent rows) */
 };
 
 /* In-register transpose of a 16x16 matrix of dwords (r[i] = row i). */
@@ -321,22 +317,18 @@ INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t 
         UNROLL for (int i = 0; i < PANEL; i++)
         {
             if ((size_t)i < nr)
-                z[i] = unpack_pair(k, w + (r + (size_t)i) * rb + (k0 + c) / 32 * bb, has_b, 1);
+                z[i] = unpack_pair(k, w + (r + (size_t)i) * rb + (k0 + c) / 32 * bb, has_b);
             else
                 z[i] = _mm512_setzero_si512();
         }
         transpose16(z);
         UNROLL for (int g = 0; g < 16; g++) pn->p[c / 4 + (size_t)g] = z[g];
     }
-    const __m512i ones = _mm512_set1_epi8(1);
     for (size_t b = 0; b < nblk; b++) {
         uint16_t h[PANEL] = {0};
         for (size_t i = 0; i < nr; i++)
             h[i] = load_u16(w + (r + i) * rb + (k0 / 32 + b) * bb);
         _mm512_storeu_ps(pn->s[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
-        __m512i sum = _mm512_setzero_si512();
-        UNROLL for (int g = 0; g < 8; g++) sum = _mm512_dpbusd_epi32(sum, ones, pn->p[b * 8 + (size_t)g]);
-        _mm512_storeu_si512(pn->c[b], _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
     }
 }
 
@@ -346,25 +338,28 @@ INLINE void gemm_tile(const struct panel *pn, size_t nblk, const struct kern_act
 {
     const size_t cp = a->cp;
     __m512 facc[GEMM_NT];
-    const uint8_t *xq[GEMM_NT];
+    const int8_t *xq[GEMM_NT];
     const float *xd[GEMM_NT];
+    const int32_t *xs[GEMM_NT];
     UNROLL for (int j = 0; j < NT; j++)
     {
+        size_t tj = t + (size_t)j;
         facc[j] = _mm512_setzero_ps();
-        xq[j] = a->qu + (t + (size_t)j) * cp + k0;
-        xd[j] = a->d + ((t + (size_t)j) * cp + k0) / 32;
+        xq[j] = a->q + tj * cp + k0;
+        xd[j] = a->d + (tj * cp + k0) / 32;
+        xs[j] = a->ns32 + (tj * cp + k0) / 32;
     }
     for (size_t b = 0; b < nblk; b++) {
         __m512i iacc[GEMM_NT];
-        __m512i corr = _mm512_loadu_si512(pn->c[b]);
-        UNROLL for (int j = 0; j < NT; j++) iacc[j] = corr;
+        UNROLL for (int j = 0; j < NT; j++) iacc[j] = _mm512_set1_epi32(xs[j][b]);
         UNROLL for (int g = 0; g < 8; g++)
         {
             __m512i wv = pn->p[b * 8 + (size_t)g];
             UNROLL for (int j = 0; j < NT; j++)
             {
+                /* a broadcast from memory: folds into vpdpbusd's {1to16} operand */
                 __m512i xv = _mm512_set1_epi32(load_i32(xq[j] + b * 32 + (size_t)g * 4));
-                iacc[j] = _mm512_dpbusd_epi32(iacc[j], xv, wv);
+                iacc[j] = _mm512_dpbusd_epi32(iacc[j], wv, xv);
             }
         }
         __m512 s = _mm512_loadu_ps(pn->s[b]);
