@@ -42,28 +42,46 @@ INLINE float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* NR x NT register tile; small tiles keep U accumulators per output (round-robin over steps)
+ * so at least 4 FMA chains are in flight. */
 INLINE void tile(enum wk k, const uint8_t *w, size_t rb, size_t r, int NR, const float *x,
                  size_t cols, size_t t, int NT, float *y, size_t ldy)
 {
     const size_t eb = elem_bytes[k];
-    __m256 acc[4][6];
+    const int U = NR * NT >= 4 ? 1 : NR * NT >= 2 ? 2 : 4;
+    __m256 acc[4][6][4];
     const uint8_t *rows[4];
     const float *xs[6];
     UNROLL for (int i = 0; i < NR; i++)
     {
         rows[i] = w + (r + (size_t)i) * rb;
-        UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm256_setzero_ps();
+        UNROLL for (int j = 0; j < NT; j++) UNROLL for (int u = 0; u < U; u++) acc[i][j][u] =
+            _mm256_setzero_ps();
     }
     UNROLL for (int j = 0; j < NT; j++) xs[j] = x + (t + (size_t)j) * cols;
 
     size_t c = 0;
+    for (; c + 8 * (size_t)U <= cols; c += 8 * (size_t)U) {
+        UNROLL for (int u = 0; u < U; u++)
+        {
+            size_t cu = c + 8 * (size_t)u;
+            __m256 wv[4];
+            UNROLL for (int i = 0; i < NR; i++) wv[i] = load_w(k, rows[i] + cu * eb);
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m256 xv = _mm256_loadu_ps(xs[j] + cu);
+                UNROLL for (int i = 0; i < NR; i++) acc[i][j][u] =
+                    _mm256_fmadd_ps(wv[i], xv, acc[i][j][u]);
+            }
+        }
+    }
     for (; c + 8 <= cols; c += 8) {
         __m256 wv[4];
         UNROLL for (int i = 0; i < NR; i++) wv[i] = load_w(k, rows[i] + c * eb);
         UNROLL for (int j = 0; j < NT; j++)
         {
             __m256 xv = _mm256_loadu_ps(xs[j] + c);
-            UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+            UNROLL for (int i = 0; i < NR; i++) acc[i][j][0] = _mm256_fmadd_ps(wv[i], xv, acc[i][j][0]);
         }
     }
     if (c < cols) { /* ragged tail: zero-padded copies, never a read past the row */
@@ -80,11 +98,15 @@ INLINE void tile(enum wk k, const uint8_t *w, size_t rb, size_t r, int NR, const
             float xb[8] = {0};
             memcpy(xb, xs[j] + c, rem * sizeof(float));
             __m256 xv = _mm256_loadu_ps(xb);
-            UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+            UNROLL for (int i = 0; i < NR; i++) acc[i][j][0] = _mm256_fmadd_ps(wv[i], xv, acc[i][j][0]);
         }
     }
     UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
-        y[(t + (size_t)j) * ldy + r + (size_t)i] = hsum8(acc[i][j]);
+    {
+        __m256 sum = acc[i][j][0];
+        UNROLL for (int u = 1; u < U; u++) sum = _mm256_add_ps(sum, acc[i][j][u]);
+        y[(t + (size_t)j) * ldy + r + (size_t)i] = hsum8(sum);
+    }
 }
 
 #define TILE_CASES_(CALL)                                                                    \
@@ -114,8 +136,9 @@ INLINE void mm_float(enum wk k, const void *w, const struct kern_act *a, float *
     }
 }
 
-/* gemv: 4 rows x up to 2 tokens (13 of 16 registers). gemm: 2 rows x 6 tokens (15). */
-#define GEMV_NR 4
+/* gemv: 1 row x up to 2 tokens (a single sequential stream, see avx512_float.c).
+ * gemm: 2 rows x 6 tokens (15 of 16 registers). */
+#define GEMV_NR 1
 #define GEMV_NT 2
 #define GEMM_NR 2
 #define GEMM_NT 6

@@ -59,53 +59,70 @@ INLINE float hsum8(__m256 v)
 
 /* ---- gemv -------------------------------------------------------------------------------- */
 
+/* Blocks are processed in pairs with one accumulator each, so two FMA chains are in flight;
+ * the row stream is prefetched PF_DIST bytes ahead (see avx512_q.c). */
+#define PF_DIST 2048
+
 INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
                       const struct kern_act *a, size_t t, int NT, float *y, size_t ldy)
 {
     const size_t bb = blk_bytes[k], cp = a->cp, nb = a->cols / 32;
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4][2];
-    UNROLL for (int i = 0; i < NR; i++) UNROLL for (int j = 0; j < NT; j++) acc[i][j] =
-        _mm256_setzero_ps();
+    __m256 acc[4][2][2];
+    UNROLL for (int i = 0; i < NR; i++) UNROLL for (int j = 0; j < NT; j++)
+    {
+        acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+    }
 
-    for (size_t b = 0; b < nb; b++) {
-        __m256i wz[4], wa[4];
-        float dw[4];
-        UNROLL for (int i = 0; i < NR; i++)
+    for (size_t b = 0; b < nb; b += 2) {
+        UNROLL for (int i = 0; i < NR; i++) _mm_prefetch(
+            (const char *)(w + (r + (size_t)i) * rb + b * bb + PF_DIST), _MM_HINT_T0);
+        UNROLL for (int h = 0; h < 2; h++)
         {
-            const uint8_t *blk = w + (r + (size_t)i) * rb + b * bb;
-            dw[i] = load_f16(blk);
-            if (k == QK_Q4_0) {
-                wz[i] = nibbles(blk);
-            } else {
-                wz[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                wa[i] = _mm256_abs_epi8(wz[i]);
-            }
-        }
-        UNROLL for (int j = 0; j < NT; j++)
-        {
-            size_t tj = t + (size_t)j;
-            __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + tj * cp + b * 32));
-            float dx = a->d[tj * cp / 32 + b];
-            __m256i ns = _mm256_setzero_si256();
-            if (k == QK_Q4_0)
-                ns = _mm256_loadu_si256((const __m256i *)(a->ns4 + (tj * cp + b * 32) / 4));
+            size_t bh = b + (size_t)h;
+            if (h == 1 && bh >= nb)
+                break;
+            __m256i wz[4], wa[4];
+            float dw[4];
             UNROLL for (int i = 0; i < NR; i++)
             {
-                __m256i p;
+                const uint8_t *blk = w + (r + (size_t)i) * rb + bh * bb;
+                dw[i] = load_f16(blk);
+                if (k == QK_Q4_0) {
+                    wz[i] = nibbles(blk);
+                } else {
+                    wz[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                    wa[i] = _mm256_abs_epi8(wz[i]);
+                }
+            }
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                size_t tj = t + (size_t)j;
+                __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + tj * cp + bh * 32));
+                float dx = a->d[tj * cp / 32 + bh];
+                __m256i ns = _mm256_setzero_si256();
                 if (k == QK_Q4_0)
-                    p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wz[i], q), ones), ns);
-                else
-                    p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[i], _mm256_sign_epi8(q, wz[i])), ones);
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[i] * dx), acc[i][j]);
+                    ns = _mm256_loadu_si256((const __m256i *)(a->ns4 + (tj * cp + bh * 32) / 4));
+                UNROLL for (int i = 0; i < NR; i++)
+                {
+                    __m256i p;
+                    if (k == QK_Q4_0)
+                        p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wz[i], q), ones), ns);
+                    else
+                        p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[i], _mm256_sign_epi8(q, wz[i])), ones);
+                    acc[i][j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[i] * dx),
+                                                   acc[i][j][h]);
+                }
             }
         }
     }
     UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
-        y[(t + (size_t)j) * ldy + r + (size_t)i] = hsum8(acc[i][j]);
+        y[(t + (size_t)j) * ldy + r + (size_t)i] =
+            hsum8(_mm256_add_ps(acc[i][j][0], acc[i][j][1]));
 }
 
-#define GEMV_NR 4
+/* One row at a time (a single sequential stream, see avx512_q.c), up to 2 tokens. */
+#define GEMV_NR 1
 #define GEMV_NT 2
 
 INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
@@ -119,10 +136,10 @@ INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y,
             switch (nr * 16 + nt) {
 #define CASE_(R, T)                                                                          \
     case R * 16 + T:                                                                         \
-        gemv_tile(k, w, rb, r, R, a, t, T, y, ldy);                                          \
+        if (R <= GEMV_NR && T <= GEMV_NT)                                                    \
+            gemv_tile(k, w, rb, r, R, a, t, T, y, ldy);                                      \
         break;
-                CASE_(1, 1) CASE_(1, 2) CASE_(2, 1) CASE_(2, 2) CASE_(3, 1) CASE_(3, 2)
-                CASE_(4, 1) CASE_(4, 2)
+                CASE_(1, 1) CASE_(1, 2) CASE_(2, 1) CASE_(2, 2)
 #undef CASE_
             }
         }
