@@ -24,7 +24,7 @@ static int needs_q8(enum dtype wt) { return wt == DT_Q8_0 || wt == DT_Q4_0; }
 
 /* Byte offsets of each array inside the buffer; each starts on a 64-byte boundary. */
 struct act_layout {
-    size_t q, d, ns4, ns32, d4, xb, total;
+    size_t q, d, ns4, ns32, d4, xb, xf, total;
 };
 
 static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l)
@@ -35,8 +35,10 @@ static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l
         return ERR_FORMAT;
     memset(l, 0, sizeof *l);
     size_t cp = kern__round_up(cols, KERN__ACT_PAD), elems, off = 0;
-    if (cp < cols || __builtin_mul_overflow(cp, n, &elems) || elems > SIZE_MAX / 16)
+    if (cp < cols || __builtin_mul_overflow(cp + KERN__ACT_PAD, n, &elems) ||
+        elems > SIZE_MAX / 16)
         return ERR_OVERFLOW;
+    /* elems counts padded rows (ld = cp + 64): an upper bound for every array below */
     if (needs_q8(wt)) {
         /* elems <= SIZE_MAX/16 keeps every sum below from overflowing */
         l->q = off;
@@ -49,9 +51,13 @@ static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l
         off += elems / 4 * sizeof(int32_t);
         l->d4 = off;
         off += elems / 4 * sizeof(float);
-    } else if (wt == DT_BF16) {
-        l->xb = off;
-        off += elems * sizeof(uint16_t);
+    } else {
+        l->xf = off;
+        off += elems * sizeof(float);
+        if (wt == DT_BF16) {
+            l->xb = off;
+            off += elems * sizeof(uint16_t);
+        }
     }
     l->total = off;
     return 0;
@@ -78,6 +84,7 @@ void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t col
     a->cols = cols;
     a->n = n;
     a->cp = kern__round_up(cols, KERN__ACT_PAD);
+    a->ld = a->cp + KERN__ACT_PAD;
     a->x = x;
     if (needs_q8(wt)) {
         a->q = (int8_t *)(b + l.q);
@@ -85,8 +92,10 @@ void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t col
         a->ns32 = (int32_t *)(void *)(b + l.ns32);
         a->ns4 = (int32_t *)(void *)(b + l.ns4);
         a->d4 = (float *)(void *)(b + l.d4);
-    } else if (wt == DT_BF16) {
-        a->xb = (uint16_t *)(void *)(b + l.xb);
+    } else {
+        a->xf = (float *)(void *)(b + l.xf);
+        if (wt == DT_BF16)
+            a->xb = (uint16_t *)(void *)(b + l.xb);
     }
 }
 
@@ -114,6 +123,14 @@ static void quantize_block(const float *x, int8_t *q, float *d)
 void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1)
 {
     CHECK(t0 <= t1 && t1 <= a->n);
+    if (a->xf) {
+        for (size_t t = t0; t < t1; t++) {
+            memcpy(a->xf + t * a->ld, a->x + t * a->cols, a->cols * sizeof(float));
+            memset(a->xf + t * a->ld + a->cols, 0, (a->ld - a->cols) * sizeof(float));
+        }
+    }
+    if (!a->q && !a->xb)
+        return;
     switch (kern_isa()) {
     case KERN_ISA_AVX512:
         kern__act_prepare_avx512(a, t0, t1);
@@ -133,7 +150,7 @@ void kern__act_prepare_ref(const struct kern_act *a, size_t t0, size_t t1)
     for (size_t t = t0; t < t1; t++) {
         const float *x = a->x + t * cols; /* [cols] */
         if (a->q) {
-            int8_t *q = a->q + t * cp;
+            int8_t *q = a->q + t * a->ld;
             int32_t *ns32 = a->ns32 + t * cp / 32;
             float *d = a->d + t * cp / 32;
             int32_t *ns4 = a->ns4 + t * cp / 4;
@@ -155,7 +172,7 @@ void kern__act_prepare_ref(const struct kern_act *a, size_t t0, size_t t1)
             }
         }
         if (a->xb) {
-            uint16_t *xb = a->xb + t * cp;
+            uint16_t *xb = a->xb + t * a->ld;
             for (size_t c = 0; c < cols; c++)
                 xb[c] = half_f32_to_bf16(x[c]);
             for (size_t c = cols; c < cp; c++)

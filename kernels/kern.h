@@ -64,7 +64,7 @@ void kern_row_to_f32(enum dtype dt, const void *row, float *out, size_t n);
 /*
  * Activations x [n][cols] in the forms the kernels need for weight type wt: int8 blocks of 32
  * (with the sums and lane-wise scales the SIMD kernels use) for q8_0/q4_0 weights, bf16 for
- * bf16 weights; other types read x itself. The same for every ISA. Lives in one caller-provided buffer of kern_act_bytes() bytes, 64-byte
+ * bf16 weights, and for f32/f16/bf16 weights a copy with padded rows. The same for every ISA. Lives in one caller-provided buffer of kern_act_bytes() bytes, 64-byte
  * aligned. `cp` is cols rounded up to 64; padding elements are zero.
  * NOTES: fill with kern_act_init() then kern_act_prepare() over all tokens (token ranges may
  * be prepared by different threads); afterwards it is read-only and shared by every shard.
@@ -72,17 +72,20 @@ void kern_row_to_f32(enum dtype dt, const void *row, float *out, size_t n);
 struct kern_act {
     enum dtype wt;   /* the weight type it was prepared for */
     size_t cols, n, cp;
+    size_t ld;       /* row stride of q and xb in elements: cp + 64, so that the same column of
+                        consecutive tokens does not map to one L1 set (2^k-byte strides would) */
     const float *x;  /* [n][cols] the f32 source, borrowed */
-    int8_t *q;       /* [n][cp] int8 quants, blocks of 32 (NULL if unused) */
+    int8_t *q;       /* [n][ld] int8 quants, blocks of 32 (NULL if unused) */
     float *d;        /* [n][cp/32] block scales: x ~= d * q */
     int32_t *ns4;    /* [n][cp/4] -off * (sum of each group of 4 quants): the correction for
                         unsigned weights w + off (off = 8 for q4_0, 128 for q8_0) */
     int32_t *ns32;   /* [n][cp/32] the same per block of 32 */
     float *d4;       /* [n][cp/4] the block scale of each group of 4 (lane-wise scales) */
-    uint16_t *xb;    /* [n][cp] x rounded to bf16, for bf16 weights (NULL if unused) */
+    uint16_t *xb;    /* [n][ld] x rounded to bf16, for bf16 weights (NULL if unused) */
+    float *xf;       /* [n][ld] a copy of x, for f32/f16/bf16 weights (NULL if unused) */
 };
 
-/* *out = buffer bytes for kern_act_init(wt, cols, n) (0 when wt reads x directly).
+/* *out = buffer bytes for kern_act_init(wt, cols, n).
  * ERR_FORMAT when cols is not a whole number of wt's blocks, ERR_OVERFLOW on size overflow. */
 int kern_act_bytes(enum dtype wt, size_t cols, size_t n, size_t *out);
 /* Lays out *a over buf (kern_act_bytes() bytes, 64-byte aligned); nothing is computed yet. */

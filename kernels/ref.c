@@ -138,7 +138,7 @@ static void mm_q8a_ref(enum dtype wt, const void *w, const struct kern_act *a, f
     size_t row_bytes = kern__row_bytes(wt, a->cols), nb = a->cols / 32;
     size_t bb = dtype_info(wt)->block_bytes;
     for (size_t t = 0; t < a->n; t++) {
-        const int8_t *q = a->q + t * a->cp;  /* [cp] */
+        const int8_t *q = a->q + t * a->ld;  /* [cols] */
         const float *d = a->d + t * a->cp / 32; /* [cp/32] */
         for (size_t r = r0; r < r1; r++) {
             const uint8_t *row = (const uint8_t *)w + r * row_bytes;
@@ -164,7 +164,7 @@ static void mm_bf16a_ref(const void *w, const struct kern_act *a, float *y, size
     CHECK(a->wt == DT_BF16 && a->xb);
     const uint16_t *wb = w; /* [rows][cols] */
     for (size_t t = 0; t < a->n; t++) {
-        const uint16_t *xb = a->xb + t * a->cp;
+        const uint16_t *xb = a->xb + t * a->ld;
         for (size_t r = r0; r < r1; r++) {
             const uint16_t *row = wb + r * a->cols;
             float acc = 0.0f;

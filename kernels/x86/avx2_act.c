@@ -37,7 +37,7 @@ void kern__act_prepare_avx2(const struct kern_act *a, size_t t0, size_t t1)
     for (size_t t = t0; t < t1; t++) {
         const float *x = a->x + t * cols; /* [cols] */
         if (a->q) {
-            int8_t *q = a->q + t * cp;
+            int8_t *q = a->q + t * a->ld;
             float *d = a->d + t * cp / 32, *d4 = a->d4 + t * cp / 4;
             int32_t *ns4 = a->ns4 + t * cp / 4, *ns32 = a->ns32 + t * cp / 32;
             for (size_t b = 0; b < cp / 32; b++) {
@@ -77,7 +77,7 @@ void kern__act_prepare_avx2(const struct kern_act *a, size_t t0, size_t t1)
             }
         }
         if (a->xb) {
-            uint16_t *xb = a->xb + t * cp;
+            uint16_t *xb = a->xb + t * a->ld;
             size_t c = 0;
             for (; c + 8 <= cols; c += 8) {
                 __m256i r = bf16_round(_mm256_loadu_ps(x + c));

@@ -98,7 +98,7 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
             UNROLL for (int j = 0; j < NT; j++)
             {
                 size_t tj = t + (size_t)j;
-                __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + tj * cp + bh * 32));
+                __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + tj * a->ld + bh * 32));
                 float dx = a->d[tj * cp / 32 + bh];
                 __m256i ns = _mm256_setzero_si256();
                 if (k == QK_Q4_0)
@@ -232,7 +232,7 @@ INLINE void gemm_tile(enum qk k, const struct panel *pn, size_t nblk, const stru
     {
         size_t tj = t + (size_t)j;
         facc[j] = _mm256_setzero_ps();
-        xq[j] = a->q + tj * cp + k0;
+        xq[j] = a->q + tj * a->ld + k0;
         xd[j] = a->d + (tj * cp + k0) / 32;
         xs[j] = a->ns32 + (tj * cp + k0) / 32;
     }

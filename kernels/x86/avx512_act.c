@@ -37,7 +37,7 @@ void kern__act_prepare_avx512(const struct kern_act *a, size_t t0, size_t t1)
     for (size_t t = t0; t < t1; t++) {
         const float *x = a->x + t * cols; /* [cols] */
         if (a->q) {
-            int8_t *q = a->q + t * cp;
+            int8_t *q = a->q + t * a->ld;
             float *d = a->d + t * cp / 32, *d4 = a->d4 + t * cp / 4;
             int32_t *ns4 = a->ns4 + t * cp / 4, *ns32 = a->ns32 + t * cp / 32;
             for (size_t b = 0; b < cp / 32; b++) {
@@ -69,7 +69,7 @@ void kern__act_prepare_avx512(const struct kern_act *a, size_t t0, size_t t1)
             }
         }
         if (a->xb) {
-            uint16_t *xb = a->xb + t * cp;
+            uint16_t *xb = a->xb + t * a->ld;
             for (size_t c = 0; c < cp; c += 16) {
                 __mmask16 m = c + 16 <= cols ? 0xffff
                               : c < cols     ? (__mmask16)((1u << (cols - c)) - 1u)

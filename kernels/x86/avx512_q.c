@@ -24,12 +24,11 @@
 #include "internal.h"
 #include "quant.h"
 
+#include "avx512_common.h"
+
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
-
-#define INLINE static inline __attribute__((always_inline))
-#define UNROLL _Pragma("GCC unroll 16")
 
 enum qk { QK_Q8_0, QK_Q4_0 };
 
@@ -150,7 +149,7 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
     UNROLL for (int j = 0; j < NT; j++)
     {
         size_t tj = t + (size_t)j;
-        xq[j] = a->q + tj * cp;
+        xq[j] = a->q + tj * a->ld;
         xs[j] = a->ns4 + tj * cp / 4;
         xd[j] = a->d + tj * cp / 32;
         xd4[j] = a->d4 + tj * cp / 4;
@@ -276,36 +275,6 @@ struct panel {
     float s[KC / 32][PANEL]; /* weight scale per block and row (0 for absent rows) */
 };
 
-/* In-register transpose of a 16x16 matrix of dwords (r[i] = row i). */
-INLINE void transpose16(__m512i r[16])
-{
-    __m512i t[16], u[16];
-    UNROLL for (int i = 0; i < 8; i++)
-    {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    UNROLL for (int i = 0; i < 4; i++)
-    {
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    /* u[4i + c], 128-bit lane L = rows 4i..4i+3 of column 4L + c: transpose the lanes */
-    UNROLL for (int c = 0; c < 4; c++)
-    {
-        __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
-        __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
-        __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
-        __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
-        r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
-        r[8 + c] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
-        r[4 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
-        r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
-    }
-}
-
 /* Packs rows [r, r+nr) (nr <= 16; absent rows are zero) x columns [k0, k0+kc) into pn. */
 INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
                        size_t kc, struct panel *pn)
@@ -345,7 +314,7 @@ INLINE void gemm_tile(const struct panel *pn, size_t nblk, const struct kern_act
     {
         size_t tj = t + (size_t)j;
         facc[j] = _mm512_setzero_ps();
-        xq[j] = a->q + tj * cp + k0;
+        xq[j] = a->q + tj * a->ld + k0;
         xd[j] = a->d + (tj * cp + k0) / 32;
         xs[j] = a->ns32 + (tj * cp + k0) / 32;
     }
