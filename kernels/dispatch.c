@@ -14,6 +14,7 @@
 #include "err.h"
 #include "log.h"
 
+#include <cpuid.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,29 +37,55 @@ const char *kern_isa_name(enum kern_isa isa)
     return (unsigned)isa < 3 ? isa_names[isa] : "?";
 }
 
+/*
+ * CPU features from CPUID, plus XGETBV to check that the OS saves the AVX / AVX-512 register
+ * state (a CPU flag alone is not enough: a kernel without XSAVE support for ZMM would fault).
+ * Read directly rather than through __builtin_cpu_supports, whose feature names differ
+ * between compilers (clang 14 has no "f16c").
+ */
+struct cpu_feats {
+    int avx2, avx512, avx512bf16;
+};
+
+static struct cpu_feats cpu_feats(void)
+{
+    struct cpu_feats f = {0, 0, 0};
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return f;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx)
+        return f;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    (void)xhi;
+    int os_avx = (xlo & 0x6) == 0x6, os_avx512 = os_avx && (xlo & 0xe0) == 0xe0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return f;
+    int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1,
+        avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
+    f.avx2 = os_avx && avx2 && fma && f16c;
+    f.avx512 = f.avx2 && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl && vnni;
+    if (f.avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
+        f.avx512bf16 = (a >> 5) & 1;
+    return f;
+}
+
 int kern_isa_supported(enum kern_isa isa)
 {
-    __builtin_cpu_init();
+    struct cpu_feats f = cpu_feats();
     switch (isa) {
     case KERN_ISA_REF:
         return 1;
     case KERN_ISA_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+        return f.avx2;
     case KERN_ISA_AVX512:
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+        return f.avx512;
     }
     return 0;
 }
 
-int kern_has_avx512bf16(void)
-{
-    __builtin_cpu_init();
-    return kern_isa_supported(KERN_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
-}
+int kern_has_avx512bf16(void) { return cpu_feats().avx512bf16; }
 
 /*
  * Routing per ISA. gemm_min_n comes from bench/kern_bench (docs/PERFORMANCE.md): below it the

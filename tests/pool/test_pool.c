@@ -135,7 +135,7 @@ static void test_rapid_dispatch(void **state)
     struct sum_ctx c;
     atomic_init(&c.sum, 0);
     long want = 0;
-    for (int i = 0; i < 20000; i++) {
+    for (int i = 0; i < 10000; i++) {
         size_t n = (size_t)(i % 5) + 1;
         pool_run(p, sum_task, &c, n);
         want += (long)(n * (n + 1) / 2);
