@@ -238,8 +238,6 @@ static void bench_gemm(void)
 /* The alternatives the routing in kernels/dispatch.c chooses between. */
 static void bench_variants(double bw)
 {
-    if (!isa_ok(KERN_ISA_AVX512))
-        return;
     const size_t rows = 5632, cols = 2048;
     printf("\n### Variants, %zu x %zu, %d thread(s)\n\n", rows, cols, g_threads);
     printf("| kernel | n | GB/s of weights | GFLOP/s |\n|---|---|---|---|\n");
@@ -258,10 +256,22 @@ static void bench_variants(double bw)
         {"kern_gemm_q4_0_q8_0_avx512", kern_gemm_q4_0_q8_0_avx512, DT_Q4_0},
         {"kern_gemv_f16_f32_avx512", kern_gemv_f16_f32_avx512, DT_F16},
         {"kern_gemm_f16_f32_avx512", kern_gemm_f16_f32_avx512, DT_F16},
+        {"kern_gemv_f32_f32_avx512", kern_gemv_f32_f32_avx512, DT_F32},
+        {"kern_gemm_f32_f32_avx512", kern_gemm_f32_f32_avx512, DT_F32},
+        {"kern_gemv_bf16_f32_avx2", kern_gemv_bf16_f32_avx2, DT_BF16},
+        {"kern_gemm_bf16_f32_avx2", kern_gemm_bf16_f32_avx2, DT_BF16},
+        {"kern_gemv_q8_0_q8_0_avx2", kern_gemv_q8_0_q8_0_avx2, DT_Q8_0},
+        {"kern_gemm_q8_0_q8_0_avx2", kern_gemm_q8_0_q8_0_avx2, DT_Q8_0},
+        {"kern_gemv_q4_0_q8_0_avx2", kern_gemv_q4_0_q8_0_avx2, DT_Q4_0},
+        {"kern_gemm_q4_0_q8_0_avx2", kern_gemm_q4_0_q8_0_avx2, DT_Q4_0},
     };
-    static const size_t ns[] = {1, 2, 4, 8, 16, 64};
+    static const size_t ns[] = {1, 2, 3, 4, 6, 8, 16, 64};
+    if (!isa_ok(KERN_ISA_AVX2))
+        return;
     for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
         if (g_dtype && strcmp(g_dtype, dtype_info(vs[v].dt)->name) != 0)
+            continue;
+        if (strstr(vs[v].name, "avx512") && !isa_ok(KERN_ISA_AVX512))
             continue;
         if (vs[v].fn == kern_gemv_bf16_bf16_avx512 || vs[v].fn == kern_gemm_bf16_bf16_avx512)
             if (!kern_has_avx512bf16())

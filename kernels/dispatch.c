@@ -88,8 +88,9 @@ int kern_isa_supported(enum kern_isa isa)
 int kern_has_avx512bf16(void) { return cpu_feats().avx512bf16; }
 
 /*
- * Routing per ISA. gemm_min_n comes from bench/kern_bench (docs/PERFORMANCE.md): below it the
- * row-streaming gemv, blocked over up to 4 tokens, beats packing panels.
+ * Routing per ISA. gemm_min_n is where the gemm variant overtakes the gemv in bench/kern_bench
+ * --only variants (docs/PERFORMANCE.md): the gemv streams a row once per pair of tokens and
+ * wins while unpacking dominates; the packed gemm wins once a panel is reused enough.
  */
 static void set_routes(enum kern_isa isa)
 {
@@ -101,20 +102,20 @@ static void set_routes(enum kern_isa isa)
     case KERN_ISA_REF:
         break; /* kern_matmul_act runs kern_matmul_ref on the f32 activations */
     case KERN_ISA_AVX2:
-        ROUTE_(DT_F32, f32, f32, avx2, 2);
-        ROUTE_(DT_F16, f16, f32, avx2, 2);
-        ROUTE_(DT_BF16, bf16, f32, avx2, 2);
-        ROUTE_(DT_Q8_0, q8_0, q8_0, avx2, 4);
-        ROUTE_(DT_Q4_0, q4_0, q8_0, avx2, 4);
+        ROUTE_(DT_F32, f32, f32, avx2, 3);
+        ROUTE_(DT_F16, f16, f32, avx2, 3);
+        ROUTE_(DT_BF16, bf16, f32, avx2, 3);
+        ROUTE_(DT_Q8_0, q8_0, q8_0, avx2, 5);
+        ROUTE_(DT_Q4_0, q4_0, q8_0, avx2, 8);
         break;
     case KERN_ISA_AVX512:
         ROUTE_(DT_F32, f32, f32, avx512, 2);
-        ROUTE_(DT_F16, f16, f32, avx512, 2);
-        ROUTE_(DT_BF16, bf16, f32, avx512, 2);
+        ROUTE_(DT_F16, f16, f32, avx512, 3);
+        ROUTE_(DT_BF16, bf16, f32, avx512, 3);
         if (kern_has_avx512bf16())
             g_route[DT_BF16].gemm = kern_gemm_bf16_bf16_avx512;
-        ROUTE_(DT_Q8_0, q8_0, q8_0, avx512, 4);
-        ROUTE_(DT_Q4_0, q4_0, q8_0, avx512, 4);
+        ROUTE_(DT_Q8_0, q8_0, q8_0, avx512, 6);
+        ROUTE_(DT_Q4_0, q4_0, q8_0, avx512, 6);
         break;
     }
 #undef ROUTE_

@@ -45,7 +45,7 @@ INLINE float hsum8(__m256 v)
 /* NR x NT register tile; small tiles keep U accumulators per output (round-robin over steps)
  * so at least 4 FMA chains are in flight. */
 INLINE void tile(enum wk k, const uint8_t *w, size_t rb, size_t r, int NR, const float *x,
-                 size_t cols, size_t t, int NT, float *y, size_t ldy)
+                 size_t ldx, size_t cols, size_t t, int NT, float *y, size_t ldy)
 {
     const size_t eb = elem_bytes[k];
     const int U = NR * NT >= 4 ? 1 : NR * NT >= 2 ? 2 : 4;
@@ -58,7 +58,7 @@ INLINE void tile(enum wk k, const uint8_t *w, size_t rb, size_t r, int NR, const
         UNROLL for (int j = 0; j < NT; j++) UNROLL for (int u = 0; u < U; u++) acc[i][j][u] =
             _mm256_setzero_ps();
     }
-    UNROLL for (int j = 0; j < NT; j++) xs[j] = x + (t + (size_t)j) * cols;
+    UNROLL for (int j = 0; j < NT; j++) xs[j] = x + (t + (size_t)j) * ldx;
 
     size_t c = 0;
     for (; c + 8 * (size_t)U <= cols; c += 8 * (size_t)U) {
@@ -127,7 +127,7 @@ INLINE void mm_float(enum wk k, const void *w, const struct kern_act *a, float *
 #define CALL_(R, T)                                                                          \
     case R * 16 + T:                                                                         \
         if (R <= NR && T <= NT)                                                              \
-            tile(k, w, rb, r, R, a->x, a->cols, t, T, y, ldy);                               \
+            tile(k, w, rb, r, R, a->xf, a->ld, a->cols, t, T, y, ldy);                        \
         break;
                 TILE_CASES_(CALL_)
 #undef CALL_

@@ -47,7 +47,7 @@ INLINE __m512 load_w(enum wk k, const void *row, size_t c, __mmask16 m)
  * so that at least 4 independent FMA chains hide the FMA latency.
  */
 INLINE void tile_f32(enum wk k, const uint8_t *w, size_t rb, size_t r, int NR, const float *x,
-                     size_t cols, size_t t, int NT, float *y, size_t ldy)
+                     size_t ldx, size_t cols, size_t t, int NT, float *y, size_t ldy)
 {
     const int U = NR * NT >= 4 ? 1 : NR * NT >= 2 ? 2 : 4;
     __m512 acc[4][8][4];
@@ -59,7 +59,7 @@ INLINE void tile_f32(enum wk k, const uint8_t *w, size_t rb, size_t r, int NR, c
         UNROLL for (int j = 0; j < NT; j++) UNROLL for (int u = 0; u < U; u++) acc[i][j][u] =
             _mm512_setzero_ps();
     }
-    UNROLL for (int j = 0; j < NT; j++) xs[j] = x + (t + (size_t)j) * cols;
+    UNROLL for (int j = 0; j < NT; j++) xs[j] = x + (t + (size_t)j) * ldx;
 
     size_t c = 0;
     for (; c + 16 * (size_t)U <= cols; c += 16 * (size_t)U) {
@@ -159,7 +159,7 @@ INLINE void mm_float(enum wk k, int bf16a, const void *w, const struct kern_act 
             if (bf16a)                                                                       \
                 tile_bf16(w, rb, r, R, a->xb, a->ld, a->cols, t, T, y, ldy);                 \
             else                                                                             \
-                tile_f32(k, w, rb, r, R, a->x, a->cols, t, T, y, ldy);                       \
+                tile_f32(k, w, rb, r, R, a->xf, a->ld, a->cols, t, T, y, ldy);                \
         }                                                                                    \
         break;
                 TILE_CASES_(CALL_)
