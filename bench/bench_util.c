@@ -5,9 +5,53 @@
 #include "kern.h"
 
 #include <immintrin.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
+
+static double proc_busy_seconds(void)
+{
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f)
+        return 0;
+    unsigned long long v[8] = {0};
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                   &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    if (n < 8)
+        return 0;
+    /* user nice system idle iowait irq softirq steal: everything but idle and iowait */
+    return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+void bench_load_begin(struct bench_load *l)
+{
+    l->busy = proc_busy_seconds();
+    l->self = self_seconds();
+    l->wall = bench_now();
+}
+
+double bench_load_end(const struct bench_load *l)
+{
+    double wall = bench_now() - l->wall;
+    double other = (proc_busy_seconds() - l->busy) - (self_seconds() - l->self);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (wall <= 0 || ncpu <= 0)
+        return 0;
+    double share = other / (wall * (double)ncpu);
+    return share < 0 ? 0 : share;
+}
 
 double bench_now(void)
 {

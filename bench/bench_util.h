@@ -24,6 +24,17 @@ double bench_bandwidth(struct pool *p, size_t bytes, int reps);
  * which = 0: f32 FMA (AVX-512 or AVX2), 1: vdpbf16ps, 2: vpdpbusd. 0 if unavailable. */
 double bench_peak_gops(int which);
 
+/*
+ * CPU used by other processes while a measurement ran, as a share of the whole machine (0..1):
+ * busy time from /proc/stat minus this process's own (getrusage). The machine is shared, so
+ * every table row reports it; rows measured beside a busy neighbour are marked.
+ */
+struct bench_load {
+    double busy, self, wall;
+};
+void bench_load_begin(struct bench_load *l);
+double bench_load_end(const struct bench_load *l);
+
 /* A [rows][cols] matrix of dtype dt with random finite values (scales ~1e-2); NULL on OOM. */
 void *bench_random_matrix(enum dtype dt, size_t rows, size_t cols, uint64_t seed);
 

@@ -7,7 +7,9 @@
  *    gemv/gemm crossover);
  *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s.
  * GEMV weights rotate through copies totalling >= 256 MiB so they stream from DRAM, as in
- * decode, rather than from the 32 MiB L3.
+ * decode, rather than from the 32 MiB L3. Each row ends with the CPU share other processes
+ * used meanwhile (bench_load_end): on a shared machine, a row with more than a few percent
+ * was measured beside a busy neighbour and understates the kernels.
  *
  *   usage: kern_bench [--threads N] [--quick] [--only gemv|gemm|variants|model] [--dtype T]
  */
@@ -147,7 +149,7 @@ static void bench_gemv(double bw)
     static const size_t shapes[][2] = {{2048, 2048}, {5632, 2048}, {32000, 2048}};
     printf("\n### GEMV (n = 1), %d thread(s): GB/s of weights (x scalar path, %% of %.1f GB/s)\n\n",
            g_threads, bw);
-    printf("| dtype | rows x cols | ref | avx2 | avx512 |\n|---|---|---|---|---|\n");
+    printf("| dtype | rows x cols | ref | avx2 | avx512 | other CPU |\n|---|---|---|---|---|---|\n");
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum dtype dt = all_types[ti];
         if (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0)
@@ -158,6 +160,8 @@ static void bench_gemv(double bw)
             int copies = make_ring(dt, rows, cols, &w);
             float *x = random_x(1, cols), *y = malloc(rows * sizeof(float));
             double gbs[3] = {0};
+            struct bench_load ld;
+            bench_load_begin(&ld);
             for (int isa = 0; isa < 3; isa++) {
                 if (!isa_ok(isa))
                     continue;
@@ -172,7 +176,7 @@ static void bench_gemv(double bw)
                 else
                     printf(" - |");
             }
-            printf("\n");
+            printf(" %.0f%% |\n", 100 * bench_load_end(&ld));
             fflush(stdout);
             free(y);
             free(x);
@@ -195,7 +199,7 @@ static void bench_gemm(void)
     printf("| dtype | ref | isa |");
     for (size_t i = 0; i < 4; i++)
         printf(" n=%zu |", ns[i]);
-    printf("\n|---|---|---|---|---|---|---|\n");
+    printf(" other CPU |\n|---|---|---|---|---|---|---|---|\n");
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum dtype dt = all_types[ti];
         if (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0)
@@ -219,6 +223,8 @@ static void bench_gemm(void)
             if (isa == KERN_ISA_AVX2) /* the AVX2 peaks are not measured separately */
                 peak = 0;
             printf("| %s | %.2f | %s |", dtype_info(dt)->name, ref, kern_isa_name((enum kern_isa)isa));
+            struct bench_load ld;
+            bench_load_begin(&ld);
             for (size_t i = 0; i < 4; i++) {
                 double gf = 2.0 * rows * cols * ns[i] / time_matmul(dt, &w, 1, rows, cols, x, ns[i], y) / 1e9;
                 if (peak > 0)
@@ -226,7 +232,7 @@ static void bench_gemm(void)
                 else
                     printf(" %.0f (%.0fx) |", gf, gf / ref);
             }
-            printf("\n");
+            printf(" %.0f%% |\n", 100 * bench_load_end(&ld));
             fflush(stdout);
         }
         free(y);
@@ -240,7 +246,7 @@ static void bench_variants(double bw)
 {
     const size_t rows = 5632, cols = 2048;
     printf("\n### Variants, %zu x %zu, %d thread(s)\n\n", rows, cols, g_threads);
-    printf("| kernel | n | GB/s of weights | GFLOP/s |\n|---|---|---|---|\n");
+    printf("| kernel | n | GB/s of weights | GFLOP/s | other CPU |\n|---|---|---|---|---|\n");
     struct {
         const char *name;
         kern_mm_fn *fn;
@@ -280,10 +286,12 @@ static void bench_variants(double bw)
         int copies = make_ring(vs[v].dt, rows, cols, &w);
         float *x = random_x(64, cols), *y = malloc(64 * rows * sizeof(float));
         for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            struct bench_load ld;
+            bench_load_begin(&ld);
             double sec = time_variant(vs[v].fn, vs[v].dt, w, copies, rows, cols, x, ns[i], y);
             double gbs = (double)matrix_bytes(vs[v].dt, rows, cols) / sec / 1e9;
-            printf("| %s | %zu | %.2f (%.0f%%) | %.1f |\n", vs[v].name, ns[i], gbs, 100 * gbs / bw,
-                   2.0 * rows * cols * ns[i] / sec / 1e9);
+            printf("| %s | %zu | %.2f (%.0f%%) | %.1f | %.0f%% |\n", vs[v].name, ns[i], gbs,
+                   100 * gbs / bw, 2.0 * rows * cols * ns[i] / sec / 1e9, 100 * bench_load_end(&ld));
         }
         fflush(stdout);
         free(y);
@@ -303,8 +311,8 @@ static void bench_model(double bw)
     const size_t n_prefill = 512;
     printf("\n### TinyLlama-1.1B matmuls only (best ISA: %s), %d thread(s)\n\n",
            kern_isa_name(kern_isa()), g_threads);
-    printf("| dtype | weights MB | decode tok/s | GB/s (%% of %.1f) | prefill (n=%zu) tok/s |\n"
-           "|---|---|---|---|---|\n",
+    printf("| dtype | weights MB | decode tok/s | GB/s (%% of %.1f) | prefill (n=%zu) tok/s | "
+           "other CPU |\n|---|---|---|---|---|---|\n",
            bw, n_prefill);
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         enum dtype dt = all_types[ti];
@@ -325,6 +333,8 @@ static void bench_model(double bw)
             total += matrix_bytes(dt, rows[i], cols[i]);
         }
         float *x = random_x(n_prefill, 5632), *y = malloc(n_prefill * 32000 * sizeof(float));
+        struct bench_load ld;
+        bench_load_begin(&ld);
         double best = 1e30;
         for (int rep = 0; rep < 5; rep++) {
             double t = bench_now();
@@ -337,8 +347,9 @@ static void bench_model(double bw)
         for (int i = 0; i < nm; i++)
             pool_matmul(g_pool, dt, w[i], cols[i], x, n_prefill, y, rows[i], 0, rows[i]);
         t = bench_now() - t;
-        printf("| %s | %.0f | %.1f | %.1f (%.0f%%) | %.1f |\n", dtype_info(dt)->name, total / 1e6,
-               1 / best, total / best / 1e9, 100 * total / best / 1e9 / bw, n_prefill / t);
+        printf("| %s | %.0f | %.1f | %.1f (%.0f%%) | %.1f | %.0f%% |\n", dtype_info(dt)->name,
+               total / 1e6, 1 / best, total / best / 1e9, 100 * total / best / 1e9 / bw,
+               n_prefill / t, 100 * bench_load_end(&ld));
         fflush(stdout);
         for (int i = 0; i < nm; i++)
             free(w[i]);
