@@ -1,0 +1,252 @@
+/*
+ * tok_bpe.c — byte-level BPE encoding (GPT-2 and its descendants):
+ *
+ *  1. user-defined tokens (Hugging Face "added tokens" that are not special) are cut out of
+ *     the text first, longest match, each becoming its own token;
+ *  2. the rest is split into pre-tokens by GPT-2's regex
+ *        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ *     implemented by hand over UTF-8 code points (tok_unicode.c has the classes);
+ *  3. each pre-token's bytes become the tokens of their byte-level characters, and adjacent
+ *     pairs are merged by rank — the lowest rank first, the leftmost on ties — through a
+ *     priority queue, so a pre-token of n bytes costs O(n log n) whatever its length.
+ *
+ * The builder guarantees a token for each of the 256 bytes and that merges join normal
+ * tokens into normal tokens, so text never yields control tokens and never fails.
+ */
+#include "tok_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sym {
+    int32_t id;
+    int32_t prev, next; /* live neighbours, -1 at the ends */
+    bool alive;
+};
+
+struct cand {
+    uint32_t rank;       /* lower first */
+    uint32_t pos;        /* index of the left symbol: leftmost first on equal ranks */
+    int32_t lid, rid;    /* the pair's tokens when queued; the entry is stale otherwise */
+};
+
+struct bpe {
+    const struct tok *t;
+    struct sym *syms;
+    size_t cap_syms;
+    struct cand *heap;
+    size_t n_heap, cap_heap;
+};
+
+static bool before(const struct cand *a, const struct cand *b)
+{
+    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
+}
+
+static int heap_push(struct bpe *w, struct cand c)
+{
+    if (w->n_heap == w->cap_heap) {
+        size_t cap = w->cap_heap ? w->cap_heap * 2 : 64;
+        struct cand *h = realloc(w->heap, cap * sizeof *h);
+        if (!h)
+            return -ENOMEM;
+        w->heap = h;
+        w->cap_heap = cap;
+    }
+    size_t i = w->n_heap++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!before(&c, &w->heap[parent]))
+            break;
+        w->heap[i] = w->heap[parent];
+        i = parent;
+    }
+    w->heap[i] = c;
+    return 0;
+}
+
+static struct cand heap_pop(struct bpe *w)
+{
+    struct cand top = w->heap[0], last = w->heap[--w->n_heap];
+    size_t i = 0, n = w->n_heap;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && before(&w->heap[c + 1], &w->heap[c]))
+            c++;
+        if (!before(&w->heap[c], &last))
+            break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    if (n > 0)
+        w->heap[i] = last;
+    return top;
+}
+
+static int consider(struct bpe *w, int32_t l)
+{
+    if (l < 0)
+        return 0;
+    int32_t r = w->syms[l].next;
+    if (r < 0)
+        return 0;
+    int64_t rank = tok__merge_rank(w->t, w->syms[l].id, w->syms[r].id);
+    if (rank < 0)
+        return 0;
+    return heap_push(w, (struct cand){(uint32_t)rank, (uint32_t)l, w->syms[l].id,
+                                      w->syms[r].id});
+}
+
+/* Step 3 for one pre-token. */
+static int encode_word(struct bpe *w, const unsigned char *p, size_t n, struct tok__ids *out)
+{
+    const struct tok *t = w->t;
+    if (n == 1)
+        return tok__ids_push(out, t->byte_char_id[p[0]]);
+    if (n > w->cap_syms) {
+        struct sym *v = realloc(w->syms, n * sizeof *v);
+        if (!v)
+            return -ENOMEM;
+        w->syms = v;
+        w->cap_syms = n;
+    }
+    for (size_t i = 0; i < n; i++)
+        w->syms[i] = (struct sym){t->byte_char_id[p[i]], (int32_t)i - 1,
+                                  i + 1 < n ? (int32_t)i + 1 : -1, true};
+    int rc;
+    w->n_heap = 0;
+    for (size_t i = 0; i + 1 < n; i++)
+        if ((rc = consider(w, (int32_t)i)) != 0)
+            return rc;
+    while (w->n_heap > 0) {
+        struct cand c = heap_pop(w);
+        struct sym *a = &w->syms[c.pos];
+        if (!a->alive || a->id != c.lid || a->next < 0 || w->syms[a->next].id != c.rid)
+            continue; /* stale: a side changed since it was queued */
+        struct sym *b = &w->syms[a->next];
+        a->id = t->merges[c.rank].result;
+        b->alive = false;
+        a->next = b->next;
+        if (b->next >= 0)
+            w->syms[b->next].prev = (int32_t)c.pos;
+        if ((rc = consider(w, a->prev)) != 0 || (rc = consider(w, (int32_t)c.pos)) != 0)
+            return rc;
+    }
+    for (int32_t i = 0; i >= 0; i = w->syms[i].next) /* symbol 0 is never merged away */
+        if ((rc = tok__ids_push(out, w->syms[i].id)) != 0)
+            return rc;
+    return 0;
+}
+
+/* ---- step 2: GPT-2's pre-tokenizer ---- */
+
+enum cls { C_LETTER, C_NUMBER, C_SPACE, C_OTHER };
+
+static enum cls classify(uint32_t cp)
+{
+    if (tok__is_letter(cp))
+        return C_LETTER;
+    if (tok__is_number(cp))
+        return C_NUMBER;
+    if (tok__is_space(cp))
+        return C_SPACE;
+    return C_OTHER;
+}
+
+static uint32_t cp_at(const unsigned char *p, size_t n, size_t i, size_t *len)
+{
+    *len = tok__utf8_len(p + i, n - i); /* the text was validated: never 0 */
+    return tok__utf8_decode(p + i, *len);
+}
+
+/* End of the run of class k starting at i. */
+static size_t run_end(const unsigned char *p, size_t n, size_t i, enum cls k)
+{
+    while (i < n) {
+        size_t l;
+        if (classify(cp_at(p, n, i, &l)) != k)
+            break;
+        i += l;
+    }
+    return i;
+}
+
+/* The regex's alternatives in order. */
+size_t tok__gpt2_next(const unsigned char *p, size_t n, size_t i)
+{
+    size_t l;
+    uint32_t c = cp_at(p, n, i, &l);
+    if (c == '\'' && i + 1 < n) { /* 's 't 're 've 'm 'll 'd (case-sensitive) */
+        unsigned char c1 = p[i + 1];
+        if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
+            return i + 2;
+        if (i + 2 < n && ((c1 == 'r' && p[i + 2] == 'e') || (c1 == 'v' && p[i + 2] == 'e') ||
+                          (c1 == 'l' && p[i + 2] == 'l')))
+            return i + 3;
+    }
+    if (c == ' ' && i + 1 < n) { /* ' ?' before a letter, number or other run */
+        size_t l2;
+        enum cls k = classify(cp_at(p, n, i + 1, &l2));
+        if (k != C_SPACE)
+            return run_end(p, n, i + 1, k);
+    }
+    enum cls k = classify(c);
+    if (k != C_SPACE)
+        return run_end(p, n, i, k);
+    /* \s+(?!\S): the whitespace run, less its last character when a non-space follows;
+     * \s+ catches a lone whitespace character before a non-space */
+    size_t last = i, j = i;
+    while (j < n) {
+        size_t lj;
+        if (!tok__is_space(cp_at(p, n, j, &lj)))
+            break;
+        last = j;
+        j += lj;
+    }
+    if (j == n || last == i)
+        return j;
+    return last;
+}
+
+static int encode_segment(struct bpe *w, const unsigned char *p, size_t n, struct tok__ids *out)
+{
+    for (size_t i = 0; i < n;) {
+        size_t end = tok__gpt2_next(p, n, i);
+        int rc = encode_word(w, p + i, end - i, out);
+        if (rc != 0)
+            return rc;
+        i = end;
+    }
+    return 0;
+}
+
+int tok__bpe_encode(const struct tok *t, const char *text, size_t len, struct tok__ids *out)
+{
+    const unsigned char *p = (const unsigned char *)text;
+    struct bpe w = {.t = t};
+    int rc = 0;
+    size_t seg = 0;
+    if (t->user.n_nodes > 0) { /* step 1 */
+        for (size_t i = 0; i < len;) {
+            size_t mlen = 0;
+            int32_t id = tok__match_user(t, text + i, len - i, &mlen);
+            if (id < 0) {
+                i += tok__utf8_len(p + i, len - i);
+                continue;
+            }
+            if ((rc = encode_segment(&w, p + seg, i - seg, out)) != 0 ||
+                (rc = tok__ids_push(out, id)) != 0)
+                goto out;
+            i += mlen;
+            seg = i;
+        }
+    }
+    rc = encode_segment(&w, p + seg, len - seg, out);
+out:
+    free(w.syms);
+    free(w.heap);
+    return rc;
+}

@@ -1,0 +1,498 @@
+/*
+ * tok_hfjson.c — Hugging Face tokenizer.json importer, for the two kinds of BPE this project
+ * implements:
+ *
+ *  - byte-level BPE (GPT-2): pre_tokenizer ByteLevel, no normalizer; vocab + merges by rank;
+ *  - Llama's SentencePiece BPE: byte_fallback, with either the legacy normalizer
+ *    Sequence[Prepend "▁", Replace " " -> "▁"] or a Metaspace pre-tokenizer that does not
+ *    split (prepend_scheme first/always). Hugging Face expresses SentencePiece's merges as a
+ *    ranked list of pairs; we turn ranks back into piece scores: a piece scores -r, r being
+ *    the rank of the first merge that produces it, so that "highest score first" picks the
+ *    merges in rank order (docs/TOKENIZER.md discusses the equivalence).
+ *
+ * added_tokens are folded into the vocabulary: "special" ones become control tokens (never
+ * produced from text), the others user-defined tokens (matched literally). Anything that
+ * would change how text is split and that we do not implement (other pre-tokenizers,
+ * normalizers, Metaspace splitting, ignore_merges, subword prefixes) is refused with
+ * ERR_UNSUPPORTED rather than silently giving different tokens.
+ */
+#include "tok_internal.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SPACE_MARK "\xE2\x96\x81" /* U+2581 */
+
+static const char *jtype(const json_t *v)
+{
+    if (!v)
+        return "missing";
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+static bool is_str(const json_t *v, const char *s)
+{
+    return json_is_string(v) && strcmp(json_string_value(v), s) == 0;
+}
+
+/* A boolean field that may be absent (then *out = dflt). */
+static int opt_bool(const char *what, const json_t *o, const char *field, bool dflt, bool *out)
+{
+    const json_t *v = json_object_get(o, field);
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_boolean(v)) {
+        LOG_ERR("%s: %s is %s, not a boolean", what, field, jtype(v));
+        return ERR_FORMAT;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* The normalizer of Llama's legacy tokenizer.json: Prepend "▁" (optional) and Replace " " by
+ * "▁", alone or in a Sequence. */
+static int legacy_normalizer(const char *what, const json_t *norm, bool *dummy)
+{
+    const json_t *list = norm;
+    json_t *single = NULL;
+    int rc = 0;
+    if (is_str(json_object_get(norm, "type"), "Sequence")) {
+        list = json_object_get(norm, "normalizers");
+        if (!json_is_array(list)) {
+            LOG_ERR("%s: normalizer.normalizers is %s, not an array", what, jtype(list));
+            return ERR_FORMAT;
+        }
+    } else {
+        list = single = json_array();
+        if (!single || json_array_append(single, (json_t *)norm) != 0) {
+            json_decref(single);
+            LOG_ERR("%s: out of memory", what);
+            return -ENOMEM;
+        }
+    }
+    bool replace = false;
+    *dummy = false;
+    size_t i;
+    const json_t *n;
+    json_array_foreach(list, i, n) {
+        const json_t *type = json_object_get(n, "type");
+        if (is_str(type, "Prepend") && is_str(json_object_get(n, "prepend"), SPACE_MARK)) {
+            *dummy = true;
+        } else if (is_str(type, "Replace") &&
+                   is_str(json_object_get(json_object_get(n, "pattern"), "String"), " ") &&
+                   is_str(json_object_get(n, "content"), SPACE_MARK)) {
+            replace = true;
+        } else {
+            LOG_ERR("%s: normalizer %s is not supported (only Prepend \"" SPACE_MARK
+                    "\" and Replace \" \" -> \"" SPACE_MARK "\", Llama's)", what,
+                    json_is_string(type) ? json_string_value(type) : "without a type");
+            rc = ERR_UNSUPPORTED;
+            goto out;
+        }
+    }
+    if (!replace) {
+        LOG_ERR("%s: the normalizer does not replace spaces by " SPACE_MARK
+                "; not a SentencePiece vocabulary this project reads", what);
+        rc = ERR_UNSUPPORTED;
+    }
+out:
+    json_decref(single);
+    return rc;
+}
+
+/* Which of our two algorithms the document describes. */
+static int detect_kind(const char *what, const json_t *root, enum tok_kind *kind, bool *dummy)
+{
+    const json_t *pre = json_object_get(root, "pre_tokenizer");
+    const json_t *norm = json_object_get(root, "normalizer");
+    bool has_norm = norm && !json_is_null(norm);
+    if (has_norm && !json_is_object(norm)) {
+        LOG_ERR("%s: normalizer is %s, not an object", what, jtype(norm));
+        return ERR_FORMAT;
+    }
+    if (!pre || json_is_null(pre)) {
+        if (!has_norm) {
+            LOG_ERR("%s: neither a pre_tokenizer nor a normalizer: not a byte-level "
+                    "(ByteLevel) nor a SentencePiece (Metaspace, Prepend/Replace) BPE", what);
+            return ERR_UNSUPPORTED;
+        }
+        *kind = TOK_SPM;
+        return legacy_normalizer(what, norm, dummy);
+    }
+    if (!json_is_object(pre)) {
+        LOG_ERR("%s: pre_tokenizer is %s, not an object", what, jtype(pre));
+        return ERR_FORMAT;
+    }
+    const json_t *type = json_object_get(pre, "type");
+    if (!json_is_string(type)) {
+        LOG_ERR("%s: pre_tokenizer.type is %s, not a string", what, jtype(type));
+        return ERR_FORMAT;
+    }
+    const char *ts = json_string_value(type);
+    int rc;
+    if (strcmp(ts, "ByteLevel") == 0) {
+        bool prefix, regex;
+        if ((rc = opt_bool(what, pre, "add_prefix_space", false, &prefix)) != 0 ||
+            (rc = opt_bool(what, pre, "use_regex", true, &regex)) != 0)
+            return rc;
+        if (prefix || !regex || has_norm) {
+            LOG_ERR("%s: ByteLevel pre_tokenizer with %s is not supported (GPT-2's form only)",
+                    what, prefix ? "add_prefix_space" : !regex ? "use_regex false"
+                                                               : "a normalizer");
+            return ERR_UNSUPPORTED;
+        }
+        *kind = TOK_BPE;
+        return 0;
+    }
+    if (strcmp(ts, "Metaspace") == 0) {
+        const json_t *split = json_object_get(pre, "split");
+        if (!is_str(json_object_get(pre, "replacement"), SPACE_MARK) || !json_is_false(split) ||
+            has_norm) {
+            LOG_ERR("%s: Metaspace pre_tokenizer %s is not supported (only replacement "
+                    SPACE_MARK " with split false, as Llama's)", what,
+                    !json_is_false(split) ? "that splits words" : "with that replacement or "
+                                                                   "a normalizer");
+            return ERR_UNSUPPORTED;
+        }
+        const json_t *scheme = json_object_get(pre, "prepend_scheme");
+        if (scheme && !json_is_null(scheme)) {
+            if (is_str(scheme, "first") || is_str(scheme, "always")) {
+                *dummy = true;
+            } else if (is_str(scheme, "never")) {
+                *dummy = false;
+            } else {
+                LOG_ERR("%s: Metaspace prepend_scheme is %s, not first, always or never", what,
+                        jtype(scheme));
+                return ERR_FORMAT;
+            }
+        } else if ((rc = opt_bool(what, pre, "add_prefix_space", true, dummy)) != 0) {
+            return rc;
+        }
+        *kind = TOK_SPM;
+        return 0;
+    }
+    LOG_ERR("%s: pre_tokenizer %s is not supported (ByteLevel for GPT-2, Metaspace for "
+            "Llama)", what, ts);
+    return ERR_UNSUPPORTED;
+}
+
+/* The id of an integer JSON value in 0 .. TOK_MAX_VOCAB-1. */
+static int get_id(const char *what, const char *field, const char *name, const json_t *v,
+                  uint32_t *out)
+{
+    if (!json_is_integer(v)) {
+        LOG_ERR("%s: %s '%.64s' has an id that is %s, not an integer", what, field, name,
+                jtype(v));
+        return ERR_FORMAT;
+    }
+    json_int_t id = json_integer_value(v);
+    if (id < 0 || id >= (json_int_t)TOK_MAX_VOCAB) {
+        LOG_ERR("%s: %s '%.64s' has id %lld, outside 0..%u", what, field, name, (long long)id,
+                TOK_MAX_VOCAB - 1);
+        return ERR_RANGE;
+    }
+    *out = (uint32_t)id;
+    return 0;
+}
+
+/* Left and right strings of merge i: "left right" or ["left", "right"]. */
+static int merge_sides(const char *what, size_t i, const json_t *m, const char **l,
+                       uint32_t *ll, const char **r, uint32_t *rl)
+{
+    if (json_is_string(m)) {
+        if (tok__split_merge(json_string_value(m), json_string_length(m), l, ll, r, rl))
+            return 0;
+        LOG_ERR("%s: model.merges[%zu] \"%.64s\" is not two tokens separated by a space", what,
+                i, json_string_value(m));
+        return ERR_FORMAT;
+    }
+    if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+        json_is_string(json_array_get(m, 1))) {
+        const json_t *a = json_array_get(m, 0), *b = json_array_get(m, 1);
+        if (json_string_length(a) <= TOK_MAX_PIECE && json_string_length(b) <= TOK_MAX_PIECE) {
+            *l = json_string_value(a);
+            *ll = (uint32_t)json_string_length(a);
+            *r = json_string_value(b);
+            *rl = (uint32_t)json_string_length(b);
+            return 0;
+        }
+    }
+    LOG_ERR("%s: model.merges[%zu] is %s, not \"left right\" or [\"left\", \"right\"]", what, i,
+            jtype(m));
+    return ERR_FORMAT;
+}
+
+/* vocab id of a string (not NUL-terminated), or -1 */
+static int32_t vocab_id(const json_t *vocab, const char *p, size_t len)
+{
+    const json_t *v = json_object_getn(vocab, p, len);
+    return json_is_integer(v) ? (int32_t)json_integer_value(v) : -1; /* ids checked before */
+}
+
+/* SPM: a piece's score is minus the rank of the first merge producing it. */
+static int scores_from_merges(const char *what, const json_t *vocab, const json_t *merges,
+                              struct tok__spec *s)
+{
+    size_t n_merges = json_array_size(merges);
+    if (n_merges > TOK_MAX_VOCAB) { /* ranks beyond 2^24 are not exact as float scores */
+        LOG_ERR("%s: %zu merges, more than the limit of %u for a SentencePiece vocabulary",
+                what, n_merges, TOK_MAX_VOCAB);
+        return ERR_RANGE;
+    }
+    bool *scored = calloc(s->n, sizeof *scored);
+    char *cat = malloc(2 * (size_t)TOK_MAX_PIECE);
+    int rc = 0;
+    if (!scored || !cat) {
+        LOG_ERR("%s: out of memory", what);
+        rc = -ENOMEM;
+        goto out;
+    }
+    size_t i;
+    const json_t *m;
+    json_array_foreach(merges, i, m) {
+        const char *l, *r;
+        uint32_t ll, rl;
+        if ((rc = merge_sides(what, i, m, &l, &ll, &r, &rl)) != 0)
+            goto out;
+        const char *missing = vocab_id(vocab, l, ll) < 0 ? l : vocab_id(vocab, r, rl) < 0 ? r
+                                                                                          : NULL;
+        if (missing) {
+            LOG_ERR("%s: model.merges[%zu]: '%.*s' is not in the vocabulary", what, i,
+                    (int)((missing == l ? ll : rl) > 64 ? 64 : (missing == l ? ll : rl)),
+                    missing);
+            rc = ERR_FORMAT;
+            goto out;
+        }
+        memcpy(cat, l, ll);
+        memcpy(cat + ll, r, rl);
+        int32_t id = vocab_id(vocab, cat, (size_t)ll + rl);
+        if (id < 0) {
+            LOG_ERR("%s: model.merges[%zu] ('%.*s', '%.*s'): the merged token is not in the "
+                    "vocabulary", what, i, (int)(ll > 64 ? 64 : ll), l, (int)(rl > 64 ? 64 : rl),
+                    r);
+            rc = ERR_FORMAT;
+            goto out;
+        }
+        if (!scored[id]) {
+            scored[id] = true;
+            s->score[id] = -(float)i;
+        }
+    }
+    for (uint32_t id = 0; id < s->n; id++) /* no merge makes them: below every merge */
+        if (!scored[id])
+            s->score[id] = -(float)n_merges - 1.0f;
+out:
+    free(cat);
+    free(scored);
+    return rc;
+}
+
+int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
+{
+    const json_t *model = json_object_get(root, "model");
+    if (!json_is_object(model)) {
+        LOG_ERR("%s: model is %s, not an object", what, jtype(model));
+        return ERR_FORMAT;
+    }
+    const json_t *mtype = json_object_get(model, "type");
+    if (!json_is_string(mtype)) {
+        LOG_ERR("%s: model.type is %s, not a string", what, jtype(mtype));
+        return ERR_FORMAT;
+    }
+    if (strcmp(json_string_value(mtype), "BPE") != 0) {
+        LOG_ERR("%s: model.type %.64s is not supported (only BPE)", what,
+                json_string_value(mtype));
+        return ERR_UNSUPPORTED;
+    }
+    const json_t *vocab = json_object_get(model, "vocab");
+    const json_t *merges = json_object_get(model, "merges");
+    const json_t *added = json_object_get(root, "added_tokens");
+    if (!json_is_object(vocab)) {
+        LOG_ERR("%s: model.vocab is %s, not an object", what, jtype(vocab));
+        return ERR_FORMAT;
+    }
+    if (!json_is_array(merges)) {
+        LOG_ERR("%s: model.merges is %s, not an array", what, jtype(merges));
+        return ERR_FORMAT;
+    }
+    if (added && !json_is_null(added) && !json_is_array(added)) {
+        LOG_ERR("%s: added_tokens is %s, not an array", what, jtype(added));
+        return ERR_FORMAT;
+    }
+    bool ignore_merges;
+    int rc = opt_bool(what, model, "ignore_merges", false, &ignore_merges);
+    if (rc != 0)
+        return rc;
+    const json_t *csp = json_object_get(model, "continuing_subword_prefix");
+    const json_t *eows = json_object_get(model, "end_of_word_suffix");
+    if (ignore_merges || (csp && !json_is_null(csp)) || (eows && !json_is_null(eows))) {
+        LOG_ERR("%s: model.%s is not supported", what,
+                ignore_merges ? "ignore_merges"
+                : csp && !json_is_null(csp) ? "continuing_subword_prefix"
+                                            : "end_of_word_suffix");
+        return ERR_UNSUPPORTED;
+    }
+    enum tok_kind kind;
+    bool dummy = false;
+    if ((rc = detect_kind(what, root, &kind, &dummy)) != 0)
+        return rc;
+
+    /* ids: vocab and added tokens together must number 0 .. n-1 */
+    uint32_t n = 0, id;
+    size_t entries = json_object_size(vocab);
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)vocab, key, v) {
+        if ((rc = get_id(what, "model.vocab token", key, v, &id)) != 0)
+            return rc;
+        n = id + 1 > n ? id + 1 : n;
+    }
+    size_t i;
+    const json_t *a;
+    json_array_foreach(added, i, a) {
+        const json_t *content = json_object_get(a, "content");
+        if (!json_is_object(a) || !json_is_string(content)) {
+            LOG_ERR("%s: added_tokens[%zu] is not an object with a string content", what, i);
+            return ERR_FORMAT;
+        }
+        if ((rc = get_id(what, "added token", json_string_value(content),
+                         json_object_get(a, "id"), &id)) != 0)
+            return rc;
+        n = id + 1 > n ? id + 1 : n;
+        entries++;
+    }
+    if (n == 0) {
+        LOG_ERR("%s: model.vocab is empty", what);
+        return ERR_FORMAT;
+    }
+    if (n > entries) { /* checked before allocating n entries */
+        LOG_ERR("%s: token ids go up to %u but there are only %zu tokens: ids must be "
+                "contiguous from 0", what, n - 1, entries);
+        return ERR_FORMAT;
+    }
+    struct tok__spec s;
+    if ((rc = tok__spec_init(&s, what, kind, n)) != 0)
+        return rc;
+    json_object_foreach((json_t *)vocab, key, v) {
+        id = (uint32_t)json_integer_value(v);
+        if (s.piece[id]) {
+            LOG_ERR("%s: model.vocab tokens '%.64s' and '%.64s' both have id %u", what,
+                    s.piece[id], key, id);
+            rc = ERR_FORMAT;
+            goto out;
+        }
+        s.piece[id] = key;
+        s.piece_len[id] = (uint32_t)(strlen(key) > TOK_MAX_PIECE + 1 ? TOK_MAX_PIECE + 1
+                                                                     : strlen(key));
+        s.type[id] = TOK_NORMAL;
+    }
+    json_array_foreach(added, i, a) {
+        const json_t *content = json_object_get(a, "content");
+        const char *c = json_string_value(content);
+        size_t clen = json_string_length(content);
+        id = (uint32_t)json_integer_value(json_object_get(a, "id"));
+        bool special;
+        if ((rc = opt_bool(what, a, "special", false, &special)) != 0)
+            goto out;
+        if (s.piece[id] && (s.piece_len[id] != clen || memcmp(s.piece[id], c, clen) != 0 ||
+                            s.type[id] != TOK_NORMAL)) {
+            LOG_ERR("%s: added_tokens[%zu] '%.64s' has id %u, already token '%.64s'", what, i, c,
+                    id, s.piece[id]);
+            rc = ERR_FORMAT;
+            goto out;
+        }
+        s.piece[id] = c;
+        s.piece_len[id] = (uint32_t)(clen > TOK_MAX_PIECE + 1 ? TOK_MAX_PIECE + 1 : clen);
+        s.type[id] = special ? TOK_CONTROL : TOK_USER_DEFINED;
+    }
+    for (id = 0; id < n; id++) {
+        if (!s.piece[id]) {
+            LOG_ERR("%s: no token has id %u: ids must be contiguous from 0", what, id);
+            rc = ERR_FORMAT;
+            goto out;
+        }
+    }
+
+    const json_t *unk = json_object_get(model, "unk_token");
+    if (unk && !json_is_null(unk)) {
+        int32_t uid = json_is_string(unk) ? vocab_id(vocab, json_string_value(unk),
+                                                     json_string_length(unk))
+                                          : -1;
+        if (uid < 0) {
+            LOG_ERR("%s: model.unk_token %s%.64s%s is not a token of model.vocab", what,
+                    json_is_string(unk) ? "'" : "", json_is_string(unk) ? json_string_value(unk)
+                                                                        : jtype(unk),
+                    json_is_string(unk) ? "'" : "");
+            rc = ERR_FORMAT;
+            goto out;
+        }
+        s.unk = uid;
+        s.type[uid] = TOK_UNKNOWN;
+    }
+    if (kind == TOK_SPM) {
+        if ((rc = opt_bool(what, model, "byte_fallback", false, &s.byte_fallback)) != 0)
+            goto out;
+        if (s.byte_fallback)
+            for (id = 0; id < n; id++)
+                if (s.type[id] == TOK_NORMAL &&
+                    tok__parse_byte_piece(s.piece[id], s.piece_len[id]) >= 0)
+                    s.type[id] = TOK_BYTE;
+        s.add_dummy_prefix = dummy;
+        s.remove_extra_whitespaces = false;
+        s.add_bos = true;
+        s.bos = vocab_id(vocab, "<s>", 3);
+        s.eos = vocab_id(vocab, "</s>", 4);
+        if ((rc = scores_from_merges(what, vocab, merges, &s)) != 0)
+            goto out;
+    } else {
+        size_t nm = json_array_size(merges);
+        if (nm > UINT32_MAX / 2) {
+            LOG_ERR("%s: too many merges (%zu)", what, nm);
+            rc = ERR_RANGE;
+            goto out;
+        }
+        s.pre = TOK_PRE_GPT2;
+        s.n_merges = (uint32_t)nm;
+        s.merge_str = malloc((nm ? 2 * nm : 1) * sizeof *s.merge_str);
+        s.merge_str_len = malloc((nm ? 2 * nm : 1) * sizeof *s.merge_str_len);
+        if (!s.merge_str || !s.merge_str_len) {
+            LOG_ERR("%s: out of memory for %zu merges", what, nm);
+            rc = -ENOMEM;
+            goto out;
+        }
+        const json_t *m;
+        json_array_foreach(merges, i, m) {
+            if ((rc = merge_sides(what, i, m, &s.merge_str[2 * i], &s.merge_str_len[2 * i],
+                                  &s.merge_str[2 * i + 1], &s.merge_str_len[2 * i + 1])) != 0)
+                goto out;
+        }
+        /* GPT-2's one special token is both (tokenizer_config.json, which we do not read) */
+        int32_t eot = -1;
+        for (id = 0; id < n && eot < 0; id++)
+            if (s.piece_len[id] == 13 && memcmp(s.piece[id], "<|endoftext|>", 13) == 0)
+                eot = (int32_t)id;
+        s.bos = s.eos = eot;
+        s.add_bos = false;
+    }
+    rc = tok__build(&s, out);
+out:
+    free((void *)s.merge_str);
+    free(s.merge_str_len);
+    tok__spec_fini(&s);
+    return rc;
+}

@@ -1,0 +1,332 @@
+/*
+ * tok_iejson.c — tokenizer.ie.json, the tokenizer form IEBIN model directories carry
+ * (specification: docs/TOKENIZER.md). tok_save_json writes everything a struct tok holds, so
+ * any source converts losslessly; tok__load_ie_json reads it back with the same strictness as
+ * the IEBIN manifest: required keys must be present with the right types, unknown keys are
+ * ignored (forward compatibility within version 1), a different version is refused.
+ *
+ * The document is compact JSON (one line): it is an artifact read by programs, and a 32000-
+ * token vocabulary stays around 1 MB.
+ */
+#include "tok_internal.h"
+
+#include "err.h"
+#include "log.h"
+
+#include <errno.h>
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define IE_FORMAT "clocher-tokenizer"
+#define IE_VERSION 1
+
+static const char *jtype(const json_t *v)
+{
+    if (!v)
+        return "missing";
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+bool tok__json_is_ie(const json_t *root)
+{
+    const json_t *f = json_object_get(root, "format");
+    return json_is_string(f) && strcmp(json_string_value(f), IE_FORMAT) == 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* reading                                                                                  */
+
+static int req_bool(const char *what, const json_t *root, const char *key, bool *out)
+{
+    const json_t *v = json_object_get(root, key);
+    if (!json_is_boolean(v)) {
+        LOG_ERR("%s: %s is %s, not a boolean", what, key, jtype(v));
+        return ERR_FORMAT;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* A token id or null (-1). */
+static int req_id(const char *what, const json_t *root, const char *key, int32_t *out)
+{
+    const json_t *v = json_object_get(root, key);
+    if (json_is_null(v)) {
+        *out = -1;
+        return 0;
+    }
+    if (!json_is_integer(v)) {
+        LOG_ERR("%s: %s is %s, not a token id or null", what, key, jtype(v));
+        return ERR_FORMAT;
+    }
+    json_int_t id = json_integer_value(v);
+    if (id < 0 || id >= (json_int_t)TOK_MAX_VOCAB) {
+        LOG_ERR("%s: %s = %lld is not a token id", what, key, (long long)id);
+        return ERR_RANGE;
+    }
+    *out = (int32_t)id;
+    return 0;
+}
+
+/* An array of exactly n elements (n == 0: any length, returned in *n). */
+static int req_array(const char *what, const json_t *root, const char *key, size_t *n,
+                     const json_t **out)
+{
+    const json_t *v = json_object_get(root, key);
+    if (!json_is_array(v)) {
+        LOG_ERR("%s: %s is %s, not an array", what, key, jtype(v));
+        return ERR_FORMAT;
+    }
+    if (*n != 0 && json_array_size(v) != *n) {
+        LOG_ERR("%s: %s has %zu elements; tokens has %zu", what, key, json_array_size(v), *n);
+        return ERR_FORMAT;
+    }
+    *n = json_array_size(v);
+    *out = v;
+    return 0;
+}
+
+int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
+{
+    if (!tok__json_is_ie(root)) {
+        const json_t *f = json_object_get(root, "format");
+        LOG_ERR("%s: format is %s%.64s%s, not \"" IE_FORMAT "\"", what,
+                json_is_string(f) ? "\"" : "", json_is_string(f) ? json_string_value(f) : jtype(f),
+                json_is_string(f) ? "\"" : "");
+        return ERR_FORMAT;
+    }
+    const json_t *ver = json_object_get(root, "version");
+    if (!json_is_integer(ver)) {
+        LOG_ERR("%s: version is %s, not an integer", what, jtype(ver));
+        return ERR_FORMAT;
+    }
+    if (json_integer_value(ver) != IE_VERSION) {
+        LOG_ERR("%s: version %lld is not supported (this build reads version %d)", what,
+                (long long)json_integer_value(ver), IE_VERSION);
+        return ERR_UNSUPPORTED;
+    }
+    const json_t *kv = json_object_get(root, "kind");
+    if (!json_is_string(kv)) {
+        LOG_ERR("%s: kind is %s, not a string", what, jtype(kv));
+        return ERR_FORMAT;
+    }
+    enum tok_kind kind;
+    if (strcmp(json_string_value(kv), "spm") == 0) {
+        kind = TOK_SPM;
+    } else if (strcmp(json_string_value(kv), "bpe") == 0) {
+        kind = TOK_BPE;
+    } else {
+        LOG_ERR("%s: kind \"%.64s\" is not supported (spm, bpe)", what, json_string_value(kv));
+        return ERR_UNSUPPORTED;
+    }
+    size_t n = 0, nt;
+    const json_t *tokens, *types, *scores = NULL, *merges = NULL;
+    int rc = req_array(what, root, "tokens", &n, &tokens);
+    if (rc != 0)
+        return rc;
+    if (n == 0) {
+        LOG_ERR("%s: tokens is empty", what);
+        return ERR_FORMAT;
+    }
+    if (n > TOK_MAX_VOCAB) {
+        LOG_ERR("%s: %zu tokens, more than the limit of %u", what, n, TOK_MAX_VOCAB);
+        return ERR_RANGE;
+    }
+    nt = n;
+    if ((rc = req_array(what, root, "types", &nt, &types)) != 0)
+        return rc;
+    if (kind == TOK_SPM) {
+        nt = n;
+        if ((rc = req_array(what, root, "scores", &nt, &scores)) != 0)
+            return rc;
+    } else {
+        size_t nm = 0;
+        if ((rc = req_array(what, root, "merges", &nm, &merges)) != 0)
+            return rc;
+        if (nm > UINT32_MAX / 2) {
+            LOG_ERR("%s: too many merges (%zu)", what, nm);
+            return ERR_RANGE;
+        }
+        const json_t *pre = json_object_get(root, "pre_tokenizer");
+        if (!json_is_string(pre)) {
+            LOG_ERR("%s: pre_tokenizer is %s, not a string", what, jtype(pre));
+            return ERR_FORMAT;
+        }
+        if (strcmp(json_string_value(pre), "gpt2") != 0) {
+            LOG_ERR("%s: pre_tokenizer \"%.64s\" is not supported (gpt2)", what,
+                    json_string_value(pre));
+            return ERR_UNSUPPORTED;
+        }
+    }
+
+    struct tok__spec s;
+    if ((rc = tok__spec_init(&s, what, kind, (uint32_t)n)) != 0)
+        return rc;
+    int32_t *merge_ids = NULL;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *p = json_array_get(tokens, i), *ty = json_array_get(types, i);
+        if (!json_is_string(p)) {
+            LOG_ERR("%s: tokens[%zu] is %s, not a string", what, i, jtype(p));
+            rc = ERR_FORMAT;
+            goto out;
+        }
+        size_t len = json_string_length(p);
+        s.piece[i] = json_string_value(p);
+        s.piece_len[i] = (uint32_t)(len > TOK_MAX_PIECE + 1 ? TOK_MAX_PIECE + 1 : len);
+        int type = json_is_string(ty) ? tok__type_from_name(json_string_value(ty)) : 0;
+        if (type == 0) {
+            LOG_ERR("%s: types[%zu] is %s%.32s%s, not one of normal, unknown, control, "
+                    "user_defined, unused, byte", what, i, json_is_string(ty) ? "\"" : "",
+                    json_is_string(ty) ? json_string_value(ty) : jtype(ty),
+                    json_is_string(ty) ? "\"" : "");
+            rc = ERR_FORMAT;
+            goto out;
+        }
+        s.type[i] = (uint8_t)type;
+        if (scores) {
+            const json_t *sc = json_array_get(scores, i);
+            double d = json_number_value(sc);
+            if (!json_is_number(sc) || !(d >= -FLT_MAX && d <= FLT_MAX)) {
+                LOG_ERR("%s: scores[%zu] is %s, not a number in float range", what, i,
+                        jtype(sc));
+                rc = ERR_FORMAT;
+                goto out;
+            }
+            s.score[i] = (float)d;
+        }
+    }
+    if ((rc = req_id(what, root, "bos", &s.bos)) != 0 ||
+        (rc = req_id(what, root, "eos", &s.eos)) != 0 ||
+        (rc = req_id(what, root, "unk", &s.unk)) != 0 ||
+        (rc = req_bool(what, root, "add_bos", &s.add_bos)) != 0)
+        goto out;
+    if (kind == TOK_SPM) {
+        if ((rc = req_bool(what, root, "add_dummy_prefix", &s.add_dummy_prefix)) != 0 ||
+            (rc = req_bool(what, root, "remove_extra_whitespaces",
+                           &s.remove_extra_whitespaces)) != 0 ||
+            (rc = req_bool(what, root, "byte_fallback", &s.byte_fallback)) != 0)
+            goto out;
+    } else {
+        s.pre = TOK_PRE_GPT2;
+        size_t nm = json_array_size(merges);
+        if (!(merge_ids = malloc((nm ? 2 * nm : 1) * sizeof *merge_ids))) {
+            LOG_ERR("%s: out of memory for %zu merges", what, nm);
+            rc = -ENOMEM;
+            goto out;
+        }
+        for (size_t r = 0; r < nm; r++) {
+            const json_t *m = json_array_get(merges, r);
+            const json_t *a = json_array_get(m, 0), *b = json_array_get(m, 1);
+            if (!json_is_array(m) || json_array_size(m) != 2 || !json_is_integer(a) ||
+                !json_is_integer(b)) {
+                LOG_ERR("%s: merges[%zu] is %s, not a pair of token ids [left, right]", what, r,
+                        jtype(m));
+                rc = ERR_FORMAT;
+                goto out;
+            }
+            json_int_t l = json_integer_value(a), rr = json_integer_value(b);
+            if (l < 0 || l >= (json_int_t)n || rr < 0 || rr >= (json_int_t)n) {
+                LOG_ERR("%s: merges[%zu] = [%lld, %lld] names an id outside the vocabulary of "
+                        "%zu tokens", what, r, (long long)l, (long long)rr, n);
+                rc = ERR_FORMAT;
+                goto out;
+            }
+            merge_ids[2 * r] = (int32_t)l;
+            merge_ids[2 * r + 1] = (int32_t)rr;
+        }
+        s.n_merges = (uint32_t)nm;
+        s.merge_ids = merge_ids;
+    }
+    rc = tok__build(&s, out);
+out:
+    free(merge_ids);
+    tok__spec_fini(&s);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* writing                                                                                  */
+
+static json_t *id_or_null(int32_t id)
+{
+    return id >= 0 ? json_integer(id) : json_null();
+}
+
+/* json_object_set_new that remembers a failure (a NULL value or an allocation error). */
+static void put(json_t *o, const char *key, json_t *v, bool *ok)
+{
+    if (!v || json_object_set_new(o, key, v) != 0)
+        *ok = false;
+}
+
+int tok_save_json(const struct tok *t, char **json, size_t *len)
+{
+    *json = NULL;
+    *len = 0;
+    bool ok = true;
+    json_t *root = json_object();
+    json_t *tokens = json_array(), *types = json_array();
+    json_t *scores = t->kind == TOK_SPM ? json_array() : NULL;
+    json_t *merges = t->kind == TOK_BPE ? json_array() : NULL;
+    if (!root || !tokens || !types || (t->kind == TOK_SPM ? !scores : !merges)) {
+        json_decref(tokens);
+        json_decref(types);
+        json_decref(scores);
+        json_decref(merges);
+        ok = false;
+        goto out;
+    }
+    put(root, "format", json_string(IE_FORMAT), &ok);
+    put(root, "version", json_integer(IE_VERSION), &ok);
+    put(root, "kind", json_string(t->kind == TOK_SPM ? "spm" : "bpe"), &ok);
+    put(root, "bos", id_or_null(t->bos), &ok);
+    put(root, "eos", id_or_null(t->eos), &ok);
+    put(root, "unk", id_or_null(t->unk), &ok);
+    put(root, "add_bos", json_boolean(t->add_bos), &ok);
+    if (t->kind == TOK_SPM) {
+        put(root, "add_dummy_prefix", json_boolean(t->add_dummy_prefix), &ok);
+        put(root, "remove_extra_whitespaces", json_boolean(t->remove_extra_whitespaces), &ok);
+        put(root, "byte_fallback", json_boolean(t->byte_fallback), &ok);
+    } else {
+        put(root, "pre_tokenizer", json_string("gpt2"), &ok);
+    }
+    for (uint32_t i = 0; i < t->n && ok; i++) {
+        const struct tok__token *k = &t->tokens[i];
+        /* strings were validated as UTF-8 without NUL: json_stringn cannot refuse them */
+        ok = json_array_append_new(tokens, json_stringn(t->strs + k->str_off, k->str_len)) == 0 &&
+             json_array_append_new(types, json_string(tok__type_name(k->type))) == 0 &&
+             (!scores || json_array_append_new(scores, json_real(k->score)) == 0);
+    }
+    for (uint32_t r = 0; merges && r < t->n_merges && ok; r++) {
+        json_t *pair = json_pack("[ii]", t->merges[r].left, t->merges[r].right);
+        ok = pair && json_array_append_new(merges, pair) == 0;
+    }
+    put(root, "tokens", tokens, &ok);
+    put(root, "types", types, &ok);
+    if (scores)
+        put(root, "scores", scores, &ok);
+    if (merges)
+        put(root, "merges", merges, &ok);
+    if (ok) {
+        *json = json_dumps(root, JSON_COMPACT);
+        ok = *json != NULL;
+    }
+out:
+    json_decref(root);
+    if (!ok) {
+        LOG_ERR("writing tokenizer.ie.json: out of memory");
+        return -ENOMEM;
+    }
+    *len = strlen(*json);
+    return 0;
+}

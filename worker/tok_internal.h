@@ -1,0 +1,168 @@
+/*
+ * tok_internal.h — private to the tokenizer module (worker/tok*.c): the loaded vocabulary,
+ * the builder every importer feeds, and the helpers the files share. Not a folder-wide
+ * header: nothing outside tok*.c includes it (hence the tok__ prefix rather than worker__).
+ *
+ * How the files divide the work:
+ *   tok.c         builder and validation, lookups, accessors, decoding and streaming
+ *   tok_spm.c     SentencePiece BPE encoding (merges by piece score)
+ *   tok_bpe.c     byte-level BPE encoding (GPT-2 pre-tokenizer, merges by rank)
+ *   tok_unicode.c UTF-8 and the Unicode classes of the pre-tokenizer
+ *   tok_load.c    tok_load/tok_load_mem dispatch; tokenizer.model, tokenizer.bin, GGUF
+ *   tok_hfjson.c  Hugging Face tokenizer.json
+ *   tok_iejson.c  tokenizer.ie.json (load and save)
+ */
+#ifndef CLOCHER_WORKER_TOK_INTERNAL_H
+#define CLOCHER_WORKER_TOK_INTERNAL_H
+
+#include "tok.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The pre-tokenizer of a byte-level BPE vocabulary (only GPT-2's regex so far). */
+enum tok_pre { TOK_PRE_NONE = 0, TOK_PRE_GPT2 = 1 };
+
+struct tok__token {
+    uint32_t str_off;  /* vocabulary string in tok.strs, NUL-terminated */
+    uint32_t str_len;
+    uint32_t text_off; /* decoded bytes in tok.text (what tok_piece returns) */
+    uint32_t text_len;
+    float score;       /* SPM merge priority of this piece (higher merges first) */
+    uint8_t type;      /* enum tok_type */
+};
+
+/* A byte-level BPE merge, in rank order: left + right -> result (ids). */
+struct tok__merge {
+    int32_t left, right, result;
+};
+
+/* Longest-match of user-defined pieces: a byte trie whose edges live in one hash table. */
+struct tok__trie {
+    uint64_t *keys;    /* (parent node << 8 | byte) + 1; 0 = empty */
+    uint32_t *child;   /* node reached by the edge */
+    uint64_t mask;     /* table capacity - 1 */
+    int32_t *node_id;  /* [n_nodes] token ending at the node, -1 for none */
+    uint32_t n_nodes;
+};
+
+struct tok {
+    enum tok_kind kind;
+    uint32_t n;                /* vocabulary size */
+    struct tok__token *tokens; /* [n] */
+    char *strs;                /* vocabulary strings back to back, each NUL-terminated */
+    char *text;                /* decoded bytes back to back */
+    uint32_t *piece_slots;     /* string -> id hash: id + 1, 0 = empty; [piece_mask + 1] */
+    uint64_t piece_mask;
+    int32_t bos, eos, unk;     /* -1 = none */
+    bool add_bos;
+    size_t max_text;           /* longest decoded token, bytes */
+    uint32_t max_str;          /* longest vocabulary string, bytes */
+
+    /* SPM */
+    bool add_dummy_prefix, remove_extra_whitespaces, byte_fallback;
+    int32_t byte_id[256];      /* the <0xNN> token of each byte, -1 if absent */
+
+    /* byte-level BPE */
+    enum tok_pre pre;
+    uint32_t n_merges;
+    struct tok__merge *merges; /* [n_merges] by rank */
+    uint64_t *merge_keys;      /* (left << 32 | right) + 1, 0 = empty; [merge_mask + 1] */
+    uint32_t *merge_rank;      /* parallel to merge_keys */
+    uint64_t merge_mask;
+    int32_t byte_char_id[256]; /* the token spelling each byte (one byte-level character) */
+
+    struct tok__trie user;     /* user-defined tokens, when any */
+};
+
+/*
+ * What an importer hands to tok__build: borrowed arrays describing the vocabulary. Pieces need
+ * not be NUL-terminated; the builder copies what it keeps and validates everything.
+ * Merges (byte-level BPE only) come either as strings (merge_str: left and right piece) or as
+ * ids (merge_ids), in rank order.
+ */
+struct tok__spec {
+    const char *what;      /* the source, for messages */
+    enum tok_kind kind;
+    uint32_t n;
+    const char **piece;    /* [n] */
+    uint32_t *piece_len;   /* [n] */
+    float *score;          /* [n], SPM */
+    uint8_t *type;         /* [n] enum tok_type */
+    int32_t bos, eos, unk; /* -1 = none */
+    bool add_bos;
+    bool add_dummy_prefix, remove_extra_whitespaces, byte_fallback; /* SPM */
+    enum tok_pre pre;      /* BPE */
+    uint32_t n_merges;
+    const char **merge_str;    /* [2 * n_merges]: left, right */
+    uint32_t *merge_str_len;   /* [2 * n_merges] */
+    const int32_t *merge_ids;  /* [2 * n_merges]: left, right */
+};
+
+/* Allocates the per-token arrays of a spec (piece, piece_len, score, type; zeroed) and sets
+ * defaults (no special ids). 0 or -ENOMEM (logged). */
+int tok__spec_init(struct tok__spec *s, const char *what, enum tok_kind kind, uint32_t n);
+void tok__spec_fini(struct tok__spec *s);
+/* Validates a spec and builds the tokenizer. ERR_FORMAT / ERR_RANGE / -ENOMEM, logged naming
+ * the source, the token or merge and the fault. */
+int tok__build(const struct tok__spec *s, struct tok **out);
+
+/* The id of a vocabulary string, or -1. */
+int32_t tok__find(const struct tok *t, const char *p, size_t len);
+/* The rank of merge (left, right), or -1. */
+int64_t tok__merge_rank(const struct tok *t, int32_t left, int32_t right);
+/* Longest user-defined token that prefixes p[0..len): its id and byte length, or -1. */
+int32_t tok__match_user(const struct tok *t, const char *p, size_t len, size_t *match_len);
+
+/* Names of enum tok_type in documents ("normal", ...); NULL for an invalid value. */
+const char *tok__type_name(int type);
+int tok__type_from_name(const char *name); /* 0 when unknown */
+/* Parses "<0xNN>" (two upper- or lower-case hex digits); the byte or -1. */
+int tok__parse_byte_piece(const char *p, size_t len);
+
+/* ---- importers (tok_load.c, tok_hfjson.c, tok_iejson.c) ---- */
+/* Parses a JSON document (duplicate keys rejected). ERR_FORMAT, logged naming where. */
+int tok__json_parse(const char *buf, size_t len, const char *what, json_t **root);
+/* The document's kind: tokenizer.ie.json when its "format" says so, else Hugging Face's. */
+bool tok__json_is_ie(const json_t *root);
+int tok__load_hf_json(const json_t *root, const char *what, struct tok **out);
+int tok__load_ie_json(const json_t *root, const char *what, struct tok **out);
+/* Splits a merge written "left right" at its first space after the first byte; false when
+ * there is none or a side is empty. */
+bool tok__split_merge(const char *s, size_t len, const char **left, uint32_t *left_len,
+                      const char **right, uint32_t *right_len);
+
+/* ---- growable id array used by the encoders ---- */
+struct tok__ids {
+    int32_t *v;
+    size_t n, cap;
+};
+int tok__ids_push(struct tok__ids *a, int32_t id); /* 0 or -ENOMEM (not logged) */
+
+/* Encoders: append the ids of already validated UTF-8 text. 0 or -ENOMEM (not logged). */
+int tok__spm_encode(const struct tok *t, const char *text, size_t len, struct tok__ids *out);
+int tok__bpe_encode(const struct tok *t, const char *text, size_t len, struct tok__ids *out);
+/* GPT-2 pre-tokenizer: the end of the pre-token starting at i (< n) of valid UTF-8 p. */
+size_t tok__gpt2_next(const unsigned char *p, size_t n, size_t i);
+
+/* ---- UTF-8 and Unicode (tok_unicode.c) ---- */
+/* Length of the valid UTF-8 sequence at p (1..4), or 0 if p[0..n) does not start with one
+ * (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF). */
+size_t tok__utf8_len(const unsigned char *p, size_t n);
+/* Offset of the first invalid byte of p[0..n), or n when all is valid UTF-8. */
+size_t tok__utf8_check(const char *p, size_t n);
+/* Decodes the valid sequence of length len at p. */
+uint32_t tok__utf8_decode(const unsigned char *p, size_t len);
+/* Encodes cp (<= 0x10FFFF, not a surrogate) into out[4]; returns the length. */
+size_t tok__utf8_encode(uint32_t cp, char *out);
+bool tok__is_letter(uint32_t cp);     /* \p{L} */
+bool tok__is_number(uint32_t cp);     /* \p{N} */
+bool tok__is_space(uint32_t cp);      /* \s: the Unicode White_Space property */
+
+/* GPT-2's byte <-> character mapping of byte-level BPE. */
+uint32_t tok__byte_to_cp(uint8_t b);
+int tok__cp_to_byte(uint32_t cp);     /* -1 outside the 256 characters */
+
+#endif
