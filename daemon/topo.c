@@ -225,7 +225,8 @@ static int discover_sysfs(const char *root, struct topo *t)
         if ((rc = add_node(t, id, cpus, n)) < 0)
             goto out;
     }
-    qsort(t->nodes, t->n_nodes, sizeof *t->nodes, cmp_node);
+    if (t->n_nodes > 1)
+        qsort(t->nodes, t->n_nodes, sizeof *t->nodes, cmp_node);
     /* a CPU belongs to one node; a tree saying otherwise is not a machine */
     for (size_t i = 0; i < t->n_nodes; i++)
         for (size_t j = i + 1; j < t->n_nodes; j++)
