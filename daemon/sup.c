@@ -160,7 +160,7 @@ static const char *num(struct argv_buf *a, int i, unsigned long long v)
  * Environment of a worker: ours, minus the variables the configuration owns, plus those.
  * NOTIFY_SOCKET and WATCHDOG_* are systemd's contract with clocherd alone.
  */
-static char **worker_env(const struct config *c, char *own[4])
+static char **worker_env(const struct config *c, char own[2][64])
 {
     size_t n = 0;
     while (environ[n])
@@ -236,7 +236,7 @@ static void spawn(struct sup_slot *ss)
         snprintf(adapter_args[i], len, "%s=%s", c->adapters[i].name, c->adapters[i].dir);
         arg(&a, "--adapter"), arg(&a, adapter_args[i]);
     }
-    char own_buf[2][64], *own[4] = {own_buf[0], own_buf[1], NULL, NULL};
+    char own[2][64];
     char **env = worker_env(c, own);
 
     uv_stdio_container_t stdio[REGION_FD + 1] = {
@@ -254,7 +254,8 @@ static void spawn(struct sup_slot *ss)
         .stdio = stdio,
     };
     uv_process_t *p = calloc(1, sizeof *p);
-    rc = (!p || !env || !adapter_args) ? UV_ENOMEM : uv_spawn(s->loop, p, &po);
+    bool spawned = p && env && adapter_args;
+    rc = spawned ? uv_spawn(s->loop, p, &po) : UV_ENOMEM;
     for (size_t i = 0; adapter_args && i < c->n_adapters; i++)
         free(adapter_args[i]);
     free(adapter_args);
@@ -265,8 +266,8 @@ static void spawn(struct sup_slot *ss)
         /* libuv reports exec failures (ENOENT, EACCES) synchronously */
         char why[160];
         snprintf(why, sizeof why, "spawning %s failed: %s", s->worker_binary, uv_strerror(rc));
-        if (p && rc != UV_ENOMEM)
-            uv_close((uv_handle_t *)p, close_proc);
+        if (spawned)
+            uv_close((uv_handle_t *)p, close_proc); /* libuv: a failed spawn is still closed */
         else
             free(p);
         workers_region_put(wr);
