@@ -72,22 +72,29 @@ int tok__parse_byte_piece(const char *p, size_t len)
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
-/* A piece for messages: printable, escaped, at most ~48 bytes, always NUL-terminated. */
+/* A piece for messages: control characters, quotes, backslashes and bytes that are not valid
+ * UTF-8 escaped; at most ~48 bytes; always NUL-terminated. */
 static const char *quote(const char *p, size_t len, char *buf, size_t cap)
 {
     size_t o = 0;
-    for (size_t i = 0; i < len && o + 8 < cap; i++) {
+    for (size_t i = 0; i < len && o + 8 < cap;) {
         unsigned char c = (unsigned char)p[i];
+        size_t cl = tok__utf8_len((const unsigned char *)p + i, len - i);
         if (o > 48) {
             o += (size_t)snprintf(buf + o, cap - o, "...");
             break;
         }
-        if (c == '\\' || c == '\'')
+        if (c == '\\' || c == '\'') {
             o += (size_t)snprintf(buf + o, cap - o, "\\%c", c);
-        else if (c < 0x20 || c == 0x7F)
+        } else if (cl == 0 || c < 0x20 || c == 0x7F) {
             o += (size_t)snprintf(buf + o, cap - o, "\\x%02X", c);
-        else
-            buf[o++] = (char)c;
+        } else {
+            memcpy(buf + o, p + i, cl);
+            o += cl;
+            i += cl;
+            continue;
+        }
+        i++;
     }
     buf[o] = '\0';
     return buf;
