@@ -78,7 +78,7 @@ int tok_piece(const struct tok *t, int32_t id, const char **bytes, size_t *len);
  * generated after a prompt), so a leading space is kept. */
 struct tok_stream {
     const struct tok *tok;
-    bool at_start;   /* SPM: the next text piece loses its dummy-prefix space */
+    bool at_start;   /* nothing decoded yet: SPM drops a first "▁" (the dummy prefix) */
     uint8_t pend[8]; /* bytes of an incomplete UTF-8 sequence */
     size_t n_pend;
 };

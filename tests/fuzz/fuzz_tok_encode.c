@@ -98,7 +98,7 @@ static void byte_char(int b, char out[3])
 static struct tok *build_bpe(void)
 {
     /* extra tokens 256.. and merges over them (by token string) */
-    static const char *const extra[] = {"\xC4\xA0t", "he", "\xC4\xA0the", "in", "\xC4\xA0" "a",
+    static const char *const extra[] = {"\xC4\xA0t", "he", "\xC4\xA0the", "in", "\xC4\xA0\x61",
                                         "er", "aa", "\xC3\xB0\xC5\x81" /* bytes F0 9F */,
                                         "\xC4\xA0\xC4\xA0"};
     static const char *const merges[][2] = {
