@@ -37,7 +37,7 @@ enum tok_type {
 #define TOK_MAX_VOCAB (1u << 24)        /* tokens in a vocabulary */
 #define TOK_MAX_PIECE 65535u            /* bytes of one vocabulary string */
 #define TOK_MAX_FILE (512ull << 20)     /* tokenizer.json / .model / .bin / .ie.json size */
-#define TOK_MAX_TEXT (1u << 30)         /* bytes of text in one tok_encode call */
+#define TOK_MAX_TEXT (256u << 20)       /* bytes of text in one tok_encode call */
 
 struct tok;
 

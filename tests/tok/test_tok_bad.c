@@ -790,6 +790,15 @@ static void bad_text_and_ids(void **state)
             assert_null(ids);
             assert_int_equal(n, 0);
         }
+        /* refused by its length alone, before the text is read */
+        int32_t *big_ids;
+        size_t big_n;
+        tu_log_capture_begin();
+        assert_int_equal(
+            tok_encode(toks[k], "x", (size_t)TOK_MAX_TEXT + 1, false, &big_ids, &big_n),
+            ERR_RANGE);
+        tu_assert_log_contains("more than the limit of 268435456", NULL);
+        tu_log_capture_end();
         uint32_t nv = tok_vocab_size(toks[k]);
         const int32_t ids[3] = {1, (int32_t)nv, 2};
         char *text = (char *)1;
