@@ -484,6 +484,15 @@ static void bad_hf_json(void **state)
     expect_fail_json(d, "hf-json", ERR_UNSUPPORTED, "model.ignore_merges", NULL);
     d = hf_bpe_doc();
     set_bytelevel(d);
+    json_object_set_new(json_object_get(d, "model"), "continuing_subword_prefix",
+                        json_string("##"));
+    expect_fail_json(d, "hf-json", ERR_UNSUPPORTED, "model.continuing_subword_prefix", NULL);
+    d = hf_bpe_doc();
+    set_bytelevel(d);
+    json_object_set_new(json_object_get(d, "model"), "dropout", json_real(0.1));
+    expect_fail_json(d, "hf-json", ERR_UNSUPPORTED, "model.dropout is not supported", NULL);
+    d = hf_bpe_doc();
+    set_bytelevel(d);
     json_array_append_new(json_object_get(json_object_get(d, "model"), "merges"),
                           json_string("\xC4\xA0 zz"));
     expect_fail_json(d, "hf-json", ERR_FORMAT, "merge 1: 'zz' is not in the vocabulary", NULL);
