@@ -640,6 +640,10 @@ int tok_load(const char *path, struct tok **out)
         free(buf);
         return rc;
     }
+    if (!S_ISREG(st.st_mode)) { /* not even peeked at: a FIFO would block */
+        LOG_ERR("tokenizer %s is not a regular file or a directory", path);
+        return ERR_FORMAT;
+    }
     /* GGUF files can be whole models: map them (gguf_open) rather than read them */
     char magic[4] = {0};
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -760,6 +760,8 @@ static void bad_paths(void **state)
     tu_assert_log_contains("vocab.txt: cannot tell the tokenizer format", NULL);
     assert_int_equal(tok_load(dir, &t), -ENOENT);
     tu_assert_log_contains("has no tokenizer.ie.json", NULL);
+    assert_int_equal(tok_load("/dev/null", &t), ERR_FORMAT);
+    tu_assert_log_contains("/dev/null is not a regular file or a directory", NULL);
     assert_int_equal(tok_load_mem("{}", 2, "yaml", &t), ERR_USAGE);
     tu_assert_log_contains("unknown tokenizer format 'yaml'", NULL);
     /* a GGUF model without tokenizer keys, by path (the magic is what identifies it) */
