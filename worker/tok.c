@@ -72,22 +72,29 @@ int tok__parse_byte_piece(const char *p, size_t len)
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
-/* A piece for messages: printable, escaped, at most ~48 bytes, always NUL-terminated. */
+/* A piece for messages: control characters, quotes, backslashes and bytes that are not valid
+ * UTF-8 escaped; at most ~48 bytes; always NUL-terminated. */
 static const char *quote(const char *p, size_t len, char *buf, size_t cap)
 {
     size_t o = 0;
-    for (size_t i = 0; i < len && o + 8 < cap; i++) {
+    for (size_t i = 0; i < len && o + 8 < cap;) {
         unsigned char c = (unsigned char)p[i];
+        size_t cl = tok__utf8_len((const unsigned char *)p + i, len - i);
         if (o > 48) {
             o += (size_t)snprintf(buf + o, cap - o, "...");
             break;
         }
-        if (c == '\\' || c == '\'')
+        if (c == '\\' || c == '\'') {
             o += (size_t)snprintf(buf + o, cap - o, "\\%c", c);
-        else if (c < 0x20 || c == 0x7F)
+        } else if (cl == 0 || c < 0x20 || c == 0x7F) {
             o += (size_t)snprintf(buf + o, cap - o, "\\x%02X", c);
-        else
-            buf[o++] = (char)c;
+        } else {
+            memcpy(buf + o, p + i, cl);
+            o += cl;
+            i += cl;
+            continue;
+        }
+        i++;
     }
     buf[o] = '\0';
     return buf;
@@ -740,32 +747,54 @@ static bool put(struct sink *k, const void *p, size_t n)
     return true;
 }
 
-/* Feeds bytes through the UTF-8 assembler; false when the sink is full. */
-static bool feed(struct tok_stream *s, const char *p, size_t n, struct sink *k)
+/*
+ * Outputs one complete character. `mark` says it is SentencePiece's space: a space of a text
+ * piece, or a U+2581 assembled from byte tokens; it decodes to ' ', except that the first
+ * character of a sequence is dropped when it is the dummy prefix.
+ */
+static bool emit(struct tok_stream *s, struct sink *k, const void *c, size_t len, bool mark)
 {
+    const struct tok *t = s->tok;
+    bool first = s->at_start;
+    s->at_start = false;
+    if (mark) {
+        if (first && t->add_dummy_prefix)
+            return true;
+        c = " ";
+        len = 1;
+    }
+    return put(k, c, len);
+}
+
+/* Feeds bytes through the UTF-8 assembler; false when the sink is full. `text_piece`: the
+ * bytes are an SPM text piece's, whose spaces stand for U+2581. */
+static bool feed(struct tok_stream *s, const char *p, size_t n, struct sink *k, bool text_piece)
+{
+    bool spm = s->tok->kind == TOK_SPM;
     for (size_t i = 0; i < n; i++) {
         unsigned c = (unsigned char)p[i];
         if (s->n_pend > 0) {
             if (continues(s->pend, s->n_pend, c)) {
                 s->pend[s->n_pend++] = (uint8_t)c;
                 if (s->n_pend == lead_len(s->pend[0])) {
-                    if (!put(k, s->pend, s->n_pend))
+                    bool mark = spm && s->n_pend == 3 && memcmp(s->pend, SPACE_MARK, 3) == 0;
+                    if (!emit(s, k, s->pend, s->n_pend, mark))
                         return false;
                     s->n_pend = 0;
                 }
                 continue;
             }
             /* the pending bytes are a maximal ill-formed subpart; c starts afresh */
-            if (!put(k, REPLACEMENT, 3))
+            if (!emit(s, k, REPLACEMENT, 3, false))
                 return false;
             s->n_pend = 0;
         }
         size_t need = lead_len(c);
         if (need == 1) {
-            if (!put(k, &p[i], 1))
+            if (!emit(s, k, &p[i], 1, spm && text_piece && c == ' '))
                 return false;
         } else if (need == 0) {
-            if (!put(k, REPLACEMENT, 3))
+            if (!emit(s, k, REPLACEMENT, 3, false))
                 return false;
         } else {
             s->pend[0] = (uint8_t)c;
@@ -800,17 +829,10 @@ int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, siz
     const char *p = t->text + k->text_off;
     size_t n = k->text_len;
     struct tok_stream saved = *s;
-    if (s->at_start && n > 0) {
-        /* SentencePiece drops the dummy prefix: one leading space of the first text piece */
-        if (t->kind == TOK_SPM && t->add_dummy_prefix && p[0] == ' ' &&
-            (k->type == TOK_NORMAL || k->type == TOK_USER_DEFINED || k->type == TOK_UNUSED)) {
-            p++;
-            n--;
-        }
-        s->at_start = false;
-    }
+    bool text_piece =
+        k->type == TOK_NORMAL || k->type == TOK_USER_DEFINED || k->type == TOK_UNUSED;
     struct sink sk = {out, cap, 0};
-    if (!feed(s, p, n, &sk)) {
+    if (!feed(s, p, n, &sk, text_piece)) {
         *s = saved;
         LOG_ERR("decoding token %d: an output buffer of %zu bytes is too small (%zu always "
                 "suffice)", id, cap, tok_stream_max_out(t));

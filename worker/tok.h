@@ -37,7 +37,7 @@ enum tok_type {
 #define TOK_MAX_VOCAB (1u << 24)        /* tokens in a vocabulary */
 #define TOK_MAX_PIECE 65535u            /* bytes of one vocabulary string */
 #define TOK_MAX_FILE (512ull << 20)     /* tokenizer.json / .model / .bin / .ie.json size */
-#define TOK_MAX_TEXT (1u << 30)         /* bytes of text in one tok_encode call */
+#define TOK_MAX_TEXT (256u << 20)       /* bytes of text in one tok_encode call */
 
 struct tok;
 
@@ -78,7 +78,7 @@ int tok_piece(const struct tok *t, int32_t id, const char **bytes, size_t *len);
  * generated after a prompt), so a leading space is kept. */
 struct tok_stream {
     const struct tok *tok;
-    bool at_start;   /* SPM: the next text piece loses its dummy-prefix space */
+    bool at_start;   /* nothing decoded yet: SPM drops a first "▁" (the dummy prefix) */
     uint8_t pend[8]; /* bytes of an incomplete UTF-8 sequence */
     size_t n_pend;
 };

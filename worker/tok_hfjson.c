@@ -338,13 +338,20 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
     int rc = opt_bool(what, model, "ignore_merges", false, &ignore_merges);
     if (rc != 0)
         return rc;
-    const json_t *csp = json_object_get(model, "continuing_subword_prefix");
-    const json_t *eows = json_object_get(model, "end_of_word_suffix");
-    if (ignore_merges || (csp && !json_is_null(csp)) || (eows && !json_is_null(eows))) {
-        LOG_ERR("%s: model.%s is not supported", what,
-                ignore_merges ? "ignore_merges"
-                : csp && !json_is_null(csp) ? "continuing_subword_prefix"
-                                            : "end_of_word_suffix");
+    /* null or "" (GPT-2's files say "") mean none; a real affix or dropout changes tokens */
+    static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    const char *unsupported = ignore_merges ? "ignore_merges" : NULL;
+    for (int i = 0; i < 2 && !unsupported; i++) {
+        const json_t *a = json_object_get(model, affixes[i]);
+        if (a && !json_is_null(a) && !is_str(a, ""))
+            unsupported = affixes[i];
+    }
+    const json_t *dropout = json_object_get(model, "dropout");
+    if (!unsupported && dropout && !json_is_null(dropout) &&
+        !(json_is_number(dropout) && json_number_value(dropout) == 0))
+        unsupported = "dropout";
+    if (unsupported) {
+        LOG_ERR("%s: model.%s is not supported", what, unsupported);
         return ERR_UNSUPPORTED;
     }
     enum tok_kind kind;

@@ -103,7 +103,13 @@ static int load_spm_model(const void *buf, size_t len, const char *what, struct 
         s.piece_len[i] = p->has_piece ? (uint32_t)p->piece.len : 0;
         s.score[i] = p->score;
         int type = (int)p->type;
-        s.type[i] = type >= 1 && type <= 6 ? (uint8_t)type : 0; /* 0: refused by the builder */
+        if (type < TOK_NORMAL || type > TOK_BYTE) {
+            LOG_ERR("%s: piece %zu: type %d is not a SentencePiece piece type (1..6)", what, i,
+                    type);
+            rc = ERR_FORMAT;
+            goto out;
+        }
+        s.type[i] = (uint8_t)type;
     }
     /* SentencePiece takes the special ids from the trainer spec; <unk> must be one */
     int32_t unk = ts->unk_id;
@@ -633,6 +639,10 @@ int tok_load(const char *path, struct tok **out)
         rc = load_mem(buf, len, "ie-json", p, out);
         free(buf);
         return rc;
+    }
+    if (!S_ISREG(st.st_mode)) { /* not even peeked at: a FIFO would block */
+        LOG_ERR("tokenizer %s is not a regular file or a directory", path);
+        return ERR_FORMAT;
     }
     /* GGUF files can be whole models: map them (gguf_open) rather than read them */
     char magic[4] = {0};

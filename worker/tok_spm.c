@@ -27,6 +27,11 @@
 
 #define SPACE_MARK "\xE2\x96\x81" /* U+2581 */
 
+/* the normalized text (3 bytes per input byte at most, plus the prefix) has 32-bit offsets,
+ * and its symbols (at most two per character) 32-bit indices */
+_Static_assert(3ull * TOK_MAX_TEXT + 3 <= UINT32_MAX, "normalized offsets are 32-bit");
+_Static_assert(2ull * TOK_MAX_TEXT + 2 <= INT32_MAX, "symbol indices are int32");
+
 struct sym {
     uint32_t start, len; /* span of the normalized text */
     int32_t prev, next;  /* neighbours among live symbols, -1 at the ends */
@@ -213,8 +218,7 @@ static int emit(struct spm *w, int32_t root, struct tok__ids *out, int32_t **sta
 
 int tok__spm_encode(const struct tok *t, const char *text, size_t len, struct tok__ids *out)
 {
-    /* each byte grows to at most 3 (space -> U+2581), plus the dummy prefix; len is bounded
-     * by TOK_MAX_TEXT so this neither overflows nor exceeds 32-bit offsets */
+    /* each byte grows to at most 3 (space -> U+2581), plus the dummy prefix */
     char *norm = malloc(3 * len + 3);
     if (!norm)
         return -ENOMEM;

@@ -178,6 +178,31 @@ static void spm_unknown_and_bytes(void **state)
     tok_free(t);
 }
 
+/* Without a "▁" piece, spaces fall back to the bytes of U+2581; they still decode as
+ * spaces, and the dummy prefix is still dropped. A raw <0x20> byte token is a plain space. */
+static void spm_space_from_bytes(void **state)
+{
+    (void)state;
+    static const struct vt v[] = {{"<unk>", "unknown", 0}, {"a", "normal", -1},
+                                  {"b", "normal", -1}};
+    struct tok *t = make_spm(v, 3, true, false, true);
+    expect_pieces(t, "a b", "<0xE2>|<0x96>|<0x81>|a|<0xE2>|<0x96>|<0x81>|b");
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(tok_encode(t, "a b", 3, false, &ids, &n), 0);
+    char *text;
+    size_t len;
+    assert_int_equal(tok_decode(t, ids, n, &text, &len), 0);
+    assert_string_equal(text, "a b");
+    free(text);
+    free(ids);
+    const int32_t raw[] = {3 + 0x20, 1}; /* <0x20> a */
+    assert_int_equal(tok_decode(t, raw, 2, &text, &len), 0);
+    assert_string_equal(text, " a");
+    free(text);
+    tok_free(t);
+}
+
 static void spm_unused_pieces(void **state)
 {
     (void)state;
@@ -382,7 +407,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(spm_merge_order),    cmocka_unit_test(spm_unknown_and_bytes),
-        cmocka_unit_test(spm_unused_pieces),  cmocka_unit_test(spm_user_defined),
+        cmocka_unit_test(spm_space_from_bytes), cmocka_unit_test(spm_unused_pieces),
+        cmocka_unit_test(spm_user_defined),
         cmocka_unit_test(spm_whitespace),     cmocka_unit_test(bpe_merge_order),
         cmocka_unit_test(bpe_bytes_and_added), cmocka_unit_test(gpt2_pretokenizer),
         cmocka_unit_test(unicode_classes),    cmocka_unit_test(utf8_rules),

@@ -254,8 +254,11 @@ char *tokfix_hf_json(const struct tok *t, int metaspace)
                                                    "content", s, "single_word", 0, "lstrip", 0,
                                                    "rstrip", 0, "normalized", 0, "special", 1));
     }
-    json_t *model = json_pack("{sssnsnsn}", "type", "BPE", "dropout", "continuing_subword_prefix",
-                              "end_of_word_suffix");
+    /* Hugging Face's Llama files say null for the affixes, its GPT-2 files "" */
+    json_t *model = spm ? json_pack("{sssnsnsn}", "type", "BPE", "dropout",
+                                    "continuing_subword_prefix", "end_of_word_suffix")
+                        : json_pack("{sssnssss}", "type", "BPE", "dropout",
+                                    "continuing_subword_prefix", "", "end_of_word_suffix", "");
     json_object_set_new(model, "vocab", vocab);
     json_t *doc = json_pack("{sssnsn}", "version", "1.0", "truncation", "padding");
     json_object_set_new(doc, "added_tokens", added);
