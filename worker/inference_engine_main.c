@@ -266,11 +266,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->stops[o->n_stops++] = optarg;
             break;
         case O_ROUNDS:
-            if (!parse_u32("--rounds", optarg, 1, 1000000, &o->rounds))
+            if (!parse_u32("--rounds", optarg, 1, 1000, &o->rounds))
                 return EXIT_USAGE;
             break;
         case O_WARMUP:
-            if (!parse_u32("--warmup", optarg, 0, 1000000, &o->warmup))
+            if (!parse_u32("--warmup", optarg, 0, 1000, &o->warmup))
                 return EXIT_USAGE;
             break;
         case O_PRINT_IDS: o->print_ids = true; break;
@@ -603,7 +603,8 @@ static int dump_rows(struct engine_ctx *E, const float *rows, size_t n)
 
 /*
  * One generation for prompt p. `measured_first`: stream the text and write the dump in this
- * run. r->itl must have room for max_new entries. Returns 0 or a negative code / EXIT_*.
+ * run. r->itl and E->hist have room for every token the context allows (max_gen in
+ * run_prompt). Returns 0 or a negative code / EXIT_*.
  */
 static int run_one(struct engine_ctx *E, const struct prompt *p, bool measured_first,
                    struct run_out *r)
@@ -619,7 +620,7 @@ static int run_one(struct engine_ctx *E, const struct prompt *p, bool measured_f
     r->text_len = 0;
     if (r->text)
         r->text[0] = '\0';
-    forward_truncate(E->fwd, 0);
+    (void)forward_truncate(E->fwd, 0); /* 0 is always a valid prefix */
     sampler_reset(E->smp);
     sampler_stop_reset(&E->stop);
     struct tok_stream ts;
@@ -741,20 +742,22 @@ static int run_prompt(struct engine_ctx *E, size_t idx, const struct prompt *p, 
         E->logits = nl;
         E->cap_rows = rows;
     }
-    if (p->n + o->max_new > E->cap_hist) {
-        int32_t *nh = realloc(E->hist, (p->n + o->max_new) * sizeof *nh);
+    /* at most one token per free position, plus the last (sampled, never fed back) */
+    const size_t max_gen = o->max_new < (size_t)S - p->n + 1 ? o->max_new : (size_t)S - p->n + 1;
+    if (p->n + max_gen > E->cap_hist) {
+        int32_t *nh = realloc(E->hist, (p->n + max_gen) * sizeof *nh);
         if (!nh) {
-            LOG_ERR("out of memory for a history of %zu tokens", p->n + o->max_new);
+            LOG_ERR("out of memory for a history of %zu tokens", p->n + max_gen);
             return -ENOMEM;
         }
         E->hist = nh;
-        E->cap_hist = p->n + o->max_new;
+        E->cap_hist = p->n + max_gen;
     }
     struct run_out r = {0};
-    size_t n_itl = (size_t)o->rounds * (o->max_new ? o->max_new : 1);
+    size_t n_itl = (size_t)o->rounds * (max_gen ? max_gen : 1);
     double *itl_all = malloc(n_itl * sizeof *itl_all);
     double *walls = malloc(o->rounds * sizeof *walls), *ttfts = malloc(o->rounds * sizeof *ttfts);
-    r.itl = malloc((o->max_new ? o->max_new : 1) * sizeof *r.itl);
+    r.itl = malloc((max_gen ? max_gen : 1) * sizeof *r.itl);
     json_t *j = json_object(), *ids = NULL;
     if (!itl_all || !walls || !ttfts || !r.itl || !j) {
         LOG_ERR("out of memory for the measurements of %u rounds", o->rounds);

@@ -215,10 +215,11 @@ static double cut(struct sampler *s, size_t *n_out)
         *n_out = 1;
         return 1.0;
     }
-    const float inv_t = 1.0f / s->p.temperature;
+    /* a division, not a product with 1/T: 1/T overflows for tiny T, and 0 * inf is NaN */
+    const float t = s->p.temperature;
     double sum = 0.0;
     for (uint32_t i = 0; i < V; i++) {
-        float e = expf((s->logits[i] - max) * inv_t);
+        float e = expf((s->logits[i] - max) / t);
         s->cand[i] = (struct cand){e, (int32_t)i};
         sum += e;
     }

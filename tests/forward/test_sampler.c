@@ -105,6 +105,15 @@ static void test_argmax(void **state)
             assert_int_equal(sampler_sample(s, a, NULL, 0), 1);
         sampler_destroy(s);
     }
+    /* a vanishing temperature keeps only the maxima (1/T would overflow: no NaN may appear) */
+    p = params(1e-40f);
+    struct sampler *t = make(&p, 5);
+    int seen[5] = {0};
+    for (int i = 0; i < 200; i++)
+        seen[sampler_sample(t, a, NULL, 0)]++;
+    assert_true(seen[1] > 0 && seen[3] > 0 && seen[1] + seen[3] == 200);
+    sampler_destroy(t);
+    p = params(0.0f);
     /* greedy ignores the filters but not the penalty */
     p.top_k = 1;
     p.min_p = 0.9f;
@@ -341,7 +350,7 @@ static void test_top_p_brute_force(void **state)
                 float mx = logits[sampler_argmax(logits, V)];
                 double z = 0;
                 for (int i = 0; i < V; i++) {
-                    r[i] = (struct ranked){expf((logits[i] - mx) * (1.0f / T)), i};
+                    r[i] = (struct ranked){expf((logits[i] - mx) / T), i};
                     z += r[i].p;
                 }
                 qsort(r, V, sizeof *r, cmp_ranked);
