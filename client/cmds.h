@@ -25,4 +25,5 @@ int cmd_convert(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_synth_adapter(int argc, char **argv);
 #endif

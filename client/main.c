@@ -14,6 +14,7 @@ static const struct cmd commands[] = {
     {"convert", cmd_convert, "convert a llama2.c / Hugging Face / GGUF model to IEBIN"},
     {"detokenize", cmd_detokenize, "token ids on stdin -> text on stdout"},
     {"synth", cmd_synth, "write a deterministic random-weight model (Hugging Face form)"},
+    {"synth-adapter", cmd_synth_adapter, "write a deterministic random LoRA adapter (PEFT form)"},
     {"tokenize", cmd_tokenize, "text on stdin -> token ids on stdout"},
 };
 
@@ -21,7 +22,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: clocher COMMAND [ARGS...]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n`clocher COMMAND --help` describes each command.\n");
 }
 

@@ -6,8 +6,18 @@
  * (an unavailable forced ISA is an error, not a silent fallback), so tests can exercise every
  * path on one machine.
  *
+ * Numerics (docs/PERFORMANCE.md has the measurements behind these choices):
+ *  - f32/f16 weights: exact f32 products, f32 accumulation (order differs from _ref).
+ *  - bf16 weights: the decode GEMV widens to f32 exactly; the prefill GEMM on AVX-512-BF16
+ *    rounds activations to bf16 and uses vdpbf16ps (relative error <= 2^-8 per product, see
+ *    tests/kern for the bound asserted).
+ *  - q8_0/q4_0 weights: the SIMD paths quantize activations per block of 32 to int8 with an f32
+ *    scale (kernels/quant.h states the resulting error bound) and use integer dot products;
+ *    the scalar ISA computes in f32 with unquantized activations.
+ *
  * NOTES: kern_init() is idempotent and must run before threads call kernels (engine creation
  * does it); kernels themselves are reentrant and take row ranges so a thread pool can shard.
+ * kern_matmul() keeps one growing scratch buffer per calling thread (freed at thread exit).
  */
 #ifndef CLOCHER_KERNELS_KERN_H
 #define CLOCHER_KERNELS_KERN_H
@@ -25,8 +35,10 @@ enum kern_isa kern_isa(void);
 const char *kern_isa_name(enum kern_isa isa);
 /* For tests: switch path explicitly. ERR_UNSUPPORTED when the CPU lacks it. */
 int kern_force_isa(enum kern_isa isa);
-/* true when this CPU can run the ISA */
+/* true when this CPU can run the ISA. AVX2 = AVX2+FMA+F16C; AVX512 = F+BW+VL+DQ+VNNI. */
 int kern_isa_supported(enum kern_isa isa);
+/* true when the CPU has AVX512-BF16 (vdpbf16ps), used by the bf16 GEMM when present. */
+int kern_has_avx512bf16(void);
 
 /*
  * Matrix multiply against a stored weight matrix, for output rows [r0, r1) only:
@@ -34,6 +46,8 @@ int kern_isa_supported(enum kern_isa isa);
  * W: [rows][cols] of dtype wt, rows packed per dtype_row_bytes(wt, cols).
  * x: [n][cols] f32.  y: [n][ldy] f32.
  * n == 1 is the decode GEMV; n > 1 the prefill / batch GEMM.
+ * Prepares (quantizes) the activations itself, once per call: callers that shard one product
+ * over threads should prepare once with kern_act_* and call kern_matmul_act per shard.
  */
 void kern_matmul(enum dtype wt, const void *w, size_t cols, const float *x, size_t n, float *y,
                  size_t ldy, size_t r0, size_t r1);
@@ -44,5 +58,74 @@ void kern_matmul_ref(enum dtype wt, const void *w, size_t cols, const float *x, 
 
 /* Dequantize/convert one row of n elements of dtype dt to f32. */
 void kern_row_to_f32(enum dtype dt, const void *row, float *out, size_t n);
+
+/* ---- activations prepared once per product ---------------------------------------------- */
+
+/*
+ * Activations x [n][cols] in the forms the kernels need for weight type wt: int8 blocks of 32
+ * (with the sums and lane-wise scales the SIMD kernels use) for q8_0/q4_0 weights, bf16 for
+ * bf16 weights, and for f32/f16/bf16 weights a copy with padded rows. The same for every ISA. Lives in one caller-provided buffer of kern_act_bytes() bytes, 64-byte
+ * aligned. `cp` is cols rounded up to 64; padding elements are zero.
+ * NOTES: fill with kern_act_init() then kern_act_prepare() over all tokens (token ranges may
+ * be prepared by different threads); afterwards it is read-only and shared by every shard.
+ */
+struct kern_act {
+    enum dtype wt;   /* the weight type it was prepared for */
+    size_t cols, n, cp;
+    size_t ld;       /* row stride of q and xb in elements: cp + 64, so that the same column of
+                        consecutive tokens does not map to one L1 set (2^k-byte strides would) */
+    const float *x;  /* [n][cols] the f32 source, borrowed */
+    int8_t *q;       /* [n][ld] int8 quants, blocks of 32 (NULL if unused) */
+    float *d;        /* [n][cp/32] block scales: x ~= d * q */
+    int32_t *ns4;    /* [n][cp/4] -off * (sum of each group of 4 quants): the correction for
+                        unsigned weights w + off (off = 8 for q4_0, 128 for q8_0) */
+    int32_t *ns32;   /* [n][cp/32] the same per block of 32 */
+    float *d4;       /* [n][cp/4] the block scale of each group of 4 (lane-wise scales) */
+    uint16_t *xb;    /* [n][ld] x rounded to bf16, for bf16 weights (NULL if unused) */
+    float *xf;       /* [n][ld] a copy of x, for f32/f16/bf16 weights (NULL if unused) */
+};
+
+/* *out = buffer bytes for kern_act_init(wt, cols, n).
+ * ERR_FORMAT when cols is not a whole number of wt's blocks, ERR_OVERFLOW on size overflow. */
+int kern_act_bytes(enum dtype wt, size_t cols, size_t n, size_t *out);
+/* Lays out *a over buf (kern_act_bytes() bytes, 64-byte aligned); nothing is computed yet. */
+void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t cols, size_t n,
+                   void *buf);
+/* Fills tokens [t0, t1). */
+void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1);
+/* kern_matmul on prepared activations: y rows [r0, r1) for all a->n tokens. */
+void kern_matmul_act(const void *w, const struct kern_act *a, float *y, size_t ldy, size_t r0,
+                     size_t r1);
+
+/* ---- individual kernels ------------------------------------------------------------------ */
+
+/*
+ * kern_<op>_<weight type>_<activation type>_<isa>: the variants kern_matmul_act dispatches
+ * to; tests and benchmarks call them directly. Same contract as kern_matmul_act, with the
+ * weight type fixed by the name and `a` prepared for it. A variant may only run when
+ * kern_isa_supported() says so for its ISA (and kern_has_avx512bf16() for bf16_bf16_avx512).
+ * gemv: streams each weight row once, register-blocked over a few rows and up to 4 tokens;
+ *       tuned for n == 1 (decode), correct for any n.
+ * gemm: reuses each weight block across many tokens (int types: 16- or 8-row panels packed
+ *       for integer dot products; float types: rows x tokens register tiles); tuned for
+ *       n >= 8 (prefill), correct for any n.
+ * _ref: the scalar specification of the same arithmetic (quantized or bf16 activations).
+ */
+typedef void kern_mm_fn(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                        size_t r0, size_t r1);
+
+#define KERN_VARIANTS_(X, isa)                                                               \
+    X(gemv, f32, f32, isa) X(gemv, f16, f32, isa) X(gemv, bf16, f32, isa)                    \
+    X(gemv, q8_0, q8_0, isa) X(gemv, q4_0, q8_0, isa) X(gemm, f32, f32, isa)                 \
+    X(gemm, f16, f32, isa) X(gemm, bf16, f32, isa) X(gemm, q8_0, q8_0, isa)                  \
+    X(gemm, q4_0, q8_0, isa)
+
+#define KERN_DECLARE_(op, wty, aty, isa) kern_mm_fn kern_##op##_##wty##_##aty##_##isa;
+KERN_VARIANTS_(KERN_DECLARE_, ref)
+KERN_VARIANTS_(KERN_DECLARE_, avx2)
+KERN_VARIANTS_(KERN_DECLARE_, avx512)
+kern_mm_fn kern_gemv_bf16_bf16_ref, kern_gemm_bf16_bf16_ref;
+kern_mm_fn kern_gemv_bf16_bf16_avx512, kern_gemm_bf16_bf16_avx512;
+#undef KERN_DECLARE_
 
 #endif

@@ -1,0 +1,41 @@
+/*
+ * bench_util.h — shared pieces of the benchmarks: a clock, the read-only streaming bandwidth
+ * probe, a peak-throughput probe, and random weight matrices of any dtype.
+ */
+#ifndef CLOCHER_BENCH_UTIL_H
+#define CLOCHER_BENCH_UTIL_H
+
+#include "dtype.h"
+#include "pool.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+double bench_now(void);
+
+/*
+ * Read-only streaming bandwidth in GB/s (1e9 bytes/s): every participant of the pool streams
+ * its contiguous share of `bytes` (> last-level cache) with the widest loads the CPU has;
+ * best of `reps` passes.
+ */
+double bench_bandwidth(struct pool *p, size_t bytes, int reps);
+
+/* Peak instruction throughput of one core, in G-operations/s (1 multiply-add = 2 ops):
+ * which = 0: f32 FMA (AVX-512 or AVX2), 1: vdpbf16ps, 2: vpdpbusd. 0 if unavailable. */
+double bench_peak_gops(int which);
+
+/*
+ * CPU used by other processes while a measurement ran, as a share of the whole machine (0..1):
+ * busy time from /proc/stat minus this process's own (getrusage). The machine is shared, so
+ * every table row reports it; rows measured beside a busy neighbour are marked.
+ */
+struct bench_load {
+    double busy, self, wall;
+};
+void bench_load_begin(struct bench_load *l);
+double bench_load_end(const struct bench_load *l);
+
+/* A [rows][cols] matrix of dtype dt with random finite values (scales ~1e-2); NULL on OOM. */
+void *bench_random_matrix(enum dtype dt, size_t rows, size_t cols, uint64_t seed);
+
+#endif

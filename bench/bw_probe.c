@@ -1,0 +1,35 @@
+/*
+ * bw_probe — read-only streaming memory bandwidth with 1 thread and with every CPU of the
+ * affinity mask (pinned compactly), plus each core's peak multiply-add throughput: the two
+ * roofs the kernels are measured against (docs/PERFORMANCE.md).
+ *   usage: bw_probe [MiB per pass (default 1024)] [passes (default 5)]
+ */
+#include "bench_util.h"
+#include "kern.h"
+#include "pool.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv)
+{
+    size_t mib = argc > 1 ? strtoull(argv[1], NULL, 10) : 1024;
+    int reps = argc > 2 ? atoi(argv[2]) : 5;
+    cpu_set_t set;
+    sched_getaffinity(0, sizeof set, &set);
+    int ncpu = CPU_COUNT(&set);
+    if (kern_init() != 0)
+        return 1;
+    for (int th = 1; th <= ncpu; th = th == ncpu ? ncpu + 1 : (th * 2 > ncpu ? ncpu : th * 2)) {
+        struct pool *p;
+        if (pool_create(th, POOL_PIN_COMPACT, &p) != 0)
+            return 1;
+        printf("bandwidth threads=%d: %.2f GB/s (read-only, %zu MiB, best of %d)\n", th,
+               bench_bandwidth(p, mib << 20, reps), mib, reps);
+        pool_destroy(p);
+    }
+    printf("peak per core: f32 FMA %.1f GFLOP/s, bf16 dot %.1f GFLOP/s, int8 dot %.1f GOP/s\n",
+           bench_peak_gops(0), bench_peak_gops(1), bench_peak_gops(2));
+    return 0;
+}

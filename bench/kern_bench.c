@@ -1,0 +1,403 @@
+/*
+ * kern_bench — kernel microbenchmarks (docs/PERFORMANCE.md shows their output):
+ *  - gemv: GB/s of weights streamed at TinyLlama's matmul shapes, per dtype and ISA, against
+ *    the read-only bandwidth measured in the same run (the decode roofline);
+ *  - gemm: GFLOP/s for n = 64..512 tokens, against the scalar path and the core's peak;
+ *  - variants: the alternatives behind routing choices (bf16 widening vs vdpbf16ps, the
+ *    gemv/gemm crossover);
+ *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s.
+ * GEMV weights rotate through copies totalling >= 256 MiB so they stream from DRAM, as in
+ * decode, rather than from the 32 MiB L3. Each row ends with the CPU share other processes
+ * used meanwhile (bench_load_end): on a shared machine, a row with more than a few percent
+ * was measured beside a busy neighbour and understates the kernels.
+ *
+ *   usage: kern_bench [--threads N] [--quick] [--only gemv|gemm|variants|model] [--dtype T]
+ */
+#include "bench_util.h"
+#include "dtype.h"
+#include "kern.h"
+#include "pool.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct pool *g_pool;
+static int g_threads;
+static const char *g_dtype; /* --dtype: only this weight type */
+static double g_min_time = 1.0;
+
+static const enum dtype all_types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0};
+#define N_TYPES (sizeof all_types / sizeof all_types[0])
+
+static size_t matrix_bytes(enum dtype dt, size_t rows, size_t cols)
+{
+    uint64_t rb;
+    dtype_row_bytes(dt, cols, &rb);
+    return (size_t)rb * rows;
+}
+
+static float *random_x(size_t n, size_t cols)
+{
+    float *x = malloc(n * cols * sizeof(float));
+    for (size_t i = 0; i < n * cols; i++)
+        x[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+    return x;
+}
+
+/* ---- timing ------------------------------------------------------------------------------ */
+
+/*
+ * Seconds per pool_matmul of n tokens, cycling through `copies` weight matrices: the best of
+ * 5 batches of >= g_min_time/5 s each (the machine is shared; the best batch is the one
+ * least disturbed by other processes).
+ */
+static double time_matmul(enum dtype dt, void **w, int copies, size_t rows, size_t cols,
+                          const float *x, size_t n, float *y)
+{
+    pool_matmul(g_pool, dt, w[0], cols, x, n, y, rows, 0, rows); /* warm-up */
+    double best = 1e30;
+    int calls = 0;
+    for (int batch = 0; batch < 5; batch++) {
+        int k = 0;
+        double t0 = bench_now(), t;
+        do {
+            pool_matmul(g_pool, dt, w[calls++ % copies], cols, x, n, y, rows, 0, rows);
+            k++;
+            t = bench_now() - t0;
+        } while (t < g_min_time / 5 || k < 2);
+        best = t / k < best ? t / k : best;
+    }
+    return best;
+}
+
+struct variant_run {
+    kern_mm_fn *fn;
+    const void *w;
+    const struct kern_act *a;
+    float *y;
+    size_t ldy;
+};
+
+static void variant_shard(void *ctx, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    const struct variant_run *v = ctx;
+    v->fn(v->w, v->a, v->y, v->ldy, b, e);
+}
+
+/* Seconds per call of one named variant over the pool (activations prepared once, outside). */
+static double time_variant(kern_mm_fn *fn, enum dtype dt, void **w, int copies, size_t rows,
+                           size_t cols, const float *x, size_t n, float *y)
+{
+    size_t bytes;
+    kern_act_bytes(dt, cols, n, &bytes);
+    void *buf = bytes ? aligned_alloc(64, (bytes + 63) / 64 * 64) : NULL;
+    struct kern_act a;
+    kern_act_init(&a, dt, x, cols, n, buf);
+    kern_act_prepare(&a, 0, n);
+    struct variant_run v = {fn, w[0], &a, y, rows};
+    pool_for(g_pool, 0, rows, 16, variant_shard, &v);
+    double best = 1e30;
+    int calls = 0;
+    for (int batch = 0; batch < 5; batch++) {
+        int k = 0;
+        double t0 = bench_now(), t;
+        do {
+            v.w = w[calls++ % copies];
+            pool_for(g_pool, 0, rows, 16, variant_shard, &v);
+            k++;
+            t = bench_now() - t0;
+        } while (t < g_min_time / 5 || k < 2);
+        best = t / k < best ? t / k : best;
+    }
+    free(buf);
+    return best;
+}
+
+/* Weight copies totalling >= 256 MiB (at least one). */
+static int make_ring(enum dtype dt, size_t rows, size_t cols, void ***out)
+{
+    size_t mb = matrix_bytes(dt, rows, cols);
+    int copies = (int)((256u << 20) / mb) + 1;
+    void **w = calloc((size_t)copies, sizeof *w);
+    for (int i = 0; i < copies; i++) {
+        w[i] = bench_random_matrix(dt, rows, cols, (uint64_t)i + 1);
+        if (!w[i]) {
+            fprintf(stderr, "kern_bench: out of memory\n");
+            exit(1);
+        }
+    }
+    *out = w;
+    return copies;
+}
+
+static void free_ring(void **w, int copies)
+{
+    for (int i = 0; i < copies; i++)
+        free(w[i]);
+    free(w);
+}
+
+static int isa_ok(int isa) { return kern_isa_supported((enum kern_isa)isa); }
+
+/* ---- sections ---------------------------------------------------------------------------- */
+
+static void bench_gemv(double bw)
+{
+    static const size_t shapes[][2] = {{2048, 2048}, {5632, 2048}, {32000, 2048}};
+    printf("\n### GEMV (n = 1), %d thread(s): GB/s of weights (x scalar path, %% of %.1f GB/s)\n\n",
+           g_threads, bw);
+    printf("| dtype | rows x cols | ref | avx2 | avx512 | other CPU |\n|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        enum dtype dt = all_types[ti];
+        if (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0)
+            continue;
+        for (size_t s = 0; s < 3; s++) {
+            size_t rows = shapes[s][0], cols = shapes[s][1];
+            void **w;
+            int copies = make_ring(dt, rows, cols, &w);
+            float *x = random_x(1, cols), *y = malloc(rows * sizeof(float));
+            double gbs[3] = {0};
+            struct bench_load ld;
+            bench_load_begin(&ld);
+            for (int isa = 0; isa < 3; isa++) {
+                if (!isa_ok(isa))
+                    continue;
+                kern_force_isa((enum kern_isa)isa);
+                double sec = time_matmul(dt, w, copies, rows, cols, x, 1, y);
+                gbs[isa] = (double)matrix_bytes(dt, rows, cols) / sec / 1e9;
+            }
+            printf("| %s | %zu x %zu | %.2f |", dtype_info(dt)->name, rows, cols, gbs[0]);
+            for (int isa = 1; isa < 3; isa++) {
+                if (gbs[isa] > 0)
+                    printf(" %.2f (%.0fx, %.0f%%) |", gbs[isa], gbs[isa] / gbs[0], 100 * gbs[isa] / bw);
+                else
+                    printf(" - |");
+            }
+            printf(" %.0f%% |\n", 100 * bench_load_end(&ld));
+            fflush(stdout);
+            free(y);
+            free(x);
+            free_ring(w, copies);
+        }
+    }
+}
+
+static void bench_gemm(void)
+{
+    static const size_t ns[] = {64, 128, 256, 512};
+    const size_t rows = 2048, cols = 2048;
+    double peak_f32 = bench_peak_gops(0) * g_threads, peak_bf = bench_peak_gops(1) * g_threads,
+           peak_i8 = bench_peak_gops(2) * g_threads;
+    printf("\n### GEMM %zu x %zu, %d thread(s): GFLOP/s (x scalar path, %% of the core peak "
+           "of the instruction used)\n\n",
+           rows, cols, g_threads);
+    printf("Peaks (measured, %d thread(s)): f32 FMA %.0f, bf16 dot %.0f, int8 dot %.0f GFLOP/s.\n\n",
+           g_threads, peak_f32, peak_bf, peak_i8);
+    printf("| dtype | ref | isa |");
+    for (size_t i = 0; i < 4; i++)
+        printf(" n=%zu |", ns[i]);
+    printf(" other CPU |\n|---|---|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        enum dtype dt = all_types[ti];
+        if (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0)
+            continue;
+        void *w = bench_random_matrix(dt, rows, cols, 7);
+        float *x = random_x(512, cols), *y = malloc(512 * rows * sizeof(float));
+        /* the scalar path's rate does not depend on n: measure it once, at n = 8 */
+        kern_force_isa(KERN_ISA_REF);
+        double saved = g_min_time;
+        g_min_time = 0.2;
+        double ref = 2.0 * rows * cols * 8 / time_matmul(dt, &w, 1, rows, cols, x, 8, y) / 1e9;
+        g_min_time = saved;
+        for (int isa = 1; isa < 3; isa++) {
+            if (!isa_ok(isa))
+                continue;
+            kern_force_isa((enum kern_isa)isa);
+            double peak = dt == DT_Q8_0 || dt == DT_Q4_0 ? peak_i8
+                          : dt == DT_BF16 && isa == KERN_ISA_AVX512 && kern_has_avx512bf16()
+                              ? peak_bf
+                              : peak_f32;
+            if (isa == KERN_ISA_AVX2) /* the AVX2 peaks are not measured separately */
+                peak = 0;
+            printf("| %s | %.2f | %s |", dtype_info(dt)->name, ref, kern_isa_name((enum kern_isa)isa));
+            struct bench_load ld;
+            bench_load_begin(&ld);
+            for (size_t i = 0; i < 4; i++) {
+                double gf = 2.0 * rows * cols * ns[i] / time_matmul(dt, &w, 1, rows, cols, x, ns[i], y) / 1e9;
+                if (peak > 0)
+                    printf(" %.0f (%.0fx, %.0f%%) |", gf, gf / ref, 100 * gf / peak);
+                else
+                    printf(" %.0f (%.0fx) |", gf, gf / ref);
+            }
+            printf(" %.0f%% |\n", 100 * bench_load_end(&ld));
+            fflush(stdout);
+        }
+        free(y);
+        free(x);
+        free(w);
+    }
+}
+
+/* The alternatives the routing in kernels/dispatch.c chooses between. */
+static void bench_variants(double bw)
+{
+    const size_t rows = 5632, cols = 2048;
+    printf("\n### Variants, %zu x %zu, %d thread(s)\n\n", rows, cols, g_threads);
+    printf("| kernel | n | GB/s of weights | GFLOP/s | other CPU |\n|---|---|---|---|---|\n");
+    struct {
+        const char *name;
+        kern_mm_fn *fn;
+        enum dtype dt;
+    } vs[] = {
+        {"kern_gemv_bf16_f32_avx512", kern_gemv_bf16_f32_avx512, DT_BF16},
+        {"kern_gemv_bf16_bf16_avx512", kern_gemv_bf16_bf16_avx512, DT_BF16},
+        {"kern_gemm_bf16_f32_avx512", kern_gemm_bf16_f32_avx512, DT_BF16},
+        {"kern_gemm_bf16_bf16_avx512", kern_gemm_bf16_bf16_avx512, DT_BF16},
+        {"kern_gemv_q8_0_q8_0_avx512", kern_gemv_q8_0_q8_0_avx512, DT_Q8_0},
+        {"kern_gemm_q8_0_q8_0_avx512", kern_gemm_q8_0_q8_0_avx512, DT_Q8_0},
+        {"kern_gemv_q4_0_q8_0_avx512", kern_gemv_q4_0_q8_0_avx512, DT_Q4_0},
+        {"kern_gemm_q4_0_q8_0_avx512", kern_gemm_q4_0_q8_0_avx512, DT_Q4_0},
+        {"kern_gemv_f16_f32_avx512", kern_gemv_f16_f32_avx512, DT_F16},
+        {"kern_gemm_f16_f32_avx512", kern_gemm_f16_f32_avx512, DT_F16},
+        {"kern_gemv_f32_f32_avx512", kern_gemv_f32_f32_avx512, DT_F32},
+        {"kern_gemm_f32_f32_avx512", kern_gemm_f32_f32_avx512, DT_F32},
+        {"kern_gemv_bf16_f32_avx2", kern_gemv_bf16_f32_avx2, DT_BF16},
+        {"kern_gemm_bf16_f32_avx2", kern_gemm_bf16_f32_avx2, DT_BF16},
+        {"kern_gemv_q8_0_q8_0_avx2", kern_gemv_q8_0_q8_0_avx2, DT_Q8_0},
+        {"kern_gemm_q8_0_q8_0_avx2", kern_gemm_q8_0_q8_0_avx2, DT_Q8_0},
+        {"kern_gemv_q4_0_q8_0_avx2", kern_gemv_q4_0_q8_0_avx2, DT_Q4_0},
+        {"kern_gemm_q4_0_q8_0_avx2", kern_gemm_q4_0_q8_0_avx2, DT_Q4_0},
+    };
+    static const size_t ns[] = {1, 2, 3, 4, 6, 8, 16, 64};
+    if (!isa_ok(KERN_ISA_AVX2))
+        return;
+    for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+        if (g_dtype && strcmp(g_dtype, dtype_info(vs[v].dt)->name) != 0)
+            continue;
+        if (strstr(vs[v].name, "avx512") && !isa_ok(KERN_ISA_AVX512))
+            continue;
+        if (vs[v].fn == kern_gemv_bf16_bf16_avx512 || vs[v].fn == kern_gemm_bf16_bf16_avx512)
+            if (!kern_has_avx512bf16())
+                continue;
+        void **w;
+        int copies = make_ring(vs[v].dt, rows, cols, &w);
+        float *x = random_x(64, cols), *y = malloc(64 * rows * sizeof(float));
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            struct bench_load ld;
+            bench_load_begin(&ld);
+            double sec = time_variant(vs[v].fn, vs[v].dt, w, copies, rows, cols, x, ns[i], y);
+            double gbs = (double)matrix_bytes(vs[v].dt, rows, cols) / sec / 1e9;
+            printf("| %s | %zu | %.2f (%.0f%%) | %.1f | %.0f%% |\n", vs[v].name, ns[i], gbs,
+                   100 * gbs / bw, 2.0 * rows * cols * ns[i] / sec / 1e9, 100 * bench_load_end(&ld));
+        }
+        fflush(stdout);
+        free(y);
+        free(x);
+        free_ring(w, copies);
+    }
+}
+
+/* All matmuls of TinyLlama-1.1B (22 layers: q, k, v, o, gate, up, down; and the output). */
+static void bench_model(double bw)
+{
+    struct {
+        size_t rows, cols;
+    } mats[] = {{2048, 2048}, {256, 2048}, {256, 2048}, {2048, 2048},
+                {5632, 2048}, {5632, 2048}, {2048, 5632}};
+    const int layers = 22;
+    const size_t n_prefill = 512;
+    printf("\n### TinyLlama-1.1B matmuls only (best ISA: %s), %d thread(s)\n\n",
+           kern_isa_name(kern_isa()), g_threads);
+    printf("| dtype | weights MB | decode tok/s | GB/s (%% of %.1f) | prefill (n=%zu) tok/s | "
+           "other CPU |\n|---|---|---|---|---|---|\n",
+           bw, n_prefill);
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        enum dtype dt = all_types[ti];
+        if (dt == DT_F32 || (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0))
+            continue; /* f32: 4.4 GB of weights, not a serving format */
+        int nm = layers * 7 + 1;
+        void **w = calloc((size_t)nm, sizeof *w);
+        size_t *rows = calloc((size_t)nm, sizeof *rows), *cols = calloc((size_t)nm, sizeof *cols);
+        size_t total = 0;
+        for (int i = 0; i < nm; i++) {
+            rows[i] = i == nm - 1 ? 32000 : mats[i % 7].rows;
+            cols[i] = i == nm - 1 ? 2048 : mats[i % 7].cols;
+            w[i] = bench_random_matrix(dt, rows[i], cols[i], (uint64_t)i);
+            if (!w[i]) {
+                fprintf(stderr, "kern_bench: out of memory\n");
+                exit(1);
+            }
+            total += matrix_bytes(dt, rows[i], cols[i]);
+        }
+        float *x = random_x(n_prefill, 5632), *y = malloc(n_prefill * 32000 * sizeof(float));
+        struct bench_load ld;
+        bench_load_begin(&ld);
+        double best = 1e30;
+        for (int rep = 0; rep < 5; rep++) {
+            double t = bench_now();
+            for (int i = 0; i < nm; i++)
+                pool_matmul(g_pool, dt, w[i], cols[i], x, 1, y, rows[i], 0, rows[i]);
+            t = bench_now() - t;
+            best = t < best ? t : best;
+        }
+        double t = bench_now();
+        for (int i = 0; i < nm; i++)
+            pool_matmul(g_pool, dt, w[i], cols[i], x, n_prefill, y, rows[i], 0, rows[i]);
+        t = bench_now() - t;
+        printf("| %s | %.0f | %.1f | %.1f (%.0f%%) | %.1f | %.0f%% |\n", dtype_info(dt)->name,
+               total / 1e6, 1 / best, total / best / 1e9, 100 * total / best / 1e9 / bw,
+               n_prefill / t, 100 * bench_load_end(&ld));
+        fflush(stdout);
+        for (int i = 0; i < nm; i++)
+            free(w[i]);
+        free(w);
+        free(rows);
+        free(cols);
+        free(x);
+        free(y);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    cpu_set_t set;
+    sched_getaffinity(0, sizeof set, &set);
+    g_threads = CPU_COUNT(&set);
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            g_threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--quick") == 0)
+            g_min_time = 0.2;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
+        else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc)
+            g_dtype = argv[++i];
+        else {
+            fprintf(stderr, "usage: kern_bench [--threads N] [--quick] "
+                            "[--only gemv|gemm|variants|model] [--dtype NAME]\n");
+            return 2;
+        }
+    }
+    if (kern_init() != 0 || pool_create(g_threads, POOL_PIN_COMPACT, &g_pool) != 0)
+        return 1;
+    enum kern_isa best = kern_isa();
+    double bw = bench_bandwidth(g_pool, (size_t)1 << 30, 8);
+    printf("read-only bandwidth, %d thread(s): %.2f GB/s; kernels: %s\n", g_threads, bw,
+           kern_isa_name(best));
+    if (!only || strcmp(only, "gemv") == 0)
+        bench_gemv(bw);
+    if (!only || strcmp(only, "gemm") == 0)
+        bench_gemm();
+    kern_force_isa(best);
+    if (!only || strcmp(only, "variants") == 0)
+        bench_variants(bw);
+    kern_force_isa(best);
+    if (!only || strcmp(only, "model") == 0)
+        bench_model(bw);
+    pool_destroy(g_pool);
+    return 0;
+}

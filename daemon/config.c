@@ -1,0 +1,1091 @@
+/*
+ * config.c — parsing and validation of clocherd's JSON configuration (see config.h and
+ * docs/DAEMON.md, "Configuration").
+ *
+ * The walker keeps the JSON path of the value being read ("tenants[1].api_keys[0]") in a
+ * small stack so that every message names the exact field. Every object is checked against
+ * its list of known keys before any of its values are read.
+ */
+#include "config.h"
+
+#include "check.h"
+#include "err.h"
+#include "log.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define PATH_BUF 256
+
+/* Defaults (docs/DAEMON.md lists them). */
+#define DEF_LISTEN_TCP "127.0.0.1:50051"
+#define DEF_METRICS "127.0.0.1:9464"
+
+struct walk {
+    const char *label;    /* file name for messages */
+    const char *base_dir; /* for relative paths */
+    char path[PATH_BUF];  /* JSON path of the current value */
+    size_t path_len;
+};
+
+/* ---- messages ---- */
+
+/* Quotes at most 48 bytes of untrusted text, escaping anything not printable ASCII. */
+static const char *quote(const char *s, size_t n, char *buf, size_t cap)
+{
+    size_t o = 0;
+    buf[o++] = '"';
+    for (size_t i = 0; i < n && o + 6 < cap; i++) {
+        if (i == 48) {
+            memcpy(buf + o, "...", 3);
+            o += 3;
+            break;
+        }
+        unsigned char ch = (unsigned char)s[i];
+        if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\')
+            buf[o++] = (char)ch;
+        else
+            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", ch);
+    }
+    buf[o++] = '"';
+    buf[o] = '\0';
+    return buf;
+}
+
+static const char *json_type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+static int fail(struct walk *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(struct walk *w, int code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    LOG_ERR("%s: %s: %s", w->label, w->path_len ? w->path : "(top level)", msg);
+    return code;
+}
+
+/* ---- the path stack ---- */
+
+static size_t push_key(struct walk *w, const char *key)
+{
+    size_t saved = w->path_len;
+    int n = snprintf(w->path + w->path_len, PATH_BUF - w->path_len, "%s%s",
+                     w->path_len ? "." : "", key);
+    if (n > 0)
+        w->path_len = w->path_len + (size_t)n < PATH_BUF ? w->path_len + (size_t)n : PATH_BUF - 1;
+    return saved;
+}
+
+static size_t push_index(struct walk *w, size_t i)
+{
+    size_t saved = w->path_len;
+    int n = snprintf(w->path + w->path_len, PATH_BUF - w->path_len, "[%zu]", i);
+    if (n > 0)
+        w->path_len = w->path_len + (size_t)n < PATH_BUF ? w->path_len + (size_t)n : PATH_BUF - 1;
+    return saved;
+}
+
+static void pop(struct walk *w, size_t saved)
+{
+    w->path_len = saved;
+    w->path[saved] = '\0';
+}
+
+/* ---- typed getters; each reads obj[key] with the path pushed ---- */
+
+/* Rejects keys of obj not in `allowed` (NULL-terminated), naming the first unknown one. */
+static int check_keys(struct walk *w, json_t *obj, const char *const *allowed)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v) {
+        bool known = false;
+        for (const char *const *a = allowed; *a; a++)
+            if (strcmp(*a, key) == 0)
+                known = true;
+        if (!known) {
+            char q[160], list[256];
+            size_t o = 0;
+            list[0] = '\0';
+            for (const char *const *a = allowed; *a && o < sizeof list; a++)
+                o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", a == allowed ? "" : ", ",
+                                      *a);
+            return fail(w, ERR_FORMAT, "unknown key %s (known keys: %s)",
+                        quote(key, strlen(key), q, sizeof q), list);
+        }
+    }
+    return 0;
+}
+
+static int get_object(struct walk *w, json_t *parent, const char *key, json_t **out)
+{
+    json_t *v = json_object_get(parent, key);
+    *out = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_object(v)) {
+        size_t s = push_key(w, key);
+        int rc = fail(w, ERR_FORMAT, "must be an object, got %s", json_type_name(v));
+        pop(w, s);
+        return rc;
+    }
+    *out = v;
+    return 0;
+}
+
+static int get_uint(struct walk *w, json_t *obj, const char *key, uint64_t lo, uint64_t hi,
+                    uint64_t def, uint64_t *out)
+{
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    *out = def;
+    if (!v)
+        return 0;
+    size_t s = push_key(w, key);
+    int rc = 0;
+    if (!json_is_integer(v))
+        rc = fail(w, ERR_FORMAT, "must be an integer in %llu..%llu, got %s",
+                  (unsigned long long)lo, (unsigned long long)hi, json_type_name(v));
+    else if (json_integer_value(v) < 0 || (uint64_t)json_integer_value(v) < lo ||
+             (uint64_t)json_integer_value(v) > hi)
+        rc = fail(w, ERR_RANGE, "must be an integer in %llu..%llu, got %lld",
+                  (unsigned long long)lo, (unsigned long long)hi,
+                  (long long)json_integer_value(v));
+    else
+        *out = (uint64_t)json_integer_value(v);
+    pop(w, s);
+    return rc;
+}
+
+static int get_u32(struct walk *w, json_t *obj, const char *key, uint32_t lo, uint32_t hi,
+                   uint32_t def, uint32_t *out)
+{
+    uint64_t v;
+    int rc = get_uint(w, obj, key, lo, hi, def, &v);
+    *out = (uint32_t)v;
+    return rc;
+}
+
+static int get_seconds(struct walk *w, json_t *obj, const char *key, double lo, double hi,
+                       double def, double *out)
+{
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    *out = def;
+    if (!v)
+        return 0;
+    size_t s = push_key(w, key);
+    int rc = 0;
+    if (!json_is_number(v))
+        rc = fail(w, ERR_FORMAT, "must be a number of seconds in %g..%g, got %s", lo, hi,
+                  json_type_name(v));
+    else if (!(json_number_value(v) >= lo && json_number_value(v) <= hi))
+        rc = fail(w, ERR_RANGE, "must be a number of seconds in %g..%g, got %g", lo, hi,
+                  json_number_value(v));
+    else
+        *out = json_number_value(v);
+    pop(w, s);
+    return rc;
+}
+
+static int get_bool(struct walk *w, json_t *obj, const char *key, bool def, bool *out)
+{
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    *out = def;
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v)) {
+        size_t s = push_key(w, key);
+        int rc = fail(w, ERR_FORMAT, "must be true or false, got %s", json_type_name(v));
+        pop(w, s);
+        return rc;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* A string value: must be valid text without NUL (jansson guarantees UTF-8, not NUL-free). */
+static int string_value(struct walk *w, json_t *v, size_t max_len, const char **out)
+{
+    if (!json_is_string(v))
+        return fail(w, ERR_FORMAT, "must be a string, got %s", json_type_name(v));
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if (strlen(s) != n)
+        return fail(w, ERR_FORMAT, "contains a NUL character");
+    if (n > max_len) {
+        char q[160];
+        return fail(w, ERR_RANGE, "is %zu bytes long, the limit is %zu: %s", n, max_len,
+                    quote(s, n, q, sizeof q));
+    }
+    *out = s;
+    return 0;
+}
+
+/* Optional string: absent or null leaves *out NULL; "" is refused unless allow_empty. */
+static int get_string(struct walk *w, json_t *obj, const char *key, size_t max_len,
+                      bool allow_empty, const char **out)
+{
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    *out = NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    size_t s = push_key(w, key);
+    int rc = string_value(w, v, max_len, out);
+    if (rc == 0 && !allow_empty && **out == '\0')
+        rc = fail(w, ERR_FORMAT, "must not be empty");
+    pop(w, s);
+    return rc;
+}
+
+static int dup_str(const char *s, char **out)
+{
+    *out = NULL;
+    if (!s)
+        return 0;
+    *out = strdup(s);
+    if (!*out) {
+        LOG_ERR("config: out of memory");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* A path: relative ones are taken from the config file's directory. */
+static int make_path(struct walk *w, const char *s, char **out)
+{
+    *out = NULL;
+    if (!s)
+        return 0;
+    if (s[0] == '/')
+        return dup_str(s, out);
+    size_t n = strlen(w->base_dir) + 1 + strlen(s) + 1;
+    if (n > PATH_MAX)
+        return fail(w, ERR_RANGE, "path longer than %d bytes once joined to %s", PATH_MAX,
+                    w->base_dir);
+    *out = malloc(n);
+    if (!*out)
+        return -ENOMEM;
+    snprintf(*out, n, "%s/%s", w->base_dir, s);
+    return 0;
+}
+
+static int get_path(struct walk *w, json_t *obj, const char *key, char **out)
+{
+    const char *s;
+    *out = NULL;
+    int rc = get_string(w, obj, key, PATH_MAX - 1, false, &s);
+    if (rc < 0 || !s)
+        return rc;
+    size_t sv = push_key(w, key);
+    rc = make_path(w, s, out);
+    pop(w, sv);
+    return rc;
+}
+
+/* A file the daemon must be able to read at start (TLS material). */
+static int check_readable(struct walk *w, const char *key, const char *path)
+{
+    if (!path)
+        return 0;
+    if (access(path, R_OK) == 0)
+        return 0;
+    int e = errno;
+    size_t s = push_key(w, key);
+    int rc = fail(w, -e, "cannot read %s: %s", path, strerror(e));
+    pop(w, s);
+    return rc;
+}
+
+/* ---- value formats ---- */
+
+static bool name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n >= CONFIG_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-' && s[i] != '.')
+            return false;
+    return true;
+}
+
+static int check_name(struct walk *w, const char *s)
+{
+    if (name_ok(s))
+        return 0;
+    char q[160];
+    return fail(w, ERR_FORMAT, "must be 1..%d characters of A-Z a-z 0-9 _ - ., got %s",
+                CONFIG_NAME_MAX - 1, quote(s, strlen(s), q, sizeof q));
+}
+
+/*
+ * "host:port" with host an IPv4 literal, "[IPv6]" or a DNS name, port 1..65535. The gateway and
+ * the metrics endpoint resolve it; this only rejects what cannot be an address.
+ */
+static int check_hostport(struct walk *w, const char *s)
+{
+    char q[160];
+    const char *colon = strrchr(s, ':');
+    const char *host_end = colon;
+    if (!colon || colon == s)
+        return fail(w, ERR_FORMAT, "must be host:port (e.g. 127.0.0.1:50051), got %s",
+                    quote(s, strlen(s), q, sizeof q));
+    if (s[0] == '[') {
+        if (colon[-1] != ']' || colon - s < 3)
+            return fail(w, ERR_FORMAT, "an IPv6 address must be written [addr]:port, got %s",
+                        quote(s, strlen(s), q, sizeof q));
+        for (const char *p = s + 1; p < colon - 1; p++)
+            if (!isxdigit((unsigned char)*p) && *p != ':' && *p != '.')
+                return fail(w, ERR_FORMAT, "bad IPv6 address in %s",
+                            quote(s, strlen(s), q, sizeof q));
+    } else {
+        for (const char *p = s; p < host_end; p++)
+            if (!isalnum((unsigned char)*p) && *p != '.' && *p != '-')
+                return fail(w, ERR_FORMAT, "bad host name in %s (IPv6 needs [addr]:port)",
+                            quote(s, strlen(s), q, sizeof q));
+    }
+    const char *port = colon + 1;
+    size_t np = strlen(port);
+    if (np == 0 || np > 5 || strspn(port, "0123456789") != np || atoi(port) < 1 ||
+        atoi(port) > 65535)
+        return fail(w, ERR_RANGE, "port must be 1..65535, got %s",
+                    quote(port, np, q, sizeof q));
+    return 0;
+}
+
+/* Whether a checked host:port names a loopback address (anonymous access is only allowed
+ * when every TCP listener is local). */
+static bool hostport_is_loopback(const char *s)
+{
+    return strncmp(s, "127.", 4) == 0 || strncmp(s, "localhost:", 10) == 0 ||
+           strncmp(s, "[::1]:", 6) == 0;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static int parse_key(struct walk *w, const char *s, struct config_key *k)
+{
+    static const char pfx[] = "sha256:";
+    size_t n = strlen(s);
+    if (strncmp(s, pfx, sizeof pfx - 1) == 0) {
+        const char *h = s + sizeof pfx - 1;
+        if (strlen(h) != 64)
+            return fail(w, ERR_FORMAT, "a sha256: key needs exactly 64 hex digits, got %zu",
+                        strlen(h));
+        for (int i = 0; i < 32; i++) {
+            int hi = hexval(h[2 * i]), lo = hexval(h[2 * i + 1]);
+            if (hi < 0 || lo < 0)
+                return fail(w, ERR_FORMAT, "a sha256: key needs 64 hex digits; character %d is "
+                            "not one", hi < 0 ? 2 * i + 1 : 2 * i + 2);
+            k->sha256[i] = (uint8_t)(hi << 4 | lo);
+        }
+        k->kind = CONFIG_KEY_SHA256;
+        return 0;
+    }
+    if (n < 8 || n > 256)
+        return fail(w, ERR_RANGE, "a plain key must be 8..256 characters, got %zu", n);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f)
+            return fail(w, ERR_FORMAT, "a plain key must be printable ASCII without spaces; "
+                        "character %zu is not", i + 1);
+    k->kind = CONFIG_KEY_PLAIN;
+    return dup_str(s, &k->plain);
+}
+
+static bool key_equal(const struct config_key *a, const struct config_key *b)
+{
+    if (a->kind != b->kind)
+        return false;
+    if (a->kind == CONFIG_KEY_SHA256)
+        return memcmp(a->sha256, b->sha256, 32) == 0;
+    return strcmp(a->plain, b->plain) == 0;
+}
+
+/* ---- sections ---- */
+
+static int parse_listen(struct walk *w, json_t *root, struct config *c)
+{
+    static const char *const keys[] = {"tcp", "unix", NULL};
+    json_t *o;
+    const char *tcp = DEF_LISTEN_TCP, *unx = NULL;
+    int rc = get_object(w, root, "listen", &o);
+    if (rc < 0)
+        return rc;
+    size_t s = push_key(w, "listen");
+    if (o) {
+        if ((rc = check_keys(w, o, keys)) < 0)
+            goto out;
+        json_t *t = json_object_get(o, "tcp");
+        if (t && json_is_null(t))
+            tcp = NULL;
+        else if (t && (rc = get_string(w, o, "tcp", 300, false, &tcp)) < 0)
+            goto out;
+        if ((rc = get_string(w, o, "unix", sizeof(((struct sockaddr_un *)0)->sun_path) - 1,
+                             false, &unx)) < 0)
+            goto out;
+    }
+    if (tcp) {
+        size_t s2 = push_key(w, "tcp");
+        rc = check_hostport(w, tcp);
+        pop(w, s2);
+        if (rc < 0)
+            goto out;
+    }
+    if (!tcp && !unx) {
+        rc = fail(w, ERR_FORMAT, "no listener left: set tcp, unix or both");
+        goto out;
+    }
+    if ((rc = dup_str(tcp, &c->listen_tcp)) < 0)
+        goto out;
+    if (unx) {
+        size_t s2 = push_key(w, "unix");
+        rc = make_path(w, unx, &c->listen_unix);
+        if (rc == 0 && strlen(c->listen_unix) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+            rc = fail(w, ERR_RANGE, "socket path %s is longer than %zu bytes", c->listen_unix,
+                      sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+        pop(w, s2);
+    }
+out:
+    pop(w, s);
+    return rc;
+}
+
+static int parse_tls(struct walk *w, json_t *root, struct config *c)
+{
+    static const char *const keys[] = {"cert", "key", "client_ca", NULL};
+    json_t *o;
+    int rc = get_object(w, root, "tls", &o);
+    if (rc < 0 || !o)
+        return rc;
+    size_t s = push_key(w, "tls");
+    if ((rc = check_keys(w, o, keys)) < 0 || (rc = get_path(w, o, "cert", &c->tls_cert)) < 0 ||
+        (rc = get_path(w, o, "key", &c->tls_key)) < 0 ||
+        (rc = get_path(w, o, "client_ca", &c->tls_client_ca)) < 0)
+        goto out;
+    if (!c->tls_cert != !c->tls_key) {
+        rc = fail(w, ERR_FORMAT, "cert and key go together: %s is missing",
+                  c->tls_cert ? "key" : "cert");
+        goto out;
+    }
+    if (c->tls_client_ca && !c->tls_cert) {
+        rc = fail(w, ERR_FORMAT, "client_ca needs cert and key");
+        goto out;
+    }
+    if ((rc = check_readable(w, "cert", c->tls_cert)) < 0 ||
+        (rc = check_readable(w, "key", c->tls_key)) < 0 ||
+        (rc = check_readable(w, "client_ca", c->tls_client_ca)) < 0)
+        goto out;
+out:
+    pop(w, s);
+    return rc;
+}
+
+static int parse_metrics(struct walk *w, json_t *root, struct config *c)
+{
+    static const char *const keys[] = {"listen", NULL};
+    json_t *o;
+    const char *l = DEF_METRICS;
+    int rc = get_object(w, root, "metrics", &o);
+    if (rc < 0)
+        return rc;
+    size_t s = push_key(w, "metrics");
+    if (o) {
+        if ((rc = check_keys(w, o, keys)) < 0)
+            goto out;
+        json_t *v = json_object_get(o, "listen");
+        if (v && json_is_null(v))
+            l = NULL;
+        else if (v && (rc = get_string(w, o, "listen", 300, false, &l)) < 0)
+            goto out;
+    }
+    if (l) {
+        size_t s2 = push_key(w, "listen");
+        rc = check_hostport(w, l);
+        pop(w, s2);
+        if (rc < 0)
+            goto out;
+    }
+    rc = dup_str(l, &c->metrics_listen);
+out:
+    pop(w, s);
+    return rc;
+}
+
+static int parse_limits(struct walk *w, json_t *root, struct config *c)
+{
+    static const char *const keys[] = {"max_message_bytes", "max_prompt_tokens", "max_tokens",
+                                       "max_streams_per_connection", "max_queue", NULL};
+    json_t *o;
+    int rc = get_object(w, root, "limits", &o);
+    if (rc < 0)
+        return rc;
+    size_t s = push_key(w, "limits");
+    struct config_limits *l = &c->limits;
+    if ((o && (rc = check_keys(w, o, keys)) < 0) ||
+        (rc = get_u32(w, o, "max_message_bytes", 1024, 64u << 20, 4u << 20,
+                      &l->max_message_bytes)) < 0 ||
+        (rc = get_u32(w, o, "max_prompt_tokens", 1, 1u << 20, 4096, &l->max_prompt_tokens)) < 0 ||
+        (rc = get_u32(w, o, "max_tokens", 1, 1u << 20, 2048, &l->max_tokens)) < 0 ||
+        (rc = get_u32(w, o, "max_streams_per_connection", 1, 65536, 100,
+                      &l->max_streams_per_connection)) < 0 ||
+        (rc = get_u32(w, o, "max_queue", 1, 1u << 20, 256, &l->max_queue)) < 0)
+        goto out;
+out:
+    pop(w, s);
+    return rc;
+}
+
+static int parse_supervisor(struct walk *w, json_t *root, struct config *c)
+{
+    static const char *const keys[] = {"respawn_initial_ms", "respawn_max_ms", "crash_loop_max",
+                                       "crash_loop_window_s", "stable_after_s", "stop_grace_s",
+                                       "ready_timeout_s", "heartbeat_timeout_s", NULL};
+    json_t *o;
+    int rc = get_object(w, root, "supervisor", &o);
+    if (rc < 0)
+        return rc;
+    size_t s = push_key(w, "supervisor");
+    struct config_supervisor *p = &c->sup;
+    if ((o && (rc = check_keys(w, o, keys)) < 0) ||
+        (rc = get_u32(w, o, "respawn_initial_ms", 10, 60000, 100, &p->respawn_initial_ms)) < 0 ||
+        (rc = get_u32(w, o, "respawn_max_ms", 10, 3600000, 10000, &p->respawn_max_ms)) < 0 ||
+        (rc = get_u32(w, o, "crash_loop_max", 1, 1000, 5, &p->crash_loop_max)) < 0 ||
+        (rc = get_u32(w, o, "crash_loop_window_s", 1, 86400, 60, &p->crash_loop_window_s)) < 0 ||
+        (rc = get_u32(w, o, "stable_after_s", 1, 86400, 60, &p->stable_after_s)) < 0 ||
+        (rc = get_u32(w, o, "stop_grace_s", 0, 3600, 10, &p->stop_grace_s)) < 0 ||
+        (rc = get_u32(w, o, "ready_timeout_s", 1, 86400, 300, &p->ready_timeout_s)) < 0 ||
+        (rc = get_u32(w, o, "heartbeat_timeout_s", 1, 3600, 30, &p->heartbeat_timeout_s)) < 0)
+        goto out;
+    if (p->respawn_max_ms < p->respawn_initial_ms) {
+        size_t s2 = push_key(w, "respawn_max_ms");
+        rc = fail(w, ERR_RANGE, "must be >= respawn_initial_ms (%u), got %u",
+                  p->respawn_initial_ms, p->respawn_max_ms);
+        pop(w, s2);
+    }
+out:
+    pop(w, s);
+    return rc;
+}
+
+static int parse_hot(struct walk *w, json_t *root, struct config *c)
+{
+    static const char *const keys[] = {"enabled", "limit_mb", NULL};
+    json_t *o;
+    int rc = get_object(w, root, "hot_replication", &o);
+    if (rc < 0)
+        return rc;
+    size_t s = push_key(w, "hot_replication");
+    if ((o && (rc = check_keys(w, o, keys)) < 0) ||
+        (rc = get_bool(w, o, "enabled", false, &c->hot_replicate)) < 0 ||
+        (rc = get_uint(w, o, "limit_mb", 0, 1u << 24, 0, &c->hot_repl_limit_mb)) < 0)
+        goto out;
+out:
+    pop(w, s);
+    return rc;
+}
+
+static int parse_adapters(struct walk *w, json_t *root, struct config *c)
+{
+    json_t *o;
+    int rc = get_object(w, root, "adapters", &o);
+    if (rc < 0 || !o)
+        return rc;
+    size_t s = push_key(w, "adapters");
+    size_t n = json_object_size(o);
+    c->adapters = calloc(n ? n : 1, sizeof *c->adapters);
+    if (!c->adapters) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    const char *name;
+    json_t *v;
+    json_object_foreach(o, name, v) {
+        size_t s2 = push_key(w, name);
+        const char *dir = NULL;
+        if ((rc = check_name(w, name)) == 0 && (rc = string_value(w, v, PATH_MAX - 1, &dir)) == 0 &&
+            !*dir)
+            rc = fail(w, ERR_FORMAT, "must name the adapter's directory, got \"\"");
+        struct config_adapter *a = &c->adapters[c->n_adapters];
+        if (rc == 0 && (rc = dup_str(name, &a->name)) == 0) {
+            c->n_adapters++;
+            rc = make_path(w, dir, &a->dir);
+        }
+        pop(w, s2);
+        if (rc < 0)
+            goto out;
+    }
+out:
+    pop(w, s);
+    return rc;
+}
+
+static int parse_tenant(struct walk *w, json_t *o, struct config_tenant *t)
+{
+    static const char *const keys[] = {"name", "api_keys", "allowed_adapters",
+                                       "max_concurrent_streams", NULL};
+    const char *name;
+    int rc;
+    if (!json_is_object(o))
+        return fail(w, ERR_FORMAT, "must be an object, got %s", json_type_name(o));
+    if ((rc = check_keys(w, o, keys)) < 0 || (rc = get_string(w, o, "name", 256, true, &name)) < 0)
+        return rc;
+    if (!name) {
+        size_t s = push_key(w, "name");
+        rc = fail(w, ERR_FORMAT, "is required");
+        pop(w, s);
+        return rc;
+    }
+    size_t s = push_key(w, "name");
+    rc = check_name(w, name);
+    pop(w, s);
+    if (rc < 0 || (rc = dup_str(name, &t->name)) < 0)
+        return rc;
+
+    json_t *ks = json_object_get(o, "api_keys");
+    s = push_key(w, "api_keys");
+    if (!ks)
+        rc = fail(w, ERR_FORMAT, "is required (a list of at least one key)");
+    else if (!json_is_array(ks))
+        rc = fail(w, ERR_FORMAT, "must be an array of strings, got %s", json_type_name(ks));
+    else if (json_array_size(ks) == 0)
+        rc = fail(w, ERR_FORMAT, "must hold at least one key");
+    else if (json_array_size(ks) > 1024)
+        rc = fail(w, ERR_RANGE, "holds %zu keys, the limit is 1024", json_array_size(ks));
+    if (rc == 0 && !(t->keys = calloc(json_array_size(ks), sizeof *t->keys)))
+        rc = -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < json_array_size(ks); i++) {
+        size_t s2 = push_index(w, i);
+        const char *k;
+        if ((rc = string_value(w, json_array_get(ks, i), 300, &k)) == 0 &&
+            (rc = parse_key(w, k, &t->keys[i])) == 0)
+            t->n_keys++;
+        pop(w, s2);
+    }
+    pop(w, s);
+    if (rc < 0)
+        return rc;
+
+    json_t *aa = json_object_get(o, "allowed_adapters");
+    s = push_key(w, "allowed_adapters");
+    if (!aa || (json_is_string(aa) && strcmp(json_string_value(aa), "*") == 0)) {
+        /* absent = every adapter: a tenant is limited only when the file says so */
+        t->all_adapters = true;
+    } else if (json_is_array(aa)) {
+        if (json_array_size(aa) > 4096)
+            rc = fail(w, ERR_RANGE, "holds %zu names, the limit is 4096", json_array_size(aa));
+        else if (!(t->allowed_adapters = calloc(json_array_size(aa) + 1, sizeof(char *))))
+            rc = -ENOMEM;
+        for (size_t i = 0; rc == 0 && i < json_array_size(aa); i++) {
+            size_t s2 = push_index(w, i);
+            const char *a;
+            if ((rc = string_value(w, json_array_get(aa, i), 256, &a)) == 0 &&
+                (rc = check_name(w, a)) == 0 &&
+                (rc = dup_str(a, &t->allowed_adapters[t->n_allowed])) == 0)
+                t->n_allowed++;
+            pop(w, s2);
+        }
+    } else {
+        rc = fail(w, ERR_FORMAT, "must be \"*\" or an array of adapter names, got %s",
+                  json_is_string(aa) ? "another string" : json_type_name(aa));
+    }
+    pop(w, s);
+    if (rc < 0)
+        return rc;
+    return get_u32(w, o, "max_concurrent_streams", 0, 1u << 20, 0, &t->max_concurrent_streams);
+}
+
+static int parse_tenants(struct walk *w, json_t *root, struct config *c)
+{
+    json_t *a = json_object_get(root, "tenants");
+    if (!a || json_is_null(a))
+        return 0;
+    size_t s = push_key(w, "tenants");
+    int rc = 0;
+    if (!json_is_array(a))
+        rc = fail(w, ERR_FORMAT, "must be an array of objects, got %s", json_type_name(a));
+    else if (json_array_size(a) > 4096)
+        rc = fail(w, ERR_RANGE, "holds %zu tenants, the limit is 4096", json_array_size(a));
+    else if (!(c->tenants = calloc(json_array_size(a) + 1, sizeof *c->tenants)))
+        rc = -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < json_array_size(a); i++) {
+        size_t s2 = push_index(w, i);
+        struct config_tenant *t = &c->tenants[c->n_tenants++];
+        rc = parse_tenant(w, json_array_get(a, i), t);
+        /* names and keys are unique across tenants: a key must identify one tenant */
+        for (size_t j = 0; rc == 0 && j < i; j++) {
+            const struct config_tenant *u = &c->tenants[j];
+            if (strcmp(u->name, t->name) == 0) {
+                size_t s3 = push_key(w, "name");
+                rc = fail(w, ERR_FORMAT, "duplicate tenant name \"%s\" (also tenants[%zu])",
+                          t->name, j);
+                pop(w, s3);
+            }
+            for (size_t x = 0; rc == 0 && x < t->n_keys; x++)
+                for (size_t y = 0; rc == 0 && y < u->n_keys; y++)
+                    if (key_equal(&t->keys[x], &u->keys[y])) {
+                        size_t s3 = push_key(w, "api_keys");
+                        size_t s4 = push_index(w, x);
+                        rc = fail(w, ERR_FORMAT, "the same key is given to tenants[%zu] (\"%s\")",
+                                  j, u->name);
+                        pop(w, s4);
+                        pop(w, s3);
+                    }
+        }
+        for (size_t x = 0; rc == 0 && x < t->n_keys; x++)
+            for (size_t y = 0; rc == 0 && y < x; y++)
+                if (key_equal(&t->keys[x], &t->keys[y])) {
+                    size_t s3 = push_key(w, "api_keys");
+                    size_t s4 = push_index(w, x);
+                    rc = fail(w, ERR_FORMAT, "duplicate of api_keys[%zu]", y);
+                    pop(w, s4);
+                    pop(w, s3);
+                }
+        pop(w, s2);
+    }
+    pop(w, s);
+    return rc;
+}
+
+/* ---- lifecycle ---- */
+
+static void free_config(struct config *c)
+{
+    if (!c)
+        return;
+    free(c->path);
+    free(c->listen_tcp);
+    free(c->listen_unix);
+    free(c->tls_cert);
+    free(c->tls_key);
+    free(c->tls_client_ca);
+    free(c->metrics_listen);
+    free(c->model_dir);
+    free(c->worker_binary);
+    for (size_t i = 0; i < c->n_tenants; i++) {
+        struct config_tenant *t = &c->tenants[i];
+        free(t->name);
+        for (size_t k = 0; k < t->n_keys; k++)
+            free(t->keys[k].plain);
+        free(t->keys);
+        for (size_t k = 0; k < t->n_allowed; k++)
+            free(t->allowed_adapters[k]);
+        free(t->allowed_adapters);
+    }
+    free(c->tenants);
+    for (size_t i = 0; i < c->n_adapters; i++) {
+        free(c->adapters[i].name);
+        free(c->adapters[i].dir);
+    }
+    free(c->adapters);
+    c->magic = 0;
+    free(c);
+}
+
+struct config *config_ref(struct config *c)
+{
+    CHECK(c && c->magic == CONFIG_MAGIC);
+    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+    return c;
+}
+
+void config_unref(struct config *c)
+{
+    if (!c)
+        return;
+    CHECK(c->magic == CONFIG_MAGIC);
+    /* acq_rel: the thread that frees sees every other thread's last use of the snapshot */
+    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+        free_config(c);
+}
+
+int config_parse(const char *label, const char *base_dir, const char *json, size_t len,
+                 const char *model_dir_override, struct config **out)
+{
+    static const char *const keys[] = {
+        "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
+        "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
+        "supervisor", NULL};
+    struct walk w = {.label = label ? label : "config", .base_dir = base_dir ? base_dir : "/"};
+    json_error_t jerr;
+    int rc;
+    *out = NULL;
+
+    struct config *c = calloc(1, sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    c->magic = CONFIG_MAGIC;
+    atomic_init(&c->refs, 1);
+
+    /* REJECT_DUPLICATES: "workers" given twice is a mistake, not "the last one wins" */
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        LOG_ERR("%s:%d:%d: invalid JSON: %s", w.label, jerr.line, jerr.column, jerr.text);
+        rc = ERR_FORMAT;
+        goto fail;
+    }
+    if (!json_is_object(root)) {
+        rc = fail(&w, ERR_FORMAT, "must be a JSON object, got %s", json_type_name(root));
+        goto fail;
+    }
+    if ((rc = check_keys(&w, root, keys)) < 0 || (rc = parse_listen(&w, root, c)) < 0 ||
+        (rc = parse_tls(&w, root, c)) < 0 || (rc = parse_metrics(&w, root, c)) < 0 ||
+        (rc = get_path(&w, root, "worker_binary", &c->worker_binary)) < 0 ||
+        (rc = get_u32(&w, root, "workers", 0, CONFIG_MAX_WORKERS, 0, &c->workers)) < 0 ||
+        (rc = get_u32(&w, root, "threads_per_worker", 0, 1024, 0, &c->threads_per_worker)) < 0 ||
+        (rc = get_uint(&w, root, "kv_budget_mb", 0, 1u << 24, 0, &c->kv_budget_mb)) < 0 ||
+        (rc = parse_limits(&w, root, c)) < 0 ||
+        (rc = get_seconds(&w, root, "drain_timeout_s", 0, 86400, 30, &c->drain_timeout_s)) < 0 ||
+        (rc = parse_supervisor(&w, root, c)) < 0 || (rc = parse_hot(&w, root, c)) < 0 ||
+        (rc = parse_adapters(&w, root, c)) < 0 || (rc = parse_tenants(&w, root, c)) < 0)
+        goto fail;
+
+    if (model_dir_override) {
+        if ((rc = make_path(&w, model_dir_override, &c->model_dir)) < 0)
+            goto fail;
+    } else if ((rc = get_path(&w, root, "model_dir", &c->model_dir)) < 0) {
+        goto fail;
+    } else if (!c->model_dir) {
+        size_t s = push_key(&w, "model_dir");
+        rc = fail(&w, ERR_FORMAT, "is required (the IEBIN model directory; or clocherd "
+                  "--model-dir)");
+        pop(&w, s);
+        goto fail;
+    }
+
+    for (size_t i = 0; i < c->n_tenants; i++)
+        for (size_t k = 0; k < c->tenants[i].n_allowed; k++)
+            if (!config_find_adapter(c, c->tenants[i].allowed_adapters[k]))
+                LOG_WARN("%s: tenants[%zu].allowed_adapters[%zu]: \"%s\" is not in adapters; it "
+                         "must be loaded at run time to be usable",
+                         w.label, i, k, c->tenants[i].allowed_adapters[k]);
+
+    /* Without tenants nobody is asked for a key: only acceptable on local listeners. */
+    if (c->n_tenants == 0 && c->listen_tcp && !hostport_is_loopback(c->listen_tcp)) {
+        size_t s = push_key(&w, "tenants");
+        rc = fail(&w, ERR_FORMAT, "no tenants while listen.tcp (%s) is not a loopback address: "
+                  "anonymous access is only allowed on local listeners", c->listen_tcp);
+        pop(&w, s);
+        goto fail;
+    }
+
+    json_decref(root);
+    *out = c;
+    return 0;
+fail:
+    json_decref(root);
+    free_config(c);
+    return rc;
+}
+
+int config_load(const char *path, const char *model_dir_override, struct config **out)
+{
+    *out = NULL;
+    char *abs = realpath(path, NULL);
+    if (!abs) {
+        int e = errno;
+        LOG_ERR("config %s: %s", path, strerror(e));
+        return -e;
+    }
+    int rc;
+    char *buf = NULL, *dir = NULL;
+    int fd = open(abs, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        rc = -errno;
+        LOG_ERR("config %s: %s", abs, strerror(-rc));
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        LOG_ERR("config %s: not a regular file", abs);
+        rc = ERR_FORMAT;
+        goto out;
+    }
+    if ((uint64_t)st.st_size > CONFIG_FILE_MAX) {
+        LOG_ERR("config %s: %lld bytes, the limit is %u", abs, (long long)st.st_size,
+                CONFIG_FILE_MAX);
+        rc = ERR_RANGE;
+        goto out;
+    }
+    size_t n = (size_t)st.st_size, got = 0;
+    buf = malloc(n + 1);
+    if (!buf) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = r < 0 ? -errno : ERR_TRUNCATED;
+            LOG_ERR("config %s: read failed: %s", abs, r < 0 ? strerror(errno) : "file shrank");
+            goto out;
+        }
+        got += (size_t)r;
+    }
+    dir = strdup(abs);
+    if (!dir) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        slash[1] = '\0';
+    else
+        *slash = '\0';
+    rc = config_parse(abs, dir, buf, n, model_dir_override, out);
+    if (rc == 0) {
+        (*out)->path = abs;
+        abs = NULL;
+    }
+out:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    free(dir);
+    free(abs);
+    return rc;
+}
+
+/* ---- reload ---- */
+
+static bool str_eq(const char *a, const char *b)
+{
+    return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+static void keep_str(char **fresh, char *const *running, const char *field, int *n)
+{
+    if (str_eq(*fresh, *running))
+        return;
+    LOG_WARN("config reload: %s changed (\"%s\" -> \"%s\"); it takes effect at restart", field,
+             *running ? *running : "", *fresh ? *fresh : "");
+    free(*fresh);
+    *fresh = *running ? strdup(*running) : NULL;
+    CHECK(!*running || *fresh);
+    (*n)++;
+}
+
+#define KEEP_NUM(field, name)                                                                 \
+    do {                                                                                      \
+        if (fresh->field != running->field) {                                                 \
+            LOG_WARN("config reload: %s changed (%llu -> %llu); it takes effect at restart",  \
+                     name, (unsigned long long)running->field,                               \
+                     (unsigned long long)fresh->field);                                       \
+            fresh->field = running->field;                                                    \
+            n++;                                                                              \
+        }                                                                                     \
+    } while (0)
+
+int config_keep_restart_fields(struct config *fresh, const struct config *running)
+{
+    int n = 0;
+    keep_str(&fresh->listen_tcp, &running->listen_tcp, "listen.tcp", &n);
+    keep_str(&fresh->listen_unix, &running->listen_unix, "listen.unix", &n);
+    keep_str(&fresh->tls_cert, &running->tls_cert, "tls.cert", &n);
+    keep_str(&fresh->tls_key, &running->tls_key, "tls.key", &n);
+    keep_str(&fresh->tls_client_ca, &running->tls_client_ca, "tls.client_ca", &n);
+    keep_str(&fresh->metrics_listen, &running->metrics_listen, "metrics.listen", &n);
+    keep_str(&fresh->model_dir, &running->model_dir, "model_dir", &n);
+    keep_str(&fresh->worker_binary, &running->worker_binary, "worker_binary", &n);
+    KEEP_NUM(workers, "workers");
+    KEEP_NUM(threads_per_worker, "threads_per_worker");
+    KEEP_NUM(kv_budget_mb, "kv_budget_mb");
+    KEEP_NUM(hot_replicate, "hot_replication.enabled");
+    KEEP_NUM(hot_repl_limit_mb, "hot_replication.limit_mb");
+    KEEP_NUM(limits.max_message_bytes, "limits.max_message_bytes");
+    return n;
+}
+
+/* ---- lookups ---- */
+
+const struct config_tenant *config_find_tenant(const struct config *c, const char *name)
+{
+    for (size_t i = 0; name && i < c->n_tenants; i++)
+        if (strcmp(c->tenants[i].name, name) == 0)
+            return &c->tenants[i];
+    return NULL;
+}
+
+const struct config_adapter *config_find_adapter(const struct config *c, const char *name)
+{
+    for (size_t i = 0; name && i < c->n_adapters; i++)
+        if (strcmp(c->adapters[i].name, name) == 0)
+            return &c->adapters[i];
+    return NULL;
+}
+
+bool config_tenant_allows(const struct config_tenant *t, const char *name)
+{
+    if (!name || t->all_adapters)
+        return true;
+    for (size_t i = 0; i < t->n_allowed; i++)
+        if (strcmp(t->allowed_adapters[i], name) == 0)
+            return true;
+    return false;
+}
+
+/* ---- the shared snapshot ---- */
+
+void config_ptr_init(struct config_ptr *p, struct config *c)
+{
+    CHECK(pthread_mutex_init(&p->mu, NULL) == 0);
+    p->cur = c;
+}
+
+void config_ptr_fini(struct config_ptr *p)
+{
+    config_unref(p->cur);
+    p->cur = NULL;
+    pthread_mutex_destroy(&p->mu);
+}
+
+struct config *config_ptr_get(struct config_ptr *p)
+{
+    pthread_mutex_lock(&p->mu);
+    struct config *c = config_ref(p->cur);
+    pthread_mutex_unlock(&p->mu);
+    return c;
+}
+
+void config_ptr_set(struct config_ptr *p, struct config *c)
+{
+    pthread_mutex_lock(&p->mu);
+    struct config *old = p->cur;
+    p->cur = c;
+    pthread_mutex_unlock(&p->mu);
+    config_unref(old); /* outside the lock: freeing may take a while */
+}

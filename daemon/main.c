@@ -1,0 +1,288 @@
+/*
+ * main.c — clocherd, Clocher's inference daemon: one supervisor on a libuv loop (daemon/sup.c)
+ * placing one clocher-worker process per NUMA node (or --workers N) and a gRPC gateway in
+ * front of them (daemon/gw.c). docs/DAEMON.md is the manual.
+ *
+ * Exit status: 0 after a clean stop (SIGTERM/SIGINT), 1 on a runtime failure (a listener that
+ * cannot bind, out of memory), 2 on a configuration error or when not one worker could start
+ * (systemd's RestartPreventExitStatus=2: restarting cannot fix either).
+ *
+ * NOTES: start-up order matters: configuration and topology are checked before anything is
+ * created; the gateway binds its listeners before any worker is spawned (a port in use fails
+ * fast); at the end the supervisor stops the loop once every worker has exited, then the
+ * gateway and metrics close their handles and the loop runs once more to release them.
+ */
+#include "config.h"
+#include "err.h"
+#include "log.h"
+#include "sup.h"
+#include "topo.h"
+#include "workers.h"
+#ifdef CLOCHER_HAVE_GATEWAY
+#include "gw.h"
+#endif
+#ifdef CLOCHER_HAVE_METRICS
+#include "metrics.h"
+#endif
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define WORKER_NAME "clocher-worker"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: clocherd [OPTIONS]\n"
+            "\n"
+            "Serves an IEBIN model over gRPC with one worker process per NUMA node.\n"
+            "\n"
+            "  -c, --config FILE        JSON configuration (docs/DAEMON.md); without it,\n"
+            "                           --model-dir is required and every default applies\n"
+            "  -m, --model-dir DIR      the model (overrides model_dir)\n"
+            "  -w, --workers N          N workers sharing the CPUs (0 = one per NUMA node;\n"
+            "                           overrides workers)\n"
+            "      --worker-binary PATH the worker program (default: beside clocherd)\n"
+            "      --topology-root DIR  read the NUMA topology from a directory shaped like\n"
+            "                           /sys/devices/system/node (also $%s)\n"
+            "      --check-config       validate the configuration and exit\n"
+            "      --print-plan         print where each worker would run and exit\n"
+            "  -h, --help               this text\n"
+            "      --version            the version\n"
+            "\n"
+            "Signals: SIGTERM/SIGINT drain and stop (twice: stop without draining), SIGHUP\n"
+            "re-reads the configuration. Exit status: 0 clean stop, 1 failure, 2 configuration\n"
+            "error or no worker could start.\n",
+            TOPO_ENV_ROOT);
+}
+
+/* Under systemd, stderr is a journal stream: a "<N>" prefix sets each line's priority. */
+static void journal_sink(enum log_level level, const char *msg, void *ud)
+{
+    (void)ud;
+    static const int prio[] = {3 /* err */, 4 /* warning */, 6 /* info */, 7 /* debug */};
+    if ((int)level > (int)log_get_level())
+        return;
+    fprintf(stderr, "<%d>%s\n", prio[level], msg);
+}
+
+/* The worker program: the option, the configuration, then beside us (installed: libexec). */
+static int find_worker(const char *opt, const struct config *c, char *out, size_t cap)
+{
+    if (opt || c->worker_binary) {
+        const char *p = opt ? opt : c->worker_binary;
+        if (access(p, X_OK) != 0) {
+            int e = errno;
+            LOG_ERR("worker binary %s%s: %s", p, opt ? "" : " (worker_binary)", strerror(e));
+            return -e;
+        }
+        snprintf(out, cap, "%s", p);
+        return 0;
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        LOG_ERR("readlink(/proc/self/exe): %s", strerror(errno));
+        return -errno;
+    }
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    *slash = '\0';
+    static const char *const rel[] = {"", "/../libexec/clocher", "/../worker"};
+    for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+        snprintf(out, cap, "%s%s/" WORKER_NAME, self, rel[i]);
+        if (access(out, X_OK) == 0)
+            return 0;
+    }
+    LOG_ERR("cannot find %s beside %s (nor in ../libexec/clocher): give --worker-binary or "
+            "worker_binary",
+            WORKER_NAME, self);
+    return -ENOENT;
+}
+
+int main(int argc, char **argv)
+{
+    enum { OPT_WORKER_BIN = 256, OPT_TOPO, OPT_CHECK, OPT_PLAN, OPT_VERSION };
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"model-dir", required_argument, NULL, 'm'},
+        {"workers", required_argument, NULL, 'w'},
+        {"worker-binary", required_argument, NULL, OPT_WORKER_BIN},
+        {"topology-root", required_argument, NULL, OPT_TOPO},
+        {"check-config", no_argument, NULL, OPT_CHECK},
+        {"print-plan", no_argument, NULL, OPT_PLAN},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config_path = NULL, *model_dir = NULL, *worker_opt = NULL;
+    const char *topo_root = getenv(TOPO_ENV_ROOT);
+    bool check_only = false, plan_only = false;
+    int workers_override = -1;
+
+    log_set_ident("clocherd");
+    if (getenv("JOURNAL_STREAM"))
+        log_set_sink(journal_sink, NULL);
+
+    int ch;
+    while ((ch = getopt_long(argc, argv, "c:m:w:h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'c': config_path = optarg; break;
+        case 'm': model_dir = optarg; break;
+        case 'w': {
+            char *end;
+            errno = 0;
+            long v = strtol(optarg, &end, 10);
+            if (errno || *end || end == optarg || v < 0 || v > CONFIG_MAX_WORKERS) {
+                fprintf(stderr, "clocherd: --workers: want an integer in 0..%d, got \"%s\"\n",
+                        CONFIG_MAX_WORKERS, optarg);
+                return SUP_EXIT_FATAL;
+            }
+            workers_override = (int)v;
+            break;
+        }
+        case OPT_WORKER_BIN: worker_opt = optarg; break;
+        case OPT_TOPO: topo_root = optarg; break;
+        case OPT_CHECK: check_only = true; break;
+        case OPT_PLAN: plan_only = true; break;
+        case 'h': usage(stdout); return 0;
+        case OPT_VERSION: printf("clocherd %s\n", CLOCHER_VERSION); return 0;
+        default: usage(stderr); return SUP_EXIT_FATAL;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "clocherd: unexpected argument \"%s\"\n", argv[optind]);
+        usage(stderr);
+        return SUP_EXIT_FATAL;
+    }
+    if (topo_root && !*topo_root)
+        topo_root = NULL;
+
+    /* ---- configuration and placement: all checked before anything starts ---- */
+    struct config *cfg = NULL;
+    int rc;
+    if (config_path) {
+        rc = config_load(config_path, model_dir, &cfg);
+    } else if (model_dir) {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) {
+            LOG_ERR("getcwd: %s", strerror(errno));
+            return SUP_EXIT_FAILURE;
+        }
+        rc = config_parse("(defaults)", cwd, "{}", 2, model_dir, &cfg);
+    } else {
+        fprintf(stderr, "clocherd: give --config FILE or --model-dir DIR\n");
+        usage(stderr);
+        return SUP_EXIT_FATAL;
+    }
+    if (rc < 0)
+        return SUP_EXIT_FATAL; /* the reason was logged where it was found */
+
+    struct sup_options so = {.config_path = cfg->path && *cfg->path ? cfg->path : NULL,
+                             .model_dir_override = model_dir,
+                             .workers_override = workers_override};
+    sup_apply_overrides(cfg, &so);
+
+    struct topo *topo = NULL;
+    struct topo_plan *plan = NULL;
+    int exit_code = SUP_EXIT_FATAL;
+    if ((rc = topo_discover(topo_root, &topo)) < 0 ||
+        (rc = topo_plan_create(topo, cfg->workers, &plan)) < 0)
+        goto out_cfg;
+    /* a fake topology describes another machine: its nodes may not exist here */
+    so.numa = topo->numa && !topo_root;
+
+    if (plan_only || check_only) {
+        if (plan_only) {
+            printf("%zu workers (%s)\n", plan->n,
+                   cfg->workers ? "--workers/workers" : "one per NUMA node");
+            for (size_t i = 0; i < plan->n; i++) {
+                char cpus[1024];
+                if (topo_cpulist_format(plan->shares[i].cpus, plan->shares[i].n_cpus, cpus,
+                                        sizeof cpus) < 0)
+                    snprintf(cpus, sizeof cpus, "(%zu CPUs)", plan->shares[i].n_cpus);
+                printf("worker %zu: node %d, cpus %s\n", i, plan->shares[i].node, cpus);
+            }
+        }
+        if (check_only)
+            printf("configuration ok: model %s, %zu workers, %zu tenants, %zu adapters\n",
+                   cfg->model_dir, plan->n, cfg->n_tenants, cfg->n_adapters);
+        exit_code = 0;
+        goto out_plan;
+    }
+
+    char worker_bin[PATH_MAX];
+    if (find_worker(worker_opt, cfg, worker_bin, sizeof worker_bin) < 0)
+        goto out_plan;
+    so.worker_binary = worker_bin;
+
+    /* ---- the daemon ---- */
+    /* a client gone mid-write must be an error on that socket, not the end of the daemon */
+    signal(SIGPIPE, SIG_IGN);
+    exit_code = SUP_EXIT_FAILURE;
+    uv_loop_t loop;
+    if ((rc = uv_loop_init(&loop)) < 0) {
+        LOG_ERR("uv_loop_init: %s", uv_strerror(rc));
+        goto out_plan;
+    }
+    struct config_ptr cptr;
+    config_ptr_init(&cptr, cfg);
+    cfg = NULL; /* cptr holds it now */
+    struct workers *w = NULL;
+    struct sup *sup = NULL;
+#ifdef CLOCHER_HAVE_GATEWAY
+    struct gw *gw = NULL;
+#endif
+#ifdef CLOCHER_HAVE_METRICS
+    struct metrics *metrics = NULL;
+#endif
+    if (workers_create(plan, &cptr, &w) < 0)
+        goto out_loop;
+#ifdef CLOCHER_HAVE_GATEWAY
+    if (gw_create(w, &loop, &gw) < 0)
+        goto out_workers;
+#endif
+#ifdef CLOCHER_HAVE_METRICS
+    if (metrics_create(w, &loop, &metrics) < 0)
+        goto out_workers;
+#endif
+    if (sup_create(&loop, w, &so, &sup) < 0 || sup_start(sup) < 0)
+        goto out_workers;
+    LOG_INFO("clocherd %s: %zu workers, model %s", CLOCHER_VERSION, w->n,
+             cptr.cur->model_dir);
+
+    uv_run(&loop, UV_RUN_DEFAULT);
+    exit_code = sup_exit_code(sup);
+    if (exit_code == 0)
+        LOG_INFO("stopped cleanly");
+
+out_workers:
+#ifdef CLOCHER_HAVE_METRICS
+    metrics_destroy(metrics);
+#endif
+#ifdef CLOCHER_HAVE_GATEWAY
+    gw_destroy(gw);
+#endif
+    /* let the close callbacks of whatever was torn down run */
+    uv_run(&loop, UV_RUN_DEFAULT);
+    sup_destroy(sup);
+    workers_destroy(w);
+out_loop:
+    if (uv_loop_close(&loop) != 0)
+        LOG_WARN("the event loop still had open handles at exit");
+    config_ptr_fini(&cptr);
+out_plan:
+    topo_plan_destroy(plan);
+    topo_destroy(topo);
+out_cfg:
+    config_unref(cfg);
+    return exit_code;
+}

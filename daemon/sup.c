@@ -1,0 +1,777 @@
+/*
+ * sup.c — the supervisor: worker spawn, readiness, heartbeats, reaping, respawn with backoff,
+ * drain and stop, reload, systemd notifications (see sup.h, docs/DAEMON.md).
+ *
+ * NOTES: single-threaded (the loop thread). A worker process is a uv_process_t allocated per
+ * spawn and freed in its close callback, so a respawn never reuses a handle libuv still owns.
+ * Each spawn creates a fresh shm region with the slot's next generation; the region's fd is
+ * inherited by the child as fd 3 and closed here right after the spawn. The slot table's
+ * atomics are written here only: generation, then pid, then state (release), so a gateway
+ * thread that sees READY also sees the generation it belongs to.
+ */
+#include "sup.h"
+
+#include "backoff.h"
+#include "check.h"
+#include "config.h"
+#include "err.h"
+#include "log.h"
+#include "region.h"
+#include "workers.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#define SUP_MAGIC 0x53555052u /* "SUPR" */
+#define TICK_MS 100           /* readiness, heartbeat and drain checks */
+#define REGION_FD 3           /* where the worker finds its region (worker_main.c --region-fd) */
+
+extern char **environ;
+
+struct sup_slot {
+    struct sup *sup;
+    struct workers_slot *ws;
+    uv_process_t *proc;            /* NULL when no process; freed in its close callback */
+    uv_timer_t respawn_timer;
+    struct backoff backoff;
+    struct shm_region *shm;        /* the current generation's region (header reads only) */
+    uint64_t started_ms;           /* loop time of the spawn */
+    uint64_t last_beat;            /* the worker's last heartbeat value seen ... */
+    uint64_t last_beat_ms;         /* ... and when it last changed */
+    bool respawn_pending;
+    bool stop_sent;                /* SIGTERM sent as part of the daemon's stop */
+    char kill_reason[128];         /* set when the supervisor SIGKILLs it (hung, never ready) */
+};
+
+struct sup {
+    uint32_t magic;
+    uv_loop_t *loop;
+    struct workers *w;
+    struct sup_options opt;
+    char *worker_binary;
+    char *config_path;
+    char *model_dir_override;
+    struct sup_slot *slots;        /* [w->n] */
+
+    uv_signal_t sig_term, sig_int, sig_hup;
+    uv_timer_t tick, watchdog, stop_timer;
+    unsigned open_handles;         /* handles not yet closed at shutdown */
+
+    bool notified_ready;           /* READY=1 sent once every worker was ready */
+    bool stopping;                 /* SIGTERM received */
+    bool killing;                  /* grace expired: SIGKILL sent */
+    uint64_t drain_deadline_ms;
+    size_t last_ready;             /* for STATUS= updates */
+    int exit_code;
+};
+
+/* ---- small helpers ---- */
+
+static struct config *cfg_get(struct sup *s) { return config_ptr_get(s->w->config); }
+
+static void set_state(struct sup_slot *ss, enum workers_state st)
+{
+    atomic_store_explicit(&ss->ws->state, (int)st, memory_order_release);
+}
+
+static int get_state(const struct sup_slot *ss)
+{
+    return atomic_load_explicit(&ss->ws->state, memory_order_acquire);
+}
+
+static void notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void notify(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    /* 0 = not under systemd (no NOTIFY_SOCKET): nothing to do; < 0 worth a debug line only */
+    int rc = sd_notify(0, buf);
+    if (rc < 0)
+        LOG_DEBUG("sd_notify(%s): %s", buf, strerror(-rc));
+}
+
+static void notify_status(struct sup *s)
+{
+    size_t ready = workers_ready_count(s->w), given_up = 0;
+    for (size_t i = 0; i < s->w->n; i++)
+        given_up += atomic_load(&s->w->slots[i].given_up) ? 1 : 0;
+    notify("STATUS=%s: %zu/%zu workers ready%s%s",
+           workers_phase_name(atomic_load(&s->w->phase)), ready, s->w->n,
+           given_up ? ", given up on " : "", given_up ? "some (see the journal)" : "");
+    s->last_ready = ready;
+}
+
+
+/* ---- the shm region, as far as the supervisor touches it ---- */
+
+static int region_create(struct sup_slot *ss, uint32_t generation, struct workers_region **wr,
+                         int *fd)
+{
+    struct config *c = cfg_get(ss->sup);
+    struct shm_region *r = NULL;
+    int rc = shm_region_create(generation, c->limits.max_message_bytes, &r);
+    config_unref(c);
+    if (rc < 0)
+        return rc;
+    if ((rc = workers_region_wrap(ss->ws->index, generation, r, wr)) < 0) {
+        shm_region_close(r);
+        return rc;
+    }
+    *fd = shm_region_fd(r);
+    return 0;
+}
+
+/* ---- spawning ---- */
+
+static void on_worker_exit(uv_process_t *p, int64_t exit_status, int term_signal);
+static void finish_if_stopped(struct sup *s);
+
+struct argv_buf {
+    char *v[64 + 2 * 4096];
+    int n;
+    char store[16][64];
+};
+
+static void arg(struct argv_buf *a, const char *s)
+{
+    CHECK(a->n + 1 < (int)(sizeof a->v / sizeof a->v[0]));
+    a->v[a->n++] = (char *)s;
+    a->v[a->n] = NULL;
+}
+
+static const char *num(struct argv_buf *a, int i, unsigned long long v)
+{
+    CHECK(i < 16);
+    snprintf(a->store[i], sizeof a->store[i], "%llu", v);
+    return a->store[i];
+}
+
+/*
+ * Environment of a worker: ours, minus the variables the configuration owns, plus those.
+ * NOTIFY_SOCKET and WATCHDOG_* are systemd's contract with clocherd alone.
+ */
+static char **worker_env(const struct config *c, char own[2][64])
+{
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 5, sizeof *env);
+    if (!env)
+        return NULL;
+    size_t o = 0;
+    static const char *const drop[] = {"IE_HOT_REPLICATE=", "IE_HOT_REPL_LIMIT_MB=",
+                                       "NOTIFY_SOCKET=", "WATCHDOG_USEC=", "WATCHDOG_PID=", NULL};
+    for (size_t i = 0; i < n; i++) {
+        bool skip = false;
+        for (const char *const *d = drop; *d; d++)
+            if (strncmp(environ[i], *d, strlen(*d)) == 0)
+                skip = true;
+        if (!skip)
+            env[o++] = environ[i];
+    }
+    snprintf(own[0], 64, "IE_HOT_REPLICATE=%d", c->hot_replicate ? 1 : 0);
+    snprintf(own[1], 64, "IE_HOT_REPL_LIMIT_MB=%" PRIu64, c->hot_repl_limit_mb);
+    env[o++] = own[0];
+    env[o++] = own[1];
+    env[o] = NULL;
+    return env;
+}
+
+static void close_proc(uv_handle_t *h) { free(h); }
+
+/* Spawns the slot's next generation. On failure the slot goes through the crash path. */
+static void crash(struct sup_slot *ss, const char *reason, bool fatal);
+
+static void spawn(struct sup_slot *ss)
+{
+    struct sup *s = ss->sup;
+    struct workers_slot *ws = ss->ws;
+    uint32_t gen = atomic_load(&ws->generation) + 1;
+    struct workers_region *wr = NULL;
+    int fd = -1, rc;
+    ss->respawn_pending = false;
+    ss->kill_reason[0] = '\0';
+    ss->stop_sent = false;
+
+    if ((rc = region_create(ss, gen, &wr, &fd)) < 0) {
+        char why[160];
+        snprintf(why, sizeof why, "could not create its shared-memory region: %s",
+                 log_last_error());
+        crash(ss, why, false);
+        return;
+    }
+
+    struct config *c = cfg_get(s);
+    static struct argv_buf a; /* single-threaded; large: keep it off the stack */
+    a.n = 0;
+    arg(&a, s->worker_binary);
+    arg(&a, "--slot"), arg(&a, num(&a, 0, ws->index));
+    arg(&a, "--generation"), arg(&a, num(&a, 1, gen));
+    arg(&a, "--region-fd"), arg(&a, num(&a, 2, REGION_FD));
+    arg(&a, "--cpus"), arg(&a, ws->cpulist);
+    if (s->opt.numa)
+        arg(&a, "--mem-node"), arg(&a, num(&a, 3, (unsigned long long)ws->node));
+    arg(&a, "--model-dir"), arg(&a, c->model_dir);
+    arg(&a, "--threads"), arg(&a, num(&a, 4, c->threads_per_worker ? c->threads_per_worker
+                                                                    : (unsigned)ws->n_cpus));
+    arg(&a, "--kv-budget-mb"), arg(&a, num(&a, 5, c->kv_budget_mb));
+    arg(&a, "--max-queue"), arg(&a, num(&a, 6, c->limits.max_queue));
+    arg(&a, "--max-prompt-tokens"), arg(&a, num(&a, 7, c->limits.max_prompt_tokens));
+    arg(&a, "--parent-pid"), arg(&a, num(&a, 8, (unsigned long long)getpid()));
+    char **adapter_args = calloc(c->n_adapters + 1, sizeof *adapter_args);
+    for (size_t i = 0; adapter_args && i < c->n_adapters; i++) {
+        size_t len = strlen(c->adapters[i].name) + strlen(c->adapters[i].dir) + 2;
+        if (!(adapter_args[i] = malloc(len)))
+            break;
+        snprintf(adapter_args[i], len, "%s=%s", c->adapters[i].name, c->adapters[i].dir);
+        arg(&a, "--adapter"), arg(&a, adapter_args[i]);
+    }
+    char own[2][64];
+    char **env = worker_env(c, own);
+
+    uv_stdio_container_t stdio[REGION_FD + 1] = {
+        {.flags = UV_IGNORE},
+        {.flags = UV_INHERIT_FD, .data.fd = STDOUT_FILENO},
+        {.flags = UV_INHERIT_FD, .data.fd = STDERR_FILENO},
+        {.flags = UV_INHERIT_FD, .data.fd = fd},
+    };
+    uv_process_options_t po = {
+        .exit_cb = on_worker_exit,
+        .file = s->worker_binary,
+        .args = a.v,
+        .env = env,
+        .stdio_count = REGION_FD + 1,
+        .stdio = stdio,
+    };
+    uv_process_t *p = calloc(1, sizeof *p);
+    bool spawned = p && env && adapter_args;
+    rc = spawned ? uv_spawn(s->loop, p, &po) : UV_ENOMEM;
+    for (size_t i = 0; adapter_args && i < c->n_adapters; i++)
+        free(adapter_args[i]);
+    free(adapter_args);
+    free(env);
+    config_unref(c);
+
+    if (rc < 0) {
+        /* libuv reports exec failures (ENOENT, EACCES) synchronously */
+        char why[160];
+        snprintf(why, sizeof why, "spawning %s failed: %s", s->worker_binary, uv_strerror(rc));
+        if (spawned)
+            uv_close((uv_handle_t *)p, close_proc); /* libuv: a failed spawn is still closed */
+        else
+            free(p);
+        workers_region_put(wr);
+        crash(ss, why, rc == UV_ENOENT || rc == UV_EACCES);
+        return;
+    }
+    p->data = ss;
+    ss->proc = p;
+    ss->shm = wr->shm;
+    ss->started_ms = uv_now(s->loop);
+    ss->last_beat = 0;
+    ss->last_beat_ms = ss->started_ms;
+    /* our copy of the fd: the child has its own now, and the mapping stays valid without it */
+    shm_region_close_fd(wr->shm);
+
+    atomic_store_explicit(&ws->generation, gen, memory_order_release);
+    atomic_store_explicit(&ws->pid, p->pid, memory_order_release);
+    workers_slot_set_region(ws, wr); /* the slot holds the supervisor's reference */
+    set_state(ss, WORKERS_STARTING);
+    LOG_INFO("worker %u: started pid %d, generation %" PRIu32 ", node %d, CPUs %s", ws->index,
+             p->pid, gen, ws->node, ws->cpulist);
+}
+
+static void on_respawn_timer(uv_timer_t *t)
+{
+    struct sup_slot *ss = t->data;
+    if (ss->sup->stopping)
+        return;
+    atomic_fetch_add(&ss->ws->restarts, 1);
+    spawn(ss);
+}
+
+/*
+ * A generation ended (or never began): decide between respawn and giving up. `fatal` = the
+ * worker said respawning cannot help (exit 2) or it cannot be executed at all.
+ */
+static void crash(struct sup_slot *ss, const char *reason, bool fatal)
+{
+    struct sup *s = ss->sup;
+    struct workers_slot *ws = ss->ws;
+    set_state(ss, WORKERS_DEAD);
+    if (s->stopping)
+        return;
+    if (fatal) {
+        atomic_store(&ws->given_up, true);
+        LOG_ERR("worker %u: %s; a configuration or model error: NOT respawning it (fix the "
+                "cause, then SIGHUP clocherd to retry)",
+                ws->index, reason);
+    } else {
+        uint64_t delay;
+        enum backoff_verdict v = backoff_crash(&ss->backoff, uv_now(s->loop), ss->started_ms,
+                                               &delay);
+        if (v == BACKOFF_GIVE_UP) {
+            atomic_store(&ws->given_up, true);
+            LOG_ERR("worker %u: %s; %u crashes within %" PRIu64 " s: crash loop, NOT respawning "
+                    "it any more (SIGHUP clocherd to retry)",
+                    ws->index, reason, ss->backoff.pol.crash_loop_max,
+                    ss->backoff.pol.window_ms / 1000);
+        } else {
+            LOG_WARN("worker %u: %s; respawning in %" PRIu64 " ms", ws->index, reason, delay);
+            ss->respawn_pending = true;
+            uv_timer_start(&ss->respawn_timer, on_respawn_timer, delay, 0);
+        }
+    }
+    if (workers_ready_count(s->w) == 0) {
+        bool any_coming = false;
+        for (size_t i = 0; i < s->w->n; i++)
+            if (s->slots[i].proc || s->slots[i].respawn_pending)
+                any_coming = true;
+        if (!any_coming)
+            LOG_ERR("no worker left: clocherd is up but serves nothing (health NOT_SERVING)");
+    }
+    notify_status(s);
+}
+
+static void describe_exit(const struct sup_slot *ss, int pid, uint32_t gen, int64_t status,
+                          int sig, char *buf, size_t cap)
+{
+    int o;
+    if (sig)
+        o = snprintf(buf, cap, "worker %u (pid %d, generation %" PRIu32 ") was killed by signal %d (%s)",
+                     ss->ws->index, pid, gen, sig, strsignal(sig));
+    else
+        o = snprintf(buf, cap, "worker %u (pid %d, generation %" PRIu32 ") exited with status %" PRId64,
+                     ss->ws->index, pid, gen, status);
+    if (ss->kill_reason[0] && o > 0 && (size_t)o < cap)
+        snprintf(buf + o, cap - (size_t)o, " (%s)", ss->kill_reason);
+}
+
+static void on_worker_exit(uv_process_t *p, int64_t exit_status, int term_signal)
+{
+    struct sup_slot *ss = p->data;
+    struct sup *s = ss->sup;
+    struct workers_slot *ws = ss->ws;
+    uint32_t gen = atomic_load(&ws->generation);
+    int pid = p->pid;
+
+    bool asked = s->stopping;
+    bool fatal = !term_signal && exit_status == SUP_EXIT_FATAL;
+    if (!asked && !term_signal && exit_status == 0 && !ss->kill_reason[0])
+        /* nobody asked it to stop: handled like a crash, so a worker that keeps exiting
+         * cleanly cannot spin either */
+        snprintf(ss->kill_reason, sizeof ss->kill_reason, "without being asked to stop");
+    struct workers_death d = {.slot = ws->index, .generation = gen, .pid = pid,
+                              .exit_code = term_signal ? -1 : (int)exit_status,
+                              .term_signal = term_signal};
+    describe_exit(ss, pid, gen, exit_status, term_signal, d.reason, sizeof d.reason);
+
+    ss->proc = NULL;
+    ss->shm = NULL;
+    uv_close((uv_handle_t *)p, close_proc);
+    atomic_store_explicit(&ws->pid, 0, memory_order_release);
+    set_state(ss, WORKERS_DEAD);
+    workers_slot_set_region(ws, NULL); /* the gateway's references keep it mapped meanwhile */
+
+    if (asked) {
+        if (term_signal || exit_status != 0)
+            LOG_WARN("%s while stopping", d.reason);
+        else
+            LOG_INFO("%s", d.reason);
+    }
+    if (!asked) {
+        crash(ss, d.reason, fatal);
+        d.respawning = ss->respawn_pending;
+    }
+    if (s->w->hooks && s->w->hooks->worker_died)
+        s->w->hooks->worker_died(s->w->hooks_ud, ws, &d);
+    if (asked)
+        finish_if_stopped(s);
+}
+
+/* ---- periodic checks ---- */
+
+static void sigkill(struct sup_slot *ss, const char *why)
+{
+    if (!ss->proc || ss->kill_reason[0])
+        return;
+    snprintf(ss->kill_reason, sizeof ss->kill_reason, "%s", why);
+    LOG_ERR("worker %u (pid %d): %s: killing it", ss->ws->index, ss->proc->pid, why);
+    uv_process_kill(ss->proc, SIGKILL);
+}
+
+static void begin_stop(struct sup *s);
+
+static void check_slot(struct sup *s, struct sup_slot *ss, const struct config *c, uint64_t now)
+{
+    struct workers_slot *ws = ss->ws;
+    if (!ss->proc || !ss->shm)
+        return;
+    int st = get_state(ss);
+    if (st == WORKERS_STARTING) {
+        if (shm_region_worker_ready(ss->shm)) {
+            set_state(ss, WORKERS_READY);
+            ss->last_beat = shm_region_worker_heartbeat(ss->shm);
+            ss->last_beat_ms = now;
+            uint32_t gen = atomic_load(&ws->generation);
+            LOG_INFO("worker %u (pid %d, generation %" PRIu32 "): ready after %.1f s", ws->index,
+                     ss->proc->pid, gen, (double)(now - ss->started_ms) / 1000.0);
+            uint64_t repl = shm_region_worker_hot_bytes(ss->shm);
+            atomic_store(&ws->hot_replicated_bytes, repl);
+            if (s->w->hooks && s->w->hooks->worker_ready)
+                s->w->hooks->worker_ready(s->w->hooks_ud, ws, gen);
+        } else if (now - ss->started_ms > (uint64_t)c->sup.ready_timeout_s * 1000) {
+            char why[96];
+            snprintf(why, sizeof why, "not ready after %u s (supervisor.ready_timeout_s)",
+                     c->sup.ready_timeout_s);
+            sigkill(ss, why);
+        }
+    } else if (st == WORKERS_READY) {
+        /* the heartbeat is a counter the worker bumps from its loop: only change matters,
+         * so a worker's clock or a torn value cannot fool the check into a kill */
+        uint64_t beat = shm_region_worker_heartbeat(ss->shm);
+        if (beat != ss->last_beat) {
+            ss->last_beat = beat;
+            ss->last_beat_ms = now;
+        } else if (now - ss->last_beat_ms > (uint64_t)c->sup.heartbeat_timeout_s * 1000) {
+            char why[96];
+            snprintf(why, sizeof why, "hung: no heartbeat for %u s (supervisor.heartbeat_timeout_s)",
+                     c->sup.heartbeat_timeout_s);
+            sigkill(ss, why);
+        }
+    }
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct sup *s = t->data;
+    uint64_t now = uv_now(s->loop);
+    struct config *c = cfg_get(s);
+    for (size_t i = 0; i < s->w->n; i++)
+        check_slot(s, &s->slots[i], c, now);
+    config_unref(c);
+
+    size_t ready = workers_ready_count(s->w), given_up = 0;
+    for (size_t i = 0; i < s->w->n; i++)
+        given_up += atomic_load(&s->w->slots[i].given_up) ? 1 : 0;
+    if (!s->stopping && !s->notified_ready && given_up == s->w->n) {
+        /* not one worker could start: nothing to serve, and restarting clocherd would not
+         * help either (the causes were logged per worker) */
+        LOG_ERR("no worker could start: clocherd exits with status %d", SUP_EXIT_FATAL);
+        s->exit_code = SUP_EXIT_FATAL;
+        s->stopping = true;
+        atomic_store(&s->w->phase, WORKERS_PHASE_DRAINING);
+        begin_stop(s);
+    } else if (!s->stopping && !s->notified_ready && ready > 0 && ready + given_up == s->w->n) {
+        /* READY=1 once, when every worker that can start has loaded its model */
+        s->notified_ready = true;
+        atomic_store(&s->w->phase, WORKERS_PHASE_SERVING);
+        if (given_up)
+            LOG_WARN("%zu of %zu workers ready (the others were given up): serving", ready,
+                     s->w->n);
+        else
+            LOG_INFO("all %zu workers ready: serving", s->w->n);
+        notify("READY=1");
+        notify_status(s);
+    } else if (ready != s->last_ready) {
+        notify_status(s);
+    }
+
+    if (atomic_load(&s->w->phase) == WORKERS_PHASE_DRAINING) {
+        size_t active = s->w->hooks && s->w->hooks->active_streams
+                            ? s->w->hooks->active_streams(s->w->hooks_ud)
+                            : 0;
+        if (active == 0) {
+            LOG_INFO("drained: no stream in flight");
+            begin_stop(s);
+        } else if (now >= s->drain_deadline_ms) {
+            LOG_WARN("drain timeout: %zu streams still in flight are cut", active);
+            begin_stop(s);
+        }
+    }
+}
+
+static void on_watchdog(uv_timer_t *t)
+{
+    (void)t;
+    notify("WATCHDOG=1");
+}
+
+/* ---- stopping ---- */
+
+static void close_cb(uv_handle_t *h)
+{
+    struct sup *s = h->data;
+    s->open_handles--;
+}
+
+static void close_handle(struct sup *s, uv_handle_t *h)
+{
+    if (!uv_is_closing(h)) {
+        h->data = s;
+        uv_close(h, close_cb);
+    }
+}
+
+/* Closes every handle of the supervisor and stops the loop: clocherd's main then tears down
+ * the gateway and runs the loop until their handles are closed too. */
+static void close_all(struct sup *s)
+{
+    close_handle(s, (uv_handle_t *)&s->sig_term);
+    close_handle(s, (uv_handle_t *)&s->sig_int);
+    close_handle(s, (uv_handle_t *)&s->sig_hup);
+    close_handle(s, (uv_handle_t *)&s->tick);
+    close_handle(s, (uv_handle_t *)&s->watchdog);
+    close_handle(s, (uv_handle_t *)&s->stop_timer);
+    for (size_t i = 0; i < s->w->n; i++)
+        close_handle(s, (uv_handle_t *)&s->slots[i].respawn_timer);
+    uv_stop(s->loop);
+}
+
+static void finish_if_stopped(struct sup *s)
+{
+    for (size_t i = 0; i < s->w->n; i++)
+        if (s->slots[i].proc)
+            return;
+    LOG_INFO("every worker has exited");
+    close_all(s);
+}
+
+static void on_stop_grace(uv_timer_t *t)
+{
+    struct sup *s = t->data;
+    s->killing = true;
+    for (size_t i = 0; i < s->w->n; i++)
+        if (s->slots[i].proc) {
+            LOG_WARN("worker %u (pid %d) still running after the stop grace: SIGKILL", (unsigned)i,
+                     s->slots[i].proc->pid);
+            uv_process_kill(s->slots[i].proc, SIGKILL);
+        }
+}
+
+/* Drain over (or skipped): SIGTERM every worker, SIGKILL after the grace period. */
+static void begin_stop(struct sup *s)
+{
+    if (atomic_load(&s->w->phase) == WORKERS_PHASE_STOPPING)
+        return;
+    atomic_store(&s->w->phase, WORKERS_PHASE_STOPPING);
+    notify_status(s);
+    struct config *c = cfg_get(s);
+    uint64_t grace = (uint64_t)c->sup.stop_grace_s * 1000;
+    config_unref(c);
+    for (size_t i = 0; i < s->w->n; i++) {
+        struct sup_slot *ss = &s->slots[i];
+        uv_timer_stop(&ss->respawn_timer);
+        ss->respawn_pending = false;
+        if (ss->proc) {
+            set_state(ss, WORKERS_DRAINING);
+            ss->stop_sent = true;
+            uv_process_kill(ss->proc, SIGTERM);
+        }
+    }
+    uv_timer_start(&s->stop_timer, on_stop_grace, grace, 0);
+    finish_if_stopped(s);
+}
+
+static void begin_drain(struct sup *s, int signum)
+{
+    if (s->stopping) {
+        /* a second SIGTERM/SIGINT: the operator does not want to wait for the drain */
+        LOG_WARN("%s again: stopping workers without waiting for the drain", strsignal(signum));
+        begin_stop(s);
+        return;
+    }
+    s->stopping = true;
+    struct config *c = cfg_get(s);
+    double drain = c->drain_timeout_s;
+    config_unref(c);
+    LOG_INFO("%s: draining (up to %.1f s), then stopping the workers", strsignal(signum), drain);
+    notify("STOPPING=1");
+    atomic_store(&s->w->phase, WORKERS_PHASE_DRAINING);
+    notify_status(s);
+    for (size_t i = 0; i < s->w->n; i++) {
+        uv_timer_stop(&s->slots[i].respawn_timer);
+        s->slots[i].respawn_pending = false;
+    }
+    if (s->w->hooks && s->w->hooks->stop_accepting)
+        s->w->hooks->stop_accepting(s->w->hooks_ud);
+    s->drain_deadline_ms = uv_now(s->loop) + (uint64_t)(drain * 1000.0);
+    on_tick(&s->tick); /* nothing in flight: stop at once */
+}
+
+/* ---- reload ---- */
+
+static void policy_from(const struct config *c, struct backoff_policy *p)
+{
+    p->initial_ms = c->sup.respawn_initial_ms;
+    p->max_ms = c->sup.respawn_max_ms;
+    p->crash_loop_max = c->sup.crash_loop_max;
+    p->window_ms = (uint64_t)c->sup.crash_loop_window_s * 1000;
+    p->stable_ms = (uint64_t)c->sup.stable_after_s * 1000;
+}
+
+static void reload(struct sup *s)
+{
+    if (s->stopping)
+        return;
+    if (!s->config_path) {
+        LOG_INFO("SIGHUP: no configuration file to re-read (started without --config)");
+    } else {
+        notify("RELOADING=1");
+        LOG_INFO("SIGHUP: re-reading %s", s->config_path);
+        struct config *fresh = NULL;
+        int rc = config_load(s->config_path, s->model_dir_override, &fresh);
+        if (rc < 0) {
+            LOG_ERR("reload refused: %s; the running configuration stays in effect",
+                    log_last_error());
+            notify("READY=1\nSTATUS=reload refused: the configuration file is invalid (see the "
+                   "journal)");
+            return;
+        }
+        sup_apply_overrides(fresh, &s->opt);
+        struct config *running = cfg_get(s);
+        config_keep_restart_fields(fresh, running);
+        config_unref(running);
+        config_ptr_set(s->w->config, config_ref(fresh));
+        if (s->w->hooks && s->w->hooks->config_changed)
+            s->w->hooks->config_changed(s->w->hooks_ud, fresh);
+        LOG_INFO("reload: %zu tenants, %zu adapters, limits applied", fresh->n_tenants,
+                 fresh->n_adapters);
+        config_unref(fresh);
+    }
+    /* a reload is also the operator's "I fixed it": given-up slots get a fresh start */
+    struct config *c = cfg_get(s);
+    struct backoff_policy pol;
+    policy_from(c, &pol);
+    config_unref(c);
+    for (size_t i = 0; i < s->w->n; i++) {
+        struct sup_slot *ss = &s->slots[i];
+        bool was_given_up = atomic_load(&ss->ws->given_up);
+        backoff_reset(&ss->backoff, &pol);
+        if (was_given_up && !ss->proc && !ss->respawn_pending) {
+            atomic_store(&ss->ws->given_up, false);
+            LOG_INFO("worker %u: given up before; trying again after the reload", ss->ws->index);
+            spawn(ss);
+        }
+    }
+    if (s->notified_ready)
+        notify("READY=1");
+    notify_status(s);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    struct sup *s = h->data;
+    if (signum == SIGHUP)
+        reload(s);
+    else
+        begin_drain(s, signum);
+}
+
+/* ---- lifecycle ---- */
+
+void sup_apply_overrides(struct config *c, const struct sup_options *opt)
+{
+    if (opt->workers_override >= 0)
+        c->workers = (uint32_t)opt->workers_override;
+}
+
+int sup_create(uv_loop_t *loop, struct workers *w, const struct sup_options *opt,
+               struct sup **out)
+{
+    *out = NULL;
+    struct sup *s = calloc(1, sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    s->magic = SUP_MAGIC;
+    s->loop = loop;
+    s->w = w;
+    s->opt = *opt;
+    s->worker_binary = strdup(opt->worker_binary);
+    s->config_path = opt->config_path ? strdup(opt->config_path) : NULL;
+    s->model_dir_override = opt->model_dir_override ? strdup(opt->model_dir_override) : NULL;
+    s->slots = calloc(w->n ? w->n : 1, sizeof *s->slots);
+    if (!s->worker_binary || !s->slots || (opt->config_path && !s->config_path) ||
+        (opt->model_dir_override && !s->model_dir_override)) {
+        sup_destroy(s);
+        return -ENOMEM;
+    }
+    s->opt.worker_binary = s->worker_binary;
+    s->opt.config_path = s->config_path;
+    s->opt.model_dir_override = s->model_dir_override;
+
+    struct config *c = cfg_get(s);
+    struct backoff_policy pol;
+    policy_from(c, &pol);
+    config_unref(c);
+
+    uv_signal_init(loop, &s->sig_term);
+    uv_signal_init(loop, &s->sig_int);
+    uv_signal_init(loop, &s->sig_hup);
+    uv_timer_init(loop, &s->tick);
+    uv_timer_init(loop, &s->watchdog);
+    uv_timer_init(loop, &s->stop_timer);
+    s->open_handles = 6;
+    s->sig_term.data = s->sig_int.data = s->sig_hup.data = s;
+    s->tick.data = s->watchdog.data = s->stop_timer.data = s;
+    for (size_t i = 0; i < w->n; i++) {
+        struct sup_slot *ss = &s->slots[i];
+        ss->sup = s;
+        ss->ws = &w->slots[i];
+        backoff_init(&ss->backoff, &pol);
+        uv_timer_init(loop, &ss->respawn_timer);
+        ss->respawn_timer.data = ss;
+        s->open_handles++;
+    }
+    *out = s;
+    return 0;
+}
+
+int sup_start(struct sup *s)
+{
+    int rc;
+    if ((rc = uv_signal_start(&s->sig_term, on_signal, SIGTERM)) < 0 ||
+        (rc = uv_signal_start(&s->sig_int, on_signal, SIGINT)) < 0 ||
+        (rc = uv_signal_start(&s->sig_hup, on_signal, SIGHUP)) < 0) {
+        LOG_ERR("uv_signal_start: %s", uv_strerror(rc));
+        close_all(s);
+        return -EINVAL;
+    }
+    uint64_t usec = 0;
+    if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0) {
+        /* ping at half the period, from the loop: a stuck loop stops the pings */
+        uint64_t ms = usec / 2000 ? usec / 2000 : 1;
+        LOG_INFO("systemd watchdog: %" PRIu64 " ms, pinging every %" PRIu64 " ms", usec / 1000, ms);
+        uv_timer_start(&s->watchdog, on_watchdog, ms, ms);
+    }
+    uv_timer_start(&s->tick, on_tick, TICK_MS, TICK_MS);
+    notify_status(s);
+    for (size_t i = 0; i < s->w->n; i++)
+        spawn(&s->slots[i]);
+    return 0;
+}
+
+int sup_exit_code(const struct sup *s) { return s->exit_code; }
+
+void sup_destroy(struct sup *s)
+{
+    if (!s)
+        return;
+    CHECK(s->magic == SUP_MAGIC);
+    free(s->worker_binary);
+    free(s->config_path);
+    free(s->model_dir_override);
+    free(s->slots);
+    s->magic = 0;
+    free(s);
+}

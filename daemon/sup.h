@@ -1,0 +1,53 @@
+/*
+ * sup.h — clocherd's supervisor: spawns one clocher-worker per slot (fork+exec via uv_spawn),
+ * watches it become ready and stay alive, reaps it, respawns crashed ones with exponential
+ * backoff and a crash-loop limit, drains and stops everything on SIGTERM, reloads the
+ * configuration on SIGHUP, and keeps systemd informed (sd_notify READY/STOPPING/RELOADING/
+ * WATCHDOG/STATUS). docs/DAEMON.md describes the behaviour; daemon/workers.h what the gateway
+ * sees of it.
+ *
+ * NOTES: everything here runs on the libuv loop thread given to sup_create. The supervisor
+ * writes the slot table's atomics (workers.h); it reads only the state word and heartbeat of
+ * each worker's region header, never ring payloads. Signal handling is uv_signal_t only.
+ */
+#ifndef CLOCHER_DAEMON_SUP_H
+#define CLOCHER_DAEMON_SUP_H
+
+#include "workers.h"
+
+#include <stdbool.h>
+#include <uv.h>
+
+/* Exit statuses of clocher-worker (and of clocherd itself). */
+#define SUP_EXIT_OK 0
+#define SUP_EXIT_FAILURE 1
+#define SUP_EXIT_FATAL 2 /* configuration or model error: respawning cannot help */
+
+struct sup_options {
+    const char *config_path;        /* NULL: no file (SIGHUP has nothing to re-read) */
+    const char *model_dir_override; /* --model-dir */
+    int workers_override;           /* --workers; -1 = none */
+    const char *worker_binary;      /* resolved, executable */
+    bool numa;                      /* bind worker memory to its node (real topology) */
+};
+
+struct sup;
+
+/* Sets up signals and timers on `loop`; spawns nothing yet. 0 or a negative code (logged). */
+int sup_create(uv_loop_t *loop, struct workers *w, const struct sup_options *opt,
+               struct sup **out);
+/* Spawns every slot's first worker. The loop then runs until the supervisor has stopped every
+ * worker and closed its handles (after SIGTERM/SIGINT). */
+int sup_start(struct sup *s);
+/* The exit status clocherd should return once uv_run is done. */
+int sup_exit_code(const struct sup *s);
+/* Frees the supervisor; the loop must have stopped (all handles closed). NULL is a no-op. */
+void sup_destroy(struct sup *s);
+
+/*
+ * Applies the command-line overrides that also hold across reloads (workers, worker binary)
+ * to a freshly loaded configuration, before it is published.
+ */
+void sup_apply_overrides(struct config *c, const struct sup_options *opt);
+
+#endif

@@ -1,0 +1,182 @@
+/*
+ * act.c — activations prepared once per product (struct kern_act, kern.h): int8 blocks of 32
+ * for integer dot products against q8_0/q4_0 weights, bf16 copies for bf16 weights.
+ *
+ * The scalar kern__act_prepare_ref is the specification; x86/avx*_act.c compute the same bits
+ * (tests/kern checks them bit for bit) because preparing is not negligible: a 64-token GEMM
+ * with 2048 rows spends ~32 cycles per activation element, the scalar code ~20.
+ * The quantization rule (kernels/quant.h): d = max|x|/127, q = round-half-even(x * 127/max|x|),
+ * NaNs ignored by the max and quantized to -127 (garbage in, garbage out, but defined).
+ */
+#include "kern.h"
+#include "internal.h"
+#include "quant.h"
+
+#include "check.h"
+#include "err.h"
+#include "half.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static int needs_q8(enum dtype wt) { return wt == DT_Q8_0 || wt == DT_Q4_0; }
+
+/* Byte offsets of each array inside the buffer; each starts on a 64-byte boundary. */
+struct act_layout {
+    size_t q, d, ns4, ns32, d4, xb, xf, total;
+};
+
+static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l)
+{
+    const struct dtype_info *di = dtype_info(wt);
+    CHECK(di);
+    if (cols % di->block != 0)
+        return ERR_FORMAT;
+    memset(l, 0, sizeof *l);
+    size_t cp = kern__round_up(cols, KERN__ACT_PAD), elems, off = 0;
+    if (cp < cols || __builtin_mul_overflow(cp + KERN__ACT_PAD, n, &elems) ||
+        elems > SIZE_MAX / 16)
+        return ERR_OVERFLOW;
+    /* elems counts padded rows (ld = cp + 64): an upper bound for every array below */
+    if (needs_q8(wt)) {
+        /* elems <= SIZE_MAX/16 keeps every sum below from overflowing */
+        l->q = off;
+        off += elems;
+        l->d = off;
+        off += kern__round_up(elems / 32 * sizeof(float), 64);
+        l->ns32 = off;
+        off += kern__round_up(elems / 32 * sizeof(int32_t), 64);
+        l->ns4 = off;
+        off += elems / 4 * sizeof(int32_t);
+        l->d4 = off;
+        off += elems / 4 * sizeof(float);
+    } else {
+        l->xf = off;
+        off += elems * sizeof(float);
+        if (wt == DT_BF16) {
+            l->xb = off;
+            off += elems * sizeof(uint16_t);
+        }
+    }
+    l->total = off;
+    return 0;
+}
+
+int kern_act_bytes(enum dtype wt, size_t cols, size_t n, size_t *out)
+{
+    struct act_layout l;
+    int rc = act_layout(wt, cols, n, &l);
+    if (rc == 0)
+        *out = l.total;
+    return rc;
+}
+
+void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t cols, size_t n,
+                   void *buf)
+{
+    struct act_layout l;
+    CHECK(act_layout(wt, cols, n, &l) == 0);
+    CHECK(l.total == 0 || ((uintptr_t)buf & 63) == 0);
+    uint8_t *b = buf;
+    memset(a, 0, sizeof *a);
+    a->wt = wt;
+    a->cols = cols;
+    a->n = n;
+    a->cp = kern__round_up(cols, KERN__ACT_PAD);
+    a->ld = a->cp + KERN__ACT_PAD;
+    a->x = x;
+    if (needs_q8(wt)) {
+        a->q = (int8_t *)(b + l.q);
+        a->d = (float *)(void *)(b + l.d);
+        a->ns32 = (int32_t *)(void *)(b + l.ns32);
+        a->ns4 = (int32_t *)(void *)(b + l.ns4);
+        a->d4 = (float *)(void *)(b + l.d4);
+    } else {
+        a->xf = (float *)(void *)(b + l.xf);
+        if (wt == DT_BF16)
+            a->xb = (uint16_t *)(void *)(b + l.xb);
+    }
+}
+
+int32_t kern__act_offset(enum dtype wt) { return wt == DT_Q4_0 ? 8 : 128; }
+
+/* One block of 32 activations (block types only, so never a ragged block). */
+static void quantize_block(const float *x, int8_t *q, float *d)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    float dd = amax / (float)QUANT_ACT_QMAX;
+    float id = dd > 0.0f ? (float)QUANT_ACT_QMAX / amax : 0.0f;
+    for (int i = 0; i < 32; i++) {
+        /* clamp first: NaN/inf inputs give garbage, never undefined behaviour */
+        float v = fminf(fmaxf(x[i] * id, -(float)QUANT_ACT_QMAX), (float)QUANT_ACT_QMAX);
+        /* round half to even (the default rounding mode) without a libm call: adding
+         * 1.5 * 2^23 leaves no fraction bits for |v| <= 2^22 */
+        v = (v + 12582912.0f) - 12582912.0f;
+        q[i] = (int8_t)v;
+    }
+    *d = dd;
+}
+
+void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1)
+{
+    CHECK(t0 <= t1 && t1 <= a->n);
+    if (a->xf) {
+        for (size_t t = t0; t < t1; t++) {
+            memcpy(a->xf + t * a->ld, a->x + t * a->cols, a->cols * sizeof(float));
+            memset(a->xf + t * a->ld + a->cols, 0, (a->ld - a->cols) * sizeof(float));
+        }
+    }
+    if (!a->q && !a->xb)
+        return;
+    switch (kern_isa()) {
+    case KERN_ISA_AVX512:
+        kern__act_prepare_avx512(a, t0, t1);
+        return;
+    case KERN_ISA_AVX2:
+        kern__act_prepare_avx2(a, t0, t1);
+        return;
+    default:
+        kern__act_prepare_ref(a, t0, t1);
+    }
+}
+
+void kern__act_prepare_ref(const struct kern_act *a, size_t t0, size_t t1)
+{
+    size_t cols = a->cols, cp = a->cp;
+    int32_t off = kern__act_offset(a->wt);
+    for (size_t t = t0; t < t1; t++) {
+        const float *x = a->x + t * cols; /* [cols] */
+        if (a->q) {
+            int8_t *q = a->q + t * a->ld;
+            int32_t *ns32 = a->ns32 + t * cp / 32;
+            float *d = a->d + t * cp / 32;
+            int32_t *ns4 = a->ns4 + t * cp / 4;
+            float *d4 = a->d4 + t * cp / 4;
+            for (size_t b = 0; b < cp / 32; b++) {
+                if (b * 32 < cols) {
+                    quantize_block(x + b * 32, q + b * 32, &d[b]);
+                } else {
+                    memset(q + b * 32, 0, 32);
+                    d[b] = 0.0f;
+                }
+            }
+            for (size_t b = 0; b < cp / 32; b++)
+                ns32[b] = 0;
+            for (size_t g = 0; g < cp / 4; g++) {
+                ns4[g] = -off * (q[4 * g] + q[4 * g + 1] + q[4 * g + 2] + q[4 * g + 3]);
+                ns32[g / 8] += ns4[g];
+                d4[g] = d[g / 8];
+            }
+        }
+        if (a->xb) {
+            uint16_t *xb = a->xb + t * a->ld;
+            for (size_t c = 0; c < cols; c++)
+                xb[c] = half_f32_to_bf16(x[c]);
+            for (size_t c = cols; c < cp; c++)
+                xb[c] = 0;
+        }
+    }
+}

@@ -1,0 +1,313 @@
+/*
+ * avx2_q.c — AVX2 kernels for q8_0 and q4_0 weights against int8 activations (compiled with
+ * -mavx2 -mfma -mf16c).
+ *
+ * vpmaddubsw multiplies unsigned by signed bytes into saturating int16 pairs, so operands are
+ * arranged to stay below saturation: q4_0 nibbles (0..15) or |w| <= 128 times activation quants
+ * |q| <= 127 (at most 2*128*127 = 32512 per pair); vpmaddwd with ones then sums to int32.
+ *  - q4_0: unsigned nibbles x signed quants; the accumulator starts at (minus the sum of the
+ *    quants) * 8 to undo the +8 (gemv: per 4-element lane, kern_act.ns4; gemm: per block,
+ *    kern_act.ns32).
+ *  - q8_0: |w| x sign(q, w) (vpsignb), needing no correction.
+ * gemv streams the stored layout one block per register; gemm packs 8-row panels (one row per
+ * int32 lane, 8x8 dword transpose) and reuses each 4-column weight group for 4 tokens.
+ */
+#include "kern.h"
+#include "internal.h"
+#include "quant.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+
+enum qk { QK_Q8_0, QK_Q4_0 };
+
+static const size_t blk_bytes[] = {[QK_Q8_0] = 34, [QK_Q4_0] = 18};
+
+INLINE float load_f16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return _cvtsh_ss(v);
+}
+
+INLINE int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* q4_0 block's 32 nibbles (0..15) in natural element order. */
+INLINE __m256i nibbles(const uint8_t *blk)
+{
+    __m256i z = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
+    z = _mm256_srlv_epi64(z, _mm256_set_epi64x(4, 4, 0, 0));
+    return _mm256_and_si256(z, _mm256_set1_epi8(0x0f));
+}
+
+INLINE float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* ---- gemv -------------------------------------------------------------------------------- */
+
+/* Blocks are processed in pairs with one accumulator each, so two FMA chains are in flight;
+ * the row stream is prefetched PF_DIST bytes ahead (see avx512_q.c). */
+#define PF_DIST 2048
+
+INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
+                      const struct kern_act *a, size_t t, int NT, float *y, size_t ldy)
+{
+    const size_t bb = blk_bytes[k], cp = a->cp, nb = a->cols / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4][2][2];
+    UNROLL for (int i = 0; i < NR; i++) UNROLL for (int j = 0; j < NT; j++)
+    {
+        acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+    }
+
+    for (size_t b = 0; b < nb; b += 2) {
+        UNROLL for (int i = 0; i < NR; i++) _mm_prefetch(
+            (const char *)(w + (r + (size_t)i) * rb + b * bb + PF_DIST), _MM_HINT_T0);
+        UNROLL for (int h = 0; h < 2; h++)
+        {
+            size_t bh = b + (size_t)h;
+            if (h == 1 && bh >= nb)
+                break;
+            __m256i wz[4], wa[4];
+            float dw[4];
+            UNROLL for (int i = 0; i < NR; i++)
+            {
+                const uint8_t *blk = w + (r + (size_t)i) * rb + bh * bb;
+                dw[i] = load_f16(blk);
+                if (k == QK_Q4_0) {
+                    wz[i] = nibbles(blk);
+                } else {
+                    wz[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                    wa[i] = _mm256_abs_epi8(wz[i]);
+                }
+            }
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                size_t tj = t + (size_t)j;
+                __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + tj * a->ld + bh * 32));
+                float dx = a->d[tj * cp / 32 + bh];
+                __m256i ns = _mm256_setzero_si256();
+                if (k == QK_Q4_0)
+                    ns = _mm256_loadu_si256((const __m256i *)(a->ns4 + (tj * cp + bh * 32) / 4));
+                UNROLL for (int i = 0; i < NR; i++)
+                {
+                    __m256i p;
+                    if (k == QK_Q4_0)
+                        p = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wz[i], q), ones), ns);
+                    else
+                        p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[i], _mm256_sign_epi8(q, wz[i])), ones);
+                    acc[i][j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[i] * dx),
+                                                   acc[i][j][h]);
+                }
+            }
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
+        y[(t + (size_t)j) * ldy + r + (size_t)i] =
+            hsum8(_mm256_add_ps(acc[i][j][0], acc[i][j][1]));
+}
+
+/* One row at a time (a single sequential stream, see avx512_q.c), up to 2 tokens. */
+#define GEMV_NR 1
+#define GEMV_NT 2
+
+INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
+                   size_t r0, size_t r1)
+{
+    size_t rb = kern__row_bytes(k == QK_Q4_0 ? DT_Q4_0 : DT_Q8_0, a->cols);
+    for (size_t r = r0; r < r1; r += GEMV_NR) {
+        size_t nr = r1 - r < GEMV_NR ? r1 - r : GEMV_NR;
+        for (size_t t = 0; t < a->n; t += GEMV_NT) {
+            size_t nt = a->n - t < GEMV_NT ? a->n - t : GEMV_NT;
+            switch (nr * 16 + nt) {
+#define CASE_(R, T)                                                                          \
+    case R * 16 + T:                                                                         \
+        if (R <= GEMV_NR && T <= GEMV_NT)                                                    \
+            gemv_tile(k, w, rb, r, R, a, t, T, y, ldy);                                      \
+        break;
+                CASE_(1, 1) CASE_(1, 2) CASE_(2, 1) CASE_(2, 2)
+#undef CASE_
+            }
+        }
+    }
+}
+
+void kern_gemv_q8_0_q8_0_avx2(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                              size_t r0, size_t r1)
+{
+    gemv_q(QK_Q8_0, w, a, y, ldy, r0, r1);
+}
+
+void kern_gemv_q4_0_q8_0_avx2(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                              size_t r0, size_t r1)
+{
+    gemv_q(QK_Q4_0, w, a, y, ldy, r0, r1);
+}
+
+/* ---- gemm -------------------------------------------------------------------------------- */
+
+#define PANEL 8   /* rows per panel: one per int32 lane */
+#define KC 1024   /* columns per packed chunk: 8 KiB of quants */
+#define GEMM_NT 4 /* tokens per register tile */
+
+struct panel {
+    __m256i p[KC / 4];       /* [KC/32 blocks][8 groups] x 8 rows x 4 bytes (q4_0: nibbles,
+                                q8_0: signed quants) */
+    float s[KC / 32][PANEL]; /* weight scale per block and row (0 for absent rows) */
+};
+
+/* In-register transpose of an 8x8 matrix of dwords (r[i] = row i). */
+INLINE void transpose8(__m256i r[8])
+{
+    __m256i t[8], u[8];
+    UNROLL for (int i = 0; i < 4; i++)
+    {
+        t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    UNROLL for (int i = 0; i < 2; i++)
+    {
+        u[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    UNROLL for (int c = 0; c < 4; c++)
+    {
+        r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+    }
+}
+
+INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
+                       size_t kc, struct panel *pn)
+{
+    const size_t bb = blk_bytes[k];
+    for (size_t b = 0; b < kc / 32; b++) {
+        __m256i z[8];
+        UNROLL for (int i = 0; i < PANEL; i++)
+        {
+            if ((size_t)i < nr) {
+                const uint8_t *blk = w + (r + (size_t)i) * rb + (k0 / 32 + b) * bb;
+                pn->s[b][i] = load_f16(blk);
+                if (k == QK_Q4_0)
+                    z[i] = nibbles(blk);
+                else
+                    z[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            } else {
+                pn->s[b][i] = 0.0f;
+                z[i] = _mm256_setzero_si256();
+            }
+        }
+        transpose8(z);
+        UNROLL for (int g = 0; g < 8; g++) pn->p[b * 8 + (size_t)g] = z[g];
+    }
+}
+
+INLINE void gemm_tile(enum qk k, const struct panel *pn, size_t nblk, const struct kern_act *a,
+                      size_t k0, size_t t, int NT, float *y, size_t ldy, size_t r, size_t nr,
+                      int add)
+{
+    const size_t cp = a->cp;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 facc[GEMM_NT];
+    const int8_t *xq[GEMM_NT];
+    const float *xd[GEMM_NT];
+    const int32_t *xs[GEMM_NT];
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        size_t tj = t + (size_t)j;
+        facc[j] = _mm256_setzero_ps();
+        xq[j] = a->q + tj * a->ld + k0;
+        xd[j] = a->d + (tj * cp + k0) / 32;
+        xs[j] = a->ns32 + (tj * cp + k0) / 32;
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        __m256i iacc[GEMM_NT];
+        UNROLL for (int j = 0; j < NT; j++) iacc[j] =
+            k == QK_Q4_0 ? _mm256_set1_epi32(xs[j][b]) : _mm256_setzero_si256();
+        UNROLL for (int g = 0; g < 8; g++)
+        {
+            __m256i wv = pn->p[b * 8 + (size_t)g];
+            __m256i wa = k == QK_Q8_0 ? _mm256_abs_epi8(wv) : wv;
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m256i xv = _mm256_set1_epi32(load_i32(xq[j] + b * 32 + (size_t)g * 4));
+                __m256i p16 = k == QK_Q4_0 ? _mm256_maddubs_epi16(wv, xv)
+                                           : _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, wv));
+                iacc[j] = _mm256_add_epi32(iacc[j], _mm256_madd_epi16(p16, ones));
+            }
+        }
+        __m256 s = _mm256_loadu_ps(pn->s[b]);
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[j]), _mm256_set1_ps(xd[j][b]));
+            facc[j] = _mm256_fmadd_ps(f, s, facc[j]);
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (t + (size_t)j) * ldy + r;
+        if (nr == PANEL) {
+            if (add)
+                facc[j] = _mm256_add_ps(facc[j], _mm256_loadu_ps(yo));
+            _mm256_storeu_ps(yo, facc[j]);
+        } else {
+            float tmp[PANEL];
+            _mm256_storeu_ps(tmp, facc[j]);
+            for (size_t i = 0; i < nr; i++)
+                yo[i] = add ? yo[i] + tmp[i] : tmp[i];
+        }
+    }
+}
+
+INLINE void gemm_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
+                   size_t r0, size_t r1)
+{
+    size_t rb = kern__row_bytes(k == QK_Q4_0 ? DT_Q4_0 : DT_Q8_0, a->cols);
+    struct panel pn __attribute__((aligned(32)));
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+            size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+            pack_panel(k, w, rb, r, nr, k0, kc, &pn);
+            for (size_t t = 0; t < a->n; t += GEMM_NT) {
+                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+                switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gemm_tile(k, &pn, kc / 32, a, k0, t, T, y, ldy, r, nr, k0 > 0);                      \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4)
+#undef CASE_
+                }
+            }
+        }
+    }
+}
+
+void kern_gemm_q8_0_q8_0_avx2(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                              size_t r0, size_t r1)
+{
+    gemm_q(QK_Q8_0, w, a, y, ldy, r0, r1);
+}
+
+void kern_gemm_q4_0_q8_0_avx2(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                              size_t r0, size_t r1)
+{
+    gemm_q(QK_Q4_0, w, a, y, ldy, r0, r1);
+}

@@ -1,0 +1,348 @@
+/*
+ * avx512_float.c — AVX-512 kernels for f32, f16 and bf16 weights (compiled with -mavx512*).
+ *
+ * gemv: dot products, one row at a time (a single sequential stream), up to 2 tokens sharing
+ *   each widened weight vector, several accumulators per output to hide the FMA latency.
+ *   Ragged column tails use masked loads (masked-off lanes are never read).
+ * gemm: panels of 16 rows x a chunk of columns are widened to f32 (or kept as bf16 pairs) and
+ *   transposed so one zmm holds one column (two for bf16) of all 16 rows; each step is then
+ *   one FMA (vdpbf16ps) per token with the activation broadcast from memory, and a chunk of
+ *   the panel plus the tile's activations stay in L1 while all tokens pass over it. Partial
+ *   sums of later chunks are added into y.
+ *
+ * bf16 x bf16 (vdpbf16ps, 32 products per instruction) is the prefill path when the CPU has
+ * AVX512-BF16: activations rounded to bf16 (kern_act.xb), f32 accumulation; the bf16 x f32
+ * path widens weights exactly at half the peak (docs/PERFORMANCE.md has both measured).
+ */
+#include "kern.h"
+#include "internal.h"
+
+#include "avx512_common.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+enum wk { WK_F32, WK_F16, WK_BF16 };
+
+/* 16 weights from column c of a row, as f32; lanes outside m read nothing and are 0. */
+INLINE __m512 load_w(enum wk k, const void *row, size_t c, __mmask16 m)
+{
+    switch (k) {
+    case WK_F32:
+        return _mm512_maskz_loadu_ps(m, (const float *)row + c);
+    case WK_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + c));
+    case WK_BF16:
+    default: {
+        __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + c));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    }
+    }
+}
+
+/*
+ * y[t+j][r+i] = W[r+i] . x[t+j] for i < NR, j < NT (compile-time constants after inlining).
+ * Small tiles keep U > 1 accumulators per output, used round-robin over steps of 16 columns,
+ * so that at least 4 independent FMA chains hide the FMA latency.
+ */
+INLINE void tile_f32(enum wk k, const uint8_t *w, size_t rb, size_t r, int NR, const float *x,
+                     size_t ldx, size_t cols, size_t t, int NT, float *y, size_t ldy)
+{
+    const int U = NR * NT >= 4 ? 1 : NR * NT >= 2 ? 2 : 4;
+    __m512 acc[4][8][4];
+    const void *rows[4];
+    const float *xs[8];
+    UNROLL for (int i = 0; i < NR; i++)
+    {
+        rows[i] = w + (r + (size_t)i) * rb;
+        UNROLL for (int j = 0; j < NT; j++) UNROLL for (int u = 0; u < U; u++) acc[i][j][u] =
+            _mm512_setzero_ps();
+    }
+    UNROLL for (int j = 0; j < NT; j++) xs[j] = x + (t + (size_t)j) * ldx;
+
+    size_t c = 0;
+    for (; c + 16 * (size_t)U <= cols; c += 16 * (size_t)U) {
+        UNROLL for (int u = 0; u < U; u++)
+        {
+            size_t cu = c + 16 * (size_t)u;
+            __m512 wv[4];
+            UNROLL for (int i = 0; i < NR; i++) wv[i] = load_w(k, rows[i], cu, 0xffff);
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512 xv = _mm512_loadu_ps(xs[j] + cu);
+                UNROLL for (int i = 0; i < NR; i++) acc[i][j][u] =
+                    _mm512_fmadd_ps(wv[i], xv, acc[i][j][u]);
+            }
+        }
+    }
+    for (; c < cols; c += 16) {
+        __mmask16 m = cols - c >= 16 ? 0xffff : (__mmask16)((1u << (cols - c)) - 1u);
+        __m512 wv[4];
+        UNROLL for (int i = 0; i < NR; i++) wv[i] = load_w(k, rows[i], c, m);
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512 xv = _mm512_maskz_loadu_ps(m, xs[j] + c);
+            UNROLL for (int i = 0; i < NR; i++) acc[i][j][0] =
+                _mm512_fmadd_ps(wv[i], xv, acc[i][j][0]);
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
+    {
+        __m512 sum = acc[i][j][0];
+        UNROLL for (int u = 1; u < U; u++) sum = _mm512_add_ps(sum, acc[i][j][u]);
+        y[(t + (size_t)j) * ldy + r + (size_t)i] = _mm512_reduce_add_ps(sum);
+    }
+}
+
+/* bf16 weights x bf16 activations: 32 columns per step, one vdpbf16ps per row and token. */
+INLINE void tile_bf16(const uint8_t *w, size_t rb, size_t r, int NR, const uint16_t *xb,
+                      size_t ld, size_t cols, size_t t, int NT, float *y, size_t ldy)
+{
+    __m512 acc[4][8];
+    const uint16_t *rows[4];
+    const uint16_t *xs[8];
+    UNROLL for (int i = 0; i < NR; i++)
+    {
+        rows[i] = (const uint16_t *)(const void *)(w + (r + (size_t)i) * rb);
+        UNROLL for (int j = 0; j < NT; j++) acc[i][j] = _mm512_setzero_ps();
+    }
+    UNROLL for (int j = 0; j < NT; j++) xs[j] = xb + (t + (size_t)j) * ld;
+
+    size_t c = 0;
+    __mmask32 m = 0xffffffffu;
+    for (;;) {
+        if (c + 32 > cols) {
+            if (c >= cols)
+                break;
+            m = (__mmask32)((1u << (cols - c)) - 1u);
+        }
+        __m512bh wv[4];
+        UNROLL for (int i = 0; i < NR; i++)
+            wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(m, rows[i] + c);
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            /* activations are zero-padded up to cp >= cols rounded up to 64: no mask needed */
+            __m512bh xv = (__m512bh)_mm512_loadu_si512(xs[j] + c);
+            UNROLL for (int i = 0; i < NR; i++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv);
+        }
+        c += 32;
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+        UNROLL for (int i = 0; i < NR; i++)
+            y[(t + (size_t)j) * ldy + r + (size_t)i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+/*
+ * Drives tiles of NR x NT over rows [r0, r1) and all tokens; ragged edges run smaller tiles
+ * (every (nr, nt) pair is its own unrolled instance).
+ */
+#define TILE_CASES_(CALL)                                                                    \
+    CALL(1, 1) CALL(1, 2) CALL(1, 3) CALL(1, 4) CALL(1, 5) CALL(1, 6) CALL(1, 7) CALL(1, 8)  \
+    CALL(2, 1) CALL(2, 2) CALL(2, 3) CALL(2, 4) CALL(2, 5) CALL(2, 6) CALL(2, 7) CALL(2, 8)  \
+    CALL(3, 1) CALL(3, 2) CALL(3, 3) CALL(3, 4) CALL(3, 5) CALL(3, 6) CALL(3, 7) CALL(3, 8)  \
+    CALL(4, 1) CALL(4, 2) CALL(4, 3) CALL(4, 4)
+
+INLINE void mm_float(enum wk k, int bf16a, const void *w, const struct kern_act *a, float *y,
+                     size_t ldy, size_t r0, size_t r1, size_t NR, size_t NT)
+{
+    static const enum dtype dts[] = {DT_F32, DT_F16, DT_BF16};
+    size_t rb = kern__row_bytes(dts[k], a->cols);
+    for (size_t r = r0; r < r1; r += NR) {
+        size_t nr = r1 - r < NR ? r1 - r : NR;
+        for (size_t t = 0; t < a->n; t += NT) {
+            size_t nt = a->n - t < NT ? a->n - t : NT;
+            switch (nr * 16 + nt) {
+#define CALL_(R, T)                                                                          \
+    case R * 16 + T:                                                                         \
+        if (R <= NR && T <= NT) {                                                            \
+            if (bf16a)                                                                       \
+                tile_bf16(w, rb, r, R, a->xb, a->ld, a->cols, t, T, y, ldy);                 \
+            else                                                                             \
+                tile_f32(k, w, rb, r, R, a->xf, a->ld, a->cols, t, T, y, ldy);                \
+        }                                                                                    \
+        break;
+                TILE_CASES_(CALL_)
+#undef CALL_
+            }
+        }
+    }
+}
+
+/* gemv: 1 row x up to 2 tokens. One row at a time makes decode a single sequential stream,
+ * which the hardware prefetchers follow at full bandwidth; tiles of several rows (several
+ * short interleaved streams) measured up to 2x slower from DRAM. */
+#define GEMV_NR 1
+#define GEMV_NT 2
+
+/* ---- gemm: packed panels ------------------------------------------------------------------ */
+
+#define PANEL 16   /* rows per panel: one per lane */
+#define FKC 256    /* f32 panel chunk: 256 columns x 16 rows = 16 KiB */
+#define BKC 512    /* bf16 panel chunk: 512 columns x 16 rows = 16 KiB */
+#define GEMM_NT 12 /* tokens per register tile */
+
+/* Rows [r, r+nr) x columns [k0, k0+kc) as f32, transposed: p[c] = column k0+c of 16 rows. */
+INLINE void pack_f32(enum wk k, const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
+                     size_t kc, __m512 *p)
+{
+    for (size_t c = 0; c < kc; c += 16) {
+        __mmask16 m = kc - c >= 16 ? 0xffff : (__mmask16)((1u << (kc - c)) - 1u);
+        __m512i z[16];
+        UNROLL for (int i = 0; i < PANEL; i++) z[i] =
+            (size_t)i < nr ? _mm512_castps_si512(load_w(k, w + (r + (size_t)i) * rb, k0 + c, m))
+                           : _mm512_setzero_si512();
+        transpose16(z);
+        UNROLL for (int g = 0; g < 16; g++) p[c + (size_t)g] = _mm512_castsi512_ps(z[g]);
+    }
+}
+
+/* bf16 rows as pairs: p[c/2] = columns k0+c, k0+c+1 of 16 rows (one dword per row). */
+INLINE void pack_bf16(const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0, size_t kc,
+                      __m512i *p)
+{
+    for (size_t c = 0; c < kc; c += 32) {
+        __mmask32 m = kc - c >= 32 ? 0xffffffffu : (__mmask32)((1u << (kc - c)) - 1u);
+        __m512i z[16];
+        UNROLL for (int i = 0; i < PANEL; i++) z[i] =
+            (size_t)i < nr ? _mm512_maskz_loadu_epi16(
+                                 m, (const uint16_t *)(const void *)(w + (r + (size_t)i) * rb) + k0 + c)
+                           : _mm512_setzero_si512();
+        transpose16(z);
+        UNROLL for (int g = 0; g < 16; g++) p[c / 2 + (size_t)g] = z[g];
+    }
+}
+
+/* Stores (first chunk) or adds (later chunks) 16 rows of one token, masked to the panel. */
+INLINE void put_rows(float *yo, __m512 v, __mmask16 rm, int add)
+{
+    if (add)
+        v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rm, yo));
+    _mm512_mask_storeu_ps(yo, rm, v);
+}
+
+INLINE void gemm_tile_f32(const __m512 *p, size_t kc, const float *x, size_t ldx, size_t t,
+                          int NT, float *y, size_t ldy, size_t r, __mmask16 rm, int add)
+{
+    __m512 acc[GEMM_NT];
+    const float *xs[GEMM_NT];
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        acc[j] = _mm512_setzero_ps();
+        xs[j] = x + (t + (size_t)j) * ldx;
+    }
+    for (size_t c = 0; c < kc; c++) {
+        __m512 wv = p[c];
+        UNROLL for (int j = 0; j < NT; j++) acc[j] =
+            _mm512_fmadd_ps(wv, _mm512_set1_ps(xs[j][c]), acc[j]);
+    }
+    UNROLL for (int j = 0; j < NT; j++) put_rows(y + (t + (size_t)j) * ldy + r, acc[j], rm, add);
+}
+
+INLINE void gemm_tile_bf16(const __m512i *p, size_t kc, const uint16_t *xb, size_t ldx,
+                           size_t t, int NT, float *y, size_t ldy, size_t r, __mmask16 rm,
+                           int add)
+{
+    __m512 acc[GEMM_NT];
+    const uint16_t *xs[GEMM_NT];
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        acc[j] = _mm512_setzero_ps();
+        xs[j] = xb + (t + (size_t)j) * ldx;
+    }
+    for (size_t c = 0; c < kc; c += 2) {
+        __m512bh wv = (__m512bh)p[c / 2];
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            uint32_t pair;
+            memcpy(&pair, xs[j] + c, 4);
+            acc[j] = _mm512_dpbf16_ps(acc[j], wv, (__m512bh)_mm512_set1_epi32((int)pair));
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++) put_rows(y + (t + (size_t)j) * ldy + r, acc[j], rm, add);
+}
+
+#define NT_CASES_(CALL)                                                                      \
+    CALL(1) CALL(2) CALL(3) CALL(4) CALL(5) CALL(6) CALL(7) CALL(8) CALL(9) CALL(10)         \
+    CALL(11) CALL(12)
+
+INLINE void gemm_float(enum wk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
+                       size_t r0, size_t r1)
+{
+    static const enum dtype dts[] = {DT_F32, DT_F16, DT_BF16};
+    size_t rb = kern__row_bytes(dts[k], a->cols);
+    __m512 p[FKC] __attribute__((aligned(64)));
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        for (size_t k0 = 0; k0 < a->cols; k0 += FKC) {
+            size_t kc = a->cols - k0 < FKC ? a->cols - k0 : FKC;
+            pack_f32(k, w, rb, r, nr, k0, kc, p);
+            for (size_t t = 0; t < a->n; t += GEMM_NT) {
+                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+                switch (nt) {
+#define CALL_(T)                                                                             \
+    case T:                                                                                  \
+        gemm_tile_f32(p, kc, a->xf + k0, a->ld, t, T, y, ldy, r, rm, k0 > 0);                \
+        break;
+                    NT_CASES_(CALL_)
+#undef CALL_
+                }
+            }
+        }
+    }
+}
+
+static void gemm_bf16(const void *w, const struct kern_act *a, float *y, size_t ldy, size_t r0,
+                      size_t r1)
+{
+    size_t rb = kern__row_bytes(DT_BF16, a->cols);
+    __m512i p[BKC / 2] __attribute__((aligned(64)));
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        for (size_t k0 = 0; k0 < a->cols; k0 += BKC) {
+            size_t kc = a->cols - k0 < BKC ? a->cols - k0 : BKC;
+            pack_bf16(w, rb, r, nr, k0, kc, p);
+            for (size_t t = 0; t < a->n; t += GEMM_NT) {
+                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+                switch (nt) {
+#define CALL_(T)                                                                             \
+    case T:                                                                                  \
+        gemm_tile_bf16(p, kc, a->xb + k0, a->ld, t, T, y, ldy, r, rm, k0 > 0);               \
+        break;
+                    NT_CASES_(CALL_)
+#undef CALL_
+                }
+            }
+        }
+    }
+}
+
+#define FLOAT_VARIANTS_(wty, K)                                                              \
+    void kern_gemv_##wty##_f32_avx512(const void *w, const struct kern_act *a, float *y,     \
+                                      size_t ldy, size_t r0, size_t r1)                      \
+    {                                                                                        \
+        mm_float(K, 0, w, a, y, ldy, r0, r1, GEMV_NR, GEMV_NT);                              \
+    }                                                                                        \
+    void kern_gemm_##wty##_f32_avx512(const void *w, const struct kern_act *a, float *y,     \
+                                      size_t ldy, size_t r0, size_t r1)                      \
+    {                                                                                        \
+        gemm_float(K, w, a, y, ldy, r0, r1);                                                 \
+    }
+
+FLOAT_VARIANTS_(f32, WK_F32)
+FLOAT_VARIANTS_(f16, WK_F16)
+FLOAT_VARIANTS_(bf16, WK_BF16)
+
+void kern_gemv_bf16_bf16_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    mm_float(WK_BF16, 1, w, a, y, ldy, r0, r1, GEMV_NR, GEMV_NT);
+}
+
+void kern_gemm_bf16_bf16_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    gemm_bf16(w, a, y, ldy, r0, r1);
+}

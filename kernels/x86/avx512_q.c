@@ -1,0 +1,392 @@
+/*
+ * avx512_q.c — AVX-512 VNNI kernels for q8_0 and q4_0 weights against int8 activations
+ * (compiled with -mavx512* -mavx512vnni).
+ *
+ * Both paths use vpdpbusd (unsigned bytes x signed bytes, 4 products summed per int32 lane)
+ * and fix up the unsigned operand's +128 / +8 offset with a precomputed sum, so no
+ * instruction is spent on signs:
+ *
+ * gemv (decode): weights are read in their stored layout, two blocks (64 elements) per zmm in
+ *   natural element order, as unsigned bytes (q4_0: the nibble 0..15; q8_0: w ^ 0x80 = w+128),
+ *   times the signed activation quants. Lane l then holds sum(wu*q) over 4 elements; the
+ *   accumulator starts at kern_act.ns4 = -offset * (sum of those 4 quants), offset = 8 (q4_0)
+ *   or 128 (q8_0), giving the exact signed dot. Each lane is converted and scaled by its
+ *   block's weight scale x activation scale.
+ *
+ * gemm (prefill): a panel of 16 rows x KC columns is unpacked to the same unsigned bytes and
+ *   transposed so that one zmm holds 4 consecutive columns of all 16 rows (lane = row);
+ *   vpdpbusd with an embedded broadcast of 4 signed activation quants then advances 16 rows at
+ *   once, 8 instructions per block of 32 columns. The accumulator starts at kern_act.ns32 (the
+ *   offset's correction, the same for every row) and the 16 row scales are applied once per
+ *   block. One packed panel (16 KiB, on the stack) is reused, from L1, by every token tile.
+ */
+#include "kern.h"
+#include "internal.h"
+#include "quant.h"
+
+#include "avx512_common.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+enum qk { QK_Q8_0, QK_Q4_0 };
+
+/*
+ * Software prefetch distance of the gemv's row stream, per type (0: none). Measured from
+ * DRAM at 1 thread (bench/kern_bench --only gemv): q4_0, whose unpacking keeps the core busy,
+ * gains ~25% from prefetching 4 KiB ahead; q8_0 streams faster with the hardware prefetcher
+ * alone (the extra prefetches cost ~15%).
+ */
+static const size_t pf_dist[] = {[QK_Q8_0] = 0, [QK_Q4_0] = 4096};
+
+static const size_t blk_bytes[] = {[QK_Q8_0] = 34, [QK_Q4_0] = 18};
+
+INLINE uint16_t load_u16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+INLINE int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/*
+ * The quants of block A (at blk) and, if has_b, of the next block, in natural element order as
+ * unsigned bytes w + off (q4_0: the nibble itself, off 8; q8_0: w ^ 0x80, off 128): bytes
+ * 0..31 = A, 32..63 = B (zero without B, and never read).
+ */
+INLINE __m512i unpack_pair(enum qk k, const uint8_t *blk, int has_b)
+{
+    if (k == QK_Q4_0) {
+        __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
+        __m256i b = has_b ? _mm256_broadcastsi128_si256(
+                                _mm_loadu_si128((const __m128i *)(blk + 18 + 2)))
+                          : _mm256_setzero_si256();
+        __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        /* [qA, qA, qB, qB]: shift the 2nd copy of each by 4 so high nibbles land second */
+        z = _mm512_srlv_epi64(z, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+        return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+    }
+    __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    __m512i z = _mm512_castsi256_si512(_mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)));
+    if (has_b) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(blk + 34 + 2));
+        z = _mm512_inserti64x4(z, _mm256_xor_si256(b, _mm256_set1_epi8((char)0x80)), 1);
+    } else {
+        z = _mm512_zextsi256_si512(_mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)));
+    }
+    return z;
+}
+
+/* [dA x 8 lanes, dB x 8 lanes] as f32 (dB = 0 without B). */
+INLINE __m512 scale_pair(enum qk k, const uint8_t *blk, int has_b)
+{
+    uint16_t da = load_u16(blk), db = has_b ? load_u16(blk + blk_bytes[k]) : 0;
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)da)),
+                                        _mm_set1_epi16((short)db), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+/* ---- gemv -------------------------------------------------------------------------------- */
+
+/*
+ * The f16 scales of 16 consecutive blocks as 16 f32: word gathers (vpermt2w) from loads that
+ * stay inside the 16 blocks. q4_0 (18-byte blocks): blocks 0..7 lie in bytes [0, 128) at words
+ * 9j, blocks 8..15 likewise from byte 144. q8_0 (34-byte blocks): 4 blocks per 128 bytes at
+ * words 17j, from bytes 0, 136, 272, 408.
+ */
+static const uint16_t idx_q4[32] = {0, 9, 18, 27, 36, 45, 54, 63, 0, 9, 18, 27, 36, 45, 54, 63};
+static const uint16_t idx_q8[32] = {0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51};
+
+INLINE __m512i load512(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
+
+INLINE __m512 scales16(enum qk k, const uint8_t *blk0)
+{
+    __m512i h;
+    if (k == QK_Q4_0) {
+        __m512i idx = _mm512_loadu_si512(idx_q4);
+        h = _mm512_or_si512(
+            _mm512_maskz_permutex2var_epi16(0x00ff, load512(blk0), idx, load512(blk0 + 64)),
+            _mm512_maskz_permutex2var_epi16(0xff00, load512(blk0 + 144), idx,
+                                            load512(blk0 + 208)));
+    } else {
+        __m512i idx = _mm512_loadu_si512(idx_q8);
+        h = _mm512_setzero_si512();
+        UNROLL for (int g = 0; g < 4; g++)
+        {
+            const uint8_t *p = blk0 + 136 * g;
+            h = _mm512_or_si512(h, _mm512_maskz_permutex2var_epi16((__mmask32)(0xfu << (4 * g)),
+                                                                    load512(p), idx,
+                                                                    load512(p + 64)));
+        }
+    }
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+}
+
+/*
+ * NR rows x NT tokens. Main loop: 16 blocks at a time, so the 16 weight scales are gathered
+ * and multiplied by the activation scales once (scale16); each block pair then takes one
+ * vpermps to spread its two scales over its lanes. A tail of < 16 blocks goes pair by pair.
+ */
+INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
+                      const struct kern_act *a, size_t t, int NT, float *y, size_t ldy)
+{
+    const size_t bb = blk_bytes[k], nb = a->cols / 32, cp = a->cp;
+    const uint8_t *rows[4];
+    const int8_t *xq[4];
+    const int32_t *xs[4];
+    const float *xd[4], *xd4[4];
+    /* two accumulators per output, for even and odd block pairs: one chain of dependent
+     * FMAs (4 cycles each) would otherwise bound a row to 2 cycles per block */
+    __m512 acc[4][4], acc2[4][4];
+    UNROLL for (int i = 0; i < NR; i++)
+    {
+        rows[i] = w + (r + (size_t)i) * rb;
+        UNROLL for (int j = 0; j < NT; j++) acc[i][j] = acc2[i][j] = _mm512_setzero_ps();
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        size_t tj = t + (size_t)j;
+        xq[j] = a->q + tj * a->ld;
+        xs[j] = a->ns4 + tj * cp / 4;
+        xd[j] = a->d + tj * cp / 32;
+        xd4[j] = a->d4 + tj * cp / 4;
+    }
+
+    size_t b = 0;
+    for (; b + 16 <= nb; b += 16) {
+        __m512 sc[4][4];
+        UNROLL for (int i = 0; i < NR; i++)
+        {
+            /* prefetch ahead in the row stream (past the row's end is the next row, which is
+             * next to be read) */
+            if (pf_dist[k]) {
+                const uint8_t *pf = rows[i] + b * bb + pf_dist[k];
+                UNROLL for (size_t l = 0; l < 16 * bb; l += 64) _mm_prefetch((const char *)pf + l,
+                                                                             _MM_HINT_T0);
+            }
+            __m512 dw = scales16(k, rows[i] + b * bb);
+            UNROLL for (int j = 0; j < NT; j++) sc[i][j] =
+                _mm512_mul_ps(dw, _mm512_loadu_ps(xd[j] + b));
+        }
+        UNROLL for (int pr = 0; pr < 8; pr++)
+        {
+            size_t c = (b + 2 * (size_t)pr) * 32;
+            /* lanes 0..7 take the scale of block 2pr, lanes 8..15 that of block 2pr+1 */
+            __m512i sidx = _mm512_set_epi32(2 * pr + 1, 2 * pr + 1, 2 * pr + 1, 2 * pr + 1,
+                                            2 * pr + 1, 2 * pr + 1, 2 * pr + 1, 2 * pr + 1,
+                                            2 * pr, 2 * pr, 2 * pr, 2 * pr, 2 * pr, 2 * pr,
+                                            2 * pr, 2 * pr);
+            __m512i wz[4];
+            UNROLL for (int i = 0; i < NR; i++) wz[i] =
+                unpack_pair(k, rows[i] + (b + 2 * (size_t)pr) * bb, 1);
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512i q = _mm512_loadu_si512(xq[j] + c);
+                __m512i ns = _mm512_loadu_si512(xs[j] + c / 4);
+                UNROLL for (int i = 0; i < NR; i++)
+                {
+                    __m512i dot = _mm512_dpbusd_epi32(ns, wz[i], q);
+                    __m512 f = _mm512_cvtepi32_ps(dot), s2 = _mm512_permutexvar_ps(sidx, sc[i][j]);
+                    if (pr & 1)
+                        acc2[i][j] = _mm512_fmadd_ps(f, s2, acc2[i][j]);
+                    else
+                        acc[i][j] = _mm512_fmadd_ps(f, s2, acc[i][j]);
+                }
+            }
+        }
+    }
+    for (; b < nb; b += 2) {
+        int has_b = b + 1 < nb;
+        size_t c = b * 32;
+        __m512i wz[4];
+        __m512 dw[4];
+        UNROLL for (int i = 0; i < NR; i++)
+        {
+            wz[i] = unpack_pair(k, rows[i] + b * bb, has_b);
+            dw[i] = scale_pair(k, rows[i] + b * bb, has_b);
+        }
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512i q = _mm512_loadu_si512(xq[j] + c);
+            __m512i ns = _mm512_loadu_si512(xs[j] + c / 4);
+            __m512 dx = _mm512_loadu_ps(xd4[j] + c / 4);
+            UNROLL for (int i = 0; i < NR; i++)
+            {
+                __m512i dot = _mm512_dpbusd_epi32(ns, wz[i], q);
+                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
+                acc[i][j] = _mm512_fmadd_ps(f, dw[i], acc[i][j]);
+            }
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
+        y[(t + (size_t)j) * ldy + r + (size_t)i] =
+            _mm512_reduce_add_ps(_mm512_add_ps(acc[i][j], acc2[i][j]));
+}
+
+/* One row at a time: decode streams the matrix as a single sequential run, which the
+ * hardware prefetchers follow at full bandwidth (several interleaved row streams, each a
+ * few KiB long, measured 2x slower). Up to 2 tokens share each unpacked weight register. */
+#define GEMV_NR 1
+#define GEMV_NT 2
+
+INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
+                   size_t r0, size_t r1)
+{
+    size_t rb = kern__row_bytes(k == QK_Q4_0 ? DT_Q4_0 : DT_Q8_0, a->cols);
+    for (size_t r = r0; r < r1; r += GEMV_NR) {
+        size_t nr = r1 - r < GEMV_NR ? r1 - r : GEMV_NR;
+        for (size_t t = 0; t < a->n; t += GEMV_NT) {
+            size_t nt = a->n - t < GEMV_NT ? a->n - t : GEMV_NT;
+            switch (nr * 16 + nt) {
+#define CASE_(R, T)                                                                          \
+    case R * 16 + T:                                                                         \
+        if (R <= GEMV_NR && T <= GEMV_NT)                                                    \
+            gemv_tile(k, w, rb, r, R, a, t, T, y, ldy);                                      \
+        break;
+                CASE_(1, 1) CASE_(1, 2) CASE_(2, 1) CASE_(2, 2)
+#undef CASE_
+            }
+        }
+    }
+}
+
+void kern_gemv_q8_0_q8_0_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    gemv_q(QK_Q8_0, w, a, y, ldy, r0, r1);
+}
+
+void kern_gemv_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    gemv_q(QK_Q4_0, w, a, y, ldy, r0, r1);
+}
+
+/* ---- gemm -------------------------------------------------------------------------------- */
+
+#define PANEL 16    /* rows per panel: one per int32 lane */
+#define KC 1024     /* columns per packed chunk: 16 KiB of quants */
+#define GEMM_NT 8   /* tokens per register tile: 8 int + 8 float accumulators */
+
+/* A packed chunk: P[block][group of 4 columns][row] dwords, and per block scales. */
+struct panel {
+    __m512i p[KC / 4];       /* [KC/32 blocks][8 groups] x 16 rows x 4 unsigned bytes w+off */
+    float s[KC / 32][PANEL]; /* weight scale per block and row (0 for absent rows) */
+};
+
+/* Packs rows [r, r+nr) (nr <= 16; absent rows are zero) x columns [k0, k0+kc) into pn. */
+INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
+                       size_t kc, struct panel *pn)
+{
+    const size_t bb = blk_bytes[k], nblk = kc / 32;
+    for (size_t c = 0; c < kc; c += 64) {
+        int has_b = c + 64 <= kc;
+        __m512i z[16];
+        UNROLL for (int i = 0; i < PANEL; i++)
+        {
+            if ((size_t)i < nr)
+                z[i] = unpack_pair(k, w + (r + (size_t)i) * rb + (k0 + c) / 32 * bb, has_b);
+            else
+                z[i] = _mm512_setzero_si512();
+        }
+        transpose16(z);
+        UNROLL for (int g = 0; g < 16; g++) pn->p[c / 4 + (size_t)g] = z[g];
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        uint16_t h[PANEL] = {0};
+        for (size_t i = 0; i < nr; i++)
+            h[i] = load_u16(w + (r + i) * rb + (k0 / 32 + b) * bb);
+        _mm512_storeu_ps(pn->s[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
+    }
+}
+
+/* y[t+j][r..r+16) (+)= panel . x[t+j] over the chunk, j < NT; rows beyond nr are not stored. */
+INLINE void gemm_tile(const struct panel *pn, size_t nblk, const struct kern_act *a, size_t k0,
+                      size_t t, int NT, float *y, size_t ldy, size_t r, __mmask16 rm, int add)
+{
+    const size_t cp = a->cp;
+    __m512 facc[GEMM_NT];
+    const int8_t *xq[GEMM_NT];
+    const float *xd[GEMM_NT];
+    const int32_t *xs[GEMM_NT];
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        size_t tj = t + (size_t)j;
+        facc[j] = _mm512_setzero_ps();
+        xq[j] = a->q + tj * a->ld + k0;
+        xd[j] = a->d + (tj * cp + k0) / 32;
+        xs[j] = a->ns32 + (tj * cp + k0) / 32;
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        __m512i iacc[GEMM_NT];
+        UNROLL for (int j = 0; j < NT; j++) iacc[j] = _mm512_set1_epi32(xs[j][b]);
+        UNROLL for (int g = 0; g < 8; g++)
+        {
+            __m512i wv = pn->p[b * 8 + (size_t)g];
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                /* a broadcast from memory: folds into vpdpbusd's {1to16} operand */
+                __m512i xv = _mm512_set1_epi32(load_i32(xq[j] + b * 32 + (size_t)g * 4));
+                iacc[j] = _mm512_dpbusd_epi32(iacc[j], wv, xv);
+            }
+        }
+        __m512 s = _mm512_loadu_ps(pn->s[b]);
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(xd[j][b]));
+            facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (t + (size_t)j) * ldy + r;
+        if (add)
+            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
+        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+    }
+}
+
+INLINE void gemm_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
+                   size_t r0, size_t r1)
+{
+    size_t rb = kern__row_bytes(k == QK_Q4_0 ? DT_Q4_0 : DT_Q8_0, a->cols);
+    struct panel pn __attribute__((aligned(64)));
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+            size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+            pack_panel(k, w, rb, r, nr, k0, kc, &pn);
+            for (size_t t = 0; t < a->n; t += GEMM_NT) {
+                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+                switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gemm_tile(&pn, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                         \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+                }
+            }
+        }
+    }
+}
+
+void kern_gemm_q8_0_q8_0_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    gemm_q(QK_Q8_0, w, a, y, ldy, r0, r1);
+}
+
+void kern_gemm_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                size_t r0, size_t r1)
+{
+    gemm_q(QK_Q4_0, w, a, y, ldy, r0, r1);
+}

@@ -1,0 +1,480 @@
+/*
+ * test_kern.c — every kernel variant against its scalar twin, and the whole kern_matmul path of
+ * every ISA against the f32 reference, on random shapes with ragged tails.
+ *
+ * Tolerances are relative to S = sum |w*x| of each output (the scale float rounding errors
+ * grow with), except where quantization adds a known error:
+ *  - variant vs its _ref twin (same quantized/bf16 activations, same integer products; only
+ *    the order of f32 additions differs): |y - y_twin| <= 1e-5 * S.
+ *  - f32/f16 weights, bf16 weights in the gemv (exact widening): |y - y_f32| <= 1e-5 * S.
+ *  - bf16 weights with bf16 activations (vdpbf16ps): each activation is rounded to bf16, a
+ *    relative error <= 2^-8 (8-bit significand), so |y - y_f32| <= 2^-8 * S + 1e-5 * S.
+ *  - q8_0/q4_0 weights with int8 activations: per block b the activation error is <= d_b/2
+ *    (d_b = max|x_b|/127, kernels/quant.h), so |y - y_f32| <= sum_b d_b/2 * sum_b |w| + 1e-5*S.
+ */
+#include "testutil.h"
+
+#include "dtype.h"
+#include "err.h"
+#include "half.h"
+#include "kern.h"
+#include "quant.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- deterministic random data ----------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static float rndf(void) { return (float)rnd() / 4294967296.0f * 2.0f - 1.0f; } /* [-1, 1) */
+
+static size_t rndz(size_t lo, size_t hi) { return lo + rnd() % (hi - lo + 1); }
+
+/* A random [rows][cols] weight matrix of type wt. Quants cover their whole range (q8_0 -128
+ * included); scales vary over two decades. */
+static void *make_weights(enum dtype wt, size_t rows, size_t cols)
+{
+    uint64_t rb;
+    assert_int_equal(dtype_row_bytes(wt, cols, &rb), 0);
+    uint8_t *w = malloc(rows * rb + 1);
+    assert_non_null(w);
+    for (size_t r = 0; r < rows; r++) {
+        uint8_t *row = w + r * rb;
+        for (size_t c = 0; c < cols; c++) {
+            float v = rndf();
+            switch (wt) {
+            case DT_F32:
+                memcpy(row + c * 4, &v, 4);
+                break;
+            case DT_F16: {
+                uint16_t h = half_f32_to_f16(v);
+                memcpy(row + c * 2, &h, 2);
+                break;
+            }
+            case DT_BF16: {
+                uint16_t h = half_f32_to_bf16(v);
+                memcpy(row + c * 2, &h, 2);
+                break;
+            }
+            default:
+                break;
+            }
+        }
+        if (wt == DT_Q8_0 || wt == DT_Q4_0) {
+            size_t bb = dtype_info(wt)->block_bytes;
+            for (size_t b = 0; b < cols / 32; b++) {
+                uint8_t *blk = row + b * bb;
+                uint16_t d = half_f32_to_f16(0.001f + 0.1f * (float)(rnd() % 1000) / 1000.0f);
+                memcpy(blk, &d, 2);
+                for (size_t i = 2; i < bb; i++)
+                    blk[i] = (uint8_t)rnd();
+            }
+        }
+    }
+    return w;
+}
+
+static float *make_x(size_t n, size_t cols)
+{
+    float *x = malloc(n * cols * sizeof(float) + 4);
+    assert_non_null(x);
+    for (size_t i = 0; i < n * cols; i++)
+        x[i] = rndf() * (rnd() % 4 == 0 ? 8.0f : 1.0f);
+    /* one all-zero block per token where there is room: a zero activation scale */
+    if (cols >= 64)
+        for (size_t t = 0; t < n; t++)
+            memset(x + t * cols + 32, 0, 32 * sizeof(float));
+    return x;
+}
+
+/* Dequantized weights [rows][cols] (exact conversions). */
+static float *deq(enum dtype wt, const void *w, size_t rows, size_t cols)
+{
+    uint64_t rb;
+    assert_int_equal(dtype_row_bytes(wt, cols, &rb), 0);
+    float *f = malloc(rows * cols * sizeof(float));
+    assert_non_null(f);
+    for (size_t r = 0; r < rows; r++)
+        kern_row_to_f32(wt, (const uint8_t *)w + r * rb, f + r * cols, cols);
+    return f;
+}
+
+/* ---- the variants ------------------------------------------------------------------------ */
+
+struct variant {
+    const char *name;
+    enum dtype wt;
+    enum kern_isa isa;
+    kern_mm_fn *fn, *twin;
+    int bf16_act; /* needs AVX512-BF16 and is checked with the bf16 activation bound */
+};
+
+#define V_(op, wty, aty, isa, DT, ISA, BF)                                                   \
+    {"kern_" #op "_" #wty "_" #aty "_" #isa, DT, ISA, kern_##op##_##wty##_##aty##_##isa,     \
+     kern_##op##_##wty##_##aty##_ref, BF},
+#define VS_(isa, ISA)                                                                        \
+    V_(gemv, f32, f32, isa, DT_F32, ISA, 0) V_(gemm, f32, f32, isa, DT_F32, ISA, 0)          \
+    V_(gemv, f16, f32, isa, DT_F16, ISA, 0) V_(gemm, f16, f32, isa, DT_F16, ISA, 0)          \
+    V_(gemv, bf16, f32, isa, DT_BF16, ISA, 0) V_(gemm, bf16, f32, isa, DT_BF16, ISA, 0)      \
+    V_(gemv, q8_0, q8_0, isa, DT_Q8_0, ISA, 0) V_(gemm, q8_0, q8_0, isa, DT_Q8_0, ISA, 0)    \
+    V_(gemv, q4_0, q8_0, isa, DT_Q4_0, ISA, 0) V_(gemm, q4_0, q8_0, isa, DT_Q4_0, ISA, 0)
+
+static const struct variant variants[] = {
+    VS_(avx2, KERN_ISA_AVX2) VS_(avx512, KERN_ISA_AVX512)
+    V_(gemv, bf16, bf16, avx512, DT_BF16, KERN_ISA_AVX512, 1)
+    V_(gemm, bf16, bf16, avx512, DT_BF16, KERN_ISA_AVX512, 1)
+};
+
+static int runnable(const struct variant *v)
+{
+    return kern_isa_supported(v->isa) && (!v->bf16_act || kern_has_avx512bf16());
+}
+
+static const size_t ns[] = {1, 2, 3, 5, 8, 17};
+
+/* Column counts: ragged for plain types; for block types odd block counts and > one KC. */
+static size_t pick_cols(enum dtype wt, int i)
+{
+    static const size_t plain[] = {1, 7, 15, 16, 17, 31, 33, 47, 64, 65, 100, 257, 1000, 1030};
+    static const size_t blocks[] = {1, 2, 3, 5, 7, 8, 31, 33, 34, 65};
+    if (wt == DT_Q8_0 || wt == DT_Q4_0)
+        return 32 * blocks[(size_t)i % (sizeof blocks / sizeof blocks[0])];
+    return plain[(size_t)i % (sizeof plain / sizeof plain[0])];
+}
+
+#define SENTINEL 12345.0f
+
+/*
+ * Runs fn for rows [r0, r1) of a rows x cols product with n tokens into y [n][ldy] (ldy > rows)
+ * and checks against want within tol[t*ldy + r]; entries outside [r0, r1) must be untouched.
+ */
+static void check_close(const char *what, const float *y, const float *want, const float *tol,
+                        size_t n, size_t ldy, size_t r0, size_t r1, size_t cols)
+{
+    for (size_t t = 0; t < n; t++)
+        for (size_t r = 0; r < ldy; r++) {
+            size_t i = t * ldy + r;
+            if (r < r0 || r >= r1) {
+                if (y[i] != SENTINEL)
+                    fail_msg("%s: cols %zu n %zu rows [%zu,%zu): y[%zu][%zu] outside the range "
+                             "was written",
+                             what, cols, n, r0, r1, t, r);
+                continue;
+            }
+            if (!(fabsf(y[i] - want[i]) <= tol[i]))
+                fail_msg("%s: cols %zu n %zu rows [%zu,%zu): y[%zu][%zu] = %.9g, want %.9g "
+                         "(tolerance %.3g)",
+                         what, cols, n, r0, r1, t, r, y[i], want[i], tol[i]);
+        }
+}
+
+static float *filled(size_t count)
+{
+    float *p = malloc(count * sizeof(float));
+    assert_non_null(p);
+    for (size_t i = 0; i < count; i++)
+        p[i] = SENTINEL;
+    return p;
+}
+
+/* One random case of weight type wt: every runnable variant and every ISA's kern_matmul. */
+static void run_case(enum dtype wt, size_t cols, size_t n)
+{
+    size_t rows = rndz(1, 40);
+    size_t r0 = rnd() % 4 == 0 ? 0 : rndz(0, rows - 1), r1 = rndz(r0 + 1, rows);
+    size_t ldy = rows + rndz(0, 5);
+    void *w = make_weights(wt, rows, cols);
+    float *x = make_x(n, cols);
+    float *wf = deq(wt, w, rows, cols);
+
+    size_t act_bytes;
+    assert_int_equal(kern_act_bytes(wt, cols, n, &act_bytes), 0);
+    void *buf = act_bytes ? aligned_alloc(64, act_bytes) : NULL;
+    struct kern_act a;
+    kern_act_init(&a, wt, x, cols, n, buf);
+    kern_act_prepare(&a, 0, n);
+
+    /* S = sum |w*x| and the quantization bound of each output */
+    float *s = filled(n * ldy), *qb = filled(n * ldy);
+    for (size_t t = 0; t < n; t++)
+        for (size_t r = 0; r < rows; r++) {
+            double sum = 0, qerr = 0;
+            for (size_t c = 0; c < cols; c++)
+                sum += fabs((double)wf[r * cols + c] * x[t * cols + c]);
+            if (a.q)
+                for (size_t b = 0; b < cols / 32; b++) {
+                    double wabs = 0;
+                    for (size_t c = b * 32; c < b * 32 + 32; c++)
+                        wabs += fabs(wf[r * cols + c]);
+                    qerr += a.d[t * a.cp / 32 + b] / 2 * wabs;
+                }
+            s[t * ldy + r] = (float)sum;
+            qb[t * ldy + r] = (float)qerr;
+        }
+
+    float *want = filled(n * ldy), *twin = filled(n * ldy), *y = filled(n * ldy);
+    float *tol = filled(n * ldy);
+    kern_matmul_ref(wt, w, cols, x, n, want, ldy, r0, r1);
+
+    char what[160];
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        const struct variant *vr = &variants[v];
+        if (vr->wt != wt || !runnable(vr))
+            continue;
+        for (size_t i = 0; i < n * ldy; i++) {
+            twin[i] = y[i] = SENTINEL;
+            tol[i] = 1e-5f * s[i] + 1e-30f;
+        }
+        vr->twin(w, &a, twin, ldy, r0, r1);
+        vr->fn(w, &a, y, ldy, r0, r1);
+        snprintf(what, sizeof what, "%s vs its twin", vr->name);
+        check_close(what, y, twin, tol, n, ldy, r0, r1, cols);
+        /* and the twin against the f32 specification, within the stated bound */
+        for (size_t i = 0; i < n * ldy; i++)
+            tol[i] = (vr->bf16_act ? 0x1p-8f * s[i] : 0.0f) + (a.q ? qb[i] : 0.0f) +
+                     2e-5f * s[i] + 1e-30f;
+        snprintf(what, sizeof what, "%s's twin vs kern_matmul_ref", vr->name);
+        check_close(what, twin, want, tol, n, ldy, r0, r1, cols);
+    }
+
+    /* kern_matmul through the dispatcher, every ISA; kern_matmul_act on the prepared act */
+    for (int isa = KERN_ISA_REF; isa <= KERN_ISA_AVX512; isa++) {
+        if (!kern_isa_supported((enum kern_isa)isa))
+            continue;
+        assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+        int bf16_gemm = wt == DT_BF16 && isa == KERN_ISA_AVX512 && kern_has_avx512bf16();
+        for (size_t i = 0; i < n * ldy; i++) {
+            y[i] = twin[i] = SENTINEL;
+            tol[i] = (bf16_gemm ? 0x1p-8f * s[i] : 0.0f) +
+                     (a.q && isa != KERN_ISA_REF ? qb[i] : 0.0f) + 2e-5f * s[i] + 1e-30f;
+        }
+        kern_matmul(wt, w, cols, x, n, y, ldy, r0, r1);
+        snprintf(what, sizeof what, "kern_matmul(%s, %s)", dtype_info(wt)->name,
+                 kern_isa_name((enum kern_isa)isa));
+        check_close(what, y, want, tol, n, ldy, r0, r1, cols);
+        kern_matmul_act(w, &a, twin, ldy, r0, r1);
+        snprintf(what, sizeof what, "kern_matmul_act(%s, %s)", dtype_info(wt)->name,
+                 kern_isa_name((enum kern_isa)isa));
+        check_close(what, twin, want, tol, n, ldy, r0, r1, cols);
+    }
+
+    free(tol);
+    free(y);
+    free(twin);
+    free(want);
+    free(qb);
+    free(s);
+    free(buf);
+    free(wf);
+    free(x);
+    free(w);
+}
+
+static void run_type(enum dtype wt, int cases_per_n)
+{
+    for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++)
+        for (int c = 0; c < cases_per_n; c++)
+            run_case(wt, pick_cols(wt, c + (int)in * 3), ns[in]);
+}
+
+static void test_matmul_f32(void **state)
+{
+    (void)state;
+    run_type(DT_F32, 14);
+}
+
+static void test_matmul_f16(void **state)
+{
+    (void)state;
+    run_type(DT_F16, 14);
+}
+
+static void test_matmul_bf16(void **state)
+{
+    (void)state;
+    run_type(DT_BF16, 14);
+}
+
+static void test_matmul_q8_0(void **state)
+{
+    (void)state;
+    run_type(DT_Q8_0, 10);
+}
+
+static void test_matmul_q4_0(void **state)
+{
+    (void)state;
+    run_type(DT_Q4_0, 10);
+}
+
+/* Larger shapes: full 16-row panels, several KC chunks, many tokens. */
+static void test_matmul_large(void **state)
+{
+    (void)state;
+    run_case(DT_Q4_0, 2048 + 96, 33);
+    run_case(DT_Q8_0, 3072, 24);
+    run_case(DT_BF16, 2050, 19);
+    run_case(DT_F16, 1500, 9);
+}
+
+/* ---- conversions and activation preparation ---------------------------------------------- */
+
+static void test_row_to_f32(void **state)
+{
+    (void)state;
+    uint16_t *h = malloc(65536 * 2);
+    float *f = malloc(65536 * sizeof(float));
+    for (uint32_t i = 0; i < 65536; i++)
+        h[i] = (uint16_t)i;
+    kern_row_to_f32(DT_F16, h, f, 65536);
+    for (uint32_t i = 0; i < 65536; i++) {
+        float want = half_f16_to_f32((uint16_t)i);
+        assert_memory_equal(&f[i], &want, 4);
+    }
+    kern_row_to_f32(DT_BF16, h, f, 65536);
+    for (uint32_t i = 0; i < 65536; i++) {
+        float want = half_bf16_to_f32((uint16_t)i);
+        assert_memory_equal(&f[i], &want, 4);
+    }
+    /* q8_0 / q4_0 against the layout written out by hand (quant.h) */
+    struct quant_q8_0 b8[2];
+    struct quant_q4_0 b4[2];
+    for (int b = 0; b < 2; b++) {
+        b8[b].d = half_f32_to_f16(b ? -0.25f : 0.0078125f);
+        b4[b].d = half_f32_to_f16(b ? 3.0f : 0.5f);
+        for (int i = 0; i < 32; i++)
+            b8[b].qs[i] = (int8_t)(i * 8 - 128 + b);
+        for (int i = 0; i < 16; i++)
+            b4[b].qs[i] = (uint8_t)(i | ((15 - i) << 4));
+    }
+    kern_row_to_f32(DT_Q8_0, b8, f, 64);
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 32; i++)
+            assert_true(f[b * 32 + i] == half_f16_to_f32(b8[b].d) * (float)(i * 8 - 128 + b));
+    kern_row_to_f32(DT_Q4_0, b4, f, 64);
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 16; i++) {
+            float d = half_f16_to_f32(b4[b].d);
+            assert_true(f[b * 32 + i] == d * (float)(i - 8));
+            assert_true(f[b * 32 + 16 + i] == d * (float)(15 - i - 8));
+        }
+    free(f);
+    free(h);
+}
+
+static void test_act_prepare(void **state)
+{
+    (void)state;
+    size_t cols = 96, n = 3, bytes;
+    assert_int_equal(kern_act_bytes(DT_Q4_0, 100, 1, &bytes), ERR_FORMAT);
+    assert_int_equal(kern_act_bytes(DT_Q4_0, cols, n, &bytes), 0);
+    assert_int_equal(kern_act_bytes(DT_Q8_0, (size_t)1 << 62, 1 << 10, &bytes), ERR_OVERFLOW);
+    size_t fbytes; /* f32 weights: a copy of x with rows padded to 128 elements */
+    assert_int_equal(kern_act_bytes(DT_F32, 7, 3, &fbytes), 0);
+    assert_int_equal(fbytes, 3 * 128 * sizeof(float));
+    float *x = make_x(n, cols);
+    x[5] = 1e30f; /* a block dominated by one huge value still quantizes in range */
+    void *buf = aligned_alloc(64, bytes);
+    struct kern_act a;
+    kern_act_init(&a, DT_Q4_0, x, cols, n, buf);
+    kern_act_prepare(&a, 1, n); /* token ranges prepare independently */
+    kern_act_prepare(&a, 0, 1);
+    assert_int_equal(a.cp, 128);
+    for (size_t t = 0; t < n; t++)
+        for (size_t c = 0; c < a.cp; c++) {
+            size_t b = c / 32;
+            float d = a.d[t * a.cp / 32 + b];
+            int q = a.q[t * a.ld + c];
+            assert_true(q >= -127 && q <= 127);
+            assert_true(a.d4[(t * a.cp + c) / 4] == d);
+            if (c >= cols) {
+                assert_int_equal(q, 0);
+                continue;
+            }
+            float xv = x[t * cols + c];
+            assert_true(fabsf(xv - d * (float)q) <= d / 2 * (1 + 1e-6f) + 1e-37f);
+            if (c % 4 == 0) {
+                const int8_t *g = a.q + t * a.ld + c;
+                assert_int_equal(a.ns4[(t * a.cp + c) / 4], -8 * (g[0] + g[1] + g[2] + g[3]));
+            }
+            if (c % 32 == 0) {
+                int sum = 0;
+                for (int i = 0; i < 32; i++)
+                    sum += a.q[t * a.ld + c + (size_t)i];
+                assert_int_equal(a.ns32[(t * a.cp + c) / 32], -8 * sum);
+            }
+        }
+    /* the zeroed block [32, 64) of each token has scale 0 and zero quants */
+    assert_true(a.d[1] == 0.0f && a.q[40] == 0);
+    free(buf);
+    free(x);
+}
+
+/* Every ISA prepares bit-identical activations (the scalar code is the specification), also
+ * for NaN, infinities, subnormals, zeros and ragged tails. */
+static void test_act_prepare_isas_identical(void **state)
+{
+    (void)state;
+    static const size_t colss[] = {32, 96, 160, 1000, 1030};
+    static const enum dtype types[] = {DT_Q8_0, DT_Q4_0, DT_BF16};
+    for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++)
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            enum dtype wt = types[ti];
+            size_t cols = colss[ci], n = 3, bytes;
+            if (kern_act_bytes(wt, cols, n, &bytes) != 0)
+                continue; /* ragged cols are for bf16 only */
+            float *x = make_x(n, cols);
+            x[3] = NAN;
+            x[cols + 1] = INFINITY;
+            x[2 * cols + 2] = -INFINITY;
+            x[cols - 1] = 1e-40f; /* subnormal */
+            if (cols > 40)
+                x[40] = -0.0f;
+            uint8_t *want = aligned_alloc(64, bytes), *got = aligned_alloc(64, bytes);
+            memset(want, 0xa5, bytes);
+            struct kern_act a;
+            assert_int_equal(kern_force_isa(KERN_ISA_REF), 0);
+            kern_act_init(&a, wt, x, cols, n, want);
+            kern_act_prepare(&a, 0, n);
+            for (int isa = KERN_ISA_AVX2; isa <= KERN_ISA_AVX512; isa++) {
+                if (!kern_isa_supported((enum kern_isa)isa))
+                    continue;
+                assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+                memset(got, 0xa5, bytes); /* alignment gaps stay equal */
+                kern_act_init(&a, wt, x, cols, n, got);
+                kern_act_prepare(&a, 0, n);
+                for (size_t i = 0; i < bytes; i++)
+                    if (got[i] != want[i])
+                        fail_msg("%s activations, cols %zu, ISA %s: byte %zu of %zu is %02x, the "
+                                 "scalar specification has %02x",
+                                 dtype_info(wt)->name, cols, kern_isa_name((enum kern_isa)isa), i,
+                                 bytes, got[i], want[i]);
+            }
+            free(got);
+            free(want);
+            free(x);
+        }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_row_to_f32),   cmocka_unit_test(test_act_prepare),
+        cmocka_unit_test(test_act_prepare_isas_identical),
+        cmocka_unit_test(test_matmul_f32),   cmocka_unit_test(test_matmul_f16),
+        cmocka_unit_test(test_matmul_bf16),  cmocka_unit_test(test_matmul_q8_0),
+        cmocka_unit_test(test_matmul_q4_0),  cmocka_unit_test(test_matmul_large),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,924 @@
+/*
+ * test_lora.c — LoRA unit tests: adapter_config.json parsing, loading (dtypes, the q/k row
+ * permutation, every kind of bad adapter with its message), the registry's reference counts
+ * (unload while in use), and the grouped apply against a double-precision evaluation of
+ * y + s * B (A x), whole and sharded.
+ */
+#include "testutil.h"
+
+#include "peft.h"
+
+#include "err.h"
+#include "half.h"
+#include "kern.h"
+#include "lora.h"
+#include "pool.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define ALL_MASK ((1u << LORA_TARGET_COUNT) - 1u)
+
+/* ---- adapter_config.json ---- */
+
+static int parse(const char *json, struct lora_config *c)
+{
+    return lora_config_parse("cfg/adapter_config.json", json, strlen(json), c);
+}
+
+static void test_config_ok(void **state)
+{
+    (void)state;
+    struct lora_config c;
+    char *j = peft_config_json(8, 16, 1u << LORA_Q | 1u << LORA_V, "");
+    assert_int_equal(parse(j, &c), 0);
+    free(j);
+    assert_int_equal(c.rank, 8);
+    assert_true(c.alpha == 16.0f);
+    assert_true(c.scaling == 2.0f);
+    assert_false(c.rslora);
+    assert_false(c.has_layers);
+    assert_int_equal(c.target_mask, 1u << LORA_Q | 1u << LORA_V);
+
+    /* rsLoRA: alpha / sqrt(r) */
+    assert_int_equal(parse("{\"r\": 16, \"lora_alpha\": 8, \"use_rslora\": true, "
+                           "\"target_modules\": [\"down_proj\", \"up_proj\", \"up_proj\"]}",
+                           &c),
+                     0);
+    assert_true(c.rslora);
+    assert_true(c.scaling == 2.0f);
+    assert_int_equal(c.target_mask, 1u << LORA_DOWN | 1u << LORA_UP);
+
+    /* all-linear, a real-valued alpha, layers_to_transform as an int and as a list, unknown
+     * keys ignored, null for optional fields */
+    assert_int_equal(parse("{\"r\": 4, \"lora_alpha\": 6.0, \"target_modules\": \"all-linear\","
+                           " \"layers_to_transform\": 3, \"future_option\": {\"x\": 1},"
+                           " \"bias\": null, \"use_dora\": null}",
+                           &c),
+                     0);
+    assert_int_equal(c.target_mask, ALL_MASK);
+    assert_true(c.scaling == 1.5f);
+    assert_true(c.has_layers);
+    assert_int_equal(c.layers[0], 1u << 3);
+    assert_int_equal(parse("{\"r\": 4, \"lora_alpha\": 4, \"target_modules\": [\"o_proj\"],"
+                           " \"layers_to_transform\": [0, 65, 1023]}",
+                           &c),
+                     0);
+    assert_int_equal(c.layers[0], 1u);
+    assert_int_equal(c.layers[1], 2u);
+    assert_int_equal(c.layers[15], UINT64_C(1) << 63);
+}
+
+struct bad_cfg {
+    const char *json;
+    int rc;
+    const char *needle1, *needle2;
+};
+
+static void test_config_bad(void **state)
+{
+    (void)state;
+    static const struct bad_cfg cases[] = {
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]", ERR_FORMAT,
+         "invalid JSON", "line"},
+        {"[1, 2]", ERR_FORMAT, "not a JSON object", NULL},
+        {"{\"r\": 8, \"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]}",
+         ERR_FORMAT, "invalid JSON", "duplicate"},
+        {"{\"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]}", ERR_FORMAT, "r (the rank)",
+         "missing"},
+        {"{\"r\": \"8\", \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]}", ERR_FORMAT,
+         "r is \"8\"", "not an integer"},
+        {"{\"r\": 0, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]}", ERR_RANGE,
+         "r is 0", "1..1024"},
+        {"{\"r\": 4096, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]}", ERR_RANGE,
+         "r is 4096", NULL},
+        {"{\"r\": 8, \"target_modules\": [\"q_proj\"]}", ERR_FORMAT, "lora_alpha", "missing"},
+        {"{\"r\": 8, \"lora_alpha\": 1e300, \"target_modules\": [\"q_proj\"]}", ERR_RANGE,
+         "lora_alpha", "does not fit"},
+        {"{\"r\": 8, \"lora_alpha\": 16}", ERR_FORMAT, "target_modules is missing", NULL},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": []}", ERR_FORMAT,
+         "target_modules", "empty"},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"lm_head\"]}",
+         ERR_UNSUPPORTED, "target_modules[1] \"lm_head\"", "not a supported target"},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", 3]}", ERR_FORMAT,
+         "target_modules[1]", "not a string"},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": \".*\\\\.q_proj\"}",
+         ERR_UNSUPPORTED, "target_modules", "regular expressions"},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], \"use_dora\": true}",
+         ERR_UNSUPPORTED, "use_dora is true", "not supported"},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], "
+         "\"fan_in_fan_out\": true}",
+         ERR_UNSUPPORTED, "fan_in_fan_out is true", NULL},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], \"use_dora\": 1}",
+         ERR_FORMAT, "use_dora is 1", "not a boolean"},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], \"bias\": \"all\"}",
+         ERR_UNSUPPORTED, "bias is \"all\"", NULL},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], "
+         "\"modules_to_save\": [\"lm_head\"]}",
+         ERR_UNSUPPORTED, "modules_to_save", "not supported"},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], "
+         "\"rank_pattern\": {\"q_proj\": 4}}",
+         ERR_UNSUPPORTED, "rank_pattern", "per-module ranks"},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], "
+         "\"peft_type\": \"PREFIX_TUNING\"}",
+         ERR_UNSUPPORTED, "peft_type \"PREFIX_TUNING\"", NULL},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], "
+         "\"use_rslora\": \"yes\"}",
+         ERR_FORMAT, "use_rslora", "not a boolean"},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], "
+         "\"layers_to_transform\": [0, 1024]}",
+         ERR_RANGE, "layers_to_transform[1] is 1024", NULL},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], "
+         "\"layers_to_transform\": []}",
+         ERR_FORMAT, "layers_to_transform", "empty list"},
+        {"{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], "
+         "\"layers_to_transform\": \"0\"}",
+         ERR_FORMAT, "layers_to_transform", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct lora_config c;
+        tu_log_capture_begin();
+        int rc = parse(cases[i].json, &c);
+        if (rc != cases[i].rc)
+            fail_msg("case %zu (%s): rc %d, want %d; log: %s", i, cases[i].json, rc,
+                     cases[i].rc, tu_log_captured());
+        tu_assert_log_contains("cfg/adapter_config.json", cases[i].needle1, cases[i].needle2,
+                               NULL);
+        tu_log_capture_end();
+    }
+    /* over the size cap: refused before parsing */
+    struct lora_config c;
+    tu_log_capture_begin();
+    assert_int_equal(lora_config_parse("big.json", "{}", LORA_CONFIG_MAX + 1u, &c), ERR_RANGE);
+    tu_assert_log_contains("big.json", "limit", NULL);
+    tu_log_capture_end();
+}
+
+/* ---- loading ---- */
+
+static char *g_tmp;
+
+static int setup_tmp(void **state)
+{
+    (void)state;
+    g_tmp = tu_mkdtemp();
+    return 0;
+}
+
+static int teardown_tmp(void **state)
+{
+    (void)state;
+    tu_rmtree(g_tmp);
+    free(g_tmp);
+    return 0;
+}
+
+static char *subdir(const char *name)
+{
+    char *d = strdup(tu_path(g_tmp, name));
+    mkdir(d, 0755);
+    return d;
+}
+
+/* Loading dir against the small hparams must fail with rc and a log naming the needles. */
+static void expect_load_fail(const char *dir, int rc, const char *n1, const char *n2,
+                             const char *n3)
+{
+    struct iebin_hparams hp = peft_small_hparams();
+    struct lora_adapter *ad = (void *)1;
+    tu_log_capture_begin();
+    int got = lora_open(dir, &hp, &ad);
+    if (got != rc)
+        fail_msg("%s: rc %d (%s), want %d; log: %s", dir, got, err_name(got), rc,
+                 tu_log_captured());
+    assert_null(ad);
+    tu_assert_log_contains(n1, n2, n3, NULL);
+    tu_log_capture_end();
+}
+
+static void test_load_dtypes_and_permutation(void **state)
+{
+    (void)state;
+    struct iebin_hparams hp = peft_small_hparams();
+    struct peft_adapter *pa = peft_adapter_random(&hp, 3, 6.0, ALL_MASK, 42, 0.5f, 0.5f);
+    static const enum safetensors_dtype dts[] = {SAFETENSORS_F32, SAFETENSORS_F16,
+                                                 SAFETENSORS_BF16};
+    for (size_t k = 0; k < 3; k++) {
+        char *dir = subdir(safetensors_dtype_name(dts[k]));
+        peft_adapter_write(pa, dir, dts[k], "");
+        struct lora_adapter *ad;
+        assert_int_equal(lora_open(dir, &hp, &ad), 0);
+        assert_int_equal(lora_refcount(ad), 1);
+        assert_true(ad->id > 0);
+        assert_true(ad->cfg.scaling == 2.0f);
+        assert_string_equal(ad->dir, dir);
+        for (uint32_t l = 0; l < hp.n_layers; l++)
+            for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+                const struct lora_weights *w = lora_weights(ad, l, (enum lora_target)t);
+                assert_non_null(w);
+                uint32_t in, out;
+                lora_target_dims(&hp, (enum lora_target)t, &in, &out);
+                assert_int_equal(ad->in[t], in);
+                assert_int_equal(ad->out[t], out);
+                /* what the file holds, as f32 */
+                float *ea = malloc((size_t)3 * in * 4), *eb = malloc((size_t)out * 3 * 4);
+                for (size_t i = 0; i < (size_t)3 * in; i++)
+                    ea[i] = dts[k] == SAFETENSORS_F32 ? pa->a[l][t][i]
+                            : dts[k] == SAFETENSORS_F16
+                                ? half_f16_to_f32(half_f32_to_f16(pa->a[l][t][i]))
+                                : half_bf16_to_f32(half_f32_to_bf16(pa->a[l][t][i]));
+                for (size_t i = 0; i < (size_t)out * 3; i++)
+                    eb[i] = dts[k] == SAFETENSORS_F32 ? pa->b[l][t][i]
+                            : dts[k] == SAFETENSORS_F16
+                                ? half_f16_to_f32(half_f32_to_f16(pa->b[l][t][i]))
+                                : half_bf16_to_f32(half_f32_to_bf16(pa->b[l][t][i]));
+                assert_memory_equal(w->a, ea, (size_t)3 * in * 4);
+                if (t == LORA_Q || t == LORA_K) {
+                    /* row 2i+s of head h (IEBIN) is HF row s*hd/2+i; hd = 4 here */
+                    uint32_t heads = t == LORA_Q ? hp.n_heads : hp.n_kv_heads;
+                    assert_int_equal(heads * 4, out);
+                    for (uint32_t h = 0; h < heads; h++)
+                        for (uint32_t i = 0; i < 2; i++)
+                            for (uint32_t s = 0; s < 2; s++)
+                                assert_memory_equal(w->b + (h * 4 + 2 * i + s) * 3,
+                                                    eb + (h * 4 + s * 2 + i) * 3, 3 * 4);
+                    /* and it is the inverse of HF's own permutation */
+                    float *back = malloc((size_t)out * 3 * 4);
+                    peft_permute_meta_to_hf(back, w->b, heads, 4, 3);
+                    assert_memory_equal(back, eb, (size_t)out * 3 * 4);
+                    free(back);
+                } else {
+                    assert_memory_equal(w->b, eb, (size_t)out * 3 * 4);
+                }
+                assert_int_equal((uintptr_t)w->a % 64, 0);
+                assert_int_equal((uintptr_t)w->b % 64, 0);
+                free(ea);
+                free(eb);
+            }
+        lora_close(ad);
+        free(dir);
+    }
+    peft_adapter_free(pa);
+}
+
+static void test_permute_roundtrip(void **state)
+{
+    (void)state;
+    /* lora_permute_rows_hf_to_iebin undoes HF's permute for any head count and even hd */
+    const uint32_t heads = 3, hd = 6;
+    const size_t cols = 5, rows = heads * hd;
+    float meta[18 * 5], hf[18 * 5], back[18 * 5];
+    for (size_t i = 0; i < rows * cols; i++)
+        meta[i] = (float)i;
+    peft_permute_meta_to_hf(hf, meta, heads, hd, cols);
+    assert_memory_not_equal(hf, meta, sizeof meta);
+    lora_permute_rows_hf_to_iebin(back, hf, heads, hd, cols);
+    assert_memory_equal(back, meta, sizeof meta);
+}
+
+static void test_layers_to_transform(void **state)
+{
+    (void)state;
+    struct iebin_hparams hp = peft_small_hparams();
+    struct peft_adapter *pa = peft_adapter_random(&hp, 2, 2.0, 1u << LORA_V, 7, 0.5f, 0.5f);
+    /* only layer 1 adapted: drop layer 0's tensors */
+    free(pa->a[0][LORA_V]);
+    free(pa->b[0][LORA_V]);
+    pa->a[0][LORA_V] = pa->b[0][LORA_V] = NULL;
+    char *dir = subdir("layers1");
+    peft_adapter_write(pa, dir, SAFETENSORS_F32, ",\n  \"layers_to_transform\": [1]");
+    struct lora_adapter *ad;
+    assert_int_equal(lora_open(dir, &hp, &ad), 0);
+    assert_null(lora_weights(ad, 0, LORA_V));
+    assert_non_null(lora_weights(ad, 1, LORA_V));
+    assert_null(lora_weights(ad, 1, LORA_Q));
+    lora_close(ad);
+
+    /* without layers_to_transform, layer 0 missing is an incomplete adapter */
+    peft_adapter_write(pa, dir, SAFETENSORS_F32, "");
+    expect_load_fail(dir, ERR_NOT_FOUND, "adapter_model.safetensors",
+                     "base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight",
+                     "is missing");
+    /* layers_to_transform beyond the base model */
+    peft_adapter_write(pa, dir, SAFETENSORS_F32, ",\n  \"layers_to_transform\": [1, 5]");
+    expect_load_fail(dir, ERR_RANGE, "adapter_config.json", "layers_to_transform lists layer 5",
+                     "2 layers");
+    /* a tensor for a layer layers_to_transform does not list */
+    peft_adapter_free(pa);
+    pa = peft_adapter_random(&hp, 2, 2.0, 1u << LORA_V, 7, 0.5f, 0.5f);
+    peft_adapter_write(pa, dir, SAFETENSORS_F32, ",\n  \"layers_to_transform\": 1");
+    expect_load_fail(dir, ERR_MISMATCH, "layers.0.self_attn.v_proj.lora_A.weight",
+                     "adapts layer 0", "layers_to_transform");
+    peft_adapter_free(pa);
+    free(dir);
+}
+
+static void test_load_missing_files(void **state)
+{
+    (void)state;
+    char *dir = subdir("empty");
+    expect_load_fail(dir, -ENOENT, "adapter_config.json", "cannot open", NULL);
+    char *cfg = peft_config_json(2, 4, 1u << LORA_Q, "");
+    peft_write_config(dir, cfg);
+    free(cfg);
+    expect_load_fail(dir, -ENOENT, "adapter_model.safetensors", NULL, NULL);
+    tu_write_file(tu_path(dir, "adapter_model.bin"), "PK", 2);
+    expect_load_fail(dir, ERR_UNSUPPORTED, "adapter_model.bin", "safe_serialization", NULL);
+    /* bad JSON in the directory's config: the message names the file */
+    peft_write_config(dir, "{\"r\": 2,");
+    expect_load_fail(dir, ERR_FORMAT, "adapter_config.json", "invalid JSON", NULL);
+    /* a directory, not a file */
+    char *dir2 = subdir("cfgdir");
+    mkdir(tu_path(dir2, LORA_CONFIG_FILE), 0755);
+    expect_load_fail(dir2, ERR_FORMAT, "adapter_config.json", "not a regular file", NULL);
+    free(dir2);
+    free(dir);
+}
+
+/* Writes a q_proj-only rank-2 adapter for the small hparams with tensors `t`, then expects
+ * loading to fail. */
+static void bad_tensors(const char *name, const struct peft_tensor *t, size_t n, int rc,
+                        const char *n1, const char *n2)
+{
+    char *dir = subdir(name);
+    char *cfg = peft_config_json(2, 4, 1u << LORA_Q | 1u << LORA_GATE, "");
+    peft_write_config(dir, cfg);
+    free(cfg);
+    peft_write_tensors(dir, t, n);
+    expect_load_fail(dir, rc, "adapter_model.safetensors", n1, n2);
+    free(dir);
+}
+
+static void test_load_bad_tensors(void **state)
+{
+    (void)state;
+    static float z[4096];
+    for (size_t i = 0; i < 4096; i++)
+        z[i] = (float)i * 1e-3f;
+    /* a complete valid set for q (in 16, out 16) and gate (in 16, out 24), 2 layers */
+    struct peft_tensor good[8];
+    size_t n = 0;
+    for (uint32_t l = 0; l < 2; l++) {
+        good[n++] = (struct peft_tensor){strdup(peft_name(l, LORA_Q, 0)), SAFETENSORS_F32, 2,
+                                         {2, 16}, z};
+        good[n++] = (struct peft_tensor){strdup(peft_name(l, LORA_Q, 1)), SAFETENSORS_F32, 2,
+                                         {16, 2}, z};
+        good[n++] = (struct peft_tensor){strdup(peft_name(l, LORA_GATE, 0)), SAFETENSORS_F32, 2,
+                                         {2, 16}, z};
+        good[n++] = (struct peft_tensor){strdup(peft_name(l, LORA_GATE, 1)), SAFETENSORS_F32, 2,
+                                         {24, 2}, z};
+    }
+    /* sanity: the good set loads */
+    {
+        char *dir = subdir("good");
+        char *cfg = peft_config_json(2, 4, 1u << LORA_Q | 1u << LORA_GATE, "");
+        peft_write_config(dir, cfg);
+        free(cfg);
+        peft_write_tensors(dir, good, n);
+        struct iebin_hparams hp = peft_small_hparams();
+        struct lora_adapter *ad;
+        assert_int_equal(lora_open(dir, &hp, &ad), 0);
+        lora_close(ad);
+        free(dir);
+    }
+    struct peft_tensor t[9];
+
+    /* wrong shapes: A's input width, B's output height, a 3-D tensor */
+    memcpy(t, good, sizeof good);
+    t[0].shape[1] = 15;
+    bad_tensors("shape_a", t, n, ERR_MISMATCH, "layers.0.self_attn.q_proj.lora_A.weight",
+                "shape [2, 15] does not match the base model's [2, 16]");
+    memcpy(t, good, sizeof good);
+    t[7].shape[0] = 16;
+    bad_tensors("shape_b", t, n, ERR_MISMATCH, "layers.1.mlp.gate_proj.lora_B.weight",
+                "shape [16, 2] does not match the base model's [24, 2]");
+    memcpy(t, good, sizeof good);
+    t[0].n_dims = 1;
+    t[0].shape[0] = 32;
+    bad_tensors("shape_1d", t, n, ERR_MISMATCH, "q_proj.lora_A.weight", "not 2-D");
+
+    /* rank mismatch with the config's r */
+    memcpy(t, good, sizeof good);
+    t[1].shape[1] = 3;
+    bad_tensors("rank", t, n, ERR_MISMATCH, "layers.0.self_attn.q_proj.lora_B.weight",
+                "rank 3, but adapter_config.json says r = 2");
+
+    /* layer out of range */
+    memcpy(t, good, sizeof good);
+    t[8] = (struct peft_tensor){"base_model.model.model.layers.2.self_attn.q_proj.lora_A.weight",
+                                SAFETENSORS_F32, 2, {2, 16}, z};
+    bad_tensors("layer_range", t, 9, ERR_RANGE, "layers.2.self_attn.q_proj.lora_A.weight",
+                "layer 2 is out of range (the base model has 2 layers");
+
+    /* names that are not LoRA weights of a decoder layer */
+    static const char *const not_lora[] = {
+        "base_model.model.lm_head.lora_A.weight",
+        "base_model.model.model.layers.01.self_attn.q_proj.lora_A.weight",
+        "base_model.model.model.layers.1.mlp.q_proj.lora_A.weight",
+        "base_model.model.model.layers.1.self_attn.q_proj.lora_A.default.weight",
+        "base_model.model.model.layers.1.self_attn.q_proj.lora_magnitude_vector",
+        "base_model.model.model.layers.99999999999.self_attn.q_proj.lora_A.weight",
+    };
+    for (size_t i = 0; i < sizeof not_lora / sizeof not_lora[0]; i++) {
+        memcpy(t, good, sizeof good);
+        t[8] = (struct peft_tensor){not_lora[i], SAFETENSORS_F32, 2, {2, 16}, z};
+        char nm[32];
+        snprintf(nm, sizeof nm, "notlora%zu", i);
+        bad_tensors(nm, t, 9, ERR_FORMAT, not_lora[i], "is not a LoRA weight");
+    }
+    /* an unknown module (unknown target) */
+    memcpy(t, good, sizeof good);
+    t[8] = (struct peft_tensor){"base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight",
+                                SAFETENSORS_F32, 2, {2, 16}, z};
+    bad_tensors("unknown_module", t, 9, ERR_UNSUPPORTED, "module 'qkv_proj'",
+                "not a supported target");
+    /* a module target_modules does not list */
+    memcpy(t, good, sizeof good);
+    t[8] = (struct peft_tensor){strdup(peft_name(0, LORA_V, 0)), SAFETENSORS_F32, 2, {2, 16}, z};
+    bad_tensors("not_targeted", t, 9, ERR_MISMATCH, "adapts v_proj",
+                "target_modules does not list");
+    free((char *)t[8].name);
+    /* a missing B */
+    memcpy(t, good, sizeof good);
+    memmove(&t[3], &t[4], 4 * sizeof t[0]);
+    bad_tensors("missing_b", t, 7, ERR_NOT_FOUND, "layers.0.mlp.gate_proj.lora_B.weight",
+                "is missing");
+    /* unsupported dtype */
+    memcpy(t, good, sizeof good);
+    t[2].dt = SAFETENSORS_I32;
+    bad_tensors("dtype", t, n, ERR_UNSUPPORTED, "layers.0.mlp.gate_proj.lora_A.weight",
+                "dtype I32 is not supported");
+    /* a non-finite weight */
+    static float nanbuf[64];
+    memcpy(nanbuf, z, sizeof nanbuf);
+    nanbuf[17] = NAN;
+    memcpy(t, good, sizeof good);
+    t[5].data = nanbuf;
+    bad_tensors("nan", t, n, ERR_RANGE, "layers.1.self_attn.q_proj.lora_B.weight",
+                "element [8][1] is not finite");
+
+    for (size_t i = 0; i < n; i++)
+        free((char *)good[i].name);
+}
+
+static void test_digest(void **state)
+{
+    (void)state;
+    struct iebin_hparams hp = peft_small_hparams();
+    struct peft_adapter *pa = peft_adapter_random(&hp, 4, 8.0, 1u << LORA_V | 1u << LORA_UP,
+                                                  21, 0.5f, 0.5f);
+    struct {
+        const char *name;
+        enum safetensors_dtype dt;
+        const char *extra;
+        double alpha;
+        int tweak; /* change one weight */
+    } v[] = {
+        {"dg_a", SAFETENSORS_F32, "", 8.0, 0},   {"dg_same", SAFETENSORS_F32, "", 8.0, 0},
+        {"dg_bf16", SAFETENSORS_BF16, "", 8.0, 0}, {"dg_alpha", SAFETENSORS_F32, "", 4.0, 0},
+        {"dg_rslora", SAFETENSORS_F32, ",\n  \"use_rslora\": true", 8.0, 0},
+        {"dg_weight", SAFETENSORS_F32, "", 8.0, 1},
+    };
+    uint64_t d[6];
+    for (size_t i = 0; i < 6; i++) {
+        char *dir = subdir(v[i].name);
+        pa->alpha = v[i].alpha;
+        if (v[i].tweak)
+            pa->b[1][LORA_UP][7] += 1e-3f;
+        peft_adapter_write(pa, dir, v[i].dt, v[i].extra);
+        struct lora_adapter *ad;
+        assert_int_equal(lora_open(dir, &hp, &ad), 0);
+        d[i] = ad->digest;
+        lora_close(ad);
+        free(dir);
+    }
+    assert_true(d[0] == d[1]); /* the same files: the same digest, across loads */
+    for (size_t i = 2; i < 6; i++)
+        for (size_t j = 0; j < i; j++)
+            if (!(i == 1 && j == 0))
+                assert_true(d[i] != d[j]);
+    peft_adapter_free(pa);
+}
+
+/* ---- registry ---- */
+
+static void test_registry(void **state)
+{
+    (void)state;
+    struct iebin_hparams hp = peft_small_hparams();
+    struct peft_adapter *pa = peft_adapter_random(&hp, 4, 4.0, 1u << LORA_Q | 1u << LORA_DOWN,
+                                                  3, 0.5f, 0.5f);
+    char *dir = subdir("reg");
+    peft_adapter_write(pa, dir, SAFETENSORS_F32, "");
+    peft_adapter_free(pa);
+
+    struct lora_registry *r;
+    assert_int_equal(lora_registry_create(&hp, 2, &r), 0);
+    assert_int_equal(lora_registry_load(r, "sql-v1", dir), 0);
+    assert_int_equal(lora_registry_count(r), 1);
+    const struct lora_adapter *listed = lora_registry_at(r, 0);
+    assert_string_equal(listed->name, "sql-v1");
+
+    /* unknown names */
+    struct lora_adapter *ad = (void *)1;
+    tu_log_capture_begin();
+    assert_int_equal(lora_registry_acquire(r, "nope", &ad), ERR_NOT_FOUND);
+    assert_null(ad);
+    tu_assert_log_contains("LoRA adapter 'nope' is not loaded", NULL);
+    assert_int_equal(lora_registry_unload(r, "nope"), ERR_NOT_FOUND);
+    /* name taken, bad names, a failing load leaves the registry as it was */
+    assert_int_equal(lora_registry_load(r, "sql-v1", dir), ERR_STATE);
+    tu_assert_log_contains("'sql-v1' is already loaded", "unload it first", NULL);
+    assert_int_equal(lora_registry_load(r, "", dir), ERR_FORMAT);
+    assert_int_equal(lora_registry_load(r, "a/b", dir), ERR_FORMAT);
+    tu_assert_log_contains("name 'a/b' is invalid", NULL);
+    assert_int_equal(lora_registry_load(r, "broken", g_tmp), -ENOENT);
+    assert_int_equal(lora_registry_count(r), 1);
+    tu_log_capture_end();
+
+    /* two requests use it */
+    struct lora_adapter *u1, *u2;
+    assert_int_equal(lora_registry_acquire(r, "sql-v1", &u1), 0);
+    assert_int_equal(lora_registry_acquire(r, "sql-v1", &u2), 0);
+    assert_ptr_equal(u1, u2);
+    assert_int_equal(lora_refcount(u1), 3);
+    uint64_t old_id = u1->id;
+
+    /* unload while in use: the name goes, the adapter stays valid for its users */
+    assert_int_equal(lora_registry_unload(r, "sql-v1"), 0);
+    assert_int_equal(lora_registry_count(r), 0);
+    assert_int_equal(lora_refcount(u1), 2);
+    tu_log_capture_begin();
+    assert_int_equal(lora_registry_acquire(r, "sql-v1", &ad), ERR_NOT_FOUND);
+    tu_log_capture_end();
+    /* a new version under the same name is a different adapter (new id: no KV reuse) */
+    assert_int_equal(lora_registry_load(r, "sql-v1", dir), 0);
+    struct lora_adapter *u3;
+    assert_int_equal(lora_registry_acquire(r, "sql-v1", &u3), 0);
+    assert_ptr_not_equal(u3, u1);
+    assert_true(u3->id != old_id);
+    /* ... computing the same thing: the same digest (KV computed with either is the same) */
+    assert_true(u3->digest == u1->digest && u3->digest != 0);
+
+    /* the old version still computes (ASan would flag a use after free) */
+    float x[16], y[16] = {0}, tmp[4];
+    for (int i = 0; i < 16; i++)
+        x[i] = 1.0f;
+    lora_apply_one(u1, 1.0f, 0, LORA_Q, x, 1, y, 16, tmp);
+    float y3[16] = {0};
+    lora_apply_one(u3, 1.0f, 0, LORA_Q, x, 1, y3, 16, tmp);
+    assert_memory_equal(y, y3, sizeof y);
+
+    lora_registry_release(u1);
+    assert_int_equal(lora_refcount(u2), 1);
+    lora_registry_release(u2); /* freed here: the leak checker sees nothing left */
+
+    /* capacity */
+    assert_int_equal(lora_registry_load(r, "b", dir), 0);
+    tu_log_capture_begin();
+    assert_int_equal(lora_registry_load(r, "c", dir), ERR_OVERLOADED);
+    tu_assert_log_contains("'c'", "2 adapters are loaded", NULL);
+    tu_log_capture_end();
+
+    /* destroying the registry while a request holds an adapter: it outlives the registry */
+    lora_registry_destroy(r);
+    assert_int_equal(lora_refcount(u3), 1);
+    lora_apply_one(u3, 0.5f, 1, LORA_DOWN, (float[24]){0}, 1, y, 16, (float[4]){0});
+    lora_registry_release(u3);
+    free(dir);
+}
+
+/* Users on pool threads: each computes with the adapter, then drops its references. */
+struct user_arg {
+    struct lora_adapter *ad;
+    int refs;
+    float y[16];
+};
+
+static void *user_thread(void *p)
+{
+    struct user_arg *u = p;
+    float x[16], tmp[4];
+    for (int i = 0; i < 16; i++)
+        x[i] = (float)i * 0.1f;
+    for (int k = 0; k < u->refs; k++) {
+        memset(u->y, 0, sizeof u->y);
+        lora_apply_one(u->ad, 1.0f, 1, LORA_Q, x, 1, u->y, 16, tmp);
+        lora_registry_release(u->ad);
+    }
+    return NULL;
+}
+
+static void test_release_from_threads(void **state)
+{
+    (void)state;
+    struct iebin_hparams hp = peft_small_hparams();
+    struct peft_adapter *pa = peft_adapter_random(&hp, 4, 4.0, 1u << LORA_Q, 5, 0.5f, 0.5f);
+    char *dir = subdir("threads");
+    peft_adapter_write(pa, dir, SAFETENSORS_F32, "");
+    peft_adapter_free(pa);
+    struct lora_registry *r;
+    assert_int_equal(lora_registry_create(&hp, 0, &r), 0);
+    assert_int_equal(lora_registry_load(r, "t", dir), 0);
+    enum { THREADS = 4, REFS = 50 };
+    struct user_arg args[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        args[i].refs = REFS;
+        for (int k = 0; k < REFS; k++)
+            assert_int_equal(lora_registry_acquire(r, "t", &args[i].ad), 0);
+    }
+    assert_int_equal(lora_refcount(args[0].ad), 1 + THREADS * REFS);
+    /* the owner unloads while the users are still running; the last release frees it
+     * (ASan reports a use after free or a leak otherwise; TSan a race) */
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, user_thread, &args[i]), 0);
+    assert_int_equal(lora_registry_unload(r, "t"), 0);
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    for (int i = 1; i < THREADS; i++)
+        assert_memory_equal(args[i].y, args[0].y, sizeof args[0].y);
+    lora_registry_destroy(r);
+    free(dir);
+}
+
+/* ---- applying ---- */
+
+/* y[t] += s_t * B (A x_t), in double, straight from the definition. */
+static void naive(const struct lora_adapter *ad, float scale, uint32_t layer,
+                  enum lora_target t, const float *x, float *y)
+{
+    const struct lora_weights *w = lora_weights(ad, layer, t);
+    if (!w)
+        return;
+    uint32_t r = ad->cfg.rank, in = ad->in[t], out = ad->out[t];
+    double ax[LORA_MAX_RANK];
+    for (uint32_t k = 0; k < r; k++) {
+        double acc = 0.0;
+        for (uint32_t c = 0; c < in; c++)
+            acc += (double)w->a[(size_t)k * in + c] * x[c];
+        ax[k] = acc;
+    }
+    for (uint32_t o = 0; o < out; o++) {
+        double acc = 0.0;
+        for (uint32_t k = 0; k < r; k++)
+            acc += (double)w->b[(size_t)o * r + k] * ax[k];
+        y[o] += (float)((double)ad->cfg.scaling * scale * acc);
+    }
+}
+
+static void test_apply_grouped(void **state)
+{
+    (void)state;
+    assert_int_equal(kern_init(), 0);
+    /* wide enough that phase B tiles rows (ffn 300 > 256) and tokens (37 > 16) */
+    struct iebin_hparams hp = peft_small_hparams();
+    hp.ffn_dim = 300;
+    hp.dim = 40;
+    hp.n_heads = 5;
+    hp.n_kv_heads = 5;
+    hp.head_dim = 8;
+    struct peft_adapter *p1 = peft_adapter_random(&hp, 5, 10.0, ALL_MASK, 11, 0.3f, 0.3f);
+    struct peft_adapter *p2 =
+        peft_adapter_random(&hp, 17, 8.0, 1u << LORA_UP | 1u << LORA_DOWN | 1u << LORA_Q, 12,
+                            0.3f, 0.3f);
+    char *d1 = subdir("ap1"), *d2 = subdir("ap2");
+    peft_adapter_write(p1, d1, SAFETENSORS_F32, "");
+    peft_adapter_write(p2, d2, SAFETENSORS_BF16, ",\n  \"use_rslora\": true");
+    peft_adapter_free(p1);
+    peft_adapter_free(p2);
+    struct lora_adapter *a1, *a2;
+    assert_int_equal(lora_open(d1, &hp, &a1), 0);
+    assert_int_equal(lora_open(d2, &hp, &a2), 0);
+
+    enum { N = 37 };
+    const struct lora_adapter *who[N];
+    float scale[N];
+    for (int i = 0; i < N; i++) {
+        /* runs of a1, base tokens, a2, and a1 again non-adjacent */
+        who[i] = i < 10 ? a1 : i < 13 ? NULL : i < 30 ? a2 : i == 33 ? NULL : a1;
+        scale[i] = i % 7 == 3 ? 0.0f : 0.25f + (float)(i % 5) * 0.5f;
+    }
+    struct lora_plan plan;
+    lora_plan_init(&plan);
+    assert_int_equal(lora_plan_build(&plan, who, scale, N), 0);
+    assert_int_equal(plan.n_segs, 4);
+    assert_int_equal(plan.max_rank, 17);
+    assert_int_equal(plan.tmp_floats, 10 * 5 + 17 * 17 + 3 * 5 + 3 * 5);
+
+    uint64_t seed = 99;
+    for (uint32_t layer = 0; layer < hp.n_layers; layer++)
+        for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+            uint32_t in, out;
+            lora_target_dims(&hp, (enum lora_target)t, &in, &out);
+            const size_t ldy = out + 3; /* y is a strided view */
+            float *x = malloc((size_t)N * in * 4), *y0 = malloc((size_t)N * ldy * 4);
+            float *want = malloc((size_t)N * ldy * 4), *got = malloc((size_t)N * ldy * 4);
+            float *tmp = malloc(plan.tmp_floats * 4);
+            for (size_t i = 0; i < (size_t)N * in; i++)
+                x[i] = (float)((seed = seed * 6364136223846793005u + 1442695040888963407u) >> 41) /
+                           4194304.0f - 1.0f;
+            for (size_t i = 0; i < (size_t)N * ldy; i++)
+                y0[i] = (float)(i % 13) - 6.0f;
+            memcpy(want, y0, (size_t)N * ldy * 4);
+            for (int i = 0; i < N; i++)
+                if (who[i])
+                    naive(who[i], scale[i], layer, (enum lora_target)t, x + (size_t)i * in,
+                          want + (size_t)i * ldy);
+
+            memcpy(got, y0, (size_t)N * ldy * 4);
+            lora_apply(&plan, layer, (enum lora_target)t, x, tmp, got, ldy);
+            for (size_t i = 0; i < (size_t)N * ldy; i++) {
+                if (fabsf(got[i] - want[i]) > 1e-4f * (1.0f + fabsf(want[i])))
+                    fail_msg("layer %u %s: y[%zu][%zu] = %g, want %g", layer,
+                             lora_target_name((enum lora_target)t), i / ldy, i % ldy,
+                             (double)got[i], (double)want[i]);
+                if (i % ldy >= out)
+                    assert_true(got[i] == y0[i]); /* padding untouched */
+            }
+            /* base tokens and zero-scale tokens keep the base product exactly */
+            for (int i = 0; i < N; i++)
+                if (!who[i] || scale[i] == 0.0f)
+                    assert_memory_equal(got + (size_t)i * ldy, y0 + (size_t)i * ldy, out * 4);
+
+            /* sharded over uneven rank and row ranges (as a pool would): the same values;
+             * the same bits on the scalar path (SIMD kernels may order a row's sum
+             * differently in a row block's tail, so there only to rounding) */
+            float *sh = malloc((size_t)N * ldy * 4);
+            memcpy(sh, y0, (size_t)N * ldy * 4);
+            memset(tmp, 0xff, plan.tmp_floats * 4);
+            const size_t kcuts[] = {0, 3, 4, 11, plan.max_rank};
+            for (int k = 0; k < 4; k++)
+                lora_apply_a(&plan, layer, (enum lora_target)t, x, tmp, kcuts[k], kcuts[k + 1]);
+            const size_t rcuts[] = {0, 1, out / 3, out / 3 + 257 < out ? out / 3 + 257 : out, out};
+            for (int k = 3; k >= 0; k--)
+                if (rcuts[k] < rcuts[k + 1])
+                    lora_apply_b(&plan, layer, (enum lora_target)t, tmp, sh, ldy, rcuts[k],
+                                 rcuts[k + 1]);
+            if (kern_isa() == KERN_ISA_REF)
+                assert_memory_equal(sh, got, (size_t)N * ldy * 4);
+            for (size_t i = 0; i < (size_t)N * ldy; i++)
+                if (fabsf(sh[i] - got[i]) > 1e-5f * (1.0f + fabsf(got[i])))
+                    fail_msg("sharded y[%zu][%zu] = %g, unsharded %g", i / ldy, i % ldy,
+                             (double)sh[i], (double)got[i]);
+
+            /* one adapter for a whole run: lora_apply_one == its plan segment */
+            float *one = malloc((size_t)N * ldy * 4);
+            memcpy(one, y0, (size_t)N * ldy * 4);
+            float *tmp1 = malloc((size_t)17 * 17 * 4);
+            lora_apply_one(a2, 1.0f, layer, (enum lora_target)t, x + 13 * (size_t)in, 17,
+                           one + 13 * ldy, ldy, tmp1);
+            for (int i = 13; i < 30; i++) {
+                float *wrow = malloc(ldy * 4);
+                memcpy(wrow, y0 + (size_t)i * ldy, ldy * 4);
+                naive(a2, 1.0f, layer, (enum lora_target)t, x + (size_t)i * in, wrow);
+                for (size_t o = 0; o < out; o++)
+                    assert_true(fabsf(one[(size_t)i * ldy + o] - wrow[o]) <=
+                                1e-4f * (1.0f + fabsf(wrow[o])));
+                free(wrow);
+            }
+            free(tmp1);
+            free(one);
+            free(sh);
+            free(tmp);
+            free(got);
+            free(want);
+            free(y0);
+            free(x);
+        }
+
+    /* rebuilding reuses the plan; an all-base batch has nothing to apply */
+    const struct lora_adapter *none[3] = {NULL, NULL, NULL};
+    assert_int_equal(lora_plan_build(&plan, none, scale, 3), 0);
+    assert_int_equal(plan.n_segs, 0);
+    assert_int_equal(plan.tmp_floats, 0);
+    assert_int_equal(plan.max_rank, 0);
+    lora_plan_fini(&plan);
+    lora_close(a1);
+    lora_close(a2);
+    free(d1);
+    free(d2);
+}
+
+/* The engine's seam on a real thread pool: phase A sharded by rank rows, then one pass over
+ * output-row shards doing the base product and phase B for the same rows. */
+struct pool_ctx {
+    const struct lora_plan *plan;
+    enum lora_target t;
+    const float *w, *x;
+    float *tmp, *y;
+    size_t in, out;
+};
+
+static void pool_phase_a(void *c, size_t k0, size_t k1, int thread)
+{
+    (void)thread;
+    struct pool_ctx *p = c;
+    lora_apply_a(p->plan, 1, p->t, p->x, p->tmp, k0, k1);
+}
+
+static void pool_base_and_b(void *c, size_t r0, size_t r1, int thread)
+{
+    (void)thread;
+    struct pool_ctx *p = c;
+    kern_matmul(DT_F32, p->w, p->in, p->x, p->plan->n_tok, p->y, p->out, r0, r1);
+    lora_apply_b(p->plan, 1, p->t, p->tmp, p->y, p->out, r0, r1);
+}
+
+static void test_apply_on_pool(void **state)
+{
+    (void)state;
+    assert_int_equal(kern_init(), 0);
+    struct iebin_hparams hp = peft_small_hparams();
+    hp.dim = 64;
+    hp.ffn_dim = 352;
+    struct peft_adapter *p1 = peft_adapter_random(&hp, 16, 16.0, ALL_MASK, 31, 0.2f, 0.2f);
+    struct peft_adapter *p2 = peft_adapter_random(&hp, 8, 8.0, ALL_MASK, 32, 0.2f, 0.2f);
+    char *d1 = subdir("pool1"), *d2 = subdir("pool2");
+    peft_adapter_write(p1, d1, SAFETENSORS_F32, "");
+    peft_adapter_write(p2, d2, SAFETENSORS_F32, "");
+    peft_adapter_free(p1);
+    peft_adapter_free(p2);
+    struct lora_registry *reg;
+    assert_int_equal(lora_registry_create(&hp, 0, &reg), 0);
+    assert_int_equal(lora_registry_load(reg, "one", d1), 0);
+    assert_int_equal(lora_registry_load(reg, "two", d2), 0);
+
+    /* a decode-like batch: 24 sequences, one token each, sorted by adapter */
+    enum { N = 24 };
+    struct lora_adapter *held[N] = {0};
+    const struct lora_adapter *who[N];
+    float scale[N];
+    for (int i = 0; i < N; i++) {
+        if (i >= 4)
+            assert_int_equal(lora_registry_acquire(reg, i < 15 ? "one" : "two", &held[i]), 0);
+        who[i] = held[i];
+        scale[i] = 1.0f - 0.03f * (float)i;
+    }
+    struct lora_plan plan;
+    lora_plan_init(&plan);
+    assert_int_equal(lora_plan_build(&plan, who, scale, N), 0);
+    assert_int_equal(plan.n_segs, 2);
+
+    struct pool *pool;
+    assert_int_equal(pool_create(3, POOL_PIN_NONE, &pool), 0);
+    for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+        uint32_t in, out;
+        lora_target_dims(&hp, (enum lora_target)t, &in, &out);
+        float *w = malloc((size_t)out * in * 4), *x = malloc((size_t)N * in * 4);
+        float *y_seq = malloc((size_t)N * out * 4), *y_pool = malloc((size_t)N * out * 4);
+        float *tmp = malloc(plan.tmp_floats * 4), *tmp2 = malloc(plan.tmp_floats * 4);
+        for (size_t i = 0; i < (size_t)out * in; i++)
+            w[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+        for (size_t i = 0; i < (size_t)N * in; i++)
+            x[i] = (float)((i * 40503u) % 997) / 997.0f - 0.5f;
+        kern_matmul(DT_F32, w, in, x, N, y_seq, out, 0, out);
+        lora_apply(&plan, 1, (enum lora_target)t, x, tmp, y_seq, out);
+
+        struct pool_ctx c = {&plan, (enum lora_target)t, w, x, tmp2, y_pool, in, out};
+        pool_for(pool, 0, plan.max_rank, 1, pool_phase_a, &c);
+        pool_for(pool, 0, out, 16, pool_base_and_b, &c);
+        for (size_t i = 0; i < (size_t)N * out; i++)
+            if (fabsf(y_pool[i] - y_seq[i]) > 1e-5f * (1.0f + fabsf(y_seq[i])))
+                fail_msg("%s: pooled y[%zu][%zu] = %g, sequential %g",
+                         lora_target_name((enum lora_target)t), i / out, i % out,
+                         (double)y_pool[i], (double)y_seq[i]);
+        free(w);
+        free(x);
+        free(y_seq);
+        free(y_pool);
+        free(tmp);
+        free(tmp2);
+    }
+    pool_destroy(pool);
+    lora_plan_fini(&plan);
+    for (int i = 0; i < N; i++)
+        lora_registry_release(held[i]);
+    lora_registry_destroy(reg);
+    free(d1);
+    free(d2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_ok),
+        cmocka_unit_test(test_config_bad),
+        cmocka_unit_test(test_permute_roundtrip),
+        cmocka_unit_test(test_load_dtypes_and_permutation),
+        cmocka_unit_test(test_layers_to_transform),
+        cmocka_unit_test(test_load_missing_files),
+        cmocka_unit_test(test_load_bad_tensors),
+        cmocka_unit_test(test_digest),
+        cmocka_unit_test(test_registry),
+        cmocka_unit_test(test_release_from_threads),
+        cmocka_unit_test(test_apply_grouped),
+        cmocka_unit_test(test_apply_on_pool),
+    };
+    return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
+}

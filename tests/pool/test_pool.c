@@ -1,0 +1,317 @@
+/*
+ * test_pool.c — the thread pool: every task exactly once, contiguous sharding, many rapid
+ * dispatches, ~0% CPU when idle, pinning, and pool_matmul against the scalar reference.
+ * Labelled `tsan` too: CI also runs it in a ThreadSanitizer build.
+ */
+#include "testutil.h"
+
+#include "err.h"
+#include "half.h"
+#include "kern.h"
+#include "pool.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static void test_create_errors(void **state)
+{
+    (void)state;
+    struct pool *p = NULL;
+    tu_log_capture_begin();
+    assert_int_equal(pool_create(0, POOL_PIN_NONE, &p), ERR_RANGE);
+    tu_assert_log_contains("0 threads requested", NULL);
+    assert_int_equal(pool_create(POOL_MAX_THREADS + 1, POOL_PIN_NONE, &p), ERR_RANGE);
+    assert_int_equal(pool_create(2, (enum pool_pin)9, &p), ERR_RANGE);
+    tu_assert_log_contains("unknown pin mode 9", NULL);
+    cpu_set_t set;
+    assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
+    int ncpu = CPU_COUNT(&set);
+    if (ncpu < POOL_MAX_THREADS) {
+        assert_int_equal(pool_create(ncpu + 1, POOL_PIN_COMPACT, &p), ERR_RANGE);
+        tu_assert_log_contains("cannot pin", NULL);
+    }
+    tu_log_capture_end();
+    assert_null(p);
+    pool_destroy(NULL);
+}
+
+struct count_ctx {
+    atomic_int *hits;
+    int n_threads;
+    atomic_int bad_thread;
+};
+
+static void count_task(void *arg, size_t task, int thread)
+{
+    struct count_ctx *c = arg;
+    atomic_fetch_add(&c->hits[task], 1);
+    if (thread < 0 || thread >= c->n_threads)
+        atomic_store(&c->bad_thread, 1);
+}
+
+static void test_run_every_task_once(void **state)
+{
+    (void)state;
+    static const int threads[] = {1, 2, 3, 5};
+    static const size_t tasks[] = {0, 1, 2, 3, 7, 64, 1000};
+    for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++) {
+        struct pool *p;
+        assert_int_equal(pool_create(threads[ti], POOL_PIN_NONE, &p), 0);
+        assert_int_equal(pool_threads(p), threads[ti]);
+        for (size_t k = 0; k < sizeof tasks / sizeof tasks[0]; k++) {
+            atomic_int *hits = calloc(tasks[k] + 1, sizeof *hits);
+            struct count_ctx c = {hits, threads[ti], 0};
+            pool_run(p, count_task, &c, tasks[k]);
+            for (size_t i = 0; i < tasks[k]; i++)
+                assert_int_equal(atomic_load(&hits[i]), 1);
+            assert_int_equal(atomic_load(&c.bad_thread), 0);
+            free(hits);
+        }
+        pool_destroy(p);
+    }
+}
+
+struct range_ctx {
+    unsigned char *seen; /* plain bytes: each index is written by exactly one task */
+    size_t begin, grain;
+    atomic_int shards, misaligned;
+};
+
+static void range_task(void *arg, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    struct range_ctx *c = arg;
+    if ((b - c->begin) % c->grain != 0 || e <= b)
+        atomic_store(&c->misaligned, 1);
+    for (size_t i = b; i < e; i++)
+        c->seen[i]++;
+    atomic_fetch_add(&c->shards, 1);
+}
+
+static void test_for_contiguous_shards(void **state)
+{
+    (void)state;
+    struct pool *p;
+    assert_int_equal(pool_create(3, POOL_PIN_NONE, &p), 0);
+    static const size_t cases[][3] = {{0, 1, 1},      {5, 6, 16},   {3, 1000, 16},
+                                      {16, 5648, 16}, {0, 2048, 1}, {7, 7, 4},
+                                      {100, 131, 32}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        size_t b = cases[k][0], e = cases[k][1], g = cases[k][2];
+        unsigned char *seen = calloc(e + 1, 1);
+        struct range_ctx c = {seen, b, g, 0, 0};
+        pool_for(p, b, e, g, range_task, &c);
+        for (size_t i = 0; i < e; i++)
+            assert_int_equal(seen[i], i >= b ? 1 : 0);
+        assert_int_equal(atomic_load(&c.misaligned), 0);
+        assert_true(atomic_load(&c.shards) <= 4 * 3);
+        free(seen);
+    }
+    pool_destroy(p);
+}
+
+struct sum_ctx {
+    atomic_long sum;
+};
+
+static void sum_task(void *arg, size_t task, int thread)
+{
+    (void)thread;
+    struct sum_ctx *c = arg;
+    atomic_fetch_add_explicit(&c->sum, (long)task + 1, memory_order_relaxed);
+}
+
+static void test_rapid_dispatch(void **state)
+{
+    (void)state;
+    struct pool *p;
+    assert_int_equal(pool_create(2, POOL_PIN_NONE, &p), 0);
+    struct sum_ctx c;
+    atomic_init(&c.sum, 0);
+    long want = 0;
+    for (int i = 0; i < 10000; i++) {
+        size_t n = (size_t)(i % 5) + 1;
+        pool_run(p, sum_task, &c, n);
+        want += (long)(n * (n + 1) / 2);
+        /* each pool_run returns only after all its tasks: the running sum is exact */
+        if (i % 997 == 0)
+            assert_int_equal(atomic_load(&c.sum), want);
+    }
+    assert_int_equal(atomic_load(&c.sum), want);
+    pool_destroy(p);
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
+static void test_idle_uses_no_cpu(void **state)
+{
+    (void)state;
+    struct pool *p;
+    assert_int_equal(pool_create(3, POOL_PIN_NONE, &p), 0);
+    struct sum_ctx c;
+    atomic_init(&c.sum, 0);
+    pool_run(p, sum_task, &c, 8);
+    /* let the workers finish spinning, then measure a quiet half second */
+    struct timespec settle = {0, 50 * 1000 * 1000}, quiet = {0, 500 * 1000 * 1000};
+    nanosleep(&settle, NULL);
+    double t0 = cpu_seconds();
+    nanosleep(&quiet, NULL);
+    double used = cpu_seconds() - t0;
+    /* 2 sleeping workers: ~0. Spinning would be ~1 s of CPU. Allow 2% of one core. */
+    if (used > 0.01)
+        fail_msg("idle pool used %.3f s of CPU over 0.5 s", used);
+    /* and it still works after sleeping */
+    pool_run(p, sum_task, &c, 8);
+    assert_int_equal(atomic_load(&c.sum), 72);
+    pool_destroy(p);
+}
+
+struct pin_ctx {
+    int cpu[8];
+    int single[8];
+};
+
+static void pin_task(void *arg, size_t task, int thread)
+{
+    (void)task;
+    struct pin_ctx *c = arg;
+    cpu_set_t set;
+    pthread_getaffinity_np(pthread_self(), sizeof set, &set);
+    c->single[thread] = CPU_COUNT(&set) == 1;
+    for (int i = 0; i < CPU_SETSIZE; i++)
+        if (CPU_ISSET(i, &set)) {
+            c->cpu[thread] = i;
+            break;
+        }
+}
+
+static void test_pinning(void **state)
+{
+    (void)state;
+    cpu_set_t orig;
+    assert_int_equal(sched_getaffinity(0, sizeof orig, &orig), 0);
+    int cpus[CPU_SETSIZE], n = 0;
+    for (int i = 0; i < CPU_SETSIZE; i++)
+        if (CPU_ISSET(i, &orig))
+            cpus[n++] = i;
+    int nt = n < 2 ? n : 2;
+    for (int mode = POOL_PIN_COMPACT; mode <= POOL_PIN_SCATTER; mode++) {
+        struct pool *p;
+        assert_int_equal(pool_create(nt, (enum pool_pin)mode, &p), 0);
+        struct pin_ctx c;
+        memset(&c, 0xff, sizeof c);
+        /* the shared counter hands tasks to whoever comes first: run until every participant
+         * has reported, each reporting its own slot */
+        for (int tries = 0; tries < 1000; tries++) {
+            pool_run(p, pin_task, &c, 64);
+            int all = 1;
+            for (int i = 0; i < nt; i++)
+                all &= c.single[i] == 1;
+            if (all)
+                break;
+        }
+        for (int i = 0; i < nt; i++) {
+            assert_int_equal(c.single[i], 1);
+            int want = mode == POOL_PIN_COMPACT ? cpus[i] : cpus[(size_t)i * n / nt];
+            assert_int_equal(c.cpu[i], want);
+        }
+        pool_destroy(p);
+        cpu_set_t now; /* pool_destroy gave the test thread its affinity back */
+        assert_int_equal(sched_getaffinity(0, sizeof now, &now), 0);
+        assert_true(CPU_EQUAL(&now, &orig));
+    }
+}
+
+/* pool_matmul equals the scalar reference within the kernels' stated bounds (tests/kern). */
+static void test_pool_matmul(void **state)
+{
+    (void)state;
+    static const enum dtype types[] = {DT_F32, DT_BF16, DT_Q8_0, DT_Q4_0};
+    static const size_t ns[] = {1, 3, 9};
+    for (int th = 1; th <= 3; th++) {
+        struct pool *p;
+        assert_int_equal(pool_create(th, POOL_PIN_NONE, &p), 0);
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                enum dtype wt = types[ti];
+                size_t rows = 77, cols = 256, n = ns[ni], r0 = 5, r1 = 77;
+                uint64_t rb;
+                assert_int_equal(dtype_row_bytes(wt, cols, &rb), 0);
+                uint8_t *w = malloc(rows * rb);
+                unsigned seed = 12345u + (unsigned)ti;
+                for (size_t i = 0; i < rows * rb; i++)
+                    w[i] = (uint8_t)((seed = seed * 1103515245u + 12345u) >> 16);
+                /* keep every weight finite: f32 / bf16 exponents and block scales tamed */
+                if (wt == DT_F32)
+                    for (size_t i = 0; i < rows * cols; i++) {
+                        float v = (float)((seed = seed * 1103515245u + 12345u) >> 16) / 65536.0f - 0.5f;
+                        memcpy(w + i * 4, &v, 4);
+                    }
+                if (wt == DT_BF16)
+                    for (size_t i = 0; i < rows * cols; i++)
+                        w[i * 2 + 1] = (uint8_t)(0x3c + (w[i * 2 + 1] & 1)) | (w[i * 2 + 1] & 0x80);
+                if (wt == DT_Q8_0 || wt == DT_Q4_0) {
+                    size_t bb = dtype_info(wt)->block_bytes;
+                    for (size_t b = 0; b < rows * cols / 32; b++) {
+                        uint16_t d = half_f32_to_f16(0.01f * (float)(b % 7 + 1));
+                        memcpy(w + b * bb, &d, 2);
+                    }
+                }
+                float *x = malloc(n * cols * sizeof(float));
+                for (size_t i = 0; i < n * cols; i++)
+                    x[i] = sinf((float)i * 0.37f);
+                float *y = calloc(n * rows, sizeof(float)), *want = calloc(n * rows, sizeof(float));
+                float *wf = malloc(cols * sizeof(float));
+                kern_matmul_ref(wt, w, cols, x, n, want, rows, r0, r1);
+                pool_matmul(p, wt, w, cols, x, n, y, rows, r0, r1);
+                for (size_t t = 0; t < n; t++)
+                    for (size_t r = 0; r < rows; r++) {
+                        if (r < r0) {
+                            assert_true(y[t * rows + r] == 0.0f);
+                            continue;
+                        }
+                        kern_row_to_f32(wt, w + r * rb, wf, cols);
+                        double s = 0;
+                        for (size_t c = 0; c < cols; c++)
+                            s += fabs((double)wf[c] * x[t * cols + c]);
+                        /* int8 activations: quant.h's bound is ~s/160 on this data (|x|
+                         * averages 2/pi of its block's max); bf16 ones: 2^-8 s */
+                        double tol = s / 100.0 + 1e-6;
+                        if (fabs((double)y[t * rows + r] - want[t * rows + r]) > tol)
+                            fail_msg("pool_matmul(%s, n %zu, %d threads) row %zu: %g vs %g",
+                                     dtype_info(wt)->name, n, th, r, y[t * rows + r],
+                                     want[t * rows + r]);
+                    }
+                free(wf);
+                free(want);
+                free(y);
+                free(x);
+                free(w);
+            }
+        pool_destroy(p);
+    }
+}
+
+int main(void)
+{
+    assert_int_equal(kern_init(), 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_errors),     cmocka_unit_test(test_run_every_task_once),
+        cmocka_unit_test(test_for_contiguous_shards), cmocka_unit_test(test_rapid_dispatch),
+        cmocka_unit_test(test_idle_uses_no_cpu),  cmocka_unit_test(test_pinning),
+        cmocka_unit_test(test_pool_matmul),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

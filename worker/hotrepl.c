@@ -1,0 +1,254 @@
+/*
+ * hotrepl.c — node-local copies of hot tensors moved over the shared model mapping
+ * (see hotrepl.h).
+ */
+#include "hotrepl.h"
+
+#include "err.h"
+#include "iebin.h"
+#include "log.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <linux/mempolicy.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+struct span {
+    uint64_t off, size;
+    unsigned rank; /* hotness order: lower first */
+    char name[IEBIN_NAME_MAX];
+};
+
+struct vma {
+    uintptr_t start, end;
+    uint64_t off;
+};
+
+static unsigned rank_of(const char *name, const struct iebin_hparams *hp)
+{
+    unsigned layer;
+    int n = 0;
+    if (strcmp(name, IEBIN_T_OUTPUT) == 0 || strcmp(name, IEBIN_T_OUTPUT_NORM) == 0)
+        return 0;
+    if (strcmp(name, IEBIN_T_TOK_EMBD) == 0)
+        return hp->tied_embeddings ? 0 : hp->n_layers + 1; /* tied: it is the classifier */
+    if (sscanf(name, "blk.%u.%n", &layer, &n) == 1 && n > 0)
+        return 1 + layer;
+    return hp->n_layers + 2;
+}
+
+static int cmp_rank(const void *a, const void *b)
+{
+    const struct span *x = a, *y = b;
+    if (x->rank != y->rank)
+        return x->rank < y->rank ? -1 : 1;
+    return (x->off > y->off) - (x->off < y->off);
+}
+
+static int cmp_off(const void *a, const void *b)
+{
+    const struct span *x = a, *y = b;
+    return (x->off > y->off) - (x->off < y->off);
+}
+
+/* The VMAs of this process that map the file (dev, ino). */
+static int find_vmas(dev_t dev, ino_t ino, struct vma **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f) {
+        int e = errno;
+        LOG_ERR("hot replication: /proc/self/maps: %s", strerror(e));
+        return -e;
+    }
+    char *line = NULL;
+    size_t cap = 0, n = 0, alloc = 0;
+    struct vma *v = NULL;
+    int rc = 0;
+    while (getline(&line, &cap, f) > 0) {
+        unsigned long start, end, off, inode;
+        unsigned maj, min;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s %lx %x:%x %lu", &start, &end, perms, &off, &maj, &min,
+                   &inode) != 7)
+            continue;
+        if (inode != (unsigned long)ino || makedev(maj, min) != dev)
+            continue;
+        if (n == alloc) {
+            alloc = alloc ? 2 * alloc : 16;
+            struct vma *nv = realloc(v, alloc * sizeof *v);
+            if (!nv) {
+                rc = -ENOMEM;
+                break;
+            }
+            v = nv;
+        }
+        v[n++] = (struct vma){.start = start, .end = end, .off = off};
+    }
+    free(line);
+    fclose(f);
+    if (rc < 0) {
+        free(v);
+        return rc;
+    }
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+/* Whether [a, b) is covered by VMAs belonging to the mapping whose file offset 0 is at base. */
+static bool covered(const struct vma *v, size_t n, uintptr_t base, uintptr_t a, uintptr_t b)
+{
+    while (a < b) {
+        bool found = false;
+        for (size_t i = 0; i < n; i++)
+            if (v[i].start - v[i].off == base && v[i].start <= a && a < v[i].end) {
+                a = v[i].end;
+                found = true;
+                break;
+            }
+        if (!found)
+            return false;
+    }
+    return true;
+}
+
+/* Copies [addr, addr+len) into fresh anonymous memory on `node` and moves it over addr. */
+static int replicate_range(uintptr_t addr, size_t len, int node)
+{
+    void *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED) {
+        int e = errno;
+        LOG_ERR("hot replication: mmap of %zu bytes: %s", len, strerror(e));
+        return -e;
+    }
+    if (node >= 0) {
+        /* bind before the first touch: memcpy's page faults allocate on the node */
+        unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {0};
+        mask[(unsigned)node / (8 * sizeof(unsigned long))] |= 1ul << ((unsigned)node % (8 * sizeof(unsigned long)));
+        if (syscall(SYS_mbind, copy, len, MPOL_BIND, mask, sizeof mask * 8, 0) != 0) {
+            int e = errno;
+            LOG_ERR("hot replication: mbind(node %d) of %zu bytes: %s", node, len, strerror(e));
+            munmap(copy, len);
+            return -e;
+        }
+    }
+    memcpy(copy, (const void *)addr, len);
+    if (mprotect(copy, len, PROT_READ) != 0 ||
+        mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)addr) == MAP_FAILED) {
+        int e = errno;
+        LOG_ERR("hot replication: moving %zu bytes over %p: %s", len, (void *)addr, strerror(e));
+        munmap(copy, len);
+        return -e;
+    }
+    return 0;
+}
+
+int hotrepl_apply(const char *model_dir, int node, uint64_t limit_bytes,
+                  struct hotrepl_report *rep)
+{
+    memset(rep, 0, sizeof *rep);
+    if (node >= 1024) {
+        LOG_ERR("hot replication: node %d is beyond 1023", node);
+        return ERR_RANGE;
+    }
+    /* the manifest, from a lazy mapping of our own that is closed before we look for the
+     * engine's (so it is not mistaken for one) */
+    struct iebin_model *m = NULL;
+    int rc = iebin_open_ex(model_dir, IEBIN_OPEN_LAZY, &m);
+    if (rc < 0)
+        return rc;
+    size_t n = m->n_tensors;
+    struct span *sp = calloc(n ? n : 1, sizeof *sp);
+    char *blob = malloc(strlen(m->dir) + sizeof "/" IEBIN_BLOB);
+    if (!sp || !blob) {
+        iebin_close(m);
+        free(sp);
+        free(blob);
+        return -ENOMEM;
+    }
+    sprintf(blob, "%s/%s", m->dir, IEBIN_BLOB);
+    for (size_t i = 0; i < n; i++) {
+        sp[i].off = m->tensors[i].offset;
+        sp[i].size = m->tensors[i].size;
+        sp[i].rank = rank_of(m->tensors[i].name, &m->hp);
+        snprintf(sp[i].name, sizeof sp[i].name, "%s", m->tensors[i].name);
+    }
+    iebin_close(m);
+
+    struct vma *v = NULL;
+    size_t nv = 0;
+    struct stat st;
+    if (stat(blob, &st) != 0) {
+        rc = -errno;
+        LOG_ERR("hot replication: %s: %s", blob, strerror(errno));
+        goto out;
+    }
+    if ((rc = find_vmas(st.st_dev, st.st_ino, &v, &nv)) < 0)
+        goto out;
+
+    /* choose in hotness order while the limit allows */
+    qsort(sp, n, sizeof *sp, cmp_rank);
+    size_t chosen = 0;
+    uint64_t total = 0;
+    while (chosen < n && (limit_bytes == 0 || total + sp[chosen].size <= limit_bytes))
+        total += sp[chosen++].size;
+    rep->n_tensors = chosen;
+    rep->n_skipped = n - chosen;
+    for (size_t i = chosen; i < n; i++)
+        rep->skipped_bytes += sp[i].size;
+    if (chosen) {
+        snprintf(rep->first, sizeof rep->first, "%s", sp[0].name);
+        snprintf(rep->last, sizeof rep->last, "%s", sp[chosen - 1].name);
+    }
+    /* then copy in file order, whole pages, adjacent tensors merged into one range */
+    qsort(sp, chosen, sizeof *sp, cmp_off);
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+
+    for (size_t k = 0; k < nv; k++) {
+        uintptr_t base = v[k].start - v[k].off;
+        bool seen = false;
+        for (size_t j = 0; j < k; j++)
+            if (v[j].start - v[j].off == base)
+                seen = true;
+        if (seen)
+            continue; /* one pass per mapping, not per VMA */
+        rep->n_mappings++;
+        for (size_t i = 0; i < chosen;) {
+            uint64_t a = sp[i].off / page * page;
+            uint64_t b = (sp[i].off + sp[i].size + page - 1) / page * page;
+            size_t j = i + 1;
+            while (j < chosen && sp[j].off / page * page <= b) {
+                uint64_t e = (sp[j].off + sp[j].size + page - 1) / page * page;
+                b = e > b ? e : b;
+                j++;
+            }
+            if (!covered(v, nv, base, base + a, base + b)) {
+                LOG_WARN("hot replication: the mapping at %p does not cover %s..%s; left shared",
+                         (void *)base, sp[i].name, sp[j - 1].name);
+            } else {
+                if ((rc = replicate_range(base + a, (size_t)(b - a), node)) < 0)
+                    goto out;
+                rep->bytes += b - a;
+            }
+            i = j;
+        }
+    }
+    if (rep->n_mappings == 0)
+        LOG_INFO("hot replication: %s is not mapped by this process: nothing to replicate",
+                 blob);
+    rc = 0;
+out:
+    free(v);
+    free(sp);
+    free(blob);
+    return rc;
+}

@@ -1,0 +1,53 @@
+/*
+ * hotrepl.h — hot tensor replication: give a worker node-local copies of the model's most
+ * used weights.
+ *
+ * Every worker maps the same model.ie.bin (MAP_PRIVATE, read-only), so its pages are the page
+ * cache's, shared by all workers and resident on whichever NUMA node first read them: the
+ * workers of the other nodes stream their weights across the interconnect on every token.
+ * Replication copies chosen tensors into anonymous memory on the worker's node and moves the
+ * copy over the original pages of the worker's own mapping (mremap MREMAP_FIXED), so every
+ * pointer the engine already holds keeps working and now reads local memory. Pages are
+ * replicated whole (tensors are 64-byte aligned, not page aligned: a boundary page shared by
+ * two tensors is copied with both).
+ *
+ * What is hot: every weight matrix is read once per generated token, so bytes-per-token is the
+ * same for all of them; the classifier (output, or the tied embedding) comes first because
+ * every decode step reads all of it, then layers in order (0, 1, ...) with their norms, then
+ * the rest. The token embedding of an untied model is last: each token reads one row of it.
+ * With a limit, tensors are taken in that order while they fit.
+ *
+ * clocher-worker applies it when IE_HOT_REPLICATE=1 (IE_HOT_REPL_LIMIT_MB caps the bytes),
+ * after the engine has mapped the model and before it serves.
+ *
+ * NOTES: best called before the worker serves (the copies cost time and, while they exist
+ * alongside the shared pages, memory). It is nevertheless safe against concurrent readers:
+ * mremap swaps the pages under the address-space lock, so a reader faults in either the old or
+ * the new page, and both hold the same bytes.
+ */
+#ifndef CLOCHER_WORKER_HOTREPL_H
+#define CLOCHER_WORKER_HOTREPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct hotrepl_report {
+    size_t n_mappings;        /* mappings of model.ie.bin found in this process */
+    size_t n_tensors;         /* tensors replicated (per mapping) */
+    uint64_t bytes;           /* bytes copied, pages rounded, all mappings */
+    size_t n_skipped;         /* tensors left shared because of the limit */
+    uint64_t skipped_bytes;
+    char first[128], last[128]; /* first and last tensor replicated, in hotness order */
+};
+
+/*
+ * Replicates the hottest tensors of the model in `model_dir` into memory on NUMA node `node`
+ * (-1 = wherever this thread's memory policy puts it), at most limit_bytes (0 = all), inside
+ * every mapping of its model.ie.bin that this process holds. 0 with *rep filled (n_mappings 0
+ * when the model is not mapped: nothing to do), or a negative code, logged: the model's
+ * manifest errors (iebin_open), -errno from /proc/self/maps, mmap, mbind, mremap.
+ */
+int hotrepl_apply(const char *model_dir, int node, uint64_t limit_bytes,
+                  struct hotrepl_report *rep);
+
+#endif

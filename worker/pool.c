@@ -1,0 +1,427 @@
+/*
+ * pool.c — the persistent thread pool (pool.h) and kern_matmul sharded over it.
+ *
+ * NOTES on the protocol. Three counters, each on its own cache line so that spinning readers
+ * of one do not slow down writers of another:
+ *  - gen: the job generation. The caller writes the job (fn, ctx, n_tasks, next = 0,
+ *    active = workers), then increments gen (seq_cst, which includes release); a worker that
+ *    loads a new gen (acquire) sees the whole job. Workers spin on gen for SPIN_NS, then sleep
+ *    in futex_wait(gen). A sleeper first increments `sleepers` and re-checks gen; the caller
+ *    increments gen and then reads `sleepers`: with both seq_cst, either the worker sees the
+ *    new gen or the caller sees the sleeper and calls futex_wake (the Dekker pattern), and
+ *    futex_wait itself refuses to sleep if gen already moved. No wake-up is lost and no
+ *    syscall is made while workers are spinning.
+ *  - next: tasks are claimed with fetch_add, so a slow participant takes fewer.
+ *  - active: workers still in the job. Each decrements it (release) after its last task; the
+ *    caller waits for 0 (acquire) — spinning, then sleeping on it with the same protocol
+ *    (caller_sleeping / futex) — so all task effects happen-before pool_run returns.
+ * futex only puts threads to sleep; all ordering is carried by the C11 atomics, which keeps
+ * ThreadSanitizer's model exact.
+ */
+#include "pool.h"
+
+#include "check.h"
+#include "err.h"
+#include "kern.h"
+#include "log.h"
+
+#include <errno.h>
+#include <immintrin.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define POOL_MAGIC 0x504f4f4cu /* "POOL" */
+#define SPIN_NS 200000         /* spin 200 us before sleeping: back-to-back jobs never sleep */
+#define CACHE_LINE 64
+
+struct pool;
+
+struct worker {
+    struct pool *pool;
+    int index; /* participant number, 1.. */
+    pthread_t thread;
+};
+
+struct pool {
+    uint32_t magic;
+    int n;         /* participants, caller included */
+    int n_started; /* worker threads running (for cleanup after a failed create) */
+    struct worker *workers;
+    int caller_pinned;     /* the creating thread was pinned: restore caller_mask at destroy */
+    cpu_set_t caller_mask;
+
+    /* the job, written by the caller before it publishes gen */
+    pool_task_fn *fn;
+    void *ctx;
+    size_t n_tasks;
+    int stop;
+
+    alignas(CACHE_LINE) atomic_uint gen;
+    atomic_int sleepers;
+    alignas(CACHE_LINE) atomic_size_t next;
+    alignas(CACHE_LINE) atomic_uint active;
+    atomic_int caller_sleeping;
+
+    /* pool_matmul's prepared activations (used by the dispatching thread only) */
+    alignas(CACHE_LINE) void *act_buf;
+    size_t act_cap;
+};
+
+static void futex_wait(atomic_uint *addr, unsigned val)
+{
+    /* EAGAIN (value moved) and EINTR are both "look again" */
+    syscall(SYS_futex, (unsigned *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake_all(atomic_uint *addr)
+{
+    syscall(SYS_futex, (unsigned *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Spins up to SPIN_NS until *v != old; true if it changed. */
+static int spin_while_equal(atomic_uint *v, unsigned old)
+{
+    uint64_t t0 = 0;
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(v, memory_order_acquire) != old)
+            return 1;
+        _mm_pause();
+        if ((i & 255) == 0) {
+            uint64_t t = now_ns();
+            if (!t0)
+                t0 = t;
+            else if (t - t0 > SPIN_NS)
+                return 0;
+        }
+    }
+}
+
+static void run_tasks(struct pool *p, int thread)
+{
+    for (;;) {
+        size_t i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
+        if (i >= p->n_tasks)
+            return;
+        p->fn(p->ctx, i, thread);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *wk = arg;
+    struct pool *p = wk->pool;
+    unsigned seen = 0;
+    for (;;) {
+        if (!spin_while_equal(&p->gen, seen)) {
+            atomic_fetch_add(&p->sleepers, 1);
+            while (atomic_load(&p->gen) == seen)
+                futex_wait(&p->gen, seen);
+            atomic_fetch_sub(&p->sleepers, 1);
+        }
+        seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+        if (p->stop)
+            return NULL;
+        run_tasks(p, wk->index);
+        if (atomic_fetch_sub_explicit(&p->active, 1, memory_order_acq_rel) == 1 &&
+            atomic_load(&p->caller_sleeping))
+            futex_wake_all(&p->active);
+    }
+}
+
+/* Publishes the prepared job to the workers. */
+static void publish(struct pool *p)
+{
+    atomic_fetch_add(&p->gen, 1);
+    if (atomic_load(&p->sleepers) > 0)
+        futex_wake_all(&p->gen);
+}
+
+static void wait_workers(struct pool *p)
+{
+    for (;;) {
+        unsigned a = atomic_load_explicit(&p->active, memory_order_acquire);
+        if (a == 0)
+            return;
+        if (spin_while_equal(&p->active, a))
+            continue;
+        atomic_store(&p->caller_sleeping, 1);
+        a = atomic_load(&p->active);
+        if (a != 0)
+            futex_wait(&p->active, a);
+        atomic_store(&p->caller_sleeping, 0);
+    }
+}
+
+void pool_run(struct pool *p, pool_task_fn *fn, void *ctx, size_t n_tasks)
+{
+    CHECK(p && p->magic == POOL_MAGIC);
+    if (n_tasks == 0)
+        return;
+    if (p->n == 1 || n_tasks == 1) {
+        for (size_t i = 0; i < n_tasks; i++)
+            fn(ctx, i, 0);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n_tasks = n_tasks;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->active, (unsigned)(p->n - 1), memory_order_relaxed);
+    publish(p);
+    run_tasks(p, 0);
+    wait_workers(p);
+}
+
+struct for_ctx {
+    pool_range_fn *fn;
+    void *ctx;
+    size_t begin, end, shard;
+};
+
+static void for_task(void *arg, size_t task, int thread)
+{
+    const struct for_ctx *fc = arg;
+    size_t b = fc->begin + task * fc->shard;
+    size_t e = fc->end - b < fc->shard ? fc->end : b + fc->shard;
+    fc->fn(fc->ctx, b, e, thread);
+}
+
+void pool_for(struct pool *p, size_t begin, size_t end, size_t grain, pool_range_fn *fn,
+              void *ctx)
+{
+    CHECK(grain > 0);
+    if (begin >= end)
+        return;
+    size_t units = (end - begin + grain - 1) / grain;
+    size_t max_shards = (size_t)p->n * 4;
+    size_t shard_units = (units + max_shards - 1) / max_shards;
+    struct for_ctx fc = {fn, ctx, begin, end, shard_units * grain};
+    pool_run(p, for_task, &fc, (end - begin + fc.shard - 1) / fc.shard);
+}
+
+int pool_threads(const struct pool *p) { return p->n; }
+
+/* The CPUs of the process's affinity mask, in order; count in *n. */
+static int affinity_cpus(int *cpus, int *n)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        int rc = -errno;
+        LOG_ERR("pool: sched_getaffinity failed: %s", strerror(errno));
+        return rc;
+    }
+    *n = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &set))
+            cpus[(*n)++] = c;
+    return 0;
+}
+
+static int pin_thread(pthread_t th, int cpu, int participant)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    int e = pthread_setaffinity_np(th, sizeof set, &set);
+    if (e != 0) {
+        LOG_ERR("pool: pinning participant %d to CPU %d failed: %s", participant, cpu,
+                strerror(e));
+        return -e;
+    }
+    return 0;
+}
+
+int pool_create(int n_threads, enum pool_pin pin, struct pool **out)
+{
+    int rc = 0;
+    int cpus[CPU_SETSIZE];
+    int n_cpus = 0;
+    if (n_threads < 1 || n_threads > POOL_MAX_THREADS) {
+        LOG_ERR("pool: %d threads requested, expected 1..%d", n_threads, POOL_MAX_THREADS);
+        return ERR_RANGE;
+    }
+    if (pin != POOL_PIN_NONE && pin != POOL_PIN_COMPACT && pin != POOL_PIN_SCATTER) {
+        LOG_ERR("pool: unknown pin mode %d", (int)pin);
+        return ERR_RANGE;
+    }
+    int cpu_of[POOL_MAX_THREADS];
+    if (pin != POOL_PIN_NONE) {
+        rc = affinity_cpus(cpus, &n_cpus);
+        if (rc != 0)
+            return rc;
+        if (n_threads > n_cpus) {
+            LOG_ERR("pool: cannot pin %d threads to the %d CPUs of the affinity mask",
+                    n_threads, n_cpus);
+            return ERR_RANGE;
+        }
+        for (int i = 0; i < n_threads; i++)
+            cpu_of[i] = pin == POOL_PIN_COMPACT ? cpus[i] : cpus[(size_t)i * n_cpus / n_threads];
+    }
+
+    struct pool *p = aligned_alloc(CACHE_LINE, sizeof *p); /* a multiple of its alignment */
+    if (!p) {
+        LOG_ERR("pool: out of memory");
+        return -ENOMEM;
+    }
+    memset(p, 0, sizeof *p);
+    p->magic = POOL_MAGIC;
+    p->n = n_threads;
+    atomic_init(&p->gen, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->next, 0);
+    atomic_init(&p->active, 0);
+    atomic_init(&p->caller_sleeping, 0);
+    if (n_threads > 1) {
+        p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
+        if (!p->workers) {
+            LOG_ERR("pool: out of memory");
+            rc = -ENOMEM;
+            goto fail;
+        }
+    }
+    if (pin != POOL_PIN_NONE) {
+        if (pthread_getaffinity_np(pthread_self(), sizeof p->caller_mask, &p->caller_mask) != 0 ||
+            (rc = pin_thread(pthread_self(), cpu_of[0], 0)) != 0) {
+            rc = rc ? rc : -EINVAL;
+            goto fail;
+        }
+        p->caller_pinned = 1;
+    }
+    for (int i = 1; i < n_threads; i++) {
+        struct worker *wk = &p->workers[i - 1];
+        wk->pool = p;
+        wk->index = i;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        if (pin != POOL_PIN_NONE) {
+            /* start on its CPU rather than migrate there after the first job */
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            CPU_SET(cpu_of[i], &set);
+            pthread_attr_setaffinity_np(&attr, sizeof set, &set);
+        }
+        int e = pthread_create(&wk->thread, &attr, worker_main, wk);
+        pthread_attr_destroy(&attr);
+        if (e != 0) {
+            LOG_ERR("pool: creating worker thread %d of %d failed: %s", i, n_threads - 1,
+                    strerror(e));
+            rc = -e;
+            goto fail;
+        }
+        p->n_started++;
+    }
+    *out = p;
+    return 0;
+
+fail:
+    pool_destroy(p);
+    return rc;
+}
+
+void pool_destroy(struct pool *p)
+{
+    if (!p)
+        return;
+    CHECK(p->magic == POOL_MAGIC);
+    if (p->n_started > 0) {
+        p->stop = 1;
+        publish(p);
+        for (int i = 0; i < p->n_started; i++)
+            pthread_join(p->workers[i].thread, NULL);
+    }
+    if (p->caller_pinned)
+        pthread_setaffinity_np(pthread_self(), sizeof p->caller_mask, &p->caller_mask);
+    free(p->workers);
+    free(p->act_buf);
+    p->magic = 0;
+    free(p);
+}
+
+/* ---- matmul over the pool ---------------------------------------------------------------- */
+
+#define ROW_GRAIN 16 /* one AVX-512 panel: shards never split a panel */
+
+struct mm_ctx {
+    const struct kern_act *a;
+    const void *w;
+    float *y;
+    size_t ldy;
+    /* fallback without prepared activations */
+    enum dtype wt;
+    const float *x;
+};
+
+static void act_shard(void *arg, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    const struct mm_ctx *m = arg;
+    kern_act_prepare(m->a, b, e);
+}
+
+static void mm_shard(void *arg, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    const struct mm_ctx *m = arg;
+    kern_matmul_act(m->w, m->a, m->y, m->ldy, b, e);
+}
+
+static void mm_shard_unprepared(void *arg, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    const struct mm_ctx *m = arg;
+    kern_matmul(m->wt, m->w, m->a->cols, m->x, m->a->n, m->y, m->ldy, b, e);
+}
+
+void pool_matmul(struct pool *p, enum dtype wt, const void *w, size_t cols, const float *x,
+                 size_t n, float *y, size_t ldy, size_t r0, size_t r1)
+{
+    CHECK(p && p->magic == POOL_MAGIC);
+    if (r0 >= r1 || n == 0)
+        return;
+    size_t bytes;
+    CHECK(kern_act_bytes(wt, cols, n, &bytes) == 0);
+    struct kern_act a;
+    struct mm_ctx m = {&a, w, y, ldy, wt, x};
+    if (bytes > p->act_cap) {
+        void *nb = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!nb) {
+            static _Thread_local int warned;
+            if (!warned++)
+                LOG_WARN("pool_matmul: no memory for %zu bytes of activations, preparing them "
+                         "per shard",
+                         bytes);
+            a.cols = cols;
+            a.n = n;
+            pool_for(p, r0, r1, ROW_GRAIN, mm_shard_unprepared, &m);
+            return;
+        }
+        free(p->act_buf);
+        p->act_buf = nb;
+        p->act_cap = bytes;
+    }
+    kern_act_init(&a, wt, x, cols, n, p->act_buf);
+    if (bytes) {
+        if (n >= 4 && p->n > 1)
+            pool_for(p, 0, n, 1, act_shard, &m);
+        else
+            kern_act_prepare(&a, 0, n);
+    }
+    pool_for(p, r0, r1, ROW_GRAIN, mm_shard, &m);
+}
