@@ -12,6 +12,7 @@
 #include "half.h"
 #include "kern.h"
 #include "lora.h"
+#include "pool.h"
 
 #include <errno.h>
 #include <math.h>
@@ -804,6 +805,105 @@ static void test_apply_grouped(void **state)
     free(d2);
 }
 
+/* The engine's seam on a real thread pool: phase A sharded by rank rows, then one pass over
+ * output-row shards doing the base product and phase B for the same rows. */
+struct pool_ctx {
+    const struct lora_plan *plan;
+    enum lora_target t;
+    const float *w, *x;
+    float *tmp, *y;
+    size_t in, out;
+};
+
+static void pool_phase_a(void *c, size_t k0, size_t k1, int thread)
+{
+    (void)thread;
+    struct pool_ctx *p = c;
+    lora_apply_a(p->plan, 1, p->t, p->x, p->tmp, k0, k1);
+}
+
+static void pool_base_and_b(void *c, size_t r0, size_t r1, int thread)
+{
+    (void)thread;
+    struct pool_ctx *p = c;
+    kern_matmul(DT_F32, p->w, p->in, p->x, p->plan->n_tok, p->y, p->out, r0, r1);
+    lora_apply_b(p->plan, 1, p->t, p->tmp, p->y, p->out, r0, r1);
+}
+
+static void test_apply_on_pool(void **state)
+{
+    (void)state;
+    assert_int_equal(kern_init(), 0);
+    struct iebin_hparams hp = peft_small_hparams();
+    hp.dim = 64;
+    hp.ffn_dim = 352;
+    struct peft_adapter *p1 = peft_adapter_random(&hp, 16, 16.0, ALL_MASK, 31, 0.2f, 0.2f);
+    struct peft_adapter *p2 = peft_adapter_random(&hp, 8, 8.0, ALL_MASK, 32, 0.2f, 0.2f);
+    char *d1 = subdir("pool1"), *d2 = subdir("pool2");
+    peft_adapter_write(p1, d1, SAFETENSORS_F32, "");
+    peft_adapter_write(p2, d2, SAFETENSORS_F32, "");
+    peft_adapter_free(p1);
+    peft_adapter_free(p2);
+    struct lora_registry *reg;
+    assert_int_equal(lora_registry_create(&hp, 0, &reg), 0);
+    assert_int_equal(lora_registry_load(reg, "one", d1), 0);
+    assert_int_equal(lora_registry_load(reg, "two", d2), 0);
+
+    /* a decode-like batch: 24 sequences, one token each, sorted by adapter */
+    enum { N = 24 };
+    struct lora_adapter *held[N] = {0};
+    const struct lora_adapter *who[N];
+    float scale[N];
+    for (int i = 0; i < N; i++) {
+        if (i >= 4)
+            assert_int_equal(lora_registry_acquire(reg, i < 15 ? "one" : "two", &held[i]), 0);
+        who[i] = held[i];
+        scale[i] = 1.0f - 0.03f * (float)i;
+    }
+    struct lora_plan plan;
+    lora_plan_init(&plan);
+    assert_int_equal(lora_plan_build(&plan, who, scale, N), 0);
+    assert_int_equal(plan.n_segs, 2);
+
+    struct pool *pool;
+    assert_int_equal(pool_create(3, POOL_PIN_NONE, &pool), 0);
+    for (int t = 0; t < LORA_TARGET_COUNT; t++) {
+        uint32_t in, out;
+        lora_target_dims(&hp, (enum lora_target)t, &in, &out);
+        float *w = malloc((size_t)out * in * 4), *x = malloc((size_t)N * in * 4);
+        float *y_seq = malloc((size_t)N * out * 4), *y_pool = malloc((size_t)N * out * 4);
+        float *tmp = malloc(plan.tmp_floats * 4), *tmp2 = malloc(plan.tmp_floats * 4);
+        for (size_t i = 0; i < (size_t)out * in; i++)
+            w[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+        for (size_t i = 0; i < (size_t)N * in; i++)
+            x[i] = (float)((i * 40503u) % 997) / 997.0f - 0.5f;
+        kern_matmul(DT_F32, w, in, x, N, y_seq, out, 0, out);
+        lora_apply(&plan, 1, (enum lora_target)t, x, tmp, y_seq, out);
+
+        struct pool_ctx c = {&plan, (enum lora_target)t, w, x, tmp2, y_pool, in, out};
+        pool_for(pool, 0, plan.max_rank, 1, pool_phase_a, &c);
+        pool_for(pool, 0, out, 16, pool_base_and_b, &c);
+        for (size_t i = 0; i < (size_t)N * out; i++)
+            if (fabsf(y_pool[i] - y_seq[i]) > 1e-5f * (1.0f + fabsf(y_seq[i])))
+                fail_msg("%s: pooled y[%zu][%zu] = %g, sequential %g",
+                         lora_target_name((enum lora_target)t), i / out, i % out,
+                         (double)y_pool[i], (double)y_seq[i]);
+        free(w);
+        free(x);
+        free(y_seq);
+        free(y_pool);
+        free(tmp);
+        free(tmp2);
+    }
+    pool_destroy(pool);
+    lora_plan_fini(&plan);
+    for (int i = 0; i < N; i++)
+        lora_registry_release(held[i]);
+    lora_registry_destroy(reg);
+    free(d1);
+    free(d2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -818,6 +918,7 @@ int main(void)
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_release_from_threads),
         cmocka_unit_test(test_apply_grouped),
+        cmocka_unit_test(test_apply_on_pool),
     };
     return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
 }
