@@ -263,8 +263,12 @@ static int pin(const struct args *a)
         LOG_ERR("--mem-node %d: this kernel has no NUMA support", a->mem_node);
         return ERR_UNSUPPORTED;
     }
-    if (a->mem_node > numa_max_node() ||
-        !numa_bitmask_isbitset(numa_get_mems_allowed(), (unsigned)a->mem_node)) {
+    struct bitmask *allowed = numa_get_mems_allowed();
+    bool ok = allowed && a->mem_node <= numa_max_node() &&
+              numa_bitmask_isbitset(allowed, (unsigned)a->mem_node);
+    if (allowed)
+        numa_free_nodemask(allowed);
+    if (!ok) {
         LOG_ERR("--mem-node %d: no such node, or its memory is not allowed to this process",
                 a->mem_node);
         return ERR_RANGE;
