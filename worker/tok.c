@@ -57,10 +57,8 @@ static int hex_digit(char c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
-    if (c >= 'A' && c <= 'F')
+    if (c >= 'A' && c <= 'F') /* SentencePiece writes <0x%02X>: one spelling per byte */
         return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
     return -1;
 }
 

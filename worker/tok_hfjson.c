@@ -244,6 +244,19 @@ static int32_t vocab_id(const json_t *vocab, const char *p, size_t len)
     return json_is_integer(v) ? (int32_t)json_integer_value(v) : -1; /* ids checked before */
 }
 
+/* The id of the control token spelled `name` (BOS/EOS by convention), or -1. tokenizer.json
+ * does not say which tokens are BOS and EOS (tokenizer_config.json does); the conventional
+ * names are taken only when they are special added tokens. */
+static int32_t control_id(const struct tok__spec *s, const char *name)
+{
+    size_t len = strlen(name);
+    for (uint32_t id = 0; id < s->n; id++)
+        if (s->type[id] == TOK_CONTROL && s->piece_len[id] == len &&
+            memcmp(s->piece[id], name, len) == 0)
+            return (int32_t)id;
+    return -1;
+}
+
 /* SPM: a piece's score is minus the rank of the first merge producing it. */
 static int scores_from_merges(const char *what, const json_t *vocab, const json_t *merges,
                               struct tok__spec *s)
@@ -462,8 +475,8 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
         s.add_dummy_prefix = dummy;
         s.remove_extra_whitespaces = false;
         s.add_bos = true;
-        s.bos = vocab_id(vocab, "<s>", 3);
-        s.eos = vocab_id(vocab, "</s>", 4);
+        s.bos = control_id(&s, "<s>");
+        s.eos = control_id(&s, "</s>");
         if ((rc = scores_from_merges(what, vocab, merges, &s)) != 0)
             goto out;
     } else {
@@ -489,11 +502,7 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
                 goto out;
         }
         /* GPT-2's one special token is both (tokenizer_config.json, which we do not read) */
-        int32_t eot = -1;
-        for (id = 0; id < n && eot < 0; id++)
-            if (s.piece_len[id] == 13 && memcmp(s.piece[id], "<|endoftext|>", 13) == 0)
-                eot = (int32_t)id;
-        s.bos = s.eos = eot;
+        s.bos = s.eos = control_id(&s, "<|endoftext|>");
         s.add_bos = false;
     }
     rc = tok__build(&s, out);

@@ -119,7 +119,7 @@ int32_t tok__match_user(const struct tok *t, const char *p, size_t len, size_t *
 /* Names of enum tok_type in documents ("normal", ...); NULL for an invalid value. */
 const char *tok__type_name(int type);
 int tok__type_from_name(const char *name); /* 0 when unknown */
-/* Parses "<0xNN>" (two upper- or lower-case hex digits); the byte or -1. */
+/* Parses "<0xNN>" (two upper-case hex digits, as SentencePiece writes them); the byte or -1. */
 int tok__parse_byte_piece(const char *p, size_t len);
 
 /* ---- importers (tok_load.c, tok_hfjson.c, tok_iejson.c) ---- */

@@ -215,6 +215,8 @@ static void bad_spm_model(void **state)
     p[4] = (struct piece){"a", 0, -3, 9};
     model_fail(p, 6, &good_opts, ERR_FORMAT, "piece 4: type 9 is not a SentencePiece piece type",
                NULL);
+    p[4] = (struct piece){"<0x0a>", 0, 0, 6};
+    model_fail(p, 6, &good_opts, ERR_FORMAT, "token 4 '<0x0a>' has type byte", NULL);
     p[4] = (struct piece){"<0xZZ>", 0, 0, 6};
     model_fail(p, 6, &good_opts, ERR_FORMAT, "token 4 '<0xZZ>' has type byte",
                "does not spell <0xNN>");

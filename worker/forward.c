@@ -1,0 +1,391 @@
+/*
+ * forward.c — the llama forward pass in f32 (forward.h), readable top to bottom.
+ *
+ * For a chunk of n tokens at positions pos0 .. pos0+n-1 (x is [n][dim]):
+ *
+ *   x = tok_embd[token]                                          embedding (any dtype -> f32)
+ *   for each layer:
+ *     xb = rmsnorm(x) * attn_norm
+ *     q = xb Wq^T, k = xb Wk^T, v = xb Wv^T                      k, v land in the KV cache
+ *     q, k = rope(q, k, position)                                interleaved pairs
+ *     att = softmax(q k^T / sqrt(head_dim), causal) v            grouped-query heads
+ *     x += att Wo^T
+ *     xb = rmsnorm(x) * ffn_norm
+ *     x += (silu(xb Wgate^T) * (xb Wup^T)) Wdown^T               SwiGLU
+ *   logits = rmsnorm(x) * output_norm Wout^T                     rows the caller asked for
+ *
+ * Matmuls batch the chunk (n = n_tokens: the prefill GEMM), so a prompt costs one pass over
+ * the weights per chunk instead of one per token.
+ *
+ * The attention over the cache is one function (attend_head) fed with plain row pointers and
+ * a stride: the paged cache of the serving engine (worker/kv.h) replaces the cache and that
+ * function, nothing else.
+ *
+ * NOTES: with a pool, matmul rows (pool_matmul) and (token, head) attention tasks run on the
+ * pool's threads; each participant uses its own row of `score`. Everything else runs on the
+ * calling thread. All buffers are allocated in forward_create; forward_eval never allocates.
+ */
+#include "forward.h"
+
+#include "err.h"
+#include "kern.h"
+#include "log.h"
+#include "pool.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct forward {
+    const struct model *m;
+    struct pool *pool;
+    int n_threads;           /* participants of pool (1 without) */
+    uint32_t max_seq;        /* S: positions the cache holds */
+    uint32_t max_chunk;      /* C: tokens per batch */
+    uint32_t pos;            /* positions [0, pos) are in the cache */
+    forward_hook_fn *hook;
+    void *hook_ud;
+
+    /* per-chunk scratch */
+    float *x;                /* [C][dim]      the residual stream */
+    float *xb;               /* [C][dim]      normalized input of a block */
+    float *q;                /* [C][q_dim]    queries */
+    float *att;              /* [C][q_dim]    attention output, heads side by side */
+    float *proj;             /* [C][dim]      attn_o / ffn_down output before the residual */
+    float *gate;             /* [C][ffn_dim]  gate projection, then silu(gate) * up */
+    float *up;               /* [C][ffn_dim]  up projection */
+    float *rope;             /* [C][head_dim/2][2] cos, sin of each pair's angle per token */
+    float *inv_freq;         /* [head_dim/2]  theta^(-2i/head_dim) */
+    float *score;            /* [n_threads][S] attention weights, one row per participant */
+
+    /* KV cache: rows of positions, heads side by side */
+    float *key_cache;        /* [n_layers][S][kv_dim] */
+    float *value_cache;      /* [n_layers][S][kv_dim] */
+};
+
+/* ---- creation ------------------------------------------------------------------------------ */
+
+/* *out = 64-byte aligned room for a*b*c floats (a product checked for overflow). */
+static int alloc_f32(const char *what, uint64_t a, uint64_t b, uint64_t c, float **out)
+{
+    uint64_t n, bytes;
+    if (dtype_mul_u64(a, b, &n) || dtype_mul_u64(n, c, &n) ||
+        dtype_mul_u64(n, sizeof(float), &bytes) || bytes > SIZE_MAX - 64) {
+        LOG_ERR("forward: %s of %llu x %llu x %llu floats overflows", what,
+                (unsigned long long)a, (unsigned long long)b, (unsigned long long)c);
+        return ERR_OVERFLOW;
+    }
+    size_t size = ((size_t)bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple */
+    *out = aligned_alloc(64, size ? size : 64);
+    if (!*out) {
+        LOG_ERR("forward: out of memory for the %s (%llu bytes)", what,
+                (unsigned long long)bytes);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+int forward_create(const struct model *m, const struct forward_config *cfg,
+                   struct forward **out)
+{
+    const struct iebin_hparams *hp = &m->hp;
+    uint32_t S = cfg->max_seq ? cfg->max_seq : hp->max_seq_len;
+    uint32_t C = cfg->max_chunk ? cfg->max_chunk : FORWARD_CHUNK_DEFAULT;
+    if (S > hp->max_seq_len) {
+        LOG_ERR("forward: max_seq %u exceeds the model's context length %u", S,
+                hp->max_seq_len);
+        return ERR_RANGE;
+    }
+    if (C > FORWARD_CHUNK_MAX) {
+        LOG_ERR("forward: max_chunk %u exceeds %u", C, FORWARD_CHUNK_MAX);
+        return ERR_RANGE;
+    }
+    struct forward *f = calloc(1, sizeof *f);
+    if (!f) {
+        LOG_ERR("forward: out of memory");
+        return -ENOMEM;
+    }
+    f->m = m;
+    f->pool = cfg->pool;
+    f->n_threads = cfg->pool ? pool_threads(cfg->pool) : 1;
+    f->max_seq = S;
+    f->max_chunk = C;
+
+    const uint64_t dim = hp->dim, qd = m->q_dim, kvd = m->kv_dim, ffn = hp->ffn_dim;
+    const uint64_t half = hp->head_dim / 2;
+    int rc;
+    if ((rc = alloc_f32("residual stream", C, dim, 1, &f->x)) ||
+        (rc = alloc_f32("normalized activations", C, dim, 1, &f->xb)) ||
+        (rc = alloc_f32("queries", C, qd, 1, &f->q)) ||
+        (rc = alloc_f32("attention output", C, qd, 1, &f->att)) ||
+        (rc = alloc_f32("projection output", C, dim, 1, &f->proj)) ||
+        (rc = alloc_f32("gate activations", C, ffn, 1, &f->gate)) ||
+        (rc = alloc_f32("up activations", C, ffn, 1, &f->up)) ||
+        (rc = alloc_f32("RoPE table", C, half, 2, &f->rope)) ||
+        (rc = alloc_f32("RoPE frequencies", half, 1, 1, &f->inv_freq)) ||
+        (rc = alloc_f32("attention scores", (uint64_t)f->n_threads, S, 1, &f->score)) ||
+        (rc = alloc_f32("key cache", hp->n_layers, S, kvd, &f->key_cache)) ||
+        (rc = alloc_f32("value cache", hp->n_layers, S, kvd, &f->value_cache))) {
+        forward_destroy(f);
+        return rc;
+    }
+    /* theta^(-2i/head_dim) in double: the angle pos * inv_freq stays accurate at long
+     * positions (llama2.c computes it in float; the difference is below 1e-6 up to 512) */
+    for (uint64_t i = 0; i < half; i++)
+        f->inv_freq[i] =
+            (float)pow((double)hp->rope_theta, -(double)(2 * i) / (double)hp->head_dim);
+    *out = f;
+    return 0;
+}
+
+void forward_destroy(struct forward *f)
+{
+    if (!f)
+        return;
+    float *bufs[] = {f->x,    f->xb,       f->q,     f->att,       f->proj,
+                     f->gate, f->up,       f->rope,  f->inv_freq,  f->score,
+                     f->key_cache, f->value_cache};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+    free(f);
+}
+
+void forward_set_hook(struct forward *f, forward_hook_fn *fn, void *ud)
+{
+    f->hook = fn;
+    f->hook_ud = ud;
+}
+
+uint32_t forward_pos(const struct forward *f) { return f->pos; }
+uint32_t forward_max_seq(const struct forward *f) { return f->max_seq; }
+
+int forward_truncate(struct forward *f, uint32_t pos)
+{
+    if (pos > f->pos) {
+        LOG_ERR("forward: cannot truncate to position %u: the cache holds %u", pos, f->pos);
+        return ERR_RANGE;
+    }
+    f->pos = pos;
+    return 0;
+}
+
+/* ---- building blocks ------------------------------------------------------------------------ */
+
+/* out[i] = w[i] * x[i] / sqrt(mean(x^2) + eps), for one row of n. */
+static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
+{
+    float ss = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (size_t i = 0; i < n; i++)
+        out[i] = w[i] * (r * x[i]);
+}
+
+/* y [n][ldy] = x [n][w->cols] W^T, all of W's rows. */
+static void matmul(const struct forward *f, const struct model_mat *w, const float *x, size_t n,
+                   float *y, size_t ldy)
+{
+    if (f->pool)
+        pool_matmul(f->pool, w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
+    else
+        kern_matmul(w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
+}
+
+/* A layer's projection: the matmul, then the hook (LoRA) on its result. */
+static void project(const struct forward *f, uint32_t layer, enum lora_target t,
+                    const struct model_mat *w, const float *x, size_t n, float *y, size_t ldy)
+{
+    matmul(f, w, x, n, y, ldy);
+    if (f->hook)
+        f->hook(f->hook_ud, layer, t, x, n, y, ldy);
+}
+
+/* cos and sin of every pair's angle for the chunk's positions: rope [n][head_dim/2][2]. */
+static void rope_table(struct forward *f, uint32_t pos0, size_t n)
+{
+    const size_t half = f->m->hp.head_dim / 2;
+    for (size_t t = 0; t < n; t++)
+        for (size_t i = 0; i < half; i++) {
+            double angle = (double)(pos0 + t) * (double)f->inv_freq[i];
+            f->rope[(t * half + i) * 2 + 0] = (float)cos(angle);
+            f->rope[(t * half + i) * 2 + 1] = (float)sin(angle);
+        }
+}
+
+/* Rotates the interleaved pairs (v[2i], v[2i+1]) of each of n_heads heads. cs: [hd/2][2]. */
+static void rope_rotate(float *v, size_t n_heads, size_t hd, const float *cs)
+{
+    for (size_t h = 0; h < n_heads; h++)
+        for (size_t i = 0; i < hd / 2; i++) {
+            float *p = v + h * hd + 2 * i;
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float v0 = p[0], v1 = p[1];
+            p[0] = v0 * c - v1 * s;
+            p[1] = v0 * s + v1 * c;
+        }
+}
+
+/*
+ * One query head over positions [0, n_ctx) of the cache: the separable attention kernel.
+ * q: [hd]; key/value: the rows of this head's KV head, row p at key + p*stride; score: [n_ctx]
+ * scratch; out: [hd]. Softmax in f32 with the maximum subtracted.
+ */
+static void attend_head(const float *q, const float *key, const float *value, size_t stride,
+                        size_t n_ctx, size_t hd, float *score, float *out)
+{
+    const float scale = 1.0f / sqrtf((float)hd);
+    float max = -INFINITY;
+    for (size_t p = 0; p < n_ctx; p++) {
+        const float *k = key + p * stride;
+        float s = 0.0f;
+        for (size_t i = 0; i < hd; i++)
+            s += q[i] * k[i];
+        score[p] = s * scale;
+        if (score[p] > max)
+            max = score[p];
+    }
+    float sum = 0.0f;
+    for (size_t p = 0; p < n_ctx; p++) {
+        score[p] = expf(score[p] - max);
+        sum += score[p];
+    }
+    const float inv = 1.0f / sum;
+    memset(out, 0, hd * sizeof *out);
+    for (size_t p = 0; p < n_ctx; p++) {
+        const float *v = value + p * stride;
+        const float w = score[p] * inv;
+        for (size_t i = 0; i < hd; i++)
+            out[i] += w * v[i];
+    }
+}
+
+/* Grouped-query attention of a chunk, one pool task per (token, query head). */
+struct attn_job {
+    const struct forward *f;
+    const float *key, *value; /* this layer's cache: [S][kv_dim] */
+    uint32_t pos0;
+};
+
+static void attn_task(void *ctx, size_t task, int thread)
+{
+    const struct attn_job *j = ctx;
+    const struct forward *f = j->f;
+    const struct iebin_hparams *hp = &f->m->hp;
+    const size_t hd = hp->head_dim, qd = f->m->q_dim, kvd = f->m->kv_dim;
+    const size_t t = task / hp->n_heads, h = task % hp->n_heads;
+    const size_t kvh = h / (hp->n_heads / hp->n_kv_heads); /* heads share KV heads in groups */
+    attend_head(f->q + t * qd + h * hd, j->key + kvh * hd, j->value + kvh * hd, kvd,
+                j->pos0 + t + 1 /* causal: positions up to its own */, hd,
+                f->score + (size_t)thread * f->max_seq, f->att + t * qd + h * hd);
+}
+
+static void attention(const struct forward *f, uint32_t layer, uint32_t pos0, size_t n)
+{
+    const size_t layer_rows = (size_t)layer * f->max_seq * f->m->kv_dim;
+    struct attn_job j = {f, f->key_cache + layer_rows, f->value_cache + layer_rows, pos0};
+    size_t n_tasks = n * f->m->hp.n_heads;
+    if (f->pool)
+        pool_run(f->pool, attn_task, &j, n_tasks);
+    else
+        for (size_t i = 0; i < n_tasks; i++)
+            attn_task(&j, i, 0);
+}
+
+/* ---- the pass ---------------------------------------------------------------------------- */
+
+/* Tokens [0, n) (n <= max_chunk) at positions pos0..; logits rows per `which`. */
+static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, uint32_t pos0,
+                          enum forward_logits which, float *logits)
+{
+    const struct model *m = f->m;
+    const struct iebin_hparams *hp = &m->hp;
+    const size_t dim = hp->dim, hd = hp->head_dim, qd = m->q_dim, kvd = m->kv_dim;
+    const size_t ffn = hp->ffn_dim, half = hd / 2;
+
+    /* token embedding: x [n][dim] */
+    for (size_t t = 0; t < n; t++)
+        model_embed_row(m, (uint32_t)tokens[t], f->x + t * dim);
+    rope_table(f, pos0, n);
+
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        float *key = f->key_cache + ((size_t)l * f->max_seq + pos0) * kvd;   /* [n][kv_dim] */
+        float *value = f->value_cache + ((size_t)l * f->max_seq + pos0) * kvd; /* [n][kv_dim] */
+
+        /* attention block */
+        for (size_t t = 0; t < n; t++)
+            rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
+        project(f, l, LORA_Q, &L->wq, f->xb, n, f->q, qd);
+        project(f, l, LORA_K, &L->wk, f->xb, n, key, kvd);
+        project(f, l, LORA_V, &L->wv, f->xb, n, value, kvd);
+        for (size_t t = 0; t < n; t++) {
+            rope_rotate(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
+            rope_rotate(key + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
+        }
+        attention(f, l, pos0, n);
+        project(f, l, LORA_O, &L->wo, f->att, n, f->proj, dim);
+        for (size_t i = 0; i < n * dim; i++)
+            f->x[i] += f->proj[i];
+
+        /* feed-forward block */
+        for (size_t t = 0; t < n; t++)
+            rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
+        project(f, l, LORA_GATE, &L->w_gate, f->xb, n, f->gate, ffn);
+        project(f, l, LORA_UP, &L->w_up, f->xb, n, f->up, ffn);
+        for (size_t i = 0; i < n * ffn; i++) {
+            float g = f->gate[i];
+            f->gate[i] = g / (1.0f + expf(-g)) * f->up[i]; /* silu(gate) * up */
+        }
+        project(f, l, LORA_DOWN, &L->w_down, f->gate, n, f->proj, dim);
+        for (size_t i = 0; i < n * dim; i++)
+            f->x[i] += f->proj[i];
+    }
+
+    /* final norm and classifier, only for the rows asked for */
+    if (which == FORWARD_LOGITS_ALL) {
+        for (size_t t = 0; t < n; t++)
+            rmsnorm(f->xb + t * dim, f->x + t * dim, m->output_norm, dim, hp->rms_eps);
+        matmul(f, &m->output, f->xb, n, logits, hp->vocab_size);
+    } else if (which == FORWARD_LOGITS_LAST) {
+        rmsnorm(f->xb, f->x + (n - 1) * dim, m->output_norm, dim, hp->rms_eps);
+        matmul(f, &m->output, f->xb, 1, logits, hp->vocab_size);
+    }
+}
+
+int forward_eval(struct forward *f, const int32_t *tokens, size_t n, enum forward_logits which,
+                 float *logits)
+{
+    const uint32_t vocab = f->m->hp.vocab_size;
+    if (n == 0) {
+        LOG_ERR("forward: no tokens to evaluate");
+        return ERR_RANGE;
+    }
+    if (n > (size_t)(f->max_seq - f->pos)) {
+        LOG_ERR("forward: %zu tokens at position %u exceed the context of %u positions", n,
+                f->pos, f->max_seq);
+        return ERR_RANGE;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= vocab) {
+            LOG_ERR("forward: token %zu: id %d is outside the vocabulary of %u", i,
+                    (int)tokens[i], vocab);
+            return ERR_RANGE;
+        }
+
+    for (size_t done = 0; done < n;) {
+        size_t c = n - done < f->max_chunk ? n - done : f->max_chunk;
+        bool last = done + c == n;
+        enum forward_logits w = which == FORWARD_LOGITS_ALL ? FORWARD_LOGITS_ALL
+                                : which == FORWARD_LOGITS_LAST && last ? FORWARD_LOGITS_LAST
+                                                                     : FORWARD_LOGITS_NONE;
+        float *out = which == FORWARD_LOGITS_ALL ? logits + done * vocab : logits;
+        forward_chunk(f, tokens + done, c, f->pos, w, out);
+        f->pos += (uint32_t)c;
+        done += c;
+    }
+    return 0;
+}

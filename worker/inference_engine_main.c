@@ -1,0 +1,959 @@
+/*
+ * inference_engine_main.c — `inference-engine`: runs the reference forward pass on one IEBIN
+ * model for one or more prompts and reports one JSON line per prompt (the benchmark and
+ * debugging tool; the server path is clocherd + clocher-worker).
+ *
+ * Output contract (also in --help and docs/DESIGN.md):
+ *  - stdout carries only the JSON lines (one per prompt, emitted with jansson), so that
+ *    `inference-engine ... | jq` always works;
+ *  - the generated text is streamed to stderr as it is produced (first measured round only;
+ *    --quiet turns it off), followed by a newline; log messages also go to stderr.
+ * Exit codes: 0 ok, 1 run-time failure (writing --dump-logits), 2 usage (bad flags, bad
+ * prompt, prompt longer than the context, text prompt for a model without tokenizer),
+ * 3 model missing or invalid, 5 engine creation failed (kernels, thread pool, forward pass,
+ * sampler), 6 out of memory.
+ *
+ * Timing (per prompt, over the measured rounds, after --warmup unreported ones): a run starts
+ * when the prompt's ids are ready (tokenization excluded) and ends when the last token has been
+ * sampled. ttft = start -> first token sampled (prefill + one sample); inter-token latencies
+ * are the gaps between consecutive sampled tokens (one decode forward + one sample each).
+ */
+#include "err.h"
+#include "forward.h"
+#include "kern.h"
+#include "log.h"
+#include "model.h"
+#include "pool.h"
+#include "sampler.h"
+#include "tok.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum {
+    EXIT_OK = 0,
+    EXIT_FAIL = 1,
+    EXIT_USAGE = 2,
+    EXIT_MODEL = 3,
+    EXIT_ENGINE = 5,
+    EXIT_NOMEM = 6,
+};
+
+#define DEFAULT_MAX_NEW 128u
+#define MAX_STOPS 64
+#define PROMPTS_FILE_MAX (256u << 20)
+
+struct opts {
+    const char *model_dir;
+    const char *prompt;       /* --prompt */
+    const char *prompts_file; /* --prompts-file */
+    const char *prompt_ids;   /* --prompt-ids */
+    uint32_t max_new;
+    uint32_t ctx;             /* 0 = the model's context */
+    int threads;
+    struct sampler_params sp;
+    const char *stops[MAX_STOPS];
+    size_t n_stops;
+    uint32_t rounds, warmup;
+    bool print_ids, no_bos, ignore_eos, quiet;
+    const char *dump_logits;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: inference-engine --model-dir DIR (--prompt TEXT | --prompts-file FILE |\n"
+"                        --prompt-ids 1,2,3) [options]\n"
+"\n"
+"Runs the reference (f32) forward pass of an IEBIN model and prints one JSON line per\n"
+"prompt on stdout. The generated text is streamed to stderr (first measured round).\n"
+"\n"
+"input:\n"
+"  --model-dir DIR        IEBIN model directory (model.ie.json, model.ie.bin)\n"
+"  --prompt TEXT          one prompt, tokenized with the model's tokenizer\n"
+"  --prompts-file FILE    one prompt per line (blank lines skipped), one JSON line each\n"
+"  --prompt-ids LIST      token ids separated by commas, used as given (no BOS added);\n"
+"                         the only form a model without tokenizer accepts\n"
+"  --no-bos               do not prepend BOS to text prompts (default: as the tokenizer's\n"
+"                         source asks: Llama yes, GPT-2 no)\n"
+"generation:\n"
+"  --max-new N            tokens to generate (default %u; 0 = process the prompt only)\n"
+"  --ctx N                KV cache positions (default: the model's max_seq_len)\n"
+"  --ignore-eos           keep generating after the end-of-sequence token\n"
+"  --stop STR             stop when the text contains STR (not emitted); repeatable\n"
+"sampling (applied in this order; see docs/DESIGN.md):\n"
+"  --repeat-penalty R     divide positive / multiply negative logits of recent tokens\n"
+"                         (> 0, default 1 = off)\n"
+"  --repeat-window N      tokens the penalty looks back on (default 64, 0 = all)\n"
+"  --temperature T        >= 0 (default 1; 0 = greedy)\n"
+"  --top-k K              keep the K most probable tokens (default 0 = off)\n"
+"  --top-p P              nucleus: smallest set of mass >= P, in (0, 1] (default 1 = off)\n"
+"  --min-p P              keep tokens with p >= P * p_max, in [0, 1] (default 0 = off)\n"
+"  --seed S               RNG seed (default 0): same seed, same output\n"
+"  --greedy               argmax (lowest id on ties): temperature 0, filters off\n"
+"measurement:\n"
+"  --threads N            compute threads (default: online CPUs)\n"
+"  --warmup N             unreported runs before measuring (default 0)\n"
+"  --rounds N             measured runs per prompt (default 1)\n"
+"  --print-ids            add generated_ids and text to the JSON\n"
+"  --dump-logits FILE     float32 logits of every position processed (prompt, then each\n"
+"                         generated token fed back: prompt_tokens + generated_tokens - 1\n"
+"                         rows, or prompt_tokens with --max-new 0), row-major\n"
+"                         [position][vocab], all prompts in order (first measured round)\n"
+"  --quiet                do not stream the text to stderr\n"
+"  -h, --help             this help\n"
+"\n"
+"JSON keys: model, prompt_tokens, generated_tokens, finish (eos|length|stop|context),\n"
+"rounds, wall_s and ttft_ms (medians over rounds), tps (generated tokens / wall time of a\n"
+"run), prefill_tps, decode_tps ((generated - 1) / time from first to last token), p50_ms and\n"
+"p95_ms (inter-token latency over all rounds), load_ms, rss_peak_mb (VmHWM), threads,\n"
+"kv_hits and kv_misses (prefix-cache counters; this engine's contiguous cache has none: 0),\n"
+"isa; with --print-ids generated_ids and text (null without tokenizer).\n"
+"\n"
+"exit status: 0 ok, 1 run-time failure, 2 usage, 3 model missing or invalid,\n"
+"             5 engine creation failed, 6 out of memory\n",
+            DEFAULT_MAX_NEW);
+}
+
+/* ---- argument parsing --------------------------------------------------------------------- */
+
+static bool parse_u32(const char *flag, const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || errno || s[0] == '-' || v < lo || v > hi) {
+        LOG_ERR("%s: '%s' is not an integer in %u..%u", flag, s, lo, hi);
+        return false;
+    }
+    *out = (uint32_t)v;
+    return true;
+}
+
+static bool parse_float(const char *flag, const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (!*s || *end || errno || !isfinite(v)) {
+        LOG_ERR("%s: '%s' is not a finite number", flag, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* 0, EXIT_USAGE (message logged), or -1 for --help. */
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    enum {
+        O_MODEL = 256, O_PROMPT, O_PROMPTS_FILE, O_PROMPT_IDS, O_MAX_NEW, O_CTX, O_THREADS,
+        O_GREEDY, O_TEMP, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_REPEAT_WINDOW, O_SEED, O_STOP,
+        O_ROUNDS, O_WARMUP, O_PRINT_IDS, O_DUMP, O_NO_BOS, O_IGNORE_EOS, O_QUIET,
+    };
+    static const struct option lopts[] = {
+        {"model-dir", required_argument, NULL, O_MODEL},
+        {"prompt", required_argument, NULL, O_PROMPT},
+        {"prompts-file", required_argument, NULL, O_PROMPTS_FILE},
+        {"prompt-ids", required_argument, NULL, O_PROMPT_IDS},
+        {"max-new", required_argument, NULL, O_MAX_NEW},
+        {"ctx", required_argument, NULL, O_CTX},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"greedy", no_argument, NULL, O_GREEDY},
+        {"temperature", required_argument, NULL, O_TEMP},
+        {"top-k", required_argument, NULL, O_TOP_K},
+        {"top-p", required_argument, NULL, O_TOP_P},
+        {"min-p", required_argument, NULL, O_MIN_P},
+        {"repeat-penalty", required_argument, NULL, O_REPEAT},
+        {"repeat-window", required_argument, NULL, O_REPEAT_WINDOW},
+        {"seed", required_argument, NULL, O_SEED},
+        {"stop", required_argument, NULL, O_STOP},
+        {"rounds", required_argument, NULL, O_ROUNDS},
+        {"warmup", required_argument, NULL, O_WARMUP},
+        {"print-ids", no_argument, NULL, O_PRINT_IDS},
+        {"dump-logits", required_argument, NULL, O_DUMP},
+        {"no-bos", no_argument, NULL, O_NO_BOS},
+        {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
+        {"quiet", no_argument, NULL, O_QUIET},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    memset(o, 0, sizeof *o);
+    sampler_params_default(&o->sp);
+    o->max_new = DEFAULT_MAX_NEW;
+    o->rounds = 1;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    o->threads = ncpu < 1 ? 1 : ncpu > POOL_MAX_THREADS ? POOL_MAX_THREADS : (int)ncpu;
+    bool greedy = false;
+    uint32_t u;
+    opterr = 0; /* our own messages */
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
+        switch (c) {
+        case 'h': return -1;
+        case O_MODEL: o->model_dir = optarg; break;
+        case O_PROMPT: o->prompt = optarg; break;
+        case O_PROMPTS_FILE: o->prompts_file = optarg; break;
+        case O_PROMPT_IDS: o->prompt_ids = optarg; break;
+        case O_MAX_NEW:
+            if (!parse_u32("--max-new", optarg, 0, 1u << 24, &o->max_new))
+                return EXIT_USAGE;
+            break;
+        case O_CTX:
+            if (!parse_u32("--ctx", optarg, 1, UINT32_MAX, &o->ctx))
+                return EXIT_USAGE;
+            break;
+        case O_THREADS:
+            if (!parse_u32("--threads", optarg, 1, POOL_MAX_THREADS, &u))
+                return EXIT_USAGE;
+            o->threads = (int)u;
+            break;
+        case O_GREEDY: greedy = true; break;
+        case O_TEMP:
+            if (!parse_float("--temperature", optarg, &o->sp.temperature))
+                return EXIT_USAGE;
+            break;
+        case O_TOP_K:
+            if (!parse_u32("--top-k", optarg, 0, UINT32_MAX, &o->sp.top_k))
+                return EXIT_USAGE;
+            break;
+        case O_TOP_P:
+            if (!parse_float("--top-p", optarg, &o->sp.top_p))
+                return EXIT_USAGE;
+            break;
+        case O_MIN_P:
+            if (!parse_float("--min-p", optarg, &o->sp.min_p))
+                return EXIT_USAGE;
+            break;
+        case O_REPEAT:
+            if (!parse_float("--repeat-penalty", optarg, &o->sp.repeat_penalty))
+                return EXIT_USAGE;
+            break;
+        case O_REPEAT_WINDOW:
+            if (!parse_u32("--repeat-window", optarg, 0, UINT32_MAX, &o->sp.repeat_window))
+                return EXIT_USAGE;
+            break;
+        case O_SEED: {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (!*optarg || *end || errno || optarg[0] == '-') {
+                LOG_ERR("--seed: '%s' is not an unsigned 64-bit integer", optarg);
+                return EXIT_USAGE;
+            }
+            o->sp.seed = v;
+            break;
+        }
+        case O_STOP:
+            if (!*optarg) {
+                LOG_ERR("--stop: the stop string is empty");
+                return EXIT_USAGE;
+            }
+            if (o->n_stops == MAX_STOPS) {
+                LOG_ERR("--stop: more than %d stop strings", MAX_STOPS);
+                return EXIT_USAGE;
+            }
+            o->stops[o->n_stops++] = optarg;
+            break;
+        case O_ROUNDS:
+            if (!parse_u32("--rounds", optarg, 1, 1000000, &o->rounds))
+                return EXIT_USAGE;
+            break;
+        case O_WARMUP:
+            if (!parse_u32("--warmup", optarg, 0, 1000000, &o->warmup))
+                return EXIT_USAGE;
+            break;
+        case O_PRINT_IDS: o->print_ids = true; break;
+        case O_DUMP: o->dump_logits = optarg; break;
+        case O_NO_BOS: o->no_bos = true; break;
+        case O_IGNORE_EOS: o->ignore_eos = true; break;
+        case O_QUIET: o->quiet = true; break;
+        case ':':
+            LOG_ERR("%s needs a value", argv[optind - 1]);
+            return EXIT_USAGE;
+        default:
+            LOG_ERR("unknown option '%s' (see --help)", argv[optind - 1]);
+            return EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        LOG_ERR("unexpected argument '%s' (see --help)", argv[optind]);
+        return EXIT_USAGE;
+    }
+    if (!o->model_dir) {
+        LOG_ERR("--model-dir DIR is required (see --help)");
+        return EXIT_USAGE;
+    }
+    int n_inputs = !!o->prompt + !!o->prompts_file + !!o->prompt_ids;
+    if (n_inputs != 1) {
+        LOG_ERR("give exactly one of --prompt, --prompts-file, --prompt-ids (got %d)",
+                n_inputs);
+        return EXIT_USAGE;
+    }
+    if (greedy) {
+        o->sp.temperature = 0.0f;
+        o->sp.top_k = 0;
+        o->sp.top_p = 1.0f;
+        o->sp.min_p = 0.0f;
+    }
+    if (sampler_params_check(&o->sp))
+        return EXIT_USAGE;
+    return 0;
+}
+
+/* ---- prompts ----------------------------------------------------------------------------- */
+
+struct prompt {
+    int32_t *ids;
+    size_t n;
+};
+
+struct prompts {
+    struct prompt *v;
+    size_t n, cap;
+};
+
+static void prompts_free(struct prompts *ps)
+{
+    for (size_t i = 0; i < ps->n; i++)
+        free(ps->v[i].ids);
+    free(ps->v);
+}
+
+/* Takes ownership of ids. */
+static int prompts_add(struct prompts *ps, int32_t *ids, size_t n)
+{
+    if (ps->n == ps->cap) {
+        size_t nc = ps->cap ? ps->cap * 2 : 4;
+        struct prompt *nv = realloc(ps->v, nc * sizeof *nv);
+        if (!nv) {
+            free(ids);
+            LOG_ERR("out of memory for %zu prompts", nc);
+            return -ENOMEM;
+        }
+        ps->v = nv;
+        ps->cap = nc;
+    }
+    ps->v[ps->n++] = (struct prompt){ids, n};
+    return 0;
+}
+
+/* "1,2,3" -> ids; EXIT_USAGE on a malformed list (logged). */
+static int parse_ids(const char *s, struct prompts *ps)
+{
+    size_t n = 1;
+    for (const char *p = s; *p; p++)
+        n += *p == ',';
+    int32_t *ids = malloc(n * sizeof *ids);
+    if (!ids) {
+        LOG_ERR("out of memory for %zu prompt ids", n);
+        return -ENOMEM;
+    }
+    const char *p = s;
+    for (size_t i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        long long v = (*p >= '0' && *p <= '9') ? strtoll(p, &end, 10) : -1;
+        if (v < 0 || errno || v > INT32_MAX || (*end != ',' && *end != '\0')) {
+            LOG_ERR("--prompt-ids: element %zu of '%s' is not a token id (a non-negative "
+                    "integer; ids are separated by commas)",
+                    i, s);
+            free(ids);
+            return EXIT_USAGE;
+        }
+        ids[i] = (int32_t)v;
+        p = end + (*end == ',');
+    }
+    return prompts_add(ps, ids, n);
+}
+
+static int encode_text(const struct tok *tok, const char *text, size_t len, bool bos,
+                       struct prompts *ps, const char *what)
+{
+    int32_t *ids;
+    size_t n;
+    int rc = tok_encode(tok, text, len, bos, &ids, &n);
+    if (rc) {
+        LOG_ERR("%s: cannot tokenize the prompt", what);
+        return rc == -ENOMEM ? rc : EXIT_USAGE;
+    }
+    return prompts_add(ps, ids, n);
+}
+
+static int read_prompts_file(const char *path, const struct tok *tok, bool bos,
+                             struct prompts *ps)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        LOG_ERR("--prompts-file %s: %s", path, strerror(errno));
+        return EXIT_USAGE;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    int rc = 0;
+    for (;;) {
+        if (cap - len < 65536) {
+            if (cap >= PROMPTS_FILE_MAX) {
+                LOG_ERR("--prompts-file %s: larger than %u bytes", path, PROMPTS_FILE_MAX);
+                rc = EXIT_USAGE;
+                goto out;
+            }
+            size_t nc = cap ? cap * 2 : 65536;
+            char *nb = realloc(buf, nc);
+            if (!nb) {
+                LOG_ERR("--prompts-file %s: out of memory", path);
+                rc = -ENOMEM;
+                goto out;
+            }
+            buf = nb;
+            cap = nc;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f)) {
+                LOG_ERR("--prompts-file %s: read error", path);
+                rc = EXIT_USAGE;
+                goto out;
+            }
+            break;
+        }
+    }
+    for (size_t at = 0, line = 1; at < len; line++) {
+        char *nl = memchr(buf + at, '\n', len - at);
+        size_t end = nl ? (size_t)(nl - buf) : len, n = end - at;
+        if (n && buf[at + n - 1] == '\r')
+            n--;
+        if (n) {
+            char what[64];
+            snprintf(what, sizeof what, "--prompts-file line %zu", line);
+            if ((rc = encode_text(tok, buf + at, n, bos, ps, what)))
+                goto out;
+        }
+        at = end + 1;
+    }
+    if (ps->n == 0) {
+        LOG_ERR("--prompts-file %s: no prompts (every line is blank)", path);
+        rc = EXIT_USAGE;
+    }
+out:
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+/* ---- measurement helpers ----------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* VmHWM of this process in MiB, or -1 when /proc is unavailable. */
+static double rss_peak_mb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1.0;
+    char line[256];
+    double mb = -1.0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) {
+            mb = (double)kb / 1024.0;
+            break;
+        }
+    }
+    fclose(f);
+    return mb;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* q-quantile (nearest rank) of v[0..n) (sorted in place); 0 when empty. */
+static double quantile(double *v, size_t n, double q)
+{
+    if (n == 0)
+        return 0.0;
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t rank = (size_t)ceil(q * (double)n);
+    return v[rank ? rank - 1 : 0];
+}
+
+/* ---- the engine ------------------------------------------------------------------------- */
+
+struct engine_ctx {
+    const struct opts *o;
+    struct model *model;
+    struct tok *tok;
+    struct forward *fwd;
+    struct sampler *smp;
+    struct sampler_stop stop;
+    int32_t eos;              /* -1: none */
+    float *logits;            /* [cap_rows][vocab] */
+    size_t cap_rows;
+    int32_t *hist;            /* [cap_hist] prompt + generated */
+    size_t cap_hist;
+    char *piece;              /* [tok_stream_max_out] */
+    size_t piece_cap;
+    FILE *dump;
+};
+
+enum finish { FIN_LENGTH, FIN_EOS, FIN_STOP, FIN_CONTEXT };
+static const char *const finish_names[] = {"length", "eos", "stop", "context"};
+
+struct run_out {
+    size_t n_gen;             /* tokens sampled */
+    enum finish finish;
+    double wall_s, ttft_s, prefill_s, decode_s;
+    double *itl;              /* [n_gen - 1] inter-token gaps, seconds (caller's buffer) */
+    char *text;               /* emitted text (malloc'd, with a tokenizer), else NULL */
+    size_t text_len, text_cap;
+};
+
+static int text_append(struct run_out *r, const char *s, size_t n, bool stream)
+{
+    if (stream && n) {
+        fwrite(s, 1, n, stderr);
+        fflush(stderr);
+    }
+    if (r->text_len + n + 1 > r->text_cap) {
+        size_t nc = r->text_cap ? r->text_cap : 256;
+        while (nc < r->text_len + n + 1)
+            nc *= 2;
+        char *nb = realloc(r->text, nc);
+        if (!nb) {
+            LOG_ERR("out of memory for %zu bytes of generated text", nc);
+            return -ENOMEM;
+        }
+        r->text = nb;
+        r->text_cap = nc;
+    }
+    memcpy(r->text + r->text_len, s, n);
+    r->text_len += n;
+    r->text[r->text_len] = '\0';
+    return 0;
+}
+
+/* Decodes a sampled token and runs it through the stop strings; *stopped when one matched. */
+static int emit_token(struct engine_ctx *E, struct tok_stream *ts, int32_t id, struct run_out *r,
+                      bool stream, bool *stopped)
+{
+    *stopped = false;
+    if ((uint32_t)id >= tok_vocab_size(E->tok))
+        return 0; /* a padding row of a model whose vocabulary exceeds the tokenizer's */
+    size_t n;
+    int rc = tok_stream_push(ts, id, E->piece, E->piece_cap, &n);
+    if (rc)
+        return rc;
+    const char *emit;
+    size_t n_emit;
+    if ((rc = sampler_stop_push(&E->stop, E->piece, n, &emit, &n_emit, stopped)))
+        return rc;
+    return text_append(r, emit, n_emit, stream);
+}
+
+/* End of a generation without a stop string: what the stream and the stop matcher hold. */
+static int flush_text(struct engine_ctx *E, struct tok_stream *ts, struct run_out *r,
+                      bool stream)
+{
+    size_t n;
+    int rc = tok_stream_flush(ts, E->piece, E->piece_cap, &n);
+    if (rc)
+        return rc;
+    const char *emit;
+    size_t n_emit;
+    bool stopped;
+    if ((rc = sampler_stop_push(&E->stop, E->piece, n, &emit, &n_emit, &stopped)) ||
+        (rc = text_append(r, emit, n_emit, stream)))
+        return rc;
+    if (!stopped) {
+        sampler_stop_flush(&E->stop, &emit, &n_emit);
+        rc = text_append(r, emit, n_emit, stream);
+    }
+    return rc;
+}
+
+/* Writes rows [n][vocab] of logits to the dump file; EXIT_FAIL on error (logged). */
+static int dump_rows(struct engine_ctx *E, const float *rows, size_t n)
+{
+    size_t vocab = E->model->hp.vocab_size;
+    if (fwrite(rows, sizeof(float), n * vocab, E->dump) != n * vocab) {
+        LOG_ERR("--dump-logits %s: write failed: %s", E->o->dump_logits, strerror(errno));
+        return EXIT_FAIL;
+    }
+    return 0;
+}
+
+/*
+ * One generation for prompt p. `measured_first`: stream the text and write the dump in this
+ * run. r->itl must have room for max_new entries. Returns 0 or a negative code / EXIT_*.
+ */
+static int run_one(struct engine_ctx *E, const struct prompt *p, bool measured_first,
+                   struct run_out *r)
+{
+    const struct opts *o = E->o;
+    const size_t vocab = E->model->hp.vocab_size;
+    const bool stream = measured_first && E->tok && !o->quiet;
+    FILE *dump = measured_first ? E->dump : NULL;
+    int rc;
+
+    r->n_gen = 0;
+    r->finish = FIN_LENGTH;
+    r->text_len = 0;
+    if (r->text)
+        r->text[0] = '\0';
+    forward_truncate(E->fwd, 0);
+    sampler_reset(E->smp);
+    sampler_stop_reset(&E->stop);
+    struct tok_stream ts;
+    if (E->tok) {
+        tok_stream_init(&ts, E->tok);
+        ts.at_start = false; /* the text continues the prompt: keep its leading space */
+    }
+    memcpy(E->hist, p->ids, p->n * sizeof *p->ids);
+    size_t n_hist = p->n;
+
+    /* prefill: every row when dumping, else the last one */
+    const double t0 = now_s();
+    if ((rc = forward_eval(E->fwd, p->ids, p->n, dump ? FORWARD_LOGITS_ALL : FORWARD_LOGITS_LAST,
+                           E->logits)))
+        return rc;
+    const float *logits = dump ? E->logits + (p->n - 1) * vocab : E->logits;
+    const double t_pf = now_s();
+    if (dump && (rc = dump_rows(E, E->logits, p->n)))
+        return rc;
+    double t_prev = t_pf, t_first = t_pf;
+
+    for (uint32_t i = 0; i < o->max_new; i++) {
+        int32_t id = sampler_sample(E->smp, logits, E->hist, n_hist);
+        double t = now_s();
+        if (i == 0)
+            t_first = t;
+        else
+            r->itl[i - 1] = t - t_prev;
+        t_prev = t;
+        E->hist[n_hist++] = id;
+        r->n_gen++;
+        if (id == E->eos && !o->ignore_eos) {
+            r->finish = FIN_EOS;
+            break;
+        }
+        if (E->tok) {
+            bool stopped;
+            if ((rc = emit_token(E, &ts, id, r, stream, &stopped)))
+                return rc;
+            if (stopped) {
+                r->finish = FIN_STOP;
+                break;
+            }
+        }
+        if (i + 1 == o->max_new)
+            break;
+        if (forward_pos(E->fwd) == forward_max_seq(E->fwd)) {
+            r->finish = FIN_CONTEXT;
+            break;
+        }
+        if ((rc = forward_eval(E->fwd, &id, 1, FORWARD_LOGITS_LAST, E->logits)))
+            return rc;
+        logits = E->logits;
+        if (dump && (rc = dump_rows(E, E->logits, 1)))
+            return rc;
+    }
+    const double t_end = r->n_gen ? t_prev : t_pf;
+    if (E->tok && r->finish != FIN_STOP && (rc = flush_text(E, &ts, r, stream)))
+        return rc;
+    if (stream)
+        fputc('\n', stderr);
+    r->wall_s = t_end - t0;
+    r->ttft_s = r->n_gen ? t_first - t0 : 0.0;
+    r->prefill_s = t_pf - t0;
+    r->decode_s = r->n_gen > 1 ? t_end - t_first : 0.0;
+    return 0;
+}
+
+/* Exit code for a failure code from the engine's calls. */
+static int exit_for(int rc, int otherwise)
+{
+    if (rc == -ENOMEM)
+        return EXIT_NOMEM;
+    if (rc > 0)
+        return rc; /* already an EXIT_* */
+    return otherwise;
+}
+
+static int json_set(json_t *obj, const char *key, json_t *v)
+{
+    if (!v || json_object_set_new(obj, key, v)) {
+        LOG_ERR("out of memory building the JSON report");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Runs warmup + rounds for prompt `idx` and prints its JSON line. */
+static int run_prompt(struct engine_ctx *E, size_t idx, const struct prompt *p, bool indexed,
+                      double load_ms, int threads)
+{
+    const struct opts *o = E->o;
+    const uint32_t S = forward_max_seq(E->fwd);
+    if (p->n == 0) {
+        LOG_ERR("prompt %zu is empty (no tokens)", idx);
+        return EXIT_USAGE;
+    }
+    if (p->n > S) {
+        LOG_ERR("prompt %zu has %zu tokens: more than the context of %u positions", idx, p->n,
+                S);
+        return EXIT_USAGE;
+    }
+    for (size_t i = 0; i < p->n; i++)
+        if (p->ids[i] < 0 || (uint32_t)p->ids[i] >= E->model->hp.vocab_size) {
+            LOG_ERR("prompt %zu: token %zu: id %d is outside the model's vocabulary of %u", idx,
+                    i, (int)p->ids[i], E->model->hp.vocab_size);
+            return EXIT_USAGE;
+        }
+
+    int rc = 0;
+    const size_t vocab = E->model->hp.vocab_size;
+    size_t rows = E->dump ? p->n : 1;
+    if (rows > E->cap_rows) {
+        float *nl = realloc(E->logits, rows * vocab * sizeof *nl);
+        if (!nl) {
+            LOG_ERR("out of memory for %zu x %zu logits", rows, vocab);
+            return -ENOMEM;
+        }
+        E->logits = nl;
+        E->cap_rows = rows;
+    }
+    if (p->n + o->max_new > E->cap_hist) {
+        int32_t *nh = realloc(E->hist, (p->n + o->max_new) * sizeof *nh);
+        if (!nh) {
+            LOG_ERR("out of memory for a history of %zu tokens", p->n + o->max_new);
+            return -ENOMEM;
+        }
+        E->hist = nh;
+        E->cap_hist = p->n + o->max_new;
+    }
+    struct run_out r = {0};
+    size_t n_itl = (size_t)o->rounds * (o->max_new ? o->max_new : 1);
+    double *itl_all = malloc(n_itl * sizeof *itl_all);
+    double *walls = malloc(o->rounds * sizeof *walls), *ttfts = malloc(o->rounds * sizeof *ttfts);
+    r.itl = malloc((o->max_new ? o->max_new : 1) * sizeof *r.itl);
+    json_t *j = json_object(), *ids = NULL;
+    if (!itl_all || !walls || !ttfts || !r.itl || !j) {
+        LOG_ERR("out of memory for the measurements of %u rounds", o->rounds);
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (uint32_t w = 0; w < o->warmup; w++)
+        if ((rc = run_one(E, p, false, &r)))
+            goto out;
+    size_t k_itl = 0;
+    double sum_wall = 0, sum_gen = 0, sum_prefill = 0, sum_decode = 0, sum_decode_tok = 0;
+    for (uint32_t k = 0; k < o->rounds; k++) {
+        if ((rc = run_one(E, p, k == 0, &r)))
+            goto out;
+        walls[k] = r.wall_s;
+        ttfts[k] = r.ttft_s;
+        sum_wall += r.wall_s;
+        sum_gen += (double)r.n_gen;
+        sum_prefill += r.prefill_s;
+        sum_decode += r.decode_s;
+        sum_decode_tok += r.n_gen > 1 ? (double)(r.n_gen - 1) : 0.0;
+        for (size_t i = 0; i + 1 < r.n_gen; i++)
+            itl_all[k_itl++] = r.itl[i];
+    }
+
+    const char *name = E->model->im->name && *E->model->im->name ? E->model->im->name
+                                                                   : o->model_dir;
+    double rounds = (double)o->rounds;
+    if ((indexed && (rc = json_set(j, "index", json_integer((json_int_t)idx)))) ||
+        (rc = json_set(j, "model", json_string(name))) ||
+        (rc = json_set(j, "prompt_tokens", json_integer((json_int_t)p->n))) ||
+        (rc = json_set(j, "generated_tokens", json_integer((json_int_t)r.n_gen))) ||
+        (rc = json_set(j, "finish", json_string(finish_names[r.finish]))) ||
+        (rc = json_set(j, "rounds", json_integer(o->rounds))) ||
+        (rc = json_set(j, "wall_s", json_real(quantile(walls, o->rounds, 0.5)))) ||
+        (rc = json_set(j, "tps", json_real(sum_wall > 0 ? sum_gen / sum_wall : 0.0))) ||
+        (rc = json_set(j, "prefill_tps",
+                       json_real(sum_prefill > 0 ? (double)p->n * rounds / sum_prefill : 0.0))) ||
+        (rc = json_set(j, "decode_tps",
+                       json_real(sum_decode > 0 ? sum_decode_tok / sum_decode : 0.0))) ||
+        (rc = json_set(j, "ttft_ms", json_real(1e3 * quantile(ttfts, o->rounds, 0.5)))) ||
+        (rc = json_set(j, "p50_ms", json_real(1e3 * quantile(itl_all, k_itl, 0.5)))) ||
+        (rc = json_set(j, "p95_ms", json_real(1e3 * quantile(itl_all, k_itl, 0.95)))) ||
+        (rc = json_set(j, "load_ms", json_real(load_ms))) ||
+        (rc = json_set(j, "rss_peak_mb", json_real(rss_peak_mb()))) ||
+        (rc = json_set(j, "threads", json_integer(threads))) ||
+        (rc = json_set(j, "kv_hits", json_integer(0))) ||
+        (rc = json_set(j, "kv_misses", json_integer(0))) ||
+        (rc = json_set(j, "isa", json_string(kern_isa_name(kern_isa())))))
+        goto out;
+    if (o->print_ids) {
+        if ((rc = json_set(j, "generated_ids", ids = json_array())))
+            goto out;
+        for (size_t i = 0; i < r.n_gen; i++)
+            if (json_array_append_new(ids, json_integer(E->hist[p->n + i]))) {
+                LOG_ERR("out of memory building the JSON report");
+                rc = -ENOMEM;
+                goto out;
+            }
+        json_t *text = E->tok ? json_stringn(r.text ? r.text : "", r.text_len) : json_null();
+        if ((rc = json_set(j, "text", text)))
+            goto out;
+    }
+    char *line = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    if (!line) {
+        LOG_ERR("out of memory printing the JSON report");
+        rc = -ENOMEM;
+        goto out;
+    }
+    printf("%s\n", line);
+    fflush(stdout);
+    free(line);
+out:
+    json_decref(j);
+    free(r.itl);
+    free(r.text);
+    free(itl_all);
+    free(walls);
+    free(ttfts);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    log_set_ident("inference-engine");
+    struct opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc == -1) {
+        usage(stdout);
+        return EXIT_OK;
+    }
+    if (rc)
+        return rc;
+
+    struct engine_ctx E = {.o = &o, .eos = -1};
+    struct prompts ps = {0};
+    struct pool *pool = NULL;
+    int code = EXIT_OK;
+
+    if (kern_init()) {
+        code = EXIT_ENGINE;
+        goto out;
+    }
+    const double t_load = now_s();
+    if ((rc = model_open(o.model_dir, 0, &E.model))) {
+        code = exit_for(rc, EXIT_MODEL);
+        goto out;
+    }
+    const struct iebin_hparams *hp = &E.model->hp;
+    if (E.model->im->tokenizer_path) {
+        if ((rc = tok_load(E.model->im->tokenizer_path, &E.tok))) {
+            code = exit_for(rc, EXIT_MODEL);
+            goto out;
+        }
+        if (tok_vocab_size(E.tok) > hp->vocab_size) {
+            LOG_ERR("%s: the tokenizer has %u tokens, more than the model's vocab_size %u",
+                    E.model->im->tokenizer_path, tok_vocab_size(E.tok), hp->vocab_size);
+            code = EXIT_MODEL;
+            goto out;
+        }
+        E.eos = tok_eos(E.tok);
+    }
+    const double load_ms = (now_s() - t_load) * 1e3;
+
+    /* prompts */
+    if (!E.tok && (o.prompt || o.prompts_file || o.n_stops)) {
+        LOG_ERR("%s: the model has no tokenizer: give the prompt as --prompt-ids (and no "
+                "--stop strings)",
+                o.model_dir);
+        code = EXIT_USAGE;
+        goto out;
+    }
+    bool bos = E.tok && !o.no_bos && tok_add_bos(E.tok);
+    if (o.prompt_ids)
+        rc = parse_ids(o.prompt_ids, &ps);
+    else if (o.prompt)
+        rc = encode_text(E.tok, o.prompt, strlen(o.prompt), bos, &ps, "--prompt");
+    else
+        rc = read_prompts_file(o.prompts_file, E.tok, bos, &ps);
+    if (rc) {
+        code = exit_for(rc, EXIT_USAGE);
+        goto out;
+    }
+
+    /* engine */
+    if (o.threads > 1 && (rc = pool_create(o.threads, POOL_PIN_NONE, &pool))) {
+        code = exit_for(rc, EXIT_ENGINE);
+        goto out;
+    }
+    if (o.ctx > hp->max_seq_len) {
+        LOG_ERR("--ctx %u exceeds the model's context length %u", o.ctx, hp->max_seq_len);
+        code = EXIT_USAGE;
+        goto out;
+    }
+    struct forward_config fc = {.max_seq = o.ctx, .pool = pool};
+    if ((rc = forward_create(E.model, &fc, &E.fwd)) ||
+        (rc = sampler_create(&o.sp, hp->vocab_size, &E.smp)) ||
+        (rc = sampler_stop_init(&E.stop, o.stops, o.n_stops))) {
+        code = exit_for(rc, EXIT_ENGINE);
+        goto out;
+    }
+    if (E.tok) {
+        E.piece_cap = tok_stream_max_out(E.tok);
+        if (!(E.piece = malloc(E.piece_cap))) {
+            LOG_ERR("out of memory");
+            code = EXIT_NOMEM;
+            goto out;
+        }
+    }
+    if (o.dump_logits && !(E.dump = fopen(o.dump_logits, "wb"))) {
+        LOG_ERR("--dump-logits %s: %s", o.dump_logits, strerror(errno));
+        code = EXIT_FAIL;
+        goto out;
+    }
+
+    for (size_t i = 0; i < ps.n; i++)
+        if ((rc = run_prompt(&E, i, &ps.v[i], o.prompts_file != NULL, load_ms,
+                             pool ? pool_threads(pool) : 1))) {
+            code = exit_for(rc, EXIT_FAIL);
+            goto out;
+        }
+    if (E.dump && fclose(E.dump)) {
+        E.dump = NULL;
+        LOG_ERR("--dump-logits %s: %s", o.dump_logits, strerror(errno));
+        code = EXIT_FAIL;
+    }
+    E.dump = NULL;
+out:
+    if (E.dump)
+        fclose(E.dump);
+    free(E.piece);
+    free(E.hist);
+    free(E.logits);
+    sampler_stop_fini(&E.stop);
+    sampler_destroy(E.smp);
+    forward_destroy(E.fwd);
+    pool_destroy(pool);
+    prompts_free(&ps);
+    tok_free(E.tok);
+    model_close(E.model);
+    return code;
+}

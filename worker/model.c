@@ -1,0 +1,150 @@
+/*
+ * model.c — binds an IEBIN llama model's tensors into typed views (model.h).
+ *
+ * iebin_open has already validated every tensor against the architecture; the checks here
+ * re-run the same rules (iebin_check_tensor) so that the forward pass can rely on the views'
+ * geometry whatever produced the struct iebin_model, at a cost of a few dozen comparisons.
+ */
+#include "model.h"
+
+#include "err.h"
+#include "kern.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *label(const struct iebin_model *im)
+{
+    return im->dir && *im->dir ? im->dir : "(model)";
+}
+
+/* Looks `name` up, checks it against the architecture, fills the view. */
+static int bind(const struct iebin_model *im, const char *name, struct model_mat *mat,
+                const float **vec)
+{
+    const struct iebin_tensor *t = iebin_find(im, name);
+    if (!t || !t->data) {
+        LOG_ERR("%s: tensor '%s' is missing", label(im), name);
+        return ERR_NOT_FOUND;
+    }
+    int rc = iebin_check_tensor(label(im), im->arch, &im->hp, t->name, t->dtype, t->shape,
+                                t->n_dims);
+    if (rc)
+        return rc;
+    if (vec) { /* iebin_check_tensor made sure norms are f32 vectors */
+        *vec = t->data;
+        return 0;
+    }
+    uint64_t rb;
+    if ((rc = dtype_row_bytes(t->dtype, t->shape[1], &rb))) {
+        LOG_ERR("%s: tensor '%s': rows of %llu %s elements are not whole blocks", label(im),
+                name, (unsigned long long)t->shape[1], dtype_info(t->dtype)->name);
+        return rc;
+    }
+    /* iebin_check_tensor bounded both dimensions by the hyper-parameters (< 2^32) */
+    *mat = (struct model_mat){t->dtype, t->data, (uint32_t)t->shape[0], (uint32_t)t->shape[1],
+                              (size_t)rb};
+    return 0;
+}
+
+int model_init(struct model *m, const struct iebin_model *im)
+{
+    memset(m, 0, sizeof *m);
+    if (strcmp(im->arch, "llama") != 0) {
+        LOG_ERR("%s: architecture '%s' is not supported by the forward pass (known: llama)",
+                label(im), im->arch);
+        return ERR_UNSUPPORTED;
+    }
+    int rc = iebin_check_hparams(&im->hp, label(im));
+    if (rc)
+        return rc;
+    m->im = im;
+    m->hp = im->hp;
+    m->q_dim = im->hp.n_heads * im->hp.head_dim;     /* <= 1024*1024 (IEBIN's ranges) */
+    m->kv_dim = im->hp.n_kv_heads * im->hp.head_dim;
+    m->layers = calloc(im->hp.n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        LOG_ERR("%s: out of memory for %u layer views", label(im), im->hp.n_layers);
+        return -ENOMEM;
+    }
+    if ((rc = bind(im, IEBIN_T_TOK_EMBD, &m->tok_embd, NULL)) ||
+        (rc = bind(im, IEBIN_T_OUTPUT_NORM, NULL, &m->output_norm)))
+        goto fail;
+    if (im->hp.tied_embeddings)
+        m->output = m->tok_embd;
+    else if ((rc = bind(im, IEBIN_T_OUTPUT, &m->output, NULL)))
+        goto fail;
+
+    for (uint32_t l = 0; l < im->hp.n_layers; l++) {
+        struct model_layer *L = &m->layers[l];
+        struct {
+            const char *kind;
+            struct model_mat *mat;
+            const float **vec;
+        } slots[] = {
+            {IEBIN_T_ATTN_NORM, NULL, &L->attn_norm}, {IEBIN_T_ATTN_Q, &L->wq, NULL},
+            {IEBIN_T_ATTN_K, &L->wk, NULL},           {IEBIN_T_ATTN_V, &L->wv, NULL},
+            {IEBIN_T_ATTN_O, &L->wo, NULL},           {IEBIN_T_FFN_NORM, NULL, &L->ffn_norm},
+            {IEBIN_T_FFN_GATE, &L->w_gate, NULL},     {IEBIN_T_FFN_UP, &L->w_up, NULL},
+            {IEBIN_T_FFN_DOWN, &L->w_down, NULL},
+        };
+        for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+            char name[IEBIN_NAME_MAX];
+            snprintf(name, sizeof name, "blk.%u.%s", l, slots[i].kind);
+            if ((rc = bind(im, name, slots[i].mat, slots[i].vec)))
+                goto fail;
+        }
+    }
+    return 0;
+fail:
+    model_fini(m);
+    return rc;
+}
+
+void model_fini(struct model *m)
+{
+    free(m->layers);
+    m->layers = NULL;
+}
+
+int model_open(const char *dir, unsigned iebin_flags, struct model **out)
+{
+    struct iebin_model *im = NULL;
+    struct model *m = calloc(1, sizeof *m);
+    if (!m) {
+        LOG_ERR("%s: out of memory", dir);
+        return -ENOMEM;
+    }
+    int rc = iebin_open_ex(dir, iebin_flags, &im);
+    if (rc)
+        goto fail;
+    if ((rc = model_init(m, im)))
+        goto fail_close;
+    m->owned_ = im;
+    *out = m;
+    return 0;
+fail_close:
+    iebin_close(im);
+fail:
+    free(m);
+    return rc;
+}
+
+void model_close(struct model *m)
+{
+    if (!m)
+        return;
+    struct iebin_model *im = m->owned_;
+    model_fini(m);
+    free(m);
+    iebin_close(im);
+}
+
+void model_embed_row(const struct model *m, uint32_t r, float *out)
+{
+    const struct model_mat *e = &m->tok_embd;
+    kern_row_to_f32(e->dtype, (const char *)e->data + (size_t)r * e->row_bytes, out, e->cols);
+}

@@ -1,0 +1,73 @@
+/*
+ * model.h — a llama model's weights as typed views: one struct to read the forward pass from.
+ *
+ * model_init() binds the tensors of an opened IEBIN model (worker/iebin.h) into a struct of
+ * named fields, the way llama2.c's TransformerWeights does, so that the forward pass reads
+ * `L->wq` rather than looking names up. Nothing is copied: every view points into the model's
+ * read-only mapping. A matrix carries its dtype and geometry because IEBIN stores each tensor
+ * in its own type (f32, f16, bf16, q8_0, q4_0); the kernels (kernels/kern.h) take it as is.
+ *
+ * NOTES: a struct model is immutable after model_init()/model_open() and may be shared by any
+ * number of threads and forward passes. The views borrow the struct iebin_model: it must
+ * outlive them (model_open owns its own).
+ */
+#ifndef CLOCHER_WORKER_MODEL_H
+#define CLOCHER_WORKER_MODEL_H
+
+#include "dtype.h"
+#include "iebin.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A stored matrix W [rows][cols], row-major, each row packed per dtype (row_bytes bytes). */
+struct model_mat {
+    enum dtype dtype;
+    const void *data;
+    uint32_t rows, cols;
+    size_t row_bytes;
+};
+
+struct model_layer {
+    const float *attn_norm;  /* [dim] */
+    struct model_mat wq;     /* [n_heads*head_dim][dim] */
+    struct model_mat wk;     /* [n_kv_heads*head_dim][dim] */
+    struct model_mat wv;     /* [n_kv_heads*head_dim][dim] */
+    struct model_mat wo;     /* [dim][n_heads*head_dim] */
+    const float *ffn_norm;   /* [dim] */
+    struct model_mat w_gate; /* [ffn_dim][dim]  (llama2.c w1) */
+    struct model_mat w_up;   /* [ffn_dim][dim]  (llama2.c w3) */
+    struct model_mat w_down; /* [dim][ffn_dim]  (llama2.c w2) */
+};
+
+struct model {
+    const struct iebin_model *im; /* the source; borrowed (owned when from model_open) */
+    struct iebin_hparams hp;
+    uint32_t q_dim;               /* n_heads * head_dim */
+    uint32_t kv_dim;              /* n_kv_heads * head_dim */
+    struct model_mat tok_embd;    /* [vocab_size][dim] */
+    const float *output_norm;     /* [dim] */
+    struct model_mat output;      /* [vocab_size][dim]; a copy of tok_embd when tied */
+    struct model_layer *layers;   /* [n_layers] */
+    struct iebin_model *owned_;   /* private: what model_close closes (model_open only) */
+};
+
+/*
+ * Binds the tensors of `im` (architecture "llama", as iebin_open validated it) into *m; m->im
+ * borrows im. 0, or ERR_UNSUPPORTED (another architecture), ERR_NOT_FOUND / ERR_MISMATCH (a
+ * tensor missing or of another shape or type: iebin_open rules this out, a hand-built struct
+ * iebin_model might not), -ENOMEM; logged once naming the model and the tensor.
+ */
+int model_init(struct model *m, const struct iebin_model *im);
+/* Frees what model_init allocated (not the iebin model). Safe on a zeroed struct. */
+void model_fini(struct model *m);
+
+/* iebin_open_ex(dir, iebin_flags) then model_init; *out owns the IEBIN model. Codes as both. */
+int model_open(const char *dir, unsigned iebin_flags, struct model **out);
+/* Closes what model_open returned. NULL is a no-op. */
+void model_close(struct model *m);
+
+/* Row r of the token embedding as f32 (any stored dtype). out: [dim]. r < vocab_size. */
+void model_embed_row(const struct model *m, uint32_t r, float *out);
+
+#endif
