@@ -114,12 +114,13 @@ static void notify_status(struct sup *s)
     size_t ready = workers_ready_count(s->w), given_up = 0;
     for (size_t i = 0; i < s->w->n; i++)
         given_up += atomic_load(&s->w->slots[i].given_up) ? 1 : 0;
-    notify("STATUS=%s: %zu/%zu workers ready%s%s",
-           workers_phase_name(atomic_load(&s->w->phase)), ready, s->w->n,
-           given_up ? ", given up on " : "", given_up ? "some (see the journal)" : "");
+    char extra[64] = "";
+    if (given_up)
+        snprintf(extra, sizeof extra, ", %zu given up (see the journal)", given_up);
+    notify("STATUS=%s: %zu/%zu workers ready%s", workers_phase_name(atomic_load(&s->w->phase)),
+           ready, s->w->n, extra);
     s->last_ready = ready;
 }
-
 
 /* ---- the shm region: created here, used by the gateway and the worker ---- */
 
@@ -291,14 +292,15 @@ static void spawn(struct sup_slot *ss)
 
     if ((rc = region_create(ss, gen, &wr, &region_fd)) < 0) {
         char why[160];
-        snprintf(why, sizeof why, "could not create its shared-memory region: %s",
-                 log_last_error());
+        snprintf(why, sizeof why, "worker %u: could not create its shared-memory region: %s",
+                 ws->index, log_last_error());
         crash(ss, why, false);
         return;
     }
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) {
         char why[160];
-        snprintf(why, sizeof why, "socketpair for its control channel: %s", strerror(errno));
+        snprintf(why, sizeof why, "worker %u: socketpair for its control channel: %s", ws->index,
+                 strerror(errno));
         workers_region_put(wr);
         crash(ss, why, false);
         return;
@@ -363,7 +365,8 @@ static void spawn(struct sup_slot *ss)
     if (rc < 0) {
         /* libuv reports exec failures (ENOENT, EACCES) synchronously */
         char why[160];
-        snprintf(why, sizeof why, "spawning %s failed: %s", s->worker_binary, uv_strerror(rc));
+        snprintf(why, sizeof why, "worker %u: spawning %s failed: %s", ws->index, s->worker_binary,
+                 uv_strerror(rc));
         if (spawned)
             uv_close((uv_handle_t *)p, close_proc); /* libuv: a failed spawn is still closed */
         else
@@ -426,21 +429,21 @@ static void crash(struct sup_slot *ss, const char *reason, bool fatal)
         return;
     if (fatal) {
         atomic_store(&ws->given_up, true);
-        LOG_ERR("worker %u: %s; a configuration or model error: NOT respawning it (fix the "
-                "cause, then SIGHUP clocherd to retry)",
-                ws->index, reason);
+        LOG_ERR("%s; a configuration or model error: NOT respawning worker %u (fix the cause, "
+                "then SIGHUP clocherd to retry)",
+                reason, ws->index);
     } else {
         uint64_t delay;
         enum backoff_verdict v = backoff_crash(&ss->backoff, uv_now(s->loop), ss->started_ms,
                                                &delay);
         if (v == BACKOFF_GIVE_UP) {
             atomic_store(&ws->given_up, true);
-            LOG_ERR("worker %u: %s; %u crashes within %" PRIu64 " s: crash loop, NOT respawning "
-                    "it any more (SIGHUP clocherd to retry)",
-                    ws->index, reason, ss->backoff.pol.crash_loop_max,
-                    ss->backoff.pol.window_ms / 1000);
+            LOG_ERR("%s; %u crashes within %" PRIu64 " s: crash loop, NOT respawning worker %u "
+                    "any more (SIGHUP clocherd to retry)",
+                    reason, ss->backoff.pol.crash_loop_max, ss->backoff.pol.window_ms / 1000,
+                    ws->index);
         } else {
-            LOG_WARN("worker %u: %s; respawning in %" PRIu64 " ms", ws->index, reason, delay);
+            LOG_WARN("%s; respawning in %" PRIu64 " ms", reason, delay);
             ss->respawn_pending = true;
             uv_timer_start(&ss->respawn_timer, on_respawn_timer, delay, 0);
         }

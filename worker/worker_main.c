@@ -408,6 +408,10 @@ static int serve(const struct args *a)
     int status = open_engine(&w, &hot);
     if (status != 0)
         goto out;
+    if (g_stop) {
+        LOG_INFO("SIGTERM while loading: stopping");
+        goto out;
+    }
     if (ctl_send(a->control_fd, "READY=1\nHOT_BYTES=%" PRIu64 "\nSTATUS=model %s loaded", hot,
                  a->model_dir) < 0) {
         status = 1;
