@@ -98,8 +98,8 @@ static int find_worker(const char *opt, const struct config *c, char *out, size_
     *slash = '\0';
     static const char *const rel[] = {"", "/../libexec/clocher", "/../worker"};
     for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
-        snprintf(out, cap, "%s%s/" WORKER_NAME, self, rel[i]);
-        if (access(out, X_OK) == 0)
+        int w = snprintf(out, cap, "%s%s/" WORKER_NAME, self, rel[i]);
+        if (w > 0 && (size_t)w < cap && access(out, X_OK) == 0)
             return 0;
     }
     LOG_ERR("cannot find %s beside %s (nor in ../libexec/clocher): give --worker-binary or "

@@ -3,11 +3,15 @@
  * drain and stop, reload, systemd notifications (see sup.h, docs/DAEMON.md).
  *
  * NOTES: single-threaded (the loop thread). A worker process is a uv_process_t allocated per
- * spawn and freed in its close callback, so a respawn never reuses a handle libuv still owns.
- * Each spawn creates a fresh shm region with the slot's next generation; the region's fd is
- * inherited by the child as fd 3 and closed here right after the spawn. The slot table's
- * atomics are written here only: generation, then pid, then state (release), so a gateway
- * thread that sees READY also sees the generation it belongs to.
+ * spawn and freed in its close callback, so a respawn never reuses a handle libuv still owns;
+ * likewise its control socket's uv_poll_t. Each spawn gets:
+ *  - fd 3: one end of a SOCK_SEQPACKET socketpair, the control channel (ctl.h): READY=1,
+ *    WATCHDOG=1, HOT_BYTES=, STATUS= datagrams. Readiness and liveness come from there, timed
+ *    on the supervisor's clock; the supervisor reads no memory a worker writes;
+ *  - fd 4: a fresh shm region with the slot's next generation (when shm/ is built), for the
+ *    gateway; the supervisor only creates it and hands it over (workers.h).
+ * The slot table's atomics are written here only: generation, then pid, then state (release),
+ * so a gateway thread that sees READY also sees the generation it belongs to.
  */
 #include "sup.h"
 
@@ -16,7 +20,10 @@
 #include "config.h"
 #include "err.h"
 #include "log.h"
+#include "ctl.h"
+#ifdef CLOCHER_HAVE_SHM
 #include "region.h"
+#endif
 #include "workers.h"
 
 #include <errno.h>
@@ -27,11 +34,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-daemon.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define SUP_MAGIC 0x53555052u /* "SUPR" */
 #define TICK_MS 100           /* readiness, heartbeat and drain checks */
-#define REGION_FD 3           /* where the worker finds its region (worker_main.c --region-fd) */
+#define CONTROL_FD 3          /* the worker's control socket (clocher-worker --control-fd) */
+#define REGION_FD 4           /* its shm region (clocher-worker --region-fd) */
 
 extern char **environ;
 
@@ -41,10 +50,10 @@ struct sup_slot {
     uv_process_t *proc;            /* NULL when no process; freed in its close callback */
     uv_timer_t respawn_timer;
     struct backoff backoff;
-    struct shm_region *shm;        /* the current generation's region (header reads only) */
+    uv_poll_t *ctl;                /* our end of the control socket; NULL when none */
     uint64_t started_ms;           /* loop time of the spawn */
-    uint64_t last_beat;            /* the worker's last heartbeat value seen ... */
-    uint64_t last_beat_ms;         /* ... and when it last changed */
+    uint64_t last_beat_ms;         /* loop time of the last WATCHDOG=1 (or READY=1) */
+    bool ctl_complained;           /* one log line per generation for bad messages */
     bool respawn_pending;
     bool stop_sent;                /* SIGTERM sent as part of the daemon's stop */
     char kill_reason[128];         /* set when the supervisor SIGKILLs it (hung, never ready) */
@@ -105,18 +114,22 @@ static void notify_status(struct sup *s)
     size_t ready = workers_ready_count(s->w), given_up = 0;
     for (size_t i = 0; i < s->w->n; i++)
         given_up += atomic_load(&s->w->slots[i].given_up) ? 1 : 0;
-    notify("STATUS=%s: %zu/%zu workers ready%s%s",
-           workers_phase_name(atomic_load(&s->w->phase)), ready, s->w->n,
-           given_up ? ", given up on " : "", given_up ? "some (see the journal)" : "");
+    char extra[64] = "";
+    if (given_up)
+        snprintf(extra, sizeof extra, ", %zu given up (see the journal)", given_up);
+    notify("STATUS=%s: %zu/%zu workers ready%s", workers_phase_name(atomic_load(&s->w->phase)),
+           ready, s->w->n, extra);
     s->last_ready = ready;
 }
 
-
-/* ---- the shm region, as far as the supervisor touches it ---- */
+/* ---- the shm region: created here, used by the gateway and the worker ---- */
 
 static int region_create(struct sup_slot *ss, uint32_t generation, struct workers_region **wr,
                          int *fd)
 {
+    *wr = NULL;
+    *fd = -1;
+#ifdef CLOCHER_HAVE_SHM
     struct config *c = cfg_get(ss->sup);
     struct shm_region *r = NULL;
     int rc = shm_region_create(generation, c->limits.max_message_bytes, &r);
@@ -128,7 +141,79 @@ static int region_create(struct sup_slot *ss, uint32_t generation, struct worker
         return rc;
     }
     *fd = shm_region_fd(r);
+#else
+    (void)ss;
+    (void)generation;
+#endif
     return 0;
+}
+
+/* ---- the control socket ---- */
+
+static void close_ctl_cb(uv_handle_t *h)
+{
+    int fd;
+    if (uv_fileno(h, &fd) == 0)
+        close(fd);
+    free(h);
+}
+
+static void close_ctl(struct sup_slot *ss)
+{
+    if (!ss->ctl)
+        return;
+    uv_poll_stop(ss->ctl);
+    uv_close((uv_handle_t *)ss->ctl, close_ctl_cb);
+    ss->ctl = NULL;
+}
+
+static void on_ready(struct sup_slot *ss, uint64_t hot_bytes);
+
+static void on_ctl(uv_poll_t *h, int status, int events)
+{
+    struct sup_slot *ss = h->data;
+    (void)events;
+    if (status < 0 || ss->ctl != h)
+        return;
+    int fd;
+    uv_fileno((uv_handle_t *)h, &fd);
+    char who[64];
+    snprintf(who, sizeof who, "worker %u (pid %d)", ss->ws->index,
+             atomic_load(&ss->ws->pid));
+    for (;;) {
+        char buf[CTL_MSG_MAX + 1];
+        ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT | MSG_TRUNC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)))
+            break; /* EOF comes with the worker's exit; on_worker_exit handles it */
+        if (n < 0) {
+            LOG_WARN("%s: control socket: %s", who, strerror(errno));
+            uv_poll_stop(h);
+            break;
+        }
+        struct ctl_msg m;
+        if ((size_t)n > CTL_MSG_MAX) {
+            if (!ss->ctl_complained)
+                LOG_ERR("%s: control message of %zd bytes, the limit is %d; ignored", who, n,
+                        CTL_MSG_MAX);
+            ss->ctl_complained = true;
+            continue;
+        }
+        if (ctl_parse(who, buf, (size_t)n, &m) < 0) {
+            ss->ctl_complained = true;
+            continue;
+        }
+        uint64_t now = uv_now(ss->sup->loop);
+        if (m.watchdog || m.ready)
+            ss->last_beat_ms = now;
+        if (m.status[0])
+            LOG_INFO("%s: %s", who, m.status);
+        if (m.ready)
+            on_ready(ss, m.has_hot_bytes ? m.hot_bytes : 0);
+        else if (m.has_hot_bytes)
+            atomic_store(&ss->ws->hot_replicated_bytes, m.hot_bytes);
+    }
 }
 
 /* ---- spawning ---- */
@@ -198,15 +283,25 @@ static void spawn(struct sup_slot *ss)
     struct workers_slot *ws = ss->ws;
     uint32_t gen = atomic_load(&ws->generation) + 1;
     struct workers_region *wr = NULL;
-    int fd = -1, rc;
+    int region_fd = -1, rc;
+    int sv[2] = {-1, -1};
     ss->respawn_pending = false;
     ss->kill_reason[0] = '\0';
     ss->stop_sent = false;
+    ss->ctl_complained = false;
 
-    if ((rc = region_create(ss, gen, &wr, &fd)) < 0) {
+    if ((rc = region_create(ss, gen, &wr, &region_fd)) < 0) {
         char why[160];
-        snprintf(why, sizeof why, "could not create its shared-memory region: %s",
-                 log_last_error());
+        snprintf(why, sizeof why, "worker %u: could not create its shared-memory region: %s",
+                 ws->index, log_last_error());
+        crash(ss, why, false);
+        return;
+    }
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) != 0) {
+        char why[160];
+        snprintf(why, sizeof why, "worker %u: socketpair for its control channel: %s", ws->index,
+                 strerror(errno));
+        workers_region_put(wr);
         crash(ss, why, false);
         return;
     }
@@ -217,17 +312,19 @@ static void spawn(struct sup_slot *ss)
     arg(&a, s->worker_binary);
     arg(&a, "--slot"), arg(&a, num(&a, 0, ws->index));
     arg(&a, "--generation"), arg(&a, num(&a, 1, gen));
-    arg(&a, "--region-fd"), arg(&a, num(&a, 2, REGION_FD));
+    arg(&a, "--control-fd"), arg(&a, num(&a, 2, CONTROL_FD));
+    if (wr)
+        arg(&a, "--region-fd"), arg(&a, num(&a, 3, REGION_FD));
     arg(&a, "--cpus"), arg(&a, ws->cpulist);
     if (s->opt.numa)
-        arg(&a, "--mem-node"), arg(&a, num(&a, 3, (unsigned long long)ws->node));
+        arg(&a, "--mem-node"), arg(&a, num(&a, 4, (unsigned long long)ws->node));
     arg(&a, "--model-dir"), arg(&a, c->model_dir);
-    arg(&a, "--threads"), arg(&a, num(&a, 4, c->threads_per_worker ? c->threads_per_worker
+    arg(&a, "--threads"), arg(&a, num(&a, 5, c->threads_per_worker ? c->threads_per_worker
                                                                     : (unsigned)ws->n_cpus));
-    arg(&a, "--kv-budget-mb"), arg(&a, num(&a, 5, c->kv_budget_mb));
-    arg(&a, "--max-queue"), arg(&a, num(&a, 6, c->limits.max_queue));
-    arg(&a, "--max-prompt-tokens"), arg(&a, num(&a, 7, c->limits.max_prompt_tokens));
-    arg(&a, "--parent-pid"), arg(&a, num(&a, 8, (unsigned long long)getpid()));
+    arg(&a, "--kv-budget-mb"), arg(&a, num(&a, 6, c->kv_budget_mb));
+    arg(&a, "--max-queue"), arg(&a, num(&a, 7, c->limits.max_queue));
+    arg(&a, "--max-prompt-tokens"), arg(&a, num(&a, 8, c->limits.max_prompt_tokens));
+    arg(&a, "--parent-pid"), arg(&a, num(&a, 9, (unsigned long long)getpid()));
     char **adapter_args = calloc(c->n_adapters + 1, sizeof *adapter_args);
     for (size_t i = 0; adapter_args && i < c->n_adapters; i++) {
         size_t len = strlen(c->adapters[i].name) + strlen(c->adapters[i].dir) + 2;
@@ -243,48 +340,67 @@ static void spawn(struct sup_slot *ss)
         {.flags = UV_IGNORE},
         {.flags = UV_INHERIT_FD, .data.fd = STDOUT_FILENO},
         {.flags = UV_INHERIT_FD, .data.fd = STDERR_FILENO},
-        {.flags = UV_INHERIT_FD, .data.fd = fd},
+        {.flags = UV_INHERIT_FD, .data.fd = sv[1]},
+        {.flags = wr ? UV_INHERIT_FD : UV_IGNORE, .data.fd = region_fd},
     };
     uv_process_options_t po = {
         .exit_cb = on_worker_exit,
         .file = s->worker_binary,
         .args = a.v,
         .env = env,
-        .stdio_count = REGION_FD + 1,
+        .stdio_count = wr ? REGION_FD + 1 : CONTROL_FD + 1,
         .stdio = stdio,
     };
     uv_process_t *p = calloc(1, sizeof *p);
-    bool spawned = p && env && adapter_args;
+    uv_poll_t *poll = calloc(1, sizeof *poll);
+    bool spawned = p && poll && env && adapter_args;
     rc = spawned ? uv_spawn(s->loop, p, &po) : UV_ENOMEM;
     for (size_t i = 0; adapter_args && i < c->n_adapters; i++)
         free(adapter_args[i]);
     free(adapter_args);
     free(env);
     config_unref(c);
+    close(sv[1]); /* the child's end: it has its own copy now */
 
     if (rc < 0) {
         /* libuv reports exec failures (ENOENT, EACCES) synchronously */
         char why[160];
-        snprintf(why, sizeof why, "spawning %s failed: %s", s->worker_binary, uv_strerror(rc));
+        snprintf(why, sizeof why, "worker %u: spawning %s failed: %s", ws->index, s->worker_binary,
+                 uv_strerror(rc));
         if (spawned)
             uv_close((uv_handle_t *)p, close_proc); /* libuv: a failed spawn is still closed */
         else
             free(p);
+        free(poll);
+        close(sv[0]);
         workers_region_put(wr);
         crash(ss, why, rc == UV_ENOENT || rc == UV_EACCES);
         return;
     }
     p->data = ss;
     ss->proc = p;
-    ss->shm = wr->shm;
     ss->started_ms = uv_now(s->loop);
-    ss->last_beat = 0;
     ss->last_beat_ms = ss->started_ms;
+    if ((rc = uv_poll_init(s->loop, poll, sv[0])) < 0) {
+        /* without its control channel the worker can never be seen ready: it is killed at
+         * ready_timeout_s like any worker that does not report */
+        LOG_ERR("worker %u: uv_poll_init: %s", ws->index, uv_strerror(rc));
+        free(poll);
+        close(sv[0]);
+    } else {
+        poll->data = ss;
+        ss->ctl = poll;
+        uv_poll_start(poll, UV_READABLE, on_ctl);
+    }
+#ifdef CLOCHER_HAVE_SHM
     /* our copy of the fd: the child has its own now, and the mapping stays valid without it */
-    shm_region_close_fd(wr->shm);
+    if (wr)
+        shm_region_close_fd(wr->shm);
+#endif
 
     atomic_store_explicit(&ws->generation, gen, memory_order_release);
     atomic_store_explicit(&ws->pid, p->pid, memory_order_release);
+    atomic_store(&ws->hot_replicated_bytes, 0);
     workers_slot_set_region(ws, wr); /* the slot holds the supervisor's reference */
     set_state(ss, WORKERS_STARTING);
     LOG_INFO("worker %u: started pid %d, generation %" PRIu32 ", node %d, CPUs %s", ws->index,
@@ -313,21 +429,21 @@ static void crash(struct sup_slot *ss, const char *reason, bool fatal)
         return;
     if (fatal) {
         atomic_store(&ws->given_up, true);
-        LOG_ERR("worker %u: %s; a configuration or model error: NOT respawning it (fix the "
-                "cause, then SIGHUP clocherd to retry)",
-                ws->index, reason);
+        LOG_ERR("%s; a configuration or model error: NOT respawning worker %u (fix the cause, "
+                "then SIGHUP clocherd to retry)",
+                reason, ws->index);
     } else {
         uint64_t delay;
         enum backoff_verdict v = backoff_crash(&ss->backoff, uv_now(s->loop), ss->started_ms,
                                                &delay);
         if (v == BACKOFF_GIVE_UP) {
             atomic_store(&ws->given_up, true);
-            LOG_ERR("worker %u: %s; %u crashes within %" PRIu64 " s: crash loop, NOT respawning "
-                    "it any more (SIGHUP clocherd to retry)",
-                    ws->index, reason, ss->backoff.pol.crash_loop_max,
-                    ss->backoff.pol.window_ms / 1000);
+            LOG_ERR("%s; %u crashes within %" PRIu64 " s: crash loop, NOT respawning worker %u "
+                    "any more (SIGHUP clocherd to retry)",
+                    reason, ss->backoff.pol.crash_loop_max, ss->backoff.pol.window_ms / 1000,
+                    ws->index);
         } else {
-            LOG_WARN("worker %u: %s; respawning in %" PRIu64 " ms", ws->index, reason, delay);
+            LOG_WARN("%s; respawning in %" PRIu64 " ms", reason, delay);
             ss->respawn_pending = true;
             uv_timer_start(&ss->respawn_timer, on_respawn_timer, delay, 0);
         }
@@ -377,8 +493,8 @@ static void on_worker_exit(uv_process_t *p, int64_t exit_status, int term_signal
     describe_exit(ss, pid, gen, exit_status, term_signal, d.reason, sizeof d.reason);
 
     ss->proc = NULL;
-    ss->shm = NULL;
     uv_close((uv_handle_t *)p, close_proc);
+    close_ctl(ss);
     atomic_store_explicit(&ws->pid, 0, memory_order_release);
     set_state(ss, WORKERS_DEAD);
     workers_slot_set_region(ws, NULL); /* the gateway's references keep it mapped meanwhile */
@@ -411,44 +527,41 @@ static void sigkill(struct sup_slot *ss, const char *why)
 }
 
 static void begin_stop(struct sup *s);
+static void on_tick(uv_timer_t *t);
 
-static void check_slot(struct sup *s, struct sup_slot *ss, const struct config *c, uint64_t now)
+/* The worker said READY=1 on its control socket. */
+static void on_ready(struct sup_slot *ss, uint64_t hot_bytes)
 {
+    struct sup *s = ss->sup;
     struct workers_slot *ws = ss->ws;
-    if (!ss->proc || !ss->shm)
+    if (!ss->proc || get_state(ss) != WORKERS_STARTING)
+        return; /* a repeated READY, or one racing with a stop */
+    uint64_t now = uv_now(s->loop);
+    uint32_t gen = atomic_load(&ws->generation);
+    atomic_store(&ws->hot_replicated_bytes, hot_bytes);
+    set_state(ss, WORKERS_READY);
+    LOG_INFO("worker %u (pid %d, generation %" PRIu32 "): ready after %.1f s", ws->index,
+             ss->proc->pid, gen, (double)(now - ss->started_ms) / 1000.0);
+    if (s->w->hooks && s->w->hooks->worker_ready)
+        s->w->hooks->worker_ready(s->w->hooks_ud, ws, gen);
+    on_tick(&s->tick); /* READY=1 to systemd without waiting for the next tick */
+}
+
+static void check_slot(struct sup_slot *ss, const struct config *c, uint64_t now)
+{
+    if (!ss->proc || ss->kill_reason[0])
         return;
     int st = get_state(ss);
-    if (st == WORKERS_STARTING) {
-        if (shm_region_worker_ready(ss->shm)) {
-            set_state(ss, WORKERS_READY);
-            ss->last_beat = shm_region_worker_heartbeat(ss->shm);
-            ss->last_beat_ms = now;
-            uint32_t gen = atomic_load(&ws->generation);
-            LOG_INFO("worker %u (pid %d, generation %" PRIu32 "): ready after %.1f s", ws->index,
-                     ss->proc->pid, gen, (double)(now - ss->started_ms) / 1000.0);
-            uint64_t repl = shm_region_worker_hot_bytes(ss->shm);
-            atomic_store(&ws->hot_replicated_bytes, repl);
-            if (s->w->hooks && s->w->hooks->worker_ready)
-                s->w->hooks->worker_ready(s->w->hooks_ud, ws, gen);
-        } else if (now - ss->started_ms > (uint64_t)c->sup.ready_timeout_s * 1000) {
-            char why[96];
-            snprintf(why, sizeof why, "not ready after %u s (supervisor.ready_timeout_s)",
-                     c->sup.ready_timeout_s);
-            sigkill(ss, why);
-        }
-    } else if (st == WORKERS_READY) {
-        /* the heartbeat is a counter the worker bumps from its loop: only change matters,
-         * so a worker's clock or a torn value cannot fool the check into a kill */
-        uint64_t beat = shm_region_worker_heartbeat(ss->shm);
-        if (beat != ss->last_beat) {
-            ss->last_beat = beat;
-            ss->last_beat_ms = now;
-        } else if (now - ss->last_beat_ms > (uint64_t)c->sup.heartbeat_timeout_s * 1000) {
-            char why[96];
-            snprintf(why, sizeof why, "hung: no heartbeat for %u s (supervisor.heartbeat_timeout_s)",
-                     c->sup.heartbeat_timeout_s);
-            sigkill(ss, why);
-        }
+    char why[128];
+    if (st == WORKERS_STARTING && now - ss->started_ms > (uint64_t)c->sup.ready_timeout_s * 1000) {
+        snprintf(why, sizeof why, "not ready after %u s (supervisor.ready_timeout_s)",
+                 c->sup.ready_timeout_s);
+        sigkill(ss, why);
+    } else if (st == WORKERS_READY &&
+               now - ss->last_beat_ms > (uint64_t)c->sup.heartbeat_timeout_s * 1000) {
+        snprintf(why, sizeof why, "hung: no heartbeat for %u s (supervisor.heartbeat_timeout_s)",
+                 c->sup.heartbeat_timeout_s);
+        sigkill(ss, why);
     }
 }
 
@@ -458,7 +571,7 @@ static void on_tick(uv_timer_t *t)
     uint64_t now = uv_now(s->loop);
     struct config *c = cfg_get(s);
     for (size_t i = 0; i < s->w->n; i++)
-        check_slot(s, &s->slots[i], c, now);
+        check_slot(&s->slots[i], c, now);
     config_unref(c);
 
     size_t ready = workers_ready_count(s->w), given_up = 0;

@@ -21,8 +21,9 @@
  *    thread still draining events of a dead generation never reads unmapped memory.
  *  - Hooks are called on the supervisor's loop thread; the gateway must only queue work to
  *    its own threads from them (they must not block).
- *  - The supervisor never reads worker-written ring payloads (PostgreSQL's postmaster rule):
- *    it looks only at the region header's state word and heartbeat.
+ *  - The supervisor never reads memory a worker writes (PostgreSQL's postmaster rule): it
+ *    creates each region and hands it over; readiness and liveness come from the worker's
+ *    control socket (daemon/ctl.h), not from the region.
  *
  * The gateway side (daemon/gw.c) provides, and clocherd's main.c calls:
  *     int  gw_create(struct workers *w, uv_loop_t *loop, struct gw **out); // sets w->hooks

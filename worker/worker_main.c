@@ -7,11 +7,14 @@
  *   2. pin: CPUs (sched_setaffinity) and memory (set_mempolicy MPOL_BIND to its node) before
  *      anything is allocated, so the model's private pages, the KV cache and the engine's
  *      threads are all local;
- *   3. attach the shared-memory region inherited as --region-fd and check its generation;
+ *   3. attach the shared-memory region inherited as --region-fd (when clocherd has shm) and
+ *      check its generation;
  *   4. create the engine on the model, load the configured adapters, replicate hot tensors
  *      into node-local memory if IE_HOT_REPLICATE=1;
- *   5. mark the region ready, then loop: request records → engine_submit/engine_cancel,
- *      engine_step, engine events → event records, heartbeat;
+ *   5. say READY=1 on the control socket (--control-fd; daemon/ctl.h is the protocol: text
+ *      datagrams READY=1, WATCHDOG=1, HOT_BYTES=n, STATUS=text), then loop: request records →
+ *      engine_submit/engine_cancel, engine_step, engine events → event records, WATCHDOG=1
+ *      about once a second;
  *   6. SIGTERM: stop taking requests, finish the step, exit 0.
  *
  * Exit status: 0 clean stop; 2 fatal configuration or model error (the supervisor does not
@@ -37,16 +40,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdarg.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXIT_FATAL 2
 #define MAX_ADAPTERS 256
+#define WATCHDOG_NS 1000000000ull /* WATCHDOG=1 about once a second */
 
 struct args {
     unsigned slot;
     uint32_t generation;
-    int region_fd;
+    int control_fd;
+    int region_fd;         /* -1: no shm region (clocherd built without shm/) */
     const char *cpus;      /* "0-7" */
     int mem_node;          /* -1: no memory binding */
     const char *model_dir;
@@ -80,8 +88,8 @@ static void journal_sink(enum log_level level, const char *msg, void *ud)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: clocher-worker --slot N --generation G --region-fd FD --cpus LIST\n"
-            "                      [--mem-node N] --model-dir DIR [--threads N]\n"
+            "usage: clocher-worker --slot N --generation G --control-fd FD [--region-fd FD]\n"
+            "                      --cpus LIST [--mem-node N] --model-dir DIR [--threads N]\n"
             "                      [--kv-budget-mb MB] [--max-queue N] [--max-prompt-tokens N]\n"
             "                      [--parent-pid PID] [--adapter NAME=DIR ...]\n"
             "\n"
@@ -105,10 +113,11 @@ static int parse_u64(const char *opt, const char *s, uint64_t max, uint64_t *out
 
 static int parse_args(int argc, char **argv, struct args *a)
 {
-    enum { SLOT = 256, GEN, FD, CPUS, NODE, MODEL, THREADS, KV, QUEUE, PROMPT, PARENT, ADAPTER };
+    enum { SLOT = 256, GEN, CTL, FD, CPUS, NODE, MODEL, THREADS, KV, QUEUE, PROMPT, PARENT, ADAPTER };
     static const struct option opts[] = {
         {"slot", required_argument, NULL, SLOT},
         {"generation", required_argument, NULL, GEN},
+        {"control-fd", required_argument, NULL, CTL},
         {"region-fd", required_argument, NULL, FD},
         {"cpus", required_argument, NULL, CPUS},
         {"mem-node", required_argument, NULL, NODE},
@@ -123,6 +132,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {NULL, 0, NULL, 0},
     };
     memset(a, 0, sizeof *a);
+    a->control_fd = -1;
     a->region_fd = -1;
     a->mem_node = -1;
     a->max_queue = 256;
@@ -139,6 +149,10 @@ static int parse_args(int argc, char **argv, struct args *a)
         case GEN:
             if ((rc = parse_u64("generation", optarg, UINT32_MAX, &v)) == 0)
                 a->generation = (uint32_t)v, have_gen = true;
+            break;
+        case CTL:
+            if ((rc = parse_u64("control-fd", optarg, INT_MAX, &v)) == 0)
+                a->control_fd = (int)v;
             break;
         case FD:
             if ((rc = parse_u64("region-fd", optarg, INT_MAX, &v)) == 0)
@@ -190,8 +204,8 @@ static int parse_args(int argc, char **argv, struct args *a)
         LOG_ERR("unexpected argument \"%s\"", argv[optind]);
         rc = ERR_USAGE;
     }
-    if (rc == 0 && (!have_slot || !have_gen || a->region_fd < 0 || !a->cpus || !a->model_dir)) {
-        LOG_ERR("--slot, --generation, --region-fd, --cpus and --model-dir are required");
+    if (rc == 0 && (!have_slot || !have_gen || a->control_fd < 0 || !a->cpus || !a->model_dir)) {
+        LOG_ERR("--slot, --generation, --control-fd, --cpus and --model-dir are required");
         rc = ERR_USAGE;
     }
     return rc;
@@ -249,8 +263,12 @@ static int pin(const struct args *a)
         LOG_ERR("--mem-node %d: this kernel has no NUMA support", a->mem_node);
         return ERR_UNSUPPORTED;
     }
-    if (a->mem_node > numa_max_node() ||
-        !numa_bitmask_isbitset(numa_get_mems_allowed(), (unsigned)a->mem_node)) {
+    struct bitmask *allowed = numa_get_mems_allowed();
+    bool ok = allowed && a->mem_node <= numa_max_node() &&
+              numa_bitmask_isbitset(allowed, (unsigned)a->mem_node);
+    if (allowed)
+        numa_free_nodemask(allowed);
+    if (!ok) {
         LOG_ERR("--mem-node %d: no such node, or its memory is not allowed to this process",
                 a->mem_node);
         return ERR_RANGE;
@@ -300,6 +318,129 @@ static int hot_replicate(const struct args *a, uint64_t *bytes)
     return 0;
 }
 
+/* ---- the control socket (daemon/ctl.h) ---- */
+
+/* One datagram. Non-blocking: a supervisor too busy to read loses a WATCHDOG, not our loop.
+ * A supervisor gone (EPIPE/ECONNRESET) ends the worker: nobody would route to it. */
+static int ctl_send(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int ctl_send(int fd, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof buf)
+        return ERR_RANGE;
+    while (send(fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        int e = errno;
+        LOG_ERR("control socket: %s: clocherd is gone", strerror(e));
+        return -e;
+    }
+    return 0;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- serving ---- */
+
+struct worker {
+    const struct args *a;
+    struct engine *e;
+    uint64_t last_watchdog_ns;
+};
+
+static void on_event(const struct engine_event *ev, void *ud)
+{
+    (void)ud;
+    /* events go to the event ring once shm/ lands; no request can reach the engine before */
+    LOG_DEBUG("engine event %d for request %" PRIu64, (int)ev->kind, ev->id);
+}
+
+/* Step 4: the engine, its adapters, hot replication. Exit status on failure. */
+static int open_engine(struct worker *w, uint64_t *hot_bytes)
+{
+    const struct args *a = w->a;
+    struct engine_config ec = {
+        .model_dir = a->model_dir,
+        .n_threads = (int)a->threads,
+        .pin = NULL, /* the threads inherit the affinity pin() set: the slot's CPUs */
+        .kv_budget_bytes = a->kv_budget_mb << 20,
+        .kv_dtype = DT_F32,
+        .kv_block_tokens = 0,
+        .max_step_tokens = 512,
+        .max_running = 64,
+        .max_queue = a->max_queue,
+        .prefix_cache = true,
+        .snapshot_path = NULL,
+    };
+    int rc = engine_create(&ec, on_event, w, &w->e);
+    if (rc < 0) {
+        /* out of memory may pass; a model that does not load will not */
+        LOG_ERR("model %s: the engine cannot start: %s", a->model_dir, log_last_error());
+        return rc == -ENOMEM ? 1 : EXIT_FATAL;
+    }
+    for (size_t i = 0; i < a->n_adapters; i++) {
+        if ((rc = engine_load_adapter(w->e, a->adapter_name[i], a->adapter_dir[i])) < 0) {
+            LOG_ERR("adapter %s (%s) does not load: %s", a->adapter_name[i], a->adapter_dir[i],
+                    log_last_error());
+            return rc == -ENOMEM ? 1 : EXIT_FATAL;
+        }
+    }
+    if ((rc = hot_replicate(a, hot_bytes)) < 0)
+        return rc == -ENOMEM ? 1 : EXIT_FATAL;
+    return 0;
+}
+
+static int serve(const struct args *a)
+{
+    struct worker w = {.a = a};
+    uint64_t hot = 0;
+    int status = open_engine(&w, &hot);
+    if (status != 0)
+        goto out;
+    if (g_stop) {
+        LOG_INFO("SIGTERM while loading: stopping");
+        goto out;
+    }
+    if (ctl_send(a->control_fd, "READY=1\nHOT_BYTES=%" PRIu64 "\nSTATUS=model %s loaded", hot,
+                 a->model_dir) < 0) {
+        status = 1;
+        goto out;
+    }
+    w.last_watchdog_ns = now_ns();
+    status = 0;
+    while (!g_stop) {
+        uint64_t t = now_ns();
+        if (t - w.last_watchdog_ns >= WATCHDOG_NS) {
+            w.last_watchdog_ns = t;
+            if (ctl_send(a->control_fd, "WATCHDOG=1") < 0) {
+                status = 1;
+                break;
+            }
+        }
+        /* without shm/ there is no transport: nothing can be submitted, so idle until the
+         * next watchdog (SIGTERM interrupts the sleep) */
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 250 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (g_stop)
+        LOG_INFO("SIGTERM: stopping");
+out:
+    if (w.e)
+        engine_destroy(w.e);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     static char ident[64];
@@ -317,5 +458,5 @@ int main(int argc, char **argv)
         return 1;
     if (pin(&a) < 0)
         return EXIT_FATAL;
-    return worker__serve(&a);
+    return serve(&a);
 }

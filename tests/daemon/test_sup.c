@@ -34,6 +34,7 @@
 
 static char *g_tmp;       /* scratch dir */
 static char g_model[4096];
+static char g_model_lc[4096]; /* test_lifecycle's own copy: it breaks and repairs it */
 
 struct daemon {
     pid_t pid;
@@ -55,7 +56,10 @@ static int setup(void **state)
     (void)state;
     g_tmp = tu_mkdtemp();
     snprintf(g_model, sizeof g_model, "%s/model", g_tmp);
+    snprintf(g_model_lc, sizeof g_model_lc, "%s/model-lc", g_tmp);
     if (llama2c_convert(tu_fixture("stories260K/stories260K.bin"), NULL, 0, g_model, DT_F32,
+                        NULL) != 0 ||
+        llama2c_convert(tu_fixture("stories260K/stories260K.bin"), NULL, 0, g_model_lc, DT_F32,
                         NULL) != 0)
         fail_msg("llama2c_convert: %s", log_last_error());
     return 0;
@@ -69,15 +73,15 @@ static int teardown(void **state)
     return 0;
 }
 
-static void write_config(const char *path, const char *extra)
+static void write_config(const char *path, const char *model, const char *extra)
 {
-    char buf[4096];
+    char buf[16384];
     snprintf(buf, sizeof buf,
              "{\"model_dir\": \"%s\", \"workers\": 2,\n"
              " \"listen\": {\"tcp\": null, \"unix\": \"%s/clocherd.sock\"},\n"
              " \"metrics\": {\"listen\": null},\n"
              " \"drain_timeout_s\": 5%s}\n",
-             g_model, g_tmp, extra ? extra : "");
+             model, g_tmp, extra ? extra : "");
     tu_write_file(path, buf, strlen(buf));
 }
 
@@ -85,8 +89,9 @@ static void write_config(const char *path, const char *extra)
 static void start(struct daemon *d, const char *const *args)
 {
     memset(d, 0, sizeof *d);
-    char sock[4096];
-    snprintf(sock, sizeof sock, "%s/notify.sock", g_tmp);
+    char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    if ((size_t)snprintf(sock, sizeof sock, "%s/notify.sock", g_tmp) >= sizeof sock)
+        fail_msg("TMPDIR is too long for a Unix socket path");
     unlink(sock);
     d->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     assert_true(d->notify_fd >= 0);
@@ -152,8 +157,9 @@ static void wait_note(struct daemon *d, size_t from, const char *needle, double 
         if (d->notes_len >= from && strstr(d->notes + from, needle))
             return;
     }
-    fail_msg("no \"%s\" from clocherd within %.0f s; notifications:\n%s\nlog:\n%s", needle,
-             timeout, d->notes + from, log_text(d));
+    fprintf(stderr, "notifications:\n%s\nlog:\n%s\n", d->notes + from, log_text(d));
+    fail_msg("no \"%s\" from clocherd within %.0f s (notifications and log above)", needle,
+             timeout);
 }
 
 /* Waits for `needle` in the log at or after byte offset `from`; returns its offset. */
@@ -167,8 +173,10 @@ static size_t wait_log(struct daemon *d, size_t from, const char *needle, double
             if (p)
                 return (size_t)(p - t);
         }
-        if (now_s() >= end)
-            fail_msg("\"%s\" not logged within %.0f s; log:\n%s", needle, timeout, t);
+        if (now_s() >= end) {
+            fprintf(stderr, "log:\n%s\n", t);
+            fail_msg("\"%s\" not logged within %.0f s (log above)", needle, timeout);
+        }
         drain_notes(d, 50);
     }
 }
@@ -185,7 +193,10 @@ static pid_t worker_pid(struct daemon *d, size_t from, unsigned slot, unsigned *
         q++;
     }
     if (!p)
-        fail_msg("worker %u never started; log:\n%s", slot, t);
+    {
+        fprintf(stderr, "clocherd log:\n%s\n", t);
+        fail_msg("worker %u never started (log above)", slot);
+    }
     int pid = 0;
     unsigned g = 0;
     assert_int_equal(sscanf(p + strlen(needle), "%d, generation %u", &pid, &g), 2);
@@ -193,6 +204,13 @@ static pid_t worker_pid(struct daemon *d, size_t from, unsigned slot, unsigned *
         *gen = g;
     return pid;
 }
+
+/* cmocka truncates long failure messages: the log goes to stderr first */
+#define FAIL_LOG(d, ...)                                                                      \
+    do {                                                                                      \
+        fprintf(stderr, "clocherd log:\n%s\n", log_text(d));                                  \
+        fail_msg(__VA_ARGS__);                                                                \
+    } while (0)
 
 static bool alive(pid_t pid) { return kill(pid, 0) == 0; }
 
@@ -205,7 +223,7 @@ static int stop(struct daemon *d, double timeout)
         if (now_s() >= end) {
             kill(d->pid, SIGKILL);
             waitpid(d->pid, &st, 0);
-            fail_msg("clocherd did not stop within %.0f s; log:\n%s", timeout, log_text(d));
+            FAIL_LOG(d, "clocherd did not stop within %.0f s", timeout);
         }
         drain_notes(d, 50);
     }
@@ -222,7 +240,7 @@ static int wait_exit(struct daemon *d, double timeout)
         if (now_s() >= end) {
             kill(d->pid, SIGKILL);
             waitpid(d->pid, &st, 0);
-            fail_msg("clocherd did not exit within %.0f s; log:\n%s", timeout, log_text(d));
+            FAIL_LOG(d, "clocherd did not exit within %.0f s", timeout);
         }
         drain_notes(d, 50);
     }
@@ -235,7 +253,8 @@ static void test_lifecycle(void **state)
     (void)state;
     char cfg[4096];
     snprintf(cfg, sizeof cfg, "%s/clocherd.json", g_tmp);
-    write_config(cfg, ", \"supervisor\": {\"respawn_initial_ms\": 50, \"respawn_max_ms\": 400}");
+    write_config(cfg, g_model_lc,
+                 ", \"supervisor\": {\"respawn_initial_ms\": 50, \"respawn_max_ms\": 400}");
     struct daemon d;
     const char *args[] = {"--config", cfg, NULL};
     start(&d, args);
@@ -270,8 +289,8 @@ static void test_lifecycle(void **state)
 
     /* exit 2 is not respawned: make the model unloadable, kill the worker, watch the respawn
      * fail fatally; the daemon stays up with one worker */
-    char man[4096], man_bak[4200];
-    snprintf(man, sizeof man, "%s/model.ie.json", g_model);
+    char man[4200], man_bak[4300];
+    snprintf(man, sizeof man, "%s/model.ie.json", g_model_lc);
     snprintf(man_bak, sizeof man_bak, "%s.bak", man);
     assert_int_equal(rename(man, man_bak), 0);
     at = strlen(log_text(&d));
@@ -310,7 +329,7 @@ static void test_lifecycle(void **state)
     int st = stop(&d, 30);
     assert_true(strstr(d.notes + notes_at, "STOPPING=1") != NULL);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        fail_msg("clocherd exited with status 0x%x; log:\n%s", st, log_text(&d));
+        FAIL_LOG(&d, "clocherd exited with status 0x%x", st);
     assert_false(alive(w0));
     assert_false(alive(w1c));
     assert_non_null(strstr(log_text(&d), "stopped cleanly"));
@@ -321,7 +340,7 @@ static void test_crash_loop(void **state)
     (void)state;
     char cfg[4096];
     snprintf(cfg, sizeof cfg, "%s/loop.json", g_tmp);
-    write_config(cfg, ", \"supervisor\": {\"respawn_initial_ms\": 20, \"respawn_max_ms\": 40, "
+    write_config(cfg, g_model, ", \"supervisor\": {\"respawn_initial_ms\": 20, \"respawn_max_ms\": 40, "
                       "\"crash_loop_max\": 3, \"crash_loop_window_s\": 60}");
     struct daemon d;
     const char *args[] = {"--config", cfg, NULL};
@@ -355,7 +374,7 @@ static void test_no_worker_can_start(void **state)
     start(&d, args);
     int st = wait_exit(&d, 30);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 2)
-        fail_msg("want exit status 2, got 0x%x; log:\n%s", st, log_text(&d));
+        FAIL_LOG(&d, "want exit status 2, got 0x%x", st);
     const char *t = log_text(&d);
     assert_non_null(strstr(t, "model.ie.json"));
     assert_non_null(strstr(t, "no worker could start"));
@@ -368,7 +387,7 @@ static void test_bad_config_exit_2(void **state)
     char cfg[4096];
     snprintf(cfg, sizeof cfg, "%s/bad.json", g_tmp);
     tu_write_file(cfg, "{\"model_dir\": \"m\", \"workerz\": 1}", 32);
-    char cmd[8192], *out = NULL;
+    char cmd[16384], *out = NULL;
     snprintf(cmd, sizeof cmd, "%s --config %s 2>&1", tu_build_path("daemon/clocherd"), cfg);
     assert_int_equal(tu_run(cmd, &out), 2);
     assert_non_null(strstr(out, "unknown key \"workerz\""));
