@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (README's second command).
 #  1. release build with -Werror: every test (unit, integration);
 #  2. ASan+UBSan build: the unit tests;
-#  3. clang libFuzzer build: each fuzzer for a bounded time (CLOCHER_FUZZ_SECONDS, default 20).
+#  3. TSan build: the tests labelled tsan (rings, thread pool, registries);
+#  4. clang libFuzzer build: each fuzzer for a bounded time (CLOCHER_FUZZ_SECONDS, default 20).
 # Build trees go to build/ci-*; a clean checkout is all it needs (deps are installed first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,13 @@ cmake -S . -B build/ci-asan -DCLOCHER_WERROR=ON -DCLOCHER_SANITIZE=address,undef
 cmake --build build/ci-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build/ci-asan --output-on-failure -j"$jobs" -L unit
+
+section "TSan build: shared-memory and thread tests (label tsan)"
+cmake -S . -B build/ci-tsan -DCLOCHER_WERROR=ON -DCLOCHER_SANITIZE=thread \
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
+cmake --build build/ci-tsan -j"$jobs"
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  ctest --test-dir build/ci-tsan --output-on-failure -j"$jobs" -L tsan
 
 section "libFuzzer: ${fuzz_seconds}s per parser"
 cmake -S . -B build/ci-fuzz -DCMAKE_C_COMPILER=clang -DCLOCHER_FUZZ=ON \
