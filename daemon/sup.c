@@ -55,7 +55,6 @@ struct sup_slot {
     uint64_t last_beat_ms;         /* loop time of the last WATCHDOG=1 (or READY=1) */
     bool ctl_complained;           /* one log line per generation for bad messages */
     bool respawn_pending;
-    bool stop_sent;                /* SIGTERM sent as part of the daemon's stop */
     char kill_reason[128];         /* set when the supervisor SIGKILLs it (hung, never ready) */
 };
 
@@ -75,7 +74,6 @@ struct sup {
 
     bool notified_ready;           /* READY=1 sent once every worker was ready */
     bool stopping;                 /* SIGTERM received */
-    bool killing;                  /* grace expired: SIGKILL sent */
     uint64_t drain_deadline_ms;
     size_t last_ready;             /* for STATUS= updates */
     int exit_code;
@@ -287,7 +285,6 @@ static void spawn(struct sup_slot *ss)
     int sv[2] = {-1, -1};
     ss->respawn_pending = false;
     ss->kill_reason[0] = '\0';
-    ss->stop_sent = false;
     ss->ctl_complained = false;
 
     if ((rc = region_create(ss, gen, &wr, &region_fd)) < 0) {
@@ -663,7 +660,6 @@ static void finish_if_stopped(struct sup *s)
 static void on_stop_grace(uv_timer_t *t)
 {
     struct sup *s = t->data;
-    s->killing = true;
     for (size_t i = 0; i < s->w->n; i++)
         if (s->slots[i].proc) {
             LOG_WARN("worker %u (pid %d) still running after the stop grace: SIGKILL", (unsigned)i,
@@ -688,7 +684,6 @@ static void begin_stop(struct sup *s)
         ss->respawn_pending = false;
         if (ss->proc) {
             set_state(ss, WORKERS_DRAINING);
-            ss->stop_sent = true;
             uv_process_kill(ss->proc, SIGTERM);
         }
     }
@@ -881,6 +876,8 @@ void sup_destroy(struct sup *s)
     if (!s)
         return;
     CHECK(s->magic == SUP_MAGIC);
+    /* main runs the loop until every close callback has run before it frees us */
+    CHECK(s->open_handles == 0);
     free(s->worker_binary);
     free(s->config_path);
     free(s->model_dir_override);
