@@ -1,0 +1,78 @@
+/* cmd_synth.c — `clocher synth --preset NAME OUT_DIR [--seed N] [--dtype D] [--layers N] [--gguf F]`. */
+#include "cmds.h"
+#include "synth.h"
+
+#include "err.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: clocher synth --preset demo|tinyllama-1.1b OUT_DIR [--seed N]\n"
+               "                     [--dtype f32|f16|bf16] [--layers N] [--gguf FILE]\n\n"
+               "Writes a deterministic RANDOM-weight Llama in Hugging Face form (config.json,\n"
+               "model.safetensors, tokenizer.model). Its output is not language. --gguf also\n"
+               "writes the same weights as a GGUF file (llama.cpp's layout). Same seed, same bytes.\n");
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    if (!*s || *s == '-')
+        return -1;
+    *out = strtoull(s, &end, 10);
+    return *end ? -1 : 0;
+}
+
+int cmd_synth(int argc, char **argv)
+{
+    struct synth_opts o = {.seed = 1};
+    const char *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        uint64_t u;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return CMD_EXIT_OK;
+        } else if (!strcmp(a, "--preset") && i + 1 < argc) {
+            o.preset = argv[++i];
+        } else if (!strcmp(a, "--seed") && i + 1 < argc) {
+            if (parse_u64(argv[++i], &o.seed)) {
+                fprintf(stderr, "clocher synth: --seed %s: expected a non-negative integer\n", argv[i]);
+                return CMD_EXIT_USAGE;
+            }
+        } else if (!strcmp(a, "--layers") && i + 1 < argc) {
+            if (parse_u64(argv[++i], &u) || u < 1 || u > 1024) {
+                fprintf(stderr, "clocher synth: --layers %s: expected 1..1024\n", argv[i]);
+                return CMD_EXIT_USAGE;
+            }
+            o.layers = (uint32_t)u;
+        } else if (!strcmp(a, "--dtype") && i + 1 < argc) {
+            o.dtype_set = 1;
+            if (dtype_from_name(argv[++i], &o.dtype) ||
+                (o.dtype != DT_F32 && o.dtype != DT_F16 && o.dtype != DT_BF16)) {
+                fprintf(stderr, "clocher synth: --dtype %s: expected f32, f16 or bf16\n", argv[i]);
+                return CMD_EXIT_USAGE;
+            }
+        } else if (!strcmp(a, "--gguf") && i + 1 < argc) {
+            o.gguf = argv[++i];
+        } else if (a[0] == '-') {
+            fprintf(stderr, "clocher synth: unknown or incomplete option '%s'\n", a);
+            usage(stderr);
+            return CMD_EXIT_USAGE;
+        } else if (!out) {
+            out = a;
+        } else {
+            fprintf(stderr, "clocher synth: unexpected argument '%s'\n", a);
+            return CMD_EXIT_USAGE;
+        }
+    }
+    if (!o.preset || !out) {
+        usage(stderr);
+        return CMD_EXIT_USAGE;
+    }
+    int rc = synth_model(out, &o);
+    return rc == 0 ? CMD_EXIT_OK : rc == ERR_NOT_FOUND || rc == ERR_USAGE ? CMD_EXIT_USAGE : CMD_EXIT_FAIL;
+}

@@ -1,0 +1,639 @@
+/*
+ * convert.c — llama2.c / Hugging Face / GGUF → IEBIN (see convert.h).
+ *
+ * Every source is reduced to the same loop: for each IEBIN tensor of the llama architecture,
+ * find the source tensor, check its shape, and stream its rows through a dtype conversion
+ * (and, for HF q/k, a row permutation) into the IEBIN writer.
+ */
+#include "convert.h"
+
+#include "err.h"
+#include "gguf.h"
+#include "iebin.h"
+#include "kern.h"
+#include "llama2c.h"
+#include "log.h"
+#include "safetensors.h"
+#include "tok.h"
+
+#include "half.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* One source tensor as the converter sees it: rows of a dtype, row-major, outermost first. */
+struct src_tensor {
+    enum dtype dtype;
+    int n_dims;
+    uint64_t shape[4];
+    const uint8_t *data;
+};
+
+struct progress {
+    bool on;
+    size_t done, total;
+    double mb;
+};
+
+static void progress_tick(struct progress *p, const char *name, uint64_t bytes)
+{
+    p->done++;
+    p->mb += (double)bytes / 1e6;
+    if (p->on) {
+        fprintf(stderr, "\rconverting: %zu/%zu tensors, %.0f MB  %-32.32s", p->done, p->total,
+                p->mb, name);
+        if (p->done == p->total)
+            fputc('\n', stderr);
+        fflush(stderr);
+    }
+}
+
+/* Converts one row of n elements between dtypes. Targets: same dtype, or f32/f16/bf16. */
+static int convert_row(enum dtype from, const void *src, enum dtype to, void *dst, float *tmp,
+                       size_t n)
+{
+    if (from == to) {
+        uint64_t rb;
+        dtype_row_bytes(from, n, &rb);
+        memcpy(dst, src, rb);
+        return 0;
+    }
+    kern_row_to_f32(from, src, tmp, n);
+    switch (to) {
+    case DT_F32:
+        memcpy(dst, tmp, n * sizeof(float));
+        return 0;
+    case DT_F16: {
+        uint16_t *h = dst;
+        for (size_t i = 0; i < n; i++) {
+            if (isfinite(tmp[i]) && fabsf(tmp[i]) > 65504.0f) {
+                LOG_ERR("value %g does not fit in f16", (double)tmp[i]);
+                return ERR_RANGE;
+            }
+            h[i] = half_f32_to_f16(tmp[i]);
+        }
+        return 0;
+    }
+    case DT_BF16: {
+        uint16_t *h = dst;
+        for (size_t i = 0; i < n; i++)
+            h[i] = half_f32_to_bf16(tmp[i]);
+        return 0;
+    }
+    default:
+        LOG_ERR("conversion to %s is not supported here (use a quantization option)",
+                dtype_info(to)->name);
+        return ERR_UNSUPPORTED;
+    }
+}
+
+/*
+ * Writes one IEBIN tensor from a source tensor. perm_heads > 0 applies the HF rotate-half →
+ * interleaved row permutation within heads of head_dim rows: destination row h*hd + 2i + s
+ * comes from source row h*hd + s*hd/2 + i.
+ */
+static int emit(struct iebin_writer *w, const char *what, const char *name,
+                const struct src_tensor *st, const uint64_t *want, int want_dims, enum dtype to,
+                uint32_t perm_heads, uint32_t head_dim, struct progress *pg)
+{
+    if (st->n_dims != want_dims || memcmp(st->shape, want, sizeof(uint64_t) * (size_t)want_dims)) {
+        char got[96] = "", exp[96] = "";
+        for (int i = 0; i < st->n_dims; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%llu", i ? ", " : "",
+                     (unsigned long long)st->shape[i]);
+        for (int i = 0; i < want_dims; i++)
+            snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%s%llu", i ? ", " : "",
+                     (unsigned long long)want[i]);
+        LOG_ERR("%s: tensor for '%s' has shape [%s], expected [%s]", what, name, got, exp);
+        return ERR_MISMATCH;
+    }
+    uint64_t cols = want[want_dims - 1], rows = 1;
+    for (int i = 0; i < want_dims - 1; i++)
+        rows *= want[i];
+    uint64_t src_rb, dst_rb;
+    if (dtype_row_bytes(st->dtype, cols, &src_rb) || dtype_row_bytes(to, cols, &dst_rb)) {
+        LOG_ERR("%s: tensor for '%s': row of %llu elements is not whole blocks", what, name,
+                (unsigned long long)cols);
+        return ERR_FORMAT;
+    }
+    int rc = iebin_writer_begin(w, name, to, want, want_dims);
+    if (rc)
+        return rc;
+    /* a chunk of rows at a time keeps writes large without holding the tensor */
+    size_t chunk_rows = dst_rb >= (4u << 20) ? 1 : (size_t)((4u << 20) / dst_rb);
+    uint8_t *buf = malloc(chunk_rows * dst_rb);
+    float *tmp = malloc(cols * sizeof(float));
+    if (!buf || !tmp) {
+        LOG_ERR("out of memory converting '%s'", name);
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (uint64_t r0 = 0; r0 < rows && rc == 0; r0 += chunk_rows) {
+        uint64_t nr = rows - r0 < chunk_rows ? rows - r0 : chunk_rows;
+        for (uint64_t j = 0; j < nr && rc == 0; j++) {
+            uint64_t r = r0 + j, sr = r;
+            if (perm_heads) {
+                uint64_t h = r / head_dim, k = r % head_dim, i = k / 2, s = k % 2;
+                sr = h * head_dim + s * (head_dim / 2) + i;
+            }
+            rc = convert_row(st->dtype, st->data + sr * src_rb, to, buf + j * dst_rb, tmp, cols);
+        }
+        if (rc == 0)
+            rc = iebin_writer_write(w, buf, nr * dst_rb);
+    }
+    if (rc == 0)
+        rc = iebin_writer_end(w);
+    if (rc == 0)
+        progress_tick(pg, name, rows * dst_rb);
+out:
+    free(buf);
+    free(tmp);
+    return rc;
+}
+
+/* ---- a generic walk over the llama tensors ---- */
+
+/* Looks a tensor up in the source by its IEBIN name; layer < 0 for global tensors. */
+typedef int lookup_fn(void *src, const char *iebin_kind, int layer, struct src_tensor *out);
+
+static bool is_norm(const char *kind) { return strstr(kind, "norm") != NULL; }
+
+static int walk(void *src, lookup_fn *lookup, const char *what, const struct iebin_hparams *hp,
+                struct iebin_writer *w, const struct convert_opts *o, bool hf_rope,
+                struct progress *pg)
+{
+    static const char *const kinds[] = {"attn_norm", "attn_q", "attn_k",  "attn_v",  "attn_o",
+                                        "ffn_norm",  "ffn_gate", "ffn_up", "ffn_down"};
+    uint64_t q_rows = (uint64_t)hp->n_heads * hp->head_dim;
+    uint64_t kv_rows = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    pg->total = 2 + (hp->tied_embeddings ? 0 : 1) + 9u * hp->n_layers;
+    struct src_tensor st;
+    int rc;
+    char name[IEBIN_NAME_MAX];
+
+#define EMIT(kind_, layer_, nd_, perm_, ...)                                                     \
+    do {                                                                                         \
+        uint64_t want_[] = {__VA_ARGS__};                                                        \
+        if ((layer_) < 0)                                                                        \
+            snprintf(name, sizeof name, "%s", kind_);                                            \
+        else                                                                                     \
+            snprintf(name, sizeof name, "blk.%d.%s", (layer_), kind_);                           \
+        rc = lookup(src, kind_, (layer_), &st);                                                  \
+        if (rc)                                                                                  \
+            return rc;                                                                           \
+        enum dtype to_ = is_norm(kind_) ? DT_F32 : (o->dtype_set ? o->dtype : st.dtype);         \
+        rc = emit(w, what, name, &st, want_, (nd_), to_, (perm_), hp->head_dim, pg);             \
+        if (rc)                                                                                  \
+            return rc;                                                                           \
+    } while (0)
+
+    EMIT("tok_embd", -1, 2, 0, hp->vocab_size, hp->dim);
+    for (int l = 0; l < (int)hp->n_layers; l++) {
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            const char *kind = kinds[k];
+            if (!strcmp(kind, "attn_norm") || !strcmp(kind, "ffn_norm"))
+                EMIT(kind, l, 1, 0, hp->dim);
+            else if (!strcmp(kind, "attn_q"))
+                EMIT(kind, l, 2, hf_rope ? hp->n_heads : 0, q_rows, hp->dim);
+            else if (!strcmp(kind, "attn_k"))
+                EMIT(kind, l, 2, hf_rope ? hp->n_kv_heads : 0, kv_rows, hp->dim);
+            else if (!strcmp(kind, "attn_v"))
+                EMIT(kind, l, 2, 0, kv_rows, hp->dim);
+            else if (!strcmp(kind, "attn_o"))
+                EMIT(kind, l, 2, 0, hp->dim, q_rows);
+            else if (!strcmp(kind, "ffn_down"))
+                EMIT(kind, l, 2, 0, hp->dim, hp->ffn_dim);
+            else
+                EMIT(kind, l, 2, 0, hp->ffn_dim, hp->dim);
+        }
+    }
+    EMIT("output_norm", -1, 1, 0, hp->dim);
+    if (!hp->tied_embeddings)
+        EMIT("output", -1, 2, 0, hp->vocab_size, hp->dim);
+#undef EMIT
+    return 0;
+}
+
+/* ---- tokenizer ---- */
+
+static int tokenizer_json(const char *path, char **json, size_t *len)
+{
+    struct tok *t;
+    int rc = tok_load(path, &t);
+    if (rc)
+        return rc;
+    rc = tok_save_json(t, json, len);
+    tok_free(t);
+    return rc;
+}
+
+static int finish(struct iebin_writer *w, const char *tok_path)
+{
+    if (tok_path) {
+        char *json = NULL;
+        size_t len = 0;
+        int rc = tokenizer_json(tok_path, &json, &len);
+        if (rc == 0)
+            rc = iebin_writer_set_tokenizer(w, json, len);
+        free(json);
+        if (rc) {
+            iebin_writer_abort(w);
+            return rc;
+        }
+    }
+    return iebin_writer_finish(w);
+}
+
+static const char *base_name(const char *path, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s", path);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/')
+        buf[--n] = '\0';
+    const char *b = strrchr(buf, '/');
+    return b ? b + 1 : buf;
+}
+
+/* ---- Hugging Face ---- */
+
+struct hf_src {
+    struct safetensors_set *set;
+    const char *dir;
+};
+
+static int hf_lookup(void *p, const char *kind, int layer, struct src_tensor *out)
+{
+    struct hf_src *s = p;
+    static const struct {
+        const char *kind, *hf;
+    } map[] = {{"tok_embd", "model.embed_tokens.weight"},
+               {"output_norm", "model.norm.weight"},
+               {"output", "lm_head.weight"},
+               {"attn_norm", "input_layernorm.weight"},
+               {"attn_q", "self_attn.q_proj.weight"},
+               {"attn_k", "self_attn.k_proj.weight"},
+               {"attn_v", "self_attn.v_proj.weight"},
+               {"attn_o", "self_attn.o_proj.weight"},
+               {"ffn_norm", "post_attention_layernorm.weight"},
+               {"ffn_gate", "mlp.gate_proj.weight"},
+               {"ffn_up", "mlp.up_proj.weight"},
+               {"ffn_down", "mlp.down_proj.weight"}};
+    char name[160];
+    const char *hf = NULL;
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(map[i].kind, kind))
+            hf = map[i].hf;
+    if (layer < 0)
+        snprintf(name, sizeof name, "%s", hf);
+    else
+        snprintf(name, sizeof name, "model.layers.%d.%s", layer, hf);
+    const struct safetensors_tensor *t = safetensors_set_find(s->set, name);
+    if (!t) {
+        LOG_ERR("%s: tensor '%s' is missing from the safetensors files", s->dir, name);
+        return ERR_NOT_FOUND;
+    }
+    if (safetensors_dtype_to_dtype(t->dtype, &out->dtype) != 0 ||
+        (out->dtype != DT_F32 && out->dtype != DT_F16 && out->dtype != DT_BF16)) {
+        LOG_ERR("%s: tensor '%s' has dtype %s; F32, F16 and BF16 are supported", s->dir, name,
+                safetensors_dtype_name(t->dtype));
+        return ERR_UNSUPPORTED;
+    }
+    if (t->n_dims < 1 || t->n_dims > 4) {
+        LOG_ERR("%s: tensor '%s' has %d dimensions", s->dir, name, t->n_dims);
+        return ERR_FORMAT;
+    }
+    out->n_dims = t->n_dims;
+    memcpy(out->shape, t->shape, sizeof(uint64_t) * (size_t)t->n_dims);
+    out->data = t->data;
+    return 0;
+}
+
+static int json_u32(json_t *cfg, const char *path, const char *key, uint32_t *out, bool required,
+                    uint32_t dflt)
+{
+    json_t *v = json_object_get(cfg, key);
+    if (!v || json_is_null(v)) {
+        if (!required) {
+            *out = dflt;
+            return 0;
+        }
+        LOG_ERR("%s: missing key '%s'", path, key);
+        return ERR_FORMAT;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 0x7fffffff) {
+        LOG_ERR("%s: '%s' must be a positive integer", path, key);
+        return ERR_FORMAT;
+    }
+    *out = (uint32_t)json_integer_value(v);
+    return 0;
+}
+
+static int json_f32(json_t *cfg, const char *path, const char *key, float *out, float dflt)
+{
+    json_t *v = json_object_get(cfg, key);
+    if (!v || json_is_null(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!json_is_number(v)) {
+        LOG_ERR("%s: '%s' must be a number", path, key);
+        return ERR_FORMAT;
+    }
+    *out = (float)json_number_value(v);
+    return 0;
+}
+
+static int hf_hparams(const char *dir, struct iebin_hparams *hp)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!cfg) {
+        LOG_ERR("%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
+        return ERR_FORMAT;
+    }
+    int rc = ERR_FORMAT;
+    if (!json_is_object(cfg)) {
+        LOG_ERR("%s: not a JSON object", path);
+        goto out;
+    }
+    json_t *mt = json_object_get(cfg, "model_type");
+    if (!json_is_string(mt) || strcmp(json_string_value(mt), "llama") != 0) {
+        LOG_ERR("%s: model_type %s is not supported (only \"llama\")", path,
+                json_is_string(mt) ? json_string_value(mt) : "(missing)");
+        rc = ERR_UNSUPPORTED;
+        goto out;
+    }
+    json_t *rs = json_object_get(cfg, "rope_scaling");
+    if (rs && !json_is_null(rs)) {
+        LOG_ERR("%s: rope_scaling is not supported", path);
+        rc = ERR_UNSUPPORTED;
+        goto out;
+    }
+    memset(hp, 0, sizeof *hp);
+    if ((rc = json_u32(cfg, path, "hidden_size", &hp->dim, true, 0)) ||
+        (rc = json_u32(cfg, path, "intermediate_size", &hp->ffn_dim, true, 0)) ||
+        (rc = json_u32(cfg, path, "num_hidden_layers", &hp->n_layers, true, 0)) ||
+        (rc = json_u32(cfg, path, "num_attention_heads", &hp->n_heads, true, 0)) ||
+        (rc = json_u32(cfg, path, "vocab_size", &hp->vocab_size, true, 0)) ||
+        (rc = json_u32(cfg, path, "num_key_value_heads", &hp->n_kv_heads, false, hp->n_heads)) ||
+        (rc = json_u32(cfg, path, "max_position_embeddings", &hp->max_seq_len, false, 2048)) ||
+        (rc = json_f32(cfg, path, "rope_theta", &hp->rope_theta, 10000.0f)) ||
+        (rc = json_f32(cfg, path, "rms_norm_eps", &hp->rms_eps, 1e-6f)))
+        goto out;
+    if (hp->dim % hp->n_heads != 0) {
+        LOG_ERR("%s: hidden_size %u is not a multiple of num_attention_heads %u", path, hp->dim,
+                hp->n_heads);
+        rc = ERR_FORMAT;
+        goto out;
+    }
+    hp->head_dim = hp->dim / hp->n_heads;
+    json_t *tie = json_object_get(cfg, "tie_word_embeddings");
+    hp->tied_embeddings = json_is_true(tie);
+    rc = iebin_check_hparams(hp, path);
+out:
+    json_decref(cfg);
+    return rc;
+}
+
+static int convert_hf(const char *dir, const char *out_dir, const struct convert_opts *o,
+                      struct progress *pg)
+{
+    struct iebin_hparams hp;
+    int rc = hf_hparams(dir, &hp);
+    if (rc)
+        return rc;
+    struct hf_src s = {.dir = dir};
+    rc = safetensors_set_open(dir, &s.set);
+    if (rc)
+        return rc;
+    /* an untied config whose lm_head is absent is tied in practice (some exports drop it) */
+    if (!hp.tied_embeddings && !safetensors_set_find(s.set, "lm_head.weight"))
+        hp.tied_embeddings = true;
+    const char *tok_path = o->tokenizer;
+    char tp[4096];
+    if (!tok_path) {
+        snprintf(tp, sizeof tp, "%s/tokenizer.model", dir);
+        if (access(tp, R_OK) != 0)
+            snprintf(tp, sizeof tp, "%s/tokenizer.json", dir);
+        if (access(tp, R_OK) == 0)
+            tok_path = tp;
+    }
+    char nb[4096];
+    struct iebin_writer *w;
+    rc = iebin_writer_create(out_dir, "llama", base_name(dir, nb, sizeof nb), &hp, &w);
+    if (rc == 0) {
+        rc = walk(&s, hf_lookup, dir, &hp, w, o, true, pg);
+        rc = rc ? (iebin_writer_abort(w), rc) : finish(w, tok_path);
+    }
+    safetensors_set_close(s.set);
+    return rc;
+}
+
+/* ---- GGUF ---- */
+
+struct gguf_src {
+    struct gguf_file *f;
+    const char *path;
+};
+
+static int gguf_lookup(void *p, const char *kind, int layer, struct src_tensor *out)
+{
+    struct gguf_src *s = p;
+    static const struct {
+        const char *kind, *g;
+    } map[] = {{"tok_embd", "token_embd"},   {"output_norm", "output_norm"},
+               {"output", "output"},         {"attn_norm", "attn_norm"},
+               {"attn_q", "attn_q"},         {"attn_k", "attn_k"},
+               {"attn_v", "attn_v"},         {"attn_o", "attn_output"},
+               {"ffn_norm", "ffn_norm"},     {"ffn_gate", "ffn_gate"},
+               {"ffn_up", "ffn_up"},         {"ffn_down", "ffn_down"}};
+    const char *g = NULL;
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(map[i].kind, kind))
+            g = map[i].g;
+    char name[128];
+    if (layer < 0)
+        snprintf(name, sizeof name, "%s.weight", g);
+    else
+        snprintf(name, sizeof name, "blk.%d.%s.weight", layer, g);
+    const struct gguf_tensor *t = gguf_find_tensor(s->f, name);
+    if (!t) {
+        LOG_ERR("%s: tensor '%s' is missing", s->path, name);
+        return ERR_NOT_FOUND;
+    }
+    if (!t->data || gguf_ggml_type_to_dtype(t->type, &out->dtype) != 0) {
+        LOG_ERR("%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0 and Q4_0 are supported",
+                s->path, name, gguf_ggml_type_name(t->type));
+        return ERR_UNSUPPORTED;
+    }
+    out->n_dims = (int)t->n_dims;
+    for (uint32_t i = 0; i < t->n_dims; i++) /* GGUF lists dimensions innermost first */
+        out->shape[i] = t->ne[t->n_dims - 1 - i];
+    out->data = t->data;
+    return 0;
+}
+
+static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hparams *hp)
+{
+    struct gguf_str arch;
+    if (gguf_get_str(f, "general.architecture", &arch) != 0 || !gguf_str_eq(arch, "llama")) {
+        LOG_ERR("%s: general.architecture is %.*s; only \"llama\" is supported", path,
+                arch.ptr ? (int)(arch.len > 64 ? 64 : arch.len) : 9,
+                arch.ptr ? arch.ptr : "(missing)");
+        return ERR_UNSUPPORTED;
+    }
+    memset(hp, 0, sizeof *hp);
+    static const struct {
+        const char *key;
+        size_t off;
+        bool required;
+    } keys[] = {
+        {"llama.embedding_length", offsetof(struct iebin_hparams, dim), true},
+        {"llama.feed_forward_length", offsetof(struct iebin_hparams, ffn_dim), true},
+        {"llama.block_count", offsetof(struct iebin_hparams, n_layers), true},
+        {"llama.attention.head_count", offsetof(struct iebin_hparams, n_heads), true},
+        {"llama.attention.head_count_kv", offsetof(struct iebin_hparams, n_kv_heads), false},
+        {"llama.context_length", offsetof(struct iebin_hparams, max_seq_len), false},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        uint32_t *dst = (uint32_t *)((char *)hp + keys[i].off);
+        int rc = gguf_get_u32(f, keys[i].key, dst);
+        if (rc == ERR_NOT_FOUND && !keys[i].required)
+            continue;
+        if (rc) {
+            LOG_ERR("%s: key %s: %s", path, keys[i].key, rc == ERR_NOT_FOUND ? "missing" : "invalid");
+            return rc == ERR_NOT_FOUND ? ERR_FORMAT : rc;
+        }
+    }
+    if (!hp->n_kv_heads)
+        hp->n_kv_heads = hp->n_heads;
+    if (!hp->max_seq_len)
+        hp->max_seq_len = 2048;
+    double d;
+    hp->rope_theta = gguf_get_f64(f, "llama.rope.freq_base", &d) == 0 ? (float)d : 10000.0f;
+    hp->rms_eps = gguf_get_f64(f, "llama.attention.layer_norm_rms_epsilon", &d) == 0 ? (float)d : 1e-5f;
+    hp->head_dim = hp->n_heads ? hp->dim / hp->n_heads : 0;
+    const struct gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    if (!emb || emb->n_dims != 2) {
+        LOG_ERR("%s: tensor 'token_embd.weight' is missing or not 2-D", path);
+        return ERR_FORMAT;
+    }
+    if (emb->ne[1] > UINT32_MAX) {
+        LOG_ERR("%s: vocabulary of %llu tokens is too large", path, (unsigned long long)emb->ne[1]);
+        return ERR_RANGE;
+    }
+    hp->vocab_size = (uint32_t)emb->ne[1];
+    hp->tied_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
+    return iebin_check_hparams(hp, path);
+}
+
+static int convert_gguf(const char *path, const char *out_dir, const struct convert_opts *o,
+                        struct progress *pg)
+{
+    struct gguf_src s = {.path = path};
+    int rc = gguf_open(path, &s.f);
+    if (rc)
+        return rc;
+    struct iebin_hparams hp;
+    rc = gguf_hparams(s.f, path, &hp);
+    if (rc == 0) {
+        const char *tok_path = o->tokenizer;
+        if (!tok_path && gguf_find_kv(s.f, "tokenizer.ggml.model"))
+            tok_path = path;
+        char nb[4096];
+        struct iebin_writer *w;
+        rc = iebin_writer_create(out_dir, "llama", base_name(path, nb, sizeof nb), &hp, &w);
+        if (rc == 0) {
+            rc = walk(&s, gguf_lookup, path, &hp, w, o, false, pg);
+            rc = rc ? (iebin_writer_abort(w), rc) : finish(w, tok_path);
+        }
+    }
+    gguf_close(s.f);
+    return rc;
+}
+
+/* ---- llama2.c ---- */
+
+static int convert_llama2c(const char *path, const char *out_dir, const struct convert_opts *o)
+{
+    char *json = NULL;
+    size_t len = 0;
+    int rc = 0;
+    if (o->tokenizer && (rc = tokenizer_json(o->tokenizer, &json, &len)) != 0)
+        return rc;
+    rc = llama2c_convert(path, json, len, out_dir, o->dtype_set ? o->dtype : DT_F32, NULL);
+    free(json);
+    return rc;
+}
+
+int convert_detect(const char *src, enum convert_from *out)
+{
+    struct stat st;
+    if (stat(src, &st) != 0) {
+        LOG_ERR("%s: %s", src, strerror(errno));
+        return -errno;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/config.json", src);
+        if (access(p, R_OK) == 0) {
+            *out = CONVERT_HF;
+            return 0;
+        }
+        LOG_ERR("%s: a directory without config.json is not a Hugging Face model", src);
+        return ERR_UNSUPPORTED;
+    }
+    FILE *f = fopen(src, "rb");
+    char magic[4] = {0};
+    size_t n = f ? fread(magic, 1, 4, f) : 0;
+    if (f)
+        fclose(f);
+    if (n == 4 && memcmp(magic, "GGUF", 4) == 0) {
+        *out = CONVERT_GGUF;
+        return 0;
+    }
+    struct iebin_hparams hp;
+    log_clear_error();
+    if (llama2c_read_hparams(src, &hp) == 0) {
+        *out = CONVERT_LLAMA2C;
+        return 0;
+    }
+    LOG_ERR("%s: not a Hugging Face directory, a GGUF file or a valid llama2.c checkpoint "
+            "(llama2.c: %s)",
+            src, log_last_error());
+    return ERR_UNSUPPORTED;
+}
+
+int convert_model(const char *src, const char *out_dir, const struct convert_opts *o)
+{
+    if (o->dtype_set && o->dtype != DT_F32 && o->dtype != DT_F16 && o->dtype != DT_BF16) {
+        LOG_ERR("--dtype %s: expected f32, f16 or bf16", dtype_info(o->dtype)->name);
+        return ERR_USAGE;
+    }
+    int rc = kern_init();
+    if (rc)
+        return rc;
+    enum convert_from from = o->from;
+    if (from == CONVERT_AUTO && (rc = convert_detect(src, &from)) != 0)
+        return rc;
+    struct progress pg = {.on = o->progress};
+    switch (from) {
+    case CONVERT_HF:
+        return convert_hf(src, out_dir, o, &pg);
+    case CONVERT_GGUF:
+        return convert_gguf(src, out_dir, o, &pg);
+    case CONVERT_LLAMA2C:
+        return convert_llama2c(src, out_dir, o);
+    default:
+        return ERR_USAGE;
+    }
+}

@@ -1,0 +1,34 @@
+/*
+ * convert.h — offline conversion of llama2.c checkpoints, Hugging Face directories and GGUF
+ * files into IEBIN models (the engine of `clocher convert`).
+ *
+ * Tensors are streamed one at a time through the IEBIN writer, so converting a 4 GB model
+ * needs memory for one tensor, not the model. Hugging Face q/k projections are converted from
+ * the rotate-half RoPE order to IEBIN's interleaved order (a pure row permutation, so it is
+ * exact in every dtype); llama2.c and GGUF are already interleaved. Nothing under OUT_DIR
+ * loads unless the conversion completed (iebin.h's writer protocol).
+ */
+#ifndef CLOCHER_CLIENT_CONVERT_H
+#define CLOCHER_CLIENT_CONVERT_H
+
+#include "dtype.h"
+
+#include <stdbool.h>
+
+enum convert_from { CONVERT_AUTO = 0, CONVERT_LLAMA2C, CONVERT_HF, CONVERT_GGUF };
+
+struct convert_opts {
+    enum convert_from from;
+    bool dtype_set;       /* false: keep the source dtype of every matrix */
+    enum dtype dtype;     /* f32, f16 or bf16 when dtype_set */
+    const char *tokenizer; /* overrides the source's tokenizer; NULL: the source's own */
+    bool progress;        /* in-place progress line on stderr */
+};
+
+/* 0, or a negative code with the reason logged once. */
+int convert_model(const char *src, const char *out_dir, const struct convert_opts *o);
+
+/* Detects the format of src (0 and *out, or ERR_UNSUPPORTED naming what was tried). */
+int convert_detect(const char *src, enum convert_from *out);
+
+#endif

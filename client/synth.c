@@ -1,0 +1,454 @@
+/*
+ * synth.c — random-weight Llama models (see synth.h).
+ *
+ * Every tensor's values come from its own splitmix64 stream seeded by (seed, tensor index),
+ * so the safetensors and the GGUF file can be produced in any order and still hold the same
+ * numbers. Matrices are uniform with standard deviation 0.02 (activations stay finite over
+ * 22 layers), norm weights are 1. The tokenizer is a SentencePiece BPE model synthesized from
+ * byte tokens and letter n-grams: it tokenizes any UTF-8 text (byte fallback), but it is not a
+ * trained vocabulary.
+ */
+#include "synth.h"
+
+#include "err.h"
+#include "gguf.h"
+#include "half.h"
+#include "log.h"
+#include "safetensors.h"
+
+#include "sentencepiece/sentencepiece_model.pb-c.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "afile.h"
+
+int synth_preset(const char *name, struct iebin_hparams *hp, enum dtype *dflt)
+{
+    memset(hp, 0, sizeof *hp);
+    hp->rope_theta = 10000.0f;
+    hp->rms_eps = 1e-5f;
+    if (!strcmp(name, "tinyllama-1.1b")) {
+        hp->dim = 2048, hp->n_layers = 22, hp->n_heads = 32, hp->n_kv_heads = 4;
+        hp->ffn_dim = 5632, hp->vocab_size = 32000, hp->max_seq_len = 2048;
+        *dflt = DT_BF16;
+    } else if (!strcmp(name, "demo")) {
+        hp->dim = 256, hp->n_layers = 4, hp->n_heads = 8, hp->n_kv_heads = 4;
+        hp->ffn_dim = 704, hp->vocab_size = 4096, hp->max_seq_len = 1024;
+        *dflt = DT_F32;
+    } else {
+        LOG_ERR("unknown preset '%s' (expected demo or tinyllama-1.1b)", name);
+        return ERR_NOT_FOUND;
+    }
+    hp->head_dim = hp->dim / hp->n_heads;
+    return 0;
+}
+
+/* ---- the synthesized SentencePiece vocabulary ---- */
+
+struct vocab {
+    uint32_t n;
+    char **piece;
+    float *score;
+    int *type; /* SentencePiece types */
+};
+
+static void vocab_free(struct vocab *v)
+{
+    for (uint32_t i = 0; i < v->n; i++)
+        free(v->piece[i]);
+    free(v->piece);
+    free(v->score);
+    free(v->type);
+}
+
+static int vocab_add(struct vocab *v, uint32_t cap, const char *p, int type)
+{
+    if (v->n >= cap)
+        return 1;
+    v->piece[v->n] = strdup(p);
+    v->score[v->n] = type == 1 ? -(float)v->n : 0.0f;
+    v->type[v->n] = type;
+    v->n++;
+    return v->n >= cap;
+}
+
+static int vocab_build(struct vocab *v, uint32_t size)
+{
+    static const char letters[] = "etaoinshrdlcumwfgypbvkjxqz";
+    static const char singles[] =
+        "etaoinshrdlcumwfgypbvkjxqzETAOINSHRDLCUMWFGYPBVKJXQZ0123456789.,!?'\"-:;()";
+    const char *sp = "\xe2\x96\x81"; /* U+2581, SentencePiece's space */
+    memset(v, 0, sizeof *v);
+    v->piece = calloc(size, sizeof *v->piece);
+    v->score = calloc(size, sizeof *v->score);
+    v->type = calloc(size, sizeof *v->type);
+    if (!v->piece || !v->score || !v->type)
+        return -ENOMEM;
+    char buf[32];
+    vocab_add(v, size, "<unk>", 2);
+    vocab_add(v, size, "<s>", 3);
+    vocab_add(v, size, "</s>", 3);
+    for (int b = 0; b < 256; b++) {
+        snprintf(buf, sizeof buf, "<0x%02X>", b);
+        vocab_add(v, size, buf, 6);
+    }
+    if (vocab_add(v, size, sp, 1))
+        return 0;
+    for (const char *c = singles; *c; c++) {
+        buf[0] = *c, buf[1] = 0;
+        if (vocab_add(v, size, buf, 1))
+            return 0;
+    }
+    /* "▁x", then "xy", "▁xy", then "xyz", "▁xyz" in letter-frequency order */
+    for (const char *c = letters; *c; c++) {
+        snprintf(buf, sizeof buf, "%s%c", sp, *c);
+        if (vocab_add(v, size, buf, 1))
+            return 0;
+    }
+    for (int len = 2; len <= 4; len++) {
+        int idx[4] = {0};
+        for (;;) {
+            char w[8];
+            for (int k = 0; k < len; k++)
+                w[k] = letters[idx[k]];
+            w[len] = 0;
+            if (vocab_add(v, size, w, 1))
+                return 0;
+            snprintf(buf, sizeof buf, "%s%s", sp, w);
+            if (vocab_add(v, size, buf, 1))
+                return 0;
+            int k = len - 1;
+            while (k >= 0 && ++idx[k] == 26)
+                idx[k--] = 0;
+            if (k < 0)
+                break;
+        }
+    }
+    return 0;
+}
+
+static int write_spm_model(const char *path, const struct vocab *v)
+{
+    Sentencepiece__ModelProto mp = SENTENCEPIECE__MODEL_PROTO__INIT;
+    Sentencepiece__TrainerSpec ts = SENTENCEPIECE__TRAINER_SPEC__INIT;
+    Sentencepiece__NormalizerSpec ns = SENTENCEPIECE__NORMALIZER_SPEC__INIT;
+    ts.has_model_type = 1, ts.model_type = SENTENCEPIECE__TRAINER_SPEC__MODEL_TYPE__BPE;
+    ts.has_byte_fallback = 1, ts.byte_fallback = 1;
+    ns.has_add_dummy_prefix = 1, ns.add_dummy_prefix = 1;
+    ns.has_remove_extra_whitespaces = 1, ns.remove_extra_whitespaces = 0;
+    mp.trainer_spec = &ts;
+    mp.normalizer_spec = &ns;
+    Sentencepiece__ModelProto__SentencePiece *ps = calloc(v->n, sizeof *ps);
+    Sentencepiece__ModelProto__SentencePiece **pp = calloc(v->n, sizeof *pp);
+    int rc = -ENOMEM;
+    if (!ps || !pp)
+        goto out;
+    for (uint32_t i = 0; i < v->n; i++) {
+        sentencepiece__model_proto__sentence_piece__init(&ps[i]);
+        ps[i].has_piece = 1;
+        ps[i].piece.data = (uint8_t *)v->piece[i];
+        ps[i].piece.len = strlen(v->piece[i]);
+        ps[i].has_score = 1, ps[i].score = v->score[i];
+        ps[i].has_type = 1, ps[i].type = v->type[i];
+        pp[i] = &ps[i];
+    }
+    mp.n_pieces = v->n;
+    mp.pieces = pp;
+    size_t len = sentencepiece__model_proto__get_packed_size(&mp);
+    uint8_t *buf = malloc(len);
+    if (!buf)
+        goto out;
+    sentencepiece__model_proto__pack(&mp, buf);
+    struct afile af;
+    rc = afile_open(&af, path);
+    if (rc == 0 && (rc = afile_write(&af, buf, len)) == 0)
+        rc = afile_commit(&af);
+    else if (rc == 0)
+        afile_abort(&af);
+    free(buf);
+out:
+    free(ps);
+    free(pp);
+    return rc;
+}
+
+/* ---- weights ---- */
+
+static inline uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Fills n values of tensor `index` (uniform, std 0.02; or ones for norms) in dtype dt. */
+static void gen_values(uint64_t seed, uint32_t index, int is_norm, enum dtype dt, void *out,
+                       uint64_t n)
+{
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)index * 0xd1b54a32d192ed03ull + 1;
+    const float a = 0.02f * 1.7320508f; /* uniform [-a, a] has std 0.02 */
+    for (uint64_t i = 0; i < n; i++) {
+        float x = 1.0f;
+        if (!is_norm) {
+            uint32_t r = (uint32_t)(splitmix64(&s) >> 40); /* 24 bits */
+            x = ((float)r * (1.0f / 8388608.0f) - 1.0f) * a;
+        }
+        if (dt == DT_F32)
+            ((float *)out)[i] = x;
+        else if (dt == DT_F16)
+            ((uint16_t *)out)[i] = half_f32_to_f16(x);
+        else
+            ((uint16_t *)out)[i] = half_f32_to_bf16(x);
+    }
+}
+
+struct stensor {
+    char hf[96], gg[64];
+    uint64_t rows, cols; /* rows == 1 with is_vec: a 1-D tensor of cols */
+    int is_vec, is_norm;
+    uint32_t perm_heads; /* q/k: heads for the GGUF (interleaved) permutation */
+};
+
+static size_t tensor_list(const struct iebin_hparams *hp, struct stensor **out)
+{
+    size_t n = 2 + 9 * (size_t)hp->n_layers + 1;
+    struct stensor *t = calloc(n, sizeof *t);
+    if (!t)
+        return 0;
+    size_t k = 0;
+    uint64_t q = (uint64_t)hp->n_heads * hp->head_dim, kv = (uint64_t)hp->n_kv_heads * hp->head_dim;
+#define T(hf_, gg_, r_, c_, vec_, norm_, perm_)                                                \
+    do {                                                                                       \
+        snprintf(t[k].hf, sizeof t[k].hf, "%s", hf_);                                          \
+        snprintf(t[k].gg, sizeof t[k].gg, "%s", gg_);                                          \
+        t[k].rows = (r_), t[k].cols = (c_), t[k].is_vec = (vec_), t[k].is_norm = (norm_);      \
+        t[k].perm_heads = (perm_);                                                             \
+        k++;                                                                                   \
+    } while (0)
+    T("model.embed_tokens.weight", "token_embd.weight", hp->vocab_size, hp->dim, 0, 0, 0);
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        char h[96], g[64];
+#define L(hfs_, ggs_, r_, c_, vec_, norm_, perm_)                                              \
+    do {                                                                                       \
+        snprintf(h, sizeof h, "model.layers.%u.%s.weight", l, hfs_);                           \
+        snprintf(g, sizeof g, "blk.%u.%s.weight", l, ggs_);                                    \
+        T(h, g, r_, c_, vec_, norm_, perm_);                                                   \
+    } while (0)
+        L("input_layernorm", "attn_norm", 1, hp->dim, 1, 1, 0);
+        L("self_attn.q_proj", "attn_q", q, hp->dim, 0, 0, hp->n_heads);
+        L("self_attn.k_proj", "attn_k", kv, hp->dim, 0, 0, hp->n_kv_heads);
+        L("self_attn.v_proj", "attn_v", kv, hp->dim, 0, 0, 0);
+        L("self_attn.o_proj", "attn_output", hp->dim, q, 0, 0, 0);
+        L("post_attention_layernorm", "ffn_norm", 1, hp->dim, 1, 1, 0);
+        L("mlp.gate_proj", "ffn_gate", hp->ffn_dim, hp->dim, 0, 0, 0);
+        L("mlp.up_proj", "ffn_up", hp->ffn_dim, hp->dim, 0, 0, 0);
+        L("mlp.down_proj", "ffn_down", hp->dim, hp->ffn_dim, 0, 0, 0);
+#undef L
+    }
+    T("model.norm.weight", "output_norm.weight", 1, hp->dim, 1, 1, 0);
+    T("lm_head.weight", "output.weight", hp->vocab_size, hp->dim, 0, 0, 0);
+#undef T
+    *out = t;
+    return k;
+}
+
+static int write_config(const char *dir, const struct iebin_hparams *hp, enum dtype dt)
+{
+    char path[4096], buf[2048];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int n = snprintf(buf, sizeof buf,
+                     "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+                     "  \"hidden_size\": %u,\n  \"intermediate_size\": %u,\n"
+                     "  \"num_hidden_layers\": %u,\n  \"num_attention_heads\": %u,\n"
+                     "  \"num_key_value_heads\": %u,\n  \"vocab_size\": %u,\n"
+                     "  \"max_position_embeddings\": %u,\n  \"rope_theta\": %.1f,\n"
+                     "  \"rms_norm_eps\": %g,\n  \"tie_word_embeddings\": false,\n"
+                     "  \"hidden_act\": \"silu\",\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n"
+                     "  \"torch_dtype\": \"%s\"\n}\n",
+                     hp->dim, hp->ffn_dim, hp->n_layers, hp->n_heads, hp->n_kv_heads,
+                     hp->vocab_size, hp->max_seq_len, (double)hp->rope_theta, (double)hp->rms_eps,
+                     dt == DT_F32 ? "float32" : dt == DT_F16 ? "float16" : "bfloat16");
+    struct afile af;
+    int rc = afile_open(&af, path);
+    if (rc)
+        return rc;
+    if ((rc = afile_write(&af, buf, (size_t)n)) != 0) {
+        afile_abort(&af);
+        return rc;
+    }
+    return afile_commit(&af);
+}
+
+static int write_safetensors(const char *dir, const struct stensor *t, size_t nt, uint64_t seed,
+                             enum dtype dt)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    enum safetensors_dtype sdt = dt == DT_F32 ? SAFETENSORS_F32 : dt == DT_F16 ? SAFETENSORS_F16 : SAFETENSORS_BF16;
+    size_t es = dt == DT_F32 ? 4 : 2;
+    struct safetensors_writer *w;
+    int rc = safetensors_writer_create(path, &w);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < nt && rc == 0; i++) {
+        uint64_t shape[2] = {t[i].rows, t[i].cols};
+        rc = t[i].is_vec ? safetensors_writer_add(w, t[i].hf, sdt, &shape[1], 1, NULL, t[i].cols * es)
+                         : safetensors_writer_add(w, t[i].hf, sdt, shape, 2, NULL, t[i].rows * t[i].cols * es);
+    }
+    if (rc == 0)
+        rc = safetensors_writer_stream_begin(w);
+    void *buf = NULL;
+    for (size_t i = 0; i < nt && rc == 0; i++) {
+        uint64_t n = t[i].rows * t[i].cols;
+        void *nb = realloc(buf, n * es);
+        if (!nb) {
+            rc = -ENOMEM;
+            break;
+        }
+        buf = nb;
+        gen_values(seed, (uint32_t)i, t[i].is_norm, dt, buf, n);
+        rc = safetensors_writer_stream_write(w, buf, n * es);
+    }
+    free(buf);
+    if (rc) {
+        safetensors_writer_abort(w);
+        return rc;
+    }
+    return safetensors_writer_finish(w);
+}
+
+static int write_gguf(const char *path, const struct iebin_hparams *hp, const struct stensor *t,
+                      size_t nt, uint64_t seed, enum dtype dt, const struct vocab *v)
+{
+    uint32_t gt = dt == DT_F32 ? GGUF_GGML_F32 : dt == DT_F16 ? GGUF_GGML_F16 : GGUF_GGML_BF16;
+    size_t es = dt == DT_F32 ? 4 : 2;
+    struct gguf_writer *w;
+    int rc = gguf_writer_create(path, &w);
+    if (rc)
+        return rc;
+    int32_t *types = malloc(v->n * sizeof *types);
+    if (!types) {
+        gguf_writer_abort(w);
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < v->n; i++)
+        types[i] = v->type[i];
+    if ((rc = gguf_writer_kv_str(w, "general.architecture", "llama")) ||
+        (rc = gguf_writer_kv_str(w, "general.name", "clocher-synth")) ||
+        (rc = gguf_writer_kv_u32(w, "llama.embedding_length", hp->dim)) ||
+        (rc = gguf_writer_kv_u32(w, "llama.feed_forward_length", hp->ffn_dim)) ||
+        (rc = gguf_writer_kv_u32(w, "llama.block_count", hp->n_layers)) ||
+        (rc = gguf_writer_kv_u32(w, "llama.attention.head_count", hp->n_heads)) ||
+        (rc = gguf_writer_kv_u32(w, "llama.attention.head_count_kv", hp->n_kv_heads)) ||
+        (rc = gguf_writer_kv_u32(w, "llama.context_length", hp->max_seq_len)) ||
+        (rc = gguf_writer_kv_f32(w, "llama.rope.freq_base", hp->rope_theta)) ||
+        (rc = gguf_writer_kv_f32(w, "llama.attention.layer_norm_rms_epsilon", hp->rms_eps)) ||
+        (rc = gguf_writer_kv_str(w, "tokenizer.ggml.model", "llama")) ||
+        (rc = gguf_writer_kv_str_arr(w, "tokenizer.ggml.tokens", (const char *const *)v->piece, v->n)) ||
+        (rc = gguf_writer_kv_f32_arr(w, "tokenizer.ggml.scores", v->score, v->n)) ||
+        (rc = gguf_writer_kv_i32_arr(w, "tokenizer.ggml.token_type", types, v->n)) ||
+        (rc = gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", 1)) ||
+        (rc = gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", 2)) ||
+        (rc = gguf_writer_kv_u32(w, "tokenizer.ggml.unknown_token_id", 0)))
+        goto fail;
+    for (size_t i = 0; i < nt && rc == 0; i++) {
+        uint64_t ne[2] = {t[i].cols, t[i].rows};
+        rc = gguf_writer_add_tensor(w, t[i].gg, gt, ne, t[i].is_vec ? 1 : 2, NULL,
+                                    t[i].rows * t[i].cols * es);
+    }
+    if (rc || (rc = gguf_writer_stream_begin(w)))
+        goto fail;
+    uint8_t *buf = NULL, *row = NULL;
+    for (size_t i = 0; i < nt && rc == 0; i++) {
+        uint64_t n = t[i].rows * t[i].cols, rb = t[i].cols * es;
+        uint8_t *nb = realloc(buf, n * es);
+        if (!nb) {
+            rc = -ENOMEM;
+            break;
+        }
+        buf = nb;
+        gen_values(seed, (uint32_t)i, t[i].is_norm, dt, buf, n);
+        if (!t[i].perm_heads) {
+            rc = gguf_writer_stream_write(w, buf, n * es);
+            continue;
+        }
+        /* llama.cpp's HF->GGUF permutation: interleaved row h*hd + 2i + s holds HF row
+         * h*hd + s*hd/2 + i (HF stores q/k rows in rotate-half order) */
+        uint64_t hd = hp->head_dim;
+        free(row);
+        row = malloc(rb);
+        if (!row) {
+            rc = -ENOMEM;
+            break;
+        }
+        for (uint64_t r = 0; r < t[i].rows && rc == 0; r++) {
+            uint64_t h = r / hd, k = r % hd, src = h * hd + (k % 2) * (hd / 2) + k / 2;
+            memcpy(row, buf + src * rb, rb);
+            rc = gguf_writer_stream_write(w, row, rb);
+        }
+    }
+    free(buf);
+    free(row);
+    if (rc)
+        goto fail;
+    free(types);
+    return gguf_writer_finish(w);
+fail:
+    free(types);
+    gguf_writer_abort(w);
+    return rc;
+}
+
+int synth_model(const char *out_dir, const struct synth_opts *o)
+{
+    struct iebin_hparams hp;
+    enum dtype dt;
+    int rc = synth_preset(o->preset, &hp, &dt);
+    if (rc)
+        return rc;
+    if (o->dtype_set)
+        dt = o->dtype;
+    if (dt != DT_F32 && dt != DT_F16 && dt != DT_BF16) {
+        LOG_ERR("synth: dtype must be f32, f16 or bf16");
+        return ERR_USAGE;
+    }
+    if (o->layers)
+        hp.n_layers = o->layers;
+    if ((rc = iebin_check_hparams(&hp, o->preset)) != 0)
+        return rc;
+    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
+        rc = -errno;
+        LOG_ERR("cannot create %s: %s", out_dir, strerror(errno));
+        return rc;
+    }
+    struct vocab v;
+    struct stensor *t = NULL;
+    size_t nt = tensor_list(&hp, &t);
+    char path[4096];
+    if ((rc = vocab_build(&v, hp.vocab_size)) != 0 || nt == 0) {
+        rc = rc ? rc : -ENOMEM;
+        goto out;
+    }
+    if (v.n != hp.vocab_size) {
+        LOG_ERR("synth: vocabulary of %u is larger than the %u pieces it can synthesize",
+                hp.vocab_size, v.n);
+        rc = ERR_RANGE;
+        goto out;
+    }
+    /* config.json last: a directory without it is not a model */
+    snprintf(path, sizeof path, "%s/tokenizer.model", out_dir);
+    if ((rc = write_spm_model(path, &v)) || (rc = write_safetensors(out_dir, t, nt, o->seed, dt)) ||
+        (o->gguf && (rc = write_gguf(o->gguf, &hp, t, nt, o->seed, dt, &v))) ||
+        (rc = write_config(out_dir, &hp, dt)))
+        goto out;
+out:
+    vocab_free(&v);
+    free(t);
+    return rc;
+}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# test_convert_cli.sh — `clocher synth` and `clocher convert` end to end:
+#  - the same synthetic weights through the Hugging Face path and through a GGUF file give
+#    bit-identical IEBIN tensors, for f32, f16 and bf16 (this also proves the q/k RoPE
+#    permutation: HF stores rotate-half rows, GGUF interleaved ones);
+#  - synth is deterministic; a full-size TinyLlama-1.1B synth converts and generates;
+#  - llama2.c, forced --from, --dtype conversion;
+#  - malformed inputs and failing outputs: clear message, non-zero exit, nothing that loads.
+set -u
+clocher=$1
+ie=$2
+fixtures=${CLOCHER_FIXTURES:-../shared/fixtures}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "ok - $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL - $*"; }
+# expect CODE 'needle' cmd...: exit code and a message containing needle on stderr
+expect() {
+  local code=$1 needle=$2; shift 2
+  local err rc
+  err=$("$@" 2>&1 >/dev/null); rc=$?
+  if [ "$rc" -eq "$code" ] && grep -qF -- "$needle" <<<"$err"; then ok "$* -> $code ($needle)"
+  else bad "$* -> exit $rc, wanted $code with '$needle'; stderr: $err"; fi
+}
+no_model() { [ ! -e "$1/model.ie.json" ] && ok "no model left in $1" || bad "a manifest was left in $1"; }
+
+# --- HF vs GGUF, every source dtype ---
+for dt in f32 f16 bf16; do
+  "$clocher" synth --preset demo --dtype $dt --seed 7 "$tmp/hf-$dt" --gguf "$tmp/demo-$dt.gguf" || bad "synth $dt"
+  "$clocher" convert "$tmp/hf-$dt" "$tmp/ie-hf-$dt" || bad "convert hf $dt"
+  "$clocher" convert "$tmp/demo-$dt.gguf" "$tmp/ie-gg-$dt" || bad "convert gguf $dt"
+  if cmp -s "$tmp/ie-hf-$dt/model.ie.bin" "$tmp/ie-gg-$dt/model.ie.bin" &&
+     diff <(grep -v '"name"' "$tmp/ie-hf-$dt/model.ie.json") <(grep -v '"name"' "$tmp/ie-gg-$dt/model.ie.json") >/dev/null &&
+     cmp -s "$tmp/ie-hf-$dt/tokenizer.ie.json" "$tmp/ie-gg-$dt/tokenizer.ie.json"; then
+    ok "HF and GGUF give identical IEBIN ($dt)"
+  else bad "HF and GGUF IEBIN differ ($dt)"; fi
+done
+
+# --- determinism ---
+"$clocher" synth --preset demo --dtype f32 --seed 7 "$tmp/hf-again" >/dev/null
+cmp -s "$tmp/hf-f32/model.safetensors" "$tmp/hf-again/model.safetensors" && ok "synth is deterministic" || bad "synth differs between runs"
+"$clocher" synth --preset demo --dtype f32 --seed 8 "$tmp/hf-seed8" >/dev/null
+cmp -s "$tmp/hf-f32/model.safetensors" "$tmp/hf-seed8/model.safetensors" && bad "seed is ignored" || ok "another seed, other weights"
+
+# --- dtype conversion and generation on the demo model ---
+"$clocher" convert "$tmp/hf-f32" "$tmp/ie-bf16" --dtype bf16 || bad "convert --dtype bf16"
+grep -q '"dtype": *"bf16"' "$tmp/ie-bf16/model.ie.json" && ok "--dtype bf16 applied" || bad "--dtype bf16 not applied"
+out=$("$ie" --model-dir "$tmp/ie-bf16" --prompt "Once upon a time" --max-new 8 --quiet 2>/dev/null)
+grep -q '"generated_tokens":8' <<<"$out" && ok "demo bf16 generates" || bad "demo bf16: $out"
+
+# --- llama2.c ---
+"$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s260" && ok "llama2c convert" || bad "llama2c convert"
+"$clocher" convert --from llama2c "$fixtures/stories260K/stories260K.bin" "$tmp/s260b" --tokenizer "$fixtures/tokenizer/llama2-tokenizer.bin" 2>/dev/null
+# stories260K's vocabulary (512) is not the Llama 2 tokenizer's (32000): refused? it is the
+# user's choice to attach one; the model must still load either way
+[ -f "$tmp/s260/model.ie.json" ] && ok "stories260K converted" || bad "stories260K missing"
+
+# --- full-size TinyLlama-1.1B: synth -> convert -> generate ---
+if "$clocher" synth --preset tinyllama-1.1b "$tmp/tl" && "$clocher" convert "$tmp/tl" "$tmp/tl-ie"; then
+  out=$("$ie" --model-dir "$tmp/tl-ie" --prompt "Hello" --max-new 4 --quiet 2>/dev/null)
+  grep -q '"generated_tokens":4' <<<"$out" && ok "tinyllama-1.1b generates" || bad "tinyllama-1.1b: $out"
+else bad "tinyllama-1.1b synth/convert"; fi
+rm -rf "$tmp/tl" "$tmp/tl-ie"
+
+# --- an interrupted conversion leaves nothing that loads ---
+"$clocher" synth --preset tinyllama-1.1b --layers 4 "$tmp/tl4" >/dev/null
+"$clocher" convert "$tmp/tl4" "$tmp/killed" --dtype f32 & pid=$!
+sleep 0.5; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+no_model "$tmp/killed"
+
+# --- malformed sources ---
+mkdir -p "$tmp/badjson"; cp "$tmp/hf-f32/model.safetensors" "$tmp/badjson/"; echo '{"model_type": "llama",' >"$tmp/badjson/config.json"
+expect 3 "invalid JSON" "$clocher" convert "$tmp/badjson" "$tmp/o1"; no_model "$tmp/o1"
+mkdir -p "$tmp/missing"; cp "$tmp/hf-f32/model.safetensors" "$tmp/missing/"
+sed 's/"hidden_size": [0-9]*,//' "$tmp/hf-f32/config.json" >"$tmp/missing/config.json"
+expect 3 "missing key 'hidden_size'" "$clocher" convert "$tmp/missing" "$tmp/o2"; no_model "$tmp/o2"
+mkdir -p "$tmp/mistral"; cp "$tmp/hf-f32/model.safetensors" "$tmp/mistral/"
+sed 's/"model_type": "llama"/"model_type": "mistral"/' "$tmp/hf-f32/config.json" >"$tmp/mistral/config.json"
+expect 3 "model_type mistral" "$clocher" convert "$tmp/mistral" "$tmp/o3"
+mkdir -p "$tmp/morelayers"; cp "$tmp/hf-f32/model.safetensors" "$tmp/morelayers/"
+sed 's/"num_hidden_layers": [0-9]*/"num_hidden_layers": 5/' "$tmp/hf-f32/config.json" >"$tmp/morelayers/config.json"
+expect 3 "model.layers.4.input_layernorm.weight' is missing" "$clocher" convert "$tmp/morelayers" "$tmp/o4"; no_model "$tmp/o4"
+mkdir -p "$tmp/wide"; cp "$tmp/hf-f32/model.safetensors" "$tmp/wide/"
+sed 's/"intermediate_size": [0-9]*/"intermediate_size": 512/' "$tmp/hf-f32/config.json" >"$tmp/wide/config.json"
+expect 3 "expected [512, 256]" "$clocher" convert "$tmp/wide" "$tmp/o5"; no_model "$tmp/o5"
+head -c 100000 "$fixtures/stories260K/stories260K.bin" >"$tmp/trunc.bin"
+expect 3 "" "$clocher" convert --from llama2c "$tmp/trunc.bin" "$tmp/o6"; no_model "$tmp/o6"
+expect 3 "only \"llama\"" "$clocher" convert "$fixtures/tokenizer/ggml-vocab-gpt-2.gguf" "$tmp/o7"
+head -c 5000 "$tmp/demo-f32.gguf" >"$tmp/trunc.gguf"
+expect 3 "" "$clocher" convert "$tmp/trunc.gguf" "$tmp/o8"; no_model "$tmp/o8"
+expect 3 "not a Hugging Face directory, a GGUF file or a valid llama2.c" "$clocher" convert "$fixtures/README.md" "$tmp/o9"
+expect 2 "expected f32, f16 or bf16" "$clocher" convert "$tmp/hf-f32" "$tmp/o10" --dtype int3
+expect 2 "usage" "$clocher" convert "$tmp/hf-f32"
+
+# --- failing outputs ---
+touch "$tmp/afile"
+expect 1 "" "$clocher" convert "$tmp/hf-f32" "$tmp/afile/out"
+expect 1 "No space left on device" env CLOCHER_FAULT_WRITE_LIMIT=100000 "$clocher" convert "$tmp/hf-f32" "$tmp/full"
+no_model "$tmp/full"
+# a failed re-conversion keeps the model that was there
+cp -r "$tmp/ie-hf-f32" "$tmp/keep"
+expect 1 "No space left on device" env CLOCHER_FAULT_WRITE_LIMIT=100000 "$clocher" convert "$tmp/hf-f32" "$tmp/keep"
+"$ie" --model-dir "$tmp/keep" --prompt-ids 1,2,3 --max-new 1 --quiet >/dev/null 2>&1 && ok "old model still loads" || bad "old model damaged"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
