@@ -13,12 +13,14 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: clocher convert SRC OUT_DIR [--dtype f32|f16|bf16] [--tokenizer FILE]\n"
-            "                       [--from llama2c|hf|gguf]\n\n"
+            "usage: clocher convert SRC OUT_DIR [--dtype f32|f16|bf16|int8|int4] [--embd-dtype D]\n                       [--tokenizer FILE]"
+            " [--from llama2c|hf|gguf]\n\n"
             "Converts a llama2.c checkpoint, a Hugging Face directory (config.json +\n"
             "safetensors) or a GGUF file into an IEBIN model directory. The format is\n"
             "detected unless --from names it. --dtype converts the weight matrices (norms stay\n"
             "f32); without it each matrix keeps its source dtype (GGUF Q8_0/Q4_0 stay native).\n"
+            "int8 = q8_0 (blocks of 32, f16 scale), int4 = q4_0 (groups of 32, f16 scale).\n"
+            "--embd-dtype D gives the token embedding and the classifier their own dtype.\n"
             "--tokenizer takes a tokenizer.model, tokenizer.json, tokenizer.bin or .gguf.\n"
             "Nothing under OUT_DIR loads unless the conversion completed.\n");
 }
@@ -36,9 +38,24 @@ int cmd_convert(int argc, char **argv)
         } else if (!strcmp(a, "--dtype") && i + 1 < argc) {
             const char *d = argv[++i];
             o.dtype_set = true;
-            if (dtype_from_name(d, &o.dtype) != 0 ||
-                (o.dtype != DT_F32 && o.dtype != DT_F16 && o.dtype != DT_BF16)) {
-                fprintf(stderr, "clocher convert: --dtype %s: expected f32, f16 or bf16\n", d);
+            if (!strcmp(d, "int8"))
+                d = "q8_0"; /* int8 weights: blocks of 32 with an f16 scale (GGML Q8_0) */
+            else if (!strcmp(d, "int4"))
+                d = "q4_0"; /* int4 weights: groups of 32 with an f16 scale (GGML Q4_0) */
+            if (dtype_from_name(d, &o.dtype) != 0) {
+                fprintf(stderr, "clocher convert: --dtype %s: expected f32, f16, bf16, int8 (q8_0) "
+                                "or int4 (q4_0)\n", d);
+                return CMD_EXIT_USAGE;
+            }
+        } else if (!strcmp(a, "--embd-dtype") && i + 1 < argc) {
+            const char *d = argv[++i];
+            o.embd_dtype_set = true;
+            if (!strcmp(d, "int8"))
+                d = "q8_0";
+            else if (!strcmp(d, "int4"))
+                d = "q4_0";
+            if (dtype_from_name(d, &o.embd_dtype) != 0) {
+                fprintf(stderr, "clocher convert: --embd-dtype %s: expected f32, f16, bf16, int8 or int4\n", d);
                 return CMD_EXIT_USAGE;
             }
         } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {

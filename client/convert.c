@@ -55,6 +55,57 @@ static void progress_tick(struct progress *p, const char *name, uint64_t bytes)
     }
 }
 
+/*
+ * Round-to-nearest block quantization with one f16 scale per 32 elements, GGML's Q8_0/Q4_0
+ * layouts (common/dtype.h):
+ *   q8_0: d = max|x| / 127, q = round(x / d) in [-127, 127];
+ *   q4_0: d = m / -8 where m is the element of largest magnitude (sign kept), so m maps
+ *         exactly to the code 0 and the range [-8, 7] is used asymmetrically, q = round(x/d)+8.
+ * The scale is rounded to f16 before the codes are computed from it.
+ */
+static int quantize_row(enum dtype to, const float *x, void *dst, size_t n)
+{
+    uint8_t *b = dst;
+    for (size_t i = 0; i < n; i += 32) {
+        const float *v = x + i;
+        float amax = 0.0f, m = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            if (!isfinite(v[j])) {
+                LOG_ERR("cannot quantize a non-finite value (%g)", (double)v[j]);
+                return ERR_RANGE;
+            }
+            if (fabsf(v[j]) > amax) {
+                amax = fabsf(v[j]);
+                m = v[j];
+            }
+        }
+        if (to == DT_Q8_0) {
+            uint16_t d16 = half_f32_to_f16(amax / 127.0f);
+            float d = half_f16_to_f32(d16), id = d != 0.0f ? 1.0f / d : 0.0f;
+            memcpy(b, &d16, 2);
+            int8_t *q = (int8_t *)(b + 2);
+            for (int j = 0; j < 32; j++) {
+                float r = roundf(v[j] * id);
+                q[j] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : r);
+            }
+            b += 34;
+        } else {
+            uint16_t d16 = half_f32_to_f16(m / -8.0f);
+            float d = half_f16_to_f32(d16), id = d != 0.0f ? 1.0f / d : 0.0f;
+            memcpy(b, &d16, 2);
+            uint8_t *q = b + 2;
+            for (int j = 0; j < 16; j++) {
+                float r0 = roundf(v[j] * id) + 8.0f, r1 = roundf(v[j + 16] * id) + 8.0f;
+                uint8_t c0 = (uint8_t)(r0 < 0.0f ? 0 : r0 > 15.0f ? 15 : r0);
+                uint8_t c1 = (uint8_t)(r1 < 0.0f ? 0 : r1 > 15.0f ? 15 : r1);
+                q[j] = (uint8_t)(c0 | (c1 << 4));
+            }
+            b += 18;
+        }
+    }
+    return 0;
+}
+
 /* Converts one row of n elements between dtypes. Targets: same dtype, or f32/f16/bf16. */
 static int convert_row(enum dtype from, const void *src, enum dtype to, void *dst, float *tmp,
                        size_t n)
@@ -87,8 +138,11 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
             h[i] = half_f32_to_bf16(tmp[i]);
         return 0;
     }
+    case DT_Q8_0:
+    case DT_Q4_0:
+        return quantize_row(to, tmp, dst, n);
     default:
-        LOG_ERR("conversion to %s is not supported here (use a quantization option)",
+        LOG_ERR("conversion to %s is not supported here",
                 dtype_info(to)->name);
         return ERR_UNSUPPORTED;
     }
@@ -158,6 +212,22 @@ out:
     return rc;
 }
 
+/*
+ * A block type needs rows of whole blocks (32). A matrix whose rows are not (stories260K's
+ * ffn_down has 172 columns) keeps a float dtype instead — its source dtype if that is a float,
+ * else f32 — as llama.cpp's quantizer does; said once per tensor at info level.
+ */
+static enum dtype fallback_dtype(const char *name, enum dtype to, enum dtype from, uint64_t cols)
+{
+    uint64_t rb;
+    if (dtype_row_bytes(to, cols, &rb) == 0)
+        return to;
+    enum dtype fb = (from == DT_F32 || from == DT_F16 || from == DT_BF16) ? from : DT_F32;
+    LOG_INFO("%s: rows of %llu are not whole %s blocks; stored as %s", name,
+             (unsigned long long)cols, dtype_info(to)->name, dtype_info(fb)->name);
+    return fb;
+}
+
 /* ---- a generic walk over the llama tensors ---- */
 
 /* Looks a tensor up in the source by its IEBIN name; layer < 0 for global tensors. */
@@ -189,6 +259,9 @@ static int walk(void *src, lookup_fn *lookup, const char *what, const struct ieb
         if (rc)                                                                                  \
             return rc;                                                                           \
         enum dtype to_ = is_norm(kind_) ? DT_F32 : (o->dtype_set ? o->dtype : st.dtype);         \
+        if (o->embd_dtype_set && (!strcmp(kind_, "tok_embd") || !strcmp(kind_, "output")))     \
+            to_ = o->embd_dtype;                                                                 \
+        to_ = fallback_dtype(name, to_, st.dtype, want_[(nd_) - 1]);                             \
         rc = emit(w, what, name, &st, want_, (nd_), to_, (perm_), hp->head_dim, pg);             \
         if (rc)                                                                                  \
             return rc;                                                                           \
@@ -561,6 +634,48 @@ static int convert_gguf(const char *path, const char *out_dir, const struct conv
     return rc;
 }
 
+/* ---- IEBIN (re-quantization of an existing model) ---- */
+
+static int iebin_lookup(void *p, const char *kind, int layer, struct src_tensor *out)
+{
+    const struct iebin_model *m = p;
+    char name[IEBIN_NAME_MAX];
+    if (layer < 0)
+        snprintf(name, sizeof name, "%s", kind);
+    else
+        snprintf(name, sizeof name, "blk.%d.%s", layer, kind);
+    const struct iebin_tensor *t = iebin_find(m, name);
+    if (!t) {
+        LOG_ERR("%s: tensor '%s' is missing", m->dir, name);
+        return ERR_NOT_FOUND;
+    }
+    out->dtype = t->dtype;
+    out->n_dims = t->n_dims;
+    memcpy(out->shape, t->shape, sizeof(uint64_t) * (size_t)t->n_dims);
+    out->data = t->data;
+    return 0;
+}
+
+static int convert_iebin(const char *dir, const char *out_dir, const struct convert_opts *o,
+                         struct progress *pg)
+{
+    struct iebin_model *m;
+    int rc = iebin_open_ex(dir, IEBIN_OPEN_LAZY, &m);
+    if (rc)
+        return rc;
+    const char *tok_path = o->tokenizer ? o->tokenizer : m->tokenizer_path;
+    char nb[4096];
+    struct iebin_writer *w;
+    rc = iebin_writer_create(out_dir, "llama", m->name && *m->name ? m->name : base_name(dir, nb, sizeof nb),
+                             &m->hp, &w);
+    if (rc == 0) {
+        rc = walk(m, iebin_lookup, dir, &m->hp, w, o, false, pg);
+        rc = rc ? (iebin_writer_abort(w), rc) : finish(w, tok_path);
+    }
+    iebin_close(m);
+    return rc;
+}
+
 /* ---- llama2.c ---- */
 
 static int convert_llama2c(const char *path, const char *out_dir, const struct convert_opts *o)
@@ -570,7 +685,30 @@ static int convert_llama2c(const char *path, const char *out_dir, const struct c
     int rc = 0;
     if (o->tokenizer && (rc = tokenizer_json(o->tokenizer, &json, &len)) != 0)
         return rc;
-    rc = llama2c_convert(path, json, len, out_dir, o->dtype_set ? o->dtype : DT_F32, NULL);
+    enum dtype dt = o->dtype_set ? o->dtype : DT_F32;
+    if (dt == DT_Q8_0 || dt == DT_Q4_0) {
+        /* the importer writes floats: import to f32 beside the target, then quantize that */
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.f32-import", out_dir);
+        rc = llama2c_convert(path, json, len, tmp, DT_F32, NULL);
+        if (rc == 0) {
+            struct convert_opts o2 = *o;
+            struct progress pg = {.on = o->progress};
+            o2.tokenizer = NULL;
+            rc = convert_iebin(tmp, out_dir, &o2, &pg);
+        }
+        char cmd[8300];
+        snprintf(cmd, sizeof cmd, "%s/" IEBIN_MANIFEST, tmp);
+        unlink(cmd);
+        snprintf(cmd, sizeof cmd, "%s/" IEBIN_BLOB, tmp);
+        unlink(cmd);
+        snprintf(cmd, sizeof cmd, "%s/" IEBIN_TOKENIZER, tmp);
+        unlink(cmd);
+        rmdir(tmp);
+        free(json);
+        return rc;
+    }
+    rc = llama2c_convert(path, json, len, out_dir, dt, NULL);
     free(json);
     return rc;
 }
@@ -589,7 +727,12 @@ int convert_detect(const char *src, enum convert_from *out)
             *out = CONVERT_HF;
             return 0;
         }
-        LOG_ERR("%s: a directory without config.json is not a Hugging Face model", src);
+        snprintf(p, sizeof p, "%s/" IEBIN_MANIFEST, src);
+        if (access(p, R_OK) == 0) {
+            *out = CONVERT_IEBIN;
+            return 0;
+        }
+        LOG_ERR("%s: a directory without config.json or " IEBIN_MANIFEST " is not a model", src);
         return ERR_UNSUPPORTED;
     }
     FILE *f = fopen(src, "rb");
@@ -615,8 +758,8 @@ int convert_detect(const char *src, enum convert_from *out)
 
 int convert_model(const char *src, const char *out_dir, const struct convert_opts *o)
 {
-    if (o->dtype_set && o->dtype != DT_F32 && o->dtype != DT_F16 && o->dtype != DT_BF16) {
-        LOG_ERR("--dtype %s: expected f32, f16 or bf16", dtype_info(o->dtype)->name);
+    if (o->dtype_set && o->dtype >= DT_COUNT_) {
+        LOG_ERR("--dtype: unknown dtype");
         return ERR_USAGE;
     }
     int rc = kern_init();
@@ -633,6 +776,8 @@ int convert_model(const char *src, const char *out_dir, const struct convert_opt
         return convert_gguf(src, out_dir, o, &pg);
     case CONVERT_LLAMA2C:
         return convert_llama2c(src, out_dir, o);
+    case CONVERT_IEBIN:
+        return convert_iebin(src, out_dir, o, &pg);
     default:
         return ERR_USAGE;
     }

@@ -15,12 +15,14 @@
 
 #include <stdbool.h>
 
-enum convert_from { CONVERT_AUTO = 0, CONVERT_LLAMA2C, CONVERT_HF, CONVERT_GGUF };
+enum convert_from { CONVERT_AUTO = 0, CONVERT_LLAMA2C, CONVERT_HF, CONVERT_GGUF, CONVERT_IEBIN };
 
 struct convert_opts {
     enum convert_from from;
     bool dtype_set;       /* false: keep the source dtype of every matrix */
     enum dtype dtype;     /* f32, f16 or bf16 when dtype_set */
+    bool embd_dtype_set;  /* tok_embd and output get embd_dtype instead of dtype */
+    enum dtype embd_dtype;
     const char *tokenizer; /* overrides the source's tokenizer; NULL: the source's own */
     bool progress;        /* in-place progress line on stderr */
 };

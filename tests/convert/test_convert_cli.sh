@@ -49,6 +49,23 @@ grep -q '"dtype": *"bf16"' "$tmp/ie-bf16/model.ie.json" && ok "--dtype bf16 appl
 out=$("$ie" --model-dir "$tmp/ie-bf16" --prompt "Once upon a time" --max-new 8 --quiet 2>/dev/null)
 grep -q '"generated_tokens":8' <<<"$out" && ok "demo bf16 generates" || bad "demo bf16: $out"
 
+# --- int8 / int4 quantization: real kernels, output stays close to f32 ---
+"$clocher" convert "$tmp/hf-f32" "$tmp/ie-q8" --dtype int8 && grep -q '"q8_0"' "$tmp/ie-q8/model.ie.json" && ok "int8 convert" || bad "int8 convert"
+"$clocher" convert "$tmp/hf-f32" "$tmp/ie-q4" --dtype int4 && grep -q '"q4_0"' "$tmp/ie-q4/model.ie.json" && ok "int4 convert" || bad "int4 convert"
+for q in q8 q4; do
+  out=$("$ie" --model-dir "$tmp/ie-$q" --prompt "Once upon a time" --max-new 4 --quiet 2>/dev/null)
+  grep -q '"generated_tokens":4' <<<"$out" && ok "$q generates" || bad "$q: $out"
+done
+# stories260K (trained): int8 greedy ids equal f32's from BOS. (On the 10-token golden prompt
+# int8 flips step 0, whose margin is 0.14: weight-only Q8_0 moves this 64-wide model's logits
+# by ~0.5-1.5, f16 by ~0.02 — measured, see the issue notes; a better int8 is issue 3's work.)
+"$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s-q8" --dtype int8 || bad "stories int8"
+[ -d "$tmp/s-q8.f32-import" ] && bad "temporary import left behind" || ok "no temporary import left"
+"$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s-f32" >/dev/null
+ids() { "$ie" --model-dir "$1" --prompt-ids 1 --max-new 10 --greedy --print-ids --quiet 2>/dev/null | grep -o '"generated_ids":\[[^]]*\]'; }
+[ "$(ids "$tmp/s-q8")" = "$(ids "$tmp/s-f32")" ] && ok "stories260K int8 greedy = f32" || bad "int8 greedy differs: $(ids "$tmp/s-q8") vs $(ids "$tmp/s-f32")"
+"$clocher" convert "$tmp/s-f32" "$tmp/s-q4" --dtype int4 && ok "IEBIN -> int4 requantization" || bad "IEBIN requantization"
+
 # --- llama2.c ---
 "$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s260" && ok "llama2c convert" || bad "llama2c convert"
 "$clocher" convert --from llama2c "$fixtures/stories260K/stories260K.bin" "$tmp/s260b" --tokenizer "$fixtures/tokenizer/llama2-tokenizer.bin" 2>/dev/null
@@ -90,7 +107,7 @@ expect 3 "only \"llama\"" "$clocher" convert "$fixtures/tokenizer/ggml-vocab-gpt
 head -c 5000 "$tmp/demo-f32.gguf" >"$tmp/trunc.gguf"
 expect 3 "" "$clocher" convert "$tmp/trunc.gguf" "$tmp/o8"; no_model "$tmp/o8"
 expect 3 "not a Hugging Face directory, a GGUF file or a valid llama2.c" "$clocher" convert "$fixtures/README.md" "$tmp/o9"
-expect 2 "expected f32, f16 or bf16" "$clocher" convert "$tmp/hf-f32" "$tmp/o10" --dtype int3
+expect 2 "expected f32, f16, bf16" "$clocher" convert "$tmp/hf-f32" "$tmp/o10" --dtype int3
 expect 2 "usage" "$clocher" convert "$tmp/hf-f32"
 
 # --- failing outputs ---
