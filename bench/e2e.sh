@@ -11,6 +11,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)" >/dev/null
 clocher=$build/client/clocher ie=$build/worker/inference-engine
 hf=$models/tinyllama-1.1b-hf
+mkdir -p "$models"
 [ -f "$hf/config.json" ] || "$clocher" synth --preset tinyllama-1.1b --seed 1 "$hf"
 bw1=$("$build/bench/bw_probe" 512 4 | sed -n 's/^bandwidth threads=1: \([0-9.]*\).*/\1/p')
 bwn=$("$build/bench/bw_probe" 512 4 | sed -n "s/^bandwidth threads=$(nproc): \([0-9.]*\).*/\1/p")
