@@ -16,7 +16,7 @@ max_new=${CLOCHER_MAX_NEW:-32}
 
 bash scripts/install-deps.sh
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build/release -j"$(nproc)"
+cmake --build build/release -j"$(nproc)" >&2
 bin=build/release
 
 hf_dir=$models/$preset-hf
