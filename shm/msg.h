@@ -1,0 +1,180 @@
+/*
+ * msg.h — the records the rings carry (wire layouts: shm_abi.h): encoders for the sending side
+ * and decoders that validate every field of a received record before anyone uses it.
+ *
+ * A decoded struct shm_msg is a view: its pointers (token ids, strings, text) point into the
+ * buffer it was decoded from, which must stay alive and unchanged while the view is used and
+ * must be 8-byte aligned (shm_ring_read() into a malloc'd buffer is). Strings the ABI marks
+ * NUL-terminated are usable as C strings directly; text (prompt, token pieces, detokenized
+ * text) is raw bytes with a length.
+ *
+ * Validation (both directions: the encoder refuses to send what the decoder would refuse):
+ * exact record length (the fixed part plus the sections its counts announce, nothing more),
+ * reserved fields 0, known enum values and flag bits, finite floats in their ranges, counts and
+ * lengths within the SHM_MAX_* limits, names of [A-Za-z0-9._-], request ids > 0 (0 only where
+ * the ABI says), a record type on the ring of its direction. Each refusal is ERR_FORMAT, logged
+ * once with the ring (or caller's label), the record type, the request id when known, and the
+ * field.
+ */
+#ifndef CLOCHER_SHM_MSG_H
+#define CLOCHER_SHM_MSG_H
+
+#include "ring.h"
+#include "shm_abi.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct shm_msg_generate {
+    uint64_t request_id, tenant_id;
+    uint64_t deadline_ns;           /* CLOCK_MONOTONIC; 0 = none */
+    uint64_t seed;
+    float temperature, top_p, min_p, repeat_penalty;
+    float adapter_scale;
+    uint32_t top_k, repeat_window, max_tokens;
+    enum shm_priority priority;
+    uint32_t flags;                 /* SHM_GEN_* */
+    const int32_t *prompt_ids;      /* [n_prompt_ids]; exactly one prompt is non-empty */
+    uint32_t n_prompt_ids;
+    const char *prompt_text;        /* [prompt_text_len] bytes */
+    uint32_t prompt_text_len;
+    const char *adapter;            /* NULL = base model */
+    const char *stop[SHM_MAX_STOP]; /* [n_stop] non-empty C strings */
+    uint32_t n_stop;
+};
+
+struct shm_msg_tokenize {
+    uint64_t request_id;
+    uint32_t flags;                 /* SHM_GEN_ADD_BOS */
+    const char *text;               /* [text_len] bytes */
+    uint32_t text_len;
+};
+
+struct shm_msg_ids {                /* DETOKENIZE, TOKENS */
+    uint64_t request_id;
+    const int32_t *ids;             /* [n_ids], each >= 0 */
+    uint32_t n_ids;
+};
+
+struct shm_msg_adapter_load {
+    uint64_t request_id;
+    const char *name;
+    const char *path;
+};
+
+struct shm_msg_name {               /* ADAPTER_UNLOAD */
+    uint64_t request_id;
+    const char *name;
+};
+
+struct shm_msg_token {
+    uint64_t request_id;
+    int32_t token;
+    const char *text;               /* [text_len] bytes, text_len <= SHM_MAX_PIECE */
+    uint32_t text_len;
+};
+
+struct shm_msg_finish {
+    uint64_t request_id;
+    enum shm_finish reason;
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+    uint64_t queue_ns, ttft_ns, tpot_ns, e2e_ns;
+};
+
+struct shm_msg_error {
+    uint64_t request_id;            /* 0 = not about one request */
+    int32_t code;                   /* < 0 */
+    const char *message;            /* 1..SHM_MAX_ERROR bytes */
+};
+
+struct shm_msg_text {
+    uint64_t request_id;
+    const char *text;               /* [text_len] bytes */
+    uint32_t text_len;
+};
+
+struct shm_msg_adapter {
+    uint64_t request_id;
+    uint32_t rank;
+    float alpha;
+    uint32_t targets;               /* enum shm_target bits */
+    uint32_t active_requests;
+    const char *name;
+};
+
+struct shm_msg_stats {
+    uint64_t request_id;
+    uint32_t running, waiting;
+    uint64_t kv_blocks_total, kv_blocks_used, kv_blocks_cached;
+    uint64_t prefix_hit_tokens, prefix_miss_tokens, preemptions;
+    uint64_t requests_finished, tokens_generated, tokens_prefilled;
+    uint64_t rss_bytes;
+};
+
+struct shm_msg_hello {
+    uint64_t parameters;
+    uint32_t vocab_size, context_length;
+    const char *name, *arch, *dtype; /* 1..SHM_MAX_INFO bytes of printable ASCII */
+};
+
+struct shm_msg {
+    enum shm_msg_type type;
+    union {
+        struct shm_msg_generate generate;
+        uint64_t request_id;        /* CANCEL, STATS_QUERY, DONE */
+        struct shm_msg_tokenize tokenize;
+        struct shm_msg_ids ids;     /* DETOKENIZE, TOKENS */
+        struct shm_msg_adapter_load adapter_load;
+        struct shm_msg_name name;   /* ADAPTER_UNLOAD */
+        struct shm_msg_token token;
+        struct shm_msg_finish finish;
+        struct shm_msg_error error;
+        struct shm_msg_text text;
+        struct shm_msg_adapter adapter;
+        struct shm_msg_stats stats;
+        struct shm_msg_hello hello;
+    };
+};
+
+/* "generate", "token", ...; NULL for a value that is not a record type. */
+const char *shm_msg_type_name(uint32_t type);
+/* SHM_RING_REQUESTS or SHM_RING_EVENTS: the ring a type travels on; -1 for a non-type. */
+int shm_msg_type_ring(uint32_t type);
+
+/*
+ * Validates m and computes its encoded length. ERR_FORMAT (logged, naming `what`, the record
+ * and the field) for an invalid message; ERR_RANGE (logged) when the record would exceed
+ * 2^32 - 1 bytes. `what` labels messages (e.g. the ring's name).
+ */
+int shm_msg_size(const char *what, const struct shm_msg *m, uint32_t *len);
+/* Writes the record of a message shm_msg_size() accepted into buf[len] (len = its answer). */
+void shm_msg_encode(const struct shm_msg *m, void *buf, uint32_t len);
+
+/*
+ * Decodes and validates the record buf[len] of `type` (buf 8-byte aligned). 0 with *out a view
+ * into buf; ERR_FORMAT (logged, naming what, the record, its request id and the field).
+ */
+int shm_msg_decode(const char *what, uint32_t type, const void *buf, uint32_t len,
+                   struct shm_msg *out);
+
+/*
+ * Encodes m straight into the producer ring r (no intermediate copy). 0 once committed;
+ * -EAGAIN when the ring is full now (wait with shm_ring_wait_writable and retry, or use
+ * shm_msg_send_wait); ERR_FORMAT for an invalid message or one on the wrong ring; ERR_RANGE
+ * when it exceeds the ring's record limit; ring errors as shm_ring_reserve.
+ */
+int shm_msg_send(struct shm_ring *r, const struct shm_msg *m);
+/* shm_msg_send, waiting up to timeout_ns (< 0: no deadline) for room; codes as
+ * shm_ring_wait_writable. */
+int shm_msg_send_wait(struct shm_ring *r, const struct shm_msg *m, int64_t timeout_ns);
+
+/*
+ * Reads the next record of the consumer ring r into buf[cap] (8-byte aligned; give it
+ * shm_ring_max_record() bytes) and decodes it into *out. -EAGAIN when empty. A record that does
+ * not decode, or a type that does not belong on this ring, marks the ring broken (ERR_FORMAT):
+ * the producer is not following the protocol, and nothing it sends after can be trusted.
+ */
+int shm_msg_recv(struct shm_ring *r, void *buf, size_t cap, struct shm_msg *out);
+
+#endif
