@@ -8,8 +8,8 @@
  *  - fd 3: one end of a SOCK_SEQPACKET socketpair, the control channel (ctl.h): READY=1,
  *    WATCHDOG=1, HOT_BYTES=, STATUS= datagrams. Readiness and liveness come from there, timed
  *    on the supervisor's clock; the supervisor reads no memory a worker writes;
- *  - fd 4: a fresh shm region with the slot's next generation (when shm/ is built), for the
- *    gateway; the supervisor only creates it and hands it over (workers.h).
+ *  - fd 4: a fresh shm region with the slot's next generation, for the gateway; the
+ *    supervisor only creates it and hands it over (workers.h).
  * The slot table's atomics are written here only: generation, then pid, then state (release),
  * so a gateway thread that sees READY also sees the generation it belongs to.
  */
@@ -21,9 +21,7 @@
 #include "err.h"
 #include "log.h"
 #include "ctl.h"
-#ifdef CLOCHER_HAVE_SHM
 #include "region.h"
-#endif
 #include "workers.h"
 
 #include <errno.h>
@@ -127,22 +125,21 @@ static int region_create(struct sup_slot *ss, uint32_t generation, struct worker
 {
     *wr = NULL;
     *fd = -1;
-#ifdef CLOCHER_HAVE_SHM
     struct config *c = cfg_get(ss->sup);
     struct shm_region *r = NULL;
+    /* a ring record must hold the largest request the gateway accepts */
     int rc = shm_region_create(generation, c->limits.max_message_bytes, &r);
     config_unref(c);
     if (rc < 0)
         return rc;
+    char name[32];
+    snprintf(name, sizeof name, "worker %u", ss->ws->index);
+    shm_region_set_name(r, name);
     if ((rc = workers_region_wrap(ss->ws->index, generation, r, wr)) < 0) {
         shm_region_close(r);
         return rc;
     }
     *fd = shm_region_fd(r);
-#else
-    (void)ss;
-    (void)generation;
-#endif
     return 0;
 }
 
@@ -310,8 +307,7 @@ static void spawn(struct sup_slot *ss)
     arg(&a, "--slot"), arg(&a, num(&a, 0, ws->index));
     arg(&a, "--generation"), arg(&a, num(&a, 1, gen));
     arg(&a, "--control-fd"), arg(&a, num(&a, 2, CONTROL_FD));
-    if (wr)
-        arg(&a, "--region-fd"), arg(&a, num(&a, 3, REGION_FD));
+    arg(&a, "--region-fd"), arg(&a, num(&a, 3, REGION_FD));
     arg(&a, "--cpus"), arg(&a, ws->cpulist);
     if (s->opt.numa)
         arg(&a, "--mem-node"), arg(&a, num(&a, 4, (unsigned long long)ws->node));
@@ -338,14 +334,14 @@ static void spawn(struct sup_slot *ss)
         {.flags = UV_INHERIT_FD, .data.fd = STDOUT_FILENO},
         {.flags = UV_INHERIT_FD, .data.fd = STDERR_FILENO},
         {.flags = UV_INHERIT_FD, .data.fd = sv[1]},
-        {.flags = wr ? UV_INHERIT_FD : UV_IGNORE, .data.fd = region_fd},
+        {.flags = UV_INHERIT_FD, .data.fd = region_fd},
     };
     uv_process_options_t po = {
         .exit_cb = on_worker_exit,
         .file = s->worker_binary,
         .args = a.v,
         .env = env,
-        .stdio_count = wr ? REGION_FD + 1 : CONTROL_FD + 1,
+        .stdio_count = REGION_FD + 1,
         .stdio = stdio,
     };
     uv_process_t *p = calloc(1, sizeof *p);
@@ -389,11 +385,10 @@ static void spawn(struct sup_slot *ss)
         ss->ctl = poll;
         uv_poll_start(poll, UV_READABLE, on_ctl);
     }
-#ifdef CLOCHER_HAVE_SHM
-    /* our copy of the fd: the child has its own now, and the mapping stays valid without it */
-    if (wr)
-        shm_region_close_fd(wr->shm);
-#endif
+    /* our copy of the fd: the child has its own now, and the mapping stays valid without it;
+     * the pid we spawned is the one the region must see attach (the gateway checks it) */
+    shm_region_close_fd(wr->shm);
+    shm_region_set_peer_pid(wr->shm, p->pid);
 
     atomic_store_explicit(&ws->generation, gen, memory_order_release);
     atomic_store_explicit(&ws->pid, p->pid, memory_order_release);

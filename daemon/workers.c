@@ -8,9 +8,7 @@
 #include "err.h"
 #include "log.h"
 #include "topo.h"
-#ifdef CLOCHER_HAVE_SHM
 #include "region.h"
-#endif
 
 #include <errno.h>
 #include <stdlib.h>
@@ -111,9 +109,7 @@ void workers_region_put(struct workers_region *r)
     CHECK(r->magic == WORKERS_REGION_MAGIC);
     /* acq_rel: the thread that unmaps sees every other holder's last access */
     if (atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) == 1) {
-#ifdef CLOCHER_HAVE_SHM
         shm_region_close(r->shm);
-#endif
         r->magic = 0;
         free(r);
     }

@@ -7,28 +7,25 @@
  *   2. pin: CPUs (sched_setaffinity) and memory (set_mempolicy MPOL_BIND to its node) before
  *      anything is allocated, so the model's private pages, the KV cache and the engine's
  *      threads are all local;
- *   3. attach the shared-memory region inherited as --region-fd (when clocherd has shm) and
- *      check its generation;
+ *   3. attach the shared-memory region inherited as --region-fd and check its generation;
  *   4. create the engine on the model, load the configured adapters, replicate hot tensors
  *      into node-local memory if IE_HOT_REPLICATE=1;
  *   5. say READY=1 on the control socket (--control-fd; daemon/ctl.h is the protocol: text
- *      datagrams READY=1, WATCHDOG=1, HOT_BYTES=n, STATUS=text), then loop: request records →
- *      engine_submit/engine_cancel, engine_step, engine events → event records, WATCHDOG=1
- *      about once a second;
+ *      datagrams READY=1, WATCHDOG=1, HOT_BYTES=n, STATUS=text), then loop (worker/serve.c):
+ *      request records → engine_submit/engine_cancel, engine_step, engine events → event
+ *      records, WATCHDOG=1 about once a second;
  *   6. SIGTERM: stop taking requests, finish the step, exit 0.
  *
  * Exit status: 0 clean stop; 2 fatal configuration or model error (the supervisor does not
  * respawn: a bad model stays bad); 1 anything else (treated as a crash and respawned).
  *
- * NOTES: single-threaded apart from the engine's own pool: the loop owns the engine (engine.h
- * threading contract) and both ring ends this process holds (consumer of requests, producer
- * of events). The SIGTERM handler only sets a flag (nginx's rule); blocking waits on the
- * request ring are bounded so the flag and the heartbeat are looked at regularly.
+ * NOTES: single-threaded apart from the engine's own pool (serve.h). The SIGTERM handler only
+ * sets a flag (nginx's rule); the loop's waits are bounded so the flag is seen promptly.
  */
-#include "engine.h"
 #include "err.h"
-#include "hotrepl.h"
 #include "log.h"
+#include "region.h"
+#include "serve.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -40,21 +37,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdarg.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #define EXIT_FATAL 2
 #define MAX_ADAPTERS 256
-#define WATCHDOG_NS 1000000000ull /* WATCHDOG=1 about once a second */
 
 struct args {
     unsigned slot;
     uint32_t generation;
     int control_fd;
-    int region_fd;         /* -1: no shm region (clocherd built without shm/) */
+    int region_fd;
     const char *cpus;      /* "0-7" */
     int mem_node;          /* -1: no memory binding */
     const char *model_dir;
@@ -88,7 +81,7 @@ static void journal_sink(enum log_level level, const char *msg, void *ud)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: clocher-worker --slot N --generation G --control-fd FD [--region-fd FD]\n"
+            "usage: clocher-worker --slot N --generation G --control-fd FD --region-fd FD\n"
             "                      --cpus LIST [--mem-node N] --model-dir DIR [--threads N]\n"
             "                      [--kv-budget-mb MB] [--max-queue N] [--max-prompt-tokens N]\n"
             "                      [--parent-pid PID] [--adapter NAME=DIR ...]\n"
@@ -204,8 +197,10 @@ static int parse_args(int argc, char **argv, struct args *a)
         LOG_ERR("unexpected argument \"%s\"", argv[optind]);
         rc = ERR_USAGE;
     }
-    if (rc == 0 && (!have_slot || !have_gen || a->control_fd < 0 || !a->cpus || !a->model_dir)) {
-        LOG_ERR("--slot, --generation, --control-fd, --cpus and --model-dir are required");
+    if (rc == 0 && (!have_slot || !have_gen || a->control_fd < 0 || a->region_fd < 0 || !a->cpus ||
+                    !a->model_dir)) {
+        LOG_ERR("--slot, --generation, --control-fd, --region-fd, --cpus and --model-dir are "
+                "required");
         rc = ERR_USAGE;
     }
     return rc;
@@ -290,155 +285,21 @@ static int pin(const struct args *a)
     return rc;
 }
 
-/* Step 4b: IE_HOT_REPLICATE. The result goes to the log and into the region header. */
-static int hot_replicate(const struct args *a, uint64_t *bytes)
+/* Step 3: the region, checked against the generation we were told. */
+static int attach(const struct args *a, struct shm_region **out)
 {
-    *bytes = 0;
-    const char *on = getenv("IE_HOT_REPLICATE");
-    if (!on || strcmp(on, "1") != 0)
-        return 0;
-    uint64_t limit_mb = 0;
-    const char *lim = getenv("IE_HOT_REPL_LIMIT_MB");
-    if (lim && *lim && parse_u64("IE_HOT_REPL_LIMIT_MB", lim, UINT64_C(1) << 24, &limit_mb) < 0)
-        return ERR_USAGE;
-    struct hotrepl_report rep;
-    int rc = hotrepl_apply(a->model_dir, a->mem_node, limit_mb << 20, &rep);
+    int rc = shm_region_attach(a->region_fd, a->generation, out);
     if (rc < 0)
         return rc;
-    *bytes = rep.bytes;
-    if (rep.n_mappings == 0)
-        LOG_WARN("hot replication: the engine does not read the model through its file "
-                 "mapping; nothing replicated");
-    else
-        LOG_INFO("hot replication: node %d: %zu tensors, %.1f MiB (%s .. %s), %zu left shared "
-                 "(%.1f MiB)%s",
-                 a->mem_node, rep.n_tensors, (double)rep.bytes / 1048576.0, rep.first,
-                 rep.last, rep.n_skipped, (double)rep.skipped_bytes / 1048576.0,
-                 limit_mb ? " by IE_HOT_REPL_LIMIT_MB" : "");
+    close(a->region_fd); /* the mapping does not need it */
+    char name[32];
+    snprintf(name, sizeof name, "worker %u", a->slot);
+    shm_region_set_name(*out, name);
+    /* The gateway is a thread pool of our parent: its process dying is PDEATHSIG's business
+     * and its pid is still checked; a stale gateway heartbeat means a busy gateway, which is
+     * not a reason for this worker to quit. */
+    shm_region_set_stale_ns(*out, 0);
     return 0;
-}
-
-/* ---- the control socket (daemon/ctl.h) ---- */
-
-/* One datagram. Non-blocking: a supervisor too busy to read loses a WATCHDOG, not our loop.
- * A supervisor gone (EPIPE/ECONNRESET) ends the worker: nobody would route to it. */
-static int ctl_send(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int ctl_send(int fd, const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof buf)
-        return ERR_RANGE;
-    while (send(fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 0;
-        int e = errno;
-        LOG_ERR("control socket: %s: clocherd is gone", strerror(e));
-        return -e;
-    }
-    return 0;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* ---- serving ---- */
-
-struct worker {
-    const struct args *a;
-    struct engine *e;
-    uint64_t last_watchdog_ns;
-};
-
-static void on_event(const struct engine_event *ev, void *ud)
-{
-    (void)ud;
-    /* events go to the event ring once shm/ lands; no request can reach the engine before */
-    LOG_DEBUG("engine event %d for request %" PRIu64, (int)ev->kind, ev->id);
-}
-
-/* Step 4: the engine, its adapters, hot replication. Exit status on failure. */
-static int open_engine(struct worker *w, uint64_t *hot_bytes)
-{
-    const struct args *a = w->a;
-    struct engine_config ec = {
-        .model_dir = a->model_dir,
-        .n_threads = (int)a->threads,
-        .pin = NULL, /* the threads inherit the affinity pin() set: the slot's CPUs */
-        .kv_budget_bytes = a->kv_budget_mb << 20,
-        .kv_dtype = DT_F32,
-        .kv_block_tokens = 0,
-        .max_step_tokens = 512,
-        .max_running = 64,
-        .max_queue = a->max_queue,
-        .prefix_cache = true,
-        .snapshot_path = NULL,
-    };
-    int rc = engine_create(&ec, on_event, w, &w->e);
-    if (rc < 0) {
-        /* out of memory may pass; a model that does not load will not */
-        LOG_ERR("model %s: the engine cannot start: %s", a->model_dir, log_last_error());
-        return rc == -ENOMEM ? 1 : EXIT_FATAL;
-    }
-    for (size_t i = 0; i < a->n_adapters; i++) {
-        if ((rc = engine_load_adapter(w->e, a->adapter_name[i], a->adapter_dir[i])) < 0) {
-            LOG_ERR("adapter %s (%s) does not load: %s", a->adapter_name[i], a->adapter_dir[i],
-                    log_last_error());
-            return rc == -ENOMEM ? 1 : EXIT_FATAL;
-        }
-    }
-    if ((rc = hot_replicate(a, hot_bytes)) < 0)
-        return rc == -ENOMEM ? 1 : EXIT_FATAL;
-    return 0;
-}
-
-static int serve(const struct args *a)
-{
-    struct worker w = {.a = a};
-    uint64_t hot = 0;
-    int status = open_engine(&w, &hot);
-    if (status != 0)
-        goto out;
-    if (g_stop) {
-        LOG_INFO("SIGTERM while loading: stopping");
-        goto out;
-    }
-    if (ctl_send(a->control_fd, "READY=1\nHOT_BYTES=%" PRIu64 "\nSTATUS=model %s loaded", hot,
-                 a->model_dir) < 0) {
-        status = 1;
-        goto out;
-    }
-    w.last_watchdog_ns = now_ns();
-    status = 0;
-    while (!g_stop) {
-        uint64_t t = now_ns();
-        if (t - w.last_watchdog_ns >= WATCHDOG_NS) {
-            w.last_watchdog_ns = t;
-            if (ctl_send(a->control_fd, "WATCHDOG=1") < 0) {
-                status = 1;
-                break;
-            }
-        }
-        /* without shm/ there is no transport: nothing can be submitted, so idle until the
-         * next watchdog (SIGTERM interrupts the sleep) */
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = 250 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    if (g_stop)
-        LOG_INFO("SIGTERM: stopping");
-out:
-    if (w.e)
-        engine_destroy(w.e);
-    return status;
 }
 
 int main(int argc, char **argv)
@@ -458,5 +319,42 @@ int main(int argc, char **argv)
         return 1;
     if (pin(&a) < 0)
         return EXIT_FATAL;
-    return serve(&a);
+
+    uint64_t limit_mb = 0;
+    const char *hot = getenv("IE_HOT_REPLICATE"), *lim = getenv("IE_HOT_REPL_LIMIT_MB");
+    if (lim && *lim && parse_u64("IE_HOT_REPL_LIMIT_MB", lim, UINT64_C(1) << 24, &limit_mb) < 0)
+        return EXIT_FATAL;
+
+    struct shm_region *region = NULL;
+    int rc = attach(&a, &region);
+    if (rc < 0)
+        return EXIT_FATAL; /* not the region we were promised: a supervisor bug, not a crash */
+    struct serve_options so = {
+        .model_dir = a.model_dir,
+        .threads = a.threads,
+        .kv_budget_bytes = a.kv_budget_mb << 20,
+        .max_queue = a.max_queue,
+        .max_prompt_tokens = a.max_prompt_tokens,
+        .n_adapters = a.n_adapters,
+        .adapter_names = a.adapter_name,
+        .adapter_dirs = a.adapter_dir,
+        .mem_node = a.mem_node,
+        .hot_replicate = hot && strcmp(hot, "1") == 0,
+        .hot_limit_bytes = limit_mb << 20,
+        .control_fd = a.control_fd,
+        .stop = &g_stop,
+    };
+    struct serve *sv = NULL;
+    int status = 0;
+    if ((rc = serve_open(&so, region, &sv)) < 0) {
+        /* out of memory may pass; a model or adapter that does not load will not */
+        status = rc == -ENOMEM ? 1 : EXIT_FATAL;
+    } else if (g_stop) {
+        LOG_INFO("SIGTERM while loading: stopping");
+    } else if (serve_run(sv) < 0) {
+        status = 1;
+    }
+    serve_close(sv);
+    shm_region_close(region);
+    return status;
 }

@@ -156,6 +156,11 @@ static void wait_note(struct daemon *d, size_t from, const char *needle, double 
         drain_notes(d, 100);
         if (d->notes_len >= from && strstr(d->notes + from, needle))
             return;
+        int st;
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+            fprintf(stderr, "notifications:\n%s\nlog:\n%s\n", d->notes + from, log_text(d));
+            fail_msg("clocherd exited (status 0x%x) before \"%s\"", st, needle);
+        }
     }
     fprintf(stderr, "notifications:\n%s\nlog:\n%s\n", d->notes + from, log_text(d));
     fail_msg("no \"%s\" from clocherd within %.0f s (notifications and log above)", needle,

@@ -1,0 +1,795 @@
+/*
+ * serve.c — the worker's serving loop between its shm rings and the engine (see serve.h).
+ *
+ * NOTES: one thread. Engine events arrive through on_event() from inside engine_step() /
+ * engine_cancel() on this same thread and are sent at once; when the event ring is full the
+ * send waits in one-second slices, giving the control socket its WATCHDOG=1 between slices
+ * (a slow gateway is not a hung worker). The request table maps the gateway's request ids to
+ * the engine's; an entry lives from a successful engine_submit to its FINISH or ERROR event.
+ */
+#include "serve.h"
+
+#include "check.h"
+#include "dtype.h"
+#include "engine.h"
+#include "err.h"
+#include "hotrepl.h"
+#include "iebin.h"
+#include "log.h"
+#include "lora.h"
+#include "msg.h"
+#include "region.h"
+#include "tok.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SERVE_MAGIC 0x53525645u           /* "SRVE" */
+#define WATCHDOG_NS 1000000000ull         /* WATCHDOG=1 about once a second */
+#define IDLE_WAIT_NS 500000000ll          /* an empty request ring is re-checked this often */
+#define SEND_SLICE_NS 1000000000ll        /* a full event ring: WATCHDOG between these waits */
+#define STOP_CANCEL_NS 5000000000ull      /* on SIGTERM: at most this long to cancel */
+
+/* ---- the request table: gateway request id -> engine id ---- */
+
+struct req {
+    uint64_t key;                         /* gateway request id; 0 = empty slot */
+    uint64_t engine_id;
+    char adapter[LORA_NAME_MAX];          /* "" = base model (ADAPTER's active_requests) */
+};
+
+struct reqmap {
+    struct req *slots;                    /* [cap], cap a power of two */
+    size_t cap, n;
+};
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
+static struct req *reqmap_find(struct reqmap *m, uint64_t key)
+{
+    if (!m->cap)
+        return NULL;
+    for (size_t i = mix(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        if (m->slots[i].key == key)
+            return &m->slots[i];
+        if (m->slots[i].key == 0)
+            return NULL;
+    }
+}
+
+static int reqmap_grow(struct reqmap *m)
+{
+    size_t cap = m->cap ? m->cap * 2 : 64;
+    struct req *s = calloc(cap, sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->slots[i].key)
+            continue;
+        size_t j = mix(m->slots[i].key) & (cap - 1);
+        while (s[j].key)
+            j = (j + 1) & (cap - 1);
+        s[j] = m->slots[i];
+    }
+    free(m->slots);
+    m->slots = s;
+    m->cap = cap;
+    return 0;
+}
+
+/* Inserts a key not present; 0 or -ENOMEM. */
+static int reqmap_put(struct reqmap *m, const struct req *r)
+{
+    if ((m->n + 1) * 4 > m->cap * 3 && reqmap_grow(m) < 0)
+        return -ENOMEM;
+    size_t i = mix(r->key) & (m->cap - 1);
+    while (m->slots[i].key)
+        i = (i + 1) & (m->cap - 1);
+    m->slots[i] = *r;
+    m->n++;
+    return 0;
+}
+
+/* Removes an entry by backward-shift deletion (no tombstones). */
+static void reqmap_del(struct reqmap *m, struct req *e)
+{
+    size_t i = (size_t)(e - m->slots), mask = m->cap - 1;
+    m->slots[i].key = 0;
+    m->n--;
+    for (size_t j = (i + 1) & mask; m->slots[j].key; j = (j + 1) & mask) {
+        size_t home = mix(m->slots[j].key) & mask;
+        /* move j back to i when i lies cyclically in [home, j) */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            m->slots[i] = m->slots[j];
+            m->slots[j].key = 0;
+            i = j;
+        }
+    }
+}
+
+/* ---- the serve ---- */
+
+struct serve {
+    uint32_t magic;
+    struct serve_options o;
+    struct shm_region *region;
+    struct shm_ring *rx, *tx;             /* requests (consumed), events (produced) */
+    void *buf;                            /* [buf_cap] one request record, 8-byte aligned */
+    size_t buf_cap;
+    struct engine *e;
+    struct tok *tok;                      /* NULL: the model has no tokenizer */
+    uint32_t vocab_size;
+    struct reqmap reqs;
+    uint64_t hot_bytes;
+    uint64_t last_watchdog_ns;
+    int fatal;                            /* < 0: a ring or the control socket failed */
+    bool ctl_gone;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static bool stopping(const struct serve *s) { return s->o.stop && *s->o.stop; }
+
+/* One control datagram (daemon/ctl.h). Non-blocking: a supervisor too busy to read loses a
+ * WATCHDOG, never our loop. A supervisor gone ends the worker: nobody would route to it. */
+static int ctl_send(struct serve *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int ctl_send(struct serve *s, const char *fmt, ...)
+{
+    if (s->o.control_fd < 0 || s->ctl_gone)
+        return 0;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof buf)
+        return ERR_RANGE;
+    while (send(s->o.control_fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        int e = errno;
+        LOG_ERR("control socket: %s: clocherd is gone", strerror(e));
+        s->ctl_gone = true;
+        return -e;
+    }
+    return 0;
+}
+
+/* Liveness for both audiences: the region (the gateway) and the control socket (clocherd). */
+static void beat(struct serve *s)
+{
+    shm_region_heartbeat(s->region);
+    uint64_t t = now_ns();
+    if (t - s->last_watchdog_ns >= WATCHDOG_NS) {
+        s->last_watchdog_ns = t;
+        if (ctl_send(s, "WATCHDOG=1") < 0 && s->fatal == 0)
+            s->fatal = -EPIPE;
+    }
+}
+
+/* Sends one event record, waiting for room in slices. A failure is fatal to the loop. */
+static int send_event(struct serve *s, const struct shm_msg *m)
+{
+    if (s->fatal < 0)
+        return s->fatal;
+    for (;;) {
+        int rc = shm_msg_send_wait(s->tx, m, SEND_SLICE_NS);
+        if (rc == 0)
+            return 0;
+        if (rc == -ETIMEDOUT || rc == -EINTR) {
+            beat(s);
+            if (s->fatal < 0)
+                return s->fatal;
+            continue;
+        }
+        if (rc == ERR_FORMAT || rc == ERR_RANGE) {
+            /* our record was refused by the encoder: a bug on this side, not the ring's */
+            LOG_ERR("event %s for request %" PRIu64 " cannot be encoded (%s)",
+                    shm_msg_type_name(m->type), m->request_id, err_name(rc));
+            return rc;
+        }
+        LOG_ERR("the events ring failed (%s): the gateway cannot hear this worker any more",
+                err_name(rc));
+        s->fatal = rc;
+        return rc;
+    }
+}
+
+/* An ERROR record for request `id`; the message is the caller's, at most SHM_MAX_ERROR bytes. */
+static int send_error(struct serve *s, uint64_t id, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int send_error(struct serve *s, uint64_t id, int code, const char *fmt, ...)
+{
+    char msg[SHM_MAX_ERROR + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!msg[0])
+        snprintf(msg, sizeof msg, "%s", err_str(code));
+    /* the wire allows any bytes but NUL; keep it one line of text for the gateway's status */
+    for (char *p = msg; *p; p++)
+        if ((unsigned char)*p < 0x20)
+            *p = ' ';
+    struct shm_msg m = {.type = SHM_MSG_ERROR,
+                        .error = {.request_id = id, .code = code < 0 ? code : ERR_STATE,
+                                  .message = msg}};
+    return send_event(s, &m);
+}
+
+/* ---- engine events -> event records ---- */
+
+static enum shm_finish finish_reason(enum engine_finish r)
+{
+    switch (r) {
+    case ENGINE_FINISH_EOS: return SHM_FINISH_EOS;
+    case ENGINE_FINISH_LENGTH: return SHM_FINISH_LENGTH;
+    case ENGINE_FINISH_STOP: return SHM_FINISH_STOP;
+    case ENGINE_FINISH_CANCELLED: return SHM_FINISH_CANCELLED;
+    case ENGINE_FINISH_DEADLINE: return SHM_FINISH_DEADLINE;
+    case ENGINE_FINISH_CONTEXT: return SHM_FINISH_CONTEXT;
+    case ENGINE_FINISH_ERROR: break;
+    }
+    return 0;
+}
+
+static uint64_t ms_to_ns(double ms) { return ms > 0 && isfinite(ms) ? (uint64_t)(ms * 1e6) : 0; }
+
+static void on_event(const struct engine_event *ev, void *ud)
+{
+    struct serve *s = ud;
+    uint64_t id = (uint64_t)(uintptr_t)ev->user;
+    struct req *r = reqmap_find(&s->reqs, id);
+    if (!r)
+        return; /* submit failed after all, or already ended: nothing the gateway waits for */
+    switch (ev->kind) {
+    case ENGINE_EV_TOKEN: {
+        if (ev->text_len > SHM_MAX_PIECE) {
+            send_error(s, id, ERR_RANGE, "token %" PRId32 " decodes to %zu bytes, the limit of "
+                       "a token event is %u", ev->token, ev->text_len, SHM_MAX_PIECE);
+            uint64_t eid = r->engine_id;
+            reqmap_del(&s->reqs, r);
+            engine_cancel(s->e, eid); /* its CANCELLED finish finds no entry: not sent */
+            return;
+        }
+        struct shm_msg m = {.type = SHM_MSG_TOKEN,
+                            .token = {.request_id = id, .token = ev->token,
+                                      .text = ev->text_len ? ev->text : "",
+                                      .text_len = (uint32_t)ev->text_len}};
+        send_event(s, &m);
+        return;
+    }
+    case ENGINE_EV_FINISH: {
+        enum shm_finish reason = finish_reason(ev->reason);
+        reqmap_del(&s->reqs, r);
+        if (!reason) {
+            send_error(s, id, ev->code < 0 ? ev->code : ERR_STATE, "%s",
+                       ev->message ? ev->message : "the engine ended the request with an error");
+            return;
+        }
+        uint32_t cached = ev->cached_tokens <= ev->prompt_tokens ? ev->cached_tokens
+                                                                   : ev->prompt_tokens;
+        struct shm_msg m = {.type = SHM_MSG_FINISH,
+                            .finish = {.request_id = id, .reason = reason,
+                                       .prompt_tokens = ev->prompt_tokens,
+                                       .completion_tokens = ev->generated_tokens,
+                                       .cached_tokens = cached, .queue_ns = 0,
+                                       .ttft_ns = ms_to_ns(ev->ttft_ms),
+                                       .tpot_ns = ms_to_ns(ev->tpot_ms),
+                                       .e2e_ns = ms_to_ns(ev->e2e_ms)}};
+        send_event(s, &m);
+        return;
+    }
+    case ENGINE_EV_ERROR:
+        reqmap_del(&s->reqs, r);
+        send_error(s, id, ev->code, "%s", ev->message ? ev->message : "");
+        return;
+    }
+}
+
+/* ---- requests ---- */
+
+static int check_ids(struct serve *s, uint64_t id, const char *what, const int32_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= s->vocab_size) {
+            send_error(s, id, ERR_RANGE, "%s: token %zu is %" PRId32 ", the vocabulary has %" PRIu32
+                       " tokens", what, i, ids[i], s->vocab_size);
+            return ERR_RANGE;
+        }
+    return 0;
+}
+
+static void do_generate(struct serve *s, const struct shm_msg_generate *g)
+{
+    if (reqmap_find(&s->reqs, g->request_id)) {
+        send_error(s, g->request_id, ERR_STATE, "request id %" PRIu64 " is already in flight",
+                   g->request_id);
+        return;
+    }
+    int32_t *owned = NULL;
+    const int32_t *ids = g->prompt_ids;
+    size_t n = g->n_prompt_ids;
+    if (g->prompt_text_len || !n) {
+        if (!s->tok) {
+            send_error(s, g->request_id, ERR_UNSUPPORTED,
+                       "prompt: the model has no tokenizer; send token ids");
+            return;
+        }
+        int rc = tok_encode(s->tok, g->prompt_text, g->prompt_text_len,
+                            (g->flags & SHM_GEN_ADD_BOS) != 0, &owned, &n);
+        if (rc < 0) {
+            send_error(s, g->request_id, rc, "prompt: %s", log_last_error());
+            return;
+        }
+        ids = owned;
+    }
+    if (n == 0) {
+        send_error(s, g->request_id, ERR_RANGE, "prompt: empty after tokenization");
+        goto out;
+    }
+    if (n > s->o.max_prompt_tokens) {
+        send_error(s, g->request_id, ERR_RANGE, "prompt: %zu tokens, the limit is %" PRIu32, n,
+                   s->o.max_prompt_tokens);
+        goto out;
+    }
+    if (check_ids(s, g->request_id, "prompt", ids, n) < 0)
+        goto out;
+
+    struct engine_request er = {
+        .prompt = ids,
+        .n_prompt = n,
+        .max_new = g->max_tokens,
+        .temperature = g->temperature,
+        .top_p = g->top_p,
+        .min_p = g->min_p,
+        .repeat_penalty = g->repeat_penalty,
+        .top_k = g->top_k,
+        .repeat_window = g->repeat_window,
+        .seed = g->seed,
+        .stop = g->n_stop ? g->stop : NULL,
+        .n_stop = g->n_stop,
+        .tenant = g->tenant_id,
+        .adapter = g->adapter,
+        .adapter_scale = g->adapter_scale,
+        .priority = g->priority == SHM_PRIO_HIGH  ? ENGINE_PRIO_HIGH
+                    : g->priority == SHM_PRIO_LOW ? ENGINE_PRIO_LOW
+                                                  : ENGINE_PRIO_NORMAL,
+        .deadline_ns = g->deadline_ns,
+        .user = (void *)(uintptr_t)g->request_id,
+    };
+    /* in the table before the submit: the engine may emit events from inside it */
+    struct req entry = {.key = g->request_id};
+    if (g->adapter)
+        snprintf(entry.adapter, sizeof entry.adapter, "%s", g->adapter);
+    if (reqmap_put(&s->reqs, &entry) < 0) {
+        send_error(s, g->request_id, -ENOMEM, "worker out of memory");
+        goto out;
+    }
+    uint64_t eid = 0;
+    log_clear_error();
+    int rc = engine_submit(s->e, &er, &eid);
+    struct req *r = reqmap_find(&s->reqs, g->request_id);
+    if (rc < 0) {
+        if (r)
+            reqmap_del(&s->reqs, r);
+        const char *why = log_last_error();
+        send_error(s, g->request_id, rc, "%s", why[0] ? why : err_str(rc));
+    } else if (r) {
+        r->engine_id = eid;
+    }
+out:
+    free(owned);
+}
+
+static void do_cancel(struct serve *s, uint64_t id)
+{
+    struct req *r = reqmap_find(&s->reqs, id);
+    if (!r)
+        return; /* ended already: its FINISH or ERROR is on its way or has been read */
+    int rc = engine_cancel(s->e, r->engine_id);
+    if (rc < 0)
+        LOG_WARN("cancel of request %" PRIu64 ": %s", id, err_str(rc));
+}
+
+static void do_tokenize(struct serve *s, const struct shm_msg_tokenize *t)
+{
+    if (!s->tok) {
+        send_error(s, t->request_id, ERR_UNSUPPORTED, "the model has no tokenizer");
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tok_encode(s->tok, t->text, t->text_len, (t->flags & SHM_GEN_ADD_BOS) != 0, &ids, &n);
+    if (rc < 0) {
+        send_error(s, t->request_id, rc, "text: %s", log_last_error());
+        return;
+    }
+    if (n > (shm_region_max_record(s->region) - sizeof(struct shm_wire_ids)) / sizeof(int32_t)) {
+        send_error(s, t->request_id, ERR_RANGE, "text: %zu tokens do not fit one record", n);
+    } else {
+        struct shm_msg m = {.type = SHM_MSG_TOKENS,
+                            .ids = {.request_id = t->request_id, .ids = ids, .n_ids = (uint32_t)n}};
+        send_event(s, &m);
+    }
+    free(ids);
+}
+
+static void do_detokenize(struct serve *s, const struct shm_msg_ids *d)
+{
+    if (!s->tok) {
+        send_error(s, d->request_id, ERR_UNSUPPORTED, "the model has no tokenizer");
+        return;
+    }
+    if (check_ids(s, d->request_id, "ids", d->ids, d->n_ids) < 0)
+        return;
+    char *text = NULL;
+    size_t len = 0;
+    int rc = tok_decode(s->tok, d->ids, d->n_ids, &text, &len);
+    if (rc < 0) {
+        send_error(s, d->request_id, rc, "ids: %s", log_last_error());
+        return;
+    }
+    if (len > shm_region_max_record(s->region) - sizeof(struct shm_wire_text)) {
+        send_error(s, d->request_id, ERR_RANGE, "ids: %zu bytes of text do not fit one record",
+                   len);
+    } else {
+        struct shm_msg m = {.type = SHM_MSG_TEXT,
+                            .text = {.request_id = d->request_id, .text = len ? text : "",
+                                     .text_len = (uint32_t)len}};
+        send_event(s, &m);
+    }
+    free(text);
+}
+
+/* rank, alpha and targets of an adapter directory, from its adapter_config.json */
+static int adapter_info(const char *dir, struct lora_config *cfg)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, LORA_CONFIG_FILE);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -errno;
+    char *buf = malloc(LORA_CONFIG_MAX);
+    size_t n = buf ? fread(buf, 1, LORA_CONFIG_MAX, f) : 0;
+    fclose(f);
+    int rc = buf ? lora_config_parse(path, buf, n, cfg) : -ENOMEM;
+    free(buf);
+    return rc;
+}
+
+static void do_adapter_load(struct serve *s, const struct shm_msg_adapter_load *a)
+{
+    log_clear_error();
+    int rc = engine_load_adapter(s->e, a->name, a->path);
+    if (rc < 0) {
+        const char *why = log_last_error();
+        send_error(s, a->request_id, rc, "adapter %s: %s", a->name, why[0] ? why : err_str(rc));
+        return;
+    }
+    LOG_INFO("adapter %s loaded from %s", a->name, a->path);
+    struct lora_config cfg;
+    uint32_t targets = 0;
+    if (adapter_info(a->path, &cfg) == 0) {
+        for (unsigned t = 0; t < LORA_TARGET_COUNT; t++)
+            if (cfg.target_mask & (1u << t))
+                targets |= 1u << t; /* lora_target and shm_target share the order Q..DOWN */
+    }
+    if (!targets || !(cfg.alpha > 0) || !isfinite(cfg.alpha) || cfg.rank == 0 ||
+        cfg.rank > SHM_MAX_RANK) {
+        /* loaded, but its description does not fit the wire: success without details */
+        struct shm_msg m = {.type = SHM_MSG_DONE, .request_id = a->request_id};
+        send_event(s, &m);
+        return;
+    }
+    uint32_t active = 0;
+    for (size_t i = 0; i < s->reqs.cap; i++)
+        if (s->reqs.slots[i].key && strcmp(s->reqs.slots[i].adapter, a->name) == 0)
+            active++;
+    struct shm_msg m = {.type = SHM_MSG_ADAPTER,
+                        .adapter = {.request_id = a->request_id, .rank = cfg.rank,
+                                    .alpha = cfg.alpha, .targets = targets,
+                                    .active_requests = active, .name = a->name}};
+    send_event(s, &m);
+}
+
+static void do_adapter_unload(struct serve *s, const struct shm_msg_name *a)
+{
+    log_clear_error();
+    int rc = engine_unload_adapter(s->e, a->name);
+    if (rc < 0) {
+        const char *why = log_last_error();
+        send_error(s, a->request_id, rc, "adapter %s: %s", a->name, why[0] ? why : err_str(rc));
+        return;
+    }
+    LOG_INFO("adapter %s unloaded", a->name);
+    struct shm_msg m = {.type = SHM_MSG_DONE, .request_id = a->request_id};
+    send_event(s, &m);
+}
+
+static uint64_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "re");
+    unsigned long size = 0, rss = 0;
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &rss) != 2)
+            rss = 0;
+        fclose(f);
+    }
+    return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static void do_stats(struct serve *s, uint64_t id)
+{
+    struct engine_metrics em;
+    engine_get_metrics(s->e, &em);
+    uint64_t total = em.kv_blocks_total;
+    struct shm_msg m = {
+        .type = SHM_MSG_STATS,
+        .stats = {.request_id = id, .running = em.running, .waiting = em.waiting,
+                  .kv_blocks_total = total,
+                  .kv_blocks_used = em.kv_blocks_used <= total ? em.kv_blocks_used : total,
+                  .kv_blocks_cached = em.kv_blocks_cached <= total ? em.kv_blocks_cached : total,
+                  .prefix_hit_tokens = em.prefix_hit_tokens,
+                  .prefix_miss_tokens = em.prefix_miss_tokens, .preemptions = em.preemptions,
+                  .requests_finished = em.requests_finished,
+                  .tokens_generated = em.tokens_generated,
+                  .tokens_prefilled = em.tokens_prefilled, .rss_bytes = rss_bytes()}};
+    send_event(s, &m);
+}
+
+static void handle(struct serve *s, const struct shm_msg *m)
+{
+    switch (m->type) {
+    case SHM_MSG_GENERATE: do_generate(s, &m->generate); break;
+    case SHM_MSG_CANCEL: do_cancel(s, m->request_id); break;
+    case SHM_MSG_TOKENIZE: do_tokenize(s, &m->tokenize); break;
+    case SHM_MSG_DETOKENIZE: do_detokenize(s, &m->ids); break;
+    case SHM_MSG_ADAPTER_LOAD: do_adapter_load(s, &m->adapter_load); break;
+    case SHM_MSG_ADAPTER_UNLOAD: do_adapter_unload(s, &m->name); break;
+    case SHM_MSG_STATS_QUERY: do_stats(s, m->request_id); break;
+    default:
+        /* shm_msg_recv only returns request types on the requests ring */
+        CHECK(!"a non-request type from the requests ring");
+    }
+}
+
+/* ---- lifecycle ---- */
+
+/* What HELLO says about the model, read from its manifest (closed again before the engine maps
+ * the model, so hot replication sees only the engine's mapping). */
+static int model_info(struct serve *s, struct shm_msg_hello *h, char *name, char *arch,
+                      char *dtype, size_t cap)
+{
+    struct iebin_model *m = NULL;
+    int rc = iebin_open_ex(s->o.model_dir, IEBIN_OPEN_LAZY, &m);
+    if (rc < 0)
+        return rc;
+    uint64_t params = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        uint64_t n = 1;
+        for (int d = 0; d < m->tensors[i].n_dims; d++)
+            n *= m->tensors[i].shape[d]; /* validated by iebin_open: no overflow */
+        params += n;
+    }
+    const struct iebin_tensor *q = iebin_find(m, "blk.0.attn_q");
+    const struct dtype_info *di = dtype_info(q ? q->dtype : DT_F32);
+    const char *base = strrchr(m->dir, '/');
+    snprintf(name, cap, "%s", m->name && m->name[0] ? m->name : base && base[1] ? base + 1 : "model");
+    snprintf(arch, cap, "%s", m->arch);
+    snprintf(dtype, cap, "%s", di ? di->name : "?");
+    /* HELLO strings are printable ASCII */
+    for (char *p = name; *p; p++)
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f)
+            *p = '?';
+    *h = (struct shm_msg_hello){.parameters = params, .vocab_size = m->hp.vocab_size,
+                                .context_length = m->hp.max_seq_len, .name = name,
+                                .arch = arch, .dtype = dtype};
+    s->vocab_size = m->hp.vocab_size;
+    if (m->tokenizer_path && (rc = tok_load(m->tokenizer_path, &s->tok)) < 0) {
+        iebin_close(m);
+        return rc;
+    }
+    iebin_close(m);
+    return 0;
+}
+
+int serve_open(const struct serve_options *o, struct shm_region *region, struct serve **out)
+{
+    *out = NULL;
+    struct serve *s = calloc(1, sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    s->magic = SERVE_MAGIC;
+    s->o = *o;
+    s->region = region;
+    s->rx = shm_region_rx(region);
+    s->tx = shm_region_tx(region);
+    s->buf_cap = (shm_region_max_record(region) + 7u) & ~(size_t)7;
+    int rc;
+    if (!(s->buf = malloc(s->buf_cap))) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    char name[SHM_MAX_INFO + 1], arch[SHM_MAX_INFO + 1], dtype[SHM_MAX_INFO + 1];
+    struct shm_msg hello = {.type = SHM_MSG_HELLO};
+    if ((rc = model_info(s, &hello.hello, name, arch, dtype, sizeof name)) < 0)
+        goto fail;
+
+    struct engine_config ec = {
+        .model_dir = o->model_dir,
+        .n_threads = (int)o->threads,
+        .pin = NULL, /* the threads inherit this thread's affinity: the slot's CPUs */
+        .kv_budget_bytes = o->kv_budget_bytes,
+        .kv_dtype = DT_F32,
+        .kv_block_tokens = 0,
+        .max_step_tokens = 512,
+        .max_running = 64,
+        .max_queue = o->max_queue,
+        .prefix_cache = true,
+        .snapshot_path = NULL,
+    };
+    log_clear_error();
+    if ((rc = engine_create(&ec, on_event, s, &s->e)) < 0) {
+        LOG_ERR("model %s: the engine cannot start: %s", o->model_dir, log_last_error());
+        goto fail;
+    }
+    for (size_t i = 0; i < o->n_adapters; i++) {
+        log_clear_error();
+        if ((rc = engine_load_adapter(s->e, o->adapter_names[i], o->adapter_dirs[i])) < 0) {
+            LOG_ERR("adapter %s (%s) does not load: %s", o->adapter_names[i],
+                    o->adapter_dirs[i], log_last_error());
+            goto fail;
+        }
+    }
+    if (o->hot_replicate) {
+        struct hotrepl_report rep;
+        if ((rc = hotrepl_apply(o->model_dir, o->mem_node, o->hot_limit_bytes, &rep)) < 0)
+            goto fail;
+        s->hot_bytes = rep.bytes;
+        if (rep.n_mappings == 0)
+            LOG_WARN("hot replication: the engine does not read the model through its file "
+                     "mapping; nothing replicated");
+        else
+            LOG_INFO("hot replication: node %d: %zu tensors, %.1f MiB (%s .. %s), %zu left "
+                     "shared (%.1f MiB)",
+                     o->mem_node, rep.n_tensors, (double)rep.bytes / 1048576.0, rep.first,
+                     rep.last, rep.n_skipped, (double)rep.skipped_bytes / 1048576.0);
+    }
+    if ((rc = send_event(s, &hello)) < 0)
+        goto fail;
+    *out = s;
+    return 0;
+fail:
+    serve_close(s);
+    return rc;
+}
+
+uint64_t serve_hot_bytes(const struct serve *s) { return s->hot_bytes; }
+
+/* SIGTERM: what the gateway has not drained is cancelled, each request getting its FINISH. */
+static void cancel_all(struct serve *s)
+{
+    shm_region_set_state(s->region, SHM_STATE_DRAINING);
+    size_t n = s->reqs.n;
+    if (!n)
+        return;
+    LOG_INFO("stopping: cancelling %zu requests in flight", n);
+    uint64_t *ids = malloc(n * sizeof *ids);
+    size_t k = 0;
+    for (size_t i = 0; ids && i < s->reqs.cap; i++)
+        if (s->reqs.slots[i].key)
+            ids[k++] = s->reqs.slots[i].engine_id;
+    for (size_t i = 0; i < k; i++)
+        engine_cancel(s->e, ids[i]);
+    free(ids);
+    /* cancellation may complete in the engine's next steps */
+    uint64_t end = now_ns() + STOP_CANCEL_NS;
+    size_t active = 1;
+    while (s->reqs.n && active && s->fatal == 0 && now_ns() < end) {
+        if (engine_step(s->e, &active) < 0)
+            break;
+    }
+}
+
+int serve_run(struct serve *s)
+{
+    CHECK(s && s->magic == SERVE_MAGIC);
+    shm_region_set_state(s->region, SHM_STATE_READY);
+    s->last_watchdog_ns = now_ns();
+    if (ctl_send(s, "READY=1\nHOT_BYTES=%" PRIu64 "\nSTATUS=model %s loaded", s->hot_bytes,
+                 s->o.model_dir) < 0)
+        return -EPIPE;
+    size_t active = 0;
+    while (!stopping(s) && s->fatal == 0) {
+        beat(s);
+        /* take every request waiting, then one engine step */
+        for (;;) {
+            struct shm_msg m;
+            int rc = shm_msg_recv(s->rx, s->buf, s->buf_cap, &m);
+            if (rc == -EAGAIN)
+                break;
+            if (rc < 0) {
+                /* a record that does not decode broke the ring: nothing after it is
+                 * trustworthy, and a fresh region needs a fresh worker */
+                LOG_ERR("the requests ring failed (%s): stopping this worker", err_name(rc));
+                s->fatal = rc;
+                break;
+            }
+            handle(s, &m);
+            if (s->fatal < 0)
+                break;
+        }
+        if (s->fatal < 0)
+            break;
+        if (s->reqs.n || active) {
+            int rc = engine_step(s->e, &active);
+            if (rc < 0) {
+                LOG_ERR("engine_step: %s", err_str(rc));
+                s->fatal = rc;
+            } else if (active == 0 && s->reqs.n) {
+                /* the engine holds nothing, yet requests never got their last event: answer
+                 * them rather than spin on them forever */
+                LOG_ERR("the engine ended %zu requests without a finish event", s->reqs.n);
+                for (size_t i = 0; i < s->reqs.cap && s->fatal == 0; i++)
+                    if (s->reqs.slots[i].key) {
+                        uint64_t id = s->reqs.slots[i].key;
+                        reqmap_del(&s->reqs, &s->reqs.slots[i]);
+                        send_error(s, id, ERR_STATE, "the engine dropped the request");
+                        i = (size_t)-1; /* deletion shifts entries: rescan */
+                    }
+            }
+            continue;
+        }
+        int rc = shm_ring_wait_readable(s->rx, IDLE_WAIT_NS);
+        if (rc == -EPIPE) {
+            LOG_ERR("the gateway is gone: stopping this worker");
+            s->fatal = rc;
+        } else if (rc < 0 && rc != -ETIMEDOUT && rc != -EINTR && rc != -EAGAIN) {
+            LOG_ERR("waiting for requests: %s", err_str(rc));
+            s->fatal = rc;
+        }
+    }
+    if (stopping(s) && s->fatal == 0) {
+        LOG_INFO("stop requested (SIGTERM): stopping");
+        cancel_all(s);
+    }
+    return s->fatal;
+}
+
+void serve_close(struct serve *s)
+{
+    if (!s)
+        return;
+    CHECK(s->magic == SERVE_MAGIC);
+    if (s->e)
+        engine_destroy(s->e);
+    if (s->tok)
+        tok_free(s->tok);
+    free(s->reqs.slots);
+    free(s->buf);
+    s->magic = 0;
+    free(s);
+}

@@ -1,0 +1,76 @@
+/*
+ * serve.h — a worker's serving loop: the engine on one side, the worker's end of its
+ * shared-memory region (shm/region.h) on the other. clocher-worker (worker_main.c) runs it
+ * after placing the process; tests run it in a thread against a region they create.
+ *
+ * Requests ring → engine:
+ *   GENERATE      text prompts are tokenized here (the model's tokenizer.ie.json), prompts
+ *                 checked against max_prompt_tokens and the vocabulary, then engine_submit;
+ *                 the events come back as TOKEN records and one FINISH, or one ERROR
+ *   CANCEL        engine_cancel (an unknown id is ignored: the request has already ended)
+ *   TOKENIZE      → TOKENS        DETOKENIZE → TEXT
+ *   ADAPTER_LOAD  → ADAPTER (rank, alpha, targets from adapter_config.json)
+ *   ADAPTER_UNLOAD → DONE         STATS_QUERY → STATS (engine metrics + RSS)
+ * Any request that fails gets one ERROR record with its request id, a negative code and a
+ * message naming what is wrong (ERR_RANGE "prompt: 5000 tokens, the limit is 4096", ...).
+ * After attach the worker sends one HELLO (model name, architecture, dtype, sizes).
+ *
+ * Liveness: the region's heartbeat is given at every loop turn and ring wait; the control
+ * socket (daemon/ctl.h) gets READY=1 once, then WATCHDOG=1 about once a second, including
+ * while a full event ring makes the loop wait for the gateway.
+ *
+ * NOTES: single-threaded: the calling thread owns the engine (engine.h) and both ring ends of
+ * the worker side. `stop` is read at every loop turn (a signal handler sets it). The engine is
+ * assumed to copy what engine_submit is given (prompt, stop strings, adapter name): the record
+ * buffer they point into is reused for the next record.
+ */
+#ifndef CLOCHER_WORKER_SERVE_H
+#define CLOCHER_WORKER_SERVE_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct shm_region;
+
+struct serve_options {
+    const char *model_dir;
+    unsigned threads;             /* 0 = every CPU this thread may run on */
+    uint64_t kv_budget_bytes;     /* 0 = the engine's default */
+    uint32_t max_queue;
+    uint32_t max_prompt_tokens;
+    size_t n_adapters;            /* loaded at start; a failure is fatal */
+    const char *const *adapter_names;
+    const char *const *adapter_dirs;
+    int mem_node;                 /* hot replication target; -1 = the thread's policy */
+    int hot_replicate;            /* IE_HOT_REPLICATE */
+    uint64_t hot_limit_bytes;     /* 0 = no limit */
+    int control_fd;               /* -1 = no supervisor (tests) */
+    const volatile sig_atomic_t *stop;
+};
+
+struct serve;
+
+/*
+ * Creates the engine, loads the adapters, replicates hot tensors, sends HELLO on `region`
+ * (worker side, attached; the serve does not own it). 0 and *out, or a negative code (logged):
+ * -ENOMEM, or any other code for a model, adapter or configuration that does not load (the
+ * caller exits 2 for those: respawning cannot help).
+ */
+int serve_open(const struct serve_options *o, struct shm_region *region, struct serve **out);
+
+/*
+ * Announces READY (region state and control socket), then serves until *stop: returns 0.
+ * On SIGTERM in-flight requests are cancelled (each gets its FINISH CANCELLED) before it
+ * returns. A ring that breaks, a gateway that is gone or a control socket that closes end the
+ * loop with a negative code (logged): the worker exits and is respawned with a fresh region.
+ */
+int serve_run(struct serve *s);
+
+/* Bytes of hot tensors serve_open replicated. */
+uint64_t serve_hot_bytes(const struct serve *s);
+
+/* Destroys the engine. NULL is a no-op. */
+void serve_close(struct serve *s);
+
+#endif
