@@ -69,12 +69,19 @@ int shm_ring_init(struct shm_ring *r, enum shm_ring_role role, unsigned id,
     }
     CHECK(role == SHM_RING_PRODUCER || role == SHM_RING_CONSUMER);
     CHECK(((uintptr_t)data & (SHM_REC_ALIGN - 1)) == 0);
-    /* The own counter is read once; the caller (region attach) has checked it against the
-     * protocol. The peer's starts equal to it: nothing of the peer's is validated yet. */
+    /* The own counter is read once here and never again: from now on this end's copy is the
+     * truth. Rings are opened fresh (the caller, region attach, checks the block): the producer
+     * finds them empty; the consumer may find records published before it came, numbered from
+     * 0 at its head, and learns the tail at its first read. */
     uint64_t own = role == SHM_RING_PRODUCER ? atomic_load(&ctl->tail) : atomic_load(&ctl->head);
     if (own % SHM_REC_ALIGN) {
         LOG_ERR("%s: %s %" PRIu64 " is not a multiple of %u", r->name,
                 role == SHM_RING_PRODUCER ? "tail" : "head", own, SHM_REC_ALIGN);
+        return ERR_FORMAT;
+    }
+    if (role == SHM_RING_PRODUCER && atomic_load(&ctl->head) != own) {
+        LOG_ERR("%s: head %" PRIu64 " differs from tail %" PRIu64 ": a producer opens an empty "
+                "ring", r->name, atomic_load(&ctl->head), own);
         return ERR_FORMAT;
     }
     r->magic = SHM_RING_MAGIC;

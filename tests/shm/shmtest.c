@@ -35,7 +35,7 @@ uint32_t st_len(uint64_t seed, uint64_t i, uint32_t max)
     uint64_t s = rec_state(seed, i) ^ 0x5555;
     uint64_t r = st_splitmix(&s);
     uint32_t pick = (uint32_t)(r % 100), v = (uint32_t)(r >> 32);
-    uint32_t hi = pick < 70 ? 128 : pick < 95 ? 2048 : max;
+    uint32_t hi = pick < 75 ? 128 : pick < 98 ? 2048 : max;
     if (hi > max)
         hi = max;
     return 16 + v % (hi - 16 + 1);
