@@ -168,7 +168,7 @@ static int check_generate(const struct ctx *c, const struct shm_msg_generate *g)
     if (g->n_stop > SHM_MAX_STOP)
         return REFUSE(c, "%" PRIu32 " stop strings, at most %u", g->n_stop, SHM_MAX_STOP);
     for (uint32_t i = 0; i < g->n_stop; i++) {
-        char field[16];
+        char field[24];
         snprintf(field, sizeof field, "stop[%" PRIu32 "]", i);
         if ((rc = check_str(c, field, g->stop[i], SHM_MAX_STOP_LEN, false)) < 0)
             return rc;

@@ -455,15 +455,18 @@ static bool process_exited(struct shm_region *r)
     return kill(r->peer_pid, 0) != 0 && errno == ESRCH;
 }
 
-static int gone(struct shm_region *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int gone(struct shm_region *r, const char *fmt, ...)
+static int gone(struct shm_region *r, bool clean, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int gone(struct shm_region *r, bool clean, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(r->why, sizeof r->why, fmt, ap);
     va_end(ap);
     r->gone = true;
-    LOG_ERR("%s gen %" PRIu32 ": the %s (pid %d) is gone: %s", r->name, r->generation,
+    /* a goodbye (CLOSED) is no failure: the peer stopped on purpose */
+    log_msg(clean ? LOG_LEVEL_INFO : LOG_LEVEL_ERROR,
+            "%s gen %" PRIu32 ": the %s (pid %d) is gone: %s", r->name, r->generation,
             peer_of(r) == SHM_SIDE_WORKER ? "worker" : "gateway", (int)r->peer_pid, r->why);
     return -EPIPE;
 }
@@ -477,27 +480,28 @@ static int check_peer_locked(struct shm_region *r)
     int32_t pid = atomic_load_explicit(&ps->pid, memory_order_relaxed);
     uint64_t hb = atomic_load_explicit(&ps->heartbeat_ns, memory_order_relaxed);
     if (st > SHM_STATE_CLOSED)
-        return gone(r, "its state word holds %" PRIu32 ", not a state", st);
+        return gone(r, false, "its state word holds %" PRIu32 ", not a state", st);
     if (pid < 0 || (pid == 0 && st != SHM_STATE_NONE))
-        return gone(r, "its pid word holds %" PRId32 " in state %" PRIu32, pid, st);
+        return gone(r, false, "its pid word holds %" PRId32 " in state %" PRIu32, pid, st);
     if (pid > 0) {
         if (r->peer_pid == 0)
             r->peer_pid = pid;
         else if (pid != r->peer_pid)
-            return gone(r, "it claims pid %" PRId32 ", but the %s is pid %d", pid,
+            return gone(r, false, "it claims pid %" PRId32 ", but the %s is pid %d", pid,
                         peer_of(r) == SHM_SIDE_WORKER ? "worker" : "gateway", (int)r->peer_pid);
     }
     if (st == SHM_STATE_CLOSED)
-        return gone(r, "it closed its end");
+        return gone(r, true, "it closed its end");
     if (r->peer_pid > 0 && process_exited(r))
-        return gone(r, "its process exited");
+        return gone(r, false, "its process exited");
     if (st != SHM_STATE_NONE && r->stale_ns) {
         uint64_t now = shm__now_ns();
         if (hb > now + FUTURE_SLACK_NS)
-            return gone(r, "its heartbeat is %.3f s in the future", (double)(hb - now) / 1e9);
+            return gone(r, false, "its heartbeat is %.3f s in the future",
+                        (double)(hb - now) / 1e9);
         if (hb < now && now - hb > r->stale_ns)
-            return gone(r, "no heartbeat for %.3f s (limit %.3f s)", (double)(now - hb) / 1e9,
-                        (double)r->stale_ns / 1e9);
+            return gone(r, false, "no heartbeat for %.3f s (limit %.3f s)",
+                        (double)(now - hb) / 1e9, (double)r->stale_ns / 1e9);
     }
     return 0;
 }

@@ -108,8 +108,9 @@ void shm_region_set_stale_ns(struct shm_region *r, uint64_t ns);
 /*
  * 0 while the peer is (as far as can be told) alive or not attached yet; -EPIPE once it is
  * gone: its process exited, it closed its end, its heartbeat went stale, or its line holds
- * values no live peer writes. The first -EPIPE is logged (LOG_ERR, naming the region, the pid
- * and the reason); it is final: later calls return -EPIPE without logging.
+ * values no live peer writes. The first -EPIPE is logged, naming the region, the pid and the
+ * reason (LOG_ERR; LOG_INFO for a peer that closed on purpose, which is no failure); it is
+ * final: later calls return -EPIPE without logging (shm_region_peer() keeps the reason).
  */
 int shm_region_check_peer(struct shm_region *r);
 /* A snapshot of the peer's line and of the verdict so far. Runs the check first. */

@@ -69,6 +69,21 @@ int shm_ring_init(struct shm_ring *r, enum shm_ring_role role, unsigned id,
     }
     CHECK(role == SHM_RING_PRODUCER || role == SHM_RING_CONSUMER);
     CHECK(((uintptr_t)data & (SHM_REC_ALIGN - 1)) == 0);
+    /* The own counter is read once here and never again: from now on this end's copy is the
+     * truth. Rings are opened fresh (the caller, region attach, checks the block): the producer
+     * finds them empty; the consumer may find records published before it came, numbered from
+     * 0 at its head, and learns the tail at its first read. */
+    uint64_t own = role == SHM_RING_PRODUCER ? atomic_load(&ctl->tail) : atomic_load(&ctl->head);
+    if (own % SHM_REC_ALIGN) {
+        LOG_ERR("%s: %s %" PRIu64 " is not a multiple of %u", r->name,
+                role == SHM_RING_PRODUCER ? "tail" : "head", own, SHM_REC_ALIGN);
+        return ERR_FORMAT;
+    }
+    if (role == SHM_RING_PRODUCER && atomic_load(&ctl->head) != own) {
+        LOG_ERR("%s: head %" PRIu64 " differs from tail %" PRIu64 ": a producer opens an empty "
+                "ring", r->name, atomic_load(&ctl->head), own);
+        return ERR_FORMAT;
+    }
     r->magic = SHM_RING_MAGIC;
     r->role = role;
     r->id = id;
@@ -78,9 +93,6 @@ int shm_ring_init(struct shm_ring *r, enum shm_ring_role role, unsigned id,
     r->mask = capacity - 1;
     r->max_record = max_record;
     r->slice_ns = SHM_RING_SLICE_NS;
-    /* The own counter is taken from the block once; the caller (region attach) has checked it.
-     * The peer's starts equal to it: nothing of the peer's has been validated yet. */
-    uint64_t own = role == SHM_RING_PRODUCER ? atomic_load(&ctl->tail) : atomic_load(&ctl->head);
     r->pos = own;
     r->peer_pos = own;
     r->seq = 0;
@@ -286,18 +298,18 @@ int shm_ring_write(struct shm_ring *r, uint32_t type, const void *buf, uint32_t 
 
 /* ---- consumer ---- */
 
-/* Loads and validates the producer's tail (A1; seq_cst when it is S1's re-check). The tail may
- * only move forward, at most one capacity ahead of our head, in whole alignment units. */
+/* Loads and validates the producer's tail (A1; seq_cst when it is S1's re-check). It is only
+ * reloaded once every byte up to the last tail is consumed (pos == peer_pos), so "at most one
+ * capacity after head" also rules out a tail that went backwards. */
 static int refresh_tail(struct shm_ring *r, memory_order mo)
 {
+    CHECK(r->pos == r->peer_pos);
     uint64_t t = atomic_load_explicit(&r->ctl->tail, mo);
     if (t == r->peer_pos)
         return 0;
     if (t - r->pos > r->capacity)
         return corrupt(r, "tail %" PRIu64 " is not within %" PRIu64 " bytes after head %" PRIu64,
                        t, r->capacity, r->pos);
-    if (t - r->pos < r->peer_pos - r->pos)
-        return corrupt(r, "tail went back from %" PRIu64 " to %" PRIu64, r->peer_pos, t);
     if (t % SHM_REC_ALIGN)
         return corrupt(r, "tail %" PRIu64 " is not a multiple of %u", t, SHM_REC_ALIGN);
     r->peer_pos = t;

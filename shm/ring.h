@@ -94,7 +94,9 @@ void shm_ring_format(struct shm_ring_ctl *ctl);
  * bytes, a power of two in [SHM_RING_MIN_CAPACITY, SHM_RING_MAX_CAPACITY]; max_record <=
  * shm_ring_max_record_for(capacity). These come from the caller's private copy of the ring's
  * geometry, never from shared memory. The end starts at the counter values in the control block
- * (0 for a fresh ring). ERR_RANGE (logged) for an impossible geometry.
+ * (0 for a fresh ring); a producer needs an empty ring (head == tail), a consumer may find
+ * records already published. ERR_RANGE (logged) for an impossible geometry, ERR_FORMAT (logged)
+ * for counters that are not aligned or not empty for a producer.
  */
 int shm_ring_init(struct shm_ring *r, enum shm_ring_role role, unsigned id,
                   struct shm_ring_ctl *ctl, void *data, uint64_t capacity, uint32_t max_record,

@@ -30,10 +30,10 @@
 
 #define SHM_MAGIC 0x48534c43u      /* "CLSH" */
 #define SHM_ABI_VERSION 1u
-#define SHM_LINE 64u               /* cache line: fields written by different sides never share one */
+#define SHM_LINE 64u               /* cache line: no two writers share one */
 #define SHM_PAGE 4096u
-#define SHM_HDR_SIZE 4096u         /* the header page; ring data starts at a page boundary after it */
-#define SHM_REC_ALIGN 16u          /* every record (header + payload + padding) is a multiple of it */
+#define SHM_HDR_SIZE 4096u         /* the header page; ring data follows, page-aligned */
+#define SHM_REC_ALIGN 16u          /* records (header + payload + padding) are multiples */
 #define SHM_RING_MIN_CAPACITY 4096u
 #define SHM_RING_MAX_CAPACITY (1u << 30)
 
@@ -76,7 +76,7 @@ struct shm_ring_ctl {
     _Atomic uint32_t cons_waiting;  /* the consumer sleeps on data_seq (cleared by the waker) */
     uint8_t pad1[SHM_LINE - 16];
     /* line 2: either side */
-    _Atomic uint32_t broken;        /* nonzero: a side found the ring corrupt and stopped using it */
+    _Atomic uint32_t broken;        /* nonzero: a side found the ring corrupt and gave up */
     uint8_t pad2[SHM_LINE - 4];
 };
 
@@ -240,7 +240,7 @@ struct shm_wire_finish {
     uint32_t reason;                /* enum shm_finish */
     uint32_t prompt_tokens;
     uint32_t completion_tokens;
-    uint32_t cached_tokens;         /* <= prompt_tokens: prompt tokens served from the prefix cache */
+    uint32_t cached_tokens;         /* <= prompt_tokens: served from the prefix cache */
     uint64_t queue_ns;              /* submit → first scheduled */
     uint64_t ttft_ns;               /* submit → first token */
     uint64_t tpot_ns;               /* mean time per output token after the first */
