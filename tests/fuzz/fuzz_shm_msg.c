@@ -60,8 +60,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(&type, data, 4);
     uint32_t len = (uint32_t)(size - 4);
     /* decoders read from an aligned private copy, as shm_ring_read provides */
-    uint8_t *buf = aligned_alloc(16, len + 16);
-    uint8_t *again = aligned_alloc(16, len + 16);
+    size_t alloc = ((size_t)len + 16) & ~(size_t)15; /* aligned_alloc: a multiple of 16 */
+    uint8_t *buf = aligned_alloc(16, alloc);
+    uint8_t *again = aligned_alloc(16, alloc);
     if (!buf || !again)
         abort();
     memcpy(buf, data + 4, len);
