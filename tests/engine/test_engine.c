@@ -12,6 +12,7 @@
 #include "testutil.h"
 
 #include "../forward/golden.h"
+#include "../lora/peft.h"
 
 #include "engine.h"
 #include "engine_internal.h"
@@ -19,6 +20,7 @@
 #include "forward.h"
 #include "kern.h"
 #include "kv.h"
+#include "lora.h"
 #include "model.h"
 #include "sampler.h"
 
@@ -44,12 +46,33 @@ struct ref {
     size_t n, cutoff; /* cutoff: first step with margin < MARGIN (n if none) */
 };
 
-static void ref_run(const int32_t *prompt, size_t n_prompt, size_t n, struct ref *out)
+/* The reference's LoRA hook: one adapter for every token. */
+struct ref_lora {
+    const struct lora_adapter *ad;
+    float scale;
+    float tmp[4096];
+};
+
+static void ref_hook(void *ud, uint32_t layer, enum lora_target t, const float *x, size_t n,
+                     float *y, size_t ldy)
+{
+    struct ref_lora *rl = ud;
+    assert_true(n * rl->ad->cfg.rank <= 4096);
+    lora_apply_one(rl->ad, rl->scale, layer, t, x, n, y, ldy, rl->tmp);
+}
+
+static void ref_run_lora(const int32_t *prompt, size_t n_prompt, size_t n,
+                         const struct lora_adapter *ad, float scale, struct ref *out)
 {
     const size_t V = g_model->hp.vocab_size;
     struct forward_config cfg = {0};
     struct forward *f;
     assert_int_equal(forward_create(g_model, &cfg, &f), 0);
+    static struct ref_lora rl;
+    rl.ad = ad;
+    rl.scale = scale;
+    if (ad)
+        forward_set_hook(f, ref_hook, &rl);
     out->ids = malloc(n * sizeof *out->ids);
     out->logits = malloc(n * V * sizeof *out->logits);
     out->n = n;
@@ -69,6 +92,11 @@ static void ref_run(const int32_t *prompt, size_t n_prompt, size_t n, struct ref
             assert_int_equal(forward_eval(f, &id, 1, FORWARD_LOGITS_LAST, lg + V), 0);
     }
     forward_destroy(f);
+}
+
+static void ref_run(const int32_t *prompt, size_t n_prompt, size_t n, struct ref *out)
+{
+    ref_run_lora(prompt, n_prompt, n, NULL, 0.0f, out);
 }
 
 static void ref_free(struct ref *r)
@@ -597,6 +625,95 @@ static void test_bad_requests(void **state)
     assert_null(e2);
 }
 
+/* ---- LoRA: a batch mixing the base model and two adapters --------------------------------- */
+
+static void test_mixed_adapters(void **state)
+{
+    (void)state;
+    char *tmp = tu_mkdtemp();
+    char *dir_a = strdup(tu_path(tmp, "a")), *dir_b = strdup(tu_path(tmp, "b"));
+    const uint32_t all = (1u << LORA_TARGET_COUNT) - 1;
+    struct peft_adapter *pa = peft_adapter_random(&g_model->hp, 4, 8.0, all, 11, 0.3f, 0.3f);
+    struct peft_adapter *pb =
+        peft_adapter_random(&g_model->hp, 2, 2.0, (1u << LORA_Q) | (1u << LORA_V) |
+                                                      (1u << LORA_DOWN), 12, 0.3f, 0.3f);
+    peft_adapter_write(pa, dir_a, SAFETENSORS_F32, "");
+    peft_adapter_write(pb, dir_b, SAFETENSORS_F32, "");
+    struct lora_adapter *ad_a, *ad_b;
+    assert_int_equal(lora_open(dir_a, &g_model->hp, &ad_a), 0);
+    assert_int_equal(lora_open(dir_b, &g_model->hp, &ad_b), 0);
+
+    size_t n_long;
+    int32_t *text = long_text(&n_long);
+    const struct lora_adapter *ads[6] = {NULL, ad_a, ad_b, ad_a, NULL, ad_b};
+    const char *names[6] = {NULL, "a", "b", "a", NULL, "b"};
+    const float scales[6] = {0, 1.0f, 0.5f, 2.0f, 0, 1.0f};
+    const size_t lens[6] = {40, 40, 25, 70, 9, 100};
+    const uint32_t max_new = 20;
+    struct ref refs[6];
+    static struct capture cap;
+    memset(&cap, 0, sizeof cap);
+    cap.n = 6;
+    struct engine *e = make_engine(64, 8, 16, 0, true, NULL);
+    engine__set_logits_tap(e, on_logits, &cap);
+    assert_int_equal(engine_load_adapter(e, "a", dir_a), 0);
+    assert_int_equal(engine_load_adapter(e, "b", dir_b), 0);
+    for (size_t i = 0; i < 6; i++) {
+        ref_run_lora(text, lens[i], max_new, ads[i], scales[i], &refs[i]);
+        cap.got[i].ref = &refs[i];
+        struct engine_request r = greedy_req(text, lens[i], max_new, 1, &cap.got[i]);
+        r.adapter = names[i];
+        r.adapter_scale = scales[i];
+        assert_int_equal(engine_submit(e, &r, &cap.got[i].id), 0);
+    }
+    /* unloading a name does not take the adapter from the requests that use it */
+    assert_int_equal(engine_unload_adapter(e, "b"), 0);
+    run_until_idle(e, 500);
+    for (size_t i = 0; i < 6; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "request %zu (adapter %s)", i, names[i] ? names[i] : "-");
+        assert_true(cap.got[i].finished);
+        assert_follows(&cap.got[i], &refs[i], max_new, what);
+        /* the grouped LoRA update (lora_apply_a/b) sums in another order than lora_apply_one,
+         * and these random adapters move the logits a lot: 1e-3 relative */
+        if (cap.got[i].logits_checked == 0 || !(cap.got[i].max_diff <= 1e-3f))
+            fail_msg("%s: max relative logit difference %g", what, (double)cap.got[i].max_diff);
+    }
+    /* the adapters change the output (the test would be vacuous otherwise) */
+    assert_memory_not_equal(refs[0].logits, refs[1].logits,
+                            g_model->hp.vocab_size * sizeof(float));
+    /* request 1 shares request 0's prompt prefix but not its adapter: no hit; a second request
+     * with adapter a and the same scale hits */
+    assert_int_equal(cap.got[1].cached, 0);
+    struct engine_request r = greedy_req(text, 40, 4, 1, NULL);
+    r.adapter = "a";
+    r.adapter_scale = 1.0f;
+    int32_t *ids;
+    size_t n;
+    struct engine_event fin;
+    assert_int_equal(engine_generate(e, &r, &ids, &n, &fin), 0);
+    assert_int_equal(fin.cached_tokens, 32);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(ids[i], cap.got[1].ids[i]);
+    free(ids);
+    r.adapter_scale = 0.5f; /* another scale is another KV */
+    assert_int_equal(engine_generate(e, &r, &ids, &n, &fin), 0);
+    assert_int_equal(fin.cached_tokens, 0);
+    free(ids);
+    engine_destroy(e);
+    for (size_t i = 0; i < 6; i++)
+        ref_free(&refs[i]);
+    lora_close(ad_a);
+    lora_close(ad_b);
+    peft_adapter_free(pa);
+    peft_adapter_free(pb);
+    tu_rmtree(tmp);
+    free(tmp);
+    free(dir_a);
+    free(dir_b);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -608,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_overloaded),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_mixed_adapters),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
