@@ -714,6 +714,64 @@ static void test_mixed_adapters(void **state)
     free(text);
 }
 
+/* ---- 5. snapshots -------------------------------------------------------------------------- */
+
+static void test_snapshot(void **state)
+{
+    (void)state;
+    char *tmp = tu_mkdtemp();
+    char *path = strdup(tu_path(tmp, "kv.snap"));
+    size_t n_long;
+    int32_t *text = long_text(&n_long);
+    struct engine_request r = greedy_req(text, 100, 8, 5, NULL);
+    int32_t *ids, *ids2;
+    size_t n, n2;
+    struct engine_event fin;
+
+    struct engine *e = make_engine(64, 4, 8, 0, true, path);
+    assert_int_equal(engine_generate(e, &r, &ids, &n, &fin), 0);
+    assert_int_equal(fin.cached_tokens, 0);
+    engine_destroy(e); /* saves */
+
+    e = make_engine(64, 4, 8, 0, true, path); /* restores */
+    assert_int_equal(engine_generate(e, &r, &ids2, &n2, &fin), 0);
+    assert_int_equal(fin.cached_tokens, 96);
+    assert_int_equal(n2, n);
+    assert_memory_equal(ids, ids2, n * sizeof *ids);
+    free(ids2);
+    /* another tenant gets nothing from it */
+    r.tenant = 6;
+    assert_int_equal(engine_generate(e, &r, &ids2, &n2, &fin), 0);
+    assert_int_equal(fin.cached_tokens, 0);
+    free(ids2);
+    r.tenant = 5;
+    engine_destroy(e);
+
+    /* a corrupted snapshot is refused with a warning; the engine works without it */
+    size_t len;
+    char *buf = tu_read_file(path, &len);
+    assert_true(len > 200);
+    for (size_t i = 100; i < 140; i++)
+        buf[i] ^= 0x5a;
+    tu_write_file(path, buf, len);
+    free(buf);
+    tu_log_capture_begin();
+    e = make_engine(64, 4, 8, 0, true, path);
+    tu_assert_log_contains("kv snapshot", NULL);
+    tu_log_capture_end();
+    assert_int_equal(engine_generate(e, &r, &ids2, &n2, &fin), 0);
+    assert_int_equal(fin.cached_tokens, 0);
+    assert_memory_equal(ids, ids2, n * sizeof *ids);
+    free(ids2);
+    engine_destroy(e);
+
+    free(ids);
+    free(text);
+    tu_rmtree(tmp);
+    free(tmp);
+    free(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -726,6 +784,7 @@ int main(void)
         cmocka_unit_test(test_overloaded),
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_mixed_adapters),
+        cmocka_unit_test(test_snapshot),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
