@@ -6,7 +6,15 @@
  * Threading contract: an engine is owned by ONE thread (the worker's loop); every engine_*
  * call must come from it. engine_step() uses the engine's thread pool internally and returns
  * when the iteration is complete. Events are delivered through the callback given at
- * creation, from inside engine_step()/engine_cancel(), on the owner thread.
+ * creation, from inside engine_step()/engine_cancel(), on the owner thread; a callback must
+ * not call engine_* functions (the engine is walking its lists).
+ *
+ * Events of one request: TOKEN for every generated token (token = id, text = the completed
+ * UTF-8 text it adds, "" while a character or a possible stop string is incomplete; the
+ * end-of-sequence token itself is not emitted); at the end, possibly one TOKEN with token -1
+ * carrying text held back until then; on failure an ERROR (code, message); always exactly one
+ * FINISH last. A preempted request is recomputed later without re-emitting anything.
+ * docs/ENGINE.md describes the scheduler.
  */
 #ifndef CLOCHER_WORKER_ENGINE_H
 #define CLOCHER_WORKER_ENGINE_H
@@ -36,9 +44,10 @@ struct engine_config {
     uint64_t kv_budget_bytes;   /* 0 = a default fraction of RAM */
     enum dtype kv_dtype;        /* DT_F32, DT_F16 or DT_BF16 */
     uint32_t kv_block_tokens;   /* 0 = 16 */
-    uint32_t max_step_tokens;   /* per-iteration token budget (decode + prefill chunks) */
-    uint32_t max_running;       /* sequences in the running batch */
-    uint32_t max_queue;         /* waiting requests beyond which submit fails: ERR_OVERLOADED */
+    uint32_t max_step_tokens;   /* per-iteration token budget (decode + prefill chunks); 0 = 256 */
+    uint32_t max_running;       /* sequences in the running batch (<= max_step_tokens); 0 = 16 */
+    uint32_t max_queue;         /* waiting requests beyond which submit fails: ERR_OVERLOADED;
+                                 * 0 = 256 */
     bool prefix_cache;
     const char *snapshot_path;  /* NULL: no KV snapshot save/restore */
 };
@@ -60,6 +69,7 @@ struct engine_request {
     enum engine_priority priority;
     uint64_t deadline_ns;       /* CLOCK_MONOTONIC; 0 = none */
     void *user;                 /* returned in events */
+    bool ignore_eos;            /* keep generating after the end-of-sequence token */
 };
 
 enum engine_event_kind { ENGINE_EV_TOKEN = 1, ENGINE_EV_FINISH, ENGINE_EV_ERROR };

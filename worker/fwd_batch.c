@@ -1,0 +1,337 @@
+/*
+ * fwd_batch.c — the batched forward pass of the serving engine (engine_internal.h).
+ *
+ * The same equations as the reference (forward.c, docs/DESIGN.md "Forward pass"), for a batch
+ * that mixes sequences: rows [t0, t0+n) of the stacked activations belong to one sequence
+ * whose positions are pos0 .. pos0+n-1. What is per token (embedding, RMSNorm, RoPE at the
+ * token's own position, SwiGLU) runs row by row; what reads weights (the seven projections
+ * and the classifier) is ONE matmul over all rows of the step, so the weights are streamed
+ * once per step whatever the number of sequences; attention is per sequence over its own
+ * paged KV (kv_attn_prefill: causal within the chunk, a decode is a chunk of one).
+ *
+ * LoRA seam: after each projection's base matmul over the whole batch, the grouped low-rank
+ * update of lora.h is added for the rows that use an adapter (plan built once per run; the
+ * engine orders the batch so that rows of one adapter are adjacent: one segment each).
+ *
+ * NOTES: runs on the engine's owner thread; matmul rows, LoRA rank/output rows and
+ * (sequence, KV head) attention tasks are sharded over the pool. Every buffer is allocated
+ * once in engine__fwd_create; a run allocates only when the LoRA plan grows.
+ */
+#include "engine_internal.h"
+
+#include "check.h"
+#include "err.h"
+#include "kern.h"
+#include "log.h"
+#include "pool.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct engine__fwd {
+    const struct model *m;
+    struct pool *pool;
+    uint32_t max_tok, max_seqs;
+
+    float *x;        /* [T][dim]      residual stream */
+    float *xb;       /* [T][dim]      normalized input of a block */
+    float *q;        /* [T][q_dim]    queries */
+    float *k, *v;    /* [T][kv_dim]   new keys and values, before kv_seq_write */
+    float *att;      /* [T][q_dim]    attention output */
+    float *proj;     /* [T][dim]      attn_o / ffn_down output */
+    float *gate;     /* [T][ffn_dim]  */
+    float *up;       /* [T][ffn_dim]  */
+    float *rope;     /* [T][head_dim/2][2] cos, sin per token */
+    float *inv_freq; /* [head_dim/2] */
+    float *logits;   /* [S][vocab]   */
+    float *lnorm;    /* [S][dim]      normalized last rows for the classifier */
+
+    /* LoRA: per-token adapters, the step's plan and its scratch */
+    const struct lora_adapter **tok_ad; /* [T] */
+    float *tok_scale;                   /* [T] */
+    struct lora_plan plan;
+    float *lora_tmp;
+    size_t lora_tmp_cap;
+};
+
+static int alloc_f32(uint64_t a, uint64_t b, float **out)
+{
+    uint64_t n, bytes;
+    if (dtype_mul_u64(a, b, &n) || dtype_mul_u64(n, sizeof(float), &bytes) ||
+        bytes > SIZE_MAX - 64) {
+        LOG_ERR("engine: a step buffer of %llu x %llu floats overflows", (unsigned long long)a,
+                (unsigned long long)b);
+        return ERR_OVERFLOW;
+    }
+    size_t size = ((size_t)bytes + 63) / 64 * 64;
+    *out = aligned_alloc(64, size ? size : 64);
+    if (!*out) {
+        LOG_ERR("engine: out of memory for a step buffer (%llu bytes)", (unsigned long long)bytes);
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+int engine__fwd_create(const struct model *m, struct pool *pool, uint32_t max_tok,
+                       uint32_t max_seqs, struct engine__fwd **out)
+{
+    const struct iebin_hparams *hp = &m->hp;
+    struct engine__fwd *f = calloc(1, sizeof *f);
+    if (!f) {
+        LOG_ERR("engine: out of memory");
+        return -ENOMEM;
+    }
+    f->m = m;
+    f->pool = pool;
+    f->max_tok = max_tok;
+    f->max_seqs = max_seqs;
+    lora_plan_init(&f->plan);
+    const uint64_t T = max_tok, S = max_seqs;
+    int rc;
+    if ((rc = alloc_f32(T, hp->dim, &f->x)) || (rc = alloc_f32(T, hp->dim, &f->xb)) ||
+        (rc = alloc_f32(T, m->q_dim, &f->q)) || (rc = alloc_f32(T, m->kv_dim, &f->k)) ||
+        (rc = alloc_f32(T, m->kv_dim, &f->v)) || (rc = alloc_f32(T, m->q_dim, &f->att)) ||
+        (rc = alloc_f32(T, hp->dim, &f->proj)) || (rc = alloc_f32(T, hp->ffn_dim, &f->gate)) ||
+        (rc = alloc_f32(T, hp->ffn_dim, &f->up)) || (rc = alloc_f32(T, hp->head_dim, &f->rope)) ||
+        (rc = alloc_f32(hp->head_dim / 2 + 1, 1, &f->inv_freq)) ||
+        (rc = alloc_f32(S, hp->vocab_size, &f->logits)) || (rc = alloc_f32(S, hp->dim, &f->lnorm)) ||
+        (rc = alloc_f32(T, 1, &f->tok_scale))) {
+        engine__fwd_destroy(f);
+        return rc;
+    }
+    f->tok_ad = calloc(T ? T : 1, sizeof *f->tok_ad);
+    if (!f->tok_ad) {
+        LOG_ERR("engine: out of memory for the step's adapter table");
+        engine__fwd_destroy(f);
+        return -ENOMEM;
+    }
+    /* as the reference: theta^(-2i/head_dim) in double */
+    for (uint32_t i = 0; i < hp->head_dim / 2; i++)
+        f->inv_freq[i] =
+            (float)pow((double)hp->rope_theta, -(double)(2 * i) / (double)hp->head_dim);
+    *out = f;
+    return 0;
+}
+
+void engine__fwd_destroy(struct engine__fwd *f)
+{
+    if (!f)
+        return;
+    float *bufs[] = {f->x,    f->xb,   f->q,    f->k,        f->v,      f->att,
+                     f->proj, f->gate, f->up,   f->rope,     f->inv_freq, f->logits,
+                     f->lnorm, f->tok_scale, f->lora_tmp};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+    free(f->tok_ad);
+    lora_plan_fini(&f->plan);
+    free(f);
+}
+
+/* ---- building blocks (as forward.c) ------------------------------------------------------ */
+
+static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
+{
+    float ss = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (size_t i = 0; i < n; i++)
+        out[i] = w[i] * (r * x[i]);
+}
+
+static void rope_rotate(float *v, size_t n_heads, size_t hd, const float *cs)
+{
+    for (size_t h = 0; h < n_heads; h++)
+        for (size_t i = 0; i < hd / 2; i++) {
+            float *p = v + h * hd + 2 * i;
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float v0 = p[0], v1 = p[1];
+            p[0] = v0 * c - v1 * s;
+            p[1] = v0 * s + v1 * c;
+        }
+}
+
+/* y [n][ldy] = x [n][cols] W^T: one matmul for the whole step, rows sharded over the pool. */
+static void matmul(const struct engine__fwd *f, const struct model_mat *w, const float *x,
+                   size_t n, float *y, size_t ldy)
+{
+    if (f->pool)
+        pool_matmul(f->pool, w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
+    else
+        kern_matmul(w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
+}
+
+struct lora_job {
+    const struct engine__fwd *f;
+    uint32_t layer;
+    enum lora_target t;
+    const float *x;
+    float *y;
+    size_t ldy;
+};
+
+static void lora_a_range(void *ctx, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    const struct lora_job *j = ctx;
+    lora_apply_a(&j->f->plan, j->layer, j->t, j->x, j->f->lora_tmp, b, e);
+}
+
+static void lora_b_range(void *ctx, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    const struct lora_job *j = ctx;
+    lora_apply_b(&j->f->plan, j->layer, j->t, j->f->lora_tmp, j->y, j->ldy, b, e);
+}
+
+/* The LoRA seam: base product, then the grouped low-rank update of the adapted rows. */
+static void project(const struct engine__fwd *f, uint32_t layer, enum lora_target t,
+                    const struct model_mat *w, const float *x, size_t n, float *y, size_t ldy)
+{
+    matmul(f, w, x, n, y, ldy);
+    if (f->plan.max_rank == 0)
+        return;
+    struct lora_job j = {f, layer, t, x, y, ldy};
+    if (f->pool) {
+        pool_for(f->pool, 0, f->plan.max_rank, 4, lora_a_range, &j);
+        pool_for(f->pool, 0, w->rows, 16, lora_b_range, &j);
+    } else {
+        lora_apply(&f->plan, layer, t, x, f->lora_tmp, y, ldy);
+    }
+}
+
+/* One task per (sequence, KV head): paged attention of the sequence's chunk. */
+struct attn_job {
+    const struct engine__fwd *f;
+    const struct engine__bseq *seqs;
+    uint32_t layer;
+};
+
+static void attn_task(void *ctx, size_t task, int thread)
+{
+    (void)thread;
+    const struct attn_job *j = ctx;
+    const struct model *m = j->f->m;
+    const uint32_t nkv = m->hp.n_kv_heads;
+    const struct engine__bseq *s = &j->seqs[task / nkv];
+    const uint32_t g = (uint32_t)(task % nkv);
+    int rc = kv_attn_prefill(s->kv, j->layer, m->hp.n_heads, s->pos0, s->n,
+                             j->f->q + s->t0 * m->q_dim, j->f->att + s->t0 * m->q_dim, g, g + 1);
+    CHECK(rc == 0); /* the engine reserved and wrote these rows: a failure is a bug */
+}
+
+/* ---- the pass ------------------------------------------------------------------------------ */
+
+static int build_lora_plan(struct engine__fwd *f, const struct engine__bseq *seqs, size_t n_seqs,
+                           size_t n_tok)
+{
+    bool any = false;
+    for (size_t i = 0; i < n_seqs; i++) {
+        for (size_t t = seqs[i].t0; t < seqs[i].t0 + seqs[i].n; t++) {
+            f->tok_ad[t] = seqs[i].ad;
+            f->tok_scale[t] = seqs[i].ad ? seqs[i].scale : 0.0f;
+        }
+        any |= seqs[i].ad != NULL;
+    }
+    if (!any) {
+        f->plan.max_rank = 0;
+        f->plan.n_segs = 0;
+        return 0;
+    }
+    int rc = lora_plan_build(&f->plan, f->tok_ad, f->tok_scale, n_tok);
+    if (rc)
+        return rc;
+    if (f->plan.tmp_floats > f->lora_tmp_cap) {
+        float *t = realloc(f->lora_tmp, f->plan.tmp_floats * sizeof *t);
+        if (!t) {
+            LOG_ERR("engine: out of memory for the LoRA scratch (%zu floats)",
+                    f->plan.tmp_floats);
+            return -ENOMEM;
+        }
+        f->lora_tmp = t;
+        f->lora_tmp_cap = f->plan.tmp_floats;
+    }
+    return 0;
+}
+
+int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
+                    const struct engine__bseq *seqs, size_t n_seqs, const float **logits)
+{
+    const struct model *m = f->m;
+    const struct iebin_hparams *hp = &m->hp;
+    const size_t dim = hp->dim, hd = hp->head_dim, qd = m->q_dim, kvd = m->kv_dim;
+    const size_t ffn = hp->ffn_dim, half = hd / 2;
+    CHECK(n_tok <= f->max_tok && n_seqs <= f->max_seqs);
+
+    int rc = build_lora_plan(f, seqs, n_seqs, n_tok);
+    if (rc)
+        return rc;
+
+    /* embedding and each token's RoPE angles at its own position */
+    for (size_t i = 0; i < n_seqs; i++)
+        for (uint32_t k = 0; k < seqs[i].n; k++) {
+            size_t t = seqs[i].t0 + k;
+            model_embed_row(m, (uint32_t)tokens[t], f->x + t * dim);
+            for (size_t p = 0; p < half; p++) {
+                double angle = (double)(seqs[i].pos0 + k) * (double)f->inv_freq[p];
+                f->rope[(t * half + p) * 2 + 0] = (float)cos(angle);
+                f->rope[(t * half + p) * 2 + 1] = (float)sin(angle);
+            }
+        }
+
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+
+        for (size_t t = 0; t < n_tok; t++)
+            rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
+        project(f, l, LORA_Q, &L->wq, f->xb, n_tok, f->q, qd);
+        project(f, l, LORA_K, &L->wk, f->xb, n_tok, f->k, kvd);
+        project(f, l, LORA_V, &L->wv, f->xb, n_tok, f->v, kvd);
+        for (size_t t = 0; t < n_tok; t++) {
+            rope_rotate(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
+            rope_rotate(f->k + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
+        }
+        for (size_t i = 0; i < n_seqs; i++) {
+            rc = kv_seq_write(seqs[i].kv, l, f->k + seqs[i].t0 * kvd, f->v + seqs[i].t0 * kvd,
+                              seqs[i].n);
+            CHECK(rc == 0); /* reserved by the engine */
+        }
+        struct attn_job aj = {f, seqs, l};
+        size_t n_tasks = n_seqs * hp->n_kv_heads;
+        if (f->pool)
+            pool_run(f->pool, attn_task, &aj, n_tasks);
+        else
+            for (size_t i = 0; i < n_tasks; i++)
+                attn_task(&aj, i, 0);
+        project(f, l, LORA_O, &L->wo, f->att, n_tok, f->proj, dim);
+        for (size_t i = 0; i < n_tok * dim; i++)
+            f->x[i] += f->proj[i];
+
+        for (size_t t = 0; t < n_tok; t++)
+            rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
+        project(f, l, LORA_GATE, &L->w_gate, f->xb, n_tok, f->gate, ffn);
+        project(f, l, LORA_UP, &L->w_up, f->xb, n_tok, f->up, ffn);
+        for (size_t i = 0; i < n_tok * ffn; i++) {
+            float g = f->gate[i];
+            f->gate[i] = g / (1.0f + expf(-g)) * f->up[i];
+        }
+        project(f, l, LORA_DOWN, &L->w_down, f->gate, n_tok, f->proj, dim);
+        for (size_t i = 0; i < n_tok * dim; i++)
+            f->x[i] += f->proj[i];
+    }
+
+    /* classifier: one matmul over the last rows of the sequences that sample */
+    size_t n_out = 0;
+    for (size_t i = 0; i < n_seqs; i++)
+        if (seqs[i].logits) {
+            size_t t = seqs[i].t0 + seqs[i].n - 1;
+            rmsnorm(f->lnorm + n_out * dim, f->x + t * dim, m->output_norm, dim, hp->rms_eps);
+            n_out++;
+        }
+    if (n_out)
+        matmul(f, &m->output, f->lnorm, n_out, f->logits, hp->vocab_size);
+    *logits = f->logits;
+    return 0;
+}
