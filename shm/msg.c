@@ -217,8 +217,12 @@ static int validate(const char *what, const struct shm_msg *m)
         c.id = m->token.request_id;
         if ((rc = check_id(&c, c.id)) < 0)
             return rc;
-        if (m->token.token < 0)
-            return REFUSE(&c, "token %" PRId32 " is negative", m->token.token);
+        /* -1: a text-only piece (text the engine held back until the end, engine.h) */
+        if (m->token.token < -1)
+            return REFUSE(&c, "token %" PRId32 " is negative (only -1, text only, is allowed)",
+                          m->token.token);
+        if (m->token.token == -1 && m->token.text_len == 0)
+            return REFUSE(&c, "token -1 (text only) carries no text");
         if (m->token.text_len > SHM_MAX_PIECE)
             return REFUSE(&c, "text of %" PRIu32 " bytes exceeds %u", m->token.text_len,
                           SHM_MAX_PIECE);

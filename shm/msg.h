@@ -70,7 +70,7 @@ struct shm_msg_name {               /* ADAPTER_UNLOAD */
 
 struct shm_msg_token {
     uint64_t request_id;
-    int32_t token;
+    int32_t token;                  /* -1: a text-only piece, not a generated token */
     const char *text;               /* [text_len] bytes, text_len <= SHM_MAX_PIECE */
     uint32_t text_len;
 };

@@ -221,7 +221,7 @@ struct shm_wire_name {
 /* TOKEN, then uint8 text[text_len] (the completed UTF-8 text this token adds; may be empty) */
 struct shm_wire_token {
     uint64_t request_id;
-    int32_t token;                  /* >= 0 */
+    int32_t token;                  /* >= 0; -1 = text only (held back until the end, with text) */
     uint32_t text_len;              /* <= SHM_MAX_PIECE */
 };
 

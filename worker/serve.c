@@ -2,7 +2,8 @@
  * serve.c — the worker's serving loop between its shm rings and the engine (see serve.h).
  *
  * NOTES: one thread. Engine events arrive through on_event() from inside engine_step() /
- * engine_cancel() on this same thread and are sent at once; when the event ring is full the
+ * engine_cancel() on this same thread and are sent at once (a callback may not call the
+ * engine: a request that must be cancelled from there is marked and cancelled after the step); when the event ring is full the
  * send waits in one-second slices, giving the control socket its WATCHDOG=1 between slices
  * (a slow gateway is not a hung worker). The request table maps the gateway's request ids to
  * the engine's; an entry lives from a successful engine_submit to its FINISH or ERROR event.
@@ -44,6 +45,8 @@
 struct req {
     uint64_t key;                         /* gateway request id; 0 = empty slot */
     uint64_t engine_id;
+    bool doomed;                          /* its ERROR is sent: drop its events, cancel it */
+    bool cancel_sent;
     char adapter[LORA_NAME_MAX];          /* "" = base model (ADAPTER's active_requests) */
 };
 
@@ -263,19 +266,26 @@ static void on_event(const struct engine_event *ev, void *ud)
     uint64_t id = (uint64_t)(uintptr_t)ev->user;
     struct req *r = reqmap_find(&s->reqs, id);
     if (!r)
-        return; /* submit failed after all, or already ended: nothing the gateway waits for */
+        return; /* not (or no longer) a request the gateway waits on */
+    if (r->doomed) {
+        /* its ERROR has been sent: only the final FINISH matters, to forget it */
+        if (ev->kind == ENGINE_EV_FINISH)
+            reqmap_del(&s->reqs, r);
+        return;
+    }
     switch (ev->kind) {
     case ENGINE_EV_TOKEN: {
+        if (ev->token < 0 && ev->text_len == 0)
+            return; /* nothing was held back */
         if (ev->text_len > SHM_MAX_PIECE) {
             send_error(s, id, ERR_RANGE, "token %" PRId32 " decodes to %zu bytes, the limit of "
                        "a token event is %u", ev->token, ev->text_len, SHM_MAX_PIECE);
-            uint64_t eid = r->engine_id;
-            reqmap_del(&s->reqs, r);
-            engine_cancel(s->e, eid); /* its CANCELLED finish finds no entry: not sent */
+            r->doomed = true; /* cancelled after this step: no engine call from a callback */
             return;
         }
+        /* token -1 is the text the engine held back until the end: a text-only piece */
         struct shm_msg m = {.type = SHM_MSG_TOKEN,
-                            .token = {.request_id = id, .token = ev->token,
+                            .token = {.request_id = id, .token = ev->token < 0 ? -1 : ev->token,
                                       .text = ev->text_len ? ev->text : "",
                                       .text_len = (uint32_t)ev->text_len}};
         send_event(s, &m);
@@ -303,9 +313,24 @@ static void on_event(const struct engine_event *ev, void *ud)
         return;
     }
     case ENGINE_EV_ERROR:
-        reqmap_del(&s->reqs, r);
+        /* the last record the gateway gets; the engine's FINISH that follows is dropped */
         send_error(s, id, ev->code, "%s", ev->message ? ev->message : "");
+        r->doomed = true;
+        r->cancel_sent = true; /* the engine is ending it already */
         return;
+    }
+}
+
+/* Cancels requests marked from inside a callback (outside of it, as engine.h requires). */
+static void cancel_doomed(struct serve *s)
+{
+    for (size_t i = 0; i < s->reqs.cap; i++) {
+        struct req *r = &s->reqs.slots[i];
+        if (r->key && r->doomed && !r->cancel_sent) {
+            r->cancel_sent = true;
+            engine_cancel(s->e, r->engine_id); /* may delete entries: they only shift back */
+            i = (size_t)-1;                    /* rescan from the start */
+        }
     }
 }
 
@@ -746,6 +771,7 @@ int serve_run(struct serve *s)
             break;
         if (s->reqs.n || active) {
             int rc = engine_step(s->e, &active);
+            cancel_doomed(s);
             if (rc < 0) {
                 LOG_ERR("engine_step: %s", err_str(rc));
                 s->fatal = rc;
@@ -756,8 +782,10 @@ int serve_run(struct serve *s)
                 for (size_t i = 0; i < s->reqs.cap && s->fatal == 0; i++)
                     if (s->reqs.slots[i].key) {
                         uint64_t id = s->reqs.slots[i].key;
+                        bool answered = s->reqs.slots[i].doomed;
                         reqmap_del(&s->reqs, &s->reqs.slots[i]);
-                        send_error(s, id, ERR_STATE, "the engine dropped the request");
+                        if (!answered)
+                            send_error(s, id, ERR_STATE, "the engine dropped the request");
                         i = (size_t)-1; /* deletion shifts entries: rescan */
                     }
             }

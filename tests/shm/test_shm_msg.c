@@ -155,6 +155,13 @@ static void test_roundtrip_events(void **state)
     m.token.text_len = 0; /* a token that completes no character yet */
     m.token.text = NULL;
     roundtrip(&m, 16, &d);
+    /* -1: the text the engine held back until the end, not a token */
+    m.token.token = -1;
+    m.token.text = "\xc3\xa9";
+    m.token.text_len = 2;
+    roundtrip(&m, 16 + 2, &d);
+    assert_int_equal(d.token.token, -1);
+    assert_memory_equal(d.token.text, "\xc3\xa9", 2);
 
     m = (struct shm_msg){.type = SHM_MSG_FINISH,
                          .finish = {.request_id = 2, .reason = SHM_FINISH_STOP,
@@ -258,6 +265,10 @@ static void e_token_neg(struct shm_msg *m)
 {
     *m = (struct shm_msg){.type = SHM_MSG_TOKEN, .token = {.request_id = 1, .token = -3}};
 }
+static void e_token_text_only_empty(struct shm_msg *m)
+{
+    *m = (struct shm_msg){.type = SHM_MSG_TOKEN, .token = {.request_id = 1, .token = -1}};
+}
 static void e_token_piece(struct shm_msg *m)
 {
     static char piece[SHM_MAX_PIECE + 1];
@@ -352,6 +363,7 @@ static const struct invalid invalids[] = {
     {"stop[1] must be 1..256 bytes, got none", e_stop_empty},
     {"stop[0] must be 1..256 bytes, got more", e_stop_long},
     {"token record (request 1): token -3 is negative", e_token_neg},
+    {"token -1 (text only) carries no text", e_token_text_only_empty},
     {"text of 4097 bytes exceeds 4096", e_token_piece},
     {"finish record (request 1): reason 7 is not a finish reason", e_finish_reason},
     {"cached_tokens 4 exceeds prompt_tokens 3", e_finish_cached},
