@@ -532,8 +532,12 @@ static void on_ready(struct sup_slot *ss, uint64_t hot_bytes)
     uint32_t gen = atomic_load(&ws->generation);
     atomic_store(&ws->hot_replicated_bytes, hot_bytes);
     set_state(ss, WORKERS_READY);
-    LOG_INFO("worker %u (pid %d, generation %" PRIu32 "): ready after %.1f s", ws->index,
-             ss->proc->pid, gen, (double)(now - ss->started_ms) / 1000.0);
+    char hot[64] = "";
+    if (hot_bytes)
+        snprintf(hot, sizeof hot, ", %.1f MiB of hot tensors node-local",
+                 (double)hot_bytes / 1048576.0);
+    LOG_INFO("worker %u (pid %d, generation %" PRIu32 "): ready after %.1f s%s", ws->index,
+             ss->proc->pid, gen, (double)(now - ss->started_ms) / 1000.0, hot);
     if (s->w->hooks && s->w->hooks->worker_ready)
         s->w->hooks->worker_ready(s->w->hooks_ud, ws, gen);
     on_tick(&s->tick); /* READY=1 to systemd without waiting for the next tick */
@@ -686,11 +690,13 @@ static void begin_stop(struct sup *s)
     finish_if_stopped(s);
 }
 
+static const char *signame(int signum) { return signum == SIGINT ? "SIGINT" : "SIGTERM"; }
+
 static void begin_drain(struct sup *s, int signum)
 {
     if (s->stopping) {
         /* a second SIGTERM/SIGINT: the operator does not want to wait for the drain */
-        LOG_WARN("%s again: stopping workers without waiting for the drain", strsignal(signum));
+        LOG_WARN("%s again: stopping workers without waiting for the drain", signame(signum));
         begin_stop(s);
         return;
     }
@@ -698,7 +704,7 @@ static void begin_drain(struct sup *s, int signum)
     struct config *c = cfg_get(s);
     double drain = c->drain_timeout_s;
     config_unref(c);
-    LOG_INFO("%s: draining (up to %.1f s), then stopping the workers", strsignal(signum), drain);
+    LOG_INFO("%s: draining (up to %.1f s), then stopping the workers", signame(signum), drain);
     notify("STOPPING=1");
     atomic_store(&s->w->phase, WORKERS_PHASE_DRAINING);
     notify_status(s);

@@ -10,6 +10,7 @@
  *    a SIGHUP after the fix brings it back;
  *  - an invalid configuration on SIGHUP is refused and the running one kept;
  *  - crash loop: crash_loop_max kills within the window give the slot up;
+ *  - hot replication configured: every worker reports the tensors it made node-local;
  *  - a model no worker can load: clocherd exits 2;
  *  - SIGTERM: STOPPING=1, workers stopped, exit status 0.
  */
@@ -368,6 +369,27 @@ static void test_crash_loop(void **state)
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* IE_HOT_REPLICATE through the configuration: each worker reports what it made node-local */
+static void test_hot_replication(void **state)
+{
+    (void)state;
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s/hot.json", g_tmp);
+    write_config(cfg, g_model, ", \"hot_replication\": {\"enabled\": true, \"limit_mb\": 64}");
+    struct daemon d;
+    const char *args[] = {"--config", cfg, NULL};
+    start(&d, args);
+    wait_note(&d, 0, "READY=1", 60);
+    const char *t = log_text(&d);
+    /* stories260K: all of its tensors fit in 64 MiB, the tied embedding first */
+    assert_non_null(strstr(t, "hot replication: node "));
+    assert_non_null(strstr(t, ": 47 tensors"));
+    assert_non_null(strstr(t, "(tok_embd .. blk.4."));
+    assert_non_null(strstr(t, "MiB of hot tensors node-local"));
+    int st = stop(&d, 30);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static void test_no_worker_can_start(void **state)
 {
     (void)state;
@@ -423,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_bad_config_exit_2),
         cmocka_unit_test(test_lifecycle),
         cmocka_unit_test(test_crash_loop),
+        cmocka_unit_test(test_hot_replication),
         cmocka_unit_test(test_no_worker_can_start),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
