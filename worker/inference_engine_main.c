@@ -18,6 +18,7 @@
  * sampled. ttft = start -> first token sampled (prefill + one sample); inter-token latencies
  * are the gaps between consecutive sampled tokens (one decode forward + one sample each).
  */
+#include "engine.h"
 #include "err.h"
 #include "forward.h"
 #include "kern.h"
@@ -67,6 +68,9 @@ struct opts {
     uint32_t rounds, warmup;
     bool print_ids, no_bos, ignore_eos, quiet;
     const char *dump_logits;
+    uint32_t concurrency;     /* 0: the reference path, one prompt at a time */
+    const char *adapter;      /* --adapter NAME=DIR (engine path) */
+    float adapter_scale;
 };
 
 static void usage(FILE *f)
@@ -111,6 +115,15 @@ static void usage(FILE *f)
 "                         rows, or prompt_tokens with --max-new 0), row-major\n"
 "                         [position][vocab], all prompts in order (first measured round)\n"
 "  --quiet                do not stream the text to stderr\n"
+"serving engine (worker/engine.h, docs/ENGINE.md):\n"
+"  --concurrency N        run N requests at once through the continuous-batching engine:\n"
+"                         N copies of the prompt (or the prompts round-robin) per round;\n"
+"                         one JSON line per round: aggregate tps, per-request ttft/e2e/\n"
+"                         tpot p50/p95, kv_hits/kv_misses (prefix-cache tokens),\n"
+"                         preemptions (no text streaming, no --dump-logits)\n"
+"  --adapter NAME=DIR     load a PEFT LoRA adapter and use it for every request\n"
+"                         (implies --concurrency 1 unless given)\n"
+"  --adapter-scale S      the adapter's request scale (default 1)\n"
 "  -h, --help             this help\n"
 "\n"
 "JSON keys: model, prompt_tokens, generated_tokens, finish (eos|length|stop|context),\n"
@@ -160,6 +173,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         O_MODEL = 256, O_PROMPT, O_PROMPTS_FILE, O_PROMPT_IDS, O_MAX_NEW, O_CTX, O_THREADS,
         O_GREEDY, O_TEMP, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_REPEAT_WINDOW, O_SEED, O_STOP,
         O_ROUNDS, O_WARMUP, O_PRINT_IDS, O_DUMP, O_NO_BOS, O_IGNORE_EOS, O_QUIET,
+        O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE,
     };
     static const struct option lopts[] = {
         {"model-dir", required_argument, NULL, O_MODEL},
@@ -185,6 +199,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"no-bos", no_argument, NULL, O_NO_BOS},
         {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
         {"quiet", no_argument, NULL, O_QUIET},
+        {"concurrency", required_argument, NULL, O_CONCURRENCY},
+        {"adapter", required_argument, NULL, O_ADAPTER},
+        {"adapter-scale", required_argument, NULL, O_ADAPTER_SCALE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -192,6 +209,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     sampler_params_default(&o->sp);
     o->max_new = DEFAULT_MAX_NEW;
     o->rounds = 1;
+    o->adapter_scale = 1.0f;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->threads = ncpu < 1 ? 1 : ncpu > POOL_MAX_THREADS ? POOL_MAX_THREADS : (int)ncpu;
     bool greedy = false;
@@ -278,6 +296,21 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case O_NO_BOS: o->no_bos = true; break;
         case O_IGNORE_EOS: o->ignore_eos = true; break;
         case O_QUIET: o->quiet = true; break;
+        case O_CONCURRENCY:
+            if (!parse_u32("--concurrency", optarg, 1, 4096, &o->concurrency))
+                return EXIT_USAGE;
+            break;
+        case O_ADAPTER:
+            if (!strchr(optarg, '=') || optarg[0] == '=') {
+                LOG_ERR("--adapter %s: expected NAME=DIR", optarg);
+                return EXIT_USAGE;
+            }
+            o->adapter = optarg;
+            break;
+        case O_ADAPTER_SCALE:
+            if (!parse_float("--adapter-scale", optarg, &o->adapter_scale))
+                return EXIT_USAGE;
+            break;
         case ':':
             LOG_ERR("%s needs a value", argv[optind - 1]);
             return EXIT_USAGE;
@@ -288,6 +321,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
     }
     if (optind < argc) {
         LOG_ERR("unexpected argument '%s' (see --help)", argv[optind]);
+        return EXIT_USAGE;
+    }
+    if (o->adapter && !o->concurrency)
+        o->concurrency = 1;
+    if (o->concurrency && o->dump_logits) {
+        LOG_ERR("--dump-logits works on the reference path only: not with --concurrency or "
+                "--adapter");
         return EXIT_USAGE;
     }
     if (!o->model_dir) {
@@ -708,6 +748,174 @@ static int json_set(json_t *obj, const char *key, json_t *v)
     return 0;
 }
 
+/* ---- the serving engine: --concurrency ---------------------------------------------------- */
+
+struct conc_req {
+    bool done;
+    int error;
+    enum engine_finish reason;
+    uint32_t prompt_tokens, generated;
+    double ttft_ms, tpot_ms, e2e_ms;
+};
+
+static void conc_event(const struct engine_event *ev, void *ud)
+{
+    (void)ud;
+    struct conc_req *r = ev->user;
+    if (ev->kind == ENGINE_EV_ERROR) {
+        r->error = ev->code;
+        LOG_ERR("request %llu failed: %s", (unsigned long long)ev->id,
+                ev->message ? ev->message : "?");
+    } else if (ev->kind == ENGINE_EV_FINISH) {
+        r->done = true;
+        r->reason = ev->reason;
+        r->prompt_tokens = ev->prompt_tokens;
+        r->generated = ev->generated_tokens;
+        r->ttft_ms = ev->ttft_ms;
+        r->tpot_ms = ev->tpot_ms;
+        r->e2e_ms = ev->e2e_ms;
+    }
+}
+
+/* One JSON line per measured round of N concurrent requests through the engine. */
+static int run_concurrent(const struct opts *o, const struct prompts *ps, double load_ms)
+{
+    const uint32_t N = o->concurrency;
+    struct engine_config ec = {
+        .model_dir = o->model_dir,
+        .n_threads = o->threads,
+        .kv_dtype = DT_F32,
+        .max_step_tokens = N > 256 ? N : 256,
+        .max_running = N,
+        .max_queue = N,
+        .prefix_cache = true,
+    };
+    struct engine *e = NULL;
+    struct conc_req *reqs = calloc(N, sizeof *reqs);
+    double *v = malloc(N * sizeof *v);
+    char *aname = NULL;
+    int rc;
+    if (!reqs || !v) {
+        LOG_ERR("out of memory for %u requests", N);
+        rc = -ENOMEM;
+        goto out;
+    }
+    const double t_load = now_s();
+    if ((rc = engine_create(&ec, conc_event, NULL, &e))) {
+        rc = exit_for(rc, rc == ERR_RANGE ? EXIT_USAGE : EXIT_MODEL);
+        goto out;
+    }
+    if (o->adapter) {
+        const char *eq = strchr(o->adapter, '=');
+        if (!(aname = strndup(o->adapter, (size_t)(eq - o->adapter)))) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        if ((rc = engine_load_adapter(e, aname, eq + 1))) {
+            rc = exit_for(rc, EXIT_USAGE);
+            goto out;
+        }
+    }
+    load_ms += (now_s() - t_load) * 1e3;
+    const char *const *stops = o->n_stops ? o->stops : NULL;
+    for (uint32_t round = 0; round < o->warmup + o->rounds; round++) {
+        struct engine_metrics m0, m1;
+        engine_get_metrics(e, &m0);
+        memset(reqs, 0, N * sizeof *reqs);
+        const double t0 = now_s();
+        for (uint32_t i = 0; i < N; i++) {
+            const struct prompt *p = &ps->v[i % ps->n];
+            struct engine_request r = {
+                .prompt = p->ids, .n_prompt = p->n, .max_new = o->max_new,
+                .temperature = o->sp.temperature, .top_p = o->sp.top_p, .min_p = o->sp.min_p,
+                .repeat_penalty = o->sp.repeat_penalty, .top_k = o->sp.top_k,
+                .repeat_window = o->sp.repeat_window, .seed = o->sp.seed + i,
+                .stop = stops, .n_stop = o->n_stops, .adapter = aname,
+                .adapter_scale = o->adapter_scale, .priority = ENGINE_PRIO_NORMAL,
+                .user = &reqs[i], .ignore_eos = o->ignore_eos,
+            };
+            uint64_t id;
+            if ((rc = engine_submit(e, &r, &id))) {
+                rc = exit_for(rc, EXIT_USAGE);
+                goto out;
+            }
+        }
+        size_t active = 1;
+        while (active)
+            if ((rc = engine_step(e, &active))) {
+                rc = exit_for(rc, EXIT_FAIL);
+                goto out;
+            }
+        const double wall = now_s() - t0;
+        engine_get_metrics(e, &m1);
+        if (round < o->warmup)
+            continue;
+        uint64_t gen = 0, prompt = 0;
+        for (uint32_t i = 0; i < N; i++) {
+            if (reqs[i].error) {
+                rc = EXIT_FAIL;
+                goto out;
+            }
+            gen += reqs[i].generated;
+            prompt += reqs[i].prompt_tokens;
+        }
+        json_t *j = json_object();
+        if (!j) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        double q[6];
+        for (int k = 0; k < 3; k++) {
+            for (uint32_t i = 0; i < N; i++)
+                v[i] = k == 0 ? reqs[i].ttft_ms : k == 1 ? reqs[i].e2e_ms : reqs[i].tpot_ms;
+            q[2 * k] = quantile(v, N, 0.50);
+            q[2 * k + 1] = quantile(v, N, 0.95);
+        }
+        if ((rc = json_set(j, "model", json_string(o->model_dir))) ||
+            (rc = json_set(j, "concurrency", json_integer(N))) ||
+            (rc = json_set(j, "round", json_integer(round - o->warmup))) ||
+            (rc = json_set(j, "prompt_tokens", json_integer((json_int_t)prompt))) ||
+            (rc = json_set(j, "generated_tokens", json_integer((json_int_t)gen))) ||
+            (rc = json_set(j, "wall_s", json_real(wall))) ||
+            (rc = json_set(j, "tps", json_real(wall > 0 ? (double)gen / wall : 0))) ||
+            (rc = json_set(j, "ttft_p50_ms", json_real(q[0]))) ||
+            (rc = json_set(j, "ttft_p95_ms", json_real(q[1]))) ||
+            (rc = json_set(j, "e2e_p50_ms", json_real(q[2]))) ||
+            (rc = json_set(j, "e2e_p95_ms", json_real(q[3]))) ||
+            (rc = json_set(j, "p50_ms", json_real(q[4]))) ||
+            (rc = json_set(j, "p95_ms", json_real(q[5]))) ||
+            (rc = json_set(j, "kv_hits", json_integer((json_int_t)(m1.prefix_hit_tokens -
+                                                                  m0.prefix_hit_tokens)))) ||
+            (rc = json_set(j, "kv_misses", json_integer((json_int_t)(m1.prefix_miss_tokens -
+                                                                    m0.prefix_miss_tokens)))) ||
+            (rc = json_set(j, "preemptions",
+                           json_integer((json_int_t)(m1.preemptions - m0.preemptions)))) ||
+            (rc = json_set(j, "load_ms", json_real(load_ms))) ||
+            (rc = json_set(j, "rss_peak_mb", json_real(rss_peak_mb()))) ||
+            (rc = json_set(j, "threads", json_integer(o->threads))) ||
+            (rc = json_set(j, "isa", json_string(kern_isa_name(kern_isa()))))) {
+            json_decref(j);
+            goto out;
+        }
+        char *line = json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+        if (!line) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        printf("%s\n", line);
+        fflush(stdout);
+        free(line);
+    }
+    rc = 0;
+out:
+    engine_destroy(e);
+    free(aname);
+    free(reqs);
+    free(v);
+    return rc;
+}
+
 /* Runs warmup + rounds for prompt `idx` and prints its JSON line. */
 static int run_prompt(struct engine_ctx *E, size_t idx, const struct prompt *p, bool indexed,
                       double load_ms, int threads)
@@ -899,6 +1107,12 @@ int main(int argc, char **argv)
         rc = read_prompts_file(o.prompts_file, E.tok, bos, &ps);
     if (rc) {
         code = exit_for(rc, EXIT_USAGE);
+        goto out;
+    }
+
+    if (o.concurrency) {
+        if ((rc = run_concurrent(&o, &ps, load_ms)))
+            code = exit_for(rc, EXIT_FAIL);
         goto out;
     }
 

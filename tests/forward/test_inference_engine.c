@@ -470,6 +470,56 @@ static void test_prompts_file(void **state)
     free(out);
 }
 
+/* --concurrency: N requests at once through the serving engine, one JSON line per round. */
+static void test_concurrency(void **state)
+{
+    (void)state;
+    const struct golden_case *gc = &g_gold.cases[3];
+    char *ids = ids_arg(gc->prompt, gc->n_prompt);
+    char a[8192], *out;
+    snprintf(a, sizeof a,
+             "--model-dir %s --prompt-ids %s --greedy --max-new 16 --concurrency 4 --rounds 2 "
+             "--threads 2",
+             g_s260k, ids);
+    assert_int_equal(engine(a, &out, NULL), 0);
+    char *nl = strchr(out, '\n');
+    assert_non_null(nl);
+    *nl = '\0';
+    json_t *j[2];
+    json_error_t e;
+    j[0] = json_loads(out, 0, &e);
+    j[1] = json_loads(nl + 1, 0, &e);
+    assert_non_null(j[0]);
+    assert_non_null(j[1]);
+    for (int r = 0; r < 2; r++) {
+        static const char *const keys[] = {"concurrency", "tps", "ttft_p50_ms", "ttft_p95_ms",
+                                           "e2e_p50_ms", "e2e_p95_ms", "p50_ms", "p95_ms",
+                                           "kv_hits", "kv_misses", "preemptions", "isa"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            if (!json_object_get(j[r], keys[k]))
+                fail_msg("key '%s' missing from round %d", keys[k], r);
+        assert_int_equal(json_integer_value(json_object_get(j[r], "generated_tokens")), 64);
+        assert_int_equal(json_integer_value(json_object_get(j[r], "prompt_tokens")),
+                         4 * gc->n_prompt);
+        assert_true(json_number_value(json_object_get(j[r], "tps")) > 0);
+        assert_true(json_number_value(json_object_get(j[r], "e2e_p95_ms")) >=
+                    json_number_value(json_object_get(j[r], "e2e_p50_ms")));
+    }
+    /* the second round finds the first round's prompt blocks */
+    assert_true(json_integer_value(json_object_get(j[1], "kv_hits")) > 0);
+    json_decref(j[0]);
+    json_decref(j[1]);
+    free(out);
+    snprintf(a, sizeof a, "--model-dir %s --prompt-ids %s --concurrency 0", g_s260k, ids);
+    expect_exit(a, 2, "--concurrency");
+    snprintf(a, sizeof a, "--model-dir %s --prompt-ids %s --concurrency 2 --dump-logits x",
+             g_s260k, ids);
+    expect_exit(a, 2, "--dump-logits works on the reference path only");
+    snprintf(a, sizeof a, "--model-dir %s --prompt-ids %s --adapter noequals", g_s260k, ids);
+    expect_exit(a, 2, "expected NAME=DIR");
+    free(ids);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -480,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_dump_logits),
         cmocka_unit_test(test_text_and_stop),
         cmocka_unit_test(test_prompts_file),
+        cmocka_unit_test(test_concurrency),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
