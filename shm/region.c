@@ -407,6 +407,9 @@ void shm_region_heartbeat(struct shm_region *r)
 void shm_region_set_state(struct shm_region *r, enum shm_state state)
 {
     CHECK(state >= SHM_STATE_ATTACHED && state <= SHM_STATE_DRAINING);
+    /* heartbeat first: a peer that sees READY (and so starts judging our heartbeat) sees a
+     * fresh one, however long we were silent before */
+    shm_region_heartbeat(r);
     atomic_store_explicit(&line(r, r->side)->state, state, memory_order_release);
 }
 
@@ -499,7 +502,12 @@ static int check_peer_locked(struct shm_region *r)
         if (hb > now + FUTURE_SLACK_NS)
             return gone(r, false, "its heartbeat is %.3f s in the future",
                         (double)(hb - now) / 1e9);
-        if (hb < now && now - hb > r->stale_ns)
+        /* Only a serving side promises heartbeats: a worker that attached and is still loading
+         * its model, or a gateway that has not started serving the region, may be silent for
+         * longer than the limit; its pid speaks for it meanwhile (and the supervisor has its own
+         * timeout for a worker that never gets ready). */
+        bool serving = st == SHM_STATE_READY || st == SHM_STATE_DRAINING;
+        if (serving && hb < now && now - hb > r->stale_ns)
             return gone(r, false, "no heartbeat for %.3f s (limit %.3f s)",
                         (double)(now - hb) / 1e9, (double)r->stale_ns / 1e9);
     }

@@ -8,8 +8,9 @@
  * Liveness: each side writes its pid, its state and a heartbeat (CLOCK_MONOTONIC ns) into its
  * own line of the header. shm_region_check_peer() answers "is the other side still there":
  * its process has not exited (pidfd, or kill(pid, 0) where pidfd_open is unavailable), it has
- * not closed its end, its heartbeat is not older than the stale limit, its line is not
- * garbage. The ring waits of both ends run that check (and give this side's heartbeat) at
+ * not closed its end, its heartbeat is not older than the stale limit once it says READY or
+ * DRAINING (a side that is still starting, e.g. a worker loading its model, need not
+ * heartbeat), its line is not garbage. The ring waits of both ends run that check (and give this side's heartbeat) at
  * every slice, so no wait outlives the peer by more than a slice (SHM_RING_SLICE_NS).
  *
  * NOTES: a region is shared by the threads of one side: shm_region_heartbeat(),
@@ -90,9 +91,12 @@ struct shm_ring *shm_region_rx(struct shm_region *r);
  * Call before the rings are in use. */
 void shm_region_set_name(struct shm_region *r, const char *name);
 
-/* Stores now into this side's heartbeat. Cheap (no system call beyond the vDSO clock). */
+/* Stores now into this side's heartbeat. Cheap (no system call beyond the vDSO clock). A side
+ * in state READY or DRAINING must heartbeat well within the peer's stale limit: the ring waits
+ * do it at every slice; a side busy elsewhere (the worker in an engine step) calls this. */
 void shm_region_heartbeat(struct shm_region *r);
-/* Announces this side's state (ATTACHED, READY, DRAINING; CLOSED is shm_region_close's). */
+/* Announces this side's state (ATTACHED, READY, DRAINING; CLOSED is shm_region_close's), with a
+ * heartbeat just before it. */
 void shm_region_set_state(struct shm_region *r, enum shm_state state);
 
 /*
@@ -101,8 +105,8 @@ void shm_region_set_state(struct shm_region *r, enum shm_state state);
  * attached, and makes a peer claiming another pid count as gone. ERR_RANGE for pid <= 0.
  */
 int shm_region_set_peer_pid(struct shm_region *r, pid_t pid);
-/* Heartbeat age beyond which the peer counts as gone; 0 disables the heartbeat check
- * (pid and state checks remain). Default SHM_DEFAULT_STALE_NS. */
+/* Heartbeat age beyond which a READY or DRAINING peer counts as gone; 0 disables the heartbeat
+ * check (pid and state checks remain). Default SHM_DEFAULT_STALE_NS. */
 void shm_region_set_stale_ns(struct shm_region *r, uint64_t ns);
 
 /*

@@ -337,6 +337,7 @@ static void test_peer_garbage(void **state)
         case 2: atomic_store(&ws->pid, -5); break;
         case 3: atomic_store(&ws->heartbeat_ns, now + 10ull * 1000000000); break;
         case 4:
+            shm_region_set_state(wk, SHM_STATE_READY);
             shm_region_set_stale_ns(gw, 100 * 1000000ull);
             atomic_store(&ws->heartbeat_ns, now - 1000000000ull);
             break;
@@ -349,10 +350,29 @@ static void test_peer_garbage(void **state)
     /* with the heartbeat check off, silence alone is not death */
     struct shm_region *gw, *wk;
     pair(&gw, &wk);
+    shm_region_set_state(wk, SHM_STATE_READY);
     struct poke pk = poke_map(shm_region_fd(gw));
     shm_region_set_stale_ns(gw, 0);
     atomic_store(&pk.h->sides[SHM_SIDE_WORKER].heartbeat_ns, 1);
     assert_int_equal(shm_region_check_peer(gw), 0);
+    poke_unmap(&pk);
+    shm_region_close(wk);
+    shm_region_close(gw);
+
+    /* a side that has not said READY (a worker loading its model) need not heartbeat: silence
+     * is not death until it does, and READY comes with a fresh heartbeat */
+    pair(&gw, &wk);
+    pk = poke_map(shm_region_fd(gw));
+    shm_region_set_stale_ns(gw, 100 * 1000000ull);
+    shm_region_set_stale_ns(wk, 100 * 1000000ull);
+    atomic_store(&pk.h->sides[SHM_SIDE_WORKER].heartbeat_ns, st_now_ns() - 5000000000ull);
+    atomic_store(&pk.h->sides[SHM_SIDE_GATEWAY].heartbeat_ns, st_now_ns() - 5000000000ull);
+    assert_int_equal(shm_region_check_peer(gw), 0);
+    assert_int_equal(shm_region_check_peer(wk), 0);
+    shm_region_set_state(wk, SHM_STATE_READY);
+    assert_int_equal(shm_region_check_peer(gw), 0);
+    atomic_store(&pk.h->sides[SHM_SIDE_WORKER].heartbeat_ns, st_now_ns() - 5000000000ull);
+    expect_gone(gw, "no heartbeat for 5.");
     poke_unmap(&pk);
     shm_region_close(wk);
     shm_region_close(gw);

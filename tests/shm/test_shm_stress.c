@@ -361,11 +361,22 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--child") == 0)
         return child_main(argc, argv);
+    /* the count: --records N, else $CLOCHER_SHM_STRESS_RECORDS (set by CMake, smaller in
+     * sanitizer builds), else 10 million */
+    const char *n = getenv("CLOCHER_SHM_STRESS_RECORDS");
     if (argc == 3 && strcmp(argv[1], "--records") == 0)
-        g_records = strtoull(argv[2], NULL, 10);
+        n = argv[2];
     else if (argc != 1) {
         fprintf(stderr, "usage: %s [--records N]\n", argv[0]);
         return 2;
+    }
+    if (n) {
+        char *end;
+        g_records = strtoull(n, &end, 10);
+        if (end == n || *end || g_records == 0) {
+            fprintf(stderr, "%s: record count \"%s\" is not a positive integer\n", argv[0], n);
+            return 2;
+        }
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_echo),
