@@ -40,6 +40,8 @@ struct progress {
     bool on;
     size_t done, total;
     double mb;
+    void (*fn)(void *arg, size_t done, size_t total);
+    void *arg;
 };
 
 static void progress_tick(struct progress *p, const char *name, uint64_t bytes)
@@ -53,6 +55,8 @@ static void progress_tick(struct progress *p, const char *name, uint64_t bytes)
             fputc('\n', stderr);
         fflush(stderr);
     }
+    if (p->fn)
+        p->fn(p->arg, p->done, p->total);
 }
 
 /*
@@ -464,6 +468,22 @@ static int hf_hparams(const char *dir, struct iebin_hparams *hp, bool *tie_given
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        int e = errno;
+        LOG_ERR("%s: %s", dir, strerror(e));
+        return -e;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        LOG_ERR("%s: not a directory (a Hugging Face model is a directory with config.json)",
+                dir);
+        return ERR_UNSUPPORTED; /* an input problem (exit 3), unlike an output ENOTDIR */
+    }
+    if (access(path, R_OK) != 0) {
+        int e = errno;
+        LOG_ERR("cannot read %s: %s", path, strerror(e));
+        return -e;
+    }
     json_error_t je;
     json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!cfg) {
@@ -823,7 +843,7 @@ static int convert_llama2c(const char *path, const char *out_dir, const struct c
         rc = llama2c_convert(path, json, len, tmp, DT_F32, NULL);
         if (rc == 0) {
             struct convert_opts o2 = *o;
-            struct progress pg = {.on = o->progress};
+            struct progress pg = {.on = o->progress, .fn = o->on_tensor, .arg = o->on_tensor_arg};
             o2.tokenizer = NULL;
             rc = convert_iebin(tmp, out_dir, &o2, &pg);
         }
@@ -898,7 +918,7 @@ int convert_model(const char *src, const char *out_dir, const struct convert_opt
     enum convert_from from = o->from;
     if (from == CONVERT_AUTO && (rc = convert_detect(src, &from)) != 0)
         return rc;
-    struct progress pg = {.on = o->progress};
+    struct progress pg = {.on = o->progress, .fn = o->on_tensor, .arg = o->on_tensor_arg};
     switch (from) {
     case CONVERT_HF:
         return convert_hf(src, out_dir, o, &pg);

@@ -14,6 +14,7 @@
 #include "dtype.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 
 enum convert_from { CONVERT_AUTO = 0, CONVERT_LLAMA2C, CONVERT_HF, CONVERT_GGUF, CONVERT_IEBIN };
 
@@ -25,6 +26,10 @@ struct convert_opts {
     enum dtype embd_dtype;
     const char *tokenizer; /* overrides the source's tokenizer; NULL: the source's own */
     bool progress;        /* in-place progress line on stderr */
+    /* Called after each tensor is written (streaming imports: HF, GGUF, IEBIN); NULL = none.
+     * For GUIs and tests (which kill the process mid-conversion from it). */
+    void (*on_tensor)(void *arg, size_t done, size_t total);
+    void *on_tensor_arg;
 };
 
 /* 0, or a negative code with the reason logged once. */
