@@ -18,6 +18,7 @@
 
 #include "half.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <libgen.h>
@@ -36,13 +37,23 @@ struct src_tensor {
     const uint8_t *data;
 };
 
+/* The state of one conversion: progress, and whether a failure was the output's. */
 struct progress {
     bool on;
     size_t done, total;
     double mb;
     void (*fn)(void *arg, size_t done, size_t total);
     void *arg;
+    bool out_failed; /* set where a write to OUT_DIR fails (convert_model's *fault) */
 };
+
+/* rc of a call that writes OUT_DIR: a failure there is the output's, not the source's. */
+static int out_rc(struct progress *pg, int rc)
+{
+    if (rc)
+        pg->out_failed = true;
+    return rc;
+}
 
 static void progress_tick(struct progress *p, const char *name, uint64_t bytes)
 {
@@ -181,7 +192,7 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
                 (unsigned long long)cols);
         return ERR_FORMAT;
     }
-    int rc = iebin_writer_begin(w, name, to, want, want_dims);
+    int rc = out_rc(pg, iebin_writer_begin(w, name, to, want, want_dims));
     if (rc)
         return rc;
     /* a chunk of rows at a time keeps writes large without holding the tensor */
@@ -202,10 +213,10 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
             rc = convert_row(st->dtype, st->data + sr * src_rb, to, buf + j * dst_rb, tmp, cols);
         }
         if (rc == 0)
-            rc = iebin_writer_write(w, buf, nr * dst_rb);
+            rc = out_rc(pg, iebin_writer_write(w, buf, nr * dst_rb));
     }
     if (rc == 0)
-        rc = iebin_writer_end(w);
+        rc = out_rc(pg, iebin_writer_end(w));
     if (rc == 0)
         progress_tick(pg, name, rows * dst_rb);
 out:
@@ -335,14 +346,14 @@ static int write_model(void *src, lookup_fn *lookup, const char *what, const cha
     if (rc)
         return rc;
     struct iebin_writer *w;
-    rc = iebin_writer_create(out_dir, "llama", name, hp, &w);
+    rc = out_rc(pg, iebin_writer_create(out_dir, "llama", name, hp, &w));
     if (rc == 0) {
         if ((rc = walk(src, lookup, what, hp, w, o, hf_rope, pg)) == 0 && json)
-            rc = iebin_writer_set_tokenizer(w, json, len);
+            rc = out_rc(pg, iebin_writer_set_tokenizer(w, json, len));
         if (rc)
             iebin_writer_abort(w);
         else
-            rc = iebin_writer_finish(w);
+            rc = out_rc(pg, iebin_writer_finish(w));
     }
     free(json);
     return rc;
@@ -825,7 +836,32 @@ static int convert_iebin(const char *dir, const char *out_dir, const struct conv
 
 /* ---- llama2.c ---- */
 
-static int convert_llama2c(const char *path, const char *out_dir, const struct convert_opts *o)
+/* Removes a directory this process created and the files in it. */
+static void remove_scratch(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[4400];
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+                snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+                unlink(p);
+            }
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/*
+ * The llama2.c importer (client/llama2c.h) validates the checkpoint against its exact size,
+ * then writes float tensors; every failure after that validation is the output's. Block
+ * dtypes go through an f32 import in a scratch directory of our own beside OUT_DIR (same
+ * file system, never a name the user could own), re-quantized by the IEBIN path.
+ */
+static int convert_llama2c(const char *path, const char *out_dir, const struct convert_opts *o,
+                           struct progress *pg)
 {
     char *json = NULL;
     size_t len = 0;
@@ -837,28 +873,34 @@ static int convert_llama2c(const char *path, const char *out_dir, const struct c
         return rc;
     enum dtype dt = o->dtype_set ? o->dtype : DT_F32;
     if (dt == DT_Q8_0 || dt == DT_Q4_0) {
-        /* the importer writes floats: import to f32 beside the target, then quantize that */
         char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.f32-import", out_dir);
-        rc = llama2c_convert(path, json, len, tmp, DT_F32, NULL);
+        char *slash;
+        snprintf(tmp, sizeof tmp, "%s", out_dir);
+        while ((slash = strrchr(tmp, '/')) != NULL && slash[1] == '\0' && slash != tmp)
+            *slash = '\0';
+        if (strlen(tmp) + sizeof ".import.XXXXXX" > sizeof tmp) {
+            LOG_ERR("%s: path too long", out_dir);
+            free(json);
+            return out_rc(pg, -ENAMETOOLONG);
+        }
+        strcat(tmp, ".import.XXXXXX");
+        if (!mkdtemp(tmp)) {
+            rc = -errno;
+            LOG_ERR("cannot create a scratch directory %s: %s", tmp, strerror(errno));
+            free(json);
+            return out_rc(pg, rc);
+        }
+        rc = out_rc(pg, llama2c_convert(path, json, len, tmp, DT_F32, NULL));
         if (rc == 0) {
             struct convert_opts o2 = *o;
-            struct progress pg = {.on = o->progress, .fn = o->on_tensor, .arg = o->on_tensor_arg};
             o2.tokenizer = NULL;
-            rc = convert_iebin(tmp, out_dir, &o2, &pg);
+            rc = convert_iebin(tmp, out_dir, &o2, pg);
         }
-        char cmd[8300];
-        snprintf(cmd, sizeof cmd, "%s/" IEBIN_MANIFEST, tmp);
-        unlink(cmd);
-        snprintf(cmd, sizeof cmd, "%s/" IEBIN_BLOB, tmp);
-        unlink(cmd);
-        snprintf(cmd, sizeof cmd, "%s/" IEBIN_TOKENIZER, tmp);
-        unlink(cmd);
-        rmdir(tmp);
+        remove_scratch(tmp);
         free(json);
         return rc;
     }
-    rc = llama2c_convert(path, json, len, out_dir, dt, NULL);
+    rc = out_rc(pg, llama2c_convert(path, json, len, out_dir, dt, NULL));
     free(json);
     return rc;
 }
@@ -906,7 +948,8 @@ int convert_detect(const char *src, enum convert_from *out)
     return ERR_UNSUPPORTED;
 }
 
-int convert_model(const char *src, const char *out_dir, const struct convert_opts *o)
+static int run(const char *src, const char *out_dir, const struct convert_opts *o,
+               struct progress *pg)
 {
     if (o->dtype_set && o->dtype >= DT_COUNT_) {
         LOG_ERR("--dtype: unknown dtype");
@@ -918,17 +961,28 @@ int convert_model(const char *src, const char *out_dir, const struct convert_opt
     enum convert_from from = o->from;
     if (from == CONVERT_AUTO && (rc = convert_detect(src, &from)) != 0)
         return rc;
-    struct progress pg = {.on = o->progress, .fn = o->on_tensor, .arg = o->on_tensor_arg};
     switch (from) {
     case CONVERT_HF:
-        return convert_hf(src, out_dir, o, &pg);
+        return convert_hf(src, out_dir, o, pg);
     case CONVERT_GGUF:
-        return convert_gguf(src, out_dir, o, &pg);
+        return convert_gguf(src, out_dir, o, pg);
     case CONVERT_LLAMA2C:
-        return convert_llama2c(src, out_dir, o);
+        return convert_llama2c(src, out_dir, o, pg);
     case CONVERT_IEBIN:
-        return convert_iebin(src, out_dir, o, &pg);
+        return convert_iebin(src, out_dir, o, pg);
     default:
         return ERR_USAGE;
     }
+}
+
+int convert_model(const char *src, const char *out_dir, const struct convert_opts *o,
+                  enum convert_fault *fault)
+{
+    struct progress pg = {.on = o->progress, .fn = o->on_tensor, .arg = o->on_tensor_arg};
+    int rc = run(src, out_dir, o, &pg);
+    if (fault)
+        *fault = rc == 0 ? CONVERT_FAULT_NONE
+                 : pg.out_failed ? CONVERT_FAULT_OUTPUT
+                 : CONVERT_FAULT_SOURCE;
+    return rc;
 }

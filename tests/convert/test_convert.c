@@ -324,7 +324,20 @@ static void write_gguf(const char *path, const struct gguf_spoil *sp)
 static int convert(const char *src, const char *out)
 {
     struct convert_opts o = {0};
-    return convert_model(src, out, &o);
+    return convert_model(src, out, &o, NULL);
+}
+
+/* Directory entries of dir whose name contains needle. */
+static int entries_containing(const char *dir, const char *needle)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strstr(e->d_name, needle) != NULL;
+    closedir(d);
+    return n;
 }
 
 /* ---- the RoPE permutation ---- */
@@ -428,8 +441,8 @@ static void test_dtype_conversion(void **state)
     static const enum dtype dts[] = {DT_F16, DT_BF16};
     for (int i = 0; i < 2; i++) {
         struct convert_opts o = {.dtype_set = true, .dtype = dts[i]};
-        assert_int_equal(convert_model(hf, a, &o), 0);
-        assert_int_equal(convert_model(gg, b, &o), 0);
+        assert_int_equal(convert_model(hf, a, &o, NULL), 0);
+        assert_int_equal(convert_model(gg, b, &o, NULL), 0);
         assert_models_equal(a, b);
         struct iebin_model *m;
         assert_int_equal(iebin_open(a, &m), 0);
@@ -446,18 +459,25 @@ static void test_dtype_conversion(void **state)
 /* ---- malformed sources ---- */
 
 /* convert_model(src) fails with rc, the log names every needle, and out holds no model. */
-static void expect_fail(const char *src, const char *out, const struct convert_opts *o, int rc,
-                        const char *n1, const char *n2)
+static void expect_fail_on(enum convert_fault side, const char *src, const char *out,
+                           const struct convert_opts *o, int rc, const char *n1, const char *n2)
 {
     struct convert_opts dflt = {0};
+    enum convert_fault fault;
     tu_log_capture_begin();
-    int got = convert_model(src, out, o ? o : &dflt);
+    int got = convert_model(src, out, o ? o : &dflt, &fault);
     if (got != rc)
         fail_msg("%s: rc %d, expected %d; log: %s", src, got, rc, tu_log_captured());
+    if (fault != side)
+        fail_msg("%s: a failure of the %s, expected the %s", src,
+                 fault == CONVERT_FAULT_OUTPUT ? "output" : "source",
+                 side == CONVERT_FAULT_OUTPUT ? "output" : "source");
     tu_assert_log_contains(n1, n2, NULL);
     tu_log_capture_end();
     assert_no_model(out);
 }
+
+#define expect_fail(...) expect_fail_on(CONVERT_FAULT_SOURCE, __VA_ARGS__)
 
 static void test_bad_hf_config(void **state)
 {
@@ -698,24 +718,26 @@ static void test_output_failures(void **state)
     /* OUT_DIR under a regular file (root ignores mode bits, not file types) */
     tu_write_file(tu_path(dir, "afile"), "x", 1);
     snprintf(out, sizeof out, "%s/afile/out", dir);
-    tu_log_capture_begin();
-    int rc = convert(gg, out);
-    assert_true(rc == -ENOTDIR || rc == -EEXIST);
-    tu_assert_log_contains("afile", NULL);
-    tu_log_capture_end();
-    assert_no_model(out);
+    expect_fail_on(CONVERT_FAULT_OUTPUT, gg, out, NULL, -ENOTDIR, "afile/out",
+                   "Not a directory");
 
     /* a directory the kernel refuses to create files in */
-    tu_log_capture_begin();
-    assert_true(convert(gg, "/proc/self/clocher-out") < 0);
-    tu_assert_log_contains("/proc/self/clocher-out", NULL);
-    tu_log_capture_end();
-    assert_no_model("/proc/self/clocher-out");
+    expect_fail_on(CONVERT_FAULT_OUTPUT, gg, "/proc/self/clocher-out", NULL, -ENOENT,
+                   "/proc/self/clocher-out", "No such file");
+    /* the same through the llama2.c importer, and its quantizing route */
+    expect_fail_on(CONVERT_FAULT_OUTPUT, tu_fixture(S260K), "/proc/self/clocher-out", NULL,
+                   -ENOENT, "/proc/self/clocher-out", "No such file");
+    struct convert_opts q8 = {.dtype_set = true, .dtype = DT_Q8_0};
+    expect_fail_on(CONVERT_FAULT_OUTPUT, tu_fixture(S260K), "/proc/self/clocher-out", &q8,
+                   -ENOENT, "/proc/self/clocher-out", "scratch");
 
     /* a full disk, into an empty directory and over an existing model */
     snprintf(out, sizeof out, "%s/full", dir);
     setenv("CLOCHER_FAULT_WRITE_LIMIT", "100000", 1);
-    expect_fail(gg, out, NULL, -ENOSPC, "No space left on device", out);
+    expect_fail_on(CONVERT_FAULT_OUTPUT, gg, out, NULL, -ENOSPC, "No space left on device", out);
+    expect_fail_on(CONVERT_FAULT_OUTPUT, tu_fixture(S260K), out, &q8, -ENOSPC,
+                   "No space left on device", out);
+    assert_int_equal(entries_containing(dir, ".import."), 0); /* the scratch import is gone */
     unsetenv("CLOCHER_FAULT_WRITE_LIMIT");
     assert_int_equal(llama2c_convert(tu_fixture(S260K), NULL, 0, out, DT_F32, "old"), 0);
     setenv("CLOCHER_FAULT_WRITE_LIMIT", "100000", 1);
@@ -767,7 +789,7 @@ static void convert_killed(const char *src, const char *out, size_t at)
     assert_true(pid >= 0);
     if (pid == 0) {
         struct convert_opts o = {.on_tensor = kill_after, .on_tensor_arg = &at};
-        convert_model(src, out, &o);
+        convert_model(src, out, &o, NULL);
         _exit(0); /* not reached unless the hook failed to fire */
     }
     int st;

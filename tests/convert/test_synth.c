@@ -195,8 +195,8 @@ static void test_hf_equals_gguf(void **state)
                                 .dtype = dts[i], .gguf = gg};
         assert_int_equal(synth_model(hf, &so), 0);
         struct convert_opts co = {0};
-        assert_int_equal(convert_model(hf, a, &co), 0);
-        assert_int_equal(convert_model(gg, b, &co), 0);
+        assert_int_equal(convert_model(hf, a, &co, NULL), 0);
+        assert_int_equal(convert_model(gg, b, &co, NULL), 0);
 
         struct iebin_model *ma, *mb;
         assert_int_equal(iebin_open(a, &ma), 0);
