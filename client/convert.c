@@ -582,6 +582,15 @@ static int convert_hf(const char *dir, const char *out_dir, const struct convert
     if (rc)
         return rc;
     struct hf_src s = {.dir = dir};
+    char p[4200], idx[4200], pt[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
+    snprintf(pt, sizeof pt, "%s/pytorch_model.bin", dir);
+    if (access(p, F_OK) != 0 && access(idx, F_OK) != 0 && access(pt, F_OK) == 0) {
+        LOG_ERR("%s: only PyTorch pickle weights (pytorch_model.bin); convert them to "
+                "safetensors first", dir);
+        return ERR_UNSUPPORTED;
+    }
     rc = safetensors_set_open(dir, &s.set);
     if (rc)
         return rc;

@@ -570,10 +570,12 @@ static void test_bad_hf_tensors(void **state)
         write_hf(hf, &cases[i].sp);
         expect_fail(hf, out, NULL, cases[i].rc, cases[i].n1, "hf");
     }
-    /* no weights at all */
+    /* no weights at all; only pickled ones */
     snprintf(hf, sizeof hf, "%s/hf0", dir);
     unlink(tu_path(hf, "model.safetensors"));
     expect_fail(hf, out, NULL, ERR_NOT_FOUND, hf, "safetensors");
+    tu_write_file(tu_path(hf, "pytorch_model.bin"), "PK", 2);
+    expect_fail(hf, out, NULL, ERR_UNSUPPORTED, "pytorch_model.bin", "convert them to safetensors");
     /* a truncated safetensors file */
     snprintf(hf, sizeof hf, "%s/hf1", dir);
     size_t len;
