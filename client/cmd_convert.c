@@ -87,13 +87,12 @@ int cmd_convert(int argc, char **argv)
         usage(stderr);
         return CMD_EXIT_USAGE;
     }
-    int rc = convert_model(pos[0], pos[1], &o);
+    enum convert_fault fault;
+    int rc = convert_model(pos[0], pos[1], &o, &fault);
     if (rc == 0)
         return CMD_EXIT_OK;
-    /* the reason was logged where it was found; a missing or malformed source is "input" */
-    return (rc == ERR_USAGE) ? CMD_EXIT_USAGE
-           : (rc == -ENOENT || rc == ERR_FORMAT || rc == ERR_UNSUPPORTED || rc == ERR_TRUNCATED ||
-              rc == ERR_MISMATCH || rc == ERR_NOT_FOUND || rc == ERR_RANGE)
-               ? CMD_EXIT_INPUT
-               : CMD_EXIT_FAIL;
+    /* the reason was logged where it was found */
+    if (rc == ERR_USAGE)
+        return CMD_EXIT_USAGE;
+    return fault == CONVERT_FAULT_OUTPUT ? CMD_EXIT_FAIL : CMD_EXIT_INPUT;
 }

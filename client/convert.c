@@ -18,6 +18,7 @@
 
 #include "half.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <libgen.h>
@@ -36,11 +37,23 @@ struct src_tensor {
     const uint8_t *data;
 };
 
+/* The state of one conversion: progress, and whether a failure was the output's. */
 struct progress {
     bool on;
     size_t done, total;
     double mb;
+    void (*fn)(void *arg, size_t done, size_t total);
+    void *arg;
+    bool out_failed; /* set where a write to OUT_DIR fails (convert_model's *fault) */
 };
+
+/* rc of a call that writes OUT_DIR: a failure there is the output's, not the source's. */
+static int out_rc(struct progress *pg, int rc)
+{
+    if (rc)
+        pg->out_failed = true;
+    return rc;
+}
 
 static void progress_tick(struct progress *p, const char *name, uint64_t bytes)
 {
@@ -53,6 +66,8 @@ static void progress_tick(struct progress *p, const char *name, uint64_t bytes)
             fputc('\n', stderr);
         fflush(stderr);
     }
+    if (p->fn)
+        p->fn(p->arg, p->done, p->total);
 }
 
 /*
@@ -177,7 +192,7 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
                 (unsigned long long)cols);
         return ERR_FORMAT;
     }
-    int rc = iebin_writer_begin(w, name, to, want, want_dims);
+    int rc = out_rc(pg, iebin_writer_begin(w, name, to, want, want_dims));
     if (rc)
         return rc;
     /* a chunk of rows at a time keeps writes large without holding the tensor */
@@ -193,17 +208,15 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
         uint64_t nr = rows - r0 < chunk_rows ? rows - r0 : chunk_rows;
         for (uint64_t j = 0; j < nr && rc == 0; j++) {
             uint64_t r = r0 + j, sr = r;
-            if (perm_heads) {
-                uint64_t h = r / head_dim, k = r % head_dim, i = k / 2, s = k % 2;
-                sr = h * head_dim + s * (head_dim / 2) + i;
-            }
+            if (perm_heads)
+                sr = iebin_rope_hf_row(r, head_dim);
             rc = convert_row(st->dtype, st->data + sr * src_rb, to, buf + j * dst_rb, tmp, cols);
         }
         if (rc == 0)
-            rc = iebin_writer_write(w, buf, nr * dst_rb);
+            rc = out_rc(pg, iebin_writer_write(w, buf, nr * dst_rb));
     }
     if (rc == 0)
-        rc = iebin_writer_end(w);
+        rc = out_rc(pg, iebin_writer_end(w));
     if (rc == 0)
         progress_tick(pg, name, rows * dst_rb);
 out:
@@ -296,32 +309,54 @@ static int walk(void *src, lookup_fn *lookup, const char *what, const struct ieb
 
 /* ---- tokenizer ---- */
 
-static int tokenizer_json(const char *path, char **json, size_t *len)
+/*
+ * Loads any tokenizer tok_load knows and renders it as tokenizer.ie.json. A tokenizer with more
+ * tokens than the model has embedding rows could emit ids the model cannot look up (the engine
+ * refuses such a pair at load): refused here, before anything is written. Fewer is fine
+ * (checkpoints pad their vocabulary to a multiple of 64 or so).
+ */
+static int tokenizer_json(const char *path, uint32_t vocab_size, char **json, size_t *len)
 {
     struct tok *t;
     int rc = tok_load(path, &t);
     if (rc)
         return rc;
-    rc = tok_save_json(t, json, len);
+    if (tok_vocab_size(t) > vocab_size) {
+        LOG_ERR("%s: the tokenizer has %u tokens, more than the model's vocab_size %u", path,
+                tok_vocab_size(t), vocab_size);
+        rc = ERR_MISMATCH;
+    } else {
+        rc = tok_save_json(t, json, len);
+    }
     tok_free(t);
     return rc;
 }
 
-static int finish(struct iebin_writer *w, const char *tok_path)
+/*
+ * The common tail of every streaming import: the tokenizer first (a bad one fails before
+ * gigabytes are written), then the tensors, then the atomic commit. tok_path may be NULL.
+ */
+static int write_model(void *src, lookup_fn *lookup, const char *what, const char *out_dir,
+                       const char *name, const struct iebin_hparams *hp, const char *tok_path,
+                       const struct convert_opts *o, bool hf_rope, struct progress *pg)
 {
-    if (tok_path) {
-        char *json = NULL;
-        size_t len = 0;
-        int rc = tokenizer_json(tok_path, &json, &len);
-        if (rc == 0)
-            rc = iebin_writer_set_tokenizer(w, json, len);
-        free(json);
-        if (rc) {
+    char *json = NULL;
+    size_t len = 0;
+    int rc = tok_path ? tokenizer_json(tok_path, hp->vocab_size, &json, &len) : 0;
+    if (rc)
+        return rc;
+    struct iebin_writer *w;
+    rc = out_rc(pg, iebin_writer_create(out_dir, "llama", name, hp, &w));
+    if (rc == 0) {
+        if ((rc = walk(src, lookup, what, hp, w, o, hf_rope, pg)) == 0 && json)
+            rc = out_rc(pg, iebin_writer_set_tokenizer(w, json, len));
+        if (rc)
             iebin_writer_abort(w);
-            return rc;
-        }
+        else
+            rc = out_rc(pg, iebin_writer_finish(w));
     }
-    return iebin_writer_finish(w);
+    free(json);
+    return rc;
 }
 
 static const char *base_name(const char *path, char *buf, size_t cap)
@@ -388,6 +423,23 @@ static int hf_lookup(void *p, const char *kind, int layer, struct src_tensor *ou
     return 0;
 }
 
+/* A bias the config did not announce would be silently dropped: refuse any. */
+static int hf_refuse_biases(const struct hf_src *s)
+{
+    for (size_t f = 0; f < s->set->n_files; f++) {
+        const struct safetensors_file *sf = s->set->files[f];
+        for (size_t i = 0; i < sf->n_tensors; i++) {
+            const char *n = sf->tensors[i].name;
+            size_t len = strlen(n);
+            if (len >= 5 && !strcmp(n + len - 5, ".bias")) {
+                LOG_ERR("%s: tensor '%s': biases are not supported", sf->path, n);
+                return ERR_UNSUPPORTED;
+            }
+        }
+    }
+    return 0;
+}
+
 static int json_u32(json_t *cfg, const char *path, const char *key, uint32_t *out, bool required,
                     uint32_t dflt)
 {
@@ -423,10 +475,26 @@ static int json_f32(json_t *cfg, const char *path, const char *key, float *out, 
     return 0;
 }
 
-static int hf_hparams(const char *dir, struct iebin_hparams *hp)
+static int hf_hparams(const char *dir, struct iebin_hparams *hp, bool *tie_given)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        int e = errno;
+        LOG_ERR("%s: %s", dir, strerror(e));
+        return -e;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        LOG_ERR("%s: not a directory (a Hugging Face model is a directory with config.json)",
+                dir);
+        return ERR_UNSUPPORTED; /* an input problem (exit 3), unlike an output ENOTDIR */
+    }
+    if (access(path, R_OK) != 0) {
+        int e = errno;
+        LOG_ERR("cannot read %s: %s", path, strerror(e));
+        return -e;
+    }
     json_error_t je;
     json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!cfg) {
@@ -445,9 +513,26 @@ static int hf_hparams(const char *dir, struct iebin_hparams *hp)
         rc = ERR_UNSUPPORTED;
         goto out;
     }
+    /* features the llama IEBIN architecture does not express: refused, never ignored */
     json_t *rs = json_object_get(cfg, "rope_scaling");
     if (rs && !json_is_null(rs)) {
-        LOG_ERR("%s: rope_scaling is not supported", path);
+        LOG_ERR("%s: rope_scaling is not supported (IEBIN has plain RoPE only)", path);
+        rc = ERR_UNSUPPORTED;
+        goto out;
+    }
+    static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
+    for (size_t i = 0; i < sizeof no_bias / sizeof no_bias[0]; i++) {
+        if (json_is_true(json_object_get(cfg, no_bias[i]))) {
+            LOG_ERR("%s: %s is true; biases are not supported", path, no_bias[i]);
+            rc = ERR_UNSUPPORTED;
+            goto out;
+        }
+    }
+    json_t *act = json_object_get(cfg, "hidden_act");
+    if (act && !json_is_null(act) &&
+        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        LOG_ERR("%s: hidden_act %s is not supported (only \"silu\")", path,
+                json_is_string(act) ? json_string_value(act) : "(not a string)");
         rc = ERR_UNSUPPORTED;
         goto out;
     }
@@ -462,15 +547,26 @@ static int hf_hparams(const char *dir, struct iebin_hparams *hp)
         (rc = json_f32(cfg, path, "rope_theta", &hp->rope_theta, 10000.0f)) ||
         (rc = json_f32(cfg, path, "rms_norm_eps", &hp->rms_eps, 1e-6f)))
         goto out;
-    if (hp->dim % hp->n_heads != 0) {
-        LOG_ERR("%s: hidden_size %u is not a multiple of num_attention_heads %u", path, hp->dim,
-                hp->n_heads);
+    /* head_dim is explicit in newer configs (and may differ from hidden_size / heads) */
+    if ((rc = json_u32(cfg, path, "head_dim", &hp->head_dim, false, 0)) != 0)
+        goto out;
+    if (!hp->head_dim) {
+        if (hp->dim % hp->n_heads != 0) {
+            LOG_ERR("%s: hidden_size %u is not a multiple of num_attention_heads %u", path,
+                    hp->dim, hp->n_heads);
+            rc = ERR_FORMAT;
+            goto out;
+        }
+        hp->head_dim = hp->dim / hp->n_heads;
+    }
+    json_t *tie = json_object_get(cfg, "tie_word_embeddings");
+    if (tie && !json_is_null(tie) && !json_is_boolean(tie)) {
+        LOG_ERR("%s: 'tie_word_embeddings' must be true or false", path);
         rc = ERR_FORMAT;
         goto out;
     }
-    hp->head_dim = hp->dim / hp->n_heads;
-    json_t *tie = json_object_get(cfg, "tie_word_embeddings");
     hp->tied_embeddings = json_is_true(tie);
+    *tie_given = tie && json_is_boolean(tie);
     rc = iebin_check_hparams(hp, path);
 out:
     json_decref(cfg);
@@ -481,16 +577,29 @@ static int convert_hf(const char *dir, const char *out_dir, const struct convert
                       struct progress *pg)
 {
     struct iebin_hparams hp;
-    int rc = hf_hparams(dir, &hp);
+    bool tie_given = false;
+    int rc = hf_hparams(dir, &hp, &tie_given);
     if (rc)
         return rc;
     struct hf_src s = {.dir = dir};
+    char p[4200], idx[4200], pt[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
+    snprintf(pt, sizeof pt, "%s/pytorch_model.bin", dir);
+    if (access(p, F_OK) != 0 && access(idx, F_OK) != 0 && access(pt, F_OK) == 0) {
+        LOG_ERR("%s: only PyTorch pickle weights (pytorch_model.bin); convert them to "
+                "safetensors first", dir);
+        return ERR_UNSUPPORTED;
+    }
     rc = safetensors_set_open(dir, &s.set);
     if (rc)
         return rc;
-    /* an untied config whose lm_head is absent is tied in practice (some exports drop it) */
-    if (!hp.tied_embeddings && !safetensors_set_find(s.set, "lm_head.weight"))
+    /* transformers' default is untied, but a config that does not say and has no lm_head
+     * can only mean tied; an explicit false with no lm_head is a missing tensor (walk) */
+    if (!tie_given && !safetensors_set_find(s.set, "lm_head.weight"))
         hp.tied_embeddings = true;
+    if ((rc = hf_refuse_biases(&s)) != 0)
+        goto out;
     const char *tok_path = o->tokenizer;
     char tp[4096];
     if (!tok_path) {
@@ -501,12 +610,9 @@ static int convert_hf(const char *dir, const char *out_dir, const struct convert
             tok_path = tp;
     }
     char nb[4096];
-    struct iebin_writer *w;
-    rc = iebin_writer_create(out_dir, "llama", base_name(dir, nb, sizeof nb), &hp, &w);
-    if (rc == 0) {
-        rc = walk(&s, hf_lookup, dir, &hp, w, o, true, pg);
-        rc = rc ? (iebin_writer_abort(w), rc) : finish(w, tok_path);
-    }
+    rc = write_model(&s, hf_lookup, dir, out_dir, base_name(dir, nb, sizeof nb), &hp, tok_path, o,
+                     true, pg);
+out:
     safetensors_set_close(s.set);
     return rc;
 }
@@ -555,9 +661,25 @@ static int gguf_lookup(void *p, const char *kind, int layer, struct src_tensor *
     return 0;
 }
 
+/* Optional keys: 0 with *present telling whether it is there; a mistyped value is the
+ * getter's (logged) error rather than a silent default. */
+static int opt_u32(struct gguf_file *f, const char *key, uint32_t *v, bool *present)
+{
+    int rc = gguf_get_u32(f, key, v);
+    *present = rc == 0;
+    return rc == ERR_NOT_FOUND ? 0 : rc;
+}
+
+static int opt_f64(struct gguf_file *f, const char *key, double *v, bool *present)
+{
+    int rc = gguf_get_f64(f, key, v);
+    *present = rc == 0;
+    return rc == ERR_NOT_FOUND ? 0 : rc;
+}
+
 static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hparams *hp)
 {
-    struct gguf_str arch;
+    struct gguf_str arch = {0, NULL};
     if (gguf_get_str(f, "general.architecture", &arch) != 0 || !gguf_str_eq(arch, "llama")) {
         LOG_ERR("%s: general.architecture is %.*s; only \"llama\" is supported", path,
                 arch.ptr ? (int)(arch.len > 64 ? 64 : arch.len) : 9,
@@ -577,14 +699,14 @@ static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hpar
         {"llama.attention.head_count_kv", offsetof(struct iebin_hparams, n_kv_heads), false},
         {"llama.context_length", offsetof(struct iebin_hparams, max_seq_len), false},
     };
+    bool has;
+    int rc;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        uint32_t *dst = (uint32_t *)((char *)hp + keys[i].off);
-        int rc = gguf_get_u32(f, keys[i].key, dst);
-        if (rc == ERR_NOT_FOUND && !keys[i].required)
-            continue;
-        if (rc) {
-            LOG_ERR("%s: key %s: %s", path, keys[i].key, rc == ERR_NOT_FOUND ? "missing" : "invalid");
-            return rc == ERR_NOT_FOUND ? ERR_FORMAT : rc;
+        if ((rc = opt_u32(f, keys[i].key, (uint32_t *)((char *)hp + keys[i].off), &has)) != 0)
+            return rc;
+        if (!has && keys[i].required) {
+            LOG_ERR("%s: key %s is missing", path, keys[i].key);
+            return ERR_FORMAT;
         }
     }
     if (!hp->n_kv_heads)
@@ -592,9 +714,55 @@ static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hpar
     if (!hp->max_seq_len)
         hp->max_seq_len = 2048;
     double d;
-    hp->rope_theta = gguf_get_f64(f, "llama.rope.freq_base", &d) == 0 ? (float)d : 10000.0f;
-    hp->rms_eps = gguf_get_f64(f, "llama.attention.layer_norm_rms_epsilon", &d) == 0 ? (float)d : 1e-5f;
-    hp->head_dim = hp->n_heads ? hp->dim / hp->n_heads : 0;
+    if ((rc = opt_f64(f, "llama.rope.freq_base", &d, &has)) != 0)
+        return rc;
+    hp->rope_theta = has ? (float)d : 10000.0f;
+    if ((rc = opt_f64(f, "llama.attention.layer_norm_rms_epsilon", &d, &has)) != 0)
+        return rc;
+    hp->rms_eps = has ? (float)d : 1e-5f;
+
+    /* Mixture-of-experts models (Mixtral) also call themselves "llama" */
+    uint32_t u;
+    if ((rc = opt_u32(f, "llama.expert_count", &u, &has)) != 0)
+        return rc;
+    if (has && u > 0) {
+        LOG_ERR("%s: llama.expert_count is %u; mixture-of-experts models are not supported",
+                path, u);
+        return ERR_UNSUPPORTED;
+    }
+    struct gguf_str st;
+    rc = gguf_get_str(f, "llama.rope.scaling.type", &st);
+    if (rc != 0 && rc != ERR_NOT_FOUND)
+        return rc;
+    if (rc == 0 && !gguf_str_eq(st, "none")) {
+        LOG_ERR("%s: llama.rope.scaling.type is %.*s; only plain RoPE is supported", path,
+                (int)(st.len > 32 ? 32 : st.len), st.ptr);
+        return ERR_UNSUPPORTED;
+    }
+    if ((rc = opt_f64(f, "llama.rope.scale_linear", &d, &has)) != 0)
+        return rc;
+    if (has && d != 1.0) {
+        LOG_ERR("%s: llama.rope.scale_linear is %g; only plain RoPE is supported", path, d);
+        return ERR_UNSUPPORTED;
+    }
+    /* head_dim: attention.key_length when present (it may differ from dim / heads) */
+    if ((rc = opt_u32(f, "llama.attention.key_length", &hp->head_dim, &has)) != 0)
+        return rc;
+    if (!has)
+        hp->head_dim = hp->n_heads && hp->dim % hp->n_heads == 0 ? hp->dim / hp->n_heads : 0;
+    static const char *const same_as_head_dim[] = {"llama.attention.value_length",
+                                                   "llama.rope.dimension_count"};
+    for (size_t i = 0; i < 2; i++) {
+        if ((rc = opt_u32(f, same_as_head_dim[i], &u, &has)) != 0)
+            return rc;
+        if (has && u != hp->head_dim) {
+            LOG_ERR("%s: %s is %u, not the head dimension %u (partial RoPE and unequal "
+                    "key/value heads are not supported)", path, same_as_head_dim[i], u,
+                    hp->head_dim);
+            return ERR_UNSUPPORTED;
+        }
+    }
+
     const struct gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
     if (!emb || emb->n_dims != 2) {
         LOG_ERR("%s: tensor 'token_embd.weight' is missing or not 2-D", path);
@@ -605,6 +773,13 @@ static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hpar
         return ERR_RANGE;
     }
     hp->vocab_size = (uint32_t)emb->ne[1];
+    if ((rc = opt_u32(f, "llama.vocab_size", &u, &has)) != 0)
+        return rc;
+    if (has && u != hp->vocab_size) {
+        LOG_ERR("%s: llama.vocab_size %u does not match token_embd.weight's %u rows", path, u,
+                hp->vocab_size);
+        return ERR_MISMATCH;
+    }
     hp->tied_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
     return iebin_check_hparams(hp, path);
 }
@@ -623,12 +798,8 @@ static int convert_gguf(const char *path, const char *out_dir, const struct conv
         if (!tok_path && gguf_find_kv(s.f, "tokenizer.ggml.model"))
             tok_path = path;
         char nb[4096];
-        struct iebin_writer *w;
-        rc = iebin_writer_create(out_dir, "llama", base_name(path, nb, sizeof nb), &hp, &w);
-        if (rc == 0) {
-            rc = walk(&s, gguf_lookup, path, &hp, w, o, false, pg);
-            rc = rc ? (iebin_writer_abort(w), rc) : finish(w, tok_path);
-        }
+        rc = write_model(&s, gguf_lookup, path, out_dir, base_name(path, nb, sizeof nb), &hp,
+                         tok_path, o, false, pg);
     }
     gguf_close(s.f);
     return rc;
@@ -665,50 +836,80 @@ static int convert_iebin(const char *dir, const char *out_dir, const struct conv
         return rc;
     const char *tok_path = o->tokenizer ? o->tokenizer : m->tokenizer_path;
     char nb[4096];
-    struct iebin_writer *w;
-    rc = iebin_writer_create(out_dir, "llama", m->name && *m->name ? m->name : base_name(dir, nb, sizeof nb),
-                             &m->hp, &w);
-    if (rc == 0) {
-        rc = walk(m, iebin_lookup, dir, &m->hp, w, o, false, pg);
-        rc = rc ? (iebin_writer_abort(w), rc) : finish(w, tok_path);
-    }
+    rc = write_model(m, iebin_lookup, dir, out_dir,
+                     m->name && *m->name ? m->name : base_name(dir, nb, sizeof nb), &m->hp,
+                     tok_path, o, false, pg);
     iebin_close(m);
     return rc;
 }
 
 /* ---- llama2.c ---- */
 
-static int convert_llama2c(const char *path, const char *out_dir, const struct convert_opts *o)
+/* Removes a directory this process created and the files in it. */
+static void remove_scratch(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[4400];
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+                snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+                unlink(p);
+            }
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/*
+ * The llama2.c importer (client/llama2c.h) validates the checkpoint against its exact size,
+ * then writes float tensors; every failure after that validation is the output's. Block
+ * dtypes go through an f32 import in a scratch directory of our own beside OUT_DIR (same
+ * file system, never a name the user could own), re-quantized by the IEBIN path.
+ */
+static int convert_llama2c(const char *path, const char *out_dir, const struct convert_opts *o,
+                           struct progress *pg)
 {
     char *json = NULL;
     size_t len = 0;
-    int rc = 0;
-    if (o->tokenizer && (rc = tokenizer_json(o->tokenizer, &json, &len)) != 0)
+    struct iebin_hparams hp;
+    int rc = llama2c_read_hparams(path, &hp);
+    if (rc)
+        return rc;
+    if (o->tokenizer && (rc = tokenizer_json(o->tokenizer, hp.vocab_size, &json, &len)) != 0)
         return rc;
     enum dtype dt = o->dtype_set ? o->dtype : DT_F32;
     if (dt == DT_Q8_0 || dt == DT_Q4_0) {
-        /* the importer writes floats: import to f32 beside the target, then quantize that */
         char tmp[4096];
-        snprintf(tmp, sizeof tmp, "%s.f32-import", out_dir);
-        rc = llama2c_convert(path, json, len, tmp, DT_F32, NULL);
+        char *slash;
+        snprintf(tmp, sizeof tmp, "%s", out_dir);
+        while ((slash = strrchr(tmp, '/')) != NULL && slash[1] == '\0' && slash != tmp)
+            *slash = '\0';
+        if (strlen(tmp) + sizeof ".import.XXXXXX" > sizeof tmp) {
+            LOG_ERR("%s: path too long", out_dir);
+            free(json);
+            return out_rc(pg, -ENAMETOOLONG);
+        }
+        strcat(tmp, ".import.XXXXXX");
+        if (!mkdtemp(tmp)) {
+            rc = -errno;
+            LOG_ERR("cannot create a scratch directory %s: %s", tmp, strerror(errno));
+            free(json);
+            return out_rc(pg, rc);
+        }
+        rc = out_rc(pg, llama2c_convert(path, json, len, tmp, DT_F32, NULL));
         if (rc == 0) {
             struct convert_opts o2 = *o;
-            struct progress pg = {.on = o->progress};
             o2.tokenizer = NULL;
-            rc = convert_iebin(tmp, out_dir, &o2, &pg);
+            rc = convert_iebin(tmp, out_dir, &o2, pg);
         }
-        char cmd[8300];
-        snprintf(cmd, sizeof cmd, "%s/" IEBIN_MANIFEST, tmp);
-        unlink(cmd);
-        snprintf(cmd, sizeof cmd, "%s/" IEBIN_BLOB, tmp);
-        unlink(cmd);
-        snprintf(cmd, sizeof cmd, "%s/" IEBIN_TOKENIZER, tmp);
-        unlink(cmd);
-        rmdir(tmp);
+        remove_scratch(tmp);
         free(json);
         return rc;
     }
-    rc = llama2c_convert(path, json, len, out_dir, dt, NULL);
+    rc = out_rc(pg, llama2c_convert(path, json, len, out_dir, dt, NULL));
     free(json);
     return rc;
 }
@@ -756,7 +957,8 @@ int convert_detect(const char *src, enum convert_from *out)
     return ERR_UNSUPPORTED;
 }
 
-int convert_model(const char *src, const char *out_dir, const struct convert_opts *o)
+static int run(const char *src, const char *out_dir, const struct convert_opts *o,
+               struct progress *pg)
 {
     if (o->dtype_set && o->dtype >= DT_COUNT_) {
         LOG_ERR("--dtype: unknown dtype");
@@ -768,17 +970,28 @@ int convert_model(const char *src, const char *out_dir, const struct convert_opt
     enum convert_from from = o->from;
     if (from == CONVERT_AUTO && (rc = convert_detect(src, &from)) != 0)
         return rc;
-    struct progress pg = {.on = o->progress};
     switch (from) {
     case CONVERT_HF:
-        return convert_hf(src, out_dir, o, &pg);
+        return convert_hf(src, out_dir, o, pg);
     case CONVERT_GGUF:
-        return convert_gguf(src, out_dir, o, &pg);
+        return convert_gguf(src, out_dir, o, pg);
     case CONVERT_LLAMA2C:
-        return convert_llama2c(src, out_dir, o);
+        return convert_llama2c(src, out_dir, o, pg);
     case CONVERT_IEBIN:
-        return convert_iebin(src, out_dir, o, &pg);
+        return convert_iebin(src, out_dir, o, pg);
     default:
         return ERR_USAGE;
     }
+}
+
+int convert_model(const char *src, const char *out_dir, const struct convert_opts *o,
+                  enum convert_fault *fault)
+{
+    struct progress pg = {.on = o->progress, .fn = o->on_tensor, .arg = o->on_tensor_arg};
+    int rc = run(src, out_dir, o, &pg);
+    if (fault)
+        *fault = rc == 0 ? CONVERT_FAULT_NONE
+                 : pg.out_failed ? CONVERT_FAULT_OUTPUT
+                 : CONVERT_FAULT_SOURCE;
+    return rc;
 }

@@ -14,6 +14,7 @@
 #include "dtype.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 
 enum convert_from { CONVERT_AUTO = 0, CONVERT_LLAMA2C, CONVERT_HF, CONVERT_GGUF, CONVERT_IEBIN };
 
@@ -25,10 +26,20 @@ struct convert_opts {
     enum dtype embd_dtype;
     const char *tokenizer; /* overrides the source's tokenizer; NULL: the source's own */
     bool progress;        /* in-place progress line on stderr */
+    /* Called after each tensor is written (streaming imports: HF, GGUF, IEBIN); NULL = none.
+     * For GUIs and tests (which kill the process mid-conversion from it). */
+    void (*on_tensor)(void *arg, size_t done, size_t total);
+    void *on_tensor_arg;
 };
 
-/* 0, or a negative code with the reason logged once. */
-int convert_model(const char *src, const char *out_dir, const struct convert_opts *o);
+/* Which side a failed conversion failed on: the source (missing, malformed, unsupported: exit
+ * code 3 of `clocher convert`) or OUT_DIR (cannot create, disk full: exit code 1). */
+enum convert_fault { CONVERT_FAULT_NONE = 0, CONVERT_FAULT_SOURCE, CONVERT_FAULT_OUTPUT };
+
+/* 0, or a negative code with the reason logged once; ERR_USAGE for bad options. *fault (may
+ * be NULL) tells which side failed. OUT_DIR then holds its previous model or none that loads. */
+int convert_model(const char *src, const char *out_dir, const struct convert_opts *o,
+                  enum convert_fault *fault);
 
 /* Detects the format of src (0 and *out, or ERR_UNSUPPORTED naming what was tried). */
 int convert_detect(const char *src, enum convert_from *out);

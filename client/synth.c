@@ -364,7 +364,7 @@ static int write_gguf(const char *path, const struct iebin_hparams *hp, const st
     }
     if (rc || (rc = gguf_writer_stream_begin(w)))
         goto fail;
-    uint8_t *buf = NULL, *row = NULL;
+    uint8_t *buf = NULL;
     for (size_t i = 0; i < nt && rc == 0; i++) {
         uint64_t n = t[i].rows * t[i].cols, rb = t[i].cols * es;
         uint8_t *nb = realloc(buf, n * es);
@@ -380,21 +380,10 @@ static int write_gguf(const char *path, const struct iebin_hparams *hp, const st
         }
         /* llama.cpp's HF->GGUF permutation: interleaved row h*hd + 2i + s holds HF row
          * h*hd + s*hd/2 + i (HF stores q/k rows in rotate-half order) */
-        uint64_t hd = hp->head_dim;
-        free(row);
-        row = malloc(rb);
-        if (!row) {
-            rc = -ENOMEM;
-            break;
-        }
-        for (uint64_t r = 0; r < t[i].rows && rc == 0; r++) {
-            uint64_t h = r / hd, k = r % hd, src = h * hd + (k % 2) * (hd / 2) + k / 2;
-            memcpy(row, buf + src * rb, rb);
-            rc = gguf_writer_stream_write(w, row, rb);
-        }
+        for (uint64_t r = 0; r < t[i].rows && rc == 0; r++)
+            rc = gguf_writer_stream_write(w, buf + iebin_rope_hf_row(r, hp->head_dim) * rb, rb);
     }
     free(buf);
-    free(row);
     if (rc)
         goto fail;
     free(types);

@@ -173,6 +173,20 @@ int iebin_writer_finish(struct iebin_writer *w);
 /* Removes temporaries and frees w. NULL is a no-op. */
 void iebin_writer_abort(struct iebin_writer *w);
 
+/*
+ * The RoPE row order (docs/IEBIN.md "RoPE convention", docs/CONVERT.md). IEBIN's attn_q/attn_k
+ * rows are interleaved: within each head of head_dim rows, rows 2i and 2i+1 form rotation pair
+ * i. Hugging Face checkpoints hold the same rows in rotate-half order: pair i is rows i and
+ * i + head_dim/2. Row `row` of an IEBIN q/k matrix is therefore row iebin_rope_hf_row(row,
+ * head_dim) of the HF matrix (head_dim even). Converters (HF import, GGUF export of synthetic
+ * HF weights, LoRA lora_B) all go through this one mapping.
+ */
+static inline uint64_t iebin_rope_hf_row(uint64_t row, uint32_t head_dim)
+{
+    uint64_t head = row / head_dim, j = row % head_dim;
+    return head * head_dim + (j % 2) * (head_dim / 2) + j / 2;
+}
+
 /* Tensor names of the llama architecture (docs/IEBIN.md). */
 #define IEBIN_T_TOK_EMBD "tok_embd"       /* [vocab][dim] */
 #define IEBIN_T_OUTPUT_NORM "output_norm" /* [dim] */

@@ -568,8 +568,7 @@ static float load_elem(enum safetensors_dtype dt, const unsigned char *src, size
 /* HF rotate-half row of IEBIN (interleaved) row `row` of a [heads*head_dim] matrix. */
 static size_t hf_row(size_t row, uint32_t head_dim)
 {
-    size_t h = row / head_dim, j = row % head_dim, half = head_dim / 2;
-    return h * head_dim + (j % 2) * half + j / 2;
+    return (size_t)iebin_rope_hf_row(row, head_dim);
 }
 
 void lora_permute_rows_hf_to_iebin(float *dst, const float *src, uint32_t n_heads,

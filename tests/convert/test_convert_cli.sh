@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# test_convert_cli.sh — `clocher synth` and `clocher convert` end to end:
+# test_convert_cli.sh — `clocher synth` and `clocher convert` end to end, through the real
+# binaries (the library's cases, with their messages, are in test_convert.c / test_synth.c):
 #  - the same synthetic weights through the Hugging Face path and through a GGUF file give
-#    bit-identical IEBIN tensors, for f32, f16 and bf16 (this also proves the q/k RoPE
-#    permutation: HF stores rotate-half rows, GGUF interleaved ones);
-#  - synth is deterministic; a full-size TinyLlama-1.1B synth converts and generates;
+#    identical IEBIN files, for f32, f16 and bf16;
+#  - synth is deterministic; converted models generate with inference-engine (f32/bf16/int8/
+#    int4, a 4-layer TinyLlama-shaped model);
 #  - llama2.c, forced --from, --dtype conversion;
-#  - malformed inputs and failing outputs: clear message, non-zero exit, nothing that loads.
+#  - malformed inputs and failing outputs: the exit code (3 source, 1 output, 2 usage), a
+#    message naming the problem, nothing that loads.
 set -u
 clocher=$1
 ie=$2
@@ -60,7 +62,7 @@ done
 # int8 flips step 0, whose margin is 0.14: weight-only Q8_0 moves this 64-wide model's logits
 # by ~0.5-1.5, f16 by ~0.02 — measured, see the issue notes; a better int8 is issue 3's work.)
 "$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s-q8" --dtype int8 || bad "stories int8"
-[ -d "$tmp/s-q8.f32-import" ] && bad "temporary import left behind" || ok "no temporary import left"
+ls -d "$tmp"/s-q8.import.* >/dev/null 2>&1 && bad "scratch import left behind" || ok "no scratch import left"
 "$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s-f32" >/dev/null
 ids() { "$ie" --model-dir "$1" --prompt-ids 1 --max-new 10 --greedy --print-ids --quiet 2>/dev/null | grep -o '"generated_ids":\[[^]]*\]'; }
 [ "$(ids "$tmp/s-q8")" = "$(ids "$tmp/s-f32")" ] && ok "stories260K int8 greedy = f32" || bad "int8 greedy differs: $(ids "$tmp/s-q8") vs $(ids "$tmp/s-f32")"
@@ -68,23 +70,20 @@ ids() { "$ie" --model-dir "$1" --prompt-ids 1 --max-new 10 --greedy --print-ids 
 
 # --- llama2.c ---
 "$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s260" && ok "llama2c convert" || bad "llama2c convert"
-"$clocher" convert --from llama2c "$fixtures/stories260K/stories260K.bin" "$tmp/s260b" --tokenizer "$fixtures/tokenizer/llama2-tokenizer.bin" 2>/dev/null
-# stories260K's vocabulary (512) is not the Llama 2 tokenizer's (32000): refused? it is the
-# user's choice to attach one; the model must still load either way
+# stories260K's vocabulary (512) is smaller than the Llama 2 tokenizer's (32000): refused
+expect 3 "32000 tokens, more than the model's vocab_size 512" "$clocher" convert --from llama2c \
+  "$fixtures/stories260K/stories260K.bin" "$tmp/s260b" --tokenizer "$fixtures/tokenizer/llama2-tokenizer.bin"
+no_model "$tmp/s260b"
 [ -f "$tmp/s260/model.ie.json" ] && ok "stories260K converted" || bad "stories260K missing"
 
-# --- full-size TinyLlama-1.1B: synth -> convert -> generate ---
-if "$clocher" synth --preset tinyllama-1.1b "$tmp/tl" && "$clocher" convert "$tmp/tl" "$tmp/tl-ie"; then
-  out=$("$ie" --model-dir "$tmp/tl-ie" --prompt "Hello" --max-new 4 --quiet 2>/dev/null)
-  grep -q '"generated_tokens":4' <<<"$out" && ok "tinyllama-1.1b generates" || bad "tinyllama-1.1b: $out"
-else bad "tinyllama-1.1b synth/convert"; fi
-rm -rf "$tmp/tl" "$tmp/tl-ie"
-
-# --- an interrupted conversion leaves nothing that loads ---
-"$clocher" synth --preset tinyllama-1.1b --layers 4 "$tmp/tl4" >/dev/null
-"$clocher" convert "$tmp/tl4" "$tmp/killed" --dtype f32 & pid=$!
-sleep 0.5; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
-no_model "$tmp/killed"
+# --- a TinyLlama-shaped model cut to 4 layers (the full size is test_convert_tinyllama.sh) ---
+"$clocher" synth --preset tinyllama-1.1b --layers 4 "$tmp/tl4" >/dev/null || bad "synth --layers 4"
+grep -q '"num_hidden_layers": 4' "$tmp/tl4/config.json" && ok "--layers 4" || bad "--layers ignored"
+"$clocher" convert "$tmp/tl4" "$tmp/tl4-ie" || bad "convert tl4"
+grep -q '"dtype": *"bf16"' "$tmp/tl4-ie/model.ie.json" && ok "bf16 source kept" || bad "bf16 not kept"
+out=$("$ie" --model-dir "$tmp/tl4-ie" --prompt "Hello" --max-new 4 --quiet 2>/dev/null)
+grep -q '"generated_tokens":4' <<<"$out" && ok "tinyllama-1.1b --layers 4 generates" || bad "tl4: $out"
+rm -rf "$tmp/tl4" "$tmp/tl4-ie"
 
 # --- malformed sources ---
 mkdir -p "$tmp/badjson"; cp "$tmp/hf-f32/model.safetensors" "$tmp/badjson/"; echo '{"model_type": "llama",' >"$tmp/badjson/config.json"
@@ -102,17 +101,19 @@ mkdir -p "$tmp/wide"; cp "$tmp/hf-f32/model.safetensors" "$tmp/wide/"
 sed 's/"intermediate_size": [0-9]*/"intermediate_size": 512/' "$tmp/hf-f32/config.json" >"$tmp/wide/config.json"
 expect 3 "expected [512, 256]" "$clocher" convert "$tmp/wide" "$tmp/o5"; no_model "$tmp/o5"
 head -c 100000 "$fixtures/stories260K/stories260K.bin" >"$tmp/trunc.bin"
-expect 3 "" "$clocher" convert --from llama2c "$tmp/trunc.bin" "$tmp/o6"; no_model "$tmp/o6"
+expect 3 "implies 1056540 (truncated)" "$clocher" convert --from llama2c "$tmp/trunc.bin" "$tmp/o6"; no_model "$tmp/o6"
 expect 3 "only \"llama\"" "$clocher" convert "$fixtures/tokenizer/ggml-vocab-gpt-2.gguf" "$tmp/o7"
 head -c 5000 "$tmp/demo-f32.gguf" >"$tmp/trunc.gguf"
-expect 3 "" "$clocher" convert "$tmp/trunc.gguf" "$tmp/o8"; no_model "$tmp/o8"
+expect 3 "trunc.gguf" "$clocher" convert "$tmp/trunc.gguf" "$tmp/o8"; no_model "$tmp/o8"
 expect 3 "not a Hugging Face directory, a GGUF file or a valid llama2.c" "$clocher" convert "$fixtures/README.md" "$tmp/o9"
 expect 2 "expected f32, f16, bf16" "$clocher" convert "$tmp/hf-f32" "$tmp/o10" --dtype int3
 expect 2 "usage" "$clocher" convert "$tmp/hf-f32"
 
 # --- failing outputs ---
 touch "$tmp/afile"
-expect 1 "" "$clocher" convert "$tmp/hf-f32" "$tmp/afile/out"
+expect 1 "afile/out: Not a directory" "$clocher" convert "$tmp/hf-f32" "$tmp/afile/out"
+expect 1 "/proc/self/out" "$clocher" convert "$tmp/hf-f32" /proc/self/out
+expect 1 "/proc/self/out" "$clocher" convert "$fixtures/stories260K/stories260K.bin" /proc/self/out
 expect 1 "No space left on device" env CLOCHER_FAULT_WRITE_LIMIT=100000 "$clocher" convert "$tmp/hf-f32" "$tmp/full"
 no_model "$tmp/full"
 # a failed re-conversion keeps the model that was there

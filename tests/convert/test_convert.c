@@ -1,0 +1,846 @@
+/*
+ * test_convert.c — the conversion library (client/convert.h) on real data:
+ *  - the RoPE q/k permutation: stories260K (a trained llama2.c model, interleaved q/k) is
+ *    re-exported as a Hugging Face directory with q/k permuted exactly as HF's
+ *    convert_llama_weights_to_hf.py does (written here from the script's view/transpose, not
+ *    with the converter's helper), and as a GGUF file; both convert back to the llama2.c
+ *    import bit for bit;
+ *  - every kind of malformed source and failing output: the return code, a message naming
+ *    the file and the key/tensor/field, and nothing under OUT_DIR that iebin_open accepts;
+ *  - a conversion killed (SIGKILL) in the middle of streaming tensors leaves nothing that
+ *    loads, or the previous model intact.
+ */
+#include "testutil.h"
+
+#include "convert.h"
+#include "err.h"
+#include "gguf.h"
+#include "iebin.h"
+#include "llama2c.h"
+#include "safetensors.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define S260K "stories260K/stories260K.bin"
+
+/* ---- helpers ---- */
+
+/* Every hyper-parameter, and every tensor's name, dtype, shape and bytes, are equal. */
+static void assert_models_equal(const char *a_dir, const char *b_dir)
+{
+    struct iebin_model *a, *b;
+    assert_int_equal(iebin_open(a_dir, &a), 0);
+    assert_int_equal(iebin_open(b_dir, &b), 0);
+    assert_int_equal(a->hp.dim, b->hp.dim);
+    assert_int_equal(a->hp.n_layers, b->hp.n_layers);
+    assert_int_equal(a->hp.n_heads, b->hp.n_heads);
+    assert_int_equal(a->hp.n_kv_heads, b->hp.n_kv_heads);
+    assert_int_equal(a->hp.head_dim, b->hp.head_dim);
+    assert_int_equal(a->hp.ffn_dim, b->hp.ffn_dim);
+    assert_int_equal(a->hp.vocab_size, b->hp.vocab_size);
+    assert_int_equal(a->hp.max_seq_len, b->hp.max_seq_len);
+    assert_true(a->hp.rope_theta == b->hp.rope_theta);
+    assert_true(a->hp.rms_eps == b->hp.rms_eps);
+    assert_int_equal(a->hp.tied_embeddings, b->hp.tied_embeddings);
+    assert_int_equal(a->n_tensors, b->n_tensors);
+    for (size_t i = 0; i < a->n_tensors; i++) {
+        const struct iebin_tensor *ta = &a->tensors[i], *tb = iebin_find(b, ta->name);
+        if (!tb)
+            fail_msg("tensor %s missing from %s", ta->name, b_dir);
+        assert_int_equal(ta->dtype, tb->dtype);
+        assert_int_equal(ta->n_dims, tb->n_dims);
+        assert_memory_equal(ta->shape, tb->shape, sizeof ta->shape);
+        assert_int_equal(ta->size, tb->size);
+        if (memcmp(ta->data, tb->data, ta->size) != 0)
+            fail_msg("tensor %s: bytes differ between %s and %s", ta->name, a_dir, b_dir);
+    }
+    iebin_close(a);
+    iebin_close(b);
+}
+
+/* OUT_DIR holds nothing the reader accepts. */
+static void assert_no_model(const char *dir)
+{
+    struct iebin_model *m = NULL;
+    tu_log_capture_begin(); /* the reader's refusal is expected: keep it off the output */
+    int rc = iebin_open(dir, &m);
+    tu_log_capture_end();
+    if (rc == 0) {
+        iebin_close(m);
+        fail_msg("%s holds a model that loads", dir);
+    }
+}
+
+static void save_json(json_t *j, const char *path)
+{
+    assert_int_equal(json_dump_file(j, path, JSON_INDENT(2)), 0);
+}
+
+/* The llama2.c import of stories260K, the reference every other route must reproduce. */
+static char *g_tmp;
+static const char *g_ref; /* IEBIN directory */
+
+static int setup(void **state)
+{
+    (void)state;
+    g_tmp = tu_mkdtemp();
+    static char ref[4096];
+    snprintf(ref, sizeof ref, "%s/ref", g_tmp);
+    g_ref = ref;
+    return llama2c_convert(tu_fixture(S260K), NULL, 0, g_ref, DT_F32, NULL);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tu_rmtree(g_tmp);
+    free(g_tmp);
+    return 0;
+}
+
+/* IEBIN tensor kind -> Hugging Face name suffix (layer tensors) or name (globals). */
+static const struct {
+    const char *kind, *hf, *gguf;
+} NAMES[] = {
+    {"tok_embd", "model.embed_tokens.weight", "token_embd.weight"},
+    {"output_norm", "model.norm.weight", "output_norm.weight"},
+    {"output", "lm_head.weight", "output.weight"},
+    {"attn_norm", "input_layernorm.weight", "attn_norm.weight"},
+    {"attn_q", "self_attn.q_proj.weight", "attn_q.weight"},
+    {"attn_k", "self_attn.k_proj.weight", "attn_k.weight"},
+    {"attn_v", "self_attn.v_proj.weight", "attn_v.weight"},
+    {"attn_o", "self_attn.o_proj.weight", "attn_output.weight"},
+    {"ffn_norm", "post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"ffn_gate", "mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"ffn_up", "mlp.up_proj.weight", "ffn_up.weight"},
+    {"ffn_down", "mlp.down_proj.weight", "ffn_down.weight"},
+};
+
+/* The source name of IEBIN tensor `name` ("tok_embd", "blk.3.attn_q"); *kind its kind. */
+static void source_name(const char *name, bool gguf, char *out, size_t cap, const char **kind)
+{
+    unsigned layer;
+    char k[64];
+    bool per_layer = sscanf(name, "blk.%u.%63s", &layer, k) == 2;
+    if (!per_layer)
+        snprintf(k, sizeof k, "%s", name);
+    for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++) {
+        if (strcmp(NAMES[i].kind, k) != 0)
+            continue;
+        *kind = NAMES[i].kind;
+        if (!per_layer)
+            snprintf(out, cap, "%s", gguf ? NAMES[i].gguf : NAMES[i].hf);
+        else if (gguf)
+            snprintf(out, cap, "blk.%u.%s", layer, NAMES[i].gguf);
+        else
+            snprintf(out, cap, "model.layers.%u.%s", layer, NAMES[i].hf);
+        return;
+    }
+    fail_msg("no source name for %s", name);
+}
+
+/*
+ * Hugging Face's convert_llama_weights_to_hf.py permutes q/k with
+ *     w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)
+ * i.e. the output row at (head h, half t, index i) is the input row at (h, i, t). Written
+ * from that formula, independently of iebin_rope_hf_row.
+ */
+static float *hf_permute(const float *w, uint64_t rows, uint64_t cols, uint32_t n_heads)
+{
+    float *out = malloc(rows * cols * sizeof *out);
+    assert_non_null(out);
+    uint64_t half = rows / n_heads / 2;
+    for (uint64_t h = 0; h < n_heads; h++)
+        for (uint64_t t = 0; t < 2; t++)
+            for (uint64_t i = 0; i < half; i++) {
+                uint64_t dst = (h * 2 + t) * half + i, src = (h * half + i) * 2 + t;
+                memcpy(out + dst * cols, w + src * cols, cols * sizeof *out);
+            }
+    return out;
+}
+
+/* Ways to spoil the Hugging Face export of the reference model. */
+struct hf_spoil {
+    const char *skip;      /* leave this HF tensor out */
+    const char *extra_row; /* give this HF tensor one more row */
+    const char *as_i32;    /* store this HF tensor as I32 */
+    const char *bias;      /* add a tensor of this name */
+    bool no_permute;       /* store q/k unpermuted (a checkpoint in the wrong order) */
+};
+
+/* config.json of the reference model; the caller may edit it before saving. */
+static json_t *ref_config(const struct iebin_hparams *hp)
+{
+    json_t *c = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:s}",
+                          "architectures", "LlamaForCausalLM", "model_type", "llama",
+                          "hidden_size", (int)hp->dim, "intermediate_size", (int)hp->ffn_dim,
+                          "num_hidden_layers", (int)hp->n_layers, "num_attention_heads",
+                          (int)hp->n_heads, "num_key_value_heads", (int)hp->n_kv_heads,
+                          "vocab_size", (int)hp->vocab_size, "max_position_embeddings",
+                          (int)hp->max_seq_len, "rope_theta", (double)hp->rope_theta,
+                          "rms_norm_eps", (double)hp->rms_eps, "tie_word_embeddings",
+                          hp->tied_embeddings, "hidden_act", "silu");
+    assert_non_null(c);
+    return c;
+}
+
+/* Writes the reference model as a Hugging Face directory: config.json + model.safetensors. */
+static void write_hf(const char *dir, const struct hf_spoil *sp)
+{
+    struct iebin_model *m;
+    assert_int_equal(iebin_open(g_ref, &m), 0);
+    mkdir(dir, 0755);
+    json_t *c = ref_config(&m->hp);
+    save_json(c, tu_path(dir, "config.json"));
+    json_decref(c);
+
+    struct safetensors_writer *w;
+    assert_int_equal(safetensors_writer_create(tu_path(dir, "model.safetensors"), &w), 0);
+    float **keep = calloc(m->n_tensors, sizeof *keep);
+    static const float zeros[1024];
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const struct iebin_tensor *t = &m->tensors[i];
+        char name[160];
+        const char *kind;
+        source_name(t->name, false, name, sizeof name, &kind);
+        if (sp && sp->skip && !strcmp(sp->skip, name))
+            continue;
+        uint64_t shape[2] = {t->shape[0], t->n_dims > 1 ? t->shape[1] : 0};
+        const void *data = t->data;
+        uint64_t size = t->size;
+        if (!(sp && sp->no_permute) && (!strcmp(kind, "attn_q") || !strcmp(kind, "attn_k"))) {
+            uint32_t heads = !strcmp(kind, "attn_q") ? m->hp.n_heads : m->hp.n_kv_heads;
+            data = keep[i] = hf_permute(t->data, shape[0], shape[1], heads);
+        }
+        enum safetensors_dtype dt = SAFETENSORS_F32;
+        if (sp && sp->as_i32 && !strcmp(sp->as_i32, name))
+            dt = SAFETENSORS_I32; /* same size as F32 */
+        if (sp && sp->extra_row && !strcmp(sp->extra_row, name)) {
+            uint64_t rb = t->size / shape[0];
+            uint8_t *grown = calloc(1, size + rb);
+            memcpy(grown, data, size);
+            free(keep[i]);
+            data = keep[i] = (float *)grown;
+            size += rb;
+            shape[0]++;
+        }
+        assert_int_equal(safetensors_writer_add(w, name, dt, shape, t->n_dims, data, size), 0);
+    }
+    if (sp && sp->bias) {
+        uint64_t n = m->hp.n_heads * m->hp.head_dim;
+        assert_int_equal(safetensors_writer_add(w, sp->bias, SAFETENSORS_F32, &n, 1, zeros,
+                                                n * sizeof(float)),
+                         0);
+    }
+    assert_int_equal(safetensors_writer_finish(w), 0);
+    for (size_t i = 0; i < m->n_tensors; i++)
+        free(keep[i]);
+    free(keep);
+    iebin_close(m);
+}
+
+/* Edits the config.json of an HF directory: set (a JSON object merged in) and/or del (a key). */
+static void edit_config(const char *dir, const char *set, const char *del)
+{
+    json_error_t je;
+    json_t *c = json_load_file(tu_path(dir, "config.json"), 0, &je);
+    assert_non_null(c);
+    if (set) {
+        json_t *s = json_loads(set, 0, &je);
+        assert_non_null(s);
+        assert_int_equal(json_object_update(c, s), 0);
+        json_decref(s);
+    }
+    if (del)
+        json_object_del(c, del);
+    save_json(c, tu_path(dir, "config.json"));
+    json_decref(c);
+}
+
+/* Ways to spoil the GGUF export. */
+struct gguf_spoil {
+    const char *arch;        /* general.architecture (default "llama") */
+    uint32_t expert_count;   /* > 0: add llama.expert_count */
+    uint32_t vocab_size;     /* > 0: add llama.vocab_size */
+    uint32_t rope_dims;      /* > 0: add llama.rope.dimension_count */
+    bool no_head_count;      /* leave llama.attention.head_count out */
+    bool rope_theta_as_str;  /* llama.rope.freq_base as a string */
+};
+
+/* Writes the reference model as a GGUF file the way llama.cpp lays it out: interleaved q/k
+ * (no permutation), dimensions innermost first. */
+static void write_gguf(const char *path, const struct gguf_spoil *sp)
+{
+    struct iebin_model *m;
+    assert_int_equal(iebin_open(g_ref, &m), 0);
+    const struct iebin_hparams *hp = &m->hp;
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(path, &w), 0);
+    assert_int_equal(gguf_writer_kv_str(w, "general.architecture",
+                                        sp && sp->arch ? sp->arch : "llama"), 0);
+    assert_int_equal(gguf_writer_kv_u32(w, "llama.embedding_length", hp->dim), 0);
+    assert_int_equal(gguf_writer_kv_u32(w, "llama.feed_forward_length", hp->ffn_dim), 0);
+    assert_int_equal(gguf_writer_kv_u32(w, "llama.block_count", hp->n_layers), 0);
+    if (!(sp && sp->no_head_count))
+        assert_int_equal(gguf_writer_kv_u32(w, "llama.attention.head_count", hp->n_heads), 0);
+    assert_int_equal(gguf_writer_kv_u32(w, "llama.attention.head_count_kv", hp->n_kv_heads), 0);
+    assert_int_equal(gguf_writer_kv_u32(w, "llama.context_length", hp->max_seq_len), 0);
+    if (sp && sp->rope_theta_as_str)
+        assert_int_equal(gguf_writer_kv_str(w, "llama.rope.freq_base", "10000"), 0);
+    else
+        assert_int_equal(gguf_writer_kv_f32(w, "llama.rope.freq_base", hp->rope_theta), 0);
+    assert_int_equal(gguf_writer_kv_f32(w, "llama.attention.layer_norm_rms_epsilon", hp->rms_eps),
+                     0);
+    if (sp && sp->expert_count)
+        assert_int_equal(gguf_writer_kv_u32(w, "llama.expert_count", sp->expert_count), 0);
+    if (sp && sp->vocab_size)
+        assert_int_equal(gguf_writer_kv_u32(w, "llama.vocab_size", sp->vocab_size), 0);
+    if (sp && sp->rope_dims)
+        assert_int_equal(gguf_writer_kv_u32(w, "llama.rope.dimension_count", sp->rope_dims), 0);
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const struct iebin_tensor *t = &m->tensors[i];
+        char name[160];
+        const char *kind;
+        source_name(t->name, true, name, sizeof name, &kind);
+        uint64_t ne[2] = {t->shape[t->n_dims - 1], t->shape[0]};
+        assert_int_equal(gguf_writer_add_tensor(w, name, GGUF_GGML_F32, ne, (uint32_t)t->n_dims,
+                                                t->data, t->size),
+                         0);
+    }
+    assert_int_equal(gguf_writer_finish(w), 0);
+    iebin_close(m);
+}
+
+/* convert_model with default options (auto-detected source, source dtypes). */
+static int convert(const char *src, const char *out)
+{
+    struct convert_opts o = {0};
+    return convert_model(src, out, &o, NULL);
+}
+
+/* Directory entries of dir whose name contains needle. */
+static int entries_containing(const char *dir, const char *needle)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += strstr(e->d_name, needle) != NULL;
+    closedir(d);
+    return n;
+}
+
+/* ---- the RoPE permutation ---- */
+
+static void test_hf_permutation_roundtrip(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char hf[4096], out[4096];
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    write_hf(hf, NULL);
+
+    /* the HF file really holds q/k in another order (negative control) */
+    struct safetensors_file *sf;
+    struct iebin_model *ref;
+    assert_int_equal(safetensors_open(tu_path(hf, "model.safetensors"), &sf), 0);
+    assert_int_equal(iebin_open(g_ref, &ref), 0);
+    static const char *const pairs[][2] = {{"model.layers.2.self_attn.q_proj.weight", "blk.2.attn_q"},
+                                           {"model.layers.2.self_attn.k_proj.weight", "blk.2.attn_k"}};
+    for (int i = 0; i < 2; i++) {
+        const struct safetensors_tensor *h = safetensors_find(sf, pairs[i][0]);
+        const struct iebin_tensor *r = iebin_find(ref, pairs[i][1]);
+        assert_non_null(h);
+        assert_int_equal(h->size, r->size);
+        assert_memory_not_equal(h->data, r->data, r->size);
+        /* and every head's first row (pair 0's first element) is where both orders agree */
+        assert_memory_equal(h->data, r->data, r->shape[1] * sizeof(float));
+    }
+    safetensors_close(sf);
+    iebin_close(ref);
+
+    assert_int_equal(convert(hf, out), 0);
+    assert_models_equal(g_ref, out);
+
+    /* the shared row map is the inverse of HF's permutation for any head size */
+    for (uint32_t hd = 2; hd <= 16; hd += 2) {
+        const uint32_t heads = 3, cols = 1;
+        float w[48], *p;
+        for (uint32_t r = 0; r < heads * hd; r++)
+            w[r] = (float)r;
+        p = hf_permute(w, heads * hd, cols, heads);
+        for (uint32_t r = 0; r < heads * hd; r++)
+            assert_true(p[iebin_rope_hf_row(r, hd)] == w[r]);
+        free(p);
+    }
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A checkpoint whose q/k are not in HF order converts, but to other tensors: the converter
+ * does permute (the round trip above is not an identity by accident). */
+static void test_hf_unpermuted_differs(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char hf[4096], out[4096];
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    write_hf(hf, &(struct hf_spoil){.no_permute = true});
+    assert_int_equal(convert(hf, out), 0);
+    struct iebin_model *a, *b;
+    assert_int_equal(iebin_open(g_ref, &a), 0);
+    assert_int_equal(iebin_open(out, &b), 0);
+    const struct iebin_tensor *qa = iebin_find(a, "blk.0.attn_q"), *qb = iebin_find(b, "blk.0.attn_q");
+    assert_memory_not_equal(qa->data, qb->data, qa->size);
+    const struct iebin_tensor *va = iebin_find(a, "blk.0.attn_v"), *vb = iebin_find(b, "blk.0.attn_v");
+    assert_memory_equal(va->data, vb->data, va->size);
+    iebin_close(a);
+    iebin_close(b);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void test_gguf_roundtrip(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char gg[4096], out[4096];
+    snprintf(gg, sizeof gg, "%s/m.gguf", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    write_gguf(gg, &(struct gguf_spoil){.vocab_size = 512, .rope_dims = 8});
+    assert_int_equal(convert(gg, out), 0);
+    assert_models_equal(g_ref, out);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* --dtype f16 from f32 sources through HF and GGUF: identical; norms stay f32. */
+static void test_dtype_conversion(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char hf[4096], gg[4096], a[4096], b[4096];
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    snprintf(gg, sizeof gg, "%s/m.gguf", dir);
+    snprintf(a, sizeof a, "%s/a", dir);
+    snprintf(b, sizeof b, "%s/b", dir);
+    write_hf(hf, NULL);
+    write_gguf(gg, NULL);
+    static const enum dtype dts[] = {DT_F16, DT_BF16};
+    for (int i = 0; i < 2; i++) {
+        struct convert_opts o = {.dtype_set = true, .dtype = dts[i]};
+        assert_int_equal(convert_model(hf, a, &o, NULL), 0);
+        assert_int_equal(convert_model(gg, b, &o, NULL), 0);
+        assert_models_equal(a, b);
+        struct iebin_model *m;
+        assert_int_equal(iebin_open(a, &m), 0);
+        assert_int_equal(iebin_find(m, "blk.0.attn_q")->dtype, dts[i]);
+        assert_int_equal(iebin_find(m, "tok_embd")->dtype, dts[i]);
+        assert_int_equal(iebin_find(m, "blk.0.attn_norm")->dtype, DT_F32);
+        assert_int_equal(iebin_find(m, "output_norm")->dtype, DT_F32);
+        iebin_close(m);
+    }
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* ---- malformed sources ---- */
+
+/* convert_model(src) fails with rc, the log names every needle, and out holds no model. */
+static void expect_fail_on(enum convert_fault side, const char *src, const char *out,
+                           const struct convert_opts *o, int rc, const char *n1, const char *n2)
+{
+    struct convert_opts dflt = {0};
+    enum convert_fault fault;
+    tu_log_capture_begin();
+    int got = convert_model(src, out, o ? o : &dflt, &fault);
+    if (got != rc)
+        fail_msg("%s: rc %d, expected %d; log: %s", src, got, rc, tu_log_captured());
+    if (fault != side)
+        fail_msg("%s: a failure of the %s, expected the %s", src,
+                 fault == CONVERT_FAULT_OUTPUT ? "output" : "source",
+                 side == CONVERT_FAULT_OUTPUT ? "output" : "source");
+    tu_assert_log_contains(n1, n2, NULL);
+    tu_log_capture_end();
+    assert_no_model(out);
+}
+
+#define expect_fail(...) expect_fail_on(CONVERT_FAULT_SOURCE, __VA_ARGS__)
+
+static void test_bad_hf_config(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char hf[4096], out[4096], cfg[4200];
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", hf);
+    write_hf(hf, NULL);
+    char *good = tu_read_file(cfg, NULL);
+
+    tu_write_file(cfg, "{\"model_type\": \"llama\",", 24);
+    expect_fail(hf, out, NULL, ERR_FORMAT, "config.json", "invalid JSON");
+    tu_write_file(cfg, "[1, 2]", 6);
+    expect_fail(hf, out, NULL, ERR_FORMAT, "config.json", "not a JSON object");
+
+    static const struct {
+        const char *set, *del;
+        int rc;
+        const char *needle;
+    } cases[] = {
+        {NULL, "hidden_size", ERR_FORMAT, "missing key 'hidden_size'"},
+        {NULL, "num_hidden_layers", ERR_FORMAT, "missing key 'num_hidden_layers'"},
+        {NULL, "vocab_size", ERR_FORMAT, "missing key 'vocab_size'"},
+        {"{\"intermediate_size\": \"172\"}", NULL, ERR_FORMAT,
+         "'intermediate_size' must be a positive integer"},
+        {"{\"num_attention_heads\": 0}", NULL, ERR_FORMAT,
+         "'num_attention_heads' must be a positive integer"},
+        {"{\"rope_theta\": \"big\"}", NULL, ERR_FORMAT, "'rope_theta' must be a number"},
+        {"{\"model_type\": \"mistral\"}", NULL, ERR_UNSUPPORTED, "model_type mistral"},
+        {NULL, "model_type", ERR_UNSUPPORTED, "model_type (missing)"},
+        {"{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}", NULL, ERR_UNSUPPORTED,
+         "rope_scaling is not supported"},
+        {"{\"attention_bias\": true}", NULL, ERR_UNSUPPORTED, "attention_bias is true"},
+        {"{\"hidden_act\": \"gelu\"}", NULL, ERR_UNSUPPORTED, "hidden_act gelu"},
+        {"{\"tie_word_embeddings\": 1}", NULL, ERR_FORMAT, "'tie_word_embeddings' must be"},
+        {"{\"hidden_size\": 60}", NULL, ERR_FORMAT, "not a multiple of num_attention_heads"},
+        {"{\"num_key_value_heads\": 3}", NULL, ERR_RANGE, "n_kv_heads"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tu_write_file(cfg, good, strlen(good));
+        edit_config(hf, cases[i].set, cases[i].del);
+        expect_fail(hf, out, NULL, cases[i].rc, "config.json", cases[i].needle);
+    }
+    /* one layer more than the file holds: a missing tensor */
+    tu_write_file(cfg, good, strlen(good));
+    edit_config(hf, "{\"num_hidden_layers\": 6}", NULL);
+    expect_fail(hf, out, NULL, ERR_NOT_FOUND, "'model.layers.5.input_layernorm.weight'",
+                "is missing");
+    /* an explicitly untied model without lm_head */
+    tu_write_file(cfg, good, strlen(good));
+    edit_config(hf, "{\"tie_word_embeddings\": false}", NULL);
+    expect_fail(hf, out, NULL, ERR_NOT_FOUND, "'lm_head.weight'", "is missing");
+    /* a config that does not say, without lm_head: tied */
+    tu_write_file(cfg, good, strlen(good));
+    edit_config(hf, NULL, "tie_word_embeddings");
+    assert_int_equal(convert(hf, out), 0);
+    assert_models_equal(g_ref, out);
+    free(good);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void test_bad_hf_tensors(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char hf[4096], out[4096];
+    snprintf(out, sizeof out, "%s/out", dir);
+    static const struct {
+        struct hf_spoil sp;
+        int rc;
+        const char *n1, *n2;
+    } cases[] = {
+        {{.skip = "model.layers.3.self_attn.k_proj.weight"}, ERR_NOT_FOUND,
+         "tensor 'model.layers.3.self_attn.k_proj.weight' is missing", "hf1"},
+        {{.skip = "model.norm.weight"}, ERR_NOT_FOUND, "'model.norm.weight' is missing", "hf1"},
+        {{.extra_row = "model.layers.1.mlp.down_proj.weight"}, ERR_MISMATCH,
+         "'blk.1.ffn_down' has shape [65, 172], expected [64, 172]", "hf2"},
+        {{.extra_row = "model.layers.0.self_attn.k_proj.weight"}, ERR_MISMATCH,
+         "'blk.0.attn_k' has shape [33, 64], expected [32, 64]", "hf3"},
+        {{.as_i32 = "model.layers.4.mlp.up_proj.weight"}, ERR_UNSUPPORTED,
+         "'model.layers.4.mlp.up_proj.weight' has dtype I32", "hf4"},
+        {{.bias = "model.layers.0.self_attn.q_proj.bias"}, ERR_UNSUPPORTED,
+         "'model.layers.0.self_attn.q_proj.bias': biases are not supported", "hf5"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(hf, sizeof hf, "%s/hf%zu", dir, i);
+        write_hf(hf, &cases[i].sp);
+        expect_fail(hf, out, NULL, cases[i].rc, cases[i].n1, "hf");
+    }
+    /* no weights at all; only pickled ones */
+    snprintf(hf, sizeof hf, "%s/hf0", dir);
+    unlink(tu_path(hf, "model.safetensors"));
+    expect_fail(hf, out, NULL, ERR_NOT_FOUND, hf, "safetensors");
+    tu_write_file(tu_path(hf, "pytorch_model.bin"), "PK", 2);
+    expect_fail(hf, out, NULL, ERR_UNSUPPORTED, "pytorch_model.bin", "convert them to safetensors");
+    /* a truncated safetensors file */
+    snprintf(hf, sizeof hf, "%s/hf1", dir);
+    size_t len;
+    char *st = tu_read_file(tu_path(hf, "model.safetensors"), &len);
+    tu_write_file(tu_path(hf, "model.safetensors"), st, len / 2);
+    free(st);
+    tu_log_capture_begin();
+    assert_true(convert(hf, out) < 0);
+    tu_assert_log_contains("model.safetensors", NULL);
+    tu_log_capture_end();
+    assert_no_model(out);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void test_bad_gguf(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char gg[4096], out[4096];
+    snprintf(gg, sizeof gg, "%s/m.gguf", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    static const struct {
+        struct gguf_spoil sp;
+        int rc;
+        const char *needle;
+    } cases[] = {
+        {{.arch = "gpt2"}, ERR_UNSUPPORTED, "general.architecture is gpt2; only \"llama\""},
+        {{.expert_count = 8}, ERR_UNSUPPORTED, "llama.expert_count is 8"},
+        {{.vocab_size = 32000}, ERR_MISMATCH,
+         "llama.vocab_size 32000 does not match token_embd.weight's 512 rows"},
+        {{.rope_dims = 4}, ERR_UNSUPPORTED, "llama.rope.dimension_count is 4"},
+        {{.no_head_count = true}, ERR_FORMAT, "llama.attention.head_count is missing"},
+        {{.rope_theta_as_str = true}, ERR_FORMAT, "llama.rope.freq_base"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_gguf(gg, &cases[i].sp);
+        expect_fail(gg, out, NULL, cases[i].rc, gg, cases[i].needle);
+    }
+    /* a vocabulary-only GGUF of another architecture (a real file) */
+    const char *gpt2 = tu_fixture("tokenizer/ggml-vocab-gpt-2.gguf");
+    expect_fail(gpt2, out, NULL, ERR_UNSUPPORTED, "ggml-vocab-gpt-2.gguf", "only \"llama\"");
+    /* a truncated GGUF */
+    write_gguf(gg, NULL);
+    size_t len;
+    char *buf = tu_read_file(gg, &len);
+    tu_write_file(gg, buf, len - 1000);
+    free(buf);
+    tu_log_capture_begin();
+    int rc = convert(gg, out);
+    assert_int_equal(rc, ERR_TRUNCATED);
+    tu_assert_log_contains("m.gguf", NULL);
+    tu_log_capture_end();
+    assert_no_model(out);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void test_bad_llama2c_and_detection(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char bin[4096], out[4096];
+    snprintf(bin, sizeof bin, "%s/trunc.bin", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    size_t len;
+    char *buf = tu_read_file(tu_fixture(S260K), &len);
+    tu_write_file(bin, buf, 100000);
+    /* forced: the importer's own message */
+    struct convert_opts o = {.from = CONVERT_LLAMA2C};
+    expect_fail(bin, out, &o, ERR_TRUNCATED, "trunc.bin", "truncated");
+    /* detected: what was tried, and why llama2.c did not fit */
+    expect_fail(bin, out, NULL, ERR_UNSUPPORTED,
+                "not a Hugging Face directory, a GGUF file or a valid llama2.c checkpoint",
+                "truncated");
+    /* a header of garbage */
+    memset(buf, 0x7f, 28);
+    tu_write_file(bin, buf, len);
+    expect_fail(bin, out, NULL, ERR_UNSUPPORTED, "trunc.bin", "llama2.c");
+    free(buf);
+    /* a directory that is no model, a missing path */
+    expect_fail(dir, out, NULL, ERR_UNSUPPORTED, dir, "without config.json");
+    expect_fail(tu_path(dir, "nonexistent"), out, NULL, -ENOENT, "nonexistent",
+                "No such file");
+    /* --from hf on a file */
+    o.from = CONVERT_HF;
+    expect_fail(tu_fixture(S260K), out, &o, ERR_UNSUPPORTED, "stories260K.bin",
+                "not a directory (a Hugging Face model is a directory with config.json)");
+    o.from = CONVERT_GGUF;
+    expect_fail(tu_fixture(S260K), out, &o, ERR_FORMAT, "stories260K.bin", "magic");
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A tokenizer with more tokens than the model's vocabulary is refused before any tensor. */
+static void test_tokenizer_vocab_mismatch(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char out[4096], hf[4096];
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    const char *spm = tu_fixture("tokenizer/llama2-tokenizer.model");
+    struct convert_opts o = {.tokenizer = spm};
+    expect_fail(tu_fixture(S260K), out, &o, ERR_MISMATCH, "llama2-tokenizer.model",
+                "32000 tokens, more than the model's vocab_size 512");
+    /* through HF: a tokenizer.model beside the weights is picked up and checked */
+    write_hf(hf, NULL);
+    size_t len;
+    char *b = tu_read_file(spm, &len);
+    tu_write_file(tu_path(hf, "tokenizer.model"), b, len);
+    free(b);
+    expect_fail(hf, out, NULL, ERR_MISMATCH, "tokenizer.model", "vocab_size 512");
+    /* a broken tokenizer file */
+    tu_write_file(tu_path(hf, "tokenizer.model"), "garbage", 7);
+    tu_log_capture_begin();
+    assert_true(convert(hf, out) < 0);
+    tu_assert_log_contains("tokenizer.model", NULL);
+    tu_log_capture_end();
+    assert_no_model(out);
+    /* without one the model converts, with no tokenizer */
+    unlink(tu_path(hf, "tokenizer.model"));
+    assert_int_equal(convert(hf, out), 0);
+    struct iebin_model *m;
+    assert_int_equal(iebin_open(out, &m), 0);
+    assert_null(m->tokenizer_path);
+    iebin_close(m);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* ---- failing outputs ---- */
+
+static void test_output_failures(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char gg[4096], out[4096];
+    snprintf(gg, sizeof gg, "%s/m.gguf", dir);
+    write_gguf(gg, NULL);
+
+    /* OUT_DIR under a regular file (root ignores mode bits, not file types) */
+    tu_write_file(tu_path(dir, "afile"), "x", 1);
+    snprintf(out, sizeof out, "%s/afile/out", dir);
+    expect_fail_on(CONVERT_FAULT_OUTPUT, gg, out, NULL, -ENOTDIR, "afile/out",
+                   "Not a directory");
+
+    /* a directory the kernel refuses to create files in */
+    expect_fail_on(CONVERT_FAULT_OUTPUT, gg, "/proc/self/clocher-out", NULL, -ENOENT,
+                   "/proc/self/clocher-out", "No such file");
+    /* the same through the llama2.c importer, and its quantizing route */
+    expect_fail_on(CONVERT_FAULT_OUTPUT, tu_fixture(S260K), "/proc/self/clocher-out", NULL,
+                   -ENOENT, "/proc/self/clocher-out", "No such file");
+    struct convert_opts q8 = {.dtype_set = true, .dtype = DT_Q8_0};
+    expect_fail_on(CONVERT_FAULT_OUTPUT, tu_fixture(S260K), "/proc/self/clocher-out", &q8,
+                   -ENOENT, "/proc/self/clocher-out", "scratch");
+
+    /* a full disk, into an empty directory and over an existing model */
+    snprintf(out, sizeof out, "%s/full", dir);
+    setenv("CLOCHER_FAULT_WRITE_LIMIT", "100000", 1);
+    expect_fail_on(CONVERT_FAULT_OUTPUT, gg, out, NULL, -ENOSPC, "No space left on device", out);
+    expect_fail_on(CONVERT_FAULT_OUTPUT, tu_fixture(S260K), out, &q8, -ENOSPC,
+                   "No space left on device", out);
+    assert_int_equal(entries_containing(dir, ".import."), 0); /* the scratch import is gone */
+    unsetenv("CLOCHER_FAULT_WRITE_LIMIT");
+    assert_int_equal(llama2c_convert(tu_fixture(S260K), NULL, 0, out, DT_F32, "old"), 0);
+    setenv("CLOCHER_FAULT_WRITE_LIMIT", "100000", 1);
+    tu_log_capture_begin();
+    assert_int_equal(convert(gg, out), -ENOSPC);
+    tu_log_capture_end();
+    unsetenv("CLOCHER_FAULT_WRITE_LIMIT");
+    struct iebin_model *m;
+    assert_int_equal(iebin_open(out, &m), 0);
+    assert_string_equal(m->name, "old");
+    iebin_close(m);
+    assert_models_equal(g_ref, out);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* ---- SIGKILL in the middle of a conversion ---- */
+
+static void kill_after(void *arg, size_t done, size_t total)
+{
+    size_t at = *(const size_t *)arg;
+    assert_true(done < total); /* the kill must come before the commit */
+    if (done == at)
+        raise(SIGKILL);
+}
+
+/* Bytes in the temporary blobs (afile's "<name>.tmp.XXXXXX") a killed writer left in dir. */
+static off_t partial_blob_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    off_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        struct stat sb;
+        if (!strncmp(e->d_name, IEBIN_BLOB ".tmp.", sizeof IEBIN_BLOB ".tmp." - 1) &&
+            stat(tu_path(dir, e->d_name), &sb) == 0)
+            n += sb.st_size;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Converts src into out in a child process that SIGKILLs itself after `at` tensors. */
+static void convert_killed(const char *src, const char *out, size_t at)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct convert_opts o = {.on_tensor = kill_after, .on_tensor_arg = &at};
+        convert_model(src, out, &o, NULL);
+        _exit(0); /* not reached unless the hook failed to fire */
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGKILL);
+}
+
+static void test_killed_conversion(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    char hf[4096], out[4096];
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    snprintf(out, sizeof out, "%s/out", dir);
+    write_hf(hf, NULL);
+    /* into an empty directory: nothing loads, but the partial blob shows it was mid-write */
+    convert_killed(hf, out, 20);
+    assert_no_model(out);
+    assert_true(partial_blob_bytes(out) > 0);
+    /* over an existing model: it still loads, unchanged */
+    assert_int_equal(llama2c_convert(tu_fixture(S260K), NULL, 0, out, DT_BF16, "old"), 0);
+    convert_killed(hf, out, 30);
+    struct iebin_model *m;
+    assert_int_equal(iebin_open(out, &m), 0);
+    assert_string_equal(m->name, "old");
+    assert_int_equal(iebin_find(m, "blk.0.attn_q")->dtype, DT_BF16);
+    iebin_close(m);
+    /* and the next conversion replaces it normally */
+    assert_int_equal(convert(hf, out), 0);
+    assert_models_equal(g_ref, out);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hf_permutation_roundtrip),
+        cmocka_unit_test(test_hf_unpermuted_differs),
+        cmocka_unit_test(test_gguf_roundtrip),
+        cmocka_unit_test(test_dtype_conversion),
+        cmocka_unit_test(test_bad_hf_config),
+        cmocka_unit_test(test_bad_hf_tensors),
+        cmocka_unit_test(test_bad_gguf),
+        cmocka_unit_test(test_bad_llama2c_and_detection),
+        cmocka_unit_test(test_tokenizer_vocab_mismatch),
+        cmocka_unit_test(test_output_failures),
+        cmocka_unit_test(test_killed_conversion),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
