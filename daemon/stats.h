@@ -1,0 +1,68 @@
+/*
+ * stats.h — clocherd's counters, gauges and histograms: the contract between the gateway
+ * (daemon/gw*.c, which records what its calls did) and the metrics endpoint (daemon/metrics.c,
+ * which renders them in Prometheus text format on the libuv loop).
+ *
+ * NOTES
+ *  - Writers are the gateway's threads, the reader is the metrics endpoint: every value is an
+ *    independent relaxed atomic. A scrape is a snapshot of independent series; no ordering
+ *    between two series is promised (Prometheus does not need one), and a histogram's count
+ *    may run one observation ahead of its buckets during a scrape.
+ *  - Tenants are labels. Names are interned on first use into a fixed table of
+ *    STATS_MAX_TENANTS under a mutex (the only lock, taken once per new name); beyond the
+ *    table, counts go to the tenant "_other" so a flood of names cannot grow memory.
+ *    Anonymous access (no tenants configured) is the tenant "" rendered as "anonymous".
+ *  - Per-worker series (engine figures from the worker's STATS record: KV blocks, prefix
+ *    hits, running/waiting, RSS) are replaced whole by stats_worker_engine(); their slot index
+ *    matches struct workers. Supervisor-owned series (restarts, state, hot replication) are
+ *    read by metrics.c straight from struct workers, not kept here.
+ *  - Histogram buckets are fixed (seconds): 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 5 10 30
+ *    60 +Inf; one set per (series, tenant).
+ */
+#ifndef CLOCHER_DAEMON_STATS_H
+#define CLOCHER_DAEMON_STATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define STATS_MAX_TENANTS 64
+#define STATS_HIST_BUCKETS 14 /* including +Inf */
+
+struct stats;
+struct workers;
+struct shm_msg_stats; /* shm/msg.h */
+
+/* n_workers: the size of the worker table (per-worker series). */
+int stats_create(size_t n_workers, struct stats **out);
+void stats_destroy(struct stats *s); /* NULL is a no-op */
+
+/* One finished RPC: clocher_requests_total{method, status, tenant}. `method` is the short
+ * gRPC method name ("Generate", "BatchGenerate", "Tokenize", ..., "Health.Check");
+ * grpc_status is the grpc_status_code it ended with (0 = OK). */
+void stats_request(struct stats *s, const char *tenant, const char *method, int grpc_status);
+
+/* One finished generation (a Generate call, or one item of a BatchGenerate), as the worker's
+ * FINISH record reports it: clocher_{prompt,completion,cached}_tokens_total{tenant} and the
+ * clocher_{ttft,tpot,e2e}_seconds{tenant} histograms (a 0 ns figure is not observed, e.g. TPOT
+ * of a one-token reply). */
+void stats_generation(struct stats *s, const char *tenant, uint64_t prompt_tokens,
+                      uint64_t completion_tokens, uint64_t cached_tokens, uint64_t ttft_ns,
+                      uint64_t tpot_ns, uint64_t e2e_ns);
+
+/* Gauges kept by the gateway: generations waiting for a worker slot in the gateway's bounded
+ * queue (clocher_queue_depth) and streams in flight (clocher_active_streams{tenant}). */
+void stats_queue_depth_add(struct stats *s, int64_t delta);
+void stats_active_streams_add(struct stats *s, const char *tenant, int64_t delta);
+
+/* The latest STATS record of worker `slot` (replaces the previous one): clocher_kv_blocks
+ * {worker,node,state=used|cached|free}, clocher_prefix_{hit,miss}_tokens_total{worker},
+ * clocher_preemptions_total, clocher_running/waiting_sequences, clocher_worker_rss_bytes. */
+void stats_worker_engine(struct stats *s, unsigned slot, const struct shm_msg_stats *m);
+
+/* Renders everything in Prometheus text exposition format 0.0.4 (HELP and TYPE lines, label
+ * values escaped) into a malloc'd buffer (*out, *len; the caller frees). `w` supplies the
+ * supervisor's per-worker series (state, restarts, hot replicated bytes, node labels); it may
+ * be NULL. Returns 0 or -ENOMEM. */
+int stats_render(const struct stats *s, const struct workers *w, char **out, size_t *len);
+
+#endif
