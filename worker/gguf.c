@@ -20,6 +20,7 @@
 #include "afile.h"
 #include "check.h"
 #include "err.h"
+#include "fmap.h"
 #include "log.h"
 
 #include <errno.h>
@@ -768,37 +769,11 @@ int gguf_open_mem(const void *buf, size_t size, const char *what, struct gguf_fi
 int gguf_open(const char *path, struct gguf_file **out)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        LOG_ERR("cannot open %s: %s", path, strerror(e));
-        return -e;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        LOG_ERR("fstat(%s) failed: %s", path, strerror(e));
-        close(fd);
-        return -e;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        LOG_ERR("%s: not a regular file", path);
-        close(fd);
-        return ERR_FORMAT;
-    }
-    size_t size = (size_t)st.st_size;
-    void *map = NULL;
-    if (size > 0) {
-        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED) {
-            int e = errno;
-            LOG_ERR("mmap(%s, %zu) failed: %s", path, size, strerror(e));
-            close(fd);
-            return -e;
-        }
-    }
-    close(fd); /* the mapping keeps the file */
-    return open_common(map, size, true, path, out);
+    struct fmap fm;
+    int rc = fmap_open(path, "GGUF file", &fm);
+    if (rc != 0)
+        return rc;
+    return open_common(fm.data, fm.size, true, path, out);
 }
 
 void gguf_close(struct gguf_file *f)

@@ -19,6 +19,7 @@
 #include "iebin.h"
 
 #include "err.h"
+#include "fmap.h"
 #include "log.h"
 
 #include <errno.h>
@@ -766,64 +767,6 @@ int iebin_open_mem(const char *label, const void *manifest, size_t manifest_len,
     return 0;
 }
 
-/* Reads the whole manifest (at most IEBIN_MANIFEST_MAX bytes). */
-static int read_manifest(const char *path, char **buf_out, size_t *len_out)
-{
-    int rc;
-    char *buf = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = -errno;
-        LOG_ERR("%s: cannot open the manifest: %s", path, strerror(errno));
-        return rc;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        rc = -errno;
-        LOG_ERR("%s: fstat failed: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        LOG_ERR("%s: not a regular file", path);
-        rc = ERR_FORMAT;
-        goto fail;
-    }
-    if ((uint64_t)st.st_size > IEBIN_MANIFEST_MAX) {
-        LOG_ERR("%s: %lld bytes, larger than the %u-byte limit for a manifest", path,
-                (long long)st.st_size, IEBIN_MANIFEST_MAX);
-        rc = ERR_RANGE;
-        goto fail;
-    }
-    size_t want = (size_t)st.st_size, got = 0;
-    buf = malloc(want ? want : 1);
-    if (!buf) {
-        LOG_ERR("%s: out of memory", path);
-        rc = -ENOMEM;
-        goto fail;
-    }
-    while (got < want) {
-        ssize_t r = read(fd, buf + got, want - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            rc = -errno;
-            LOG_ERR("%s: read failed: %s", path, strerror(errno));
-            goto fail;
-        }
-        if (r == 0)
-            break; /* shrank under us: parse what is there; JSON will say it is truncated */
-        got += (size_t)r;
-    }
-    close(fd);
-    *buf_out = buf;
-    *len_out = got;
-    return 0;
-fail:
-    free(buf);
-    close(fd);
-    return rc;
-}
-
 static char *join(const char *dir, const char *name)
 {
     size_t a = strlen(dir), b = strlen(name);
@@ -853,7 +796,7 @@ int iebin_open_ex(const char *dir, unsigned flags, struct iebin_model **out)
         rc = -ENOMEM;
         goto fail;
     }
-    if ((rc = read_manifest(mpath, &text, &len)) != 0)
+    if ((rc = fmap_read(mpath, "manifest", IEBIN_MANIFEST_MAX, &text, &len)) != 0)
         goto fail;
 
     /* The blob's size is needed to validate; its contents are not, so map only afterwards. */

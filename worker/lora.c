@@ -23,6 +23,7 @@
 #include "err.h"
 #include "half.h"
 #include "kern.h"
+#include "fmap.h"
 #include "log.h"
 #include "safetensors.h"
 
@@ -460,63 +461,6 @@ static char *join(const char *dir, const char *name)
     return s;
 }
 
-/* Reads a whole small file. -errno or ERR_RANGE (over cap), logged. */
-static int read_capped(const char *path, size_t cap, char **buf, size_t *len)
-{
-    int rc;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = -errno;
-        LOG_ERR("%s: cannot open: %s", path, strerror(errno));
-        return rc;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        rc = -errno;
-        LOG_ERR("%s: fstat failed: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        LOG_ERR("%s: not a regular file", path);
-        rc = ERR_FORMAT;
-        goto fail;
-    }
-    if ((uint64_t)st.st_size > cap) {
-        LOG_ERR("%s: %lld bytes, larger than the %zu-byte limit", path, (long long)st.st_size,
-                cap);
-        rc = ERR_RANGE;
-        goto fail;
-    }
-    size_t size = (size_t)st.st_size;
-    char *b = malloc(size + 1);
-    if (!b) {
-        LOG_ERR("%s: out of memory reading %zu bytes", path, size);
-        rc = -ENOMEM;
-        goto fail;
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t k = read(fd, b + got, size - got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            rc = k < 0 ? -errno : ERR_TRUNCATED;
-            LOG_ERR("%s: read failed: %s", path, k < 0 ? strerror(errno) : "file shrank");
-            free(b);
-            goto fail;
-        }
-        got += (size_t)k;
-    }
-    b[size] = '\0';
-    close(fd);
-    *buf = b;
-    *len = size;
-    return 0;
-fail:
-    close(fd);
-    return rc;
-}
-
 static void adapter_free(struct lora_adapter *ad)
 {
     if (!ad)
@@ -877,7 +821,7 @@ static int open_named(const char *dir, const char *name, const struct iebin_hpar
         rc = -ENOMEM;
         goto out;
     }
-    if ((rc = read_capped(cfg_path, LORA_CONFIG_MAX, &cfg_text, &cfg_len)) != 0)
+    if ((rc = fmap_read(cfg_path, "adapter config", LORA_CONFIG_MAX, &cfg_text, &cfg_len)) != 0)
         goto out;
     if ((rc = lora_config_parse(cfg_path, cfg_text, cfg_len, &ad->cfg)) != 0)
         goto out;

@@ -16,6 +16,7 @@
 
 #include "afile.h"
 #include "err.h"
+#include "fmap.h"
 #include "log.h"
 
 #include <errno.h>
@@ -438,37 +439,11 @@ int safetensors_open_mem(const void *buf, size_t size, const char *what,
 int safetensors_open(const char *path, struct safetensors_file **out)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        LOG_ERR("cannot open %s: %s", path, strerror(e));
-        return -e;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        LOG_ERR("fstat(%s) failed: %s", path, strerror(e));
-        close(fd);
-        return -e;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        LOG_ERR("%s: not a regular file", path);
-        close(fd);
-        return ERR_FORMAT;
-    }
-    size_t size = (size_t)st.st_size;
-    void *map = NULL;
-    if (size > 0) {
-        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED) {
-            int e = errno;
-            LOG_ERR("mmap(%s, %zu) failed: %s", path, size, strerror(e));
-            close(fd);
-            return -e;
-        }
-    }
-    close(fd);
-    return open_common(map, size, 1, path, out);
+    struct fmap fm;
+    int rc = fmap_open(path, "safetensors file", &fm);
+    if (rc != 0)
+        return rc;
+    return open_common(fm.data, fm.size, 1, path, out);
 }
 
 void safetensors_close(struct safetensors_file *f)

@@ -15,6 +15,7 @@
 
 #include "err.h"
 #include "gguf.h"
+#include "fmap.h"
 #include "log.h"
 #include "sentencepiece/sentencepiece_model.pb-c.h"
 
@@ -554,62 +555,6 @@ static bool ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* Reads a whole regular file of at most TOK_MAX_FILE bytes. */
-static int read_file(const char *path, char **buf, size_t *len)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        LOG_ERR("cannot open tokenizer %s: %s", path, strerror(e));
-        return -e;
-    }
-    int rc = 0;
-    char *b = NULL;
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        rc = -errno;
-        LOG_ERR("cannot stat tokenizer %s: %s", path, strerror(-rc));
-        goto out;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        LOG_ERR("tokenizer %s is not a regular file", path);
-        rc = ERR_FORMAT;
-        goto out;
-    }
-    if ((unsigned long long)st.st_size > TOK_MAX_FILE) {
-        LOG_ERR("tokenizer %s is %lld bytes, more than the limit of %llu", path,
-                (long long)st.st_size, TOK_MAX_FILE);
-        rc = ERR_RANGE;
-        goto out;
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    if (!(b = malloc(n ? n : 1))) {
-        LOG_ERR("cannot read tokenizer %s: out of memory", path);
-        rc = -ENOMEM;
-        goto out;
-    }
-    while (got < n) {
-        ssize_t r = read(fd, b + got, n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            rc = -errno;
-            LOG_ERR("cannot read tokenizer %s: %s", path, strerror(-rc));
-            goto out;
-        }
-        if (r == 0)
-            break; /* shrank while we read: parse what is there */
-        got += (size_t)r;
-    }
-    *buf = b;
-    *len = got;
-    b = NULL;
-out:
-    free(b);
-    close(fd);
-    return rc;
-}
-
 int tok_load(const char *path, struct tok **out)
 {
     *out = NULL;
@@ -633,7 +578,7 @@ int tok_load(const char *path, struct tok **out)
         }
         char *buf;
         size_t len;
-        int rc = read_file(p, &buf, &len);
+        int rc = fmap_read(p, "tokenizer", TOK_MAX_FILE, &buf, &len);
         if (rc != 0)
             return rc;
         rc = load_mem(buf, len, "ie-json", p, out);
@@ -663,7 +608,7 @@ int tok_load(const char *path, struct tok **out)
     }
     char *buf;
     size_t len;
-    int rc = read_file(path, &buf, &len);
+    int rc = fmap_read(path, "tokenizer", TOK_MAX_FILE, &buf, &len);
     if (rc != 0)
         return rc;
     size_t i = 0;
