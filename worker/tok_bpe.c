@@ -15,6 +15,8 @@
  */
 #include "tok_internal.h"
 
+#include "heap.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,55 +37,13 @@ struct bpe {
     const struct tok *t;
     struct sym *syms;
     size_t cap_syms;
-    struct cand *heap;
-    size_t n_heap, cap_heap;
+    struct heap heap; /* of struct cand, ordered by before() */
 };
 
-static bool before(const struct cand *a, const struct cand *b)
+static bool before(const void *pa, const void *pb)
 {
+    const struct cand *a = pa, *b = pb;
     return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
-}
-
-static int heap_push(struct bpe *w, struct cand c)
-{
-    if (w->n_heap == w->cap_heap) {
-        size_t cap = w->cap_heap ? w->cap_heap * 2 : 64;
-        struct cand *h = realloc(w->heap, cap * sizeof *h);
-        if (!h)
-            return -ENOMEM;
-        w->heap = h;
-        w->cap_heap = cap;
-    }
-    size_t i = w->n_heap++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!before(&c, &w->heap[parent]))
-            break;
-        w->heap[i] = w->heap[parent];
-        i = parent;
-    }
-    w->heap[i] = c;
-    return 0;
-}
-
-static struct cand heap_pop(struct bpe *w)
-{
-    struct cand top = w->heap[0], last = w->heap[--w->n_heap];
-    size_t i = 0, n = w->n_heap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && before(&w->heap[c + 1], &w->heap[c]))
-            c++;
-        if (!before(&w->heap[c], &last))
-            break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    if (n > 0)
-        w->heap[i] = last;
-    return top;
 }
 
 static int consider(struct bpe *w, int32_t l)
@@ -96,8 +56,8 @@ static int consider(struct bpe *w, int32_t l)
     int64_t rank = tok__merge_rank(w->t, w->syms[l].id, w->syms[r].id);
     if (rank < 0)
         return 0;
-    return heap_push(w, (struct cand){(uint32_t)rank, (uint32_t)l, w->syms[l].id,
-                                      w->syms[r].id});
+    struct cand c = {(uint32_t)rank, (uint32_t)l, w->syms[l].id, w->syms[r].id};
+    return heap_push(&w->heap, &c);
 }
 
 /* Step 3 for one pre-token. */
@@ -117,12 +77,12 @@ static int encode_word(struct bpe *w, const unsigned char *p, size_t n, struct t
         w->syms[i] = (struct sym){t->byte_char_id[p[i]], (int32_t)i - 1,
                                   i + 1 < n ? (int32_t)i + 1 : -1, true};
     int rc;
-    w->n_heap = 0;
+    heap_clear(&w->heap);
     for (size_t i = 0; i + 1 < n; i++)
         if ((rc = consider(w, (int32_t)i)) != 0)
             return rc;
-    while (w->n_heap > 0) {
-        struct cand c = heap_pop(w);
+    struct cand c;
+    while (heap_pop(&w->heap, &c)) {
         struct sym *a = &w->syms[c.pos];
         if (!a->alive || a->id != c.lid || a->next < 0 || w->syms[a->next].id != c.rid)
             continue; /* stale: a side changed since it was queued */
@@ -227,6 +187,7 @@ int tok__bpe_encode(const struct tok *t, const char *text, size_t len, struct to
 {
     const unsigned char *p = (const unsigned char *)text;
     struct bpe w = {.t = t};
+    heap_init(&w.heap, sizeof(struct cand), 64, before);
     int rc = 0;
     size_t seg = 0;
     if (t->user.n_nodes > 0) { /* step 1 */
@@ -247,6 +208,6 @@ int tok__bpe_encode(const struct tok *t, const char *text, size_t len, struct to
     rc = encode_segment(&w, p + seg, len - seg, out);
 out:
     free(w.syms);
-    free(w.heap);
+    heap_fini(&w.heap);
     return rc;
 }

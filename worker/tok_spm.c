@@ -19,6 +19,8 @@
  */
 #include "tok_internal.h"
 
+#include "heap.h"
+
 #include "check.h"
 
 #include <errno.h>
@@ -53,55 +55,13 @@ struct spm {
     const char *norm;
     struct sym *syms;
     size_t n_syms, cap_syms;
-    struct cand *heap;
-    size_t n_heap, cap_heap;
+    struct heap heap; /* of struct cand, ordered by before() */
 };
 
-static bool before(const struct cand *a, const struct cand *b)
+static bool before(const void *pa, const void *pb)
 {
+    const struct cand *a = pa, *b = pb;
     return a->score > b->score || (a->score == b->score && a->pos < b->pos);
-}
-
-static int heap_push(struct spm *w, struct cand c)
-{
-    if (w->n_heap == w->cap_heap) {
-        size_t cap = w->cap_heap ? w->cap_heap * 2 : 256;
-        struct cand *h = realloc(w->heap, cap * sizeof *h);
-        if (!h)
-            return -ENOMEM;
-        w->heap = h;
-        w->cap_heap = cap;
-    }
-    size_t i = w->n_heap++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!before(&c, &w->heap[parent]))
-            break;
-        w->heap[i] = w->heap[parent];
-        i = parent;
-    }
-    w->heap[i] = c;
-    return 0;
-}
-
-static struct cand heap_pop(struct spm *w)
-{
-    struct cand top = w->heap[0], last = w->heap[--w->n_heap];
-    size_t i = 0, n = w->n_heap;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && before(&w->heap[c + 1], &w->heap[c]))
-            c++;
-        if (!before(&w->heap[c], &last))
-            break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    if (n > 0)
-        w->heap[i] = last;
-    return top;
 }
 
 static int sym_push(struct spm *w, struct sym s, int32_t *index)
@@ -138,7 +98,8 @@ static int consider(struct spm *w, int32_t l, int32_t r)
     int32_t id = tok__find(w->t, w->norm + a->start, len);
     if (id < 0 || !mergeable(w->t->tokens[id].type))
         return 0;
-    return heap_push(w, (struct cand){w->t->tokens[id].score, a->start, l, r, id});
+    struct cand c = {w->t->tokens[id].score, a->start, l, r, id};
+    return heap_push(&w->heap, &c);
 }
 
 /* Step 1. Returns the normalized length (0: no tokens). */
@@ -224,6 +185,7 @@ int tok__spm_encode(const struct tok *t, const char *text, size_t len, struct to
         return -ENOMEM;
     size_t n = normalize(t, text, len, norm);
     struct spm w = {.t = t, .norm = norm};
+    heap_init(&w.heap, sizeof(struct cand), 256, before);
     int32_t *stack = NULL;
     size_t stack_cap = 64;
     int rc = 0;
@@ -253,8 +215,8 @@ int tok__spm_encode(const struct tok *t, const char *text, size_t len, struct to
     for (int32_t i = 0; i + 1 < (int32_t)w.n_syms; i++)
         if ((rc = consider(&w, i, i + 1)) != 0)
             goto out;
-    while (w.n_heap > 0) {
-        struct cand c = heap_pop(&w);
+    struct cand c;
+    while (heap_pop(&w.heap, &c)) {
         if (!w.syms[c.left].alive || !w.syms[c.right].alive)
             continue; /* stale: one side was merged since */
         const struct sym *a = &w.syms[c.left], *b = &w.syms[c.right];
@@ -285,7 +247,7 @@ int tok__spm_encode(const struct tok *t, const char *text, size_t len, struct to
             goto out;
 out:
     free(stack);
-    free(w.heap);
+    heap_fini(&w.heap);
     free(w.syms);
     free(norm);
     return rc;

@@ -4,10 +4,13 @@
 #include "afile.h"
 #include "dtype.h"
 #include "err.h"
+#include "fmap.h"
 #include "half.h"
+#include "heap.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +120,97 @@ static void test_afile_commit_and_abort(void **state)
     free(dir);
 }
 
+struct item {
+    uint32_t key, seq;
+};
+
+static bool item_before(const void *pa, const void *pb)
+{
+    const struct item *a = pa, *b = pb;
+    return a->key < b->key || (a->key == b->key && a->seq < b->seq);
+}
+
+/* random pushes interleaved with pops come out in (key, seq) order, from a tiny first
+ * allocation that must grow several times */
+static void test_heap_order(void **state)
+{
+    (void)state;
+    struct heap h;
+    heap_init(&h, sizeof(struct item), 1, item_before);
+    struct item out;
+    assert_false(heap_pop(&h, &out));
+    uint32_t x = 12345, seq = 0;
+    size_t popped = 0;
+    for (int round = 0; round < 2000; round++) {
+        x = x * 1103515245u + 12345u;
+        struct item it = {(x >> 16) % 97, seq++};
+        assert_int_equal(heap_push(&h, &it), 0);
+        if (round % 3 == 2) { /* pops between pushes: the heap invariant must hold after each */
+            assert_true(heap_pop(&h, &out));
+            popped++;
+            for (size_t i = 1; i < h.n; i++)
+                assert_false(item_before(h.data + i * h.elem, h.data + ((i - 1) / 2) * h.elem));
+        }
+    }
+    struct item prev = {0, 0};
+    bool first = true;
+    while (heap_pop(&h, &out)) {
+        if (!first)
+            assert_false(item_before(&out, &prev));
+        prev = out, first = false;
+        popped++;
+    }
+    assert_int_equal(popped, 2000);
+    heap_clear(&h);
+    heap_fini(&h);
+}
+
+/* fmap: a map and a capped read of the same file agree; directories, missing files and
+ * files over the cap are refused with a message naming the file and its role */
+static void test_fmap(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    const char *p = tu_path(dir, "f.json");
+    tu_write_file(p, "{\"a\": 1}", 8);
+    struct fmap m;
+    assert_int_equal(fmap_open(p, "config", &m), 0);
+    assert_int_equal(m.size, 8);
+    char *buf;
+    size_t len;
+    assert_int_equal(fmap_read(p, "config", 8, &buf, &len), 0);
+    assert_int_equal(len, 8);
+    assert_memory_equal(buf, m.data, 8);
+    assert_int_equal(buf[8], '\0');
+    free(buf);
+    fmap_close(&m);
+    fmap_close(&m); /* twice is harmless */
+
+    tu_log_capture_begin();
+    assert_int_equal(fmap_read(p, "config", 7, &buf, &len), ERR_RANGE);
+    tu_assert_log_contains("f.json", "config", "8 bytes, larger than the 7-byte limit", NULL);
+    assert_null(buf);
+    tu_log_capture_begin();
+    assert_int_equal(fmap_open(dir, "GGUF file", &m), ERR_FORMAT);
+    tu_assert_log_contains("the GGUF file is not a regular file", NULL);
+    tu_log_capture_begin();
+    assert_int_equal(fmap_read(tu_path(dir, "nope"), "tokenizer", 10, &buf, &len), -ENOENT);
+    tu_assert_log_contains("nope: cannot open the tokenizer", NULL);
+
+    /* an empty file maps to nothing and reads as "" */
+    const char *e = tu_path(dir, "empty");
+    tu_write_file(e, "", 0);
+    assert_int_equal(fmap_open(e, "blob", &m), 0);
+    assert_null(m.data);
+    assert_int_equal(fmap_read(e, "blob", 0, &buf, &len), 0);
+    assert_int_equal(len, 0);
+    assert_string_equal(buf, "");
+    free(buf);
+    tu_log_capture_end();
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -124,6 +218,8 @@ int main(void)
         cmocka_unit_test(test_half_roundtrip),
         cmocka_unit_test(test_dtype_sizes),
         cmocka_unit_test(test_afile_commit_and_abort),
+        cmocka_unit_test(test_heap_order),
+        cmocka_unit_test(test_fmap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
