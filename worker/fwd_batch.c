@@ -9,9 +9,10 @@
  * once per step whatever the number of sequences; attention is per sequence over its own
  * paged KV (kv_attn_prefill: causal within the chunk, a decode is a chunk of one).
  *
- * LoRA seam: after each projection's base matmul over the whole batch, the grouped low-rank
- * update of lora.h is added for the rows that use an adapter (plan built once per run; the
- * engine orders the batch so that rows of one adapter are adjacent: one segment each).
+ * LoRA seam: after the base matmuls of projections that are ready together (q/k/v, o,
+ * gate/up, down), the grouped low-rank update of lora.h (lora_apply_fused: two pool jobs per
+ * group) is added for the rows that use an adapter (plan built once per run; the engine
+ * orders the batch so that rows of one adapter are adjacent: one segment each).
  *
  * NOTES: runs on the engine's owner thread; matmul rows, LoRA rank/output rows and
  * (sequence, KV head) attention tasks are sharded over the pool. Every buffer is allocated
@@ -29,6 +30,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define LORA_GROUP_MAX 3 /* projections updated together: q, k, v */
 
 struct engine__fwd {
     const struct model *m;
@@ -163,43 +166,18 @@ static void matmul(const struct engine__fwd *f, const struct model_mat *w, const
         kern_matmul(w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
 }
 
-struct lora_job {
-    const struct engine__fwd *f;
-    uint32_t layer;
-    enum lora_target t;
-    const float *x;
-    float *y;
-    size_t ldy;
-};
-
-static void lora_a_range(void *ctx, size_t b, size_t e, int thread)
+/*
+ * The LoRA seam: after the base products of projections that share their readiness (q, k, v;
+ * gate, up; o; down), the grouped low-rank update of the adapted rows, as two pool jobs for
+ * the whole group (lora_apply_fused: shrink, then expand).
+ */
+static void lora_group(const struct engine__fwd *f, uint32_t layer, const struct lora_proj *pr,
+                       size_t n_proj)
 {
-    (void)thread;
-    const struct lora_job *j = ctx;
-    lora_apply_a(&j->f->plan, j->layer, j->t, j->x, j->f->lora_tmp, b, e);
-}
-
-static void lora_b_range(void *ctx, size_t b, size_t e, int thread)
-{
-    (void)thread;
-    const struct lora_job *j = ctx;
-    lora_apply_b(&j->f->plan, j->layer, j->t, j->f->lora_tmp, j->y, j->ldy, b, e);
-}
-
-/* The LoRA seam: base product, then the grouped low-rank update of the adapted rows. */
-static void project(const struct engine__fwd *f, uint32_t layer, enum lora_target t,
-                    const struct model_mat *w, const float *x, size_t n, float *y, size_t ldy)
-{
-    matmul(f, w, x, n, y, ldy);
     if (f->plan.max_rank == 0)
         return;
-    struct lora_job j = {f, layer, t, x, y, ldy};
-    if (f->pool) {
-        pool_for(f->pool, 0, f->plan.max_rank, 4, lora_a_range, &j);
-        pool_for(f->pool, 0, w->rows, 16, lora_b_range, &j);
-    } else {
-        lora_apply(&f->plan, layer, t, x, f->lora_tmp, y, ldy);
-    }
+    CHECK(n_proj <= LORA_GROUP_MAX);
+    lora_apply_fused(&f->plan, f->pool, layer, pr, n_proj, f->lora_tmp);
 }
 
 /* One task per (sequence, KV head): paged attention of the sequence's chunk. */
@@ -243,15 +221,16 @@ static int build_lora_plan(struct engine__fwd *f, const struct engine__bseq *seq
     int rc = lora_plan_build(&f->plan, f->tok_ad, f->tok_scale, n_tok);
     if (rc)
         return rc;
-    if (f->plan.tmp_floats > f->lora_tmp_cap) {
-        float *t = realloc(f->lora_tmp, f->plan.tmp_floats * sizeof *t);
+    /* one T per projection of the largest group (q, k, v) */
+    size_t need = f->plan.tmp_floats * LORA_GROUP_MAX;
+    if (need > f->lora_tmp_cap) {
+        float *t = realloc(f->lora_tmp, need * sizeof *t);
         if (!t) {
-            LOG_ERR("engine: out of memory for the LoRA scratch (%zu floats)",
-                    f->plan.tmp_floats);
+            LOG_ERR("engine: out of memory for the LoRA scratch (%zu floats)", need);
             return -ENOMEM;
         }
         f->lora_tmp = t;
-        f->lora_tmp_cap = f->plan.tmp_floats;
+        f->lora_tmp_cap = need;
     }
     return 0;
 }
@@ -286,9 +265,14 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
 
         for (size_t t = 0; t < n_tok; t++)
             rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
-        project(f, l, LORA_Q, &L->wq, f->xb, n_tok, f->q, qd);
-        project(f, l, LORA_K, &L->wk, f->xb, n_tok, f->k, kvd);
-        project(f, l, LORA_V, &L->wv, f->xb, n_tok, f->v, kvd);
+        matmul(f, &L->wq, f->xb, n_tok, f->q, qd);
+        matmul(f, &L->wk, f->xb, n_tok, f->k, kvd);
+        matmul(f, &L->wv, f->xb, n_tok, f->v, kvd);
+        lora_group(f, l,
+                   (const struct lora_proj[]){{LORA_Q, f->xb, f->q, qd},
+                                              {LORA_K, f->xb, f->k, kvd},
+                                              {LORA_V, f->xb, f->v, kvd}},
+                   3);
         for (size_t t = 0; t < n_tok; t++) {
             rope_rotate(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
             rope_rotate(f->k + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
@@ -305,19 +289,25 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         else
             for (size_t i = 0; i < n_tasks; i++)
                 attn_task(&aj, i, 0);
-        project(f, l, LORA_O, &L->wo, f->att, n_tok, f->proj, dim);
+        matmul(f, &L->wo, f->att, n_tok, f->proj, dim);
+        lora_group(f, l, (const struct lora_proj[]){{LORA_O, f->att, f->proj, dim}}, 1);
         for (size_t i = 0; i < n_tok * dim; i++)
             f->x[i] += f->proj[i];
 
         for (size_t t = 0; t < n_tok; t++)
             rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
-        project(f, l, LORA_GATE, &L->w_gate, f->xb, n_tok, f->gate, ffn);
-        project(f, l, LORA_UP, &L->w_up, f->xb, n_tok, f->up, ffn);
+        matmul(f, &L->w_gate, f->xb, n_tok, f->gate, ffn);
+        matmul(f, &L->w_up, f->xb, n_tok, f->up, ffn);
+        lora_group(f, l,
+                   (const struct lora_proj[]){{LORA_GATE, f->xb, f->gate, ffn},
+                                              {LORA_UP, f->xb, f->up, ffn}},
+                   2);
         for (size_t i = 0; i < n_tok * ffn; i++) {
             float g = f->gate[i];
             f->gate[i] = g / (1.0f + expf(-g)) * f->up[i];
         }
-        project(f, l, LORA_DOWN, &L->w_down, f->gate, n_tok, f->proj, dim);
+        matmul(f, &L->w_down, f->gate, n_tok, f->proj, dim);
+        lora_group(f, l, (const struct lora_proj[]){{LORA_DOWN, f->gate, f->proj, dim}}, 1);
         for (size_t i = 0; i < n_tok * dim; i++)
             f->x[i] += f->proj[i];
     }

@@ -25,6 +25,7 @@
 #include "kern.h"
 #include "fmap.h"
 #include "log.h"
+#include "pool.h"
 #include "safetensors.h"
 
 #include <errno.h>
@@ -33,6 +34,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -468,6 +470,7 @@ static void adapter_free(struct lora_adapter *ad)
     ad->magic = 0;
     free(ad->w);
     free(ad->store);
+    free(ad->fast_store);
     free(ad->name);
     free(ad->dir);
     free(ad);
@@ -653,6 +656,70 @@ static uint64_t digest_final(const struct digest *d)
 static size_t round_up(size_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
 
 /*
+ * The serving path's copy (lora_weights.fa/fbt): B transposed to [rank][out] so that an expand
+ * task streams contiguous output panels, and both matrices in bf16 when the file holds only
+ * BF16 tensors (the f32 values are then exact bf16 numbers: no precision is lost, and the
+ * update reads half the bytes; decode with several adapters is bound by those bytes). Other
+ * files keep f32 (A shared with the canonical copy, B^T copied).
+ */
+static int pack_fast(struct lora_adapter *ad, const struct safetensors_file *f,
+                     const char *f_what)
+{
+    bool bf16 = f->n_tensors > 0;
+    for (size_t i = 0; i < f->n_tensors; i++)
+        bf16 &= f->tensors[i].dtype == SAFETENSORS_BF16;
+    ad->fast_dt = bf16 ? DT_BF16 : DT_F32;
+    size_t esz = bf16 ? 2 : 4, bytes = 0;
+    const size_t per_line = 64 / esz;
+    for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
+        uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
+        if (!ad->w[i].a)
+            continue;
+        size_t r = ad->cfg.rank;
+        if (bf16)
+            bytes += (r * ad->in[t] + per_line - 1) / per_line * 64;
+        bytes += (r * ad->out[t] + per_line - 1) / per_line * 64;
+    }
+    ad->fast_bytes = bytes;
+    ad->fast_store = bytes ? aligned_alloc(64, bytes) : NULL;
+    if (bytes && !ad->fast_store) {
+        LOG_ERR("%s: out of memory for %zu bytes of packed adapter weights", f_what, bytes);
+        return -ENOMEM;
+    }
+    unsigned char *p = ad->fast_store;
+    for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
+        uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
+        struct lora_weights *w = &ad->w[i];
+        if (!w->a)
+            continue;
+        size_t r = ad->cfg.rank, in = ad->in[t], out = ad->out[t];
+        if (bf16) {
+            uint16_t *a16 = (uint16_t *)p;
+            for (size_t k = 0; k < r * in; k++)
+                a16[k] = half_f32_to_bf16(w->a[k]);
+            w->fa = a16;
+            p += (r * in + per_line - 1) / per_line * 64;
+        } else {
+            w->fa = w->a;
+        }
+        if (bf16) {
+            uint16_t *bt = (uint16_t *)p;
+            for (size_t k = 0; k < r; k++)
+                for (size_t j = 0; j < out; j++)
+                    bt[k * out + j] = half_f32_to_bf16(w->b[j * r + k]);
+        } else {
+            float *bt = (float *)p;
+            for (size_t k = 0; k < r; k++)
+                for (size_t j = 0; j < out; j++)
+                    bt[k * out + j] = w->b[j * r + k];
+        }
+        w->fbt = p;
+        p += (r * out + per_line - 1) / per_line * 64;
+    }
+    return 0;
+}
+
+/*
  * The loader's core: ad->cfg parsed from cfg_what; validates f's tensors (f_what in messages)
  * against it and hp, then fills and finishes ad. Does not close f.
  */
@@ -762,10 +829,12 @@ static int build(struct lora_adapter *ad, const char *cfg_what, struct safetenso
             if ((rc = convert(f_what, ab[AB_A], a, r, in, 0, 0)) != 0 ||
                 (rc = convert(f_what, ab[AB_B], b, o, r, heads, hp->head_dim)) != 0)
                 goto out;
-            ad->w[(size_t)l * LORA_TARGET_COUNT + t] = (struct lora_weights){a, b};
+            ad->w[(size_t)l * LORA_TARGET_COUNT + t] = (struct lora_weights){.a = a, .b = b};
             p = b + round_up((size_t)o * r);
         }
     }
+    if ((rc = pack_fast(ad, f, f_what)) != 0)
+        goto out;
     /* the digest covers what changes the computation, in a fixed layout (padding between
      * matrices is left out: it is never read) */
     struct digest dg;
@@ -1185,4 +1254,287 @@ void lora_apply_one(const struct lora_adapter *ad, float scale, uint32_t layer,
 {
     seg_a(ad, layer, t, x, n, tmp, 0, ad->cfg.rank);
     seg_b(ad, layer, t, tmp, n, NULL, ad->cfg.scaling * scale, y, ldy, 0, ad->out[t]);
+}
+
+/* ---- the serving path: packed weights, fused phases (lora_apply_fused) ---- */
+
+#define SHRINK_KB 8u   /* phase A task: rank rows */
+#define EXPAND_JB 256u /* phase B task: output columns */
+#define EXPAND_PW 32u  /* expand kernel panel: columns held in 4 AVX2 accumulators */
+#define EXPAND_PK 64u  /* ranks up to this convert a bf16 panel once into a stack buffer */
+
+static inline float ld_w(enum dtype dt, const void *w, size_t i)
+{
+    return dt == DT_BF16 ? half_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+static void shrink_ref(enum dtype dt, const void *a, size_t in, size_t rank, const float *x,
+                       size_t n, float *t, size_t k0, size_t k1)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = k0; k < k1; k++) {
+            float acc = 0.0f;
+            for (size_t c = 0; c < in; c++)
+                acc += x[i * in + c] * ld_w(dt, a, k * in + c);
+            t[i * rank + k] = acc;
+        }
+}
+
+static void expand_ref(enum dtype dt, const void *bt, size_t out, size_t rank, const float *t,
+                       size_t n, const float *scale, float s, float *y, size_t ldy, size_t j0,
+                       size_t j1)
+{
+    for (size_t i = 0; i < n; i++) {
+        float si = scale ? scale[i] : s;
+        for (size_t j = j0; j < j1; j++) {
+            float acc = 0.0f;
+            for (size_t k = 0; k < rank; k++)
+                acc += t[i * rank + k] * ld_w(dt, bt, k * out + j);
+            y[i * ldy + j] += si * acc;
+        }
+    }
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define LORA_TGT __attribute__((target("avx2,fma")))
+
+LORA_TGT static inline __m256 ld8(enum dtype dt, const void *w, size_t i)
+{
+    if (dt == DT_BF16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)w + i);
+}
+
+LORA_TGT static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* NT tokens (1..4) x rows k, k+1 (two = 0: row k only): 8 accumulators, A read once per
+ * NT tokens. Inlined with a constant NT so the loops unroll into registers. */
+LORA_TGT static inline __attribute__((always_inline)) void
+shrink_block(enum dtype dt, const void *a, size_t in, size_t rank, const float *x, float *t,
+             size_t k, int two, const size_t nt)
+{
+    __m256 acc0[4], acc1[4];
+    for (size_t i = 0; i < nt; i++)
+        acc0[i] = acc1[i] = _mm256_setzero_ps();
+    size_t c = 0;
+    for (; c + 8 <= in; c += 8) {
+        __m256 a0 = ld8(dt, a, k * in + c);
+        __m256 a1 = two ? ld8(dt, a, (k + 1) * in + c) : a0;
+        for (size_t i = 0; i < nt; i++) {
+            __m256 xv = _mm256_loadu_ps(x + i * in + c);
+            acc0[i] = _mm256_fmadd_ps(a0, xv, acc0[i]);
+            if (two)
+                acc1[i] = _mm256_fmadd_ps(a1, xv, acc1[i]);
+        }
+    }
+    for (size_t i = 0; i < nt; i++) {
+        float s0 = hsum8(acc0[i]), s1 = two ? hsum8(acc1[i]) : 0.0f;
+        for (size_t cc = c; cc < in; cc++) {
+            s0 += x[i * in + cc] * ld_w(dt, a, k * in + cc);
+            if (two)
+                s1 += x[i * in + cc] * ld_w(dt, a, (k + 1) * in + cc);
+        }
+        t[i * rank + k] = s0;
+        if (two)
+            t[i * rank + k + 1] = s1;
+    }
+}
+
+LORA_TGT static void shrink_avx2(enum dtype dt, const void *a, size_t in, size_t rank,
+                                 const float *x, size_t n, float *t, size_t k0, size_t k1)
+{
+    for (size_t i0 = 0; i0 < n; i0 += 4) {
+        size_t nt = n - i0 < 4 ? n - i0 : 4;
+        const float *xi = x + i0 * in;
+        float *ti = t + i0 * rank;
+        for (size_t k = k0; k < k1; k += 2) {
+            int two = k + 1 < k1;
+            switch (nt) {
+            case 4: shrink_block(dt, a, in, rank, xi, ti, k, two, 4); break;
+            case 3: shrink_block(dt, a, in, rank, xi, ti, k, two, 3); break;
+            case 2: shrink_block(dt, a, in, rank, xi, ti, k, two, 2); break;
+            default: shrink_block(dt, a, in, rank, xi, ti, k, two, 1); break;
+            }
+        }
+    }
+}
+
+LORA_TGT static void expand_avx2(enum dtype dt, const void *bt, size_t out, size_t rank,
+                                 const float *t, size_t n, const float *scale, float s,
+                                 float *y, size_t ldy, size_t j0, size_t j1)
+{
+    float panel[EXPAND_PK * EXPAND_PW] __attribute__((aligned(32))); /* [rank][32] */
+    size_t j = j0;
+    for (; j + EXPAND_PW <= j1; j += EXPAND_PW) {
+        const float *pf; /* [rank][ld] the panel's columns j .. j+31 as f32 */
+        size_t ld;
+        if (dt == DT_F32) {
+            pf = (const float *)bt + j;
+            ld = out;
+        } else if (rank <= EXPAND_PK) {
+            for (size_t k = 0; k < rank; k++)
+                for (size_t q = 0; q < EXPAND_PW; q += 8)
+                    _mm256_store_ps(panel + k * EXPAND_PW + q, ld8(dt, bt, k * out + j + q));
+            pf = panel;
+            ld = EXPAND_PW;
+        } else {
+            pf = NULL;
+            ld = 0;
+        }
+        for (size_t i = 0; i < n; i++) {
+            const float *ti = t + i * rank;
+            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+            for (size_t k = 0; k < rank; k++) {
+                __m256 b = _mm256_broadcast_ss(ti + k);
+                if (pf) {
+                    const float *row = pf + k * ld;
+                    c0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row), c0);
+                    c1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 8), c1);
+                    c2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 16), c2);
+                    c3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 24), c3);
+                } else {
+                    size_t o = k * out + j;
+                    c0 = _mm256_fmadd_ps(b, ld8(dt, bt, o), c0);
+                    c1 = _mm256_fmadd_ps(b, ld8(dt, bt, o + 8), c1);
+                    c2 = _mm256_fmadd_ps(b, ld8(dt, bt, o + 16), c2);
+                    c3 = _mm256_fmadd_ps(b, ld8(dt, bt, o + 24), c3);
+                }
+            }
+            __m256 sv = _mm256_set1_ps(scale ? scale[i] : s);
+            float *yr = y + i * ldy + j;
+            /* y += s * acc as a product then a sum, like the reference */
+            _mm256_storeu_ps(yr, _mm256_add_ps(_mm256_loadu_ps(yr), _mm256_mul_ps(sv, c0)));
+            _mm256_storeu_ps(yr + 8,
+                             _mm256_add_ps(_mm256_loadu_ps(yr + 8), _mm256_mul_ps(sv, c1)));
+            _mm256_storeu_ps(yr + 16,
+                             _mm256_add_ps(_mm256_loadu_ps(yr + 16), _mm256_mul_ps(sv, c2)));
+            _mm256_storeu_ps(yr + 24,
+                             _mm256_add_ps(_mm256_loadu_ps(yr + 24), _mm256_mul_ps(sv, c3)));
+        }
+    }
+    if (j < j1) /* ragged tail: the reference's order */
+        expand_ref(dt, bt, out, rank, t, n, scale, s, y, ldy, j, j1);
+}
+#endif
+
+static bool use_simd(void)
+{
+#if defined(__x86_64__)
+    return kern_isa() != KERN_ISA_REF;
+#else
+    return false;
+#endif
+}
+
+void lora_kern_shrink(enum dtype dt, const void *a, size_t in, size_t rank, const float *x,
+                      size_t n, float *t, size_t k0, size_t k1)
+{
+    CHECK(dt == DT_F32 || dt == DT_BF16);
+    CHECK(k0 <= k1 && k1 <= rank);
+#if defined(__x86_64__)
+    if (use_simd()) {
+        shrink_avx2(dt, a, in, rank, x, n, t, k0, k1);
+        return;
+    }
+#endif
+    shrink_ref(dt, a, in, rank, x, n, t, k0, k1);
+}
+
+void lora_kern_expand(enum dtype dt, const void *bt, size_t out, size_t rank, const float *t,
+                      size_t n, const float *scale, float s, float *y, size_t ldy, size_t j0,
+                      size_t j1)
+{
+    CHECK(dt == DT_F32 || dt == DT_BF16);
+    CHECK(j0 <= j1 && j1 <= out);
+#if defined(__x86_64__)
+    if (use_simd()) {
+        expand_avx2(dt, bt, out, rank, t, n, scale, s, y, ldy, j0, j1);
+        return;
+    }
+#endif
+    expand_ref(dt, bt, out, rank, t, n, scale, s, y, ldy, j0, j1);
+}
+
+struct fused_job {
+    const struct lora_plan *p;
+    uint32_t layer;
+    const struct lora_proj *pr;
+    size_t n_proj;
+    float *tmp;     /* [n_proj][p->tmp_floats] */
+    size_t n_blk;   /* tasks per (projection, segment): rank blocks or column blocks */
+};
+
+/* task = (projection, segment, block of SHRINK_KB rank rows) */
+static void fused_a(void *ctx, size_t task, int thread)
+{
+    (void)thread;
+    const struct fused_job *j = ctx;
+    size_t blk = task % j->n_blk, rest = task / j->n_blk;
+    size_t si = rest % j->p->n_segs, pi = rest / j->p->n_segs;
+    const struct lora_seg *s = &j->p->segs[si];
+    const struct lora_proj *pr = &j->pr[pi];
+    const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
+    size_t r = s->ad->cfg.rank, k0 = blk * SHRINK_KB;
+    if (!w || k0 >= r)
+        return;
+    size_t k1 = k0 + SHRINK_KB < r ? k0 + SHRINK_KB : r, in = s->ad->in[pr->t];
+    lora_kern_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
+                     j->tmp + pi * j->p->tmp_floats + s->tmp0, k0, k1);
+}
+
+/* task = (projection, segment, block of EXPAND_JB output columns) */
+static void fused_b(void *ctx, size_t task, int thread)
+{
+    (void)thread;
+    const struct fused_job *j = ctx;
+    size_t blk = task % j->n_blk, rest = task / j->n_blk;
+    size_t si = rest % j->p->n_segs, pi = rest / j->p->n_segs;
+    const struct lora_seg *s = &j->p->segs[si];
+    const struct lora_proj *pr = &j->pr[pi];
+    const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
+    size_t out = s->ad->out[pr->t], c0 = blk * EXPAND_JB;
+    if (!w || c0 >= out)
+        return;
+    size_t c1 = c0 + EXPAND_JB < out ? c0 + EXPAND_JB : out;
+    lora_kern_expand(s->ad->fast_dt, w->fbt, out, s->ad->cfg.rank,
+                     j->tmp + pi * j->p->tmp_floats + s->tmp0, s->n, j->p->scale + s->t0, 0.0f,
+                     pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
+}
+
+void lora_apply_fused(const struct lora_plan *p, struct pool *pool, uint32_t layer,
+                      const struct lora_proj *pr, size_t n_proj, float *tmp)
+{
+    if (p->n_segs == 0 || n_proj == 0)
+        return;
+    struct fused_job j = {p, layer, pr, n_proj, tmp, 0};
+    j.n_blk = (p->max_rank + SHRINK_KB - 1) / SHRINK_KB;
+    size_t n_a = n_proj * p->n_segs * j.n_blk;
+    if (pool)
+        pool_run(pool, fused_a, &j, n_a);
+    else
+        for (size_t i = 0; i < n_a; i++)
+            fused_a(&j, i, 0);
+    /* pool_run returned: every T is complete and visible (its completion is acq/rel) */
+    size_t max_out = 0;
+    for (size_t i = 0; i < n_proj; i++)
+        for (size_t si = 0; si < p->n_segs; si++) {
+            size_t o = p->segs[si].ad->out[pr[i].t];
+            max_out = o > max_out ? o : max_out;
+        }
+    j.n_blk = (max_out + EXPAND_JB - 1) / EXPAND_JB;
+    size_t n_b = n_proj * p->n_segs * j.n_blk;
+    if (pool)
+        pool_run(pool, fused_b, &j, n_b);
+    else
+        for (size_t i = 0; i < n_b; i++)
+            fused_b(&j, i, 0);
 }

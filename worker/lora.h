@@ -87,6 +87,9 @@ int lora_config_parse(const char *what, const char *json, size_t len, struct lor
 struct lora_weights {
     const float *a; /* [rank][in]  (lora_A) */
     const float *b; /* [out][rank] (lora_B, q/k rows in IEBIN's interleaved order) */
+    /* the same weights packed for lora_apply_fused, in the adapter's fast_dt: */
+    const void *fa;  /* [rank][in]  A (== a when fast_dt is DT_F32) */
+    const void *fbt; /* [rank][out] B transposed, so an output panel is contiguous */
 };
 
 struct lora_adapter {
@@ -104,6 +107,10 @@ struct lora_adapter {
     struct lora_weights *w;    /* [n_layers][LORA_TARGET_COUNT] */
     float *store;              /* every A and B, one allocation */
     size_t store_floats;
+    enum dtype fast_dt;        /* packed copy's dtype: DT_BF16 when every tensor of the file
+                                * is BF16 (so bf16 is exact), else DT_F32 */
+    void *fast_store;          /* the packed copies (fa unless f32, and fbt) */
+    size_t fast_bytes;
     _Atomic int refs_;         /* private: reference count */
 };
 
@@ -231,5 +238,42 @@ void lora_apply(const struct lora_plan *p, uint32_t layer, enum lora_target t, c
 void lora_apply_one(const struct lora_adapter *ad, float scale, uint32_t layer,
                     enum lora_target t, const float *x, size_t n, float *y, size_t ldy,
                     float *tmp);
+
+/* ---- the serving path: packed weights, fused phases, one pool job per phase ---- */
+
+struct pool;
+
+/* One projection of a layer for lora_apply_fused: y [n_tok][ldy] += the update of x. */
+struct lora_proj {
+    enum lora_target t;
+    const float *x; /* [n_tok][in] */
+    float *y;       /* [n_tok][ldy], holding the base product */
+    size_t ldy;
+};
+
+/*
+ * The plan's update for n_proj projections of one layer that are ready together (q, k, v
+ * share their input; so do gate and up): phase A (shrink, T = X_seg A^T) of every
+ * (projection, segment, 8 rank rows) as ONE pool_run, then phase B (expand, y += s_t T B^T)
+ * of every (projection, segment, 256 output columns) as another, on the packed weights
+ * (fa, fbt). pool NULL: the calling thread. tmp: [n_proj * p->tmp_floats]. The result does
+ * not depend on the number of threads (each value is summed by one task in a fixed order).
+ */
+void lora_apply_fused(const struct lora_plan *p, struct pool *pool, uint32_t layer,
+                      const struct lora_proj *pr, size_t n_proj, float *tmp);
+
+/*
+ * The kernels of lora_apply_fused (exported for tests; dispatched on kern_isa(): scalar for
+ * KERN_ISA_REF, AVX2+FMA otherwise). dt: DT_F32 or DT_BF16.
+ * shrink: t[i][k] = sum_c x[i][c] * a[k][c] for i < n, k in [k0, k1).
+ *         a: [rank][in], x: [n][in], t: [n][rank].
+ * expand: y[i][j] += s_i * sum_k t[i][k] * bt[k][j] for i < n, j in [j0, j1), with
+ *         s_i = scale[i] (scale NULL: s). bt: [rank][out], t: [n][rank], y: [n][ldy].
+ */
+void lora_kern_shrink(enum dtype dt, const void *a, size_t in, size_t rank, const float *x,
+                      size_t n, float *t, size_t k0, size_t k1);
+void lora_kern_expand(enum dtype dt, const void *bt, size_t out, size_t rank, const float *t,
+                      size_t n, const float *scale, float s, float *y, size_t ldy, size_t j0,
+                      size_t j1);
 
 #endif

@@ -1,0 +1,486 @@
+/*
+ * engine_bench.c — serving-engine benchmark (bench/engine.sh drives it; results in
+ * docs/PERFORMANCE.md "## Serving engine"). Three measurements on one engine (worker/engine.h):
+ *
+ *   scale    aggregate decode tok/s at each stream count of --streams: N greedy requests
+ *            (8-token prompts, distinct per stream) are brought into decode, then --steps
+ *            engine steps are timed; the stream counts are interleaved within each of --reps
+ *            repetitions and the median is reported, with the ratio to the first count.
+ *   lora     the same N-stream decode batch base-only and with adapter sets (--set
+ *            LABEL=a,b,c,d: stream i uses adapter i mod 4), interleaved within each
+ *            repetition (rotating the order); the median over repetitions of the per-repetition
+ *            ratio set/base is reported.
+ *   prefill  --prefill-prompts prompts of --prefill-len tokens submitted at once (max_new 1):
+ *            time until all have their first token, and each one's ttft.
+ *
+ * The machine is shared, so every figure comes with process CPU time (getrusage, all threads
+ * of the pool): "cpu tok/s" = tokens / (CPU seconds / threads), the rate the same work would
+ * have on `threads` dedicated cores. Ratios use it. Wall-clock rates are printed beside it.
+ * Output: one JSON object per line on stdout (jansson), a human summary on stderr.
+ */
+#include "bench_util.h"
+#include "engine.h"
+#include "err.h"
+#include "log.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#define MAX_COUNTS 16
+#define MAX_SETS 8
+#define MAX_ADAPTERS 32
+#define MAX_STREAMS 256
+#define MAX_REPS 64
+
+struct opts {
+    const char *model_dir;
+    int threads;
+    const char *mode;
+    size_t counts[MAX_COUNTS], n_counts;
+    uint32_t steps, warm, reps;
+    size_t streams;                       /* lora mode */
+    const char *ad_name[MAX_ADAPTERS], *ad_dir[MAX_ADAPTERS];
+    size_t n_ad;
+    const char *set_label[MAX_SETS];
+    const char *set_names[MAX_SETS][4];
+    size_t n_sets;
+    uint32_t prefill_prompts, prefill_len, step_tokens;
+    uint64_t kv_mib;
+};
+
+/* Counts the TOKEN events of each stream (user = stream index + 1). */
+struct counter {
+    size_t n;
+    uint64_t tokens[MAX_STREAMS];
+    uint64_t total;
+    double ttft_ms[MAX_STREAMS];
+    size_t finished;
+};
+
+static void on_event(const struct engine_event *ev, void *ud)
+{
+    struct counter *c = ud;
+    size_t i = (size_t)(uintptr_t)ev->user - 1;
+    if (i >= c->n)
+        return;
+    if (ev->kind == ENGINE_EV_TOKEN && ev->token >= 0) {
+        c->tokens[i]++;
+        c->total++;
+    } else if (ev->kind == ENGINE_EV_FINISH) {
+        c->ttft_ms[i] = ev->ttft_ms;
+        c->finished++;
+    }
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const double *v, size_t n)
+{
+    double s[MAX_REPS * MAX_STREAMS];
+    if (n == 0 || n > sizeof s / sizeof s[0])
+        return 0;
+    memcpy(s, v, n * sizeof *v);
+    qsort(s, n, sizeof *s, cmp_double);
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+struct sample {
+    double wall, cpu, other; /* seconds, seconds, neighbours' share of the machine */
+    uint64_t tokens;
+};
+
+/* Steps until no request is active (after cancelling them all). */
+static int drain(struct engine *e, const uint64_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        engine_cancel(e, ids[i]); /* a finished one is ERR_NOT_FOUND: fine */
+    size_t active = 1;
+    while (active) {
+        int rc = engine_step(e, &active);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/*
+ * One decode measurement: n streams, stream i with adapter names[i % n_names] (n_names 0 =
+ * base), brought into decode, `warm` steps, then `steps` timed steps.
+ */
+static int decode_run(struct engine *e, struct counter *c, size_t n, const char *const *names,
+                      size_t n_names, uint32_t warm, uint32_t steps, uint32_t seed,
+                      struct sample *out)
+{
+    int32_t prompts[MAX_STREAMS][8];
+    uint64_t ids[MAX_STREAMS];
+    memset(c, 0, sizeof *c);
+    c->n = n;
+    for (size_t i = 0; i < n; i++) {
+        prompts[i][0] = 1;
+        for (size_t k = 1; k < 8; k++) /* distinct per stream, round and k */
+            prompts[i][k] = (int32_t)(100 + (seed * 7919u + i * 131u + k * 17u) % 30000u);
+        struct engine_request rq = {
+            .prompt = prompts[i], .n_prompt = 8, .max_new = warm + steps + 64,
+            .temperature = 0, .top_p = 1, .repeat_penalty = 1, .ignore_eos = true,
+            .tenant = 1, .adapter = n_names ? names[i % n_names] : NULL, .adapter_scale = 1,
+            .priority = ENGINE_PRIO_NORMAL, .user = (void *)(uintptr_t)(i + 1)};
+        int rc = engine_submit(e, &rq, &ids[i]);
+        if (rc) {
+            fprintf(stderr, "engine_bench: submit failed: %s\n", err_str(rc));
+            return rc;
+        }
+    }
+    size_t active;
+    int rc;
+    for (;;) { /* every stream has its first token: all are decoding */
+        size_t ready = 0;
+        for (size_t i = 0; i < n; i++)
+            ready += c->tokens[i] > 0;
+        if (ready == n)
+            break;
+        if ((rc = engine_step(e, &active)))
+            return rc;
+    }
+    for (uint32_t s = 0; s < warm; s++)
+        if ((rc = engine_step(e, &active)))
+            return rc;
+    uint64_t t0 = c->total;
+    struct bench_load ld;
+    bench_load_begin(&ld);
+    double w0 = bench_now(), c0 = cpu_seconds();
+    for (uint32_t s = 0; s < steps; s++)
+        if ((rc = engine_step(e, &active)))
+            return rc;
+    out->cpu = cpu_seconds() - c0;
+    out->wall = bench_now() - w0;
+    out->other = bench_load_end(&ld);
+    out->tokens = c->total - t0;
+    if (out->tokens != (uint64_t)n * steps) {
+        fprintf(stderr, "engine_bench: %llu tokens in %u steps of %zu streams (expected %llu)\n",
+                (unsigned long long)out->tokens, steps, n, (unsigned long long)n * steps);
+        return ERR_STATE;
+    }
+    return drain(e, ids, n);
+}
+
+static void emit(json_t *o)
+{
+    char *s = json_dumps(o, JSON_COMPACT);
+    if (s)
+        puts(s);
+    free(s);
+    fflush(stdout);
+    json_decref(o);
+}
+
+static int mode_scale(struct engine *e, struct counter *c, const struct opts *o)
+{
+    static struct sample smp[MAX_COUNTS][MAX_REPS];
+    for (uint32_t r = 0; r < o->reps; r++)
+        for (size_t k = 0; k < o->n_counts; k++) {
+            /* rotate the order so no count always runs first after a pause */
+            size_t j = (k + r) % o->n_counts;
+            int rc = decode_run(e, c, o->counts[j], NULL, 0, o->warm, o->steps,
+                                r * 97 + (uint32_t)j, &smp[j][r]);
+            if (rc)
+                return rc;
+        }
+    double base_cpu = 0, base_wall = 0;
+    for (size_t k = 0; k < o->n_counts; k++) {
+        double wall_tps[MAX_REPS], cpu_tps[MAX_REPS], other[MAX_REPS];
+        for (uint32_t r = 0; r < o->reps; r++) {
+            wall_tps[r] = (double)smp[k][r].tokens / smp[k][r].wall;
+            cpu_tps[r] = (double)smp[k][r].tokens / (smp[k][r].cpu / o->threads);
+            other[r] = smp[k][r].other;
+        }
+        double mw = median(wall_tps, o->reps), mc = median(cpu_tps, o->reps);
+        if (k == 0) {
+            base_wall = mw;
+            base_cpu = mc;
+        }
+        json_t *j = json_pack("{s:s, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f}", "mode", "scale",
+                              "streams", (json_int_t)o->counts[k], "threads", o->threads,
+                              "steps", (json_int_t)o->steps, "wall_tps", mw, "cpu_tps", mc,
+                              "ratio_cpu", mc / base_cpu, "ratio_wall", mw / base_wall,
+                              "neighbour_load", median(other, o->reps));
+        emit(j);
+        fprintf(stderr, "streams %3zu: %7.2f tok/s wall, %7.2f tok/s cpu, x%.2f (cpu) x%.2f (wall)\n",
+                o->counts[k], mw, mc, mc / base_cpu, mw / base_wall);
+    }
+    return 0;
+}
+
+static int mode_lora(struct engine *e, struct counter *c, const struct opts *o)
+{
+    static struct sample smp[MAX_SETS + 1][MAX_REPS]; /* [0] = base */
+    size_t n_cfg = o->n_sets + 1;
+    for (uint32_t r = 0; r < o->reps; r++)
+        for (size_t k = 0; k < n_cfg; k++) {
+            size_t j = (k + r) % n_cfg;
+            const char *const *names = j ? o->set_names[j - 1] : NULL;
+            int rc = decode_run(e, c, o->streams, names, j ? 4 : 0, o->warm, o->steps,
+                                r * 97 + (uint32_t)j, &smp[j][r]);
+            if (rc)
+                return rc;
+        }
+    for (size_t j = 0; j < n_cfg; j++) {
+        double cpu_tps[MAX_REPS], wall_tps[MAX_REPS], rc_[MAX_REPS], rw[MAX_REPS];
+        double other[MAX_REPS];
+        for (uint32_t r = 0; r < o->reps; r++) {
+            cpu_tps[r] = (double)smp[j][r].tokens / (smp[j][r].cpu / o->threads);
+            wall_tps[r] = (double)smp[j][r].tokens / smp[j][r].wall;
+            /* slowdown: time per token with the set over base, same repetition */
+            rc_[r] = smp[j][r].cpu / smp[0][r].cpu;
+            rw[r] = smp[j][r].wall / smp[0][r].wall;
+            other[r] = smp[j][r].other;
+        }
+        const char *label = j ? o->set_label[j - 1] : "base";
+        double mrc = median(rc_, o->reps), mrw = median(rw, o->reps);
+        json_t *js = json_pack("{s:s, s:s, s:I, s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:f}",
+                               "mode", "lora", "set", label, "streams",
+                               (json_int_t)o->streams, "threads", o->threads, "steps",
+                               (json_int_t)o->steps, "reps", (json_int_t)o->reps, "wall_tps",
+                               median(wall_tps, o->reps), "cpu_tps", median(cpu_tps, o->reps),
+                               "slowdown_cpu", mrc, "slowdown_wall", mrw, "neighbour_load",
+                               median(other, o->reps));
+        emit(js);
+        fprintf(stderr, "%-8s: %7.2f tok/s cpu, %7.2f wall; time vs base: %+.1f%% cpu, %+.1f%% wall\n",
+                label, median(cpu_tps, o->reps), median(wall_tps, o->reps), 100 * (mrc - 1),
+                100 * (mrw - 1));
+    }
+    return 0;
+}
+
+static int mode_prefill(struct engine *e, struct counter *cn, const struct opts *o)
+{
+    size_t n = o->prefill_prompts, len = o->prefill_len;
+    int32_t *p = malloc(n * len * sizeof *p);
+    if (!p)
+        return -ENOMEM;
+    double walls[MAX_REPS], cpus[MAX_REPS], ttft_med[MAX_REPS], ttft_max[MAX_REPS];
+    double other[MAX_REPS];
+    int rc = 0;
+    for (uint32_t r = 0; r < o->reps && !rc; r++) {
+        struct counter *c = cn;
+        memset(c, 0, sizeof *c);
+        c->n = n;
+        uint64_t ids[MAX_STREAMS];
+        struct bench_load ld;
+        bench_load_begin(&ld);
+        double w0 = bench_now(), c0 = cpu_seconds();
+        for (size_t i = 0; i < n && !rc; i++) {
+            int32_t *q = p + i * len;
+            q[0] = 1;
+            for (size_t k = 1; k < len; k++) /* distinct prompts: no prefix hit */
+                q[k] = (int32_t)(100 + (r * 7919u + i * 104729u + k * 31u) % 30000u);
+            struct engine_request rq = {
+                .prompt = q, .n_prompt = len, .max_new = 1, .temperature = 0, .top_p = 1,
+                .repeat_penalty = 1, .ignore_eos = true, .tenant = 1 + i,
+                .priority = ENGINE_PRIO_NORMAL, .user = (void *)(uintptr_t)(i + 1)};
+            rc = engine_submit(e, &rq, &ids[i]);
+        }
+        size_t active = 1;
+        while (!rc && active)
+            rc = engine_step(e, &active);
+        cpus[r] = cpu_seconds() - c0;
+        walls[r] = bench_now() - w0;
+        other[r] = bench_load_end(&ld);
+        if (!rc && c->finished != n)
+            rc = ERR_STATE;
+        ttft_med[r] = median(c->ttft_ms, n);
+        double mx = 0;
+        for (size_t i = 0; i < n; i++)
+            mx = c->ttft_ms[i] > mx ? c->ttft_ms[i] : mx;
+        ttft_max[r] = mx;
+    }
+    free(p);
+    if (rc) {
+        fprintf(stderr, "engine_bench: prefill failed: %s\n", err_str(rc));
+        return rc;
+    }
+    double mw = median(walls, o->reps), mc = median(cpus, o->reps);
+    double toks = (double)n * (double)len;
+    json_t *j = json_pack("{s:s, s:I, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
+                          "mode", "prefill", "prompts", (json_int_t)n, "prompt_len",
+                          (json_int_t)len, "threads", o->threads, "step_tokens",
+                          (json_int_t)o->step_tokens, "wall_s", mw, "cpu_s", mc, "wall_tps",
+                          toks / mw, "cpu_tps", toks / (mc / o->threads), "ttft_p50_ms",
+                          median(ttft_med, o->reps), "ttft_max_ms", median(ttft_max, o->reps),
+                          "neighbour_load", median(other, o->reps));
+    emit(j);
+    fprintf(stderr, "prefill %zu x %zu: %.2f s wall (%.1f tok/s), %.2f s cpu (%.1f tok/s per "
+            "%d cores), ttft p50 %.0f ms, last %.0f ms\n", n, len, mw, toks / mw, mc,
+            toks / (mc / o->threads), o->threads, median(ttft_med, o->reps),
+            median(ttft_max, o->reps));
+    return 0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: engine_bench --model-dir DIR --mode scale|lora|prefill [options]\n"
+"  --threads N          compute threads (default 2)\n"
+"  --reps N             repetitions, interleaved; medians reported (default 5)\n"
+"  --steps N            timed decode steps per measurement (default 16)\n"
+"  --warm N             untimed decode steps first (default 2)\n"
+"  --streams LIST       scale: stream counts, e.g. 1,2,4,8,16; lora: one count (default 8)\n"
+"  --adapter NAME=DIR   load an adapter (repeatable)\n"
+"  --set LABEL=A,B,C,D  lora: an adapter set of 4 loaded names (repeatable)\n"
+"  --prefill N          prefill: prompts submitted at once (default 4)\n"
+"  --prefill-len N      prefill: tokens per prompt (default 1024)\n"
+"  --step-tokens N      engine max_step_tokens (default 512)\n"
+"  --kv-mib N           KV pool (default 512)\n");
+}
+
+static int parse_counts(const char *s, struct opts *o)
+{
+    o->n_counts = 0;
+    while (*s) {
+        char *end;
+        unsigned long v = strtoul(s, &end, 10);
+        if (end == s || v == 0 || v > MAX_STREAMS || o->n_counts == MAX_COUNTS)
+            return -1;
+        o->counts[o->n_counts++] = v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',')
+            return -1;
+    }
+    return o->n_counts ? 0 : -1;
+}
+
+static int parse_set(char *s, struct opts *o)
+{
+    char *eq = strchr(s, '=');
+    if (!eq || o->n_sets == MAX_SETS)
+        return -1;
+    *eq = 0;
+    o->set_label[o->n_sets] = s;
+    char *save = NULL;
+    size_t k = 0;
+    for (char *t = strtok_r(eq + 1, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (k == 4)
+            return -1;
+        o->set_names[o->n_sets][k++] = t;
+    }
+    if (k != 4)
+        return -1;
+    o->n_sets++;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o = {.threads = 2, .steps = 16, .warm = 2, .reps = 5, .streams = 8,
+                     .prefill_prompts = 4, .prefill_len = 1024, .step_tokens = 512,
+                     .kv_mib = 512};
+    o.counts[0] = 8;
+    o.n_counts = 1;
+    static const struct option lo[] = {
+        {"model-dir", 1, 0, 'm'}, {"mode", 1, 0, 'M'},     {"threads", 1, 0, 't'},
+        {"reps", 1, 0, 'r'},      {"steps", 1, 0, 's'},    {"warm", 1, 0, 'w'},
+        {"streams", 1, 0, 'n'},   {"adapter", 1, 0, 'a'},  {"set", 1, 0, 'S'},
+        {"prefill", 1, 0, 'p'},   {"prefill-len", 1, 0, 'l'}, {"step-tokens", 1, 0, 'T'},
+        {"kv-mib", 1, 0, 'k'},    {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm': o.model_dir = optarg; break;
+        case 'M': o.mode = optarg; break;
+        case 't': o.threads = atoi(optarg); break;
+        case 'r': o.reps = (uint32_t)atoi(optarg); break;
+        case 's': o.steps = (uint32_t)atoi(optarg); break;
+        case 'w': o.warm = (uint32_t)atoi(optarg); break;
+        case 'n':
+            if (parse_counts(optarg, &o)) {
+                fprintf(stderr, "engine_bench: bad --streams '%s'\n", optarg);
+                return 2;
+            }
+            o.streams = o.counts[0];
+            break;
+        case 'a': {
+            char *eq = strchr(optarg, '=');
+            if (!eq || o.n_ad == MAX_ADAPTERS) {
+                fprintf(stderr, "engine_bench: bad --adapter '%s' (NAME=DIR)\n", optarg);
+                return 2;
+            }
+            *eq = 0;
+            o.ad_name[o.n_ad] = optarg;
+            o.ad_dir[o.n_ad++] = eq + 1;
+            break;
+        }
+        case 'S':
+            if (parse_set(optarg, &o)) {
+                fprintf(stderr, "engine_bench: bad --set (LABEL=A,B,C,D)\n");
+                return 2;
+            }
+            break;
+        case 'p': o.prefill_prompts = (uint32_t)atoi(optarg); break;
+        case 'l': o.prefill_len = (uint32_t)atoi(optarg); break;
+        case 'T': o.step_tokens = (uint32_t)atoi(optarg); break;
+        case 'k': o.kv_mib = (uint64_t)atoll(optarg); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!o.model_dir || !o.mode || o.threads < 1 || o.reps < 1 || o.reps > MAX_REPS ||
+        o.steps < 1 || o.prefill_prompts < 1 || o.prefill_prompts > MAX_STREAMS ||
+        o.prefill_len < 2 || o.step_tokens < 16 || o.kv_mib < 1) {
+        usage(stderr);
+        return 2;
+    }
+    size_t max_n = 0;
+    for (size_t k = 0; k < o.n_counts; k++)
+        max_n = o.counts[k] > max_n ? o.counts[k] : max_n;
+    if (!strcmp(o.mode, "prefill"))
+        max_n = o.prefill_prompts;
+    struct counter *cnt = calloc(1, sizeof *cnt);
+    struct engine_config cfg = {.model_dir = o.model_dir, .n_threads = o.threads,
+                                .kv_budget_bytes = o.kv_mib << 20, .kv_dtype = DT_F32,
+                                .max_step_tokens = o.step_tokens,
+                                .max_running = (uint32_t)(max_n > 16 ? max_n : 16),
+                                .prefix_cache = false};
+    struct engine *e = NULL;
+    int rc = cnt ? engine_create(&cfg, on_event, cnt, &e) : -ENOMEM;
+    if (rc) {
+        fprintf(stderr, "engine_bench: engine_create(%s) failed: %s\n", o.model_dir,
+                err_str(rc));
+        free(cnt);
+        return 3;
+    }
+    for (size_t i = 0; i < o.n_ad && !rc; i++)
+        rc = engine_load_adapter(e, o.ad_name[i], o.ad_dir[i]);
+    if (!rc) {
+        if (!strcmp(o.mode, "scale"))
+            rc = mode_scale(e, cnt, &o);
+        else if (!strcmp(o.mode, "lora"))
+            rc = mode_lora(e, cnt, &o);
+        else if (!strcmp(o.mode, "prefill"))
+            rc = mode_prefill(e, cnt, &o);
+        else {
+            usage(stderr);
+            rc = ERR_FORMAT;
+        }
+    }
+    engine_destroy(e);
+    free(cnt);
+    return rc ? 1 : 0;
+}
