@@ -904,6 +904,227 @@ static void test_apply_on_pool(void **state)
     free(d2);
 }
 
+/* ---- the serving path: packed weights, shrink/expand kernels, lora_apply_fused ---- */
+
+static uint64_t g_rng = 12345;
+static float urand(void)
+{
+    g_rng = g_rng * 6364136223846793005u + 1442695040888963407u;
+    return (float)(g_rng >> 41) / 4194304.0f - 1.0f;
+}
+
+/* The scalar kernels (KERN_ISA_REF) against double precision, and the SIMD ones against the
+ * scalar ones, on ragged shapes (in not a multiple of 8, out not of 32, rank above the
+ * 64-rank panel buffer), both weight dtypes, per-token and uniform scales, and sub-ranges. */
+static void test_kernels_ref_vs_fast(void **state)
+{
+    (void)state;
+    assert_int_equal(kern_init(), 0);
+    const enum kern_isa best = kern_isa();
+    const size_t ins[] = {1, 7, 8, 37, 64, 203};
+    const size_t outs[] = {1, 31, 32, 33, 100, 260};
+    const size_t ranks[] = {1, 2, 5, 16, 32, 70};
+    const size_t ns[] = {1, 2, 3, 4, 5, 9};
+    for (int dti = 0; dti < 2; dti++)
+        for (int c = 0; c < 6; c++) {
+            enum dtype dt = dti ? DT_BF16 : DT_F32;
+            size_t in = ins[c], out = outs[(c + 2) % 6], r = ranks[(c + dti) % 6];
+            size_t n = ns[(c * 5 + dti) % 6], ldy = out + 5;
+            size_t esz = dt == DT_BF16 ? 2 : 4;
+            unsigned char *a = malloc(r * in * esz), *bt = malloc(r * out * esz);
+            float *af = malloc(r * in * 4), *btf = malloc(r * out * 4);
+            for (size_t i = 0; i < r * in; i++) {
+                float v = urand();
+                if (dt == DT_BF16) {
+                    uint16_t h = half_f32_to_bf16(v);
+                    memcpy(a + 2 * i, &h, 2);
+                    af[i] = half_bf16_to_f32(h);
+                } else {
+                    memcpy(a + 4 * i, &v, 4);
+                    af[i] = v;
+                }
+            }
+            for (size_t i = 0; i < r * out; i++) {
+                float v = urand();
+                if (dt == DT_BF16) {
+                    uint16_t h = half_f32_to_bf16(v);
+                    memcpy(bt + 2 * i, &h, 2);
+                    btf[i] = half_bf16_to_f32(h);
+                } else {
+                    memcpy(bt + 4 * i, &v, 4);
+                    btf[i] = v;
+                }
+            }
+            float *x = malloc(n * in * 4), *scale = malloc(n * 4);
+            for (size_t i = 0; i < n * in; i++)
+                x[i] = urand();
+            for (size_t i = 0; i < n; i++)
+                scale[i] = i == 1 ? 0.0f : 0.5f + urand();
+            float *t_ref = malloc(n * r * 4), *t_fast = malloc(n * r * 4);
+            float *y0 = malloc(n * ldy * 4), *y_ref = malloc(n * ldy * 4);
+            float *y_fast = malloc(n * ldy * 4);
+            for (size_t i = 0; i < n * ldy; i++)
+                y0[i] = urand() * 4.0f;
+            const size_t k0 = r > 3 ? 1 : 0, j0 = out > 40 ? 3 : 0, j1 = out > 40 ? out - 2 : out;
+            for (int uni = 0; uni < 2; uni++) {
+                const float *sc = uni ? NULL : scale;
+                const float su = 0.75f;
+                assert_int_equal(kern_force_isa(KERN_ISA_REF), 0);
+                memset(t_ref, 0, n * r * 4);
+                lora_kern_shrink(dt, a, in, r, x, n, t_ref, 0, r);
+                memcpy(y_ref, y0, n * ldy * 4);
+                lora_kern_expand(dt, bt, out, r, t_ref, n, sc, su, y_ref, ldy, j0, j1);
+                /* reference against double precision */
+                for (size_t i = 0; i < n; i++) {
+                    double tk[80];
+                    for (size_t k = 0; k < r; k++) {
+                        double acc = 0;
+                        for (size_t cc = 0; cc < in; cc++)
+                            acc += (double)x[i * in + cc] * af[k * in + cc];
+                        tk[k] = acc;
+                        assert_true(fabs(t_ref[i * r + k] - acc) <= 1e-5 * (1 + fabs(acc)) * in);
+                    }
+                    for (size_t j = 0; j < out; j++) {
+                        double want = y0[i * ldy + j];
+                        if (j >= j0 && j < j1) {
+                            double acc = 0;
+                            for (size_t k = 0; k < r; k++)
+                                acc += tk[k] * btf[k * out + j];
+                            want += (sc ? sc[i] : su) * acc;
+                        }
+                        if (fabs(y_ref[i * ldy + j] - want) > 2e-5 * (1 + fabs(want)) * r)
+                            fail_msg("%s in %zu out %zu r %zu: ref y[%zu][%zu] = %g, want %g",
+                                     dt == DT_BF16 ? "bf16" : "f32", in, out, r, i, j,
+                                     (double)y_ref[i * ldy + j], want);
+                    }
+                    /* outside [j0, j1), padding, and zero-scale tokens: untouched bits */
+                    for (size_t j = 0; j < ldy; j++)
+                        if (j < j0 || j >= j1 || (sc && sc[i] == 0.0f))
+                            assert_true(y_ref[i * ldy + j] == y0[i * ldy + j]);
+                }
+                assert_int_equal(kern_force_isa(best), 0);
+                /* the fast shrink on a sub-range of ranks writes only those */
+                memset(t_fast, 0xff, n * r * 4);
+                lora_kern_shrink(dt, a, in, r, x, n, t_fast, k0, r);
+                lora_kern_shrink(dt, a, in, r, x, n, t_fast, 0, k0);
+                for (size_t i = 0; i < n * r; i++)
+                    if (fabsf(t_fast[i] - t_ref[i]) > 1e-5f * (1.0f + fabsf(t_ref[i])))
+                        fail_msg("shrink %zu: fast %g, ref %g", i, (double)t_fast[i],
+                                 (double)t_ref[i]);
+                memcpy(y_fast, y0, n * ldy * 4);
+                /* from the same T, so only the expand's summation order differs */
+                lora_kern_expand(dt, bt, out, r, t_ref, n, sc, su, y_fast, ldy, j0, j1);
+                for (size_t i = 0; i < n * ldy; i++)
+                    if (fabsf(y_fast[i] - y_ref[i]) > 1e-5f * (1.0f + fabsf(y_ref[i])))
+                        fail_msg("expand y[%zu][%zu]: fast %g, ref %g", i / ldy, i % ldy,
+                                 (double)y_fast[i], (double)y_ref[i]);
+            }
+            free(a); free(bt); free(af); free(btf); free(x); free(scale);
+            free(t_ref); free(t_fast); free(y0); free(y_ref); free(y_fast);
+        }
+    assert_int_equal(kern_force_isa(best), 0);
+}
+
+/* lora_apply_fused (the engine's path: packed weights, q/k/v as one group) against the
+ * double-precision definition for a mixed batch of an f32 adapter (f32 packing), a BF16 one
+ * (bf16 packing), base and zero-scale tokens; on a pool and on the calling thread: the same
+ * bits, whatever the number of threads. */
+static void test_apply_fused(void **state)
+{
+    (void)state;
+    assert_int_equal(kern_init(), 0);
+    struct iebin_hparams hp = peft_small_hparams();
+    hp.ffn_dim = 300; /* expand tasks of 256 columns + a ragged one */
+    hp.dim = 40;
+    hp.n_heads = 5;
+    hp.n_kv_heads = 5;
+    hp.head_dim = 8;
+    struct peft_adapter *p1 = peft_adapter_random(&hp, 5, 10.0, ALL_MASK, 21, 0.3f, 0.3f);
+    struct peft_adapter *p2 = peft_adapter_random(&hp, 17, 8.0, ALL_MASK & ~(1u << LORA_K), 22,
+                                                  0.3f, 0.3f);
+    char *d1 = subdir("fu1"), *d2 = subdir("fu2");
+    peft_adapter_write(p1, d1, SAFETENSORS_F32, "");
+    peft_adapter_write(p2, d2, SAFETENSORS_BF16, "");
+    peft_adapter_free(p1);
+    peft_adapter_free(p2);
+    struct lora_adapter *a1, *a2;
+    assert_int_equal(lora_open(d1, &hp, &a1), 0);
+    assert_int_equal(lora_open(d2, &hp, &a2), 0);
+    assert_int_equal(a1->fast_dt, DT_F32);
+    assert_int_equal(a2->fast_dt, DT_BF16);
+
+    enum { N = 23 };
+    const struct lora_adapter *who[N];
+    float scale[N];
+    for (int i = 0; i < N; i++) {
+        who[i] = i < 6 ? a1 : i < 9 ? NULL : i < 20 ? a2 : a1;
+        scale[i] = i == 12 ? 0.0f : 0.5f + 0.25f * (float)(i % 4);
+    }
+    struct lora_plan plan;
+    lora_plan_init(&plan);
+    assert_int_equal(lora_plan_build(&plan, who, scale, N), 0);
+    struct pool *pool;
+    assert_int_equal(pool_create(3, POOL_PIN_NONE, &pool), 0);
+    const enum lora_target groups[3][3] = {{LORA_Q, LORA_K, LORA_V}, {LORA_GATE, LORA_UP, 0},
+                                           {LORA_DOWN, 0, 0}};
+    const size_t group_n[3] = {3, 2, 1};
+    float *tmp = malloc(3 * plan.tmp_floats * 4);
+    for (uint32_t layer = 0; layer < hp.n_layers; layer++)
+        for (int g = 0; g < 3; g++) {
+            struct lora_proj pr[3], pr2[3];
+            float *x[3], *y0[3], *yp[3], *ys[3];
+            uint32_t in, out;
+            for (size_t k = 0; k < group_n[g]; k++) {
+                lora_target_dims(&hp, groups[g][k], &in, &out);
+                x[k] = malloc((size_t)N * in * 4);
+                y0[k] = malloc((size_t)N * out * 4);
+                yp[k] = malloc((size_t)N * out * 4);
+                ys[k] = malloc((size_t)N * out * 4);
+                for (size_t i = 0; i < (size_t)N * in; i++)
+                    x[k][i] = urand();
+                for (size_t i = 0; i < (size_t)N * out; i++)
+                    y0[k][i] = urand();
+                memcpy(yp[k], y0[k], (size_t)N * out * 4);
+                memcpy(ys[k], y0[k], (size_t)N * out * 4);
+                pr[k] = (struct lora_proj){groups[g][k], x[k], yp[k], out};
+                pr2[k] = (struct lora_proj){groups[g][k], x[k], ys[k], out};
+            }
+            lora_apply_fused(&plan, pool, layer, pr, group_n[g], tmp);
+            lora_apply_fused(&plan, NULL, layer, pr2, group_n[g], tmp);
+            for (size_t k = 0; k < group_n[g]; k++) {
+                enum lora_target t = groups[g][k];
+                lora_target_dims(&hp, t, &in, &out);
+                assert_memory_equal(yp[k], ys[k], (size_t)N * out * 4);
+                for (int i = 0; i < N; i++) {
+                    float *want = malloc(out * 4);
+                    memcpy(want, y0[k] + (size_t)i * out, out * 4);
+                    if (who[i])
+                        naive(who[i], scale[i], layer, t, x[k] + (size_t)i * in, want);
+                    if (!who[i] || scale[i] == 0.0f || !lora_weights(who[i], layer, t))
+                        assert_memory_equal(yp[k] + (size_t)i * out, want, out * 4);
+                    for (size_t o = 0; o < out; o++)
+                        if (fabsf(yp[k][(size_t)i * out + o] - want[o]) >
+                            1e-4f * (1.0f + fabsf(want[o])))
+                            fail_msg("layer %u %s: y[%d][%zu] = %g, want %g", layer,
+                                     lora_target_name(t), i, o,
+                                     (double)yp[k][(size_t)i * out + o], (double)want[o]);
+                    free(want);
+                }
+                free(x[k]);
+                free(y0[k]);
+                free(yp[k]);
+                free(ys[k]);
+            }
+        }
+    free(tmp);
+    pool_destroy(pool);
+    lora_plan_fini(&plan);
+    lora_close(a1);
+    lora_close(a2);
+    free(d1);
+    free(d2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -919,6 +1140,8 @@ int main(void)
         cmocka_unit_test(test_release_from_threads),
         cmocka_unit_test(test_apply_grouped),
         cmocka_unit_test(test_apply_on_pool),
+        cmocka_unit_test(test_kernels_ref_vs_fast),
+        cmocka_unit_test(test_apply_fused),
     };
     return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
 }
