@@ -656,8 +656,8 @@ static uint64_t digest_final(const struct digest *d)
 static size_t round_up(size_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
 
 /*
- * The serving path's copy (lora_weights.fa/fbt): B transposed to [rank][out] so that an expand
- * task streams contiguous output panels, and both matrices in bf16 when the file holds only
+ * The serving path's copy (lora_weights.fa/fbt): B transposed into panels of 32 output
+ * columns (lora_bt_index) so that an expand task streams one contiguous block, and both matrices in bf16 when the file holds only
  * BF16 tensors (the f32 values are then exact bf16 numbers: no precision is lost, and the
  * update reads half the bytes; decode with several adapters is bound by those bytes). Other
  * files keep f32 (A shared with the canonical copy, B^T copied).
@@ -669,16 +669,16 @@ static int pack_fast(struct lora_adapter *ad, const struct safetensors_file *f,
     for (size_t i = 0; i < f->n_tensors; i++)
         bf16 &= f->tensors[i].dtype == SAFETENSORS_BF16;
     ad->fast_dt = bf16 ? DT_BF16 : DT_F32;
-    size_t esz = bf16 ? 2 : 4, bytes = 0;
-    const size_t per_line = 64 / esz;
+    const size_t esz = bf16 ? 2 : 4;
+    size_t bytes = 0;
     for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
         uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
         if (!ad->w[i].a)
             continue;
         size_t r = ad->cfg.rank;
         if (bf16)
-            bytes += (r * ad->in[t] + per_line - 1) / per_line * 64;
-        bytes += (r * ad->out[t] + per_line - 1) / per_line * 64;
+            bytes += (r * ad->in[t] * esz + 63) / 64 * 64;
+        bytes += (lora_bt_elems(ad->out[t], r) * esz + 63) / 64 * 64;
     }
     ad->fast_bytes = bytes;
     ad->fast_store = bytes ? aligned_alloc(64, bytes) : NULL;
@@ -698,23 +698,22 @@ static int pack_fast(struct lora_adapter *ad, const struct safetensors_file *f,
             for (size_t k = 0; k < r * in; k++)
                 a16[k] = half_f32_to_bf16(w->a[k]);
             w->fa = a16;
-            p += (r * in + per_line - 1) / per_line * 64;
+            p += (r * in * esz + 63) / 64 * 64;
         } else {
             w->fa = w->a;
         }
-        if (bf16) {
-            uint16_t *bt = (uint16_t *)p;
-            for (size_t k = 0; k < r; k++)
-                for (size_t j = 0; j < out; j++)
-                    bt[k * out + j] = half_f32_to_bf16(w->b[j * r + k]);
-        } else {
-            float *bt = (float *)p;
-            for (size_t k = 0; k < r; k++)
-                for (size_t j = 0; j < out; j++)
-                    bt[k * out + j] = w->b[j * r + k];
-        }
+        size_t nbt = lora_bt_elems(out, r);
+        memset(p, 0, nbt * esz); /* the last panel's padding columns */
+        for (size_t k = 0; k < r; k++)
+            for (size_t j = 0; j < out; j++) {
+                size_t d = lora_bt_index(r, k, j);
+                if (bf16)
+                    ((uint16_t *)p)[d] = half_f32_to_bf16(w->b[j * r + k]);
+                else
+                    ((float *)p)[d] = w->b[j * r + k];
+            }
         w->fbt = p;
-        p += (r * out + per_line - 1) / per_line * 64;
+        p += (nbt * esz + 63) / 64 * 64;
     }
     return 0;
 }
@@ -1260,7 +1259,6 @@ void lora_apply_one(const struct lora_adapter *ad, float scale, uint32_t layer,
 
 #define SHRINK_KB 8u   /* phase A task: rank rows */
 #define EXPAND_JB 256u /* phase B task: output columns */
-#define EXPAND_PW 32u  /* expand kernel panel: columns held in 4 AVX2 accumulators */
 #define EXPAND_PK 64u  /* ranks up to this convert a bf16 panel once into a stack buffer */
 
 static inline float ld_w(enum dtype dt, const void *w, size_t i)
@@ -1284,12 +1282,13 @@ static void expand_ref(enum dtype dt, const void *bt, size_t out, size_t rank, c
                        size_t n, const float *scale, float s, float *y, size_t ldy, size_t j0,
                        size_t j1)
 {
+    (void)out;
     for (size_t i = 0; i < n; i++) {
         float si = scale ? scale[i] : s;
         for (size_t j = j0; j < j1; j++) {
             float acc = 0.0f;
             for (size_t k = 0; k < rank; k++)
-                acc += t[i * rank + k] * ld_w(dt, bt, k * out + j);
+                acc += t[i * rank + k] * ld_w(dt, bt, lora_bt_index(rank, k, j));
             y[i * ldy + j] += si * acc;
         }
     }
@@ -1316,37 +1315,34 @@ LORA_TGT static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* NT tokens (1..4) x rows k, k+1 (two = 0: row k only): 8 accumulators, A read once per
- * NT tokens. Inlined with a constant NT so the loops unroll into registers. */
+/* NT tokens x KR rank rows from k (KR*NT <= 8 accumulators), A read once per NT tokens.
+ * Inlined with constant KR and NT so the loops unroll into registers. */
 LORA_TGT static inline __attribute__((always_inline)) void
 shrink_block(enum dtype dt, const void *a, size_t in, size_t rank, const float *x, float *t,
-             size_t k, int two, const size_t nt)
+             size_t k, const size_t kr, const size_t nt)
 {
-    __m256 acc0[4], acc1[4];
-    for (size_t i = 0; i < nt; i++)
-        acc0[i] = acc1[i] = _mm256_setzero_ps();
+    __m256 acc[4][4];
+    for (size_t q = 0; q < kr; q++)
+        for (size_t i = 0; i < nt; i++)
+            acc[q][i] = _mm256_setzero_ps();
     size_t c = 0;
     for (; c + 8 <= in; c += 8) {
-        __m256 a0 = ld8(dt, a, k * in + c);
-        __m256 a1 = two ? ld8(dt, a, (k + 1) * in + c) : a0;
+        __m256 av[4];
+        for (size_t q = 0; q < kr; q++)
+            av[q] = ld8(dt, a, (k + q) * in + c);
         for (size_t i = 0; i < nt; i++) {
             __m256 xv = _mm256_loadu_ps(x + i * in + c);
-            acc0[i] = _mm256_fmadd_ps(a0, xv, acc0[i]);
-            if (two)
-                acc1[i] = _mm256_fmadd_ps(a1, xv, acc1[i]);
+            for (size_t q = 0; q < kr; q++)
+                acc[q][i] = _mm256_fmadd_ps(av[q], xv, acc[q][i]);
         }
     }
-    for (size_t i = 0; i < nt; i++) {
-        float s0 = hsum8(acc0[i]), s1 = two ? hsum8(acc1[i]) : 0.0f;
-        for (size_t cc = c; cc < in; cc++) {
-            s0 += x[i * in + cc] * ld_w(dt, a, k * in + cc);
-            if (two)
-                s1 += x[i * in + cc] * ld_w(dt, a, (k + 1) * in + cc);
+    for (size_t q = 0; q < kr; q++)
+        for (size_t i = 0; i < nt; i++) {
+            float sum = hsum8(acc[q][i]);
+            for (size_t cc = c; cc < in; cc++)
+                sum += x[i * in + cc] * ld_w(dt, a, (k + q) * in + cc);
+            t[i * rank + k + q] = sum;
         }
-        t[i * rank + k] = s0;
-        if (two)
-            t[i * rank + k + 1] = s1;
-    }
 }
 
 LORA_TGT static void shrink_avx2(enum dtype dt, const void *a, size_t in, size_t rank,
@@ -1356,73 +1352,98 @@ LORA_TGT static void shrink_avx2(enum dtype dt, const void *a, size_t in, size_t
         size_t nt = n - i0 < 4 ? n - i0 : 4;
         const float *xi = x + i0 * in;
         float *ti = t + i0 * rank;
-        for (size_t k = k0; k < k1; k += 2) {
-            int two = k + 1 < k1;
+        size_t k = k0;
+        if (nt <= 2) /* decode: 4 rank rows at once, more streams in flight */
+            for (; k + 4 <= k1; k += 4) {
+                if (nt == 2)
+                    shrink_block(dt, a, in, rank, xi, ti, k, 4, 2);
+                else
+                    shrink_block(dt, a, in, rank, xi, ti, k, 4, 1);
+            }
+        for (; k + 2 <= k1; k += 2) {
             switch (nt) {
-            case 4: shrink_block(dt, a, in, rank, xi, ti, k, two, 4); break;
-            case 3: shrink_block(dt, a, in, rank, xi, ti, k, two, 3); break;
-            case 2: shrink_block(dt, a, in, rank, xi, ti, k, two, 2); break;
-            default: shrink_block(dt, a, in, rank, xi, ti, k, two, 1); break;
+            case 4: shrink_block(dt, a, in, rank, xi, ti, k, 2, 4); break;
+            case 3: shrink_block(dt, a, in, rank, xi, ti, k, 2, 3); break;
+            case 2: shrink_block(dt, a, in, rank, xi, ti, k, 2, 2); break;
+            default: shrink_block(dt, a, in, rank, xi, ti, k, 2, 1); break;
+            }
+        }
+        if (k < k1) {
+            switch (nt) {
+            case 4: shrink_block(dt, a, in, rank, xi, ti, k, 1, 4); break;
+            case 3: shrink_block(dt, a, in, rank, xi, ti, k, 1, 3); break;
+            case 2: shrink_block(dt, a, in, rank, xi, ti, k, 1, 2); break;
+            default: shrink_block(dt, a, in, rank, xi, ti, k, 1, 1); break;
             }
         }
     }
+}
+
+/* acc[0..31] = sum_k t[k] * panel[k][0..31] (the panel in dt, or f32 from the stack) */
+LORA_TGT static inline void expand_panel(enum dtype dt, const void *pw, const float *pf,
+                                         size_t rank, const float *ti, __m256 c[4])
+{
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    for (size_t k = 0; k < rank; k++) {
+        __m256 b = _mm256_broadcast_ss(ti + k);
+        if (pf) {
+            const float *row = pf + k * LORA_PANEL;
+            c0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row), c0);
+            c1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 8), c1);
+            c2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 16), c2);
+            c3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 24), c3);
+        } else {
+            size_t o = k * LORA_PANEL;
+            c0 = _mm256_fmadd_ps(b, ld8(dt, pw, o), c0);
+            c1 = _mm256_fmadd_ps(b, ld8(dt, pw, o + 8), c1);
+            c2 = _mm256_fmadd_ps(b, ld8(dt, pw, o + 16), c2);
+            c3 = _mm256_fmadd_ps(b, ld8(dt, pw, o + 24), c3);
+        }
+    }
+    c[0] = c0;
+    c[1] = c1;
+    c[2] = c2;
+    c[3] = c3;
 }
 
 LORA_TGT static void expand_avx2(enum dtype dt, const void *bt, size_t out, size_t rank,
                                  const float *t, size_t n, const float *scale, float s,
                                  float *y, size_t ldy, size_t j0, size_t j1)
 {
-    float panel[EXPAND_PK * EXPAND_PW] __attribute__((aligned(32))); /* [rank][32] */
-    size_t j = j0;
-    for (; j + EXPAND_PW <= j1; j += EXPAND_PW) {
-        const float *pf; /* [rank][ld] the panel's columns j .. j+31 as f32 */
-        size_t ld;
+    (void)out;
+    float stage[EXPAND_PK * LORA_PANEL] __attribute__((aligned(32))); /* [rank][32] f32 */
+    const size_t esz = dt == DT_BF16 ? 2 : 4;
+    for (size_t pj = j0 / LORA_PANEL * LORA_PANEL; pj < j1; pj += LORA_PANEL) {
+        const void *pw = (const unsigned char *)bt + pj * rank * esz; /* [rank][32] */
+        const float *pf = NULL;
         if (dt == DT_F32) {
-            pf = (const float *)bt + j;
-            ld = out;
-        } else if (rank <= EXPAND_PK) {
-            for (size_t k = 0; k < rank; k++)
-                for (size_t q = 0; q < EXPAND_PW; q += 8)
-                    _mm256_store_ps(panel + k * EXPAND_PW + q, ld8(dt, bt, k * out + j + q));
-            pf = panel;
-            ld = EXPAND_PW;
-        } else {
-            pf = NULL;
-            ld = 0;
+            pf = pw;
+        } else if (n > 2 && rank <= EXPAND_PK) {
+            /* several tokens: widen the panel once instead of once per token */
+            for (size_t q = 0; q < rank * LORA_PANEL; q += 8)
+                _mm256_store_ps(stage + q, ld8(dt, pw, q));
+            pf = stage;
         }
+        size_t a = pj > j0 ? pj : j0, e = pj + LORA_PANEL < j1 ? pj + LORA_PANEL : j1;
         for (size_t i = 0; i < n; i++) {
-            const float *ti = t + i * rank;
-            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-            for (size_t k = 0; k < rank; k++) {
-                __m256 b = _mm256_broadcast_ss(ti + k);
-                if (pf) {
-                    const float *row = pf + k * ld;
-                    c0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row), c0);
-                    c1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 8), c1);
-                    c2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 16), c2);
-                    c3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 24), c3);
-                } else {
-                    size_t o = k * out + j;
-                    c0 = _mm256_fmadd_ps(b, ld8(dt, bt, o), c0);
-                    c1 = _mm256_fmadd_ps(b, ld8(dt, bt, o + 8), c1);
-                    c2 = _mm256_fmadd_ps(b, ld8(dt, bt, o + 16), c2);
-                    c3 = _mm256_fmadd_ps(b, ld8(dt, bt, o + 24), c3);
-                }
-            }
+            __m256 c[4];
+            expand_panel(dt, pw, pf, rank, t + i * rank, c);
             __m256 sv = _mm256_set1_ps(scale ? scale[i] : s);
-            float *yr = y + i * ldy + j;
-            /* y += s * acc as a product then a sum, like the reference */
-            _mm256_storeu_ps(yr, _mm256_add_ps(_mm256_loadu_ps(yr), _mm256_mul_ps(sv, c0)));
-            _mm256_storeu_ps(yr + 8,
-                             _mm256_add_ps(_mm256_loadu_ps(yr + 8), _mm256_mul_ps(sv, c1)));
-            _mm256_storeu_ps(yr + 16,
-                             _mm256_add_ps(_mm256_loadu_ps(yr + 16), _mm256_mul_ps(sv, c2)));
-            _mm256_storeu_ps(yr + 24,
-                             _mm256_add_ps(_mm256_loadu_ps(yr + 24), _mm256_mul_ps(sv, c3)));
+            float *yr = y + i * ldy + pj;
+            if (a == pj && e == pj + LORA_PANEL) {
+                /* y += s * acc as a product then a sum, like the reference */
+                for (int q = 0; q < 4; q++)
+                    _mm256_storeu_ps(yr + 8 * q, _mm256_add_ps(_mm256_loadu_ps(yr + 8 * q),
+                                                               _mm256_mul_ps(sv, c[q])));
+            } else {
+                float d[LORA_PANEL] __attribute__((aligned(32)));
+                for (int q = 0; q < 4; q++)
+                    _mm256_store_ps(d + 8 * q, _mm256_mul_ps(sv, c[q]));
+                for (size_t j = a; j < e; j++)
+                    yr[j - pj] += d[j - pj];
+            }
         }
     }
-    if (j < j1) /* ragged tail: the reference's order */
-        expand_ref(dt, bt, out, rank, t, n, scale, s, y, ldy, j, j1);
 }
 #endif
 

@@ -89,7 +89,7 @@ struct lora_weights {
     const float *b; /* [out][rank] (lora_B, q/k rows in IEBIN's interleaved order) */
     /* the same weights packed for lora_apply_fused, in the adapter's fast_dt: */
     const void *fa;  /* [rank][in]  A (== a when fast_dt is DT_F32) */
-    const void *fbt; /* [rank][out] B transposed, so an output panel is contiguous */
+    const void *fbt; /* B^T in panels: [ceil(out/32)][rank][32] (lora_bt_index) */
 };
 
 struct lora_adapter {
@@ -263,12 +263,28 @@ void lora_apply_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
                       const struct lora_proj *pr, size_t n_proj, float *tmp);
 
 /*
+ * The packed B^T (lora_weights.fbt): panels of LORA_PANEL output columns, each [rank]
+ * [LORA_PANEL] contiguous (the last panel zero-padded), so that an expand task streams one
+ * contiguous block. B[j][k] is element lora_bt_index(rank, k, j).
+ */
+#define LORA_PANEL 32u
+static inline size_t lora_bt_index(size_t rank, size_t k, size_t j)
+{
+    return (j / LORA_PANEL) * rank * LORA_PANEL + k * LORA_PANEL + j % LORA_PANEL;
+}
+static inline size_t lora_bt_elems(size_t out, size_t rank)
+{
+    return (out + LORA_PANEL - 1) / LORA_PANEL * LORA_PANEL * rank;
+}
+
+/*
  * The kernels of lora_apply_fused (exported for tests; dispatched on kern_isa(): scalar for
  * KERN_ISA_REF, AVX2+FMA otherwise). dt: DT_F32 or DT_BF16.
  * shrink: t[i][k] = sum_c x[i][c] * a[k][c] for i < n, k in [k0, k1).
  *         a: [rank][in], x: [n][in], t: [n][rank].
  * expand: y[i][j] += s_i * sum_k t[i][k] * bt[k][j] for i < n, j in [j0, j1), with
- *         s_i = scale[i] (scale NULL: s). bt: [rank][out], t: [n][rank], y: [n][ldy].
+ *         s_i = scale[i] (scale NULL: s). bt: packed [lora_bt_elems(out, rank)] (bt[k][j] =
+ *         bt[lora_bt_index(rank, k, j)]), t: [n][rank], y: [n][ldy].
  */
 void lora_kern_shrink(enum dtype dt, const void *a, size_t in, size_t rank, const float *x,
                       size_t n, float *t, size_t k0, size_t k1);

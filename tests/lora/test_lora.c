@@ -931,7 +931,8 @@ static void test_kernels_ref_vs_fast(void **state)
             size_t in = ins[c], out = outs[(c + 2) % 6], r = ranks[(c + dti) % 6];
             size_t n = ns[(c * 5 + dti) % 6], ldy = out + 5;
             size_t esz = dt == DT_BF16 ? 2 : 4;
-            unsigned char *a = malloc(r * in * esz), *bt = malloc(r * out * esz);
+            /* bt in the packed panel layout (lora_bt_index), padding zero */
+            unsigned char *a = malloc(r * in * esz), *bt = calloc(lora_bt_elems(out, r), esz);
             float *af = malloc(r * in * 4), *btf = malloc(r * out * 4);
             for (size_t i = 0; i < r * in; i++) {
                 float v = urand();
@@ -944,14 +945,15 @@ static void test_kernels_ref_vs_fast(void **state)
                     af[i] = v;
                 }
             }
-            for (size_t i = 0; i < r * out; i++) {
+            for (size_t i = 0; i < r * out; i++) { /* btf [r][out] */
                 float v = urand();
+                size_t d = lora_bt_index(r, i / out, i % out);
                 if (dt == DT_BF16) {
                     uint16_t h = half_f32_to_bf16(v);
-                    memcpy(bt + 2 * i, &h, 2);
+                    memcpy(bt + 2 * d, &h, 2);
                     btf[i] = half_bf16_to_f32(h);
                 } else {
-                    memcpy(bt + 4 * i, &v, 4);
+                    memcpy(bt + 4 * d, &v, 4);
                     btf[i] = v;
                 }
             }
