@@ -1384,31 +1384,44 @@ shrink_gen(enum dtype dt, const void *a, size_t in, size_t rank, const float *x,
     }
 }
 
-/* acc[0..31] = sum_k t[k] * panel[k][0..31] (the panel in dt, or f32 from the stack) */
-LORA_TGT static inline __attribute__((always_inline)) void expand_panel(enum dtype dt, const void *pw, const float *pf,
-                                         size_t rank, const float *ti, __m256 c[4])
+/* c[i][0..3] = sum_k t_i[k] * panel[k][0..31] for NT (1 or 2) tokens t_i = t + i * rank: each
+ * panel row is loaded (and widened) once for the NT tokens. The panel is pw in dt, or pf in
+ * f32 (a stack copy). */
+LORA_TGT static inline __attribute__((always_inline)) void
+expand_panel(enum dtype dt, const void *pw, const float *pf, size_t rank, const float *t,
+             const size_t nt, __m256 c[2][4])
 {
-    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    UNROLL4 for (size_t i = 0; i < nt; i++)
+        UNROLL4 for (int q = 0; q < 4; q++)
+            c[i][q] = _mm256_setzero_ps();
     for (size_t k = 0; k < rank; k++) {
-        __m256 b = _mm256_broadcast_ss(ti + k);
-        if (pf) {
-            const float *row = pf + k * LORA_PANEL;
-            c0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row), c0);
-            c1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 8), c1);
-            c2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 16), c2);
-            c3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(row + 24), c3);
-        } else {
-            size_t o = k * LORA_PANEL;
-            c0 = _mm256_fmadd_ps(b, ld8(dt, pw, o), c0);
-            c1 = _mm256_fmadd_ps(b, ld8(dt, pw, o + 8), c1);
-            c2 = _mm256_fmadd_ps(b, ld8(dt, pw, o + 16), c2);
-            c3 = _mm256_fmadd_ps(b, ld8(dt, pw, o + 24), c3);
+        __m256 b[4];
+        UNROLL4 for (int q = 0; q < 4; q++)
+            b[q] = pf ? _mm256_loadu_ps(pf + k * LORA_PANEL + 8 * q)
+                      : ld8(dt, pw, k * LORA_PANEL + 8 * (size_t)q);
+        UNROLL4 for (size_t i = 0; i < nt; i++) {
+            __m256 tv = _mm256_broadcast_ss(t + i * rank + k);
+            UNROLL4 for (int q = 0; q < 4; q++)
+                c[i][q] = _mm256_fmadd_ps(tv, b[q], c[i][q]);
         }
     }
-    c[0] = c0;
-    c[1] = c1;
-    c[2] = c2;
-    c[3] = c3;
+}
+
+/* y_i[pj + a .. pj + e) += s_i * c[i] (a product then a sum, like the reference) */
+LORA_TGT static inline __attribute__((always_inline)) void
+expand_store(float *yr, __m256 sv, const __m256 c[4], size_t a, size_t e)
+{
+    if (a == 0 && e == LORA_PANEL) {
+        UNROLL4 for (int q = 0; q < 4; q++)
+            _mm256_storeu_ps(yr + 8 * q,
+                             _mm256_add_ps(_mm256_loadu_ps(yr + 8 * q), _mm256_mul_ps(sv, c[q])));
+    } else {
+        float d[LORA_PANEL] __attribute__((aligned(32)));
+        for (int q = 0; q < 4; q++)
+            _mm256_store_ps(d + 8 * q, _mm256_mul_ps(sv, c[q]));
+        for (size_t j = a; j < e; j++)
+            yr[j] += d[j];
+    }
 }
 
 LORA_TGT static inline __attribute__((always_inline)) void
@@ -1419,37 +1432,32 @@ expand_gen(enum dtype dt, const void *bt, size_t rank, const float *t, size_t n,
     const size_t esz = dt == DT_BF16 ? 2 : 4;
     for (size_t pj = j0 / LORA_PANEL * LORA_PANEL; pj < j1; pj += LORA_PANEL) {
         const void *pw = (const unsigned char *)bt + pj * rank * esz; /* [rank][32] */
-        const float *pf = NULL;
-        if (dt == DT_F32) {
-            pf = pw;
-        } else if (n > 2 && rank <= EXPAND_PK) {
-            /* several tokens: widen the panel once instead of once per token */
-            for (size_t q = 0; q < rank * LORA_PANEL; q += 8)
-                _mm256_store_ps(stage + q, ld8(dt, pw, q));
-            pf = stage;
-        }
         /* the next panel is the next bytes: start fetching it */
         if (EXPAND_PREFETCH && pj + LORA_PANEL < j1)
             for (size_t q = 0; q < rank * LORA_PANEL * esz; q += 64)
                 _mm_prefetch((const char *)pw + rank * LORA_PANEL * esz + q, _MM_HINT_T0);
-        size_t a = pj > j0 ? pj : j0, e = pj + LORA_PANEL < j1 ? pj + LORA_PANEL : j1;
-        for (size_t i = 0; i < n; i++) {
-            __m256 c[4];
-            expand_panel(dt, pw, pf, rank, t + i * rank, c);
-            __m256 sv = _mm256_set1_ps(scale ? scale[i] : s);
-            float *yr = y + i * ldy + pj;
-            if (a == pj && e == pj + LORA_PANEL) {
-                /* y += s * acc as a product then a sum, like the reference */
-                for (int q = 0; q < 4; q++)
-                    _mm256_storeu_ps(yr + 8 * q, _mm256_add_ps(_mm256_loadu_ps(yr + 8 * q),
-                                                               _mm256_mul_ps(sv, c[q])));
-            } else {
-                float d[LORA_PANEL] __attribute__((aligned(32)));
-                for (int q = 0; q < 4; q++)
-                    _mm256_store_ps(d + 8 * q, _mm256_mul_ps(sv, c[q]));
-                for (size_t j = a; j < e; j++)
-                    yr[j - pj] += d[j - pj];
-            }
+        const float *pf = NULL;
+        if (dt == DT_F32) {
+            pf = pw;
+        } else if (n > 2 && rank <= EXPAND_PK) {
+            /* many tokens: widen the panel once instead of once per pair */
+            for (size_t q = 0; q < rank * LORA_PANEL; q += 8)
+                _mm256_store_ps(stage + q, ld8(dt, pw, q));
+            pf = stage;
+        }
+        size_t a = (pj > j0 ? pj : j0) - pj, e = (pj + LORA_PANEL < j1 ? pj + LORA_PANEL : j1) - pj;
+        size_t i = 0;
+        for (; i + 2 <= n; i += 2) {
+            __m256 c[2][4];
+            expand_panel(dt, pw, pf, rank, t + i * rank, 2, c);
+            expand_store(y + i * ldy + pj, _mm256_set1_ps(scale ? scale[i] : s), c[0], a, e);
+            expand_store(y + (i + 1) * ldy + pj, _mm256_set1_ps(scale ? scale[i + 1] : s), c[1],
+                         a, e);
+        }
+        if (i < n) {
+            __m256 c[2][4];
+            expand_panel(dt, pw, pf, rank, t + i * rank, 1, c);
+            expand_store(y + i * ldy + pj, _mm256_set1_ps(scale ? scale[i] : s), c[0], a, e);
         }
     }
 }
