@@ -28,7 +28,9 @@ done
 first=$models/tinyllama-1.1b-${dtypes%% *}
 adapters=()
 for fmt in bf16 f32; do
-  for r in 16 32; do
+  ranks="16 32"
+  [ "$fmt" = f32 ] || ranks="1 16 32" # rank 1: the update's fixed cost (scheduling, passes)
+  for r in $ranks; do
     for s in 1 2 3 4; do
       a=$models/lora-$fmt-r$r-s$s
       [ -f "$a/adapter_config.json" ] ||
@@ -38,7 +40,7 @@ for fmt in bf16 f32; do
     done
   done
 done
-sets=()
+sets=(--set "bf16-r1=bf16-r1-1,bf16-r1-2,bf16-r1-3,bf16-r1-4")
 for fmt in bf16 f32; do
   for r in 16 32; do
     sets+=(--set "$fmt-r$r=$fmt-r$r-1,$fmt-r$r-2,$fmt-r$r-3,$fmt-r$r-4")
