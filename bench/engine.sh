@@ -6,7 +6,8 @@
 #     seven projections (bf16 adapter files, and f32 ones), interleaved, median ratio;
 #   - 4 x 1024-token prompts submitted at once: time to every first token.
 # Ratios are of process CPU time (the machine is shared; see engine_bench.c). Prints markdown.
-# Env: BUILD_DIR, CLOCHER_MODELS (default models/), THREADS, REPS, PREFILL_REPS, DTYPES.
+# Env: BUILD_DIR, CLOCHER_MODELS (default models/), THREADS, REPS, LORA_REPS, LORA_STEPS,
+# PREFILL_REPS, DTYPES.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build/release}
@@ -14,6 +15,8 @@ models=${CLOCHER_MODELS:-models}
 threads=${THREADS:-2}
 reps=${REPS:-5}
 prefill_reps=${PREFILL_REPS:-3}
+lora_reps=${LORA_REPS:-15}   # many short interleaved runs: the shared machine drifts
+lora_steps=${LORA_STEPS:-8}
 dtypes=${DTYPES:-int4 int8}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j2 --target clocher engine_bench >/dev/null
@@ -61,13 +64,13 @@ for dt in $dtypes; do
       2>/dev/null |
     jq -r '"| \(.streams) | \(.wall_tps*10|round/10) | \(.cpu_tps*10|round/10) | \(.ratio_cpu*100|round/100) | \(.ratio_wall*100|round/100) | \(.neighbour_load*100|round)% |"'
   echo
-  echo "LoRA, 8 streams, 4 different adapters (2 streams each) on q,k,v,o,gate,up,down vs base-only (median of $reps interleaved repetitions of the per-repetition ratio):"
+  echo "LoRA, 8 streams, 4 different adapters (2 streams each) on q,k,v,o,gate,up,down vs base-only (median of $lora_reps interleaved repetitions of $lora_steps steps, of the per-repetition ratio; p25–p75 of that ratio):"
   echo
-  echo "| adapters | tok/s (CPU) | tok/s (wall) | slower than base (CPU) | slower (wall) |"
-  echo "|---|---|---|---|---|"
-  "$eb" --model-dir "$d" --threads "$threads" --mode lora --streams 8 --reps "$reps" \
-      "${adapters[@]}" "${sets[@]}" 2>/dev/null |
-    jq -r '"| \(.set) | \(.cpu_tps*10|round/10) | \(.wall_tps*10|round/10) | \((.slowdown_cpu-1)*1000|round/10)% | \((.slowdown_wall-1)*1000|round/10)% |"'
+  echo "| adapters | tok/s (CPU) | tok/s (wall) | slower than base (CPU) | p25–p75 (CPU) | slower (wall) |"
+  echo "|---|---|---|---|---|---|"
+  "$eb" --model-dir "$d" --threads "$threads" --mode lora --streams 8 --reps "$lora_reps" \
+      --steps "$lora_steps" "${adapters[@]}" "${sets[@]}" 2>/dev/null |
+    jq -r '"| \(.set) | \(.cpu_tps*10|round/10) | \(.wall_tps*10|round/10) | \((.slowdown_cpu-1)*1000|round/10)% | \((.slowdown_cpu_p25-1)*1000|round/10)% – \((.slowdown_cpu_p75-1)*1000|round/10)% | \((.slowdown_wall-1)*1000|round/10)% |"'
   echo
   echo "Prefill, 4 prompts x 1024 tokens submitted at once (max_step_tokens 512, median of $prefill_reps):"
   echo

@@ -93,15 +93,20 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static double median(const double *v, size_t n)
+/* The q-quantile (0..1) of v[0..n), linear between order statistics. */
+static double quantile(const double *v, size_t n, double q)
 {
     double s[MAX_REPS * MAX_STREAMS];
     if (n == 0 || n > sizeof s / sizeof s[0])
         return 0;
     memcpy(s, v, n * sizeof *v);
     qsort(s, n, sizeof *s, cmp_double);
-    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    double pos = q * (double)(n - 1);
+    size_t i = (size_t)pos;
+    return i + 1 < n ? s[i] + (pos - (double)i) * (s[i + 1] - s[i]) : s[i];
 }
+
+static double median(const double *v, size_t n) { return quantile(v, n, 0.5); }
 
 struct sample {
     double wall, cpu, other; /* seconds, seconds, neighbours' share of the machine */
@@ -255,13 +260,17 @@ static int mode_lora(struct engine *e, struct counter *c, const struct opts *o)
         }
         const char *label = j ? o->set_label[j - 1] : "base";
         double mrc = median(rc_, o->reps), mrw = median(rw, o->reps);
-        json_t *js = json_pack("{s:s, s:s, s:I, s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:f}",
+        /* the spread of the per-repetition ratios: the machine is shared, say how noisy */
+        json_t *js = json_pack("{s:s, s:s, s:I, s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, "
+                               "s:f}",
                                "mode", "lora", "set", label, "streams",
                                (json_int_t)o->streams, "threads", o->threads, "steps",
                                (json_int_t)o->steps, "reps", (json_int_t)o->reps, "wall_tps",
                                median(wall_tps, o->reps), "cpu_tps", median(cpu_tps, o->reps),
-                               "slowdown_cpu", mrc, "slowdown_wall", mrw, "neighbour_load",
-                               median(other, o->reps));
+                               "slowdown_cpu", mrc, "slowdown_cpu_p25",
+                               quantile(rc_, o->reps, 0.25), "slowdown_cpu_p75",
+                               quantile(rc_, o->reps, 0.75), "slowdown_wall", mrw,
+                               "neighbour_load", median(other, o->reps));
         emit(js);
         fprintf(stderr, "%-8s: %7.2f tok/s cpu, %7.2f wall; time vs base: %+.1f%% cpu, %+.1f%% wall\n",
                 label, median(cpu_tps, o->reps), median(wall_tps, o->reps), 100 * (mrc - 1),
