@@ -66,11 +66,11 @@ for dt in $dtypes; do
   echo
   echo "LoRA, 8 streams, 4 different adapters (2 streams each) on q,k,v,o,gate,up,down vs base-only (median of $lora_reps interleaved repetitions of $lora_steps steps, of the per-repetition ratio; p25–p75 of that ratio):"
   echo
-  echo "| adapters | tok/s (CPU) | tok/s (wall) | slower than base (CPU) | p25–p75 (CPU) | slower (wall) |"
-  echo "|---|---|---|---|---|---|"
+  echo "| adapters | tok/s (CPU) | tok/s (wall) | slower than base (CPU) | p25–p75 (CPU) | slower (wall) | median step CPU ms | slower by median step (CPU) |"
+  echo "|---|---|---|---|---|---|---|---|"
   "$eb" --model-dir "$d" --threads "$threads" --mode lora --streams 8 --reps "$lora_reps" \
       --steps "$lora_steps" "${adapters[@]}" "${sets[@]}" 2>/dev/null |
-    jq -r '"| \(.set) | \(.cpu_tps*10|round/10) | \(.wall_tps*10|round/10) | \((.slowdown_cpu-1)*1000|round/10)% | \((.slowdown_cpu_p25-1)*1000|round/10)% – \((.slowdown_cpu_p75-1)*1000|round/10)% | \((.slowdown_wall-1)*1000|round/10)% |"'
+    jq -r '"| \(.set) | \(.cpu_tps*10|round/10) | \(.wall_tps*10|round/10) | \((.slowdown_cpu-1)*1000|round/10)% | \((.slowdown_cpu_p25-1)*1000|round/10)% – \((.slowdown_cpu_p75-1)*1000|round/10)% | \((.slowdown_wall-1)*1000|round/10)% | \(.step_cpu_ms*10|round/10) | \((.slowdown_cpu_steps-1)*1000|round/10)% |"'
   echo
   echo "Prefill, 4 prompts x 1024 tokens submitted at once (max_step_tokens 512, median of $prefill_reps):"
   echo
