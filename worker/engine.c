@@ -12,7 +12,8 @@
  *      running requests (round-robin between tenants), then the oldest. Admission attaches the
  *      longest cached prefix (kv.h), which skips that prefill;
  *   3. builds the step: the decode token of every running request (1 pending token), then
- *      prefill chunks of the others, in (priority, admission) order, under max_step_tokens;
+ *      prefill chunks of the others, in (priority, admission) order, under max_step_tokens,
+ *      the prefill budget split fairly between tenants within a priority (fair_shares);
  *      each reserves its KV rows first; when the pool cannot provide them the running request
  *      last in that order (lowest priority, youngest) is preempted: its blocks are freed and it
  *      goes back to waiting with every token it has (emitted tokens are never re-emitted; it
@@ -113,6 +114,7 @@ struct engine {
     int32_t *btok;             /* [max_step_tokens] */
     struct engine__bseq *bseq; /* [max_running] */
     struct ereq **breq;        /* [max_running] */
+    struct fair_slot *fair;    /* [max_running]: prefill shares of one step, per (prio, tenant) */
 
     /* metrics */
     uint64_t preemptions, finished, generated, prefilled;
@@ -122,6 +124,14 @@ struct engine {
     engine__logits_fn *tap;
     void *tap_ud;
     size_t n_stats;            /* total recorded; ring index = n % STATS_RING */
+};
+
+/* A step's prefill share of one tenant at one priority (fair_shares). */
+struct fair_slot {
+    uint64_t tenant;
+    int prio;
+    uint64_t demand; /* pending prefill tokens of its running requests not yet in the batch */
+    uint32_t left;   /* tokens it may still take in the fair pass of this step */
 };
 
 static uint64_t now_ns(void)
@@ -423,7 +433,8 @@ int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, vo
     e->btok = calloc(c->max_step_tokens, sizeof *e->btok);
     e->bseq = calloc(c->max_running, sizeof *e->bseq);
     e->breq = calloc(c->max_running, sizeof *e->breq);
-    if (!e->running || !e->waiting || !e->btok || !e->bseq || !e->breq) {
+    e->fair = calloc(c->max_running, sizeof *e->fair);
+    if (!e->running || !e->waiting || !e->btok || !e->bseq || !e->breq || !e->fair) {
         LOG_ERR("engine: out of memory for the request tables");
         rc = -ENOMEM;
         goto fail;
@@ -465,6 +476,7 @@ void engine_destroy(struct engine *e)
     free(e->btok);
     free(e->bseq);
     free(e->breq);
+    free(e->fair);
     free(e->snapshot_path);
     free(e);
 }
@@ -796,6 +808,61 @@ static void expire(struct engine *e, uint64_t t)
     }
 }
 
+static struct fair_slot *fair_find(struct fair_slot *f, size_t n, const struct ereq *r)
+{
+    for (size_t i = 0; i < n; i++)
+        if (f[i].tenant == r->r.tenant && f[i].prio == (int)r->r.priority)
+            return &f[i];
+    return NULL;
+}
+
+static int cmp_demand(const void *a, const void *b)
+{
+    const struct fair_slot *x = a, *y = b;
+    if (x->prio != y->prio)
+        return x->prio < y->prio ? -1 : 1;
+    return (x->demand > y->demand) - (x->demand < y->demand);
+}
+
+/*
+ * Splits the step's remaining prefill budget between tenants (deficit round robin with a
+ * token quantum, which for divisible work is water-filling): priority levels in order, and
+ * within a level each tenant with pending prefill gets an equal share, a tenant needing less
+ * leaving the rest to the others. So one tenant's many or long prompts cannot hold back
+ * another tenant's prompt for more than its share. Returns the number of slots.
+ */
+static size_t fair_shares(struct engine *e, size_t budget)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < e->n_running; i++) {
+        const struct ereq *r = e->running[i];
+        uint32_t pending = (uint32_t)(r->n_tok - r->n_done);
+        if (r->in_batch || pending <= 1)
+            continue;
+        struct fair_slot *f = fair_find(e->fair, n, r);
+        if (!f) {
+            f = &e->fair[n++]; /* n <= n_running <= max_running */
+            *f = (struct fair_slot){.tenant = r->r.tenant, .prio = (int)r->r.priority};
+        }
+        f->demand += pending;
+    }
+    qsort(e->fair, n, sizeof *e->fair, cmp_demand);
+    for (size_t i = 0; i < n;) {
+        size_t j = i; /* [i, j): one priority level, by increasing demand */
+        while (j < n && e->fair[j].prio == e->fair[i].prio)
+            j++;
+        for (size_t k = i; k < j; k++) {
+            size_t share = (budget + (j - k) - 1) / (j - k); /* the last takes what is left */
+            if (share > e->fair[k].demand)
+                share = (size_t)e->fair[k].demand;
+            e->fair[k].left = (uint32_t)share;
+            budget -= share;
+        }
+        i = j;
+    }
+    return n;
+}
+
 /* Fills the step's tables from the scheduled requests e->breq[0..n_seq) (their counts in
  * bseq[i].n), ordered so that rows of one adapter are adjacent (one LoRA segment each). */
 static size_t fill_batch(struct engine *e, size_t n_seq)
@@ -838,21 +905,28 @@ int engine_step(struct engine *e, size_t *active)
 
     /* order: priority then admission; preemption victims come from the end */
     qsort(e->running, e->n_running, sizeof *e->running, cmp_order);
-    size_t n_seq = 0, n_tok = 0, budget = e->cfg.max_step_tokens;
-    for (int pass = 0; pass < 2; pass++) {
-        /* pass 0: decode tokens (one pending); pass 1: prefill chunks. The list may shrink
-         * (preemption) while it is walked: restart the walk after each change. */
+    size_t n_seq = 0, n_tok = 0, budget = e->cfg.max_step_tokens, n_fair = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        /* pass 0: decode tokens (one pending); pass 1: prefill chunks within each tenant's
+         * fair share (fair_shares); pass 2: prefill chunks of requests not yet in the batch
+         * with whatever budget is left (a share a skipped request did not use). The list may
+         * shrink (preemption) while it is walked: restart the walk after each change. */
+        if (pass == 1)
+            n_fair = fair_shares(e, budget - n_tok);
         for (size_t i = 0; i < e->n_running && n_tok < budget;) {
             struct ereq *r = e->running[i];
             uint32_t pending = (uint32_t)(r->n_tok - r->n_done);
             bool decode = pending == 1;
-            if (r->in_batch || decode != (pass == 0)) {
+            struct fair_slot *fs = pass == 1 ? fair_find(e->fair, n_fair, r) : NULL;
+            if (r->in_batch || decode != (pass == 0) || (pass == 1 && (!fs || !fs->left))) {
                 i++;
                 continue;
             }
             uint32_t n = pending;
             if (n > budget - n_tok)
                 n = (uint32_t)(budget - n_tok);
+            if (fs && n > fs->left)
+                n = fs->left;
             size_t before = e->n_running;
             bool gone;
             int got = reserve(e, r, n, n_seq, &gone);
@@ -865,6 +939,8 @@ int engine_step(struct engine *e, size_t *active)
                 e->bseq[n_seq++].n = n;
                 r->in_batch = true;
                 n_tok += n;
+                if (fs)
+                    fs->left -= n;
             }
             if (gone || e->n_running != before)
                 i = 0; /* the list changed */

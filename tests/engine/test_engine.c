@@ -625,6 +625,75 @@ static void test_bad_requests(void **state)
     assert_null(e2);
 }
 
+/* ---- fairness: the prefill budget is shared between tenants ----------------------------- */
+
+/* Steps until every request of `cap` finished; done_at[i] = the step at which got[i] did. */
+static void run_recording(struct engine *e, struct capture *cap, size_t n, size_t *done_at,
+                          size_t max_steps)
+{
+    size_t active = 1;
+    for (size_t s = 1; active && s <= max_steps; s++) {
+        assert_int_equal(engine_step(e, &active), 0);
+        for (size_t i = 0; i < n; i++)
+            if (cap->got[i].finished && !done_at[i])
+                done_at[i] = s;
+    }
+    assert_int_equal(active, 0);
+}
+
+static void test_tenant_fair_prefill(void **state)
+{
+    (void)state;
+    size_t n_long;
+    int32_t *text = long_text(&n_long);
+    assert_true(n_long >= 200);
+    static struct capture cap;
+    for (int same = 0; same < 2; same++) {
+        /* tenant 1's three 200-token prompts are admitted and start their prefill; then
+         * tenant 2 (or tenant 1 again) sends one */
+        struct engine *e = make_engine(64, 8, 8, 0, false, NULL);
+        memset(&cap, 0, sizeof cap);
+        size_t active;
+        for (size_t i = 0; i < 4; i++) {
+            struct engine_request r =
+                greedy_req(text, 200, 1, i == 3 && !same ? 2 : 1, &cap.got[i]);
+            assert_int_equal(engine_submit(e, &r, &cap.got[i].id), 0);
+            if (i == 2) {
+                assert_int_equal(engine_step(e, &active), 0);
+                struct engine_metrics m;
+                engine_get_metrics(e, &m);
+                assert_int_equal(m.tokens_prefilled, 64); /* the whole budget is used */
+                assert_int_equal(m.running, 3);
+            }
+        }
+        size_t done_at[4] = {0};
+        run_recording(e, &cap, 4, done_at, 100);
+        for (size_t i = 0; i < 4; i++) {
+            assert_int_equal(cap.got[i].reason, ENGINE_FINISH_LENGTH);
+            assert_int_equal(cap.got[i].n, 1);
+        }
+        /* step 1 ran before the fourth request came: done_at[i] + 1 is the step number */
+        if (!same) {
+            /* half of each step from step 2: 200 tokens in ceil(200 / 32) = 7 steps, while
+             * tenant 1's prompts get the other half; first come, first served would have made
+             * tenant 2 wait for the 536 tokens tenant 1 still had (step 13) */
+            if (done_at[3] + 1 > 8)
+                fail_msg("tenant 2's prompt finished at step %zu, expected 8",
+                         done_at[3] + 1);
+            assert_true(done_at[3] < done_at[1]);
+            assert_true(done_at[3] < done_at[2]);
+        } else {
+            /* one tenant: its requests in arrival order */
+            assert_true(done_at[0] <= done_at[1] && done_at[1] <= done_at[2] &&
+                        done_at[2] <= done_at[3]);
+            assert_true(done_at[3] + 1 >= 13);
+        }
+        assert_int_equal(kv_pool_validate(engine__kv(e)), 0);
+        engine_destroy(e);
+    }
+    free(text);
+}
+
 /* ---- LoRA: a batch mixing the base model and two adapters --------------------------------- */
 
 static void test_mixed_adapters(void **state)
@@ -783,6 +852,7 @@ int main(void)
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_overloaded),
         cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_tenant_fair_prefill),
         cmocka_unit_test(test_mixed_adapters),
         cmocka_unit_test(test_snapshot),
     };
