@@ -72,12 +72,14 @@ for dt in $dtypes; do
       --steps "$lora_steps" "${adapters[@]}" "${sets[@]}" 2>/dev/null |
     jq -r '"| \(.set) | \(.cpu_tps*10|round/10) | \(.wall_tps*10|round/10) | \((.slowdown_cpu-1)*1000|round/10)% | \((.slowdown_cpu_p25-1)*1000|round/10)% – \((.slowdown_cpu_p75-1)*1000|round/10)% | \((.slowdown_wall-1)*1000|round/10)% | \(.step_cpu_ms*10|round/10) | \((.slowdown_cpu_steps-1)*1000|round/10)% |"'
   echo
-  echo "Prefill, 4 prompts x 1024 tokens submitted at once (max_step_tokens 512, median of $prefill_reps):"
+  echo "Prefill, 4 prompts x 1024 tokens submitted at once (max_step_tokens 512, median of $prefill_reps), from 4 tenants (the budget shared) and from one (arrival order):"
   echo
-  echo "| wall s (all 4) | CPU s | tok/s (wall) | tok/s (CPU) | ttft p50 ms | ttft last ms |"
-  echo "|---|---|---|---|---|---|"
-  "$eb" --model-dir "$d" --threads "$threads" --mode prefill --prefill 4 --prefill-len 1024 \
-      --reps "$prefill_reps" 2>/dev/null |
-    jq -r '"| \(.wall_s*100|round/100) | \(.cpu_s*100|round/100) | \(.wall_tps*10|round/10) | \(.cpu_tps*10|round/10) | \(.ttft_p50_ms|round) | \(.ttft_max_ms|round) |"'
+  echo "| tenants | wall s (all 4) | CPU s | tok/s (wall) | tok/s (CPU) | ttft p50 ms | ttft last ms |"
+  echo "|---|---|---|---|---|---|---|"
+  for one in "" --one-tenant; do
+    "$eb" --model-dir "$d" --threads "$threads" --mode prefill --prefill 4 --prefill-len 1024 \
+        --reps "$prefill_reps" $one 2>/dev/null |
+      jq -r '"| \(if .one_tenant then 1 else 4 end) | \(.wall_s*100|round/100) | \(.cpu_s*100|round/100) | \(.wall_tps*10|round/10) | \(.cpu_tps*10|round/10) | \(.ttft_p50_ms|round) | \(.ttft_max_ms|round) |"'
+  done
   echo
 done

@@ -54,6 +54,7 @@ struct opts {
     size_t n_sets;
     uint32_t prefill_prompts, prefill_len, step_tokens;
     uint64_t kv_mib;
+    bool one_tenant;                      /* prefill: all prompts from one tenant */
 };
 
 /* Counts the TOKEN events of each stream (user = stream index + 1). */
@@ -322,7 +323,7 @@ static int mode_prefill(struct engine *e, struct counter *cn, const struct opts 
                 q[k] = (int32_t)(100 + (r * 7919u + i * 104729u + k * 31u) % 30000u);
             struct engine_request rq = {
                 .prompt = q, .n_prompt = len, .max_new = 1, .temperature = 0, .top_p = 1,
-                .repeat_penalty = 1, .ignore_eos = true, .tenant = 1 + i,
+                .repeat_penalty = 1, .ignore_eos = true, .tenant = o->one_tenant ? 1 : 1 + i,
                 .priority = ENGINE_PRIO_NORMAL, .user = (void *)(uintptr_t)(i + 1)};
             rc = engine_submit(e, &rq, &ids[i]);
         }
@@ -347,8 +348,8 @@ static int mode_prefill(struct engine *e, struct counter *cn, const struct opts 
     }
     double mw = median(walls, o->reps), mc = median(cpus, o->reps);
     double toks = (double)n * (double)len;
-    json_t *j = json_pack("{s:s, s:I, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
-                          "mode", "prefill", "prompts", (json_int_t)n, "prompt_len",
+    json_t *j = json_pack("{s:s, s:b, s:I, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
+                          "mode", "prefill", "one_tenant", o->one_tenant, "prompts", (json_int_t)n, "prompt_len",
                           (json_int_t)len, "threads", o->threads, "step_tokens",
                           (json_int_t)o->step_tokens, "wall_s", mw, "cpu_s", mc, "wall_tps",
                           toks / mw, "cpu_tps", toks / (mc / o->threads), "ttft_p50_ms",
@@ -376,6 +377,8 @@ static void usage(FILE *f)
 "  --prefill N          prefill: prompts submitted at once (default 4)\n"
 "  --prefill-len N      prefill: tokens per prompt (default 1024)\n"
 "  --step-tokens N      engine max_step_tokens (default 512)\n"
+"  --one-tenant         prefill: every prompt from one tenant (default: one tenant each,\n"
+"                       so the engine shares each step's prefill budget between them)\n"
 "  --kv-mib N           KV pool (default 512)\n");
 }
 
@@ -427,7 +430,8 @@ int main(int argc, char **argv)
         {"reps", 1, 0, 'r'},      {"steps", 1, 0, 's'},    {"warm", 1, 0, 'w'},
         {"streams", 1, 0, 'n'},   {"adapter", 1, 0, 'a'},  {"set", 1, 0, 'S'},
         {"prefill", 1, 0, 'p'},   {"prefill-len", 1, 0, 'l'}, {"step-tokens", 1, 0, 'T'},
-        {"kv-mib", 1, 0, 'k'},    {"help", 0, 0, 'h'},     {0, 0, 0, 0}};
+        {"kv-mib", 1, 0, 'k'},    {"help", 0, 0, 'h'},     {"one-tenant", 0, 0, 'o'},
+        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
@@ -465,6 +469,7 @@ int main(int argc, char **argv)
         case 'l': o.prefill_len = (uint32_t)atoi(optarg); break;
         case 'T': o.step_tokens = (uint32_t)atoi(optarg); break;
         case 'k': o.kv_mib = (uint64_t)atoll(optarg); break;
+        case 'o': o.one_tenant = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
