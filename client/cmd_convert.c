@@ -1,12 +1,27 @@
-/* cmd_convert.c — `clocher convert SRC OUT_DIR [--dtype D] [--tokenizer FILE] [--from F]`. */
+/*
+ * cmd_convert.c — `clocher convert SRC OUT_DIR [--dtype D] [--quant-manifest FILE]
+ * [--calib-ids FILE | --calib FILE] [--gate-* X] ...`.
+ *
+ * With calibration the quantized model is written to a scratch directory beside OUT_DIR and a
+ * float32 reference beside it; OUT_DIR is replaced only when the gate passes, so a refused
+ * conversion leaves OUT_DIR exactly as it was (docs/CONVERT.md, "Calibration gate").
+ */
+#define _XOPEN_SOURCE 700 /* nftw */
+#include "calib.h"
 #include "cmds.h"
 #include "convert.h"
+#include "quant_manifest.h"
 
 #include "err.h"
+#include "log.h"
 
 #include <errno.h>
-
+#include <ftw.h>
+#include <stdbool.h>
+#include <sys/stat.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -22,7 +37,129 @@ static void usage(FILE *f)
             "int8 = q8_0 (blocks of 32, f16 scale), int4 = q4_0 (groups of 32, f16 scale).\n"
             "--embd-dtype D gives the token embedding and the classifier their own dtype.\n"
             "--tokenizer takes a tokenizer.model, tokenizer.json, tokenizer.bin or .gguf.\n"
-            "Nothing under OUT_DIR loads unless the conversion completed.\n");
+            "Nothing under OUT_DIR loads unless the conversion completed.\n\n"
+            "--quant-manifest FILE  per-tensor dtypes by name pattern (docs/CONVERT.md)\n"
+            "--calib-ids FILE       calibration token ids (decimal, space/comma separated)\n"
+            "--calib FILE           calibration text, tokenized with the model's tokenizer\n"
+            "--calib-report FILE    write the calibration report as JSON (- = stdout)\n"
+            "--calib-threads N      threads for the calibration run (default 1)\n"
+            "--gate-kld X           refuse if the mean KL divergence vs f32 exceeds X\n"
+            "--gate-top1 Y          refuse if top-1 agreement with f32 is below Y (0..1)\n"
+            "--gate-cos Z           refuse if any weight's output cosine vs f32 is below Z\n"
+            "A refused conversion exits with 4 and leaves OUT_DIR untouched.\n");
+}
+
+/* The exit code of a finished convert_model (its reason was logged where it was found). */
+static int convert_exit(int rc, enum convert_fault fault)
+{
+    if (rc == 0)
+        return CMD_EXIT_OK;
+    if (rc == ERR_USAGE)
+        return CMD_EXIT_USAGE;
+    return fault == CONVERT_FAULT_OUTPUT || rc == -ENOMEM ? CMD_EXIT_FAIL : CMD_EXIT_INPUT;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+/* Removes a scratch directory tree (best effort: a leftover is named in a warning). */
+static void rm_tree(const char *dir)
+{
+    if (access(dir, F_OK) == 0 && nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        LOG_WARN("could not remove scratch directory %s: %s", dir, strerror(errno));
+}
+
+/* Moves the finished scratch model into place; an existing OUT_DIR is renamed aside first and
+ * removed once the new one is in (a crash between the renames leaves both, never neither). */
+static int install_dir(const char *tmp, const char *out_dir)
+{
+    if (rename(tmp, out_dir) == 0)
+        return 0;
+    if (errno != EEXIST && errno != ENOTEMPTY) {
+        LOG_ERR("%s: cannot move the converted model into place: %s", out_dir, strerror(errno));
+        return -errno;
+    }
+    char old[4096];
+    snprintf(old, sizeof old, "%s.old.%ld", out_dir, (long)getpid());
+    if (rename(out_dir, old) != 0 || rename(tmp, out_dir) != 0) {
+        LOG_ERR("%s: cannot replace the previous model: %s", out_dir, strerror(errno));
+        return -errno;
+    }
+    rm_tree(old);
+    return 0;
+}
+
+/*
+ * convert → reference f32 conversion → calibration → gate → install. Scratch directories sit
+ * beside OUT_DIR (same file system, so the final rename is atomic) and are always removed.
+ */
+static int convert_calibrated(const char *src, const char *out_dir, const struct convert_opts *o,
+                              const char *ids_path, const char *text_path, const char *report,
+                              unsigned threads, const struct calib_gate *gate)
+{
+    char tmpq[4096], tmpr[4096];
+    long pid = (long)getpid();
+    if (snprintf(tmpq, sizeof tmpq, "%s.calib-quant.%ld", out_dir, pid) >= (int)sizeof tmpq ||
+        snprintf(tmpr, sizeof tmpr, "%s.calib-ref.%ld", out_dir, pid) >= (int)sizeof tmpr) {
+        fprintf(stderr, "clocher convert: OUT_DIR path is too long\n");
+        return CMD_EXIT_USAGE;
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    struct calib_report r = {0};
+    int code, rc;
+    enum convert_fault fault = CONVERT_FAULT_SOURCE;
+    if (ids_path && (rc = calib_read_ids(ids_path, &ids, &n)) != 0)
+        return convert_exit(rc, fault);
+    rc = convert_model(src, tmpq, o, &fault);
+    if (rc) {
+        code = convert_exit(rc, fault);
+        goto out;
+    }
+    struct convert_opts ref = *o;
+    ref.manifest = NULL;
+    ref.dtype_set = true;
+    ref.dtype = DT_F32;
+    ref.embd_dtype_set = false;
+    if ((rc = convert_model(src, tmpr, &ref, &fault)) != 0) {
+        code = convert_exit(rc, fault);
+        goto out;
+    }
+    if (text_path && (rc = calib_read_text(text_path, tmpr, &ids, &n)) != 0) {
+        code = convert_exit(rc, fault);
+        goto out;
+    }
+    fault = CONVERT_FAULT_SOURCE; /* from here a failure is about the calibration inputs */
+    if ((rc = calib_run(tmpr, tmpq, ids, n, threads, &r)) != 0) {
+        code = convert_exit(rc, fault);
+        goto out;
+    }
+    int verdict = calib_check(&r, gate);
+    fprintf(stderr,
+            "calibration: %zu positions, KL divergence mean %.6g max %.6g, top-1 agreement "
+            "%.4f, lowest output cosine %.6f%s\n",
+            r.positions, r.kld_mean, r.kld_max, r.top1, r.cosine_min,
+            verdict ? " — REFUSED, nothing written" : "");
+    if (report && calib_write_report(&r, gate, verdict, report) != 0) {
+        code = CMD_EXIT_FAIL;
+        goto out;
+    }
+    if (verdict) {
+        code = CMD_EXIT_QUALITY;
+        goto out;
+    }
+    code = install_dir(tmpq, out_dir) == 0 ? CMD_EXIT_OK : CMD_EXIT_FAIL;
+out:
+    calib_report_free(&r);
+    free(ids);
+    rm_tree(tmpr);
+    rm_tree(tmpq);
+    return code;
 }
 
 int cmd_convert(int argc, char **argv)
@@ -30,6 +167,10 @@ int cmd_convert(int argc, char **argv)
     struct convert_opts o = {.progress = isatty(2)};
     const char *pos[2];
     int n_pos = 0;
+    const char *manifest_path = NULL, *calib_ids = NULL, *calib_text = NULL, *calib_report = NULL;
+    unsigned calib_threads = 1;
+    struct calib_gate gate = {NAN, NAN, NAN};
+    bool gated = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -58,6 +199,39 @@ int cmd_convert(int argc, char **argv)
                 fprintf(stderr, "clocher convert: --embd-dtype %s: expected f32, f16, bf16, int8 or int4\n", d);
                 return CMD_EXIT_USAGE;
             }
+        } else if (!strcmp(a, "--quant-manifest") && i + 1 < argc) {
+            manifest_path = argv[++i];
+        } else if (!strcmp(a, "--calib-ids") && i + 1 < argc) {
+            calib_ids = argv[++i];
+        } else if (!strcmp(a, "--calib") && i + 1 < argc) {
+            calib_text = argv[++i];
+        } else if (!strcmp(a, "--calib-report") && i + 1 < argc) {
+            calib_report = argv[++i];
+        } else if (!strcmp(a, "--calib-threads") && i + 1 < argc) {
+            char *e;
+            long v = strtol(argv[++i], &e, 10);
+            if (*e || v < 1 || v > 256) {
+                fprintf(stderr, "clocher convert: --calib-threads %s: expected 1..256\n", argv[i]);
+                return CMD_EXIT_USAGE;
+            }
+            calib_threads = (unsigned)v;
+        } else if ((!strcmp(a, "--gate-kld") || !strcmp(a, "--gate-top1") ||
+                    !strcmp(a, "--gate-cos")) && i + 1 < argc) {
+            char *e;
+            double v = strtod(argv[++i], &e);
+            bool frac = strcmp(a, "--gate-kld") != 0;
+            if (*e || !(v >= 0) || (frac && v > 1) || isinf(v)) {
+                fprintf(stderr, "clocher convert: %s %s: expected a number %s\n", a, argv[i],
+                        frac ? "in [0, 1]" : ">= 0");
+                return CMD_EXIT_USAGE;
+            }
+            if (!strcmp(a, "--gate-kld"))
+                gate.max_kld = v;
+            else if (!strcmp(a, "--gate-top1"))
+                gate.min_top1 = v;
+            else
+                gate.min_cosine = v;
+            gated = true;
         } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
             o.tokenizer = argv[++i];
         } else if (!strcmp(a, "--from") && i + 1 < argc) {
@@ -87,12 +261,31 @@ int cmd_convert(int argc, char **argv)
         usage(stderr);
         return CMD_EXIT_USAGE;
     }
-    enum convert_fault fault;
-    int rc = convert_model(pos[0], pos[1], &o, &fault);
-    if (rc == 0)
-        return CMD_EXIT_OK;
-    /* the reason was logged where it was found */
-    if (rc == ERR_USAGE)
+    if (calib_ids && calib_text) {
+        fprintf(stderr, "clocher convert: give --calib-ids or --calib, not both\n");
         return CMD_EXIT_USAGE;
-    return fault == CONVERT_FAULT_OUTPUT ? CMD_EXIT_FAIL : CMD_EXIT_INPUT;
+    }
+    if ((gated || calib_report) && !calib_ids && !calib_text) {
+        fprintf(stderr, "clocher convert: --gate-* and --calib-report need calibration data "
+                        "(--calib-ids FILE or --calib FILE)\n");
+        return CMD_EXIT_USAGE;
+    }
+    struct quant_manifest *qm = NULL;
+    if (manifest_path) {
+        int rc = qm_load(manifest_path, &qm);
+        if (rc)
+            return rc == -ENOMEM ? CMD_EXIT_FAIL : CMD_EXIT_INPUT; /* logged by qm_load */
+        o.manifest = qm;
+    }
+    int code;
+    if (calib_ids || calib_text)
+        code = convert_calibrated(pos[0], pos[1], &o, calib_ids, calib_text, calib_report,
+                                  calib_threads, &gate);
+    else {
+        enum convert_fault fault;
+        int rc = convert_model(pos[0], pos[1], &o, &fault);
+        code = convert_exit(rc, fault);
+    }
+    qm_free(qm);
+    return code;
 }

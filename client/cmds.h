@@ -1,7 +1,8 @@
 /*
  * cmds.h — the `clocher` subcommands. Each takes the arguments after its own name
  * (argv[0] is the subcommand name) and returns the process exit code:
- * 0 ok, 1 failure, 2 usage error, 3 input model/file missing or invalid.
+ * 0 ok, 1 failure, 2 usage error, 3 input model/file missing or invalid, 4 a quality gate
+ * refused the result (`convert --gate-*`: nothing was written).
  */
 #ifndef CLOCHER_CLIENT_CMDS_H
 #define CLOCHER_CLIENT_CMDS_H
@@ -10,6 +11,7 @@
 #define CMD_EXIT_FAIL 1
 #define CMD_EXIT_USAGE 2
 #define CMD_EXIT_INPUT 3
+#define CMD_EXIT_QUALITY 4
 
 
 

@@ -274,6 +274,9 @@ static int walk(void *src, lookup_fn *lookup, const char *what, const struct ieb
         enum dtype to_ = is_norm(kind_) ? DT_F32 : (o->dtype_set ? o->dtype : st.dtype);         \
         if (o->embd_dtype_set && (!strcmp(kind_, "tok_embd") || !strcmp(kind_, "output")))     \
             to_ = o->embd_dtype;                                                                 \
+        enum dtype qm_;                                                                          \
+        if (o->manifest && !is_norm(kind_) && qm_match(o->manifest, name, &qm_) == 0)            \
+            to_ = qm_;                                                                           \
         to_ = fallback_dtype(name, to_, st.dtype, want_[(nd_) - 1]);                             \
         rc = emit(w, what, name, &st, want_, (nd_), to_, (perm_), hp->head_dim, pg);             \
         if (rc)                                                                                  \
@@ -881,7 +884,9 @@ static int convert_llama2c(const char *path, const char *out_dir, const struct c
     if (o->tokenizer && (rc = tokenizer_json(o->tokenizer, hp.vocab_size, &json, &len)) != 0)
         return rc;
     enum dtype dt = o->dtype_set ? o->dtype : DT_F32;
-    if (dt == DT_Q8_0 || dt == DT_Q4_0) {
+    /* block types, per-tensor dtypes and the embedding's own dtype go through the general
+     * walk: import as f32 first, then convert that IEBIN like any other source */
+    if (dt == DT_Q8_0 || dt == DT_Q4_0 || o->manifest || o->embd_dtype_set) {
         char tmp[4096];
         char *slash;
         snprintf(tmp, sizeof tmp, "%s", out_dir);
@@ -989,6 +994,11 @@ int convert_model(const char *src, const char *out_dir, const struct convert_opt
 {
     struct progress pg = {.on = o->progress, .fn = o->on_tensor, .arg = o->on_tensor_arg};
     int rc = run(src, out_dir, o, &pg);
+    /* a rule that matched nothing is almost always a typo in its pattern */
+    for (size_t i = 0; rc == 0 && i < qm_rule_count(o->manifest); i++)
+        if (qm_rule_hits(o->manifest, i) == 0)
+            LOG_WARN("quant manifest: rules[%zu] (pattern '%s') matched no tensor", i,
+                     qm_rule_pattern(o->manifest, i));
     if (fault)
         *fault = rc == 0 ? CONVERT_FAULT_NONE
                  : pg.out_failed ? CONVERT_FAULT_OUTPUT

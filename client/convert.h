@@ -12,6 +12,7 @@
 #define CLOCHER_CLIENT_CONVERT_H
 
 #include "dtype.h"
+#include "quant_manifest.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -24,6 +25,9 @@ struct convert_opts {
     enum dtype dtype;     /* f32, f16 or bf16 when dtype_set */
     bool embd_dtype_set;  /* tok_embd and output get embd_dtype instead of dtype */
     enum dtype embd_dtype;
+    /* per-tensor dtypes by name (quant_manifest.h); overrides dtype/embd_dtype for the tensors
+     * a rule matches; NULL = none. Counts its rules' matches. */
+    struct quant_manifest *manifest;
     const char *tokenizer; /* overrides the source's tokenizer; NULL: the source's own */
     bool progress;        /* in-place progress line on stderr */
     /* Called after each tensor is written (streaming imports: HF, GGUF, IEBIN); NULL = none.

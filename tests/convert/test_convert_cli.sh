@@ -121,5 +121,55 @@ cp -r "$tmp/ie-hf-f32" "$tmp/keep"
 expect 1 "No space left on device" env CLOCHER_FAULT_WRITE_LIMIT=100000 "$clocher" convert "$tmp/hf-f32" "$tmp/keep"
 "$ie" --model-dir "$tmp/keep" --prompt-ids 1,2,3 --max-new 1 --quiet >/dev/null 2>&1 && ok "old model still loads" || bad "old model damaged"
 
+# --- --quant-manifest and the calibration gate ---
+s260=$fixtures/stories260K/stories260K.bin
+awk 'BEGIN{for(i=0;i<300;i++) printf "%d ", (i*131+7)%512}' > "$tmp/calib.ids"
+printf 'Once upon a time, there was a little girl who liked to play in the park with her dog.\n' > "$tmp/calib.txt"
+cat > "$tmp/good.json" <<'J'
+{"version": 1, "rules": [{"pattern": "^(tok_embd|output)$", "dtype": "f32"},
+                         {"pattern": ".", "dtype": "f16"}]}
+J
+cat > "$tmp/bad.json" <<'J'
+{"version": 1, "rules": [{"pattern": ".", "dtype": "int4w", "group": 32}]}
+J
+# a good manifest passes a strict gate, writes its report and the model
+if "$clocher" convert "$s260" "$tmp/gated" --quant-manifest "$tmp/good.json" --calib-ids "$tmp/calib.ids" \
+     --gate-kld 0.001 --gate-top1 0.98 --gate-cos 0.999 --calib-report "$tmp/rep.json" 2>"$tmp/err"; then
+  ok "good manifest passes the gate"
+else bad "good manifest refused: $(cat "$tmp/err")"; fi
+grep -q '"passed": true' "$tmp/rep.json" && ok "report says passed" || bad "report: $(head -c 300 "$tmp/rep.json")"
+grep -q '"dtype": *"f16"' "$tmp/gated/model.ie.json" && ok "manifest dtypes stored" || bad "no f16 tensor in the gated model"
+# calibration text through the model's tokenizer works too
+"$clocher" convert "$tmp/hf-f32" "$tmp/gated-txt" --dtype int8 --calib "$tmp/calib.txt" \
+  --gate-cos 0.9 2>/dev/null && ok "--calib text" || bad "--calib text failed"
+expect 3 "carries no tokenizer" "$clocher" convert "$s260" "$tmp/x" --calib "$tmp/calib.txt" --gate-top1 0.5
+# a deliberately bad manifest: refused, exit 4, nothing written, no scratch left behind
+expect 4 "REFUSED, nothing written" "$clocher" convert "$s260" "$tmp/refused" --quant-manifest "$tmp/bad.json" \
+  --calib-ids "$tmp/calib.ids" --gate-kld 0.01 --gate-top1 0.95
+[ ! -e "$tmp/refused" ] && ok "refused: OUT_DIR absent" || bad "refused conversion left $tmp/refused"
+ls "$tmp" | grep -q 'calib-' && bad "scratch directories left: $(ls "$tmp" | grep calib-)" || ok "no scratch left"
+# ... and a refused re-conversion keeps the model that was there, byte for byte
+cp -r "$tmp/gated" "$tmp/gated.before"
+expect 4 "top-1 agreement" "$clocher" convert "$s260" "$tmp/gated" --quant-manifest "$tmp/bad.json" \
+  --calib-ids "$tmp/calib.ids" --gate-top1 0.95
+diff -r "$tmp/gated" "$tmp/gated.before" >/dev/null && ok "refused: previous model intact" || bad "previous model changed"
+# a passing re-conversion replaces it
+"$clocher" convert "$s260" "$tmp/gated" --dtype int8 --calib-ids "$tmp/calib.ids" --gate-top1 0.5 2>/dev/null \
+  && grep -q q8_0 "$tmp/gated/model.ie.json" && ok "passing re-conversion replaces the model" || bad "re-conversion"
+# bad manifests and flags name what is wrong
+printf '{"version": 1, "rules": [{"pattern": ".", "dtype": "int4w", "group": 64}]}' > "$tmp/g64.json"
+expect 3 "rules[0].group: int4w with groups of 64" "$clocher" convert "$s260" "$tmp/x" --quant-manifest "$tmp/g64.json"
+printf '{"version": 1, "rules": [{"pattern": "[", "dtype": "f16"}]}' > "$tmp/re.json"
+expect 3 "rules[0].pattern '['" "$clocher" convert "$s260" "$tmp/x" --quant-manifest "$tmp/re.json"
+expect 3 "not valid JSON" "$clocher" convert "$s260" "$tmp/x" --quant-manifest "$tmp/calib.txt"
+expect 3 "/nonexistent.json" "$clocher" convert "$s260" "$tmp/x" --quant-manifest /nonexistent.json
+expect 2 "need calibration data" "$clocher" convert "$s260" "$tmp/x" --gate-kld 0.1
+expect 2 "--gate-top1 1.5" "$clocher" convert "$s260" "$tmp/x" --calib-ids "$tmp/calib.ids" --gate-top1 1.5
+printf '1 2 three' > "$tmp/bad.ids"
+expect 3 "'three' is not a token id" "$clocher" convert "$s260" "$tmp/x" --calib-ids "$tmp/bad.ids" --gate-top1 0.5
+printf '1 2 600' > "$tmp/oov.ids"
+expect 3 "outside the vocabulary" "$clocher" convert "$s260" "$tmp/x" --calib-ids "$tmp/oov.ids" --gate-top1 0.5
+no_model "$tmp/x"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
