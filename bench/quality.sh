@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Quality of each weight dtype vs f32: KL divergence and top-1 agreement of the next-token
+# distributions, teacher-forced over >= 4k positions, measured by `clocher convert`'s
+# calibration run (client/calib.c; docs/CONVERT.md "Calibration gate"). Prints markdown.
+#  - stories260K (trained): the input is the model's own greedy text (f32), 9 stories of up to
+#    512 tokens from different first tokens, concatenated (~4.6k positions);
+#  - synthetic TinyLlama-1.1B (random weights, nearly flat logits): TINY_POSITIONS ids
+#    (default 4096) of random tokens; skipped with TINY_POSITIONS=0.
+# "kernels": auto = the dispatched SIMD path (int8/int4 quantize activations to Q8_0 blocks,
+# as llama.cpp does), ref = the scalar path (f32 activations: the weights' own error).
+# Usage: bash bench/quality.sh   (BUILD_DIR, CLOCHER_MODELS, CLOCHER_FIXTURES, THREADS)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-build/release}
+models=${CLOCHER_MODELS:-models}
+fixtures=${CLOCHER_FIXTURES:-../shared/fixtures}
+threads=${THREADS:-$(nproc)}
+tiny_positions=${TINY_POSITIONS:-4096}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j"$(nproc)" >/dev/null
+clocher=$build/client/clocher ie=$build/worker/inference-engine
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$models"
+
+row() { # NAME SRC DTYPE IDS [ISA]: ISA=ref keeps activations f32 (weight-only error)
+  env ${5:+CLOCHER_ISA=$5} "$clocher" convert "$2" "$tmp/q" --dtype "$3" --calib-ids "$4" --calib-threads "$threads" \
+    --calib-report "$tmp/rep.json" 2>/dev/null
+  /usr/bin/python3 - "$1" "$3" "$tmp/rep.json" "${5:-auto}" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[3]))
+print(f"| {sys.argv[1]} | {sys.argv[2]} | {sys.argv[4]} | {r['positions']} | {r['kld_mean']:.6f} | {r['kld_max']:.4f} | {100*r['top1']:.2f}% | {r['cosine_min']:.6f} |")
+PY
+  rm -rf "$tmp/q"
+}
+
+echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, commit $(git rev-parse --short HEAD)"
+echo
+echo "| model | dtype | kernels | positions | KLD mean (nats) | KLD max | top-1 agreement | lowest tensor cosine |"
+echo "|---|---|---|---|---|---|---|---|"
+
+s260=$fixtures/stories260K/stories260K.bin
+"$clocher" convert "$s260" "$tmp/s260-f32" --dtype f32 2>/dev/null
+: >"$tmp/s260.ids"
+for first in 1 100 200 300 350 400 420 450 500; do
+  "$ie" --model-dir "$tmp/s260-f32" --prompt-ids "1,$first" --max-new 510 --greedy --ignore-eos \
+    --print-ids --quiet --threads 1 |
+    /usr/bin/python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(" ".join(map(str, [1, int(sys.argv[1])] + j["generated_ids"])))' "$first" >>"$tmp/s260.ids"
+done
+for dt in bf16 f16 int8 int4; do row stories260K "$s260" "$dt" "$tmp/s260.ids"; done
+for dt in int8 int4; do row stories260K "$s260" "$dt" "$tmp/s260.ids" ref; done
+
+if [ "$tiny_positions" -gt 0 ]; then
+  hf=$models/tinyllama-1.1b-hf
+  [ -f "$hf/config.json" ] || "$clocher" synth --preset tinyllama-1.1b --seed 1 "$hf" >/dev/null
+  awk -v n="$tiny_positions" 'BEGIN{srand(7); printf "1"; for(i=1;i<n;i++) printf " %d", 3+int(rand()*31990); print ""}' >"$tmp/tiny.ids"
+  for dt in bf16 int8 int4; do row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids"; done
+  for dt in int8 int4; do row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids" ref; done
+fi
