@@ -447,6 +447,11 @@ fail:
     return rc;
 }
 
+void engine_set_progress(struct engine *e, engine_progress_fn *fn, void *ud)
+{
+    engine__fwd_set_progress(e->fwd, fn, ud);
+}
+
 void engine_destroy(struct engine *e)
 {
     if (!e)

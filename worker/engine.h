@@ -100,6 +100,16 @@ int engine_submit(struct engine *e, const struct engine_request *req, uint64_t *
 int engine_step(struct engine *e, size_t *active);
 int engine_cancel(struct engine *e, uint64_t id);
 int engine_load_adapter(struct engine *e, const char *name, const char *dir);
+
+/*
+ * Installs (fn != NULL) or removes a progress callback, called by the thread inside
+ * engine_step() before each layer of the forward pass (so at least every 1/n_layers of a
+ * step). It is where a serving loop keeps its liveness signals fresh while one long step
+ * (a big prefill chunk on a loaded machine) runs: progress per layer still proves the worker
+ * is not hung, which a timer thread would not. fn must be quick and must not call the engine.
+ */
+typedef void engine_progress_fn(void *ud);
+void engine_set_progress(struct engine *e, engine_progress_fn *fn, void *ud);
 int engine_unload_adapter(struct engine *e, const char *name);
 
 struct engine_metrics {

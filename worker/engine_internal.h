@@ -39,6 +39,8 @@ struct engine__fwd;
 int engine__fwd_create(const struct model *m, struct pool *pool, uint32_t max_tok,
                        uint32_t max_seqs, struct engine__fwd **out);
 void engine__fwd_destroy(struct engine__fwd *f);
+/* engine_set_progress(): fn(ud) before each layer of engine__fwd_run; NULL = none. */
+void engine__fwd_set_progress(struct engine__fwd *f, void (*fn)(void *), void *ud);
 
 /*
  * Runs tokens[0..n_tok) (sequence i owns rows [seqs[i].t0, seqs[i].t0 + seqs[i].n), in order,

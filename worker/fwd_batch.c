@@ -36,6 +36,8 @@
 struct engine__fwd {
     const struct model *m;
     struct pool *pool;
+    void (*progress)(void *); /* before each layer (engine_set_progress) */
+    void *progress_ud;
     uint32_t max_tok, max_seqs;
 
     float *x;        /* [T][dim]      residual stream */
@@ -235,6 +237,12 @@ static int build_lora_plan(struct engine__fwd *f, const struct engine__bseq *seq
     return 0;
 }
 
+void engine__fwd_set_progress(struct engine__fwd *f, void (*fn)(void *), void *ud)
+{
+    f->progress = fn;
+    f->progress_ud = ud;
+}
+
 int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
                     const struct engine__bseq *seqs, size_t n_seqs, const float **logits)
 {
@@ -262,6 +270,8 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
 
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
+        if (f->progress)
+            f->progress(f->progress_ud);
 
         for (size_t t = 0; t < n_tok; t++)
             rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);

@@ -192,6 +192,10 @@ static void beat(struct serve *s)
     }
 }
 
+/* engine_set_progress: a long step (a 512-token prefill chunk of a 1B model on a loaded
+ * machine can take many seconds) keeps both heartbeats fresh layer by layer. */
+static void beat_from_step(void *ud) { beat(ud); }
+
 /* Sends one event record, waiting for room in slices. A failure is fatal to the loop. */
 static int send_event(struct serve *s, const struct shm_msg *m)
 {
@@ -681,6 +685,7 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
         LOG_ERR("model %s: the engine cannot start: %s", o->model_dir, log_last_error());
         goto fail;
     }
+    engine_set_progress(s->e, beat_from_step, s);
     for (size_t i = 0; i < o->n_adapters; i++) {
         log_clear_error();
         if ((rc = engine_load_adapter(s->e, o->adapter_names[i], o->adapter_dirs[i])) < 0) {

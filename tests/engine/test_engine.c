@@ -352,6 +352,35 @@ static void test_generate(void **state)
     engine_destroy(e);
 }
 
+
+/* engine_set_progress: called once per layer of every forward pass of a step (the worker's
+ * heartbeat during long steps), and never again once removed. */
+static void count_progress(void *ud) { ++*(size_t *)ud; }
+
+static void test_progress_per_layer(void **state)
+{
+    (void)state;
+    struct engine *e = make_engine(0, 0, 0, 0, false, NULL);
+    size_t calls = 0;
+    engine_set_progress(e, count_progress, &calls);
+    const struct golden_case *gc = &g_gold.cases[0];
+    struct engine_request r = greedy_req(gc->prompt, gc->n_prompt, 5, 0, NULL);
+    int32_t *ids;
+    size_t n;
+    struct engine_event fin;
+    assert_int_equal(engine_generate(e, &r, &ids, &n, &fin), 0);
+    free(ids);
+    /* one pass for the prompt (one chunk) and one per further token: 5 passes */
+    size_t layers = 5; /* stories260K */
+    assert_int_equal(calls, 5 * layers);
+    engine_set_progress(e, NULL, NULL);
+    r = greedy_req(gc->prompt, gc->n_prompt, 3, 0, NULL);
+    assert_int_equal(engine_generate(e, &r, &ids, &n, &fin), 0);
+    free(ids);
+    assert_int_equal(calls, 5 * layers);
+    engine_destroy(e);
+}
+
 /* ---- 2. prefix reuse ------------------------------------------------------------------------ */
 
 static void test_prefix_reuse(void **state)
@@ -846,6 +875,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_generate),
+        cmocka_unit_test(test_progress_per_layer),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_pool_exhaustion),
         cmocka_unit_test(test_cancel_mid_prefill),
