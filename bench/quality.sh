@@ -5,7 +5,8 @@
 #  - stories260K (trained): the input is the model's own greedy text (f32), 9 stories of up to
 #    512 tokens from different first tokens, concatenated (~4.6k positions);
 #  - synthetic TinyLlama-1.1B (random weights, nearly flat logits): TINY_POSITIONS ids
-#    (default 4096) of random tokens; skipped with TINY_POSITIONS=0.
+#    (default 4096) of random tokens; skipped with TINY_POSITIONS=0 (scalar-path rows only
+#    with TINY_REF=1: slow).
 # "kernels": auto = the dispatched SIMD path (int8/int4 quantize activations to Q8_0 blocks,
 # as llama.cpp does), ref = the scalar path (f32 activations: the weights' own error).
 # Usage: bash bench/quality.sh   (BUILD_DIR, CLOCHER_MODELS, CLOCHER_FIXTURES, THREADS)
@@ -55,5 +56,8 @@ if [ "$tiny_positions" -gt 0 ]; then
   [ -f "$hf/config.json" ] || "$clocher" synth --preset tinyllama-1.1b --seed 1 "$hf" >/dev/null
   awk -v n="$tiny_positions" 'BEGIN{srand(7); printf "1"; for(i=1;i<n;i++) printf " %d", 3+int(rand()*31990); print ""}' >"$tmp/tiny.ids"
   for dt in bf16 int8 int4; do row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids"; done
-  for dt in int8 int4; do row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids" ref; done
+  # the scalar path on a 1.1B model takes tens of minutes per row: only on request
+  if [ "${TINY_REF:-0}" = 1 ]; then
+    for dt in int8 int4; do row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids" ref; done
+  fi
 fi
