@@ -64,6 +64,7 @@ enum workers_phase {
 };
 
 struct shm_region; /* shm/region.h */
+struct stats;      /* stats.h */
 
 /* One generation's region, reference-counted (see NOTES). */
 struct workers_region {
@@ -126,6 +127,9 @@ struct workers {
     _Atomic int phase;            /* enum workers_phase, written by the supervisor */
     const struct workers_hooks *hooks; /* set by gw_create before the loop runs; may be NULL */
     void *hooks_ud;
+    /* Counters the gateway records and the metrics endpoint renders (daemon/stats.h): made
+     * here so both reach them as w->stats; any thread (stats.h has its own rules). */
+    struct stats *stats;
 };
 
 struct topo_plan;

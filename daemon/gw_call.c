@@ -1,0 +1,1090 @@
+/*
+ * gw_call.c — one state machine per gRPC call of the gateway: arrival (authentication, the
+ * request unpacked and checked), the worker requests it is made of (items), the messages it
+ * streams back, its end (one status), and a client that goes away first (CANCEL to the
+ * worker). Threads and locks: gw_internal.h.
+ *
+ * NOTES
+ *  - pump() is the only place that starts a send. It runs with the call's mutex held and
+ *    starts at most one batch at a time (gRPC allows one SEND_MESSAGE in flight per call);
+ *    whatever arrives meanwhile (tokens) is coalesced into the next message, so a slow client
+ *    gets fewer, larger messages instead of an unbounded queue.
+ *  - The last message and the status go in one batch; so do a failed Generate's pending
+ *    tokens and its error status.
+ *  - A call's status is recorded in the statistics exactly once: when it is sent, or when the
+ *    client is found gone (CANCELLED, or DEADLINE_EXCEEDED once its deadline has passed).
+ */
+#include "auth.h"
+#include "err.h"
+#include "gw_internal.h"
+#include "gw_req.h"
+#include "log.h"
+#include "stats.h"
+
+#include <errno.h>
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/slice.h>
+#include <grpc/support/time.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "clocher/v1/inference.pb-c.h"
+#include "grpc/health/v1/health.pb-c.h"
+
+#define GW_MAX_BATCH 1024u /* prompts in one BatchGenerate */
+
+static const char *const method_names[GW_METHODS + 1] = {
+    [GW_GENERATE] = "Generate",         [GW_BATCH_GENERATE] = "BatchGenerate",
+    [GW_TOKENIZE] = "Tokenize",         [GW_DETOKENIZE] = "Detokenize",
+    [GW_LIST_MODELS] = "ListModels",    [GW_LIST_ADAPTERS] = "ListAdapters",
+    [GW_LOAD_ADAPTER] = "LoadAdapter",  [GW_UNLOAD_ADAPTER] = "UnloadAdapter",
+    [GW_GET_METRICS] = "GetMetrics",    [GW_HEALTH_CHECK] = "Health.Check",
+    [GW_HEALTH_WATCH] = "Health.Watch", [GW_UNKNOWN] = "unknown",
+};
+
+static void on_close(struct gw_tag *t, bool ok);
+static void on_sent(struct gw_tag *t, bool ok);
+static void pump(struct gw_call *c);
+
+static void on_new(struct gw_tag *t, bool ok) { gw__call_arrived(t->obj, ok); }
+
+/* ---- lifetime ---- */
+
+struct gw_call *gw__call_new(struct gw *g, enum gw_method m)
+{
+    struct gw_call *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->magic = GW_CALL_MAGIC;
+    c->g = g;
+    c->method = m;
+    atomic_init(&c->refs, 1); /* the arrival's */
+    pthread_mutex_init(&c->mu, NULL);
+    grpc_metadata_array_init(&c->md);
+    grpc_call_details_init(&c->details);
+    c->t_new = (struct gw_tag){.fn = NULL, .obj = c};
+    c->t_close = (struct gw_tag){.fn = on_close, .obj = c};
+    c->t_send = (struct gw_tag){.fn = on_sent, .obj = c};
+    c->health = -1;
+    c->t_new.fn = on_new;
+    return c;
+}
+
+void gw__call_ref(struct gw_call *c) { atomic_fetch_add(&c->refs, 1); }
+
+static void item_free(struct gw_item *it)
+{
+    free(it->ids), free(it->text), free(it->error), free(it->ans_ids), free(it->ans_text);
+}
+
+void gw__call_unref(struct gw_call *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    if (c->call)
+        grpc_call_unref(c->call);
+    grpc_metadata_array_destroy(&c->md);
+    grpc_call_details_destroy(&c->details);
+    if (c->payload)
+        grpc_byte_buffer_destroy(c->payload);
+    if (c->out)
+        grpc_byte_buffer_destroy(c->out);
+    if (c->answer)
+        grpc_byte_buffer_destroy(c->answer);
+    if (c->has_status_slice)
+        grpc_slice_unref(c->status_slice);
+    for (size_t i = 0; i < c->n_items; i++)
+        item_free(&c->items[i]);
+    free(c->items);
+    if (c->req)
+        protobuf_c_message_free_unpacked(c->req, NULL);
+    config_unref(c->cfg);
+    pthread_mutex_destroy(&c->mu);
+    c->magic = 0;
+    free(c);
+}
+
+/* ---- messages ---- */
+
+static grpc_byte_buffer *pack(const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    grpc_slice sl = grpc_slice_malloc(n);
+    protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(sl));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    return bb;
+}
+
+static void *unpack(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb)
+{
+    if (!bb)
+        return NULL;
+    grpc_byte_buffer_reader r;
+    if (!grpc_byte_buffer_reader_init(&r, bb))
+        return NULL;
+    grpc_slice sl = grpc_byte_buffer_reader_readall(&r);
+    grpc_byte_buffer_reader_destroy(&r);
+    void *m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(sl), GRPC_SLICE_START_PTR(sl));
+    grpc_slice_unref(sl);
+    return m;
+}
+
+/* Appends bytes to a NUL-terminated buffer, dropping NULs (protobuf-c strings are C strings;
+ * a U+0000 in model output is not worth a truncated reply). */
+static int append_text(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap : 64;
+        while (nc < *len + n + 1)
+            nc *= 2;
+        char *p = realloc(*buf, nc);
+        if (!p)
+            return -ENOMEM;
+        *buf = p, *cap = nc;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (s[i])
+            (*buf)[(*len)++] = s[i];
+    (*buf)[*len] = '\0';
+    return 0;
+}
+
+static int append_id(struct gw_item *it, int32_t id)
+{
+    if (it->n_ids == it->cap_ids) {
+        size_t nc = it->cap_ids ? 2 * it->cap_ids : 16;
+        int32_t *p = realloc(it->ids, nc * sizeof *p);
+        if (!p)
+            return -ENOMEM;
+        it->ids = p, it->cap_ids = nc;
+    }
+    it->ids[it->n_ids++] = id;
+    return 0;
+}
+
+/* ---- the end of a call ---- */
+
+static void end_stream(struct gw_call *c)
+{
+    if (!c->stream_slot)
+        return;
+    c->stream_slot = false;
+    auth_streams_release(&c->g->streams, c->tenant);
+    atomic_fetch_sub(&c->g->active_streams, 1);
+    if (c->g->stats)
+        stats_active_streams_add(c->g->stats, c->tenant, -1);
+}
+
+static void record(struct gw_call *c, int status)
+{
+    if (c->counted)
+        return;
+    c->counted = true;
+    if (c->g->stats)
+        stats_request(c->g->stats, c->tenant, method_names[c->method], status);
+}
+
+static void item_fail(struct gw_call *c, struct gw_item *it, int status, const char *msg)
+{
+    if (it->done)
+        return;
+    it->done = true;
+    it->status = status ? status : GRPC_STATUS_INTERNAL;
+    free(it->error);
+    it->error = strdup(msg && *msg ? msg : "failed");
+    c->n_open--;
+}
+
+/* Ends the call with a status of its own (mu held): every item still open fails with it. */
+static void fail_call(struct gw_call *c, int status, const char *fmt, ...)
+{
+    if (c->status)
+        return;
+    c->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->status_msg, sizeof c->status_msg, fmt, ap);
+    va_end(ap);
+    for (size_t i = 0; i < c->n_items; i++)
+        item_fail(c, &c->items[i], status, c->status_msg);
+}
+
+/* fail_call + pump, for code not holding mu */
+static void end_call(struct gw_call *c, int status, const char *fmt, ...)
+{
+    char msg[sizeof c->status_msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->mu);
+    fail_call(c, status, "%s", msg);
+    pump(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- what to send next ---- */
+
+static void fill_response(const struct gw_item *it, bool final, Clocher__V1__GenerateResponse *r,
+                          Clocher__V1__Usage *u, Clocher__V1__Timings *t)
+{
+    r->n_token_ids = it->n_ids;
+    r->token_ids = it->ids;
+    r->text = it->text_len ? it->text : NULL;
+    if (!final || !it->finished)
+        return;
+    static const Clocher__V1__FinishReason reasons[] = {
+        [SHM_FINISH_EOS] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_EOS,
+        [SHM_FINISH_LENGTH] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_LENGTH,
+        [SHM_FINISH_STOP] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_STOP,
+        [SHM_FINISH_CONTEXT] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_CONTEXT,
+    };
+    unsigned why = it->fin.reason;
+    r->has_finish_reason = 1;
+    r->finish_reason = why < sizeof reasons / sizeof reasons[0] ? reasons[why] : 0;
+    u->has_prompt_tokens = u->has_completion_tokens = u->has_cached_prompt_tokens = 1;
+    u->prompt_tokens = it->fin.prompt_tokens;
+    u->completion_tokens = it->fin.completion_tokens;
+    u->cached_prompt_tokens = it->fin.cached_tokens;
+    t->has_queue_ms = t->has_ttft_ms = t->has_tpot_ms = t->has_e2e_ms = 1;
+    t->queue_ms = (double)it->fin.queue_ns / 1e6;
+    t->ttft_ms = (double)it->fin.ttft_ns / 1e6;
+    t->tpot_ms = (double)it->fin.tpot_ns / 1e6;
+    t->e2e_ms = (double)it->fin.e2e_ns / 1e6;
+    r->usage = u;
+    r->timings = t;
+}
+
+static void consume_pending(struct gw_item *it)
+{
+    it->sent_tokens += it->n_ids;
+    it->n_ids = 0;
+    it->text_len = 0;
+    if (it->text)
+        it->text[0] = '\0';
+}
+
+/* Generate: the next message; *end when the call ends with it (status in *st, *detail). */
+static grpc_byte_buffer *next_generate(struct gw_call *c, bool *end, int *st, const char **detail)
+{
+    struct gw_item *it = &c->items[0];
+    bool pending = it->n_ids || it->text_len;
+    bool final = it->done && !it->status;
+    grpc_byte_buffer *bb = NULL;
+    if (pending || final) {
+        Clocher__V1__GenerateResponse r = CLOCHER__V1__GENERATE_RESPONSE__INIT;
+        Clocher__V1__Usage u = CLOCHER__V1__USAGE__INIT;
+        Clocher__V1__Timings t = CLOCHER__V1__TIMINGS__INIT;
+        fill_response(it, final, &r, &u, &t);
+        bb = pack(&r.base);
+        consume_pending(it);
+    }
+    if (it->done) {
+        it->final_sent = true;
+        *end = true;
+        *st = it->status;
+        *detail = it->status ? it->error : "";
+    }
+    return bb;
+}
+
+static grpc_byte_buffer *next_batch(struct gw_call *c, bool *end)
+{
+    grpc_byte_buffer *bb = NULL;
+    for (size_t k = 0; k < c->n_items && !bb; k++) {
+        size_t i = (c->rr + k) % c->n_items;
+        struct gw_item *it = &c->items[i];
+        if (it->final_sent || (!it->done && !it->n_ids && !it->text_len))
+            continue;
+        Clocher__V1__BatchGenerateResponse br = CLOCHER__V1__BATCH_GENERATE_RESPONSE__INIT;
+        Clocher__V1__GenerateResponse r = CLOCHER__V1__GENERATE_RESPONSE__INIT;
+        Clocher__V1__Usage u = CLOCHER__V1__USAGE__INIT;
+        Clocher__V1__Timings t = CLOCHER__V1__TIMINGS__INIT;
+        br.has_index = 1;
+        br.index = it->index;
+        fill_response(it, it->done && !it->status, &r, &u, &t);
+        br.response = &r;
+        if (it->done && it->status) {
+            br.has_error_code = 1;
+            br.error_code = it->status;
+            br.error_message = it->error;
+        }
+        bb = pack(&br.base);
+        consume_pending(it);
+        if (it->done)
+            it->final_sent = true;
+        c->rr = i + 1;
+    }
+    *end = true;
+    for (size_t i = 0; i < c->n_items; i++)
+        if (!c->items[i].final_sent)
+            *end = false;
+    return bb;
+}
+
+static void adapter_info(const struct gw_item *it, const char *name, Clocher__V1__AdapterInfo *a,
+                         char **mods)
+{
+    static const char *const names[] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                        "gate_proj", "up_proj", "down_proj"};
+    a->name = (char *)name;
+    a->has_rank = a->has_alpha = a->has_active_requests = 1;
+    a->rank = it->ans_adapter.rank;
+    a->alpha = it->ans_adapter.alpha;
+    a->active_requests = it->ans_adapter.active_requests;
+    a->n_target_modules = 0;
+    for (unsigned t = 0; t < 7; t++)
+        if (it->ans_adapter.targets & (1u << t))
+            mods[a->n_target_modules++] = (char *)names[t];
+    a->target_modules = mods;
+}
+
+/* A unary call whose items are all done: its answer, or the status of its first failure. */
+static grpc_byte_buffer *unary_answer(struct gw_call *c, int *st, const char **detail)
+{
+    for (size_t i = 0; i < c->n_items; i++)
+        if (c->items[i].status) {
+            *st = c->items[i].status;
+            *detail = c->items[i].error;
+            return NULL;
+        }
+    if (c->answer) {
+        grpc_byte_buffer *bb = c->answer;
+        c->answer = NULL;
+        return bb;
+    }
+    struct gw_item *it = c->n_items ? &c->items[0] : NULL;
+    switch (c->method) {
+    case GW_TOKENIZE: {
+        Clocher__V1__TokenizeResponse r = CLOCHER__V1__TOKENIZE_RESPONSE__INIT;
+        r.n_ids = it->n_ans;
+        r.ids = it->ans_ids;
+        return pack(&r.base);
+    }
+    case GW_DETOKENIZE: {
+        Clocher__V1__DetokenizeResponse r = CLOCHER__V1__DETOKENIZE_RESPONSE__INIT;
+        r.text = it->ans_text ? it->ans_text : "";
+        return pack(&r.base);
+    }
+    case GW_LOAD_ADAPTER: {
+        const Clocher__V1__LoadAdapterRequest *q = c->req;
+        struct gw_item *best = it;
+        for (size_t i = 0; i < c->n_items; i++)
+            if (c->items[i].has_adapter)
+                best = &c->items[i];
+        gw__adapter_add(c->g, q->name, q->path, best->has_adapter ? &best->ans_adapter : NULL);
+        LOG_INFO("adapter %s loaded from %s by tenant \"%s\" on %zu workers", q->name, q->path,
+                 c->tenant, c->n_items);
+        Clocher__V1__LoadAdapterResponse r = CLOCHER__V1__LOAD_ADAPTER_RESPONSE__INIT;
+        Clocher__V1__AdapterInfo a = CLOCHER__V1__ADAPTER_INFO__INIT;
+        char *mods[7];
+        adapter_info(best, q->name, &a, mods);
+        r.adapter = &a;
+        return pack(&r.base);
+    }
+    case GW_UNLOAD_ADAPTER: {
+        const Clocher__V1__UnloadAdapterRequest *q = c->req;
+        gw__adapter_remove(c->g, q->name);
+        LOG_INFO("adapter %s unloaded by tenant \"%s\"", q->name, c->tenant);
+        Clocher__V1__UnloadAdapterResponse r = CLOCHER__V1__UNLOAD_ADAPTER_RESPONSE__INIT;
+        return pack(&r.base);
+    }
+    default: *st = GRPC_STATUS_INTERNAL, *detail = "no answer was made"; return NULL;
+    }
+}
+
+static grpc_byte_buffer *health_message(int status)
+{
+    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    r.status = status;
+    return pack(&r.base);
+}
+
+/* Starts the next batch if one is due (mu held). */
+static void pump(struct gw_call *c)
+{
+    if (c->sending || c->status_sent || c->closed || !c->call)
+        return;
+    grpc_byte_buffer *msg = NULL;
+    bool end = false;
+    int st = 0;
+    const char *detail = "";
+    if (c->status) {
+        /* only refusals before anything reached a worker set the call's own status */
+        end = true, st = c->status, detail = c->status_msg;
+    } else {
+        switch (c->method) {
+        case GW_GENERATE: msg = next_generate(c, &end, &st, &detail); break;
+        case GW_BATCH_GENERATE:
+            msg = next_batch(c, &end);
+            break;
+        case GW_HEALTH_WATCH:
+            if (c->health_now != c->health) {
+                c->health = c->health_now;
+                msg = health_message(c->health);
+            }
+            break;
+        default:
+            if (c->n_open == 0) {
+                msg = unary_answer(c, &st, &detail);
+                end = true;
+            }
+        }
+    }
+    if (!msg && !end)
+        return;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!c->md_sent) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->md_sent = true;
+    }
+    if (msg) {
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = msg;
+        c->out = msg;
+    }
+    if (end) {
+        if (c->has_status_slice)
+            grpc_slice_unref(c->status_slice);
+        c->status_slice = grpc_slice_from_copied_string(detail ? detail : "");
+        c->has_status_slice = true;
+        ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+        ops[n].data.send_status_from_server.status = (grpc_status_code)st;
+        ops[n++].data.send_status_from_server.status_details = st ? &c->status_slice : NULL;
+        c->status_sent = true;
+        record(c, st);
+        end_stream(c);
+    }
+    c->sending = true;
+    gw__call_ref(c);
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL);
+    if (e != GRPC_CALL_OK) {
+        LOG_ERR("gateway: %s call: starting a send: gRPC error %d", method_names[c->method],
+                (int)e);
+        c->sending = false;
+        if (c->out)
+            grpc_byte_buffer_destroy(c->out);
+        c->out = NULL;
+        atomic_fetch_sub(&c->refs, 1); /* not the last: the caller holds one */
+    }
+}
+
+static void on_sent(struct gw_tag *t, bool ok)
+{
+    struct gw_call *c = t->obj;
+    pthread_mutex_lock(&c->mu);
+    c->sending = false;
+    if (c->out)
+        grpc_byte_buffer_destroy(c->out);
+    c->out = NULL;
+    if (ok)
+        pump(c);
+    pthread_mutex_unlock(&c->mu);
+    gw__call_unref(c);
+}
+
+/* The client is gone (or the call ended normally): cancel what the workers still run. */
+static void on_close(struct gw_tag *t, bool ok)
+{
+    (void)ok;
+    struct gw_call *c = t->obj;
+    struct gw *g = c->g;
+    size_t n_cancel = 0;
+    pthread_mutex_lock(&c->mu);
+    if (c->close_cancelled && !c->status_sent && !c->closed) {
+        c->closed = true;
+        bool late = gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) != 0 &&
+                    gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
+        record(c, late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED);
+        end_stream(c);
+        for (size_t i = 0; i < c->n_items; i++)
+            if (!c->items[i].done) {
+                item_fail(c, &c->items[i], GRPC_STATUS_CANCELLED, "the client went away");
+                n_cancel++;
+            }
+    }
+    bool closed = c->closed;
+    pthread_mutex_unlock(&c->mu);
+    if (closed)
+        for (size_t i = 0; i < c->n_items && n_cancel; i++)
+            gw__cancel_item(g, c, i);
+    if (c->method == GW_HEALTH_WATCH) {
+        pthread_mutex_lock(&g->adapters_mu);
+        for (size_t i = 0; i < g->n_watch; i++)
+            if (g->watch[i] == c) {
+                g->watch[i] = g->watch[--g->n_watch];
+                gw__call_unref(c); /* the list's */
+                break;
+            }
+        pthread_mutex_unlock(&g->adapters_mu);
+    }
+    gw__call_unref(c);
+}
+
+/* ---- events from workers ---- */
+
+void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
+{
+    struct gw *g = c->g;
+    pthread_mutex_lock(&c->mu);
+    struct gw_item *it = &c->items[item];
+    if (c->closed || it->done) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    switch (m->type) {
+    case SHM_MSG_TOKEN:
+        if ((m->token.token >= 0 && append_id(it, m->token.token) < 0) ||
+            append_text(&it->text, &it->text_len, &it->text_cap, m->token.text,
+                        m->token.text_len) < 0)
+            item_fail(c, it, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+        break;
+    case SHM_MSG_FINISH: {
+        it->finished = true;
+        it->fin = m->finish;
+        it->done = true;
+        c->n_open--;
+        uint64_t sent = it->sent_tokens + it->n_ids;
+        char why[160];
+        if (m->finish.reason == SHM_FINISH_CANCELLED) {
+            snprintf(why, sizeof why, "cancelled after %" PRIu64 " tokens", sent);
+            it->status = GRPC_STATUS_CANCELLED;
+            it->error = strdup(why);
+        } else if (m->finish.reason == SHM_FINISH_DEADLINE) {
+            snprintf(why, sizeof why, "the deadline passed after %" PRIu64 " tokens", sent);
+            it->status = GRPC_STATUS_DEADLINE_EXCEEDED;
+            it->error = strdup(why);
+        }
+        if (g->stats)
+            stats_generation(g->stats, c->tenant, m->finish.prompt_tokens,
+                             m->finish.completion_tokens, m->finish.cached_tokens,
+                             m->finish.ttft_ns, m->finish.tpot_ns, m->finish.e2e_ns);
+        break;
+    }
+    case SHM_MSG_ERROR:
+        item_fail(c, it, gw_req_status_of_error(m->error.code), m->error.message);
+        break;
+    case SHM_MSG_TOKENS:
+        it->ans_ids = malloc((m->ids.n_ids ? m->ids.n_ids : 1) * sizeof *it->ans_ids);
+        if (!it->ans_ids) {
+            item_fail(c, it, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+            break;
+        }
+        memcpy(it->ans_ids, m->ids.ids, m->ids.n_ids * sizeof *it->ans_ids);
+        it->n_ans = m->ids.n_ids;
+        it->done = true, c->n_open--;
+        break;
+    case SHM_MSG_TEXT: {
+        size_t len = 0, cap = 0;
+        if (append_text(&it->ans_text, &len, &cap, m->text.text, m->text.text_len) < 0) {
+            item_fail(c, it, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+            break;
+        }
+        it->done = true, c->n_open--;
+        break;
+    }
+    case SHM_MSG_ADAPTER:
+        it->ans_adapter = m->adapter;
+        it->ans_adapter.name = NULL; /* a view into the reader's buffer */
+        it->has_adapter = true;
+        it->done = true, c->n_open--;
+        break;
+    case SHM_MSG_DONE: it->done = true, c->n_open--; break;
+    default: break;
+    }
+    pump(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void gw__call_fail_item(struct gw_call *c, size_t item, int status, const char *msg)
+{
+    pthread_mutex_lock(&c->mu);
+    struct gw_item *it = &c->items[item];
+    if (!it->done) {
+        char full[600];
+        uint64_t sent = it->sent_tokens + it->n_ids;
+        if (c->method == GW_GENERATE || c->method == GW_BATCH_GENERATE)
+            snprintf(full, sizeof full, "%s; %" PRIu64 " tokens had been generated", msg, sent);
+        else
+            snprintf(full, sizeof full, "%s", msg);
+        item_fail(c, it, status, full);
+        pump(c);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void gw__health_changed(struct gw *g)
+{
+    int h = gw__health(g);
+    pthread_mutex_lock(&g->adapters_mu);
+    size_t n = g->n_watch;
+    struct gw_call **list = n ? malloc(n * sizeof *list) : NULL;
+    for (size_t i = 0; list && i < n; i++) {
+        list[i] = g->watch[i];
+        gw__call_ref(list[i]);
+    }
+    pthread_mutex_unlock(&g->adapters_mu);
+    for (size_t i = 0; list && i < n; i++) {
+        pthread_mutex_lock(&list[i]->mu);
+        list[i]->health_now = h;
+        pump(list[i]);
+        pthread_mutex_unlock(&list[i]->mu);
+        gw__call_unref(list[i]);
+    }
+    free(list);
+}
+
+/* ---- arrival ---- */
+
+static uint64_t deadline_ns(const struct gw_call *c)
+{
+    if (gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) == 0 ||
+        c->deadline.clock_type == GPR_TIMESPAN)
+        return 0;
+    gpr_timespec left = gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type));
+    int64_t ns = (int64_t)left.tv_sec * 1000000000ll + left.tv_nsec;
+    return gw__now_ns() + (uint64_t)(ns > 0 ? ns : 1);
+}
+
+static int items_alloc(struct gw_call *c, size_t n)
+{
+    if (n && !(c->items = calloc(n, sizeof *c->items)))
+        return -ENOMEM;
+    c->n_items = c->n_open = n;
+    for (size_t i = 0; i < n; i++) {
+        c->items[i].slot = -1;
+        c->items[i].index = (unsigned)i;
+    }
+    return 0;
+}
+
+/* After the submits: a client gone meanwhile leaves nothing running. */
+static void after_submit(struct gw_call *c)
+{
+    pthread_mutex_lock(&c->mu);
+    bool closed = c->closed;
+    pthread_mutex_unlock(&c->mu);
+    if (closed)
+        for (size_t i = 0; i < c->n_items; i++)
+            gw__cancel_item(c->g, c, i);
+}
+
+static int begin_stream(struct gw_call *c)
+{
+    uint32_t limit = c->tcfg ? c->tcfg->max_concurrent_streams : 0;
+    if (auth_streams_acquire(&c->g->streams, c->tenant, limit) < 0) {
+        end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                 "tenant %s already has %" PRIu32 " streams open, its limit "
+                 "(tenants[].max_concurrent_streams)", c->tenant, limit);
+        return -1;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->stream_slot = true;
+    pthread_mutex_unlock(&c->mu);
+    atomic_fetch_add(&c->g->active_streams, 1);
+    if (c->g->stats)
+        stats_active_streams_add(c->g->stats, c->tenant, 1);
+    return 0;
+}
+
+static void ctx_init(struct gw_call *c, struct gw_req_ctx *ctx, struct gw_model_info *mi)
+{
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed)
+        seed = gw__now_ns() ^ atomic_load(&c->g->next_id);
+    *ctx = (struct gw_req_ctx){.cfg = c->cfg, .tenant = c->tcfg,
+                               .tenant_id = auth_tenant_id(c->tenant),
+                               .model_name = gw__model(c->g, mi) ? mi->name : NULL,
+                               .adapter_known = gw__adapter_known, .ud = c->g, .seed = seed,
+                               .deadline_ns = deadline_ns(c)};
+}
+
+static void start_generate(struct gw_call *c)
+{
+    Clocher__V1__GenerateRequest *r = unpack(&clocher__v1__generate_request__descriptor,
+                                             c->payload);
+    if (!r)
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                        "request: not a valid clocher.v1.GenerateRequest");
+    c->req = r;
+    if (items_alloc(c, 1) < 0)
+        return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+    if (begin_stream(c) < 0)
+        return;
+    struct gw_req_ctx ctx;
+    struct gw_model_info mi;
+    ctx_init(c, &ctx, &mi);
+    struct shm_msg m = {.type = SHM_MSG_GENERATE};
+    char why[512];
+    int st = gw_req_generate(r, &ctx, &m.generate, why, sizeof why);
+    if (st)
+        return end_call(c, st, "%s", why);
+    if (m.generate.adapter)
+        snprintf(c->items[0].adapter, sizeof c->items[0].adapter, "%s", m.generate.adapter);
+    if ((st = gw__submit(c->g, -1, &m, c, 0, why, sizeof why)))
+        return end_call(c, st, "%s", why);
+    after_submit(c);
+}
+
+static void start_batch(struct gw_call *c)
+{
+    Clocher__V1__BatchGenerateRequest *r =
+        unpack(&clocher__v1__batch_generate_request__descriptor, c->payload);
+    if (!r)
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                        "request: not a valid clocher.v1.BatchGenerateRequest");
+    c->req = r;
+    if (r->n_requests == 0)
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT, "requests: empty");
+    if (r->n_requests > GW_MAX_BATCH)
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT, "requests: %zu, the limit is %u",
+                        r->n_requests, GW_MAX_BATCH);
+    if (items_alloc(c, r->n_requests) < 0)
+        return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+    if (begin_stream(c) < 0)
+        return;
+    struct gw_req_ctx ctx;
+    struct gw_model_info mi;
+    ctx_init(c, &ctx, &mi);
+    for (size_t i = 0; i < r->n_requests; i++) {
+        struct shm_msg m = {.type = SHM_MSG_GENERATE};
+        char why[512], full[560];
+        ctx.seed = ctx.seed * 6364136223846793005ull + 1442695040888963407ull;
+        int st = gw_req_generate(r->requests[i], &ctx, &m.generate, why, sizeof why);
+        if (!st)
+            st = gw__submit(c->g, -1, &m, c, i, why, sizeof why);
+        if (st) {
+            snprintf(full, sizeof full, "requests[%zu].%s", i, why);
+            pthread_mutex_lock(&c->mu);
+            item_fail(c, &c->items[i], st, st == GRPC_STATUS_INVALID_ARGUMENT ? full : why);
+            pump(c);
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    after_submit(c);
+}
+
+static void start_tokenize(struct gw_call *c)
+{
+    Clocher__V1__TokenizeRequest *r = unpack(&clocher__v1__tokenize_request__descriptor,
+                                             c->payload);
+    if (!r)
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                        "request: not a valid clocher.v1.TokenizeRequest");
+    c->req = r;
+    if (items_alloc(c, 1) < 0)
+        return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+    const char *text = r->text ? r->text : "";
+    struct shm_msg m = {.type = SHM_MSG_TOKENIZE,
+                        .tokenize = {.flags = !r->has_add_bos || r->add_bos ? SHM_GEN_ADD_BOS : 0,
+                                     .text = text, .text_len = (uint32_t)strlen(text)}};
+    char why[512];
+    int st = gw__submit(c->g, -1, &m, c, 0, why, sizeof why);
+    if (st)
+        return end_call(c, st, "%s", why);
+    after_submit(c);
+}
+
+static void start_detokenize(struct gw_call *c)
+{
+    Clocher__V1__DetokenizeRequest *r = unpack(&clocher__v1__detokenize_request__descriptor,
+                                               c->payload);
+    if (!r)
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                        "request: not a valid clocher.v1.DetokenizeRequest");
+    c->req = r;
+    for (size_t i = 0; i < r->n_ids; i++)
+        if (r->ids[i] < 0)
+            return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                            "ids: token %zu is %" PRId32 ", ids are >= 0", i, r->ids[i]);
+    if (items_alloc(c, 1) < 0)
+        return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+    struct shm_msg m = {.type = SHM_MSG_DETOKENIZE,
+                        .ids = {.ids = r->ids, .n_ids = (uint32_t)r->n_ids}};
+    char why[512];
+    int st = gw__submit(c->g, -1, &m, c, 0, why, sizeof why);
+    if (st)
+        return end_call(c, st, "%s", why);
+    after_submit(c);
+}
+
+/* Adapter management: tenants allowed every adapter ("*"), or anonymous access. */
+static bool may_manage(const struct gw_call *c) { return !c->tcfg || c->tcfg->all_adapters; }
+
+static void start_adapter_op(struct gw_call *c, bool load)
+{
+    const char *name, *path = NULL;
+    if (load) {
+        Clocher__V1__LoadAdapterRequest *r =
+            unpack(&clocher__v1__load_adapter_request__descriptor, c->payload);
+        if (!r)
+            return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                            "request: not a valid clocher.v1.LoadAdapterRequest");
+        c->req = r;
+        name = r->name ? r->name : "";
+        path = r->path ? r->path : "";
+    } else {
+        Clocher__V1__UnloadAdapterRequest *r =
+            unpack(&clocher__v1__unload_adapter_request__descriptor, c->payload);
+        if (!r)
+            return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                            "request: not a valid clocher.v1.UnloadAdapterRequest");
+        c->req = r;
+        name = r->name ? r->name : "";
+    }
+    if (!may_manage(c))
+        return end_call(c, GRPC_STATUS_PERMISSION_DENIED,
+                        "tenant %s may not %s adapters (it needs \"allowed_adapters\": \"*\")",
+                        c->tenant, load ? "load" : "unload");
+    if (!atomic_load(&c->g->accepting))
+        return end_call(c, GRPC_STATUS_UNAVAILABLE, "the daemon is draining");
+    if (!gw_req_name_ok(name))
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                        "name: \"%.64s\" is not a valid adapter name (1..63 of [A-Za-z0-9._-])",
+                        name);
+    bool known = gw__adapter_known(c->g, name);
+    if (load && known)
+        return end_call(c, GRPC_STATUS_ALREADY_EXISTS, "name: adapter %s is already loaded",
+                        name);
+    if (!load && !known)
+        return end_call(c, GRPC_STATUS_NOT_FOUND, "name: adapter %s: not found", name);
+    if (load && (path[0] != '/' || strlen(path) > SHM_MAX_PATH))
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                        "path: \"%.200s\" must be an absolute directory on the server", path);
+    int slots[CONFIG_MAX_WORKERS];
+    size_t n = gw__ready_slots(c->g, slots, CONFIG_MAX_WORKERS);
+    if (n == 0)
+        return end_call(c, GRPC_STATUS_UNAVAILABLE, "no worker is ready");
+    if (items_alloc(c, n) < 0)
+        return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+    for (size_t i = 0; i < n; i++) {
+        struct shm_msg m;
+        if (load)
+            m = (struct shm_msg){.type = SHM_MSG_ADAPTER_LOAD,
+                                 .adapter_load = {.name = name, .path = path}};
+        else
+            m = (struct shm_msg){.type = SHM_MSG_ADAPTER_UNLOAD, .name = {.name = name}};
+        char why[512];
+        int st = gw__submit(c->g, slots[i], &m, c, i, why, sizeof why);
+        if (st) {
+            pthread_mutex_lock(&c->mu);
+            item_fail(c, &c->items[i], st, why);
+            pump(c);
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    after_submit(c);
+}
+
+static void start_list_models(struct gw_call *c)
+{
+    struct gw_model_info mi;
+    if (!gw__model(c->g, &mi))
+        return end_call(c, GRPC_STATUS_UNAVAILABLE, "no worker has loaded the model yet");
+    Clocher__V1__ListModelsResponse r = CLOCHER__V1__LIST_MODELS_RESPONSE__INIT;
+    Clocher__V1__ModelInfo m = CLOCHER__V1__MODEL_INFO__INIT, *pm = &m;
+    m.name = mi.name, m.architecture = mi.arch, m.dtype = mi.dtype;
+    m.has_parameters = m.has_vocab_size = m.has_context_length = 1;
+    m.parameters = mi.parameters, m.vocab_size = mi.vocab_size;
+    m.context_length = mi.context_length;
+    r.n_models = 1, r.models = &pm;
+    c->answer = pack(&r.base);
+}
+
+static void start_list_adapters(struct gw_call *c)
+{
+    struct gw *g = c->g;
+    pthread_mutex_lock(&g->adapters_mu);
+    size_t n = g->n_adapters;
+    Clocher__V1__AdapterInfo *infos = calloc(n ? n : 1, sizeof *infos);
+    Clocher__V1__AdapterInfo **ptrs = calloc(n ? n : 1, sizeof *ptrs);
+    char *(*mods)[7] = calloc(n ? n : 1, sizeof *mods);
+    size_t k = 0;
+    for (size_t i = 0; infos && ptrs && mods && i < n; i++) {
+        const struct gw_adapter *a = &g->adapters[i];
+        if (a->unloaded || (c->tcfg && !config_tenant_allows(c->tcfg, a->name)))
+            continue;
+        struct gw_item tmp = {.ans_adapter = {.rank = a->rank, .alpha = a->alpha,
+                                              .targets = a->targets}};
+        Clocher__V1__AdapterInfo init = CLOCHER__V1__ADAPTER_INFO__INIT;
+        infos[k] = init;
+        adapter_info(&tmp, a->name, &infos[k], mods[k]);
+        infos[k].has_active_requests = 0;
+        ptrs[k] = &infos[k];
+        k++;
+    }
+    if (infos && ptrs && mods) {
+        Clocher__V1__ListAdaptersResponse r = CLOCHER__V1__LIST_ADAPTERS_RESPONSE__INIT;
+        r.n_adapters = k, r.adapters = ptrs;
+        c->answer = pack(&r.base); /* names are copied by the packing, under the lock */
+    }
+    pthread_mutex_unlock(&g->adapters_mu);
+    free(infos), free(ptrs), free(mods);
+    if (!c->answer)
+        end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+}
+
+static void start_metrics(struct gw_call *c)
+{
+    if (!c->g->stats)
+        return end_call(c, GRPC_STATUS_UNIMPLEMENTED, "metrics are not collected");
+    char *text = NULL;
+    size_t len = 0;
+    if (stats_render(c->g->stats, c->g->w, &text, &len) < 0)
+        return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+    Clocher__V1__GetMetricsResponse r = CLOCHER__V1__GET_METRICS_RESPONSE__INIT;
+    r.prometheus_text = text;
+    c->answer = pack(&r.base);
+    free(text);
+}
+
+static int health_of(struct gw_call *c, int *status)
+{
+    Grpc__Health__V1__HealthCheckRequest *r =
+        unpack(&grpc__health__v1__health_check_request__descriptor, c->payload);
+    if (!r) {
+        end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                 "request: not a valid grpc.health.v1.HealthCheckRequest");
+        return -1;
+    }
+    c->req = r;
+    if (r->service && r->service[0] && strcmp(r->service, "clocher.v1.Inference") != 0) {
+        end_call(c, GRPC_STATUS_NOT_FOUND, "service \"%.64s\" is not served here", r->service);
+        return -1;
+    }
+    *status = gw__health(c->g);
+    return 0;
+}
+
+/* The tenant of the call from its authorization metadata; ends the call if there is none. */
+static int authenticate(struct gw_call *c)
+{
+    const char *value = NULL;
+    size_t len = 0;
+    for (size_t i = 0; i < c->md.count; i++)
+        if (grpc_slice_str_cmp(c->md.metadata[i].key, "authorization") == 0) {
+            value = (const char *)GRPC_SLICE_START_PTR(c->md.metadata[i].value);
+            len = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
+            break;
+        }
+    const struct config_tenant *t = NULL;
+    int rc = auth_tenant(c->cfg, value, len, &t);
+    if (rc < 0) {
+        end_call(c, GRPC_STATUS_UNAUTHENTICATED,
+                 rc == ERR_FORMAT ? "missing API key: send metadata \"authorization: Bearer "
+                                    "<key>\""
+                                  : "unknown API key");
+        return -1;
+    }
+    c->tcfg = t;
+    snprintf(c->tenant, sizeof c->tenant, "%s", t ? t->name : "");
+    return 0;
+}
+
+void gw__call_arrived(struct gw_call *c, bool ok)
+{
+    struct gw *g = c->g;
+    if (!ok) {
+        gw__call_unref(c); /* the server is shutting down: no call came */
+        return;
+    }
+    gw__request(g, c->method);
+    c->start_ns = gw__now_ns();
+    c->cfg = config_ptr_get(g->w->config);
+    if (c->method == GW_UNKNOWN)
+        c->deadline = c->details.deadline;
+
+    grpc_op op = {.op = GRPC_OP_RECV_CLOSE_ON_SERVER,
+                  .data.recv_close_on_server.cancelled = &c->close_cancelled};
+    gw__call_ref(c);
+    if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) != GRPC_CALL_OK) {
+        LOG_ERR("gateway: cannot watch a call for its end");
+        gw__call_unref(c);
+    }
+
+    switch (c->method) {
+    case GW_UNKNOWN: {
+        char path[160];
+        size_t n = GRPC_SLICE_LENGTH(c->details.method);
+        snprintf(path, sizeof path, "%.*s", (int)(n < 120 ? n : 120),
+                 (const char *)GRPC_SLICE_START_PTR(c->details.method));
+        end_call(c, GRPC_STATUS_UNIMPLEMENTED, "method %s is not implemented here", path);
+        break;
+    }
+    case GW_HEALTH_CHECK: {
+        int h;
+        if (health_of(c, &h) == 0) {
+            c->answer = health_message(h);
+            pthread_mutex_lock(&c->mu);
+            pump(c);
+            pthread_mutex_unlock(&c->mu);
+        }
+        break;
+    }
+    case GW_HEALTH_WATCH: {
+        int h;
+        if (health_of(c, &h) < 0)
+            break;
+        pthread_mutex_lock(&g->adapters_mu);
+        if (g->n_watch == g->cap_watch) {
+            size_t cap = g->cap_watch ? 2 * g->cap_watch : 8;
+            struct gw_call **p = realloc(g->watch, cap * sizeof *p);
+            if (p)
+                g->watch = p, g->cap_watch = cap;
+        }
+        bool listed = g->n_watch < g->cap_watch;
+        if (listed) {
+            g->watch[g->n_watch++] = c;
+            gw__call_ref(c);
+        }
+        pthread_mutex_unlock(&g->adapters_mu);
+        if (!listed) {
+            end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+            break;
+        }
+        pthread_mutex_lock(&c->mu);
+        c->health_now = h;
+        pump(c);
+        pthread_mutex_unlock(&c->mu);
+        break;
+    }
+    default:
+        if (authenticate(c) < 0)
+            break;
+        if (!atomic_load(&g->accepting) &&
+            (c->method == GW_GENERATE || c->method == GW_BATCH_GENERATE)) {
+            end_call(c, GRPC_STATUS_UNAVAILABLE,
+                     "the daemon is draining: it takes no new generations");
+            break;
+        }
+        if (!c->payload) {
+            end_call(c, GRPC_STATUS_INVALID_ARGUMENT, "request: no message");
+            break;
+        }
+        switch (c->method) {
+        case GW_GENERATE: start_generate(c); break;
+        case GW_BATCH_GENERATE: start_batch(c); break;
+        case GW_TOKENIZE: start_tokenize(c); break;
+        case GW_DETOKENIZE: start_detokenize(c); break;
+        case GW_LOAD_ADAPTER: start_adapter_op(c, true); break;
+        case GW_UNLOAD_ADAPTER: start_adapter_op(c, false); break;
+        case GW_LIST_MODELS: start_list_models(c); break;
+        case GW_LIST_ADAPTERS: start_list_adapters(c); break;
+        case GW_GET_METRICS: start_metrics(c); break;
+        default: end_call(c, GRPC_STATUS_INTERNAL, "unhandled method"); break;
+        }
+        /* answers made at once (no worker involved) */
+        pthread_mutex_lock(&c->mu);
+        pump(c);
+        pthread_mutex_unlock(&c->mu);
+    }
+    gw__call_unref(c); /* the arrival's */
+}

@@ -1,0 +1,234 @@
+/*
+ * gw_internal.h — what the gateway's files share (daemon/gw.c: server, threads, worker slots,
+ * routing; daemon/gw_call.c: one state machine per call). Not for use outside daemon/gw*.c.
+ *
+ * NOTES (threads, locks, lifetimes):
+ *  - The completion-queue (CQ) thread runs every gRPC completion: new calls, sends done,
+ *    clients gone. Each worker slot has a reader thread that turns the records of its event
+ *    ring into updates of calls. Both may start batches on a call (grpc_call_start_batch is
+ *    thread-safe); the call's mutex makes "one SEND in flight per call" hold.
+ *  - Lock order: slot->mu, then call->mu is never taken the other way round: code holding a
+ *    call's mutex that must talk to a worker first drops it, or (cancel) only does a
+ *    non-blocking send under slot->mu with no call lock held.
+ *  - A call is reference-counted: one reference per batch in flight on the CQ, one per entry
+ *    in a slot's request table, one for the code handling its arrival. The last one frees it
+ *    (and unrefs the grpc_call).
+ *  - A slot's request table, its region reference and the producer end of its requests ring
+ *    are guarded by slot->mu; the consumer end of the events ring belongs to its reader.
+ */
+#ifndef CLOCHER_DAEMON_GW_INTERNAL_H
+#define CLOCHER_DAEMON_GW_INTERNAL_H
+
+#include "auth.h"
+#include "config.h"
+#include "gw.h"
+#include "msg.h"
+#include "workers.h"
+
+#include <grpc/grpc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define GW_MAGIC 0x47574159u      /* "GWAY" */
+#define GW_CALL_MAGIC 0x4743414cu /* "GCAL" */
+#define GW_BUCKETS 1024u          /* per-slot request table buckets (a power of two) */
+
+enum gw_method {
+    GW_GENERATE = 0,
+    GW_BATCH_GENERATE,
+    GW_TOKENIZE,
+    GW_DETOKENIZE,
+    GW_LIST_MODELS,
+    GW_LIST_ADAPTERS,
+    GW_LOAD_ADAPTER,
+    GW_UNLOAD_ADAPTER,
+    GW_GET_METRICS,
+    GW_HEALTH_CHECK,
+    GW_HEALTH_WATCH,
+    GW_METHODS,
+    GW_UNKNOWN = GW_METHODS, /* a method nobody registered: UNIMPLEMENTED */
+};
+
+struct gw_tag {
+    void (*fn)(struct gw_tag *t, bool ok);
+    void *obj;
+};
+
+struct gw_call;
+
+/* One worker request of a call (a Generate, one prompt of a batch, one worker's adapter load,
+ * a tokenization). Guarded by its call's mutex. */
+struct gw_item {
+    uint64_t req_id;           /* 0 = not (or no longer) known to a worker */
+    int slot;                  /* -1 = none */
+    unsigned index;            /* BatchGenerate: its request's index */
+    bool done;                 /* its last record came (or it failed) */
+    bool final_sent;           /* its last message went out */
+    /* streaming output not yet sent */
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+    char *text;
+    size_t text_len, text_cap;
+    uint64_t sent_tokens;      /* tokens already handed to gRPC */
+    /* the ending */
+    bool finished;             /* FINISH came */
+    struct shm_msg_finish fin;
+    int status;                /* gRPC status of an item that failed, 0 = ok */
+    char *error;               /* its message (malloc'd) */
+    /* unary answers */
+    int32_t *ans_ids;
+    size_t n_ans;
+    char *ans_text;
+    struct shm_msg_adapter ans_adapter;
+    bool has_adapter;
+    char adapter[SHM_MAX_NAME + 1]; /* the adapter it runs with ("" = base) */
+};
+
+struct gw_call {
+    uint32_t magic;
+    struct gw *g;
+    enum gw_method method;
+    grpc_call *call;
+    gpr_timespec deadline;
+    grpc_call_details details;     /* unregistered calls only */
+    grpc_metadata_array md;
+    grpc_byte_buffer *payload;
+    struct gw_tag t_new, t_close, t_send;
+
+    atomic_uint refs;
+    pthread_mutex_t mu;
+    int close_cancelled;           /* RECV_CLOSE_ON_SERVER's answer */
+    bool sending, md_sent, status_sent, closed, counted;
+    struct config *cfg;            /* the snapshot the call runs with */
+    char tenant[CONFIG_NAME_MAX];  /* "" = anonymous */
+    const struct config_tenant *tcfg; /* in cfg; NULL = anonymous */
+    bool stream_slot;              /* holds one of its tenant's concurrent streams */
+    uint64_t start_ns;
+    size_t n_items, n_open;
+    struct gw_item *items;
+    size_t rr;                     /* BatchGenerate: the next item to send from */
+    int status;                    /* the call's own status (0 = from its items) */
+    char status_msg[512];
+    void *req;                     /* the unpacked request (freed with the call) */
+    grpc_byte_buffer *out;         /* the message of the batch in flight */
+    char *out_text;                /* a unary answer packed later (metrics text) */
+    grpc_byte_buffer *answer;      /* a unary answer made at arrival (no worker involved) */
+    grpc_slice status_slice;       /* the status details of the batch that sent them */
+    bool has_status_slice;
+    int health;                    /* Health.Watch: the status last sent, -1 = none */
+    int health_now;                /* Health.Watch: the status to send */
+};
+
+/* A table entry: the worker request req_id is item `item` of `call`. */
+struct gw_entry {
+    struct gw_entry *next;
+    uint64_t req_id;
+    struct gw_call *call;
+    size_t item;
+};
+
+struct gw_model_info {
+    bool have;
+    uint64_t parameters;
+    uint32_t vocab_size, context_length;
+    char name[SHM_MAX_INFO + 1], arch[SHM_MAX_INFO + 1], dtype[SHM_MAX_INFO + 1];
+};
+
+struct gw_slot {
+    struct gw *g;
+    unsigned index;
+    struct workers_slot *ws;
+    pthread_t reader;
+    bool reader_started;
+
+    pthread_mutex_t mu;            /* guards everything below */
+    struct workers_region *region; /* the generation the reader serves, NULL = none */
+    uint32_t generation;
+    bool hello;                    /* its HELLO came: routable */
+    struct gw_model_info model;
+    struct gw_entry *buckets[GW_BUCKETS];
+    size_t n_entries;
+    uint32_t died_gen;             /* set by the worker_died hook */
+    char died_reason[200];
+};
+
+/* A loaded adapter as ListAdapters shows it. */
+struct gw_adapter {
+    char name[SHM_MAX_NAME + 1];
+    char *dir;
+    uint32_t rank, targets;
+    float alpha;
+    bool from_config;              /* loaded by every worker at start */
+    bool unloaded;                 /* a config adapter unloaded at run time */
+};
+
+struct gw {
+    uint32_t magic;
+    struct workers *w;
+    uv_loop_t *loop;
+    struct stats *stats;           /* w->stats, may be NULL */
+
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    pthread_t cq_thread;
+    bool cq_started;
+    void *methods[GW_METHODS];
+    struct gw_tag t_shutdown;
+    atomic_bool shutdown_seen;
+
+    atomic_bool accepting;         /* false once the supervisor drains */
+    atomic_bool stopping;          /* gw_destroy has begun */
+    _Atomic uint64_t next_id;      /* worker request ids */
+    atomic_size_t active_streams;  /* Generate/BatchGenerate calls open */
+    struct auth_streams streams;
+
+    size_t n_slots;
+    struct gw_slot *slots;
+
+    pthread_mutex_t adapters_mu;   /* guards the registry and the watch list */
+    size_t n_adapters, cap_adapters;
+    struct gw_adapter *adapters;
+    size_t n_watch, cap_watch;
+    struct gw_call **watch;        /* Health.Watch calls open */
+
+    struct workers_hooks hooks;
+};
+
+/* ---- gw.c, for gw_call.c ---- */
+/* Asks gRPC for the next call of method m (re-armed by each arrival). */
+void gw__request(struct gw *g, enum gw_method m);
+uint64_t gw__now_ns(void);
+/* Picks the least-loaded routable slot and sends m (request_id set here) for item `item` of
+ * c, entering it into the slot's table. 0, or a gRPC status with msg. Call without c->mu. */
+int gw__submit(struct gw *g, int want_slot, struct shm_msg *m, struct gw_call *c, size_t item,
+               char *msg, size_t cap);
+/* Removes item's table entry and sends CANCEL if it was still known to its worker. */
+void gw__cancel_item(struct gw *g, struct gw_call *c, size_t item);
+/* Whether an adapter is loaded (gw_req_adapter_known_fn). */
+bool gw__adapter_known(void *gw, const char *name);
+/* The model the workers serve (from a HELLO), false if none came yet. */
+bool gw__model(struct gw *g, struct gw_model_info *out);
+/* Health status now (grpc.health.v1 ServingStatus). */
+int gw__health(struct gw *g);
+/* Slots whose worker is routable now, into idx[cap]; their count. */
+size_t gw__ready_slots(struct gw *g, int *idx, size_t cap);
+void gw__adapter_add(struct gw *g, const char *name, const char *dir,
+                     const struct shm_msg_adapter *info);
+void gw__adapter_remove(struct gw *g, const char *name);
+
+/* ---- gw_call.c, for gw.c ---- */
+/* A new call of method m arrived on the CQ thread (ok = false: the server is shutting down). */
+void gw__call_arrived(struct gw_call *c, bool ok);
+struct gw_call *gw__call_new(struct gw *g, enum gw_method m);
+void gw__call_ref(struct gw_call *c);
+void gw__call_unref(struct gw_call *c);
+/* A record of c's item arrived from its worker (final: the entry is already removed). */
+void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m);
+/* c's item failed without a record (its worker died, the daemon stops). */
+void gw__call_fail_item(struct gw_call *c, size_t item, int status, const char *msg);
+/* Health changed: re-send to every Watch call. */
+void gw__health_changed(struct gw *g);
+
+#endif

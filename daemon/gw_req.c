@@ -1,0 +1,177 @@
+/*
+ * gw_req.c — GenerateRequest → GENERATE record, every client-controlled field checked
+ * (see gw_req.h).
+ */
+#include "gw_req.h"
+
+#include "err.h"
+
+#include <errno.h>
+#include <grpc/status.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static int refuse(char *msg, size_t cap, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, cap, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+#define INVALID(...) refuse(msg, cap, GRPC_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
+
+bool gw_req_name_ok(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char ch = s[n];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return false;
+        if (n >= SHM_MAX_NAME)
+            return false;
+    }
+    return n > 0;
+}
+
+int gw_req_status_of_error(int32_t code)
+{
+    switch (code) {
+    case ERR_FORMAT:
+    case ERR_RANGE:
+    case ERR_USAGE:
+    case ERR_TRUNCATED:
+    case ERR_OVERFLOW:
+    case -EINVAL: return GRPC_STATUS_INVALID_ARGUMENT;
+    case ERR_NOT_FOUND:
+    case -ENOENT: return GRPC_STATUS_NOT_FOUND;
+    case ERR_OVERLOADED:
+    case -EAGAIN: return GRPC_STATUS_UNAVAILABLE;
+    case -ENOMEM: return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    case ERR_UNSUPPORTED:
+    case ERR_STATE:
+    case ERR_MISMATCH: return GRPC_STATUS_FAILED_PRECONDITION;
+    case ERR_DEADLINE: return GRPC_STATUS_DEADLINE_EXCEEDED;
+    case ERR_CANCELLED: return GRPC_STATUS_CANCELLED;
+    default: return GRPC_STATUS_INTERNAL;
+    }
+}
+
+/* A float field the client may leave out: its value, or the default. */
+static float opt(protobuf_c_boolean has, float v, float def) { return has ? v : def; }
+
+int gw_req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_ctx *ctx,
+                    struct shm_msg_generate *out, char *msg, size_t cap)
+{
+    const struct config_limits *lim = &ctx->cfg->limits;
+    memset(out, 0, sizeof *out);
+    msg[0] = '\0';
+
+    if (r->model && r->model[0] && ctx->model_name && strcmp(r->model, ctx->model_name) != 0)
+        return refuse(msg, cap, GRPC_STATUS_NOT_FOUND, "model: \"%.64s\" is not served here "
+                      "(this daemon serves \"%s\"; \"\" means it)", r->model, ctx->model_name);
+    if (r->request_id && strlen(r->request_id) > GW_REQ_MAX_REQUEST_ID)
+        return INVALID("request_id: longer than %u bytes", GW_REQ_MAX_REQUEST_ID);
+
+    /* ---- the prompt ---- */
+    switch (r->input_case) {
+    case CLOCHER__V1__GENERATE_REQUEST__INPUT_PROMPT: {
+        size_t n = r->prompt ? strlen(r->prompt) : 0;
+        if (n == 0)
+            return INVALID("prompt: empty");
+        if (n > UINT32_MAX)
+            return INVALID("prompt: too long");
+        out->prompt_text = r->prompt;
+        out->prompt_text_len = (uint32_t)n;
+        if (!r->has_add_bos || r->add_bos)
+            out->flags |= SHM_GEN_ADD_BOS;
+        break;
+    }
+    case CLOCHER__V1__GENERATE_REQUEST__INPUT_PROMPT_IDS: {
+        const Clocher__V1__TokenIds *t = r->prompt_ids;
+        if (!t || t->n_ids == 0)
+            return INVALID("prompt_ids: empty");
+        if (t->n_ids > lim->max_prompt_tokens)
+            return INVALID("prompt_ids: %zu tokens, the limit is %" PRIu32, t->n_ids,
+                           lim->max_prompt_tokens);
+        for (size_t i = 0; i < t->n_ids; i++)
+            if (t->ids[i] < 0)
+                return INVALID("prompt_ids: token %zu is %" PRId32 ", ids are >= 0", i,
+                               t->ids[i]);
+        out->prompt_ids = t->ids;
+        out->n_prompt_ids = (uint32_t)t->n_ids;
+        break;
+    }
+    default:
+        return INVALID("prompt: missing (give prompt or prompt_ids)");
+    }
+
+    /* ---- the adapter ---- */
+    const char *ad = r->adapter && r->adapter[0] ? r->adapter : NULL;
+    if (ad) {
+        if (!gw_req_name_ok(ad))
+            return INVALID("adapter: \"%.64s\" is not a valid name (1..%u of [A-Za-z0-9._-])",
+                           ad, SHM_MAX_NAME);
+        if ((ctx->tenant && !config_tenant_allows(ctx->tenant, ad)) ||
+            (ctx->adapter_known && !ctx->adapter_known(ctx->ud, ad)))
+            return refuse(msg, cap, GRPC_STATUS_NOT_FOUND, "adapter: %s: not found", ad);
+    }
+    out->adapter = ad;
+    out->adapter_scale = opt(r->has_adapter_scale, r->adapter_scale, 1.0f);
+    if (!isfinite(out->adapter_scale))
+        return INVALID("adapter_scale: not a finite number");
+    if (!ad && r->has_adapter_scale && out->adapter_scale != 1.0f)
+        return INVALID("adapter_scale: given without an adapter");
+
+    /* ---- sampling ---- */
+    const Clocher__V1__SamplingParams *s = r->sampling;
+    out->temperature = s ? opt(s->has_temperature, s->temperature, GW_REQ_DEFAULT_TEMPERATURE)
+                         : GW_REQ_DEFAULT_TEMPERATURE;
+    out->top_p = s ? opt(s->has_top_p, s->top_p, 1.0f) : 1.0f;
+    out->min_p = s ? opt(s->has_min_p, s->min_p, 0.0f) : 0.0f;
+    out->repeat_penalty = s ? opt(s->has_repetition_penalty, s->repetition_penalty, 1.0f) : 1.0f;
+    out->top_k = s && s->has_top_k ? s->top_k : 0;
+    out->seed = s && s->has_seed ? s->seed : ctx->seed;
+    out->repeat_window = GW_REQ_DEFAULT_REPEAT_WINDOW;
+    if (!isfinite(out->temperature) || out->temperature < 0)
+        return INVALID("sampling.temperature: %g must be a finite number >= 0",
+                       (double)out->temperature);
+    if (!isfinite(out->top_p) || !(out->top_p > 0 && out->top_p <= 1))
+        return INVALID("sampling.top_p: %g is outside (0, 1]", (double)out->top_p);
+    if (!isfinite(out->min_p) || !(out->min_p >= 0 && out->min_p < 1))
+        return INVALID("sampling.min_p: %g is outside [0, 1)", (double)out->min_p);
+    if (!isfinite(out->repeat_penalty) || !(out->repeat_penalty > 0))
+        return INVALID("sampling.repetition_penalty: %g must be a finite number > 0",
+                       (double)out->repeat_penalty);
+
+    /* ---- length, stops, priority ---- */
+    if (r->has_max_tokens && r->max_tokens > lim->max_tokens)
+        return INVALID("max_tokens: %" PRIu32 " exceeds the limit %" PRIu32, r->max_tokens,
+                       lim->max_tokens);
+    out->max_tokens = r->has_max_tokens && r->max_tokens ? r->max_tokens
+                      : GW_REQ_DEFAULT_MAX_TOKENS < lim->max_tokens ? GW_REQ_DEFAULT_MAX_TOKENS
+                                                                    : lim->max_tokens;
+    if (r->n_stop > SHM_MAX_STOP)
+        return INVALID("stop: %zu strings, the limit is %u", r->n_stop, SHM_MAX_STOP);
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t n = r->stop[i] ? strlen(r->stop[i]) : 0;
+        if (n == 0 || n > SHM_MAX_STOP_LEN)
+            return INVALID("stop[%zu]: %s", i, n ? "longer than 256 bytes" : "empty");
+        out->stop[i] = r->stop[i];
+    }
+    out->n_stop = (uint32_t)r->n_stop;
+    switch (r->has_priority ? (int)r->priority : CLOCHER__V1__PRIORITY__PRIORITY_NORMAL) {
+    case CLOCHER__V1__PRIORITY__PRIORITY_NORMAL: out->priority = SHM_PRIO_NORMAL; break;
+    case CLOCHER__V1__PRIORITY__PRIORITY_HIGH: out->priority = SHM_PRIO_HIGH; break;
+    case CLOCHER__V1__PRIORITY__PRIORITY_LOW: out->priority = SHM_PRIO_LOW; break;
+    default: return INVALID("priority: %d is not a Priority value", (int)r->priority);
+    }
+    out->tenant_id = ctx->tenant_id;
+    out->deadline_ns = ctx->deadline_ns;
+    return GRPC_STATUS_OK;
+}
