@@ -287,6 +287,10 @@ int cmd_generate(int argc, char **argv)
         ret = CMD_EXIT_FAIL;
         goto out;
     }
+    if (!json && !print_ids && res.n_ids && res.text_len == 0)
+        fprintf(stderr, "clocher generate: %zu tokens and no text (a model without a tokenizer?); "
+                        "--print-ids shows them\n",
+                res.n_ids);
     if (verbose) {
         fprintf(stderr, "[finish: %s; tokens: %u prompt (%u cached) + %zu generated",
                 genreq_finish_name(res.has_finish ? res.finish_reason : 0), res.prompt_tokens,
