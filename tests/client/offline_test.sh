@@ -31,10 +31,11 @@ contains() {
 [ -x "$bin" ] || { echo "FAIL: $bin is not built"; exit 1; }
 
 expect 0 "clocher --help" -- "$bin" --help
-for c in generate health; do
+cmds="generate batch adapters health metrics bench"
+for c in $cmds; do
   contains "$c" "clocher --help lists $c"
 done
-for c in generate health; do
+for c in $cmds; do
   expect 0 "$c --help" -- "$bin" $c --help
   contains "usage: clocher $c" "$c --help"
   contains "--addr" "$c --help lists the connection flags"
@@ -52,6 +53,24 @@ expect 2 "generate with ids and text" -- "$bin" generate --prompt-ids 1 hello
 expect 2 "generate empty prompt" -- "$bin" generate
 contains "empty prompt" "generate with an empty stdin"
 
+expect 2 "adapters without an action" -- "$bin" adapters
+expect 2 "adapters bad action" -- "$bin" adapters frobnicate
+contains "frobnicate" "adapters names the action"
+expect 2 "adapters load without a path" -- "$bin" adapters load x
+expect 2 "bench without a prompt" -- "$bin" bench
+expect 2 "bench --duration and --requests" -- "$bin" bench -d 1 -n 1 hi
+expect 2 "bench --concurrency 0" -- "$bin" bench -c 0 hi
+expect 2 "batch --chunk 0" -- "$bin" batch --chunk 0
+expect 3 "batch, missing input file" -- "$bin" batch "$tmp/missing.jsonl"
+contains "missing.jsonl" "batch names the input file"
+expect 2 "metrics --http without a port" -- "$bin" metrics --http localhost
+
+# a batch of invalid lines only needs no daemon: each line gets its error, exit 1
+printf '{"prompt": 1}\n\nnot json\n' >"$tmp/bad.jsonl"
+expect 1 "batch of invalid lines" -- "$bin" batch --addr "unix:$tmp/none.sock" "$tmp/bad.jsonl"
+contains '{"index":0,"error":{"code":"INVALID_ARGUMENT","message":' "batch line 0"
+contains 'bad.jsonl line 3: not JSON' "batch names the line"
+
 # nothing at this Unix socket
 sock="unix:$tmp/none.sock"
 expect 5 "health, no daemon (unix)" -- "$bin" health --addr "$sock"
@@ -62,6 +81,12 @@ expect 5 "generate, no daemon (env)" -- env CLOCHER_ADDR="$sock" "$bin" generate
 contains "$sock" "generate takes \$CLOCHER_ADDR"
 expect 5 "health --wait, no daemon" -- "$bin" health --addr "$sock" --wait 0.5
 contains "cannot reach clocherd" "health --wait says why at the end"
+for c in "adapters list" metrics "bench -n 1 hi"; do
+  expect 5 "$c, no daemon" -- "$bin" $c --addr "$sock"
+  contains "cannot reach clocherd at $sock" "$c names the address"
+done
+printf '{"prompt": "x"}\n' >"$tmp/one.jsonl"
+expect 5 "batch, no daemon" -- "$bin" batch --addr "$sock" "$tmp/one.jsonl"
 expect 5 "health -q, no daemon" -- "$bin" health -q --addr "$sock"
 [ -s "$tmp/out" ] && { echo "FAIL: health -q printed:"; cat "$tmp/out"; fails=$((fails + 1)); }
 
@@ -69,6 +94,8 @@ expect 5 "health -q, no daemon" -- "$bin" health -q --addr "$sock"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 expect 5 "health, no daemon (tcp)" -- "$bin" health --addr "127.0.0.1:$port"
 contains "127.0.0.1:$port" "health names the TCP address"
+expect 5 "metrics --http, nothing listening" -- "$bin" metrics --http "127.0.0.1:$port"
+contains "127.0.0.1:$port" "metrics names the endpoint"
 
 if [ "$fails" -ne 0 ]; then
   echo "$fails check(s) failed"
