@@ -43,6 +43,7 @@
 #define READER_SLICE_NS 50000000ll   /* a reader re-checks stop/death flags this often */
 #define IDLE_POLL_US 20000           /* a reader without a region looks for one this often */
 #define STATS_EVERY_NS 1000000000ull /* STATS_QUERY to each worker about once a second */
+#define DEATH_WAIT_POLLS 30          /* x 10 ms: how long a reader waits for the supervisor's reason */
 
 static const char *const method_paths[GW_METHODS] = {
     [GW_GENERATE] = "/clocher.v1.Inference/Generate",
@@ -586,6 +587,15 @@ static void *reader_main(void *arg)
             }
         }
         if (rc != 0 && rc != -ETIMEDOUT && rc != -EINTR) {
+            /* the ring noticed first (pidfd): the supervisor, reaping the process, knows why
+             * it ended ("killed by signal 9"); its word comes within moments */
+            for (int k = 0; !died && rc == -EPIPE && k < DEATH_WAIT_POLLS; k++) {
+                usleep(10000);
+                pthread_mutex_lock(&s->mu);
+                if ((died = s->died_gen == s->generation))
+                    snprintf(reason, sizeof reason, "%s", s->died_reason);
+                pthread_mutex_unlock(&s->mu);
+            }
             if (!died) {
                 struct shm_peer p;
                 shm_region_peer(r->shm, &p);

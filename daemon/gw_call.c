@@ -555,8 +555,11 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
         uint64_t sent = it->sent_tokens + it->n_ids;
         char why[160];
         if (m->finish.reason == SHM_FINISH_CANCELLED) {
-            snprintf(why, sizeof why, "cancelled after %" PRIu64 " tokens", sent);
-            it->status = GRPC_STATUS_CANCELLED;
+            /* a cancel of ours removes the request from its table first: this one came from
+             * the worker itself, stopping (SIGTERM, the drain timeout passed) */
+            snprintf(why, sizeof why, "worker %d stopped the request (the daemon is stopping); "
+                     "%" PRIu64 " tokens had been generated", it->slot, sent);
+            it->status = GRPC_STATUS_UNAVAILABLE;
             it->error = strdup(why);
         } else if (m->finish.reason == SHM_FINISH_DEADLINE) {
             snprintf(why, sizeof why, "the deadline passed after %" PRIu64 " tokens", sent);

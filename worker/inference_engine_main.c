@@ -131,7 +131,8 @@ static void usage(FILE *f)
 "run), prefill_tps, decode_tps ((generated - 1) / time from first to last token), p50_ms and\n"
 "p95_ms (inter-token latency over all rounds), load_ms, rss_peak_mb (VmHWM), threads,\n"
 "kv_hits and kv_misses (prefix-cache counters; this engine's contiguous cache has none: 0),\n"
-"isa; with --print-ids generated_ids and text (null without tokenizer).\n"
+"isa; with --print-ids generated_ids and text (null without tokenizer); with --concurrency,\n"
+"--print-ids adds generated_ids as one array of token ids per request.\n"
 "\n"
 "exit status: 0 ok, 1 run-time failure, 2 usage, 3 model missing or invalid,\n"
 "             5 engine creation failed, 6 out of memory\n",
@@ -756,13 +757,27 @@ struct conc_req {
     enum engine_finish reason;
     uint32_t prompt_tokens, generated;
     double ttft_ms, tpot_ms, e2e_ms;
+    int32_t *ids;             /* [n_ids] generated tokens, kept for --print-ids */
+    size_t n_ids, cap_ids;
+    bool keep_ids;
 };
 
 static void conc_event(const struct engine_event *ev, void *ud)
 {
     (void)ud;
     struct conc_req *r = ev->user;
-    if (ev->kind == ENGINE_EV_ERROR) {
+    if (ev->kind == ENGINE_EV_TOKEN && ev->token >= 0 && r->keep_ids) {
+        if (r->n_ids == r->cap_ids) {
+            size_t cap = r->cap_ids ? 2 * r->cap_ids : 64;
+            int32_t *p = realloc(r->ids, cap * sizeof *p);
+            if (!p) {
+                r->error = -ENOMEM;
+                return;
+            }
+            r->ids = p, r->cap_ids = cap;
+        }
+        r->ids[r->n_ids++] = ev->token;
+    } else if (ev->kind == ENGINE_EV_ERROR) {
         r->error = ev->code;
         LOG_ERR("request %llu failed: %s", (unsigned long long)ev->id,
                 ev->message ? ev->message : "?");
@@ -821,7 +836,10 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
     for (uint32_t round = 0; round < o->warmup + o->rounds; round++) {
         struct engine_metrics m0, m1;
         engine_get_metrics(e, &m0);
-        memset(reqs, 0, N * sizeof *reqs);
+        for (uint32_t i = 0; i < N; i++) {
+            free(reqs[i].ids);
+            reqs[i] = (struct conc_req){.keep_ids = o->print_ids};
+        }
         const double t0 = now_s();
         for (uint32_t i = 0; i < N; i++) {
             const struct prompt *p = &ps->v[i % ps->n];
@@ -897,6 +915,24 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
             json_decref(j);
             goto out;
         }
+        if (o->print_ids) {
+            /* one array per request, in submission order */
+            json_t *all = json_array();
+            for (uint32_t i = 0; all && i < N; i++) {
+                json_t *one = json_array();
+                for (size_t k = 0; one && k < reqs[i].n_ids; k++)
+                    json_array_append_new(one, json_integer(reqs[i].ids[k]));
+                if (!one || json_array_append_new(all, one) < 0) {
+                    json_decref(all);
+                    all = NULL;
+                }
+            }
+            if (!all || (rc = json_set(j, "generated_ids", all))) {
+                json_decref(j);
+                rc = -ENOMEM;
+                goto out;
+            }
+        }
         char *line = json_dumps(j, JSON_COMPACT);
         json_decref(j);
         if (!line) {
@@ -911,6 +947,8 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
 out:
     engine_destroy(e);
     free(aname);
+    for (uint32_t i = 0; reqs && i < N; i++)
+        free(reqs[i].ids);
     free(reqs);
     free(v);
     return rc;

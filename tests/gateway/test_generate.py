@@ -1,0 +1,162 @@
+"""Generation through clocherd end to end (issue 5, acceptance 1, 2 and 6): concurrent streams
+over several LoRA adapters equal the in-process engine's output, BatchGenerate with mixed
+tenants and adapters, Tokenize/Detokenize, ListModels/ListAdapters, health, and the metrics
+text agreeing with the calls made."""
+import concurrent.futures as cf
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import gwtest as T
+
+PROMPTS = [[1, 403, 407], [1, 290, 345, 311], [1, 17, 88], [1, 500]]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def env():
+    model = T.stories_model()
+    ads = {"a%d" % i: T.adapter(model, "a%d" % i, seed=10 + i) for i in range(4)}
+    refs = {}
+    for p in range(len(PROMPTS)):
+        for name in [None] + sorted(ads):
+            refs[(p, name)] = T.reference(model, PROMPTS[p], MAX_NEW, ads.get(name), name or "a")
+    # the adapters do change the output (else the equality below would prove little)
+    assert any(refs[(0, a)] != refs[(0, None)] for a in ads)
+    tenants = [
+        {"name": "alice", "api_keys": ["alice-key-0001"], "allowed_adapters": "*",
+         "max_concurrent_streams": 100},
+        {"name": "bob", "api_keys": ["bob-key-000002"], "allowed_adapters": ["a0", "a1"]},
+    ]
+    d = T.Daemon(model, workers=2, tenants=tenants, adapters=ads)
+    yield d, ads, refs
+    assert d.stop() == 0, d.read_log()
+
+
+def test_32_streams_over_4_adapters_equal_the_engine(env):
+    d, ads, refs = env
+    names = [None] + sorted(ads)
+    jobs = [(i % len(PROMPTS), names[i % len(names)]) for i in range(32)]
+
+    def one(job):
+        p, name = job
+        ids, last = T.generate(d.stub, T.key("alice-key-0001"), PROMPTS[p], max_tokens=MAX_NEW,
+                               adapter=name or "")
+        return ids, last
+
+    with cf.ThreadPoolExecutor(32) as ex:
+        results = list(ex.map(one, jobs))
+    for (p, name), (ids, last) in zip(jobs, results):
+        assert ids == refs[(p, name)], "prompt %d adapter %s" % (p, name)
+        assert last.HasField("finish_reason")
+        assert last.usage.prompt_tokens == len(PROMPTS[p])
+        assert last.usage.completion_tokens == len(ids)
+        assert last.timings.e2e_ms > 0
+
+
+def test_batch_generate_mixed_tenants_and_adapters(env):
+    d, ads, refs = env
+    reqs = [T.pb.GenerateRequest(prompt_ids=T.pb.TokenIds(ids=PROMPTS[i % 4]), adapter=a,
+                                 max_tokens=MAX_NEW, sampling=T.pb.SamplingParams(temperature=0))
+            for i, a in enumerate(["", "a0", "a1", "a2", "a3", ""])]
+    for k, allowed in (("alice-key-0001", {"", "a0", "a1", "a2", "a3"}),
+                       ("bob-key-000002", {"", "a0", "a1"})):
+        got, errors = {}, {}
+        for r in d.stub.BatchGenerate(T.pb.BatchGenerateRequest(requests=reqs),
+                                      metadata=T.key(k), timeout=60):
+            if r.HasField("error_code"):
+                errors[r.index] = (r.error_code, r.error_message)
+            got.setdefault(r.index, []).extend(r.response.token_ids)
+        for i, q in enumerate(reqs):
+            if q.adapter in allowed:
+                assert i not in errors, errors
+                assert got[i] == refs[(i % 4, q.adapter or None)]
+            else:
+                assert errors[i][0] == grpc.StatusCode.NOT_FOUND.value[0]
+                assert "adapter: %s: not found" % q.adapter in errors[i][1]
+
+
+def test_models_adapters_health(env):
+    d, ads, _ = env
+    m = d.stub.ListModels(T.pb.ListModelsRequest(), metadata=T.key("bob-key-000002")).models
+    assert len(m) == 1 and m[0].name == "stories260K" and m[0].vocab_size == 512
+    a = d.stub.ListAdapters(T.pb.ListAdaptersRequest(), metadata=T.key("bob-key-000002"))
+    assert sorted(x.name for x in a.adapters) == ["a0", "a1"]  # only what bob may use
+    assert all(x.rank == 8 and set(x.target_modules) == {"q_proj", "v_proj"} for x in a.adapters)
+    a = d.stub.ListAdapters(T.pb.ListAdaptersRequest(), metadata=T.key("alice-key-0001"))
+    assert sorted(x.name for x in a.adapters) == sorted(ads)
+    assert d.status() == T.SERVING
+    with pytest.raises(grpc.RpcError) as e:
+        d.health.Check(T.health_pb2.HealthCheckRequest(service="nope"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    # Watch answers at once with the current status
+    w = d.health.Watch(T.health_pb2.HealthCheckRequest(), timeout=5)
+    assert next(w).status == T.SERVING
+    w.cancel()
+
+
+def test_load_and_unload_adapter_at_run_time(env):
+    d, ads, refs = env
+    md = T.key("alice-key-0001")
+    r = d.stub.LoadAdapter(T.pb.LoadAdapterRequest(name="late", path=ads["a2"]), metadata=md)
+    assert r.adapter.name == "late" and r.adapter.rank == 8
+    ids, _ = T.generate(d.stub, md, PROMPTS[0], max_tokens=MAX_NEW, adapter="late")
+    assert ids == refs[(0, "a2")]
+    with pytest.raises(grpc.RpcError) as e:
+        d.stub.LoadAdapter(T.pb.LoadAdapterRequest(name="late", path=ads["a2"]), metadata=md)
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    with pytest.raises(grpc.RpcError) as e:  # bob may not manage adapters
+        d.stub.UnloadAdapter(T.pb.UnloadAdapterRequest(name="late"),
+                             metadata=T.key("bob-key-000002"))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    d.stub.UnloadAdapter(T.pb.UnloadAdapterRequest(name="late"), metadata=md)
+    with pytest.raises(grpc.RpcError) as e:
+        T.generate(d.stub, md, PROMPTS[0], adapter="late")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as e:
+        d.stub.LoadAdapter(T.pb.LoadAdapterRequest(name="bad", path="/nonexistent/dir"),
+                           metadata=md)
+    assert e.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+                              grpc.StatusCode.FAILED_PRECONDITION), e.value.details()
+    assert "bad" in e.value.details()
+
+
+def metrics(d, md):
+    text = d.stub.GetMetrics(T.pb.GetMetricsRequest(), metadata=md).prometheus_text
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    return fams
+
+
+def sample(fams, family, name, **labels):
+    for s in fams[family].samples:
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    return 0.0
+
+
+def test_metrics_agree_with_the_calls(env):
+    d, _, _ = env
+    md = T.key("bob-key-000002")
+    before = metrics(d, md)
+    ok0 = sample(before, "clocher_requests", "clocher_requests_total", method="Generate",
+                 status="OK", tenant="bob")
+    nf0 = sample(before, "clocher_requests", "clocher_requests_total", method="Generate",
+                 status="NOT_FOUND", tenant="bob")
+    tok0 = sample(before, "clocher_completion_tokens", "clocher_completion_tokens_total",
+                  tenant="bob")
+    n_tok = 0
+    for i in range(3):
+        ids, _ = T.generate(d.stub, md, PROMPTS[i], max_tokens=5 + i)
+        n_tok += len(ids)
+    for _ in range(2):
+        with pytest.raises(grpc.RpcError):
+            T.generate(d.stub, md, PROMPTS[0], adapter="a3")
+    after = metrics(d, md)
+    assert sample(after, "clocher_requests", "clocher_requests_total", method="Generate",
+                  status="OK", tenant="bob") == ok0 + 3
+    assert sample(after, "clocher_requests", "clocher_requests_total", method="Generate",
+                  status="NOT_FOUND", tenant="bob") == nf0 + 2
+    assert sample(after, "clocher_completion_tokens", "clocher_completion_tokens_total",
+                  tenant="bob") == tok0 + n_tok
+    assert sample(after, "clocher_workers_ready", "clocher_workers_ready") == 2
