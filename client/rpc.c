@@ -147,6 +147,8 @@ int rpc_exit_code(int rc)
         return CMD_EXIT_UNREACHABLE;
     if (rc == RPC_ERR_STATUS)
         return CMD_EXIT_REFUSED;
+    if (rc == ERR_USAGE)
+        return CMD_EXIT_USAGE;
     return CMD_EXIT_FAIL;
 }
 

@@ -97,8 +97,8 @@ enum {
     "  --ca FILE            PEM certificates to verify the server with (implies --tls)\n"    \
     "  --cert FILE --key FILE  a client certificate (PEM) for servers that ask for one\n"     \
     "  --tls-name NAME      the name the server's certificate must carry\n"                  \
-    "  --timeout SECONDS    deadline of each call (default: none for generation, 10 for\n"   \
-    "                       the others)\n"                                                   \
+    "  --timeout SECONDS    deadline of each call (default: none for generation, 60 for\n"   \
+    "                       adapters, 10 for the others)\n"                                  \
     "  --connect-timeout SECONDS  how long to try reaching the daemon (default 5)\n"
 
 /* Defaults, then $CLOCHER_ADDR and $CLOCHER_API_KEY. default_timeout_s: 0 = none. */
@@ -159,8 +159,8 @@ int rpc_stream_close(struct rpc_stream *s, struct rpc_status *st);
 
 /*
  * The exit code (cmds.h) for a result of the functions above: 0 → CMD_EXIT_OK,
- * RPC_ERR_UNREACHABLE → CMD_EXIT_UNREACHABLE, RPC_ERR_STATUS → CMD_EXIT_REFUSED, others →
- * CMD_EXIT_FAIL.
+ * RPC_ERR_UNREACHABLE → CMD_EXIT_UNREACHABLE, RPC_ERR_STATUS → CMD_EXIT_REFUSED, ERR_USAGE
+ * (inconsistent TLS flags) → CMD_EXIT_USAGE, others → CMD_EXIT_FAIL.
  */
 int rpc_exit_code(int rc);
 
