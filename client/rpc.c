@@ -612,6 +612,10 @@ int rpc_unary(struct rpc_client *c, const char *method, const ProtobufCMessage *
     *resp = NULL;
     struct rpc_stream *s;
     int rc = rpc_stream_open(c, method, req, -1, &s);
+    if (!s) { /* not even created (out of memory) */
+        set_status(st, GRPC_STATUS_INTERNAL, err_str(rc), strlen(err_str(rc)));
+        return rc;
+    }
     ProtobufCMessage *m = NULL;
     if (rc == 0) {
         rc = rpc_stream_next(s, resp_desc, &m);
@@ -626,7 +630,7 @@ int rpc_unary(struct rpc_client *c, const char *method, const ProtobufCMessage *
             }
         }
     }
-    rc = rpc_stream_close(s, st);
+    rc = rpc_stream_close(s, st); /* the status, or the local failure the stream kept */
     if (rc == 0 && !m) { /* OK without a message: not what a unary method does */
         set_status(st, GRPC_STATUS_INTERNAL, "no response message", 19);
         rc = RPC_ERR_STATUS;

@@ -199,6 +199,7 @@ def body(golden, tmp, ad2, tcp, have_metrics, mport):
         (["--adapter", "zz"], KEY1, "NOT_FOUND", "zz", "an unknown adapter"),
         (["--max-tokens", "100000000"], KEY1, "INVALID_ARGUMENT", "max_tokens",
          "max_tokens over the limit"),
+        (["--timeout", "0.000001"], KEY1, "DEADLINE_EXCEEDED", "", "a deadline that passed"),
     ):
         rc, out, err = run(["generate", "--prompt-ids", pid] + args, key=key)
         check(rc == 6 and code in err and needle in err, f"generate, {what}: exit 6 {code}",
