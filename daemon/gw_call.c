@@ -732,7 +732,14 @@ static void start_generate(struct gw_call *c)
         return end_call(c, st, "%s", why);
     if (m.generate.adapter)
         snprintf(c->items[0].adapter, sizeof c->items[0].adapter, "%s", m.generate.adapter);
-    if ((st = gw__submit(c->g, -1, &m, c, 0, why, sizeof why)))
+    /* clocher_queue_depth: generations between arrival and a worker's ring (the gateway
+     * keeps no queue of its own: a full worker answers UNAVAILABLE at once) */
+    if (c->g->stats)
+        stats_queue_depth_add(c->g->stats, 1);
+    st = gw__submit(c->g, -1, &m, c, 0, why, sizeof why);
+    if (c->g->stats)
+        stats_queue_depth_add(c->g->stats, -1);
+    if (st)
         return end_call(c, st, "%s", why);
     after_submit(c);
 }

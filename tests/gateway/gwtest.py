@@ -125,8 +125,13 @@ class Daemon:
         self.cfg.update(extra or {})
         self.write_config()
         self.log = open(self.log_path, "w")
+        env = dict(os.environ)
+        # under ASan, freed memory waits in a quarantine: RSS checks would measure that
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"),
+                                                     "quarantine_size_mb=0",
+                                                     "thread_local_quarantine_size_kb=0"]))
         self.proc = subprocess.Popen([CLOCHERD, "--config", self.cfg_path], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, env=env)
         self.channel = grpc.insecure_channel("unix:" + self.sock)
         self.stub = pb_grpc.InferenceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
