@@ -182,6 +182,9 @@ int cmd_generate(int argc, char **argv)
     } else {
         size_t len = 0;
         if (n_pos == 0 || (n_pos == 1 && strcmp(argv[optind], "-") == 0)) {
+            if (isatty(STDIN_FILENO))
+                fprintf(stderr, "clocher generate: reading the prompt from the terminal "
+                                "(end it with Ctrl-D)\n");
             int rc = read_all(stdin, &prompt, &len);
             if (rc < 0) {
                 fprintf(stderr, "clocher generate: reading the prompt from standard input: %s\n",
