@@ -1,6 +1,7 @@
 /*
  * main.c — `clocher`: the command-line client of clocherd and the offline model tools.
  * Dispatches to one cmd_* function per subcommand (cmds.h); each parses its own flags.
+ * docs/CLIENT.md describes the online commands (generate, health, ...).
  */
 #include "cmds.h"
 
@@ -11,8 +12,14 @@
 
 /* Keep sorted by name; `clocher --help` prints them in this order. */
 static const struct cmd commands[] = {
+    {"adapters", cmd_adapters, "list, load or unload clocherd's LoRA adapters"},
+    {"batch", cmd_batch, "JSON lines of requests -> JSON lines of results (clocherd)"},
+    {"bench", cmd_bench, "concurrent streams against clocherd: throughput, latencies"},
     {"convert", cmd_convert, "convert a llama2.c / Hugging Face / GGUF model to IEBIN"},
     {"detokenize", cmd_detokenize, "token ids on stdin -> text on stdout"},
+    {"generate", cmd_generate, "stream a completion from clocherd"},
+    {"health", cmd_health, "ask clocherd whether it is serving"},
+    {"metrics", cmd_metrics, "clocherd's metrics (Prometheus text)"},
     {"synth", cmd_synth, "write a deterministic random-weight model (Hugging Face form)"},
     {"synth-adapter", cmd_synth_adapter, "write a deterministic random LoRA adapter (PEFT form)"},
     {"tokenize", cmd_tokenize, "text on stdin -> token ids on stdout"},

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job (README's first command): install what is missing, build, create the default
-# model, and serve one request with it.
+# model, start the daemon clocherd on it and stream one reply through the `clocher` client:
+#   build -> default model -> clocherd (config in a temp dir, Unix socket) -> health SERVING
+#   -> `clocher generate` streams the text -> SIGTERM -> clocherd exits 0.
 #
 # The default model is `clocher synth --preset ${CLOCHER_PRESET:-tinyllama-1.1b}`: a
 # TinyLlama-1.1B-shaped Llama with RANDOM weights (deterministic, seed 1). Its output is not
@@ -28,6 +30,66 @@ if [ ! -f "$ie_dir/model.ie.json" ]; then
   "$bin/client/clocher" convert "$hf_dir" "$ie_dir" --dtype "$dtype"
 fi
 
-echo "==> inference-engine on \"$prompt\"" >&2
-"$bin/worker/inference-engine" --model-dir "$ie_dir" --prompt "$prompt" --max-new "$max_new" \
-  --threads "$(nproc)" --seed 1 --print-ids
+# clocherd with a throwaway configuration: a Unix socket in a temp dir (no TCP port to collide
+# with), no metrics endpoint, generous ready/heartbeat timeouts for a big model's slow start.
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/clocher-run.XXXXXX")
+sock=$run_dir/clocherd.sock
+addr=unix:$sock
+daemon_pid=
+cleanup() {
+  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
+    kill -TERM "$daemon_pid" 2>/dev/null || true
+    wait "$daemon_pid" 2>/dev/null || true
+  fi
+  rm -rf "$run_dir"
+}
+trap cleanup EXIT
+cat >"$run_dir/clocherd.json" <<EOF
+{
+  "listen": {"tcp": null, "unix": "$sock"},
+  "metrics": {"listen": null},
+  "model_dir": "$ie_dir",
+  "supervisor": {"ready_timeout_s": 600, "heartbeat_timeout_s": 600}
+}
+EOF
+
+echo "==> clocherd on $ie_dir, listening on $addr" >&2
+"$bin/daemon/clocherd" --config "$run_dir/clocherd.json" &
+daemon_pid=$!
+
+# SERVING within ~120 s, or say why (a daemon that exits has logged its reason above)
+ready=
+for _ in $(seq 1 240); do
+  if "$bin/client/clocher" health --addr "$addr" --quiet --connect-timeout 1; then
+    ready=1
+    break
+  fi
+  if ! kill -0 "$daemon_pid" 2>/dev/null; then
+    rc=0
+    wait "$daemon_pid" || rc=$?
+    daemon_pid=
+    echo "run.sh: clocherd exited with status $rc before serving" >&2
+    exit 1
+  fi
+  sleep 0.5
+done
+if [ -z "$ready" ]; then
+  echo "run.sh: clocherd is not SERVING after 120 s:" >&2
+  "$bin/client/clocher" health --addr "$addr" >&2 || true
+  exit 1
+fi
+
+echo "==> clocher generate \"$prompt\" (streamed as it arrives; random weights: not language)" >&2
+"$bin/client/clocher" generate --addr "$addr" --max-tokens "$max_new" --seed 1 --verbose \
+  "$prompt"
+
+echo "==> stopping clocherd (SIGTERM)" >&2
+kill -TERM "$daemon_pid"
+rc=0
+wait "$daemon_pid" || rc=$?
+daemon_pid=
+if [ "$rc" -ne 0 ]; then
+  echo "run.sh: clocherd exited with status $rc after SIGTERM (expected 0)" >&2
+  exit 1
+fi
+echo "==> clocherd stopped cleanly" >&2

@@ -1,0 +1,183 @@
+/*
+ * cmd_health.c — `clocher health`: asks clocherd's standard gRPC health service
+ * (grpc.health.v1.Health/Check) and prints the serving status; with --wait, polls until the
+ * daemon is SERVING (what scripts/run.sh does after starting it).
+ *
+ * Exit codes (cmds.h): 0 SERVING; 1 answered but not serving (NOT_SERVING, UNKNOWN); 2 usage;
+ * 5 unreachable (with --wait: still unreachable when the time ran out); 6 the daemon refused
+ * the call (e.g. NOT_FOUND for an unknown --service).
+ */
+#include "cmds.h"
+
+#include "err.h"
+#include "health.pb-c.h"
+#include "rpc.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define POLL_S 0.25
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: clocher health [--service NAME] [--wait SECONDS] [-q] [connection flags]\n"
+            "\n"
+            "Asks clocherd's gRPC health service (grpc.health.v1.Health/Check) and prints the\n"
+            "status: SERVING, NOT_SERVING or UNKNOWN.\n"
+            "\n"
+            "  --service NAME     the service to ask about: \"\" (default: the daemon) or\n"
+            "                     clocher.v1.Inference\n"
+            "  --wait SECONDS     poll until SERVING, for at most SECONDS (an unreachable or\n"
+            "                     not-yet-serving daemon is asked again every %g s)\n"
+            "  -q, --quiet        print nothing (the exit status says it)\n"
+            "  -h, --help         this help\n"
+            "\n%s\n"
+            "exit status: 0 SERVING, 1 not serving, 2 usage, 5 daemon unreachable,\n"
+            "             6 the daemon refused the call (status printed)\n",
+            POLL_S, RPC_OPTIONS_HELP);
+}
+
+static const char *serving_name(int s)
+{
+    switch (s) {
+    case GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING:
+        return "SERVING";
+    case GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING:
+        return "NOT_SERVING";
+    case GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN:
+        return "SERVICE_UNKNOWN";
+    default:
+        return "UNKNOWN";
+    }
+}
+
+/* One check: 0 and *serving, or a negative rpc code (st filled for RPC_ERR_STATUS). */
+static int check_once(const struct rpc_opts *o, const char *service, int *serving,
+                      struct rpc_status *st)
+{
+    struct rpc_client *c;
+    int rc = rpc_client_create("health", o, &c);
+    if (rc < 0)
+        return rc;
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)service;
+    ProtobufCMessage *resp;
+    rc = rpc_unary(c, RPC_M_HEALTH_CHECK, &req.base, &grpc__health__v1__health_check_response__descriptor,
+                   &resp, st);
+    if (rc == 0) {
+        *serving = ((Grpc__Health__V1__HealthCheckResponse *)resp)->status;
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    rpc_client_destroy(c);
+    return rc;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+int cmd_health(int argc, char **argv)
+{
+    struct rpc_opts o;
+    rpc_opts_init(&o, 10);
+    const char *service = "";
+    double wait_s = -1;
+    bool quiet = false;
+    static const struct option longopts[] = {
+        RPC_LONG_OPTIONS,
+        {"service", required_argument, NULL, 's'},
+        {"wait", required_argument, NULL, 'w'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
+        {0, 0, 0, 0},
+    };
+    int opt;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, ":qh", longopts, NULL)) != -1) {
+        int rc = rpc_opts_set(&o, "health", opt, optarg);
+        if (rc < 0)
+            return CMD_EXIT_USAGE;
+        if (rc > 0)
+            continue;
+        switch (opt) {
+        case 's':
+            service = optarg;
+            break;
+        case 'w': {
+            char *end;
+            wait_s = strtod(optarg, &end);
+            if (end == optarg || *end || !(wait_s >= 0 && wait_s <= 86400)) {
+                fprintf(stderr, "clocher health: --wait: expected seconds in 0..86400, got '%s'\n",
+                        optarg);
+                return CMD_EXIT_USAGE;
+            }
+            break;
+        }
+        case 'q':
+            quiet = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return CMD_EXIT_OK;
+        case ':':
+            fprintf(stderr, "clocher health: %s needs a value\n", argv[optind - 1]);
+            return CMD_EXIT_USAGE;
+        default:
+            fprintf(stderr, "clocher health: unknown option '%s' (see --help)\n",
+                    argv[optind - 1]);
+            return CMD_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "clocher health: unexpected argument '%s'\n", argv[optind]);
+        return CMD_EXIT_USAGE;
+    }
+
+    struct rpc_status st = {0};
+    int serving = 0, rc;
+    if (wait_s < 0) {
+        struct rpc_opts q = o;
+        q.quiet = quiet;
+        rc = check_once(&q, service, &serving, &st);
+    } else {
+        double end = rpc_now() + wait_s;
+        struct rpc_opts q = o;
+        q.quiet = true;
+        for (;;) {
+            double left = end - rpc_now();
+            q.connect_timeout_s = left < o.connect_timeout_s ? (left > 0.1 ? left : 0.1)
+                                                            : o.connect_timeout_s;
+            rc = check_once(&q, service, &serving, &st);
+            if (rc == 0 && serving == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING)
+                break;
+            /* keep polling through "not yet": unreachable, not serving, or UNAVAILABLE */
+            bool again = rc == RPC_ERR_UNREACHABLE || rc == 0 ||
+                         (rc == RPC_ERR_STATUS && st.code == 14 /* UNAVAILABLE */);
+            if (!again || rpc_now() + POLL_S > end)
+                break;
+            sleep_s(POLL_S);
+        }
+        if (rc == RPC_ERR_UNREACHABLE && !quiet) /* once, with the reason */
+            rc = check_once(&o, service, &serving, &st);
+    }
+    if (rc == RPC_ERR_STATUS) {
+        if (!quiet)
+            rpc_print_status("health", "Health/Check", &st);
+        return CMD_EXIT_REFUSED;
+    }
+    if (rc < 0)
+        return rpc_exit_code(rc);
+    if (!quiet)
+        printf("%s\n", serving_name(serving));
+    return serving == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+               ? CMD_EXIT_OK
+               : CMD_EXIT_FAIL;
+}
