@@ -29,6 +29,7 @@
 
 #include <errno.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -666,6 +667,19 @@ static void hook_config(void *ud, const struct config *fresh)
 
 /* ---- set-up ---- */
 
+/* gRPC core's own messages (a TLS handshake that failed, a listener error) go through our log,
+ * so under systemd they carry a priority like every other line. */
+static void grpc_log_sink(gpr_log_func_args *a)
+{
+    const char *base = a->file ? strrchr(a->file, '/') : NULL;
+    base = base ? base + 1 : a->file ? a->file : "?";
+    switch (a->severity) {
+    case GPR_LOG_SEVERITY_ERROR: LOG_WARN("grpc: %s (%s:%d)", a->message, base, a->line); break;
+    case GPR_LOG_SEVERITY_INFO: LOG_INFO("grpc: %s (%s:%d)", a->message, base, a->line); break;
+    default: LOG_DEBUG("grpc: %s (%s:%d)", a->message, base, a->line); break;
+    }
+}
+
 static char *read_text(const char *path, const char *what)
 {
     FILE *f = fopen(path, "re");
@@ -774,6 +788,7 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     /* fork+exec of workers happens while our threads run: gRPC's fork handlers would only
      * stall the supervisor, and the child execs at once */
     setenv("GRPC_ENABLE_FORK_SUPPORT", "0", 0);
+    gpr_set_log_function(grpc_log_sink);
     grpc_init();
     grpc_arg args[3] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
