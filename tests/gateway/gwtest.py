@@ -159,7 +159,8 @@ class Daemon:
         raise AssertionError("clocherd not SERVING after %d s: %s" % (timeout, self.read_log()))
 
     def read_log(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path) as f:
             return f.read()
 
@@ -189,6 +190,8 @@ class Daemon:
             rc = self.proc.wait()
         self.channel.close()
         self.log.close()
+        if rc != 0:
+            sys.stderr.write("clocherd exited with %s; its log:\n%s\n" % (rc, self.read_log()))
         return rc
 
 
