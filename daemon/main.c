@@ -260,6 +260,11 @@ int main(int argc, char **argv)
              cptr.cur->model_dir);
 
     uv_run(&loop, UV_RUN_DEFAULT);
+    /* the loop has stopped, and with it the signal watchers: another SIGTERM now (an impatient
+     * operator, systemd repeating itself) must not kill the teardown with the default action */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
     exit_code = sup_exit_code(sup);
     if (exit_code == 0)
         LOG_INFO("stopped cleanly");

@@ -180,9 +180,13 @@ class Daemon:
                     return int(line.split()[1])
         return 0
 
+    def sigterm(self):
+        self.terminated = True
+        self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout=60):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        if self.proc.poll() is None and not getattr(self, "terminated", False):
+            self.sigterm()
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

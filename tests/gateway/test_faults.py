@@ -91,7 +91,7 @@ def test_sigkill_of_a_worker_under_load(model):
 def test_sigterm_under_load_drains_and_exits_0(model):
     d = T.Daemon(model, workers=2)
     ss = start_streams(d, 8, max_tokens=300)
-    d.proc.send_signal(signal.SIGTERM)
+    d.sigterm()
     # draining: health says NOT_SERVING, new generations are refused, streams go on
     time.sleep(0.2)
     assert d.status() == T.NOT_SERVING
@@ -109,7 +109,7 @@ def test_sigterm_under_load_drains_and_exits_0(model):
 def test_sigterm_cuts_streams_cleanly_after_the_drain_timeout(model):
     d = T.Daemon(model, workers=1, extra={"drain_timeout_s": 0.5})
     ss = start_streams(d, 4, max_tokens=1000)
-    d.proc.send_signal(signal.SIGTERM)
+    d.sigterm()
     for s in ss:
         s.join(60)
         assert s.code in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE), (s.code, s.details)
