@@ -44,6 +44,7 @@
 #define READER_SLICE_NS 50000000ll   /* a reader re-checks stop/death flags this often */
 #define IDLE_POLL_US 20000           /* a reader without a region looks for one this often */
 #define STATS_EVERY_NS 1000000000ull /* STATS_QUERY to each worker about once a second */
+#define ADAPTER_BONUS 4               /* routing: requests a shared adapter is worth */
 #define DEATH_WAIT_POLLS 30          /* x 10 ms: how long a reader waits for the supervisor's reason */
 
 static const char *const method_paths[GW_METHODS] = {
@@ -143,6 +144,16 @@ static struct gw_entry *table_find(struct gw_slot *s, uint64_t id)
     return NULL;
 }
 
+/* Whether the slot has a generation with this adapter in flight (slot->mu held). */
+static bool slot_runs(const struct gw_slot *s, const char *adapter)
+{
+    for (size_t b = 0; b < GW_BUCKETS; b++)
+        for (const struct gw_entry *e = s->buckets[b]; e; e = e->next)
+            if (strcmp(e->adapter, adapter) == 0)
+                return true;
+    return false;
+}
+
 /* Routable: its worker is READY and the reader has seen its HELLO. slot->mu held. */
 static bool routable(const struct gw_slot *s)
 {
@@ -177,7 +188,11 @@ static void set_request_id(struct shm_msg *m, uint64_t id)
 int gw__submit(struct gw *g, int want_slot, struct shm_msg *m, struct gw_call *c, size_t item,
                char *msg, size_t cap)
 {
-    /* least loaded first; a slot that turns out unroutable under its lock is skipped */
+    /* least loaded first, a worker already running the request's adapter counting as
+     * ADAPTER_BONUS requests lighter (its tokens join a fused LoRA group instead of starting
+     * one); a slot that turns out unroutable under its lock is skipped */
+    const char *adapter = m->type == SHM_MSG_GENERATE && m->generate.adapter
+                              ? m->generate.adapter : "";
     int order[CONFIG_MAX_WORKERS];
     size_t n = 0;
     if (want_slot >= 0) {
@@ -188,7 +203,9 @@ int gw__submit(struct gw *g, int want_slot, struct shm_msg *m, struct gw_call *c
             struct gw_slot *s = &g->slots[i];
             pthread_mutex_lock(&s->mu);
             bool ok = routable(s);
-            size_t l = s->n_entries;
+            size_t l = s->n_entries + ADAPTER_BONUS;
+            if (ok && adapter[0] && slot_runs(s, adapter))
+                l -= ADAPTER_BONUS;
             pthread_mutex_unlock(&s->mu);
             if (!ok)
                 continue;
@@ -222,6 +239,7 @@ int gw__submit(struct gw *g, int want_slot, struct shm_msg *m, struct gw_call *c
         /* in the table before the send: the reader may see the answer at once */
         *e = (struct gw_entry){.req_id = id, .call = c, .item = item,
                                .next = s->buckets[bucket(id)]};
+        snprintf(e->adapter, sizeof e->adapter, "%s", adapter);
         s->buckets[bucket(id)] = e;
         s->n_entries++;
         gw__call_ref(c);

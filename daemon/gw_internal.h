@@ -127,6 +127,7 @@ struct gw_entry {
     uint64_t req_id;
     struct gw_call *call;
     size_t item;
+    char adapter[SHM_MAX_NAME + 1]; /* a generation's adapter, "" = base or not a generation */
 };
 
 struct gw_model_info {

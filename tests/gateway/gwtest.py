@@ -92,6 +92,14 @@ def reference(model, ids, max_new, adapter_dir=None, adapter_name="a"):
     return json.loads(out.strip().splitlines()[-1])["generated_ids"][0]
 
 
+def free_port():
+    """A TCP port free right now on loopback (the metrics endpoint's config wants one)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def key(k):
     return [("authorization", "Bearer " + k)]
 

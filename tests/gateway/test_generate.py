@@ -3,6 +3,7 @@ over several LoRA adapters equal the in-process engine's output, BatchGenerate w
 tenants and adapters, Tokenize/Detokenize, ListModels/ListAdapters, health, and the metrics
 text agreeing with the calls made."""
 import concurrent.futures as cf
+import urllib.request
 
 import grpc
 import pytest
@@ -29,7 +30,8 @@ def env():
          "max_concurrent_streams": 100},
         {"name": "bob", "api_keys": ["bob-key-000002"], "allowed_adapters": ["a0", "a1"]},
     ]
-    d = T.Daemon(model, workers=2, tenants=tenants, adapters=ads)
+    d = T.Daemon(model, workers=2, tenants=tenants, adapters=ads,
+                 extra={"metrics": {"listen": "127.0.0.1:%d" % T.free_port()}})
     yield d, ads, refs
     assert d.stop() == 0, d.read_log()
 
@@ -122,10 +124,17 @@ def test_load_and_unload_adapter_at_run_time(env):
     assert "bad" in e.value.details()
 
 
-def metrics(d, md):
-    text = d.stub.GetMetrics(T.pb.GetMetricsRequest(), metadata=md).prometheus_text
-    fams = {f.name: f for f in text_string_to_metric_families(text)}
-    return fams
+def metrics(d, md, http=False):
+    """The metrics, from GetMetrics or from the HTTP endpoint, parsed as Prometheus text."""
+    if http:
+        url = "http://%s/metrics" % d.cfg["metrics"]["listen"]
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/plain")
+            text = r.read().decode()
+    else:
+        text = d.stub.GetMetrics(T.pb.GetMetricsRequest(), metadata=md).prometheus_text
+    return {f.name: f for f in text_string_to_metric_families(text)}
 
 
 def sample(fams, family, name, **labels):
@@ -135,10 +144,11 @@ def sample(fams, family, name, **labels):
     return 0.0
 
 
-def test_metrics_agree_with_the_calls(env):
+@pytest.mark.parametrize("http", [False, True], ids=["GetMetrics", "http"])
+def test_metrics_agree_with_the_calls(env, http):
     d, _, _ = env
     md = T.key("bob-key-000002")
-    before = metrics(d, md)
+    before = metrics(d, md, http)
     ok0 = sample(before, "clocher_requests", "clocher_requests_total", method="Generate",
                  status="OK", tenant="bob")
     nf0 = sample(before, "clocher_requests", "clocher_requests_total", method="Generate",
@@ -152,7 +162,7 @@ def test_metrics_agree_with_the_calls(env):
     for _ in range(2):
         with pytest.raises(grpc.RpcError):
             T.generate(d.stub, md, PROMPTS[0], adapter="a3")
-    after = metrics(d, md)
+    after = metrics(d, md, http)
     assert sample(after, "clocher_requests", "clocher_requests_total", method="Generate",
                   status="OK", tenant="bob") == ok0 + 3
     assert sample(after, "clocher_requests", "clocher_requests_total", method="Generate",
@@ -160,3 +170,6 @@ def test_metrics_agree_with_the_calls(env):
     assert sample(after, "clocher_completion_tokens", "clocher_completion_tokens_total",
                   tenant="bob") == tok0 + n_tok
     assert sample(after, "clocher_workers_ready", "clocher_workers_ready") == 2
+    assert sample(after, "clocher_e2e_seconds", "clocher_e2e_seconds_count", tenant="bob") >= 3
+    # the workers' own figures arrive with their STATS records (about once a second)
+    assert "clocher_kv_blocks" in after and "clocher_worker_rss_bytes" in after
