@@ -60,6 +60,8 @@ static void usage(FILE *f)
 
 struct sample {
     double ttft_ms, tpot_ms, e2e_ms; /* tpot_ms NAN when fewer than 2 tokens */
+    double server_ttft_ms;           /* the worker's own TTFT (the last message's timings): the
+                                      * difference to ttft_ms is gRPC + gateway + rings */
     uint32_t tokens, prompt_tokens;
     int code;                        /* gRPC status; -1 for a local failure */
 };
@@ -85,6 +87,7 @@ static void run_one(struct bench *b, struct sample *s)
 {
     memset(s, 0, sizeof *s);
     s->tpot_ms = NAN;
+    s->server_ttft_ms = NAN;
     double t0 = rpc_now(), t_first = 0;
     struct rpc_stream *st;
     int rc = rpc_stream_open(b->c, RPC_M_GENERATE, &b->req->base, -1, &st);
@@ -101,6 +104,8 @@ static void run_one(struct bench *b, struct sample *s)
         s->tokens += (uint32_t)g->n_token_ids;
         if (g->usage)
             s->prompt_tokens = g->usage->prompt_tokens;
+        if (g->timings && g->timings->has_ttft_ms)
+            s->server_ttft_ms = g->timings->ttft_ms;
         protobuf_c_message_free_unpacked(m, NULL);
     }
     struct rpc_status status;
@@ -380,6 +385,7 @@ int cmd_bench(int argc, char **argv)
     struct dist ttft = distribution(all, total, offsetof(struct sample, ttft_ms), scratch);
     struct dist tpot = distribution(all, total, offsetof(struct sample, tpot_ms), scratch);
     struct dist e2e = distribution(all, total, offsetof(struct sample, e2e_ms), scratch);
+    struct dist sttft = distribution(all, total, offsetof(struct sample, server_ttft_ms), scratch);
     size_t failed = total - ok;
     double req_s = wall > 0 ? (double)ok / wall : NAN, tok_s = wall > 0 ? (double)tokens / wall : NAN;
 
@@ -396,6 +402,8 @@ int cmd_bench(int argc, char **argv)
         print_dist_json(stdout, "tpot_ms", &tpot);
         printf(",");
         print_dist_json(stdout, "e2e_ms", &e2e);
+        printf(",");
+        print_dist_json(stdout, "server_ttft_ms", &sttft);
         printf(",\"errors\":{");
         bool first = true;
         for (int c = 1; c <= N_CODES; c++) {
@@ -415,6 +423,7 @@ int cmd_bench(int argc, char **argv)
         print_dist_text(stdout, "  ttft", &ttft);
         print_dist_text(stdout, "  tpot", &tpot);
         print_dist_text(stdout, "  e2e", &e2e);
+        print_dist_text(stdout, "  ttft in the worker", &sttft);
         if (failed) {
             printf("errors:");
             for (int c = 1; c <= N_CODES; c++)
