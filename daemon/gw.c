@@ -45,7 +45,7 @@
 #define IDLE_POLL_US 20000           /* a reader without a region looks for one this often */
 #define STATS_EVERY_NS 1000000000ull /* STATS_QUERY to each worker about once a second */
 #define ADAPTER_BONUS 4               /* routing: requests a shared adapter is worth */
-#define DEATH_WAIT_POLLS 30          /* x 10 ms: how long a reader waits for the supervisor's reason */
+#define DEATH_WAIT_POLLS 30          /* x 10 ms a reader waits for the supervisor's reason */
 
 static const char *const method_paths[GW_METHODS] = {
     [GW_GENERATE] = "/clocher.v1.Inference/Generate",
@@ -121,7 +121,10 @@ static void *cq_main(void *arg)
 
 /* ---- slots: routing and the request tables ---- */
 
-static size_t bucket(uint64_t id) { return (size_t)((id * 0x9e3779b97f4a7c15ull) >> 54) & (GW_BUCKETS - 1); }
+static size_t bucket(uint64_t id)
+{
+    return (size_t)((id * 0x9e3779b97f4a7c15ull) >> 54) & (GW_BUCKETS - 1);
+}
 
 /* Unlinks and returns the entry of id (slot->mu held), NULL if none. */
 static struct gw_entry *table_take(struct gw_slot *s, uint64_t id)

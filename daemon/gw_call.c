@@ -710,14 +710,36 @@ static void ctx_init(struct gw_call *c, struct gw_req_ctx *ctx, struct gw_model_
                                .deadline_ns = deadline_ns(c)};
 }
 
+/* The call's request unpacked as a `d` message and kept with the call; NULL when the bytes
+ * are not one (the call is ended INVALID_ARGUMENT). */
+static void *request_of(struct gw_call *c, const ProtobufCMessageDescriptor *d)
+{
+    void *r = unpack(d, c->payload);
+    if (!r) {
+        end_call(c, GRPC_STATUS_INVALID_ARGUMENT, "request: not a valid %s", d->name);
+        return NULL;
+    }
+    c->req = r;
+    return r;
+}
+
+/* A call of one worker request (m) to whichever worker is least loaded. */
+static void submit_single(struct gw_call *c, struct shm_msg *m)
+{
+    if (items_alloc(c, 1) < 0)
+        return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+    char why[512];
+    int st = gw__submit(c->g, -1, m, c, 0, why, sizeof why);
+    if (st)
+        return end_call(c, st, "%s", why);
+    after_submit(c);
+}
+
 static void start_generate(struct gw_call *c)
 {
-    Clocher__V1__GenerateRequest *r = unpack(&clocher__v1__generate_request__descriptor,
-                                             c->payload);
+    Clocher__V1__GenerateRequest *r = request_of(c, &clocher__v1__generate_request__descriptor);
     if (!r)
-        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
-                        "request: not a valid clocher.v1.GenerateRequest");
-    c->req = r;
+        return;
     if (items_alloc(c, 1) < 0)
         return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
     if (begin_stream(c) < 0)
@@ -747,11 +769,9 @@ static void start_generate(struct gw_call *c)
 static void start_batch(struct gw_call *c)
 {
     Clocher__V1__BatchGenerateRequest *r =
-        unpack(&clocher__v1__batch_generate_request__descriptor, c->payload);
+        request_of(c, &clocher__v1__batch_generate_request__descriptor);
     if (!r)
-        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
-                        "request: not a valid clocher.v1.BatchGenerateRequest");
-    c->req = r;
+        return;
     if (r->n_requests == 0)
         return end_call(c, GRPC_STATUS_INVALID_ARGUMENT, "requests: empty");
     if (r->n_requests > GW_MAX_BATCH)
@@ -784,46 +804,28 @@ static void start_batch(struct gw_call *c)
 
 static void start_tokenize(struct gw_call *c)
 {
-    Clocher__V1__TokenizeRequest *r = unpack(&clocher__v1__tokenize_request__descriptor,
-                                             c->payload);
+    Clocher__V1__TokenizeRequest *r = request_of(c, &clocher__v1__tokenize_request__descriptor);
     if (!r)
-        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
-                        "request: not a valid clocher.v1.TokenizeRequest");
-    c->req = r;
-    if (items_alloc(c, 1) < 0)
-        return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
+        return;
     const char *text = r->text ? r->text : "";
     struct shm_msg m = {.type = SHM_MSG_TOKENIZE,
                         .tokenize = {.flags = !r->has_add_bos || r->add_bos ? SHM_GEN_ADD_BOS : 0,
                                      .text = text, .text_len = (uint32_t)strlen(text)}};
-    char why[512];
-    int st = gw__submit(c->g, -1, &m, c, 0, why, sizeof why);
-    if (st)
-        return end_call(c, st, "%s", why);
-    after_submit(c);
+    submit_single(c, &m);
 }
 
 static void start_detokenize(struct gw_call *c)
 {
-    Clocher__V1__DetokenizeRequest *r = unpack(&clocher__v1__detokenize_request__descriptor,
-                                               c->payload);
+    Clocher__V1__DetokenizeRequest *r = request_of(c, &clocher__v1__detokenize_request__descriptor);
     if (!r)
-        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
-                        "request: not a valid clocher.v1.DetokenizeRequest");
-    c->req = r;
+        return;
     for (size_t i = 0; i < r->n_ids; i++)
         if (r->ids[i] < 0)
             return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
                             "ids: token %zu is %" PRId32 ", ids are >= 0", i, r->ids[i]);
-    if (items_alloc(c, 1) < 0)
-        return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
     struct shm_msg m = {.type = SHM_MSG_DETOKENIZE,
                         .ids = {.ids = r->ids, .n_ids = (uint32_t)r->n_ids}};
-    char why[512];
-    int st = gw__submit(c->g, -1, &m, c, 0, why, sizeof why);
-    if (st)
-        return end_call(c, st, "%s", why);
-    after_submit(c);
+    submit_single(c, &m);
 }
 
 /* Adapter management: tenants allowed every adapter ("*"), or anonymous access. */
@@ -834,20 +836,16 @@ static void start_adapter_op(struct gw_call *c, bool load)
     const char *name, *path = NULL;
     if (load) {
         Clocher__V1__LoadAdapterRequest *r =
-            unpack(&clocher__v1__load_adapter_request__descriptor, c->payload);
+            request_of(c, &clocher__v1__load_adapter_request__descriptor);
         if (!r)
-            return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
-                            "request: not a valid clocher.v1.LoadAdapterRequest");
-        c->req = r;
+            return;
         name = r->name ? r->name : "";
         path = r->path ? r->path : "";
     } else {
         Clocher__V1__UnloadAdapterRequest *r =
-            unpack(&clocher__v1__unload_adapter_request__descriptor, c->payload);
+            request_of(c, &clocher__v1__unload_adapter_request__descriptor);
         if (!r)
-            return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
-                            "request: not a valid clocher.v1.UnloadAdapterRequest");
-        c->req = r;
+            return;
         name = r->name ? r->name : "";
     }
     if (!may_manage(c))
@@ -959,13 +957,9 @@ static void start_metrics(struct gw_call *c)
 static int health_of(struct gw_call *c, int *status)
 {
     Grpc__Health__V1__HealthCheckRequest *r =
-        unpack(&grpc__health__v1__health_check_request__descriptor, c->payload);
-    if (!r) {
-        end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
-                 "request: not a valid grpc.health.v1.HealthCheckRequest");
+        request_of(c, &grpc__health__v1__health_check_request__descriptor);
+    if (!r)
         return -1;
-    }
-    c->req = r;
     if (r->service && r->service[0] && strcmp(r->service, "clocher.v1.Inference") != 0) {
         end_call(c, GRPC_STATUS_NOT_FOUND, "service \"%.64s\" is not served here", r->service);
         return -1;
