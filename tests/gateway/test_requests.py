@@ -24,7 +24,7 @@ def d():
     ]
     dm = T.Daemon(model, workers=1, tenants=tenants, adapters=ads,
                   limits={"max_message_bytes": 65536, "max_prompt_tokens": 64,
-                          "max_tokens": 512})
+                          "max_tokens": 1000})
     yield dm
     assert dm.stop() == 0, dm.read_log()
 
@@ -53,8 +53,8 @@ def gen(d, md=ALICE, **kw):
     (ALICE, dict(prompt="word " * 200), "INVALID_ARGUMENT", "prompt:"),
     (ALICE, dict(ids=[1, 99999]), "INVALID_ARGUMENT", "prompt: token 1 is 99999"),
     (ALICE, dict(ids=[1, -3]), "INVALID_ARGUMENT", "prompt_ids: token 1 is -3"),
-    (ALICE, dict(ids=[1, 5], max_tokens=513), "INVALID_ARGUMENT",
-     "max_tokens: 513 exceeds the limit 512"),
+    (ALICE, dict(ids=[1, 5], max_tokens=1001), "INVALID_ARGUMENT",
+     "max_tokens: 1001 exceeds the limit 1000"),
     (ALICE, dict(ids=[1, 5], temperature=-0.5), "INVALID_ARGUMENT", "sampling.temperature"),
     (ALICE, dict(ids=[1, 5], sampling={"top_p": 1.5}), "INVALID_ARGUMENT",
      "sampling.top_p: 1.5 is outside (0, 1]"),
@@ -139,7 +139,7 @@ def test_client_cancel_mid_stream_and_memory_stays_flat(d):
         cancelled = 0
         for i in range(n):
             it = d.stub.Generate(T.pb.GenerateRequest(prompt_ids=T.pb.TokenIds(ids=[1, 7 + i % 50]),
-                                                      max_tokens=512), metadata=ALICE, timeout=60)
+                                                      max_tokens=1000), metadata=ALICE, timeout=60)
             next(it)
             it.cancel()
             try:
