@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (README's second command).
 #  1. release build with -Werror: every test (unit, integration);
-#  2. ASan+UBSan build: the unit tests;
+#  2. ASan+UBSan build: the unit tests and those labelled asan (the gateway end to end: a real
+#     clocherd and its workers, sanitized, leak-checked at exit);
 #  3. TSan build: the tests labelled tsan (rings, thread pool, registries);
 #  4. clang libFuzzer build: each fuzzer for a bounded time (CLOCHER_FUZZ_SECONDS, default 20).
 # Build trees go to build/ci-*; a clean checkout is all it needs (deps are installed first).
@@ -18,12 +19,12 @@ cmake -S . -B build/ci-release -DCLOCHER_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDeb
 cmake --build build/ci-release -j"$jobs"
 ctest --test-dir build/ci-release --output-on-failure -j"$jobs" -LE fuzz
 
-section "ASan+UBSan build: unit tests"
+section "ASan+UBSan build: unit tests and the gateway end to end"
 cmake -S . -B build/ci-asan -DCLOCHER_WERROR=ON -DCLOCHER_SANITIZE=address,undefined \
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
 cmake --build build/ci-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build/ci-asan --output-on-failure -j"$jobs" -L unit
+  ctest --test-dir build/ci-asan --output-on-failure -j"$jobs" -L 'unit|asan'
 
 section "TSan build: shared-memory and thread tests (label tsan)"
 cmake -S . -B build/ci-tsan -DCLOCHER_WERROR=ON -DCLOCHER_SANITIZE=thread \
