@@ -425,7 +425,12 @@ static void do_generate(struct serve *s, const struct shm_msg_generate *g)
         if (r)
             reqmap_del(&s->reqs, r);
         const char *why = log_last_error();
-        send_error(s, g->request_id, rc, "%s", why[0] ? why : err_str(rc));
+        if (rc == ERR_OVERLOADED && !why[0])
+            send_error(s, g->request_id, rc, "overloaded: the worker's queue is full (%" PRIu32
+                       " requests waiting beyond those running: limits.max_queue); retry later",
+                       s->o.max_queue);
+        else
+            send_error(s, g->request_id, rc, "%s", why[0] ? why : err_str(rc));
     } else if (r) {
         r->engine_id = eid;
     }

@@ -143,3 +143,26 @@ def test_sighup_adds_a_tenant_without_dropping_streams(model):
             assert s.code == grpc.StatusCode.OK, (s.code, s.details)
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_overload_is_unavailable_at_once(model):
+    # a burst of 72 streams at one worker whose engine queues at most 4 requests beyond those
+    # it runs: the excess is refused UNAVAILABLE at once, the rest is served
+    d = T.Daemon(model, workers=1, limits={"max_queue": 4})
+    try:
+        ss = [Stream(d.stub, [1, 100 + i % 50], 200, seed=i) for i in range(72)]
+        for s in ss:
+            s.start()
+        for s in ss:
+            s.join(120)
+        refused = [s for s in ss if s.code == grpc.StatusCode.UNAVAILABLE]
+        served = [s for s in ss if s.code == grpc.StatusCode.OK]
+        assert len(refused) + len(served) == len(ss), [(s.code, s.details) for s in ss]
+        assert refused and served
+        first_done = min(s.ended for s in served)
+        for s in refused:
+            assert not s.tokens
+            assert "queue" in s.details, s.details
+            assert s.ended <= first_done  # at once, not after waiting
+    finally:
+        assert d.stop() == 0, d.read_log()
