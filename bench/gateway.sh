@@ -2,7 +2,8 @@
 # The gateway's cost, as recorded in docs/PERFORMANCE.md "## Daemon and gateway":
 #   1. `clocher bench` against clocherd (one worker, THREADS threads) vs `inference-engine
 #      --concurrency` in-process, same model, prompt, greedy decoding, same number of
-#      concurrent requests, WAVES requests per stream after a warm-up: generated tokens/s and
+#      concurrent requests starting together (one wave, after a warm-up wave on both sides:
+#      a warm engine, a started client): generated tokens/s and
 #      TTFT p50, interleaved repetitions, medians, and their ratios; the worker's own TTFT
 #      (from each stream's last message) beside the client's, so the difference is what gRPC,
 #      the gateway and the rings add; clocherd's CPU time over the worker's. Models: synthetic TinyLlama-1.1B int4 (a real workload) and the demo
@@ -18,7 +19,6 @@ threads=${THREADS:-2}
 reps=${REPS:-5}
 max_new=${MAX_NEW:-32}
 concs=${CONC:-1 8}
-waves=${WAVES:-4} # requests per stream in one measurement (in-process: rounds)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j2 --target clocher clocherd clocher-worker inference-engine >/dev/null
 clocher=$build/client/clocher ie=$build/worker/inference-engine clocherd=$build/daemon/clocherd
@@ -69,15 +69,14 @@ for m in tinyllama-1.1b-int4 demo; do
     wpid=$(pgrep -P "$daemon_pid" clocher-worker | head -1)
     for _ in $(seq "$reps"); do
       # both sides warm: the engine after a warm-up round, the client after its start-up (a
-      # gRPC client's start costs CPU that a 2-core machine takes from the worker)
+      # gRPC client's start costs CPU that a 2-core machine takes from the worker); one wave
+      # of c requests starting together on both sides (the same batching schedule)
       out=$("$ie" --model-dir "$dir" --prompt-ids "$prompt" --greedy --max-new "$max_new" \
-        --concurrency "$c" --threads "$threads" --warmup 1 --rounds "$waves" --quiet)
+        --concurrency "$c" --threads "$threads" --warmup 1 --rounds 1 --quiet)
       echo "$out" | lines 'j["tps"]' | median >>"$run_dir/ie_tps"
       echo "$out" | lines 'j["ttft_p50_ms"]' | median >>"$run_dir/ie_ttft"
       d0=$(cpu_ticks "$daemon_pid") w0=$(cpu_ticks "$wpid")
-      "$clocher" bench --addr "unix:$run_dir/s.sock" -c "$c" -n "$c" --json \
-        --prompt-ids "$prompt" --max-tokens "$max_new" --temperature 0 >/dev/null
-      out=$("$clocher" bench --addr "unix:$run_dir/s.sock" -c "$c" -n $((waves * c)) --json \
+      out=$("$clocher" bench --addr "unix:$run_dir/s.sock" -c "$c" --warmup "$c" -n "$c" --json \
         --prompt-ids "$prompt" --max-tokens "$max_new" --temperature 0)
       dcpu=$((dcpu + $(cpu_ticks "$daemon_pid") - d0)) wcpu=$((wcpu + $(cpu_ticks "$wpid") - w0))
       echo "$out" | field 'j["tokens_per_s"]' >>"$run_dir/gw_tps"

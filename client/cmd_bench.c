@@ -50,6 +50,8 @@ static void usage(FILE *f)
             "  -c, --concurrency N  streams at once, 1..%d (default 1)\n"
             "  -d, --duration S     start requests for S seconds (running ones then finish)\n"
             "  -n, --requests M     run M requests in all (instead of --duration)\n"
+            "  --warmup W           first run W requests that are not measured (connection,\n"
+            "                       client start-up and the daemon's caches warm up)\n"
             "  --json               one JSON line instead of the text report\n"
             "  -h, --help           this help\n"
             "\n%s\n%s\n"
@@ -214,7 +216,7 @@ int cmd_bench(int argc, char **argv)
 {
     struct rpc_opts o;
     rpc_opts_init(&o, 0);
-    double concurrency = 1, duration = -1, requests = -1;
+    double concurrency = 1, duration = -1, requests = -1, warmup = 0;
     bool json = false;
     genreq_t *req = genreq_new();
     if (!req)
@@ -225,6 +227,7 @@ int cmd_bench(int argc, char **argv)
         {"concurrency", required_argument, NULL, 'c'},
         {"duration", required_argument, NULL, 'd'},
         {"requests", required_argument, NULL, 'n'},
+        {"warmup", required_argument, NULL, 'w'},
         {"json", no_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
@@ -263,6 +266,10 @@ int cmd_bench(int argc, char **argv)
         case 'n':
             if (parse_num("--requests", optarg, 1, 1e9, &requests) < 0 ||
                 requests != floor(requests))
+                goto out;
+            break;
+        case 'w':
+            if (parse_num("--warmup", optarg, 0, 1e6, &warmup) < 0 || warmup != floor(warmup))
                 goto out;
             break;
         case 'j':
@@ -325,6 +332,23 @@ int cmd_bench(int argc, char **argv)
         goto out;
     }
     b.req = req;
+    if (warmup > 0) {
+        /* not measured: the channel connects, gRPC's threads start, the daemon's caches warm */
+        b.max_requests = (long)warmup;
+        atomic_init(&b.started, 0);
+        atomic_init(&b.stop, false);
+        size_t n_up = 0;
+        for (; n_up < nw; n_up++) {
+            ws[n_up].b = &b;
+            if (pthread_create(&ws[n_up].th, NULL, worker_main, &ws[n_up]) != 0)
+                break;
+        }
+        for (size_t i = 0; i < n_up; i++) {
+            pthread_join(ws[i].th, NULL);
+            free(ws[i].v);
+            ws[i] = (struct worker){0};
+        }
+    }
     b.max_requests = requests >= 0 ? (long)requests : -1;
     double t0 = rpc_now();
     b.stop_at = t0 + (duration >= 0 ? duration : 0);
