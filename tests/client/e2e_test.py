@@ -289,14 +289,17 @@ def body(golden, tmp, ad2, tcp, have_metrics, mport):
 
     # ---- bench ----
     rc, out, err = run(["bench", "--prompt-ids", pid, "--max-tokens", "8", "-c", "3", "-n", "12",
-                        "--json"])
+                        "--warmup", "5", "--json"])
     try:
         b = json.loads(out)
     except ValueError:
         b = {}
     check(rc == 0 and b.get("requests") == 12 and b.get("ok") == 12 and b.get("tokens") == 96
           and b.get("ttft_ms", {}).get("n") == 12 and b["ttft_ms"]["p50"] <= b["ttft_ms"]["p99"]
-          and b.get("errors") == {}, "bench -c 3 -n 12 --json", f"rc {rc}: {out} {err}")
+          and b.get("server_ttft_ms", {}).get("n") == 12
+          and 0 < b["server_ttft_ms"]["p50"] <= b["ttft_ms"]["p50"]
+          and b.get("errors") == {}, "bench -c 3 -n 12 --warmup 5 --json (warm-up not counted)",
+          f"rc {rc}: {out} {err}")
     rc, out, err = run(["bench", "--prompt-ids", pid, "--max-tokens", "4", "-c", "2", "-d", "1"])
     check(rc == 0 and "requests/s" in out and "p99" in out, "bench -d 1 (text report)", out)
     rc, out, err = run(["bench", "--prompt-ids", pid, "--temperature", "-1", "-n", "3", "--json"])
