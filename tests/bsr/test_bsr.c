@@ -6,7 +6,9 @@
  *    block-row ranges (rows outside them untouched);
  *  - dense -> BSR -> dense exact, threshold pruning, file round trip byte-exact;
  *  - every malformed-file case the loader must refuse, with its code and the field named;
- *  - `clocher sparsify`: --help, bad flags, a real conversion (raw f32 input).
+ *  - `clocher sparsify`: --help, bad flags, a real conversion (raw f32 input);
+ *  - the fuzz seeds (packed by tests/fuzz/gen_bsr_seeds.py from docs/BSR.md, independently of
+ *    bsr.c): every ok_* loads, every bad_* is refused.
  */
 #include "testutil.h"
 
@@ -15,6 +17,7 @@
 #include "err.h"
 #include "kern.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -388,6 +391,36 @@ static void test_cli(void **state)
     free(dir);
 }
 
+/* ---- the documented layout, packed independently: the fuzz seeds ------------------------- */
+
+static void test_seeds(void **state)
+{
+    (void)state;
+    const char *src = getenv("CLOCHER_SOURCE_DIR");
+    assert_non_null(src);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fuzz/corpus/bsr", src);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int ok = 0, bad = 0;
+    struct dirent *e;
+    tu_log_capture_begin();
+    while ((e = readdir(d))) {
+        int want_ok = strncmp(e->d_name, "ok_", 3) == 0;
+        if (!want_ok && strncmp(e->d_name, "bad_", 4) != 0)
+            continue;
+        struct bsr *m = NULL;
+        int rc = bsr_open(tu_path(dir, e->d_name), &m);
+        if ((rc == 0) != want_ok)
+            fail_msg("seed %s: %s (%s)", e->d_name, err_name(rc), tu_log_captured());
+        *(want_ok ? &ok : &bad) += 1;
+        bsr_close(m);
+    }
+    tu_log_capture_end();
+    closedir(d);
+    assert_true(ok >= 5 && bad >= 10);
+}
+
 int main(void)
 {
     if (kern_init() != 0)
@@ -397,6 +430,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_seeds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
