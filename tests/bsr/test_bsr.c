@@ -77,6 +77,9 @@ static void test_gemv(void **state)
         {1, 1, 1, 1},     {1, 17, 1, 16},   {37, 53, 8, 16},  {64, 64, 16, 16},
         {100, 70, 16, 16}, {33, 19, 5, 7},  {130, 257, 32, 32}, {48, 200, 8, 40},
         {17, 300, 24, 20}, {256, 96, 16, 48}, {9, 33, 9, 33},  {200, 129, 64, 1},
+        /* AVX-512 paths: 4 x slices in registers (bc 64), slabs of 64 rows (br > 64),
+           full-width masked slices (bc > 64) */
+        {50, 200, 8, 64},  {170, 100, 80, 32}, {70, 130, 100, 80}, {129, 64, 129, 16},
     };
     static const double sparsities[] = {0.0, 0.5, 0.75, 0.95, 1.0};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
