@@ -147,11 +147,12 @@ struct kern_bsr {
 /*
  * y[r] = sum_c W[r][c] * x[c] for the rows of block rows [b0, b1) (clipped to m->rows); a
  * block row without blocks yields zeros. x: [cols], y: [rows]. f32 products and accumulation
- * (the AVX-512 variant sums 16 lanes per row, then reduces: order differs from _ref).
- * kern_bsr_gemv dispatches on kern_isa(): AVX-512 has its own variant, the others run _ref.
+ * (the SIMD variants sum 8/16 lanes per row, then reduce: order differs from _ref).
+ * kern_bsr_gemv dispatches on kern_isa() to the _avx512, _avx2 or _ref variant.
  */
 typedef void kern_bsr_fn(const struct kern_bsr *m, const float *x, float *y, size_t b0,
                          size_t b1);
-kern_bsr_fn kern_bsr_gemv, kern_gemv_bsr_f32_ref, kern_gemv_bsr_f32_avx512;
+kern_bsr_fn kern_bsr_gemv, kern_gemv_bsr_f32_ref, kern_gemv_bsr_f32_avx2,
+    kern_gemv_bsr_f32_avx512;
 
 #endif
