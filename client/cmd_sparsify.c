@@ -43,7 +43,7 @@ static void usage(FILE *f)
             "  OUT             the BSR file to write (replaced atomically)\n"
             "  --block RxC     block shape, each 1..%u (e.g. 16x16)\n"
             "  --threshold T   prune blocks with max |w| < T (default 0: only zero blocks)\n"
-            "  --tensor NAME   the 2-D tensor of the IEBIN model (e.g. layers.0.attention.wq)\n"
+            "  --tensor NAME   the 2-D tensor of the IEBIN model (e.g. blk.0.attn_q)\n"
             "  --shape RxC     the raw file's matrix shape\n",
             BSR_MAX_BLOCK);
 }

@@ -6,7 +6,8 @@
  *    block-row ranges (rows outside them untouched);
  *  - dense -> BSR -> dense exact, threshold pruning, file round trip byte-exact;
  *  - every malformed-file case the loader must refuse, with its code and the field named;
- *  - `clocher sparsify`: --help, bad flags, a real conversion (raw f32 input);
+ *  - `clocher sparsify`: --help, bad flags, a real conversion (raw f32 input), and through the
+ *    `clocher` executable when the build has it, an IEBIN tensor of stories260K;
  *  - the fuzz seeds (packed by tests/fuzz/gen_bsr_seeds.py from docs/BSR.md, independently of
  *    bsr.c): every ok_* loads, every bad_* is refused.
  */
@@ -15,6 +16,7 @@
 #include "bsr.h"
 #include "cmds.h"
 #include "err.h"
+#include "iebin.h"
 #include "kern.h"
 
 #include <dirent.h>
@@ -388,6 +390,33 @@ static void test_cli(void **state)
         assert_int_equal(tu_run(cmd, &text), 0);
         assert_non_null(strstr(text, "usage: clocher sparsify"));
         free(text);
+        /* the IEBIN input: stories260K converted, one attention matrix sparsified; the
+           file's dense form is the tensor exactly */
+        char *mdir = tu_mkdtemp();
+        snprintf(cmd, sizeof cmd, "%s convert %s %s >/dev/null 2>&1", exe,
+                 tu_fixture("stories260K/stories260K.bin"), mdir);
+        assert_int_equal(tu_run(cmd, NULL), 0);
+        snprintf(cmd, sizeof cmd, "%s sparsify %s %s --tensor blk.0.attn_q --block 16x8", exe,
+                 mdir, out);
+        assert_int_equal(tu_run(cmd, NULL), 0);
+        snprintf(cmd, sizeof cmd, "%s sparsify %s %s --tensor blk.0.attn_norm --block 16x8 "
+                 "2>/dev/null", exe, mdir, out);
+        assert_int_equal(tu_run(cmd, NULL), CMD_EXIT_INPUT); /* 1-D */
+        struct iebin_model *im;
+        assert_int_equal(iebin_open(mdir, &im), 0);
+        const struct iebin_tensor *t = iebin_find(im, "blk.0.attn_q");
+        assert_non_null(t);
+        assert_int_equal(bsr_open(out, &got), 0);
+        assert_int_equal(got->k.rows, t->shape[0]);
+        assert_int_equal(got->k.cols, t->shape[1]);
+        float *d = malloc(t->size);
+        bsr_to_dense(got, d);
+        assert_memory_equal(d, t->data, t->size);
+        free(d);
+        bsr_close(got);
+        iebin_close(im);
+        tu_rmtree(mdir);
+        free(mdir);
     }
     free(w);
     tu_rmtree(dir);
