@@ -33,6 +33,7 @@ int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_synth_adapter(int argc, char **argv);
+int cmd_sparsify(int argc, char **argv);
 
 /* Online commands: gRPC to clocherd (client/rpc.h). */
 int cmd_generate(int argc, char **argv);

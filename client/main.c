@@ -20,6 +20,7 @@ static const struct cmd commands[] = {
     {"generate", cmd_generate, "stream a completion from clocherd"},
     {"health", cmd_health, "ask clocherd whether it is serving"},
     {"metrics", cmd_metrics, "clocherd's metrics (Prometheus text)"},
+    {"sparsify", cmd_sparsify, "dense weight matrix -> block-sparse (BSR) file"},
     {"synth", cmd_synth, "write a deterministic random-weight model (Hugging Face form)"},
     {"synth-adapter", cmd_synth_adapter, "write a deterministic random LoRA adapter (PEFT form)"},
     {"tokenize", cmd_tokenize, "text on stdin -> token ids on stdout"},

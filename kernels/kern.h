@@ -128,4 +128,31 @@ kern_mm_fn kern_gemv_bf16_bf16_ref, kern_gemm_bf16_bf16_ref;
 kern_mm_fn kern_gemv_bf16_bf16_avx512, kern_gemm_bf16_bf16_avx512;
 #undef KERN_DECLARE_
 
+/* ---- block-sparse (BSR) GEMV (kernels/sparse.c; the file format is worker/bsr.h) --------- */
+
+/*
+ * A block-sparse [rows][cols] f32 matrix: uniform br x bc blocks, stored row-major inside each
+ * block, block rows in order, the blocks of one block row in increasing block column. Edge
+ * blocks are stored whole with zeros outside the matrix (worker/bsr.c guarantees it); the
+ * kernels never read x past cols nor write y past rows. Borrowed pointers, read-only.
+ */
+struct kern_bsr {
+    size_t rows, cols;       /* the matrix */
+    size_t br, bc;           /* block shape, >= 1 */
+    const uint32_t *row_ptr; /* [ceil(rows/br) + 1]: block row b owns blocks [row_ptr[b], row_ptr[b+1]) */
+    const uint32_t *col_idx; /* [row_ptr[nbr]] block column of each block, < ceil(cols/bc) */
+    const float *blocks;     /* [row_ptr[nbr]][br][bc] */
+};
+
+/*
+ * y[r] = sum_c W[r][c] * x[c] for the rows of block rows [b0, b1) (clipped to m->rows); a
+ * block row without blocks yields zeros. x: [cols], y: [rows]. f32 products and accumulation
+ * (the SIMD variants sum 8/16 lanes per row, then reduce: order differs from _ref).
+ * kern_bsr_gemv dispatches on kern_isa() to the _avx512, _avx2 or _ref variant.
+ */
+typedef void kern_bsr_fn(const struct kern_bsr *m, const float *x, float *y, size_t b0,
+                         size_t b1);
+kern_bsr_fn kern_bsr_gemv, kern_gemv_bsr_f32_ref, kern_gemv_bsr_f32_avx2,
+    kern_gemv_bsr_f32_avx512;
+
 #endif
