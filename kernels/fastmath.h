@@ -2,8 +2,8 @@
  * fastmath.h — the scalar specification of Clocher's exp and tanh (kernels/elt.c), whose
  * AVX2/AVX-512 twins (kernels/x86/avx*_elt.c) run the same algorithm lane-wise.
  *
- * exp: Cody-Waite reduction x = n ln2 + r with ln2 split into a 9-bit head (n * head is exact
- * for |n| <= 2^15) and a tail, |r| <= ln2/2; Cephes' degree-7 minimax polynomial for e^r; 2^n
+ * exp: Cody-Waite reduction x = n ln2 + r with ln2 split into a 9-bit head (n * head is exact:
+ * the clamp below keeps |n| <= 150, 8 bits) and a tail, |r| <= ~ln2/2; Cephes' degree-7 minimax polynomial for e^r; 2^n
  * applied with one rounding (ldexpf here, vscalefps on AVX-512, two normal-range factors on
  * AVX2) so subnormal results are correctly rounded from p. Inputs are clamped to [-104, 88.75]
  * first (e^-104 rounds to 0, e^88.75 overflows to +inf), in comparisons that let NaN through.
@@ -11,8 +11,8 @@
  * subnormals (tests/kern/test_kern_elt.c sweeps every 127th float bit pattern against libm in
  * double).
  *
- * tanh: |x| < 0.625: Cephes' odd polynomial (no cancellation near 0, tanh(±0) = ±0);
- * otherwise 1 - 2/(e^{2|x|} + 1) with the sign restored (±1 from |x| ~ 9 on, ±inf -> ±1).
+ * tanh, on |x| with the sign restored last (tanh(-0) = -0): |x| < 0.625: Cephes' odd polynomial
+ * (no cancellation near 0); otherwise 1 - 2/(e^{2|x|} + 1) (±1 from |x| ~ 9 on, ±inf -> ±1).
  * Error: rel <= KERN_TANH_MAX_REL_ERR, same sweep.
  *
  * SiLU v / (1 + e^-v) and GELU-tanh v / (1 + e^{-2u}) (the same function as
@@ -30,7 +30,7 @@
 #define FM_EXP_HI 88.75f
 #define FM_EXP_LO -104.0f
 #define FM_LOG2E 1.44269504088896341f
-#define FM_LN2_HI 0.693359375f      /* 9 significant bits: n * FM_LN2_HI is exact */
+#define FM_LN2_HI 0.693359375f      /* 355/512, 9 significant bits: n * FM_LN2_HI is exact */
 #define FM_LN2_LO -2.12194440e-4f   /* ln2 - FM_LN2_HI */
 /* Cephes expf: e^r ~ 1 + r + r^2 (P0 + P1 r + ... + P5 r^5) on |r| <= ln2/2 */
 #define FM_EXP_P0 5.0000001201e-1f
