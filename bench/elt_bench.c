@@ -151,8 +151,9 @@ int main(int argc, char **argv)
     if (kern_init() != 0)
         return 1;
     const size_t maxn = 32000;
-    float *x = aligned_alloc(64, maxn * sizeof(float)), *b = aligned_alloc(64, maxn * sizeof(float));
-    float *y = aligned_alloc(64, maxn * sizeof(float)), *cs = aligned_alloc(64, 256 * sizeof(float));
+    const size_t bytes = maxn * sizeof(float);
+    float *x = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes);
+    float *y = aligned_alloc(64, bytes), *cs = aligned_alloc(64, 256 * sizeof(float));
     float inv[128];
     if (!x || !b || !y || !cs) {
         fprintf(stderr, "elt_bench: out of memory\n");

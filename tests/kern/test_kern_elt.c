@@ -339,7 +339,10 @@ static void gbuf_check_guards(const struct gbuf *g, const char *what)
             fail_msg("%s wrote outside its output (index %td of n = %zu)", what, q - g->p, g->n);
 }
 
-static int same_bits(float a, float b) { return to_bits(a) == to_bits(b) || (isnan(a) && isnan(b)); }
+static int same_bits(float a, float b)
+{
+    return to_bits(a) == to_bits(b) || (isnan(a) && isnan(b));
+}
 
 /* NaN-ness and infinities agree and |a - b| <= tol. */
 static int close_to(float a, float b, double tol)
