@@ -5,8 +5,9 @@
  * exp: Cody-Waite reduction x = n ln2 + r with ln2 split into a 9-bit head (n * head is exact:
  * the clamp below keeps |n| <= 150, 8 bits) and a tail, |r| <= ~ln2/2; Cephes' degree-7
  * minimax polynomial for e^r; 2^n applied with one rounding (ldexpf here, vscalefps on
- * AVX-512, two normal-range factors on AVX2) so subnormal results are correctly rounded from p. Inputs are clamped to [-104, 88.75]
- * first (e^-104 rounds to 0, e^88.75 overflows to +inf), in comparisons that let NaN through.
+ * AVX-512, two normal-range factors on AVX2) so subnormal results are correctly rounded from
+ * p. Inputs are clamped to [-104, 88.75] first (e^-104 rounds to 0, e^88.75 overflows to
+ * +inf), in comparisons that let NaN through.
  * Error: rel <= KERN_EXP_MAX_REL_ERR (kern.h) for normal results, +2^-149 absolute for
  * subnormals (tests/kern/test_kern_elt.c sweeps every 127th float bit pattern against libm in
  * double).
