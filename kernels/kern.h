@@ -154,5 +154,75 @@ typedef void kern_bsr_fn(const struct kern_bsr *m, const float *x, float *y, siz
                          size_t b1);
 kern_bsr_fn kern_bsr_gemv, kern_gemv_bsr_f32_ref, kern_gemv_bsr_f32_avx2,
     kern_gemv_bsr_f32_avx512;
+/* ---- elementwise kernels (kernels/elt.c, x86/avx2_elt.c, x86/avx512_elt.c) ----------------
+ *
+ * f32 in, f32 out, any length (0 included), any alignment; y may be the same array as an
+ * input (in-place use), other overlaps are not allowed. The public entries run the variant of
+ * kern_isa(); kern_<op>_f32_f32_<isa> are the variants themselves (the _ref one is the
+ * specification, built on kernels/fastmath.h; the SIMD ones use the same algorithm and the
+ * same fused multiply-adds, so exp and tanh agree with _ref bit for bit and the others differ
+ * only by summation order).
+ *
+ * Error bounds, asserted by tests/kern/test_kern_elt.c (docs/adr/0004 addendum):
+ *  - exp: relative to exp() in double, <= KERN_EXP_MAX_REL_ERR for normal results, plus
+ *    2^-149 absolute for subnormal ones; 0 below -104, +inf above 88.7228 (FLT_MAX), NaN ->
+ *    NaN. Swept over every 127th float bit pattern.
+ *  - tanh: relative to tanh() in double <= KERN_TANH_MAX_REL_ERR; tanh(±0) = ±0,
+ *    tanh(±inf) = ±1, subnormals pass through exactly.
+ *  - silu(v) = v / (1 + e^-v), v = x + b rounded to f32: relative to double
+ *    <= KERN_SILU_MAX_REL_ERR, plus KERN_ACT_ABS_ERR absolute (results below ~1e-37 may
+ *    flush to -0 when e^-v overflows); silu(-inf) = -0.
+ *  - gelu (tanh form) = 0.5 v (1 + tanh u), u = sqrt(2/pi) (v + 0.044715 v^3), computed as
+ *    v / (1 + e^{-2u}) (no cancellation for negative v): relative to double
+ *    <= KERN_GELU_MAX_REL_ERR + KERN_GELU_U_REL_ERR * |2u| (u's f32 rounding times the
+ *    condition number of e^{-2u}), plus KERN_ACT_ABS_ERR absolute.
+ *  - softmax, rmsnorm, swiglu, rope: against _ref, see the test (summation order differs).
+ */
+#define KERN_EXP_MAX_REL_ERR 2e-7
+#define KERN_TANH_MAX_REL_ERR 2e-7
+#define KERN_SILU_MAX_REL_ERR 1e-6
+#define KERN_GELU_MAX_REL_ERR 1e-6
+#define KERN_GELU_U_REL_ERR 4e-7
+#define KERN_ACT_ABS_ERR 1e-30
+
+/* y[i] = e^x[i] (kern_exp), tanh(x[i]) (kern_tanh), for i < n. */
+void kern_exp(float *y, const float *x, size_t n);
+void kern_tanh(float *y, const float *x, size_t n);
+/* y[i] = act(x[i] + b[i]) for act = SiLU / GELU-tanh; b may be NULL (no bias). */
+void kern_silu(float *y, const float *x, const float *b, size_t n);
+void kern_gelu(float *y, const float *x, const float *b, size_t n);
+/* In place: x[i] = e^(x[i] - max) / sum_j e^(x[j] - max). -inf entries (masked) give 0;
+ * a NaN or +inf entry, or all entries -inf, makes the whole row NaN. n == 0 is a no-op. */
+void kern_softmax(float *x, size_t n);
+/* y[i] = w[i] * (x[i] * r), r = 1 / sqrtf(sum(x^2) / n + eps) (worker/forward.c's rmsnorm). */
+void kern_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps);
+/* y[i] = silu(gate[i]) * up[i]. */
+void kern_swiglu(float *y, const float *gate, const float *up, size_t n);
+/*
+ * Rotates the interleaved pairs (v[2i], v[2i+1]) of n_heads heads of hd elements each (hd
+ * even) by the angles of cs [hd/2][2] = (cos, sin):
+ *   v0' = v0 cos - v1 sin,  v1' = v0 sin + v1 cos.
+ */
+void kern_rope(float *v, size_t n_heads, size_t hd, const float *cs);
+/* cs [half][2] = cos, sin of pos * inv_freq[i], computed in double (as worker/forward.c). */
+void kern_rope_table(float *cs, uint32_t pos, const float *inv_freq, size_t half);
+
+typedef void kern_map_fn(float *y, const float *x, size_t n);
+typedef void kern_bias_act_fn(float *y, const float *x, const float *b, size_t n);
+typedef void kern_softmax_fn(float *x, size_t n);
+typedef void kern_rmsnorm_fn(float *y, const float *x, const float *w, size_t n, float eps);
+typedef void kern_swiglu_fn(float *y, const float *gate, const float *up, size_t n);
+typedef void kern_rope_fn(float *v, size_t n_heads, size_t hd, const float *cs);
+
+#define KERN_ELT_VARIANTS_(X, isa)                                                           \
+    X(kern_map_fn, exp, isa) X(kern_map_fn, tanh, isa) X(kern_bias_act_fn, silu, isa)        \
+    X(kern_bias_act_fn, gelu, isa) X(kern_softmax_fn, softmax, isa)                          \
+    X(kern_rmsnorm_fn, rmsnorm, isa) X(kern_swiglu_fn, swiglu, isa) X(kern_rope_fn, rope, isa)
+
+#define KERN_ELT_DECLARE_(fn, op, isa) fn kern_##op##_f32_f32_##isa;
+KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, ref)
+KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx2)
+KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx512)
+#undef KERN_ELT_DECLARE_
 
 #endif
