@@ -3,7 +3,8 @@
 #  1. release build with -Werror: every test (unit, integration);
 #  2. ASan+UBSan build: the unit tests and those labelled asan (the gateway end to end: a real
 #     clocherd and its workers, sanitized, leak-checked at exit);
-#  3. TSan build: the tests labelled tsan (rings, thread pool, registries);
+#  3. TSan build: the tests labelled tsan (rings, thread pool, registries, stats, and the
+#     gateway end to end with gRPC core's own code suppressed: tests/gateway/tsan.supp);
 #  4. clang libFuzzer build: each fuzzer for a bounded time (CLOCHER_FUZZ_SECONDS, default 20).
 # Build trees go to build/ci-*; a clean checkout is all it needs (deps are installed first).
 set -euo pipefail

@@ -138,6 +138,11 @@ class Daemon:
         env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"),
                                                      "quarantine_size_mb=0",
                                                      "thread_local_quarantine_size_kb=0"]))
+        # under TSan: gRPC core is not instrumented, what happens inside it is not ours
+        env["TSAN_OPTIONS"] = ":".join(filter(None, [
+            env.get("TSAN_OPTIONS"),
+            "suppressions=" + os.path.join(SOURCE, "tests", "gateway", "tsan.supp"),
+            "report_signal_unsafe=0"]))
         self.proc = subprocess.Popen([CLOCHERD, "--config", self.cfg_path], stdout=self.log,
                                      stderr=subprocess.STDOUT, env=env)
         self.channel = grpc.insecure_channel("unix:" + self.sock)

@@ -1,6 +1,7 @@
 """Bad requests get the specified status and a message naming what is wrong (issue 5,
 acceptance 5), the tenant stream limit, Tokenize/Detokenize round trip, and a daemon whose
 memory stays flat over 1000 streams cancelled by their clients."""
+import os
 import threading
 import time
 
@@ -155,8 +156,10 @@ def test_client_cancel_mid_stream_and_memory_stays_flat(d):
     cancelled_streams(1000)
     time.sleep(0.5)
     after = [d.rss_kb(p) for p in pids]
+    # TSan's shadow memory and race history grow with the work done: a looser bound there
+    limit = 16384 if os.environ.get("TSAN_OPTIONS") else 4096
     for b, a in zip(before, after):
-        assert a - b < 4096, "RSS grew from %d to %d KiB over 1000 cancelled streams" % (b, a)
+        assert a - b < limit, "RSS grew from %d to %d KiB over 1000 cancelled streams" % (b, a)
     # the worker has nothing left running
     ids, last = T.generate(d.stub, ALICE, [1, 5], max_tokens=3)
     assert len(ids) == 3
