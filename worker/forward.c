@@ -174,17 +174,6 @@ int forward_truncate(struct forward *f, uint32_t pos)
 
 /* ---- building blocks ------------------------------------------------------------------------ */
 
-/* out[i] = w[i] * x[i] / sqrt(mean(x^2) + eps), for one row of n. */
-static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
-{
-    float ss = 0.0f;
-    for (size_t i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (size_t i = 0; i < n; i++)
-        out[i] = w[i] * (r * x[i]);
-}
-
 /* y [n][ldy] = x [n][w->cols] W^T, all of W's rows. */
 static void matmul(const struct forward *f, const struct model_mat *w, const float *x, size_t n,
                    float *y, size_t ldy)
@@ -209,24 +198,7 @@ static void rope_table(struct forward *f, uint32_t pos0, size_t n)
 {
     const size_t half = f->m->hp.head_dim / 2;
     for (size_t t = 0; t < n; t++)
-        for (size_t i = 0; i < half; i++) {
-            double angle = (double)(pos0 + t) * (double)f->inv_freq[i];
-            f->rope[(t * half + i) * 2 + 0] = (float)cos(angle);
-            f->rope[(t * half + i) * 2 + 1] = (float)sin(angle);
-        }
-}
-
-/* Rotates the interleaved pairs (v[2i], v[2i+1]) of each of n_heads heads. cs: [hd/2][2]. */
-static void rope_rotate(float *v, size_t n_heads, size_t hd, const float *cs)
-{
-    for (size_t h = 0; h < n_heads; h++)
-        for (size_t i = 0; i < hd / 2; i++) {
-            float *p = v + h * hd + 2 * i;
-            float c = cs[2 * i], s = cs[2 * i + 1];
-            float v0 = p[0], v1 = p[1];
-            p[0] = v0 * c - v1 * s;
-            p[1] = v0 * s + v1 * c;
-        }
+        kern_rope_table(f->rope + t * half * 2, pos0 + (uint32_t)t, f->inv_freq, half);
 }
 
 /*
@@ -318,13 +290,13 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
 
         /* attention block */
         for (size_t t = 0; t < n; t++)
-            rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
+            kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
         project(f, l, LORA_Q, &L->wq, f->xb, n, f->q, qd);
         project(f, l, LORA_K, &L->wk, f->xb, n, key, kvd);
         project(f, l, LORA_V, &L->wv, f->xb, n, value, kvd);
         for (size_t t = 0; t < n; t++) {
-            rope_rotate(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
-            rope_rotate(key + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
+            kern_rope(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
+            kern_rope(key + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
         }
         attention(f, l, pos0, n);
         project(f, l, LORA_O, &L->wo, f->att, n, f->proj, dim);
@@ -333,13 +305,10 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
 
         /* feed-forward block */
         for (size_t t = 0; t < n; t++)
-            rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
+            kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
         project(f, l, LORA_GATE, &L->w_gate, f->xb, n, f->gate, ffn);
         project(f, l, LORA_UP, &L->w_up, f->xb, n, f->up, ffn);
-        for (size_t i = 0; i < n * ffn; i++) {
-            float g = f->gate[i];
-            f->gate[i] = g / (1.0f + expf(-g)) * f->up[i]; /* silu(gate) * up */
-        }
+        kern_swiglu(f->gate, f->gate, f->up, n * ffn); /* silu(gate) * up, in place */
         project(f, l, LORA_DOWN, &L->w_down, f->gate, n, f->proj, dim);
         for (size_t i = 0; i < n * dim; i++)
             f->x[i] += f->proj[i];
@@ -348,10 +317,10 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
     /* final norm and classifier, only for the rows asked for */
     if (which == FORWARD_LOGITS_ALL) {
         for (size_t t = 0; t < n; t++)
-            rmsnorm(f->xb + t * dim, f->x + t * dim, m->output_norm, dim, hp->rms_eps);
+            kern_rmsnorm(f->xb + t * dim, f->x + t * dim, m->output_norm, dim, hp->rms_eps);
         matmul(f, &m->output, f->xb, n, logits, hp->vocab_size);
     } else if (which == FORWARD_LOGITS_LAST) {
-        rmsnorm(f->xb, f->x + (n - 1) * dim, m->output_norm, dim, hp->rms_eps);
+        kern_rmsnorm(f->xb, f->x + (n - 1) * dim, m->output_norm, dim, hp->rms_eps);
         matmul(f, &m->output, f->xb, 1, logits, hp->vocab_size);
     }
 }
