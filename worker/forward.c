@@ -17,13 +17,14 @@
  * Matmuls batch the chunk (n = n_tokens: the prefill GEMM), so a prompt costs one pass over
  * the weights per chunk instead of one per token.
  *
- * The attention over the cache is one function (attend_head) fed with plain row pointers and
- * a stride: the paged cache of the serving engine (worker/kv.h) replaces the cache and that
- * function, nothing else.
+ * The attention over the cache is the tile kernel of kernels/attn.c (kern_attn_causal here,
+ * fed a row stride; the paged cache of the serving engine, worker/kv_attn.c, feeds the same
+ * kernel block spans): the cache layout is the only difference.
  *
- * NOTES: with a pool, matmul rows (pool_matmul) and (token, head) attention tasks run on the
- * pool's threads; each participant uses its own row of `score`. Everything else runs on the
- * calling thread. All buffers are allocated in forward_create; forward_eval never allocates.
+ * NOTES: with a pool, matmul rows (pool_matmul) and (KV head, token block) attention tasks
+ * run on the pool's threads (the kernels keep their scratch on the stack). Everything else
+ * runs on the calling thread. All buffers are allocated in forward_create; forward_eval never
+ * allocates.
  */
 #include "forward.h"
 
@@ -42,7 +43,6 @@
 struct forward {
     const struct model *m;
     struct pool *pool;
-    int n_threads;           /* participants of pool (1 without) */
     uint32_t max_seq;        /* S: positions the cache holds */
     uint32_t max_chunk;      /* C: tokens per batch */
     uint32_t pos;            /* positions [0, pos) are in the cache */
@@ -59,7 +59,6 @@ struct forward {
     float *up;               /* [C][ffn_dim]  up projection */
     float *rope;             /* [C][head_dim/2][2] cos, sin of each pair's angle per token */
     float *inv_freq;         /* [head_dim/2]  theta^(-2i/head_dim) */
-    float *score;            /* [n_threads][S] attention weights, one row per participant */
 
     /* KV cache: rows of positions, heads side by side */
     float *key_cache;        /* [n_layers][S][kv_dim] */
@@ -110,7 +109,6 @@ int forward_create(const struct model *m, const struct forward_config *cfg,
     }
     f->m = m;
     f->pool = cfg->pool;
-    f->n_threads = cfg->pool ? pool_threads(cfg->pool) : 1;
     f->max_seq = S;
     f->max_chunk = C;
 
@@ -126,7 +124,6 @@ int forward_create(const struct model *m, const struct forward_config *cfg,
         (rc = alloc_f32("up activations", C, ffn, 1, &f->up)) ||
         (rc = alloc_f32("RoPE table", C, half, 2, &f->rope)) ||
         (rc = alloc_f32("RoPE frequencies", half, 1, 1, &f->inv_freq)) ||
-        (rc = alloc_f32("attention scores", (uint64_t)f->n_threads, S, 1, &f->score)) ||
         (rc = alloc_f32("key cache", hp->n_layers, S, kvd, &f->key_cache)) ||
         (rc = alloc_f32("value cache", hp->n_layers, S, kvd, &f->value_cache))) {
         forward_destroy(f);
@@ -146,7 +143,7 @@ void forward_destroy(struct forward *f)
     if (!f)
         return;
     float *bufs[] = {f->x,    f->xb,       f->q,     f->att,       f->proj,
-                     f->gate, f->up,       f->rope,  f->inv_freq,  f->score,
+                     f->gate, f->up,       f->rope,  f->inv_freq,
                      f->key_cache, f->value_cache};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
@@ -202,64 +199,44 @@ static void rope_table(struct forward *f, uint32_t pos0, size_t n)
 }
 
 /*
- * One query head over positions [0, n_ctx) of the cache: the separable attention kernel.
- * q: [hd]; key/value: the rows of this head's KV head, row p at key + p*stride; score: [n_ctx]
- * scratch; out: [hd]. Softmax in f32 with the maximum subtracted.
+ * Grouped-query causal attention of a chunk over the contiguous cache (kern_attn_causal: the
+ * online-softmax tile kernel over 64-position tiles). One pool task per (KV head, block of
+ * tokens): the group's query heads of up to ATTN_TASK_ROWS / group tokens share every K/V
+ * tile the kernel reads.
  */
-static void attend_head(const float *q, const float *key, const float *value, size_t stride,
-                        size_t n_ctx, size_t hd, float *score, float *out)
-{
-    const float scale = 1.0f / sqrtf((float)hd);
-    float max = -INFINITY;
-    for (size_t p = 0; p < n_ctx; p++) {
-        const float *k = key + p * stride;
-        float s = 0.0f;
-        for (size_t i = 0; i < hd; i++)
-            s += q[i] * k[i];
-        score[p] = s * scale;
-        if (score[p] > max)
-            max = score[p];
-    }
-    float sum = 0.0f;
-    for (size_t p = 0; p < n_ctx; p++) {
-        score[p] = expf(score[p] - max);
-        sum += score[p];
-    }
-    const float inv = 1.0f / sum;
-    memset(out, 0, hd * sizeof *out);
-    for (size_t p = 0; p < n_ctx; p++) {
-        const float *v = value + p * stride;
-        const float w = score[p] * inv;
-        for (size_t i = 0; i < hd; i++)
-            out[i] += w * v[i];
-    }
-}
+#define ATTN_TASK_ROWS 64
 
-/* Grouped-query attention of a chunk, one pool task per (token, query head). */
 struct attn_job {
     const struct forward *f;
     const float *key, *value; /* this layer's cache: [S][kv_dim] */
     uint32_t pos0;
+    size_t n, tok_per_task, tasks_per_head;
 };
 
 static void attn_task(void *ctx, size_t task, int thread)
 {
+    (void)thread;
     const struct attn_job *j = ctx;
     const struct forward *f = j->f;
     const struct iebin_hparams *hp = &f->m->hp;
     const size_t hd = hp->head_dim, qd = f->m->q_dim, kvd = f->m->kv_dim;
-    const size_t t = task / hp->n_heads, h = task % hp->n_heads;
-    const size_t kvh = h / (hp->n_heads / hp->n_kv_heads); /* heads share KV heads in groups */
-    attend_head(f->q + t * qd + h * hd, j->key + kvh * hd, j->value + kvh * hd, kvd,
-                j->pos0 + t + 1 /* causal: positions up to its own */, hd,
-                f->score + (size_t)thread * f->max_seq, f->att + t * qd + h * hd);
+    const size_t group = hp->n_heads / hp->n_kv_heads; /* query heads per KV head */
+    const size_t g = task / j->tasks_per_head, t0 = (task % j->tasks_per_head) * j->tok_per_task;
+    const size_t nt = j->n - t0 < j->tok_per_task ? j->n - t0 : j->tok_per_task;
+    const size_t off = t0 * qd + g * group * hd; /* token t0, first head of g's group */
+    kern_attn_causal(DT_F32, nt, group, hd, f->q + off, qd, j->key + g * hd, j->value + g * hd,
+                     kvd * sizeof(float), j->pos0 + (uint32_t)t0, f->att + off, qd);
 }
 
 static void attention(const struct forward *f, uint32_t layer, uint32_t pos0, size_t n)
 {
+    const struct iebin_hparams *hp = &f->m->hp;
     const size_t layer_rows = (size_t)layer * f->max_seq * f->m->kv_dim;
-    struct attn_job j = {f, f->key_cache + layer_rows, f->value_cache + layer_rows, pos0};
-    size_t n_tasks = n * f->m->hp.n_heads;
+    const size_t group = hp->n_heads / hp->n_kv_heads;
+    const size_t tpt = ATTN_TASK_ROWS / group ? ATTN_TASK_ROWS / group : 1;
+    struct attn_job j = {f, f->key_cache + layer_rows, f->value_cache + layer_rows, pos0, n,
+                         tpt, (n + tpt - 1) / tpt};
+    const size_t n_tasks = hp->n_kv_heads * j.tasks_per_head;
     if (f->pool)
         pool_run(f->pool, attn_task, &j, n_tasks);
     else
