@@ -225,4 +225,60 @@ KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx2)
 KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx512)
 #undef KERN_ELT_DECLARE_
 
+/* ---- attention (kernels/attn.c, x86/avx2_attn.c, x86/avx512_attn.c) ----------------------
+ *
+ * One tile kernel with explicit online-softmax state. nq query rows that read the same KV
+ * head (a GQA group, or the tokens x group heads of a prefill chunk) each carry a running
+ * maximum m, a running sum l and an unnormalised output o [hd]; a tile of n positions updates
+ * them as
+ *   m' = max(m, max_j s_j),  s_j = scale * q . k_j
+ *   l  = l e^(m-m') + sum_j e^(s_j-m')
+ *   o  = o e^(m-m') + sum_j e^(s_j-m') v_j
+ * and kern_attn_end() divides o by l: softmax(scale q K^T) V without an [nq x n] score
+ * matrix. Row r sees only the first vis[r] positions of the tile (causal masks; 0 = the row
+ * is not touched); vis == NULL means all n. Every row must have seen >= 1 position before
+ * kern_attn_end().
+ * K and V: n rows of hd elements of dtype kvt (f32, f16 or bf16), row j at k + j*ld bytes
+ * (same ld for V). The kernel widens f16/bf16 tiles to f32 once and shares them between all
+ * nq rows; products and sums are f32, exp is fm_expf (kernels/fastmath.h), so the SIMD paths
+ * differ from _ref only by summation order and FMA contraction. hd <= KERN_ATTN_HD_MAX.
+ * Bound asserted by tests/kern/test_kern_attn.c against softmax(q K^T / sqrt(hd)) V in double
+ * on the stored values: |err| <= KERN_ATTN_MAX_ERR * max|v|.
+ */
+#define KERN_ATTN_HD_MAX 256
+#define KERN_ATTN_TILE 64 /* positions widened at once; kern_attn_causal's tile */
+#define KERN_ATTN_MAX_ERR 2e-5
+
+typedef void kern_attn_fn(const float *const *q, float *const *o, float *m, float *l,
+                          const uint32_t *vis, size_t nq, const void *k, const void *v,
+                          size_t ld, size_t n, size_t hd, float scale);
+
+/* m[r] = -inf, l[r] = 0, o[r] [hd] = 0 for r < nq. */
+void kern_attn_begin(float *const *o, float *m, float *l, size_t nq, size_t hd);
+/* o[r] [hd] /= l[r] for r < nq. */
+void kern_attn_end(float *const *o, const float *l, size_t nq, size_t hd);
+/* The tile kernel of kern_isa() for K/V dtype kvt (DT_F32, DT_F16 or DT_BF16). */
+void kern_attn(enum dtype kvt, const float *const *q, float *const *o, float *m, float *l,
+               const uint32_t *vis, size_t nq, const void *k, const void *v, size_t ld,
+               size_t n, size_t hd, float scale);
+
+/*
+ * Causal attention over a contiguous cache (prefill, and decode as a chunk of one): nt tokens
+ * at positions pos0 .. pos0+nt-1, each with `group` query heads that share one KV head.
+ * q [nt][ldq] floats: token t's head j at q + t*ldq + j*hd; out [nt][ldo] alike.
+ * k, v: positions 0 .. pos0+nt-1 of that KV head, position p at k + p*ld bytes (dtype kvt).
+ * Token t attends to positions [0, pos0+t]; walked in KERN_ATTN_TILE-position tiles, up to
+ * 64 query rows at a time (state on the stack, no allocation). Scale 1/sqrt(hd).
+ */
+void kern_attn_causal(enum dtype kvt, size_t nt, size_t group, size_t hd, const float *q,
+                      size_t ldq, const void *k, const void *v, size_t ld, uint32_t pos0,
+                      float *out, size_t ldo);
+
+#define KERN_ATTN_VARIANTS_(X, isa) X(f32, isa) X(f16, isa) X(bf16, isa)
+#define KERN_ATTN_DECLARE_(kvt, isa) kern_attn_fn kern_attn_##kvt##_f32_##isa;
+KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, ref)
+KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, avx2)
+KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, avx512)
+#undef KERN_ATTN_DECLARE_
+
 #endif

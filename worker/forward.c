@@ -17,13 +17,14 @@
  * Matmuls batch the chunk (n = n_tokens: the prefill GEMM), so a prompt costs one pass over
  * the weights per chunk instead of one per token.
  *
- * The attention over the cache is one function (attend_head) fed with plain row pointers and
- * a stride: the paged cache of the serving engine (worker/kv.h) replaces the cache and that
- * function, nothing else.
+ * The attention over the cache is the tile kernel of kernels/attn.c (kern_attn_causal here,
+ * fed a row stride; the paged cache of the serving engine, worker/kv_attn.c, feeds the same
+ * kernel block spans): the cache layout is the only difference.
  *
- * NOTES: with a pool, matmul rows (pool_matmul) and (token, head) attention tasks run on the
- * pool's threads; each participant uses its own row of `score`. Everything else runs on the
- * calling thread. All buffers are allocated in forward_create; forward_eval never allocates.
+ * NOTES: with a pool, matmul rows (pool_matmul) and (KV head, token block) attention tasks
+ * run on the pool's threads (the kernels keep their scratch on the stack). Everything else
+ * runs on the calling thread. All buffers are allocated in forward_create; forward_eval never
+ * allocates.
  */
 #include "forward.h"
 
@@ -42,7 +43,6 @@
 struct forward {
     const struct model *m;
     struct pool *pool;
-    int n_threads;           /* participants of pool (1 without) */
     uint32_t max_seq;        /* S: positions the cache holds */
     uint32_t max_chunk;      /* C: tokens per batch */
     uint32_t pos;            /* positions [0, pos) are in the cache */
@@ -59,7 +59,6 @@ struct forward {
     float *up;               /* [C][ffn_dim]  up projection */
     float *rope;             /* [C][head_dim/2][2] cos, sin of each pair's angle per token */
     float *inv_freq;         /* [head_dim/2]  theta^(-2i/head_dim) */
-    float *score;            /* [n_threads][S] attention weights, one row per participant */
 
     /* KV cache: rows of positions, heads side by side */
     float *key_cache;        /* [n_layers][S][kv_dim] */
@@ -110,7 +109,6 @@ int forward_create(const struct model *m, const struct forward_config *cfg,
     }
     f->m = m;
     f->pool = cfg->pool;
-    f->n_threads = cfg->pool ? pool_threads(cfg->pool) : 1;
     f->max_seq = S;
     f->max_chunk = C;
 
@@ -126,7 +124,6 @@ int forward_create(const struct model *m, const struct forward_config *cfg,
         (rc = alloc_f32("up activations", C, ffn, 1, &f->up)) ||
         (rc = alloc_f32("RoPE table", C, half, 2, &f->rope)) ||
         (rc = alloc_f32("RoPE frequencies", half, 1, 1, &f->inv_freq)) ||
-        (rc = alloc_f32("attention scores", (uint64_t)f->n_threads, S, 1, &f->score)) ||
         (rc = alloc_f32("key cache", hp->n_layers, S, kvd, &f->key_cache)) ||
         (rc = alloc_f32("value cache", hp->n_layers, S, kvd, &f->value_cache))) {
         forward_destroy(f);
@@ -146,7 +143,7 @@ void forward_destroy(struct forward *f)
     if (!f)
         return;
     float *bufs[] = {f->x,    f->xb,       f->q,     f->att,       f->proj,
-                     f->gate, f->up,       f->rope,  f->inv_freq,  f->score,
+                     f->gate, f->up,       f->rope,  f->inv_freq,
                      f->key_cache, f->value_cache};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
@@ -174,17 +171,6 @@ int forward_truncate(struct forward *f, uint32_t pos)
 
 /* ---- building blocks ------------------------------------------------------------------------ */
 
-/* out[i] = w[i] * x[i] / sqrt(mean(x^2) + eps), for one row of n. */
-static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
-{
-    float ss = 0.0f;
-    for (size_t i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (size_t i = 0; i < n; i++)
-        out[i] = w[i] * (r * x[i]);
-}
-
 /* y [n][ldy] = x [n][w->cols] W^T, all of W's rows. */
 static void matmul(const struct forward *f, const struct model_mat *w, const float *x, size_t n,
                    float *y, size_t ldy)
@@ -209,85 +195,48 @@ static void rope_table(struct forward *f, uint32_t pos0, size_t n)
 {
     const size_t half = f->m->hp.head_dim / 2;
     for (size_t t = 0; t < n; t++)
-        for (size_t i = 0; i < half; i++) {
-            double angle = (double)(pos0 + t) * (double)f->inv_freq[i];
-            f->rope[(t * half + i) * 2 + 0] = (float)cos(angle);
-            f->rope[(t * half + i) * 2 + 1] = (float)sin(angle);
-        }
-}
-
-/* Rotates the interleaved pairs (v[2i], v[2i+1]) of each of n_heads heads. cs: [hd/2][2]. */
-static void rope_rotate(float *v, size_t n_heads, size_t hd, const float *cs)
-{
-    for (size_t h = 0; h < n_heads; h++)
-        for (size_t i = 0; i < hd / 2; i++) {
-            float *p = v + h * hd + 2 * i;
-            float c = cs[2 * i], s = cs[2 * i + 1];
-            float v0 = p[0], v1 = p[1];
-            p[0] = v0 * c - v1 * s;
-            p[1] = v0 * s + v1 * c;
-        }
+        kern_rope_table(f->rope + t * half * 2, pos0 + (uint32_t)t, f->inv_freq, half);
 }
 
 /*
- * One query head over positions [0, n_ctx) of the cache: the separable attention kernel.
- * q: [hd]; key/value: the rows of this head's KV head, row p at key + p*stride; score: [n_ctx]
- * scratch; out: [hd]. Softmax in f32 with the maximum subtracted.
+ * Grouped-query causal attention of a chunk over the contiguous cache (kern_attn_causal: the
+ * online-softmax tile kernel over 64-position tiles). One pool task per (KV head, block of
+ * tokens): the group's query heads of up to ATTN_TASK_ROWS / group tokens share every K/V
+ * tile the kernel reads.
  */
-static void attend_head(const float *q, const float *key, const float *value, size_t stride,
-                        size_t n_ctx, size_t hd, float *score, float *out)
-{
-    const float scale = 1.0f / sqrtf((float)hd);
-    float max = -INFINITY;
-    for (size_t p = 0; p < n_ctx; p++) {
-        const float *k = key + p * stride;
-        float s = 0.0f;
-        for (size_t i = 0; i < hd; i++)
-            s += q[i] * k[i];
-        score[p] = s * scale;
-        if (score[p] > max)
-            max = score[p];
-    }
-    float sum = 0.0f;
-    for (size_t p = 0; p < n_ctx; p++) {
-        score[p] = expf(score[p] - max);
-        sum += score[p];
-    }
-    const float inv = 1.0f / sum;
-    memset(out, 0, hd * sizeof *out);
-    for (size_t p = 0; p < n_ctx; p++) {
-        const float *v = value + p * stride;
-        const float w = score[p] * inv;
-        for (size_t i = 0; i < hd; i++)
-            out[i] += w * v[i];
-    }
-}
+#define ATTN_TASK_ROWS 64
 
-/* Grouped-query attention of a chunk, one pool task per (token, query head). */
 struct attn_job {
     const struct forward *f;
     const float *key, *value; /* this layer's cache: [S][kv_dim] */
     uint32_t pos0;
+    size_t n, tok_per_task, tasks_per_head;
 };
 
 static void attn_task(void *ctx, size_t task, int thread)
 {
+    (void)thread;
     const struct attn_job *j = ctx;
     const struct forward *f = j->f;
     const struct iebin_hparams *hp = &f->m->hp;
     const size_t hd = hp->head_dim, qd = f->m->q_dim, kvd = f->m->kv_dim;
-    const size_t t = task / hp->n_heads, h = task % hp->n_heads;
-    const size_t kvh = h / (hp->n_heads / hp->n_kv_heads); /* heads share KV heads in groups */
-    attend_head(f->q + t * qd + h * hd, j->key + kvh * hd, j->value + kvh * hd, kvd,
-                j->pos0 + t + 1 /* causal: positions up to its own */, hd,
-                f->score + (size_t)thread * f->max_seq, f->att + t * qd + h * hd);
+    const size_t group = hp->n_heads / hp->n_kv_heads; /* query heads per KV head */
+    const size_t g = task / j->tasks_per_head, t0 = (task % j->tasks_per_head) * j->tok_per_task;
+    const size_t nt = j->n - t0 < j->tok_per_task ? j->n - t0 : j->tok_per_task;
+    const size_t off = t0 * qd + g * group * hd; /* token t0, first head of g's group */
+    kern_attn_causal(DT_F32, nt, group, hd, f->q + off, qd, j->key + g * hd, j->value + g * hd,
+                     kvd * sizeof(float), j->pos0 + (uint32_t)t0, f->att + off, qd);
 }
 
 static void attention(const struct forward *f, uint32_t layer, uint32_t pos0, size_t n)
 {
+    const struct iebin_hparams *hp = &f->m->hp;
     const size_t layer_rows = (size_t)layer * f->max_seq * f->m->kv_dim;
-    struct attn_job j = {f, f->key_cache + layer_rows, f->value_cache + layer_rows, pos0};
-    size_t n_tasks = n * f->m->hp.n_heads;
+    const size_t group = hp->n_heads / hp->n_kv_heads;
+    const size_t tpt = ATTN_TASK_ROWS / group ? ATTN_TASK_ROWS / group : 1;
+    struct attn_job j = {f, f->key_cache + layer_rows, f->value_cache + layer_rows, pos0, n,
+                         tpt, (n + tpt - 1) / tpt};
+    const size_t n_tasks = hp->n_kv_heads * j.tasks_per_head;
     if (f->pool)
         pool_run(f->pool, attn_task, &j, n_tasks);
     else
@@ -318,13 +267,13 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
 
         /* attention block */
         for (size_t t = 0; t < n; t++)
-            rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
+            kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
         project(f, l, LORA_Q, &L->wq, f->xb, n, f->q, qd);
         project(f, l, LORA_K, &L->wk, f->xb, n, key, kvd);
         project(f, l, LORA_V, &L->wv, f->xb, n, value, kvd);
         for (size_t t = 0; t < n; t++) {
-            rope_rotate(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
-            rope_rotate(key + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
+            kern_rope(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
+            kern_rope(key + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
         }
         attention(f, l, pos0, n);
         project(f, l, LORA_O, &L->wo, f->att, n, f->proj, dim);
@@ -333,13 +282,10 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
 
         /* feed-forward block */
         for (size_t t = 0; t < n; t++)
-            rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
+            kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
         project(f, l, LORA_GATE, &L->w_gate, f->xb, n, f->gate, ffn);
         project(f, l, LORA_UP, &L->w_up, f->xb, n, f->up, ffn);
-        for (size_t i = 0; i < n * ffn; i++) {
-            float g = f->gate[i];
-            f->gate[i] = g / (1.0f + expf(-g)) * f->up[i]; /* silu(gate) * up */
-        }
+        kern_swiglu(f->gate, f->gate, f->up, n * ffn); /* silu(gate) * up, in place */
         project(f, l, LORA_DOWN, &L->w_down, f->gate, n, f->proj, dim);
         for (size_t i = 0; i < n * dim; i++)
             f->x[i] += f->proj[i];
@@ -348,10 +294,10 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
     /* final norm and classifier, only for the rows asked for */
     if (which == FORWARD_LOGITS_ALL) {
         for (size_t t = 0; t < n; t++)
-            rmsnorm(f->xb + t * dim, f->x + t * dim, m->output_norm, dim, hp->rms_eps);
+            kern_rmsnorm(f->xb + t * dim, f->x + t * dim, m->output_norm, dim, hp->rms_eps);
         matmul(f, &m->output, f->xb, n, logits, hp->vocab_size);
     } else if (which == FORWARD_LOGITS_LAST) {
-        rmsnorm(f->xb, f->x + (n - 1) * dim, m->output_norm, dim, hp->rms_eps);
+        kern_rmsnorm(f->xb, f->x + (n - 1) * dim, m->output_norm, dim, hp->rms_eps);
         matmul(f, &m->output, f->xb, 1, logits, hp->vocab_size);
     }
 }

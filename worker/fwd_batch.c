@@ -134,29 +134,7 @@ void engine__fwd_destroy(struct engine__fwd *f)
     free(f);
 }
 
-/* ---- building blocks (as forward.c) ------------------------------------------------------ */
-
-static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
-{
-    float ss = 0.0f;
-    for (size_t i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (size_t i = 0; i < n; i++)
-        out[i] = w[i] * (r * x[i]);
-}
-
-static void rope_rotate(float *v, size_t n_heads, size_t hd, const float *cs)
-{
-    for (size_t h = 0; h < n_heads; h++)
-        for (size_t i = 0; i < hd / 2; i++) {
-            float *p = v + h * hd + 2 * i;
-            float c = cs[2 * i], s = cs[2 * i + 1];
-            float v0 = p[0], v1 = p[1];
-            p[0] = v0 * c - v1 * s;
-            p[1] = v0 * s + v1 * c;
-        }
-}
+/* ---- building blocks (RMSNorm, RoPE, SwiGLU are the kernels forward.c calls too) ----------- */
 
 /* y [n][ldy] = x [n][cols] W^T: one matmul for the whole step, rows sharded over the pool. */
 static void matmul(const struct engine__fwd *f, const struct model_mat *w, const float *x,
@@ -261,11 +239,7 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         for (uint32_t k = 0; k < seqs[i].n; k++) {
             size_t t = seqs[i].t0 + k;
             model_embed_row(m, (uint32_t)tokens[t], f->x + t * dim);
-            for (size_t p = 0; p < half; p++) {
-                double angle = (double)(seqs[i].pos0 + k) * (double)f->inv_freq[p];
-                f->rope[(t * half + p) * 2 + 0] = (float)cos(angle);
-                f->rope[(t * half + p) * 2 + 1] = (float)sin(angle);
-            }
+            kern_rope_table(f->rope + t * half * 2, seqs[i].pos0 + k, f->inv_freq, half);
         }
 
     for (uint32_t l = 0; l < hp->n_layers; l++) {
@@ -274,7 +248,7 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
             f->progress(f->progress_ud);
 
         for (size_t t = 0; t < n_tok; t++)
-            rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
+            kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
         matmul(f, &L->wq, f->xb, n_tok, f->q, qd);
         matmul(f, &L->wk, f->xb, n_tok, f->k, kvd);
         matmul(f, &L->wv, f->xb, n_tok, f->v, kvd);
@@ -284,8 +258,8 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
                                               {LORA_V, f->xb, f->v, kvd}},
                    3);
         for (size_t t = 0; t < n_tok; t++) {
-            rope_rotate(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
-            rope_rotate(f->k + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
+            kern_rope(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
+            kern_rope(f->k + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
         }
         for (size_t i = 0; i < n_seqs; i++) {
             rc = kv_seq_write(seqs[i].kv, l, f->k + seqs[i].t0 * kvd, f->v + seqs[i].t0 * kvd,
@@ -305,17 +279,14 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
             f->x[i] += f->proj[i];
 
         for (size_t t = 0; t < n_tok; t++)
-            rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
+            kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
         matmul(f, &L->w_gate, f->xb, n_tok, f->gate, ffn);
         matmul(f, &L->w_up, f->xb, n_tok, f->up, ffn);
         lora_group(f, l,
                    (const struct lora_proj[]){{LORA_GATE, f->xb, f->gate, ffn},
                                               {LORA_UP, f->xb, f->up, ffn}},
                    2);
-        for (size_t i = 0; i < n_tok * ffn; i++) {
-            float g = f->gate[i];
-            f->gate[i] = g / (1.0f + expf(-g)) * f->up[i];
-        }
+        kern_swiglu(f->gate, f->gate, f->up, n_tok * ffn); /* silu(gate) * up, in place */
         matmul(f, &L->w_down, f->gate, n_tok, f->proj, dim);
         lora_group(f, l, (const struct lora_proj[]){{LORA_DOWN, f->gate, f->proj, dim}}, 1);
         for (size_t i = 0; i < n_tok * dim; i++)
@@ -327,7 +298,7 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
     for (size_t i = 0; i < n_seqs; i++)
         if (seqs[i].logits) {
             size_t t = seqs[i].t0 + seqs[i].n - 1;
-            rmsnorm(f->lnorm + n_out * dim, f->x + t * dim, m->output_norm, dim, hp->rms_eps);
+            kern_rmsnorm(f->lnorm + n_out * dim, f->x + t * dim, m->output_norm, dim, hp->rms_eps);
             n_out++;
         }
     if (n_out)

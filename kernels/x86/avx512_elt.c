@@ -10,6 +10,7 @@
  * SwiGLU compute both sides of each branch and blend. Only softmax's sum and rmsnorm's sum of
  * squares are reassociated (16 partial sums).
  */
+#include "avx512_exp.h"
 #include "fastmath.h"
 #include "kern.h"
 
@@ -18,23 +19,6 @@
 #include <stdint.h>
 
 static inline __mmask16 tail_mask(size_t rem) { return (__mmask16)((1u << rem) - 1u); }
-
-static inline __m512 exp16(__m512 x)
-{
-    x = _mm512_min_ps(_mm512_set1_ps(FM_EXP_HI), x);
-    x = _mm512_max_ps(_mm512_set1_ps(FM_EXP_LO), x);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(FM_LOG2E)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FM_LN2_HI), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(FM_LN2_LO), r);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(FM_EXP_P5), r, _mm512_set1_ps(FM_EXP_P4));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FM_EXP_P3));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FM_EXP_P2));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FM_EXP_P1));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FM_EXP_P0));
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 static inline __m512 tanh16(__m512 x)
 {

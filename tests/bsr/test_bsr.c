@@ -1,7 +1,7 @@
 /*
  * test_bsr.c — the block-sparse (BSR) format and GEMV:
  *  - GEMV on every ISA this CPU has (kern_force_isa) against a double-precision dense product
- *    of the same matrix, |dy| <= 1e-5 * sum|w x| (docs/plans/kernels-extra.md's table), on
+ *    of the same matrix, |dy| <= 1e-5 * sum|w x| (docs/adr/0004's table), on
  *    random shapes with ragged row and column tails and sparsities 0..100 %, plus partial
  *    block-row ranges (rows outside them untouched);
  *  - dense -> BSR -> dense exact, threshold pruning, file round trip byte-exact;

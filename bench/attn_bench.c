@@ -1,0 +1,170 @@
+/*
+ * attn_bench — the attention kernels (kern.h, kernels/attn.c) per ISA against their _ref twin
+ * and against the inline code they replace (worker/forward.c's attend_head before the swap:
+ * one query head at a time, a score row, libm expf), on one KV head of a TinyLlama-shaped
+ * layer (head_dim 64, 8 query heads per KV head):
+ *   decode  — the 8 query rows of one KV head over 512 / 2048 / 4096 cached positions
+ *             (kern_attn_causal with one token: the tile kernel over 64-position tiles);
+ *   prefill — 512 tokens x 8 heads causal from position 0 (kern_attn_causal).
+ * K/V rows are strided as in a cache row of 4 KV heads. The "inline" column exists for f32
+ * only (the inline code read f32 rows). Time per call in microseconds; one thread. Each row
+ * ends with the CPU share other processes used meanwhile (bench_load_end).
+ *
+ *   usage: attn_bench [--quick]
+ */
+#include "bench_util.h"
+#include "half.h"
+#include "kern.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HD 64
+#define GROUP 8
+#define NKV 4
+
+static double g_min_time = 0.4;
+
+/* worker/forward.c's attend_head before the swap, verbatim in behaviour (f32 rows). */
+static void inline_head(const float *q, const float *key, const float *value, size_t stride,
+                        size_t n_ctx, size_t hd, float *score, float *out)
+{
+    const float scale = 1.0f / sqrtf((float)hd);
+    float max = -INFINITY;
+    for (size_t p = 0; p < n_ctx; p++) {
+        const float *k = key + p * stride;
+        float s = 0.0f;
+        for (size_t i = 0; i < hd; i++)
+            s += q[i] * k[i];
+        score[p] = s * scale;
+        if (score[p] > max)
+            max = score[p];
+    }
+    float sum = 0.0f;
+    for (size_t p = 0; p < n_ctx; p++) {
+        score[p] = expf(score[p] - max);
+        sum += score[p];
+    }
+    const float inv = 1.0f / sum;
+    memset(out, 0, hd * sizeof *out);
+    for (size_t p = 0; p < n_ctx; p++) {
+        const float *v = value + p * stride;
+        const float w = score[p] * inv;
+        for (size_t i = 0; i < hd; i++)
+            out[i] += w * v[i];
+    }
+}
+
+struct job {
+    enum dtype kvt;
+    int use_inline;
+    size_t pos0, nt;   /* tokens [pos0, pos0+nt) attend causally */
+    const void *k, *v; /* [pos0+nt][NKV][HD] of kvt */
+    size_t ld;         /* bytes per position */
+    float *q, *o;      /* [nt][GROUP][HD] */
+    float *score;      /* [pos0+nt] */
+};
+
+static void run(const struct job *j)
+{
+    if (!j->use_inline) {
+        kern_attn_causal(j->kvt, j->nt, GROUP, HD, j->q, GROUP * HD, j->k, j->v, j->ld,
+                         (uint32_t)j->pos0, j->o, GROUP * HD);
+        return;
+    }
+    for (size_t t = 0; t < j->nt; t++)
+        for (size_t h = 0; h < GROUP; h++)
+            inline_head(j->q + (t * GROUP + h) * HD, j->k, j->v, NKV * HD, j->pos0 + t + 1, HD,
+                        j->score, j->o + (t * GROUP + h) * HD);
+}
+
+/* Microseconds per call, averaged over as many calls as fit in g_min_time (best of 3). */
+static double time_us(const struct job *j)
+{
+    double best = INFINITY;
+    for (int rep = 0; rep < 3; rep++) {
+        size_t calls = 0;
+        double t0 = bench_now(), t;
+        do {
+            run(j);
+            calls++;
+            t = bench_now();
+        } while (t - t0 < g_min_time / 3);
+        double us = (t - t0) * 1e6 / (double)calls;
+        if (us < best)
+            best = us;
+    }
+    return best;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--quick") == 0)
+        g_min_time = 0.06;
+    if (kern_init())
+        return 1;
+    const enum kern_isa best = kern_isa();
+    const size_t maxpos = 4096;
+    const size_t nel = maxpos * NKV * HD;
+    float *kf = malloc(nel * sizeof *kf), *vf = malloc(nel * sizeof *vf);
+    uint16_t *kh = malloc(maxpos * NKV * HD * 2), *vh = malloc(maxpos * NKV * HD * 2);
+    uint16_t *kb = malloc(maxpos * NKV * HD * 2), *vb = malloc(maxpos * NKV * HD * 2);
+    float *q = malloc(512 * GROUP * HD * sizeof *q), *o = malloc(512 * GROUP * HD * sizeof *o);
+    float *score = malloc(maxpos * sizeof *score);
+    if (!kf || !vf || !kh || !vh || !kb || !vb || !q || !o || !score) {
+        fprintf(stderr, "attn_bench: out of memory\n");
+        return 1;
+    }
+    uint64_t s = 88172645463325252ull;
+    for (size_t i = 0; i < maxpos * NKV * HD; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        kf[i] = (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
+        vf[i] = (float)((s >> 20) & 0xffff) / 32768.0f - 1.0f;
+        kh[i] = half_f32_to_f16(kf[i]);
+        vh[i] = half_f32_to_f16(vf[i]);
+        kb[i] = half_f32_to_bf16(kf[i]);
+        vb[i] = half_f32_to_bf16(vf[i]);
+    }
+    for (size_t i = 0; i < 512 * GROUP * HD; i++)
+        q[i] = (float)((i * 2654435761u) % 1000) / 250.0f - 2.0f;
+
+    static const struct {
+        const char *name;
+        size_t pos0, nt;
+    } cases[] = {{"decode 512", 511, 1},
+                 {"decode 2048", 2047, 1},
+                 {"decode 4096", 4095, 1},
+                 {"prefill 512", 0, 512}};
+    printf("attention, one KV head: head_dim %d, %d query heads per KV head; us per call\n", HD,
+           GROUP);
+    printf("%-12s %-4s %9s %9s %9s %9s | %8s %8s | %8s %8s | %5s\n", "case", "kv", "inline",
+           "ref", "avx2", "avx512", "2 vs ref", "512/ref", "2 vs inl", "512/inl", "load");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int t = 0; t < 3; t++) {
+            const enum dtype kvt = t == 0 ? DT_F32 : t == 1 ? DT_F16 : DT_BF16;
+            const void *kc = t == 0 ? (const void *)kf : t == 1 ? (const void *)kh : (void *)kb;
+            const void *vc = t == 0 ? (const void *)vf : t == 1 ? (const void *)vh : (void *)vb;
+            struct job j = {kvt,   0, cases[c].pos0, cases[c].nt, kc, vc,
+                            NKV * HD * (t == 0 ? 4u : 2u), q, o, score};
+            struct bench_load ld;
+            bench_load_begin(&ld);
+            double us[4] = {NAN, NAN, NAN, NAN}; /* inline, ref, avx2, avx512 */
+            if (t == 0) {
+                j.use_inline = 1;
+                us[0] = time_us(&j);
+                j.use_inline = 0;
+            }
+            for (int isa = 0; isa < 3; isa++)
+                if (kern_isa_supported((enum kern_isa)isa) && !kern_force_isa((enum kern_isa)isa))
+                    us[1 + isa] = time_us(&j);
+            double load = bench_load_end(&ld);
+            printf("%-12s %-4s %9.1f %9.1f %9.1f %9.1f | %8.1f %8.1f | %8.1f %8.1f | %4.0f%%\n",
+                   cases[c].name, dtype_info(kvt)->name, us[0], us[1], us[2], us[3],
+                   us[1] / us[2], us[1] / us[3], us[0] / us[2], us[0] / us[3], load * 100);
+        }
+    kern_force_isa(best);
+    free(kf), free(vf), free(kh), free(vh), free(kb), free(vb), free(q), free(o), free(score);
+    return 0;
+}

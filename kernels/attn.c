@@ -1,0 +1,175 @@
+/*
+ * attn.c — the attention tile kernel's scalar specification (kern_attn_<kvt>_f32_ref), the
+ * online-softmax state helpers, the dispatching entry kern_attn and kern_attn_causal, the
+ * contiguous-cache driver (kern.h states the contracts; docs/adr/0004 addendum, item 11).
+ *
+ * Why one tile kernel with explicit state: the paged cache (worker/kv_attn.c) hands over one
+ * block span at a time and the contiguous cache (worker/forward.c) 64-position tiles; with m,
+ * l and o owned by the caller both walk their own layout and share the arithmetic, and no
+ * [queries x positions] score matrix is ever built.
+ *
+ * NOTES: stateless and reentrant; the ISA is read per call. Stack use is bounded (the ref
+ * widens one K and one V row at a time; kern_attn_causal keeps 64 rows of state).
+ */
+#include "fastmath.h"
+#include "kern.h"
+
+#include "check.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+void kern_attn_begin(float *const *o, float *m, float *l, size_t nq, size_t hd)
+{
+    for (size_t r = 0; r < nq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        memset(o[r], 0, hd * sizeof(float));
+    }
+}
+
+void kern_attn_end(float *const *o, const float *l, size_t nq, size_t hd)
+{
+    for (size_t r = 0; r < nq; r++) {
+        const float inv = 1.0f / l[r];
+        for (size_t d = 0; d < hd; d++)
+            o[r][d] *= inv;
+    }
+}
+
+/* ---- scalar specification ---------------------------------------------------------------- */
+
+/*
+ * The tile for one row at a time, positions in order: the specification the SIMD variants
+ * reorder (they batch scores over the tile before the exp; the arithmetic per score, the
+ * maximum over the tile and the correction factor are the same).
+ */
+static void attn_ref(enum dtype kvt, const float *const *q, float *const *o, float *m, float *l,
+                     const uint32_t *vis, size_t nq, const void *k, const void *v, size_t ld,
+                     size_t n, size_t hd, float scale)
+{
+    float kr[KERN_ATTN_HD_MAX], vr[KERN_ATTN_HD_MAX]; /* [hd] one widened row */
+    float s[KERN_ATTN_TILE];                          /* [tile] scores, then weights */
+    CHECK(hd <= KERN_ATTN_HD_MAX);
+    for (size_t j0 = 0; j0 < n; j0 += KERN_ATTN_TILE) {
+        const size_t nt = n - j0 < KERN_ATTN_TILE ? n - j0 : KERN_ATTN_TILE;
+        for (size_t r = 0; r < nq; r++) {
+            size_t nv = vis ? (vis[r] > j0 ? vis[r] - j0 : 0) : nt;
+            if (nv > nt)
+                nv = nt;
+            if (nv == 0)
+                continue;
+            float mx = -INFINITY;
+            for (size_t j = 0; j < nv; j++) {
+                kern_row_to_f32(kvt, (const char *)k + (j0 + j) * ld, kr, hd);
+                float dot = 0.0f;
+                for (size_t d = 0; d < hd; d++)
+                    dot += q[r][d] * kr[d];
+                s[j] = dot * scale;
+                if (s[j] > mx)
+                    mx = s[j];
+            }
+            const float mn = m[r] > mx ? m[r] : mx;
+            const float corr = fm_expf(m[r] - mn); /* 0 on the first tile (m = -inf) */
+            float sum = 0.0f;
+            for (size_t j = 0; j < nv; j++) {
+                s[j] = fm_expf(s[j] - mn);
+                sum += s[j];
+            }
+            l[r] = l[r] * corr + sum;
+            m[r] = mn;
+            for (size_t d = 0; d < hd; d++)
+                o[r][d] *= corr;
+            for (size_t j = 0; j < nv; j++) {
+                kern_row_to_f32(kvt, (const char *)v + (j0 + j) * ld, vr, hd);
+                for (size_t d = 0; d < hd; d++)
+                    o[r][d] += s[j] * vr[d];
+            }
+        }
+    }
+}
+
+#define ATTN_REF_(kvt, DT)                                                                   \
+    void kern_attn_##kvt##_f32_ref(const float *const *q, float *const *o, float *m, float *l, \
+                                   const uint32_t *vis, size_t nq, const void *k,            \
+                                   const void *v, size_t ld, size_t n, size_t hd, float scale) \
+    {                                                                                        \
+        attn_ref(DT, q, o, m, l, vis, nq, k, v, ld, n, hd, scale);                           \
+    }
+ATTN_REF_(f32, DT_F32)
+ATTN_REF_(f16, DT_F16)
+ATTN_REF_(bf16, DT_BF16)
+#undef ATTN_REF_
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+/* Indexed by enum kern_isa, then f32, f16, bf16. */
+static kern_attn_fn *const g_attn[3][3] = {
+    {kern_attn_f32_f32_ref, kern_attn_f16_f32_ref, kern_attn_bf16_f32_ref},
+    {kern_attn_f32_f32_avx2, kern_attn_f16_f32_avx2, kern_attn_bf16_f32_avx2},
+    {kern_attn_f32_f32_avx512, kern_attn_f16_f32_avx512, kern_attn_bf16_f32_avx512},
+};
+
+static kern_attn_fn *attn_fn(enum dtype kvt)
+{
+    switch (kvt) {
+    case DT_F32:
+        return g_attn[kern_isa()][0];
+    case DT_F16:
+        return g_attn[kern_isa()][1];
+    case DT_BF16:
+        return g_attn[kern_isa()][2];
+    default:
+        CHECK(!"kern_attn: K/V must be f32, f16 or bf16");
+        return NULL;
+    }
+}
+
+void kern_attn(enum dtype kvt, const float *const *q, float *const *o, float *m, float *l,
+               const uint32_t *vis, size_t nq, const void *k, const void *v, size_t ld,
+               size_t n, size_t hd, float scale)
+{
+    attn_fn(kvt)(q, o, m, l, vis, nq, k, v, ld, n, hd, scale);
+}
+
+#define CAUSAL_QROWS 64 /* query rows whose state lives on the stack at once */
+
+void kern_attn_causal(enum dtype kvt, size_t nt, size_t group, size_t hd, const float *q,
+                      size_t ldq, const void *k, const void *v, size_t ld, uint32_t pos0,
+                      float *out, size_t ldo)
+{
+    kern_attn_fn *fn = attn_fn(kvt);
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *qr[CAUSAL_QROWS];
+    float *orow[CAUSAL_QROWS];
+    float m[CAUSAL_QROWS], l[CAUSAL_QROWS];
+    uint32_t lim[CAUSAL_QROWS], vis[CAUSAL_QROWS];
+    const size_t rows = nt * group;
+    /* rows ordered token-major, so one batch spans few distinct causal limits */
+    for (size_t r0 = 0; r0 < rows; r0 += CAUSAL_QROWS) {
+        const size_t nr = rows - r0 < CAUSAL_QROWS ? rows - r0 : CAUSAL_QROWS;
+        uint32_t end = 0;
+        for (size_t r = 0; r < nr; r++) {
+            const size_t t = (r0 + r) / group, j = (r0 + r) % group;
+            qr[r] = q + t * ldq + j * hd;
+            orow[r] = out + t * ldo + j * hd;
+            lim[r] = pos0 + (uint32_t)t + 1;
+            if (lim[r] > end)
+                end = lim[r];
+        }
+        kern_attn_begin(orow, m, l, nr, hd);
+        for (uint32_t p = 0; p < end; p += KERN_ATTN_TILE) {
+            const size_t n = end - p < KERN_ATTN_TILE ? end - p : KERN_ATTN_TILE;
+            int all = 1;
+            for (size_t r = 0; r < nr; r++) {
+                vis[r] = lim[r] > p ? lim[r] - p : 0;
+                all &= vis[r] >= n;
+            }
+            fn(qr, orow, m, l, all ? NULL : vis, nr, (const char *)k + (size_t)p * ld,
+               (const char *)v + (size_t)p * ld, ld, n, hd, scale);
+        }
+        kern_attn_end(orow, l, nr, hd);
+    }
+}

@@ -1,0 +1,284 @@
+/*
+ * test_kern_attn.c — the attention kernels (kern.h, kernels/attn.c, x86/avx*_attn.c) of every
+ * ISA this CPU runs, against softmax(q K^T / sqrt(hd)) V computed in double on the stored
+ * (f32, f16 or bf16) K/V values, asserting |err| <= KERN_ATTN_MAX_ERR * max|v|:
+ *  - the tile kernel kern_attn_<kvt>_f32_<isa> as the paged cache calls it: a GQA group of
+ *    1/2/4/8 query rows over a sequence fed in spans of ragged sizes (block spans), with
+ *    begin/end around them; head dims 32/48/64/128, lengths 1..300, K/V rows strided as in a
+ *    cache with two KV heads (the second head is read);
+ *  - a causal mask inside a tile (vis per row), rows with vis = 0 left untouched;
+ *  - kern_attn_causal (contiguous cache, prefill after a prefix and decode as a chunk of one)
+ *    through the public entry under kern_force_isa.
+ * The measured maxima are printed.
+ */
+#include "testutil.h"
+
+#include "half.h"
+#include "kern.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(float lo, float hi)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return lo + (hi - lo) * (float)((rng_state >> 40) & 0xffffff) / 16777216.0f;
+}
+
+static const enum dtype g_kvt[3] = {DT_F32, DT_F16, DT_BF16};
+static const size_t g_esize[3] = {4, 2, 2};
+static const size_t g_hd[] = {32, 48, 64, 128};
+static const size_t g_group[] = {1, 2, 4, 8};
+static const size_t g_len[] = {1, 2, 3, 5, 15, 16, 17, 31, 64, 65, 100, 129, 200, 255, 300};
+
+static kern_attn_fn *const g_fn[3][3] = {
+    {kern_attn_f32_f32_ref, kern_attn_f16_f32_ref, kern_attn_bf16_f32_ref},
+    {kern_attn_f32_f32_avx2, kern_attn_f16_f32_avx2, kern_attn_bf16_f32_avx2},
+    {kern_attn_f32_f32_avx512, kern_attn_f16_f32_avx512, kern_attn_bf16_f32_avx512},
+};
+
+#define NKV 2 /* KV heads per cache row: the kernels read head 1, at offset hd */
+
+/* A cache of n positions x NKV heads of hd elements of g_kvt[t]. */
+struct cache {
+    size_t t, hd, n, ld; /* ld: bytes per position */
+    unsigned char *k, *v;
+    float *kf, *vf; /* [n][hd] the stored values of head 1, as f32 (exact) */
+    float vmax;     /* max |v| */
+};
+
+static void store(struct cache *c, unsigned char *dst, float *f, size_t p, size_t d, float x)
+{
+    size_t i = (p * NKV + 1) * c->hd + d;
+    if (g_kvt[c->t] == DT_F32) {
+        memcpy(dst + i * 4, &x, 4);
+    } else {
+        uint16_t h = g_kvt[c->t] == DT_F16 ? half_f32_to_f16(x) : half_f32_to_bf16(x);
+        memcpy(dst + i * 2, &h, 2);
+        x = g_kvt[c->t] == DT_F16 ? half_f16_to_f32(h) : half_bf16_to_f32(h);
+    }
+    f[p * c->hd + d] = x;
+}
+
+static void cache_init(struct cache *c, size_t t, size_t hd, size_t n)
+{
+    c->t = t;
+    c->hd = hd;
+    c->n = n;
+    c->ld = NKV * hd * g_esize[t];
+    c->k = calloc(n, c->ld);
+    c->v = calloc(n, c->ld);
+    c->kf = malloc(n * hd * sizeof(float));
+    c->vf = malloc(n * hd * sizeof(float));
+    assert_non_null(c->k);
+    assert_non_null(c->v);
+    assert_non_null(c->kf);
+    assert_non_null(c->vf);
+    c->vmax = 0.0f;
+    for (size_t p = 0; p < n; p++)
+        for (size_t d = 0; d < hd; d++) {
+            store(c, c->k, c->kf, p, d, frand(-1.0f, 1.0f));
+            store(c, c->v, c->vf, p, d, frand(-1.0f, 1.0f));
+            if (fabsf(c->vf[p * hd + d]) > c->vmax)
+                c->vmax = fabsf(c->vf[p * hd + d]);
+        }
+}
+
+static void cache_fini(struct cache *c)
+{
+    free(c->k);
+    free(c->v);
+    free(c->kf);
+    free(c->vf);
+}
+
+/* Head 1's K (or V) rows from position p on. */
+static const void *at(const struct cache *c, const unsigned char *base, size_t p)
+{
+    return base + p * c->ld + c->hd * g_esize[c->t];
+}
+
+/* max |got - softmax(q K[0,n)^T / sqrt(hd)) V[0,n)| in double, over hd outputs. */
+static double ref_err(const struct cache *c, const float *q, size_t n, const float *got)
+{
+    const size_t hd = c->hd;
+    double *s = malloc(n * sizeof *s), mx = -INFINITY, sum = 0.0, err = 0.0;
+    assert_non_null(s);
+    for (size_t p = 0; p < n; p++) {
+        double dot = 0.0;
+        for (size_t d = 0; d < hd; d++)
+            dot += (double)q[d] * c->kf[p * hd + d];
+        s[p] = dot / sqrt((double)hd);
+        if (s[p] > mx)
+            mx = s[p];
+    }
+    for (size_t p = 0; p < n; p++)
+        sum += (s[p] = exp(s[p] - mx));
+    for (size_t d = 0; d < hd; d++) {
+        double o = 0.0;
+        for (size_t p = 0; p < n; p++)
+            o += s[p] * c->vf[p * hd + d];
+        double e = fabs(o / sum - got[d]);
+        if (!(e <= err)) /* NaN propagates */
+            err = e;
+    }
+    free(s);
+    return err;
+}
+
+static void check_err(double err, const struct cache *c, const char *what, size_t isa,
+                      size_t hd, size_t group, size_t n, double *worst)
+{
+    double bound = KERN_ATTN_MAX_ERR * c->vmax;
+    if (!(err <= bound)) {
+        fprintf(stderr, "%s isa=%s kv=%s hd=%zu group=%zu n=%zu: err %.3g > %.3g\n", what,
+                kern_isa_name((enum kern_isa)isa), dtype_info(g_kvt[c->t])->name, hd, group, n, err,
+                bound);
+        fail();
+    }
+    if (err / c->vmax > *worst)
+        *worst = err / c->vmax;
+}
+
+/* The tile kernel fed in ragged spans (block spans of a paged cache). */
+static void test_tile_spans(void **state)
+{
+    (void)state;
+    static const size_t spans[] = {16, 7, 64, 100, 1, 33};
+    for (size_t isa = 0; isa < 3; isa++) {
+        if (!kern_isa_supported((enum kern_isa)isa))
+            continue;
+        double worst[3] = {0, 0, 0};
+        for (size_t t = 0; t < 3; t++)
+            for (size_t ih = 0; ih < sizeof g_hd / sizeof g_hd[0]; ih++)
+                for (size_t il = 0; il < sizeof g_len / sizeof g_len[0]; il++) {
+                    const size_t hd = g_hd[ih], n = g_len[il];
+                    struct cache c;
+                    cache_init(&c, t, hd, n);
+                    for (size_t ig = 0; ig < sizeof g_group / sizeof g_group[0]; ig++) {
+                        const size_t group = g_group[ig];
+                        float qb[8 * 128], ob[8 * 128], m[8], l[8];
+                        const float *qr[8];
+                        float *orow[8];
+                        for (size_t r = 0; r < group; r++) {
+                            qr[r] = qb + r * hd;
+                            orow[r] = ob + r * hd;
+                            for (size_t d = 0; d < hd; d++)
+                                qb[r * hd + d] = frand(-3.0f, 3.0f);
+                        }
+                        kern_attn_begin(orow, m, l, group, hd);
+                        const size_t span = spans[(il + ig) % (sizeof spans / sizeof spans[0])];
+                        for (size_t p = 0; p < n; p += span) {
+                            size_t len = n - p < span ? n - p : span;
+                            g_fn[isa][t](qr, orow, m, l, NULL, group, at(&c, c.k, p),
+                                         at(&c, c.v, p), c.ld, len, hd,
+                                         1.0f / sqrtf((float)hd));
+                        }
+                        kern_attn_end(orow, l, group, hd);
+                        for (size_t r = 0; r < group; r++)
+                            check_err(ref_err(&c, qr[r], n, orow[r]), &c, "tile", isa, hd,
+                                      group, n, &worst[t]);
+                    }
+                    cache_fini(&c);
+                }
+        printf("attention tile, %-6s: max |err| / max|v| = %.3g (f32) %.3g (f16) %.3g (bf16)\n",
+               kern_isa_name((enum kern_isa)isa), worst[0], worst[1], worst[2]);
+    }
+}
+
+/* vis per row inside one call: a causal chunk of 8 rows, one row masked out entirely. */
+static void test_tile_vis(void **state)
+{
+    (void)state;
+    for (size_t isa = 0; isa < 3; isa++) {
+        if (!kern_isa_supported((enum kern_isa)isa))
+            continue;
+        double worst = 0.0;
+        for (size_t t = 0; t < 3; t++)
+            for (size_t ih = 0; ih < sizeof g_hd / sizeof g_hd[0]; ih++) {
+                const size_t hd = g_hd[ih], n = 150;
+                struct cache c;
+                cache_init(&c, t, hd, n);
+                float qb[8 * 128], ob[8 * 128], m[8], l[8];
+                const float *qr[8];
+                float *orow[8];
+                uint32_t vis[8] = {1, 5, 16, 17, 64, 65, 150, 0};
+                for (size_t r = 0; r < 8; r++) {
+                    qr[r] = qb + r * hd;
+                    orow[r] = ob + r * hd;
+                    for (size_t d = 0; d < hd; d++)
+                        qb[r * hd + d] = frand(-3.0f, 3.0f);
+                }
+                kern_attn_begin(orow, m, l, 8, hd);
+                for (size_t d = 0; d < hd; d++)
+                    orow[7][d] = 42.0f; /* vis 0: must stay as it is */
+                g_fn[isa][t](qr, orow, m, l, vis, 8, at(&c, c.k, 0), at(&c, c.v, 0), c.ld, n,
+                             hd, 1.0f / sqrtf((float)hd));
+                assert_true(m[7] == -INFINITY && l[7] == 0.0f);
+                for (size_t d = 0; d < hd; d++)
+                    assert_true(orow[7][d] == 42.0f);
+                kern_attn_end(orow, l, 7, hd);
+                for (size_t r = 0; r < 7; r++)
+                    check_err(ref_err(&c, qr[r], vis[r], orow[r]), &c, "vis", isa, hd, 8,
+                              vis[r], &worst);
+                cache_fini(&c);
+            }
+        printf("attention tile with vis, %-6s: max |err| / max|v| = %.3g\n",
+               kern_isa_name((enum kern_isa)isa), worst);
+    }
+}
+
+/* kern_attn_causal through the public entry: prefill after a prefix, and a decode. */
+static void test_causal(void **state)
+{
+    (void)state;
+    static const size_t shapes[][2] = {{0, 1},  {0, 5},  {0, 70},  {37, 1}, {37, 30},
+                                       {64, 64}, {100, 9}, {299, 1}, {150, 150}};
+    for (size_t isa = 0; isa < 3; isa++) {
+        if (!kern_isa_supported((enum kern_isa)isa))
+            continue;
+        assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+        double worst = 0.0;
+        for (size_t t = 0; t < 3; t++)
+            for (size_t ih = 0; ih < sizeof g_hd / sizeof g_hd[0]; ih++)
+                for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++) {
+                    const size_t hd = g_hd[ih], pos0 = shapes[is][0], nt = shapes[is][1];
+                    const size_t group = g_group[(ih + is) % 4], ldq = group * hd + 3;
+                    struct cache c;
+                    cache_init(&c, t, hd, pos0 + nt);
+                    float *q = malloc(nt * ldq * sizeof *q), *o = malloc(nt * ldq * sizeof *o);
+                    assert_non_null(q);
+                    assert_non_null(o);
+                    for (size_t i = 0; i < nt * ldq; i++)
+                        q[i] = frand(-3.0f, 3.0f);
+                    kern_attn_causal(g_kvt[t], nt, group, hd, q, ldq, at(&c, c.k, 0),
+                                     at(&c, c.v, 0), c.ld, (uint32_t)pos0, o, ldq);
+                    for (size_t tok = 0; tok < nt; tok++)
+                        for (size_t j = 0; j < group; j++)
+                            check_err(ref_err(&c, q + tok * ldq + j * hd, pos0 + tok + 1,
+                                              o + tok * ldq + j * hd),
+                                      &c, "causal", isa, hd, group, pos0 + tok + 1, &worst);
+                    free(q);
+                    free(o);
+                    cache_fini(&c);
+                }
+        printf("kern_attn_causal, %-6s: max |err| / max|v| = %.3g\n",
+               kern_isa_name((enum kern_isa)isa), worst);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tile_spans),
+        cmocka_unit_test(test_tile_vis),
+        cmocka_unit_test(test_causal),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
