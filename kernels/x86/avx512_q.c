@@ -232,9 +232,10 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
 
 /* One row at a time: decode streams the matrix as a single sequential run, which the
  * hardware prefetchers follow at full bandwidth (several interleaved row streams, each a
- * few KiB long, measured 2x slower). Up to 2 tokens share each unpacked weight register. */
+ * few KiB long, measured 2x slower). Up to 4 tokens share each unpacked weight register
+ * (n = 3, 4 unpack each row once; bench/kern_bench --only batch). */
 #define GEMV_NR 1
-#define GEMV_NT 2
+#define GEMV_NT 4
 
 INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
                    size_t r0, size_t r1)
@@ -250,7 +251,7 @@ INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y,
         if (R <= GEMV_NR && T <= GEMV_NT)                                                    \
             gemv_tile(k, w, rb, r, R, a, t, T, y, ldy);                                      \
         break;
-                CASE_(1, 1) CASE_(1, 2) CASE_(2, 1) CASE_(2, 2)
+                CASE_(1, 1) CASE_(1, 2) CASE_(1, 3) CASE_(1, 4) CASE_(2, 1) CASE_(2, 2)
 #undef CASE_
             }
         }
