@@ -327,6 +327,19 @@ INLINE void pack_scales(enum qk k, const __m512i v[PANEL], size_t nr, size_t nbl
 }
 
 /*
+ * The bytes [p, p + len) of the row one panel below: a panel reads 16 rows side by side, a
+ * pattern the hardware prefetchers follow poorly from DRAM, and at n <= 16 tokens a panel is
+ * computed in about the time DRAM takes to deliver it. Past the matrix's last panel the
+ * addresses are unused (prefetches never fault).
+ */
+INLINE void prefetch_next_panel(const uint8_t *p, size_t rb, size_t len)
+{
+    uintptr_t a = (uintptr_t)p + PANEL * rb;
+    _mm_prefetch((const char *)a, _MM_HINT_T0);
+    _mm_prefetch((const char *)(a + len - 1), _MM_HINT_T0);
+}
+
+/*
  * q4_0: 4 blocks (128 columns) of 16 rows per step. Each row's 4 x 16 quant bytes are
  * gathered into one vector (vpermt2w: every block starts on a word), the 16 vectors are
  * transposed as dwords (lane = row, dword 4kk + g = bytes 4g..4g+3 of block kk), and only
@@ -348,6 +361,7 @@ INLINE void pack_panel_q4(const uint8_t *w, size_t rb, size_t r, size_t nr, size
         {
             if ((size_t)i < nr) {
                 const uint8_t *p = w + (r + (size_t)i) * rb + (k0 / 32 + b0) * 18;
+                prefetch_next_panel(p, rb, 72);
                 __m512i a, b;
                 if (nb == 4) { /* bytes [0, 72): all inside the 4 blocks */
                     a = _mm512_loadu_si512((const void *)p);
@@ -394,6 +408,7 @@ INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t 
         {
             if ((size_t)i < nr) {
                 const uint8_t *p = w + (r + (size_t)i) * rb + (k0 + c) / 32 * 34;
+                prefetch_next_panel(p, rb, 68);
                 z[i] = unpack_pair(k, p, has_b);
                 /* the scales: words 0 and 17 (bytes [0, 64) are inside the pair; one block
                  * alone is 34 bytes) */
