@@ -12,7 +12,9 @@
  * used meanwhile (bench_load_end): on a shared machine, a row with more than a few percent
  * was measured beside a busy neighbour and understates the kernels.
  *
- *   usage: kern_bench [--threads N] [--quick] [--only gemv|gemm|variants|batch|model] [--dtype T]
+ *   usage: kern_bench [--threads N] [--quick] [--hot] [--only gemv|gemm|variants|batch|model]
+ *                     [--dtype T]
+ * --hot: one copy of each matrix instead of the 256 MiB ring (the kernels' compute rate).
  */
 #include "bench_util.h"
 #include "dtype.h"
@@ -28,6 +30,7 @@ static struct pool *g_pool;
 static int g_threads;
 static const char *g_dtype; /* --dtype: only this weight type */
 static double g_min_time = 1.0;
+static int g_hot; /* --hot: one weight copy, so small matrices stay in cache (compute only) */
 
 static const enum dtype all_types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
@@ -121,7 +124,7 @@ static double time_variant(kern_mm_fn *fn, enum dtype dt, void **w, int copies, 
 static int make_ring(enum dtype dt, size_t rows, size_t cols, void ***out)
 {
     size_t mb = matrix_bytes(dt, rows, cols);
-    int copies = (int)((256u << 20) / mb) + 1;
+    int copies = g_hot ? 1 : (int)((256u << 20) / mb) + 1;
     void **w = calloc((size_t)copies, sizeof *w);
     for (int i = 0; i < copies; i++) {
         w[i] = bench_random_matrix(dt, rows, cols, (uint64_t)i + 1);
@@ -430,10 +433,12 @@ int main(int argc, char **argv)
             g_min_time = 0.2;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
+        else if (strcmp(argv[i], "--hot") == 0)
+            g_hot = 1;
         else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc)
             g_dtype = argv[++i];
         else {
-            fprintf(stderr, "usage: kern_bench [--threads N] [--quick] "
+            fprintf(stderr, "usage: kern_bench [--threads N] [--quick] [--hot] "
                             "[--only gemv|gemm|variants|batch|model] [--dtype NAME]\n");
             return 2;
         }
