@@ -346,7 +346,8 @@ static void bench_batch(void)
                 double sm = gemm ? time_variant(gemm, dt, w, copies, rows, cols, x, n, y) : 0;
                 if (n == 1)
                     t1 = sec;
-                printf("| %s | %zu x %zu | %zu | %.3f | %.1f | %.2f | %.2f | %.3f | %.3f | %.0f%% |\n",
+                printf("| %s | %zu x %zu | %zu | %.3f | %.1f | %.2f | %.2f | %.3f | %.3f "
+                       "| %.0f%% |\n",
                        dtype_info(dt)->name, rows, cols, n, sec * 1e3,
                        2.0 * rows * cols * n / sec / 1e9, sec / (n * t1), sec / t1, sv * 1e3,
                        sm * 1e3, 100 * bench_load_end(&ld));
