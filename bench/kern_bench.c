@@ -5,13 +5,16 @@
  *  - gemm: GFLOP/s for n = 64..512 tokens, against the scalar path and the core's peak;
  *  - variants: the alternatives behind routing choices (bf16 widening vs vdpbf16ps, the
  *    gemv/gemm crossover);
+ *  - batch: n = 1..16 tokens (decode of n streams) at q4_0/q8_0, the cost per token vs n = 1;
  *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s.
  * GEMV weights rotate through copies totalling >= 256 MiB so they stream from DRAM, as in
  * decode, rather than from the 32 MiB L3. Each row ends with the CPU share other processes
  * used meanwhile (bench_load_end): on a shared machine, a row with more than a few percent
  * was measured beside a busy neighbour and understates the kernels.
  *
- *   usage: kern_bench [--threads N] [--quick] [--only gemv|gemm|variants|model] [--dtype T]
+ *   usage: kern_bench [--threads N] [--quick] [--hot] [--only gemv|gemm|variants|batch|model]
+ *                     [--dtype T]
+ * --hot: one copy of each matrix instead of the 256 MiB ring (the kernels' compute rate).
  */
 #include "bench_util.h"
 #include "dtype.h"
@@ -27,6 +30,7 @@ static struct pool *g_pool;
 static int g_threads;
 static const char *g_dtype; /* --dtype: only this weight type */
 static double g_min_time = 1.0;
+static int g_hot; /* --hot: one weight copy, so small matrices stay in cache (compute only) */
 
 static const enum dtype all_types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
@@ -120,7 +124,7 @@ static double time_variant(kern_mm_fn *fn, enum dtype dt, void **w, int copies, 
 static int make_ring(enum dtype dt, size_t rows, size_t cols, void ***out)
 {
     size_t mb = matrix_bytes(dt, rows, cols);
-    int copies = (int)((256u << 20) / mb) + 1;
+    int copies = g_hot ? 1 : (int)((256u << 20) / mb) + 1;
     void **w = calloc((size_t)copies, sizeof *w);
     for (int i = 0; i < copies; i++) {
         w[i] = bench_random_matrix(dt, rows, cols, (uint64_t)i + 1);
@@ -300,6 +304,62 @@ static void bench_variants(double bw)
     }
 }
 
+/*
+ * Small-batch decode (issue 4): n = 1..16 tokens against weights streamed from DRAM, through
+ * the routed pool_matmul as the engine calls it. "t(n) / n t(1)" is what batching n streams
+ * costs per token relative to decoding them one by one (1 = no amortisation, 1/n = free);
+ * the gemv and gemm columns are the two variants alone, activations prepared outside.
+ */
+static void bench_batch(void)
+{
+    static const size_t shapes[][2] = {{2048, 2048}, {5632, 2048}};
+    static const size_t ns[] = {1, 2, 4, 8, 16};
+    static const enum dtype types[] = {DT_Q4_0, DT_Q8_0};
+    printf("\n### Small batches (decode of n streams), %d thread(s), kernels %s\n\n", g_threads,
+           kern_isa_name(kern_isa()));
+    printf("| dtype | rows x cols | n | ms | GOP/s | t(n) / n t(1) | t(n) / t(1) | gemv ms | "
+           "gemm ms | other CPU |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < 2; ti++) {
+        enum dtype dt = types[ti];
+        if (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0)
+            continue;
+        kern_mm_fn *gemv = NULL, *gemm = NULL;
+        if (kern_isa() == KERN_ISA_AVX512) {
+            gemv = dt == DT_Q4_0 ? kern_gemv_q4_0_q8_0_avx512 : kern_gemv_q8_0_q8_0_avx512;
+            gemm = dt == DT_Q4_0 ? kern_gemm_q4_0_q8_0_avx512 : kern_gemm_q8_0_q8_0_avx512;
+        } else if (kern_isa() == KERN_ISA_AVX2) {
+            gemv = dt == DT_Q4_0 ? kern_gemv_q4_0_q8_0_avx2 : kern_gemv_q8_0_q8_0_avx2;
+            gemm = dt == DT_Q4_0 ? kern_gemm_q4_0_q8_0_avx2 : kern_gemm_q8_0_q8_0_avx2;
+        }
+        for (size_t s = 0; s < 2; s++) {
+            size_t rows = shapes[s][0], cols = shapes[s][1];
+            void **w;
+            int copies = make_ring(dt, rows, cols, &w);
+            float *x = random_x(16, cols), *y = malloc(16 * rows * sizeof(float));
+            double t1 = 0;
+            for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+                size_t n = ns[i];
+                struct bench_load ld;
+                bench_load_begin(&ld);
+                double sec = time_matmul(dt, w, copies, rows, cols, x, n, y);
+                double sv = gemv ? time_variant(gemv, dt, w, copies, rows, cols, x, n, y) : 0;
+                double sm = gemm ? time_variant(gemm, dt, w, copies, rows, cols, x, n, y) : 0;
+                if (n == 1)
+                    t1 = sec;
+                printf("| %s | %zu x %zu | %zu | %.3f | %.1f | %.2f | %.2f | %.3f | %.3f "
+                       "| %.0f%% |\n",
+                       dtype_info(dt)->name, rows, cols, n, sec * 1e3,
+                       2.0 * rows * cols * n / sec / 1e9, sec / (n * t1), sec / t1, sv * 1e3,
+                       sm * 1e3, 100 * bench_load_end(&ld));
+                fflush(stdout);
+            }
+            free(y);
+            free(x);
+            free_ring(w, copies);
+        }
+    }
+}
+
 /* All matmuls of TinyLlama-1.1B (22 layers: q, k, v, o, gate, up, down; and the output). */
 static void bench_model(double bw)
 {
@@ -374,11 +434,13 @@ int main(int argc, char **argv)
             g_min_time = 0.2;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
+        else if (strcmp(argv[i], "--hot") == 0)
+            g_hot = 1;
         else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc)
             g_dtype = argv[++i];
         else {
-            fprintf(stderr, "usage: kern_bench [--threads N] [--quick] "
-                            "[--only gemv|gemm|variants|model] [--dtype NAME]\n");
+            fprintf(stderr, "usage: kern_bench [--threads N] [--quick] [--hot] "
+                            "[--only gemv|gemm|variants|batch|model] [--dtype NAME]\n");
             return 2;
         }
     }
@@ -396,6 +458,8 @@ int main(int argc, char **argv)
     if (!only || strcmp(only, "variants") == 0)
         bench_variants(bw);
     kern_force_isa(best);
+    if (!only || strcmp(only, "batch") == 0)
+        bench_batch();
     if (!only || strcmp(only, "model") == 0)
         bench_model(bw);
     pool_destroy(g_pool);

@@ -115,7 +115,7 @@ static void set_routes(enum kern_isa isa)
         if (kern_has_avx512bf16())
             g_route[DT_BF16].gemm = kern_gemm_bf16_bf16_avx512;
         ROUTE_(DT_Q8_0, q8_0, q8_0, avx512, 6);
-        ROUTE_(DT_Q4_0, q4_0, q8_0, avx512, 6);
+        ROUTE_(DT_Q4_0, q4_0, q8_0, avx512, 4);
         break;
     }
 #undef ROUTE_

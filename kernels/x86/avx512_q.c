@@ -232,9 +232,10 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
 
 /* One row at a time: decode streams the matrix as a single sequential run, which the
  * hardware prefetchers follow at full bandwidth (several interleaved row streams, each a
- * few KiB long, measured 2x slower). Up to 2 tokens share each unpacked weight register. */
+ * few KiB long, measured 2x slower). Up to 4 tokens share each unpacked weight register
+ * (n = 3, 4 unpack each row once; bench/kern_bench --only batch). */
 #define GEMV_NR 1
-#define GEMV_NT 2
+#define GEMV_NT 4
 
 INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
                    size_t r0, size_t r1)
@@ -250,7 +251,7 @@ INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y,
         if (R <= GEMV_NR && T <= GEMV_NT)                                                    \
             gemv_tile(k, w, rb, r, R, a, t, T, y, ldy);                                      \
         break;
-                CASE_(1, 1) CASE_(1, 2) CASE_(2, 1) CASE_(2, 2)
+                CASE_(1, 1) CASE_(1, 2) CASE_(1, 3) CASE_(1, 4) CASE_(2, 1) CASE_(2, 2)
 #undef CASE_
             }
         }
@@ -281,29 +282,145 @@ struct panel {
     float s[KC / 32][PANEL]; /* weight scale per block and row (0 for absent rows) */
 };
 
+/*
+ * Packing reads the stored rows with few, wide loads and transposes once (ADR 0004, "small-
+ * batch GEMM" addendum): the panel is the same bytes as unpacking each block pair and
+ * transposing, but the per-row work is cheaper, which is what decides the cost at n = 2..16.
+ *
+ * Block scales of 16 rows (lane = row) for up to 4 consecutive blocks: row i's f16 scales sit
+ * at words (bb/2)*k of its vector v[i] (k < nblk); they are gathered into words [row][block]
+ * of two vectors (rows 0..7, 8..15) by one masked vpermw per row, then one vpermt2w per block
+ * turns them into lane = row.
+ */
+INLINE void pack_scales(enum qk k, const __m512i v[PANEL], size_t nr, size_t nblk,
+                        float (*s)[PANEL])
+{
+    const short st = (short)(blk_bytes[k] / 2);
+    /* word 4i + kk <- word st*kk of row i's vector */
+    const __m512i gi = _mm512_set_epi16(3 * st, 2 * st, st, 0, 3 * st, 2 * st, st, 0, 3 * st,
+                                        2 * st, st, 0, 3 * st, 2 * st, st, 0, 3 * st, 2 * st,
+                                        st, 0, 3 * st, 2 * st, st, 0, 3 * st, 2 * st, st, 0,
+                                        3 * st, 2 * st, st, 0);
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    UNROLL for (int i = 0; i < PANEL; i++)
+    {
+        if ((size_t)i >= nr)
+            break;
+        __mmask32 m = (__mmask32)0xfu << (4 * (i & 7));
+        if (i < 8)
+            lo = _mm512_mask_permutexvar_epi16(lo, m, gi, v[i]);
+        else
+            hi = _mm512_mask_permutexvar_epi16(hi, m, gi, v[i]);
+    }
+    for (size_t kk = 0; kk < nblk; kk++) {
+        /* word i <- block kk of row i: lo word 4i + kk (i < 8), hi word 4(i-8) + kk */
+        short b = (short)kk;
+        __m512i ti = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                      (short)(60 + b), (short)(56 + b), (short)(52 + b),
+                                      (short)(48 + b), (short)(44 + b), (short)(40 + b),
+                                      (short)(36 + b), (short)(32 + b), (short)(28 + b),
+                                      (short)(24 + b), (short)(20 + b), (short)(16 + b),
+                                      (short)(12 + b), (short)(8 + b), (short)(4 + b), b);
+        __m512i h = _mm512_permutex2var_epi16(lo, ti, hi);
+        _mm512_storeu_ps(s[kk], _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
+    }
+}
+
+/*
+ * The bytes [p, p + len) of the row one panel below: a panel reads 16 rows side by side, a
+ * pattern the hardware prefetchers follow poorly from DRAM, and at n <= 16 tokens a panel is
+ * computed in about the time DRAM takes to deliver it. Past the matrix's last panel the
+ * addresses are unused (prefetches never fault).
+ */
+INLINE void prefetch_next_panel(const uint8_t *p, size_t rb, size_t len)
+{
+    uintptr_t a = (uintptr_t)p + PANEL * rb;
+    _mm_prefetch((const char *)a, _MM_HINT_T0);
+    _mm_prefetch((const char *)(a + len - 1), _MM_HINT_T0);
+}
+
+/*
+ * q4_0: 4 blocks (128 columns) of 16 rows per step. Each row's 4 x 16 quant bytes are
+ * gathered into one vector (vpermt2w: every block starts on a word), the 16 vectors are
+ * transposed as dwords (lane = row, dword 4kk + g = bytes 4g..4g+3 of block kk), and only
+ * then split into nibbles: low nibbles are columns 4g..4g+3, high nibbles 16+4g..16+4g+3.
+ */
+INLINE void pack_panel_q4(const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
+                          size_t kc, struct panel *pn)
+{
+    /* out word 8kk + j <- quant word j of block kk: a word 9kk + 1 + j (kk < 3), b word j */
+    const __m512i qi = _mm512_set_epi16(39, 38, 37, 36, 35, 34, 33, 32, 26, 25, 24, 23, 22, 21,
+                                        20, 19, 17, 16, 15, 14, 13, 12, 11, 10, 8, 7, 6, 5, 4,
+                                        3, 2, 1);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const size_t nblk = kc / 32;
+    for (size_t b0 = 0; b0 < nblk; b0 += 4) {
+        size_t nb = nblk - b0 < 4 ? nblk - b0 : 4;
+        __m512i v[PANEL], z[PANEL];
+        UNROLL for (int i = 0; i < PANEL; i++)
+        {
+            if ((size_t)i < nr) {
+                const uint8_t *p = w + (r + (size_t)i) * rb + (k0 / 32 + b0) * 18;
+                prefetch_next_panel(p, rb, 72);
+                __m512i a, b;
+                if (nb == 4) { /* bytes [0, 72): all inside the 4 blocks */
+                    a = _mm512_loadu_si512((const void *)p);
+                    b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 56)));
+                } else {       /* a short tail: read only its nb * 18 bytes */
+                    a = _mm512_maskz_loadu_epi8((__mmask64)((1ull << (nb * 18)) - 1), p);
+                    b = _mm512_setzero_si512();
+                }
+                v[i] = a;
+                z[i] = _mm512_permutex2var_epi16(a, qi, b);
+            } else {
+                v[i] = z[i] = _mm512_setzero_si512();
+            }
+        }
+        pack_scales(QK_Q4_0, v, nr, nb, &pn->s[b0]);
+        transpose16(z);
+        UNROLL for (int kk = 0; kk < 4; kk++)
+        {
+            if ((size_t)kk >= nb)
+                break;
+            UNROLL for (int g = 0; g < 4; g++)
+            {
+                __m512i t = z[4 * kk + g];
+                pn->p[(b0 + (size_t)kk) * 8 + (size_t)g] = _mm512_and_si512(t, m4);
+                pn->p[(b0 + (size_t)kk) * 8 + 4 + (size_t)g] =
+                    _mm512_and_si512(_mm512_srli_epi16(t, 4), m4);
+            }
+        }
+    }
+}
+
 /* Packs rows [r, r+nr) (nr <= 16; absent rows are zero) x columns [k0, k0+kc) into pn. */
 INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
                        size_t kc, struct panel *pn)
 {
-    const size_t bb = blk_bytes[k], nblk = kc / 32;
+    if (k == QK_Q4_0) {
+        pack_panel_q4(w, rb, r, nr, k0, kc, pn);
+        return;
+    }
     for (size_t c = 0; c < kc; c += 64) {
         int has_b = c + 64 <= kc;
-        __m512i z[16];
+        __m512i z[16], v[16];
         UNROLL for (int i = 0; i < PANEL; i++)
         {
-            if ((size_t)i < nr)
-                z[i] = unpack_pair(k, w + (r + (size_t)i) * rb + (k0 + c) / 32 * bb, has_b);
-            else
-                z[i] = _mm512_setzero_si512();
+            if ((size_t)i < nr) {
+                const uint8_t *p = w + (r + (size_t)i) * rb + (k0 + c) / 32 * 34;
+                prefetch_next_panel(p, rb, 68);
+                z[i] = unpack_pair(k, p, has_b);
+                /* the scales: words 0 and 17 (bytes [0, 64) are inside the pair; one block
+                 * alone is 34 bytes) */
+                v[i] = has_b ? _mm512_loadu_si512((const void *)p)
+                             : _mm512_maskz_loadu_epi8((__mmask64)((1ull << 34) - 1), p);
+            } else {
+                z[i] = v[i] = _mm512_setzero_si512();
+            }
         }
+        pack_scales(k, v, nr, has_b ? 2 : 1, &pn->s[c / 32]);
         transpose16(z);
         UNROLL for (int g = 0; g < 16; g++) pn->p[c / 4 + (size_t)g] = z[g];
-    }
-    for (size_t b = 0; b < nblk; b++) {
-        uint16_t h[PANEL] = {0};
-        for (size_t i = 0; i < nr; i++)
-            h[i] = load_u16(w + (r + i) * rb + (k0 / 32 + b) * bb);
-        _mm512_storeu_ps(pn->s[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
     }
 }
 
