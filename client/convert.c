@@ -121,7 +121,7 @@ static int quantize_row(enum dtype to, const float *x, void *dst, size_t n)
     return 0;
 }
 
-/* Converts one row of n elements between dtypes. Targets: same dtype, or f32/f16/bf16. */
+/* Converts one row of n elements between dtypes. Targets: same dtype, a float or a block type. */
 static int convert_row(enum dtype from, const void *src, enum dtype to, void *dst, float *tmp,
                        size_t n)
 {
@@ -156,6 +156,13 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
     case DT_Q8_0:
     case DT_Q4_0:
         return quantize_row(to, tmp, dst, n);
+    case DT_Q4_G64:
+    case DT_Q4_G128:
+    case DT_Q4Z_G32:
+    case DT_Q4Z_G64:
+    case DT_Q4Z_G128:
+        /* the int4 group types: round to nearest per group (kern.h states the rule) */
+        return kern_quantize_row_q4g(to, tmp, dst, n);
     default:
         LOG_ERR("conversion to %s is not supported here",
                 dtype_info(to)->name);
@@ -226,7 +233,7 @@ out:
 }
 
 /*
- * A block type needs rows of whole blocks (32). A matrix whose rows are not (stories260K's
+ * A block type needs rows of whole blocks (32, 64 or 128 elements). A matrix whose rows are not (stories260K's
  * ffn_down has 172 columns) keeps a float dtype instead — its source dtype if that is a float,
  * else f32 — as llama.cpp's quantizer does; said once per tensor at info level.
  */
@@ -886,7 +893,8 @@ static int convert_llama2c(const char *path, const char *out_dir, const struct c
     enum dtype dt = o->dtype_set ? o->dtype : DT_F32;
     /* block types, per-tensor dtypes and the embedding's own dtype go through the general
      * walk: import as f32 first, then convert that IEBIN like any other source */
-    if (dt == DT_Q8_0 || dt == DT_Q4_0 || o->manifest || o->embd_dtype_set) {
+    if (dt == DT_Q8_0 || dt == DT_Q4_0 || dtype_is_q4g(dt) || o->manifest ||
+        o->embd_dtype_set) {
         char tmp[4096];
         char *slash;
         snprintf(tmp, sizeof tmp, "%s", out_dir);
