@@ -28,7 +28,9 @@ static int g_threads;
 static const char *g_dtype; /* --dtype: only this weight type */
 static double g_min_time = 1.0;
 
-static const enum dtype all_types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0};
+static const enum dtype all_types[] = {DT_F32,     DT_F16,     DT_BF16,    DT_Q8_0,
+                                       DT_Q4_0,    DT_Q4_G64,  DT_Q4_G128, DT_Q4Z_G32,
+                                       DT_Q4Z_G64, DT_Q4Z_G128};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 
 static size_t matrix_bytes(enum dtype dt, size_t rows, size_t cols)
@@ -216,7 +218,7 @@ static void bench_gemm(void)
             if (!isa_ok(isa))
                 continue;
             kern_force_isa((enum kern_isa)isa);
-            double peak = dt == DT_Q8_0 || dt == DT_Q4_0 ? peak_i8
+            double peak = dt == DT_Q8_0 || dt == DT_Q4_0 || dtype_is_q4g(dt) ? peak_i8
                           : dt == DT_BF16 && isa == KERN_ISA_AVX512 && kern_has_avx512bf16()
                               ? peak_bf
                               : peak_f32;
