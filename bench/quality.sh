@@ -12,7 +12,7 @@
 # dtypes: int8 = q8_0, int4 = q4_0 and the int4 group types (docs/IEBIN.md): q4_g64/q4_g128
 # (scale only), q4z_g32/q4z_g64/q4z_g128 (scale + offset per group). stories260K's rows are 64
 # wide, so it has no g128 rows (every matrix would stay f32); TinyLlama has them.
-# Row selection: S260_DTYPES, S260_REF_DTYPES, TINY_DTYPES (space-separated lists).
+# Row selection: S260_DTYPES, S260_REF_DTYPES, TINY_DTYPES (space-separated lists; empty: none).
 # Usage: bash bench/quality.sh   (BUILD_DIR, CLOCHER_MODELS, CLOCHER_FIXTURES, THREADS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,10 +52,10 @@ for first in 1 100 200 300 350 400 420 450 500; do
     --print-ids --quiet --threads 1 |
     /usr/bin/python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(" ".join(map(str, [1, int(sys.argv[1])] + j["generated_ids"])))' "$first" >>"$tmp/s260.ids"
 done
-for dt in ${S260_DTYPES:-bf16 f16 int8 int4 q4_g64 q4z_g32 q4z_g64}; do
+for dt in ${S260_DTYPES-bf16 f16 int8 int4 q4_g64 q4z_g32 q4z_g64}; do
   row stories260K "$s260" "$dt" "$tmp/s260.ids"
 done
-for dt in ${S260_REF_DTYPES:-int8 int4 q4_g64 q4z_g32 q4z_g64}; do
+for dt in ${S260_REF_DTYPES-int8 int4 q4_g64 q4z_g32 q4z_g64}; do
   row stories260K "$s260" "$dt" "$tmp/s260.ids" ref
 done
 
@@ -63,7 +63,7 @@ if [ "$tiny_positions" -gt 0 ]; then
   hf=$models/tinyllama-1.1b-hf
   [ -f "$hf/config.json" ] || "$clocher" synth --preset tinyllama-1.1b --seed 1 "$hf" >/dev/null
   awk -v n="$tiny_positions" 'BEGIN{srand(7); printf "1"; for(i=1;i<n;i++) printf " %d", 3+int(rand()*31990); print ""}' >"$tmp/tiny.ids"
-  for dt in ${TINY_DTYPES:-bf16 int8 int4 q4_g64 q4_g128 q4z_g32 q4z_g64 q4z_g128}; do
+  for dt in ${TINY_DTYPES-bf16 int8 int4 q4_g64 q4_g128 q4z_g32 q4z_g64 q4z_g128}; do
     row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids"
   done
   # the scalar path on a 1.1B model takes tens of minutes per row: only on request

@@ -47,58 +47,69 @@ INLINE float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* NR rows x NT tokens of a type with G blocks of 32 per group and, if Z, an offset. */
-INLINE void tile(int G, int Z, const uint8_t *w, size_t rb, size_t r, int NR,
-                 const struct kern_act *a, size_t t, int NT, float *y, size_t ldy, int pf)
+/* Block s (32 columns) of NR rows x NT tokens, added into acc (registers after inlining). */
+INLINE void block(int G, int Z, const uint8_t *const *rows, int NR, const struct kern_act *a,
+                  size_t t, int NT, size_t s, __m256 acc[4][4])
 {
-    const size_t hb = Z ? 4 : 2, bb = hb + 16 * (size_t)G, nsb = a->cols / 32, cp = a->cp;
-    const int dual = NR * NT <= 2;
+    const size_t hb = Z ? 4 : 2, bb = hb + 16 * (size_t)G, cp = a->cp;
     const __m256i ones = _mm256_set1_epi16(1);
-    const uint8_t *rows[4];
-    __m256 acc[2][4][4];
+    __m256i wz[4];
+    float dw[4], mw[4];
     UNROLL for (int i = 0; i < NR; i++)
     {
-        rows[i] = w + (r + (size_t)i) * rb;
-        UNROLL for (int j = 0; j < NT; j++) acc[0][i][j] = acc[1][i][j] = _mm256_setzero_ps();
+        const uint8_t *blk = rows[i] + s / (size_t)G * bb;
+        wz[i] = nibbles(blk + hb + 16 * (s % (size_t)G));
+        dw[i] = load_f16(blk);
+        mw[i] = Z ? load_f16(blk + 2) * -0.125f : 0.0f;
     }
-    for (size_t s = 0; s < nsb; s++) {
-        const int h = dual ? (int)s & 1 : 0;
-        __m256i wz[4];
-        float dw[4], mw[4];
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        size_t tj = t + (size_t)j;
+        __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + tj * a->ld + s * 32));
+        __m256i ns = _mm256_loadu_si256((const __m256i *)(a->ns4 + tj * cp / 4 + s * 8));
+        float dx = a->d[tj * cp / 32 + s];
         UNROLL for (int i = 0; i < NR; i++)
         {
-            const uint8_t *blk = rows[i] + s / (size_t)G * bb;
-            if (pf)
-                _mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
-            wz[i] = nibbles(blk + hb + 16 * (s % (size_t)G));
-            dw[i] = load_f16(blk);
-            mw[i] = Z ? load_f16(blk + 2) * -0.125f : 0.0f;
-        }
-        UNROLL for (int j = 0; j < NT; j++)
-        {
-            size_t tj = t + (size_t)j;
-            __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + tj * a->ld + s * 32));
-            __m256i ns = _mm256_loadu_si256((const __m256i *)(a->ns4 + tj * cp / 4 + s * 8));
-            float dx = a->d[tj * cp / 32 + s];
-            UNROLL for (int i = 0; i < NR; i++)
-            {
-                __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wz[i], q), ones);
-                if (Z) {
-                    __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw[i]),
-                                               _mm256_mul_ps(_mm256_cvtepi32_ps(ns),
-                                                             _mm256_set1_ps(mw[i])));
-                    acc[h][i][j] = _mm256_fmadd_ps(f, _mm256_set1_ps(dx), acc[h][i][j]);
-                } else {
-                    dot = _mm256_add_epi32(dot, ns);
-                    acc[h][i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                                   _mm256_set1_ps(dw[i] * dx), acc[h][i][j]);
-                }
+            __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wz[i], q), ones);
+            if (Z) {
+                __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw[i]),
+                                           _mm256_mul_ps(_mm256_cvtepi32_ps(ns),
+                                                         _mm256_set1_ps(mw[i])));
+                acc[i][j] = _mm256_fmadd_ps(f, _mm256_set1_ps(dx), acc[i][j]);
+            } else {
+                dot = _mm256_add_epi32(dot, ns);
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw[i] * dx),
+                                            acc[i][j]);
             }
         }
     }
+}
+
+/* NR rows x NT tokens of a type with G blocks of 32 per group and, if Z, an offset; two
+ * accumulator sets (even / odd blocks) give each output two independent FMA chains. */
+INLINE void tile(int G, int Z, const uint8_t *w, size_t rb, size_t r, int NR,
+                 const struct kern_act *a, size_t t, int NT, float *y, size_t ldy, int pf)
+{
+    const size_t bb = (Z ? 4 : 2) + 16 * (size_t)G, nsb = a->cols / 32;
+    const uint8_t *rows[4];
+    __m256 acc0[4][4], acc1[4][4];
+    UNROLL for (int i = 0; i < NR; i++)
+    {
+        rows[i] = w + (r + (size_t)i) * rb;
+        UNROLL for (int j = 0; j < NT; j++) acc0[i][j] = acc1[i][j] = _mm256_setzero_ps();
+    }
+    size_t s = 0;
+    for (; s + 2 <= nsb; s += 2) {
+        if (pf)
+            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch(
+                (const char *)rows[i] + s / (size_t)G * bb + PF_DIST, _MM_HINT_T0);
+        block(G, Z, rows, NR, a, t, NT, s, acc0);
+        block(G, Z, rows, NR, a, t, NT, s + 1, acc1);
+    }
+    if (s < nsb)
+        block(G, Z, rows, NR, a, t, NT, s, acc0);
     UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
-        y[(t + (size_t)j) * ldy + r + (size_t)i] =
-            hsum8(_mm256_add_ps(acc[0][i][j], acc[1][i][j]));
+        y[(t + (size_t)j) * ldy + r + (size_t)i] = hsum8(_mm256_add_ps(acc0[i][j], acc1[i][j]));
 }
 
 /* Rows [r0, r1) x all tokens in tiles of at most MR x MT (MR <= 2, MT <= 4). */

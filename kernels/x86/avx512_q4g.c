@@ -58,80 +58,86 @@ INLINE __m512 f16_pair(const uint8_t *pa, const uint8_t *pb)
 }
 
 /*
- * NR rows x NT tokens of a type with G blocks of 32 per group (1, 2, 4) and, if Z, an offset.
- * Two accumulator sets (even / odd 64-column chunk) when the tile is small, so that each
- * output has two independent FMA chains; large tiles have enough chains already.
+ * One 64-column chunk (blocks s and s+1; has_b = 0 when s is the last block) of NR rows x NT
+ * tokens, added into acc. Operands are arrays indexed only by compile-time loop indices, so
+ * after inlining and unrolling they live in registers.
  */
-INLINE void tile(int G, int Z, const uint8_t *w, size_t rb, size_t r, int NR,
-                 const struct kern_act *a, size_t t, int NT, float *y, size_t ldy, int pf)
+INLINE void chunk(int G, int Z, const uint8_t *const *rows, int NR, const struct kern_act *a,
+                  size_t t, int NT, size_t s, int has_b, __m512 acc[4][4])
 {
-    const size_t hb = Z ? 4 : 2, bb = hb + 16 * (size_t)G, nsb = a->cols / 32, cp = a->cp;
-    const int dual = NR * NT <= 4;
-    const uint8_t *rows[4];
-    const int8_t *xq[4];
-    const int32_t *xs[4];
-    const float *xd4[4];
-    __m512 acc[2][4][4];
+    const size_t hb = Z ? 4 : 2, bb = hb + 16 * (size_t)G, cp = a->cp;
+    __m512i wz[4];
+    __m512 dw[4], mw[4];
     UNROLL for (int i = 0; i < NR; i++)
     {
-        rows[i] = w + (r + (size_t)i) * rb;
-        UNROLL for (int j = 0; j < NT; j++) acc[0][i][j] = acc[1][i][j] = _mm512_setzero_ps();
+        const uint8_t *ba = rows[i] + s / (size_t)G * bb;
+        const uint8_t *bB = has_b ? rows[i] + (s + 1) / (size_t)G * bb : NULL;
+        wz[i] = unpack64(ba + hb + 16 * (s % (size_t)G),
+                         bB ? bB + hb + 16 * ((s + 1) % (size_t)G) : NULL);
+        if (G == 1) {
+            dw[i] = f16_pair(ba, bB);
+            if (Z)
+                mw[i] = _mm512_mul_ps(f16_pair(ba + 2, bB ? bB + 2 : NULL),
+                                      _mm512_set1_ps(-0.125f));
+        } else {
+            /* s is even and G even: both arrays of this chunk are in group s / G */
+            dw[i] = _mm512_set1_ps(_cvtsh_ss(load_u16(ba)));
+            if (Z)
+                mw[i] = _mm512_set1_ps(_cvtsh_ss(load_u16(ba + 2)) * -0.125f);
+        }
     }
     UNROLL for (int j = 0; j < NT; j++)
     {
         size_t tj = t + (size_t)j;
-        xq[j] = a->q + tj * a->ld;
-        xs[j] = a->ns4 + tj * cp / 4;
-        xd4[j] = a->d4 + tj * cp / 4;
-    }
-    for (size_t s = 0; s < nsb; s += 2) {
-        const int has_b = s + 1 < nsb, h = dual ? (int)(s / 2) & 1 : 0;
-        __m512i wz[4];
-        __m512 dw[4], mw[4];
+        /* past the last block the activation rows are zero padded up to cp (64) */
+        __m512i q = _mm512_loadu_si512(a->q + tj * a->ld + s * 32);
+        __m512i ns = _mm512_loadu_si512(a->ns4 + tj * cp / 4 + s * 8);
+        __m512 dx = _mm512_loadu_ps(a->d4 + tj * cp / 4 + s * 8);
         UNROLL for (int i = 0; i < NR; i++)
         {
-            const uint8_t *ba = rows[i] + s / (size_t)G * bb;
-            const uint8_t *bB = has_b ? rows[i] + (s + 1) / (size_t)G * bb : NULL;
-            if (pf)
-                _mm_prefetch((const char *)ba + PF_DIST, _MM_HINT_T0);
-            wz[i] = unpack64(ba + hb + 16 * (s % (size_t)G),
-                             bB ? bB + hb + 16 * ((s + 1) % (size_t)G) : NULL);
-            if (G == 1) {
-                dw[i] = f16_pair(ba, bB);
-                if (Z)
-                    mw[i] = _mm512_mul_ps(f16_pair(ba + 2, bB ? bB + 2 : NULL),
-                                          _mm512_set1_ps(-0.125f));
+            if (Z) {
+                __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wz[i], q);
+                __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dw[i],
+                                           _mm512_mul_ps(_mm512_cvtepi32_ps(ns), mw[i]));
+                acc[i][j] = _mm512_fmadd_ps(f, dx, acc[i][j]);
             } else {
-                /* s is even and G even: both arrays of this chunk are in group s / G */
-                dw[i] = _mm512_set1_ps(_cvtsh_ss(load_u16(ba)));
-                if (Z)
-                    mw[i] = _mm512_set1_ps(_cvtsh_ss(load_u16(ba + 2)) * -0.125f);
-            }
-        }
-        UNROLL for (int j = 0; j < NT; j++)
-        {
-            /* past the last block the activation rows are zero padded up to cp (64) */
-            __m512i q = _mm512_loadu_si512(xq[j] + s * 32);
-            __m512i ns = _mm512_loadu_si512(xs[j] + s * 8);
-            __m512 dx = _mm512_loadu_ps(xd4[j] + s * 8);
-            UNROLL for (int i = 0; i < NR; i++)
-            {
-                if (Z) {
-                    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wz[i], q);
-                    __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dw[i],
-                                               _mm512_mul_ps(_mm512_cvtepi32_ps(ns), mw[i]));
-                    acc[h][i][j] = _mm512_fmadd_ps(f, dx, acc[h][i][j]);
-                } else {
-                    __m512i dot = _mm512_dpbusd_epi32(ns, wz[i], q);
-                    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
-                    acc[h][i][j] = _mm512_fmadd_ps(f, dw[i], acc[h][i][j]);
-                }
+                __m512i dot = _mm512_dpbusd_epi32(ns, wz[i], q);
+                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
+                acc[i][j] = _mm512_fmadd_ps(f, dw[i], acc[i][j]);
             }
         }
     }
+}
+
+/*
+ * NR rows x NT tokens of a type with G blocks of 32 per group (1, 2, 4) and, if Z, an offset.
+ * The main loop takes two chunks into two accumulator sets, so each output has two
+ * independent FMA chains (one chain of 4-cycle FMAs would bound a small tile).
+ */
+INLINE void tile(int G, int Z, const uint8_t *w, size_t rb, size_t r, int NR,
+                 const struct kern_act *a, size_t t, int NT, float *y, size_t ldy, int pf)
+{
+    const size_t bb = (Z ? 4 : 2) + 16 * (size_t)G, nsb = a->cols / 32;
+    const uint8_t *rows[4];
+    __m512 acc0[4][4], acc1[4][4];
+    UNROLL for (int i = 0; i < NR; i++)
+    {
+        rows[i] = w + (r + (size_t)i) * rb;
+        UNROLL for (int j = 0; j < NT; j++) acc0[i][j] = acc1[i][j] = _mm512_setzero_ps();
+    }
+    size_t s = 0;
+    for (; s + 4 <= nsb; s += 4) {
+        if (pf)
+            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch(
+                (const char *)rows[i] + s / (size_t)G * bb + PF_DIST, _MM_HINT_T0);
+        chunk(G, Z, rows, NR, a, t, NT, s, 1, acc0);
+        chunk(G, Z, rows, NR, a, t, NT, s + 2, 1, acc1);
+    }
+    for (; s < nsb; s += 2)
+        chunk(G, Z, rows, NR, a, t, NT, s, s + 1 < nsb, acc0);
     UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
         y[(t + (size_t)j) * ldy + r + (size_t)i] =
-            _mm512_reduce_add_ps(_mm512_add_ps(acc[0][i][j], acc[1][i][j]));
+            _mm512_reduce_add_ps(_mm512_add_ps(acc0[i][j], acc1[i][j]));
 }
 
 /* Rows [r0, r1) x all tokens in tiles of at most MR x MT (MR <= 4, MT <= 4). */
