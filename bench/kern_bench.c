@@ -5,13 +5,14 @@
  *  - gemm: GFLOP/s for n = 64..512 tokens, against the scalar path and the core's peak;
  *  - variants: the alternatives behind routing choices (bf16 widening vs vdpbf16ps, the
  *    gemv/gemm crossover);
- *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s.
+ *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s;
+ *  - q4g (only when asked): the int4 group types against q4_0, interleaved rounds.
  * GEMV weights rotate through copies totalling >= 256 MiB so they stream from DRAM, as in
  * decode, rather than from the 32 MiB L3. Each row ends with the CPU share other processes
  * used meanwhile (bench_load_end): on a shared machine, a row with more than a few percent
  * was measured beside a busy neighbour and understates the kernels.
  *
- *   usage: kern_bench [--threads N] [--quick] [--only gemv|gemm|variants|model] [--dtype T]
+ *   usage: kern_bench [--threads N] [--quick] [--only gemv|gemm|variants|model|q4g] [--dtype T]
  */
 #include "bench_util.h"
 #include "dtype.h"
@@ -302,6 +303,54 @@ static void bench_variants(double bw)
     }
 }
 
+/*
+ * The int4 group types against q4_0 (kernels/x86/avx*_q4g.c): seconds per product at
+ * TinyLlama's FFN shape, decode (n = 1) with the weights streamed from DRAM (a ring) and from
+ * cache (one copy: the kernels' own speed), and a 64-token prefill. Types are measured in
+ * interleaved rounds and each keeps its best, so a busy neighbour slows all of them alike.
+ */
+static void bench_q4g(void)
+{
+    static const enum dtype ts[] = {DT_Q4_0,    DT_Q4_G64,  DT_Q4_G128,
+                                    DT_Q4Z_G32, DT_Q4Z_G64, DT_Q4Z_G128};
+    enum { NTY = sizeof ts / sizeof ts[0] };
+    const size_t rows = 5632, cols = 2048;
+    double best[NTY][3];
+    void **ring[NTY];
+    int copies[NTY];
+    float *x = random_x(64, cols), *y = malloc(64 * rows * sizeof(float));
+    for (int k = 0; k < NTY; k++) {
+        copies[k] = make_ring(ts[k], rows, cols, &ring[k]);
+        best[k][0] = best[k][1] = best[k][2] = 1e30;
+    }
+    double saved = g_min_time;
+    g_min_time = 0.25;
+    for (int round = 0; round < 4; round++)
+        for (int k = 0; k < NTY; k++) {
+            double t[3] = {time_matmul(ts[k], ring[k], copies[k], rows, cols, x, 1, y),
+                           time_matmul(ts[k], ring[k], 1, rows, cols, x, 1, y),
+                           time_matmul(ts[k], ring[k], 1, rows, cols, x, 64, y)};
+            for (int m = 0; m < 3; m++)
+                best[k][m] = t[m] < best[k][m] ? t[m] : best[k][m];
+        }
+    g_min_time = saved;
+    printf("\n### int4 group types vs q4_0, %zu x %zu, %s, %d thread(s): us per product "
+           "(speed relative to q4_0)\n\n", rows, cols, kern_isa_name(kern_isa()), g_threads);
+    printf("| dtype | bits/weight | decode, DRAM | decode, cached | prefill n=64 |\n"
+           "|---|---|---|---|---|\n");
+    for (int k = 0; k < NTY; k++) {
+        const struct dtype_info *di = dtype_info(ts[k]);
+        printf("| %s | %.3f |", di->name, 8.0 * di->block_bytes / di->block);
+        for (int m = 0; m < 3; m++)
+            printf(" %.0f (%.2fx) |", best[k][m] * 1e6, best[0][m] / best[k][m]);
+        printf("\n");
+        free_ring(ring[k], copies[k]);
+    }
+    fflush(stdout);
+    free(y);
+    free(x);
+}
+
 /* All matmuls of TinyLlama-1.1B (22 layers: q, k, v, o, gate, up, down; and the output). */
 static void bench_model(double bw)
 {
@@ -380,7 +429,7 @@ int main(int argc, char **argv)
             g_dtype = argv[++i];
         else {
             fprintf(stderr, "usage: kern_bench [--threads N] [--quick] "
-                            "[--only gemv|gemm|variants|model] [--dtype NAME]\n");
+                            "[--only gemv|gemm|variants|model|q4g] [--dtype NAME]\n");
             return 2;
         }
     }
@@ -398,6 +447,8 @@ int main(int argc, char **argv)
     if (!only || strcmp(only, "variants") == 0)
         bench_variants(bw);
     kern_force_isa(best);
+    if (only && strcmp(only, "q4g") == 0)
+        bench_q4g(); /* only on request: its own comparison, not part of the default run */
     if (!only || strcmp(only, "model") == 0)
         bench_model(bw);
     pool_destroy(g_pool);

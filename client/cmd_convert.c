@@ -40,6 +40,8 @@ static void usage(FILE *f)
             "--embd-dtype D gives the token embedding and the classifier their own dtype.\n"
             "--tokenizer takes a tokenizer.model, tokenizer.json, tokenizer.bin or .gguf.\n"
             "Nothing under OUT_DIR loads unless the conversion completed.\n\n"
+            "--rounding nearest|search  int4 scales: round to nearest (default) or a per-group\n"
+            "                       error-minimising search (slower conversion)\n"
             "--quant-manifest FILE  per-tensor dtypes by name pattern (docs/CONVERT.md)\n"
             "--calib-ids FILE       calibration token ids (decimal, space/comma separated)\n"
             "--calib FILE           calibration text, tokenized with the model's tokenizer\n"
@@ -201,6 +203,13 @@ int cmd_convert(int argc, char **argv)
                 fprintf(stderr, "clocher convert: --embd-dtype %s: expected f32, f16, bf16, int8 or int4\n", d);
                 return CMD_EXIT_USAGE;
             }
+        } else if (!strcmp(a, "--rounding") && i + 1 < argc) {
+            const char *r = argv[++i];
+            if (strcmp(r, "nearest") && strcmp(r, "search")) {
+                fprintf(stderr, "clocher convert: --rounding %s: expected nearest or search\n", r);
+                return CMD_EXIT_USAGE;
+            }
+            o.rounding_search = !strcmp(r, "search");
         } else if (!strcmp(a, "--quant-manifest") && i + 1 < argc) {
             manifest_path = argv[++i];
         } else if (!strcmp(a, "--calib-ids") && i + 1 < argc) {

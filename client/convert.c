@@ -123,7 +123,7 @@ static int quantize_row(enum dtype to, const float *x, void *dst, size_t n)
 
 /* Converts one row of n elements between dtypes. Targets: same dtype, a float or a block type. */
 static int convert_row(enum dtype from, const void *src, enum dtype to, void *dst, float *tmp,
-                       size_t n)
+                       size_t n, bool search)
 {
     if (from == to) {
         uint64_t rb;
@@ -132,6 +132,8 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
         return 0;
     }
     kern_row_to_f32(from, src, tmp, n);
+    if (search && (to == DT_Q4_0 || dtype_is_q4g(to)))
+        return kern_quantize_row_q4_search(to, tmp, dst, n); /* --rounding search */
     switch (to) {
     case DT_F32:
         memcpy(dst, tmp, n * sizeof(float));
@@ -177,7 +179,7 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
  */
 static int emit(struct iebin_writer *w, const char *what, const char *name,
                 const struct src_tensor *st, const uint64_t *want, int want_dims, enum dtype to,
-                uint32_t perm_heads, uint32_t head_dim, struct progress *pg)
+                uint32_t perm_heads, uint32_t head_dim, bool search, struct progress *pg)
 {
     if (st->n_dims != want_dims || memcmp(st->shape, want, sizeof(uint64_t) * (size_t)want_dims)) {
         char got[96] = "", exp[96] = "";
@@ -217,7 +219,8 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
             uint64_t r = r0 + j, sr = r;
             if (perm_heads)
                 sr = iebin_rope_hf_row(r, head_dim);
-            rc = convert_row(st->dtype, st->data + sr * src_rb, to, buf + j * dst_rb, tmp, cols);
+            rc = convert_row(st->dtype, st->data + sr * src_rb, to, buf + j * dst_rb, tmp, cols,
+                             search);
         }
         if (rc == 0)
             rc = out_rc(pg, iebin_writer_write(w, buf, nr * dst_rb));
@@ -285,7 +288,8 @@ static int walk(void *src, lookup_fn *lookup, const char *what, const struct ieb
         if (o->manifest && !is_norm(kind_) && qm_match(o->manifest, name, &qm_) == 0)            \
             to_ = qm_;                                                                           \
         to_ = fallback_dtype(name, to_, st.dtype, want_[(nd_) - 1]);                             \
-        rc = emit(w, what, name, &st, want_, (nd_), to_, (perm_), hp->head_dim, pg);             \
+        rc = emit(w, what, name, &st, want_, (nd_), to_, (perm_), hp->head_dim,                 \
+                  o->rounding_search, pg);                                                       \
         if (rc)                                                                                  \
             return rc;                                                                           \
     } while (0)

@@ -156,6 +156,12 @@ KERN_Q4G_VARIANTS_(KERN_DECLARE_, avx512)
  * non-finite input (nothing meaningful to store), ERR_FORMAT for a ragged n.
  */
 int kern_quantize_row_q4g(enum dtype dt, const float *x, void *dst, size_t n);
+/*
+ * The same layouts, and q4_0's, with `--rounding search`: per group, the scale (and offset)
+ * of least squared error among candidates around the round-to-nearest choice, each refitted
+ * by least squares for its codes (kernels/ref_q4g.c); never worse than round to nearest.
+ */
+int kern_quantize_row_q4_search(enum dtype dt, const float *x, void *dst, size_t n);
 
 /* ---- block-sparse (BSR) GEMV (kernels/sparse.c; the file format is worker/bsr.h) --------- */
 

@@ -21,7 +21,7 @@
 #include <string.h>
 
 /* Header bytes before the nibble arrays: f16 d, plus f16 m for the q4z types. */
-static size_t hdr_bytes(enum dtype dt) { return dtype_q4g_has_min(dt) ? 4 : 2; }
+static size_t hdr_bytes(enum dtype dt) { return dtype_q4g_has_min(dt) ? 4 : 2; } /* q4_0: 2 */
 
 static uint16_t load_u16(const uint8_t *p)
 {
@@ -49,9 +49,86 @@ void kern__q4g_row_to_f32(enum dtype dt, const void *row, float *out, size_t n)
     }
 }
 
-int kern_quantize_row_q4g(enum dtype dt, const float *x, void *dst, size_t n)
+/* Codes of one group for scale d and offset m (zp) or q4_0's -8 bias; returns the squared
+ * error of the dequantized group. d and m are already f16-exact. */
+static double code_group(const float *v, size_t g, int zp, float d, float m, uint8_t *codes)
 {
-    CHECK(dtype_is_q4g(dt));
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    double err = 0.0;
+    for (size_t j = 0; j < g; j++) {
+        float r = zp ? roundf((v[j] - m) * id) : roundf(v[j] * id) + 8.0f;
+        codes[j] = (uint8_t)(r < 0.0f ? 0 : r > 15.0f ? 15 : r);
+        float back = zp ? d * (float)codes[j] + m : d * (float)((int)codes[j] - 8);
+        err += (double)(v[j] - back) * (double)(v[j] - back);
+    }
+    return err;
+}
+
+static float f16_round(float v) { return half_f16_to_f32(half_f32_to_f16(v)); }
+
+/*
+ * --rounding search: candidates around the round-to-nearest scale (and, with an offset, a
+ * range shrunk from either end: clipping a few outliers buys finer steps for the rest), each
+ * followed by one least-squares refit of the scale (and offset) for its codes, as llama.cpp's
+ * make_qx_quants does; the candidate of least squared error wins. The RTN choice is one of
+ * the candidates, so the error never exceeds it.
+ */
+static void search_group(const float *v, size_t g, int zp, float big, float lo, float hi,
+                         float *d_out, float *m_out, uint8_t *codes)
+{
+    uint8_t tmp[128];
+    float best_d = zp ? f16_round((hi - lo) / 15.0f) : f16_round(big / -8.0f);
+    float best_m = zp ? f16_round(lo) : 0.0f;
+    double best = code_group(v, g, zp, best_d, best_m, codes);
+    for (int k = 0; k < 24; k++) {
+        float d, m = 0.0f;
+        if (zp) {
+            /* shrink the low end by a, the high end by b, in steps of 2% of the range */
+            float a = (float)(k % 5) * 0.02f, b = (float)(k / 5) * 0.02f, span = hi - lo;
+            m = f16_round(lo + a * span);
+            d = f16_round((hi - b * span - (lo + a * span)) / 15.0f);
+        } else {
+            d = f16_round(big / (-8.0f + 0.1f * (float)(k - 6))); /* -8.6 .. -5.7 */
+        }
+        for (int refit = 0; refit < 2; refit++) {
+            double e = code_group(v, g, zp, d, m, tmp);
+            if (e < best) {
+                best = e;
+                best_d = d;
+                best_m = m;
+                memcpy(codes, tmp, g);
+            }
+            if (refit)
+                break;
+            /* least squares for these codes: x ~ d*c (+ m) */
+            double sc = 0, scc = 0, sx = 0, sxc = 0;
+            for (size_t j = 0; j < g; j++) {
+                double c = zp ? (double)tmp[j] : (double)tmp[j] - 8.0;
+                sc += c;
+                scc += c * c;
+                sx += v[j];
+                sxc += (double)v[j] * c;
+            }
+            if (zp) {
+                double det = (double)g * scc - sc * sc;
+                if (det <= 0)
+                    break;
+                d = f16_round((float)(((double)g * sxc - sc * sx) / det));
+                m = f16_round((float)((sx - (double)d * sc) / (double)g));
+            } else {
+                if (scc <= 0)
+                    break;
+                d = f16_round((float)(sxc / scc));
+            }
+        }
+    }
+    *d_out = best_d;
+    *m_out = best_m;
+}
+
+static int quantize_q4(enum dtype dt, const float *x, void *dst, size_t n, int search)
+{
+    CHECK(dtype_is_q4g(dt) || dt == DT_Q4_0);
     const struct dtype_info *di = dtype_info(dt);
     const size_t g = di->block, hb = hdr_bytes(dt);
     const int zp = dtype_q4g_has_min(dt);
@@ -74,27 +151,23 @@ int kern_quantize_row_q4g(enum dtype dt, const float *x, void *dst, size_t n)
             hi = fmaxf(hi, v[j]);
         }
         uint8_t codes[128];
-        if (zp) {
+        float d, m = 0.0f;
+        if (search) {
+            search_group(v, g, zp, big, lo, hi, &d, &m, codes);
+        } else if (zp) {
             /* asymmetric: the group's range [min, max] spread over the 16 codes */
-            uint16_t d16 = half_f32_to_f16((hi - lo) / 15.0f), m16 = half_f32_to_f16(lo);
-            float d = half_f16_to_f32(d16), m = half_f16_to_f32(m16);
-            float id = d != 0.0f ? 1.0f / d : 0.0f;
-            memcpy(b, &d16, 2);
-            memcpy(b + 2, &m16, 2);
-            for (size_t j = 0; j < g; j++) {
-                float r = roundf((v[j] - m) * id);
-                codes[j] = (uint8_t)(r < 0.0f ? 0 : r > 15.0f ? 15 : r);
-            }
+            d = f16_round((hi - lo) / 15.0f);
+            m = f16_round(lo);
+            code_group(v, g, zp, d, m, codes);
         } else {
             /* q4_0's rule: the largest magnitude maps exactly to code 0 (-8) */
-            uint16_t d16 = half_f32_to_f16(big / -8.0f);
-            float d = half_f16_to_f32(d16), id = d != 0.0f ? 1.0f / d : 0.0f;
-            memcpy(b, &d16, 2);
-            for (size_t j = 0; j < g; j++) {
-                float r = roundf(v[j] * id) + 8.0f;
-                codes[j] = (uint8_t)(r < 0.0f ? 0 : r > 15.0f ? 15 : r);
-            }
+            d = f16_round(big / -8.0f);
+            code_group(v, g, zp, d, m, codes);
         }
+        uint16_t d16 = half_f32_to_f16(d), m16 = half_f32_to_f16(m);
+        memcpy(b, &d16, 2);
+        if (zp)
+            memcpy(b + 2, &m16, 2);
         for (size_t s = 0; s < g / 32; s++) {
             uint8_t *qs = b + hb + 16 * s;
             for (int j = 0; j < 16; j++)
@@ -102,6 +175,17 @@ int kern_quantize_row_q4g(enum dtype dt, const float *x, void *dst, size_t n)
         }
     }
     return 0;
+}
+
+int kern_quantize_row_q4g(enum dtype dt, const float *x, void *dst, size_t n)
+{
+    CHECK(dtype_is_q4g(dt));
+    return quantize_q4(dt, x, dst, n, 0);
+}
+
+int kern_quantize_row_q4_search(enum dtype dt, const float *x, void *dst, size_t n)
+{
+    return quantize_q4(dt, x, dst, n, 1);
 }
 
 /*

@@ -125,6 +125,68 @@ static void test_quantize_bounds(void **state)
     assert_int_equal(kern_quantize_row_q4g(DT_Q4Z_G32, bad, out, 64), ERR_RANGE);
 }
 
+/* --rounding search: per group, never a larger squared error than round to nearest (it is
+ * one of the candidates); reports the total error ratio. q4_0 included. */
+static void test_search_rounding(void **state)
+{
+    (void)state;
+    static const enum dtype all[] = {DT_Q4_0,    DT_Q4_G64,  DT_Q4_G128,
+                                     DT_Q4Z_G32, DT_Q4Z_G64, DT_Q4Z_G128};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+        enum dtype dt = all[k];
+        const struct dtype_info *di = dtype_info(dt);
+        const size_t g = di->block, n = g * 64;
+        float *x = make_src(n, g), *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+        uint8_t *qa = malloc(n / g * di->block_bytes), *qb = malloc(n / g * di->block_bytes);
+        assert_true(a && b && qa && qb);
+        /* q4_0 through the group path: kern_quantize_row_q4g covers only the new types, and
+         * q4_0's round to nearest is the converter's (client/convert.c), reproduced here */
+        if (dt == DT_Q4_0) {
+            for (size_t i = 0; i < n; i += 32) {
+                float big = 0.0f;
+                for (size_t j = i; j < i + 32; j++)
+                    big = fabsf(x[j]) > fabsf(big) ? x[j] : big;
+                uint16_t d16 = half_f32_to_f16(big / -8.0f);
+                float d = half_f16_to_f32(d16), id = d != 0.0f ? 1.0f / d : 0.0f;
+                uint8_t *blk = qa + i / 32 * 18;
+                memcpy(blk, &d16, 2);
+                for (int j = 0; j < 16; j++) {
+                    float r0 = roundf(x[i + (size_t)j] * id) + 8.0f;
+                    float r1 = roundf(x[i + (size_t)j + 16] * id) + 8.0f;
+                    int c0 = r0 < 0 ? 0 : r0 > 15 ? 15 : (int)r0;
+                    int c1 = r1 < 0 ? 0 : r1 > 15 ? 15 : (int)r1;
+                    blk[2 + j] = (uint8_t)(c0 | (c1 << 4));
+                }
+            }
+        } else {
+            assert_int_equal(kern_quantize_row_q4g(dt, x, qa, n), 0);
+        }
+        assert_int_equal(kern_quantize_row_q4_search(dt, x, qb, n), 0);
+        kern_row_to_f32(dt, qa, a, n);
+        kern_row_to_f32(dt, qb, b, n);
+        double ea_all = 0, eb_all = 0;
+        for (size_t i = 0; i < n; i += g) {
+            double ea = 0, eb = 0;
+            for (size_t j = i; j < i + g; j++) {
+                ea += (double)(x[j] - a[j]) * (x[j] - a[j]);
+                eb += (double)(x[j] - b[j]) * (x[j] - b[j]);
+            }
+            if (!(eb <= ea * (1 + 1e-6) + 1e-30))
+                fail_msg("%s group %zu: search error %.6g > nearest %.6g", di->name, i / g, eb,
+                         ea);
+            ea_all += ea;
+            eb_all += eb;
+        }
+        printf("%-9s search: squared error %.3f x round-to-nearest\n", di->name,
+               ea_all > 0 ? eb_all / ea_all : 1.0);
+        free(qb);
+        free(qa);
+        free(b);
+        free(a);
+        free(x);
+    }
+}
+
 struct variant {
     const char *name;
     enum dtype wt;
@@ -333,6 +395,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_quantize_bounds),
+        cmocka_unit_test(test_search_rounding),
         cmocka_unit_test(test_matmul),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
