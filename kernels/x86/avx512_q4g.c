@@ -58,41 +58,40 @@ INLINE __m512 f16_pair(const uint8_t *pa, const uint8_t *pb)
 }
 
 /*
- * One 64-column chunk (blocks s and s+1; has_b = 0 when s is the last block) of NR rows x NT
- * tokens, added into acc. Operands are arrays indexed only by compile-time loop indices, so
- * after inlining and unrolling they live in registers.
+ * One 64-column chunk, columns [c, c+64), of NR rows x NT tokens, added into acc: per row i,
+ * the nibble arrays qa[i] and qb[i] (NULL: the chunk has only 32 columns) with the headers
+ * (scale, offset) ha[i] and hb[i]; for G >= 2 both arrays are in one group, ha == hb.
+ * Operands are arrays indexed by compile-time loop indices only, so after inlining and
+ * unrolling they live in registers.
  */
-INLINE void chunk(int G, int Z, const uint8_t *const *rows, int NR, const struct kern_act *a,
-                  size_t t, int NT, size_t s, int has_b, __m512 acc[4][4])
+INLINE void chunk(int G, int Z, int NR, const uint8_t *const *ha, const uint8_t *const *qa,
+                  const uint8_t *const *hb, const uint8_t *const *qb, const struct kern_act *a,
+                  size_t t, int NT, size_t c, __m512 acc[4][4])
 {
-    const size_t hb = Z ? 4 : 2, bb = hb + 16 * (size_t)G, cp = a->cp;
+    const size_t cp = a->cp;
     __m512i wz[4];
     __m512 dw[4], mw[4];
     UNROLL for (int i = 0; i < NR; i++)
     {
-        const uint8_t *ba = rows[i] + s / (size_t)G * bb;
-        const uint8_t *bB = has_b ? rows[i] + (s + 1) / (size_t)G * bb : NULL;
-        wz[i] = unpack64(ba + hb + 16 * (s % (size_t)G),
-                         bB ? bB + hb + 16 * ((s + 1) % (size_t)G) : NULL);
+        wz[i] = unpack64(qa[i], qb[i]);
         if (G == 1) {
-            dw[i] = f16_pair(ba, bB);
+            dw[i] = f16_pair(ha[i], qb[i] ? hb[i] : NULL);
             if (Z)
-                mw[i] = _mm512_mul_ps(f16_pair(ba + 2, bB ? bB + 2 : NULL),
+                mw[i] = _mm512_mul_ps(f16_pair(ha[i] + 2, qb[i] ? hb[i] + 2 : NULL),
                                       _mm512_set1_ps(-0.125f));
         } else {
-            /* s is even and G even: both arrays of this chunk are in group s / G */
-            dw[i] = _mm512_set1_ps(_cvtsh_ss(load_u16(ba)));
+            dw[i] = _mm512_set1_ps(_cvtsh_ss(load_u16(ha[i])));
             if (Z)
-                mw[i] = _mm512_set1_ps(_cvtsh_ss(load_u16(ba + 2)) * -0.125f);
+                mw[i] = _mm512_set1_ps(_cvtsh_ss(load_u16(ha[i] + 2)) * -0.125f);
         }
     }
     UNROLL for (int j = 0; j < NT; j++)
     {
         size_t tj = t + (size_t)j;
         /* past the last block the activation rows are zero padded up to cp (64) */
-        __m512i q = _mm512_loadu_si512(a->q + tj * a->ld + s * 32);
-        __m512i ns = _mm512_loadu_si512(a->ns4 + tj * cp / 4 + s * 8);
-        __m512 dx = _mm512_loadu_ps(a->d4 + tj * cp / 4 + s * 8);
+        __m512i q = _mm512_loadu_si512(a->q + tj * a->ld + c);
+        __m512i ns = _mm512_loadu_si512(a->ns4 + tj * cp / 4 + c / 4);
+        __m512 dx = _mm512_loadu_ps(a->d4 + tj * cp / 4 + c / 4);
         UNROLL for (int i = 0; i < NR; i++)
         {
             if (Z) {
@@ -111,30 +110,58 @@ INLINE void chunk(int G, int Z, const uint8_t *const *rows, int NR, const struct
 
 /*
  * NR rows x NT tokens of a type with G blocks of 32 per group (1, 2, 4) and, if Z, an offset.
- * The main loop takes two chunks into two accumulator sets, so each output has two
- * independent FMA chains (one chain of 4-cycle FMAs would bound a small tile).
+ * The main loop walks 128 columns at a time with plain pointer steps (4/G blocks) and puts
+ * its two chunks into two accumulator sets, so each output has two independent FMA chains.
  */
 INLINE void tile(int G, int Z, const uint8_t *w, size_t rb, size_t r, int NR,
                  const struct kern_act *a, size_t t, int NT, float *y, size_t ldy, int pf)
 {
-    const size_t bb = (Z ? 4 : 2) + 16 * (size_t)G, nsb = a->cols / 32;
-    const uint8_t *rows[4];
+    const size_t hd = Z ? 4 : 2, bb = hd + 16 * (size_t)G, cols = a->cols;
+    const uint8_t *p[4], *ha[4], *qa[4], *hb[4], *qb[4];
     __m512 acc0[4][4], acc1[4][4];
     UNROLL for (int i = 0; i < NR; i++)
     {
-        rows[i] = w + (r + (size_t)i) * rb;
+        p[i] = w + (r + (size_t)i) * rb;
         UNROLL for (int j = 0; j < NT; j++) acc0[i][j] = acc1[i][j] = _mm512_setzero_ps();
     }
-    size_t s = 0;
-    for (; s + 4 <= nsb; s += 4) {
-        if (pf)
-            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch(
-                (const char *)rows[i] + s / (size_t)G * bb + PF_DIST, _MM_HINT_T0);
-        chunk(G, Z, rows, NR, a, t, NT, s, 1, acc0);
-        chunk(G, Z, rows, NR, a, t, NT, s + 2, 1, acc1);
+    size_t c = 0;
+    for (; c + 128 <= cols; c += 128) {
+        UNROLL for (int i = 0; i < NR; i++)
+        {
+            if (pf)
+                _mm_prefetch((const char *)p[i] + PF_DIST, _MM_HINT_T0);
+            /* arrays 0, 1 of this 128: G=1 blocks 0, 1; G=2 block 0; G=4 block 0 */
+            ha[i] = p[i];
+            qa[i] = p[i] + hd;
+            hb[i] = G == 1 ? p[i] + bb : p[i];
+            qb[i] = G == 1 ? p[i] + bb + hd : p[i] + hd + 16;
+        }
+        chunk(G, Z, NR, ha, qa, hb, qb, a, t, NT, c, acc0);
+        UNROLL for (int i = 0; i < NR; i++)
+        {
+            /* arrays 2, 3: G=1 blocks 2, 3; G=2 block 1; G=4 block 0's arrays 2, 3 */
+            const uint8_t *h2 = G == 1 ? p[i] + 2 * bb : G == 2 ? p[i] + bb : p[i];
+            ha[i] = h2;
+            qa[i] = G == 4 ? h2 + hd + 32 : h2 + hd;
+            hb[i] = G == 1 ? h2 + bb : h2;
+            qb[i] = G == 1 ? h2 + bb + hd : qa[i] + 16;
+            p[i] += 4 / G * bb;
+        }
+        chunk(G, Z, NR, ha, qa, hb, qb, a, t, NT, c + 64, acc1);
     }
-    for (; s < nsb; s += 2)
-        chunk(G, Z, rows, NR, a, t, NT, s, s + 1 < nsb, acc0);
+    for (; c < cols; c += 64) {
+        /* fewer than 128 columns left: G = 1 (32 or 96 columns) or G = 2 (64) */
+        const int has_b = c + 64 <= cols;
+        UNROLL for (int i = 0; i < NR; i++)
+        {
+            ha[i] = p[i];
+            qa[i] = p[i] + hd;
+            hb[i] = G == 1 ? p[i] + bb : p[i];
+            qb[i] = !has_b ? NULL : G == 1 ? p[i] + bb + hd : p[i] + hd + 16;
+            p[i] += G == 1 ? 2 * bb : bb;
+        }
+        chunk(G, Z, NR, ha, qa, hb, qb, a, t, NT, c, acc0);
+    }
     UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
         y[(t + (size_t)j) * ldy + r + (size_t)i] =
             _mm512_reduce_add_ps(_mm512_add_ps(acc0[i][j], acc1[i][j]));
