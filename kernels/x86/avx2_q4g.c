@@ -47,27 +47,27 @@ INLINE float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* Block s (32 columns) of NR rows x NT tokens, added into acc (registers after inlining). */
-INLINE void block(int G, int Z, const uint8_t *const *rows, int NR, const struct kern_act *a,
-                  size_t t, int NT, size_t s, __m256 acc[4][4])
+/* Columns [c, c+32) of NR rows x NT tokens, added into acc (registers after inlining): per
+ * row i the nibble array qs[i] under the header (scale, offset) hs[i]. */
+INLINE void block(int Z, int NR, const uint8_t *const *hs, const uint8_t *const *qs,
+                  const struct kern_act *a, size_t t, int NT, size_t c, __m256 acc[4][4])
 {
-    const size_t hb = Z ? 4 : 2, bb = hb + 16 * (size_t)G, cp = a->cp;
+    const size_t cp = a->cp;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i wz[4];
     float dw[4], mw[4];
     UNROLL for (int i = 0; i < NR; i++)
     {
-        const uint8_t *blk = rows[i] + s / (size_t)G * bb;
-        wz[i] = nibbles(blk + hb + 16 * (s % (size_t)G));
-        dw[i] = load_f16(blk);
-        mw[i] = Z ? load_f16(blk + 2) * -0.125f : 0.0f;
+        wz[i] = nibbles(qs[i]);
+        dw[i] = load_f16(hs[i]);
+        mw[i] = Z ? load_f16(hs[i] + 2) * -0.125f : 0.0f;
     }
     UNROLL for (int j = 0; j < NT; j++)
     {
         size_t tj = t + (size_t)j;
-        __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + tj * a->ld + s * 32));
-        __m256i ns = _mm256_loadu_si256((const __m256i *)(a->ns4 + tj * cp / 4 + s * 8));
-        float dx = a->d[tj * cp / 32 + s];
+        __m256i q = _mm256_loadu_si256((const __m256i *)(a->q + tj * a->ld + c));
+        __m256i ns = _mm256_loadu_si256((const __m256i *)(a->ns4 + tj * cp / 4 + c / 4));
+        float dx = a->d[tj * cp / 32 + c / 32];
         UNROLL for (int i = 0; i < NR; i++)
         {
             __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wz[i], q), ones);
@@ -85,29 +85,50 @@ INLINE void block(int G, int Z, const uint8_t *const *rows, int NR, const struct
     }
 }
 
-/* NR rows x NT tokens of a type with G blocks of 32 per group and, if Z, an offset; two
- * accumulator sets (even / odd blocks) give each output two independent FMA chains. */
+/*
+ * NR rows x NT tokens of a type with G blocks of 32 per group and, if Z, an offset. The main
+ * loop walks 128 columns (4 nibble arrays) with plain pointer steps, alternating two
+ * accumulator sets so that each output has two independent FMA chains.
+ */
 INLINE void tile(int G, int Z, const uint8_t *w, size_t rb, size_t r, int NR,
                  const struct kern_act *a, size_t t, int NT, float *y, size_t ldy, int pf)
 {
-    const size_t bb = (Z ? 4 : 2) + 16 * (size_t)G, nsb = a->cols / 32;
-    const uint8_t *rows[4];
+    const size_t hd = Z ? 4 : 2, bb = hd + 16 * (size_t)G, cols = a->cols;
+    const uint8_t *p[4], *hs[4], *qs[4];
     __m256 acc0[4][4], acc1[4][4];
     UNROLL for (int i = 0; i < NR; i++)
     {
-        rows[i] = w + (r + (size_t)i) * rb;
+        p[i] = w + (r + (size_t)i) * rb;
         UNROLL for (int j = 0; j < NT; j++) acc0[i][j] = acc1[i][j] = _mm256_setzero_ps();
     }
-    size_t s = 0;
-    for (; s + 2 <= nsb; s += 2) {
-        if (pf)
-            UNROLL for (int i = 0; i < NR; i++) _mm_prefetch(
-                (const char *)rows[i] + s / (size_t)G * bb + PF_DIST, _MM_HINT_T0);
-        block(G, Z, rows, NR, a, t, NT, s, acc0);
-        block(G, Z, rows, NR, a, t, NT, s + 1, acc1);
+    size_t c = 0;
+    for (; c + 128 <= cols; c += 128) {
+        UNROLL for (int k = 0; k < 4; k++)
+        {
+            /* array k of this 128: block k / G, array k % G of it */
+            UNROLL for (int i = 0; i < NR; i++)
+            {
+                if (pf && k == 0)
+                    _mm_prefetch((const char *)p[i] + PF_DIST, _MM_HINT_T0);
+                hs[i] = p[i] + (size_t)(k / G) * bb;
+                qs[i] = hs[i] + hd + 16 * (size_t)(k % G);
+            }
+            block(Z, NR, hs, qs, a, t, NT, c + 32 * (size_t)k, k & 1 ? acc1 : acc0);
+        }
+        UNROLL for (int i = 0; i < NR; i++) p[i] += 4 / G * bb;
     }
-    if (s < nsb)
-        block(G, Z, rows, NR, a, t, NT, s, acc0);
+    for (; c < cols; c += 32) {
+        /* fewer than 128 columns left (G = 1 or 2): array (c / 32) % G of the current block */
+        size_t k = (c / 32) % (size_t)G;
+        UNROLL for (int i = 0; i < NR; i++)
+        {
+            hs[i] = p[i];
+            qs[i] = p[i] + hd + 16 * k;
+            if (k + 1 == (size_t)G)
+                p[i] += bb;
+        }
+        block(Z, NR, hs, qs, a, t, NT, c, acc0);
+    }
     UNROLL for (int j = 0; j < NT; j++) UNROLL for (int i = 0; i < NR; i++)
         y[(t + (size_t)j) * ldy + r + (size_t)i] = hsum8(_mm256_add_ps(acc0[i][j], acc1[i][j]));
 }
