@@ -56,7 +56,9 @@ for first in 1 100 200 300 350 400 420 450 500; do
     --print-ids --quiet --threads 1 |
     /usr/bin/python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(" ".join(map(str, [1, int(sys.argv[1])] + j["generated_ids"])))' "$first" >>"$tmp/s260.ids"
 done
-for dt in ${S260_DTYPES-bf16 f16 int8 int4 q4_g64 q4z_g32 q4z_g64 int4+search q4_g64+search q4z_g32+search q4z_g64+search}; do
+s260_default="bf16 f16 int8 int4 q4_g64 q4z_g32 q4z_g64"
+s260_default+=" int4+search q4_g64+search q4z_g32+search q4z_g64+search"
+for dt in ${S260_DTYPES-$s260_default}; do
   row stories260K "$s260" "$dt" "$tmp/s260.ids"
 done
 for dt in ${S260_REF_DTYPES-int8 int4 q4_g64 q4z_g32 q4z_g64}; do

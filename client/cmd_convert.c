@@ -188,8 +188,9 @@ int cmd_convert(int argc, char **argv)
             else if (!strcmp(d, "int4"))
                 d = "q4_0"; /* int4 weights: groups of 32 with an f16 scale (GGML Q4_0) */
             if (dtype_from_name(d, &o.dtype) != 0) {
-                fprintf(stderr, "clocher convert: --dtype %s: expected f32, f16, bf16, int8 (q8_0), "
-                                "int4 (q4_0), q4_g64, q4_g128, q4z_g32, q4z_g64 or q4z_g128\n", d);
+                fprintf(stderr, "clocher convert: --dtype %s: expected f32, f16, bf16, int8 "
+                                "(q8_0), int4 (q4_0), q4_g64, q4_g128, q4z_g32, q4z_g64 or "
+                                "q4z_g128\n", d);
                 return CMD_EXIT_USAGE;
             }
         } else if (!strcmp(a, "--embd-dtype") && i + 1 < argc) {

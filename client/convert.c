@@ -236,9 +236,10 @@ out:
 }
 
 /*
- * A block type needs rows of whole blocks (32, 64 or 128 elements). A matrix whose rows are not (stories260K's
- * ffn_down has 172 columns) keeps a float dtype instead — its source dtype if that is a float,
- * else f32 — as llama.cpp's quantizer does; said once per tensor at info level.
+ * A block type needs rows of whole blocks (32, 64 or 128 elements). A matrix whose rows are
+ * not (stories260K's ffn_down has 172 columns) keeps a float dtype instead — its source dtype
+ * if that is a float, else f32 — as llama.cpp's quantizer does; said once per tensor at info
+ * level.
  */
 static enum dtype fallback_dtype(const char *name, enum dtype to, enum dtype from, uint64_t cols)
 {

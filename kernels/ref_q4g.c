@@ -170,8 +170,9 @@ static int quantize_q4(enum dtype dt, const float *x, void *dst, size_t n, int s
             memcpy(b + 2, &m16, 2);
         for (size_t s = 0; s < g / 32; s++) {
             uint8_t *qs = b + hb + 16 * s;
+            const uint8_t *cs = codes + 32 * s;
             for (int j = 0; j < 16; j++)
-                qs[j] = (uint8_t)(codes[32 * s + (size_t)j] | (codes[32 * s + (size_t)j + 16] << 4));
+                qs[j] = (uint8_t)(cs[j] | (cs[j + 16] << 4));
         }
     }
     return 0;
