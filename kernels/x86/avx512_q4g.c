@@ -12,10 +12,11 @@
  *    (dot * dw + ns4 * (-m/8)) * dx.
  * With groups of 64/128 one scale (and offset) covers a whole zmm, so it is broadcast once per
  * 64 columns; q4z_g32 spreads two groups over the lanes as avx512_q.c's scale_pair does.
- * One generic tile (rows x tokens) is specialised per type by constant arguments: gemv is the
- * 1-row x 2-token tile (the row stream read once, prefetched, two FMA chains per output);
- * gemm reuses each unpacked zmm over 4 tokens of 4 rows (no packing: the group types are
- * bandwidth-cheaper than q4_0 already, and a packed panel is left for when prefill needs it).
+ * gemv: one generic tile (rows x tokens) specialised per type by constant arguments, used as
+ * 1 row x 2 tokens (the row stream read once, prefetched, two FMA chains per output).
+ * gemm: avx512_q.c's q4_0 scheme — 16-row panels unpacked to codes and transposed so one zmm
+ * holds 4 columns of 16 rows, vpdpbusd against broadcast activation quads, per-block row scales
+ * (and offsets) applied once per 32 columns; one 16 KiB panel reused by every token tile.
  */
 #include "kern.h"
 #include "internal.h"
@@ -191,6 +192,135 @@ INLINE void run(int G, int Z, enum dtype dt, int MR, int MT, int pf, const void 
     }
 }
 
+/* ---- gemm: packed 16-row panels, as avx512_q.c's q4_0 gemm ------------------------------- */
+
+#define PANEL 16  /* rows per panel: one per int32 lane */
+#define KC 1024   /* columns per packed chunk (a multiple of every group) */
+#define GEMM_NT 8 /* tokens per register tile */
+
+/* A packed chunk: P[block of 32][group of 4 columns][row] dwords of codes, and per block the
+ * 16 row scales and (q4z) offsets. */
+struct panel {
+    __m512i p[KC / 4];
+    float s[KC / 32][PANEL];
+    float m[KC / 32][PANEL];
+};
+
+/* Packs rows [r, r+nr) (absent rows zero) x columns [k0, k0+kc) into pn. */
+INLINE void pack_panel(int G, int Z, const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
+                       size_t kc, struct panel *pn)
+{
+    const size_t hd = Z ? 4 : 2, bb = hd + 16 * (size_t)G;
+    for (size_t c = 0; c < kc; c += 64) {
+        const size_t sa = (k0 + c) / 32, sb = sa + 1;
+        const int has_b = c + 64 <= kc;
+        __m512i z[16];
+        UNROLL for (int i = 0; i < PANEL; i++)
+        {
+            const uint8_t *row = w + (r + (size_t)i) * rb;
+            z[i] = (size_t)i < nr ? unpack64(row + sa / (size_t)G * bb + hd + 16 * (sa % (size_t)G),
+                                             has_b ? row + sb / (size_t)G * bb + hd +
+                                                         16 * (sb % (size_t)G)
+                                                   : NULL)
+                                  : _mm512_setzero_si512();
+        }
+        transpose16(z);
+        UNROLL for (int g = 0; g < 16; g++) pn->p[c / 4 + (size_t)g] = z[g];
+    }
+    for (size_t b = 0; b < kc / 32; b++) {
+        uint16_t h[PANEL] = {0}, hm[PANEL] = {0};
+        size_t blk = (k0 / 32 + b) / (size_t)G * bb;
+        for (size_t i = 0; i < nr; i++) {
+            h[i] = load_u16(w + (r + i) * rb + blk);
+            if (Z)
+                hm[i] = load_u16(w + (r + i) * rb + blk + 2);
+        }
+        _mm512_storeu_ps(pn->s[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
+        if (Z)
+            _mm512_storeu_ps(pn->m[b], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hm)));
+    }
+}
+
+/* y[t+j][r..r+16) (+)= panel . x[t+j] over the chunk, j < NT; rows beyond nr are not stored.
+ * q4_g: the integer accumulator starts at ns32 (-8 * the block's quant sum), as for q4_0;
+ * q4z: it starts at 0 and the offset adds m * dx * (quant sum), quant sum = ns32 / -8. */
+INLINE void gemm_tile(int Z, const struct panel *pn, size_t nblk, const struct kern_act *a,
+                      size_t k0, size_t t, int NT, float *y, size_t ldy, size_t r,
+                      __mmask16 rm, int add)
+{
+    const size_t cp = a->cp;
+    __m512 facc[GEMM_NT];
+    const int8_t *xq[GEMM_NT];
+    const float *xd[GEMM_NT];
+    const int32_t *xs[GEMM_NT];
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        size_t tj = t + (size_t)j;
+        facc[j] = _mm512_setzero_ps();
+        xq[j] = a->q + tj * a->ld + k0;
+        xd[j] = a->d + (tj * cp + k0) / 32;
+        xs[j] = a->ns32 + (tj * cp + k0) / 32;
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        __m512i iacc[GEMM_NT];
+        UNROLL for (int j = 0; j < NT; j++) iacc[j] =
+            Z ? _mm512_setzero_si512() : _mm512_set1_epi32(xs[j][b]);
+        UNROLL for (int g = 0; g < 8; g++)
+        {
+            __m512i wv = pn->p[b * 8 + (size_t)g];
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                int32_t x4;
+                memcpy(&x4, xq[j] + b * 32 + (size_t)g * 4, 4);
+                iacc[j] = _mm512_dpbusd_epi32(iacc[j], wv, _mm512_set1_epi32(x4));
+            }
+        }
+        __m512 sc = _mm512_loadu_ps(pn->s[b]);
+        __m512 mv = Z ? _mm512_loadu_ps(pn->m[b]) : _mm512_setzero_ps();
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(xd[j][b]));
+            facc[j] = _mm512_fmadd_ps(f, sc, facc[j]);
+            if (Z)
+                facc[j] = _mm512_fmadd_ps(
+                    mv, _mm512_set1_ps(xd[j][b] * (float)xs[j][b] * -0.125f), facc[j]);
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (t + (size_t)j) * ldy + r;
+        if (add)
+            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
+        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+    }
+}
+
+INLINE void gemm_q4g(int G, int Z, enum dtype dt, const void *w, const struct kern_act *a,
+                     float *y, size_t ldy, size_t r0, size_t r1)
+{
+    const size_t rb = kern__row_bytes(dt, a->cols);
+    struct panel pn __attribute__((aligned(64)));
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+            size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+            pack_panel(G, Z, (const uint8_t *)w, rb, r, nr, k0, kc, &pn);
+            for (size_t t = 0; t < a->n; t += GEMM_NT) {
+                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+                switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gemm_tile(Z, &pn, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                      \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+                }
+            }
+        }
+    }
+}
+
 #define Q4G_ENTRY_(wty, DT, G, Z)                                                            \
     void kern_gemv_##wty##_q8_0_avx512(const void *w, const struct kern_act *a, float *y,    \
                                        size_t ldy, size_t r0, size_t r1)                     \
@@ -200,7 +330,7 @@ INLINE void run(int G, int Z, enum dtype dt, int MR, int MT, int pf, const void 
     void kern_gemm_##wty##_q8_0_avx512(const void *w, const struct kern_act *a, float *y,    \
                                        size_t ldy, size_t r0, size_t r1)                     \
     {                                                                                        \
-        run(G, Z, DT, 4, 4, 0, w, a, y, ldy, r0, r1);                                        \
+        gemm_q4g(G, Z, DT, w, a, y, ldy, r0, r1);                                            \
     }
 
 Q4G_ENTRY_(q4_g64, DT_Q4_G64, 2, 0)
