@@ -216,10 +216,13 @@ void *bench_random_matrix(enum dtype dt, size_t rows, size_t cols, uint64_t seed
             w[i * 2 + 1] = (uint8_t)((w[i * 2 + 1] & 0x80) | 0x3c);
         break;
     default: {
-        size_t bb = dtype_info(dt)->block_bytes;
+        size_t bb = dtype_info(dt)->block_bytes, blocks = n / dtype_info(dt)->block;
         uint16_t d = half_f32_to_f16(0.01f);
-        for (size_t b = 0; b < n / 32; b++)
+        for (size_t b = 0; b < blocks; b++) {
             memcpy(w + b * bb, &d, 2);
+            if (dtype_q4g_has_min(dt)) /* the q4z types' f16 offset follows the scale */
+                memcpy(w + b * bb + 2, &d, 2);
+        }
     }
     }
     return w;

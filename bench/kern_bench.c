@@ -6,14 +6,15 @@
  *  - variants: the alternatives behind routing choices (bf16 widening vs vdpbf16ps, the
  *    gemv/gemm crossover);
  *  - batch: n = 1..16 tokens (decode of n streams) at q4_0/q8_0, the cost per token vs n = 1;
- *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s.
+ *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s;
+ *  - q4g (only when asked): the int4 group types against q4_0, interleaved rounds.
  * GEMV weights rotate through copies totalling >= 256 MiB so they stream from DRAM, as in
  * decode, rather than from the 32 MiB L3. Each row ends with the CPU share other processes
  * used meanwhile (bench_load_end): on a shared machine, a row with more than a few percent
  * was measured beside a busy neighbour and understates the kernels.
  *
- *   usage: kern_bench [--threads N] [--quick] [--hot] [--only gemv|gemm|variants|batch|model]
- *                     [--dtype T]
+ *   usage: kern_bench [--threads N] [--quick] [--hot]
+ *                     [--only gemv|gemm|variants|batch|model|q4g] [--dtype T]
  * --hot: one copy of each matrix instead of the 256 MiB ring (the kernels' compute rate).
  */
 #include "bench_util.h"
@@ -32,7 +33,9 @@ static const char *g_dtype; /* --dtype: only this weight type */
 static double g_min_time = 1.0;
 static int g_hot; /* --hot: one weight copy, so small matrices stay in cache (compute only) */
 
-static const enum dtype all_types[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0};
+static const enum dtype all_types[] = {DT_F32,     DT_F16,     DT_BF16,    DT_Q8_0,
+                                       DT_Q4_0,    DT_Q4_G64,  DT_Q4_G128, DT_Q4Z_G32,
+                                       DT_Q4Z_G64, DT_Q4Z_G128};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 
 static size_t matrix_bytes(enum dtype dt, size_t rows, size_t cols)
@@ -220,7 +223,7 @@ static void bench_gemm(void)
             if (!isa_ok(isa))
                 continue;
             kern_force_isa((enum kern_isa)isa);
-            double peak = dt == DT_Q8_0 || dt == DT_Q4_0 ? peak_i8
+            double peak = dt == DT_Q8_0 || dt == DT_Q4_0 || dtype_is_q4g(dt) ? peak_i8
                           : dt == DT_BF16 && isa == KERN_ISA_AVX512 && kern_has_avx512bf16()
                               ? peak_bf
                               : peak_f32;
@@ -360,6 +363,54 @@ static void bench_batch(void)
     }
 }
 
+/*
+ * The int4 group types against q4_0 (kernels/x86/avx*_q4g.c): seconds per product at
+ * TinyLlama's FFN shape, decode (n = 1) with the weights streamed from DRAM (a ring) and from
+ * cache (one copy: the kernels' own speed), and a 64-token prefill. Types are measured in
+ * interleaved rounds and each keeps its best, so a busy neighbour slows all of them alike.
+ */
+static void bench_q4g(void)
+{
+    static const enum dtype ts[] = {DT_Q4_0,    DT_Q4_G64,  DT_Q4_G128,
+                                    DT_Q4Z_G32, DT_Q4Z_G64, DT_Q4Z_G128};
+    enum { NTY = sizeof ts / sizeof ts[0] };
+    const size_t rows = 5632, cols = 2048;
+    double best[NTY][3];
+    void **ring[NTY];
+    int copies[NTY];
+    float *x = random_x(64, cols), *y = malloc(64 * rows * sizeof(float));
+    for (int k = 0; k < NTY; k++) {
+        copies[k] = make_ring(ts[k], rows, cols, &ring[k]);
+        best[k][0] = best[k][1] = best[k][2] = 1e30;
+    }
+    double saved = g_min_time;
+    g_min_time = 0.25;
+    for (int round = 0; round < 4; round++)
+        for (int k = 0; k < NTY; k++) {
+            double t[3] = {time_matmul(ts[k], ring[k], copies[k], rows, cols, x, 1, y),
+                           time_matmul(ts[k], ring[k], 1, rows, cols, x, 1, y),
+                           time_matmul(ts[k], ring[k], 1, rows, cols, x, 64, y)};
+            for (int m = 0; m < 3; m++)
+                best[k][m] = t[m] < best[k][m] ? t[m] : best[k][m];
+        }
+    g_min_time = saved;
+    printf("\n### int4 group types vs q4_0, %zu x %zu, %s, %d thread(s): us per product "
+           "(speed relative to q4_0)\n\n", rows, cols, kern_isa_name(kern_isa()), g_threads);
+    printf("| dtype | bits/weight | decode, DRAM | decode, cached | prefill n=64 |\n"
+           "|---|---|---|---|---|\n");
+    for (int k = 0; k < NTY; k++) {
+        const struct dtype_info *di = dtype_info(ts[k]);
+        printf("| %s | %.3f |", di->name, 8.0 * di->block_bytes / di->block);
+        for (int m = 0; m < 3; m++)
+            printf(" %.0f (%.2fx) |", best[k][m] * 1e6, best[0][m] / best[k][m]);
+        printf("\n");
+        free_ring(ring[k], copies[k]);
+    }
+    fflush(stdout);
+    free(y);
+    free(x);
+}
+
 /* All matmuls of TinyLlama-1.1B (22 layers: q, k, v, o, gate, up, down; and the output). */
 static void bench_model(double bw)
 {
@@ -440,7 +491,7 @@ int main(int argc, char **argv)
             g_dtype = argv[++i];
         else {
             fprintf(stderr, "usage: kern_bench [--threads N] [--quick] [--hot] "
-                            "[--only gemv|gemm|variants|batch|model] [--dtype NAME]\n");
+                            "[--only gemv|gemm|variants|batch|model|q4g] [--dtype NAME]\n");
             return 2;
         }
     }
@@ -460,6 +511,8 @@ int main(int argc, char **argv)
     kern_force_isa(best);
     if (!only || strcmp(only, "batch") == 0)
         bench_batch();
+    if (only && strcmp(only, "q4g") == 0)
+        bench_q4g(); /* only on request: its own comparison, not part of the default run */
     if (!only || strcmp(only, "model") == 0)
         bench_model(bw);
     pool_destroy(g_pool);

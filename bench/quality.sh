@@ -9,6 +9,11 @@
 #    with TINY_REF=1: slow).
 # "kernels": auto = the dispatched SIMD path (int8/int4 quantize activations to Q8_0 blocks,
 # as llama.cpp does), ref = the scalar path (f32 activations: the weights' own error).
+# dtypes: int8 = q8_0, int4 = q4_0 and the int4 group types (docs/IEBIN.md): q4_g64/q4_g128
+# (scale only), q4z_g32/q4z_g64/q4z_g128 (scale + offset per group). stories260K's rows are 64
+# wide, so it has no g128 rows (every matrix would stay f32); TinyLlama has them.
+# Row selection: S260_DTYPES, S260_REF_DTYPES, TINY_DTYPES (space-separated lists; empty: none;
+# DTYPE+search converts with --rounding search).
 # Usage: bash bench/quality.sh   (BUILD_DIR, CLOCHER_MODELS, CLOCHER_FIXTURES, THREADS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,14 +23,17 @@ fixtures=${CLOCHER_FIXTURES:-../shared/fixtures}
 threads=${THREADS:-$(nproc)}
 tiny_positions=${TINY_POSITIONS:-4096}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j"$(nproc)" >/dev/null
+cmake --build "$build" -j"$(nproc)" --target clocher inference-engine >/dev/null
 clocher=$build/client/clocher ie=$build/worker/inference-engine
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$models"
 
-row() { # NAME SRC DTYPE IDS [ISA]: ISA=ref keeps activations f32 (weight-only error)
-  env ${5:+CLOCHER_ISA=$5} "$clocher" convert "$2" "$tmp/q" --dtype "$3" --calib-ids "$4" --calib-threads "$threads" \
+row() { # NAME SRC DTYPE[+search] IDS [ISA]: ISA=ref keeps activations f32 (weight-only error)
+  local dt=${3%+search} rounding=nearest
+  [ "$dt" = "$3" ] || rounding=search # DTYPE+search: convert --rounding search
+  env ${5:+CLOCHER_ISA=$5} "$clocher" convert "$2" "$tmp/q" --dtype "$dt" --rounding "$rounding" \
+    --calib-ids "$4" --calib-threads "$threads" \
     --calib-report "$tmp/rep.json" 2>/dev/null
   /usr/bin/python3 - "$1" "$3" "$tmp/rep.json" "${5:-auto}" <<'PY'
 import json, sys
@@ -48,14 +56,22 @@ for first in 1 100 200 300 350 400 420 450 500; do
     --print-ids --quiet --threads 1 |
     /usr/bin/python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(" ".join(map(str, [1, int(sys.argv[1])] + j["generated_ids"])))' "$first" >>"$tmp/s260.ids"
 done
-for dt in bf16 f16 int8 int4; do row stories260K "$s260" "$dt" "$tmp/s260.ids"; done
-for dt in int8 int4; do row stories260K "$s260" "$dt" "$tmp/s260.ids" ref; done
+s260_default="bf16 f16 int8 int4 q4_g64 q4z_g32 q4z_g64"
+s260_default+=" int4+search q4_g64+search q4z_g32+search q4z_g64+search"
+for dt in ${S260_DTYPES-$s260_default}; do
+  row stories260K "$s260" "$dt" "$tmp/s260.ids"
+done
+for dt in ${S260_REF_DTYPES-int8 int4 q4_g64 q4z_g32 q4z_g64}; do
+  row stories260K "$s260" "$dt" "$tmp/s260.ids" ref
+done
 
 if [ "$tiny_positions" -gt 0 ]; then
   hf=$models/tinyllama-1.1b-hf
   [ -f "$hf/config.json" ] || "$clocher" synth --preset tinyllama-1.1b --seed 1 "$hf" >/dev/null
   awk -v n="$tiny_positions" 'BEGIN{srand(7); printf "1"; for(i=1;i<n;i++) printf " %d", 3+int(rand()*31990); print ""}' >"$tmp/tiny.ids"
-  for dt in bf16 int8 int4; do row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids"; done
+  for dt in ${TINY_DTYPES-bf16 int8 int4 q4_g64 q4_g128 q4z_g32 q4z_g64 q4z_g128}; do
+    row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids"
+  done
   # the scalar path on a 1.1B model takes tens of minutes per row: only on request
   if [ "${TINY_REF:-0}" = 1 ]; then
     for dt in int8 int4; do row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids" ref; done

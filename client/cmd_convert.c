@@ -35,9 +35,13 @@ static void usage(FILE *f)
             "detected unless --from names it. --dtype converts the weight matrices (norms stay\n"
             "f32); without it each matrix keeps its source dtype (GGUF Q8_0/Q4_0 stay native).\n"
             "int8 = q8_0 (blocks of 32, f16 scale), int4 = q4_0 (groups of 32, f16 scale).\n"
+            "Other int4 layouts (docs/IEBIN.md): q4_g64, q4_g128 (f16 scale per group of\n"
+            "64/128), q4z_g32, q4z_g64, q4z_g128 (f16 scale + f16 offset per group).\n"
             "--embd-dtype D gives the token embedding and the classifier their own dtype.\n"
             "--tokenizer takes a tokenizer.model, tokenizer.json, tokenizer.bin or .gguf.\n"
             "Nothing under OUT_DIR loads unless the conversion completed.\n\n"
+            "--rounding nearest|search  int4 scales: round to nearest (default) or a per-group\n"
+            "                       error-minimising search (slower conversion)\n"
             "--quant-manifest FILE  per-tensor dtypes by name pattern (docs/CONVERT.md)\n"
             "--calib-ids FILE       calibration token ids (decimal, space/comma separated)\n"
             "--calib FILE           calibration text, tokenized with the model's tokenizer\n"
@@ -184,8 +188,9 @@ int cmd_convert(int argc, char **argv)
             else if (!strcmp(d, "int4"))
                 d = "q4_0"; /* int4 weights: groups of 32 with an f16 scale (GGML Q4_0) */
             if (dtype_from_name(d, &o.dtype) != 0) {
-                fprintf(stderr, "clocher convert: --dtype %s: expected f32, f16, bf16, int8 (q8_0) "
-                                "or int4 (q4_0)\n", d);
+                fprintf(stderr, "clocher convert: --dtype %s: expected f32, f16, bf16, int8 "
+                                "(q8_0), int4 (q4_0), q4_g64, q4_g128, q4z_g32, q4z_g64 or "
+                                "q4z_g128\n", d);
                 return CMD_EXIT_USAGE;
             }
         } else if (!strcmp(a, "--embd-dtype") && i + 1 < argc) {
@@ -199,6 +204,13 @@ int cmd_convert(int argc, char **argv)
                 fprintf(stderr, "clocher convert: --embd-dtype %s: expected f32, f16, bf16, int8 or int4\n", d);
                 return CMD_EXIT_USAGE;
             }
+        } else if (!strcmp(a, "--rounding") && i + 1 < argc) {
+            const char *r = argv[++i];
+            if (strcmp(r, "nearest") && strcmp(r, "search")) {
+                fprintf(stderr, "clocher convert: --rounding %s: expected nearest or search\n", r);
+                return CMD_EXIT_USAGE;
+            }
+            o.rounding_search = !strcmp(r, "search");
         } else if (!strcmp(a, "--quant-manifest") && i + 1 < argc) {
             manifest_path = argv[++i];
         } else if (!strcmp(a, "--calib-ids") && i + 1 < argc) {

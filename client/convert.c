@@ -121,9 +121,9 @@ static int quantize_row(enum dtype to, const float *x, void *dst, size_t n)
     return 0;
 }
 
-/* Converts one row of n elements between dtypes. Targets: same dtype, or f32/f16/bf16. */
+/* Converts one row of n elements between dtypes. Targets: same dtype, a float or a block type. */
 static int convert_row(enum dtype from, const void *src, enum dtype to, void *dst, float *tmp,
-                       size_t n)
+                       size_t n, bool search)
 {
     if (from == to) {
         uint64_t rb;
@@ -132,6 +132,8 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
         return 0;
     }
     kern_row_to_f32(from, src, tmp, n);
+    if (search && (to == DT_Q4_0 || dtype_is_q4g(to)))
+        return kern_quantize_row_q4_search(to, tmp, dst, n); /* --rounding search */
     switch (to) {
     case DT_F32:
         memcpy(dst, tmp, n * sizeof(float));
@@ -156,6 +158,13 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
     case DT_Q8_0:
     case DT_Q4_0:
         return quantize_row(to, tmp, dst, n);
+    case DT_Q4_G64:
+    case DT_Q4_G128:
+    case DT_Q4Z_G32:
+    case DT_Q4Z_G64:
+    case DT_Q4Z_G128:
+        /* the int4 group types: round to nearest per group (kern.h states the rule) */
+        return kern_quantize_row_q4g(to, tmp, dst, n);
     default:
         LOG_ERR("conversion to %s is not supported here",
                 dtype_info(to)->name);
@@ -170,7 +179,7 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
  */
 static int emit(struct iebin_writer *w, const char *what, const char *name,
                 const struct src_tensor *st, const uint64_t *want, int want_dims, enum dtype to,
-                uint32_t perm_heads, uint32_t head_dim, struct progress *pg)
+                uint32_t perm_heads, uint32_t head_dim, bool search, struct progress *pg)
 {
     if (st->n_dims != want_dims || memcmp(st->shape, want, sizeof(uint64_t) * (size_t)want_dims)) {
         char got[96] = "", exp[96] = "";
@@ -210,7 +219,8 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
             uint64_t r = r0 + j, sr = r;
             if (perm_heads)
                 sr = iebin_rope_hf_row(r, head_dim);
-            rc = convert_row(st->dtype, st->data + sr * src_rb, to, buf + j * dst_rb, tmp, cols);
+            rc = convert_row(st->dtype, st->data + sr * src_rb, to, buf + j * dst_rb, tmp, cols,
+                             search);
         }
         if (rc == 0)
             rc = out_rc(pg, iebin_writer_write(w, buf, nr * dst_rb));
@@ -226,9 +236,10 @@ out:
 }
 
 /*
- * A block type needs rows of whole blocks (32). A matrix whose rows are not (stories260K's
- * ffn_down has 172 columns) keeps a float dtype instead — its source dtype if that is a float,
- * else f32 — as llama.cpp's quantizer does; said once per tensor at info level.
+ * A block type needs rows of whole blocks (32, 64 or 128 elements). A matrix whose rows are
+ * not (stories260K's ffn_down has 172 columns) keeps a float dtype instead — its source dtype
+ * if that is a float, else f32 — as llama.cpp's quantizer does; said once per tensor at info
+ * level.
  */
 static enum dtype fallback_dtype(const char *name, enum dtype to, enum dtype from, uint64_t cols)
 {
@@ -278,7 +289,8 @@ static int walk(void *src, lookup_fn *lookup, const char *what, const struct ieb
         if (o->manifest && !is_norm(kind_) && qm_match(o->manifest, name, &qm_) == 0)            \
             to_ = qm_;                                                                           \
         to_ = fallback_dtype(name, to_, st.dtype, want_[(nd_) - 1]);                             \
-        rc = emit(w, what, name, &st, want_, (nd_), to_, (perm_), hp->head_dim, pg);             \
+        rc = emit(w, what, name, &st, want_, (nd_), to_, (perm_), hp->head_dim,                 \
+                  o->rounding_search, pg);                                                       \
         if (rc)                                                                                  \
             return rc;                                                                           \
     } while (0)
@@ -886,7 +898,8 @@ static int convert_llama2c(const char *path, const char *out_dir, const struct c
     enum dtype dt = o->dtype_set ? o->dtype : DT_F32;
     /* block types, per-tensor dtypes and the embedding's own dtype go through the general
      * walk: import as f32 first, then convert that IEBIN like any other source */
-    if (dt == DT_Q8_0 || dt == DT_Q4_0 || o->manifest || o->embd_dtype_set) {
+    if (dt == DT_Q8_0 || dt == DT_Q4_0 || dtype_is_q4g(dt) || o->manifest ||
+        o->embd_dtype_set) {
         char tmp[4096];
         char *slash;
         snprintf(tmp, sizeof tmp, "%s", out_dir);

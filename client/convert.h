@@ -28,6 +28,9 @@ struct convert_opts {
     /* per-tensor dtypes by name (quant_manifest.h); overrides dtype/embd_dtype for the tensors
      * a rule matches; NULL = none. Counts its rules' matches. */
     struct quant_manifest *manifest;
+    /* --rounding search: int4 (q4_0 and the group types) with a per-group error-minimising
+     * scale/offset search (kern_quantize_row_q4_search) instead of round to nearest */
+    bool rounding_search;
     const char *tokenizer; /* overrides the source's tokenizer; NULL: the source's own */
     bool progress;        /* in-place progress line on stderr */
     /* Called after each tensor is written (streaming imports: HF, GGUF, IEBIN); NULL = none.

@@ -160,10 +160,13 @@ static int parse_rule(json_t *rule, size_t i, const char *what, struct qm_rule *
             return ERR_FORMAT;
         }
     } else {
-        if (g && json_integer_value(g) != (json_int_t)qm_dtypes[d].group) {
+        /* int4w runs groups of 32, 64 and 128, with or without a per-group zero point;
+         * int8w only q8_0's groups of 32 without one */
+        const bool int4 = qm_dtypes[d].dt == DT_Q4_0;
+        long long gv = g ? (long long)json_integer_value(g) : (long long)qm_dtypes[d].group;
+        if (gv != (long long)qm_dtypes[d].group && !(int4 && (gv == 64 || gv == 128))) {
             LOG_ERR("%s: rules[%zu].group: %s with groups of %lld is not supported (the engine "
-                    "runs groups of %u)", what, i, dtype, (long long)json_integer_value(g),
-                    qm_dtypes[d].group);
+                    "runs groups of %s)", what, i, dtype, gv, int4 ? "32, 64 or 128" : "32");
             return ERR_UNSUPPORTED;
         }
         if (scale && strcmp(scale, "per-group")) {
@@ -176,14 +179,24 @@ static int parse_rule(json_t *rule, size_t i, const char *what, struct qm_rule *
                     "engine stores one scale per group)", what, i, dtype);
             return ERR_UNSUPPORTED;
         }
+        bool zp = false;
         if (zero && strcmp(zero, "none")) {
             if (strcmp(zero, "per-group")) {
                 LOG_ERR("%s: rules[%zu].zero: '%s' is not none or per-group", what, i, zero);
                 return ERR_FORMAT;
             }
-            LOG_ERR("%s: rules[%zu].zero: per-group zero points are not supported for %s yet",
-                    what, i, dtype);
-            return ERR_UNSUPPORTED;
+            if (!int4) {
+                LOG_ERR("%s: rules[%zu].zero: per-group zero points are not supported for %s "
+                        "(only int4w has them)", what, i, dtype);
+                return ERR_UNSUPPORTED;
+            }
+            zp = true;
+        }
+        if (int4) {
+            /* common/dtype.h: q4_0 / q4_g64 / q4_g128, or q4z_g32 / q4z_g64 / q4z_g128 */
+            static const enum dtype by_group[2][3] = {
+                {DT_Q4_0, DT_Q4_G64, DT_Q4_G128}, {DT_Q4Z_G32, DT_Q4Z_G64, DT_Q4Z_G128}};
+            r->dtype = by_group[zp][gv == 32 ? 0 : gv == 64 ? 1 : 2];
         }
     }
     if ((rc = check_pattern_cost(pattern, what, i)) != 0)
@@ -200,7 +213,8 @@ static int parse_rule(json_t *rule, size_t i, const char *what, struct qm_rule *
         regfree(&r->re);
         return -ENOMEM;
     }
-    r->dtype = qm_dtypes[d].dt;
+    if (!qm_dtypes[d].group || qm_dtypes[d].dt != DT_Q4_0)
+        r->dtype = qm_dtypes[d].dt;
     return 0;
 }
 

@@ -14,7 +14,9 @@
  *              {"pattern": ".", "dtype": "bf16"}]}
  *
  * The stored formats are the engine's block types: int8w = Q8_0 (groups of 32, one f16 scale
- * each), int4w = Q4_0 (groups of 32, one f16 scale, no zero point). A rule asking for a group,
+ * each); int4w = Q4_0 (group 32, the default), q4_g64 / q4_g128 ("group": 64 / 128), or with
+ * "zero": "per-group" q4z_g32 / q4z_g64 / q4z_g128 (an f16 scale and an f16 offset per group;
+ * common/dtype.h). A rule asking for a group,
  * scale or zero-point layout the engine cannot run is refused when the manifest is read, with
  * the rule's index and field named, rather than silently stored as something else.
  */

@@ -13,6 +13,12 @@ static const struct dtype_info infos[DT_COUNT_] = {
     [DT_BF16] = {"bf16", 1, 2},
     [DT_Q8_0] = {"q8_0", 32, 34},
     [DT_Q4_0] = {"q4_0", 32, 18},
+    /* header (f16 d [, f16 m]) + 16 bytes per 32 elements: kernels/quant.h asserts these */
+    [DT_Q4_G64] = {"q4_g64", 64, 34},
+    [DT_Q4_G128] = {"q4_g128", 128, 66},
+    [DT_Q4Z_G32] = {"q4z_g32", 32, 20},
+    [DT_Q4Z_G64] = {"q4z_g64", 64, 36},
+    [DT_Q4Z_G128] = {"q4z_g128", 128, 68},
 };
 
 const struct dtype_info *dtype_info(enum dtype dt)

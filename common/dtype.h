@@ -6,6 +6,10 @@
  * bytes each (a row's length must be a multiple of the block). Layouts of the block types are
  * those of GGUF (Q8_0: f16 scale d then 32 int8 q, x = d*q; Q4_0: f16 scale d then 16 bytes
  * whose low nibbles are elements 0..15 and high nibbles 16..31, x = d*(q-8)).
+ * The int4 group types (docs/IEBIN.md, kernels/quant.h) reuse Q4_0's 16-byte nibble arrays,
+ * one per 32 elements of the group, after a header: q4_gN (N = 64, 128) has one f16 scale d,
+ * x = d*(q-8); q4z_gN (N = 32, 64, 128) has an f16 scale d and an f16 offset m (the group's
+ * minimum, a zero point that need not be an integer), x = d*q + m. q4z_g32 is GGUF's Q4_1.
  * All size arithmetic is overflow-checked: sizes come from untrusted files.
  */
 #ifndef CLOCHER_COMMON_DTYPE_H
@@ -20,11 +24,16 @@ enum dtype {
     DT_BF16 = 2,
     DT_Q8_0 = 3,
     DT_Q4_0 = 4,
+    DT_Q4_G64 = 5,   /* int4, group 64, f16 scale */
+    DT_Q4_G128 = 6,  /* int4, group 128, f16 scale */
+    DT_Q4Z_G32 = 7,  /* int4, group 32, f16 scale + f16 offset (GGUF Q4_1) */
+    DT_Q4Z_G64 = 8,  /* int4, group 64, f16 scale + f16 offset */
+    DT_Q4Z_G128 = 9, /* int4, group 128, f16 scale + f16 offset */
     DT_COUNT_
 };
 
 struct dtype_info {
-    const char *name;     /* as written in model.ie.json: "f32", "f16", "bf16", "q8_0", "q4_0" */
+    const char *name;     /* as written in model.ie.json: "f32", "f16", ..., "q4z_g128" */
     uint32_t block;       /* elements per block (1 for plain types) */
     uint32_t block_bytes; /* bytes per block */
 };
@@ -33,6 +42,16 @@ struct dtype_info {
 const struct dtype_info *dtype_info(enum dtype dt);
 /* 0 and *out set, or ERR_NOT_FOUND for an unknown name. */
 int dtype_from_name(const char *name, enum dtype *out);
+
+/* true for the int4 group types added after q4_0 (q4_g64 .. q4z_g128): kernels/ref_q4g.c. */
+static inline int dtype_is_q4g(enum dtype dt) { return dt >= DT_Q4_G64 && dt <= DT_Q4Z_G128; }
+/* Their group size (32, 64, 128) and whether they carry the f16 offset m; 0 for other types. */
+static inline uint32_t dtype_q4g_group(enum dtype dt)
+{
+    static const uint32_t g[] = {64, 128, 32, 64, 128};
+    return dtype_is_q4g(dt) ? g[dt - DT_Q4_G64] : 0;
+}
+static inline int dtype_q4g_has_min(enum dtype dt) { return dt >= DT_Q4Z_G32 && dt <= DT_Q4Z_G128; }
 
 /* Bytes of one row of `n` elements; ERR_FORMAT when n is not a whole number of blocks. */
 int dtype_row_bytes(enum dtype dt, uint64_t n, uint64_t *out);

@@ -20,7 +20,10 @@
 #include <stdint.h>
 #include <string.h>
 
-static int needs_q8(enum dtype wt) { return wt == DT_Q8_0 || wt == DT_Q4_0; }
+static int needs_q8(enum dtype wt)
+{
+    return wt == DT_Q8_0 || wt == DT_Q4_0 || dtype_is_q4g(wt);
+}
 
 /* Byte offsets of each array inside the buffer; each starts on a 64-byte boundary. */
 struct act_layout {
@@ -99,7 +102,9 @@ void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t col
     }
 }
 
-int32_t kern__act_offset(enum dtype wt) { return wt == DT_Q4_0 ? 8 : 128; }
+/* The int4 group types use 8 as well: q4_gN needs exactly q4_0's correction, and q4z_gN
+ * recovers each block's quant sum from ns32 / -8 for its offset term (kernels/ref_q4g.c). */
+int32_t kern__act_offset(enum dtype wt) { return wt == DT_Q8_0 ? 128 : 8; }
 
 /* One block of 32 activations (block types only, so never a ragged block). */
 static void quantize_block(const float *x, int8_t *q, float *d)

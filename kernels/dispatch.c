@@ -107,6 +107,12 @@ static void set_routes(enum kern_isa isa)
         ROUTE_(DT_BF16, bf16, f32, avx2, 3);
         ROUTE_(DT_Q8_0, q8_0, q8_0, avx2, 5);
         ROUTE_(DT_Q4_0, q4_0, q8_0, avx2, 8);
+        /* int4 groups (x86/avx2_q4g.c): the gemm tile reuses unpacked rows over 4 tokens */
+        ROUTE_(DT_Q4_G64, q4_g64, q8_0, avx2, 4);
+        ROUTE_(DT_Q4_G128, q4_g128, q8_0, avx2, 4);
+        ROUTE_(DT_Q4Z_G32, q4z_g32, q8_0, avx2, 4);
+        ROUTE_(DT_Q4Z_G64, q4z_g64, q8_0, avx2, 4);
+        ROUTE_(DT_Q4Z_G128, q4z_g128, q8_0, avx2, 4);
         break;
     case KERN_ISA_AVX512:
         ROUTE_(DT_F32, f32, f32, avx512, 2);
@@ -116,6 +122,12 @@ static void set_routes(enum kern_isa isa)
             g_route[DT_BF16].gemm = kern_gemm_bf16_bf16_avx512;
         ROUTE_(DT_Q8_0, q8_0, q8_0, avx512, 6);
         ROUTE_(DT_Q4_0, q4_0, q8_0, avx512, 4);
+        /* x86/avx512_q4g.c: the same packed-panel gemm as q4_0, so its crossover */
+        ROUTE_(DT_Q4_G64, q4_g64, q8_0, avx512, 6);
+        ROUTE_(DT_Q4_G128, q4_g128, q8_0, avx512, 6);
+        ROUTE_(DT_Q4Z_G32, q4z_g32, q8_0, avx512, 6);
+        ROUTE_(DT_Q4Z_G64, q4z_g64, q8_0, avx512, 6);
+        ROUTE_(DT_Q4Z_G128, q4z_g128, q8_0, avx512, 6);
         break;
     }
 #undef ROUTE_

@@ -32,4 +32,7 @@ void kern__act_prepare_avx512(const struct kern_act *a, size_t t0, size_t t1);
 /* The offset of the unsigned weights that kern_act.ns4/ns32 correct for: 8 or 128. */
 int32_t kern__act_offset(enum dtype wt);
 
+/* kern_row_to_f32 for the int4 group types (dtype_is_q4g), kernels/ref_q4g.c. */
+void kern__q4g_row_to_f32(enum dtype dt, const void *row, float *out, size_t n);
+
 #endif

@@ -128,6 +128,41 @@ kern_mm_fn kern_gemv_bf16_bf16_ref, kern_gemm_bf16_bf16_ref;
 kern_mm_fn kern_gemv_bf16_bf16_avx512, kern_gemm_bf16_bf16_avx512;
 #undef KERN_DECLARE_
 
+/*
+ * int4 group types (common/dtype.h q4_g64 .. q4z_g128; kernels/ref_q4g.c, x86/avx*_q4g.c):
+ * the same contract on activations prepared as for q4_0 (int8 blocks of 32, kernels/quant.h
+ * bound). q4_gN: per block of 32 columns, dw * dx * sum((q-8) * xq); q4z_gN adds
+ * m * dx * sum(xq) for the group's offset m. Integer sums are exact: SIMD variants differ from
+ * _ref only in the order of the f32 sums (tests/kern/test_kern_q4g.c states the tolerance).
+ */
+#define KERN_Q4G_VARIANTS_(X, isa)                                                           \
+    X(gemv, q4_g64, q8_0, isa) X(gemv, q4_g128, q8_0, isa) X(gemv, q4z_g32, q8_0, isa)       \
+    X(gemv, q4z_g64, q8_0, isa) X(gemv, q4z_g128, q8_0, isa) X(gemm, q4_g64, q8_0, isa)      \
+    X(gemm, q4_g128, q8_0, isa) X(gemm, q4z_g32, q8_0, isa) X(gemm, q4z_g64, q8_0, isa)      \
+    X(gemm, q4z_g128, q8_0, isa)
+#define KERN_DECLARE_(op, wty, aty, isa) kern_mm_fn kern_##op##_##wty##_##aty##_##isa;
+KERN_Q4G_VARIANTS_(KERN_DECLARE_, ref)
+KERN_Q4G_VARIANTS_(KERN_DECLARE_, avx2)
+KERN_Q4G_VARIANTS_(KERN_DECLARE_, avx512)
+#undef KERN_DECLARE_
+
+/*
+ * Round-to-nearest quantization of one row of n f32 values (n a multiple of the group) to an
+ * int4 group type (dtype_is_q4g), the converter's rule (docs/IEBIN.md):
+ *   q4_gN:  d = m / -8, m the group's element of largest magnitude (sign kept; q4_0's rule),
+ *           q = clamp(round(x / d) + 8, 0, 15);
+ *   q4z_gN: d = (max - min) / 15, m = min, q = clamp(round((x - m) / d), 0, 15).
+ * d and m are rounded to f16 before the codes are computed from them. 0, or ERR_RANGE for a
+ * non-finite input (nothing meaningful to store), ERR_FORMAT for a ragged n.
+ */
+int kern_quantize_row_q4g(enum dtype dt, const float *x, void *dst, size_t n);
+/*
+ * The same layouts, and q4_0's, with `--rounding search`: per group, the scale (and offset)
+ * of least squared error among candidates around the round-to-nearest choice, each refitted
+ * by least squares for its codes (kernels/ref_q4g.c); never worse than round to nearest.
+ */
+int kern_quantize_row_q4_search(enum dtype dt, const float *x, void *dst, size_t n);
+
 /* ---- block-sparse (BSR) GEMV (kernels/sparse.c; the file format is worker/bsr.h) --------- */
 
 /*

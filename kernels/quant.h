@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define QUANT_BLOCK 32 /* elements per block of every block type */
+#define QUANT_BLOCK 32 /* elements per block of q8_0/q4_0 and per nibble array of the q4 groups */
 
 /* GGUF Q8_0: x[i] = d * qs[i]. */
 struct quant_q8_0 {
@@ -26,6 +26,43 @@ struct quant_q4_0 {
     uint16_t d;     /* f16 scale */
     uint8_t qs[16]; /* low nibbles: elements 0..15, high nibbles: elements 16..31 */
 };
+
+/*
+ * int4 groups (common/dtype.h DT_Q4_G64 .. DT_Q4Z_G128): a header, then one Q4_0-style nibble
+ * array of 16 bytes per 32 elements (byte j of sub-block s: low nibble = element 32s + j, high
+ * nibble = element 32s + j + 16), so every kernel unpacks 32 elements exactly as for q4_0.
+ *   q4_gN:  x = d * (q - 8)           (scale only, like q4_0 with a larger group)
+ *   q4z_gN: x = d * q + m, q in 0..15 (m: f16 offset = group minimum, GGUF Q4_1 for N = 32)
+ */
+struct quant_q4_g64 {
+    uint16_t d;
+    uint8_t qs[2][16];
+};
+struct quant_q4_g128 {
+    uint16_t d;
+    uint8_t qs[4][16];
+};
+struct quant_q4z_g32 {
+    uint16_t d, m; /* f16 scale, f16 offset */
+    uint8_t qs[1][16];
+};
+struct quant_q4z_g64 {
+    uint16_t d, m;
+    uint8_t qs[2][16];
+};
+struct quant_q4z_g128 {
+    uint16_t d, m;
+    uint8_t qs[4][16];
+};
+static_assert(sizeof(struct quant_q4_g64) == 34, "q4_g64 block must be 34 bytes");
+static_assert(sizeof(struct quant_q4_g128) == 66, "q4_g128 block must be 66 bytes");
+static_assert(sizeof(struct quant_q4z_g32) == 20, "q4z_g32 block must be 20 bytes (GGUF Q4_1)");
+static_assert(sizeof(struct quant_q4z_g64) == 36, "q4z_g64 block must be 36 bytes");
+static_assert(sizeof(struct quant_q4z_g128) == 68, "q4z_g128 block must be 68 bytes");
+static_assert(offsetof(struct quant_q4_g128, qs) == 2 && offsetof(struct quant_q4z_g128, qs) == 4,
+              "nibbles follow the header");
+static_assert(_Alignof(struct quant_q4_g128) == 2 && _Alignof(struct quant_q4z_g128) == 2,
+              "block arrays are packed back to back");
 
 static_assert(sizeof(struct quant_q8_0) == 34, "q8_0 block must be 34 bytes (GGUF)");
 static_assert(sizeof(struct quant_q4_0) == 18, "q4_0 block must be 18 bytes (GGUF)");

@@ -56,6 +56,10 @@ void kern_row_to_f32(enum dtype dt, const void *row, float *out, size_t n)
         return;
     }
     default:
+        if (dtype_is_q4g(dt)) {
+            kern__q4g_row_to_f32(dt, row, out, n); /* kernels/ref_q4g.c */
+            return;
+        }
         CHECK(!"kern_row_to_f32: unknown dtype");
     }
 }
@@ -91,13 +95,18 @@ static float dot_row_ref(enum dtype dt, const void *wrow, const float *x, size_t
         return acc;
     }
     case DT_Q8_0:
-    case DT_Q4_0: {
-        float tmp[32];
+    case DT_Q4_0:
+    case DT_Q4_G64:
+    case DT_Q4_G128:
+    case DT_Q4Z_G32:
+    case DT_Q4Z_G64:
+    case DT_Q4Z_G128: {
+        float tmp[128]; /* the largest block (q4_g128, q4z_g128) */
         const struct dtype_info *di = dtype_info(dt);
         const uint8_t *b = wrow;
-        for (size_t c = 0; c < cols; c += 32, b += di->block_bytes) {
-            kern_row_to_f32(dt, b, tmp, 32);
-            for (int j = 0; j < 32; j++)
+        for (size_t c = 0; c < cols; c += di->block, b += di->block_bytes) {
+            kern_row_to_f32(dt, b, tmp, di->block);
+            for (uint32_t j = 0; j < di->block; j++)
                 acc += tmp[j] * x[c + (size_t)j];
         }
         return acc;

@@ -426,7 +426,8 @@ static int parse_tensor(const char *what, size_t index, const json_t *o, uint64_
     if ((rc = get_string(what, field, json_object_get(o, "dtype"), &dts)) != 0)
         return rc;
     if (dtype_from_name(dts, &t->dtype) != 0) {
-        LOG_ERR("%s: tensor '%s': dtype '%s' is unknown (known: f32, f16, bf16, q8_0, q4_0)",
+        LOG_ERR("%s: tensor '%s': dtype '%s' is unknown (known: f32, f16, bf16, q8_0, q4_0, "
+                "q4_g64, q4_g128, q4z_g32, q4z_g64, q4z_g128)",
                 what, name, dts);
         return ERR_UNSUPPORTED;
     }

@@ -493,6 +493,55 @@ static void test_gguf_q4_0_native(void **state)
     free(dir);
 }
 
+/*
+ * --dtype with the int4 group types (q4_g64 .. q4z_g128) on stories260K: the stored dtypes
+ * (rows of 64 take q4_*g64 and q4z_g32; 64-column rows cannot hold a group of 128 and
+ * ffn_down's 172 columns no group at all: those keep f32), the model runs, and on the scalar
+ * path its logits equal those of its own f32 dequantization (the kernels read the layout the
+ * converter wrote); the SIMD paths add only the int8 activation error.
+ */
+static void test_q4g_conversion(void **state)
+{
+    (void)state;
+    static const enum dtype dts[] = {DT_Q4_G64, DT_Q4_G128, DT_Q4Z_G32, DT_Q4Z_G64,
+                                     DT_Q4Z_G128};
+    char *dir = tu_mkdtemp();
+    char q[4096], deq[4096];
+    int32_t ids[200];
+    for (size_t i = 0; i < 200; i++)
+        ids[i] = (int32_t)((i * 131 + 7) % 512);
+    enum kern_isa isa = kern_isa();
+    for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
+        snprintf(q, sizeof q, "%s/q%zu", dir, k);
+        snprintf(deq, sizeof deq, "%s/deq%zu", dir, k);
+        struct convert_opts oq = {.dtype_set = true, .dtype = dts[k]};
+        assert_int_equal(convert_model(g_ref, q, &oq, NULL), 0);
+        struct iebin_model *m;
+        assert_int_equal(iebin_open(q, &m), 0);
+        enum dtype want = dtype_info(dts[k])->block <= 64 ? dts[k] : DT_F32;
+        assert_int_equal(iebin_find(m, "blk.0.attn_q")->dtype, want);
+        assert_int_equal(iebin_find(m, "blk.0.ffn_down")->dtype, DT_F32);
+        iebin_close(m);
+        struct convert_opts of = {.dtype_set = true, .dtype = DT_F32};
+        assert_int_equal(convert_model(q, deq, &of, NULL), 0);
+        struct calib_report r;
+        assert_int_equal(kern_force_isa(KERN_ISA_REF), 0);
+        assert_int_equal(calib_run(deq, q, ids, 200, 1, &r), 0);
+        if (!(r.kld_max < 1e-9 && r.top1 == 1.0))
+            fail_msg("ref path: %s vs its dequantization: KLD max %.3g top-1 %.4f",
+                     dtype_info(dts[k])->name, r.kld_max, r.top1);
+        calib_report_free(&r);
+        assert_int_equal(kern_force_isa(isa), 0);
+        assert_int_equal(calib_run(deq, q, ids, 200, 1, &r), 0);
+        if (isa != KERN_ISA_REF && !(r.kld_mean < 0.05 && r.top1 >= 0.85))
+            fail_msg("%s vs its dequantization: KLD %.3g top-1 %.4f", dtype_info(dts[k])->name,
+                     r.kld_mean, r.top1);
+        calib_report_free(&r);
+    }
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* --dtype f16 from f32 sources through HF and GGUF: identical; norms stay f32. */
 static void test_dtype_conversion(void **state)
 {
@@ -904,6 +953,7 @@ int main(void)
         cmocka_unit_test(test_bad_hf_config),
         cmocka_unit_test(test_bad_hf_tensors),
         cmocka_unit_test(test_gguf_q4_0_native),
+        cmocka_unit_test(test_q4g_conversion),
         cmocka_unit_test(test_bad_gguf),
         cmocka_unit_test(test_bad_llama2c_and_detection),
         cmocka_unit_test(test_tokenizer_vocab_mismatch),

@@ -4,7 +4,7 @@
 #  - the same synthetic weights through the Hugging Face path and through a GGUF file give
 #    identical IEBIN files, for f32, f16 and bf16;
 #  - synth is deterministic; converted models generate with inference-engine (f32/bf16/int8/
-#    int4, a 4-layer TinyLlama-shaped model);
+#    int4/q4_g128, a 4-layer TinyLlama-shaped model);
 #  - llama2.c, forced --from, --dtype conversion;
 #  - malformed inputs and failing outputs: the exit code (3 source, 1 output, 2 usage), a
 #    message naming the problem, nothing that loads.
@@ -54,7 +54,8 @@ grep -q '"generated_tokens":8' <<<"$out" && ok "demo bf16 generates" || bad "dem
 # --- int8 / int4 quantization: real kernels, output stays close to f32 ---
 "$clocher" convert "$tmp/hf-f32" "$tmp/ie-q8" --dtype int8 && grep -q '"q8_0"' "$tmp/ie-q8/model.ie.json" && ok "int8 convert" || bad "int8 convert"
 "$clocher" convert "$tmp/hf-f32" "$tmp/ie-q4" --dtype int4 && grep -q '"q4_0"' "$tmp/ie-q4/model.ie.json" && ok "int4 convert" || bad "int4 convert"
-for q in q8 q4; do
+"$clocher" convert "$tmp/hf-f32" "$tmp/ie-q4g" --dtype q4_g128 && grep -q '"q4_g128"' "$tmp/ie-q4g/model.ie.json" && ok "q4_g128 convert" || bad "q4_g128 convert"
+for q in q8 q4 q4g; do
   out=$("$ie" --model-dir "$tmp/ie-$q" --prompt "Once upon a time" --max-new 4 --quiet 2>/dev/null)
   grep -q '"generated_tokens":4' <<<"$out" && ok "$q generates" || bad "$q: $out"
 done
@@ -157,8 +158,13 @@ diff -r "$tmp/gated" "$tmp/gated.before" >/dev/null && ok "refused: previous mod
 "$clocher" convert "$s260" "$tmp/gated" --dtype int8 --calib-ids "$tmp/calib.ids" --gate-top1 0.5 2>/dev/null \
   && grep -q q8_0 "$tmp/gated/model.ie.json" && ok "passing re-conversion replaces the model" || bad "re-conversion"
 # bad manifests and flags name what is wrong
-printf '{"version": 1, "rules": [{"pattern": ".", "dtype": "int4w", "group": 64}]}' > "$tmp/g64.json"
-expect 3 "rules[0].group: int4w with groups of 64" "$clocher" convert "$s260" "$tmp/x" --quant-manifest "$tmp/g64.json"
+printf '{"version": 1, "rules": [{"pattern": ".", "dtype": "int4w", "group": 256}]}' > "$tmp/g256.json"
+expect 3 "rules[0].group: int4w with groups of 256" "$clocher" convert "$s260" "$tmp/x" --quant-manifest "$tmp/g256.json"
+# int4 groups of 64 with a zero point: stored as q4z_g64 (the 172-wide ffn_down stays f32)
+printf '{"version": 1, "rules": [{"pattern": "attn", "dtype": "int4w", "group": 64, "zero": "per-group"}]}' > "$tmp/g64.json"
+"$clocher" convert "$s260" "$tmp/g64" --quant-manifest "$tmp/g64.json" --rounding search 2>/dev/null \
+  && grep -q '"q4z_g64"' "$tmp/g64/model.ie.json" && ok "manifest int4w group 64 + zero -> q4z_g64" || bad "q4z_g64 manifest"
+expect 2 "--rounding maybe: expected nearest or search" "$clocher" convert "$s260" "$tmp/x" --rounding maybe
 printf '{"version": 1, "rules": [{"pattern": "[", "dtype": "f16"}]}' > "$tmp/re.json"
 expect 3 "rules[0].pattern '['" "$clocher" convert "$s260" "$tmp/x" --quant-manifest "$tmp/re.json"
 expect 3 "not valid JSON" "$clocher" convert "$s260" "$tmp/x" --quant-manifest "$tmp/calib.txt"

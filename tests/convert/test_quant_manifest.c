@@ -70,14 +70,21 @@ static void test_malformed(void **state)
                    "\"group\": \"32\"}]}",
                    ERR_FORMAT, "rules[0].group: expected an integer");
     expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"int4w\", "
-                   "\"group\": 128}]}",
-                   ERR_UNSUPPORTED, "rules[0].group: int4w with groups of 128");
+                   "\"group\": 256}]}",
+                   ERR_UNSUPPORTED, "rules[0].group: int4w with groups of 256");
+    expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"int4w\", "
+                   "\"group\": 16}]}",
+                   ERR_UNSUPPORTED, "runs groups of 32, 64 or 128");
+    expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"int8w\", "
+                   "\"group\": 64}]}",
+                   ERR_UNSUPPORTED, "rules[0].group: int8w with groups of 64");
     expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"int8w\", "
                    "\"scale\": \"per-channel\"}]}",
                    ERR_UNSUPPORTED, "rules[0].scale: per-channel");
-    expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"int4w\", "
+    expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"int8w\", "
                    "\"zero\": \"per-group\"}]}",
-                   ERR_UNSUPPORTED, "rules[0].zero: per-group zero points");
+                   ERR_UNSUPPORTED, "rules[0].zero: per-group zero points are not supported for "
+                                    "int8w");
     expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"int4w\", "
                    "\"zero\": \"maybe\"}]}",
                    ERR_FORMAT, "rules[0].zero: 'maybe'");
@@ -128,6 +135,41 @@ static void test_first_match_wins(void **state)
     assert_int_equal(qm_rule_hits(m, 0), 1);
     assert_int_equal(qm_rule_hits(m, 1), 1);
     qm_free(m);
+}
+
+/* int4w's group and zero settings pick the stored layout (common/dtype.h). */
+static void test_int4_layouts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *extra;
+        enum dtype dt;
+    } cases[] = {
+        {"", DT_Q4_0},
+        {", \"group\": 32, \"zero\": \"none\"", DT_Q4_0},
+        {", \"group\": 64", DT_Q4_G64},
+        {", \"group\": 128, \"scale\": \"per-group\"", DT_Q4_G128},
+        {", \"zero\": \"per-group\"", DT_Q4Z_G32},
+        {", \"group\": 64, \"zero\": \"per-group\"", DT_Q4Z_G64},
+        {", \"group\": 128, \"zero\": \"per-group\"", DT_Q4Z_G128},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char j[256];
+        snprintf(j, sizeof j,
+                 "{\"version\": 1, \"rules\": [{\"pattern\": \"ffn\", \"dtype\": \"int4w\"%s},"
+                 " {\"pattern\": \".\", \"dtype\": \"int8w\", \"group\": 32}]}",
+                 cases[i].extra);
+        struct quant_manifest *m;
+        assert_int_equal(qm_parse(j, strlen(j), "m", &m), 0);
+        enum dtype d;
+        assert_int_equal(qm_match(m, "blk.0.ffn_up", &d), 0);
+        if (d != cases[i].dt)
+            fail_msg("%s: dtype %s, want %s", j, dtype_info(d)->name,
+                     dtype_info(cases[i].dt)->name);
+        assert_int_equal(qm_match(m, "blk.0.attn_q", &d), 0);
+        assert_int_equal(d, DT_Q8_0);
+        qm_free(m);
+    }
 }
 
 static enum dtype stored(const struct iebin_model *im, const char *name)
@@ -239,6 +281,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_first_match_wins),
+        cmocka_unit_test(test_int4_layouts),
         cmocka_unit_test(test_read_ids),
         cmocka_unit_test(test_convert_with_manifest_and_calib),
     };

@@ -9,6 +9,7 @@
 #include "log.h"
 #include "quant_manifest.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -33,10 +34,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (qm_rule_count(m) == 0 || qm_rule_count(m) > QM_MAX_RULES)
         abort();
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        enum dtype d;
+        enum dtype d = DT_F32;
         int r = qm_match(m, names[i], &d);
-        if (r == 0 ? (d != DT_F32 && d != DT_F16 && d != DT_BF16 && d != DT_Q8_0 && d != DT_Q4_0)
-                   : r != ERR_NOT_FOUND)
+        bool known = d == DT_F32 || d == DT_F16 || d == DT_BF16 || d == DT_Q8_0 ||
+                     d == DT_Q4_0 || d == DT_Q4_G64 || d == DT_Q4_G128 || d == DT_Q4Z_G32 ||
+                     d == DT_Q4Z_G64 || d == DT_Q4Z_G128;
+        if (r == 0 ? !known : r != ERR_NOT_FOUND)
             abort();
     }
     qm_free(m);
