@@ -29,6 +29,7 @@ class Stream(threading.Thread):
         self.started = threading.Event()
 
     def run(self):
+        self.t0 = time.time()
         req = T.pb.GenerateRequest(prompt_ids=T.pb.TokenIds(ids=self.ids),
                                    max_tokens=self.max_tokens,
                                    sampling=T.pb.SamplingParams(temperature=0.8, seed=self.seed))
@@ -162,10 +163,12 @@ def test_overload_is_unavailable_at_once(model):
         served = [s for s in ss if s.code == grpc.StatusCode.OK]
         assert len(refused) + len(served) == len(ss), [(s.code, s.details) for s in ss]
         assert refused and served
-        first_done = min(s.ended for s in served)
+        # at once: a refusal takes a small fraction of what a served stream takes
+        served_s = sorted(s.ended - s.t0 for s in served)
+        median_served = served_s[len(served_s) // 2]
         for s in refused:
             assert not s.tokens
             assert "queue" in s.details, s.details
-            assert s.ended <= first_done  # at once, not after waiting
+            assert s.ended - s.t0 < median_served / 2, (s.ended - s.t0, median_served)
     finally:
         assert d.stop() == 0, d.read_log()
