@@ -4,6 +4,7 @@
 #include "err.h"
 #include "log.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static int bad(const char *who, size_t line, const char *what)
@@ -13,6 +14,33 @@ static int bad(const char *who, size_t line, const char *what)
 }
 
 static bool is_one(const char *v, size_t n) { return n == 1 && v[0] == '1'; }
+
+/* A decimal uint64 of 1..20 digits: NULL and *out, or what is wrong with it ("KEY must be
+ * <kind>" / "KEY overflows 64 bits", in a static buffer: the parser is not reentrant there,
+ * and its callers log the text at once). */
+static const char *decimal(const char *v, size_t n, const char *key, const char *kind,
+                           uint64_t *out)
+{
+    static _Thread_local char why[64];
+    uint64_t x = 0;
+    if (n == 0 || n > 20)
+        goto not_decimal;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9')
+            goto not_decimal;
+        unsigned d = (unsigned)(v[i] - '0');
+        if (x > (UINT64_MAX - d) / 10) {
+            snprintf(why, sizeof why, "%s overflows 64 bits", key);
+            return why;
+        }
+        x = x * 10 + d;
+    }
+    *out = x;
+    return NULL;
+not_decimal:
+    snprintf(why, sizeof why, "%s must be %s", key, kind);
+    return why;
+}
 
 int ctl_parse(const char *who, const char *buf, size_t len, struct ctl_msg *out)
 {
@@ -52,19 +80,18 @@ int ctl_parse(const char *who, const char *buf, size_t len, struct ctl_msg *out)
         } else if (kn == 9 && memcmp(s, "HOT_BYTES", 9) == 0) {
             if (out->has_hot_bytes)
                 return bad(who, line, "HOT_BYTES given twice");
-            if (vn == 0 || vn > 20)
-                return bad(who, line, "HOT_BYTES must be a decimal byte count");
-            uint64_t x = 0;
-            for (size_t i = 0; i < vn; i++) {
-                if (v[i] < '0' || v[i] > '9')
-                    return bad(who, line, "HOT_BYTES must be a decimal byte count");
-                unsigned d = (unsigned)(v[i] - '0');
-                if (x > (UINT64_MAX - d) / 10)
-                    return bad(who, line, "HOT_BYTES overflows 64 bits");
-                x = x * 10 + d;
-            }
+            const char *why = decimal(v, vn, "HOT_BYTES", "a decimal byte count", &out->hot_bytes);
+            if (why)
+                return bad(who, line, why);
             out->has_hot_bytes = true;
-            out->hot_bytes = x;
+        } else if (kn == 11 && memcmp(s, "HOT_TENSORS", 11) == 0) {
+            if (out->has_hot_tensors)
+                return bad(who, line, "HOT_TENSORS given twice");
+            const char *why =
+                decimal(v, vn, "HOT_TENSORS", "a decimal tensor count", &out->hot_tensors);
+            if (why)
+                return bad(who, line, why);
+            out->has_hot_tensors = true;
         } else if (kn == 6 && memcmp(s, "STATUS", 6) == 0) {
             if (seen_status)
                 return bad(who, line, "STATUS given twice");

@@ -7,6 +7,7 @@
  *   READY=1          the model and adapters are loaded: route requests here
  *   WATCHDOG=1       the worker's loop is alive (about once a second)
  *   HOT_BYTES=<n>    bytes of hot tensors replicated into node-local memory
+ *   HOT_TENSORS=<n>  how many tensors those are
  *   STATUS=<text>    free text for the log (printable ASCII, at most 127 bytes)
  *
  * Why a socket and not a word in the shared-memory region: the supervisor keeps away from
@@ -32,6 +33,8 @@ struct ctl_msg {
     bool watchdog;
     bool has_hot_bytes;
     uint64_t hot_bytes;
+    bool has_hot_tensors;
+    uint64_t hot_tensors;
     char status[CTL_STATUS_MAX]; /* "" when absent */
 };
 

@@ -429,22 +429,29 @@ void gw__adapter_remove(struct gw *g, const char *name)
     pthread_mutex_unlock(&g->adapters_mu);
 }
 
-/* Replays run-time adapter changes to a fresh worker (slot->mu held, reader thread). Answers
- * come back with ids nobody waits on and are dropped; a failure is logged by the worker. */
-static void replay_adapters(struct gw *g, struct gw_slot *s)
+/* Makes what a fresh worker serves match the registry (slot->mu held, reader thread): its
+ * command line held the configuration's adapters as they were when it was spawned, so it gets
+ * LOADs for run-time loads and UNLOADs for run-time unloads, and, when a reload changed an
+ * adapter after the spawn, the adapter's new state (a LOAD it already has is answered as done).
+ * Answers come back with ids nobody waits on and are dropped; the worker logs a failure. */
+static void replay_adapters(struct gw *g, struct gw_slot *s, uint32_t generation)
 {
     pthread_mutex_lock(&g->adapters_mu);
     for (size_t i = 0; i < g->n_adapters; i++) {
         struct gw_adapter *a = &g->adapters[i];
+        bool want = !a->unloaded && a->dir;
+        bool old_argv = a->reloaded && generation <= a->reload_gen[s->index];
+        bool load = want && (old_argv || !a->from_config);
+        bool unload = !want && (old_argv || a->from_config);
         struct shm_msg m;
-        if (a->from_config && a->unloaded)
-            m = (struct shm_msg){.type = SHM_MSG_ADAPTER_UNLOAD,
-                                 .name = {.request_id = atomic_fetch_add(&g->next_id, 1),
-                                          .name = a->name}};
-        else if (!a->from_config && a->dir)
+        if (load)
             m = (struct shm_msg){.type = SHM_MSG_ADAPTER_LOAD,
                                  .adapter_load = {.request_id = atomic_fetch_add(&g->next_id, 1),
                                                   .name = a->name, .path = a->dir}};
+        else if (unload)
+            m = (struct shm_msg){.type = SHM_MSG_ADAPTER_UNLOAD,
+                                 .name = {.request_id = atomic_fetch_add(&g->next_id, 1),
+                                          .name = a->name}};
         else
             continue;
         if (shm_msg_send_wait(shm_region_tx(s->region->shm), &m, 1000000000ll) < 0)
@@ -512,7 +519,7 @@ static void dispatch(struct gw_slot *s, const struct shm_msg *m)
         snprintf(s->model.arch, sizeof s->model.arch, "%s", m->hello.arch);
         snprintf(s->model.dtype, sizeof s->model.dtype, "%s", m->hello.dtype);
         if (s->region)
-            replay_adapters(g, s);
+            replay_adapters(g, s, s->generation);
         s->hello = true;
         pthread_mutex_unlock(&s->mu);
         LOG_INFO("worker %u: serving %s (%s, %s, %" PRIu64 " parameters)", s->index,
@@ -680,10 +687,104 @@ static size_t hook_active(void *ud)
     return atomic_load(&g->active_streams);
 }
 
+/* Sends one adapter message to every worker that serves now (all slot mutexes held). */
+static void send_to_serving(struct gw *g, struct shm_msg *m, const char *what)
+{
+    for (size_t i = 0; i < g->n_slots; i++) {
+        struct gw_slot *s = &g->slots[i];
+        if (!s->hello || !s->region)
+            continue; /* a worker still starting replays the change at its HELLO */
+        if (m->type == SHM_MSG_ADAPTER_LOAD)
+            m->adapter_load.request_id = atomic_fetch_add(&g->next_id, 1);
+        else
+            m->name.request_id = atomic_fetch_add(&g->next_id, 1);
+        if (shm_msg_send_wait(shm_region_tx(s->region->shm), m, 100000000ll) < 0)
+            LOG_WARN("worker %u: could not send the reload's %s", s->index, what);
+    }
+}
+
+static void mark_reloaded(struct gw *g, struct gw_adapter *a)
+{
+    a->reloaded = true;
+    for (size_t i = 0; i < g->n_slots; i++)
+        a->reload_gen[i] = atomic_load(&g->slots[i].ws->generation);
+}
+
+/*
+ * A reload makes the configuration's adapters table authoritative: adapters it adds (or
+ * whose directory it changes) are loaded into the running workers, adapters it drops are
+ * unloaded (requests using one finish first: the engine releases it after them). The workers
+ * answer on their event rings with ids nobody waits on; a worker that cannot load an adapter
+ * logs why, and requests naming it on that worker fail NOT_FOUND. Runs on the supervisor's
+ * loop thread, which is also the one that spawns workers, so the generations read here are
+ * exactly the ones started from the old command line.
+ */
 static void hook_config(void *ud, const struct config *fresh)
 {
-    (void)ud;
-    LOG_INFO("gateway: configuration reloaded: %zu tenants", fresh->n_tenants);
+    struct gw *g = ud;
+    size_t added = 0, changed = 0, dropped = 0;
+    for (size_t i = 0; i < g->n_slots; i++) /* order: slots by index, then adapters_mu */
+        pthread_mutex_lock(&g->slots[i].mu);
+    pthread_mutex_lock(&g->adapters_mu);
+    for (size_t i = 0; i < fresh->n_adapters; i++) {
+        const struct config_adapter *ca = &fresh->adapters[i];
+        struct gw_adapter *a = adapter_find(g, ca->name);
+        bool same_dir = a && a->dir && strcmp(a->dir, ca->dir) == 0;
+        if (a && !a->unloaded && same_dir) {
+            if (!a->from_config)
+                mark_reloaded(g, a); /* loaded at run time: now also on the command line */
+            a->from_config = true;
+            continue;
+        }
+        bool was_loaded = a && !a->unloaded;
+        if (!(a = adapter_slot(g, ca->name))) {
+            LOG_ERR("reload: out of memory for adapter %s", ca->name);
+            continue;
+        }
+        char *d = strdup(ca->dir);
+        if (!d) {
+            LOG_ERR("reload: out of memory for adapter %s", ca->name);
+            continue;
+        }
+        free(a->dir);
+        a->dir = d;
+        a->rank = 0, a->alpha = 0.0f, a->targets = 0;
+        adapter_meta(d, a);
+        a->from_config = true, a->unloaded = false;
+        mark_reloaded(g, a);
+        struct shm_msg m;
+        if (was_loaded) {
+            m = (struct shm_msg){.type = SHM_MSG_ADAPTER_UNLOAD, .name = {.name = a->name}};
+            send_to_serving(g, &m, "unload");
+            changed++;
+        } else {
+            added++;
+        }
+        m = (struct shm_msg){.type = SHM_MSG_ADAPTER_LOAD,
+                             .adapter_load = {.name = a->name, .path = a->dir}};
+        send_to_serving(g, &m, "load");
+        LOG_INFO("reload: adapter %s %s from %s", a->name, was_loaded ? "reloaded" : "loaded",
+                 a->dir);
+    }
+    for (size_t i = 0; i < g->n_adapters; i++) {
+        struct gw_adapter *a = &g->adapters[i];
+        if (!a->from_config || config_find_adapter(fresh, a->name))
+            continue;
+        if (!a->unloaded) {
+            struct shm_msg m = {.type = SHM_MSG_ADAPTER_UNLOAD, .name = {.name = a->name}};
+            send_to_serving(g, &m, "unload");
+            LOG_INFO("reload: adapter %s unloaded (no longer in the configuration)", a->name);
+            dropped++;
+        }
+        a->from_config = false, a->unloaded = true; /* a tombstone for old command lines */
+        mark_reloaded(g, a);
+    }
+    pthread_mutex_unlock(&g->adapters_mu);
+    for (size_t i = g->n_slots; i-- > 0;)
+        pthread_mutex_unlock(&g->slots[i].mu);
+    LOG_INFO("gateway: configuration reloaded: %zu tenants; adapters %zu added, %zu changed, "
+             "%zu dropped",
+             fresh->n_tenants, added, changed, dropped);
 }
 
 /* ---- set-up ---- */

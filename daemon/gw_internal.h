@@ -161,8 +161,13 @@ struct gw_adapter {
     char *dir;
     uint32_t rank, targets;
     float alpha;
-    bool from_config;              /* loaded by every worker at start */
-    bool unloaded;                 /* a config adapter unloaded at run time */
+    bool from_config;              /* in the configuration: on every new worker's command line */
+    bool unloaded;                 /* not to be served: unloaded at run time, or dropped by a
+                                    * reload (then kept as a tombstone) */
+    /* Set by a reload that changed this adapter: a worker of slot i whose generation is at most
+     * reload_gen[i] was started from the old command line, so its HELLO replays the change. */
+    bool reloaded;
+    uint32_t reload_gen[CONFIG_MAX_WORKERS];
 };
 
 struct gw {

@@ -570,6 +570,13 @@ static void render_supervisor(struct out *o, const struct workers *w)
         outf(o, "} %" PRIu64 "\n",
              atomic_load_explicit(&w->slots[i].hot_replicated_bytes, memory_order_relaxed));
     }
+    family(o, "clocher_worker_hot_replicated_tensors", "gauge",
+           "Tensors the slot's worker copied to node-local memory.");
+    for (size_t i = 0; i < w->n; i++) {
+        worker_open(o, "clocher_worker_hot_replicated_tensors", w, i);
+        outf(o, "} %" PRIu64 "\n",
+             atomic_load_explicit(&w->slots[i].hot_replicated_tensors, memory_order_relaxed));
+    }
     family(o, "clocher_workers_ready", "gauge", "Worker slots currently ready to serve.");
     outf(o, "clocher_workers_ready %zu\n", workers_ready_count(w));
     family(o, "clocher_daemon_phase", "gauge",

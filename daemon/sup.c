@@ -6,7 +6,7 @@
  * spawn and freed in its close callback, so a respawn never reuses a handle libuv still owns;
  * likewise its control socket's uv_poll_t. Each spawn gets:
  *  - fd 3: one end of a SOCK_SEQPACKET socketpair, the control channel (ctl.h): READY=1,
- *    WATCHDOG=1, HOT_BYTES=, STATUS= datagrams. Readiness and liveness come from there, timed
+ *    WATCHDOG=1, HOT_BYTES=, HOT_TENSORS=, STATUS= datagrams. Readiness and liveness come from there, timed
  *    on the supervisor's clock; the supervisor reads no memory a worker writes;
  *  - fd 4: a fresh shm region with the slot's next generation, for the gateway; the
  *    supervisor only creates it and hands it over (workers.h).
@@ -204,6 +204,8 @@ static void on_ctl(uv_poll_t *h, int status, int events)
             ss->last_beat_ms = now;
         if (m.status[0])
             LOG_INFO("%s: %s", who, m.status);
+        if (m.has_hot_tensors)
+            atomic_store(&ss->ws->hot_replicated_tensors, m.hot_tensors);
         if (m.ready)
             on_ready(ss, m.has_hot_bytes ? m.hot_bytes : 0);
         else if (m.has_hot_bytes)
@@ -393,6 +395,7 @@ static void spawn(struct sup_slot *ss)
     atomic_store_explicit(&ws->generation, gen, memory_order_release);
     atomic_store_explicit(&ws->pid, p->pid, memory_order_release);
     atomic_store(&ws->hot_replicated_bytes, 0);
+    atomic_store(&ws->hot_replicated_tensors, 0);
     workers_slot_set_region(ws, wr); /* the slot holds the supervisor's reference */
     set_state(ss, WORKERS_STARTING);
     LOG_INFO("worker %u: started pid %d, generation %" PRIu32 ", node %d, CPUs %s", ws->index,
@@ -532,10 +535,10 @@ static void on_ready(struct sup_slot *ss, uint64_t hot_bytes)
     uint32_t gen = atomic_load(&ws->generation);
     atomic_store(&ws->hot_replicated_bytes, hot_bytes);
     set_state(ss, WORKERS_READY);
-    char hot[64] = "";
+    char hot[96] = "";
     if (hot_bytes)
-        snprintf(hot, sizeof hot, ", %.1f MiB of hot tensors node-local",
-                 (double)hot_bytes / 1048576.0);
+        snprintf(hot, sizeof hot, ", %.1f MiB of hot tensors node-local (%" PRIu64 " tensors)",
+                 (double)hot_bytes / 1048576.0, atomic_load(&ws->hot_replicated_tensors));
     LOG_INFO("worker %u (pid %d, generation %" PRIu32 "): ready after %.1f s%s", ws->index,
              ss->proc->pid, gen, (double)(now - ss->started_ms) / 1000.0, hot);
     if (s->w->hooks && s->w->hooks->worker_ready)

@@ -57,6 +57,7 @@ int workers_create(const struct topo_plan *plan, struct config_ptr *config, stru
         atomic_init(&s->restarts, 0);
         atomic_init(&s->given_up, false);
         atomic_init(&s->hot_replicated_bytes, 0);
+        atomic_init(&s->hot_replicated_tensors, 0);
         CHECK(pthread_mutex_init(&s->mu, NULL) == 0);
         w->n = i + 1;
     }

@@ -11,7 +11,7 @@
  * NOTES (who writes what):
  *  - Everything in struct workers and the slot's identity (index, node, cpus, cpulist) is
  *    written once before the loop runs and read-only afterwards.
- *  - The slot's atomics (state, pid, generation, restarts, given_up, hot_replicated_bytes) are
+ *  - The slot's atomics (state, pid, generation, restarts, given_up, hot_replicated_*) are
  *    written ONLY by the supervisor's loop thread; any thread may read them (acquire loads pair
  *    with the supervisor's release stores). `generation` is stored before `state`, so a reader
  *    seeing READY after an acquire load of `state` sees the ready generation (or a later one).
@@ -89,6 +89,7 @@ struct workers_slot {
     _Atomic uint64_t restarts;   /* respawns after a crash */
     _Atomic bool given_up;       /* crash loop or fatal model error: not respawned */
     _Atomic uint64_t hot_replicated_bytes; /* what the worker copied to node-local memory */
+    _Atomic uint64_t hot_replicated_tensors; /* and how many tensors that was */
 
     pthread_mutex_t mu;          /* guards region */
     struct workers_region *region; /* current generation's region, NULL when none */

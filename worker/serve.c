@@ -129,6 +129,14 @@ static void reqmap_del(struct reqmap *m, struct req *e)
 
 /* ---- the serve ---- */
 
+/* An adapter the engine has loaded and the directory it came from: a LOAD repeating both is
+ * answered as done (the gateway replays a reload's changes to a worker that may have been
+ * started from the new command line already). */
+struct served_adapter {
+    char name[SHM_MAX_NAME + 1];
+    char *dir;
+};
+
 struct serve {
     uint32_t magic;
     struct serve_options o;
@@ -140,7 +148,10 @@ struct serve {
     struct tok *tok;                      /* NULL: the model has no tokenizer */
     uint32_t vocab_size;
     struct reqmap reqs;
+    struct served_adapter *adapters;      /* [n_adapters] what the engine has loaded, by name */
+    size_t n_adapters, cap_adapters;
     uint64_t hot_bytes;
+    size_t hot_tensors;
     uint64_t last_watchdog_ns;
     int fatal;                            /* < 0: a ring or the control socket failed */
     bool ctl_gone;
@@ -516,16 +527,55 @@ static int adapter_info(const char *dir, struct lora_config *cfg)
     return rc;
 }
 
+static struct served_adapter *served_find(struct serve *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_adapters; i++)
+        if (strcmp(s->adapters[i].name, name) == 0)
+            return &s->adapters[i];
+    return NULL;
+}
+
+/* Records a successful load; out of memory only loses the idempotence of a repeated LOAD. */
+static void served_add(struct serve *s, const char *name, const char *dir)
+{
+    if (s->n_adapters == s->cap_adapters) {
+        size_t cap = s->cap_adapters ? 2 * s->cap_adapters : 8;
+        struct served_adapter *p = realloc(s->adapters, cap * sizeof *p);
+        if (!p)
+            return;
+        s->adapters = p, s->cap_adapters = cap;
+    }
+    struct served_adapter *a = &s->adapters[s->n_adapters];
+    if (!(a->dir = strdup(dir)))
+        return;
+    snprintf(a->name, sizeof a->name, "%s", name);
+    s->n_adapters++;
+}
+
+static void served_remove(struct serve *s, const char *name)
+{
+    struct served_adapter *a = served_find(s, name);
+    if (a) {
+        free(a->dir);
+        *a = s->adapters[--s->n_adapters];
+    }
+}
+
 static void do_adapter_load(struct serve *s, const struct shm_msg_adapter_load *a)
 {
     log_clear_error();
-    int rc = engine_load_adapter(s->e, a->name, a->path);
+    const struct served_adapter *have = served_find(s, a->name);
+    int rc = have && strcmp(have->dir, a->path) == 0 ? 0
+                                                     : engine_load_adapter(s->e, a->name, a->path);
+    if (rc == 0 && !have)
+        served_add(s, a->name, a->path);
     if (rc < 0) {
         const char *why = log_last_error();
         send_error(s, a->request_id, rc, "adapter %s: %s", a->name, why[0] ? why : err_str(rc));
         return;
     }
-    LOG_INFO("adapter %s loaded from %s", a->name, a->path);
+    if (!have)
+        LOG_INFO("adapter %s loaded from %s", a->name, a->path);
     struct lora_config cfg;
     uint32_t targets = 0;
     if (adapter_info(a->path, &cfg) == 0) {
@@ -560,6 +610,7 @@ static void do_adapter_unload(struct serve *s, const struct shm_msg_name *a)
         send_error(s, a->request_id, rc, "adapter %s: %s", a->name, why[0] ? why : err_str(rc));
         return;
     }
+    served_remove(s, a->name);
     LOG_INFO("adapter %s unloaded", a->name);
     struct shm_msg m = {.type = SHM_MSG_DONE, .request_id = a->request_id};
     send_event(s, &m);
@@ -700,12 +751,14 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
                     o->adapter_dirs[i], log_last_error());
             goto fail;
         }
+        served_add(s, o->adapter_names[i], o->adapter_dirs[i]);
     }
     if (o->hot_replicate) {
         struct hotrepl_report rep;
         if ((rc = hotrepl_apply(o->model_dir, o->mem_node, o->hot_limit_bytes, &rep)) < 0)
             goto fail;
         s->hot_bytes = rep.bytes;
+        s->hot_tensors = rep.n_tensors;
         if (rep.n_mappings == 0)
             LOG_WARN("hot replication: the engine does not read the model through its file "
                      "mapping; nothing replicated");
@@ -794,8 +847,8 @@ int serve_run(struct serve *s)
     CHECK(s && s->magic == SERVE_MAGIC);
     shm_region_set_state(s->region, SHM_STATE_READY);
     s->last_watchdog_ns = now_ns();
-    if (ctl_send(s, "READY=1\nHOT_BYTES=%" PRIu64 "\nSTATUS=model %s loaded", s->hot_bytes,
-                 s->o.model_dir) < 0)
+    if (ctl_send(s, "READY=1\nHOT_BYTES=%" PRIu64 "\nHOT_TENSORS=%zu\nSTATUS=model %s loaded",
+                 s->hot_bytes, s->hot_tensors, s->o.model_dir) < 0)
         return -EPIPE;
     size_t active = 0;
     while (!stopping(s) && s->fatal == 0) {
@@ -856,6 +909,9 @@ void serve_close(struct serve *s)
     if (s->tok)
         tok_free(s->tok);
     free(s->reqs.slots);
+    for (size_t i = 0; i < s->n_adapters; i++)
+        free(s->adapters[i].dir);
+    free(s->adapters);
     free(s->buf);
     s->magic = 0;
     free(s);

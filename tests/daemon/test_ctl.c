@@ -19,8 +19,11 @@ static void test_good(void **state)
 {
     (void)state;
     struct ctl_msg m;
-    assert_int_equal(parse("READY=1\nHOT_BYTES=123456789\nSTATUS=model /m loaded", &m), 0);
+    assert_int_equal(
+        parse("READY=1\nHOT_BYTES=123456789\nHOT_TENSORS=201\nSTATUS=model /m loaded", &m), 0);
     assert_true(m.ready);
+    assert_true(m.has_hot_tensors);
+    assert_int_equal(m.hot_tensors, 201);
     assert_false(m.watchdog);
     assert_true(m.has_hot_bytes);
     assert_int_equal(m.hot_bytes, 123456789);
@@ -57,6 +60,10 @@ static void test_bad(void **state)
         {"HOT_BYTES=-5", 0, "decimal byte count"},
         {"HOT_BYTES=18446744073709551616", 0, "overflows 64 bits"},
         {"HOT_BYTES=1\nHOT_BYTES=2", 0, "HOT_BYTES given twice"},
+        {"HOT_TENSORS=", 0, "HOT_TENSORS must be a decimal tensor count"},
+        {"HOT_TENSORS=1e3", 0, "HOT_TENSORS must be a decimal tensor count"},
+        {"HOT_TENSORS=99999999999999999999", 0, "HOT_TENSORS overflows 64 bits"},
+        {"HOT_TENSORS=1\nHOT_TENSORS=1", 0, "line 2: HOT_TENSORS given twice"},
         {"STATUS=bell\a", 0, "printable ASCII"},
         {"STATUS=a\nSTATUS=b", 0, "STATUS given twice"},
         {"FOO=1", 0, "unknown key"},

@@ -118,6 +118,7 @@ def main():
         "clocher_preemptions": "counter", "clocher_worker_rss_bytes": "gauge",
         "clocher_worker_state": "gauge", "clocher_worker_restarts": "counter",
         "clocher_worker_hot_replicated_bytes": "gauge", "clocher_worker_given_up": "gauge",
+        "clocher_worker_hot_replicated_tensors": "gauge",
         "clocher_worker_generation": "gauge", "clocher_workers_ready": "gauge",
         "clocher_daemon_phase": "gauge",
     }
@@ -146,6 +147,7 @@ def main():
             setv("clocher_worker_state", dict(labels, state=name), 1 if i == state else 0)
         setv("clocher_worker_restarts_total", labels, restarts)
         setv("clocher_worker_hot_replicated_bytes", labels, hot)
+        setv("clocher_worker_hot_replicated_tensors", labels, 0)  # metrics_dump sets none
         setv("clocher_worker_generation", labels, gen)
         setv("clocher_worker_given_up", labels, 0)
     setv("clocher_workers_ready", {}, 1)

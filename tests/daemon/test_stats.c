@@ -252,6 +252,7 @@ static void test_workers(void **state)
         atomic_init(&slots[i].restarts, (uint64_t)(i * 3));
         atomic_init(&slots[i].given_up, i == 1);
         atomic_init(&slots[i].hot_replicated_bytes, (uint64_t)(4096 * (i + 1)));
+        atomic_init(&slots[i].hot_replicated_tensors, (uint64_t)(3 * (i + 1)));
     }
 
     char *t = render(s, &w);
@@ -275,6 +276,8 @@ static void test_workers(void **state)
     assert_int_equal(value(t, "clocher_worker_generation{worker=\"1\",node=\"1\"}"), 2);
     assert_int_equal(value(t, "clocher_worker_hot_replicated_bytes{worker=\"0\",node=\"0\"}"),
                      4096);
+    assert_int_equal(value(t, "clocher_worker_hot_replicated_tensors{worker=\"1\",node=\"1\"}"),
+                     6);
     assert_int_equal(value(t, "clocher_workers_ready"), 1);
     assert_int_equal(value(t, "clocher_daemon_phase{phase=\"serving\"}"), 1);
     assert_int_equal(value(t, "clocher_daemon_phase{phase=\"starting\"}"), 0);

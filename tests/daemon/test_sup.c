@@ -385,7 +385,7 @@ static void test_hot_replication(void **state)
     assert_non_null(strstr(t, "hot replication: node "));
     assert_non_null(strstr(t, ": 47 tensors"));
     assert_non_null(strstr(t, "(tok_embd .. blk.4."));
-    assert_non_null(strstr(t, "MiB of hot tensors node-local"));
+    assert_non_null(strstr(t, "MiB of hot tensors node-local (47 tensors)"));
     int st = stop(&d, 30);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
