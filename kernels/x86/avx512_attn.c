@@ -139,44 +139,13 @@ static void widen_bf16(float *dst, const void *src, size_t ld, size_t n, size_t 
     }
 }
 
+#include "attn_drivers.h"
+
 void kern_attn_f32_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
                               const uint32_t *vis, size_t nq, const void *k, const void *v,
                               size_t ld, size_t n, size_t hd, float scale)
 {
-    const size_t ldf = ld / sizeof(float); /* f32 rows are whole floats apart (kern.h) */
-    for (size_t j0 = 0; j0 < n; j0 += KERN_ATTN_TILE) {
-        const size_t nt = n - j0 < KERN_ATTN_TILE ? n - j0 : KERN_ATTN_TILE;
-        tile_f32(q, o, m, l, vis, j0, nq, (const float *)k + j0 * ldf,
-                 (const float *)v + j0 * ldf, ldf, nt, hd, scale);
-    }
-}
-
-typedef void widen_fn(float *dst, const void *src, size_t ld, size_t n, size_t hd);
-
-static void attn_widened(widen_fn *widen, const float *const *q, float *const *o, float *m,
-                         float *l, const uint32_t *vis, size_t nq, const void *k, const void *v,
-                         size_t ld, size_t n, size_t hd, float scale)
-{
-    float kb[ATTN_BUF] __attribute__((aligned(64))); /* [rows][hd] widened K sub-tile */
-    float vb[ATTN_BUF] __attribute__((aligned(64))); /* [rows][hd] widened V sub-tile */
-    size_t rows = ATTN_BUF / hd;
-    if (rows > KERN_ATTN_TILE)
-        rows = KERN_ATTN_TILE;
-    for (size_t j0 = 0; j0 < n; j0 += rows) {
-        const size_t nt = n - j0 < rows ? n - j0 : rows;
-        size_t need = nt; /* only rows some query sees */
-        if (vis) {
-            need = 0;
-            for (size_t r = 0; r < nq; r++)
-                if (vis[r] > j0 + need)
-                    need = vis[r] - j0 < nt ? vis[r] - j0 : nt;
-        }
-        if (need == 0)
-            continue;
-        widen(kb, (const char *)k + j0 * ld, ld, need, hd);
-        widen(vb, (const char *)v + j0 * ld, ld, need, hd);
-        tile_f32(q, o, m, l, vis, j0, nq, kb, vb, hd, need, hd, scale);
-    }
+    attn_tiles_f32(q, o, m, l, vis, nq, k, v, ld, n, hd, scale);
 }
 
 void kern_attn_f16_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
