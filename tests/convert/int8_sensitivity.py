@@ -245,7 +245,7 @@ def layers(method, qf):
     return ch
 
 
-print("\n| weights (rest f32) | KLD mean | top-1 | |Δmargin| median | p99 | max | golden cases: first differing step@margin |")
+print("\n| weights (rest f32) | KLD mean | top-1 | abs Δmargin median | p99 | max | golden cases: first differing step@margin |")
 print("|---|---|---|---|---|---|---|")
 rng = np.random.default_rng(0)
 row("f16, all matrices", with_({k: f16r(W[k]) for k in MATS + ["w2"]}))
