@@ -30,7 +30,11 @@ def main(argv):
         return 2
     ie, model, golden = argv[1:4]
     tau = 0.01
-    flip_below = float(argv[5]) if len(argv) == 6 else 0.0
+    try:
+        flip_below = float(argv[5]) if len(argv) == 6 else 0.0
+    except ValueError:
+        print(f"golden_greedy.py: --flip-below {argv[5]}: expected a number", file=sys.stderr)
+        return 2
     try:
         with open(golden) as f:
             cases = json.load(f)["cases"]

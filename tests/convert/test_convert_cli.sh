@@ -91,7 +91,14 @@ else
   out=$(gg "$tmp/s-f16" --flip-below 0.15 2>&1) && ok "f16 flips only at steps of golden margin < 0.15" || bad "f16 guard: $out"
   "$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s-i4" --dtype int4 >/dev/null 2>&1 || bad "stories int4"
   gg "$tmp/s-i4" --flip-below 2.5 >/dev/null 2>&1 && bad "the int8 guard does not catch int4's flips" || ok "the guard catches a flip of margin >= 2.5 (int4)"
-  expect 2 "cannot read the golden cases" /usr/bin/python3 "$(dirname "$0")/golden_greedy.py" "$ie" "$tmp/s-f32" "$tmp/nonexistent.json"
+  # the checker's own refusals name what is wrong
+  gp="$(dirname "$0")/golden_greedy.py"
+  expect 2 "cannot read the golden cases" /usr/bin/python3 "$gp" "$ie" "$tmp/s-f32" "$tmp/nonexistent.json"
+  echo '{"no_cases": []}' > "$tmp/nocases.json"
+  expect 2 "cannot read the golden cases ('cases')" /usr/bin/python3 "$gp" "$ie" "$tmp/s-f32" "$tmp/nocases.json"
+  expect 2 "usage: golden_greedy.py" /usr/bin/python3 "$gp" "$ie" "$tmp/s-f32" "$golden" --tau 1
+  expect 2 "--flip-below x: expected a number" /usr/bin/python3 "$gp" "$ie" "$tmp/s-f32" "$golden" --flip-below x
+  expect 2 "inference-engine failed" /usr/bin/python3 "$gp" "$ie" "$tmp/no-such-model" "$golden"
   rm -rf "$tmp/s-f16" "$tmp/s-i4"
 fi
 
