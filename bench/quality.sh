@@ -13,7 +13,8 @@
 # (scale only), q4z_g32/q4z_g64/q4z_g128 (scale + offset per group). stories260K's rows are 64
 # wide, so it has no g128 rows (every matrix would stay f32); TinyLlama has them.
 # Row selection: S260_DTYPES, S260_REF_DTYPES, TINY_DTYPES (space-separated lists; empty: none;
-# DTYPE+search converts with --rounding search).
+# DTYPE+search converts with --rounding search; DTYPE@E gives the token embedding and the
+# classifier dtype E (--embd-dtype E), e.g. int8@f16).
 # Usage: bash bench/quality.sh   (BUILD_DIR, CLOCHER_MODELS, CLOCHER_FIXTURES, THREADS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,10 +30,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$models"
 
-row() { # NAME SRC DTYPE[+search] IDS [ISA]: ISA=ref keeps activations f32 (weight-only error)
-  local dt=${3%+search} rounding=nearest
+row() { # NAME SRC DTYPE[@EMBD][+search] IDS [ISA]: ISA=ref keeps activations f32 (weight-only error)
+  local dt=${3%+search} rounding=nearest embd=()
   [ "$dt" = "$3" ] || rounding=search # DTYPE+search: convert --rounding search
-  env ${5:+CLOCHER_ISA=$5} "$clocher" convert "$2" "$tmp/q" --dtype "$dt" --rounding "$rounding" \
+  if [ "${dt#*@}" != "$dt" ]; then embd=(--embd-dtype "${dt#*@}"); dt=${dt%@*}; fi
+  env ${5:+CLOCHER_ISA=$5} "$clocher" convert "$2" "$tmp/q" --dtype "$dt" "${embd[@]}" --rounding "$rounding" \
     --calib-ids "$4" --calib-threads "$threads" \
     --calib-report "$tmp/rep.json" 2>/dev/null
   /usr/bin/python3 - "$1" "$3" "$tmp/rep.json" "${5:-auto}" <<'PY'
@@ -56,12 +58,12 @@ for first in 1 100 200 300 350 400 420 450 500; do
     --print-ids --quiet --threads 1 |
     /usr/bin/python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(" ".join(map(str, [1, int(sys.argv[1])] + j["generated_ids"])))' "$first" >>"$tmp/s260.ids"
 done
-s260_default="bf16 f16 int8 int4 q4_g64 q4z_g32 q4z_g64"
+s260_default="bf16 f16 int8 int8@f16 int4 int4@int8 q4_g64 q4z_g32 q4z_g64"
 s260_default+=" int4+search q4_g64+search q4z_g32+search q4z_g64+search"
 for dt in ${S260_DTYPES-$s260_default}; do
   row stories260K "$s260" "$dt" "$tmp/s260.ids"
 done
-for dt in ${S260_REF_DTYPES-int8 int4 q4_g64 q4z_g32 q4z_g64}; do
+for dt in ${S260_REF_DTYPES-int8 int8@f16 int4 q4_g64 q4z_g32 q4z_g64}; do
   row stories260K "$s260" "$dt" "$tmp/s260.ids" ref
 done
 

@@ -69,6 +69,39 @@ ids() { "$ie" --model-dir "$1" --prompt-ids 1 --max-new 10 --greedy --print-ids 
 [ "$(ids "$tmp/s-q8")" = "$(ids "$tmp/s-f32")" ] && ok "stories260K int8 greedy = f32" || bad "int8 greedy differs: $(ids "$tmp/s-q8") vs $(ids "$tmp/s-f32")"
 "$clocher" convert "$tmp/s-f32" "$tmp/s-q4" --dtype int4 && ok "IEBIN -> int4 requantization" || bad "IEBIN requantization"
 
+# --- issue 3's acceptance: greedy ids vs llama2.c's golden ones (tests/convert/golden_greedy.py)
+# Per case up to the first step whose golden margin is < 0.01. f32 must agree. int8 (Q8_0) and
+# f16 do not (a diagnosed property of this 64-wide model, not a bug: docs/PERFORMANCE.md
+# "Quality, session 5" — Gaussian noise of the same RMS as Q8_0's rounding does the same
+# damage, and every tensor class alone flips a case), so the strict check is reported as a
+# known failure (TODO) and each dtype is held to a guard instead: its first flip must be at a
+# step whose golden margin its rounding can move (measured over 4.6k positions: f16 max 0.09,
+# Q8_0 weights max 2.0; a broken quantizer flips steps of larger margin — int4 does, at 2.82).
+golden=$fixtures/stories260K/golden.json
+gg() { /usr/bin/python3 "$(dirname "$0")/golden_greedy.py" "$ie" "$1" "$golden" "${@:2}"; }
+todo() { echo "not ok - $* # TODO issue 3"; }
+if [ ! -f "$golden" ]; then bad "fixture $golden not found (set CLOCHER_FIXTURES)"
+else
+  out=$(gg "$tmp/s-f32" 2>&1) && ok "stories260K f32 greedy = golden on all five cases" || bad "f32 vs golden: $out"
+  out=$(gg "$tmp/s-q8" 2>&1) && ok "stories260K int8 greedy = golden on all five cases (strict)" \
+    || todo "stories260K int8 vs golden, strict: $(grep -c differs <<<"$out") of 5 cases flip: $(grep differs <<<"$out" | tr '\n' ';')"
+  out=$(gg "$tmp/s-q8" --flip-below 2.5 2>&1) && ok "int8 flips only at steps of golden margin < 2.5" || bad "int8 guard: $out"
+  "$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s-f16" --dtype f16 >/dev/null 2>&1 || bad "stories f16"
+  out=$(gg "$tmp/s-f16" 2>&1) && ok "stories260K f16 greedy = golden (strict)" || todo "f16 vs golden, strict: $(grep differs <<<"$out" | tr '\n' ';')"
+  out=$(gg "$tmp/s-f16" --flip-below 0.15 2>&1) && ok "f16 flips only at steps of golden margin < 0.15" || bad "f16 guard: $out"
+  "$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s-i4" --dtype int4 >/dev/null 2>&1 || bad "stories int4"
+  gg "$tmp/s-i4" --flip-below 2.5 >/dev/null 2>&1 && bad "the int8 guard does not catch int4's flips" || ok "the guard catches a flip of margin >= 2.5 (int4)"
+  # the checker's own refusals name what is wrong
+  gp="$(dirname "$0")/golden_greedy.py"
+  expect 2 "cannot read the golden cases" /usr/bin/python3 "$gp" "$ie" "$tmp/s-f32" "$tmp/nonexistent.json"
+  echo '{"no_cases": []}' > "$tmp/nocases.json"
+  expect 2 "cannot read the golden cases ('cases')" /usr/bin/python3 "$gp" "$ie" "$tmp/s-f32" "$tmp/nocases.json"
+  expect 2 "usage: golden_greedy.py" /usr/bin/python3 "$gp" "$ie" "$tmp/s-f32" "$golden" --tau 1
+  expect 2 "--flip-below x: expected a number" /usr/bin/python3 "$gp" "$ie" "$tmp/s-f32" "$golden" --flip-below x
+  expect 2 "inference-engine failed" /usr/bin/python3 "$gp" "$ie" "$tmp/no-such-model" "$golden"
+  rm -rf "$tmp/s-f16" "$tmp/s-i4"
+fi
+
 # --- llama2.c ---
 "$clocher" convert "$fixtures/stories260K/stories260K.bin" "$tmp/s260" && ok "llama2c convert" || bad "llama2c convert"
 # stories260K's vocabulary (512) is smaller than the Llama 2 tokenizer's (32000): refused
