@@ -24,6 +24,9 @@ size_t kern__row_bytes(enum dtype wt, size_t cols);
  * to the allocation-free scalar path rather than fail: kernels have no error path).
  */
 void *kern__scratch(size_t bytes);
+/* The same with an index: slot 0 is kern__scratch's, slot 1 a second buffer for code that
+ * runs inside a product whose activations live in slot 0 (q4p.c). */
+void *kern__scratch_slot(int slot, size_t bytes);
 
 /* kern_act_prepare per ISA: the scalar specification and two bit-identical SIMD versions. */
 void kern__act_prepare_ref(const struct kern_act *a, size_t t0, size_t t1);

@@ -72,6 +72,20 @@ static_assert(_Alignof(struct quant_q8_0) == 2 && _Alignof(struct quant_q4_0) ==
               "block arrays are packed back to back");
 
 /*
+ * q4_0 panels (kern_q4p_*, ADR 0004 "load-time q4_0 panels"): a q4_0 matrix [rows][cols]
+ * repacked once at load so that the AVX-512 GEMM reads what it used to pack every step. With
+ * nb = cols / 32 and rb = nb * 18 (a stored row), panel p holds rows 16p..16p+15 (rows past the
+ * matrix are zero) in the bytes [p * 16 * rb, (p + 1) * 16 * rb) — as many as its 16 stored
+ * rows, so the whole matrix is ceil(rows / 16) * 16 * rb bytes:
+ *   offset 0:        quants [nb][4][16][4] bytes: [b][g][i][j] = qs[4g + j] of row i's block b
+ *                    (still two nibbles per byte: low = element 4g + j, high = 16 + 4g + j),
+ *                    so one 64-byte vector is 4 bytes of all 16 rows (lane = row);
+ *   offset nb * 256: scales [nb][16] f16: [b][i] = d of row i's block b.
+ */
+#define QUANT_Q4P_ROWS 16
+#define QUANT_Q4P_BLOCK_QBYTES 256 /* quant bytes of one block of a panel (16 rows x 16) */
+
+/*
  * Activations are quantized per block of 32 to int8 with an f32 scale (q8_0 style but f32, so
  * the scale itself adds no error): d = max|x| / 127, q = round-half-even(x / d) in [-127, 127].
  * Per element |x - d*q| <= d/2, hence for a dot product with weights w:

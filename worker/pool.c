@@ -366,6 +366,7 @@ struct mm_ctx {
     /* fallback without prepared activations */
     enum dtype wt;
     const float *x;
+    int q4p; /* w is a q4_0 matrix repacked in panels (kern_q4p_*) */
 };
 
 static void act_shard(void *arg, size_t b, size_t e, int thread)
@@ -379,18 +380,24 @@ static void mm_shard(void *arg, size_t b, size_t e, int thread)
 {
     (void)thread;
     const struct mm_ctx *m = arg;
-    kern_matmul_act(m->w, m->a, m->y, m->ldy, b, e);
+    if (m->q4p)
+        kern_matmul_act_q4p(m->w, m->a, m->y, m->ldy, b, e);
+    else
+        kern_matmul_act(m->w, m->a, m->y, m->ldy, b, e);
 }
 
 static void mm_shard_unprepared(void *arg, size_t b, size_t e, int thread)
 {
     (void)thread;
     const struct mm_ctx *m = arg;
-    kern_matmul(m->wt, m->w, m->a->cols, m->x, m->a->n, m->y, m->ldy, b, e);
+    if (m->q4p)
+        kern_matmul_q4p(m->w, m->a->cols, m->x, m->a->n, m->y, m->ldy, b, e);
+    else
+        kern_matmul(m->wt, m->w, m->a->cols, m->x, m->a->n, m->y, m->ldy, b, e);
 }
 
-void pool_matmul(struct pool *p, enum dtype wt, const void *w, size_t cols, const float *x,
-                 size_t n, float *y, size_t ldy, size_t r0, size_t r1)
+static void matmul(struct pool *p, enum dtype wt, int q4p, const void *w, size_t cols,
+                   const float *x, size_t n, float *y, size_t ldy, size_t r0, size_t r1)
 {
     CHECK(p && p->magic == POOL_MAGIC);
     if (r0 >= r1 || n == 0)
@@ -398,7 +405,7 @@ void pool_matmul(struct pool *p, enum dtype wt, const void *w, size_t cols, cons
     size_t bytes;
     CHECK(kern_act_bytes(wt, cols, n, &bytes) == 0);
     struct kern_act a;
-    struct mm_ctx m = {&a, w, y, ldy, wt, x};
+    struct mm_ctx m = {&a, w, y, ldy, wt, x, q4p};
     if (bytes > p->act_cap) {
         void *nb = aligned_alloc(64, (bytes + 63) / 64 * 64);
         if (!nb) {
@@ -424,4 +431,17 @@ void pool_matmul(struct pool *p, enum dtype wt, const void *w, size_t cols, cons
             kern_act_prepare(&a, 0, n);
     }
     pool_for(p, r0, r1, ROW_GRAIN, mm_shard, &m);
+}
+
+void pool_matmul(struct pool *p, enum dtype wt, const void *w, size_t cols, const float *x,
+                 size_t n, float *y, size_t ldy, size_t r0, size_t r1)
+{
+    matmul(p, wt, 0, w, cols, x, n, y, ldy, r0, r1);
+}
+
+void pool_matmul_q4p(struct pool *p, const void *wp, size_t cols, const float *x, size_t n,
+                     float *y, size_t ldy, size_t r0, size_t r1)
+{
+    CHECK(r0 % ROW_GRAIN == 0); /* shards then start on panels too */
+    matmul(p, DT_Q4_0, 1, wp, cols, x, n, y, ldy, r0, r1);
 }

@@ -507,3 +507,109 @@ void kern_gemm_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *
 {
     gemm_q(QK_Q4_0, w, a, y, ldy, r0, r1);
 }
+
+/* ---- gemm on q4_0 panels repacked at load time (quant.h, "q4_0 panels") ------------------ */
+
+/*
+ * The same tile as gemm_tile, reading the panel from the repacked matrix instead of a packed
+ * chunk: per block, 4 vectors of nibble pairs (lane = row) are split with one and / one shift
+ * + and each, then 8 vpdpbusd per token as before. The integer sums are exact and the float
+ * steps are gemm_tile's, in its order, so the outputs equal kern_gemm_q4_0_q8_0_avx512's bit
+ * for bit. With 1–2 tokens one accumulator would be a chain of 8 dependent vpdpbusd per block,
+ * so low and high nibbles go to two accumulators (added as integers: still exact).
+ * pq: the panel's quants from block k0/32 on; ps: its f16 scales from the same block.
+ */
+INLINE void gemm_q4p_tile(const uint8_t *pq, const uint16_t *ps, size_t nblk,
+                          const struct kern_act *a, size_t k0, size_t t, int NT, float *y,
+                          size_t ldy, size_t r, __mmask16 rm, int add)
+{
+    const size_t cp = a->cp;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const int split = NT <= 2;
+    __m512 facc[GEMM_NT];
+    const int8_t *xq[GEMM_NT];
+    const float *xd[GEMM_NT];
+    const int32_t *xs[GEMM_NT];
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        size_t tj = t + (size_t)j;
+        facc[j] = _mm512_setzero_ps();
+        xq[j] = a->q + tj * a->ld + k0;
+        xd[j] = a->d + (tj * cp + k0) / 32;
+        xs[j] = a->ns32 + (tj * cp + k0) / 32;
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        const uint8_t *qb = pq + b * QUANT_Q4P_BLOCK_QBYTES;
+        /* 4 KiB ahead in the panel's one sequential stream */
+        _mm_prefetch((const char *)qb + 4096, _MM_HINT_T0);
+        _mm_prefetch((const char *)qb + 4096 + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)qb + 4096 + 128, _MM_HINT_T0);
+        _mm_prefetch((const char *)qb + 4096 + 192, _MM_HINT_T0);
+        __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            iacc[j] = _mm512_set1_epi32(xs[j][b]);
+            iacc2[j] = _mm512_setzero_si512();
+        }
+        UNROLL for (int g = 0; g < 4; g++)
+        {
+            __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
+            __m512i lo = _mm512_and_si512(v, m4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
+                iacc[j] = _mm512_dpbusd_epi32(iacc[j], lo, _mm512_set1_epi32(load_i32(x)));
+                if (split)
+                    iacc2[j] =
+                        _mm512_dpbusd_epi32(iacc2[j], hi, _mm512_set1_epi32(load_i32(x + 16)));
+                else
+                    iacc[j] =
+                        _mm512_dpbusd_epi32(iacc[j], hi, _mm512_set1_epi32(load_i32(x + 16)));
+            }
+        }
+        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ps + b * PANEL)));
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd[j][b]));
+            facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (t + (size_t)j) * ldy + r;
+        if (add)
+            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
+        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+    }
+}
+
+void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
+                                 size_t ldy, size_t r0, size_t r1)
+{
+    const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        const uint8_t *pq = (const uint8_t *)wp + r / PANEL * PANEL * rb;
+        const uint16_t *ps = (const uint16_t *)(const void *)(pq + nb * QUANT_Q4P_BLOCK_QBYTES);
+        /* the same K chunks as gemm_q (same sums, and a chunk of the panel stays in L1 while
+         * token tiles pass over it) */
+        for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+            size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+            for (size_t t = 0; t < a->n; t += GEMM_NT) {
+                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+                switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gemm_q4p_tile(pq + k0 / 32 * QUANT_Q4P_BLOCK_QBYTES, ps + k0 / 32 * PANEL, kc / 32,  \
+                      a, k0, t, T, y, ldy, r, rm, k0 > 0);                                   \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+                }
+            }
+        }
+    }
+}
