@@ -35,6 +35,10 @@ void kern__act_prepare_avx512(const struct kern_act *a, size_t t0, size_t t1);
 /* The offset of the unsigned weights that kern_act.ns4/ns32 correct for: 8 or 128. */
 int32_t kern__act_offset(enum dtype wt);
 
+/* kern_q4p_pack's AVX-512 version (x86/avx512_q.c): the same bytes. */
+void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                           size_t p1);
+
 /* kern_row_to_f32 for the int4 group types (dtype_is_q4g), kernels/ref_q4g.c. */
 void kern__q4g_row_to_f32(enum dtype dt, const void *row, float *out, size_t n);
 

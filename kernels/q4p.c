@@ -33,6 +33,10 @@ size_t kern_q4p_bytes(size_t rows, size_t cols)
 
 void kern_q4p_pack(const void *w, size_t cols, void *dst, size_t rows, size_t p0, size_t p1)
 {
+    if (kern_isa() == KERN_ISA_AVX512) {
+        kern__q4p_pack_avx512(w, cols, dst, rows, p0, p1);
+        return;
+    }
     const size_t nb = cols / 32, rb = row_bytes(cols);
     for (size_t p = p0; p < p1; p++) {
         uint8_t *pq = (uint8_t *)dst + p * PR * rb;          /* [nb][4][16][4] */

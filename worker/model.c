@@ -109,7 +109,11 @@ static int repack_q4(struct model *m)
         free(mats);
         return rc;
     }
-    (void)madvise(buf, total, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
+    /* hints: without them, 4 KiB pages faulted one by one while packing */
+    (void)madvise(buf, total, MADV_HUGEPAGE);
+#ifdef MADV_POPULATE_WRITE
+    (void)madvise(buf, total, MADV_POPULATE_WRITE);
+#endif
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         struct model_mat *w = mats[i];

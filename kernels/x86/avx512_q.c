@@ -292,8 +292,9 @@ struct panel {
  * of two vectors (rows 0..7, 8..15) by one masked vpermw per row, then one vpermt2w per block
  * turns them into lane = row.
  */
-INLINE void pack_scales(enum qk k, const __m512i v[PANEL], size_t nr, size_t nblk,
-                        float (*s)[PANEL])
+/* Step 1: words [row][block] of rows 0..7 into *lo, rows 8..15 into *hi (see above). */
+INLINE void scales_gather(enum qk k, const __m512i v[PANEL], size_t nr, __m512i *lo,
+                          __m512i *hi)
 {
     const short st = (short)(blk_bytes[k] / 2);
     /* word 4i + kk <- word st*kk of row i's vector */
@@ -301,29 +302,41 @@ INLINE void pack_scales(enum qk k, const __m512i v[PANEL], size_t nr, size_t nbl
                                         2 * st, st, 0, 3 * st, 2 * st, st, 0, 3 * st, 2 * st,
                                         st, 0, 3 * st, 2 * st, st, 0, 3 * st, 2 * st, st, 0,
                                         3 * st, 2 * st, st, 0);
-    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    *lo = _mm512_setzero_si512();
+    *hi = _mm512_setzero_si512();
     UNROLL for (int i = 0; i < PANEL; i++)
     {
         if ((size_t)i >= nr)
             break;
         __mmask32 m = (__mmask32)0xfu << (4 * (i & 7));
         if (i < 8)
-            lo = _mm512_mask_permutexvar_epi16(lo, m, gi, v[i]);
+            *lo = _mm512_mask_permutexvar_epi16(*lo, m, gi, v[i]);
         else
-            hi = _mm512_mask_permutexvar_epi16(hi, m, gi, v[i]);
+            *hi = _mm512_mask_permutexvar_epi16(*hi, m, gi, v[i]);
     }
-    for (size_t kk = 0; kk < nblk; kk++) {
-        /* word i <- block kk of row i: lo word 4i + kk (i < 8), hi word 4(i-8) + kk */
-        short b = (short)kk;
-        __m512i ti = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                      (short)(60 + b), (short)(56 + b), (short)(52 + b),
-                                      (short)(48 + b), (short)(44 + b), (short)(40 + b),
-                                      (short)(36 + b), (short)(32 + b), (short)(28 + b),
-                                      (short)(24 + b), (short)(20 + b), (short)(16 + b),
-                                      (short)(12 + b), (short)(8 + b), (short)(4 + b), b);
-        __m512i h = _mm512_permutex2var_epi16(lo, ti, hi);
-        _mm512_storeu_ps(s[kk], _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
-    }
+}
+
+/* Step 2: the 16 rows' f16 scales of block kk (< 4), lane = row. */
+INLINE __m256i scales_block(__m512i lo, __m512i hi, size_t kk)
+{
+    /* word i <- block kk of row i: lo word 4i + kk (i < 8), hi word 4(i-8) + kk */
+    short b = (short)kk;
+    __m512i ti = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                  (short)(60 + b), (short)(56 + b), (short)(52 + b),
+                                  (short)(48 + b), (short)(44 + b), (short)(40 + b),
+                                  (short)(36 + b), (short)(32 + b), (short)(28 + b),
+                                  (short)(24 + b), (short)(20 + b), (short)(16 + b),
+                                  (short)(12 + b), (short)(8 + b), (short)(4 + b), b);
+    return _mm512_castsi512_si256(_mm512_permutex2var_epi16(lo, ti, hi));
+}
+
+INLINE void pack_scales(enum qk k, const __m512i v[PANEL], size_t nr, size_t nblk,
+                        float (*s)[PANEL])
+{
+    __m512i lo, hi;
+    scales_gather(k, v, nr, &lo, &hi);
+    for (size_t kk = 0; kk < nblk; kk++)
+        _mm512_storeu_ps(s[kk], _mm512_cvtph_ps(scales_block(lo, hi, kk)));
 }
 
 /*
@@ -345,37 +358,54 @@ INLINE void prefetch_next_panel(const uint8_t *p, size_t rb, size_t len)
  * transposed as dwords (lane = row, dword 4kk + g = bytes 4g..4g+3 of block kk), and only
  * then split into nibbles: low nibbles are columns 4g..4g+3, high nibbles 16+4g..16+4g+3.
  */
-INLINE void pack_panel_q4(const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
-                          size_t kc, struct panel *pn)
+/*
+ * Loads 4 blocks (nb < 4: a short tail, read only its nb * 18 bytes) of rows [r, r+nr) from
+ * block bk on: v[i] = row i's bytes (for the scales), z[i] = its 4 x 16 quant bytes.
+ */
+INLINE void load_q4_rows(const uint8_t *w, size_t rb, size_t r, size_t nr, size_t bk,
+                         size_t nb, int prefetch, __m512i v[PANEL], __m512i z[PANEL])
 {
     /* out word 8kk + j <- quant word j of block kk: a word 9kk + 1 + j (kk < 3), b word j */
     const __m512i qi = _mm512_set_epi16(39, 38, 37, 36, 35, 34, 33, 32, 26, 25, 24, 23, 22, 21,
                                         20, 19, 17, 16, 15, 14, 13, 12, 11, 10, 8, 7, 6, 5, 4,
                                         3, 2, 1);
+    UNROLL for (int i = 0; i < PANEL; i++)
+    {
+        if ((size_t)i < nr) {
+            const uint8_t *p = w + (r + (size_t)i) * rb + bk * 18;
+            if (prefetch)
+                prefetch_next_panel(p, rb, 72);
+            __m512i a, b;
+            if (nb == 4) { /* bytes [0, 72): all inside the 4 blocks */
+                a = _mm512_loadu_si512((const void *)p);
+                b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 56)));
+            } else {
+                a = _mm512_maskz_loadu_epi8((__mmask64)((1ull << (nb * 18)) - 1), p);
+                b = _mm512_setzero_si512();
+            }
+            v[i] = a;
+            z[i] = _mm512_permutex2var_epi16(a, qi, b);
+        } else {
+            v[i] = z[i] = _mm512_setzero_si512();
+        }
+    }
+}
+
+/*
+ * q4_0: 4 blocks (128 columns) of 16 rows per step. Each row's 4 x 16 quant bytes are
+ * gathered into one vector (vpermt2w: every block starts on a word), the 16 vectors are
+ * transposed as dwords (lane = row, dword 4kk + g = bytes 4g..4g+3 of block kk), and only
+ * then split into nibbles: low nibbles are columns 4g..4g+3, high nibbles 16+4g..16+4g+3.
+ */
+INLINE void pack_panel_q4(const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
+                          size_t kc, struct panel *pn)
+{
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const size_t nblk = kc / 32;
     for (size_t b0 = 0; b0 < nblk; b0 += 4) {
         size_t nb = nblk - b0 < 4 ? nblk - b0 : 4;
         __m512i v[PANEL], z[PANEL];
-        UNROLL for (int i = 0; i < PANEL; i++)
-        {
-            if ((size_t)i < nr) {
-                const uint8_t *p = w + (r + (size_t)i) * rb + (k0 / 32 + b0) * 18;
-                prefetch_next_panel(p, rb, 72);
-                __m512i a, b;
-                if (nb == 4) { /* bytes [0, 72): all inside the 4 blocks */
-                    a = _mm512_loadu_si512((const void *)p);
-                    b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 56)));
-                } else {       /* a short tail: read only its nb * 18 bytes */
-                    a = _mm512_maskz_loadu_epi8((__mmask64)((1ull << (nb * 18)) - 1), p);
-                    b = _mm512_setzero_si512();
-                }
-                v[i] = a;
-                z[i] = _mm512_permutex2var_epi16(a, qi, b);
-            } else {
-                v[i] = z[i] = _mm512_setzero_si512();
-            }
-        }
+        load_q4_rows(w, rb, r, nr, k0 / 32 + b0, nb, 1, v, z);
         pack_scales(QK_Q4_0, v, nr, nb, &pn->s[b0]);
         transpose16(z);
         UNROLL for (int kk = 0; kk < 4; kk++)
@@ -609,6 +639,35 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
                     CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
 #undef CASE_
                 }
+            }
+        }
+    }
+}
+
+/*
+ * kern_q4p_pack on AVX-512 (the load-time repack, ~10x the scalar copy): pack_panel_q4's loads
+ * and transpose, stored as they are, nibbles still paired (quant.h, "q4_0 panels").
+ */
+void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                           size_t p1)
+{
+    const size_t nblk = cols / 32, rb = kern__row_bytes(DT_Q4_0, cols);
+    for (size_t p = p0; p < p1; p++) {
+        size_t r = p * PANEL, nr = rows - r < PANEL ? rows - r : PANEL;
+        uint8_t *pq = (uint8_t *)dst + r * rb;
+        uint8_t *ps = pq + nblk * QUANT_Q4P_BLOCK_QBYTES;
+        for (size_t b0 = 0; b0 < nblk; b0 += 4) {
+            size_t nb = nblk - b0 < 4 ? nblk - b0 : 4;
+            __m512i v[PANEL], z[PANEL], lo, hi;
+            load_q4_rows(w, rb, r, nr, b0, nb, 0, v, z);
+            scales_gather(QK_Q4_0, v, nr, &lo, &hi);
+            transpose16(z);
+            for (size_t kk = 0; kk < nb; kk++) {
+                _mm256_storeu_si256((__m256i *)(void *)(ps + (b0 + kk) * PANEL * 2),
+                                    scales_block(lo, hi, kk));
+                UNROLL for (int g = 0; g < 4; g++) _mm512_storeu_si512(
+                    (void *)(pq + (b0 + kk) * QUANT_Q4P_BLOCK_QBYTES + (size_t)g * 64),
+                    z[4 * kk + (size_t)g]);
             }
         }
     }

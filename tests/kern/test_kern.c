@@ -212,6 +212,18 @@ static void check_q4p(const void *w, size_t rows, size_t cols, const float *x, s
     kern_q4p_pack(w, cols, wp, rows, np / 2, np);
     kern_q4p_rows(wp, cols, 0, rows, back);
     assert_memory_equal(back, w, rows * rb);
+    /* every ISA packs the same bytes (AVX-512 has its own packing) */
+    for (int isa = KERN_ISA_REF; isa <= KERN_ISA_AVX512; isa++) {
+        if (!kern_isa_supported((enum kern_isa)isa))
+            continue;
+        assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+        uint8_t *w2 = malloc(bytes);
+        assert_non_null(w2);
+        memset(w2, 0x5a, bytes);
+        kern_q4p_pack(w, cols, w2, rows, 0, np);
+        assert_memory_equal(w2, wp, bytes);
+        free(w2);
+    }
     if (rows % 16)
         for (size_t b = 0; b < cols / 32; b++)
             for (size_t i = rows % 16; i < 16; i++) {
