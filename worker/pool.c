@@ -358,6 +358,13 @@ void pool_destroy(struct pool *p)
 
 #define ROW_GRAIN 16 /* one AVX-512 panel: shards never split a panel */
 
+/*
+ * Activations are prepared over the pool from this many elements (tokens x cols) on, on the
+ * calling thread below: quantizing a decode step's 8 x 2048 activations takes a few µs, less
+ * than the dispatch and barrier that would share it (4 of them per layer at 8 streams).
+ */
+#define ACT_PAR_MIN ((size_t)1 << 16)
+
 struct mm_ctx {
     const struct kern_act *a;
     const void *w;
@@ -425,7 +432,7 @@ static void matmul(struct pool *p, enum dtype wt, int q4p, const void *w, size_t
     }
     kern_act_init(&a, wt, x, cols, n, p->act_buf);
     if (bytes) {
-        if (n >= 4 && p->n > 1)
+        if (n * cols >= ACT_PAR_MIN && p->n > 1)
             pool_for(p, 0, n, 1, act_shard, &m);
         else
             kern_act_prepare(&a, 0, n);
@@ -504,7 +511,7 @@ void pool_matmul_group(struct pool *p, const struct pool_mm *mm, size_t k, const
     struct mm_ctx m = {&a, NULL, NULL, 0, mm[0].wt, x, 0};
     kern_act_init(&a, mm[0].wt, x, cols, n, p->act_buf);
     if (bytes) {
-        if (n >= 4 && p->n > 1)
+        if (n * cols >= ACT_PAR_MIN && p->n > 1)
             pool_for(p, 0, n, 1, act_shard, &m);
         else
             kern_act_prepare(&a, 0, n);
