@@ -39,23 +39,22 @@ void kern_q4p_pack(const void *w, size_t cols, void *dst, size_t rows, size_t p0
     }
     const size_t nb = cols / 32, rb = row_bytes(cols);
     for (size_t p = p0; p < p1; p++) {
-        uint8_t *pq = (uint8_t *)dst + p * PR * rb;          /* [nb][4][16][4] */
-        uint8_t *ps = pq + nb * QUANT_Q4P_BLOCK_QBYTES;       /* [nb][16] f16 */
+        uint8_t *pp = (uint8_t *)dst + p * PR * rb; /* the panel (quant.h) */
         for (size_t i = 0; i < PR; i++) {
             size_t r = p * PR + i;
             const struct quant_q4_0 *row =
                 r < rows ? (const void *)((const uint8_t *)w + r * rb) : NULL;
             for (size_t b = 0; b < nb; b++) {
+                uint8_t *q = pp + quant_q4p_qoff(b, nb), *sc = pp + quant_q4p_soff(b, nb);
                 if (!row) { /* rows past the matrix: zero quants and scales */
                     for (size_t g = 0; g < 4; g++)
-                        memset(pq + b * QUANT_Q4P_BLOCK_QBYTES + g * 64 + i * 4, 0, 4);
-                    memset(ps + (b * PR + i) * 2, 0, 2);
+                        memset(q + g * 64 + i * 4, 0, 4);
+                    memset(sc + i * 2, 0, 2);
                     continue;
                 }
                 for (size_t g = 0; g < 4; g++)
-                    memcpy(pq + b * QUANT_Q4P_BLOCK_QBYTES + g * 64 + i * 4, row[b].qs + 4 * g,
-                           4);
-                memcpy(ps + (b * PR + i) * 2, &row[b].d, 2);
+                    memcpy(q + g * 64 + i * 4, row[b].qs + 4 * g, 4);
+                memcpy(sc + i * 2, &row[b].d, 2);
             }
         }
     }
@@ -65,14 +64,13 @@ void kern_q4p_rows(const void *wp, size_t cols, size_t r0, size_t r1, void *out)
 {
     const size_t nb = cols / 32, rb = row_bytes(cols);
     for (size_t r = r0; r < r1; r++) {
-        const uint8_t *pq = (const uint8_t *)wp + r / PR * PR * rb;
-        const uint8_t *ps = pq + nb * QUANT_Q4P_BLOCK_QBYTES;
+        const uint8_t *pp = (const uint8_t *)wp + r / PR * PR * rb;
         size_t i = r % PR;
         struct quant_q4_0 *row = (void *)((uint8_t *)out + (r - r0) * rb);
         for (size_t b = 0; b < nb; b++) {
             for (size_t g = 0; g < 4; g++)
-                memcpy(row[b].qs + 4 * g, pq + b * QUANT_Q4P_BLOCK_QBYTES + g * 64 + i * 4, 4);
-            memcpy(&row[b].d, ps + (b * PR + i) * 2, 2);
+                memcpy(row[b].qs + 4 * g, pp + quant_q4p_qoff(b, nb) + g * 64 + i * 4, 4);
+            memcpy(&row[b].d, pp + quant_q4p_soff(b, nb) + i * 2, 2);
         }
     }
 }

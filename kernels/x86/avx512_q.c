@@ -547,11 +547,13 @@ void kern_gemm_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *
  * steps are gemm_tile's, in its order, so the outputs equal kern_gemm_q4_0_q8_0_avx512's bit
  * for bit. With 1–2 tokens one accumulator would be a chain of 8 dependent vpdpbusd per block,
  * so low and high nibbles go to two accumulators (added as integers: still exact).
- * pq: the panel's quants from block k0/32 on; ps: its f16 scales from the same block.
+ * pp: the panel (quant.h: block b's quants at quant_q4p_qoff, scales at quant_q4p_soff);
+ * blocks [k0/32, k0/32 + nblk) of its nb.
  */
-INLINE void gemm_q4p_tile(const uint8_t *pq, const uint16_t *ps, size_t nblk,
-                          const struct kern_act *a, size_t k0, size_t t, int NT, float *y,
-                          size_t ldy, size_t r, __mmask16 rm, int add)
+#define Q4P_PF 8192
+INLINE void gemm_q4p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struct kern_act *a,
+                          size_t k0, size_t t, int NT, float *y, size_t ldy, size_t r,
+                          __mmask16 rm, int add)
 {
     const size_t cp = a->cp;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
@@ -569,12 +571,11 @@ INLINE void gemm_q4p_tile(const uint8_t *pq, const uint16_t *ps, size_t nblk,
         xs[j] = a->ns32 + (tj * cp + k0) / 32;
     }
     for (size_t b = 0; b < nblk; b++) {
-        const uint8_t *qb = pq + b * QUANT_Q4P_BLOCK_QBYTES;
-        /* 4 KiB ahead in the panel's one sequential stream */
-        _mm_prefetch((const char *)qb + 4096, _MM_HINT_T0);
-        _mm_prefetch((const char *)qb + 4096 + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)qb + 4096 + 128, _MM_HINT_T0);
-        _mm_prefetch((const char *)qb + 4096 + 192, _MM_HINT_T0);
+        const uint8_t *qb = pp + quant_q4p_qoff(k0 / 32 + b, nb);
+        /* Q4P_PF ahead in the panel's one sequential stream (bench/kern_bench --only batch:
+         * 4-16 KiB were best, none or 1 KiB ~15-25% slower from DRAM) */
+        UNROLL for (int l = 0; l < 5; l++) _mm_prefetch((const char *)qb + Q4P_PF + 64 * l,
+                                                        _MM_HINT_T0);
         __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
         UNROLL for (int j = 0; j < NT; j++)
         {
@@ -598,7 +599,8 @@ INLINE void gemm_q4p_tile(const uint8_t *pq, const uint16_t *ps, size_t nblk,
                         _mm512_dpbusd_epi32(iacc[j], hi, _mm512_set1_epi32(load_i32(x + 16)));
             }
         }
-        __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ps + b * PANEL)));
+        __m512 s = _mm512_cvtph_ps(
+            _mm256_loadu_si256((const __m256i *)(pp + quant_q4p_soff(k0 / 32 + b, nb))));
         UNROLL for (int j = 0; j < NT; j++)
         {
             __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
@@ -622,8 +624,7 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
     for (size_t r = r0; r < r1; r += PANEL) {
         size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
         __mmask16 rm = (__mmask16)((1u << nr) - 1u);
-        const uint8_t *pq = (const uint8_t *)wp + r / PANEL * PANEL * rb;
-        const uint16_t *ps = (const uint16_t *)(const void *)(pq + nb * QUANT_Q4P_BLOCK_QBYTES);
+        const uint8_t *pp = (const uint8_t *)wp + r / PANEL * PANEL * rb;
         /* the same K chunks as gemm_q (same sums, and a chunk of the panel stays in L1 while
          * token tiles pass over it) */
         for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
@@ -633,8 +634,7 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
                 switch (nt) {
 #define CASE_(T)                                                                             \
     case T:                                                                                  \
-        gemm_q4p_tile(pq + k0 / 32 * QUANT_Q4P_BLOCK_QBYTES, ps + k0 / 32 * PANEL, kc / 32,  \
-                      a, k0, t, T, y, ldy, r, rm, k0 > 0);                                   \
+        gemm_q4p_tile(pp, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                  \
         break;
                     CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
 #undef CASE_
@@ -654,8 +654,7 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
     const size_t nblk = cols / 32, rb = kern__row_bytes(DT_Q4_0, cols);
     for (size_t p = p0; p < p1; p++) {
         size_t r = p * PANEL, nr = rows - r < PANEL ? rows - r : PANEL;
-        uint8_t *pq = (uint8_t *)dst + r * rb;
-        uint8_t *ps = pq + nblk * QUANT_Q4P_BLOCK_QBYTES;
+        uint8_t *pp = (uint8_t *)dst + r * rb;
         for (size_t b0 = 0; b0 < nblk; b0 += 4) {
             size_t nb = nblk - b0 < 4 ? nblk - b0 : 4;
             __m512i v[PANEL], z[PANEL], lo, hi;
@@ -663,10 +662,10 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
             scales_gather(QK_Q4_0, v, nr, &lo, &hi);
             transpose16(z);
             for (size_t kk = 0; kk < nb; kk++) {
-                _mm256_storeu_si256((__m256i *)(void *)(ps + (b0 + kk) * PANEL * 2),
+                _mm256_storeu_si256((__m256i *)(void *)(pp + quant_q4p_soff(b0 + kk, nblk)),
                                     scales_block(lo, hi, kk));
                 UNROLL for (int g = 0; g < 4; g++) _mm512_storeu_si512(
-                    (void *)(pq + (b0 + kk) * QUANT_Q4P_BLOCK_QBYTES + (size_t)g * 64),
+                    (void *)(pp + quant_q4p_qoff(b0 + kk, nblk) + (size_t)g * 64),
                     z[4 * kk + (size_t)g]);
             }
         }

@@ -227,11 +227,13 @@ static void check_q4p(const void *w, size_t rows, size_t cols, const float *x, s
     if (rows % 16)
         for (size_t b = 0; b < cols / 32; b++)
             for (size_t i = rows % 16; i < 16; i++) {
-                const uint8_t *pq = wp + (np - 1) * 16 * rb;
+                const uint8_t *pp = wp + (np - 1) * 16 * rb;
                 for (size_t g = 0; g < 4; g++)
                     for (size_t j = 0; j < 4; j++)
-                        assert_int_equal(pq[b * 256 + g * 64 + i * 4 + j], 0);
-                assert_int_equal(pq[cols / 32 * 256 + (b * 16 + i) * 2], 0);
+                        assert_int_equal(pp[quant_q4p_qoff(b, cols / 32) + g * 64 + i * 4 + j],
+                                         0);
+                assert_int_equal(pp[quant_q4p_soff(b, cols / 32) + i * 2], 0);
+                assert_int_equal(pp[quant_q4p_soff(b, cols / 32) + i * 2 + 1], 0);
             }
 
     float *want = filled(n * ldy), *y = filled(n * ldy), *z = filled(n * ldy);
