@@ -321,7 +321,7 @@ static void bench_batch(void)
     printf("\n### Small batches (decode of n streams), %d thread(s), kernels %s\n\n", g_threads,
            kern_isa_name(kern_isa()));
     printf("| dtype | rows x cols | n | ms | GOP/s | t(n) / n t(1) | t(n) / t(1) | gemv ms | "
-           "gemm ms | other CPU |\n|---|---|---|---|---|---|---|---|---|---|\n");
+           "gemm ms | panels ms | other CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t ti = 0; ti < 2; ti++) {
         enum dtype dt = types[ti];
         if (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0)
@@ -339,6 +339,20 @@ static void bench_batch(void)
             void **w;
             int copies = make_ring(dt, rows, cols, &w);
             float *x = random_x(16, cols), *y = malloc(16 * rows * sizeof(float));
+            /* q4_0 on AVX-512: the same copies repacked at load time (kern_q4p_*) */
+            void **wp = NULL;
+            if (dt == DT_Q4_0 && kern_isa() == KERN_ISA_AVX512) {
+                size_t pb = kern_q4p_bytes(rows, cols);
+                wp = calloc((size_t)copies, sizeof *wp);
+                for (int c = 0; c < copies; c++) {
+                    wp[c] = aligned_alloc(64, (pb + 63) / 64 * 64);
+                    if (!wp[c]) {
+                        fprintf(stderr, "kern_bench: out of memory\n");
+                        exit(1);
+                    }
+                    kern_q4p_pack(w[c], cols, wp[c], rows, 0, (rows + 15) / 16);
+                }
+            }
             double t1 = 0;
             for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
                 size_t n = ns[i];
@@ -347,15 +361,20 @@ static void bench_batch(void)
                 double sec = time_matmul(dt, w, copies, rows, cols, x, n, y);
                 double sv = gemv ? time_variant(gemv, dt, w, copies, rows, cols, x, n, y) : 0;
                 double sm = gemm ? time_variant(gemm, dt, w, copies, rows, cols, x, n, y) : 0;
+                double sp = wp ? time_variant(kern_gemm_q4_0p_q8_0_avx512, dt, wp, copies,
+                                              rows, cols, x, n, y)
+                               : 0;
                 if (n == 1)
                     t1 = sec;
                 printf("| %s | %zu x %zu | %zu | %.3f | %.1f | %.2f | %.2f | %.3f | %.3f "
-                       "| %.0f%% |\n",
+                       "| %.3f | %.0f%% |\n",
                        dtype_info(dt)->name, rows, cols, n, sec * 1e3,
                        2.0 * rows * cols * n / sec / 1e9, sec / (n * t1), sec / t1, sv * 1e3,
-                       sm * 1e3, 100 * bench_load_end(&ld));
+                       sm * 1e3, sp * 1e3, 100 * bench_load_end(&ld));
                 fflush(stdout);
             }
+            if (wp)
+                free_ring(wp, copies);
             free(y);
             free(x);
             free_ring(w, copies);

@@ -167,17 +167,25 @@ enum kern_isa kern_isa(void) { return g_isa; }
 
 /* ---- per-thread scratch ------------------------------------------------------------------ */
 
-static pthread_key_t scratch_key;
+/* Two slots: kern_matmul prepares activations in slot 0 while the q4_0 panel fallback
+ * (q4p.c) unpacks rows into slot 1 under the same call. */
+#define SCRATCH_SLOTS 2
+static pthread_key_t scratch_key[SCRATCH_SLOTS];
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static _Thread_local void *tl_scratch;
-static _Thread_local size_t tl_scratch_cap;
+static _Thread_local void *tl_scratch[SCRATCH_SLOTS];
+static _Thread_local size_t tl_scratch_cap[SCRATCH_SLOTS];
 
-static void scratch_key_init(void) { CHECK(pthread_key_create(&scratch_key, free) == 0); }
-
-void *kern__scratch(size_t bytes)
+static void scratch_key_init(void)
 {
-    if (bytes <= tl_scratch_cap)
-        return tl_scratch;
+    for (int i = 0; i < SCRATCH_SLOTS; i++)
+        CHECK(pthread_key_create(&scratch_key[i], free) == 0);
+}
+
+void *kern__scratch_slot(int slot, size_t bytes)
+{
+    CHECK(slot >= 0 && slot < SCRATCH_SLOTS);
+    if (bytes <= tl_scratch_cap[slot])
+        return tl_scratch[slot];
     pthread_once(&scratch_once, scratch_key_init);
     size_t cap = kern__round_up(bytes + bytes / 4, 64); /* grow with headroom */
     if (cap < bytes)
@@ -185,12 +193,14 @@ void *kern__scratch(size_t bytes)
     void *p = aligned_alloc(64, cap);
     if (!p)
         return NULL;
-    free(tl_scratch);
-    tl_scratch = p;
-    tl_scratch_cap = cap;
-    pthread_setspecific(scratch_key, p); /* the destructor frees it at thread exit */
+    free(tl_scratch[slot]);
+    tl_scratch[slot] = p;
+    tl_scratch_cap[slot] = cap;
+    pthread_setspecific(scratch_key[slot], p); /* the destructor frees it at thread exit */
     return p;
 }
+
+void *kern__scratch(size_t bytes) { return kern__scratch_slot(0, bytes); }
 
 /* ---- products ---------------------------------------------------------------------------- */
 

@@ -129,6 +129,30 @@ kern_mm_fn kern_gemv_bf16_bf16_avx512, kern_gemm_bf16_bf16_avx512;
 #undef KERN_DECLARE_
 
 /*
+ * q4_0 matrices repacked at load time into 16-row panels (layout: kernels/quant.h, "q4_0
+ * panels"; why: ADR 0004, "load-time q4_0 panels"). `wp` below points to such a repacked
+ * matrix, never to stored rows, and row ranges start on a panel (r0 % 16 == 0; r1 may be the
+ * matrix's last row). Same contract as kern_matmul / kern_matmul_act otherwise, with
+ * activations prepared for DT_Q4_0.
+ *   kern_q4p_bytes:  bytes of the repacked [rows][cols] matrix (cols a multiple of 32).
+ *   kern_q4p_pack:   writes panels [p0, p1) of dst from the stored rows w (panels are
+ *                    independent, so threads may pack disjoint ranges).
+ *   kern_q4p_rows:   stored q4_0 rows [r0, r1) back out of the panels, into out [r1-r0][rb].
+ * kern_matmul_act_q4p routes every n to kern_gemm_q4_0p_q8_0_<isa>: on AVX-512 the panel GEMM
+ * (the same arithmetic as kern_gemm_q4_0_q8_0_avx512 on the same rows, bit for bit, for any
+ * n: each token's sums do not depend on the others); the _ref and _avx2 variants unpack a
+ * panel's rows and run that ISA's stored-row kernel, so they give what it gives.
+ */
+size_t kern_q4p_bytes(size_t rows, size_t cols);
+void kern_q4p_pack(const void *w, size_t cols, void *dst, size_t rows, size_t p0, size_t p1);
+void kern_q4p_rows(const void *wp, size_t cols, size_t r0, size_t r1, void *out);
+void kern_matmul_q4p(const void *wp, size_t cols, const float *x, size_t n, float *y,
+                     size_t ldy, size_t r0, size_t r1);
+void kern_matmul_act_q4p(const void *wp, const struct kern_act *a, float *y, size_t ldy,
+                         size_t r0, size_t r1);
+kern_mm_fn kern_gemm_q4_0p_q8_0_ref, kern_gemm_q4_0p_q8_0_avx2, kern_gemm_q4_0p_q8_0_avx512;
+
+/*
  * int4 group types (common/dtype.h q4_g64 .. q4z_g128; kernels/ref_q4g.c, x86/avx*_q4g.c):
  * the same contract on activations prepared as for q4_0 (int8 blocks of 32, kernels/quant.h
  * bound). q4_gN: per block of 32 columns, dw * dx * sum((q-8) * xq); q4z_gN adds

@@ -175,7 +175,11 @@ int forward_truncate(struct forward *f, uint32_t pos)
 static void matmul(const struct forward *f, const struct model_mat *w, const float *x, size_t n,
                    float *y, size_t ldy)
 {
-    if (f->pool)
+    if (w->panels && f->pool) /* q4_0 repacked at load (model.h) */
+        pool_matmul_q4p(f->pool, w->panels, w->cols, x, n, y, ldy, 0, w->rows);
+    else if (w->panels)
+        kern_matmul_q4p(w->panels, w->cols, x, n, y, ldy, 0, w->rows);
+    else if (f->pool)
         pool_matmul(f->pool, w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
     else
         kern_matmul(w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);

@@ -140,10 +140,38 @@ void engine__fwd_destroy(struct engine__fwd *f)
 static void matmul(const struct engine__fwd *f, const struct model_mat *w, const float *x,
                    size_t n, float *y, size_t ldy)
 {
-    if (f->pool)
+    if (w->panels && f->pool) /* q4_0 repacked at load (model.h) */
+        pool_matmul_q4p(f->pool, w->panels, w->cols, x, n, y, ldy, 0, w->rows);
+    else if (w->panels)
+        kern_matmul_q4p(w->panels, w->cols, x, n, y, ldy, 0, w->rows);
+    else if (f->pool)
         pool_matmul(f->pool, w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
     else
         kern_matmul(w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
+}
+
+/*
+ * k products of the same activations x [n][w->cols] (q, k, v; gate, up): one pool job
+ * (pool_matmul_group), or one by one without a pool. ys[i]: [n][ldys[i]].
+ */
+static void matmul_group(const struct engine__fwd *f, const struct model_mat *const *w,
+                         float *const *ys, const size_t *ldys, size_t k, const float *x,
+                         size_t n)
+{
+    if (!f->pool) {
+        for (size_t i = 0; i < k; i++)
+            matmul(f, w[i], x, n, ys[i], ldys[i]);
+        return;
+    }
+    struct pool_mm mm[POOL_MM_GROUP_MAX];
+    CHECK(k <= POOL_MM_GROUP_MAX);
+    for (size_t i = 0; i < k; i++) {
+        CHECK(w[i]->cols == w[0]->cols);
+        mm[i] = (struct pool_mm){w[i]->dtype, w[i]->panels != NULL,
+                                 w[i]->panels ? w[i]->panels : w[i]->data,
+                                 w[i]->rows, ys[i], ldys[i]};
+    }
+    pool_matmul_group(f->pool, mm, k, x, w[0]->cols, n);
 }
 
 /*
@@ -249,9 +277,9 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
 
         for (size_t t = 0; t < n_tok; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
-        matmul(f, &L->wq, f->xb, n_tok, f->q, qd);
-        matmul(f, &L->wk, f->xb, n_tok, f->k, kvd);
-        matmul(f, &L->wv, f->xb, n_tok, f->v, kvd);
+        matmul_group(f, (const struct model_mat *const[]){&L->wq, &L->wk, &L->wv},
+                     (float *const[]){f->q, f->k, f->v}, (const size_t[]){qd, kvd, kvd}, 3,
+                     f->xb, n_tok);
         lora_group(f, l,
                    (const struct lora_proj[]){{LORA_Q, f->xb, f->q, qd},
                                               {LORA_K, f->xb, f->k, kvd},
@@ -280,8 +308,9 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
 
         for (size_t t = 0; t < n_tok; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
-        matmul(f, &L->w_gate, f->xb, n_tok, f->gate, ffn);
-        matmul(f, &L->w_up, f->xb, n_tok, f->up, ffn);
+        matmul_group(f, (const struct model_mat *const[]){&L->w_gate, &L->w_up},
+                     (float *const[]){f->gate, f->up}, (const size_t[]){ffn, ffn}, 2, f->xb,
+                     n_tok);
         lora_group(f, l,
                    (const struct lora_proj[]){{LORA_GATE, f->xb, f->gate, ffn},
                                               {LORA_UP, f->xb, f->up, ffn}},

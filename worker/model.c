@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static const char *label(const struct iebin_model *im)
 {
@@ -46,7 +47,86 @@ static int bind(const struct iebin_model *im, const char *name, struct model_mat
     }
     /* iebin_check_tensor bounded both dimensions by the hyper-parameters (< 2^32) */
     *mat = (struct model_mat){t->dtype, t->data, (uint32_t)t->shape[0], (uint32_t)t->shape[1],
-                              (size_t)rb};
+                              (size_t)rb, NULL};
+    return 0;
+}
+
+/* The matrices the products read, in the order their panels are laid out. */
+static size_t product_mats(struct model *m, struct model_mat **out)
+{
+    size_t k = 0;
+    for (uint32_t l = 0; l < m->hp.n_layers; l++) {
+        struct model_layer *L = &m->layers[l];
+        struct model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo,
+                                    &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            if (out)
+                out[k++] = mats[i];
+            else
+                k++;
+    }
+    if (out)
+        out[k] = &m->output;
+    return k + 1;
+}
+
+static int want_panels(const struct model_mat *w)
+{
+    return w->dtype == DT_Q4_0 && w->cols % 32 == 0 && w->rows > 0;
+}
+
+/*
+ * Repacks every q4_0 product matrix into panels (ADR 0004, "load-time q4_0 panels"): one
+ * anonymous mapping (transparent huge pages asked for: the products stream it), each matrix's
+ * panels 64-byte aligned. With tied embeddings the classifier's panels are a repacked copy of
+ * tok_embd, whose stored rows still serve the embedding lookup.
+ */
+static int repack_q4(struct model *m)
+{
+    const char *env = getenv("CLOCHER_Q4_PANELS");
+    if (kern_isa() != KERN_ISA_AVX512 || (env && strcmp(env, "0") == 0))
+        return 0;
+    size_t n = product_mats(m, NULL);
+    struct model_mat **mats = calloc(n, sizeof *mats);
+    if (!mats) {
+        LOG_ERR("%s: out of memory", label(m->im));
+        return -ENOMEM;
+    }
+    product_mats(m, mats);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        if (want_panels(mats[i]))
+            total += (kern_q4p_bytes(mats[i]->rows, mats[i]->cols) + 63) / 64 * 64;
+    if (total == 0) {
+        free(mats);
+        return 0;
+    }
+    void *buf = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) {
+        int rc = -errno;
+        LOG_ERR("%s: mmap(%zu bytes) for the q4_0 panels failed: %s", label(m->im), total,
+                strerror(errno));
+        free(mats);
+        return rc;
+    }
+    /* hints: without them, 4 KiB pages faulted one by one while packing */
+    (void)madvise(buf, total, MADV_HUGEPAGE);
+#ifdef MADV_POPULATE_WRITE
+    (void)madvise(buf, total, MADV_POPULATE_WRITE);
+#endif
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct model_mat *w = mats[i];
+        if (!want_panels(w))
+            continue;
+        void *dst = (char *)buf + off;
+        kern_q4p_pack(w->data, w->cols, dst, w->rows, 0, (w->rows + 15) / 16);
+        w->panels = dst;
+        off += (kern_q4p_bytes(w->rows, w->cols) + 63) / 64 * 64;
+    }
+    free(mats);
+    m->panel_buf_ = buf;
+    m->panel_bytes_ = total;
     return 0;
 }
 
@@ -98,6 +178,8 @@ int model_init(struct model *m, const struct iebin_model *im)
                 goto fail;
         }
     }
+    if ((rc = repack_q4(m)))
+        goto fail;
     return 0;
 fail:
     model_fini(m);
@@ -106,6 +188,9 @@ fail:
 
 void model_fini(struct model *m)
 {
+    if (m->panel_buf_)
+        munmap(m->panel_buf_, m->panel_bytes_);
+    m->panel_buf_ = NULL;
     free(m->layers);
     m->layers = NULL;
 }

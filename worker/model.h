@@ -20,12 +20,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A stored matrix W [rows][cols], row-major, each row packed per dtype (row_bytes bytes). */
+/*
+ * A stored matrix W [rows][cols], row-major, each row packed per dtype (row_bytes bytes).
+ * panels: for a q4_0 matrix, the same matrix repacked at load into 16-row panels for the
+ * AVX-512 GEMM (kern_q4p_*, kernels/quant.h), or NULL. The products read panels when they are
+ * there; `data` (the stored rows) stays valid for every other reader (embedding rows, tools).
+ */
 struct model_mat {
     enum dtype dtype;
     const void *data;
     uint32_t rows, cols;
     size_t row_bytes;
+    const void *panels;
 };
 
 struct model_layer {
@@ -49,12 +55,17 @@ struct model {
     const float *output_norm;     /* [dim] */
     struct model_mat output;      /* [vocab_size][dim]; a copy of tok_embd when tied */
     struct model_layer *layers;   /* [n_layers] */
+    void *panel_buf_;             /* private: every matrix's panels, one anonymous mapping */
+    size_t panel_bytes_;
     struct iebin_model *owned_;   /* private: what model_close closes (model_open only) */
 };
 
 /*
  * Binds the tensors of `im` (architecture "llama", as iebin_open validated it) into *m; m->im
- * borrows im. 0, or ERR_UNSUPPORTED (another architecture), ERR_NOT_FOUND / ERR_MISMATCH (a
+ * borrows im. When the kernels run AVX-512 (kern_isa(), so kern_init() first) every q4_0
+ * matrix the products read (layers, and the classifier) is also repacked into panels
+ * (model_mat.panels): as many bytes again as those matrices, anonymous memory, written once
+ * here; CLOCHER_Q4_PANELS=0 in the environment turns it off. 0, or ERR_UNSUPPORTED (another architecture), ERR_NOT_FOUND / ERR_MISMATCH (a
  * tensor missing or of another shape or type: iebin_open rules this out, a hand-built struct
  * iebin_model might not), -ENOMEM; logged once naming the model and the tensor.
  */

@@ -62,5 +62,29 @@ void pool_for(struct pool *p, size_t begin, size_t end, size_t grain, pool_range
  */
 void pool_matmul(struct pool *p, enum dtype wt, const void *w, size_t cols, const float *x,
                  size_t n, float *y, size_t ldy, size_t r0, size_t r1);
+/* The same for a q4_0 matrix repacked in panels (kern_matmul_act_q4p); r0 % 16 == 0. */
+void pool_matmul_q4p(struct pool *p, const void *wp, size_t cols, const float *x, size_t n,
+                     float *y, size_t ldy, size_t r0, size_t r1);
+
+/* One product of pool_matmul_group: all rows of w [rows][cols] (q4p: panels) into y [n][ldy]. */
+struct pool_mm {
+    enum dtype wt;
+    int q4p;
+    const void *w;
+    size_t rows;
+    float *y;
+    size_t ldy;
+};
+#define POOL_MM_GROUP_MAX 4
+/*
+ * k <= POOL_MM_GROUP_MAX products of the same activations x [n][cols] (a layer's q, k, v or
+ * gate, up) as one job: the activations are prepared once and one pool_for shards the
+ * concatenated rows, instead of one preparation and two dispatches per product. The same
+ * kernels on the same rows, so the same results as k pool_matmul calls. Falls back to those
+ * calls when the products differ in weight type or a product other than the last has rows not
+ * a multiple of 16.
+ */
+void pool_matmul_group(struct pool *p, const struct pool_mm *mm, size_t k, const float *x,
+                       size_t cols, size_t n);
 
 #endif

@@ -292,8 +292,9 @@ struct panel {
  * of two vectors (rows 0..7, 8..15) by one masked vpermw per row, then one vpermt2w per block
  * turns them into lane = row.
  */
-INLINE void pack_scales(enum qk k, const __m512i v[PANEL], size_t nr, size_t nblk,
-                        float (*s)[PANEL])
+/* Step 1: words [row][block] of rows 0..7 into *lo, rows 8..15 into *hi (see above). */
+INLINE void scales_gather(enum qk k, const __m512i v[PANEL], size_t nr, __m512i *lo,
+                          __m512i *hi)
 {
     const short st = (short)(blk_bytes[k] / 2);
     /* word 4i + kk <- word st*kk of row i's vector */
@@ -301,29 +302,41 @@ INLINE void pack_scales(enum qk k, const __m512i v[PANEL], size_t nr, size_t nbl
                                         2 * st, st, 0, 3 * st, 2 * st, st, 0, 3 * st, 2 * st,
                                         st, 0, 3 * st, 2 * st, st, 0, 3 * st, 2 * st, st, 0,
                                         3 * st, 2 * st, st, 0);
-    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    *lo = _mm512_setzero_si512();
+    *hi = _mm512_setzero_si512();
     UNROLL for (int i = 0; i < PANEL; i++)
     {
         if ((size_t)i >= nr)
             break;
         __mmask32 m = (__mmask32)0xfu << (4 * (i & 7));
         if (i < 8)
-            lo = _mm512_mask_permutexvar_epi16(lo, m, gi, v[i]);
+            *lo = _mm512_mask_permutexvar_epi16(*lo, m, gi, v[i]);
         else
-            hi = _mm512_mask_permutexvar_epi16(hi, m, gi, v[i]);
+            *hi = _mm512_mask_permutexvar_epi16(*hi, m, gi, v[i]);
     }
-    for (size_t kk = 0; kk < nblk; kk++) {
-        /* word i <- block kk of row i: lo word 4i + kk (i < 8), hi word 4(i-8) + kk */
-        short b = (short)kk;
-        __m512i ti = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                      (short)(60 + b), (short)(56 + b), (short)(52 + b),
-                                      (short)(48 + b), (short)(44 + b), (short)(40 + b),
-                                      (short)(36 + b), (short)(32 + b), (short)(28 + b),
-                                      (short)(24 + b), (short)(20 + b), (short)(16 + b),
-                                      (short)(12 + b), (short)(8 + b), (short)(4 + b), b);
-        __m512i h = _mm512_permutex2var_epi16(lo, ti, hi);
-        _mm512_storeu_ps(s[kk], _mm512_cvtph_ps(_mm512_castsi512_si256(h)));
-    }
+}
+
+/* Step 2: the 16 rows' f16 scales of block kk (< 4), lane = row. */
+INLINE __m256i scales_block(__m512i lo, __m512i hi, size_t kk)
+{
+    /* word i <- block kk of row i: lo word 4i + kk (i < 8), hi word 4(i-8) + kk */
+    short b = (short)kk;
+    __m512i ti = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                  (short)(60 + b), (short)(56 + b), (short)(52 + b),
+                                  (short)(48 + b), (short)(44 + b), (short)(40 + b),
+                                  (short)(36 + b), (short)(32 + b), (short)(28 + b),
+                                  (short)(24 + b), (short)(20 + b), (short)(16 + b),
+                                  (short)(12 + b), (short)(8 + b), (short)(4 + b), b);
+    return _mm512_castsi512_si256(_mm512_permutex2var_epi16(lo, ti, hi));
+}
+
+INLINE void pack_scales(enum qk k, const __m512i v[PANEL], size_t nr, size_t nblk,
+                        float (*s)[PANEL])
+{
+    __m512i lo, hi;
+    scales_gather(k, v, nr, &lo, &hi);
+    for (size_t kk = 0; kk < nblk; kk++)
+        _mm512_storeu_ps(s[kk], _mm512_cvtph_ps(scales_block(lo, hi, kk)));
 }
 
 /*
@@ -345,37 +358,54 @@ INLINE void prefetch_next_panel(const uint8_t *p, size_t rb, size_t len)
  * transposed as dwords (lane = row, dword 4kk + g = bytes 4g..4g+3 of block kk), and only
  * then split into nibbles: low nibbles are columns 4g..4g+3, high nibbles 16+4g..16+4g+3.
  */
-INLINE void pack_panel_q4(const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
-                          size_t kc, struct panel *pn)
+/*
+ * Loads 4 blocks (nb < 4: a short tail, read only its nb * 18 bytes) of rows [r, r+nr) from
+ * block bk on: v[i] = row i's bytes (for the scales), z[i] = its 4 x 16 quant bytes.
+ */
+INLINE void load_q4_rows(const uint8_t *w, size_t rb, size_t r, size_t nr, size_t bk,
+                         size_t nb, int prefetch, __m512i v[PANEL], __m512i z[PANEL])
 {
     /* out word 8kk + j <- quant word j of block kk: a word 9kk + 1 + j (kk < 3), b word j */
     const __m512i qi = _mm512_set_epi16(39, 38, 37, 36, 35, 34, 33, 32, 26, 25, 24, 23, 22, 21,
                                         20, 19, 17, 16, 15, 14, 13, 12, 11, 10, 8, 7, 6, 5, 4,
                                         3, 2, 1);
+    UNROLL for (int i = 0; i < PANEL; i++)
+    {
+        if ((size_t)i < nr) {
+            const uint8_t *p = w + (r + (size_t)i) * rb + bk * 18;
+            if (prefetch)
+                prefetch_next_panel(p, rb, 72);
+            __m512i a, b;
+            if (nb == 4) { /* bytes [0, 72): all inside the 4 blocks */
+                a = _mm512_loadu_si512((const void *)p);
+                b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 56)));
+            } else {
+                a = _mm512_maskz_loadu_epi8((__mmask64)((1ull << (nb * 18)) - 1), p);
+                b = _mm512_setzero_si512();
+            }
+            v[i] = a;
+            z[i] = _mm512_permutex2var_epi16(a, qi, b);
+        } else {
+            v[i] = z[i] = _mm512_setzero_si512();
+        }
+    }
+}
+
+/*
+ * q4_0: 4 blocks (128 columns) of 16 rows per step. Each row's 4 x 16 quant bytes are
+ * gathered into one vector (vpermt2w: every block starts on a word), the 16 vectors are
+ * transposed as dwords (lane = row, dword 4kk + g = bytes 4g..4g+3 of block kk), and only
+ * then split into nibbles: low nibbles are columns 4g..4g+3, high nibbles 16+4g..16+4g+3.
+ */
+INLINE void pack_panel_q4(const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
+                          size_t kc, struct panel *pn)
+{
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const size_t nblk = kc / 32;
     for (size_t b0 = 0; b0 < nblk; b0 += 4) {
         size_t nb = nblk - b0 < 4 ? nblk - b0 : 4;
         __m512i v[PANEL], z[PANEL];
-        UNROLL for (int i = 0; i < PANEL; i++)
-        {
-            if ((size_t)i < nr) {
-                const uint8_t *p = w + (r + (size_t)i) * rb + (k0 / 32 + b0) * 18;
-                prefetch_next_panel(p, rb, 72);
-                __m512i a, b;
-                if (nb == 4) { /* bytes [0, 72): all inside the 4 blocks */
-                    a = _mm512_loadu_si512((const void *)p);
-                    b = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(p + 56)));
-                } else {       /* a short tail: read only its nb * 18 bytes */
-                    a = _mm512_maskz_loadu_epi8((__mmask64)((1ull << (nb * 18)) - 1), p);
-                    b = _mm512_setzero_si512();
-                }
-                v[i] = a;
-                z[i] = _mm512_permutex2var_epi16(a, qi, b);
-            } else {
-                v[i] = z[i] = _mm512_setzero_si512();
-            }
-        }
+        load_q4_rows(w, rb, r, nr, k0 / 32 + b0, nb, 1, v, z);
         pack_scales(QK_Q4_0, v, nr, nb, &pn->s[b0]);
         transpose16(z);
         UNROLL for (int kk = 0; kk < 4; kk++)
@@ -506,4 +536,138 @@ void kern_gemm_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *
                                 size_t r0, size_t r1)
 {
     gemm_q(QK_Q4_0, w, a, y, ldy, r0, r1);
+}
+
+/* ---- gemm on q4_0 panels repacked at load time (quant.h, "q4_0 panels") ------------------ */
+
+/*
+ * The same tile as gemm_tile, reading the panel from the repacked matrix instead of a packed
+ * chunk: per block, 4 vectors of nibble pairs (lane = row) are split with one and / one shift
+ * + and each, then 8 vpdpbusd per token as before. The integer sums are exact and the float
+ * steps are gemm_tile's, in its order, so the outputs equal kern_gemm_q4_0_q8_0_avx512's bit
+ * for bit. With 1–2 tokens one accumulator would be a chain of 8 dependent vpdpbusd per block,
+ * so low and high nibbles go to two accumulators (added as integers: still exact).
+ * pp: the panel (quant.h: block b's quants at quant_q4p_qoff, scales at quant_q4p_soff);
+ * blocks [k0/32, k0/32 + nblk) of its nb.
+ */
+#define Q4P_PF 8192
+INLINE void gemm_q4p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struct kern_act *a,
+                          size_t k0, size_t t, int NT, float *y, size_t ldy, size_t r,
+                          __mmask16 rm, int add)
+{
+    const size_t cp = a->cp;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const int split = NT <= 2;
+    __m512 facc[GEMM_NT];
+    const int8_t *xq[GEMM_NT];
+    const float *xd[GEMM_NT];
+    const int32_t *xs[GEMM_NT];
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        size_t tj = t + (size_t)j;
+        facc[j] = _mm512_setzero_ps();
+        xq[j] = a->q + tj * a->ld + k0;
+        xd[j] = a->d + (tj * cp + k0) / 32;
+        xs[j] = a->ns32 + (tj * cp + k0) / 32;
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        const uint8_t *qb = pp + quant_q4p_qoff(k0 / 32 + b, nb);
+        /* Q4P_PF ahead in the panel's one sequential stream (bench/kern_bench --only batch:
+         * 4-16 KiB were best, none or 1 KiB ~15-25% slower from DRAM) */
+        UNROLL for (int l = 0; l < 5; l++) _mm_prefetch((const char *)qb + Q4P_PF + 64 * l,
+                                                        _MM_HINT_T0);
+        __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            iacc[j] = _mm512_set1_epi32(xs[j][b]);
+            iacc2[j] = _mm512_setzero_si512();
+        }
+        UNROLL for (int g = 0; g < 4; g++)
+        {
+            __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
+            __m512i lo = _mm512_and_si512(v, m4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
+                iacc[j] = _mm512_dpbusd_epi32(iacc[j], lo, _mm512_set1_epi32(load_i32(x)));
+                if (split)
+                    iacc2[j] =
+                        _mm512_dpbusd_epi32(iacc2[j], hi, _mm512_set1_epi32(load_i32(x + 16)));
+                else
+                    iacc[j] =
+                        _mm512_dpbusd_epi32(iacc[j], hi, _mm512_set1_epi32(load_i32(x + 16)));
+            }
+        }
+        __m512 s = _mm512_cvtph_ps(
+            _mm256_loadu_si256((const __m256i *)(pp + quant_q4p_soff(k0 / 32 + b, nb))));
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd[j][b]));
+            facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (t + (size_t)j) * ldy + r;
+        if (add)
+            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
+        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+    }
+}
+
+void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
+                                 size_t ldy, size_t r0, size_t r1)
+{
+    const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        const uint8_t *pp = (const uint8_t *)wp + r / PANEL * PANEL * rb;
+        /* the same K chunks as gemm_q (same sums, and a chunk of the panel stays in L1 while
+         * token tiles pass over it) */
+        for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+            size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+            for (size_t t = 0; t < a->n; t += GEMM_NT) {
+                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+                switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gemm_q4p_tile(pp, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                  \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+                }
+            }
+        }
+    }
+}
+
+/*
+ * kern_q4p_pack on AVX-512 (the load-time repack, ~10x the scalar copy): pack_panel_q4's loads
+ * and transpose, stored as they are, nibbles still paired (quant.h, "q4_0 panels").
+ */
+void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                           size_t p1)
+{
+    const size_t nblk = cols / 32, rb = kern__row_bytes(DT_Q4_0, cols);
+    for (size_t p = p0; p < p1; p++) {
+        size_t r = p * PANEL, nr = rows - r < PANEL ? rows - r : PANEL;
+        uint8_t *pp = (uint8_t *)dst + r * rb;
+        for (size_t b0 = 0; b0 < nblk; b0 += 4) {
+            size_t nb = nblk - b0 < 4 ? nblk - b0 : 4;
+            __m512i v[PANEL], z[PANEL], lo, hi;
+            load_q4_rows(w, rb, r, nr, b0, nb, 0, v, z);
+            scales_gather(QK_Q4_0, v, nr, &lo, &hi);
+            transpose16(z);
+            for (size_t kk = 0; kk < nb; kk++) {
+                _mm256_storeu_si256((__m256i *)(void *)(pp + quant_q4p_soff(b0 + kk, nblk)),
+                                    scales_block(lo, hi, kk));
+                UNROLL for (int g = 0; g < 4; g++) _mm512_storeu_si512(
+                    (void *)(pp + quant_q4p_qoff(b0 + kk, nblk) + (size_t)g * 64),
+                    z[4 * kk + (size_t)g]);
+            }
+        }
+    }
 }

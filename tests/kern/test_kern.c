@@ -188,6 +188,107 @@ static float *filled(size_t count)
     return p;
 }
 
+/*
+ * q4_0 panels (kern_q4p_*): the repacked matrix gives back the stored rows byte for byte; each
+ * panel variant equals its ISA's stored-row GEMM bit for bit (kern.h: same arithmetic); the
+ * entries through the dispatcher, every ISA, are within the stored-row bounds of the f32
+ * specification. Row ranges start on a panel. s, qb: [n][ldy] as in run_case.
+ */
+static void check_q4p(const void *w, size_t rows, size_t cols, const float *x, size_t n,
+                      const struct kern_act *a, size_t ldy, size_t r1, const float *s,
+                      const float *qb)
+{
+    size_t r0 = (rows > 16 && rnd() % 2) ? 16 : 0;
+    if (r0 >= r1)
+        r0 = 0;
+    size_t bytes = kern_q4p_bytes(rows, cols), rb = cols / 32 * 18;
+    assert_int_equal(bytes, (rows + 15) / 16 * 16 * rb);
+    uint8_t *wp = aligned_alloc(64, (bytes + 63) / 64 * 64), *back = malloc(rows * rb);
+    assert_non_null(wp);
+    assert_non_null(back);
+    memset(wp, 0xa5, bytes); /* rows past the matrix must be written (as zeros) */
+    size_t np = (rows + 15) / 16;
+    kern_q4p_pack(w, cols, wp, rows, 0, np / 2); /* in two ranges, as threads may */
+    kern_q4p_pack(w, cols, wp, rows, np / 2, np);
+    kern_q4p_rows(wp, cols, 0, rows, back);
+    assert_memory_equal(back, w, rows * rb);
+    /* every ISA packs the same bytes (AVX-512 has its own packing) */
+    for (int isa = KERN_ISA_REF; isa <= KERN_ISA_AVX512; isa++) {
+        if (!kern_isa_supported((enum kern_isa)isa))
+            continue;
+        assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+        uint8_t *w2 = malloc(bytes);
+        assert_non_null(w2);
+        memset(w2, 0x5a, bytes);
+        kern_q4p_pack(w, cols, w2, rows, 0, np);
+        assert_memory_equal(w2, wp, bytes);
+        free(w2);
+    }
+    if (rows % 16)
+        for (size_t b = 0; b < cols / 32; b++)
+            for (size_t i = rows % 16; i < 16; i++) {
+                const uint8_t *pp = wp + (np - 1) * 16 * rb;
+                for (size_t g = 0; g < 4; g++)
+                    for (size_t j = 0; j < 4; j++)
+                        assert_int_equal(pp[quant_q4p_qoff(b, cols / 32) + g * 64 + i * 4 + j],
+                                         0);
+                assert_int_equal(pp[quant_q4p_soff(b, cols / 32) + i * 2], 0);
+                assert_int_equal(pp[quant_q4p_soff(b, cols / 32) + i * 2 + 1], 0);
+            }
+
+    float *want = filled(n * ldy), *y = filled(n * ldy), *z = filled(n * ldy);
+    float *tol = filled(n * ldy);
+    kern_matmul_ref(DT_Q4_0, w, cols, x, n, want, ldy, r0, r1);
+    static const struct {
+        const char *name;
+        enum kern_isa isa;
+        kern_mm_fn *fn, *rows_fn;
+    } pv[] = {
+        {"kern_gemm_q4_0p_q8_0_ref", KERN_ISA_REF, kern_gemm_q4_0p_q8_0_ref,
+         kern_gemm_q4_0_q8_0_ref},
+        {"kern_gemm_q4_0p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_q4_0p_q8_0_avx2,
+         kern_gemm_q4_0_q8_0_avx2},
+        {"kern_gemm_q4_0p_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_avx512,
+         kern_gemm_q4_0_q8_0_avx512},
+    };
+    char what[160];
+    for (size_t v = 0; v < sizeof pv / sizeof pv[0]; v++) {
+        if (!kern_isa_supported(pv[v].isa))
+            continue;
+        for (size_t i = 0; i < n * ldy; i++)
+            y[i] = z[i] = SENTINEL;
+        pv[v].fn(wp, a, y, ldy, r0, r1);
+        pv[v].rows_fn(w, a, z, ldy, r0, r1);
+        for (size_t i = 0; i < n * ldy; i++)
+            if (memcmp(&y[i], &z[i], sizeof y[i]) != 0)
+                fail_msg("%s: cols %zu n %zu rows [%zu,%zu): y[%zu] = %.9g, the stored-row "
+                         "GEMM gives %.9g",
+                         pv[v].name, cols, n, r0, r1, i, y[i], z[i]);
+    }
+    for (int isa = KERN_ISA_REF; isa <= KERN_ISA_AVX512; isa++) {
+        if (!kern_isa_supported((enum kern_isa)isa))
+            continue;
+        assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+        for (size_t i = 0; i < n * ldy; i++) {
+            y[i] = z[i] = SENTINEL;
+            tol[i] = (isa != KERN_ISA_REF ? qb[i] : 0.0f) + 2e-5f * s[i] + 1e-30f;
+        }
+        kern_matmul_q4p(wp, cols, x, n, y, ldy, r0, r1);
+        snprintf(what, sizeof what, "kern_matmul_q4p(%s)", kern_isa_name((enum kern_isa)isa));
+        check_close(what, y, want, tol, n, ldy, r0, r1, cols);
+        kern_matmul_act_q4p(wp, a, z, ldy, r0, r1);
+        snprintf(what, sizeof what, "kern_matmul_act_q4p(%s)",
+                 kern_isa_name((enum kern_isa)isa));
+        check_close(what, z, want, tol, n, ldy, r0, r1, cols);
+    }
+    free(tol);
+    free(z);
+    free(y);
+    free(want);
+    free(back);
+    free(wp);
+}
+
 /* One random case of weight type wt: every runnable variant and every ISA's kern_matmul. */
 static void run_case(enum dtype wt, size_t cols, size_t n)
 {
@@ -268,6 +369,8 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
                  kern_isa_name((enum kern_isa)isa));
         check_close(what, twin, want, tol, n, ldy, r0, r1, cols);
     }
+    if (wt == DT_Q4_0)
+        check_q4p(w, rows, cols, x, n, &a, ldy, r1, s, qb);
 
     free(tol);
     free(y);
