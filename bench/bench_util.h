@@ -14,10 +14,19 @@
 double bench_now(void);
 
 /*
- * Read-only streaming bandwidth in GB/s (1e9 bytes/s): every participant of the pool streams
- * its contiguous share of `bytes` (> last-level cache) with the widest loads the CPU has;
- * best of `reps` passes.
+ * Read-only streaming bandwidth in GB/s (1e9 bytes/s), the best of several variants, each the
+ * best of `reps` passes over a buffer of `bytes` (>> last-level cache; rounded to 2 MiB):
+ * every participant of the pool streams its contiguous share with the widest loads the CPU
+ * has, as 1, 2, 4 or 8 interleaved sequential streams, from 4 KiB pages and from 2 MiB pages
+ * (madvise(MADV_HUGEPAGE)). bench_bandwidth_ex also reports every variant and the winner.
  */
+struct bench_bw {
+    double gbs;         /* the best variant */
+    int streams, huge;  /* which one: streams per thread, 2 MiB pages or not */
+    double each[2][4];  /* [huge][streams 1, 2, 4, 8] */
+    double huge_share;  /* share of the huge-page buffer the kernel really backed with them */
+};
+double bench_bandwidth_ex(struct pool *p, size_t bytes, int reps, struct bench_bw *out);
 double bench_bandwidth(struct pool *p, size_t bytes, int reps);
 
 /* Peak instruction throughput of one core, in G-operations/s (1 multiply-add = 2 ops):

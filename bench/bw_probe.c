@@ -1,7 +1,9 @@
 /*
  * bw_probe — read-only streaming memory bandwidth with 1 thread and with every CPU of the
  * affinity mask (pinned compactly), plus each core's peak multiply-add throughput: the two
- * roofs the kernels are measured against (docs/PERFORMANCE.md).
+ * roofs the kernels are measured against (docs/PERFORMANCE.md). The bandwidth is the best of
+ * 1/2/4/8 streams per thread x 4 KiB/2 MiB pages (bench_bandwidth_ex); every variant is
+ * printed, and the winner named, on the line scripts parse.
  *   usage: bw_probe [MiB per pass (default 1024)] [passes (default 5)]
  */
 #include "bench_util.h"
@@ -25,8 +27,17 @@ int main(int argc, char **argv)
         struct pool *p;
         if (pool_create(th, POOL_PIN_COMPACT, &p) != 0)
             return 1;
-        printf("bandwidth threads=%d: %.2f GB/s (read-only, %zu MiB, best of %d)\n", th,
-               bench_bandwidth(p, mib << 20, reps), mib, reps);
+        struct bench_bw bw;
+        bench_bandwidth_ex(p, mib << 20, reps, &bw);
+        printf("bandwidth threads=%d: %.2f GB/s (read-only, %zu MiB, best of %d; winner: %d "
+               "stream%s/thread, %s pages)\n",
+               th, bw.gbs, mib, reps, bw.streams, bw.streams > 1 ? "s" : "",
+               bw.huge ? "2 MiB" : "4 KiB");
+        for (int h = 0; h < 2; h++)
+            printf("  %s pages: 1 stream %.2f, 2 streams %.2f, 4 streams %.2f, 8 streams %.2f "
+                   "GB/s%s\n",
+                   h ? "2 MiB" : "4 KiB", bw.each[h][0], bw.each[h][1], bw.each[h][2],
+                   bw.each[h][3], h && bw.huge_share < 0.9 ? " (few huge pages granted)" : "");
         pool_destroy(p);
     }
     printf("peak per core: f32 FMA %.1f GFLOP/s, bf16 dot %.1f GFLOP/s, int8 dot %.1f GOP/s\n",

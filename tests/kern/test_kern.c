@@ -431,6 +431,17 @@ static void test_matmul_large(void **state)
     run_case(DT_F16, 1500, 9);
 }
 
+/* bf16 decode (n = 1) has its own AVX-512 loop for cols % 64 == 0 up to 8192 (the model's
+ * 2048 and 5632 among them); the larger ones and 8256 take the general tile path. */
+static void test_matmul_bf16_decode(void **state)
+{
+    (void)state;
+    static const size_t colss[] = {64, 128, 2048, 5632, 8192, 8256};
+    for (size_t i = 0; i < sizeof colss / sizeof colss[0]; i++)
+        for (int rep = 0; rep < 3; rep++)
+            run_case(DT_BF16, colss[i], 1);
+}
+
 /* ---- conversions and activation preparation ---------------------------------------------- */
 
 static void test_row_to_f32(void **state)
@@ -578,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_matmul_f32),   cmocka_unit_test(test_matmul_f16),
         cmocka_unit_test(test_matmul_bf16),  cmocka_unit_test(test_matmul_q8_0),
         cmocka_unit_test(test_matmul_q4_0),  cmocka_unit_test(test_matmul_large),
+        cmocka_unit_test(test_matmul_bf16_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
