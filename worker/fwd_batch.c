@@ -59,6 +59,7 @@ struct engine__fwd {
     struct lora_plan plan;
     float *lora_tmp;
     size_t lora_tmp_cap;
+    struct lora_ws lora_ws; /* lora_matmul_fused's scratch */
 };
 
 static int alloc_f32(uint64_t a, uint64_t b, float **out)
@@ -131,6 +132,7 @@ void engine__fwd_destroy(struct engine__fwd *f)
         free(bufs[i]);
     free(f->tok_ad);
     lora_plan_fini(&f->plan);
+    lora_ws_fini(&f->lora_ws);
     free(f);
 }
 
@@ -158,6 +160,30 @@ static void lora_group(const struct engine__fwd *f, uint32_t layer, const struct
         return;
     CHECK(n_proj <= LORA_GROUP_MAX);
     lora_apply_fused(&f->plan, f->pool, layer, pr, n_proj, f->lora_tmp);
+}
+
+/*
+ * The base products of projections that are ready together (q, k, v; gate, up; o; down) and,
+ * when the step has adapters, their LoRA update. With adapters both run as one pool job
+ * (lora_matmul_fused: adapter reads interleaved with the base GEMM's tiles); without, or if
+ * its scratch cannot grow, the base products are the plain matmuls and the update follows.
+ * w[i] is pr[i]'s base weight.
+ */
+static void proj_group(struct engine__fwd *f, uint32_t layer, const struct model_mat *const *w,
+                       const struct lora_proj *pr, size_t n_proj, size_t n_tok)
+{
+    CHECK(n_proj <= LORA_GROUP_MAX);
+    if (f->plan.max_rank > 0) {
+        struct lora_base_mat bm[LORA_GROUP_MAX];
+        for (size_t i = 0; i < n_proj; i++)
+            bm[i] = (struct lora_base_mat){w[i]->dtype, w[i]->data, w[i]->cols, w[i]->rows};
+        if (lora_matmul_fused(&f->plan, f->pool, layer, pr, bm, n_proj, f->lora_tmp,
+                              &f->lora_ws) == 0)
+            return;
+    }
+    for (size_t i = 0; i < n_proj; i++)
+        matmul(f, w[i], pr[i].x, n_tok, pr[i].y, pr[i].ldy);
+    lora_group(f, layer, pr, n_proj);
 }
 
 /* One task per (sequence, KV head): paged attention of the sequence's chunk. */
@@ -249,14 +275,11 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
 
         for (size_t t = 0; t < n_tok; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
-        matmul(f, &L->wq, f->xb, n_tok, f->q, qd);
-        matmul(f, &L->wk, f->xb, n_tok, f->k, kvd);
-        matmul(f, &L->wv, f->xb, n_tok, f->v, kvd);
-        lora_group(f, l,
+        proj_group(f, l, (const struct model_mat *[]){&L->wq, &L->wk, &L->wv},
                    (const struct lora_proj[]){{LORA_Q, f->xb, f->q, qd},
                                               {LORA_K, f->xb, f->k, kvd},
                                               {LORA_V, f->xb, f->v, kvd}},
-                   3);
+                   3, n_tok);
         for (size_t t = 0; t < n_tok; t++) {
             kern_rope(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
             kern_rope(f->k + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
@@ -273,22 +296,20 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         else
             for (size_t i = 0; i < n_tasks; i++)
                 attn_task(&aj, i, 0);
-        matmul(f, &L->wo, f->att, n_tok, f->proj, dim);
-        lora_group(f, l, (const struct lora_proj[]){{LORA_O, f->att, f->proj, dim}}, 1);
+        proj_group(f, l, (const struct model_mat *[]){&L->wo},
+                   (const struct lora_proj[]){{LORA_O, f->att, f->proj, dim}}, 1, n_tok);
         for (size_t i = 0; i < n_tok * dim; i++)
             f->x[i] += f->proj[i];
 
         for (size_t t = 0; t < n_tok; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
-        matmul(f, &L->w_gate, f->xb, n_tok, f->gate, ffn);
-        matmul(f, &L->w_up, f->xb, n_tok, f->up, ffn);
-        lora_group(f, l,
+        proj_group(f, l, (const struct model_mat *[]){&L->w_gate, &L->w_up},
                    (const struct lora_proj[]){{LORA_GATE, f->xb, f->gate, ffn},
                                               {LORA_UP, f->xb, f->up, ffn}},
-                   2);
+                   2, n_tok);
         kern_swiglu(f->gate, f->gate, f->up, n_tok * ffn); /* silu(gate) * up, in place */
-        matmul(f, &L->w_down, f->gate, n_tok, f->proj, dim);
-        lora_group(f, l, (const struct lora_proj[]){{LORA_DOWN, f->gate, f->proj, dim}}, 1);
+        proj_group(f, l, (const struct model_mat *[]){&L->w_down},
+                   (const struct lora_proj[]){{LORA_DOWN, f->gate, f->proj, dim}}, 1, n_tok);
         for (size_t i = 0; i < n_tok * dim; i++)
             f->x[i] += f->proj[i];
     }
