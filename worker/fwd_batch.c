@@ -60,6 +60,9 @@ struct engine__fwd {
     float *lora_tmp;
     size_t lora_tmp_cap;
     struct lora_ws lora_ws; /* lora_matmul_fused's scratch */
+    bool base_one_job;      /* CLOCHER_FWD_ONE_JOB=1: base-only steps run their groups as
+                             * lora_matmul_fused jobs too (a measurement knob: the LoRA cost
+                             * against the same job structure; the default keeps pool_matmul) */
 };
 
 static int alloc_f32(uint64_t a, uint64_t b, float **out)
@@ -94,6 +97,8 @@ int engine__fwd_create(const struct model *m, struct pool *pool, uint32_t max_to
     f->max_tok = max_tok;
     f->max_seqs = max_seqs;
     lora_plan_init(&f->plan);
+    const char *one_job = getenv("CLOCHER_FWD_ONE_JOB");
+    f->base_one_job = one_job && !strcmp(one_job, "1");
     const uint64_t T = max_tok, S = max_seqs;
     int rc;
     if ((rc = alloc_f32(T, hp->dim, &f->x)) || (rc = alloc_f32(T, hp->dim, &f->xb)) ||
@@ -173,7 +178,7 @@ static void proj_group(struct engine__fwd *f, uint32_t layer, const struct model
                        const struct lora_proj *pr, size_t n_proj, size_t n_tok)
 {
     CHECK(n_proj <= LORA_GROUP_MAX);
-    if (f->plan.max_rank > 0) {
+    if (f->plan.max_rank > 0 || f->base_one_job) {
         struct lora_base_mat bm[LORA_GROUP_MAX];
         for (size_t i = 0; i < n_proj; i++)
             bm[i] = (struct lora_base_mat){w[i]->dtype, w[i]->data, w[i]->cols, w[i]->rows};
@@ -222,6 +227,7 @@ static int build_lora_plan(struct engine__fwd *f, const struct engine__bseq *seq
     if (!any) {
         f->plan.max_rank = 0;
         f->plan.n_segs = 0;
+        f->plan.n_tok = n_tok; /* lora_matmul_fused of a base-only step reads it */
         return 0;
     }
     int rc = lora_plan_build(&f->plan, f->tok_ad, f->tok_scale, n_tok);

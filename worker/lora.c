@@ -1738,8 +1738,10 @@ int lora_matmul_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
                       const struct lora_proj *pr, const struct lora_base_mat *base,
                       size_t n_proj, float *tmp, struct lora_ws *ws)
 {
-    CHECK(p->n_segs > 0 && n_proj >= 1 && n_proj <= MM_MAX_PROJ);
+    CHECK(n_proj >= 1 && n_proj <= MM_MAX_PROJ);
     const size_t n = p->n_tok;
+    if (n == 0)
+        return 0;
     struct mm_job job;
     memset(&job, 0, sizeof job);
     job.p = p;
@@ -1780,7 +1782,9 @@ int lora_matmul_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
             if (lora_weights(p->segs[si].ad, layer, pr[i].t))
                 n_shrink += (p->segs[si].ad->cfg.rank + SHRINK_KB - 1) / SHRINK_KB;
     }
-    size_t n_tasks = n_prep + n_shrink + 2 * n_tiles;
+    /* base only (no segment): no expand tasks */
+    size_t n_expand = p->n_segs ? n_tiles : 0;
+    size_t n_tasks = n_prep + n_shrink + n_tiles + n_expand;
     size_t task_bytes = n_tasks * sizeof(struct mm_task);
     size_t flag_off = (task_bytes + 63) / 64 * 64;
     if (!ws_grow(&ws->buf, &ws->cap, act_total ? act_total : 64) ||
@@ -1825,7 +1829,7 @@ int lora_matmul_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
     }
     /* the update's tasks in order: every shrink (projection, segment, rank block), then every
      * expand (projection, tile) */
-    size_t n_upd = n_shrink + n_tiles, ui = 0, bi = 0;
+    size_t n_upd = n_shrink + n_expand, ui = 0, bi = 0;
     double base_done = 0, upd_done = 0;
     size_t sh_p = 0, sh_s = 0, sh_k = 0; /* shrink cursor */
     size_t ex_p = 0, ex_t = 0;           /* expand cursor */

@@ -320,8 +320,9 @@ void lora_ws_fini(struct lora_ws *ws);
  * projection's shrink tasks, which always precede it in the task order, so claiming tasks in
  * order cannot deadlock. The numbers are those of pool_matmul followed by lora_apply_fused
  * (same kernels, same blocks). base[i] is pr[i]'s weight (cols = the input width, rows =
- * out). tmp: [n_proj * p->tmp_floats]. Needs p->n_segs > 0. 0, or -ENOMEM when the scratch
- * cannot grow (nothing computed: the caller falls back to the separate path).
+ * out). tmp: [n_proj * p->tmp_floats]. A plan without segments (p->n_segs == 0, n_tok set)
+ * runs the base products alone as one job. 0, or -ENOMEM when the scratch cannot grow
+ * (nothing computed: the caller falls back to the separate path).
  */
 int lora_matmul_fused(const struct lora_plan *p, struct pool *pool, uint32_t layer,
                       const struct lora_proj *pr, const struct lora_base_mat *base,

@@ -1134,7 +1134,7 @@ static void test_apply_fused(void **state)
  * ffn 300 (a 256-row tile and a 44-row one), widths not multiples of 8, batches of 1 to 40
  * tokens (several activation-preparing tasks), f32 and bf16 base weights, an f32 adapter and
  * a BF16 one of ranks 5 (one short shrink block) and 17 (two blocks and a ragged one), base
- * tokens and zero scales mixed in.
+ * tokens and zero scales mixed in; and a batch without adapters (the base products alone).
  */
 static void test_matmul_fused(void **state)
 {
@@ -1164,7 +1164,7 @@ static void test_matmul_fused(void **state)
     const enum lora_target groups[4][3] = {
         {LORA_Q, LORA_K, LORA_V}, {LORA_O, 0, 0}, {LORA_GATE, LORA_UP, 0}, {LORA_DOWN, 0, 0}};
     const size_t group_n[4] = {3, 1, 2, 1};
-    const size_t ns[] = {1, 8, 23, 40};
+    const size_t ns[] = {1, 8, 9, 23, 40}; /* 9: every token on the base model */
     const enum dtype wts[] = {DT_F32, DT_BF16};
     struct lora_ws ws = {0};
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
@@ -1172,7 +1172,7 @@ static void test_matmul_fused(void **state)
         const struct lora_adapter **who = malloc(N * sizeof *who);
         float *scale = malloc(N * 4);
         for (size_t i = 0; i < N; i++) {
-            who[i] = N == 1 ? a2 : i < N / 4 ? a1 : i < N / 3 ? NULL : i < N - 3 ? a2 : a1;
+            who[i] = N == 9 ? NULL : N == 1 ? a2 : i < N / 4 ? a1 : i < N / 3 ? NULL : i < N - 3 ? a2 : a1;
             scale[i] = i == 5 ? 0.0f : 0.5f + 0.25f * (float)(i % 4);
         }
         struct lora_plan plan;
