@@ -9,10 +9,12 @@
  * once per step whatever the number of sequences; attention is per sequence over its own
  * paged KV (kv_attn_prefill: causal within the chunk, a decode is a chunk of one).
  *
- * LoRA seam: after the base matmuls of projections that are ready together (q/k/v, o,
- * gate/up, down), the grouped low-rank update of lora.h (lora_apply_fused: two pool jobs per
- * group) is added for the rows that use an adapter (plan built once per run; the engine
- * orders the batch so that rows of one adapter are adjacent: one segment each).
+ * LoRA seam: projections that are ready together (q/k/v, o, gate/up, down) form a group;
+ * in a step with adapters each group's base products and its grouped low-rank update (lora.h)
+ * run as ONE pool job, lora_matmul_fused, whose adapter-reading tasks are interleaved with the
+ * base GEMM's row tiles (plan built once per run; the engine orders the batch so that rows of
+ * one adapter are adjacent: one segment each). Base-only steps keep pool_matmul per
+ * projection unless CLOCHER_FWD_ONE_JOB=1 (a measurement knob, docs/LORA.md).
  *
  * NOTES: runs on the engine's owner thread; matmul rows, LoRA rank/output rows and
  * (sequence, KV head) attention tasks are sharded over the pool. Every buffer is allocated
