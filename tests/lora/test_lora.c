@@ -1131,7 +1131,7 @@ static void test_apply_fused(void **state)
  * lora_matmul_fused (base product + update as one job, tasks that wait for each other) against
  * pool_matmul followed by lora_apply_fused: the same kernels on the same blocks, so the same
  * bits; and the same bits on the calling thread alone and on pools of 2 and 3. Ragged shapes:
- * ffn 300 (a 256-row tile and a 44-row one), widths not multiples of 8, batches of 1 to 40
+ * ffn 600 (a 512-row tile and an 88-row one), widths not multiples of 8, batches of 1 to 40
  * tokens (several activation-preparing tasks), f32 and bf16 base weights, an f32 adapter and
  * a BF16 one of ranks 5 (one short shrink block) and 17 (two blocks and a ragged one), base
  * tokens and zero scales mixed in; and a batch without adapters (the base products alone).
@@ -1141,7 +1141,7 @@ static void test_matmul_fused(void **state)
     (void)state;
     assert_int_equal(kern_init(), 0);
     struct iebin_hparams hp = peft_small_hparams();
-    hp.ffn_dim = 300;
+    hp.ffn_dim = 600; /* a 512-row tile (MM_TILE) and an 88-row one */
     hp.dim = 40;
     hp.n_heads = 5;
     hp.n_kv_heads = 5;
