@@ -6,8 +6,11 @@
 #     seven projections (bf16 adapter files, and f32 ones), interleaved, median ratio;
 #   - 4 x 1024-token prompts submitted at once: time to every first token.
 # Ratios are of process CPU time (the machine is shared; see engine_bench.c). Prints markdown.
+# The LoRA table is printed twice: as served (base-only steps on pool_matmul), and with
+# CLOCHER_FWD_ONE_JOB=1 (base-only steps in the same one-job-per-group structure as adapted
+# steps: the update's own cost; docs/LORA.md). ONE_JOB=0 skips the second.
 # Env: BUILD_DIR, CLOCHER_MODELS (default models/), THREADS, REPS, LORA_REPS, LORA_STEPS,
-# PREFILL_REPS, DTYPES.
+# PREFILL_REPS, DTYPES, ONE_JOB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build/release}
@@ -17,6 +20,7 @@ reps=${REPS:-5}
 prefill_reps=${PREFILL_REPS:-3}
 lora_reps=${LORA_REPS:-15}   # many short interleaved runs: the shared machine drifts
 lora_steps=${LORA_STEPS:-8}
+one_job=${ONE_JOB:-1}
 dtypes=${DTYPES:-int4 int8}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j2 --target clocher engine_bench >/dev/null
@@ -64,14 +68,18 @@ for dt in $dtypes; do
       2>/dev/null |
     jq -r '"| \(.streams) | \(.wall_tps*10|round/10) | \(.cpu_tps*10|round/10) | \(.ratio_cpu*100|round/100) | \(.ratio_wall*100|round/100) | \(.neighbour_load*100|round)% |"'
   echo
-  echo "LoRA, 8 streams, 4 different adapters (2 streams each) on q,k,v,o,gate,up,down vs base-only (median of $lora_reps interleaved repetitions of $lora_steps steps, of the per-repetition ratio; p25–p75 of that ratio):"
+  variants=(0)
+  [ "$one_job" = 1 ] && variants+=(1)
+  for oj in "${variants[@]}"; do
+  echo "LoRA, 8 streams, 4 different adapters (2 streams each) on q,k,v,o,gate,up,down vs base-only (median of $lora_reps interleaved repetitions of $lora_steps steps, of the per-repetition ratio; p25–p75 of that ratio)$([ "$oj" = 1 ] && echo ", CLOCHER_FWD_ONE_JOB=1"):"
   echo
   echo "| adapters | tok/s (CPU) | tok/s (wall) | slower than base (CPU) | p25–p75 (CPU) | slower (wall) | median step CPU ms | slower by median step (CPU) |"
   echo "|---|---|---|---|---|---|---|---|"
-  "$eb" --model-dir "$d" --threads "$threads" --mode lora --streams 8 --reps "$lora_reps" \
-      --steps "$lora_steps" "${adapters[@]}" "${sets[@]}" 2>/dev/null |
+  CLOCHER_FWD_ONE_JOB=$oj "$eb" --model-dir "$d" --threads "$threads" --mode lora --streams 8 \
+      --reps "$lora_reps" --steps "$lora_steps" "${adapters[@]}" "${sets[@]}" 2>/dev/null |
     jq -r '"| \(.set) | \(.cpu_tps*10|round/10) | \(.wall_tps*10|round/10) | \((.slowdown_cpu-1)*1000|round/10)% | \((.slowdown_cpu_p25-1)*1000|round/10)% – \((.slowdown_cpu_p75-1)*1000|round/10)% | \((.slowdown_wall-1)*1000|round/10)% | \(.step_cpu_ms*10|round/10) | \((.slowdown_cpu_steps-1)*1000|round/10)% |"'
   echo
+  done
   echo "Prefill, 4 prompts x 1024 tokens submitted at once (max_step_tokens 512, median of $prefill_reps), from 4 tenants (the budget shared) and from one (arrival order):"
   echo
   echo "| tenants | wall s (all 4) | CPU s | tok/s (wall) | tok/s (CPU) | ttft p50 ms | ttft last ms |"

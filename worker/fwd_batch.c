@@ -9,10 +9,12 @@
  * once per step whatever the number of sequences; attention is per sequence over its own
  * paged KV (kv_attn_prefill: causal within the chunk, a decode is a chunk of one).
  *
- * LoRA seam: after the base matmuls of projections that are ready together (q/k/v, o,
- * gate/up, down), the grouped low-rank update of lora.h (lora_apply_fused: two pool jobs per
- * group) is added for the rows that use an adapter (plan built once per run; the engine
- * orders the batch so that rows of one adapter are adjacent: one segment each).
+ * LoRA seam: projections that are ready together (q/k/v, o, gate/up, down) form a group;
+ * in a step with adapters each group's base products and its grouped low-rank update (lora.h)
+ * run as ONE pool job, lora_matmul_fused, whose adapter-reading tasks are interleaved with the
+ * base GEMM's row tiles (plan built once per run; the engine orders the batch so that rows of
+ * one adapter are adjacent: one segment each). Base-only steps keep pool_matmul per
+ * projection unless CLOCHER_FWD_ONE_JOB=1 (a measurement knob, docs/LORA.md).
  *
  * NOTES: runs on the engine's owner thread; matmul rows, LoRA rank/output rows and
  * (sequence, KV head) attention tasks are sharded over the pool. Every buffer is allocated
@@ -59,6 +61,10 @@ struct engine__fwd {
     struct lora_plan plan;
     float *lora_tmp;
     size_t lora_tmp_cap;
+    struct lora_ws lora_ws; /* lora_matmul_fused's scratch */
+    bool base_one_job;      /* CLOCHER_FWD_ONE_JOB=1: base-only steps run their groups as
+                             * lora_matmul_fused jobs too (a measurement knob: the LoRA cost
+                             * against the same job structure; the default keeps pool_matmul) */
 };
 
 static int alloc_f32(uint64_t a, uint64_t b, float **out)
@@ -93,6 +99,8 @@ int engine__fwd_create(const struct model *m, struct pool *pool, uint32_t max_to
     f->max_tok = max_tok;
     f->max_seqs = max_seqs;
     lora_plan_init(&f->plan);
+    const char *one_job = getenv("CLOCHER_FWD_ONE_JOB");
+    f->base_one_job = one_job && !strcmp(one_job, "1");
     const uint64_t T = max_tok, S = max_seqs;
     int rc;
     if ((rc = alloc_f32(T, hp->dim, &f->x)) || (rc = alloc_f32(T, hp->dim, &f->xb)) ||
@@ -131,6 +139,7 @@ void engine__fwd_destroy(struct engine__fwd *f)
         free(bufs[i]);
     free(f->tok_ad);
     lora_plan_fini(&f->plan);
+    lora_ws_fini(&f->lora_ws);
     free(f);
 }
 
@@ -188,6 +197,40 @@ static void lora_group(const struct engine__fwd *f, uint32_t layer, const struct
     lora_apply_fused(&f->plan, f->pool, layer, pr, n_proj, f->lora_tmp);
 }
 
+/*
+ * The base products of projections that are ready together (q, k, v; gate, up; o; down) and,
+ * when the step has adapters, their LoRA update. With adapters both run as one pool job
+ * (lora_matmul_fused: adapter reads interleaved with the base GEMM's tiles); without, or if
+ * its scratch cannot grow, the base products are the plain matmuls and the update follows.
+ * w[i] is pr[i]'s base weight.
+ */
+static void proj_group(struct engine__fwd *f, uint32_t layer, const struct model_mat *const *w,
+                       const struct lora_proj *pr, size_t n_proj, size_t n_tok)
+{
+    CHECK(n_proj <= LORA_GROUP_MAX);
+    if (f->plan.max_rank > 0 || f->base_one_job) {
+        struct lora_base_mat bm[LORA_GROUP_MAX];
+        for (size_t i = 0; i < n_proj; i++)
+            bm[i] = (struct lora_base_mat){w[i]->dtype, w[i]->data, w[i]->panels, w[i]->cols,
+                                           w[i]->rows};
+        if (lora_matmul_fused(&f->plan, f->pool, layer, pr, bm, n_proj, f->lora_tmp,
+                              &f->lora_ws) == 0)
+            return;
+    }
+    if (n_proj == 1) {
+        matmul(f, w[0], pr[0].x, n_tok, pr[0].y, pr[0].ldy);
+    } else { /* q, k, v or gate, up: the same input, one pool job */
+        float *ys[LORA_GROUP_MAX];
+        size_t ldys[LORA_GROUP_MAX];
+        for (size_t i = 0; i < n_proj; i++) {
+            CHECK(pr[i].x == pr[0].x);
+            ys[i] = pr[i].y, ldys[i] = pr[i].ldy;
+        }
+        matmul_group(f, w, ys, ldys, n_proj, pr[0].x, n_tok);
+    }
+    lora_group(f, layer, pr, n_proj);
+}
+
 /* One task per (sequence, KV head): paged attention of the sequence's chunk. */
 struct attn_job {
     const struct engine__fwd *f;
@@ -224,6 +267,7 @@ static int build_lora_plan(struct engine__fwd *f, const struct engine__bseq *seq
     if (!any) {
         f->plan.max_rank = 0;
         f->plan.n_segs = 0;
+        f->plan.n_tok = n_tok; /* lora_matmul_fused of a base-only step reads it */
         return 0;
     }
     int rc = lora_plan_build(&f->plan, f->tok_ad, f->tok_scale, n_tok);
@@ -277,14 +321,11 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
 
         for (size_t t = 0; t < n_tok; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
-        matmul_group(f, (const struct model_mat *const[]){&L->wq, &L->wk, &L->wv},
-                     (float *const[]){f->q, f->k, f->v}, (const size_t[]){qd, kvd, kvd}, 3,
-                     f->xb, n_tok);
-        lora_group(f, l,
+        proj_group(f, l, (const struct model_mat *[]){&L->wq, &L->wk, &L->wv},
                    (const struct lora_proj[]){{LORA_Q, f->xb, f->q, qd},
                                               {LORA_K, f->xb, f->k, kvd},
                                               {LORA_V, f->xb, f->v, kvd}},
-                   3);
+                   3, n_tok);
         for (size_t t = 0; t < n_tok; t++) {
             kern_rope(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
             kern_rope(f->k + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
@@ -301,23 +342,20 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         else
             for (size_t i = 0; i < n_tasks; i++)
                 attn_task(&aj, i, 0);
-        matmul(f, &L->wo, f->att, n_tok, f->proj, dim);
-        lora_group(f, l, (const struct lora_proj[]){{LORA_O, f->att, f->proj, dim}}, 1);
+        proj_group(f, l, (const struct model_mat *[]){&L->wo},
+                   (const struct lora_proj[]){{LORA_O, f->att, f->proj, dim}}, 1, n_tok);
         for (size_t i = 0; i < n_tok * dim; i++)
             f->x[i] += f->proj[i];
 
         for (size_t t = 0; t < n_tok; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
-        matmul_group(f, (const struct model_mat *const[]){&L->w_gate, &L->w_up},
-                     (float *const[]){f->gate, f->up}, (const size_t[]){ffn, ffn}, 2, f->xb,
-                     n_tok);
-        lora_group(f, l,
+        proj_group(f, l, (const struct model_mat *[]){&L->w_gate, &L->w_up},
                    (const struct lora_proj[]){{LORA_GATE, f->xb, f->gate, ffn},
                                               {LORA_UP, f->xb, f->up, ffn}},
-                   2);
+                   2, n_tok);
         kern_swiglu(f->gate, f->gate, f->up, n_tok * ffn); /* silu(gate) * up, in place */
-        matmul(f, &L->w_down, f->gate, n_tok, f->proj, dim);
-        lora_group(f, l, (const struct lora_proj[]){{LORA_DOWN, f->gate, f->proj, dim}}, 1);
+        proj_group(f, l, (const struct model_mat *[]){&L->w_down},
+                   (const struct lora_proj[]){{LORA_DOWN, f->gate, f->proj, dim}}, 1, n_tok);
         for (size_t i = 0; i < n_tok * dim; i++)
             f->x[i] += f->proj[i];
     }

@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1595,4 +1596,338 @@ void lora_apply_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
     else
         for (size_t i = 0; i < n_b; i++)
             fused_b(&j, i, 0);
+}
+
+/* ---- the serving path with the base product (lora_matmul_fused) ---- */
+
+#define MM_TILE 512u   /* base rows (= expand columns) per task: whole 16-row GEMM panels and
+                        * 32-column B panels (measured, int4, 8 streams: 256 cost +2-5% at
+                        * rank 1 against pool_matmul's longer shards, 512 ~0%) */
+#define MM_PREP_TOK 16u /* tokens per activation-preparing task */
+#define MM_LAG 2u      /* an expand task follows its base tile by this many base tasks */
+#define MM_MAX_PROJ 4u
+#ifndef MM_PREFETCH
+#define MM_PREFETCH 1  /* update tasks request their whole weight blocks first */
+#endif
+
+enum { TK_PREP, TK_SHRINK, TK_BASE, TK_EXPAND };
+
+struct mm_task {
+    uint32_t kind, proj; /* proj: the activation index for TK_PREP */
+    uint32_t a, b;       /* PREP: tokens [a, b); SHRINK: segment a, rank rows from b;
+                          * BASE, EXPAND: tile a */
+};
+
+struct mm_job {
+    const struct lora_plan *p;
+    uint32_t layer;
+    const struct lora_proj *pr;
+    const struct lora_base_mat *base;
+    float *tmp; /* [n_proj][p->tmp_floats] */
+    const struct mm_task *tasks;
+    struct kern_act act[MM_MAX_PROJ];
+    size_t act_of[MM_MAX_PROJ];       /* projection -> its prepared input */
+    bool act_bytes[MM_MAX_PROJ];      /* the activation has something to prepare */
+    size_t tile0[MM_MAX_PROJ];        /* the projection's first tile in tile_done */
+    size_t prep_total[MM_MAX_PROJ], shrink_total[MM_MAX_PROJ];
+    atomic_size_t prep_done[MM_MAX_PROJ], shrink_done[MM_MAX_PROJ];
+    atomic_uint *tile_done;           /* [sum of the projections' tiles] */
+};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+}
+
+/* Spins until *v >= want. What it waits for precedes the waiting task in the task order, so a
+ * running participant is finishing it; yield now and then in case that one was preempted. */
+static void wait_at_least(atomic_size_t *v, size_t want)
+{
+    for (unsigned i = 1; atomic_load_explicit(v, memory_order_acquire) < want; i++) {
+        cpu_relax();
+        if ((i & 1023) == 0)
+            sched_yield();
+    }
+}
+
+static void wait_flag(atomic_uint *v)
+{
+    for (unsigned i = 1; !atomic_load_explicit(v, memory_order_acquire); i++) {
+        cpu_relax();
+        if ((i & 1023) == 0)
+            sched_yield();
+    }
+}
+
+/* Requests [p, p + bytes) into L2 at once. An update task's weights are a few contiguous
+ * blocks of 8-90 KB read once: asking for all of them up front keeps many misses in flight,
+ * where the kernels' own loads (and the short streams the hardware prefetcher sees) wait for
+ * them a few at a time (measured: the expand kernel's time was mostly its first loads). */
+static inline void prefetch_l2(const void *p, size_t bytes)
+{
+#if defined(__x86_64__)
+    const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)63);
+    for (const char *e = (const char *)p + bytes; c < e; c += 64)
+        _mm_prefetch(c, _MM_HINT_T1);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+static void mm_task_run(void *ctx, size_t task, int thread)
+{
+    (void)thread;
+    struct mm_job *j = ctx;
+    const struct mm_task *tk = &j->tasks[task];
+    const struct lora_plan *p = j->p;
+    switch (tk->kind) {
+    case TK_PREP:
+        kern_act_prepare(&j->act[tk->proj], tk->a, tk->b);
+        atomic_fetch_add_explicit(&j->prep_done[tk->proj], 1, memory_order_release);
+        break;
+    case TK_SHRINK: {
+        const struct lora_seg *s = &p->segs[tk->a];
+        const struct lora_proj *pr = &j->pr[tk->proj];
+        const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
+        size_t r = s->ad->cfg.rank, k0 = tk->b, in = s->ad->in[pr->t];
+        size_t k1 = k0 + SHRINK_KB < r ? k0 + SHRINK_KB : r;
+        size_t esz = s->ad->fast_dt == DT_BF16 ? 2 : 4;
+        if (MM_PREFETCH)
+            prefetch_l2((const char *)w->fa + k0 * in * esz, (k1 - k0) * in * esz);
+        lora_kern_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
+                         j->tmp + tk->proj * p->tmp_floats + s->tmp0, k0, k1);
+        atomic_fetch_add_explicit(&j->shrink_done[tk->proj], 1, memory_order_release);
+        break;
+    }
+    case TK_BASE: {
+        size_t ai = j->act_of[tk->proj];
+        wait_at_least(&j->prep_done[ai], j->prep_total[ai]);
+        const struct lora_proj *pr = &j->pr[tk->proj];
+        size_t r0 = (size_t)tk->a * MM_TILE, rows = j->base[tk->proj].rows;
+        size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
+        if (j->base[tk->proj].panels) /* MM_TILE rows are whole panels: tiles start on one */
+            kern_matmul_act_q4p(j->base[tk->proj].panels, &j->act[ai], pr->y, pr->ldy, r0, r1);
+        else
+            kern_matmul_act(j->base[tk->proj].w, &j->act[ai], pr->y, pr->ldy, r0, r1);
+        atomic_store_explicit(&j->tile_done[j->tile0[tk->proj] + tk->a], 1,
+                              memory_order_release);
+        break;
+    }
+    case TK_EXPAND: {
+        wait_at_least(&j->shrink_done[tk->proj], j->shrink_total[tk->proj]);
+        wait_flag(&j->tile_done[j->tile0[tk->proj] + tk->a]);
+        const struct lora_proj *pr = &j->pr[tk->proj];
+        size_t c0 = (size_t)tk->a * MM_TILE, out = j->base[tk->proj].rows;
+        size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
+        if (MM_PREFETCH)
+            for (size_t si = 0; si < p->n_segs; si++) {
+                const struct lora_seg *s = &p->segs[si];
+                const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
+                size_t esz = s->ad->fast_dt == DT_BF16 ? 2 : 4, r = s->ad->cfg.rank;
+                if (w) /* the tile's panels: [ceil((c1 - c0) / 32)][rank][32] from c0 */
+                    prefetch_l2((const char *)w->fbt + lora_bt_index(r, 0, c0) * esz,
+                                (c1 - c0 + LORA_PANEL - 1) / LORA_PANEL * LORA_PANEL * r * esz);
+            }
+        for (size_t si = 0; si < p->n_segs; si++) {
+            const struct lora_seg *s = &p->segs[si];
+            const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
+            if (!w)
+                continue;
+            lora_kern_expand(s->ad->fast_dt, w->fbt, out, s->ad->cfg.rank,
+                             j->tmp + tk->proj * p->tmp_floats + s->tmp0, s->n,
+                             p->scale + s->t0, 0.0f, pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
+        }
+        break;
+    }
+    default:
+        CHECK(0);
+    }
+}
+
+void lora_ws_fini(struct lora_ws *ws)
+{
+    free(ws->buf);
+    free(ws->tasks);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* Grows a scratch array to `bytes` (64-byte aligned); false when out of memory. */
+static bool ws_grow(void **buf, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap)
+        return true;
+    bytes = (bytes + 63) / 64 * 64;
+    void *nb = aligned_alloc(64, bytes);
+    if (!nb)
+        return false;
+    free(*buf);
+    *buf = nb;
+    *cap = bytes;
+    return true;
+}
+
+int lora_matmul_fused(const struct lora_plan *p, struct pool *pool, uint32_t layer,
+                      const struct lora_proj *pr, const struct lora_base_mat *base,
+                      size_t n_proj, float *tmp, struct lora_ws *ws)
+{
+    CHECK(n_proj >= 1 && n_proj <= MM_MAX_PROJ);
+    const size_t n = p->n_tok;
+    if (n == 0)
+        return 0;
+    struct mm_job job;
+    memset(&job, 0, sizeof job);
+    job.p = p;
+    job.layer = layer;
+    job.pr = pr;
+    job.base = base;
+    job.tmp = tmp;
+
+    /* inputs: projections sharing x and weight dtype share one prepared copy (q, k, v) */
+    size_t n_act = 0, act_off[MM_MAX_PROJ], act_total = 0;
+    for (size_t i = 0; i < n_proj; i++) {
+        size_t a = 0;
+        for (; a < n_act; a++) {
+            size_t o = 0;
+            for (; o < n_proj && job.act_of[o] != a; o++)
+                ;
+            if (pr[o].x == pr[i].x && base[o].wt == base[i].wt && base[o].cols == base[i].cols)
+                break;
+        }
+        job.act_of[i] = a;
+        if (a < n_act)
+            continue;
+        size_t bytes;
+        CHECK(kern_act_bytes(base[i].wt, base[i].cols, n, &bytes) == 0);
+        act_off[n_act] = act_total;
+        job.act_bytes[n_act] = bytes > 0;
+        act_total += (bytes + 63) / 64 * 64;
+        n_act++;
+    }
+    /* the task list: counts first */
+    size_t n_tiles = 0, n_shrink = 0, n_prep = 0;
+    for (size_t a = 0; a < n_act; a++)
+        n_prep += job.act_bytes[a] ? (n + MM_PREP_TOK - 1) / MM_PREP_TOK : 0;
+    for (size_t i = 0; i < n_proj; i++) {
+        job.tile0[i] = n_tiles;
+        n_tiles += (base[i].rows + MM_TILE - 1) / MM_TILE;
+        for (size_t si = 0; si < p->n_segs; si++)
+            if (lora_weights(p->segs[si].ad, layer, pr[i].t))
+                n_shrink += (p->segs[si].ad->cfg.rank + SHRINK_KB - 1) / SHRINK_KB;
+    }
+    /* base only (no segment): no expand tasks */
+    size_t n_expand = p->n_segs ? n_tiles : 0;
+    size_t n_tasks = n_prep + n_shrink + n_tiles + n_expand;
+    size_t task_bytes = n_tasks * sizeof(struct mm_task);
+    size_t flag_off = (task_bytes + 63) / 64 * 64;
+    if (!ws_grow(&ws->buf, &ws->cap, act_total ? act_total : 64) ||
+        !ws_grow(&ws->tasks, &ws->task_cap, flag_off + n_tiles * sizeof(atomic_uint)))
+        return -ENOMEM;
+    struct mm_task *tasks = ws->tasks;
+    job.tasks = tasks;
+    job.tile_done = (atomic_uint *)((unsigned char *)ws->tasks + flag_off);
+    for (size_t i = 0; i < n_tiles; i++)
+        atomic_init(&job.tile_done[i], 0);
+    for (size_t a = 0; a < n_act; a++) {
+        size_t o = 0;
+        for (; job.act_of[o] != a; o++)
+            ;
+        kern_act_init(&job.act[a], base[o].wt, pr[o].x, base[o].cols, n,
+                      (unsigned char *)ws->buf + act_off[a]);
+        atomic_init(&job.prep_done[a], 0);
+    }
+
+    /* order: preparation first; then base tiles with the update's tasks spread evenly among
+     * them by cost (shrink before expand; an expand MM_LAG base tasks after its tile), so
+     * that the participants mostly run one of each kind at a time */
+    size_t nt = 0;
+    for (size_t a = 0; a < n_act; a++) {
+        if (!job.act_bytes[a])
+            continue;
+        for (size_t t0 = 0; t0 < n; t0 += MM_PREP_TOK) {
+            tasks[nt++] = (struct mm_task){TK_PREP, (uint32_t)a, (uint32_t)t0,
+                                           (uint32_t)(t0 + MM_PREP_TOK < n ? t0 + MM_PREP_TOK : n)};
+            job.prep_total[a]++;
+        }
+    }
+    double base_cost = 0, upd_cost = 0; /* weight elements; adapter bytes */
+    for (size_t i = 0; i < n_proj; i++) {
+        base_cost += (double)base[i].rows * (double)base[i].cols;
+        for (size_t si = 0; si < p->n_segs; si++) {
+            const struct lora_adapter *ad = p->segs[si].ad;
+            if (lora_weights(ad, layer, pr[i].t))
+                upd_cost += (double)ad->cfg.rank * (ad->in[pr[i].t] + ad->out[pr[i].t]) *
+                            (ad->fast_dt == DT_BF16 ? 2 : 4);
+        }
+    }
+    /* the update's tasks in order: every shrink (projection, segment, rank block), then every
+     * expand (projection, tile) */
+    size_t n_upd = n_shrink + n_expand, ui = 0, bi = 0;
+    double base_done = 0, upd_done = 0;
+    size_t sh_p = 0, sh_s = 0, sh_k = 0; /* shrink cursor */
+    size_t ex_p = 0, ex_t = 0;           /* expand cursor */
+    size_t base_p = 0, base_t = 0;       /* base cursor */
+    while (bi < n_tiles || ui < n_upd) {
+        /* one base task */
+        if (bi < n_tiles) {
+            tasks[nt++] = (struct mm_task){TK_BASE, (uint32_t)base_p, (uint32_t)base_t, 0};
+            base_done += (double)MM_TILE * (double)base[base_p].cols;
+            bi++;
+            if (++base_t * MM_TILE >= base[base_p].rows) {
+                base_p++;
+                base_t = 0;
+            }
+        }
+        /* then update tasks while they are behind the base in proportion */
+        while (ui < n_upd && (bi == n_tiles || upd_done * base_cost <= base_done * upd_cost)) {
+            if (ui < n_shrink) {
+                /* next (projection, segment) that the adapter adapts */
+                for (;;) {
+                    const struct lora_adapter *ad = p->segs[sh_s].ad;
+                    if (lora_weights(ad, layer, pr[sh_p].t) && sh_k < ad->cfg.rank)
+                        break;
+                    sh_k = 0;
+                    if (++sh_s == p->n_segs) {
+                        sh_s = 0;
+                        sh_p++;
+                    }
+                }
+                const struct lora_adapter *ad = p->segs[sh_s].ad;
+                tasks[nt++] = (struct mm_task){TK_SHRINK, (uint32_t)sh_p, (uint32_t)sh_s,
+                                               (uint32_t)sh_k};
+                job.shrink_total[sh_p]++;
+                upd_done += (double)SHRINK_KB * ad->in[pr[sh_p].t] *
+                            (ad->fast_dt == DT_BF16 ? 2 : 4);
+                sh_k += SHRINK_KB;
+            } else {
+                /* its base tile must be MM_LAG base tasks back (or every base task out) */
+                size_t need = job.tile0[ex_p] + ex_t + MM_LAG;
+                if (bi < n_tiles && bi < need)
+                    break;
+                tasks[nt++] = (struct mm_task){TK_EXPAND, (uint32_t)ex_p, (uint32_t)ex_t, 0};
+                for (size_t si = 0; si < p->n_segs; si++) {
+                    const struct lora_adapter *ad = p->segs[si].ad;
+                    if (lora_weights(ad, layer, pr[ex_p].t))
+                        upd_done += (double)MM_TILE * ad->cfg.rank *
+                                    (ad->fast_dt == DT_BF16 ? 2 : 4);
+                }
+                if (++ex_t * MM_TILE >= base[ex_p].rows) {
+                    ex_p++;
+                    ex_t = 0;
+                }
+            }
+            ui++;
+        }
+    }
+    CHECK(nt == n_tasks);
+    for (size_t i = 0; i < n_proj; i++)
+        atomic_init(&job.shrink_done[i], 0);
+    if (pool)
+        pool_run(pool, mm_task_run, &job, n_tasks);
+    else
+        for (size_t i = 0; i < n_tasks; i++)
+            mm_task_run(&job, i, 0);
+    return 0;
 }

@@ -292,4 +292,41 @@ void lora_kern_expand(enum dtype dt, const void *bt, size_t out, size_t rank, co
                       size_t n, const float *scale, float s, float *y, size_t ldy, size_t j0,
                       size_t j1);
 
+/* ---- the serving path with the base product: one pool job per projection group ---- */
+
+/* A base projection's weight, as kern_matmul takes it: W [rows][cols] of dtype wt. */
+struct lora_base_mat {
+    enum dtype wt;
+    const void *w;         /* stored rows of dtype wt */
+    const void *panels;    /* NULL, or the same q4_0 matrix repacked in panels (model.h) */
+    size_t cols, rows;
+};
+
+/* Scratch of lora_matmul_fused, owned by its one caller (the engine's thread). */
+struct lora_ws {
+    void *buf;   /* prepared activations (kern_act) of the group's inputs */
+    size_t cap;
+    void *tasks; /* the job's task list */
+    size_t task_cap;
+};
+void lora_ws_fini(struct lora_ws *ws);
+
+/*
+ * For n_proj projections of one layer that are ready together: y = x W^T (base, every token of
+ * the plan: p->n_tok rows) plus the plan's update of the adapted rows, as ONE pool job whose
+ * tasks are row tiles of the base products (kern_matmul_act), shrink tasks and expand tasks,
+ * interleaved so that one participant streams adapter weights while the other runs the
+ * compute-bound base GEMM (the update only reads memory; the 8-token base step leaves
+ * bandwidth unused). An expand task for a tile waits (spins) for its base tile and its
+ * projection's shrink tasks, which always precede it in the task order, so claiming tasks in
+ * order cannot deadlock. The numbers are those of pool_matmul followed by lora_apply_fused
+ * (same kernels, same blocks). base[i] is pr[i]'s weight (cols = the input width, rows =
+ * out). tmp: [n_proj * p->tmp_floats]. A plan without segments (p->n_segs == 0, n_tok set)
+ * runs the base products alone as one job. 0, or -ENOMEM when the scratch cannot grow
+ * (nothing computed: the caller falls back to the separate path).
+ */
+int lora_matmul_fused(const struct lora_plan *p, struct pool *pool, uint32_t layer,
+                      const struct lora_proj *pr, const struct lora_base_mat *base,
+                      size_t n_proj, float *tmp, struct lora_ws *ws);
+
 #endif

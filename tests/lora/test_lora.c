@@ -1127,6 +1127,133 @@ static void test_apply_fused(void **state)
     free(d2);
 }
 
+/*
+ * lora_matmul_fused (base product + update as one job, tasks that wait for each other) against
+ * pool_matmul followed by lora_apply_fused: the same kernels on the same blocks, so the same
+ * bits; and the same bits on the calling thread alone and on pools of 2 and 3. Ragged shapes:
+ * ffn 600 (a 512-row tile and an 88-row one), widths not multiples of 8, batches of 1 to 40
+ * tokens (several activation-preparing tasks), f32 and bf16 base weights, an f32 adapter and
+ * a BF16 one of ranks 5 (one short shrink block) and 17 (two blocks and a ragged one), base
+ * tokens and zero scales mixed in; and a batch without adapters (the base products alone).
+ */
+static void test_matmul_fused(void **state)
+{
+    (void)state;
+    assert_int_equal(kern_init(), 0);
+    struct iebin_hparams hp = peft_small_hparams();
+    hp.ffn_dim = 600; /* a 512-row tile (MM_TILE) and an 88-row one */
+    hp.dim = 40;
+    hp.n_heads = 5;
+    hp.n_kv_heads = 5;
+    hp.head_dim = 8;
+    struct peft_adapter *p1 = peft_adapter_random(&hp, 5, 10.0, ALL_MASK, 31, 0.3f, 0.3f);
+    struct peft_adapter *p2 = peft_adapter_random(&hp, 17, 8.0, ALL_MASK & ~(1u << LORA_K), 32,
+                                                  0.3f, 0.3f);
+    char *d1 = subdir("mf1"), *d2 = subdir("mf2");
+    peft_adapter_write(p1, d1, SAFETENSORS_F32, "");
+    peft_adapter_write(p2, d2, SAFETENSORS_BF16, "");
+    peft_adapter_free(p1);
+    peft_adapter_free(p2);
+    struct lora_adapter *a1, *a2;
+    assert_int_equal(lora_open(d1, &hp, &a1), 0);
+    assert_int_equal(lora_open(d2, &hp, &a2), 0);
+
+    struct pool *pools[3] = {NULL};
+    assert_int_equal(pool_create(2, POOL_PIN_NONE, &pools[1]), 0);
+    assert_int_equal(pool_create(3, POOL_PIN_NONE, &pools[2]), 0);
+    const enum lora_target groups[4][3] = {
+        {LORA_Q, LORA_K, LORA_V}, {LORA_O, 0, 0}, {LORA_GATE, LORA_UP, 0}, {LORA_DOWN, 0, 0}};
+    const size_t group_n[4] = {3, 1, 2, 1};
+    const size_t ns[] = {1, 8, 9, 23, 40}; /* 9: every token on the base model */
+    const enum dtype wts[] = {DT_F32, DT_BF16};
+    struct lora_ws ws = {0};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const size_t N = ns[ni];
+        const struct lora_adapter **who = malloc(N * sizeof *who);
+        float *scale = malloc(N * 4);
+        for (size_t i = 0; i < N; i++) {
+            who[i] = N == 9 ? NULL : N == 1 ? a2 : i < N / 4 ? a1 : i < N / 3 ? NULL : i < N - 3 ? a2 : a1;
+            scale[i] = i == 5 ? 0.0f : 0.5f + 0.25f * (float)(i % 4);
+        }
+        struct lora_plan plan;
+        lora_plan_init(&plan);
+        assert_int_equal(lora_plan_build(&plan, who, scale, N), 0);
+        float *tmp = malloc(3 * plan.tmp_floats * 4 + 4);
+        for (size_t wi = 0; wi < 2; wi++)
+            for (uint32_t layer = 0; layer < hp.n_layers; layer++)
+                for (int g = 0; g < 4; g++) {
+                    struct lora_proj pr[3];
+                    struct lora_base_mat bm[3];
+                    float *x[3], *want[3], *got[3];
+                    void *w[3];
+                    for (size_t k = 0; k < group_n[g]; k++) {
+                        uint32_t in, out;
+                        lora_target_dims(&hp, groups[g][k], &in, &out);
+                        /* q, k, v (and gate, up) share their input, as in the engine */
+                        x[k] = k > 0 ? x[0] : malloc(N * in * 4);
+                        if (k == 0)
+                            for (size_t i = 0; i < N * in; i++)
+                                x[k][i] = urand();
+                        w[k] = malloc((size_t)out * in * 4);
+                        for (size_t i = 0; i < (size_t)out * in; i++) {
+                            float v = urand();
+                            if (wts[wi] == DT_BF16)
+                                ((uint16_t *)w[k])[i] = half_f32_to_bf16(v);
+                            else
+                                ((float *)w[k])[i] = v;
+                        }
+                        want[k] = malloc(N * out * 4);
+                        got[k] = malloc(N * out * 4);
+                        bm[k] = (struct lora_base_mat){wts[wi], w[k], NULL, in, out};
+                        pool_matmul(pools[2], wts[wi], w[k], in, x[k], N, want[k], out, 0, out);
+                        pr[k] = (struct lora_proj){groups[g][k], x[k], want[k], out};
+                    }
+                    lora_apply_fused(&plan, pools[2], layer, pr, group_n[g], tmp);
+                    for (int pi = 0; pi < 3; pi++) {
+                        for (size_t k = 0; k < group_n[g]; k++) {
+                            uint32_t in, out;
+                            lora_target_dims(&hp, groups[g][k], &in, &out);
+                            for (size_t i = 0; i < N * out; i++)
+                                got[k][i] = NAN; /* every value must be written */
+                            pr[k].y = got[k];
+                        }
+                        assert_int_equal(lora_matmul_fused(&plan, pools[pi], layer, pr, bm,
+                                                           group_n[g], tmp, &ws),
+                                         0);
+                        for (size_t k = 0; k < group_n[g]; k++) {
+                            uint32_t in, out;
+                            lora_target_dims(&hp, groups[g][k], &in, &out);
+                            for (size_t i = 0; i < N * out; i++)
+                                if (memcmp(&got[k][i], &want[k][i], 4))
+                                    fail_msg("N %zu wt %d layer %u %s pool %d: y[%zu][%zu] = "
+                                             "%.9g, want %.9g",
+                                             N, (int)wts[wi], layer,
+                                             lora_target_name(groups[g][k]), pi, i / out,
+                                             i % out, (double)got[k][i], (double)want[k][i]);
+                        }
+                    }
+                    for (size_t k = 0; k < group_n[g]; k++) {
+                        if (k == 0)
+                            free(x[k]);
+                        free(w[k]);
+                        free(want[k]);
+                        free(got[k]);
+                    }
+                }
+        free(tmp);
+        lora_plan_fini(&plan);
+        free(who);
+        free(scale);
+    }
+    lora_ws_fini(&ws);
+    pool_destroy(pools[1]);
+    pool_destroy(pools[2]);
+    lora_close(a1);
+    lora_close(a2);
+    free(d1);
+    free(d2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1144,6 +1271,7 @@ int main(void)
         cmocka_unit_test(test_apply_on_pool),
         cmocka_unit_test(test_kernels_ref_vs_fast),
         cmocka_unit_test(test_apply_fused),
+        cmocka_unit_test(test_matmul_fused),
     };
     return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
 }
