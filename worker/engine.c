@@ -607,6 +607,8 @@ int engine_submit(struct engine *e, const struct engine_request *req, uint64_t *
     r->arrival = e->next_arrival++;
     r->t_submit = now_ns();
     e->waiting[e->n_waiting++] = r;
+    if (e->n_running == 0 && e->pool)
+        pool_wake(e->pool); /* idle until now: its threads wake while the caller gets to step */
     *id = r->id;
     return 0;
 fail:

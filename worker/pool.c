@@ -179,6 +179,7 @@ void pool_run(struct pool *p, pool_task_fn *fn, void *ctx, size_t n_tasks)
             fn(ctx, i, 0);
         return;
     }
+    wait_workers(p); /* a pool_wake's empty job may still be running: its fields are in use */
     p->fn = fn;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
@@ -187,6 +188,20 @@ void pool_run(struct pool *p, pool_task_fn *fn, void *ctx, size_t n_tasks)
     publish(p);
     run_tasks(p, 0);
     wait_workers(p);
+}
+
+void pool_wake(struct pool *p)
+{
+    CHECK(p && p->magic == POOL_MAGIC);
+    if (p->n == 1 || atomic_load(&p->sleepers) == 0)
+        return; /* every worker is still spinning: the next job reaches them at once */
+    wait_workers(p);
+    p->fn = NULL;
+    p->ctx = NULL;
+    p->n_tasks = 0; /* run_tasks claims nothing: the workers only wake and spin again */
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->active, (unsigned)(p->n - 1), memory_order_relaxed);
+    publish(p);
 }
 
 struct for_ctx {
@@ -341,6 +356,7 @@ void pool_destroy(struct pool *p)
         return;
     CHECK(p->magic == POOL_MAGIC);
     if (p->n_started > 0) {
+        wait_workers(p); /* a pool_wake's empty job reads the fields stop shares a line with */
         p->stop = 1;
         publish(p);
         for (int i = 0; i < p->n_started; i++)

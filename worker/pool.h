@@ -44,6 +44,14 @@ int pool_create(int n_threads, enum pool_pin pin, struct pool **out);
 void pool_destroy(struct pool *p);
 int pool_threads(const struct pool *p);
 
+/*
+ * Wakes sleeping workers without waiting for them, so that they spin (up to 200 µs) ready for
+ * the next job: an idle engine calls it when work arrives, and the workers' wake-up (tens of
+ * µs to milliseconds on a virtual machine whose idle vCPUs are halted) overlaps with what the
+ * caller does before its first pool_run. Nothing happens if no worker sleeps.
+ */
+void pool_wake(struct pool *p);
+
 /* Runs fn(ctx, i, thread) for every i < n_tasks across the participants; returns when done. */
 void pool_run(struct pool *p, pool_task_fn *fn, void *ctx, size_t n_tasks);
 

@@ -178,6 +178,32 @@ static void test_idle_uses_no_cpu(void **state)
     pool_destroy(p);
 }
 
+/* pool_wake: an empty job that only wakes sleeping workers, never in the way of the next real
+ * one, of a second wake, or of destroy (TSan runs this test too) */
+static void test_wake(void **state)
+{
+    (void)state;
+    struct timespec settle = {0, 20 * 1000 * 1000};
+    for (int threads = 1; threads <= 3; threads++) {
+        struct pool *p;
+        assert_int_equal(pool_create(threads, POOL_PIN_NONE, &p), 0);
+        struct sum_ctx c;
+        atomic_init(&c.sum, 0);
+        pool_wake(p); /* workers still spinning from their start, or none: nothing to do */
+        nanosleep(&settle, NULL);
+        pool_wake(p); /* asleep by now: woken */
+        pool_run(p, sum_task, &c, 8);
+        assert_int_equal(atomic_load(&c.sum), 36);
+        pool_wake(p);
+        pool_wake(p); /* a wake right behind a wake: waits for the first one's empty job */
+        pool_run(p, sum_task, &c, 8);
+        assert_int_equal(atomic_load(&c.sum), 72);
+        nanosleep(&settle, NULL);
+        pool_wake(p);
+        pool_destroy(p); /* with the empty job possibly still in flight */
+    }
+}
+
 struct pin_ctx {
     int cpu[8];
     int single[8];
@@ -311,7 +337,7 @@ int main(void)
         cmocka_unit_test(test_create_errors),     cmocka_unit_test(test_run_every_task_once),
         cmocka_unit_test(test_for_contiguous_shards), cmocka_unit_test(test_rapid_dispatch),
         cmocka_unit_test(test_idle_uses_no_cpu),  cmocka_unit_test(test_pinning),
-        cmocka_unit_test(test_pool_matmul),
+        cmocka_unit_test(test_pool_matmul),       cmocka_unit_test(test_wake),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
