@@ -8,15 +8,19 @@
 #      (from each stream's last message) beside the client's, so the difference is what gRPC,
 #      the gateway and the rings add; clocherd's CPU time over the worker's. Models: synthetic TinyLlama-1.1B int4 (a real workload) and the demo
 #      model (5M parameters: tokens every ~0.3 ms, the gateway's worst case);
+#      A single stream repeats ROUNDS1 sequential requests per repetition on both sides (its
+#      TTFT p50 is then over REPS x ROUNDS1 requests: one request's TTFT on this shared VM
+#      varies by milliseconds); several streams run one wave per repetition.
 #   2. one worker with 2 threads vs two workers with one core each (--workers 2), 8 streams.
 # Prints markdown. Env: BUILD_DIR, CLOCHER_MODELS (default models/), THREADS (2), REPS (5),
-# MAX_NEW (32), CONC ("1 8").
+# ROUNDS1 (10), MAX_NEW (32), CONC ("1 8").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build/release}
 models=${CLOCHER_MODELS:-$(pwd)/models}
 threads=${THREADS:-2}
 reps=${REPS:-5}
+rounds1=${ROUNDS1:-10}
 max_new=${MAX_NEW:-32}
 concs=${CONC:-1 8}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -67,16 +71,18 @@ for m in tinyllama-1.1b-int4 demo; do
     : >"$run_dir/ie_tps"; : >"$run_dir/ie_ttft"; : >"$run_dir/gw_tps"; : >"$run_dir/gw_ttft"
     : >"$run_dir/sv_ttft"; dcpu=0; wcpu=0
     wpid=$(pgrep -P "$daemon_pid" clocher-worker | head -1)
+    r=1
+    [ "$c" -eq 1 ] && r=$rounds1
     for _ in $(seq "$reps"); do
       # both sides warm: the engine after a warm-up round, the client after its start-up (a
       # gRPC client's start costs CPU that a 2-core machine takes from the worker); one wave
       # of c requests starting together on both sides (the same batching schedule)
       out=$("$ie" --model-dir "$dir" --prompt-ids "$prompt" --greedy --max-new "$max_new" \
-        --concurrency "$c" --threads "$threads" --warmup 1 --rounds 1 --quiet)
+        --concurrency "$c" --threads "$threads" --warmup 1 --rounds "$r" --quiet)
       echo "$out" | lines 'j["tps"]' | median >>"$run_dir/ie_tps"
       echo "$out" | lines 'j["ttft_p50_ms"]' | median >>"$run_dir/ie_ttft"
       d0=$(cpu_ticks "$daemon_pid") w0=$(cpu_ticks "$wpid")
-      out=$("$clocher" bench --addr "unix:$run_dir/s.sock" -c "$c" --warmup "$c" -n "$c" --json \
+      out=$("$clocher" bench --addr "unix:$run_dir/s.sock" -c "$c" --warmup "$c" -n $((c * r)) --json \
         --prompt-ids "$prompt" --max-tokens "$max_new" --temperature 0)
       dcpu=$((dcpu + $(cpu_ticks "$daemon_pid") - d0)) wcpu=$((wcpu + $(cpu_ticks "$wpid") - w0))
       echo "$out" | field 'j["tokens_per_s"]' >>"$run_dir/gw_tps"
