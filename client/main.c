@@ -6,6 +6,7 @@
 #include "cmds.h"
 
 #include "log.h"
+#include "slice.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -37,6 +38,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     log_set_ident("clocher");
+    (void)slice_request(SLICE_LATENCY_NS); /* before gRPC starts its threads (slice.h) */
     if (argc < 2) {
         usage(stderr);
         return CMD_EXIT_USAGE;

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "err.h"
 #include "log.h"
+#include "slice.h"
 #include "sup.h"
 #include "topo.h"
 #include "workers.h"
@@ -111,6 +112,7 @@ static int find_worker(const char *opt, const struct config *c, char *out, size_
 int main(int argc, char **argv)
 {
     enum { OPT_WORKER_BIN = 256, OPT_TOPO, OPT_CHECK, OPT_PLAN, OPT_VERSION };
+    (void)slice_request(SLICE_LATENCY_NS); /* before gRPC and libuv start their threads */
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
         {"model-dir", required_argument, NULL, 'm'},
