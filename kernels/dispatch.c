@@ -47,7 +47,7 @@ struct cpu_feats {
     int avx2, avx512, avx512bf16;
 };
 
-static struct cpu_feats cpu_feats(void)
+static struct cpu_feats read_cpu_feats(void)
 {
     struct cpu_feats f = {0, 0, 0};
     unsigned a, b, c, d;
@@ -69,6 +69,18 @@ static struct cpu_feats cpu_feats(void)
     if (f.avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
         f.avx512bf16 = (a >> 5) & 1;
     return f;
+}
+
+/* Read once: CPUID traps to the hypervisor in a VM (microseconds), and kern_has_avx512bf16
+ * is asked per LoRA kernel call. pthread_once orders the write before every reader. */
+static struct cpu_feats g_feats;
+static pthread_once_t g_feats_once = PTHREAD_ONCE_INIT;
+static void feats_init(void) { g_feats = read_cpu_feats(); }
+
+static struct cpu_feats cpu_feats(void)
+{
+    pthread_once(&g_feats_once, feats_init);
+    return g_feats;
 }
 
 int kern_isa_supported(enum kern_isa isa)

@@ -1256,7 +1256,10 @@ void lora_apply_one(const struct lora_adapter *ad, float scale, uint32_t layer,
     seg_b(ad, layer, t, tmp, n, NULL, ad->cfg.scaling * scale, y, ldy, 0, ad->out[t]);
 }
 
-/* ---- the serving path: packed weights, fused phases (lora_apply_fused) ---- */
+/* ---- the serving path: packed weights, fused phases (lora_apply_fused) ----
+ * Kernels: bf16 weights on AVX512-BF16 use kernels/ (kern_lora_*_bf16_bf16_avx512,
+ * activations rounded to bf16); f32 weights, and bf16 elsewhere, the AVX2 ones below (exact
+ * widening); CLOCHER_ISA=ref the scalar ones. */
 
 #define SHRINK_KB 8u   /* phase A task: rank rows */
 #define EXPAND_JB 256u /* phase B task: output columns */
@@ -1494,11 +1497,23 @@ static bool use_simd(void)
 #endif
 }
 
+/* bf16 weights on AVX512-BF16: activations rounded to bf16, vdpbf16ps (kern.h, "LoRA shrink
+ * and expand in bf16"; why: ADR 0006 addendum, session 6) */
+static bool use_bf16_dot(enum dtype dt, size_t rank)
+{
+    return dt == DT_BF16 && rank <= KERN_LORA_RANK_MAX && kern_isa() == KERN_ISA_AVX512 &&
+           kern_has_avx512bf16();
+}
+
 void lora_kern_shrink(enum dtype dt, const void *a, size_t in, size_t rank, const float *x,
                       size_t n, float *t, size_t k0, size_t k1)
 {
     CHECK(dt == DT_F32 || dt == DT_BF16);
     CHECK(k0 <= k1 && k1 <= rank);
+    if (use_bf16_dot(dt, rank)) {
+        kern_lora_shrink_bf16_bf16_avx512(a, in, rank, x, n, t, k0, k1);
+        return;
+    }
 #if defined(__x86_64__)
     if (use_simd()) {
         shrink_avx2(dt, a, in, rank, x, n, t, k0, k1);
@@ -1514,6 +1529,10 @@ void lora_kern_expand(enum dtype dt, const void *bt, size_t out, size_t rank, co
 {
     CHECK(dt == DT_F32 || dt == DT_BF16);
     CHECK(j0 <= j1 && j1 <= out);
+    if (use_bf16_dot(dt, rank)) {
+        kern_lora_expand_bf16_bf16_avx512(bt, rank, t, n, scale, s, y, ldy, j0, j1);
+        return;
+    }
 #if defined(__x86_64__)
     if (use_simd()) {
         expand_avx2(dt, bt, out, rank, t, n, scale, s, y, ldy, j0, j1);
@@ -1604,7 +1623,8 @@ void lora_apply_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
                         * 32-column B panels (measured, int4, 8 streams: 256 cost +2-5% at
                         * rank 1 against pool_matmul's longer shards, 512 ~0%) */
 #define MM_PREP_TOK 16u /* tokens per activation-preparing task */
-#define MM_LAG 2u      /* an expand task follows its base tile by this many base tasks */
+#define MM_LAG 2u      /* an expand task follows its base tile by this many base tasks (2 to 6
+                        * measured alike, session 6) */
 #define MM_MAX_PROJ 4u
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1  /* update tasks request their whole weight blocks first */

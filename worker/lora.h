@@ -31,6 +31,7 @@
 #define CLOCHER_WORKER_LORA_H
 
 #include "iebin.h"
+#include "kern.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -267,7 +268,7 @@ void lora_apply_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
  * [LORA_PANEL] contiguous (the last panel zero-padded), so that an expand task streams one
  * contiguous block. B[j][k] is element lora_bt_index(rank, k, j).
  */
-#define LORA_PANEL 32u
+#define LORA_PANEL KERN_LORA_PANEL /* the bf16 kernels (kern.h) read the same layout */
 static inline size_t lora_bt_index(size_t rank, size_t k, size_t j)
 {
     return (j / LORA_PANEL) * rank * LORA_PANEL + k * LORA_PANEL + j % LORA_PANEL;

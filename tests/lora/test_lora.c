@@ -672,6 +672,26 @@ static void naive(const struct lora_adapter *ad, float scale, uint32_t layer,
     }
 }
 
+/* naive's terms in absolute value: the scale of the rounding when x and A x are rounded to
+ * bf16 (the bf16 adapters' kernels on AVX512-BF16) */
+static void naive_mag(const struct lora_adapter *ad, float scale, uint32_t layer,
+                      enum lora_target t, const float *x, float *m)
+{
+    const struct lora_weights *w = lora_weights(ad, layer, t);
+    uint32_t r = ad->cfg.rank, in = ad->in[t], out = ad->out[t];
+    for (uint32_t o = 0; o < out; o++)
+        m[o] = 0.0f;
+    if (!w)
+        return;
+    for (uint32_t k = 0; k < r; k++) {
+        double acc = 0.0;
+        for (uint32_t c = 0; c < in; c++)
+            acc += fabs((double)w->a[(size_t)k * in + c] * x[c]);
+        for (uint32_t o = 0; o < out; o++)
+            m[o] += (float)(fabs((double)ad->cfg.scaling * scale * w->b[(size_t)o * r + k]) * acc);
+    }
+}
+
 static void test_apply_grouped(void **state)
 {
     (void)state;
@@ -1004,7 +1024,12 @@ static void test_kernels_ref_vs_fast(void **state)
                         if (j < j0 || j >= j1 || (sc && sc[i] == 0.0f))
                             assert_true(y_ref[i * ldy + j] == y0[i * ldy + j]);
                 }
-                assert_int_equal(kern_force_isa(best), 0);
+                /* bf16 weights on AVX512-BF16 take the bf16-activation kernels, checked
+                 * against their own twin in test_kernels_bf16_dot; here the AVX2 ones */
+                assert_int_equal(kern_force_isa(dt == DT_BF16 && best == KERN_ISA_AVX512
+                                                    ? KERN_ISA_AVX2
+                                                    : best),
+                                 0);
                 /* the fast shrink on a sub-range of ranks writes only those */
                 memset(t_fast, 0xff, n * r * 4);
                 lora_kern_shrink(dt, a, in, r, x, n, t_fast, k0, r);
@@ -1025,6 +1050,117 @@ static void test_kernels_ref_vs_fast(void **state)
             free(t_ref); free(t_fast); free(y0); free(y_ref); free(y_fast);
         }
     assert_int_equal(kern_force_isa(best), 0);
+}
+
+/* The bf16-activation kernels (kern.h, "LoRA shrink and expand in bf16"): the scalar twin
+ * against double precision with x and t rounded to bf16 (only the f32 sums' order may
+ * differ), the AVX512-BF16 kernels against the twin, on ragged shapes; a token's bits do
+ * not depend on the tokens beside it (the same token alone and in a block of n). */
+static void test_kernels_bf16_dot(void **state)
+{
+    (void)state;
+    assert_int_equal(kern_init(), 0);
+    const bool simd = kern_isa() == KERN_ISA_AVX512 && kern_has_avx512bf16();
+    if (!simd)
+        print_message("  no AVX512-BF16 here: the scalar twin only\n");
+    const size_t ins[] = {1, 31, 32, 33, 172, 2048};
+    const size_t outs[] = {1, 31, 32, 33, 100, 260};
+    const size_t ranks[] = {1, 2, 5, 16, 32, 70};
+    const size_t ns[] = {1, 2, 3, 4, 5, 9};
+    for (int c = 0; c < 6; c++) {
+        size_t in = ins[c], out = outs[(c + 2) % 6], r = ranks[(c + 1) % 6], n = ns[(c * 5) % 6];
+        size_t ldy = out + 3, P = KERN_LORA_PANEL;
+        size_t nbt = (out + P - 1) / P * P * r;
+        uint16_t *a = malloc(r * in * 2), *bt = calloc(nbt, 2);
+        float *x = malloc(n * in * 4), *t = malloc(n * r * 4), *t2 = malloc(n * r * 4);
+        float *t1 = malloc(r * 4), *y0 = malloc(n * ldy * 4), *y = malloc(n * ldy * 4);
+        float *y2 = malloc(n * ldy * 4), *y1 = malloc(ldy * 4), *sc = malloc(n * 4);
+        for (size_t i = 0; i < r * in; i++)
+            a[i] = half_f32_to_bf16(urand());
+        for (size_t k = 0; k < r; k++)
+            for (size_t j = 0; j < out; j++)
+                bt[j / P * r * P + k * P + j % P] = half_f32_to_bf16(urand());
+        for (size_t i = 0; i < n * in; i++)
+            x[i] = urand();
+        for (size_t i = 0; i < n; i++)
+            sc[i] = i == 1 ? 0.0f : 0.5f + urand();
+        for (size_t i = 0; i < n * ldy; i++)
+            y0[i] = urand() * 4.0f;
+        const size_t j0 = out > 40 ? 3 : 0, j1 = out > 40 ? out - 2 : out;
+        kern_lora_shrink_bf16_bf16_ref(a, in, r, x, n, t, 0, r);
+        memcpy(y, y0, n * ldy * 4);
+        kern_lora_expand_bf16_bf16_ref(bt, r, t, n, sc, 0.0f, y, ldy, j0, j1);
+        for (size_t i = 0; i < n; i++) {
+            double tk[80];
+            for (size_t k = 0; k < r; k++) {
+                double acc = 0, mag = 0;
+                for (size_t q = 0; q < in; q++) {
+                    double xv = half_bf16_to_f32(half_f32_to_bf16(x[i * in + q]));
+                    acc += xv * half_bf16_to_f32(a[k * in + q]);
+                    mag += fabs(xv * half_bf16_to_f32(a[k * in + q]));
+                }
+                tk[k] = t[i * r + k];
+                if (fabs(t[i * r + k] - acc) > 1e-6 * (1 + mag) * in)
+                    fail_msg("twin shrink in %zu r %zu: %g, want %g", in, r,
+                             (double)t[i * r + k], acc);
+            }
+            for (size_t j = 0; j < ldy; j++) {
+                double want = y0[i * ldy + j], mag = 0;
+                if (j >= j0 && j < j1 && sc[i] != 0.0f) {
+                    double acc = 0;
+                    for (size_t k = 0; k < r; k++) {
+                        double p = half_bf16_to_f32(half_f32_to_bf16((float)tk[k])) *
+                                   (double)half_bf16_to_f32(bt[j / P * r * P + k * P + j % P]);
+                        acc += p;
+                        mag += fabs(p);
+                    }
+                    want += sc[i] * acc;
+                }
+                if (fabs(y[i * ldy + j] - want) > 1e-6 * (1 + fabs(want) + mag * r))
+                    fail_msg("twin expand out %zu r %zu: y[%zu][%zu] %g, want %g", out, r, i, j,
+                             (double)y[i * ldy + j], want);
+                if ((j < j0 || j >= j1 || sc[i] == 0.0f) && y[i * ldy + j] != y0[i * ldy + j])
+                    fail_msg("twin expand wrote y[%zu][%zu] outside its range", i, j);
+            }
+        }
+        if (!simd)
+            goto next;
+        /* SIMD against the twin, a sub-range of ranks first */
+        memset(t2, 0xff, n * r * 4);
+        size_t k0 = r > 3 ? 1 : 0;
+        kern_lora_shrink_bf16_bf16_avx512(a, in, r, x, n, t2, k0, r);
+        kern_lora_shrink_bf16_bf16_avx512(a, in, r, x, n, t2, 0, k0);
+        for (size_t i = 0; i < n * r; i++) {
+            double mag = 0;
+            for (size_t q = 0; q < in; q++)
+                mag += fabs(x[i / r * in + q] * half_bf16_to_f32(a[i % r * in + q]));
+            if (fabs(t2[i] - t[i]) > 1e-6 * (1 + mag) * in)
+                fail_msg("avx512 shrink in %zu r %zu: t[%zu] %g, twin %g", in, r, i,
+                         (double)t2[i], (double)t[i]);
+        }
+        memcpy(y2, y0, n * ldy * 4);
+        kern_lora_expand_bf16_bf16_avx512(bt, r, t, n, sc, 0.0f, y2, ldy, j0, j1);
+        for (size_t i = 0; i < n * ldy; i++) {
+            if (fabsf(y2[i] - y[i]) > 1e-5f * (1.0f + fabsf(y[i])) * (float)r)
+                fail_msg("avx512 expand out %zu r %zu: y[%zu] %g, twin %g", out, r, i,
+                         (double)y2[i], (double)y[i]);
+            if ((i % ldy < j0 || i % ldy >= j1 || sc[i / ldy] == 0.0f) && y2[i] != y0[i])
+                fail_msg("avx512 expand wrote y[%zu] outside its range", i);
+        }
+        /* batched = alone: the last token by itself gives the same bits */
+        {
+            size_t i = n - 1;
+            kern_lora_shrink_bf16_bf16_avx512(a, in, r, x + i * in, 1, t1, 0, r);
+            assert_memory_equal(t1, t2 + i * r, r * 4);
+            memcpy(y1, y0 + i * ldy, ldy * 4);
+            kern_lora_expand_bf16_bf16_avx512(bt, r, t + i * r, 1, sc + i, 0.0f, y1, ldy, j0,
+                                              j1);
+            assert_memory_equal(y1, y2 + i * ldy, ldy * 4);
+        }
+    next:
+        free(a); free(bt); free(x); free(t); free(t2); free(t1);
+        free(y0); free(y); free(y2); free(y1); free(sc);
+    }
 }
 
 /* lora_apply_fused (the engine's path: packed weights, q/k/v as one group) against the
@@ -1104,12 +1240,19 @@ static void test_apply_fused(void **state)
                         naive(who[i], scale[i], layer, t, x[k] + (size_t)i * in, want);
                     if (!who[i] || scale[i] == 0.0f || !lora_weights(who[i], layer, t))
                         assert_memory_equal(yp[k] + (size_t)i * out, want, out * 4);
+                    /* bf16 adapters on AVX512-BF16: x and A x rounded to bf16, each
+                     * product off by at most 2^-8 of itself */
+                    float *mag = calloc(out, 4);
+                    if (who[i] && who[i]->fast_dt == DT_BF16 && kern_isa() == KERN_ISA_AVX512 &&
+                        kern_has_avx512bf16())
+                        naive_mag(who[i], scale[i], layer, t, x[k] + (size_t)i * in, mag);
                     for (size_t o = 0; o < out; o++)
                         if (fabsf(yp[k][(size_t)i * out + o] - want[o]) >
-                            1e-4f * (1.0f + fabsf(want[o])))
+                            1e-4f * (1.0f + fabsf(want[o])) + mag[o] / 128.0f)
                             fail_msg("layer %u %s: y[%d][%zu] = %g, want %g", layer,
                                      lora_target_name(t), i, o,
                                      (double)yp[k][(size_t)i * out + o], (double)want[o]);
+                    free(mag);
                     free(want);
                 }
                 free(x[k]);
@@ -1270,6 +1413,7 @@ int main(void)
         cmocka_unit_test(test_apply_grouped),
         cmocka_unit_test(test_apply_on_pool),
         cmocka_unit_test(test_kernels_ref_vs_fast),
+        cmocka_unit_test(test_kernels_bf16_dot),
         cmocka_unit_test(test_apply_fused),
         cmocka_unit_test(test_matmul_fused),
     };
