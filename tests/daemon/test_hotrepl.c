@@ -1,7 +1,8 @@
 /*
  * test_hotrepl.c — hot tensor replication (worker/hotrepl.c) on the real stories260K model:
  * the copies hold the same bytes at the same addresses, are no longer backed by the shared
- * file, live on the requested node, honour the byte limit in hotness order, and a model that
+ * file, live on the requested node, honour the byte limit in hotness order, tensors the forward
+ * pass no longer reads (q4_0 matrices repacked into panels) are left shared, and a model that
  * is not mapped is left alone.
  */
 #include "testutil.h"
@@ -11,6 +12,7 @@
 #include "iebin.h"
 #include "llama2c.h"
 #include "log.h"
+#include "model.h"
 
 #include <errno.h>
 #include <numaif.h>
@@ -80,7 +82,7 @@ static void test_replicate_all(void **state)
     assert_true(file_backed_bytes(g_dir) >= sum);
 
     struct hotrepl_report rep;
-    assert_int_equal(hotrepl_apply(g_dir, 0, 0, &rep), 0);
+    assert_int_equal(hotrepl_apply(g_dir, NULL, 0, 0, &rep), 0);
     assert_int_equal(rep.n_mappings, 1);
     assert_int_equal(rep.n_tensors, m->n_tensors);
     assert_int_equal(rep.n_skipped, 0);
@@ -109,7 +111,7 @@ static void test_replicate_all(void **state)
     iebin_close(m); /* one munmap still releases the mixed mapping */
 
     /* nothing mapped now: nothing to do */
-    assert_int_equal(hotrepl_apply(g_dir, 0, 0, &rep), 0);
+    assert_int_equal(hotrepl_apply(g_dir, NULL, 0, 0, &rep), 0);
     assert_int_equal(rep.n_mappings, 0);
 }
 
@@ -125,7 +127,7 @@ static void test_limit(void **state)
     /* room for the classifier, its norm and the first layer's first tensors, not more */
     uint64_t limit = emb->size + norm->size + q0->size + 1;
     struct hotrepl_report rep;
-    assert_int_equal(hotrepl_apply(g_dir, -1, limit, &rep), 0);
+    assert_int_equal(hotrepl_apply(g_dir, NULL, -1, limit, &rep), 0);
     assert_int_equal(rep.n_mappings, 1);
     assert_true(rep.n_tensors >= 3 && rep.n_tensors < m->n_tensors);
     assert_int_equal(rep.n_tensors + rep.n_skipped, m->n_tensors);
@@ -139,11 +141,88 @@ static void test_limit(void **state)
 
     /* a limit below the smallest hot tensor replicates nothing */
     assert_int_equal(iebin_open(g_dir, &m), 0);
-    assert_int_equal(hotrepl_apply(g_dir, -1, 1, &rep), 0);
+    assert_int_equal(hotrepl_apply(g_dir, NULL, -1, 1, &rep), 0);
     assert_int_equal(rep.n_tensors, 0);
     assert_int_equal(rep.bytes, 0);
     assert_int_equal(rep.n_skipped, m->n_tensors);
     iebin_close(m);
+}
+
+/* Whether the page at addr is still mapped from model.ie.bin. */
+static bool page_file_backed(const char *dir, const void *addr)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, IEBIN_BLOB);
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[1024];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long a, b, off, ino;
+        unsigned maj, min;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s %lx %x:%x %lu", &a, &b, perms, &off, &maj, &min, &ino) == 7 &&
+            ino == st.st_ino && makedev(maj, min) == st.st_dev && a <= (uintptr_t)addr &&
+            (uintptr_t)addr < b)
+            found = true;
+    }
+    fclose(f);
+    return found;
+}
+
+/* The first page wholly inside tensor t (boundary pages may be shared with a neighbour). */
+static const void *inner_page(const struct iebin_tensor *t)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)t->data + page - 1) / page * page;
+    assert_true(a + page <= (uintptr_t)t->data + t->size);
+    return (const void *)a;
+}
+
+static void test_skips_repacked(void **state)
+{
+    (void)state;
+    /* stories260K is f32, so nothing gets panels on its own: give layer 0's q and the (tied)
+     * classifier panels by hand, as repack_q4 would for q4_0 matrices; the pointer is never
+     * read here */
+    static const char fake_panels[64];
+    struct iebin_model *im;
+    assert_int_equal(iebin_open(g_dir, &im), 0);
+    struct model mdl;
+    assert_int_equal(model_init(&mdl, im), 0);
+    assert_true(mdl.hp.tied_embeddings);
+    mdl.layers[0].wq.panels = fake_panels;
+    mdl.output.panels = fake_panels;
+    assert_false(model_reads_stored(&mdl, "blk.0.attn_q"));
+    assert_true(model_reads_stored(&mdl, "blk.0.attn_k"));
+    assert_true(model_reads_stored(&mdl, IEBIN_T_TOK_EMBD)); /* the embedding lookup */
+    assert_true(model_reads_stored(&mdl, "blk.0.attn_norm"));
+    assert_true(model_reads_stored(&mdl, "no.such.tensor"));
+
+    const struct iebin_tensor *q0 = iebin_find(im, "blk.0.attn_q");
+    const struct iebin_tensor *k0 = iebin_find(im, "blk.0.attn_k");
+    const struct iebin_tensor *emb = iebin_find(im, IEBIN_T_TOK_EMBD);
+    assert_true(page_file_backed(g_dir, inner_page(q0)));
+    assert_true(page_file_backed(g_dir, inner_page(k0)));
+
+    struct hotrepl_report rep;
+    assert_int_equal(hotrepl_apply(g_dir, &mdl, -1, 0, &rep), 0);
+    assert_int_equal(rep.n_mappings, 1);
+    assert_int_equal(rep.n_unread, 1);
+    assert_int_equal(rep.unread_bytes, q0->size);
+    assert_int_equal(rep.n_tensors, im->n_tensors - 1); /* HOT_TENSORS: what was copied */
+    assert_int_equal(rep.n_skipped, 0);
+    /* the classifier reads panels: tok_embd is now only the embedding, ranked last */
+    assert_string_equal(rep.first, IEBIN_T_OUTPUT_NORM);
+    assert_string_equal(rep.last, IEBIN_T_TOK_EMBD);
+    /* the repacked matrix keeps the file's pages, the others are copies */
+    assert_true(page_file_backed(g_dir, inner_page(q0)));
+    assert_false(page_file_backed(g_dir, inner_page(k0)));
+    assert_false(page_file_backed(g_dir, inner_page(emb)));
+    model_fini(&mdl);
+    iebin_close(im);
 }
 
 static void test_errors(void **state)
@@ -151,12 +230,12 @@ static void test_errors(void **state)
     (void)state;
     struct hotrepl_report rep;
     tu_log_capture_begin();
-    int rc = hotrepl_apply("/nonexistent/model", 0, 0, &rep);
+    int rc = hotrepl_apply("/nonexistent/model", NULL, 0, 0, &rep);
     tu_log_capture_end();
     assert_true(rc < 0);
     tu_assert_log_contains("/nonexistent/model", NULL);
     tu_log_capture_begin();
-    assert_int_equal(hotrepl_apply(g_dir, 5000, 0, &rep), ERR_RANGE);
+    assert_int_equal(hotrepl_apply(g_dir, NULL, 5000, 0, &rep), ERR_RANGE);
     tu_log_capture_end();
     tu_assert_log_contains("node 5000", NULL);
 }
@@ -166,6 +245,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replicate_all),
         cmocka_unit_test(test_limit),
+        cmocka_unit_test(test_skips_repacked),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
