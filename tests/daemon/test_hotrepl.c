@@ -10,6 +10,7 @@
 #include "err.h"
 #include "hotrepl.h"
 #include "iebin.h"
+#include "kern.h"
 #include "llama2c.h"
 #include "log.h"
 #include "model.h"
@@ -28,6 +29,8 @@ static char *g_dir;
 static int setup(void **state)
 {
     (void)state;
+    if (kern_init() != 0) /* model_init repacks q4_0 only when the kernels run AVX-512 */
+        return -1;
     g_dir = tu_mkdtemp();
     if (llama2c_convert(tu_fixture("stories260K/stories260K.bin"), NULL, 0, g_dir, DT_F32,
                         NULL) != 0)
@@ -225,6 +228,73 @@ static void test_skips_repacked(void **state)
     iebin_close(im);
 }
 
+/*
+ * The same with panels made by model_init itself: the base with every matrix whose rows are
+ * whole q4_0 blocks quantized (stories260K's ffn_down, 172 columns, stays f32). On AVX-512
+ * those matrices, and the tied classifier, get panels and are not replicated; elsewhere
+ * nothing is repacked and everything is replicated.
+ */
+static void test_skips_real_panels(void **state)
+{
+    (void)state;
+    struct iebin_model *base;
+    assert_int_equal(iebin_open(g_dir, &base), 0);
+    char *tmp = tu_mkdtemp();
+    char *qdir = strdup(tu_path(tmp, "q4"));
+    struct iebin_writer *w;
+    assert_int_equal(iebin_writer_create(qdir, "llama", "stories260K-q4", &base->hp, &w), 0);
+    size_t n_q4 = 0;
+    for (size_t i = 0; i < base->n_tensors; i++) {
+        const struct iebin_tensor *t = &base->tensors[i];
+        if (t->n_dims == 2 && t->shape[1] % 32 == 0) {
+            size_t rows = t->shape[0], cols = t->shape[1], rb = cols / 32 * 18;
+            uint8_t *q = malloc(rows * rb);
+            assert_non_null(q);
+            for (size_t r = 0; r < rows; r++)
+                assert_int_equal(kern_quantize_row_q4_search(DT_Q4_0, (const float *)t->data +
+                                                             r * cols, q + r * rb, cols),
+                                 0);
+            assert_int_equal(iebin_writer_add(w, t->name, DT_Q4_0, t->shape, 2, q, rows * rb),
+                             0);
+            free(q);
+            n_q4++;
+        } else {
+            assert_int_equal(
+                iebin_writer_add(w, t->name, t->dtype, t->shape, t->n_dims, t->data, t->size), 0);
+        }
+    }
+    assert_int_equal(iebin_writer_finish(w), 0);
+    iebin_close(base);
+
+    struct iebin_model *im;
+    assert_int_equal(iebin_open(qdir, &im), 0);
+    struct model mdl;
+    assert_int_equal(model_init(&mdl, im), 0);
+    struct hotrepl_report rep;
+    assert_int_equal(hotrepl_apply(qdir, &mdl, -1, 0, &rep), 0);
+    assert_int_equal(rep.n_mappings, 1);
+    if (mdl.layers[0].wq.panels) {
+        /* every q4_0 tensor but tok_embd (still the embedding) is read through panels only */
+        assert_non_null(mdl.output.panels);
+        assert_false(model_reads_stored(&mdl, "blk.0.attn_q"));
+        assert_true(model_reads_stored(&mdl, "blk.0.ffn_down")); /* f32: no panels */
+        assert_int_equal(rep.n_unread, n_q4 - 1);
+        assert_int_equal(rep.n_tensors, im->n_tensors - (n_q4 - 1));
+        assert_string_equal(rep.first, IEBIN_T_OUTPUT_NORM);
+        assert_string_equal(rep.last, IEBIN_T_TOK_EMBD);
+    } else {
+        print_message("  no q4_0 panels on this machine (ISA %d): all tensors replicated\n",
+                      (int)kern_isa());
+        assert_int_equal(rep.n_unread, 0);
+        assert_int_equal(rep.n_tensors, im->n_tensors);
+    }
+    model_fini(&mdl);
+    iebin_close(im);
+    tu_rmtree(tmp);
+    free(tmp);
+    free(qdir);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -246,6 +316,7 @@ int main(void)
         cmocka_unit_test(test_replicate_all),
         cmocka_unit_test(test_limit),
         cmocka_unit_test(test_skips_repacked),
+        cmocka_unit_test(test_skips_real_panels),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
