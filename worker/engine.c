@@ -1012,6 +1012,8 @@ static void percentiles(const double *ring, size_t n, double *p50, double *p95)
     *p95 = tmp[(n - 1) * 95 / 100];
 }
 
+const struct model *engine_model(const struct engine *e) { return e->m; }
+
 void engine_get_metrics(const struct engine *e, struct engine_metrics *m)
 {
     struct kv_metrics km;

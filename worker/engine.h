@@ -92,6 +92,7 @@ struct engine_event {
 typedef void engine_event_fn(const struct engine_event *ev, void *ud);
 
 struct engine;
+struct model;
 int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, void *ud,
                   struct engine **out);
 void engine_destroy(struct engine *e);
@@ -121,6 +122,10 @@ struct engine_metrics {
     double ttft_p50_ms, ttft_p95_ms, tpot_p50_ms, tpot_p95_ms, e2e_p50_ms, e2e_p95_ms;
 };
 void engine_get_metrics(const struct engine *e, struct engine_metrics *m);
+
+/* The engine's loaded model (read-only; valid until engine_destroy). Hot replication asks it
+ * which tensors the forward pass reads. */
+const struct model *engine_model(const struct engine *e);
 
 /* single-shot: submit, step until finished */
 int engine_generate(struct engine *e, const struct engine_request *req, int32_t **ids,

@@ -7,6 +7,7 @@
 #include "err.h"
 #include "iebin.h"
 #include "log.h"
+#include "model.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -31,14 +32,15 @@ struct vma {
     uint64_t off;
 };
 
-static unsigned rank_of(const char *name, const struct iebin_hparams *hp)
+/* cls_stored: the classifier product reads the stored rows (not panels) */
+static unsigned rank_of(const char *name, const struct iebin_hparams *hp, bool cls_stored)
 {
     unsigned layer;
     int n = 0;
     if (strcmp(name, IEBIN_T_OUTPUT) == 0 || strcmp(name, IEBIN_T_OUTPUT_NORM) == 0)
         return 0;
-    if (strcmp(name, IEBIN_T_TOK_EMBD) == 0)
-        return hp->tied_embeddings ? 0 : hp->n_layers + 1; /* tied: it is the classifier */
+    if (strcmp(name, IEBIN_T_TOK_EMBD) == 0) /* tied and read whole: it is the classifier */
+        return hp->tied_embeddings && cls_stored ? 0 : hp->n_layers + 1;
     if (sscanf(name, "blk.%u.%n", &layer, &n) == 1 && n > 0)
         return 1 + layer;
     return hp->n_layers + 2;
@@ -152,8 +154,8 @@ static int replicate_range(uintptr_t addr, size_t len, int node)
     return 0;
 }
 
-int hotrepl_apply(const char *model_dir, int node, uint64_t limit_bytes,
-                  struct hotrepl_report *rep)
+int hotrepl_apply(const char *model_dir, const struct model *model, int node,
+                  uint64_t limit_bytes, struct hotrepl_report *rep)
 {
     memset(rep, 0, sizeof *rep);
     if (node >= 1024) {
@@ -176,12 +178,22 @@ int hotrepl_apply(const char *model_dir, int node, uint64_t limit_bytes,
         return -ENOMEM;
     }
     sprintf(blob, "%s/%s", m->dir, IEBIN_BLOB);
+    const bool cls_stored = !model || !model->output.panels;
+    size_t kept = 0;
     for (size_t i = 0; i < n; i++) {
-        sp[i].off = m->tensors[i].offset;
-        sp[i].size = m->tensors[i].size;
-        sp[i].rank = rank_of(m->tensors[i].name, &m->hp);
-        snprintf(sp[i].name, sizeof sp[i].name, "%s", m->tensors[i].name);
+        const struct iebin_tensor *t = &m->tensors[i];
+        if (model && !model_reads_stored(model, t->name)) {
+            rep->n_unread++;
+            rep->unread_bytes += t->size;
+            continue;
+        }
+        sp[kept].off = t->offset;
+        sp[kept].size = t->size;
+        sp[kept].rank = rank_of(t->name, &m->hp, cls_stored);
+        snprintf(sp[kept].name, sizeof sp[kept].name, "%s", t->name);
+        kept++;
     }
+    n = kept; /* the candidates: tensors something reads */
     iebin_close(m);
 
     struct vma *v = NULL;

@@ -17,6 +17,12 @@
  * the rest. The token embedding of an untied model is last: each token reads one row of it.
  * With a limit, tensors are taken in that order while they fit.
  *
+ * What is not read is not copied: given the engine's struct model, tensors whose stored bytes
+ * the forward pass no longer reads (q4_0 matrices repacked into panels at load, model.h
+ * model_reads_stored) are left shared, so the budget goes to tensors that are read. The
+ * panels themselves are anonymous memory first touched by the loading worker, so already on
+ * its node. A tied tok_embd whose classifier has panels then ranks as an embedding (last).
+ *
  * clocher-worker applies it when IE_HOT_REPLICATE=1 (IE_HOT_REPL_LIMIT_MB caps the bytes),
  * after the engine has mapped the model and before it serves.
  *
@@ -31,23 +37,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct model;
+
 struct hotrepl_report {
     size_t n_mappings;        /* mappings of model.ie.bin found in this process */
     size_t n_tensors;         /* tensors replicated (per mapping) */
     uint64_t bytes;           /* bytes copied, pages rounded, all mappings */
     size_t n_skipped;         /* tensors left shared because of the limit */
     uint64_t skipped_bytes;
+    size_t n_unread;          /* tensors left shared because nothing reads their stored bytes */
+    uint64_t unread_bytes;
     char first[128], last[128]; /* first and last tensor replicated, in hotness order */
 };
 
 /*
  * Replicates the hottest tensors of the model in `model_dir` into memory on NUMA node `node`
  * (-1 = wherever this thread's memory policy puts it), at most limit_bytes (0 = all), inside
- * every mapping of its model.ie.bin that this process holds. 0 with *rep filled (n_mappings 0
- * when the model is not mapped: nothing to do), or a negative code, logged: the model's
- * manifest errors (iebin_open), -errno from /proc/self/maps, mmap, mbind, mremap.
+ * every mapping of its model.ie.bin that this process holds. `m`: the loaded model whose
+ * readers decide which tensors are read (model_reads_stored), or NULL to treat every tensor
+ * as read. 0 with *rep filled (n_mappings 0 when the model is not mapped: nothing to do), or
+ * a negative code, logged: the model's manifest errors (iebin_open), -errno from
+ * /proc/self/maps, mmap, mbind, mremap.
  */
-int hotrepl_apply(const char *model_dir, int node, uint64_t limit_bytes,
+int hotrepl_apply(const char *model_dir, const struct model *m, int node, uint64_t limit_bytes,
                   struct hotrepl_report *rep);
 
 #endif

@@ -228,6 +228,25 @@ void model_close(struct model *m)
     iebin_close(im);
 }
 
+bool model_reads_stored(const struct model *m, const char *name)
+{
+    const struct iebin_tensor *t = iebin_find(m->im, name);
+    if (!t || !t->data || t->data == m->tok_embd.data)
+        return true;
+    /* a stored tensor backs at most one product view: match it by address */
+    if (m->output.data == t->data)
+        return !m->output.panels;
+    for (uint32_t l = 0; l < m->hp.n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        const struct model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo,
+                                          &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            if (mats[i]->data == t->data)
+                return !mats[i]->panels;
+    }
+    return true; /* norms */
+}
+
 void model_embed_row(const struct model *m, uint32_t r, float *out)
 {
     const struct model_mat *e = &m->tok_embd;

@@ -17,6 +17,7 @@
 #include "dtype.h"
 #include "iebin.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -77,6 +78,15 @@ void model_fini(struct model *m);
 int model_open(const char *dir, unsigned iebin_flags, struct model **out);
 /* Closes what model_open returned. NULL is a no-op. */
 void model_close(struct model *m);
+
+/*
+ * Whether the forward pass still reads the stored bytes of IEBIN tensor `name` (its pages in
+ * the model's file mapping). False only for a matrix whose products read its panels instead;
+ * tok_embd stays read even when a tied classifier has panels (the embedding lookup reads its
+ * rows). A name the model has no view of is reported as read: callers that act on the
+ * answer (hot replication) then keep doing what they did without it.
+ */
+bool model_reads_stored(const struct model *m, const char *name);
 
 /* Row r of the token embedding as f32 (any stored dtype). out: [dim]. r < vocab_size. */
 void model_embed_row(const struct model *m, uint32_t r, float *out);

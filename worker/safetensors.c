@@ -20,7 +20,6 @@
 #include "log.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdbool.h>

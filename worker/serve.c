@@ -755,7 +755,8 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
     }
     if (o->hot_replicate) {
         struct hotrepl_report rep;
-        if ((rc = hotrepl_apply(o->model_dir, o->mem_node, o->hot_limit_bytes, &rep)) < 0)
+        if ((rc = hotrepl_apply(o->model_dir, engine_model(s->e), o->mem_node,
+                                o->hot_limit_bytes, &rep)) < 0)
             goto fail;
         s->hot_bytes = rep.bytes;
         s->hot_tensors = rep.n_tensors;
@@ -764,9 +765,10 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
                      "mapping; nothing replicated");
         else
             LOG_INFO("hot replication: node %d: %zu tensors, %.1f MiB (%s .. %s), %zu left "
-                     "shared (%.1f MiB)",
+                     "shared (%.1f MiB), %zu not read (repacked; %.1f MiB)",
                      o->mem_node, rep.n_tensors, (double)rep.bytes / 1048576.0, rep.first,
-                     rep.last, rep.n_skipped, (double)rep.skipped_bytes / 1048576.0);
+                     rep.last, rep.n_skipped, (double)rep.skipped_bytes / 1048576.0,
+                     rep.n_unread, (double)rep.unread_bytes / 1048576.0);
     }
     if ((rc = send_event(s, &hello)) < 0)
         goto fail;

@@ -1,9 +1,11 @@
 /*
  * test_lora_forward.c — LoRA acceptance on the real stories260K checkpoint:
- *  - the test's reference forward matches the fixture's golden logits (so it is a reference);
- *  - logits with an adapter applied through the projection hook match those of a model whose
- *    weights were merged, W + s * B A, written as an IEBIN model in the test, for every
- *    target alone and all together, at two request scales;
+ *  - the forward pass the tests run through (worker/forward.c, the FP32 reference) matches
+ *    the fixture's golden logits, token by token and as one prefill chunk;
+ *  - logits with an adapter applied through forward.c's projection hook (forward_set_hook)
+ *    match those of the same forward pass over a model whose weights were merged,
+ *    W + s * B A, written as an IEBIN model in the test, for every target alone and all
+ *    together, at two request scales;
  *  - the q/k row permutation: attention scores computed the Hugging Face way (rotate-half
  *    RoPE on HF-ordered q/k with the adapter's B as stored) equal Clocher's (interleaved RoPE
  *    on IEBIN weights with the loaded B), and a B left unpermuted visibly breaks them;
@@ -14,14 +16,15 @@
 #include "testutil.h"
 
 #include "peft.h"
-#include "ref_llama.h"
 
 #include "err.h"
+#include "forward.h"
 #include "half.h"
 #include "iebin.h"
 #include "kern.h"
 #include "llama2c.h"
 #include "lora.h"
+#include "model.h"
 #include "safetensors.h"
 #include "synth_adapter.h"
 
@@ -76,18 +79,29 @@ static int32_t *prompt_of(size_t c, size_t *n)
     return ids;
 }
 
-/* logits [n][vocab] for a prompt through model m (hook may be NULL) */
+/*
+ * logits [n][vocab] for a prompt through worker/forward.c over model m (hook may be NULL),
+ * fed `chunk` tokens per forward_eval (max_chunk = chunk, so each call is one batch through
+ * the layers and the hook sees at most `chunk` tokens).
+ */
 static float *run(const struct iebin_model *m, const int32_t *ids, size_t n,
-                  ref_llama_hook_fn *hook, void *ud, size_t chunk)
+                  forward_hook_fn *hook, void *ud, size_t chunk)
 {
-    float *logits = malloc(n * m->hp.vocab_size * sizeof(float));
+    const size_t V = m->hp.vocab_size;
+    float *logits = malloc(n * V * sizeof(float));
     assert_non_null(logits);
-    struct ref_llama *r = ref_llama_create(m, MAX_TOK);
+    struct model mdl;
+    assert_int_equal(model_init(&mdl, m), 0);
+    struct forward *f;
+    struct forward_config cfg = {.max_seq = 0, .max_chunk = (uint32_t)chunk, .pool = NULL};
+    assert_int_equal(forward_create(&mdl, &cfg, &f), 0);
+    forward_set_hook(f, hook, ud);
     for (size_t p = 0; p < n; p += chunk) {
         size_t k = n - p < chunk ? n - p : chunk;
-        ref_llama_forward(r, ids + p, k, p, logits + p * m->hp.vocab_size, hook, ud);
+        assert_int_equal(forward_eval(f, ids + p, k, FORWARD_LOGITS_ALL, logits + p * V), 0);
     }
-    ref_llama_destroy(r);
+    forward_destroy(f);
+    model_fini(&mdl);
     return logits;
 }
 
