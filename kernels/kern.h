@@ -187,36 +187,46 @@ int kern_quantize_row_q4g(enum dtype dt, const float *x, void *dst, size_t n);
  */
 int kern_quantize_row_q4_search(enum dtype dt, const float *x, void *dst, size_t n);
 
-/* ---- LoRA shrink and expand in bf16 (worker/lora.c's serving path) -------------------- */
+/* ---- LoRA shrink and expand (worker/lora.c's serving path) ------------------------------ */
 
 /*
- * The two low-rank products of a LoRA update, y += s * B (A x), for bf16 adapter weights,
- * with the activations rounded to bf16 (round to nearest even) and the products summed in
- * f32, so that vdpbf16ps does 32 multiply-adds per instruction with no widening (ADR 0006,
- * "bf16 LoRA kernels"):
- *   shrink: t[i][k] = sum_c bf16(x[i][c]) * a[k][c] for i < n, k in [k0, k1)
- *           a: [rank][in] bf16, x: [n][in] f32, t: [n][rank] f32 (only columns [k0, k1)).
- *   expand: y[i][j] += s_i * sum_k bf16(t[i][k]) * bt[k][j] for i < n, j in [j0, j1),
- *           s_i = scale ? scale[i] : s (a zero s_i leaves row i's bits alone);
- *           bt: B^T in panels of KERN_LORA_PANEL output columns, [ceil(out/32)][rank][32]
- *           bf16, the last panel zero-padded (bt[k][j] at (j/32)*rank*32 + k*32 + j%32),
+ * The two low-rank products of a LoRA update, y += s * B (A x), on the adapter's packed
+ * weights (wt: DT_F32 or DT_BF16):
+ *   shrink: t[i][k] = sum_c x[i][c] * a[k][c] for i < n, k in [k0, k1)
+ *           a: [rank][in], x: [n][in] f32, t: [n][rank] f32 (only columns [k0, k1)).
+ *   expand: y[i][j] += s_i * sum_k t[i][k] * bt[k][j] for i < n, j in [j0, j1),
+ *           s_i = scale ? scale[i] : s;
+ *           bt: B^T in panels of KERN_LORA_PANEL output columns, [ceil(out/32)][rank][32],
+ *           the last panel zero-padded (bt[k][j] at (j/32)*rank*32 + k*32 + j%32),
  *           t: [n][rank], y: [n][ldy].
- * A token's result does not depend on n or on the other tokens (batched = alone). _avx512
- * needs kern_has_avx512bf16() and rank <= KERN_LORA_RANK_MAX; it differs from _ref only in
- * the order of the f32 sums (tests/lora/test_lora.c states the bound).
+ * kern_lora_shrink / kern_lora_expand dispatch on wt and kern_isa():
+ *   _<wt>_f32_{ref,avx2}: f32 activations; bf16 weights widened exactly.
+ *   _bf16_bf16_{ref,avx512}: bf16 weights on AVX512-BF16 (and rank <= KERN_LORA_RANK_MAX):
+ *     x and t rounded to bf16 (round to nearest even), products summed in f32, so vdpbf16ps
+ *     does 32 multiply-adds per instruction with no widening (ADR 0006, session 6 addendum);
+ *     a zero s_i leaves row i's bits alone.
+ * SIMD variants differ from their _ref twin only in the order of the f32 sums
+ * (tests/lora/test_lora.c states the bounds). A token's result does not depend on n or on
+ * the other tokens (batched = alone).
  */
 #define KERN_LORA_PANEL 32u
 #define KERN_LORA_RANK_MAX 256u
-void kern_lora_shrink_bf16_bf16_ref(const uint16_t *a, size_t in, size_t rank, const float *x,
-                                    size_t n, float *t, size_t k0, size_t k1);
-void kern_lora_shrink_bf16_bf16_avx512(const uint16_t *a, size_t in, size_t rank,
-                                       const float *x, size_t n, float *t, size_t k0, size_t k1);
-void kern_lora_expand_bf16_bf16_ref(const uint16_t *bt, size_t rank, const float *t, size_t n,
-                                    const float *scale, float s, float *y, size_t ldy,
-                                    size_t j0, size_t j1);
-void kern_lora_expand_bf16_bf16_avx512(const uint16_t *bt, size_t rank, const float *t,
-                                       size_t n, const float *scale, float s, float *y,
-                                       size_t ldy, size_t j0, size_t j1);
+void kern_lora_shrink(enum dtype wt, const void *a, size_t in, size_t rank, const float *x,
+                      size_t n, float *t, size_t k0, size_t k1);
+void kern_lora_expand(enum dtype wt, const void *bt, size_t rank, const float *t, size_t n,
+                      const float *scale, float s, float *y, size_t ldy, size_t j0, size_t j1);
+
+typedef void kern_lora_shrink_fn(const void *a, size_t in, size_t rank, const float *x,
+                                 size_t n, float *t, size_t k0, size_t k1);
+typedef void kern_lora_expand_fn(const void *bt, size_t rank, const float *t, size_t n,
+                                 const float *scale, float s, float *y, size_t ldy, size_t j0,
+                                 size_t j1);
+kern_lora_shrink_fn kern_lora_shrink_f32_f32_ref, kern_lora_shrink_bf16_f32_ref,
+    kern_lora_shrink_f32_f32_avx2, kern_lora_shrink_bf16_f32_avx2,
+    kern_lora_shrink_bf16_bf16_ref, kern_lora_shrink_bf16_bf16_avx512;
+kern_lora_expand_fn kern_lora_expand_f32_f32_ref, kern_lora_expand_bf16_f32_ref,
+    kern_lora_expand_f32_f32_avx2, kern_lora_expand_bf16_f32_avx2,
+    kern_lora_expand_bf16_bf16_ref, kern_lora_expand_bf16_bf16_avx512;
 
 /* ---- block-sparse (BSR) GEMV (kernels/sparse.c; the file format is worker/bsr.h) --------- */
 

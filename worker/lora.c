@@ -39,6 +39,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#if defined(__x86_64__)
+#include <immintrin.h> /* _mm_pause, _mm_prefetch (SSE, baseline x86-64) */
+#endif
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1257,291 +1260,12 @@ void lora_apply_one(const struct lora_adapter *ad, float scale, uint32_t layer,
 }
 
 /* ---- the serving path: packed weights, fused phases (lora_apply_fused) ----
- * Kernels: bf16 weights on AVX512-BF16 use kernels/ (kern_lora_*_bf16_bf16_avx512,
- * activations rounded to bf16); f32 weights, and bf16 elsewhere, the AVX2 ones below (exact
- * widening); CLOCHER_ISA=ref the scalar ones. */
+ * The kernels are kern_lora_shrink / kern_lora_expand (kernels/kern.h): bf16 weights on
+ * AVX512-BF16 with activations rounded to bf16; f32 weights, and bf16 elsewhere, widened
+ * exactly on AVX2; CLOCHER_ISA=ref the scalar ones. */
 
 #define SHRINK_KB 8u   /* phase A task: rank rows */
 #define EXPAND_JB 256u /* phase B task: output columns */
-/* expand: prefetch the next panel in software (measured: +5-15% on a decode-sized segment;
- * the same in shrink, whose rows are separate streams, measured slower, so it has none) */
-#define EXPAND_PREFETCH 1
-#define EXPAND_PK 64u  /* ranks up to this convert a bf16 panel once into a stack buffer */
-
-static inline float ld_w(enum dtype dt, const void *w, size_t i)
-{
-    return dt == DT_BF16 ? half_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
-}
-
-static void shrink_ref(enum dtype dt, const void *a, size_t in, size_t rank, const float *x,
-                       size_t n, float *t, size_t k0, size_t k1)
-{
-    for (size_t i = 0; i < n; i++)
-        for (size_t k = k0; k < k1; k++) {
-            float acc = 0.0f;
-            for (size_t c = 0; c < in; c++)
-                acc += x[i * in + c] * ld_w(dt, a, k * in + c);
-            t[i * rank + k] = acc;
-        }
-}
-
-static void expand_ref(enum dtype dt, const void *bt, size_t out, size_t rank, const float *t,
-                       size_t n, const float *scale, float s, float *y, size_t ldy, size_t j0,
-                       size_t j1)
-{
-    (void)out;
-    for (size_t i = 0; i < n; i++) {
-        float si = scale ? scale[i] : s;
-        for (size_t j = j0; j < j1; j++) {
-            float acc = 0.0f;
-            for (size_t k = 0; k < rank; k++)
-                acc += t[i * rank + k] * ld_w(dt, bt, lora_bt_index(rank, k, j));
-            y[i * ldy + j] += si * acc;
-        }
-    }
-}
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define LORA_TGT __attribute__((target("avx2,fma")))
-#define UNROLL4 _Pragma("GCC unroll 4")
-
-LORA_TGT static inline __m256 ld8(enum dtype dt, const void *w, size_t i)
-{
-    if (dt == DT_BF16) {
-        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-    return _mm256_loadu_ps((const float *)w + i);
-}
-
-LORA_TGT static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* NT tokens x KR rank rows from k (KR*NT <= 8 accumulators), A read once per NT tokens.
- * Inlined with constant KR and NT so the loops unroll into registers. */
-LORA_TGT static inline __attribute__((always_inline)) void
-shrink_block(enum dtype dt, const void *a, size_t in, size_t rank, const float *x, float *t,
-             size_t k, const size_t kr, const size_t nt)
-{
-    __m256 acc[4][4];
-    UNROLL4 for (size_t q = 0; q < kr; q++)
-        UNROLL4 for (size_t i = 0; i < nt; i++)
-            acc[q][i] = _mm256_setzero_ps();
-    size_t c = 0;
-    for (; c + 8 <= in; c += 8) {
-        __m256 av[4];
-        UNROLL4 for (size_t q = 0; q < kr; q++)
-            av[q] = ld8(dt, a, (k + q) * in + c);
-        UNROLL4 for (size_t i = 0; i < nt; i++) {
-            __m256 xv = _mm256_loadu_ps(x + i * in + c);
-            UNROLL4 for (size_t q = 0; q < kr; q++)
-                acc[q][i] = _mm256_fmadd_ps(av[q], xv, acc[q][i]);
-        }
-    }
-    UNROLL4 for (size_t q = 0; q < kr; q++)
-        UNROLL4 for (size_t i = 0; i < nt; i++) {
-            float sum = hsum8(acc[q][i]);
-            for (size_t cc = c; cc < in; cc++)
-                sum += x[i * in + cc] * ld_w(dt, a, (k + q) * in + cc);
-            t[i * rank + k + q] = sum;
-        }
-}
-
-LORA_TGT static inline __attribute__((always_inline)) void
-shrink_gen(enum dtype dt, const void *a, size_t in, size_t rank, const float *x, size_t n,
-           float *t, size_t k0, size_t k1)
-{
-    for (size_t i0 = 0; i0 < n; i0 += 4) {
-        size_t nt = n - i0 < 4 ? n - i0 : 4;
-        const float *xi = x + i0 * in;
-        float *ti = t + i0 * rank;
-        size_t k = k0;
-        if (nt <= 2) /* decode: 4 rank rows at once, more streams in flight */
-            for (; k + 4 <= k1; k += 4) {
-                if (nt == 2)
-                    shrink_block(dt, a, in, rank, xi, ti, k, 4, 2);
-                else
-                    shrink_block(dt, a, in, rank, xi, ti, k, 4, 1);
-            }
-        for (; k + 2 <= k1; k += 2) {
-            switch (nt) {
-            case 4: shrink_block(dt, a, in, rank, xi, ti, k, 2, 4); break;
-            case 3: shrink_block(dt, a, in, rank, xi, ti, k, 2, 3); break;
-            case 2: shrink_block(dt, a, in, rank, xi, ti, k, 2, 2); break;
-            default: shrink_block(dt, a, in, rank, xi, ti, k, 2, 1); break;
-            }
-        }
-        if (k < k1) {
-            switch (nt) {
-            case 4: shrink_block(dt, a, in, rank, xi, ti, k, 1, 4); break;
-            case 3: shrink_block(dt, a, in, rank, xi, ti, k, 1, 3); break;
-            case 2: shrink_block(dt, a, in, rank, xi, ti, k, 1, 2); break;
-            default: shrink_block(dt, a, in, rank, xi, ti, k, 1, 1); break;
-            }
-        }
-    }
-}
-
-/* c[i][0..3] = sum_k t_i[k] * panel[k][0..31] for NT (1 or 2) tokens t_i = t + i * rank: each
- * panel row is loaded (and widened) once for the NT tokens. The panel is pw in dt, or pf in
- * f32 (a stack copy). */
-LORA_TGT static inline __attribute__((always_inline)) void
-expand_panel(enum dtype dt, const void *pw, const float *pf, size_t rank, const float *t,
-             const size_t nt, __m256 c[2][4])
-{
-    UNROLL4 for (size_t i = 0; i < nt; i++)
-        UNROLL4 for (int q = 0; q < 4; q++)
-            c[i][q] = _mm256_setzero_ps();
-    for (size_t k = 0; k < rank; k++) {
-        __m256 b[4];
-        UNROLL4 for (int q = 0; q < 4; q++)
-            b[q] = pf ? _mm256_loadu_ps(pf + k * LORA_PANEL + 8 * q)
-                      : ld8(dt, pw, k * LORA_PANEL + 8 * (size_t)q);
-        UNROLL4 for (size_t i = 0; i < nt; i++) {
-            __m256 tv = _mm256_broadcast_ss(t + i * rank + k);
-            UNROLL4 for (int q = 0; q < 4; q++)
-                c[i][q] = _mm256_fmadd_ps(tv, b[q], c[i][q]);
-        }
-    }
-}
-
-/* y_i[pj + a .. pj + e) += s_i * c[i] (a product then a sum, like the reference) */
-LORA_TGT static inline __attribute__((always_inline)) void
-expand_store(float *yr, __m256 sv, const __m256 c[4], size_t a, size_t e)
-{
-    if (a == 0 && e == LORA_PANEL) {
-        UNROLL4 for (int q = 0; q < 4; q++)
-            _mm256_storeu_ps(yr + 8 * q,
-                             _mm256_add_ps(_mm256_loadu_ps(yr + 8 * q), _mm256_mul_ps(sv, c[q])));
-    } else {
-        float d[LORA_PANEL] __attribute__((aligned(32)));
-        for (int q = 0; q < 4; q++)
-            _mm256_store_ps(d + 8 * q, _mm256_mul_ps(sv, c[q]));
-        for (size_t j = a; j < e; j++)
-            yr[j] += d[j];
-    }
-}
-
-LORA_TGT static inline __attribute__((always_inline)) void
-expand_gen(enum dtype dt, const void *bt, size_t rank, const float *t, size_t n,
-           const float *scale, float s, float *y, size_t ldy, size_t j0, size_t j1)
-{
-    float stage[EXPAND_PK * LORA_PANEL] __attribute__((aligned(32))); /* [rank][32] f32 */
-    const size_t esz = dt == DT_BF16 ? 2 : 4;
-    for (size_t pj = j0 / LORA_PANEL * LORA_PANEL; pj < j1; pj += LORA_PANEL) {
-        const void *pw = (const unsigned char *)bt + pj * rank * esz; /* [rank][32] */
-        /* the next panel is the next bytes: start fetching it */
-        if (EXPAND_PREFETCH && pj + LORA_PANEL < j1)
-            for (size_t q = 0; q < rank * LORA_PANEL * esz; q += 64)
-                _mm_prefetch((const char *)pw + rank * LORA_PANEL * esz + q, _MM_HINT_T0);
-        const float *pf = NULL;
-        if (dt == DT_F32) {
-            pf = pw;
-        } else if (n > 2 && rank <= EXPAND_PK) {
-            /* many tokens: widen the panel once instead of once per pair */
-            for (size_t q = 0; q < rank * LORA_PANEL; q += 8)
-                _mm256_store_ps(stage + q, ld8(dt, pw, q));
-            pf = stage;
-        }
-        size_t a = (pj > j0 ? pj : j0) - pj, e = (pj + LORA_PANEL < j1 ? pj + LORA_PANEL : j1) - pj;
-        size_t i = 0;
-        for (; i + 2 <= n; i += 2) {
-            __m256 c[2][4];
-            expand_panel(dt, pw, pf, rank, t + i * rank, 2, c);
-            expand_store(y + i * ldy + pj, _mm256_set1_ps(scale ? scale[i] : s), c[0], a, e);
-            expand_store(y + (i + 1) * ldy + pj, _mm256_set1_ps(scale ? scale[i + 1] : s), c[1],
-                         a, e);
-        }
-        if (i < n) {
-            __m256 c[2][4];
-            expand_panel(dt, pw, pf, rank, t + i * rank, 1, c);
-            expand_store(y + i * ldy + pj, _mm256_set1_ps(scale ? scale[i] : s), c[0], a, e);
-        }
-    }
-}
-
-/* the weight dtype as a constant in each, so ld8's branch folds away */
-LORA_TGT static void shrink_avx2(enum dtype dt, const void *a, size_t in, size_t rank,
-                                 const float *x, size_t n, float *t, size_t k0, size_t k1)
-{
-    if (dt == DT_BF16)
-        shrink_gen(DT_BF16, a, in, rank, x, n, t, k0, k1);
-    else
-        shrink_gen(DT_F32, a, in, rank, x, n, t, k0, k1);
-}
-
-LORA_TGT static void expand_avx2(enum dtype dt, const void *bt, size_t out, size_t rank,
-                                 const float *t, size_t n, const float *scale, float s,
-                                 float *y, size_t ldy, size_t j0, size_t j1)
-{
-    (void)out;
-    if (dt == DT_BF16)
-        expand_gen(DT_BF16, bt, rank, t, n, scale, s, y, ldy, j0, j1);
-    else
-        expand_gen(DT_F32, bt, rank, t, n, scale, s, y, ldy, j0, j1);
-}
-#endif
-
-static bool use_simd(void)
-{
-#if defined(__x86_64__)
-    return kern_isa() != KERN_ISA_REF;
-#else
-    return false;
-#endif
-}
-
-/* bf16 weights on AVX512-BF16: activations rounded to bf16, vdpbf16ps (kern.h, "LoRA shrink
- * and expand in bf16"; why: ADR 0006 addendum, session 6) */
-static bool use_bf16_dot(enum dtype dt, size_t rank)
-{
-    return dt == DT_BF16 && rank <= KERN_LORA_RANK_MAX && kern_isa() == KERN_ISA_AVX512 &&
-           kern_has_avx512bf16();
-}
-
-void lora_kern_shrink(enum dtype dt, const void *a, size_t in, size_t rank, const float *x,
-                      size_t n, float *t, size_t k0, size_t k1)
-{
-    CHECK(dt == DT_F32 || dt == DT_BF16);
-    CHECK(k0 <= k1 && k1 <= rank);
-    if (use_bf16_dot(dt, rank)) {
-        kern_lora_shrink_bf16_bf16_avx512(a, in, rank, x, n, t, k0, k1);
-        return;
-    }
-#if defined(__x86_64__)
-    if (use_simd()) {
-        shrink_avx2(dt, a, in, rank, x, n, t, k0, k1);
-        return;
-    }
-#endif
-    shrink_ref(dt, a, in, rank, x, n, t, k0, k1);
-}
-
-void lora_kern_expand(enum dtype dt, const void *bt, size_t out, size_t rank, const float *t,
-                      size_t n, const float *scale, float s, float *y, size_t ldy, size_t j0,
-                      size_t j1)
-{
-    CHECK(dt == DT_F32 || dt == DT_BF16);
-    CHECK(j0 <= j1 && j1 <= out);
-    if (use_bf16_dot(dt, rank)) {
-        kern_lora_expand_bf16_bf16_avx512(bt, rank, t, n, scale, s, y, ldy, j0, j1);
-        return;
-    }
-#if defined(__x86_64__)
-    if (use_simd()) {
-        expand_avx2(dt, bt, out, rank, t, n, scale, s, y, ldy, j0, j1);
-        return;
-    }
-#endif
-    expand_ref(dt, bt, out, rank, t, n, scale, s, y, ldy, j0, j1);
-}
-
 struct fused_job {
     const struct lora_plan *p;
     uint32_t layer;
@@ -1565,7 +1289,7 @@ static void fused_a(void *ctx, size_t task, int thread)
     if (!w || k0 >= r)
         return;
     size_t k1 = k0 + SHRINK_KB < r ? k0 + SHRINK_KB : r, in = s->ad->in[pr->t];
-    lora_kern_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
+    kern_lora_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
                      j->tmp + pi * j->p->tmp_floats + s->tmp0, k0, k1);
 }
 
@@ -1583,7 +1307,7 @@ static void fused_b(void *ctx, size_t task, int thread)
     if (!w || c0 >= out)
         return;
     size_t c1 = c0 + EXPAND_JB < out ? c0 + EXPAND_JB : out;
-    lora_kern_expand(s->ad->fast_dt, w->fbt, out, s->ad->cfg.rank,
+    kern_lora_expand(s->ad->fast_dt, w->fbt, s->ad->cfg.rank,
                      j->tmp + pi * j->p->tmp_floats + s->tmp0, s->n, j->p->scale + s->t0, 0.0f,
                      pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
 }
@@ -1717,7 +1441,7 @@ static void mm_task_run(void *ctx, size_t task, int thread)
         size_t esz = s->ad->fast_dt == DT_BF16 ? 2 : 4;
         if (MM_PREFETCH)
             prefetch_l2((const char *)w->fa + k0 * in * esz, (k1 - k0) * in * esz);
-        lora_kern_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
+        kern_lora_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
                          j->tmp + tk->proj * p->tmp_floats + s->tmp0, k0, k1);
         atomic_fetch_add_explicit(&j->shrink_done[tk->proj], 1, memory_order_release);
         break;
@@ -1756,7 +1480,7 @@ static void mm_task_run(void *ctx, size_t task, int thread)
             const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
             if (!w)
                 continue;
-            lora_kern_expand(s->ad->fast_dt, w->fbt, out, s->ad->cfg.rank,
+            kern_lora_expand(s->ad->fast_dt, w->fbt, s->ad->cfg.rank,
                              j->tmp + tk->proj * p->tmp_floats + s->tmp0, s->n,
                              p->scale + s->t0, 0.0f, pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
         }

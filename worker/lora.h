@@ -268,7 +268,7 @@ void lora_apply_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
  * [LORA_PANEL] contiguous (the last panel zero-padded), so that an expand task streams one
  * contiguous block. B[j][k] is element lora_bt_index(rank, k, j).
  */
-#define LORA_PANEL KERN_LORA_PANEL /* the bf16 kernels (kern.h) read the same layout */
+#define LORA_PANEL KERN_LORA_PANEL /* the layout kern_lora_expand reads (kern.h) */
 static inline size_t lora_bt_index(size_t rank, size_t k, size_t j)
 {
     return (j / LORA_PANEL) * rank * LORA_PANEL + k * LORA_PANEL + j % LORA_PANEL;
@@ -278,20 +278,7 @@ static inline size_t lora_bt_elems(size_t out, size_t rank)
     return (out + LORA_PANEL - 1) / LORA_PANEL * LORA_PANEL * rank;
 }
 
-/*
- * The kernels of lora_apply_fused (exported for tests; dispatched on kern_isa(): scalar for
- * KERN_ISA_REF, AVX2+FMA otherwise). dt: DT_F32 or DT_BF16.
- * shrink: t[i][k] = sum_c x[i][c] * a[k][c] for i < n, k in [k0, k1).
- *         a: [rank][in], x: [n][in], t: [n][rank].
- * expand: y[i][j] += s_i * sum_k t[i][k] * bt[k][j] for i < n, j in [j0, j1), with
- *         s_i = scale[i] (scale NULL: s). bt: packed [lora_bt_elems(out, rank)] (bt[k][j] =
- *         bt[lora_bt_index(rank, k, j)]), t: [n][rank], y: [n][ldy].
- */
-void lora_kern_shrink(enum dtype dt, const void *a, size_t in, size_t rank, const float *x,
-                      size_t n, float *t, size_t k0, size_t k1);
-void lora_kern_expand(enum dtype dt, const void *bt, size_t out, size_t rank, const float *t,
-                      size_t n, const float *scale, float s, float *y, size_t ldy, size_t j0,
-                      size_t j1);
+/* The kernels of lora_apply_fused are kern_lora_shrink / kern_lora_expand (kernels/kern.h). */
 
 /* ---- the serving path with the base product: one pool job per projection group ---- */
 

@@ -88,9 +88,10 @@ TGT void shrink_tokens(const uint16_t *a, size_t in, size_t rank, const float *x
     }
 }
 
-void kern_lora_shrink_bf16_bf16_avx512(const uint16_t *a, size_t in, size_t rank,
+void kern_lora_shrink_bf16_bf16_avx512(const void *a_, size_t in, size_t rank,
                                        const float *x, size_t n, float *t, size_t k0, size_t k1)
 {
+    const uint16_t *a = a_;
     for (size_t i0 = 0; i0 < n; i0 += 4) {
         const float *xi = x + i0 * in;
         float *ti = t + i0 * rank;
@@ -165,10 +166,11 @@ TGT void expand_tokens(const uint16_t *bt, size_t rank, const uint32_t *tp, size
     }
 }
 
-void kern_lora_expand_bf16_bf16_avx512(const uint16_t *bt, size_t rank, const float *t,
+void kern_lora_expand_bf16_bf16_avx512(const void *bt_, size_t rank, const float *t,
                                        size_t n, const float *scale, float s, float *y,
                                        size_t ldy, size_t j0, size_t j1)
 {
+    const uint16_t *bt = bt_;
     const size_t kp_n = (rank + 1) / 2;
     uint32_t tp[4 * (KERN_LORA_RANK_MAX / 2)]; /* [4 tokens][kp_n]: (t[2kp], t[2kp+1]) bf16 */
     float si[4];

@@ -1,0 +1,142 @@
+/*
+ * lora_kern.c — the LoRA shrink and expand (kern.h, "LoRA shrink and expand"): their scalar
+ * specifications and the dispatch on the weight type and kern_isa().
+ *  - f32 activations (_f32_f32, _bf16_f32): products and sums in f32 in column order.
+ *  - bf16 activations (_bf16_bf16): x and t rounded to bf16 exactly as vcvtne2ps2bf16 does
+ *    (round to nearest even), products exact in f32, sums in f32 in column order.
+ */
+#include "kern.h"
+
+#include "check.h"
+#include "half.h"
+
+static inline float ld_w(enum dtype dt, const void *w, size_t i)
+{
+    return dt == DT_BF16 ? half_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+static void shrink_ref(enum dtype dt, const void *a, size_t in, size_t rank, const float *x,
+                       size_t n, float *t, size_t k0, size_t k1)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = k0; k < k1; k++) {
+            float acc = 0.0f;
+            for (size_t c = 0; c < in; c++)
+                acc += x[i * in + c] * ld_w(dt, a, k * in + c);
+            t[i * rank + k] = acc;
+        }
+}
+
+static void expand_ref(enum dtype dt, const void *bt, size_t rank, const float *t, size_t n,
+                       const float *scale, float s, float *y, size_t ldy, size_t j0, size_t j1)
+{
+    const size_t P = KERN_LORA_PANEL;
+    for (size_t i = 0; i < n; i++) {
+        float si = scale ? scale[i] : s;
+        for (size_t j = j0; j < j1; j++) {
+            float acc = 0.0f;
+            for (size_t k = 0; k < rank; k++)
+                acc += t[i * rank + k] * ld_w(dt, bt, (j / P) * rank * P + k * P + j % P);
+            y[i * ldy + j] += si * acc;
+        }
+    }
+}
+
+void kern_lora_shrink_f32_f32_ref(const void *a, size_t in, size_t rank, const float *x,
+                                  size_t n, float *t, size_t k0, size_t k1)
+{
+    shrink_ref(DT_F32, a, in, rank, x, n, t, k0, k1);
+}
+
+void kern_lora_shrink_bf16_f32_ref(const void *a, size_t in, size_t rank, const float *x,
+                                   size_t n, float *t, size_t k0, size_t k1)
+{
+    shrink_ref(DT_BF16, a, in, rank, x, n, t, k0, k1);
+}
+
+void kern_lora_expand_f32_f32_ref(const void *bt, size_t rank, const float *t, size_t n,
+                                  const float *scale, float s, float *y, size_t ldy, size_t j0,
+                                  size_t j1)
+{
+    expand_ref(DT_F32, bt, rank, t, n, scale, s, y, ldy, j0, j1);
+}
+
+void kern_lora_expand_bf16_f32_ref(const void *bt, size_t rank, const float *t, size_t n,
+                                   const float *scale, float s, float *y, size_t ldy,
+                                   size_t j0, size_t j1)
+{
+    expand_ref(DT_BF16, bt, rank, t, n, scale, s, y, ldy, j0, j1);
+}
+
+/* bf16 weights on AVX512-BF16: activations rounded to bf16, vdpbf16ps (why: ADR 0006
+ * addendum, session 6) */
+static int use_bf16_dot(enum dtype wt, size_t rank)
+{
+    return wt == DT_BF16 && rank <= KERN_LORA_RANK_MAX && kern_isa() == KERN_ISA_AVX512 &&
+           kern_has_avx512bf16();
+}
+
+void kern_lora_shrink(enum dtype wt, const void *a, size_t in, size_t rank, const float *x,
+                      size_t n, float *t, size_t k0, size_t k1)
+{
+    CHECK(wt == DT_F32 || wt == DT_BF16);
+    CHECK(k0 <= k1 && k1 <= rank);
+    if (use_bf16_dot(wt, rank))
+        kern_lora_shrink_bf16_bf16_avx512(a, in, rank, x, n, t, k0, k1);
+    else if (kern_isa() == KERN_ISA_REF)
+        shrink_ref(wt, a, in, rank, x, n, t, k0, k1);
+    else if (wt == DT_BF16)
+        kern_lora_shrink_bf16_f32_avx2(a, in, rank, x, n, t, k0, k1);
+    else
+        kern_lora_shrink_f32_f32_avx2(a, in, rank, x, n, t, k0, k1);
+}
+
+void kern_lora_expand(enum dtype wt, const void *bt, size_t rank, const float *t, size_t n,
+                      const float *scale, float s, float *y, size_t ldy, size_t j0, size_t j1)
+{
+    CHECK(wt == DT_F32 || wt == DT_BF16);
+    CHECK(j0 <= j1);
+    if (use_bf16_dot(wt, rank))
+        kern_lora_expand_bf16_bf16_avx512(bt, rank, t, n, scale, s, y, ldy, j0, j1);
+    else if (kern_isa() == KERN_ISA_REF)
+        expand_ref(wt, bt, rank, t, n, scale, s, y, ldy, j0, j1);
+    else if (wt == DT_BF16)
+        kern_lora_expand_bf16_f32_avx2(bt, rank, t, n, scale, s, y, ldy, j0, j1);
+    else
+        kern_lora_expand_f32_f32_avx2(bt, rank, t, n, scale, s, y, ldy, j0, j1);
+}
+
+static inline float bf16_round(float v) { return half_bf16_to_f32(half_f32_to_bf16(v)); }
+
+void kern_lora_shrink_bf16_bf16_ref(const void *a_, size_t in, size_t rank, const float *x,
+                                    size_t n, float *t, size_t k0, size_t k1)
+{
+    const uint16_t *a = a_;
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = k0; k < k1; k++) {
+            float acc = 0.0f;
+            for (size_t c = 0; c < in; c++)
+                acc += bf16_round(x[i * in + c]) * half_bf16_to_f32(a[k * in + c]);
+            t[i * rank + k] = acc;
+        }
+}
+
+void kern_lora_expand_bf16_bf16_ref(const void *bt_, size_t rank, const float *t, size_t n,
+                                    const float *scale, float s, float *y, size_t ldy,
+                                    size_t j0, size_t j1)
+{
+    const uint16_t *bt = bt_;
+    const size_t P = KERN_LORA_PANEL;
+    for (size_t i = 0; i < n; i++) {
+        float si = scale ? scale[i] : s;
+        if (si == 0.0f)
+            continue;
+        for (size_t j = j0; j < j1; j++) {
+            float acc = 0.0f;
+            for (size_t k = 0; k < rank; k++)
+                acc += bf16_round(t[i * rank + k]) *
+                       half_bf16_to_f32(bt[(j / P) * rank * P + k * P + j % P]);
+            y[i * ldy + j] += si * acc;
+        }
+    }
+}
