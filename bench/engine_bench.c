@@ -22,6 +22,7 @@
 #include "engine.h"
 #include "err.h"
 #include "log.h"
+#include "lora.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -55,6 +56,7 @@ struct opts {
     uint32_t prefill_prompts, prefill_len, step_tokens;
     uint64_t kv_mib;
     bool one_tenant;                      /* prefill: all prompts from one tenant */
+    enum lora_pack lora_weights;          /* --lora-weights */
 };
 
 /* Counts the TOKEN events of each stream (user = stream index + 1). */
@@ -379,7 +381,8 @@ static void usage(FILE *f)
 "  --step-tokens N      engine max_step_tokens (default 512)\n"
 "  --one-tenant         prefill: every prompt from one tenant (default: one tenant each,\n"
 "                       so the engine shares each step's prefill budget between them)\n"
-"  --kv-mib N           KV pool (default 512)\n");
+"  --kv-mib N           KV pool (default 512)\n"
+"  --lora-weights auto|bf16  how adapters' weights are packed (default auto)\n");
 }
 
 static int parse_counts(const char *s, struct opts *o)
@@ -431,6 +434,7 @@ int main(int argc, char **argv)
         {"streams", 1, 0, 'n'},   {"adapter", 1, 0, 'a'},  {"set", 1, 0, 'S'},
         {"prefill", 1, 0, 'p'},   {"prefill-len", 1, 0, 'l'}, {"step-tokens", 1, 0, 'T'},
         {"kv-mib", 1, 0, 'k'},    {"help", 0, 0, 'h'},     {"one-tenant", 0, 0, 'o'},
+        {"lora-weights", 1, 0, 'L'},
         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -470,6 +474,10 @@ int main(int argc, char **argv)
         case 'T': o.step_tokens = (uint32_t)atoi(optarg); break;
         case 'k': o.kv_mib = (uint64_t)atoll(optarg); break;
         case 'o': o.one_tenant = true; break;
+        case 'L':
+            if (lora_pack_parse(optarg, &o.lora_weights))
+                return 2;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -490,7 +498,7 @@ int main(int argc, char **argv)
                                 .kv_budget_bytes = o.kv_mib << 20, .kv_dtype = DT_F32,
                                 .max_step_tokens = o.step_tokens,
                                 .max_running = (uint32_t)(max_n > 16 ? max_n : 16),
-                                .prefix_cache = false};
+                                .prefix_cache = false, .lora_pack = (int)o.lora_weights};
     struct engine *e = NULL;
     int rc = cnt ? engine_create(&cfg, on_event, cnt, &e) : -ENOMEM;
     if (rc) {

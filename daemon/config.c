@@ -831,13 +831,32 @@ void config_unref(struct config *c)
         free_config(c);
 }
 
+/* "lora_weights": how workers pack adapters for the update (docs/LORA.md) */
+static int parse_lora_weights(struct walk *w, json_t *root, struct config *c)
+{
+    const char *s;
+    int rc = get_string(w, root, "lora_weights", 16, false, &s);
+    if (rc < 0 || !s)
+        return rc;
+    if (strcmp(s, "bf16") == 0 || strcmp(s, "auto") == 0) {
+        c->lora_weights_bf16 = s[0] == 'b';
+        return 0;
+    }
+    size_t k = push_key(w, "lora_weights");
+    char q[64];
+    rc = fail(w, ERR_FORMAT, "must be \"auto\" or \"bf16\", got %s",
+              quote(s, strlen(s), q, sizeof q));
+    pop(w, k);
+    return rc;
+}
+
 int config_parse(const char *label, const char *base_dir, const char *json, size_t len,
                  const char *model_dir_override, struct config **out)
 {
     static const char *const keys[] = {
         "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
         "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
-        "supervisor", NULL};
+        "supervisor", "lora_weights", NULL};
     struct walk w = {.label = label ? label : "config", .base_dir = base_dir ? base_dir : "/"};
     json_error_t jerr;
     int rc;
@@ -869,7 +888,8 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         (rc = parse_limits(&w, root, c)) < 0 ||
         (rc = get_seconds(&w, root, "drain_timeout_s", 0, 86400, 30, &c->drain_timeout_s)) < 0 ||
         (rc = parse_supervisor(&w, root, c)) < 0 || (rc = parse_hot(&w, root, c)) < 0 ||
-        (rc = parse_adapters(&w, root, c)) < 0 || (rc = parse_tenants(&w, root, c)) < 0)
+        (rc = parse_adapters(&w, root, c)) < 0 || (rc = parse_tenants(&w, root, c)) < 0 ||
+        (rc = parse_lora_weights(&w, root, c)) < 0)
         goto fail;
 
     if (model_dir_override) {
@@ -1024,6 +1044,7 @@ int config_keep_restart_fields(struct config *fresh, const struct config *runnin
     KEEP_NUM(workers, "workers");
     KEEP_NUM(threads_per_worker, "threads_per_worker");
     KEEP_NUM(kv_budget_mb, "kv_budget_mb");
+    KEEP_NUM(lora_weights_bf16, "lora_weights");
     KEEP_NUM(hot_replicate, "hot_replication.enabled");
     KEEP_NUM(hot_repl_limit_mb, "hot_replication.limit_mb");
     KEEP_NUM(limits.max_message_bytes, "limits.max_message_bytes");

@@ -94,6 +94,8 @@ struct config {
     uint32_t workers;                /* 0 = one per NUMA node with CPUs */
     uint32_t threads_per_worker;     /* 0 = every CPU of the worker's share */
     uint64_t kv_budget_mb;           /* per worker; 0 = the engine's default */
+    bool lora_weights_bf16;          /* "lora_weights": "bf16" (workers round adapters to bf16,
+                                      * --lora-weights bf16) or "auto" (default) */
     bool hot_replicate;              /* IE_HOT_REPLICATE for workers */
     uint64_t hot_repl_limit_mb;      /* IE_HOT_REPL_LIMIT_MB; 0 = no limit */
 

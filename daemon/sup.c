@@ -320,6 +320,8 @@ static void spawn(struct sup_slot *ss)
     arg(&a, "--max-queue"), arg(&a, num(&a, 7, c->limits.max_queue));
     arg(&a, "--max-prompt-tokens"), arg(&a, num(&a, 8, c->limits.max_prompt_tokens));
     arg(&a, "--parent-pid"), arg(&a, num(&a, 9, (unsigned long long)getpid()));
+    if (c->lora_weights_bf16)
+        arg(&a, "--lora-weights"), arg(&a, "bf16");
     char **adapter_args = calloc(c->n_adapters + 1, sizeof *adapter_args);
     for (size_t i = 0; adapter_args && i < c->n_adapters; i++) {
         size_t len = strlen(c->adapters[i].name) + strlen(c->adapters[i].dir) + 2;

@@ -427,6 +427,7 @@ int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, vo
     if ((rc = engine__fwd_create(e->m, e->pool, c->max_step_tokens, c->max_running, &e->fwd)) ||
         (rc = lora_registry_create(hp, 0, &e->loras)))
         goto fail;
+    lora_registry_set_pack(e->loras, (enum lora_pack)c->lora_pack);
     e->cap_waiting = (size_t)c->max_queue + c->max_running;
     e->running = calloc(c->max_running, sizeof *e->running);
     e->waiting = calloc(e->cap_waiting, sizeof *e->waiting);

@@ -50,6 +50,8 @@ struct engine_config {
                                  * 0 = 256 */
     bool prefix_cache;
     const char *snapshot_path;  /* NULL: no KV snapshot save/restore */
+    int lora_pack;              /* enum lora_pack (lora.h): how adapters' weights are packed
+                                 * for the update; 0 = auto (as the file stores them) */
 };
 
 struct engine_request {

@@ -23,6 +23,7 @@
 #include "forward.h"
 #include "kern.h"
 #include "log.h"
+#include "lora.h"
 #include "model.h"
 #include "pool.h"
 #include "sampler.h"
@@ -71,6 +72,7 @@ struct opts {
     uint32_t concurrency;     /* 0: the reference path, one prompt at a time */
     const char *adapter;      /* --adapter NAME=DIR (engine path) */
     float adapter_scale;
+    enum lora_pack lora_weights; /* --lora-weights */
 };
 
 static void usage(FILE *f)
@@ -124,6 +126,9 @@ static void usage(FILE *f)
 "  --adapter NAME=DIR     load a PEFT LoRA adapter and use it for every request\n"
 "                         (implies --concurrency 1 unless given)\n"
 "  --adapter-scale S      the adapter's request scale (default 1)\n"
+"  --lora-weights auto|bf16\n"
+"                         how the adapter's weights are packed for the update (docs/LORA.md;\n"
+"                         default auto: as the file stores them)\n"
 "  -h, --help             this help\n"
 "\n"
 "JSON keys: model, prompt_tokens, generated_tokens, finish (eos|length|stop|context),\n"
@@ -174,7 +179,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         O_MODEL = 256, O_PROMPT, O_PROMPTS_FILE, O_PROMPT_IDS, O_MAX_NEW, O_CTX, O_THREADS,
         O_GREEDY, O_TEMP, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_REPEAT_WINDOW, O_SEED, O_STOP,
         O_ROUNDS, O_WARMUP, O_PRINT_IDS, O_DUMP, O_NO_BOS, O_IGNORE_EOS, O_QUIET,
-        O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE,
+        O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE, O_LORA_WEIGHTS,
     };
     static const struct option lopts[] = {
         {"model-dir", required_argument, NULL, O_MODEL},
@@ -203,6 +208,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"concurrency", required_argument, NULL, O_CONCURRENCY},
         {"adapter", required_argument, NULL, O_ADAPTER},
         {"adapter-scale", required_argument, NULL, O_ADAPTER_SCALE},
+        {"lora-weights", required_argument, NULL, O_LORA_WEIGHTS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -311,6 +317,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case O_ADAPTER_SCALE:
             if (!parse_float("--adapter-scale", optarg, &o->adapter_scale))
                 return EXIT_USAGE;
+            break;
+        case O_LORA_WEIGHTS:
+            if (lora_pack_parse(optarg, &o->lora_weights) != 0)
+                return EXIT_USAGE; /* logged, naming the value */
             break;
         case ':':
             LOG_ERR("%s needs a value", argv[optind - 1]);
@@ -804,6 +814,7 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
         .max_running = N,
         .max_queue = N,
         .prefix_cache = true,
+        .lora_pack = (int)o->lora_weights,
     };
     struct engine *e = NULL;
     struct conc_req *reqs = calloc(N, sizeof *reqs);

@@ -659,6 +659,25 @@ static uint64_t digest_final(const struct digest *d)
 
 static size_t round_up(size_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS; }
 
+/* Bytes of the serving copy (lora_weights.fa / .fbt in ad->fast_dt): rank rows [0, k) of A
+ * for target t, and the B^T panels holding columns [0, c) (c a multiple of 32, or out). */
+static size_t fa_offset(const struct lora_adapter *ad, uint32_t t, size_t k)
+{
+    return k * ad->in[t] * (ad->fast_dt == DT_BF16 ? 2 : 4);
+}
+
+static size_t fbt_offset(const struct lora_adapter *ad, size_t c)
+{
+    size_t panels = (c + LORA_PANEL - 1) / LORA_PANEL, r = ad->cfg.rank;
+    return panels * LORA_PANEL * r * (ad->fast_dt == DT_BF16 ? 2 : 4);
+}
+
+/* bytes per weight of the serving copy, for balancing tasks by cost */
+static double fast_elem_bytes(const struct lora_adapter *ad)
+{
+    return ad->fast_dt == DT_BF16 ? 2.0 : 4.0;
+}
+
 /*
  * The serving path's copy (lora_weights.fa/fbt): B transposed into panels of 32 output
  * columns (lora_bt_index) so that an expand task streams one contiguous block, and both matrices in bf16 when the file holds only
@@ -666,23 +685,19 @@ static size_t round_up(size_t n) { return (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS 
  * update reads half the bytes; decode with several adapters is bound by those bytes). Other
  * files keep f32 (A shared with the canonical copy, B^T copied).
  */
-static int pack_fast(struct lora_adapter *ad, const struct safetensors_file *f,
-                     const char *f_what)
+static int pack_fast(struct lora_adapter *ad, enum dtype dt, const char *f_what)
 {
-    bool bf16 = f->n_tensors > 0;
-    for (size_t i = 0; i < f->n_tensors; i++)
-        bf16 &= f->tensors[i].dtype == SAFETENSORS_BF16;
-    ad->fast_dt = bf16 ? DT_BF16 : DT_F32;
+    ad->fast_dt = dt;
+    const bool bf16 = dt == DT_BF16;
     const size_t esz = bf16 ? 2 : 4;
     size_t bytes = 0;
     for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
         uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
         if (!ad->w[i].a)
             continue;
-        size_t r = ad->cfg.rank;
-        if (bf16)
-            bytes += (r * ad->in[t] * esz + 63) / 64 * 64;
-        bytes += (lora_bt_elems(ad->out[t], r) * esz + 63) / 64 * 64;
+        if (dt != DT_F32)
+            bytes += (fa_offset(ad, t, ad->cfg.rank) + 63) / 64 * 64;
+        bytes += (fbt_offset(ad, ad->out[t]) + 63) / 64 * 64;
     }
     ad->fast_bytes = bytes;
     ad->fast_store = bytes ? aligned_alloc(64, bytes) : NULL;
@@ -836,7 +851,10 @@ static int build(struct lora_adapter *ad, const char *cfg_what, struct safetenso
             p = b + round_up((size_t)o * r);
         }
     }
-    if ((rc = pack_fast(ad, f, f_what)) != 0)
+    bool all_bf16 = f->n_tensors > 0;
+    for (size_t i = 0; i < f->n_tensors; i++)
+        all_bf16 &= f->tensors[i].dtype == SAFETENSORS_BF16;
+    if ((rc = pack_fast(ad, all_bf16 ? DT_BF16 : DT_F32, f_what)) != 0)
         goto out;
     /* the digest covers what changes the computation, in a fixed layout (padding between
      * matrices is left out: it is never read) */
@@ -963,6 +981,58 @@ int lora_open(const char *dir, const struct iebin_hparams *hp, struct lora_adapt
     return open_named(dir, dir, hp, out);
 }
 
+static const char *const pack_names[] = {"auto", "bf16"};
+
+const char *lora_pack_name(enum lora_pack pack)
+{
+    return (unsigned)pack < 2 ? pack_names[pack] : "?";
+}
+
+int lora_pack_parse(const char *s, enum lora_pack *out)
+{
+    for (unsigned i = 0; i < 2; i++)
+        if (strcmp(s, pack_names[i]) == 0) {
+            *out = (enum lora_pack)i;
+            return 0;
+        }
+    LOG_ERR("LoRA weight packing '%.32s' is unknown: auto or bf16", s);
+    return ERR_FORMAT;
+}
+
+int lora_repack(struct lora_adapter *ad, enum lora_pack pack)
+{
+    CHECK(ad->magic == LORA_MAGIC && lora_refcount(ad) == 1);
+    enum dtype dt = pack == LORA_PACK_BF16 ? DT_BF16 : ad->fast_dt;
+    if (dt == ad->fast_dt)
+        return 0;
+    void *old = ad->fast_store;
+    enum dtype old_dt = ad->fast_dt;
+    struct lora_weights *keep = malloc((size_t)ad->n_layers * LORA_TARGET_COUNT * sizeof *keep);
+    if (!keep) {
+        LOG_ERR("%s: out of memory repacking the adapter", ad->dir);
+        return -ENOMEM;
+    }
+    memcpy(keep, ad->w, (size_t)ad->n_layers * LORA_TARGET_COUNT * sizeof *keep);
+    int rc = pack_fast(ad, dt, ad->dir);
+    if (rc) { /* the previous copy stays */
+        free(ad->fast_store);
+        memcpy(ad->w, keep, (size_t)ad->n_layers * LORA_TARGET_COUNT * sizeof *keep);
+        ad->fast_store = old;
+        ad->fast_dt = old_dt;
+        free(keep);
+        return rc;
+    }
+    free(keep);
+    free(old);
+    /* a lossy copy computes something else: prefix reuse and snapshots must not mix them */
+    struct digest dg;
+    digest_init(&dg);
+    uint64_t words[2] = {ad->digest, (uint64_t)dt};
+    digest_words(&dg, words, sizeof words);
+    ad->digest = digest_final(&dg);
+    return 0;
+}
+
 void lora_close(struct lora_adapter *ad) { adapter_unref(ad); }
 
 int lora_refcount(const struct lora_adapter *ad)
@@ -986,6 +1056,7 @@ const struct lora_weights *lora_weights(const struct lora_adapter *ad, uint32_t 
 struct lora_registry {
     uint32_t magic;
     struct iebin_hparams hp;
+    enum lora_pack pack; /* applied to adapters loaded from now on */
     size_t max, n;
     struct lora_adapter **v; /* [max], the first n used, in load order */
 };
@@ -1050,6 +1121,12 @@ static int check_name(const char *name)
     return 0;
 }
 
+void lora_registry_set_pack(struct lora_registry *r, enum lora_pack pack)
+{
+    CHECK(r->magic == REGISTRY_MAGIC);
+    r->pack = pack;
+}
+
 int lora_registry_load(struct lora_registry *r, const char *name, const char *dir)
 {
     CHECK(r->magic == REGISTRY_MAGIC);
@@ -1070,9 +1147,14 @@ int lora_registry_load(struct lora_registry *r, const char *name, const char *di
     struct lora_adapter *ad;
     if ((rc = open_named(dir, name, &r->hp, &ad)) != 0)
         return rc;
+    if ((rc = lora_repack(ad, r->pack)) != 0) {
+        adapter_unref(ad);
+        return rc;
+    }
     r->v[r->n++] = ad;
-    LOG_INFO("LoRA adapter '%s' loaded from %s (r=%u, scaling %g)", name, dir, ad->cfg.rank,
-             (double)ad->cfg.scaling);
+    LOG_INFO("LoRA adapter '%s' loaded from %s (r=%u, scaling %g, %s weights)", name, dir,
+             ad->cfg.rank, (double)ad->cfg.scaling,
+             ad->fast_dt == DT_BF16 ? "bf16" : "f32");
     return 0;
 }
 
@@ -1438,9 +1520,9 @@ static void mm_task_run(void *ctx, size_t task, int thread)
         const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
         size_t r = s->ad->cfg.rank, k0 = tk->b, in = s->ad->in[pr->t];
         size_t k1 = k0 + SHRINK_KB < r ? k0 + SHRINK_KB : r;
-        size_t esz = s->ad->fast_dt == DT_BF16 ? 2 : 4;
         if (MM_PREFETCH)
-            prefetch_l2((const char *)w->fa + k0 * in * esz, (k1 - k0) * in * esz);
+            prefetch_l2((const char *)w->fa + fa_offset(s->ad, pr->t, k0),
+                        fa_offset(s->ad, pr->t, k1) - fa_offset(s->ad, pr->t, k0));
         kern_lora_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
                          j->tmp + tk->proj * p->tmp_floats + s->tmp0, k0, k1);
         atomic_fetch_add_explicit(&j->shrink_done[tk->proj], 1, memory_order_release);
@@ -1470,10 +1552,9 @@ static void mm_task_run(void *ctx, size_t task, int thread)
             for (size_t si = 0; si < p->n_segs; si++) {
                 const struct lora_seg *s = &p->segs[si];
                 const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
-                size_t esz = s->ad->fast_dt == DT_BF16 ? 2 : 4, r = s->ad->cfg.rank;
-                if (w) /* the tile's panels: [ceil((c1 - c0) / 32)][rank][32] from c0 */
-                    prefetch_l2((const char *)w->fbt + lora_bt_index(r, 0, c0) * esz,
-                                (c1 - c0 + LORA_PANEL - 1) / LORA_PANEL * LORA_PANEL * r * esz);
+                if (w) /* the tile's panels, from c0 (a multiple of 32) */
+                    prefetch_l2((const char *)w->fbt + fbt_offset(s->ad, c0),
+                                fbt_offset(s->ad, c1) - fbt_offset(s->ad, c0));
             }
         for (size_t si = 0; si < p->n_segs; si++) {
             const struct lora_seg *s = &p->segs[si];
@@ -1603,7 +1684,7 @@ int lora_matmul_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
             const struct lora_adapter *ad = p->segs[si].ad;
             if (lora_weights(ad, layer, pr[i].t))
                 upd_cost += (double)ad->cfg.rank * (ad->in[pr[i].t] + ad->out[pr[i].t]) *
-                            (ad->fast_dt == DT_BF16 ? 2 : 4);
+                            fast_elem_bytes(ad);
         }
     }
     /* the update's tasks in order: every shrink (projection, segment, rank block), then every
@@ -1642,8 +1723,7 @@ int lora_matmul_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
                 tasks[nt++] = (struct mm_task){TK_SHRINK, (uint32_t)sh_p, (uint32_t)sh_s,
                                                (uint32_t)sh_k};
                 job.shrink_total[sh_p]++;
-                upd_done += (double)SHRINK_KB * ad->in[pr[sh_p].t] *
-                            (ad->fast_dt == DT_BF16 ? 2 : 4);
+                upd_done += (double)SHRINK_KB * ad->in[pr[sh_p].t] * fast_elem_bytes(ad);
                 sh_k += SHRINK_KB;
             } else {
                 /* its base tile must be MM_LAG base tasks back (or every base task out) */
@@ -1654,8 +1734,7 @@ int lora_matmul_fused(const struct lora_plan *p, struct pool *pool, uint32_t lay
                 for (size_t si = 0; si < p->n_segs; si++) {
                     const struct lora_adapter *ad = p->segs[si].ad;
                     if (lora_weights(ad, layer, pr[ex_p].t))
-                        upd_done += (double)MM_TILE * ad->cfg.rank *
-                                    (ad->fast_dt == DT_BF16 ? 2 : 4);
+                        upd_done += (double)MM_TILE * ad->cfg.rank * fast_elem_bytes(ad);
                 }
                 if (++ex_t * MM_TILE >= base[ex_p].rows) {
                     ex_p++;

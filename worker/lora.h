@@ -109,7 +109,8 @@ struct lora_adapter {
     float *store;              /* every A and B, one allocation */
     size_t store_floats;
     enum dtype fast_dt;        /* packed copy's dtype: DT_BF16 when every tensor of the file
-                                * is BF16 (so bf16 is exact), else DT_F32 */
+                                * is BF16 (so bf16 is exact), else DT_F32; lora_repack may
+                                * make it DT_BF16 */
     void *fast_store;          /* the packed copies (fa unless f32, and fbt) */
     size_t fast_bytes;
     _Atomic int refs_;         /* private: reference count */
@@ -133,6 +134,22 @@ int lora_open(const char *dir, const struct iebin_hparams *hp, struct lora_adapt
 int lora_open_mem(const char *what, const char *config, size_t config_len,
                   const void *weights, size_t weights_len, const struct iebin_hparams *hp,
                   struct lora_adapter **out);
+/*
+ * How the serving copy of the weights (lora_weights.fa/.fbt) is packed:
+ *   auto: bf16 when every tensor of the file is BF16 (exact), else f32 (exact);
+ *   bf16: bf16, f32 and f16 files rounded (half the bytes of f32: the update reads these
+ *         bytes once per step for every adapter in the batch, so its cost follows them;
+ *         docs/LORA.md). The rounding changes the adapter's digest (prefix reuse and
+ *         snapshots never mix the two).
+ */
+enum lora_pack { LORA_PACK_AUTO = 0, LORA_PACK_BF16 };
+const char *lora_pack_name(enum lora_pack pack);
+/* "auto" | "bf16"; ERR_FORMAT (logged, naming the value) otherwise. */
+int lora_pack_parse(const char *s, enum lora_pack *out);
+/* Repacks a freshly opened adapter (one reference, not yet shared). 0 or -ENOMEM (the
+ * adapter unchanged). */
+int lora_repack(struct lora_adapter *ad, enum lora_pack pack);
+
 /* Drops the reference lora_open returned; frees the adapter if it was the last. NULL: no-op. */
 void lora_close(struct lora_adapter *ad);
 /* Current number of references (tests, metrics). */
@@ -157,6 +174,8 @@ struct lora_registry;
 /* max_adapters 0 = LORA_REGISTRY_DEFAULT_MAX. hp is copied. 0, ERR_RANGE (bad hp), -ENOMEM. */
 int lora_registry_create(const struct iebin_hparams *hp, size_t max_adapters,
                          struct lora_registry **out);
+/* The packing of adapters loaded from now on (default LORA_PACK_AUTO). */
+void lora_registry_set_pack(struct lora_registry *r, enum lora_pack pack);
 /* Drops the registry's references; adapters still acquired live until released. */
 void lora_registry_destroy(struct lora_registry *r);
 /*

@@ -737,6 +737,7 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
         .max_queue = o->max_queue,
         .prefix_cache = true,
         .snapshot_path = NULL,
+        .lora_pack = o->lora_pack,
     };
     log_clear_error();
     if ((rc = engine_create(&ec, on_event, s, &s->e)) < 0) {

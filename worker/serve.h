@@ -42,6 +42,7 @@ struct serve_options {
     size_t n_adapters;            /* loaded at start; a failure is fatal */
     const char *const *adapter_names;
     const char *const *adapter_dirs;
+    int lora_pack;                /* enum lora_pack (lora.h), engine_config.lora_pack */
     int mem_node;                 /* hot replication target; -1 = the thread's policy */
     int hot_replicate;            /* IE_HOT_REPLICATE */
     uint64_t hot_limit_bytes;     /* 0 = no limit */

@@ -24,6 +24,7 @@
  */
 #include "err.h"
 #include "log.h"
+#include "lora.h"
 #include "region.h"
 #include "serve.h"
 
@@ -59,6 +60,7 @@ struct args {
     size_t n_adapters;
     const char *adapter_name[MAX_ADAPTERS];
     const char *adapter_dir[MAX_ADAPTERS];
+    enum lora_pack lora_weights;
 };
 
 static volatile sig_atomic_t g_stop;
@@ -85,6 +87,7 @@ static void usage(FILE *f)
             "                      --cpus LIST [--mem-node N] --model-dir DIR [--threads N]\n"
             "                      [--kv-budget-mb MB] [--max-queue N] [--max-prompt-tokens N]\n"
             "                      [--parent-pid PID] [--adapter NAME=DIR ...]\n"
+            "                      [--lora-weights auto|bf16]\n"
             "\n"
             "A clocherd worker: started by clocherd, not by hand (docs/DAEMON.md).\n"
             "Environment: IE_HOT_REPLICATE=1 copies hot tensors to node-local memory,\n"
@@ -106,7 +109,8 @@ static int parse_u64(const char *opt, const char *s, uint64_t max, uint64_t *out
 
 static int parse_args(int argc, char **argv, struct args *a)
 {
-    enum { SLOT = 256, GEN, CTL, FD, CPUS, NODE, MODEL, THREADS, KV, QUEUE, PROMPT, PARENT, ADAPTER };
+    enum { SLOT = 256, GEN, CTL, FD, CPUS, NODE, MODEL, THREADS, KV, QUEUE, PROMPT, PARENT, ADAPTER,
+           LORA_WEIGHTS };
     static const struct option opts[] = {
         {"slot", required_argument, NULL, SLOT},
         {"generation", required_argument, NULL, GEN},
@@ -121,6 +125,7 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"max-prompt-tokens", required_argument, NULL, PROMPT},
         {"parent-pid", required_argument, NULL, PARENT},
         {"adapter", required_argument, NULL, ADAPTER},
+        {"lora-weights", required_argument, NULL, LORA_WEIGHTS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -169,6 +174,10 @@ static int parse_args(int argc, char **argv, struct args *a)
         case PROMPT:
             if ((rc = parse_u64("max-prompt-tokens", optarg, 1u << 20, &v)) == 0)
                 a->max_prompt_tokens = (uint32_t)v;
+            break;
+        case LORA_WEIGHTS:
+            if (lora_pack_parse(optarg, &a->lora_weights) != 0)
+                rc = ERR_USAGE;
             break;
         case PARENT:
             if ((rc = parse_u64("parent-pid", optarg, INT_MAX, &v)) == 0)
@@ -343,6 +352,7 @@ int main(int argc, char **argv)
         .n_adapters = a.n_adapters,
         .adapter_names = a.adapter_name,
         .adapter_dirs = a.adapter_dir,
+        .lora_pack = (int)a.lora_weights,
         .mem_node = a.mem_node,
         .hot_replicate = hot && strcmp(hot, "1") == 0,
         .hot_limit_bytes = limit_mb << 20,

@@ -61,6 +61,7 @@ static void test_full(void **state)
         " \"metrics\": {\"listen\": null},\n"
         " \"model_dir\": \"models/tiny\", \"worker_binary\": \"/usr/libexec/clocher-worker\",\n"
         " \"workers\": 2, \"threads_per_worker\": 4, \"kv_budget_mb\": 512,\n"
+        " \"lora_weights\": \"bf16\",\n"
         " \"limits\": {\"max_message_bytes\": 65536, \"max_prompt_tokens\": 100,\n"
         "            \"max_tokens\": 50, \"max_streams_per_connection\": 8, \"max_queue\": 3},\n"
         " \"drain_timeout_s\": 2.5,\n"
@@ -83,6 +84,7 @@ static void test_full(void **state)
     assert_int_equal(c->workers, 2);
     assert_int_equal(c->threads_per_worker, 4);
     assert_int_equal(c->kv_budget_mb, 512);
+    assert_true(c->lora_weights_bf16);
     assert_int_equal(c->limits.max_message_bytes, 65536);
     assert_int_equal(c->limits.max_prompt_tokens, 100);
     assert_int_equal(c->limits.max_tokens, 50);
@@ -136,6 +138,10 @@ static const struct bad bads[] = {
     {"{\"model_dir\": \"/m\", \"threads_per_worker\": 2000}", ERR_RANGE, "threads_per_worker",
      "got 2000"},
     {"{\"model_dir\": \"/m\", \"kv_budget_mb\": 1.5}", ERR_FORMAT, "kv_budget_mb", "got a number"},
+    {"{\"model_dir\": \"/m\", \"lora_weights\": \"int3\"}", ERR_FORMAT,
+     "lora_weights: must be \"auto\" or \"bf16\"", "int3"},
+    {"{\"model_dir\": \"/m\", \"lora_weights\": true}", ERR_FORMAT, "lora_weights",
+     "must be a string"},
     {"{\"model_dir\": \"/m\", \"limits\": 3}", ERR_FORMAT, "limits", "must be an object"},
     {"{\"model_dir\": \"/m\", \"limits\": {\"max_tokenz\": 3}}", ERR_FORMAT, "limits",
      "unknown key \"max_tokenz\""},

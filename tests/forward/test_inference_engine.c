@@ -517,6 +517,9 @@ static void test_concurrency(void **state)
     expect_exit(a, 2, "--dump-logits works on the reference path only");
     snprintf(a, sizeof a, "--model-dir %s --prompt-ids %s --adapter noequals", g_s260k, ids);
     expect_exit(a, 2, "expected NAME=DIR");
+    snprintf(a, sizeof a, "--model-dir %s --prompt-ids %s --concurrency 2 --lora-weights int3",
+             g_s260k, ids);
+    expect_exit(a, 2, "LoRA weight packing 'int3' is unknown: auto or bf16");
     free(ids);
 }
 

@@ -81,11 +81,11 @@ def adapter(model, name, seed, rank=8, targets="q,v"):
     return out
 
 
-def reference(model, ids, max_new, adapter_dir=None, adapter_name="a"):
+def reference(model, ids, max_new, adapter_dir=None, adapter_name="a", extra=()):
     """Greedy tokens of the in-process serving engine for the same request."""
     cmd = [ENGINE, "--model-dir", model, "--prompt-ids", ",".join(map(str, ids)), "--greedy",
            "--max-new", str(max_new), "--print-ids", "--quiet", "--threads", "1",
-           "--concurrency", "1"]
+           "--concurrency", "1"] + list(extra)
     if adapter_dir:
         cmd += ["--adapter", "%s=%s" % (adapter_name, adapter_dir)]
     out = run(*cmd)

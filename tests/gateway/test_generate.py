@@ -59,6 +59,23 @@ def test_32_streams_over_4_adapters_equal_the_engine(env):
         assert last.timings.e2e_ms > 0
 
 
+def test_lora_weights_bf16_reaches_the_workers(env):
+    # "lora_weights": "bf16" in the config: the worker packs adapters in bf16 (docs/LORA.md),
+    # and a stream equals the in-process engine's with --lora-weights bf16
+    _, ads, _ = env
+    model = T.stories_model()
+    want = T.reference(model, PROMPTS[0], MAX_NEW, ads["a0"], "a0",
+                       extra=["--lora-weights", "bf16"])
+    d = T.Daemon(model, workers=1, adapters={"a0": ads["a0"]}, extra={"lora_weights": "bf16"})
+    try:
+        ids, _ = T.generate(d.stub, T.key("alice-key-0001"), PROMPTS[0], max_tokens=MAX_NEW,
+                            adapter="a0")
+        assert ids == want
+        assert "bf16 weights" in d.read_log(), d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 def test_batch_generate_mixed_tenants_and_adapters(env):
     d, ads, refs = env
     reqs = [T.pb.GenerateRequest(prompt_ids=T.pb.TokenIds(ids=PROMPTS[i % 4]), adapter=a,

@@ -11,6 +11,7 @@
 #include "err.h"
 #include "half.h"
 #include "kern.h"
+#include "log.h"
 #include "lora.h"
 #include "pool.h"
 
@@ -1163,6 +1164,87 @@ static void test_kernels_bf16_dot(void **state)
     }
 }
 
+/* --lora-weights bf16 (lora_repack): an f32 adapter repacked to bf16 gets a new digest and
+ * computes the same update up to bf16 rounding (of the weights, and of x and A x on
+ * AVX512-BF16); auto leaves it alone; the registry applies its packing at load; an unknown
+ * packing name is refused naming the value. */
+static void test_repack_bf16(void **state)
+{
+    (void)state;
+    assert_int_equal(kern_init(), 0);
+    struct iebin_hparams hp = peft_small_hparams();
+    struct peft_adapter *pa = peft_adapter_random(&hp, 8, 16.0, ALL_MASK, 31, 0.3f, 0.3f);
+    char *d = subdir("repack");
+    peft_adapter_write(pa, d, SAFETENSORS_F32, "");
+    peft_adapter_free(pa);
+    struct lora_adapter *a32, *a16;
+    assert_int_equal(lora_open(d, &hp, &a32), 0);
+    assert_int_equal(lora_open(d, &hp, &a16), 0);
+    assert_int_equal(a32->fast_dt, DT_F32);
+    uint64_t dg = a16->digest;
+    assert_int_equal(lora_repack(a16, LORA_PACK_AUTO), 0);
+    assert_int_equal(a16->fast_dt, DT_F32);
+    assert_true(a16->digest == dg);
+    assert_int_equal(lora_repack(a16, LORA_PACK_BF16), 0);
+    assert_int_equal(a16->fast_dt, DT_BF16);
+    assert_true(a16->digest != dg && a16->digest != 0);
+
+    enum { N = 3 };
+    uint32_t in, out;
+    lora_target_dims(&hp, LORA_GATE, &in, &out);
+    float *x = malloc((size_t)N * in * 4), *y32 = calloc((size_t)N * out, 4);
+    float *y16 = calloc((size_t)N * out, 4), *mag = malloc(out * 4);
+    for (size_t i = 0; i < (size_t)N * in; i++)
+        x[i] = urand();
+    const struct lora_adapter *who32[N] = {a32, a32, a32}, *who16[N] = {a16, a16, a16};
+    float scale[N] = {1.0f, 0.5f, 2.0f};
+    struct lora_plan p32, p16;
+    lora_plan_init(&p32);
+    lora_plan_init(&p16);
+    assert_int_equal(lora_plan_build(&p32, who32, scale, N), 0);
+    assert_int_equal(lora_plan_build(&p16, who16, scale, N), 0);
+    float *tmp = malloc(p32.tmp_floats * 4 + p16.tmp_floats * 4);
+    struct lora_proj pr32 = {LORA_GATE, x, y32, out}, pr16 = {LORA_GATE, x, y16, out};
+    lora_apply_fused(&p32, NULL, 0, &pr32, 1, tmp);
+    lora_apply_fused(&p16, NULL, 0, &pr16, 1, tmp);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        naive_mag(a32, scale[i], 0, LORA_GATE, x + (size_t)i * in, mag);
+        for (uint32_t o = 0; o < out; o++) {
+            float e = fabsf(y16[(size_t)i * out + o] - y32[(size_t)i * out + o]);
+            /* weights and (on AVX512-BF16) x and A x each within 2^-9 of themselves */
+            if (e > 1e-5f + mag[o] / 64.0f)
+                fail_msg("y[%d][%u]: bf16 %g, f32 %g (terms %g)", i, o,
+                         (double)y16[(size_t)i * out + o], (double)y32[(size_t)i * out + o],
+                         (double)mag[o]);
+            worst = fmax(worst, e / (1e-5 + mag[o]));
+        }
+    }
+    print_message("  bf16 repack: worst |diff| / sum|terms| = %.2e\n", worst);
+    lora_plan_fini(&p32);
+    lora_plan_fini(&p16);
+    free(tmp); free(x); free(y32); free(y16); free(mag);
+    lora_close(a32);
+    lora_close(a16);
+
+    enum lora_pack pk;
+    assert_int_equal(lora_pack_parse("bf16", &pk), 0);
+    assert_int_equal(pk, LORA_PACK_BF16);
+    assert_int_equal(lora_pack_parse("auto", &pk), 0);
+    assert_int_equal(pk, LORA_PACK_AUTO);
+    log_clear_error();
+    assert_int_equal(lora_pack_parse("int3", &pk), ERR_FORMAT);
+    assert_non_null(strstr(log_last_error(), "'int3'"));
+
+    struct lora_registry *reg;
+    assert_int_equal(lora_registry_create(&hp, 0, &reg), 0);
+    lora_registry_set_pack(reg, LORA_PACK_BF16);
+    assert_int_equal(lora_registry_load(reg, "r", d), 0);
+    assert_int_equal(lora_registry_at(reg, 0)->fast_dt, DT_BF16);
+    lora_registry_destroy(reg);
+    free(d);
+}
+
 /* lora_apply_fused (the engine's path: packed weights, q/k/v as one group) against the
  * double-precision definition for a mixed batch of an f32 adapter (f32 packing), a BF16 one
  * (bf16 packing), base and zero-scale tokens; on a pool and on the calling thread: the same
@@ -1414,6 +1496,7 @@ int main(void)
         cmocka_unit_test(test_apply_on_pool),
         cmocka_unit_test(test_kernels_ref_vs_fast),
         cmocka_unit_test(test_kernels_bf16_dot),
+        cmocka_unit_test(test_repack_bf16),
         cmocka_unit_test(test_apply_fused),
         cmocka_unit_test(test_matmul_fused),
     };
