@@ -589,10 +589,15 @@ static int check_tensor_ranges(struct gguf_file *f, uint64_t data_off)
     for (uint64_t i = 1; i < n; i++) {
         if (r[i].begin < r[i - 1].end) {
             const struct gguf_tensor *a = &f->tensors[r[i - 1].index], *b = &f->tensors[r[i].index];
+            /* sizes come from type and shape: say which, so a writer that laid a tensor out
+             * with too few bytes (a wrong block size) sees what was expected */
+            char shape[128];
             LOG_ERR("%s: tensor '%.*s' (bytes %" PRIu64 "..%" PRIu64 ") overlaps tensor '%.*s' "
-                    "(bytes %" PRIu64 "..%" PRIu64 ") in the data section",
+                    "(bytes %" PRIu64 "..%" PRIu64 ": %" PRIu64 " bytes for %s of shape %s) in "
+                    "the data section",
                     f->what, (int)b->name.len, b->name.ptr, r[i].begin, r[i].end,
-                    (int)a->name.len, a->name.ptr, r[i - 1].begin, r[i - 1].end);
+                    (int)a->name.len, a->name.ptr, r[i - 1].begin, r[i - 1].end, a->size,
+                    ggml_types[a->type].name, shape_str(a->ne, a->n_dims, shape, sizeof shape));
             rc = ERR_FORMAT;
             break;
         }

@@ -37,14 +37,16 @@ def gvalue(t, v):
     return struct.pack("<" + SCALAR_FMT[t], v)
 
 
-def gguf(kvs, tensors, version=3, alignment=32):
-    """kvs: [(key, type, value)]; tensors: [(name, ne, ggml_type)] laid out in order."""
+def gguf(kvs, tensors, version=3, alignment=32, block_bytes=None):
+    """kvs: [(key, type, value)]; tensors: [(name, ne, ggml_type)] laid out in order.
+    block_bytes {ggml_type: bytes} lays tensors out with a wrong block size (malformed)."""
     out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
     for k, t, v in kvs:
         out += gstr(k) + struct.pack("<I", t) + gvalue(t, v)
     off, blobs = 0, []
     for name, ne, typ in tensors:
         blk, bb = GGML[typ]
+        bb = (block_bytes or {}).get(typ, bb)
         n = 1
         for d in ne[1:]:
             n *= d
@@ -108,6 +110,10 @@ def gguf_seeds():
     seeds["dup_key.gguf"] = gguf([("k", U32, 1), ("k", U32, 2)], [])
     seeds["nested_array.gguf"] = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + gstr("n") +
                                   struct.pack("<IIQIQB", ARR, ARR, 1, U8, 1, 0))
+    # Q4_0 written with 16-byte blocks (the scale left out): the next tensor starts inside it
+    seeds["q4_0_short_blocks.gguf"] = gguf([], [("blk.0.attn_q.weight", [64, 1], 2),
+                                                 ("blk.0.attn_k.weight", [8], 0)],
+                                           block_bytes={2: 16})
     return seeds
 
 
