@@ -339,10 +339,10 @@ static void bench_batch(void)
             void **w;
             int copies = make_ring(dt, rows, cols, &w);
             float *x = random_x(16, cols), *y = malloc(16 * rows * sizeof(float));
-            /* q4_0 on AVX-512: the same copies repacked at load time (kern_q4p_*) */
+            /* on AVX-512: the same copies repacked at load time (kern_q4p_*, kern_q8p_*) */
             void **wp = NULL;
-            if (dt == DT_Q4_0 && kern_isa() == KERN_ISA_AVX512) {
-                size_t pb = kern_q4p_bytes(rows, cols);
+            if (kern_isa() == KERN_ISA_AVX512) {
+                size_t pb = kern_panels_bytes(dt, rows, cols);
                 wp = calloc((size_t)copies, sizeof *wp);
                 for (int c = 0; c < copies; c++) {
                     wp[c] = aligned_alloc(64, (pb + 63) / 64 * 64);
@@ -350,7 +350,7 @@ static void bench_batch(void)
                         fprintf(stderr, "kern_bench: out of memory\n");
                         exit(1);
                     }
-                    kern_q4p_pack(w[c], cols, wp[c], rows, 0, (rows + 15) / 16);
+                    kern_panels_pack(dt, w[c], cols, wp[c], rows, 0, (rows + 15) / 16);
                 }
             }
             double t1 = 0;
@@ -361,9 +361,9 @@ static void bench_batch(void)
                 double sec = time_matmul(dt, w, copies, rows, cols, x, n, y);
                 double sv = gemv ? time_variant(gemv, dt, w, copies, rows, cols, x, n, y) : 0;
                 double sm = gemm ? time_variant(gemm, dt, w, copies, rows, cols, x, n, y) : 0;
-                double sp = wp ? time_variant(kern_gemm_q4_0p_q8_0_avx512, dt, wp, copies,
-                                              rows, cols, x, n, y)
-                               : 0;
+                kern_mm_fn *panel = dt == DT_Q4_0 ? kern_gemm_q4_0p_q8_0_avx512
+                                                  : kern_gemm_q8_0p_q8_0_avx512;
+                double sp = wp ? time_variant(panel, dt, wp, copies, rows, cols, x, n, y) : 0;
                 if (n == 1)
                     t1 = sec;
                 printf("| %s | %zu x %zu | %zu | %.3f | %.1f | %.2f | %.2f | %.3f | %.3f "

@@ -25,7 +25,7 @@ size_t kern__row_bytes(enum dtype wt, size_t cols);
  */
 void *kern__scratch(size_t bytes);
 /* The same with an index: slot 0 is kern__scratch's, slot 1 a second buffer for code that
- * runs inside a product whose activations live in slot 0 (q4p.c). */
+ * runs inside a product whose activations live in slot 0 (q4p.c, q8p.c). */
 void *kern__scratch_slot(int slot, size_t bytes);
 
 /* kern_act_prepare per ISA: the scalar specification and two bit-identical SIMD versions. */
@@ -37,6 +37,9 @@ int32_t kern__act_offset(enum dtype wt);
 
 /* kern_q4p_pack's AVX-512 version (x86/avx512_q.c): the same bytes. */
 void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                           size_t p1);
+/* kern_q8p_pack's AVX-512 version (x86/avx512_q.c): the same bytes. */
+void kern__q8p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
                            size_t p1);
 
 /* kern_row_to_f32 for the int4 group types (dtype_is_q4g), kernels/ref_q4g.c. */

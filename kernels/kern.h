@@ -153,6 +153,42 @@ void kern_matmul_act_q4p(const void *wp, const struct kern_act *a, float *y, siz
 kern_mm_fn kern_gemm_q4_0p_q8_0_ref, kern_gemm_q4_0p_q8_0_avx2, kern_gemm_q4_0p_q8_0_avx512;
 
 /*
+ * q8_0 matrices repacked at load time into 16-row panels (layout: kernels/quant.h, "q8_0
+ * panels"; why: ADR 0004, addendum "q8_0 panels"). The same contract as the q4p functions
+ * above, for DT_Q8_0 weights and activations prepared for DT_Q8_0. kern_matmul_act_q8p routes
+ * every n to kern_gemm_q8_0p_q8_0_<isa>: on AVX-512 the panel GEMM, whose outputs equal
+ * kern_gemm_q8_0_q8_0_avx512's on the stored rows bit for bit for any n (the panel holds the
+ * bytes that kernel packs, and the tile does the same integer sums and float steps in the
+ * same order); _ref and _avx2 unpack a panel's rows and run their ISA's stored-row kernels.
+ */
+size_t kern_q8p_bytes(size_t rows, size_t cols);
+void kern_q8p_pack(const void *w, size_t cols, void *dst, size_t rows, size_t p0, size_t p1);
+void kern_q8p_rows(const void *wp, size_t cols, size_t r0, size_t r1, void *out);
+void kern_matmul_q8p(const void *wp, size_t cols, const float *x, size_t n, float *y,
+                     size_t ldy, size_t r0, size_t r1);
+void kern_matmul_act_q8p(const void *wp, const struct kern_act *a, float *y, size_t ldy,
+                         size_t r0, size_t r1);
+kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_q8_0_avx512;
+
+/*
+ * Panels of either kind, by the matrix's stored dtype wt (DT_Q4_0 or DT_Q8_0; anything else
+ * aborts): what the products call when a matrix has panels, so that no caller has to know
+ * which quantization was repacked.
+ *   kern_panels_supported: whether wt has a panel layout (the loader repacks only those);
+ *   kern_panels_bytes / kern_panels_pack: kern_q4p_* / kern_q8p_*;
+ *   kern_matmul_panels / kern_matmul_act_panels: kern_matmul_q4p / _q8p and
+ *   kern_matmul_act_q4p / _q8p (a->wt must be wt).
+ */
+int kern_panels_supported(enum dtype wt);
+size_t kern_panels_bytes(enum dtype wt, size_t rows, size_t cols);
+void kern_panels_pack(enum dtype wt, const void *w, size_t cols, void *dst, size_t rows,
+                      size_t p0, size_t p1);
+void kern_matmul_panels(enum dtype wt, const void *wp, size_t cols, const float *x, size_t n,
+                        float *y, size_t ldy, size_t r0, size_t r1);
+void kern_matmul_act_panels(enum dtype wt, const void *wp, const struct kern_act *a, float *y,
+                            size_t ldy, size_t r0, size_t r1);
+
+/*
  * int4 group types (common/dtype.h q4_g64 .. q4z_g128; kernels/ref_q4g.c, x86/avx*_q4g.c):
  * the same contract on activations prepared as for q4_0 (int8 blocks of 32, kernels/quant.h
  * bound). q4_gN: per block of 32 columns, dw * dx * sum((q-8) * xq); q4z_gN adds

@@ -103,6 +103,40 @@ static inline size_t quant_q4p_soff(size_t b, size_t nb)
 }
 
 /*
+ * q8_0 panels (kern_q8p_*, ADR 0004 addendum "q8_0 panels"): the same idea for a q8_0 matrix
+ * [rows][cols]. With nb = cols / 32 and rb = nb * 34, panel p holds rows 16p..16p+15 (rows past
+ * the matrix are zero bytes, quants and scales) in [p * 16 * rb, (p + 1) * 16 * rb): again as
+ * many bytes as its 16 stored rows. Blocks go in pairs of 1088 bytes (17 cache lines; an odd
+ * last block alone, 544):
+ *   quants of block 2j, then of 2j+1: [8][16][4] bytes each: [g][i][j] = qs[4g + j] of row i
+ *          stored as the unsigned byte qs ^ 0x80 = qs + 128 (the operand vpdpbusd multiplies,
+ *          ADR 0004 decision 2), so one 64-byte vector is 4 columns of all 16 rows (lane = row)
+ *          exactly as the stored-row GEMM packs it every step;
+ *   then the scales of 2j, then of 2j+1: [16] f16 each: [i] = d of row i.
+ * quant_q8p_qoff / quant_q8p_soff give block b's offsets inside its panel.
+ */
+#define QUANT_Q8P_ROWS 16
+#define QUANT_Q8P_BLOCK_QBYTES 512 /* quant bytes of one block of a panel (16 rows x 32) */
+#define QUANT_Q8P_BLOCK_SBYTES 32  /* scale bytes of one block of a panel (16 rows x f16) */
+
+static inline size_t quant_q8p_qoff(size_t b, size_t nb)
+{
+    (void)nb;
+    return b / 2 * 2 * (QUANT_Q8P_BLOCK_QBYTES + QUANT_Q8P_BLOCK_SBYTES) +
+           b % 2 * QUANT_Q8P_BLOCK_QBYTES;
+}
+
+static inline size_t quant_q8p_soff(size_t b, size_t nb)
+{
+    size_t pair = b / 2 * 2, in_pair = pair + 1 < nb ? 2 : 1;
+    return pair * (QUANT_Q8P_BLOCK_QBYTES + QUANT_Q8P_BLOCK_SBYTES) +
+           in_pair * QUANT_Q8P_BLOCK_QBYTES + b % 2 * QUANT_Q8P_BLOCK_SBYTES;
+}
+static_assert(QUANT_Q8P_ROWS * sizeof(struct quant_q8_0) ==
+                  QUANT_Q8P_BLOCK_QBYTES + QUANT_Q8P_BLOCK_SBYTES,
+              "a q8_0 panel block holds exactly its 16 stored blocks' bytes");
+
+/*
  * Activations are quantized per block of 32 to int8 with an f32 scale (q8_0 style but f32, so
  * the scale itself adds no error): d = max|x| / 127, q = round-half-even(x / d) in [-127, 127].
  * Per element |x - d*q| <= d/2, hence for a dot product with weights w:

@@ -175,10 +175,10 @@ int forward_truncate(struct forward *f, uint32_t pos)
 static void matmul(const struct forward *f, const struct model_mat *w, const float *x, size_t n,
                    float *y, size_t ldy)
 {
-    if (w->panels && f->pool) /* q4_0 repacked at load (model.h) */
-        pool_matmul_q4p(f->pool, w->panels, w->cols, x, n, y, ldy, 0, w->rows);
+    if (w->panels && f->pool) /* q4_0 / q8_0 repacked at load (model.h) */
+        pool_matmul_panels(f->pool, w->dtype, w->panels, w->cols, x, n, y, ldy, 0, w->rows);
     else if (w->panels)
-        kern_matmul_q4p(w->panels, w->cols, x, n, y, ldy, 0, w->rows);
+        kern_matmul_panels(w->dtype, w->panels, w->cols, x, n, y, ldy, 0, w->rows);
     else if (f->pool)
         pool_matmul(f->pool, w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
     else

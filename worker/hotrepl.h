@@ -18,7 +18,7 @@
  * With a limit, tensors are taken in that order while they fit.
  *
  * What is not read is not copied: given the engine's struct model, tensors whose stored bytes
- * the forward pass no longer reads (q4_0 matrices repacked into panels at load, model.h
+ * the forward pass no longer reads (q4_0/q8_0 matrices repacked into panels at load, model.h
  * model_reads_stored) are left shared, so the budget goes to tensors that are read. The
  * panels themselves are anonymous memory first touched by the loading worker, so already on
  * its node. A tied tok_embd whose classifier has panels then ranks as an embedding (last).

@@ -1535,7 +1535,8 @@ static void mm_task_run(void *ctx, size_t task, int thread)
         size_t r0 = (size_t)tk->a * MM_TILE, rows = j->base[tk->proj].rows;
         size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
         if (j->base[tk->proj].panels) /* MM_TILE rows are whole panels: tiles start on one */
-            kern_matmul_act_q4p(j->base[tk->proj].panels, &j->act[ai], pr->y, pr->ldy, r0, r1);
+            kern_matmul_act_panels(j->base[tk->proj].wt, j->base[tk->proj].panels, &j->act[ai],
+                                   pr->y, pr->ldy, r0, r1);
         else
             kern_matmul_act(j->base[tk->proj].w, &j->act[ai], pr->y, pr->ldy, r0, r1);
         atomic_store_explicit(&j->tile_done[j->tile0[tk->proj] + tk->a], 1,

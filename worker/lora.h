@@ -305,7 +305,7 @@ static inline size_t lora_bt_elems(size_t out, size_t rank)
 struct lora_base_mat {
     enum dtype wt;
     const void *w;         /* stored rows of dtype wt */
-    const void *panels;    /* NULL, or the same q4_0 matrix repacked in panels (model.h) */
+    const void *panels;    /* NULL, or the same q4_0/q8_0 matrix repacked in panels (model.h) */
     size_t cols, rows;
 };
 

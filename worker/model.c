@@ -70,21 +70,36 @@ static size_t product_mats(struct model *m, struct model_mat **out)
     return k + 1;
 }
 
-static int want_panels(const struct model_mat *w)
+/* 0 when the environment variable `name` is "0" (a knob that turns one panel kind off). */
+static int knob_on(const char *name)
 {
-    return w->dtype == DT_Q4_0 && w->cols % 32 == 0 && w->rows > 0;
+    const char *env = getenv(name);
+    return !(env && strcmp(env, "0") == 0);
+}
+
+/* Which stored dtypes get panels: q4_0 unless CLOCHER_Q4_PANELS=0, q8_0 unless
+ * CLOCHER_Q8_PANELS=0 (two knobs so that each kind can be measured against its stored rows). */
+struct panel_kinds {
+    int q4, q8;
+};
+
+static int want_panels(const struct panel_kinds *k, const struct model_mat *w)
+{
+    int kind = (w->dtype == DT_Q4_0 && k->q4) || (w->dtype == DT_Q8_0 && k->q8);
+    return kind && kern_panels_supported(w->dtype) && w->cols % 32 == 0 && w->rows > 0;
 }
 
 /*
- * Repacks every q4_0 product matrix into panels (ADR 0004, "load-time q4_0 panels"): one
- * anonymous mapping (transparent huge pages asked for: the products stream it), each matrix's
- * panels 64-byte aligned. With tied embeddings the classifier's panels are a repacked copy of
- * tok_embd, whose stored rows still serve the embedding lookup.
+ * Repacks every q4_0 and q8_0 product matrix into panels (ADR 0004, "load-time q4_0 panels"
+ * and the addendum "q8_0 panels"): one anonymous mapping (transparent huge pages asked for:
+ * the products stream it), each matrix's panels 64-byte aligned. With tied embeddings the
+ * classifier's panels are a repacked copy of tok_embd, whose stored rows still serve the
+ * embedding lookup.
  */
-static int repack_q4(struct model *m)
+static int repack_panels(struct model *m)
 {
-    const char *env = getenv("CLOCHER_Q4_PANELS");
-    if (kern_isa() != KERN_ISA_AVX512 || (env && strcmp(env, "0") == 0))
+    const struct panel_kinds kinds = {knob_on("CLOCHER_Q4_PANELS"), knob_on("CLOCHER_Q8_PANELS")};
+    if (kern_isa() != KERN_ISA_AVX512 || (!kinds.q4 && !kinds.q8))
         return 0;
     size_t n = product_mats(m, NULL);
     struct model_mat **mats = calloc(n, sizeof *mats);
@@ -95,8 +110,9 @@ static int repack_q4(struct model *m)
     product_mats(m, mats);
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
-        if (want_panels(mats[i]))
-            total += (kern_q4p_bytes(mats[i]->rows, mats[i]->cols) + 63) / 64 * 64;
+        if (want_panels(&kinds, mats[i]))
+            total += (kern_panels_bytes(mats[i]->dtype, mats[i]->rows, mats[i]->cols) + 63) /
+                     64 * 64;
     if (total == 0) {
         free(mats);
         return 0;
@@ -104,7 +120,7 @@ static int repack_q4(struct model *m)
     void *buf = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED) {
         int rc = -errno;
-        LOG_ERR("%s: mmap(%zu bytes) for the q4_0 panels failed: %s", label(m->im), total,
+        LOG_ERR("%s: mmap(%zu bytes) for the weight panels failed: %s", label(m->im), total,
                 strerror(errno));
         free(mats);
         return rc;
@@ -117,12 +133,12 @@ static int repack_q4(struct model *m)
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         struct model_mat *w = mats[i];
-        if (!want_panels(w))
+        if (!want_panels(&kinds, w))
             continue;
         void *dst = (char *)buf + off;
-        kern_q4p_pack(w->data, w->cols, dst, w->rows, 0, (w->rows + 15) / 16);
+        kern_panels_pack(w->dtype, w->data, w->cols, dst, w->rows, 0, (w->rows + 15) / 16);
         w->panels = dst;
-        off += (kern_q4p_bytes(w->rows, w->cols) + 63) / 64 * 64;
+        off += (kern_panels_bytes(w->dtype, w->rows, w->cols) + 63) / 64 * 64;
     }
     free(mats);
     m->panel_buf_ = buf;
@@ -178,7 +194,7 @@ int model_init(struct model *m, const struct iebin_model *im)
                 goto fail;
         }
     }
-    if ((rc = repack_q4(m)))
+    if ((rc = repack_panels(m)))
         goto fail;
     return 0;
 fail:

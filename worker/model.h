@@ -23,9 +23,10 @@
 
 /*
  * A stored matrix W [rows][cols], row-major, each row packed per dtype (row_bytes bytes).
- * panels: for a q4_0 matrix, the same matrix repacked at load into 16-row panels for the
- * AVX-512 GEMM (kern_q4p_*, kernels/quant.h), or NULL. The products read panels when they are
- * there; `data` (the stored rows) stays valid for every other reader (embedding rows, tools).
+ * panels: for a q4_0 or q8_0 matrix, the same matrix repacked at load into 16-row panels for
+ * the AVX-512 GEMM (kern_q4p_* / kern_q8p_*, kernels/quant.h), or NULL. The products read
+ * panels when they are there (kern_matmul_panels & co., which dispatch on dtype); `data`
+ * (the stored rows) stays valid for every other reader (embedding rows, tools).
  */
 struct model_mat {
     enum dtype dtype;
@@ -63,11 +64,12 @@ struct model {
 
 /*
  * Binds the tensors of `im` (architecture "llama", as iebin_open validated it) into *m; m->im
- * borrows im. When the kernels run AVX-512 (kern_isa(), so kern_init() first) every q4_0
- * matrix the products read (layers, and the classifier) is also repacked into panels
+ * borrows im. When the kernels run AVX-512 (kern_isa(), so kern_init() first) every q4_0 and
+ * q8_0 matrix the products read (layers, and the classifier) is also repacked into panels
  * (model_mat.panels): as many bytes again as those matrices, anonymous memory, written once
- * here; CLOCHER_Q4_PANELS=0 in the environment turns it off. 0, or ERR_UNSUPPORTED (another architecture), ERR_NOT_FOUND / ERR_MISMATCH (a
- * tensor missing or of another shape or type: iebin_open rules this out, a hand-built struct
+ * here; CLOCHER_Q4_PANELS=0 in the environment turns it off for q4_0 matrices,
+ * CLOCHER_Q8_PANELS=0 for q8_0 ones. 0, or ERR_UNSUPPORTED (another architecture),
+ * ERR_NOT_FOUND / ERR_MISMATCH (a tensor missing or of another shape or type: iebin_open rules this out, a hand-built struct
  * iebin_model might not), -ENOMEM; logged once naming the model and the tensor.
  */
 int model_init(struct model *m, const struct iebin_model *im);

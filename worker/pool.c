@@ -389,7 +389,7 @@ struct mm_ctx {
     /* fallback without prepared activations */
     enum dtype wt;
     const float *x;
-    int q4p; /* w is a q4_0 matrix repacked in panels (kern_q4p_*) */
+    int panels; /* w is a q4_0/q8_0 matrix (wt) repacked in panels (kern_matmul_act_panels) */
 };
 
 static void act_shard(void *arg, size_t b, size_t e, int thread)
@@ -403,8 +403,8 @@ static void mm_shard(void *arg, size_t b, size_t e, int thread)
 {
     (void)thread;
     const struct mm_ctx *m = arg;
-    if (m->q4p)
-        kern_matmul_act_q4p(m->w, m->a, m->y, m->ldy, b, e);
+    if (m->panels)
+        kern_matmul_act_panels(m->wt, m->w, m->a, m->y, m->ldy, b, e);
     else
         kern_matmul_act(m->w, m->a, m->y, m->ldy, b, e);
 }
@@ -413,13 +413,13 @@ static void mm_shard_unprepared(void *arg, size_t b, size_t e, int thread)
 {
     (void)thread;
     const struct mm_ctx *m = arg;
-    if (m->q4p)
-        kern_matmul_q4p(m->w, m->a->cols, m->x, m->a->n, m->y, m->ldy, b, e);
+    if (m->panels)
+        kern_matmul_panels(m->wt, m->w, m->a->cols, m->x, m->a->n, m->y, m->ldy, b, e);
     else
         kern_matmul(m->wt, m->w, m->a->cols, m->x, m->a->n, m->y, m->ldy, b, e);
 }
 
-static void matmul(struct pool *p, enum dtype wt, int q4p, const void *w, size_t cols,
+static void matmul(struct pool *p, enum dtype wt, int panels, const void *w, size_t cols,
                    const float *x, size_t n, float *y, size_t ldy, size_t r0, size_t r1)
 {
     CHECK(p && p->magic == POOL_MAGIC);
@@ -428,7 +428,7 @@ static void matmul(struct pool *p, enum dtype wt, int q4p, const void *w, size_t
     size_t bytes;
     CHECK(kern_act_bytes(wt, cols, n, &bytes) == 0);
     struct kern_act a;
-    struct mm_ctx m = {&a, w, y, ldy, wt, x, q4p};
+    struct mm_ctx m = {&a, w, y, ldy, wt, x, panels};
     if (bytes > p->act_cap) {
         void *nb = aligned_alloc(64, (bytes + 63) / 64 * 64);
         if (!nb) {
@@ -462,11 +462,11 @@ void pool_matmul(struct pool *p, enum dtype wt, const void *w, size_t cols, cons
     matmul(p, wt, 0, w, cols, x, n, y, ldy, r0, r1);
 }
 
-void pool_matmul_q4p(struct pool *p, const void *wp, size_t cols, const float *x, size_t n,
-                     float *y, size_t ldy, size_t r0, size_t r1)
+void pool_matmul_panels(struct pool *p, enum dtype wt, const void *wp, size_t cols,
+                        const float *x, size_t n, float *y, size_t ldy, size_t r0, size_t r1)
 {
-    CHECK(r0 % ROW_GRAIN == 0); /* shards then start on panels too */
-    matmul(p, DT_Q4_0, 1, wp, cols, x, n, y, ldy, r0, r1);
+    CHECK(r0 % ROW_GRAIN == 0 && kern_panels_supported(wt)); /* shards start on panels too */
+    matmul(p, wt, 1, wp, cols, x, n, y, ldy, r0, r1);
 }
 
 /* One pool job over the concatenated rows of several products (pool_matmul_group). */
@@ -486,8 +486,9 @@ static void mm_group_shard(void *arg, size_t b, size_t e, int thread)
         if (lo >= hi)
             continue;
         const struct pool_mm *m = &g->mm[i];
-        if (m->q4p)
-            kern_matmul_act_q4p(m->w, g->a, m->y, m->ldy, lo - g->off[i], hi - g->off[i]);
+        if (m->panels)
+            kern_matmul_act_panels(m->wt, m->w, g->a, m->y, m->ldy, lo - g->off[i],
+                                   hi - g->off[i]);
         else
             kern_matmul_act(m->w, g->a, m->y, m->ldy, lo - g->off[i], hi - g->off[i]);
     }
@@ -519,7 +520,7 @@ void pool_matmul_group(struct pool *p, const struct pool_mm *mm, size_t k, const
     }
     if (!one || bytes > p->act_cap) { /* product by product */
         for (size_t i = 0; i < k; i++)
-            matmul(p, mm[i].wt, mm[i].q4p, mm[i].w, cols, x, n, mm[i].y, mm[i].ldy, 0,
+            matmul(p, mm[i].wt, mm[i].panels, mm[i].w, cols, x, n, mm[i].y, mm[i].ldy, 0,
                    mm[i].rows);
         return;
     }

@@ -70,14 +70,16 @@ void pool_for(struct pool *p, size_t begin, size_t end, size_t grain, pool_range
  */
 void pool_matmul(struct pool *p, enum dtype wt, const void *w, size_t cols, const float *x,
                  size_t n, float *y, size_t ldy, size_t r0, size_t r1);
-/* The same for a q4_0 matrix repacked in panels (kern_matmul_act_q4p); r0 % 16 == 0. */
-void pool_matmul_q4p(struct pool *p, const void *wp, size_t cols, const float *x, size_t n,
-                     float *y, size_t ldy, size_t r0, size_t r1);
+/* The same for a q4_0 or q8_0 matrix (wt) repacked in panels (kern_matmul_act_panels);
+ * r0 % 16 == 0. */
+void pool_matmul_panels(struct pool *p, enum dtype wt, const void *wp, size_t cols,
+                        const float *x, size_t n, float *y, size_t ldy, size_t r0, size_t r1);
 
-/* One product of pool_matmul_group: all rows of w [rows][cols] (q4p: panels) into y [n][ldy]. */
+/* One product of pool_matmul_group: all rows of w [rows][cols] into y [n][ldy]; w is wt's
+ * panels (kern_matmul_act_panels) when `panels` is set, stored rows otherwise. */
 struct pool_mm {
     enum dtype wt;
-    int q4p;
+    int panels;
     const void *w;
     size_t rows;
     float *y;

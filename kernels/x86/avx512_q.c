@@ -671,3 +671,142 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
         }
     }
 }
+
+/* ---- gemm on q8_0 panels repacked at load time (quant.h, "q8_0 panels") ------------------ */
+
+/*
+ * gemm_tile reading the panel from the repacked matrix instead of a packed chunk: a q8_0 panel
+ * block is the 8 vectors pack_panel builds (w ^ 0x80, lane = row) followed, per block pair, by
+ * the f16 scales that pack_scales widens, so the integer sums are gemm_tile's and the float
+ * steps are its own, in its order: outputs equal kern_gemm_q8_0_q8_0_avx512's bit for bit.
+ * With 1–2 tokens one accumulator would be a chain of 8 dependent vpdpbusd per block, so even
+ * and odd groups of 4 columns go to two accumulators (added as integers: still exact).
+ * pp: the panel (quant.h: block b's quants at quant_q8p_qoff, scales at quant_q8p_soff);
+ * blocks [k0/32, k0/32 + nblk) of its nb.
+ */
+#define Q8P_PF 8192
+INLINE void gemm_q8p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struct kern_act *a,
+                          size_t k0, size_t t, int NT, float *y, size_t ldy, size_t r,
+                          __mmask16 rm, int add)
+{
+    const size_t cp = a->cp;
+    const int split = NT <= 2;
+    __m512 facc[GEMM_NT];
+    const int8_t *xq[GEMM_NT];
+    const float *xd[GEMM_NT];
+    const int32_t *xs[GEMM_NT];
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        size_t tj = t + (size_t)j;
+        facc[j] = _mm512_setzero_ps();
+        xq[j] = a->q + tj * a->ld + k0;
+        xd[j] = a->d + (tj * cp + k0) / 32;
+        xs[j] = a->ns32 + (tj * cp + k0) / 32;
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        const uint8_t *qb = pp + quant_q8p_qoff(k0 / 32 + b, nb);
+        /* Q8P_PF ahead in the panel's one sequential stream: 544 bytes per block, 9 lines */
+        UNROLL for (int l = 0; l < 9; l++) _mm_prefetch((const char *)qb + Q8P_PF + 64 * l,
+                                                        _MM_HINT_T0);
+        __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            iacc[j] = _mm512_set1_epi32(xs[j][b]);
+            iacc2[j] = _mm512_setzero_si512();
+        }
+        UNROLL for (int g = 0; g < 8; g++)
+        {
+            __m512i wv = _mm512_loadu_si512((const void *)(qb + 64 * g));
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512i xv = _mm512_set1_epi32(load_i32(xq[j] + b * 32 + (size_t)g * 4));
+                if (split && (g & 1))
+                    iacc2[j] = _mm512_dpbusd_epi32(iacc2[j], wv, xv);
+                else
+                    iacc[j] = _mm512_dpbusd_epi32(iacc[j], wv, xv);
+            }
+        }
+        __m512 s = _mm512_cvtph_ps(
+            _mm256_loadu_si256((const __m256i *)(pp + quant_q8p_soff(k0 / 32 + b, nb))));
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd[j][b]));
+            facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (t + (size_t)j) * ldy + r;
+        if (add)
+            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
+        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+    }
+}
+
+void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
+                                 size_t ldy, size_t r0, size_t r1)
+{
+    const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q8_0, a->cols);
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        const uint8_t *pp = (const uint8_t *)wp + r / PANEL * PANEL * rb;
+        /* the same K chunks as gemm_q: the same sums (and the chunk stays in L1 while token
+         * tiles pass over it) */
+        for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+            size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+            for (size_t t = 0; t < a->n; t += GEMM_NT) {
+                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+                switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gemm_q8p_tile(pp, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                  \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+                }
+            }
+        }
+    }
+}
+
+/*
+ * kern_q8p_pack on AVX-512: pack_panel's q8_0 loads (unpack_pair: w ^ 0x80) and transpose,
+ * and pack_scales' gather kept as f16, stored in the panel layout (quant.h, "q8_0 panels").
+ * Rows past the matrix are zero, as in the scalar packing.
+ */
+void kern__q8p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                           size_t p1)
+{
+    const size_t nblk = cols / 32, rb = kern__row_bytes(DT_Q8_0, cols);
+    for (size_t p = p0; p < p1; p++) {
+        size_t r = p * PANEL, nr = rows - r < PANEL ? rows - r : PANEL;
+        uint8_t *pp = (uint8_t *)dst + r * rb;
+        for (size_t b0 = 0; b0 < nblk; b0 += 2) {
+            int has_b = b0 + 1 < nblk;
+            __m512i z[PANEL], v[PANEL], lo, hi;
+            UNROLL for (int i = 0; i < PANEL; i++)
+            {
+                if ((size_t)i < nr) {
+                    const uint8_t *q = (const uint8_t *)w + (r + (size_t)i) * rb + b0 * 34;
+                    z[i] = unpack_pair(QK_Q8_0, q, has_b);
+                    v[i] = has_b ? _mm512_loadu_si512((const void *)q)
+                                 : _mm512_maskz_loadu_epi8((__mmask64)((1ull << 34) - 1), q);
+                } else {
+                    z[i] = v[i] = _mm512_setzero_si512();
+                }
+            }
+            scales_gather(QK_Q8_0, v, nr, &lo, &hi);
+            transpose16(z);
+            /* after the transpose z[g] = dword g of every row: g < 8 block b0, else b0 + 1 */
+            for (size_t kk = 0; kk < (size_t)(has_b ? 2 : 1); kk++) {
+                _mm256_storeu_si256((__m256i *)(void *)(pp + quant_q8p_soff(b0 + kk, nblk)),
+                                    scales_block(lo, hi, kk));
+                UNROLL for (int g = 0; g < 8; g++) _mm512_storeu_si512(
+                    (void *)(pp + quant_q8p_qoff(b0 + kk, nblk) + (size_t)g * 64),
+                    z[8 * kk + (size_t)g]);
+            }
+        }
+    }
+}

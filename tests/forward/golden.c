@@ -1,9 +1,13 @@
-/* golden.c — loading fixtures/stories260K/golden.json and importing the checkpoint (golden.h). */
+/* golden.c — loading fixtures/stories260K/golden.json, importing the checkpoint, and its q8_0
+ * variant (golden.h). */
 #include "testutil.h"
 
 #include "golden.h"
 
+#include "half.h"
+#include "iebin.h"
 #include "llama2c.h"
+#include "quant.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -134,4 +138,41 @@ float golden_max_diff(const float *a, const float *b, size_t n)
             m = isnan(d) ? INFINITY : d;
     }
     return m;
+}
+
+/* golden.h; GGUF's q8_0 rule: d = max|x| / 127 rounded to f16, q = round(x / d). */
+char *golden_quantize_q8(const struct iebin_model *im, const char *tmp)
+{
+    char *dir = strdup(tu_path(tmp, "q8"));
+    struct iebin_writer *w;
+    assert_int_equal(iebin_writer_create(dir, im->arch, "q8", &im->hp, &w), 0);
+    for (size_t i = 0; i < im->n_tensors; i++) {
+        const struct iebin_tensor *t = &im->tensors[i];
+        if (t->n_dims != 2 || t->shape[1] % 32 != 0 || t->dtype != DT_F32) {
+            assert_int_equal(
+                iebin_writer_add(w, t->name, t->dtype, t->shape, t->n_dims, t->data, t->size),
+                0);
+            continue;
+        }
+        size_t rows = t->shape[0], cols = t->shape[1], nb = rows * cols / 32;
+        struct quant_q8_0 *q = malloc(nb * sizeof *q);
+        assert_non_null(q);
+        const float *x = t->data;
+        for (size_t b = 0; b < nb; b++) {
+            float amax = 0.0f;
+            for (size_t j = 0; j < 32; j++)
+                amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+            q[b].d = half_f32_to_f16(amax / 127.0f);
+            float d = half_f16_to_f32(q[b].d), id = d != 0.0f ? 1.0f / d : 0.0f;
+            for (size_t j = 0; j < 32; j++) {
+                long v = lroundf(x[b * 32 + j] * id);
+                q[b].qs[j] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+            }
+        }
+        assert_int_equal(iebin_writer_add(w, t->name, DT_Q8_0, t->shape, 2, q, nb * sizeof *q),
+                         0);
+        free(q);
+    }
+    assert_int_equal(iebin_writer_finish(w), 0);
+    return dir;
 }

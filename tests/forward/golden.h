@@ -39,6 +39,12 @@ void golden_free(struct golden *g);
  * directory (malloc'd); the temp dir to remove is its parent (*tmp, malloc'd). */
 char *golden_import(enum dtype dt, char **tmp);
 
+struct iebin_model;
+/* The model `im` with every f32 matrix whose rows are whole blocks quantized to q8_0 (the norms
+ * and stories260K's ffn_down, 172 columns, stay f32), written to <tmp>/q8; returns that
+ * directory (malloc'd). */
+char *golden_quantize_q8(const struct iebin_model *im, const char *tmp);
+
 /* max |a[i] - b[i]| over n */
 float golden_max_diff(const float *a, const float *b, size_t n);
 

@@ -2,8 +2,8 @@
  * test_forward.c — the reference forward pass against llama2.c's golden outputs on
  * stories260K (f32 import): prompt logits fed one token at a time and as prefill chunks,
  * greedy continuations and teacher-forced step logits, the same on a thread pool; f16/bf16
- * imports within their rounding; the projection hook against merged weights; the model views;
- * and every kind of bad input with its message.
+ * imports within their rounding; q8_0 panels against the stored int8 rows; the projection
+ * hook against merged weights; the model views; and every kind of bad input with its message.
  */
 #include "testutil.h"
 
@@ -305,6 +305,93 @@ static void test_half_precision_imports(void **state)
     }
 }
 
+/*
+ * The int8 path: q8_0 matrices repacked into panels at load (AVX-512; kernels/quant.h "q8_0
+ * panels") against the same model read from its stored rows (CLOCHER_Q8_PANELS=0). Both
+ * quantize activations the same way; the panel GEMM and the stored-row GEMV/GEMM differ only in
+ * the order of their f32 sums, so the logits agree to a few ulps of their size. With and without
+ * a pool the panel path gives the same bits (the same kernel on the same rows). Against the f32
+ * golden logits, int8 weights and activations move them: a sanity bound only.
+ */
+static void test_q8_0_panels(void **state)
+{
+    (void)state;
+    const size_t V = g_gold.vocab;
+    char *tmp = tu_mkdtemp(), *dir = golden_quantize_q8(g_model->im, tmp);
+    struct model *m, *ms;
+    assert_int_equal(model_open(dir, 0, &m), 0);
+    assert_int_equal(setenv("CLOCHER_Q8_PANELS", "0", 1), 0);
+    assert_int_equal(model_open(dir, 0, &ms), 0);
+    assert_int_equal(unsetenv("CLOCHER_Q8_PANELS"), 0);
+    assert_int_equal(m->layers[0].wq.dtype, DT_Q8_0);
+    assert_null(ms->layers[0].wq.panels);
+    if (kern_isa() == KERN_ISA_AVX512) {
+        assert_non_null(m->layers[0].wq.panels);
+        assert_non_null(m->output.panels); /* tied: a repacked copy of tok_embd */
+        assert_null(m->layers[0].w_down.panels); /* f32 */
+        assert_false(model_reads_stored(m, "blk.0.attn_q"));
+        assert_true(model_reads_stored(ms, "blk.0.attn_q"));
+    } else {
+        assert_null(m->layers[0].wq.panels);
+        print_message("  no q8_0 panels on this machine (ISA %s)\n", kern_isa_name(kern_isa()));
+    }
+    struct pool *p;
+    assert_int_equal(pool_create(2, POOL_PIN_NONE, &p), 0);
+    struct forward *f = make(m, 0, 0, NULL), *fs = make(ms, 0, 0, NULL), *fp = make(m, 0, 0, p);
+    float worst_prefill = 0.0f, worst_decode = 0.0f, worst_golden = 0.0f;
+    float *one = malloc(V * sizeof *one), *sone = malloc(V * sizeof *sone);
+    float *pone = malloc(V * sizeof *pone);
+    for (size_t c = 0; c < g_gold.n_cases; c++) {
+        const struct golden_case *gc = &g_gold.cases[c];
+        const size_t n = gc->n_prompt;
+        float *all = malloc(n * V * sizeof *all), *sall = malloc(n * V * sizeof *sall);
+        float *pall = malloc(n * V * sizeof *pall);
+        assert_int_equal(forward_truncate(f, 0), 0);
+        assert_int_equal(forward_truncate(fs, 0), 0);
+        assert_int_equal(forward_truncate(fp, 0), 0);
+        assert_int_equal(forward_eval(f, gc->prompt, n, FORWARD_LOGITS_ALL, all), 0);
+        assert_int_equal(forward_eval(fs, gc->prompt, n, FORWARD_LOGITS_ALL, sall), 0);
+        assert_int_equal(forward_eval(fp, gc->prompt, n, FORWARD_LOGITS_ALL, pall), 0);
+        assert_memory_equal(all, pall, n * V * sizeof *all);
+        float d = golden_max_diff(all, sall, n * V);
+        worst_prefill = d > worst_prefill ? d : worst_prefill;
+        d = golden_max_diff(all, gc->prompt_logits, n * V);
+        worst_golden = d > worst_golden ? d : worst_golden;
+        assert_int_equal(forward_truncate(f, 0), 0);
+        assert_int_equal(forward_truncate(fs, 0), 0);
+        assert_int_equal(forward_truncate(fp, 0), 0);
+        for (size_t t = 0; t < n; t++) { /* one token at a time: n = 1 products */
+            assert_int_equal(forward_eval(f, &gc->prompt[t], 1, FORWARD_LOGITS_LAST, one), 0);
+            assert_int_equal(forward_eval(fs, &gc->prompt[t], 1, FORWARD_LOGITS_LAST, sone), 0);
+            assert_int_equal(forward_eval(fp, &gc->prompt[t], 1, FORWARD_LOGITS_LAST, pone), 0);
+            assert_memory_equal(one, pone, V * sizeof *one);
+            d = golden_max_diff(one, sone, V);
+            worst_decode = d > worst_decode ? d : worst_decode;
+        }
+        free(all);
+        free(sall);
+        free(pall);
+    }
+    print_message("  q8_0: max |logit diff| panels vs stored rows: prefill %.2e, decode %.2e; "
+                  "vs llama2.c f32 golden: %.2e\n",
+                  (double)worst_prefill, (double)worst_decode, (double)worst_golden);
+    assert_true(worst_prefill <= 1e-3f);
+    assert_true(worst_decode <= 2.0f);
+    assert_true(worst_golden <= 4.0f);
+    free(one);
+    free(sone);
+    free(pone);
+    forward_destroy(f);
+    forward_destroy(fs);
+    forward_destroy(fp);
+    pool_destroy(p);
+    model_close(m);
+    model_close(ms);
+    tu_rmtree(tmp);
+    free(tmp);
+    free(dir);
+}
+
 /* ---- the projection hook --------------------------------------------------------------------- */
 
 struct hook_log {
@@ -539,6 +626,7 @@ int main(void)
         cmocka_unit_test(test_pool),
         cmocka_unit_test(test_truncate),
         cmocka_unit_test(test_half_precision_imports),
+        cmocka_unit_test(test_q8_0_panels),
         cmocka_unit_test(test_hook),
         cmocka_unit_test(test_model_views),
         cmocka_unit_test(test_model_bad),

@@ -189,30 +189,74 @@ static float *filled(size_t count)
 }
 
 /*
- * q4_0 panels (kern_q4p_*): the repacked matrix gives back the stored rows byte for byte; each
- * panel variant equals its ISA's stored-row GEMM bit for bit (kern.h: same arithmetic); the
- * entries through the dispatcher, every ISA, are within the stored-row bounds of the f32
- * specification. Row ranges start on a panel. s, qb: [n][ldy] as in run_case.
+ * q4_0 and q8_0 panels (kern_q4p_*, kern_q8p_*): the repacked matrix gives back the stored rows
+ * byte for byte; every ISA packs the same bytes, rows past the matrix are zero; each panel
+ * variant equals its ISA's stored-row GEMM bit for bit (kern.h: same arithmetic); the entries
+ * through the dispatchers (the type's own and kern_*_panels), every ISA, are within the
+ * stored-row bounds of the f32 specification. Row ranges start on a panel. s, qb: [n][ldy] as
+ * in run_case.
  */
-static void check_q4p(const void *w, size_t rows, size_t cols, const float *x, size_t n,
-                      const struct kern_act *a, size_t ldy, size_t r1, const float *s,
-                      const float *qb)
+struct panel_kind {
+    enum dtype wt;
+    size_t blk, qbytes_per_row; /* stored block bytes; quant bytes of one row in a panel block */
+    size_t (*bytes)(size_t rows, size_t cols);
+    void (*pack)(const void *w, size_t cols, void *dst, size_t rows, size_t p0, size_t p1);
+    void (*rows)(const void *wp, size_t cols, size_t r0, size_t r1, void *out);
+    void (*matmul)(const void *wp, size_t cols, const float *x, size_t n, float *y, size_t ldy,
+                   size_t r0, size_t r1);
+    kern_mm_fn *act;
+    size_t (*qoff)(size_t b, size_t nb), (*soff)(size_t b, size_t nb);
+    struct {
+        const char *name;
+        enum kern_isa isa;
+        kern_mm_fn *fn, *rows_fn;
+    } pv[3];
+};
+
+static const struct panel_kind q4p_kind = {
+    DT_Q4_0, 18, 16, kern_q4p_bytes, kern_q4p_pack, kern_q4p_rows, kern_matmul_q4p,
+    kern_matmul_act_q4p, quant_q4p_qoff, quant_q4p_soff,
+    {{"kern_gemm_q4_0p_q8_0_ref", KERN_ISA_REF, kern_gemm_q4_0p_q8_0_ref,
+      kern_gemm_q4_0_q8_0_ref},
+     {"kern_gemm_q4_0p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_q4_0p_q8_0_avx2,
+      kern_gemm_q4_0_q8_0_avx2},
+     {"kern_gemm_q4_0p_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_avx512,
+      kern_gemm_q4_0_q8_0_avx512}}};
+
+static const struct panel_kind q8p_kind = {
+    DT_Q8_0, 34, 32, kern_q8p_bytes, kern_q8p_pack, kern_q8p_rows, kern_matmul_q8p,
+    kern_matmul_act_q8p, quant_q8p_qoff, quant_q8p_soff,
+    {{"kern_gemm_q8_0p_q8_0_ref", KERN_ISA_REF, kern_gemm_q8_0p_q8_0_ref,
+      kern_gemm_q8_0_q8_0_ref},
+     {"kern_gemm_q8_0p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_q8_0p_q8_0_avx2,
+      kern_gemm_q8_0_q8_0_avx2},
+     {"kern_gemm_q8_0p_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_q8_0p_q8_0_avx512,
+      kern_gemm_q8_0_q8_0_avx512}}};
+
+static void check_panels(const struct panel_kind *k, const void *w, size_t rows, size_t cols,
+                         const float *x, size_t n, const struct kern_act *a, size_t ldy,
+                         size_t r1, const float *s, const float *qb)
 {
     size_t r0 = (rows > 16 && rnd() % 2) ? 16 : 0;
     if (r0 >= r1)
         r0 = 0;
-    size_t bytes = kern_q4p_bytes(rows, cols), rb = cols / 32 * 18;
+    size_t bytes = k->bytes(rows, cols), rb = cols / 32 * k->blk;
     assert_int_equal(bytes, (rows + 15) / 16 * 16 * rb);
+    assert_int_equal(kern_panels_bytes(k->wt, rows, cols), bytes);
     uint8_t *wp = aligned_alloc(64, (bytes + 63) / 64 * 64), *back = malloc(rows * rb);
     assert_non_null(wp);
     assert_non_null(back);
     memset(wp, 0xa5, bytes); /* rows past the matrix must be written (as zeros) */
     size_t np = (rows + 15) / 16;
-    kern_q4p_pack(w, cols, wp, rows, 0, np / 2); /* in two ranges, as threads may */
-    kern_q4p_pack(w, cols, wp, rows, np / 2, np);
-    kern_q4p_rows(wp, cols, 0, rows, back);
+    k->pack(w, cols, wp, rows, 0, np / 2); /* in two ranges, as threads may */
+    k->pack(w, cols, wp, rows, np / 2, np);
+    k->rows(wp, cols, 0, rows, back);
     assert_memory_equal(back, w, rows * rb);
-    /* every ISA packs the same bytes (AVX-512 has its own packing) */
+    if (rows > 1) { /* a range that starts inside a panel */
+        k->rows(wp, cols, 1, rows, back);
+        assert_memory_equal(back, (const uint8_t *)w + rb, (rows - 1) * rb);
+    }
+    /* every ISA packs the same bytes (AVX-512 has its own packing), alone and by dtype */
     for (int isa = KERN_ISA_REF; isa <= KERN_ISA_AVX512; isa++) {
         if (!kern_isa_supported((enum kern_isa)isa))
             continue;
@@ -220,7 +264,10 @@ static void check_q4p(const void *w, size_t rows, size_t cols, const float *x, s
         uint8_t *w2 = malloc(bytes);
         assert_non_null(w2);
         memset(w2, 0x5a, bytes);
-        kern_q4p_pack(w, cols, w2, rows, 0, np);
+        k->pack(w, cols, w2, rows, 0, np);
+        assert_memory_equal(w2, wp, bytes);
+        memset(w2, 0x5a, bytes);
+        kern_panels_pack(k->wt, w, cols, w2, rows, 0, np);
         assert_memory_equal(w2, wp, bytes);
         free(w2);
     }
@@ -228,58 +275,55 @@ static void check_q4p(const void *w, size_t rows, size_t cols, const float *x, s
         for (size_t b = 0; b < cols / 32; b++)
             for (size_t i = rows % 16; i < 16; i++) {
                 const uint8_t *pp = wp + (np - 1) * 16 * rb;
-                for (size_t g = 0; g < 4; g++)
+                for (size_t g = 0; g < k->qbytes_per_row / 4; g++)
                     for (size_t j = 0; j < 4; j++)
-                        assert_int_equal(pp[quant_q4p_qoff(b, cols / 32) + g * 64 + i * 4 + j],
-                                         0);
-                assert_int_equal(pp[quant_q4p_soff(b, cols / 32) + i * 2], 0);
-                assert_int_equal(pp[quant_q4p_soff(b, cols / 32) + i * 2 + 1], 0);
+                        assert_int_equal(pp[k->qoff(b, cols / 32) + g * 64 + i * 4 + j], 0);
+                assert_int_equal(pp[k->soff(b, cols / 32) + i * 2], 0);
+                assert_int_equal(pp[k->soff(b, cols / 32) + i * 2 + 1], 0);
             }
 
     float *want = filled(n * ldy), *y = filled(n * ldy), *z = filled(n * ldy);
     float *tol = filled(n * ldy);
-    kern_matmul_ref(DT_Q4_0, w, cols, x, n, want, ldy, r0, r1);
-    static const struct {
-        const char *name;
-        enum kern_isa isa;
-        kern_mm_fn *fn, *rows_fn;
-    } pv[] = {
-        {"kern_gemm_q4_0p_q8_0_ref", KERN_ISA_REF, kern_gemm_q4_0p_q8_0_ref,
-         kern_gemm_q4_0_q8_0_ref},
-        {"kern_gemm_q4_0p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_q4_0p_q8_0_avx2,
-         kern_gemm_q4_0_q8_0_avx2},
-        {"kern_gemm_q4_0p_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_avx512,
-         kern_gemm_q4_0_q8_0_avx512},
-    };
+    kern_matmul_ref(k->wt, w, cols, x, n, want, ldy, r0, r1);
     char what[160];
-    for (size_t v = 0; v < sizeof pv / sizeof pv[0]; v++) {
-        if (!kern_isa_supported(pv[v].isa))
+    for (size_t v = 0; v < sizeof k->pv / sizeof k->pv[0]; v++) {
+        if (!kern_isa_supported(k->pv[v].isa))
             continue;
         for (size_t i = 0; i < n * ldy; i++)
             y[i] = z[i] = SENTINEL;
-        pv[v].fn(wp, a, y, ldy, r0, r1);
-        pv[v].rows_fn(w, a, z, ldy, r0, r1);
+        k->pv[v].fn(wp, a, y, ldy, r0, r1);
+        k->pv[v].rows_fn(w, a, z, ldy, r0, r1);
         for (size_t i = 0; i < n * ldy; i++)
             if (memcmp(&y[i], &z[i], sizeof y[i]) != 0)
                 fail_msg("%s: cols %zu n %zu rows [%zu,%zu): y[%zu] = %.9g, the stored-row "
                          "GEMM gives %.9g",
-                         pv[v].name, cols, n, r0, r1, i, y[i], z[i]);
+                         k->pv[v].name, cols, n, r0, r1, i, y[i], z[i]);
     }
     for (int isa = KERN_ISA_REF; isa <= KERN_ISA_AVX512; isa++) {
         if (!kern_isa_supported((enum kern_isa)isa))
             continue;
         assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
-        for (size_t i = 0; i < n * ldy; i++) {
-            y[i] = z[i] = SENTINEL;
-            tol[i] = (isa != KERN_ISA_REF ? qb[i] : 0.0f) + 2e-5f * s[i] + 1e-30f;
+        for (int by_dtype = 0; by_dtype < 2; by_dtype++) {
+            const char *ent = by_dtype ? "panels" : k->wt == DT_Q4_0 ? "q4p" : "q8p";
+            for (size_t i = 0; i < n * ldy; i++) {
+                y[i] = z[i] = SENTINEL;
+                tol[i] = (isa != KERN_ISA_REF ? qb[i] : 0.0f) + 2e-5f * s[i] + 1e-30f;
+            }
+            if (by_dtype)
+                kern_matmul_panels(k->wt, wp, cols, x, n, y, ldy, r0, r1);
+            else
+                k->matmul(wp, cols, x, n, y, ldy, r0, r1);
+            snprintf(what, sizeof what, "kern_matmul_%s(%s, %s)", ent, dtype_info(k->wt)->name,
+                     kern_isa_name((enum kern_isa)isa));
+            check_close(what, y, want, tol, n, ldy, r0, r1, cols);
+            if (by_dtype)
+                kern_matmul_act_panels(k->wt, wp, a, z, ldy, r0, r1);
+            else
+                k->act(wp, a, z, ldy, r0, r1);
+            snprintf(what, sizeof what, "kern_matmul_act_%s(%s, %s)", ent,
+                     dtype_info(k->wt)->name, kern_isa_name((enum kern_isa)isa));
+            check_close(what, z, want, tol, n, ldy, r0, r1, cols);
         }
-        kern_matmul_q4p(wp, cols, x, n, y, ldy, r0, r1);
-        snprintf(what, sizeof what, "kern_matmul_q4p(%s)", kern_isa_name((enum kern_isa)isa));
-        check_close(what, y, want, tol, n, ldy, r0, r1, cols);
-        kern_matmul_act_q4p(wp, a, z, ldy, r0, r1);
-        snprintf(what, sizeof what, "kern_matmul_act_q4p(%s)",
-                 kern_isa_name((enum kern_isa)isa));
-        check_close(what, z, want, tol, n, ldy, r0, r1, cols);
     }
     free(tol);
     free(z);
@@ -370,7 +414,9 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
         check_close(what, twin, want, tol, n, ldy, r0, r1, cols);
     }
     if (wt == DT_Q4_0)
-        check_q4p(w, rows, cols, x, n, &a, ldy, r1, s, qb);
+        check_panels(&q4p_kind, w, rows, cols, x, n, &a, ldy, r1, s, qb);
+    if (wt == DT_Q8_0)
+        check_panels(&q8p_kind, w, rows, cols, x, n, &a, ldy, r1, s, qb);
 
     free(tol);
     free(y);
@@ -419,6 +465,19 @@ static void test_matmul_q4_0(void **state)
 {
     (void)state;
     run_type(DT_Q4_0, 10);
+}
+
+/*
+ * q8_0 panels at every token count 1..17 (the panel GEMM's tiles of 1..8 tokens, the split
+ * accumulators at 1..2, and a second tile): ragged rows (run_case: 1..40), odd block counts
+ * and more than one KC chunk; run_case checks the panels for every q8_0 case (check_panels).
+ */
+static void test_q8p_every_n(void **state)
+{
+    (void)state;
+    static const size_t cols[] = {32, 96, 1056, 2080};
+    for (size_t n = 1; n <= 17; n++)
+        run_case(DT_Q8_0, cols[n % 4], n);
 }
 
 /* Larger shapes: full 16-row panels, several KC chunks, many tokens. */
@@ -588,7 +647,8 @@ int main(void)
         cmocka_unit_test(test_act_prepare_isas_identical),
         cmocka_unit_test(test_matmul_f32),   cmocka_unit_test(test_matmul_f16),
         cmocka_unit_test(test_matmul_bf16),  cmocka_unit_test(test_matmul_q8_0),
-        cmocka_unit_test(test_matmul_q4_0),  cmocka_unit_test(test_matmul_large),
+        cmocka_unit_test(test_matmul_q4_0),  cmocka_unit_test(test_q8p_every_n),
+        cmocka_unit_test(test_matmul_large),
         cmocka_unit_test(test_matmul_bf16_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
