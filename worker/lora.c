@@ -679,11 +679,12 @@ static double fast_elem_bytes(const struct lora_adapter *ad)
 }
 
 /*
- * The serving path's copy (lora_weights.fa/fbt): B transposed into panels of 32 output
- * columns (lora_bt_index) so that an expand task streams one contiguous block, and both matrices in bf16 when the file holds only
- * BF16 tensors (the f32 values are then exact bf16 numbers: no precision is lost, and the
- * update reads half the bytes; decode with several adapters is bound by those bytes). Other
- * files keep f32 (A shared with the canonical copy, B^T copied).
+ * The serving path's copy (lora_weights.fa/fbt) in dt: B transposed into panels of 32 output
+ * columns (lora_bt_index) so that an expand task streams one contiguous block. build() asks
+ * for bf16 when the file holds only BF16 tensors (the f32 values are then exact bf16 numbers:
+ * no precision is lost, and the update reads half the bytes; decode with several adapters is
+ * bound by those bytes), else f32 (A shared with the canonical copy, B^T copied);
+ * lora_repack may ask for bf16 on any file (rounded).
  */
 static int pack_fast(struct lora_adapter *ad, enum dtype dt, const char *f_what)
 {
@@ -982,11 +983,6 @@ int lora_open(const char *dir, const struct iebin_hparams *hp, struct lora_adapt
 }
 
 static const char *const pack_names[] = {"auto", "bf16"};
-
-const char *lora_pack_name(enum lora_pack pack)
-{
-    return (unsigned)pack < 2 ? pack_names[pack] : "?";
-}
 
 int lora_pack_parse(const char *s, enum lora_pack *out)
 {

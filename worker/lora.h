@@ -143,7 +143,6 @@ int lora_open_mem(const char *what, const char *config, size_t config_len,
  *         snapshots never mix the two).
  */
 enum lora_pack { LORA_PACK_AUTO = 0, LORA_PACK_BF16 };
-const char *lora_pack_name(enum lora_pack pack);
 /* "auto" | "bf16"; ERR_FORMAT (logged, naming the value) otherwise. */
 int lora_pack_parse(const char *s, enum lora_pack *out);
 /* Repacks a freshly opened adapter (one reference, not yet shared). 0 or -ENOMEM (the
