@@ -28,6 +28,7 @@
  */
 #include "forward.h"
 
+#include "check.h"
 #include "err.h"
 #include "kern.h"
 #include "log.h"
@@ -194,6 +195,34 @@ static void project(const struct forward *f, uint32_t layer, enum lora_target t,
         f->hook(f->hook_ud, layer, t, x, n, y, ldy);
 }
 
+/*
+ * k projections of the same input x [n][cols] (q, k, v; gate, up): with a pool, one job for
+ * the k base products (pool_matmul_group: the activations prepared once, one dispatch
+ * instead of k), then each hook; the same kernels on the same rows, so the same results as k
+ * project() calls. ys[i]: [n][ldys[i]].
+ */
+static void project_group(const struct forward *f, uint32_t layer, const enum lora_target *t,
+                          const struct model_mat *const *w, const float *x, size_t n,
+                          float *const *ys, const size_t *ldys, size_t k)
+{
+    if (!f->pool) {
+        for (size_t i = 0; i < k; i++)
+            project(f, layer, t[i], w[i], x, n, ys[i], ldys[i]);
+        return;
+    }
+    struct pool_mm mm[POOL_MM_GROUP_MAX];
+    CHECK(k <= POOL_MM_GROUP_MAX);
+    for (size_t i = 0; i < k; i++) {
+        CHECK(w[i]->cols == w[0]->cols);
+        mm[i] = (struct pool_mm){w[i]->dtype, w[i]->panels != NULL,
+                                 w[i]->panels ? w[i]->panels : w[i]->data,
+                                 w[i]->rows, ys[i], ldys[i]};
+    }
+    pool_matmul_group(f->pool, mm, k, x, w[0]->cols, n);
+    for (size_t i = 0; f->hook && i < k; i++)
+        f->hook(f->hook_ud, layer, t[i], x, n, ys[i], ldys[i]);
+}
+
 /* cos and sin of every pair's angle for the chunk's positions: rope [n][head_dim/2][2]. */
 static void rope_table(struct forward *f, uint32_t pos0, size_t n)
 {
@@ -272,9 +301,9 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
         /* attention block */
         for (size_t t = 0; t < n; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
-        project(f, l, LORA_Q, &L->wq, f->xb, n, f->q, qd);
-        project(f, l, LORA_K, &L->wk, f->xb, n, key, kvd);
-        project(f, l, LORA_V, &L->wv, f->xb, n, value, kvd);
+        project_group(f, l, (const enum lora_target[]){LORA_Q, LORA_K, LORA_V},
+                      (const struct model_mat *const[]){&L->wq, &L->wk, &L->wv}, f->xb, n,
+                      (float *const[]){f->q, key, value}, (const size_t[]){qd, kvd, kvd}, 3);
         for (size_t t = 0; t < n; t++) {
             kern_rope(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
             kern_rope(key + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
@@ -287,8 +316,9 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
         /* feed-forward block */
         for (size_t t = 0; t < n; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
-        project(f, l, LORA_GATE, &L->w_gate, f->xb, n, f->gate, ffn);
-        project(f, l, LORA_UP, &L->w_up, f->xb, n, f->up, ffn);
+        project_group(f, l, (const enum lora_target[]){LORA_GATE, LORA_UP},
+                      (const struct model_mat *const[]){&L->w_gate, &L->w_up}, f->xb, n,
+                      (float *const[]){f->gate, f->up}, (const size_t[]){ffn, ffn}, 2);
         kern_swiglu(f->gate, f->gate, f->up, n * ffn); /* silu(gate) * up, in place */
         project(f, l, LORA_DOWN, &L->w_down, f->gate, n, f->proj, dim);
         for (size_t i = 0; i < n * dim; i++)
