@@ -210,7 +210,7 @@ static void project_group(const struct forward *f, uint32_t layer, const enum lo
             project(f, layer, t[i], w[i], x, n, ys[i], ldys[i]);
         return;
     }
-    struct pool_mm mm[POOL_MM_GROUP_MAX];
+    struct pool_mm mm[POOL_MM_GROUP_MAX] = {0};
     CHECK(k <= POOL_MM_GROUP_MAX);
     for (size_t i = 0; i < k; i++) {
         CHECK(w[i]->cols == w[0]->cols);
