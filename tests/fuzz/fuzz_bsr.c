@@ -6,6 +6,8 @@
  * (BSR -> dense -> BSR -> dense is exact), aborting if any promise does not hold. ASan finds
  * any read past x, y or the image.
  */
+#include "fuzz.h"
+
 #include "bsr.h"
 #include "kern.h"
 #include "log.h"

@@ -7,6 +7,8 @@
  * well-formed tenants and adapters. Every accepted configuration also goes through the reload
  * path (config_keep_restart_fields against itself must change nothing).
  */
+#include "fuzz.h"
+
 #include "config.h"
 #include "log.h"
 

@@ -3,6 +3,8 @@
  * (daemon/ctl.c). A rejection is ERR_FORMAT with a message; an acceptance leaves a
  * NUL-terminated printable STATUS and flags only for keys the input really holds.
  */
+#include "fuzz.h"
+
 #include "ctl.h"
 #include "log.h"
 

@@ -8,6 +8,8 @@
  * record too large for the ABI), i.e. nothing the gateway lets through is malformed on the
  * wire, and every limit of the configuration holds on it.
  */
+#include "fuzz.h"
+
 #include "config.h"
 #include "err.h"
 #include "gw_req.h"

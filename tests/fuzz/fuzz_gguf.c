@@ -5,6 +5,8 @@
  * first and last byte of its data, so a validation gap shows up as an ASan report here rather
  * than in a converter.
  */
+#include "fuzz.h"
+
 #include "gguf.h"
 #include "log.h"
 

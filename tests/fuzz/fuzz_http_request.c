@@ -6,6 +6,8 @@
  * length ending on its empty line; and every strict prefix of an accepted head asks for more
  * bytes (what metrics.c relies on when it re-parses after each read).
  */
+#include "fuzz.h"
+
 #include "err.h"
 #include "httpreq.h"
 

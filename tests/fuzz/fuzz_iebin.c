@@ -11,6 +11,8 @@
  * invariants the rest of the engine relies on. iebin_check_manifest must agree with
  * iebin_open_mem on every input.
  */
+#include "fuzz.h"
+
 #include "iebin.h"
 #include "log.h"
 

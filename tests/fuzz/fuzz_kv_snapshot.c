@@ -12,6 +12,8 @@
  * must leave it empty, and an accepted one must hold exactly the blocks it reports, usable by
  * sequences (filling the pool evicts every restored block through the LRU list).
  */
+#include "fuzz.h"
+
 #include "kv_snapshot_config.h"
 
 #include "kv_internal.h"

@@ -6,6 +6,8 @@
  * directory and the resulting IEBIN model must open (the importer's promise: what it writes
  * passes the loader's validation).
  */
+#include "fuzz.h"
+
 #include "iebin.h"
 #include "llama2c.h"
 #include "log.h"

@@ -9,6 +9,8 @@
  * (dim 16, 2 layers, 4 heads, 2 KV heads, head_dim 4, ffn 24). After a success every adapted
  * projection's A and B are read whole (ASan catches a short allocation) and applied once.
  */
+#include "fuzz.h"
+
 #include "log.h"
 #include "lora.h"
 

@@ -6,6 +6,8 @@
  * alpha / r (or alpha / sqrt(r) with rsLoRA), and a layer bitmap only when
  * layers_to_transform was given. A failure must be a negative code, never a crash or leak.
  */
+#include "fuzz.h"
+
 #include "log.h"
 #include "lora.h"
 

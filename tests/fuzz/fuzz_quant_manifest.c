@@ -5,6 +5,8 @@
  * must give at least one rule, and matching every IEBIN tensor name against it must return
  * one of the engine's dtypes or ERR_NOT_FOUND — never a crash, a leak or another code.
  */
+#include "fuzz.h"
+
 #include "err.h"
 #include "log.h"
 #include "quant_manifest.h"

@@ -4,6 +4,8 @@
  * first and last byte of its data, its dtype name and size, and the ordering/overlap promise
  * the reader makes (sorted by offset, disjoint), aborting if any of it does not hold.
  */
+#include "fuzz.h"
+
 #include "log.h"
 #include "safetensors.h"
 

@@ -5,6 +5,8 @@
  * nothing the decoder accepted was ignored or misread) and every view must lie inside the
  * record.
  */
+#include "fuzz.h"
+
 #include "log.h"
 #include "msg.h"
 

@@ -6,6 +6,8 @@
  * opens the ring at that tail, the peer's head turns into the third counter, and each reserve
  * must either find room inside the data area or refuse. ASan watches that no access leaves the ring.
  */
+#include "fuzz.h"
+
 #include "err.h"
 #include "log.h"
 #include "msg.h"

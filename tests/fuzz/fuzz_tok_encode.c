@@ -11,6 +11,8 @@
  *  - ids: the remaining bytes, two per id, are decoded both at once and through the stream
  *    with a chunked buffer; both must agree and be valid UTF-8.
  */
+#include "fuzz.h"
+
 #include "tok.h"
 #include "log.h"
 

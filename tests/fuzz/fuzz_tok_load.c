@@ -6,6 +6,8 @@
  * through the stream within tok_stream_max_out, and tokenizer.ie.json round-trips to the
  * same document and the same tokens. Any violation aborts.
  */
+#include "fuzz.h"
+
 #include "tok.h"
 #include "log.h"
 

@@ -3,14 +3,14 @@
  * libFuzzer, so the corpus (seeds and past crashers) is a regression test in every build.
  * Prints the plain closing line "N passed, 0 failed"; a crash is the failure.
  */
+#include "fuzz.h"
+
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static int run_file(const char *path)
 {
