@@ -165,6 +165,8 @@ static void send_to_serving(struct gw *g, struct shm_msg *m, const char *what)
     }
 }
 
+/* Remembers each slot's generation now: those workers were started from the old command line,
+ * so a HELLO from one of them (gw__adapters_replay) gets this adapter's new state. */
 static void mark_reloaded(struct gw *g, struct gw_adapter *a)
 {
     a->reloaded = true;

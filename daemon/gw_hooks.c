@@ -38,7 +38,6 @@ static size_t hook_active(void *ud)
     return atomic_load(&g->active_streams);
 }
 
-
 /* The adapters follow the new configuration (gw_adapters.c); tenants and limits are read
  * through w->config by each new call, so nothing else changes here. */
 static void hook_config(void *ud, const struct config *fresh)
