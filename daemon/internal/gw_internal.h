@@ -1,5 +1,5 @@
 /*
- * gw_internal.h — what the gateway's files share (daemon/gw.c lists them, one job each, and
+ * internal/gw_internal.h — what the gateway's files share (daemon/gw.c lists them, one job each, and
  * the order in which they call each other: no two call each other). Not for use outside
  * daemon/gw*.c: CMake keeps this header out of the include path of anything else.
  *
@@ -16,6 +16,8 @@
  *    (and unrefs the grpc_call).
  *  - A slot's request table, its region reference and the producer end of its requests ring
  *    are guarded by slot->mu; the consumer end of the events ring belongs to its reader.
+ *  - adapters_mu comes after slot->mu: the reader replays adapters with its slot's mutex held,
+ *    and a reload takes every slot's mutex (by index) before it.
  */
 #ifndef CLOCHER_DAEMON_GW_INTERNAL_H
 #define CLOCHER_DAEMON_GW_INTERNAL_H
