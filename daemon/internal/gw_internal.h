@@ -1,7 +1,7 @@
 /*
- * internal/gw_internal.h — what the gateway's files share (daemon/gw.c lists them, one job each, and
- * the order in which they call each other: no two call each other). Not for use outside
- * daemon/gw*.c: CMake keeps this header out of the include path of anything else.
+ * internal/gw_internal.h — what the gateway's files share (daemon/gw.c lists them, one job
+ * each, and the order in which they call each other: no two call each other). Not for use
+ * outside daemon/gw*.c: CMake keeps this header out of the include path of anything else.
  *
  * NOTES (threads, locks, lifetimes):
  *  - The completion-queue (CQ) thread runs every gRPC completion: new calls, sends done,
