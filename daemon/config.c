@@ -971,7 +971,7 @@ int config_load(const char *path, const char *model_dir_override, struct config 
             continue;
         if (r <= 0) {
             rc = r < 0 ? -errno : ERR_TRUNCATED;
-            LOG_ERR("config %s: read failed: %s", abs, r < 0 ? strerror(errno) : "file shrank");
+            LOG_ERR("config %s: read failed: %s", abs, r < 0 ? strerror(-rc) : "file shrank");
             goto out;
         }
         got += (size_t)r;

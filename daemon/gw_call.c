@@ -51,64 +51,6 @@ static void on_close(struct gw_tag *t, bool ok);
 static void on_sent(struct gw_tag *t, bool ok);
 static void pump(struct gw_call *c);
 
-static void on_new(struct gw_tag *t, bool ok) { gw__call_arrived(t->obj, ok); }
-
-/* ---- lifetime ---- */
-
-struct gw_call *gw__call_new(struct gw *g, enum gw_method m)
-{
-    struct gw_call *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    c->magic = GW_CALL_MAGIC;
-    c->g = g;
-    c->method = m;
-    atomic_init(&c->refs, 1); /* the arrival's */
-    pthread_mutex_init(&c->mu, NULL);
-    grpc_metadata_array_init(&c->md);
-    grpc_call_details_init(&c->details);
-    c->t_new = (struct gw_tag){.fn = NULL, .obj = c};
-    c->t_close = (struct gw_tag){.fn = on_close, .obj = c};
-    c->t_send = (struct gw_tag){.fn = on_sent, .obj = c};
-    c->health = -1;
-    c->t_new.fn = on_new;
-    return c;
-}
-
-void gw__call_ref(struct gw_call *c) { atomic_fetch_add(&c->refs, 1); }
-
-static void item_free(struct gw_item *it)
-{
-    free(it->ids), free(it->text), free(it->error), free(it->ans_ids), free(it->ans_text);
-}
-
-void gw__call_unref(struct gw_call *c)
-{
-    if (atomic_fetch_sub(&c->refs, 1) != 1)
-        return;
-    if (c->call)
-        grpc_call_unref(c->call);
-    grpc_metadata_array_destroy(&c->md);
-    grpc_call_details_destroy(&c->details);
-    if (c->payload)
-        grpc_byte_buffer_destroy(c->payload);
-    if (c->out)
-        grpc_byte_buffer_destroy(c->out);
-    if (c->answer)
-        grpc_byte_buffer_destroy(c->answer);
-    if (c->has_status_slice)
-        grpc_slice_unref(c->status_slice);
-    for (size_t i = 0; i < c->n_items; i++)
-        item_free(&c->items[i]);
-    free(c->items);
-    if (c->req)
-        protobuf_c_message_free_unpacked(c->req, NULL);
-    config_unref(c->cfg);
-    pthread_mutex_destroy(&c->mu);
-    c->magic = 0;
-    free(c);
-}
-
 /* ---- messages ---- */
 
 static grpc_byte_buffer *pack(const ProtobufCMessage *m)
@@ -1000,7 +942,9 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         gw__call_unref(c); /* the server is shutting down: no call came */
         return;
     }
-    gw__request(g, c->method);
+    /* this state machine's own tags: every batch it starts comes back to on_sent / on_close */
+    c->t_close.fn = on_close;
+    c->t_send.fn = on_sent;
     c->start_ns = gw__now_ns();
     c->cfg = config_ptr_get(g->w->config);
     if (c->method == GW_UNKNOWN)

@@ -14,17 +14,14 @@
  */
 #include "config.h"
 #include "err.h"
+#include "gw.h"
 #include "log.h"
+#include "metrics.h"
 #include "slice.h"
+#include "stats.h"
 #include "sup.h"
 #include "topo.h"
 #include "workers.h"
-#ifdef CLOCHER_HAVE_GATEWAY
-#include "gw.h"
-#endif
-#ifdef CLOCHER_HAVE_METRICS
-#include "metrics.h"
-#endif
 
 #include <errno.h>
 #include <getopt.h>
@@ -91,8 +88,9 @@ static int find_worker(const char *opt, const struct config *c, char *out, size_
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
-        LOG_ERR("readlink(/proc/self/exe): %s", strerror(errno));
-        return -errno;
+        int e = errno;
+        LOG_ERR("readlink(/proc/self/exe): %s", strerror(e));
+        return -e;
     }
     self[n] = '\0';
     char *slash = strrchr(self, '/');
@@ -176,7 +174,8 @@ int main(int argc, char **argv)
     } else if (model_dir) {
         char cwd[PATH_MAX];
         if (!getcwd(cwd, sizeof cwd)) {
-            LOG_ERR("getcwd: %s", strerror(errno));
+            int e = errno;
+            LOG_ERR("getcwd: %s", strerror(e));
             return SUP_EXIT_FAILURE;
         }
         rc = config_parse("(defaults)", cwd, "{}", 2, model_dir, &cfg);
@@ -240,22 +239,20 @@ int main(int argc, char **argv)
     cfg = NULL; /* cptr holds it now */
     struct workers *w = NULL;
     struct sup *sup = NULL;
-#ifdef CLOCHER_HAVE_GATEWAY
+    struct stats *stats = NULL;
     struct gw *gw = NULL;
-#endif
-#ifdef CLOCHER_HAVE_METRICS
     struct metrics *metrics = NULL;
-#endif
     if (workers_create(plan, &cptr, &w) < 0)
         goto out_loop;
-#ifdef CLOCHER_HAVE_GATEWAY
+    /* the gateway's counters: made here, lent to the gateway (writer) and the metrics endpoint
+     * (reader) through w->stats, freed after both are gone */
+    if (stats_create(w->n, &stats) < 0)
+        goto out_workers;
+    w->stats = stats;
     if (gw_create(w, &loop, &gw) < 0)
         goto out_workers;
-#endif
-#ifdef CLOCHER_HAVE_METRICS
     if (metrics_create(w, &loop, &metrics) < 0)
         goto out_workers;
-#endif
     if (sup_create(&loop, w, &so, &sup) < 0 || sup_start(sup) < 0)
         goto out_workers;
     LOG_INFO("clocherd %s: %zu workers, model %s", CLOCHER_VERSION, w->n,
@@ -272,16 +269,13 @@ int main(int argc, char **argv)
         LOG_INFO("stopped cleanly");
 
 out_workers:
-#ifdef CLOCHER_HAVE_METRICS
     metrics_destroy(metrics);
-#endif
-#ifdef CLOCHER_HAVE_GATEWAY
     gw_destroy(gw);
-#endif
     /* let the close callbacks of whatever was torn down run */
     uv_run(&loop, UV_RUN_DEFAULT);
     sup_destroy(sup);
     workers_destroy(w);
+    stats_destroy(stats);
 out_loop:
     if (uv_loop_close(&loop) != 0)
         LOG_WARN("the event loop still had open handles at exit");

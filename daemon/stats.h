@@ -4,7 +4,8 @@
  * which renders them in Prometheus text format on the libuv loop).
  *
  * NOTES
- *  - Writers are the gateway's threads, the reader is the metrics endpoint: every value is an
+ *  - Writers are the gateway's threads, the readers the metrics endpoint and the gateway's
+ *    GetMetrics call (both through stats_render): every value is an
  *    independent relaxed atomic. A scrape is a snapshot of independent series; no ordering
  *    between two series is promised (Prometheus does not need one), and a histogram's count
  *    may run one observation ahead of its buckets during a scrape.
@@ -14,8 +15,12 @@
  *    Anonymous access (no tenants configured) is the tenant "" rendered as "anonymous".
  *  - Per-worker series (engine figures from the worker's STATS record: KV blocks, prefix
  *    hits, running/waiting, RSS) are replaced whole by stats_worker_engine(); their slot index
- *    matches struct workers. Supervisor-owned series (restarts, state, hot replication) are
- *    read by metrics.c straight from struct workers, not kept here.
+ *    matches struct workers. Supervisor-owned series (state, given up, generation, restarts,
+ *    hot replication, ready slots, the daemon's phase) are not kept here: stats_render reads
+ *    them from the struct workers it is passed, at render time.
+ *  - Ownership: clocherd's main.c creates the struct stats (one per daemon) and lends it to
+ *    the gateway and the metrics endpoint as w->stats. This module reads struct workers and
+ *    calls nothing that calls it back (daemon/workers.c does not know it).
  *  - Histogram buckets are fixed (seconds): 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 5 10 30
  *    60 +Inf; one set per (series, tenant).
  */

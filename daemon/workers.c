@@ -7,7 +7,6 @@
 #include "check.h"
 #include "err.h"
 #include "log.h"
-#include "stats.h"
 #include "topo.h"
 #include "region.h"
 
@@ -26,12 +25,6 @@ int workers_create(const struct topo_plan *plan, struct config_ptr *config, stru
     }
     w->magic = WORKERS_MAGIC;
     w->config = config;
-    int rc = stats_create(plan->n, &w->stats);
-    if (rc < 0) {
-        free(w->slots);
-        free(w);
-        return rc;
-    }
     atomic_init(&w->phase, WORKERS_PHASE_STARTING);
     for (size_t i = 0; i < plan->n; i++) {
         struct workers_slot *s = &w->slots[i];
@@ -78,7 +71,6 @@ void workers_destroy(struct workers *w)
         s->magic = 0;
     }
     free(w->slots);
-    stats_destroy(w->stats);
     w->magic = 0;
     free(w);
 }

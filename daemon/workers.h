@@ -25,12 +25,13 @@
  *    creates each region and hands it over; readiness and liveness come from the worker's
  *    control socket (daemon/ctl.h), not from the region.
  *
- * The gateway side (daemon/gw.c) provides, and clocherd's main.c calls:
+ * The gateway side (daemon/gw.h) provides, and clocherd's main.c calls:
  *     int  gw_create(struct workers *w, uv_loop_t *loop, struct gw **out); // sets w->hooks
  *     void gw_destroy(struct gw *g);                                       // joins its threads
  * and daemon/metrics.c likewise metrics_create(w, loop, &m) / metrics_destroy(m), serving
  * config->metrics_listen on the loop. Both are created before the workers are spawned and
- * destroyed after the loop has stopped.
+ * destroyed after the loop has stopped. This file calls neither of them, nor daemon/stats.c:
+ * they read the table, it knows nothing of them.
  */
 #ifndef CLOCHER_DAEMON_WORKERS_H
 #define CLOCHER_DAEMON_WORKERS_H
@@ -128,8 +129,10 @@ struct workers {
     _Atomic int phase;            /* enum workers_phase, written by the supervisor */
     const struct workers_hooks *hooks; /* set by gw_create before the loop runs; may be NULL */
     void *hooks_ud;
-    /* Counters the gateway records and the metrics endpoint renders (daemon/stats.h): made
-     * here so both reach them as w->stats; any thread (stats.h has its own rules). */
+    /* Counters the gateway records and the metrics endpoint renders (daemon/stats.h), lent
+     * here so both reach them as w->stats: main.c creates them before gw_create and frees them
+     * after the loop's last run; the table itself never touches them. NULL: nothing recorded.
+     * Any thread (stats.h has its own rules). */
     struct stats *stats;
 };
 

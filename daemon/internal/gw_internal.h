@@ -1,6 +1,7 @@
 /*
- * gw_internal.h — what the gateway's files share (daemon/gw.c: server, threads, worker slots,
- * routing; daemon/gw_call.c: one state machine per call). Not for use outside daemon/gw*.c.
+ * internal/gw_internal.h — what the gateway's files share (daemon/gw.c lists them, one job
+ * each, and the order in which they call each other: no two call each other). Not for use
+ * outside daemon/gw*.c: CMake keeps this header out of the include path of anything else.
  *
  * NOTES (threads, locks, lifetimes):
  *  - The completion-queue (CQ) thread runs every gRPC completion: new calls, sends done,
@@ -15,6 +16,8 @@
  *    (and unrefs the grpc_call).
  *  - A slot's request table, its region reference and the producer end of its requests ring
  *    are guarded by slot->mu; the consumer end of the events ring belongs to its reader.
+ *  - adapters_mu comes after slot->mu: the reader replays adapters with its slot's mutex held,
+ *    and a reload takes every slot's mutex (by index) before it.
  */
 #ifndef CLOCHER_DAEMON_GW_INTERNAL_H
 #define CLOCHER_DAEMON_GW_INTERNAL_H
@@ -30,6 +33,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #define GW_MAGIC 0x47574159u      /* "GWAY" */
 #define GW_CALL_MAGIC 0x4743414cu /* "GCAL" */
@@ -193,7 +197,8 @@ struct gw {
     size_t n_slots;
     struct gw_slot *slots;
 
-    pthread_mutex_t adapters_mu;   /* guards the registry and the watch list */
+    pthread_mutex_t adapters_mu;   /* guards the registry (gw_adapters.c) and the watch list
+                                    * (gw_call.c) */
     size_t n_adapters, cap_adapters;
     struct gw_adapter *adapters;
     size_t n_watch, cap_watch;
@@ -202,39 +207,76 @@ struct gw {
     struct workers_hooks hooks;
 };
 
-/* ---- gw.c, for gw_call.c ---- */
-/* Asks gRPC for the next call of method m (re-armed by each arrival). */
-void gw__request(struct gw *g, enum gw_method m);
-uint64_t gw__now_ns(void);
+static inline uint64_t gw__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- gw_callobj.c: a call's lifetime ---- */
+/* A call object for the next call of method m; `arrived` runs (CQ thread) when it comes. */
+struct gw_call *gw__call_new(struct gw *g, enum gw_method m,
+                             void (*arrived)(struct gw_tag *t, bool ok));
+void gw__call_ref(struct gw_call *c);
+/* The last reference frees the call and everything it owns. */
+void gw__call_unref(struct gw_call *c);
+
+/* ---- gw_cq.c: the completion-queue thread ---- */
+void *gw__cq_main(void *gw);
+/* The tag of the server's shutdown notification: shuts the queue down. */
+void gw__cq_on_shutdown(struct gw_tag *t, bool ok);
+
+/* ---- gw_adapters.c: the adapter registry (its functions take adapters_mu themselves) ---- */
+/* The configuration's adapters, at start. */
+void gw__adapters_init(struct gw *g, const struct config *c);
+void gw__adapters_fini(struct gw *g);
+/* Whether an adapter is loaded (gw_req_adapter_known_fn). */
+bool gw__adapter_known(void *gw, const char *name);
+/* A load that workers acknowledged (info: what one of them reported, NULL: read it from dir's
+ * adapter_config.json), an unload. */
+void gw__adapter_add(struct gw *g, const char *name, const char *dir,
+                     const struct shm_msg_adapter *info);
+void gw__adapter_remove(struct gw *g, const char *name);
+/* Makes what a fresh worker serves match the registry (slot->mu held, reader thread). */
+void gw__adapters_replay(struct gw *g, struct gw_slot *s, uint32_t generation);
+/* A reload: the registry follows fresh's adapters and tells the serving workers (supervisor's
+ * loop thread; takes every slot's mu, then adapters_mu). Counts what changed. */
+void gw__adapters_reload(struct gw *g, const struct config *fresh, size_t *added,
+                         size_t *changed, size_t *dropped);
+
+/* ---- gw_route.c: slots, routing, submission ---- */
+/* Unlinks and returns the entry of id (slot->mu held), NULL if none. */
+struct gw_entry *gw__table_take(struct gw_slot *s, uint64_t id);
+/* The entry of id, left in the table (slot->mu held), NULL if none. */
+struct gw_entry *gw__table_find(struct gw_slot *s, uint64_t id);
 /* Picks the least-loaded routable slot and sends m (request_id set here) for item `item` of
  * c, entering it into the slot's table. 0, or a gRPC status with msg. Call without c->mu. */
 int gw__submit(struct gw *g, int want_slot, struct shm_msg *m, struct gw_call *c, size_t item,
                char *msg, size_t cap);
 /* Removes item's table entry and sends CANCEL if it was still known to its worker. */
 void gw__cancel_item(struct gw *g, struct gw_call *c, size_t item);
-/* Whether an adapter is loaded (gw_req_adapter_known_fn). */
-bool gw__adapter_known(void *gw, const char *name);
-/* The model the workers serve (from a HELLO), false if none came yet. */
-bool gw__model(struct gw *g, struct gw_model_info *out);
-/* Health status now (grpc.health.v1 ServingStatus). */
-int gw__health(struct gw *g);
 /* Slots whose worker is routable now, into idx[cap]; their count. */
 size_t gw__ready_slots(struct gw *g, int *idx, size_t cap);
-void gw__adapter_add(struct gw *g, const char *name, const char *dir,
-                     const struct shm_msg_adapter *info);
-void gw__adapter_remove(struct gw *g, const char *name);
+/* Health status now (grpc.health.v1 ServingStatus). */
+int gw__health(struct gw *g);
+/* The model the workers serve (from a HELLO), false if none came yet. */
+bool gw__model(struct gw *g, struct gw_model_info *out);
 
-/* ---- gw_call.c, for gw.c ---- */
+/* ---- gw_call.c: the calls' state machines ---- */
 /* A new call of method m arrived on the CQ thread (ok = false: the server is shutting down). */
 void gw__call_arrived(struct gw_call *c, bool ok);
-struct gw_call *gw__call_new(struct gw *g, enum gw_method m);
-void gw__call_ref(struct gw_call *c);
-void gw__call_unref(struct gw_call *c);
 /* A record of c's item arrived from its worker (final: the entry is already removed). */
 void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m);
 /* c's item failed without a record (its worker died, the daemon stops). */
 void gw__call_fail_item(struct gw_call *c, size_t item, int status, const char *msg);
 /* Health changed: re-send to every Watch call. */
 void gw__health_changed(struct gw *g);
+
+/* ---- gw_reader.c: a slot's event reader thread (arg: its struct gw_slot) ---- */
+void *gw__reader_main(void *slot);
+
+/* ---- gw_hooks.c: the supervisor's hooks (hooks_ud: the struct gw) ---- */
+extern const struct workers_hooks gw__hooks;
 
 #endif
