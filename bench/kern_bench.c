@@ -19,7 +19,7 @@
  */
 #include "bench_util.h"
 #include "dtype.h"
-#include "kern.h"
+#include "kern_variants.h"
 #include "pool.h"
 
 #include <sched.h>

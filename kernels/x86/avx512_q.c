@@ -20,7 +20,6 @@
  *   offset's correction, the same for every row) and the 16 row scales are applied once per
  *   block. One packed panel (16 KiB, on the stack) is reused, from L1, by every token tile.
  */
-#include "kern.h"
 #include "internal.h"
 #include "quant.h"
 

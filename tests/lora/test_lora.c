@@ -10,7 +10,7 @@
 
 #include "err.h"
 #include "half.h"
-#include "kern.h"
+#include "kern_variants.h"
 #include "log.h"
 #include "lora.h"
 #include "pool.h"
