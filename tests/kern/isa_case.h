@@ -2,7 +2,8 @@
  * isa_case.h — one cmocka test per kernel ISA, for tests that exercise each ISA's path
  * (tests/kern, and the ISA comparisons in tests/bsr, tests/lora, tests/convert): the ISA
  * comes in the test's state, and a CPU without it makes the test skip() — counted and printed
- * by the runner — rather than pass without checking anything.
+ * by the runner — rather than pass without checking anything. Each such test leaves the ISA
+ * that was active before it (kern_init's choice) active again, for the tests after it.
  *
  *   static void test_x(void **state) { const struct isa_case *c = isa_case_begin(state); ... }
  *   ISA_CASE_TESTS(test_x)   -> test_x/ref, test_x/avx2, test_x/avx512 in the CMUnitTest list
@@ -39,7 +40,24 @@ static inline const struct isa_case *isa_case_begin(void **state)
     return c;
 }
 
-#define ISA_CASE_TEST(fn, c) {#fn "/" #c, fn, NULL, NULL, (void *)&(c)}
+static enum kern_isa isa_case_saved_; /* the active ISA before the running test */
+
+static inline int isa_case_setup(void **state)
+{
+    (void)state;
+    if (kern_init() != 0)
+        return -1;
+    isa_case_saved_ = kern_isa();
+    return 0;
+}
+
+static inline int isa_case_teardown(void **state)
+{
+    (void)state;
+    return kern_force_isa(isa_case_saved_) == 0 ? 0 : -1;
+}
+
+#define ISA_CASE_TEST(fn, c) {#fn "/" #c, fn, isa_case_setup, isa_case_teardown, (void *)&(c)}
 #define ISA_CASE_SIMD(fn) ISA_CASE_TEST(fn, isa_case_avx2), ISA_CASE_TEST(fn, isa_case_avx512)
 #define ISA_CASE_TESTS(fn) ISA_CASE_TEST(fn, isa_case_ref), ISA_CASE_SIMD(fn)
 
