@@ -198,7 +198,7 @@ enum kern_isa kern_isa(void) { return kern__ops.isa; }
 /* ---- per-thread scratch ------------------------------------------------------------------ */
 
 /* Two slots: kern_matmul prepares activations in slot 0 while the q4_0 panel fallback
- * (q4p.c) unpacks rows into slot 1 under the same call. */
+ * (panels.c) unpacks rows into slot 1 under the same call. */
 #define SCRATCH_SLOTS 2
 static pthread_key_t scratch_key[SCRATCH_SLOTS];
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;

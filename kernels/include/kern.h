@@ -72,7 +72,8 @@ void kern_row_to_f32(enum dtype dt, const void *row, float *out, size_t n);
  * (with the sums and lane-wise scales the SIMD kernels use) for q8_0/q4_0 weights, bf16 for
  * bf16 weights, and for f32/f16/bf16 weights a copy with padded rows (kernels/internal.h:
  * the weight type's act form). The same for every ISA. Lives in one caller-provided buffer of
- * kern_act_bytes() bytes, 64-byte aligned. `cp` is cols rounded up to 64; padding elements are zero.
+ * kern_act_bytes() bytes, 64-byte aligned. `cp` is cols rounded up to 64; padding elements
+ * are zero.
  * NOTES: fill with kern_act_init() then kern_act_prepare() over all tokens (token ranges may
  * be prepared by different threads); afterwards it is read-only and shared by every shard.
  */

@@ -64,7 +64,6 @@ kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_
  * m * dx * sum(xq) for the group's offset m. Integer sums are exact: SIMD variants differ from
  * _ref only in the order of the f32 sums (tests/kern/test_kern_q4g.c states the tolerance).
  */
-
 #define KERN_Q4G_VARIANTS_(X, isa)                                                           \
     X(gemv, q4_g64, q8_0, isa) X(gemv, q4_g128, q8_0, isa) X(gemv, q4z_g32, q8_0, isa)       \
     X(gemv, q4z_g64, q8_0, isa) X(gemv, q4z_g128, q8_0, isa) X(gemm, q4_g64, q8_0, isa)      \
@@ -94,8 +93,7 @@ kern_lora_expand_fn kern_lora_expand_f32_f32_ref, kern_lora_expand_bf16_f32_ref,
 
 typedef void kern_bsr_fn(const struct kern_bsr *m, const float *x, float *y, size_t b0,
                          size_t b1);
-kern_bsr_fn kern_gemv_bsr_f32_ref, kern_gemv_bsr_f32_avx2,
-    kern_gemv_bsr_f32_avx512;
+kern_bsr_fn kern_gemv_bsr_f32_ref, kern_gemv_bsr_f32_avx2, kern_gemv_bsr_f32_avx512;
 
 /* ---- elementwise kernels (kern.h, "elementwise kernels") ---------------------------------- */
 
