@@ -15,7 +15,7 @@
  *    order of f32 additions differs): |y - y_twin| <= 1e-5 * S', S' = sum (|d q| + |m|) |x|
  *    over the terms the kernels actually add (for q4z the d q and m parts are summed apart).
  *  - twin and dispatched kern_matmul vs the f32 product of the dequantized weights: the int8
- *    activation bound of kernels/quant.h, sum_b d_b/2 * sum_{i in b} |w_i|, plus 2e-5 * S'.
+ *    activation bound of kernels/include/quant.h, sum_b d_b/2 * sum_{i in b} |w_i|, plus 2e-5 * S'.
  */
 #include "testutil.h"
 #include "isa_case.h"
