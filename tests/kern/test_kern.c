@@ -10,7 +10,8 @@
  *  - bf16 weights with bf16 activations (vdpbf16ps): each activation is rounded to bf16, a
  *    relative error <= 2^-8 (8-bit significand), so |y - y_f32| <= 2^-8 * S + 1e-5 * S.
  *  - q8_0/q4_0 weights with int8 activations: per block b the activation error is <= d_b/2
- *    (d_b = max|x_b|/127, kernels/include/quant.h), so |y - y_f32| <= sum_b d_b/2 * sum_b |w| + 1e-5*S.
+ *    (d_b = max|x_b|/127, kernels/include/quant.h), so
+ *    |y - y_f32| <= sum_b d_b/2 * sum_b |w| + 1e-5*S.
  */
 #include "testutil.h"
 #include "isa_case.h"
