@@ -15,7 +15,7 @@
  */
 #include "bench_util.h"
 #include "bsr.h"
-#include "kern.h"
+#include "kern_variants.h"
 
 #include <stdio.h>
 #include <stdlib.h>

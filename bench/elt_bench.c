@@ -9,7 +9,7 @@
  *   usage: elt_bench [--quick]
  */
 #include "bench_util.h"
-#include "kern.h"
+#include "kern_variants.h"
 
 #include <math.h>
 #include <stdio.h>

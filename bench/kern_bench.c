@@ -19,7 +19,7 @@
  */
 #include "bench_util.h"
 #include "dtype.h"
-#include "kern.h"
+#include "kern_variants.h"
 #include "pool.h"
 
 #include <sched.h>
@@ -339,7 +339,7 @@ static void bench_batch(void)
             void **w;
             int copies = make_ring(dt, rows, cols, &w);
             float *x = random_x(16, cols), *y = malloc(16 * rows * sizeof(float));
-            /* on AVX-512: the same copies repacked at load time (kern_q4p_*, kern_q8p_*) */
+            /* on AVX-512: the same copies repacked at load time (kern_panels_*) */
             void **wp = NULL;
             if (kern_isa() == KERN_ISA_AVX512) {
                 size_t pb = kern_panels_bytes(dt, rows, cols);

@@ -8,7 +8,6 @@
  * The quantization rule (kernels/quant.h): d = max|x|/127, q = round-half-even(x * 127/max|x|),
  * NaNs ignored by the max and quantized to -127 (garbage in, garbage out, but defined).
  */
-#include "kern.h"
 #include "internal.h"
 #include "quant.h"
 
@@ -20,10 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static int needs_q8(enum dtype wt)
-{
-    return wt == DT_Q8_0 || wt == DT_Q4_0 || dtype_is_q4g(wt);
-}
+static int needs_q8(enum dtype wt) { return kern__traits[wt].act == KERN__ACT_Q8; }
 
 /* Byte offsets of each array inside the buffer; each starts on a 64-byte boundary. */
 struct act_layout {
@@ -32,9 +28,8 @@ struct act_layout {
 
 static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l)
 {
-    const struct dtype_info *di = dtype_info(wt);
-    CHECK(di);
-    if (cols % di->block != 0)
+    CHECK((unsigned)wt < DT_COUNT_);
+    if (cols % kern__traits[wt].block != 0)
         return ERR_FORMAT;
     memset(l, 0, sizeof *l);
     size_t cp = kern__round_up(cols, KERN__ACT_PAD), elems, off = 0;
@@ -57,7 +52,7 @@ static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l
     } else {
         l->xf = off;
         off += elems * sizeof(float);
-        if (wt == DT_BF16) {
+        if (kern__traits[wt].act == KERN__ACT_BF16) {
             l->xb = off;
             off += elems * sizeof(uint16_t);
         }
@@ -97,14 +92,10 @@ void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t col
         a->d4 = (float *)(void *)(b + l.d4);
     } else {
         a->xf = (float *)(void *)(b + l.xf);
-        if (wt == DT_BF16)
+        if (kern__traits[wt].act == KERN__ACT_BF16)
             a->xb = (uint16_t *)(void *)(b + l.xb);
     }
 }
-
-/* The int4 group types use 8 as well: q4_gN needs exactly q4_0's correction, and q4z_gN
- * recovers each block's quant sum from ns32 / -8 for its offset term (kernels/ref_q4g.c). */
-int32_t kern__act_offset(enum dtype wt) { return wt == DT_Q8_0 ? 128 : 8; }
 
 /* One block of 32 activations (block types only, so never a ragged block). */
 static void quantize_block(const float *x, int8_t *q, float *d)
@@ -134,24 +125,14 @@ void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1)
             memset(a->xf + t * a->ld + a->cols, 0, (a->ld - a->cols) * sizeof(float));
         }
     }
-    if (!a->q && !a->xb)
-        return;
-    switch (kern_isa()) {
-    case KERN_ISA_AVX512:
-        kern__act_prepare_avx512(a, t0, t1);
-        return;
-    case KERN_ISA_AVX2:
-        kern__act_prepare_avx2(a, t0, t1);
-        return;
-    default:
-        kern__act_prepare_ref(a, t0, t1);
-    }
+    if (a->q || a->xb)
+        kern__ops.act_prepare(a, t0, t1);
 }
 
 void kern__act_prepare_ref(const struct kern_act *a, size_t t0, size_t t1)
 {
     size_t cols = a->cols, cp = a->cp;
-    int32_t off = kern__act_offset(a->wt);
+    int32_t off = kern__traits[a->wt].act_offset;
     for (size_t t = t0; t < t1; t++) {
         const float *x = a->x + t * cols; /* [cols] */
         if (a->q) {

@@ -1,18 +1,18 @@
 /*
  * attn.c — the attention tile kernel's scalar specification (kern_attn_<kvt>_f32_ref), the
- * online-softmax state helpers, the dispatching entry kern_attn and kern_attn_causal, the
- * contiguous-cache driver (kern.h states the contracts; docs/adr/0004 addendum, item 11).
+ * online-softmax state helpers, the entry kern_attn (through kern__ops) and kern_attn_causal,
+ * the contiguous-cache driver (kern.h states the contracts; docs/adr/0004 addendum, item 11).
  *
  * Why one tile kernel with explicit state: the paged cache (worker/kv_attn.c) hands over one
  * block span at a time and the contiguous cache (worker/forward.c) 64-position tiles; with m,
  * l and o owned by the caller both walk their own layout and share the arithmetic, and no
  * [queries x positions] score matrix is ever built.
  *
- * NOTES: stateless and reentrant; the ISA is read per call. Stack use is bounded (the ref
+ * NOTES: stateless and reentrant; the dispatch table is read per call. Stack use is bounded (the ref
  * widens one K and one V row at a time; kern_attn_causal keeps 64 rows of state).
  */
 #include "fastmath.h"
-#include "kern.h"
+#include "internal.h"
 
 #include "check.h"
 
@@ -103,28 +103,14 @@ ATTN_REF_(f16, DT_F16)
 ATTN_REF_(bf16, DT_BF16)
 #undef ATTN_REF_
 
-/* ---- dispatch ---------------------------------------------------------------------------- */
+/* ---- entries ------------------------------------------------------------------------------ */
 
-/* Indexed by enum kern_isa, then f32, f16, bf16. */
-static kern_attn_fn *const g_attn[3][3] = {
-    {kern_attn_f32_f32_ref, kern_attn_f16_f32_ref, kern_attn_bf16_f32_ref},
-    {kern_attn_f32_f32_avx2, kern_attn_f16_f32_avx2, kern_attn_bf16_f32_avx2},
-    {kern_attn_f32_f32_avx512, kern_attn_f16_f32_avx512, kern_attn_bf16_f32_avx512},
-};
-
+/* The tile kernel of the active ISA for K/V caches of type kvt (its traits' attn). */
 static kern_attn_fn *attn_fn(enum dtype kvt)
 {
-    switch (kvt) {
-    case DT_F32:
-        return g_attn[kern_isa()][0];
-    case DT_F16:
-        return g_attn[kern_isa()][1];
-    case DT_BF16:
-        return g_attn[kern_isa()][2];
-    default:
-        CHECK(!"kern_attn: K/V must be f32, f16 or bf16");
-        return NULL;
-    }
+    kern_attn_fn *fn = (unsigned)kvt < DT_COUNT_ ? kern__ops.type[kvt].attn : NULL;
+    CHECK(fn != NULL && "kern_attn: K/V must be f32, f16 or bf16");
+    return fn;
 }
 
 void kern_attn(enum dtype kvt, const float *const *q, float *const *o, float *m, float *l,

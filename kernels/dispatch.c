@@ -1,13 +1,14 @@
 /*
- * dispatch.c — picks the kernel ISA once from CPUID (or CLOCHER_ISA), routes products to the
- * variant that suits the weight type and the number of tokens, and owns the per-thread
- * scratch that kern_matmul prepares activations in.
+ * dispatch.c — picks the kernel ISA once from CPUID (or CLOCHER_ISA) and fills the dispatch
+ * table every entry point reads (internal.h, struct kern_ops) from the weight types' traits
+ * (traits.c) and the ISA's other variants; routes products to the variant that suits the
+ * number of tokens, and owns the per-thread scratch that kern_matmul prepares activations in.
+ * The only file in kernels/ that looks at the ISA.
  *
- * NOTES: the ISA and the routing table are written by kern_init()/kern_force_isa() only, which
- * run before worker threads exist (kern.h); afterwards they are read-only. Scratch is per
- * thread (thread-local pointer, freed by a pthread key destructor at thread exit).
+ * NOTES: the table is written by kern_init()/kern_force_isa() only, which run before worker
+ * threads exist (kern.h); afterwards it is read-only. Scratch is per thread (thread-local
+ * pointer, freed by a pthread key destructor at thread exit).
  */
-#include "kern.h"
 #include "internal.h"
 
 #include "check.h"
@@ -18,17 +19,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Which variant runs a product: gemm from gemm_min_n tokens on, gemv below. */
-struct route {
-    kern_mm_fn *gemv;
-    kern_mm_fn *gemm;
-    size_t gemm_min_n;
-};
-
-static enum kern_isa g_isa = KERN_ISA_REF;
-static int g_inited;
-static struct route g_route[DT_COUNT_];
 
 static const char *const isa_names[] = {"ref", "avx2", "avx512"};
 
@@ -99,50 +89,79 @@ int kern_isa_supported(enum kern_isa isa)
 
 int kern_has_avx512bf16(void) { return cpu_feats().avx512bf16; }
 
-/*
- * Routing per ISA. gemm_min_n is where the gemm variant overtakes the gemv in bench/kern_bench
- * --only variants (docs/PERFORMANCE.md): the gemv streams a row once per pair of tokens and
- * wins while unpacking dominates; the packed gemm wins once a panel is reused enough.
- */
-static void set_routes(enum kern_isa isa)
+/* ---- the dispatch table ------------------------------------------------------------------ */
+
+static void matmul_prepared(enum dtype wt, const void *w, size_t cols, const float *x, size_t n,
+                            float *y, size_t ldy, size_t r0, size_t r1);
+
+/* What is not per weight type, per ISA; the scalar ISA's kern_matmul prepares nothing. */
+#define ISA_OPS_(I, matmul_fn)                                                               \
+    {.isa = KERN_ISA_##I,                                                                    \
+     .matmul = (matmul_fn),                                                                  \
+     .act_prepare = kern__act_prepare_##I,                                                   \
+     .bsr_gemv = kern_gemv_bsr_f32_##I,                                                      \
+     .exp = kern_exp_f32_f32_##I,                                                            \
+     .tanh = kern_tanh_f32_f32_##I,                                                          \
+     .silu = kern_silu_f32_f32_##I,                                                          \
+     .gelu = kern_gelu_f32_f32_##I,                                                          \
+     .softmax = kern_softmax_f32_f32_##I,                                                    \
+     .rmsnorm = kern_rmsnorm_f32_f32_##I,                                                    \
+     .swiglu = kern_swiglu_f32_f32_##I,                                                      \
+     .rope = kern_rope_f32_f32_##I}
+#define KERN_ISA_ref KERN_ISA_REF
+#define KERN_ISA_avx2 KERN_ISA_AVX2
+#define KERN_ISA_avx512 KERN_ISA_AVX512
+/* Indexed by enum kern_isa; .type is filled from kern__traits. */
+static const struct kern_ops isa_ops[KERN__ISA_COUNT] = {
+    ISA_OPS_(ref, kern_matmul_ref), ISA_OPS_(avx2, matmul_prepared),
+    ISA_OPS_(avx512, matmul_prepared)};
+
+struct kern_ops kern__ops;
+static int g_inited;
+
+/* Overlays the non-NULL fields of o on t. */
+static void overlay(struct kern__type_ops *t, const struct kern__type_ops *o)
 {
-    memset(g_route, 0, sizeof g_route);
-#define ROUTE_(dt, wty, aty, sfx, min_n)                                                     \
-    g_route[dt] = (struct route){kern_gemv_##wty##_##aty##_##sfx,                            \
-                                 kern_gemm_##wty##_##aty##_##sfx, (min_n)}
-    switch (isa) {
-    case KERN_ISA_REF:
-        break; /* kern_matmul_act runs kern_matmul_ref on the f32 activations */
-    case KERN_ISA_AVX2:
-        ROUTE_(DT_F32, f32, f32, avx2, 3);
-        ROUTE_(DT_F16, f16, f32, avx2, 3);
-        ROUTE_(DT_BF16, bf16, f32, avx2, 3);
-        ROUTE_(DT_Q8_0, q8_0, q8_0, avx2, 5);
-        ROUTE_(DT_Q4_0, q4_0, q8_0, avx2, 8);
-        /* int4 groups (x86/avx2_q4g.c): the gemm tile reuses unpacked rows over 4 tokens */
-        ROUTE_(DT_Q4_G64, q4_g64, q8_0, avx2, 4);
-        ROUTE_(DT_Q4_G128, q4_g128, q8_0, avx2, 4);
-        ROUTE_(DT_Q4Z_G32, q4z_g32, q8_0, avx2, 4);
-        ROUTE_(DT_Q4Z_G64, q4z_g64, q8_0, avx2, 4);
-        ROUTE_(DT_Q4Z_G128, q4z_g128, q8_0, avx2, 4);
-        break;
-    case KERN_ISA_AVX512:
-        ROUTE_(DT_F32, f32, f32, avx512, 2);
-        ROUTE_(DT_F16, f16, f32, avx512, 3);
-        ROUTE_(DT_BF16, bf16, f32, avx512, 3);
-        if (kern_has_avx512bf16())
-            g_route[DT_BF16].gemm = kern_gemm_bf16_bf16_avx512;
-        ROUTE_(DT_Q8_0, q8_0, q8_0, avx512, 6);
-        ROUTE_(DT_Q4_0, q4_0, q8_0, avx512, 4);
-        /* x86/avx512_q4g.c: the same packed-panel gemm as q4_0, so its crossover */
-        ROUTE_(DT_Q4_G64, q4_g64, q8_0, avx512, 6);
-        ROUTE_(DT_Q4_G128, q4_g128, q8_0, avx512, 6);
-        ROUTE_(DT_Q4Z_G32, q4z_g32, q8_0, avx512, 6);
-        ROUTE_(DT_Q4Z_G64, q4z_g64, q8_0, avx512, 6);
-        ROUTE_(DT_Q4Z_G128, q4z_g128, q8_0, avx512, 6);
-        break;
+#define OVER_(f)                                                                             \
+    if (o->f)                                                                                \
+    t->f = o->f
+    OVER_(gemv);
+    OVER_(gemm);
+    OVER_(panel_gemm);
+    OVER_(panel_pack);
+    OVER_(lora_shrink);
+    OVER_(lora_expand);
+    OVER_(lora_shrink_lowrank);
+    OVER_(lora_expand_lowrank);
+    OVER_(attn);
+#undef OVER_
+    if (o->gemm_min_n)
+        t->gemm_min_n = o->gemm_min_n;
+}
+
+static void fill_table(enum kern_isa isa)
+{
+    struct kern_ops ops = isa_ops[isa];
+    const int bf16 = isa == KERN_ISA_AVX512 && kern_has_avx512bf16();
+    for (int dt = 0; dt < DT_COUNT_; dt++) {
+        const struct kern_type_traits *tt = &kern__traits[dt];
+        const struct dtype_info *di = dtype_info((enum dtype)dt);
+        /* the traits restate common/dtype.h's geometry: a mismatch is a bug in traits.c */
+        CHECK(tt->to_f32 && di && tt->block == di->block && tt->block_bytes == di->block_bytes);
+        ops.type[dt] = tt->isa[isa];
+        if (bf16)
+            overlay(&ops.type[dt], &tt->bf16);
     }
-#undef ROUTE_
+    kern__ops = ops;
+}
+
+/* The scalar table from program start until kern_init() runs (internal.h, kern__ops), so that
+ * a kernel called early is slow rather than a NULL call; a static initializer cannot copy the
+ * per-type columns out of traits.c. */
+__attribute__((constructor)) static void table_boot(void)
+{
+    if (!g_inited)
+        fill_table(KERN_ISA_REF);
 }
 
 int kern_force_isa(enum kern_isa isa)
@@ -151,8 +170,7 @@ int kern_force_isa(enum kern_isa isa)
         LOG_ERR("kernel ISA %s is not supported by this CPU", kern_isa_name(isa));
         return ERR_UNSUPPORTED;
     }
-    g_isa = isa;
-    set_routes(isa);
+    fill_table(isa);
     g_inited = 1;
     return 0;
 }
@@ -175,12 +193,12 @@ int kern_init(void)
     return 0; /* unreachable: ref is always supported */
 }
 
-enum kern_isa kern_isa(void) { return g_isa; }
+enum kern_isa kern_isa(void) { return kern__ops.isa; }
 
 /* ---- per-thread scratch ------------------------------------------------------------------ */
 
 /* Two slots: kern_matmul prepares activations in slot 0 while the q4_0 panel fallback
- * (q4p.c) unpacks rows into slot 1 under the same call. */
+ * (panels.c) unpacks rows into slot 1 under the same call. */
 #define SCRATCH_SLOTS 2
 static pthread_key_t scratch_key[SCRATCH_SLOTS];
 static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
@@ -221,23 +239,14 @@ void kern_matmul_act(const void *w, const struct kern_act *a, float *y, size_t l
 {
     if (r0 >= r1 || a->n == 0)
         return;
-    const struct route *rt = &g_route[a->wt];
-    if (g_isa == KERN_ISA_REF || !rt->gemv) {
-        kern_matmul_ref(a->wt, w, a->cols, a->x, a->n, y, ldy, r0, r1);
-        return;
-    }
-    (a->n >= rt->gemm_min_n ? rt->gemm : rt->gemv)(w, a, y, ldy, r0, r1);
+    const struct kern__type_ops *o = &kern__ops.type[a->wt];
+    (a->n >= o->gemm_min_n ? o->gemm : o->gemv)(w, a, y, ldy, r0, r1);
 }
 
-void kern_matmul(enum dtype wt, const void *w, size_t cols, const float *x, size_t n, float *y,
-                 size_t ldy, size_t r0, size_t r1)
+/* kern_matmul on the SIMD ISAs: activations prepared in the thread's scratch. */
+static void matmul_prepared(enum dtype wt, const void *w, size_t cols, const float *x, size_t n,
+                            float *y, size_t ldy, size_t r0, size_t r1)
 {
-    if (r0 >= r1 || n == 0)
-        return;
-    if (g_isa == KERN_ISA_REF) {
-        kern_matmul_ref(wt, w, cols, x, n, y, ldy, r0, r1);
-        return;
-    }
     size_t bytes;
     CHECK(kern_act_bytes(wt, cols, n, &bytes) == 0);
     void *buf = bytes ? kern__scratch(bytes) : NULL;
@@ -254,4 +263,12 @@ void kern_matmul(enum dtype wt, const void *w, size_t cols, const float *x, size
     kern_act_init(&a, wt, x, cols, n, buf);
     kern_act_prepare(&a, 0, n);
     kern_matmul_act(w, &a, y, ldy, r0, r1);
+}
+
+void kern_matmul(enum dtype wt, const void *w, size_t cols, const float *x, size_t n, float *y,
+                 size_t ldy, size_t r0, size_t r1)
+{
+    if (r0 >= r1 || n == 0)
+        return;
+    kern__ops.matmul(wt, w, cols, x, n, y, ldy, r0, r1);
 }

@@ -1,16 +1,17 @@
 /*
  * elt.c — the elementwise kernels' scalar specifications (kern_<op>_f32_f32_ref) and the
- * public entries that run the variant of kern_isa() (kern.h states contracts and error bounds).
+ * entries that run the variant of kern_isa() through kern__ops (kern.h states contracts and
+ * error bounds).
  *
  * The _ref functions are written to be read: one loop per pass, fastmath.h for exp/tanh/
  * SiLU/GELU. The SIMD twins (x86/avx2_elt.c, x86/avx512_elt.c) follow them operation by
  * operation; only reductions (softmax's sum, rmsnorm's sum of squares) are reassociated.
  *
- * NOTES: stateless and reentrant; the ISA is read per call (kern_force_isa() in tests switches
- * it between calls, never during one).
+ * NOTES: stateless and reentrant; the table is read per call (kern_force_isa() in tests
+ * refills it between calls, never during one).
  */
 #include "fastmath.h"
-#include "kern.h"
+#include "internal.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -97,41 +98,22 @@ void kern_rope_table(float *cs, uint32_t pos, const float *inv_freq, size_t half
     }
 }
 
-/* ---- dispatch ---------------------------------------------------------------------------- */
+/* ---- entries: the variants of kern__ops (internal.h) --------------------------------------- */
 
-struct elt_ops {
-    kern_map_fn *exp, *tanh;
-    kern_bias_act_fn *silu, *gelu;
-    kern_softmax_fn *softmax;
-    kern_rmsnorm_fn *rmsnorm;
-    kern_swiglu_fn *swiglu;
-    kern_rope_fn *rope;
-};
-
-#define ELT_OPS_(isa)                                                                        \
-    {kern_exp_f32_f32_##isa,     kern_tanh_f32_f32_##isa,    kern_silu_f32_f32_##isa,        \
-     kern_gelu_f32_f32_##isa,    kern_softmax_f32_f32_##isa, kern_rmsnorm_f32_f32_##isa,     \
-     kern_swiglu_f32_f32_##isa,  kern_rope_f32_f32_##isa}
-
-/* Indexed by enum kern_isa. */
-static const struct elt_ops g_ops[3] = {ELT_OPS_(ref), ELT_OPS_(avx2), ELT_OPS_(avx512)};
-
-static inline const struct elt_ops *ops(void) { return &g_ops[kern_isa()]; }
-
-void kern_exp(float *y, const float *x, size_t n) { ops()->exp(y, x, n); }
-void kern_tanh(float *y, const float *x, size_t n) { ops()->tanh(y, x, n); }
-void kern_silu(float *y, const float *x, const float *b, size_t n) { ops()->silu(y, x, b, n); }
-void kern_gelu(float *y, const float *x, const float *b, size_t n) { ops()->gelu(y, x, b, n); }
-void kern_softmax(float *x, size_t n) { ops()->softmax(x, n); }
+void kern_exp(float *y, const float *x, size_t n) { kern__ops.exp(y, x, n); }
+void kern_tanh(float *y, const float *x, size_t n) { kern__ops.tanh(y, x, n); }
+void kern_silu(float *y, const float *x, const float *b, size_t n) { kern__ops.silu(y, x, b, n); }
+void kern_gelu(float *y, const float *x, const float *b, size_t n) { kern__ops.gelu(y, x, b, n); }
+void kern_softmax(float *x, size_t n) { kern__ops.softmax(x, n); }
 void kern_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps)
 {
-    ops()->rmsnorm(y, x, w, n, eps);
+    kern__ops.rmsnorm(y, x, w, n, eps);
 }
 void kern_swiglu(float *y, const float *gate, const float *up, size_t n)
 {
-    ops()->swiglu(y, gate, up, n);
+    kern__ops.swiglu(y, gate, up, n);
 }
 void kern_rope(float *v, size_t n_heads, size_t hd, const float *cs)
 {
-    ops()->rope(v, n_heads, hd, cs);
+    kern__ops.rope(v, n_heads, hd, cs);
 }

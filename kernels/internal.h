@@ -1,11 +1,29 @@
 /*
- * internal.h — kernels-private declarations shared between ref.c, act.c, dispatch.c and the
- * per-ISA files (libuv's uv__ habit: kern__ names never leave this folder).
+ * internal.h — kernels-private declarations shared between the entry points (dispatch.c,
+ * act.c, panels.c, ...), the type traits (traits.c) and the per-ISA files (libuv's uv__
+ * habit: kern__ names never leave this folder, and this header is not on any other target's
+ * include path).
+ *
+ * The dispatch design (docs/adr/0004, addendum "one dispatch table"), ggml-style:
+ *  - struct kern_type_traits, one per weight dtype (kern__traits, traits.c): what the kernels
+ *    know about the type whatever the ISA (block geometry, the row converter, the activation
+ *    form its products read, its panel layout if any) and, per ISA, the variants that run its
+ *    products, panels, LoRA products and attention over caches of it.
+ *  - struct kern_ops (kern__ops): the table the entry points read. kern_init() /
+ *    kern_force_isa() fill it once from the traits' column of the chosen ISA plus the
+ *    elementwise, BSR and act_prepare variants of that ISA; afterwards every entry is a load
+ *    and an indirect call, with no per-call CPUID, getenv or switch on the ISA.
+ * Only dispatch.c reads the ISA; no other file here tests it.
+ *
+ * Adding a block format (MXFP4, Q4_K, ...): write its variants (kern_<op>_<type>_<act>_<isa>,
+ * declared in kern_variants.h), its row converter, and fill its kern__traits entry in
+ * traits.c. Nothing else routes on the type.
  */
 #ifndef CLOCHER_KERNELS_INTERNAL_H
 #define CLOCHER_KERNELS_INTERNAL_H
 
 #include "kern.h"
+#include "kern_variants.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -25,24 +43,109 @@ size_t kern__row_bytes(enum dtype wt, size_t cols);
  */
 void *kern__scratch(size_t bytes);
 /* The same with an index: slot 0 is kern__scratch's, slot 1 a second buffer for code that
- * runs inside a product whose activations live in slot 0 (q4p.c, q8p.c). */
+ * runs inside a product whose activations live in slot 0 (panels.c). */
 void *kern__scratch_slot(int slot, size_t bytes);
 
+/* ---- type traits ------------------------------------------------------------------------- */
+
+/* The form of struct kern_act a weight type's products read (act.c lays it out). */
+enum kern__act_form {
+    KERN__ACT_F32,  /* xf: a padded f32 copy */
+    KERN__ACT_BF16, /* xf and xb: the copy and x rounded to bf16 */
+    KERN__ACT_Q8,   /* q, d, ns4, ns32, d4: int8 blocks of 32 with their sums and scales */
+};
+
+/* One row of n elements of the type -> f32 (n a multiple of the block). */
+typedef void kern__row_fn(const void *row, float *out, size_t n);
+/* Writes panels [p0, p1) of dst from the stored rows w [rows][cols] (kern.h kern_panels_pack). */
+typedef void kern__pack_fn(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                           size_t p1);
+/* Fills tokens [t0, t1) of the q8/bf16 arrays (kern_act_prepare; the f32 copy is act.c's). */
+typedef void kern__act_prepare_fn(const struct kern_act *a, size_t t0, size_t t1);
+/* The products' entry on prepared activations (kern_matmul's body, by ISA). */
+typedef void kern__matmul_fn(enum dtype wt, const void *w, size_t cols, const float *x,
+                             size_t n, float *y, size_t ldy, size_t r0, size_t r1);
+
+/*
+ * A panel layout (bytes: kernels/quant.h): panels of `rows` rows; block b of a panel keeps the
+ * 4-byte groups of its rows' quants interleaved at qoff(b, nb) (group g of row i at
+ * + g*64 + i*4, each byte XORed with xor_mask) and the rows' f16 scales at soff(b, nb) + i*2.
+ * The stored block is an f16 scale then block_bytes - 2 quant bytes.
+ */
+struct kern__panel_layout {
+    size_t rows;
+    uint8_t xor_mask;
+    size_t (*qoff)(size_t b, size_t nb);
+    size_t (*soff)(size_t b, size_t nb);
+};
+
+/* What one ISA runs for one weight type; NULL where the type has no such product. */
+struct kern__type_ops {
+    kern_mm_fn *gemv, *gemm;   /* products on prepared activations ... */
+    size_t gemm_min_n;         /* ... gemm from this many tokens on, gemv below */
+    kern_mm_fn *panel_gemm;    /* products on the type's panels (any n) */
+    kern__pack_fn *panel_pack; /* the load-time repack */
+    kern_lora_shrink_fn *lora_shrink;  /* LoRA adapters stored in this type */
+    kern_lora_expand_fn *lora_expand;
+    kern_lora_shrink_fn *lora_shrink_lowrank; /* instead, when rank <= KERN_LORA_RANK_MAX */
+    kern_lora_expand_fn *lora_expand_lowrank;
+    kern_attn_fn *attn;        /* attention tiles over K/V caches of this type */
+};
+
+enum { KERN__ISA_COUNT = 3 };
+
+struct kern_type_traits {
+    uint32_t block, block_bytes;   /* elements and bytes per block (as common/dtype.h) */
+    kern__row_fn *to_f32;          /* kern_row_to_f32 */
+    enum kern__act_form act;       /* what its products read */
+    int32_t act_offset;            /* KERN__ACT_Q8: the unsigned weights' offset (ns4/ns32) */
+    const struct kern__panel_layout *panels; /* NULL: no panel layout */
+    struct kern__type_ops isa[KERN__ISA_COUNT]; /* by enum kern_isa */
+    struct kern__type_ops bf16;    /* on AVX-512 with AVX512-BF16: non-NULL fields replace the
+                                      avx512 column's */
+};
+
+/* Indexed by enum dtype; every dtype has an entry (traits.c). */
+extern const struct kern_type_traits kern__traits[DT_COUNT_];
+
+/* ---- the dispatch table ------------------------------------------------------------------ */
+
+struct kern_ops {
+    enum kern_isa isa;
+    struct kern__type_ops type[DT_COUNT_]; /* kern__traits[dt].isa[isa] (+ bf16) */
+    kern__matmul_fn *matmul;               /* kern_matmul */
+    kern__act_prepare_fn *act_prepare;
+    kern_bsr_fn *bsr_gemv;
+    kern_map_fn *exp, *tanh;
+    kern_bias_act_fn *silu, *gelu;
+    kern_softmax_fn *softmax;
+    kern_rmsnorm_fn *rmsnorm;
+    kern_swiglu_fn *swiglu;
+    kern_rope_fn *rope;
+};
+
+/* Written by kern_init()/kern_force_isa() only (dispatch.c), read-only afterwards. Before
+ * kern_init() it holds the scalar ISA's table, so a missed kern_init is slow, not a crash. */
+extern struct kern_ops kern__ops;
+
+/* ---- pieces the traits point at ---------------------------------------------------------- */
+
 /* kern_act_prepare per ISA: the scalar specification and two bit-identical SIMD versions. */
-void kern__act_prepare_ref(const struct kern_act *a, size_t t0, size_t t1);
-void kern__act_prepare_avx2(const struct kern_act *a, size_t t0, size_t t1);
-void kern__act_prepare_avx512(const struct kern_act *a, size_t t0, size_t t1);
-/* The offset of the unsigned weights that kern_act.ns4/ns32 correct for: 8 or 128. */
-int32_t kern__act_offset(enum dtype wt);
+kern__act_prepare_fn kern__act_prepare_ref, kern__act_prepare_avx2, kern__act_prepare_avx512;
 
-/* kern_q4p_pack's AVX-512 version (x86/avx512_q.c): the same bytes. */
-void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
-                           size_t p1);
-/* kern_q8p_pack's AVX-512 version (x86/avx512_q.c): the same bytes. */
-void kern__q8p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
-                           size_t p1);
+/* The scalar ISA's product: kern_matmul_ref on a->x (f32, unquantized), whatever a's form. */
+kern_mm_fn kern__matmul_act_f32;
 
-/* kern_row_to_f32 for the int4 group types (dtype_is_q4g), kernels/ref_q4g.c. */
-void kern__q4g_row_to_f32(enum dtype dt, const void *row, float *out, size_t n);
+/* Panels without a panel kernel: unpack each panel's rows, run kern_matmul_act on them. */
+kern_mm_fn kern__panels_via_rows;
+/* The scalar repack of each panel kind (panels.c), and their AVX-512 versions (the same
+ * bytes). */
+kern__pack_fn kern__panels_pack_q4_0_ref, kern__panels_pack_q8_0_ref;
+kern__pack_fn kern__q4p_pack_avx512, kern__q8p_pack_avx512; /* x86/avx512_q.c */
+
+/* Row converters (ref.c, ref_q4g.c). */
+kern__row_fn kern__row_f32, kern__row_f16, kern__row_bf16, kern__row_q8_0, kern__row_q4_0;
+kern__row_fn kern__row_q4_g64, kern__row_q4_g128, kern__row_q4z_g32, kern__row_q4z_g64,
+    kern__row_q4z_g128;
 
 #endif

@@ -1,11 +1,11 @@
 /*
  * lora_kern.c — the LoRA shrink and expand (kern.h, "LoRA shrink and expand"): their scalar
- * specifications and the dispatch on the weight type and kern_isa().
+ * specifications and the entries (the weight type's variants of the active ISA, kern__ops).
  *  - f32 activations (_f32_f32, _bf16_f32): products and sums in f32 in column order.
  *  - bf16 activations (_bf16_bf16): x and t rounded to bf16 exactly as vcvtne2ps2bf16 does
  *    (round to nearest even), products exact in f32, sums in f32 in column order.
  */
-#include "kern.h"
+#include "internal.h"
 
 #include "check.h"
 #include "half.h"
@@ -68,42 +68,35 @@ void kern_lora_expand_bf16_f32_ref(const void *bt, size_t rank, const float *t, 
     expand_ref(DT_BF16, bt, rank, t, n, scale, s, y, ldy, j0, j1);
 }
 
-/* bf16 weights on AVX512-BF16: activations rounded to bf16, vdpbf16ps (why: ADR 0006
- * addendum, session 6) */
-static int use_bf16_dot(enum dtype wt, size_t rank)
-{
-    return wt == DT_BF16 && rank <= KERN_LORA_RANK_MAX && kern_isa() == KERN_ISA_AVX512 &&
-           kern_has_avx512bf16();
-}
-
+/*
+ * The variants of the active ISA for adapters stored in wt (kern__ops, filled from traits.c):
+ * on AVX512-BF16, bf16 weights of rank <= KERN_LORA_RANK_MAX take the _bf16_bf16 kernels
+ * (activations rounded to bf16, vdpbf16ps; why: ADR 0006 addendum, session 6).
+ */
 void kern_lora_shrink(enum dtype wt, const void *a, size_t in, size_t rank, const float *x,
                       size_t n, float *t, size_t k0, size_t k1)
 {
-    CHECK(wt == DT_F32 || wt == DT_BF16);
+    CHECK((unsigned)wt < DT_COUNT_);
+    const struct kern__type_ops *o = &kern__ops.type[wt];
+    CHECK(o->lora_shrink != NULL); /* DT_F32 or DT_BF16 */
     CHECK(k0 <= k1 && k1 <= rank);
-    if (use_bf16_dot(wt, rank))
-        kern_lora_shrink_bf16_bf16_avx512(a, in, rank, x, n, t, k0, k1);
-    else if (kern_isa() == KERN_ISA_REF)
-        shrink_ref(wt, a, in, rank, x, n, t, k0, k1);
-    else if (wt == DT_BF16)
-        kern_lora_shrink_bf16_f32_avx2(a, in, rank, x, n, t, k0, k1);
-    else
-        kern_lora_shrink_f32_f32_avx2(a, in, rank, x, n, t, k0, k1);
+    kern_lora_shrink_fn *fn = o->lora_shrink_lowrank && rank <= KERN_LORA_RANK_MAX
+                                  ? o->lora_shrink_lowrank
+                                  : o->lora_shrink;
+    fn(a, in, rank, x, n, t, k0, k1);
 }
 
 void kern_lora_expand(enum dtype wt, const void *bt, size_t rank, const float *t, size_t n,
                       const float *scale, float s, float *y, size_t ldy, size_t j0, size_t j1)
 {
-    CHECK(wt == DT_F32 || wt == DT_BF16);
+    CHECK((unsigned)wt < DT_COUNT_);
+    const struct kern__type_ops *o = &kern__ops.type[wt];
+    CHECK(o->lora_expand != NULL); /* DT_F32 or DT_BF16 */
     CHECK(j0 <= j1);
-    if (use_bf16_dot(wt, rank))
-        kern_lora_expand_bf16_bf16_avx512(bt, rank, t, n, scale, s, y, ldy, j0, j1);
-    else if (kern_isa() == KERN_ISA_REF)
-        expand_ref(wt, bt, rank, t, n, scale, s, y, ldy, j0, j1);
-    else if (wt == DT_BF16)
-        kern_lora_expand_bf16_f32_avx2(bt, rank, t, n, scale, s, y, ldy, j0, j1);
-    else
-        kern_lora_expand_f32_f32_avx2(bt, rank, t, n, scale, s, y, ldy, j0, j1);
+    kern_lora_expand_fn *fn = o->lora_expand_lowrank && rank <= KERN_LORA_RANK_MAX
+                                  ? o->lora_expand_lowrank
+                                  : o->lora_expand;
+    fn(bt, rank, t, n, scale, s, y, ldy, j0, j1);
 }
 
 static inline float bf16_round(float v) { return half_bf16_to_f32(half_f32_to_bf16(v)); }

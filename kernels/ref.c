@@ -7,7 +7,6 @@
  * activations: integer dot products of weight quants with int8 activation quants per block
  * of 32 (scaled by both scales), or products of bf16-rounded activations.
  */
-#include "kern.h"
 #include "internal.h"
 #include "quant.h"
 
@@ -17,51 +16,50 @@
 #include <stdint.h>
 #include <string.h>
 
+/* ---- row converters (each type's kern__traits to_f32) ------------------------------------- */
+
+void kern__row_f32(const void *row, float *out, size_t n) { memcpy(out, row, n * sizeof(float)); }
+
+void kern__row_f16(const void *row, float *out, size_t n)
+{
+    const uint16_t *h = row;
+    for (size_t i = 0; i < n; i++)
+        out[i] = half_f16_to_f32(h[i]);
+}
+
+void kern__row_bf16(const void *row, float *out, size_t n)
+{
+    const uint16_t *h = row;
+    for (size_t i = 0; i < n; i++)
+        out[i] = half_bf16_to_f32(h[i]);
+}
+
+void kern__row_q8_0(const void *row, float *out, size_t n)
+{
+    const struct quant_q8_0 *b = row;
+    for (size_t i = 0; i < n; i += 32, b++) {
+        float d = half_f16_to_f32(b->d);
+        for (int j = 0; j < 32; j++)
+            out[i + (size_t)j] = d * (float)b->qs[j];
+    }
+}
+
+void kern__row_q4_0(const void *row, float *out, size_t n)
+{
+    const struct quant_q4_0 *b = row;
+    for (size_t i = 0; i < n; i += 32, b++) {
+        float d = half_f16_to_f32(b->d);
+        for (int j = 0; j < 16; j++) {
+            out[i + (size_t)j] = d * (float)((int)(b->qs[j] & 0x0f) - 8);
+            out[i + (size_t)j + 16] = d * (float)((int)(b->qs[j] >> 4) - 8);
+        }
+    }
+}
+
 void kern_row_to_f32(enum dtype dt, const void *row, float *out, size_t n)
 {
-    switch (dt) {
-    case DT_F32:
-        memcpy(out, row, n * sizeof(float));
-        return;
-    case DT_F16: {
-        const uint16_t *h = row;
-        for (size_t i = 0; i < n; i++)
-            out[i] = half_f16_to_f32(h[i]);
-        return;
-    }
-    case DT_BF16: {
-        const uint16_t *h = row;
-        for (size_t i = 0; i < n; i++)
-            out[i] = half_bf16_to_f32(h[i]);
-        return;
-    }
-    case DT_Q8_0: {
-        const struct quant_q8_0 *b = row;
-        for (size_t i = 0; i < n; i += 32, b++) {
-            float d = half_f16_to_f32(b->d);
-            for (int j = 0; j < 32; j++)
-                out[i + (size_t)j] = d * (float)b->qs[j];
-        }
-        return;
-    }
-    case DT_Q4_0: {
-        const struct quant_q4_0 *b = row;
-        for (size_t i = 0; i < n; i += 32, b++) {
-            float d = half_f16_to_f32(b->d);
-            for (int j = 0; j < 16; j++) {
-                out[i + (size_t)j] = d * (float)((int)(b->qs[j] & 0x0f) - 8);
-                out[i + (size_t)j + 16] = d * (float)((int)(b->qs[j] >> 4) - 8);
-            }
-        }
-        return;
-    }
-    default:
-        if (dtype_is_q4g(dt)) {
-            kern__q4g_row_to_f32(dt, row, out, n); /* kernels/ref_q4g.c */
-            return;
-        }
-        CHECK(!"kern_row_to_f32: unknown dtype");
-    }
+    CHECK((unsigned)dt < DT_COUNT_);
+    kern__traits[dt].to_f32(row, out, n);
 }
 
 size_t kern__row_bytes(enum dtype wt, size_t cols)
@@ -71,60 +69,42 @@ size_t kern__row_bytes(enum dtype wt, size_t cols)
     return (size_t)row_bytes;
 }
 
-/* One output element: dot(W row, x) with f32 accumulation, converting W as it is read. */
-static float dot_row_ref(enum dtype dt, const void *wrow, const float *x, size_t cols)
+/*
+ * One output element: dot(W row, x) with f32 accumulation in column order, converting W as
+ * it is read, DOT_CHUNK columns at a time (a whole number of blocks of every type: the
+ * conversion is exact, so the chunking does not change a bit).
+ */
+#define DOT_CHUNK 128
+static float dot_row_ref(const struct kern_type_traits *tt, const void *wrow, const float *x,
+                         size_t cols)
 {
+    float tmp[DOT_CHUNK]; /* [DOT_CHUNK] one converted chunk */
     float acc = 0.0f;
-    switch (dt) {
-    case DT_F32: {
-        const float *w = wrow;
-        for (size_t c = 0; c < cols; c++)
-            acc += w[c] * x[c];
-        return acc;
+    const uint8_t *b = wrow;
+    for (size_t c = 0; c < cols; c += DOT_CHUNK) {
+        const size_t nc = cols - c < DOT_CHUNK ? cols - c : DOT_CHUNK;
+        tt->to_f32(b + c / tt->block * tt->block_bytes, tmp, nc);
+        for (size_t j = 0; j < nc; j++)
+            acc += tmp[j] * x[c + j];
     }
-    case DT_F16: {
-        const uint16_t *w = wrow;
-        for (size_t c = 0; c < cols; c++)
-            acc += half_f16_to_f32(w[c]) * x[c];
-        return acc;
-    }
-    case DT_BF16: {
-        const uint16_t *w = wrow;
-        for (size_t c = 0; c < cols; c++)
-            acc += half_bf16_to_f32(w[c]) * x[c];
-        return acc;
-    }
-    case DT_Q8_0:
-    case DT_Q4_0:
-    case DT_Q4_G64:
-    case DT_Q4_G128:
-    case DT_Q4Z_G32:
-    case DT_Q4Z_G64:
-    case DT_Q4Z_G128: {
-        float tmp[128]; /* the largest block (q4_g128, q4z_g128) */
-        const struct dtype_info *di = dtype_info(dt);
-        const uint8_t *b = wrow;
-        for (size_t c = 0; c < cols; c += di->block, b += di->block_bytes) {
-            kern_row_to_f32(dt, b, tmp, di->block);
-            for (uint32_t j = 0; j < di->block; j++)
-                acc += tmp[j] * x[c + (size_t)j];
-        }
-        return acc;
-    }
-    default:
-        CHECK(!"dot_row_ref: unknown dtype");
-        return 0.0f;
-    }
+    return acc;
 }
 
 void kern_matmul_ref(enum dtype wt, const void *w, size_t cols, const float *x, size_t n,
                      float *y, size_t ldy, size_t r0, size_t r1)
 {
     size_t row_bytes = kern__row_bytes(wt, cols);
+    const struct kern_type_traits *tt = &kern__traits[wt];
     const uint8_t *wb = w;
     for (size_t t = 0; t < n; t++)
         for (size_t r = r0; r < r1; r++)
-            y[t * ldy + r] = dot_row_ref(wt, wb + r * row_bytes, x + t * cols, cols);
+            y[t * ldy + r] = dot_row_ref(tt, wb + r * row_bytes, x + t * cols, cols);
+}
+
+void kern__matmul_act_f32(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                          size_t r0, size_t r1)
+{
+    kern_matmul_ref(a->wt, w, a->cols, a->x, a->n, y, ldy, r0, r1);
 }
 
 /* ---- twins of the SIMD variants ---------------------------------------------------------- */

@@ -4,10 +4,9 @@
  * quantizer, and the scalar `_ref` twins of their GEMV/GEMM kernels (the specification the
  * AVX2 / AVX-512 variants in x86/avx*_q4g.c are tested against).
  *
- * Kept apart from ref.c so that q8_0/q4_0 stay as they were; ref.c only forwards to
- * kern__q4g_row_to_f32 for these types.
+ * Kept apart from ref.c so that q8_0/q4_0 stay as they were; the row converters
+ * (kern__row_<type>) are these types' kern__traits to_f32 (traits.c).
  */
-#include "kern.h"
 #include "internal.h"
 #include "quant.h"
 
@@ -33,7 +32,7 @@ static uint16_t load_u16(const uint8_t *p)
 /* Code j (0..31) of the 16-byte nibble array at qs, 0..15 (q4_0's element order). */
 static int nib(const uint8_t *qs, int j) { return j < 16 ? qs[j] & 15 : qs[j - 16] >> 4; }
 
-void kern__q4g_row_to_f32(enum dtype dt, const void *row, float *out, size_t n)
+static void q4g_row_to_f32(enum dtype dt, const void *row, float *out, size_t n)
 {
     const struct dtype_info *di = dtype_info(dt);
     const size_t g = di->block, hb = hdr_bytes(dt);
@@ -48,6 +47,15 @@ void kern__q4g_row_to_f32(enum dtype dt, const void *row, float *out, size_t n)
             }
     }
 }
+
+#define ROW_(wty, DT)                                                                        \
+    void kern__row_##wty(const void *row, float *out, size_t n) { q4g_row_to_f32(DT, row, out, n); }
+ROW_(q4_g64, DT_Q4_G64)
+ROW_(q4_g128, DT_Q4_G128)
+ROW_(q4z_g32, DT_Q4Z_G32)
+ROW_(q4z_g64, DT_Q4Z_G64)
+ROW_(q4z_g128, DT_Q4Z_G128)
+#undef ROW_
 
 /* Codes of one group for scale d and offset m (zp) or q4_0's -8 bias; returns the squared
  * error of the dequantized group. d and m are already f16-exact. */

@@ -1,11 +1,12 @@
 /*
- * sparse.c — the block-sparse (BSR) f32 GEMV: the scalar specification and its dispatch.
+ * sparse.c — the block-sparse (BSR) f32 GEMV: the scalar specification and its entry
+ * (the variant of the active ISA, through kern__ops).
  *
  * The scalar variant is the reference the tests hold every other variant to; it accumulates
  * each row in block order in one f32. The SIMD variants (x86/avx2_sparse.c, avx512_sparse.c)
  * keep the same data flow with 8/16 lanes per row.
  */
-#include "kern.h"
+#include "internal.h"
 
 void kern_gemv_bsr_f32_ref(const struct kern_bsr *m, const float *x, float *y, size_t b0,
                            size_t b1)
@@ -34,15 +35,5 @@ void kern_gemv_bsr_f32_ref(const struct kern_bsr *m, const float *x, float *y, s
 
 void kern_bsr_gemv(const struct kern_bsr *m, const float *x, float *y, size_t b0, size_t b1)
 {
-    switch (kern_isa()) {
-    case KERN_ISA_AVX512:
-        kern_gemv_bsr_f32_avx512(m, x, y, b0, b1);
-        break;
-    case KERN_ISA_AVX2:
-        kern_gemv_bsr_f32_avx2(m, x, y, b0, b1);
-        break;
-    default:
-        kern_gemv_bsr_f32_ref(m, x, y, b0, b1);
-        break;
-    }
+    kern__ops.bsr_gemv(m, x, y, b0, b1);
 }

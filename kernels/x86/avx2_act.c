@@ -4,7 +4,6 @@
  * avx512_act.c apply unchanged (same operand orders, same scalar divisions, cvtps2dq rounds
  * half to even).
  */
-#include "kern.h"
 #include "internal.h"
 #include "quant.h"
 
@@ -29,7 +28,7 @@ static inline __m256i bf16_round(__m256 v)
 void kern__act_prepare_avx2(const struct kern_act *a, size_t t0, size_t t1)
 {
     const size_t cols = a->cols, cp = a->cp;
-    const int sh = kern__act_offset(a->wt) == 8 ? 3 : 7;
+    const int sh = kern__traits[a->wt].act_offset == 8 ? 3 : 7;
     const __m256 qmax = _mm256_set1_ps((float)QUANT_ACT_QMAX),
                  qmin = _mm256_set1_ps(-(float)QUANT_ACT_QMAX), zero = _mm256_setzero_ps(),
                  absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));

@@ -12,7 +12,7 @@
  */
 #include "avx2_exp.h"
 #include "fastmath.h"
-#include "kern.h"
+#include "internal.h"
 
 #include <immintrin.h>
 #include <stddef.h>

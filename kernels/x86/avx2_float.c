@@ -7,7 +7,6 @@
  * accumulator; rows are the outer loop so a tile of rows is read from memory once. AVX2 has no
  * masked 16-bit loads, so a ragged column tail (< 8) is copied into zero-padded locals.
  */
-#include "kern.h"
 #include "internal.h"
 
 #include <immintrin.h>

@@ -8,7 +8,7 @@
  *   2 rows x 4 tokens share each load. expand: a B^T panel row (32 columns) is loaded once for
  *   a pair of tokens; with more tokens the panel is widened once into a stack copy.
  */
-#include "kern.h"
+#include "internal.h"
 
 #include "half.h"
 

@@ -12,7 +12,6 @@
  * gemv streams the stored layout one block per register; gemm packs 8-row panels (one row per
  * int32 lane, 8x8 dword transpose) and reuses each 4-column weight group for 4 tokens.
  */
-#include "kern.h"
 #include "internal.h"
 #include "quant.h"
 

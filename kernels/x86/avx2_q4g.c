@@ -12,7 +12,6 @@
  * gemv: 1 row x up to 2 tokens, two accumulators per output (even/odd blocks), prefetched;
  * gemm: 2 rows x 4 tokens reusing each unpacked ymm (no packing, see avx512_q4g.c).
  */
-#include "kern.h"
 #include "internal.h"
 #include "quant.h"
 

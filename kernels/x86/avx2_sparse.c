@@ -7,7 +7,7 @@
  * and other widths / the clipped edge block column use masked loads (vmaskmovps does not
  * fault on masked-off lanes), so x is never read past cols.
  */
-#include "kern.h"
+#include "internal.h"
 
 #include <immintrin.h>
 

@@ -7,7 +7,6 @@
  * with max_ps/min_ps in the operand order that maps NaN to -127 like fmaxf/fminf; and
  * cvtps2dq rounds half to even like the scalar 1.5 * 2^23 trick.
  */
-#include "kern.h"
 #include "internal.h"
 #include "quant.h"
 
@@ -30,7 +29,7 @@ static inline __m512i bf16_round(__m512 v)
 void kern__act_prepare_avx512(const struct kern_act *a, size_t t0, size_t t1)
 {
     const size_t cols = a->cols, cp = a->cp;
-    const int sh = kern__act_offset(a->wt) == 8 ? 3 : 7;
+    const int sh = kern__traits[a->wt].act_offset == 8 ? 3 : 7;
     const __m512 qmax = _mm512_set1_ps((float)QUANT_ACT_QMAX),
                  qmin = _mm512_set1_ps(-(float)QUANT_ACT_QMAX), zero = _mm512_setzero_ps();
     const __m256i ones = _mm256_set1_epi8(1);

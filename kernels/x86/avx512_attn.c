@@ -14,7 +14,7 @@
  */
 #include "avx512_exp.h"
 #include "fastmath.h"
-#include "kern.h"
+#include "internal.h"
 
 #include <immintrin.h>
 #include <stddef.h>

@@ -16,7 +16,6 @@
  * AVX512-BF16: activations rounded to bf16 (kern_act.xb), f32 accumulation; the bf16 x f32
  * path widens weights exactly at half the peak (docs/PERFORMANCE.md has both measured).
  */
-#include "kern.h"
 #include "internal.h"
 
 #include "avx512_common.h"

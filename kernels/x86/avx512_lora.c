@@ -18,7 +18,7 @@
  * Every token has its own accumulators over the same sequence of instructions, so its result
  * does not depend on which tokens share the call.
  */
-#include "kern.h"
+#include "internal.h"
 
 #include <immintrin.h>
 #include <stdint.h>

@@ -20,7 +20,6 @@
  *   offset's correction, the same for every row) and the 16 row scales are applied once per
  *   block. One packed panel (16 KiB, on the stack) is reused, from L1, by every token tile.
  */
-#include "kern.h"
 #include "internal.h"
 #include "quant.h"
 
@@ -645,8 +644,8 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
 }
 
 /*
- * kern_q4p_pack on AVX-512 (the load-time repack, ~10x the scalar copy): pack_panel_q4's loads
- * and transpose, stored as they are, nibbles still paired (quant.h, "q4_0 panels").
+ * kern_panels_pack of q4_0 on AVX-512 (the load-time repack, ~10x the scalar copy):
+ * pack_panel_q4's loads and transpose, stored as they are, nibbles still paired (quant.h, "q4_0 panels").
  */
 void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
                            size_t p1)
@@ -772,8 +771,8 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
 }
 
 /*
- * kern_q8p_pack on AVX-512: pack_panel's q8_0 loads (unpack_pair: w ^ 0x80) and transpose,
- * and pack_scales' gather kept as f16, stored in the panel layout (quant.h, "q8_0 panels").
+ * kern_panels_pack of q8_0 on AVX-512: pack_panel's q8_0 loads (unpack_pair: w ^ 0x80) and
+ * transpose, and pack_scales' gather kept as f16, stored in the panel layout (quant.h, "q8_0 panels").
  * Rows past the matrix are zero, as in the scalar packing.
  */
 void kern__q8p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,

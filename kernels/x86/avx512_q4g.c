@@ -18,7 +18,6 @@
  * holds 4 columns of 16 rows, vpdpbusd against broadcast activation quads, per-block row scales
  * (and offsets) applied once per 32 columns; one 16 KiB panel reused by every token tile.
  */
-#include "kern.h"
 #include "internal.h"
 #include "quant.h"
 

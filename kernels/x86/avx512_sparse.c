@@ -11,7 +11,7 @@
  * other widths and the clipped edge block column use masked loads, so x is never read past
  * cols and rows past the matrix are never computed.
  */
-#include "kern.h"
+#include "internal.h"
 
 #include <immintrin.h>
 

@@ -10,14 +10,16 @@
  *  - bf16 weights with bf16 activations (vdpbf16ps): each activation is rounded to bf16, a
  *    relative error <= 2^-8 (8-bit significand), so |y - y_f32| <= 2^-8 * S + 1e-5 * S.
  *  - q8_0/q4_0 weights with int8 activations: per block b the activation error is <= d_b/2
- *    (d_b = max|x_b|/127, kernels/quant.h), so |y - y_f32| <= sum_b d_b/2 * sum_b |w| + 1e-5*S.
+ *    (d_b = max|x_b|/127, kernels/include/quant.h), so
+ *    |y - y_f32| <= sum_b d_b/2 * sum_b |w| + 1e-5*S.
  */
 #include "testutil.h"
+#include "isa_case.h"
 
 #include "dtype.h"
 #include "err.h"
 #include "half.h"
-#include "kern.h"
+#include "kern_variants.h"
 #include "quant.h"
 
 #include <math.h>
@@ -136,9 +138,13 @@ static const struct variant variants[] = {
     V_(gemm, bf16, bf16, avx512, DT_BF16, KERN_ISA_AVX512, 1)
 };
 
-static int runnable(const struct variant *v)
+/* The ISA the running test checks (isa_case.h): its variants and its entries. */
+static const struct isa_case *g_case;
+
+/* The running test's variants: its ISA's, the bf16-activation ones in the avx512bf16 test. */
+static int in_case(const struct variant *v)
 {
-    return kern_isa_supported(v->isa) && (!v->bf16_act || kern_has_avx512bf16());
+    return v->isa == g_case->isa && v->bf16_act == g_case->bf16;
 }
 
 static const size_t ns[] = {1, 2, 3, 5, 8, 17};
@@ -189,22 +195,16 @@ static float *filled(size_t count)
 }
 
 /*
- * q4_0 and q8_0 panels (kern_q4p_*, kern_q8p_*): the repacked matrix gives back the stored rows
- * byte for byte; every ISA packs the same bytes, rows past the matrix are zero; each panel
- * variant equals its ISA's stored-row GEMM bit for bit (kern.h: same arithmetic); the entries
- * through the dispatchers (the type's own and kern_*_panels), every ISA, are within the
- * stored-row bounds of the f32 specification. Row ranges start on a panel. s, qb: [n][ldy] as
+ * q4_0 and q8_0 panels (kern_panels_*): the repacked matrix gives back the stored rows byte
+ * for byte; every ISA packs the same bytes, rows past the matrix are zero; each panel variant
+ * equals its ISA's stored-row GEMM bit for bit (kern.h: same arithmetic); the entries
+ * (kern_matmul_panels, kern_matmul_act_panels), every ISA, are within the stored-row bounds of
+ * the f32 specification. Row ranges start on a panel. s, qb: [n][ldy] as
  * in run_case.
  */
 struct panel_kind {
     enum dtype wt;
     size_t blk, qbytes_per_row; /* stored block bytes; quant bytes of one row in a panel block */
-    size_t (*bytes)(size_t rows, size_t cols);
-    void (*pack)(const void *w, size_t cols, void *dst, size_t rows, size_t p0, size_t p1);
-    void (*rows)(const void *wp, size_t cols, size_t r0, size_t r1, void *out);
-    void (*matmul)(const void *wp, size_t cols, const float *x, size_t n, float *y, size_t ldy,
-                   size_t r0, size_t r1);
-    kern_mm_fn *act;
     size_t (*qoff)(size_t b, size_t nb), (*soff)(size_t b, size_t nb);
     struct {
         const char *name;
@@ -214,8 +214,7 @@ struct panel_kind {
 };
 
 static const struct panel_kind q4p_kind = {
-    DT_Q4_0, 18, 16, kern_q4p_bytes, kern_q4p_pack, kern_q4p_rows, kern_matmul_q4p,
-    kern_matmul_act_q4p, quant_q4p_qoff, quant_q4p_soff,
+    DT_Q4_0, 18, 16, quant_q4p_qoff, quant_q4p_soff,
     {{"kern_gemm_q4_0p_q8_0_ref", KERN_ISA_REF, kern_gemm_q4_0p_q8_0_ref,
       kern_gemm_q4_0_q8_0_ref},
      {"kern_gemm_q4_0p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_q4_0p_q8_0_avx2,
@@ -224,8 +223,7 @@ static const struct panel_kind q4p_kind = {
       kern_gemm_q4_0_q8_0_avx512}}};
 
 static const struct panel_kind q8p_kind = {
-    DT_Q8_0, 34, 32, kern_q8p_bytes, kern_q8p_pack, kern_q8p_rows, kern_matmul_q8p,
-    kern_matmul_act_q8p, quant_q8p_qoff, quant_q8p_soff,
+    DT_Q8_0, 34, 32, quant_q8p_qoff, quant_q8p_soff,
     {{"kern_gemm_q8_0p_q8_0_ref", KERN_ISA_REF, kern_gemm_q8_0p_q8_0_ref,
       kern_gemm_q8_0_q8_0_ref},
      {"kern_gemm_q8_0p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_q8_0p_q8_0_avx2,
@@ -240,34 +238,29 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
     size_t r0 = (rows > 16 && rnd() % 2) ? 16 : 0;
     if (r0 >= r1)
         r0 = 0;
-    size_t bytes = k->bytes(rows, cols), rb = cols / 32 * k->blk;
+    size_t bytes = kern_panels_bytes(k->wt, rows, cols), rb = cols / 32 * k->blk;
     assert_int_equal(bytes, (rows + 15) / 16 * 16 * rb);
-    assert_int_equal(kern_panels_bytes(k->wt, rows, cols), bytes);
     uint8_t *wp = aligned_alloc(64, (bytes + 63) / 64 * 64), *back = malloc(rows * rb);
     assert_non_null(wp);
     assert_non_null(back);
     memset(wp, 0xa5, bytes); /* rows past the matrix must be written (as zeros) */
     size_t np = (rows + 15) / 16;
-    k->pack(w, cols, wp, rows, 0, np / 2); /* in two ranges, as threads may */
-    k->pack(w, cols, wp, rows, np / 2, np);
-    k->rows(wp, cols, 0, rows, back);
+    kern_panels_pack(k->wt, w, cols, wp, rows, 0, np / 2); /* in two ranges, as threads may */
+    kern_panels_pack(k->wt, w, cols, wp, rows, np / 2, np);
+    kern_panels_rows(k->wt, wp, cols, 0, rows, back);
     assert_memory_equal(back, w, rows * rb);
     if (rows > 1) { /* a range that starts inside a panel */
-        k->rows(wp, cols, 1, rows, back);
+        kern_panels_rows(k->wt, wp, cols, 1, rows, back);
         assert_memory_equal(back, (const uint8_t *)w + rb, (rows - 1) * rb);
     }
-    /* every ISA packs the same bytes (AVX-512 has its own packing), alone and by dtype */
-    for (int isa = KERN_ISA_REF; isa <= KERN_ISA_AVX512; isa++) {
-        if (!kern_isa_supported((enum kern_isa)isa))
-            continue;
-        assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+    /* every ISA packs the same bytes as the scalar code (AVX-512 has its own packing) */
+    {
         uint8_t *w2 = malloc(bytes);
         assert_non_null(w2);
         memset(w2, 0x5a, bytes);
-        k->pack(w, cols, w2, rows, 0, np);
-        assert_memory_equal(w2, wp, bytes);
-        memset(w2, 0x5a, bytes);
+        assert_int_equal(kern_force_isa(KERN_ISA_REF), 0);
         kern_panels_pack(k->wt, w, cols, w2, rows, 0, np);
+        assert_int_equal(kern_force_isa(g_case->isa), 0);
         assert_memory_equal(w2, wp, bytes);
         free(w2);
     }
@@ -287,7 +280,7 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
     kern_matmul_ref(k->wt, w, cols, x, n, want, ldy, r0, r1);
     char what[160];
     for (size_t v = 0; v < sizeof k->pv / sizeof k->pv[0]; v++) {
-        if (!kern_isa_supported(k->pv[v].isa))
+        if (k->pv[v].isa != g_case->isa)
             continue;
         for (size_t i = 0; i < n * ldy; i++)
             y[i] = z[i] = SENTINEL;
@@ -299,31 +292,20 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
                          "GEMM gives %.9g",
                          k->pv[v].name, cols, n, r0, r1, i, y[i], z[i]);
     }
-    for (int isa = KERN_ISA_REF; isa <= KERN_ISA_AVX512; isa++) {
-        if (!kern_isa_supported((enum kern_isa)isa))
-            continue;
-        assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
-        for (int by_dtype = 0; by_dtype < 2; by_dtype++) {
-            const char *ent = by_dtype ? "panels" : k->wt == DT_Q4_0 ? "q4p" : "q8p";
-            for (size_t i = 0; i < n * ldy; i++) {
-                y[i] = z[i] = SENTINEL;
-                tol[i] = (isa != KERN_ISA_REF ? qb[i] : 0.0f) + 2e-5f * s[i] + 1e-30f;
-            }
-            if (by_dtype)
-                kern_matmul_panels(k->wt, wp, cols, x, n, y, ldy, r0, r1);
-            else
-                k->matmul(wp, cols, x, n, y, ldy, r0, r1);
-            snprintf(what, sizeof what, "kern_matmul_%s(%s, %s)", ent, dtype_info(k->wt)->name,
-                     kern_isa_name((enum kern_isa)isa));
-            check_close(what, y, want, tol, n, ldy, r0, r1, cols);
-            if (by_dtype)
-                kern_matmul_act_panels(k->wt, wp, a, z, ldy, r0, r1);
-            else
-                k->act(wp, a, z, ldy, r0, r1);
-            snprintf(what, sizeof what, "kern_matmul_act_%s(%s, %s)", ent,
-                     dtype_info(k->wt)->name, kern_isa_name((enum kern_isa)isa));
-            check_close(what, z, want, tol, n, ldy, r0, r1, cols);
+    {
+        const enum kern_isa isa = g_case->isa;
+        for (size_t i = 0; i < n * ldy; i++) {
+            y[i] = z[i] = SENTINEL;
+            tol[i] = (isa != KERN_ISA_REF ? qb[i] : 0.0f) + 2e-5f * s[i] + 1e-30f;
         }
+        kern_matmul_panels(k->wt, wp, cols, x, n, y, ldy, r0, r1);
+        snprintf(what, sizeof what, "kern_matmul_panels(%s, %s)", dtype_info(k->wt)->name,
+                 kern_isa_name((enum kern_isa)isa));
+        check_close(what, y, want, tol, n, ldy, r0, r1, cols);
+        kern_matmul_act_panels(k->wt, wp, a, z, ldy, r0, r1);
+        snprintf(what, sizeof what, "kern_matmul_act_panels(%s, %s)", dtype_info(k->wt)->name,
+                 kern_isa_name((enum kern_isa)isa));
+        check_close(what, z, want, tol, n, ldy, r0, r1, cols);
     }
     free(tol);
     free(z);
@@ -333,7 +315,8 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
     free(wp);
 }
 
-/* One random case of weight type wt: every runnable variant and every ISA's kern_matmul. */
+/* One random case of weight type wt: the variants of the test's ISA and its kern_matmul (the
+ * avx512bf16 test: the bf16-activation variants only). */
 static void run_case(enum dtype wt, size_t cols, size_t n)
 {
     size_t rows = rndz(1, 40);
@@ -375,7 +358,7 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
     char what[160];
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct variant *vr = &variants[v];
-        if (vr->wt != wt || !runnable(vr))
+        if (vr->wt != wt || !in_case(vr))
             continue;
         for (size_t i = 0; i < n * ldy; i++) {
             twin[i] = y[i] = SENTINEL;
@@ -393,11 +376,9 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
         check_close(what, twin, want, tol, n, ldy, r0, r1, cols);
     }
 
-    /* kern_matmul through the dispatcher, every ISA; kern_matmul_act on the prepared act */
-    for (int isa = KERN_ISA_REF; isa <= KERN_ISA_AVX512; isa++) {
-        if (!kern_isa_supported((enum kern_isa)isa))
-            continue;
-        assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+    /* kern_matmul through the dispatcher on the test's ISA; kern_matmul_act on the prepared act */
+    if (!g_case->bf16) {
+        const enum kern_isa isa = g_case->isa;
         int bf16_gemm = wt == DT_BF16 && isa == KERN_ISA_AVX512 && kern_has_avx512bf16();
         for (size_t i = 0; i < n * ldy; i++) {
             y[i] = twin[i] = SENTINEL;
@@ -413,9 +394,9 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
                  kern_isa_name((enum kern_isa)isa));
         check_close(what, twin, want, tol, n, ldy, r0, r1, cols);
     }
-    if (wt == DT_Q4_0)
+    if (wt == DT_Q4_0 && !g_case->bf16)
         check_panels(&q4p_kind, w, rows, cols, x, n, &a, ldy, r1, s, qb);
-    if (wt == DT_Q8_0)
+    if (wt == DT_Q8_0 && !g_case->bf16)
         check_panels(&q8p_kind, w, rows, cols, x, n, &a, ldy, r1, s, qb);
 
     free(tol);
@@ -439,31 +420,31 @@ static void run_type(enum dtype wt, int cases_per_n)
 
 static void test_matmul_f32(void **state)
 {
-    (void)state;
+    g_case = isa_case_begin(state);
     run_type(DT_F32, 14);
 }
 
 static void test_matmul_f16(void **state)
 {
-    (void)state;
+    g_case = isa_case_begin(state);
     run_type(DT_F16, 14);
 }
 
 static void test_matmul_bf16(void **state)
 {
-    (void)state;
+    g_case = isa_case_begin(state);
     run_type(DT_BF16, 14);
 }
 
 static void test_matmul_q8_0(void **state)
 {
-    (void)state;
+    g_case = isa_case_begin(state);
     run_type(DT_Q8_0, 10);
 }
 
 static void test_matmul_q4_0(void **state)
 {
-    (void)state;
+    g_case = isa_case_begin(state);
     run_type(DT_Q4_0, 10);
 }
 
@@ -474,7 +455,7 @@ static void test_matmul_q4_0(void **state)
  */
 static void test_q8p_every_n(void **state)
 {
-    (void)state;
+    g_case = isa_case_begin(state);
     static const size_t cols[] = {32, 96, 1056, 2080};
     for (size_t n = 1; n <= 17; n++)
         run_case(DT_Q8_0, cols[n % 4], n);
@@ -483,7 +464,7 @@ static void test_q8p_every_n(void **state)
 /* Larger shapes: full 16-row panels, several KC chunks, many tokens. */
 static void test_matmul_large(void **state)
 {
-    (void)state;
+    g_case = isa_case_begin(state);
     run_case(DT_Q4_0, 2048 + 96, 33);
     run_case(DT_Q8_0, 3072, 24);
     run_case(DT_BF16, 2050, 19);
@@ -494,7 +475,7 @@ static void test_matmul_large(void **state)
  * 2048 and 5632 among them); the larger ones and 8256 take the general tile path. */
 static void test_matmul_bf16_decode(void **state)
 {
-    (void)state;
+    g_case = isa_case_begin(state);
     static const size_t colss[] = {64, 128, 2048, 5632, 8192, 8256};
     for (size_t i = 0; i < sizeof colss / sizeof colss[0]; i++)
         for (int rep = 0; rep < 3; rep++)
@@ -598,7 +579,7 @@ static void test_act_prepare(void **state)
  * for NaN, infinities, subnormals, zeros and ragged tails. */
 static void test_act_prepare_isas_identical(void **state)
 {
-    (void)state;
+    const struct isa_case *c = isa_case_begin(state);
     static const size_t colss[] = {32, 96, 160, 1000, 1030};
     static const enum dtype types[] = {DT_Q8_0, DT_Q4_0, DT_BF16};
     for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++)
@@ -620,10 +601,9 @@ static void test_act_prepare_isas_identical(void **state)
             assert_int_equal(kern_force_isa(KERN_ISA_REF), 0);
             kern_act_init(&a, wt, x, cols, n, want);
             kern_act_prepare(&a, 0, n);
-            for (int isa = KERN_ISA_AVX2; isa <= KERN_ISA_AVX512; isa++) {
-                if (!kern_isa_supported((enum kern_isa)isa))
-                    continue;
-                assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+            {
+                const enum kern_isa isa = c->isa;
+                assert_int_equal(kern_force_isa(isa), 0);
                 memset(got, 0xa5, bytes); /* alignment gaps stay equal */
                 kern_act_init(&a, wt, x, cols, n, got);
                 kern_act_prepare(&a, 0, n);
@@ -643,13 +623,20 @@ static void test_act_prepare_isas_identical(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_row_to_f32),   cmocka_unit_test(test_act_prepare),
-        cmocka_unit_test(test_act_prepare_isas_identical),
-        cmocka_unit_test(test_matmul_f32),   cmocka_unit_test(test_matmul_f16),
-        cmocka_unit_test(test_matmul_bf16),  cmocka_unit_test(test_matmul_q8_0),
-        cmocka_unit_test(test_matmul_q4_0),  cmocka_unit_test(test_q8p_every_n),
-        cmocka_unit_test(test_matmul_large),
-        cmocka_unit_test(test_matmul_bf16_decode),
+        cmocka_unit_test(test_row_to_f32),
+        cmocka_unit_test(test_act_prepare),
+        ISA_CASE_SIMD(test_act_prepare_isas_identical),
+        ISA_CASE_TESTS(test_matmul_f32),
+        ISA_CASE_TESTS(test_matmul_f16),
+        ISA_CASE_TESTS(test_matmul_bf16),
+        ISA_CASE_TEST(test_matmul_bf16, isa_case_avx512bf16),
+        ISA_CASE_TESTS(test_matmul_q8_0),
+        ISA_CASE_TESTS(test_matmul_q4_0),
+        ISA_CASE_TESTS(test_q8p_every_n),
+        ISA_CASE_TESTS(test_matmul_large),
+        ISA_CASE_TEST(test_matmul_large, isa_case_avx512bf16),
+        ISA_CASE_TESTS(test_matmul_bf16_decode),
+        ISA_CASE_TEST(test_matmul_bf16_decode, isa_case_avx512bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,9 +12,10 @@
  * The measured maxima are printed.
  */
 #include "testutil.h"
+#include "isa_case.h"
 
 #include "half.h"
-#include "kern.h"
+#include "kern_variants.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -149,11 +150,9 @@ static void check_err(double err, const struct cache *c, const char *what, size_
 /* The tile kernel fed in ragged spans (block spans of a paged cache). */
 static void test_tile_spans(void **state)
 {
-    (void)state;
+    const size_t isa = isa_case_begin(state)->isa;
     static const size_t spans[] = {16, 7, 64, 100, 1, 33};
-    for (size_t isa = 0; isa < 3; isa++) {
-        if (!kern_isa_supported((enum kern_isa)isa))
-            continue;
+    {
         double worst[3] = {0, 0, 0};
         for (size_t t = 0; t < 3; t++)
             for (size_t ih = 0; ih < sizeof g_hd / sizeof g_hd[0]; ih++)
@@ -195,10 +194,8 @@ static void test_tile_spans(void **state)
 /* vis per row inside one call: a causal chunk of 8 rows, one row masked out entirely. */
 static void test_tile_vis(void **state)
 {
-    (void)state;
-    for (size_t isa = 0; isa < 3; isa++) {
-        if (!kern_isa_supported((enum kern_isa)isa))
-            continue;
+    const size_t isa = isa_case_begin(state)->isa;
+    {
         double worst = 0.0;
         for (size_t t = 0; t < 3; t++)
             for (size_t ih = 0; ih < sizeof g_hd / sizeof g_hd[0]; ih++) {
@@ -237,13 +234,10 @@ static void test_tile_vis(void **state)
 /* kern_attn_causal through the public entry: prefill after a prefix, and a decode. */
 static void test_causal(void **state)
 {
-    (void)state;
+    const size_t isa = isa_case_begin(state)->isa;
     static const size_t shapes[][2] = {{0, 1},  {0, 5},  {0, 70},  {37, 1}, {37, 30},
                                        {64, 64}, {100, 9}, {299, 1}, {150, 150}};
-    for (size_t isa = 0; isa < 3; isa++) {
-        if (!kern_isa_supported((enum kern_isa)isa))
-            continue;
-        assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+    {
         double worst = 0.0;
         for (size_t t = 0; t < 3; t++)
             for (size_t ih = 0; ih < sizeof g_hd / sizeof g_hd[0]; ih++)
@@ -276,9 +270,9 @@ static void test_causal(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tile_spans),
-        cmocka_unit_test(test_tile_vis),
-        cmocka_unit_test(test_causal),
+        ISA_CASE_TESTS(test_tile_spans),
+        ISA_CASE_TESTS(test_tile_vis),
+        ISA_CASE_TESTS(test_causal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

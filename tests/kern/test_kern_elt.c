@@ -15,8 +15,9 @@
  * The measured maxima are printed, so the bounds in kern.h can be checked against them.
  */
 #include "testutil.h"
+#include "isa_case.h"
 
-#include "kern.h"
+#include "kern_variants.h"
 
 #include <float.h>
 #include <math.h>
@@ -82,17 +83,6 @@ static void fill(float *x, size_t n, int with_specials)
         else
             x[i] = rndf() * scales[rnd() % 5];
     }
-}
-
-/* The SIMD ISAs this CPU runs (the _ref twin is always there). */
-static int simd_isas(enum kern_isa *out)
-{
-    int k = 0;
-    if (kern_isa_supported(KERN_ISA_AVX2))
-        out[k++] = KERN_ISA_AVX2;
-    if (kern_isa_supported(KERN_ISA_AVX512))
-        out[k++] = KERN_ISA_AVX512;
-    return k;
 }
 
 struct elt_set {
@@ -164,17 +154,16 @@ static void check_tanh(float x, float y, struct err_stats *s, const char *isa)
 
 #define SWEEP_BATCH 8192
 
+/* The ref test checks _ref against libm; the SIMD tests check their ISA's bits against _ref. */
 static void test_exp_tanh_sweep(void **state)
 {
-    (void)state;
+    const struct isa_case *c = isa_case_begin(state);
     float *x = malloc(SWEEP_BATCH * sizeof *x), *y = malloc(SWEEP_BATCH * sizeof *y);
     float *yr = malloc(SWEEP_BATCH * sizeof *yr);
     assert_non_null(x);
     assert_non_null(y);
     assert_non_null(yr);
     struct err_stats se[3] = {{0, 0}, {0, 0}, {0, 0}}, st[3] = {{0, 0}, {0, 0}, {0, 0}};
-    enum kern_isa simd[2];
-    int ns = simd_isas(simd);
     /* the sweep's first batch also holds the edges a stride would step over */
     static const uint32_t edges[] = {0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007fffff,
                                      0x807fffff, 0x00800000, 0x80800000, 0x7f7fffff, 0xff7fffff,
@@ -195,25 +184,29 @@ static void test_exp_tanh_sweep(void **state)
         for (int f = 0; f < 2; f++) {
             const char *name = f ? "tanh" : "exp";
             (f ? g_sets[0].tanh : g_sets[0].exp)(yr, x, n);
-            for (size_t i = 0; i < n; i++)
-                (f ? check_tanh : check_exp)(x[i], yr[i], f ? &st[0] : &se[0], "ref");
-            /* the SIMD twins compute the same bits (kern.h), so comparing with _ref suffices */
-            for (int k = 0; k < ns; k++) {
-                const struct elt_set *set = &g_sets[simd[k]];
-                (f ? set->tanh : set->exp)(y, x, n);
+            if (c->isa == KERN_ISA_REF) {
                 for (size_t i = 0; i < n; i++)
-                    if (to_bits(y[i]) != to_bits(yr[i]) && !(isnan(y[i]) && isnan(yr[i])))
-                        fail_msg("%s %s(%a) = %a, _ref %a", kern_isa_name(simd[k]), name,
-                                 (double)x[i], (double)y[i], (double)yr[i]);
+                    (f ? check_tanh : check_exp)(x[i], yr[i], f ? &st[0] : &se[0], "ref");
+                continue;
             }
+            /* the SIMD twins compute the same bits (kern.h), so comparing with _ref suffices */
+            const struct elt_set *set = &g_sets[c->isa];
+            (f ? set->tanh : set->exp)(y, x, n);
+            for (size_t i = 0; i < n; i++)
+                if (to_bits(y[i]) != to_bits(yr[i]) && !(isnan(y[i]) && isnan(yr[i])))
+                    fail_msg("%s %s(%a) = %a, _ref %a", c->name, name, (double)x[i],
+                             (double)y[i], (double)yr[i]);
         }
     }
-    printf("# exp/tanh sweep: %llu values (stride %u), %d SIMD ISA(s) bit-identical to _ref\n",
-           (unsigned long long)count, SWEEP_STRIDE, ns);
-    printf("# exp  max rel err %.3g at x = %.9g (bound %g)\n", se[0].max_rel,
-           (double)se[0].worst_x, KERN_EXP_MAX_REL_ERR);
-    printf("# tanh max rel err %.3g at x = %.9g (bound %g)\n", st[0].max_rel,
-           (double)st[0].worst_x, KERN_TANH_MAX_REL_ERR);
+    if (c->isa != KERN_ISA_REF) {
+        printf("# exp/tanh sweep: %llu values (stride %u), %s bit-identical to _ref\n",
+               (unsigned long long)count, SWEEP_STRIDE, c->name);
+    } else {
+        printf("# exp  max rel err %.3g at x = %.9g (bound %g)\n", se[0].max_rel,
+               (double)se[0].worst_x, KERN_EXP_MAX_REL_ERR);
+        printf("# tanh max rel err %.3g at x = %.9g (bound %g)\n", st[0].max_rel,
+               (double)st[0].worst_x, KERN_TANH_MAX_REL_ERR);
+    }
     free(x);
     free(y);
     free(yr);
@@ -222,15 +215,12 @@ static void test_exp_tanh_sweep(void **state)
 /* Edge values of the contracts in kern.h, for every ISA, through the public entries. */
 static void test_exp_tanh_edges(void **state)
 {
-    (void)state;
+    isa_case_begin(state);
     static const float xs[] = {-INFINITY, INFINITY, -104.5f, -104.0f, 88.8f, 88.72f, 0.0f, -0.0f,
                                NAN, 1e-45f, -1e-45f, 1.0f, -1.0f};
     const size_t n = sizeof xs / sizeof xs[0];
     float y[sizeof xs / sizeof xs[0]], t[sizeof xs / sizeof xs[0]];
-    for (int i = KERN_ISA_REF; i <= KERN_ISA_AVX512; i++) {
-        if (!kern_isa_supported((enum kern_isa)i))
-            continue;
-        assert_int_equal(kern_force_isa((enum kern_isa)i), 0);
+    {
         kern_exp(y, xs, n);
         kern_tanh(t, xs, n);
         assert_true(y[0] == 0.0f && !signbit(y[0]));
@@ -260,7 +250,7 @@ static double gelu_d(double v) { return v / (1.0 + exp(-2.0 * gelu_u(v))); }
 
 static void test_silu_gelu_accuracy(void **state)
 {
-    (void)state;
+    isa_case_begin(state);
     const size_t n = (size_t)1 << (ELT_SANITIZED ? 16 : 20);
     float *x = malloc(n * sizeof *x), *b = malloc(n * sizeof *b), *y = malloc(n * sizeof *y);
     assert_non_null(x);
@@ -270,10 +260,7 @@ static void test_silu_gelu_accuracy(void **state)
         x[i] = -30.0f + 60.0f * (float)i / (float)(n - 1);
         b[i] = rndf() * 0.5f;
     }
-    for (int i = KERN_ISA_REF; i <= KERN_ISA_AVX512; i++) {
-        if (!kern_isa_supported((enum kern_isa)i))
-            continue;
-        assert_int_equal(kern_force_isa((enum kern_isa)i), 0);
+    {
         for (int act = 0; act < 2; act++)
             for (int bias = 0; bias < 2; bias++) {
                 (act ? kern_gelu : kern_silu)(y, x, bias ? b : NULL, n);
@@ -356,16 +343,14 @@ static int close_to(float a, float b, double tol)
 
 static void test_vs_ref(void **state)
 {
-    (void)state;
-    enum kern_isa simd[2];
-    int ns = simd_isas(simd);
+    const struct isa_case *c = isa_case_begin(state);
     const struct elt_set *ref = &g_sets[KERN_ISA_REF];
     static struct gbuf gx, gb, gy, gr;
     float x[MAXN], b[MAXN], cs[MAXN];
     double w_soft = 0, w_rms = 0, w_rope = 0; /* worst error / bound */
-    for (int k = 0; k < ns; k++) {
-        const struct elt_set *set = &g_sets[simd[k]];
-        const char *isa = kern_isa_name(simd[k]);
+    {
+        const struct elt_set *set = &g_sets[c->isa];
+        const char *isa = c->name;
         for (size_t n = 0; n <= MAXN; n++) {
             size_t ox = rnd() % 4, oy = rnd() % 4, ob = rnd() % 4;
             char what[64];
@@ -504,11 +489,8 @@ static void test_vs_ref(void **state)
 /* Softmax contract details, every ISA: masks, degenerate rows, one element. */
 static void test_softmax_contract(void **state)
 {
-    (void)state;
-    for (int i = KERN_ISA_REF; i <= KERN_ISA_AVX512; i++) {
-        if (!kern_isa_supported((enum kern_isa)i))
-            continue;
-        assert_int_equal(kern_force_isa((enum kern_isa)i), 0);
+    isa_case_begin(state);
+    {
         float one[1] = {-5.0f};
         kern_softmax(one, 1);
         assert_true(one[0] == 1.0f);
@@ -536,15 +518,12 @@ static void test_softmax_contract(void **state)
 /* The public entries run the forced ISA's variant. */
 static void test_dispatch(void **state)
 {
-    (void)state;
+    const struct isa_case *c = isa_case_begin(state);
     float x[77], b[77], y[77], r[77];
     fill(x, 77, 1);
     fill(b, 77, 0);
-    for (int i = KERN_ISA_REF; i <= KERN_ISA_AVX512; i++) {
-        if (!kern_isa_supported((enum kern_isa)i))
-            continue;
-        const struct elt_set *set = &g_sets[i];
-        assert_int_equal(kern_force_isa((enum kern_isa)i), 0);
+    {
+        const struct elt_set *set = &g_sets[c->isa];
         kern_exp(y, x, 77);
         set->exp(r, x, 77);
         assert_memory_equal(y, r, sizeof y);
@@ -585,12 +564,12 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_exp_tanh_sweep),
-        cmocka_unit_test(test_exp_tanh_edges),
-        cmocka_unit_test(test_silu_gelu_accuracy),
-        cmocka_unit_test(test_vs_ref),
-        cmocka_unit_test(test_softmax_contract),
-        cmocka_unit_test(test_dispatch),
+        ISA_CASE_TESTS(test_exp_tanh_sweep),
+        ISA_CASE_TESTS(test_exp_tanh_edges),
+        ISA_CASE_TESTS(test_silu_gelu_accuracy),
+        ISA_CASE_SIMD(test_vs_ref),
+        ISA_CASE_TESTS(test_softmax_contract),
+        ISA_CASE_TESTS(test_dispatch),
     };
     setvbuf(stdout, NULL, _IOLBF, 0);
     return cmocka_run_group_tests(tests, NULL, teardown);

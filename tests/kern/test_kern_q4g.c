@@ -15,14 +15,15 @@
  *    order of f32 additions differs): |y - y_twin| <= 1e-5 * S', S' = sum (|d q| + |m|) |x|
  *    over the terms the kernels actually add (for q4z the d q and m parts are summed apart).
  *  - twin and dispatched kern_matmul vs the f32 product of the dequantized weights: the int8
- *    activation bound of kernels/quant.h, sum_b d_b/2 * sum_{i in b} |w_i|, plus 2e-5 * S'.
+ *    activation bound of kernels/include/quant.h, sum_b d_b/2 * sum_{i in b} |w_i|, plus 2e-5 * S'.
  */
 #include "testutil.h"
+#include "isa_case.h"
 
 #include "dtype.h"
 #include "err.h"
 #include "half.h"
-#include "kern.h"
+#include "kern_variants.h"
 #include "quant.h"
 
 #include <math.h>
@@ -231,7 +232,8 @@ static void fill(float *p, size_t count, float v)
         p[i] = v;
 }
 
-static unsigned ran[3]; /* variant checks per ISA, printed: a silently skipped ISA shows */
+static unsigned ran[3]; /* variant checks per ISA, printed */
+static enum kern_isa g_isa; /* the ISA the running test checks (isa_case.h) */
 
 static void run_case(enum dtype wt, size_t cols, size_t n)
 {
@@ -292,7 +294,7 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
     char what[160];
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct variant *vr = &variants[v];
-        if (vr->wt != wt || !kern_isa_supported(vr->isa))
+        if (vr->wt != wt || vr->isa != g_isa)
             continue;
         fill(twin, cnt, SENTINEL);
         fill(y, cnt, SENTINEL);
@@ -308,10 +310,8 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
         snprintf(what, sizeof what, "%s's twin vs kern_matmul_ref", vr->name);
         check_close(what, twin, want, tol, n, ldy, r0, r1, cols);
     }
-    for (int isa = KERN_ISA_REF; isa <= KERN_ISA_AVX512; isa++) {
-        if (!kern_isa_supported((enum kern_isa)isa))
-            continue;
-        assert_int_equal(kern_force_isa((enum kern_isa)isa), 0);
+    {
+        const enum kern_isa isa = g_isa;
         fill(y, cnt, SENTINEL);
         fill(twin, cnt, SENTINEL);
         for (size_t i = 0; i < cnt; i++)
@@ -341,7 +341,7 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
 
 static void test_matmul(void **state)
 {
-    (void)state;
+    g_isa = isa_case_begin(state)->isa;
     static const size_t ns[] = {1, 2, 3, 4, 5, 8, 17};
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         enum dtype wt = types[k];
@@ -353,7 +353,7 @@ static void test_matmul(void **state)
                 run_case(wt, groups * g, ns[in]);
             }
     }
-    printf("variant checks: ref %u, avx2 %u, avx512 %u\n", ran[0], ran[1], ran[2]);
+    printf("variant checks: %s %u\n", kern_isa_name(g_isa), ran[g_isa]);
 }
 
 /* kern_row_to_f32 follows the documented layout (docs/IEBIN.md), checked on a hand-built
@@ -396,7 +396,7 @@ int main(void)
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_quantize_bounds),
         cmocka_unit_test(test_search_rounding),
-        cmocka_unit_test(test_matmul),
+        ISA_CASE_TESTS(test_matmul),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,12 +5,13 @@
  * y + s * B (A x), whole and sharded.
  */
 #include "testutil.h"
+#include "../kern/isa_case.h"
 
 #include "peft.h"
 
 #include "err.h"
 #include "half.h"
-#include "kern.h"
+#include "kern_variants.h"
 #include "log.h"
 #include "lora.h"
 #include "pool.h"
@@ -1059,11 +1060,9 @@ static void test_kernels_ref_vs_fast(void **state)
  * not depend on the tokens beside it (the same token alone and in a block of n). */
 static void test_kernels_bf16_dot(void **state)
 {
-    (void)state;
-    assert_int_equal(kern_init(), 0);
-    const bool simd = kern_isa() == KERN_ISA_AVX512 && kern_has_avx512bf16();
-    if (!simd)
-        print_message("  no AVX512-BF16 here: the scalar twin only\n");
+    /* /isa_case_ref: the scalar twin; /isa_case_avx512bf16 (skipped without AVX512-BF16):
+     * the SIMD kernels against it too */
+    const bool simd = isa_case_begin(state)->bf16;
     const size_t ins[] = {1, 31, 32, 33, 172, 2048};
     const size_t outs[] = {1, 31, 32, 33, 100, 260};
     const size_t ranks[] = {1, 2, 5, 16, 32, 70};
@@ -1495,7 +1494,8 @@ int main(void)
         cmocka_unit_test(test_apply_grouped),
         cmocka_unit_test(test_apply_on_pool),
         cmocka_unit_test(test_kernels_ref_vs_fast),
-        cmocka_unit_test(test_kernels_bf16_dot),
+        ISA_CASE_TEST(test_kernels_bf16_dot, isa_case_ref),
+        ISA_CASE_TEST(test_kernels_bf16_dot, isa_case_avx512bf16),
         cmocka_unit_test(test_repack_bf16),
         cmocka_unit_test(test_apply_fused),
         cmocka_unit_test(test_matmul_fused),

@@ -1,10 +1,12 @@
 /*
- * kern.h — compute kernels and their run-time dispatch.
+ * kern.h — the compute kernels' entry points: what the model code calls.
  *
- * Every kernel has a scalar `_ref` twin that is its specification; SIMD variants (AVX2+FMA,
- * AVX-512) are chosen once by kern_init() from CPUID, or forced with CLOCHER_ISA=ref|avx2|avx512
- * (an unavailable forced ISA is an error, not a silent fallback), so tests can exercise every
- * path on one machine.
+ * Every entry runs the variant of the active ISA through one dispatch table (kernels/
+ * internal.h, struct kern_ops) that kern_init() fills once per process from CPUID, or from
+ * CLOCHER_ISA=ref|avx2|avx512 (an unavailable forced ISA is an error, not a silent fallback),
+ * so tests can exercise every path on one machine. The variants themselves (kern_<op>_<weight
+ * type>_<activation type>_<isa>, each with a scalar `_ref` twin that is its specification)
+ * are declared in kern_variants.h, for tests and benchmarks only.
  *
  * Numerics (docs/PERFORMANCE.md has the measurements behind these choices):
  *  - f32/f16 weights: exact f32 products, f32 accumulation (order differs from _ref).
@@ -29,11 +31,15 @@
 
 enum kern_isa { KERN_ISA_REF = 0, KERN_ISA_AVX2 = 1, KERN_ISA_AVX512 = 2 };
 
-/* 0, or ERR_UNSUPPORTED when CLOCHER_ISA names a path this CPU lacks (logged). */
+/* Fills the dispatch table with the best ISA this CPU has, or the one CLOCHER_ISA names.
+ * Does nothing once the table is filled (by it or kern_force_isa). 0, ERR_UNSUPPORTED when
+ * CLOCHER_ISA names a path this CPU lacks, ERR_USAGE when it names none (both logged). */
 int kern_init(void);
 enum kern_isa kern_isa(void);
 const char *kern_isa_name(enum kern_isa isa);
-/* For tests: switch path explicitly. ERR_UNSUPPORTED when the CPU lacks it. */
+/* Refills the dispatch table for `isa` (tests and benchmarks compare paths with it; no kernel
+ * may be running meanwhile). ERR_UNSUPPORTED (logged) when the CPU lacks it; the table is then
+ * left as it was. */
 int kern_force_isa(enum kern_isa isa);
 /* true when this CPU can run the ISA. AVX2 = AVX2+FMA+F16C; AVX512 = F+BW+VL+DQ+VNNI. */
 int kern_isa_supported(enum kern_isa isa);
@@ -64,8 +70,10 @@ void kern_row_to_f32(enum dtype dt, const void *row, float *out, size_t n);
 /*
  * Activations x [n][cols] in the forms the kernels need for weight type wt: int8 blocks of 32
  * (with the sums and lane-wise scales the SIMD kernels use) for q8_0/q4_0 weights, bf16 for
- * bf16 weights, and for f32/f16/bf16 weights a copy with padded rows. The same for every ISA. Lives in one caller-provided buffer of kern_act_bytes() bytes, 64-byte
- * aligned. `cp` is cols rounded up to 64; padding elements are zero.
+ * bf16 weights, and for f32/f16/bf16 weights a copy with padded rows (kernels/internal.h:
+ * the weight type's act form). The same for every ISA. Lives in one caller-provided buffer of
+ * kern_act_bytes() bytes, 64-byte aligned. `cp` is cols rounded up to 64; padding elements
+ * are zero.
  * NOTES: fill with kern_act_init() then kern_act_prepare() over all tokens (token ranges may
  * be prepared by different threads); afterwards it is read-only and shared by every shard.
  */
@@ -97,114 +105,34 @@ void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1);
 void kern_matmul_act(const void *w, const struct kern_act *a, float *y, size_t ldy, size_t r0,
                      size_t r1);
 
-/* ---- individual kernels ------------------------------------------------------------------ */
-
 /*
- * kern_<op>_<weight type>_<activation type>_<isa>: the variants kern_matmul_act dispatches
- * to; tests and benchmarks call them directly. Same contract as kern_matmul_act, with the
- * weight type fixed by the name and `a` prepared for it. A variant may only run when
- * kern_isa_supported() says so for its ISA (and kern_has_avx512bf16() for bf16_bf16_avx512).
- * gemv: streams each weight row once, register-blocked over a few rows and up to 4 tokens;
- *       tuned for n == 1 (decode), correct for any n.
- * gemm: reuses each weight block across many tokens (int types: 16- or 8-row panels packed
- *       for integer dot products; float types: rows x tokens register tiles); tuned for
- *       n >= 8 (prefill), correct for any n.
- * _ref: the scalar specification of the same arithmetic (quantized or bf16 activations).
- */
-typedef void kern_mm_fn(const void *w, const struct kern_act *a, float *y, size_t ldy,
-                        size_t r0, size_t r1);
-
-#define KERN_VARIANTS_(X, isa)                                                               \
-    X(gemv, f32, f32, isa) X(gemv, f16, f32, isa) X(gemv, bf16, f32, isa)                    \
-    X(gemv, q8_0, q8_0, isa) X(gemv, q4_0, q8_0, isa) X(gemm, f32, f32, isa)                 \
-    X(gemm, f16, f32, isa) X(gemm, bf16, f32, isa) X(gemm, q8_0, q8_0, isa)                  \
-    X(gemm, q4_0, q8_0, isa)
-
-#define KERN_DECLARE_(op, wty, aty, isa) kern_mm_fn kern_##op##_##wty##_##aty##_##isa;
-KERN_VARIANTS_(KERN_DECLARE_, ref)
-KERN_VARIANTS_(KERN_DECLARE_, avx2)
-KERN_VARIANTS_(KERN_DECLARE_, avx512)
-kern_mm_fn kern_gemv_bf16_bf16_ref, kern_gemm_bf16_bf16_ref;
-kern_mm_fn kern_gemv_bf16_bf16_avx512, kern_gemm_bf16_bf16_avx512;
-#undef KERN_DECLARE_
-
-/*
- * q4_0 matrices repacked at load time into 16-row panels (layout: kernels/quant.h, "q4_0
- * panels"; why: ADR 0004, "load-time q4_0 panels"). `wp` below points to such a repacked
- * matrix, never to stored rows, and row ranges start on a panel (r0 % 16 == 0; r1 may be the
- * matrix's last row). Same contract as kern_matmul / kern_matmul_act otherwise, with
- * activations prepared for DT_Q4_0.
- *   kern_q4p_bytes:  bytes of the repacked [rows][cols] matrix (cols a multiple of 32).
- *   kern_q4p_pack:   writes panels [p0, p1) of dst from the stored rows w (panels are
- *                    independent, so threads may pack disjoint ranges).
- *   kern_q4p_rows:   stored q4_0 rows [r0, r1) back out of the panels, into out [r1-r0][rb].
- * kern_matmul_act_q4p routes every n to kern_gemm_q4_0p_q8_0_<isa>: on AVX-512 the panel GEMM
- * (the same arithmetic as kern_gemm_q4_0_q8_0_avx512 on the same rows, bit for bit, for any
- * n: each token's sums do not depend on the others); the _ref and _avx2 variants unpack a
- * panel's rows and run that ISA's stored-row kernel, so they give what it gives.
- */
-size_t kern_q4p_bytes(size_t rows, size_t cols);
-void kern_q4p_pack(const void *w, size_t cols, void *dst, size_t rows, size_t p0, size_t p1);
-void kern_q4p_rows(const void *wp, size_t cols, size_t r0, size_t r1, void *out);
-void kern_matmul_q4p(const void *wp, size_t cols, const float *x, size_t n, float *y,
-                     size_t ldy, size_t r0, size_t r1);
-void kern_matmul_act_q4p(const void *wp, const struct kern_act *a, float *y, size_t ldy,
-                         size_t r0, size_t r1);
-kern_mm_fn kern_gemm_q4_0p_q8_0_ref, kern_gemm_q4_0p_q8_0_avx2, kern_gemm_q4_0p_q8_0_avx512;
-
-/*
- * q8_0 matrices repacked at load time into 16-row panels (layout: kernels/quant.h, "q8_0
- * panels"; why: ADR 0004, addendum "q8_0 panels"). The same contract as the q4p functions
- * above, for DT_Q8_0 weights and activations prepared for DT_Q8_0. kern_matmul_act_q8p routes
- * every n to kern_gemm_q8_0p_q8_0_<isa>: on AVX-512 the panel GEMM, whose outputs equal
- * kern_gemm_q8_0_q8_0_avx512's on the stored rows bit for bit for any n (the panel holds the
- * bytes that kernel packs, and the tile does the same integer sums and float steps in the
- * same order); _ref and _avx2 unpack a panel's rows and run their ISA's stored-row kernels.
- */
-size_t kern_q8p_bytes(size_t rows, size_t cols);
-void kern_q8p_pack(const void *w, size_t cols, void *dst, size_t rows, size_t p0, size_t p1);
-void kern_q8p_rows(const void *wp, size_t cols, size_t r0, size_t r1, void *out);
-void kern_matmul_q8p(const void *wp, size_t cols, const float *x, size_t n, float *y,
-                     size_t ldy, size_t r0, size_t r1);
-void kern_matmul_act_q8p(const void *wp, const struct kern_act *a, float *y, size_t ldy,
-                         size_t r0, size_t r1);
-kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_q8_0_avx512;
-
-/*
- * Panels of either kind, by the matrix's stored dtype wt (DT_Q4_0 or DT_Q8_0; anything else
- * aborts): what the products call when a matrix has panels, so that no caller has to know
- * which quantization was repacked.
+ * Quantized matrices repacked at load time into panels of rows (q4_0 and q8_0 today: 16-row
+ * panels, layouts in kernels/quant.h "q4_0 panels" / "q8_0 panels"; why: ADR 0004, "load-time
+ * q4_0 panels" and addendum "q8_0 panels"), by the matrix's stored dtype wt. `wp` points to a
+ * repacked matrix, never to stored rows, and row ranges start on a panel (r0 % 16 == 0; r1
+ * may be the matrix's last row). Same contract as kern_matmul / kern_matmul_act otherwise,
+ * with activations prepared for wt (a->wt == wt). A wt without panels aborts.
  *   kern_panels_supported: whether wt has a panel layout (the loader repacks only those);
- *   kern_panels_bytes / kern_panels_pack: kern_q4p_* / kern_q8p_*;
- *   kern_matmul_panels / kern_matmul_act_panels: kern_matmul_q4p / _q8p and
- *   kern_matmul_act_q4p / _q8p (a->wt must be wt).
+ *   kern_panels_bytes:     bytes of the repacked [rows][cols] matrix (cols a multiple of 32);
+ *   kern_panels_pack:      writes panels [p0, p1) of dst from the stored rows w (panels are
+ *                          independent, so threads may pack disjoint ranges);
+ *   kern_panels_rows:      stored rows [r0, r1) back out of the panels, into out [r1-r0][rb];
+ *   kern_matmul_panels / kern_matmul_act_panels: the products. On AVX-512 the panel GEMM,
+ *     whose outputs equal the stored-row kern_gemm_<wt>_q8_0_avx512's bit for bit for any n
+ *     (each token's sums do not depend on the others); on the other ISAs each panel's rows
+ *     are unpacked to the stored layout and run through kern_matmul_act, so a repacked model
+ *     computes there what the stored one did.
  */
 int kern_panels_supported(enum dtype wt);
 size_t kern_panels_bytes(enum dtype wt, size_t rows, size_t cols);
 void kern_panels_pack(enum dtype wt, const void *w, size_t cols, void *dst, size_t rows,
                       size_t p0, size_t p1);
+void kern_panels_rows(enum dtype wt, const void *wp, size_t cols, size_t r0, size_t r1,
+                      void *out);
 void kern_matmul_panels(enum dtype wt, const void *wp, size_t cols, const float *x, size_t n,
                         float *y, size_t ldy, size_t r0, size_t r1);
 void kern_matmul_act_panels(enum dtype wt, const void *wp, const struct kern_act *a, float *y,
                             size_t ldy, size_t r0, size_t r1);
-
-/*
- * int4 group types (common/dtype.h q4_g64 .. q4z_g128; kernels/ref_q4g.c, x86/avx*_q4g.c):
- * the same contract on activations prepared as for q4_0 (int8 blocks of 32, kernels/quant.h
- * bound). q4_gN: per block of 32 columns, dw * dx * sum((q-8) * xq); q4z_gN adds
- * m * dx * sum(xq) for the group's offset m. Integer sums are exact: SIMD variants differ from
- * _ref only in the order of the f32 sums (tests/kern/test_kern_q4g.c states the tolerance).
- */
-#define KERN_Q4G_VARIANTS_(X, isa)                                                           \
-    X(gemv, q4_g64, q8_0, isa) X(gemv, q4_g128, q8_0, isa) X(gemv, q4z_g32, q8_0, isa)       \
-    X(gemv, q4z_g64, q8_0, isa) X(gemv, q4z_g128, q8_0, isa) X(gemm, q4_g64, q8_0, isa)      \
-    X(gemm, q4_g128, q8_0, isa) X(gemm, q4z_g32, q8_0, isa) X(gemm, q4z_g64, q8_0, isa)      \
-    X(gemm, q4z_g128, q8_0, isa)
-#define KERN_DECLARE_(op, wty, aty, isa) kern_mm_fn kern_##op##_##wty##_##aty##_##isa;
-KERN_Q4G_VARIANTS_(KERN_DECLARE_, ref)
-KERN_Q4G_VARIANTS_(KERN_DECLARE_, avx2)
-KERN_Q4G_VARIANTS_(KERN_DECLARE_, avx512)
-#undef KERN_DECLARE_
 
 /*
  * Round-to-nearest quantization of one row of n f32 values (n a multiple of the group) to an
@@ -235,7 +163,8 @@ int kern_quantize_row_q4_search(enum dtype dt, const float *x, void *dst, size_t
  *           bt: B^T in panels of KERN_LORA_PANEL output columns, [ceil(out/32)][rank][32],
  *           the last panel zero-padded (bt[k][j] at (j/32)*rank*32 + k*32 + j%32),
  *           t: [n][rank], y: [n][ldy].
- * kern_lora_shrink / kern_lora_expand dispatch on wt and kern_isa():
+ * kern_lora_shrink / kern_lora_expand run, by wt and kern_isa(), these variants
+ * (kern_variants.h):
  *   _<wt>_f32_{ref,avx2}: f32 activations; bf16 weights widened exactly.
  *   _bf16_bf16_{ref,avx512}: bf16 weights on AVX512-BF16 (and rank <= KERN_LORA_RANK_MAX):
  *     x and t rounded to bf16 (round to nearest even), products summed in f32, so vdpbf16ps
@@ -251,18 +180,6 @@ void kern_lora_shrink(enum dtype wt, const void *a, size_t in, size_t rank, cons
                       size_t n, float *t, size_t k0, size_t k1);
 void kern_lora_expand(enum dtype wt, const void *bt, size_t rank, const float *t, size_t n,
                       const float *scale, float s, float *y, size_t ldy, size_t j0, size_t j1);
-
-typedef void kern_lora_shrink_fn(const void *a, size_t in, size_t rank, const float *x,
-                                 size_t n, float *t, size_t k0, size_t k1);
-typedef void kern_lora_expand_fn(const void *bt, size_t rank, const float *t, size_t n,
-                                 const float *scale, float s, float *y, size_t ldy, size_t j0,
-                                 size_t j1);
-kern_lora_shrink_fn kern_lora_shrink_f32_f32_ref, kern_lora_shrink_bf16_f32_ref,
-    kern_lora_shrink_f32_f32_avx2, kern_lora_shrink_bf16_f32_avx2,
-    kern_lora_shrink_bf16_bf16_ref, kern_lora_shrink_bf16_bf16_avx512;
-kern_lora_expand_fn kern_lora_expand_f32_f32_ref, kern_lora_expand_bf16_f32_ref,
-    kern_lora_expand_f32_f32_avx2, kern_lora_expand_bf16_f32_avx2,
-    kern_lora_expand_bf16_bf16_ref, kern_lora_expand_bf16_bf16_avx512;
 
 /* ---- block-sparse (BSR) GEMV (kernels/sparse.c; the file format is worker/bsr.h) --------- */
 
@@ -284,20 +201,18 @@ struct kern_bsr {
  * y[r] = sum_c W[r][c] * x[c] for the rows of block rows [b0, b1) (clipped to m->rows); a
  * block row without blocks yields zeros. x: [cols], y: [rows]. f32 products and accumulation
  * (the SIMD variants sum 8/16 lanes per row, then reduce: order differs from _ref).
- * kern_bsr_gemv dispatches on kern_isa() to the _avx512, _avx2 or _ref variant.
+ * Runs the variant of kern_isa() (kern_variants.h: kern_gemv_bsr_f32_<isa>).
  */
-typedef void kern_bsr_fn(const struct kern_bsr *m, const float *x, float *y, size_t b0,
-                         size_t b1);
-kern_bsr_fn kern_bsr_gemv, kern_gemv_bsr_f32_ref, kern_gemv_bsr_f32_avx2,
-    kern_gemv_bsr_f32_avx512;
+void kern_bsr_gemv(const struct kern_bsr *m, const float *x, float *y, size_t b0, size_t b1);
+
 /* ---- elementwise kernels (kernels/elt.c, x86/avx2_elt.c, x86/avx512_elt.c) ----------------
  *
  * f32 in, f32 out, any length (0 included), any alignment; y may be the same array as an
- * input (in-place use), other overlaps are not allowed. The public entries run the variant of
- * kern_isa(); kern_<op>_f32_f32_<isa> are the variants themselves (the _ref one is the
- * specification, built on kernels/fastmath.h; the SIMD ones use the same algorithm and the
- * same fused multiply-adds, so exp and tanh agree with _ref bit for bit and the others differ
- * only by summation order).
+ * input (in-place use), other overlaps are not allowed. The entries run the variant of
+ * kern_isa(); kern_<op>_f32_f32_<isa> (kern_variants.h) are the variants themselves (the
+ * _ref one is the specification, built on kernels/fastmath.h; the SIMD ones use the same
+ * algorithm and the same fused multiply-adds, so exp and tanh agree with _ref bit for bit and
+ * the others differ only by summation order).
  *
  * Error bounds, asserted by tests/kern/test_kern_elt.c (docs/adr/0004 addendum):
  *  - exp: relative to exp() in double, <= KERN_EXP_MAX_REL_ERR for normal results, plus
@@ -343,24 +258,6 @@ void kern_rope(float *v, size_t n_heads, size_t hd, const float *cs);
 /* cs [half][2] = cos, sin of pos * inv_freq[i], computed in double (as worker/forward.c). */
 void kern_rope_table(float *cs, uint32_t pos, const float *inv_freq, size_t half);
 
-typedef void kern_map_fn(float *y, const float *x, size_t n);
-typedef void kern_bias_act_fn(float *y, const float *x, const float *b, size_t n);
-typedef void kern_softmax_fn(float *x, size_t n);
-typedef void kern_rmsnorm_fn(float *y, const float *x, const float *w, size_t n, float eps);
-typedef void kern_swiglu_fn(float *y, const float *gate, const float *up, size_t n);
-typedef void kern_rope_fn(float *v, size_t n_heads, size_t hd, const float *cs);
-
-#define KERN_ELT_VARIANTS_(X, isa)                                                           \
-    X(kern_map_fn, exp, isa) X(kern_map_fn, tanh, isa) X(kern_bias_act_fn, silu, isa)        \
-    X(kern_bias_act_fn, gelu, isa) X(kern_softmax_fn, softmax, isa)                          \
-    X(kern_rmsnorm_fn, rmsnorm, isa) X(kern_swiglu_fn, swiglu, isa) X(kern_rope_fn, rope, isa)
-
-#define KERN_ELT_DECLARE_(fn, op, isa) fn kern_##op##_f32_f32_##isa;
-KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, ref)
-KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx2)
-KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx512)
-#undef KERN_ELT_DECLARE_
-
 /* ---- attention (kernels/attn.c, x86/avx2_attn.c, x86/avx512_attn.c) ----------------------
  *
  * One tile kernel with explicit online-softmax state. nq query rows that read the same KV
@@ -385,10 +282,6 @@ KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx512)
 #define KERN_ATTN_TILE 64 /* positions widened at once; kern_attn_causal's tile */
 #define KERN_ATTN_MAX_ERR 2e-5
 
-typedef void kern_attn_fn(const float *const *q, float *const *o, float *m, float *l,
-                          const uint32_t *vis, size_t nq, const void *k, const void *v,
-                          size_t ld, size_t n, size_t hd, float scale);
-
 /* m[r] = -inf, l[r] = 0, o[r] [hd] = 0 for r < nq. */
 void kern_attn_begin(float *const *o, float *m, float *l, size_t nq, size_t hd);
 /* o[r] [hd] /= l[r] for r < nq. */
@@ -409,12 +302,5 @@ void kern_attn(enum dtype kvt, const float *const *q, float *const *o, float *m,
 void kern_attn_causal(enum dtype kvt, size_t nt, size_t group, size_t hd, const float *q,
                       size_t ldq, const void *k, const void *v, size_t ld, uint32_t pos0,
                       float *out, size_t ldo);
-
-#define KERN_ATTN_VARIANTS_(X, isa) X(f32, isa) X(f16, isa) X(bf16, isa)
-#define KERN_ATTN_DECLARE_(kvt, isa) kern_attn_fn kern_attn_##kvt##_f32_##isa;
-KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, ref)
-KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, avx2)
-KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, avx512)
-#undef KERN_ATTN_DECLARE_
 
 #endif

@@ -72,7 +72,7 @@ static_assert(_Alignof(struct quant_q8_0) == 2 && _Alignof(struct quant_q4_0) ==
               "block arrays are packed back to back");
 
 /*
- * q4_0 panels (kern_q4p_*, ADR 0004 "load-time q4_0 panels"): a q4_0 matrix [rows][cols]
+ * q4_0 panels (kern_panels_*, ADR 0004 "load-time q4_0 panels"): a q4_0 matrix [rows][cols]
  * repacked once at load so that the AVX-512 GEMM reads what it used to pack every step. With
  * nb = cols / 32 and rb = nb * 18 (a stored row), panel p holds rows 16p..16p+15 (rows past the
  * matrix are zero) in the bytes [p * 16 * rb, (p + 1) * 16 * rb) — as many as its 16 stored
@@ -103,7 +103,7 @@ static inline size_t quant_q4p_soff(size_t b, size_t nb)
 }
 
 /*
- * q8_0 panels (kern_q8p_*, ADR 0004 addendum "q8_0 panels"): the same idea for a q8_0 matrix
+ * q8_0 panels (kern_panels_*, ADR 0004 addendum "q8_0 panels"): the same idea for a q8_0 matrix
  * [rows][cols]. With nb = cols / 32 and rb = nb * 34, panel p holds rows 16p..16p+15 (rows past
  * the matrix are zero bytes, quants and scales) in [p * 16 * rb, (p + 1) * 16 * rb): again as
  * many bytes as its 16 stored rows. Blocks go in pairs of 1088 bytes (17 cache lines; an odd

@@ -1,0 +1,131 @@
+/*
+ * kern_variants.h — every kernel variant by name, for tests and benchmarks only (model code
+ * calls the entry points of kern.h, which pick the variant of the active ISA).
+ *
+ * Naming: kern_<op>_<weight type>_<activation type>_<isa>, each SIMD variant with a scalar
+ * `_ref` twin that specifies it. The X-macro lists below enumerate them once, so the tests
+ * and kernels/traits.c can walk every (op, type, ISA) without spelling the names out. A
+ * variant may only run when kern_isa_supported() says so for its ISA (and
+ * kern_has_avx512bf16() for the _bf16_bf16_avx512 ones).
+ */
+#ifndef CLOCHER_KERNELS_KERN_VARIANTS_H
+#define CLOCHER_KERNELS_KERN_VARIANTS_H
+
+#include "kern.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- products (kern_matmul_act's variants) ------------------------------------------------ */
+
+/*
+ * kern_<op>_<weight type>_<activation type>_<isa>: the variants kern_matmul_act dispatches
+ * to (through the weight type's traits, kernels/traits.c); tests and benchmarks call them
+ * directly. Same contract as kern_matmul_act, with the
+ * weight type fixed by the name and `a` prepared for it. A variant may only run when
+ * kern_isa_supported() says so for its ISA (and kern_has_avx512bf16() for bf16_bf16_avx512).
+ * gemv: streams each weight row once, register-blocked over a few rows and up to 4 tokens;
+ *       tuned for n == 1 (decode), correct for any n.
+ * gemm: reuses each weight block across many tokens (int types: 16- or 8-row panels packed
+ *       for integer dot products; float types: rows x tokens register tiles); tuned for
+ *       n >= 8 (prefill), correct for any n.
+ * _ref: the scalar specification of the same arithmetic (quantized or bf16 activations).
+ */
+typedef void kern_mm_fn(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                        size_t r0, size_t r1);
+
+#define KERN_VARIANTS_(X, isa)                                                               \
+    X(gemv, f32, f32, isa) X(gemv, f16, f32, isa) X(gemv, bf16, f32, isa)                    \
+    X(gemv, q8_0, q8_0, isa) X(gemv, q4_0, q8_0, isa) X(gemm, f32, f32, isa)                 \
+    X(gemm, f16, f32, isa) X(gemm, bf16, f32, isa) X(gemm, q8_0, q8_0, isa)                  \
+    X(gemm, q4_0, q8_0, isa)
+
+#define KERN_DECLARE_(op, wty, aty, isa) kern_mm_fn kern_##op##_##wty##_##aty##_##isa;
+KERN_VARIANTS_(KERN_DECLARE_, ref)
+KERN_VARIANTS_(KERN_DECLARE_, avx2)
+KERN_VARIANTS_(KERN_DECLARE_, avx512)
+kern_mm_fn kern_gemv_bf16_bf16_ref, kern_gemm_bf16_bf16_ref;
+kern_mm_fn kern_gemv_bf16_bf16_avx512, kern_gemm_bf16_bf16_avx512;
+#undef KERN_DECLARE_
+
+/*
+ * Panel GEMMs (kern.h, kern_panels_*): same contract on a repacked matrix wp, r0 on a panel.
+ * _avx512 reads the panels directly (the same arithmetic as the stored-row
+ * kern_gemm_<type>_q8_0_avx512, bit for bit); _ref and _avx2 unpack each panel's rows to the
+ * stored layout and run that ISA's stored-row gemm on them, so they give what it gives.
+ */
+kern_mm_fn kern_gemm_q4_0p_q8_0_ref, kern_gemm_q4_0p_q8_0_avx2, kern_gemm_q4_0p_q8_0_avx512;
+kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_q8_0_avx512;
+
+/*
+ * int4 group types (common/dtype.h q4_g64 .. q4z_g128; kernels/ref_q4g.c, x86/avx*_q4g.c):
+ * the same contract on activations prepared as for q4_0 (int8 blocks of 32, kernels/quant.h
+ * bound). q4_gN: per block of 32 columns, dw * dx * sum((q-8) * xq); q4z_gN adds
+ * m * dx * sum(xq) for the group's offset m. Integer sums are exact: SIMD variants differ from
+ * _ref only in the order of the f32 sums (tests/kern/test_kern_q4g.c states the tolerance).
+ */
+#define KERN_Q4G_VARIANTS_(X, isa)                                                           \
+    X(gemv, q4_g64, q8_0, isa) X(gemv, q4_g128, q8_0, isa) X(gemv, q4z_g32, q8_0, isa)       \
+    X(gemv, q4z_g64, q8_0, isa) X(gemv, q4z_g128, q8_0, isa) X(gemm, q4_g64, q8_0, isa)      \
+    X(gemm, q4_g128, q8_0, isa) X(gemm, q4z_g32, q8_0, isa) X(gemm, q4z_g64, q8_0, isa)      \
+    X(gemm, q4z_g128, q8_0, isa)
+#define KERN_DECLARE_(op, wty, aty, isa) kern_mm_fn kern_##op##_##wty##_##aty##_##isa;
+KERN_Q4G_VARIANTS_(KERN_DECLARE_, ref)
+KERN_Q4G_VARIANTS_(KERN_DECLARE_, avx2)
+KERN_Q4G_VARIANTS_(KERN_DECLARE_, avx512)
+#undef KERN_DECLARE_
+
+/* ---- LoRA shrink and expand (kern.h, kern_lora_shrink / kern_lora_expand) ----------------- */
+
+typedef void kern_lora_shrink_fn(const void *a, size_t in, size_t rank, const float *x,
+                                 size_t n, float *t, size_t k0, size_t k1);
+typedef void kern_lora_expand_fn(const void *bt, size_t rank, const float *t, size_t n,
+                                 const float *scale, float s, float *y, size_t ldy, size_t j0,
+                                 size_t j1);
+kern_lora_shrink_fn kern_lora_shrink_f32_f32_ref, kern_lora_shrink_bf16_f32_ref,
+    kern_lora_shrink_f32_f32_avx2, kern_lora_shrink_bf16_f32_avx2,
+    kern_lora_shrink_bf16_bf16_ref, kern_lora_shrink_bf16_bf16_avx512;
+kern_lora_expand_fn kern_lora_expand_f32_f32_ref, kern_lora_expand_bf16_f32_ref,
+    kern_lora_expand_f32_f32_avx2, kern_lora_expand_bf16_f32_avx2,
+    kern_lora_expand_bf16_bf16_ref, kern_lora_expand_bf16_bf16_avx512;
+
+/* ---- block-sparse GEMV (kern.h, kern_bsr_gemv) -------------------------------------------- */
+
+typedef void kern_bsr_fn(const struct kern_bsr *m, const float *x, float *y, size_t b0,
+                         size_t b1);
+kern_bsr_fn kern_gemv_bsr_f32_ref, kern_gemv_bsr_f32_avx2, kern_gemv_bsr_f32_avx512;
+
+/* ---- elementwise kernels (kern.h, "elementwise kernels") ---------------------------------- */
+
+typedef void kern_map_fn(float *y, const float *x, size_t n);
+typedef void kern_bias_act_fn(float *y, const float *x, const float *b, size_t n);
+typedef void kern_softmax_fn(float *x, size_t n);
+typedef void kern_rmsnorm_fn(float *y, const float *x, const float *w, size_t n, float eps);
+typedef void kern_swiglu_fn(float *y, const float *gate, const float *up, size_t n);
+typedef void kern_rope_fn(float *v, size_t n_heads, size_t hd, const float *cs);
+
+#define KERN_ELT_VARIANTS_(X, isa)                                                           \
+    X(kern_map_fn, exp, isa) X(kern_map_fn, tanh, isa) X(kern_bias_act_fn, silu, isa)        \
+    X(kern_bias_act_fn, gelu, isa) X(kern_softmax_fn, softmax, isa)                          \
+    X(kern_rmsnorm_fn, rmsnorm, isa) X(kern_swiglu_fn, swiglu, isa) X(kern_rope_fn, rope, isa)
+
+#define KERN_ELT_DECLARE_(fn, op, isa) fn kern_##op##_f32_f32_##isa;
+KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, ref)
+KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx2)
+KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx512)
+#undef KERN_ELT_DECLARE_
+
+/* ---- attention tile (kern.h, kern_attn) ---------------------------------------------------- */
+
+typedef void kern_attn_fn(const float *const *q, float *const *o, float *m, float *l,
+                          const uint32_t *vis, size_t nq, const void *k, const void *v,
+                          size_t ld, size_t n, size_t hd, float scale);
+
+#define KERN_ATTN_VARIANTS_(X, isa) X(f32, isa) X(f16, isa) X(bf16, isa)
+#define KERN_ATTN_DECLARE_(kvt, isa) kern_attn_fn kern_attn_##kvt##_f32_##isa;
+KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, ref)
+KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, avx2)
+KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, avx512)
+#undef KERN_ATTN_DECLARE_
+
+#endif

@@ -1,0 +1,178 @@
+/*
+ * panels.c — quantized matrices repacked at load time into panels of rows (kern.h,
+ * kern_panels_*; layouts: quant.h "q4_0 panels" / "q8_0 panels"; the why: ADR 0004, "load-time
+ * q4_0 panels" and addendum "q8_0 panels"): the repacking, the way back to stored rows, the
+ * products' entry points and the fallback of ISAs without a panel kernel, for every type whose
+ * traits have a panel layout (kern__traits[wt].panels).
+ *
+ * The AVX-512 GEMMs (x86/avx512_q.c) read panels directly. Every other ISA has no panel
+ * kernel: its variant unpacks one panel's rows back into the stored layout (exactly the bytes
+ * of the file) and runs that ISA's stored-row kernel on them, so a repacked model computes
+ * there what the stored one did.
+ *
+ * NOTES: reentrant; the unpacked rows live in the calling thread's scratch slot 1 (slot 0 may
+ * hold the activations kern_matmul_panels prepared).
+ */
+#include "internal.h"
+
+#include "check.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* The type's panel layout; aborts for a type without one (kern.h). */
+static const struct kern__panel_layout *layout(enum dtype wt)
+{
+    CHECK(kern_panels_supported(wt));
+    return kern__traits[wt].panels;
+}
+
+int kern_panels_supported(enum dtype wt)
+{
+    return (unsigned)wt < DT_COUNT_ && kern__traits[wt].panels != NULL;
+}
+
+size_t kern_panels_bytes(enum dtype wt, size_t rows, size_t cols)
+{
+    const size_t pr = layout(wt)->rows;
+    return (rows + pr - 1) / pr * pr * kern__row_bytes(wt, cols);
+}
+
+/* The scalar repack: block b of row i goes to its panel as the layout (internal.h) says. */
+static void pack_ref(enum dtype wt, const void *w, size_t cols, void *dst, size_t rows,
+                     size_t p0, size_t p1)
+{
+    const struct kern__panel_layout *pl = layout(wt);
+    const size_t pr = pl->rows, bb = kern__traits[wt].block_bytes, groups = (bb - 2) / 4;
+    const size_t nb = cols / kern__traits[wt].block, rb = kern__row_bytes(wt, cols);
+    for (size_t p = p0; p < p1; p++) {
+        uint8_t *pp = (uint8_t *)dst + p * pr * rb; /* the panel (quant.h) */
+        for (size_t i = 0; i < pr; i++) {
+            size_t r = p * pr + i;
+            const uint8_t *row = r < rows ? (const uint8_t *)w + r * rb : NULL;
+            for (size_t b = 0; b < nb; b++) {
+                uint8_t *q = pp + pl->qoff(b, nb), *sc = pp + pl->soff(b, nb);
+                if (!row) { /* rows past the matrix: zero bytes (never XORed) and scales */
+                    for (size_t g = 0; g < groups; g++)
+                        memset(q + g * 64 + i * 4, 0, 4);
+                    memset(sc + i * 2, 0, 2);
+                    continue;
+                }
+                const uint8_t *blk = row + b * bb, *qs = blk + 2; /* f16 scale, then quants */
+                for (size_t g = 0; g < groups; g++)
+                    for (size_t j = 0; j < 4; j++)
+                        q[g * 64 + i * 4 + j] = qs[4 * g + j] ^ pl->xor_mask;
+                memcpy(sc + i * 2, blk, 2);
+            }
+        }
+    }
+}
+
+void kern__panels_pack_q4_0_ref(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                                size_t p1)
+{
+    pack_ref(DT_Q4_0, w, cols, dst, rows, p0, p1);
+}
+
+void kern__panels_pack_q8_0_ref(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                                size_t p1)
+{
+    pack_ref(DT_Q8_0, w, cols, dst, rows, p0, p1);
+}
+
+void kern_panels_pack(enum dtype wt, const void *w, size_t cols, void *dst, size_t rows,
+                      size_t p0, size_t p1)
+{
+    CHECK(kern_panels_supported(wt));
+    kern__ops.type[wt].panel_pack(w, cols, dst, rows, p0, p1);
+}
+
+void kern_panels_rows(enum dtype wt, const void *wp, size_t cols, size_t r0, size_t r1,
+                      void *out)
+{
+    const struct kern__panel_layout *pl = layout(wt);
+    const size_t pr = pl->rows, bb = kern__traits[wt].block_bytes, groups = (bb - 2) / 4;
+    const size_t nb = cols / kern__traits[wt].block, rb = kern__row_bytes(wt, cols);
+    for (size_t r = r0; r < r1; r++) {
+        const uint8_t *pp = (const uint8_t *)wp + r / pr * pr * rb;
+        size_t i = r % pr;
+        uint8_t *row = (uint8_t *)out + (r - r0) * rb;
+        for (size_t b = 0; b < nb; b++) {
+            uint8_t *blk = row + b * bb, *qs = blk + 2;
+            const uint8_t *q = pp + pl->qoff(b, nb);
+            for (size_t g = 0; g < groups; g++)
+                for (size_t j = 0; j < 4; j++)
+                    qs[4 * g + j] = q[g * 64 + i * 4 + j] ^ pl->xor_mask;
+            memcpy(blk, pp + pl->soff(b, nb) + i * 2, 2);
+        }
+    }
+}
+
+/*
+ * Panel by panel: unpack rows [r, r + nr) into scratch and run fn on them (row 0 of the
+ * scratch is row r, so y is offset by r); fn == NULL runs kern_matmul_act's routing instead.
+ * Kernels have no error path: a panel's rows are a few tens of KiB, and failing to get them
+ * aborts (kern_matmul's activations, far larger at prefill, are allocated first).
+ */
+static void via_rows(kern_mm_fn *fn, const void *wp, const struct kern_act *a, float *y,
+                     size_t ldy, size_t r0, size_t r1)
+{
+    const size_t pr = layout(a->wt)->rows;
+    CHECK(r0 % pr == 0);
+    const size_t rb = kern__row_bytes(a->wt, a->cols);
+    void *buf = kern__scratch_slot(1, pr * rb);
+    CHECK(buf != NULL);
+    for (size_t r = r0; r < r1; r += pr) {
+        size_t nr = r1 - r < pr ? r1 - r : pr;
+        kern_panels_rows(a->wt, wp, a->cols, r, r + nr, buf);
+        if (fn)
+            fn(buf, a, y + r, ldy, 0, nr);
+        else
+            kern_matmul_act(buf, a, y + r, ldy, 0, nr);
+    }
+}
+
+void kern__panels_via_rows(const void *wp, const struct kern_act *a, float *y, size_t ldy,
+                           size_t r0, size_t r1)
+{
+    via_rows(NULL, wp, a, y, ldy, r0, r1);
+}
+
+/* The named fallback variants (kern_variants.h): one ISA's stored-row gemm on each panel. */
+#define VIA_ROWS_(wty, DT, isa)                                                              \
+    void kern_gemm_##wty##p_q8_0_##isa(const void *wp, const struct kern_act *a, float *y,   \
+                                       size_t ldy, size_t r0, size_t r1)                     \
+    {                                                                                        \
+        CHECK(a->wt == DT);                                                                  \
+        via_rows(kern_gemm_##wty##_q8_0_##isa, wp, a, y, ldy, r0, r1);                       \
+    }
+VIA_ROWS_(q4_0, DT_Q4_0, ref)
+VIA_ROWS_(q4_0, DT_Q4_0, avx2)
+VIA_ROWS_(q8_0, DT_Q8_0, ref)
+VIA_ROWS_(q8_0, DT_Q8_0, avx2)
+#undef VIA_ROWS_
+
+void kern_matmul_act_panels(enum dtype wt, const void *wp, const struct kern_act *a, float *y,
+                            size_t ldy, size_t r0, size_t r1)
+{
+    CHECK(kern_panels_supported(wt) && a->wt == wt);
+    if (r0 >= r1 || a->n == 0)
+        return;
+    kern__ops.type[wt].panel_gemm(wp, a, y, ldy, r0, r1);
+}
+
+void kern_matmul_panels(enum dtype wt, const void *wp, size_t cols, const float *x, size_t n,
+                        float *y, size_t ldy, size_t r0, size_t r1)
+{
+    CHECK(kern_panels_supported(wt));
+    if (r0 >= r1 || n == 0)
+        return;
+    size_t bytes;
+    CHECK(kern_act_bytes(wt, cols, n, &bytes) == 0);
+    void *buf = bytes ? kern__scratch(bytes) : NULL;
+    CHECK(!bytes || buf); /* see via_rows */
+    struct kern_act a;
+    kern_act_init(&a, wt, x, cols, n, buf);
+    kern_act_prepare(&a, 0, n);
+    kern_matmul_act_panels(wt, wp, &a, y, ldy, r0, r1);
+}

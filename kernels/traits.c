@@ -1,0 +1,96 @@
+/*
+ * traits.c — the weight types' traits (internal.h, struct kern_type_traits): one entry per
+ * dtype saying how the kernels convert, prepare for, repack and multiply it on each ISA.
+ * kern_init()/kern_force_isa() (dispatch.c) copy the chosen ISA's column into kern__ops; this
+ * table is the only place that routes on the weight type.
+ *
+ * gemm_min_n is where the gemm variant overtakes the gemv in bench/kern_bench --only variants
+ * (docs/PERFORMANCE.md): the gemv streams a row once per pair of tokens and wins while
+ * unpacking dominates; the packed gemm wins once a panel is reused enough. The scalar ISA
+ * runs kern_matmul_ref on the f32 activations for every type (kern__matmul_act_f32), so its
+ * products are the f32 specification, not the quantized _ref twins.
+ *
+ * Adding a type: its entry below (block geometry as common/dtype.h states it, which kern_init
+ * checks, a row converter, the
+ * activation form, a panel layout if it has one, and its variants per ISA).
+ */
+#include "internal.h"
+#include "quant.h"
+
+static const struct kern__panel_layout q4_0_panels = {QUANT_Q4P_ROWS, 0x00, quant_q4p_qoff,
+                                                      quant_q4p_soff};
+/* q8_0 quants are stored offset by +128 (unsigned bytes for vpdpbusd; quant.h) */
+static const struct kern__panel_layout q8_0_panels = {QUANT_Q8P_ROWS, 0x80, quant_q8p_qoff,
+                                                      quant_q8p_soff};
+
+/* The scalar ISA's column, the same for every type: the f32 specification. */
+#define REF_MM_ .gemv = kern__matmul_act_f32, .gemm = kern__matmul_act_f32, .gemm_min_n = 1
+/* gemv/gemm of one type on one ISA */
+#define MM_(wty, aty, isa, min_n)                                                            \
+    .gemv = kern_gemv_##wty##_##aty##_##isa, .gemm = kern_gemm_##wty##_##aty##_##isa,        \
+    .gemm_min_n = (min_n)
+/* LoRA adapter weights: f32 activations on every ISA (AVX-512 reuses the AVX2 kernels) */
+#define LORA_(wty, isa)                                                                      \
+    .lora_shrink = kern_lora_shrink_##wty##_f32_##isa,                                       \
+    .lora_expand = kern_lora_expand_##wty##_f32_##isa
+#define ATTN_(kvt, isa) .attn = kern_attn_##kvt##_f32_##isa
+
+/* The int4 group types (x86/avx*_q4g.c): on AVX2 the gemm tile reuses unpacked rows over 4
+ * tokens; on AVX-512 it is the same packed-panel gemm as q4_0's, so its crossover. */
+#define Q4G_(wty, DT, n)                                                                     \
+    [DT] = {.block = (n), .block_bytes = sizeof(struct quant_##wty), .to_f32 = kern__row_##wty, \
+            .act = KERN__ACT_Q8,                                                             \
+            .act_offset = 8, /* q4_gN: q4_0's correction; q4z_gN recovers sums from it */    \
+            .isa = {{REF_MM_}, {MM_(wty, q8_0, avx2, 4)}, {MM_(wty, q8_0, avx512, 6)}}}
+
+const struct kern_type_traits kern__traits[DT_COUNT_] = {
+    [DT_F32] = {.block = 1, .block_bytes = 4,
+ .to_f32 = kern__row_f32,
+                .act = KERN__ACT_F32,
+                .isa = {{REF_MM_, LORA_(f32, ref), ATTN_(f32, ref)},
+                        {MM_(f32, f32, avx2, 3), LORA_(f32, avx2), ATTN_(f32, avx2)},
+                        {MM_(f32, f32, avx512, 2), LORA_(f32, avx2), ATTN_(f32, avx512)}}},
+    [DT_F16] = {.block = 1, .block_bytes = 2,
+ .to_f32 = kern__row_f16,
+                .act = KERN__ACT_F32,
+                .isa = {{REF_MM_, ATTN_(f16, ref)},
+                        {MM_(f16, f32, avx2, 3), ATTN_(f16, avx2)},
+                        {MM_(f16, f32, avx512, 3), ATTN_(f16, avx512)}}},
+    [DT_BF16] = {.block = 1, .block_bytes = 2,
+ .to_f32 = kern__row_bf16,
+                 .act = KERN__ACT_BF16,
+                 .isa = {{REF_MM_, LORA_(bf16, ref), ATTN_(bf16, ref)},
+                         {MM_(bf16, f32, avx2, 3), LORA_(bf16, avx2), ATTN_(bf16, avx2)},
+                         {MM_(bf16, f32, avx512, 3), LORA_(bf16, avx2), ATTN_(bf16, avx512)}},
+                 /* vdpbf16ps on bf16-rounded activations (ADR 0006, session 6 addendum) */
+                 .bf16 = {.gemm = kern_gemm_bf16_bf16_avx512,
+                          .lora_shrink_lowrank = kern_lora_shrink_bf16_bf16_avx512,
+                          .lora_expand_lowrank = kern_lora_expand_bf16_bf16_avx512}},
+    [DT_Q8_0] = {.block = 32, .block_bytes = sizeof(struct quant_q8_0),
+ .to_f32 = kern__row_q8_0,
+                 .act = KERN__ACT_Q8,
+                 .act_offset = 128,
+                 .panels = &q8_0_panels,
+                 .isa = {{REF_MM_, .panel_gemm = kern__panels_via_rows,
+                          .panel_pack = kern__panels_pack_q8_0_ref},
+                         {MM_(q8_0, q8_0, avx2, 5), .panel_gemm = kern__panels_via_rows,
+                          .panel_pack = kern__panels_pack_q8_0_ref},
+                         {MM_(q8_0, q8_0, avx512, 6), .panel_gemm = kern_gemm_q8_0p_q8_0_avx512,
+                          .panel_pack = kern__q8p_pack_avx512}}},
+    [DT_Q4_0] = {.block = 32, .block_bytes = sizeof(struct quant_q4_0),
+ .to_f32 = kern__row_q4_0,
+                 .act = KERN__ACT_Q8,
+                 .act_offset = 8,
+                 .panels = &q4_0_panels,
+                 .isa = {{REF_MM_, .panel_gemm = kern__panels_via_rows,
+                          .panel_pack = kern__panels_pack_q4_0_ref},
+                         {MM_(q4_0, q8_0, avx2, 8), .panel_gemm = kern__panels_via_rows,
+                          .panel_pack = kern__panels_pack_q4_0_ref},
+                         {MM_(q4_0, q8_0, avx512, 4), .panel_gemm = kern_gemm_q4_0p_q8_0_avx512,
+                          .panel_pack = kern__q4p_pack_avx512}}},
+    Q4G_(q4_g64, DT_Q4_G64, 64),
+    Q4G_(q4_g128, DT_Q4_G128, 128),
+    Q4G_(q4z_g32, DT_Q4Z_G32, 32),
+    Q4G_(q4z_g64, DT_Q4Z_G64, 64),
+    Q4G_(q4z_g128, DT_Q4Z_G128, 128),
+};
