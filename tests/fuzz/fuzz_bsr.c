@@ -9,7 +9,7 @@
 #include "fuzz.h"
 
 #include "bsr.h"
-#include "kern.h"
+#include "kern_variants.h"
 #include "log.h"
 
 #include <math.h>
