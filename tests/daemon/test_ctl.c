@@ -10,7 +10,7 @@
 
 #include <string.h>
 
-static int parse(const char *s, struct ctl_msg *m)
+static int parse(const char *s, struct heritage_ctl_msg *m)
 {
     return ctl_parse("worker 3 (pid 77)", s, strlen(s), m);
 }
@@ -18,7 +18,7 @@ static int parse(const char *s, struct ctl_msg *m)
 static void test_good(void **state)
 {
     (void)state;
-    struct ctl_msg m;
+    struct heritage_ctl_msg m;
     assert_int_equal(
         parse("READY=1\nHOT_BYTES=123456789\nHOT_TENSORS=201\nSTATUS=model /m loaded", &m), 0);
     assert_true(m.ready);
@@ -70,7 +70,7 @@ static void test_bad(void **state)
         {"READY=1\0WATCHDOG=1", 18, "NUL byte"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        struct ctl_msg m;
+        struct heritage_ctl_msg m;
         tu_log_capture_begin();
         int rc = ctl_parse("worker 3 (pid 77)", bad[i].msg,
                            bad[i].len ? bad[i].len : strlen(bad[i].msg), &m);
@@ -79,10 +79,10 @@ static void test_bad(void **state)
             fail_msg("case %zu accepted", i);
         tu_assert_log_contains("worker 3 (pid 77)", bad[i].needle, NULL);
     }
-    char big[CTL_MSG_MAX + 2];
+    char big[HERITAGE_CTL_MSG_MAX + 2];
     memset(big, 'a', sizeof big);
     big[0] = 'S';
-    struct ctl_msg m;
+    struct heritage_ctl_msg m;
     tu_log_capture_begin();
     assert_int_equal(ctl_parse("w", big, sizeof big, &m), ERR_FORMAT);
     tu_log_capture_end();

@@ -31,7 +31,7 @@ static bool has(const uint8_t *d, size_t n, const char *key)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     log_set_sink(quiet, NULL);
-    struct ctl_msg m;
+    struct heritage_ctl_msg m;
     int rc = ctl_parse("fuzz", (const char *)data, size, &m);
     if (rc != 0) {
         if (rc > 0 || !log_last_error()[0])
