@@ -218,7 +218,8 @@ static void on_worker_exit(uv_process_t *p, int64_t exit_status, int term_signal
 static void finish_if_stopped(struct sup *s);
 
 /* The worker's command line for slot `ws`, generation `gen` (shm/heritage.h). The strings
- * point into c, ws and `num`; heritage_argv_build copies them. */
+ * point into c and ws; heritage_argv_build copies them. spawn() has refused a configuration
+ * with more than HERITAGE_MAX_ADAPTERS adapters before. */
 static void worker_args(const struct sup *s, const struct workers_slot *ws, uint32_t gen,
                         const struct config *c, struct heritage_args *h)
 {
@@ -261,6 +262,18 @@ static void spawn(struct sup_slot *ss)
     ss->respawn_pending = false;
     ss->kill_reason[0] = '\0';
     ss->ctl_complained = false;
+
+    struct config *c0 = cfg_get(s);
+    size_t n_adapters = c0->n_adapters;
+    config_unref(c0);
+    if (n_adapters > HERITAGE_MAX_ADAPTERS) {
+        /* the worker would refuse such a command line (exit 2): a configuration error */
+        char why[160];
+        snprintf(why, sizeof why, "worker %u: %zu adapters configured, a worker loads at most %d",
+                 ws->index, n_adapters, HERITAGE_MAX_ADAPTERS);
+        crash(ss, why, true);
+        return;
+    }
 
     if ((rc = region_create(ss, gen, &wr, &region_fd)) < 0) {
         char why[160];

@@ -299,7 +299,7 @@ int heritage_env_parse(struct heritage_env *out)
 /* ---- the control socket ---- */
 
 const struct heritage_ctl_key_info heritage_ctl_keys[] = {
-#define HERITAGE_CTL_ROW(id, kind, value, help)                                                     \
+#define HERITAGE_CTL_ROW(id, kind, value, help)                                               \
     {#id, sizeof #id - 1, HERITAGE_CTL_##kind, value, help},
     HERITAGE_CTL_KEYS(HERITAGE_CTL_ROW)
 #undef HERITAGE_CTL_ROW

@@ -57,7 +57,8 @@
     X(control_fd, "control-fd", NUM, "FD", -1, INT32_MAX, REQUIRED,                              \
       "the control socket (READY=1, WATCHDOG=1, ...)")                                           \
     X(region_fd, "region-fd", NUM, "FD", -1, INT32_MAX, REQUIRED, "the shared-memory region")    \
-    X(cpus, "cpus", STR, "LIST", NULL, 0, REQUIRED, "CPUs to run on (\"0-7\"), set before loading") \
+    X(cpus, "cpus", STR, "LIST", NULL, 0, REQUIRED,                                              \
+      "CPUs to run on (\"0-7\"), set before loading")                                           \
     X(mem_node, "mem-node", NUM, "N", -1, 1023, IF_SET,                                          \
       "bind memory to this NUMA node (default: no binding)")                                     \
     X(model_dir, "model-dir", STR, "DIR", NULL, 0, REQUIRED, "the IEBIN model directory")        \
@@ -69,8 +70,8 @@
       "longest prompt accepted")                                                                 \
     X(parent_pid, "parent-pid", NUM, "PID", 0, INT32_MAX, ALWAYS,                                \
       "clocherd's pid: exit at once if it is already gone (0: no check)")                        \
-    X(lora_weights, "lora-weights", STR, HERITAGE_LORA_WEIGHTS_CHOICES, HERITAGE_LORA_WEIGHTS_AUTO, \
-      0, IF_SET, "LoRA weight packing (worker/model/lora.h lora_pack_parse)")                     \
+    X(lora_weights, "lora-weights", STR, HERITAGE_LORA_WEIGHTS_CHOICES,                          \
+      HERITAGE_LORA_WEIGHTS_AUTO, 0, IF_SET, "LoRA weight packing (docs/LORA.md)")               \
     X(adapters, "adapter", LIST, "NAME=DIR", NULL, 0, IF_SET, "load this LoRA adapter at start")
 
 /* --lora-weights values: the worker's lora_pack_parse reads them (it owns their meaning). */

@@ -276,7 +276,8 @@ static void test_ctl_format(void **state)
                                  .has_hot_tensors = true, .hot_tensors = 201};
     snprintf(m.status, sizeof m.status, "model /m loaded");
     size_t n = heritage_ctl_format(&m, buf, sizeof buf);
-    assert_string_equal(buf, "READY=1\nHOT_BYTES=123456789\nHOT_TENSORS=201\nSTATUS=model /m loaded");
+    assert_string_equal(buf,
+                        "READY=1\nHOT_BYTES=123456789\nHOT_TENSORS=201\nSTATUS=model /m loaded");
     assert_int_equal(n, strlen(buf));
     n = heritage_ctl_format(&(struct heritage_ctl_msg){.watchdog = true}, buf, sizeof buf);
     assert_string_equal(buf, "WATCHDOG=1");
