@@ -58,6 +58,14 @@ static const char **str_at(struct heritage_args *a, const struct opt *o)
 {
     return (const char **)(void *)((char *)a + o->off);
 }
+static int64_t num_of(const struct heritage_args *a, const struct opt *o)
+{
+    return *(const int64_t *)(const void *)((const char *)a + o->off);
+}
+static const char *str_of(const struct heritage_args *a, const struct opt *o)
+{
+    return *(const char *const *)(const void *)((const char *)a + o->off);
+}
 
 void heritage_args_init(struct heritage_args *a)
 {
@@ -73,13 +81,12 @@ void heritage_args_init(struct heritage_args *a)
 /* Whether the builder passes option o with the value in a. */
 static bool emitted(const struct heritage_args *a, const struct opt *o)
 {
-    struct heritage_args *m = (struct heritage_args *)a; /* read only */
     if (o->emit != E_IF_SET)
         return true;
     if (o->kind == K_NUM)
-        return *num_at(m, o) != o->dflt_num;
+        return num_of(a, o) != o->dflt_num;
     if (o->kind == K_STR) {
-        const char *v = *str_at(m, o);
+        const char *v = str_of(a, o);
         return v && (!o->dflt_str || strcmp(v, o->dflt_str) != 0);
     }
     return a->n_adapters > 0;
@@ -96,7 +103,6 @@ char **heritage_argv_build(const char *binary, const struct heritage_args *a)
     struct arg3 args[MAX_ARGS];
     char num[N_OPTS][24];
     size_t n = 0;
-    struct heritage_args *m = (struct heritage_args *)a; /* read only */
     args[n++] = (struct arg3){{binary, "", ""}};
     for (size_t i = 0; i < N_OPTS; i++) {
         const struct opt *o = &opts[i];
@@ -111,10 +117,10 @@ char **heritage_argv_build(const char *binary, const struct heritage_args *a)
         }
         args[n++] = (struct arg3){{"--", o->name, ""}};
         if (o->kind == K_NUM) {
-            snprintf(num[i], sizeof num[i], "%" PRId64, *num_at(m, o));
+            snprintf(num[i], sizeof num[i], "%" PRId64, num_of(a, o));
             args[n++] = (struct arg3){{num[i], "", ""}};
         } else {
-            const char *v = *str_at(m, o);
+            const char *v = str_of(a, o);
             args[n++] = (struct arg3){{v ? v : "", "", ""}};
         }
     }
