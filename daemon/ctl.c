@@ -13,45 +13,82 @@ static int bad(const char *who, size_t line, const char *what)
     return ERR_FORMAT;
 }
 
-static bool is_one(const char *v, size_t n) { return n == 1 && v[0] == '1'; }
-
-/* A decimal uint64 of 1..20 digits: NULL and *out, or what is wrong with it ("KEY must be
- * <kind>" / "KEY overflows 64 bits", in a static buffer: the parser is not reentrant there,
- * and its callers log the text at once). */
-static const char *decimal(const char *v, size_t n, const char *key, const char *kind,
-                           uint64_t *out)
+/* A decimal uint64 of 1..20 digits: 0 and *out, -1 (not decimal) or -2 (overflow). */
+static int decimal(const char *v, size_t n, uint64_t *out)
 {
-    static _Thread_local char why[64];
     uint64_t x = 0;
     if (n == 0 || n > 20)
-        goto not_decimal;
+        return -1;
     for (size_t i = 0; i < n; i++) {
         if (v[i] < '0' || v[i] > '9')
-            goto not_decimal;
+            return -1;
         unsigned d = (unsigned)(v[i] - '0');
-        if (x > (UINT64_MAX - d) / 10) {
-            snprintf(why, sizeof why, "%s overflows 64 bits", key);
-            return why;
-        }
+        if (x > (UINT64_MAX - d) / 10)
+            return -2;
         x = x * 10 + d;
     }
     *out = x;
+    return 0;
+}
+
+/* Checks and stores one KEY=VALUE of key k: NULL, or what is wrong (in why[cap]). */
+static const char *apply(enum heritage_ctl_key k, const char *v, size_t vn,
+                         struct heritage_ctl_msg *out, char *why, size_t cap)
+{
+    const struct heritage_ctl_key_info *ki = &heritage_ctl_keys[k];
+    uint64_t x = 0;
+    switch (ki->kind) {
+    case HERITAGE_CTL_FLAG:
+        if (vn != 1 || v[0] != '1')
+            goto bad_value;
+        break;
+    case HERITAGE_CTL_COUNT: {
+        int rc = decimal(v, vn, &x);
+        if (rc == -2) {
+            snprintf(why, cap, "%s overflows 64 bits", ki->name);
+            return why;
+        }
+        if (rc < 0)
+            goto bad_value;
+        break;
+    }
+    case HERITAGE_CTL_TEXT:
+        if (vn >= HERITAGE_CTL_STATUS_MAX) {
+            snprintf(why, cap, "%s longer than %d bytes", ki->name, HERITAGE_CTL_STATUS_MAX - 1);
+            return why;
+        }
+        for (size_t i = 0; i < vn; i++)
+            if ((unsigned char)v[i] < 0x20 || (unsigned char)v[i] >= 0x7f)
+                goto bad_value;
+        break;
+    }
+    switch (k) {
+    case HERITAGE_CTL_READY: out->ready = true; break;
+    case HERITAGE_CTL_WATCHDOG: out->watchdog = true; break;
+    case HERITAGE_CTL_HOT_BYTES: out->hot_bytes = x, out->has_hot_bytes = true; break;
+    case HERITAGE_CTL_HOT_TENSORS: out->hot_tensors = x, out->has_hot_tensors = true; break;
+    case HERITAGE_CTL_STATUS:
+        memcpy(out->status, v, vn);
+        out->status[vn] = '\0';
+        break;
+    case HERITAGE_CTL_NKEYS: break;
+    }
     return NULL;
-not_decimal:
-    snprintf(why, sizeof why, "%s must be %s", key, kind);
+bad_value:
+    snprintf(why, cap, "%s must be %s", ki->name, ki->value);
     return why;
 }
 
-int ctl_parse(const char *who, const char *buf, size_t len, struct ctl_msg *out)
+int ctl_parse(const char *who, const char *buf, size_t len, struct heritage_ctl_msg *out)
 {
     memset(out, 0, sizeof *out);
     if (len == 0)
         return bad(who, 0, "empty");
-    if (len > CTL_MSG_MAX)
+    if (len > HERITAGE_CTL_MSG_MAX)
         return bad(who, 0, "longer than the limit");
     if (memchr(buf, '\0', len))
         return bad(who, 0, "contains a NUL byte");
-    bool seen_ready = false, seen_wd = false, seen_status = false;
+    bool seen[HERITAGE_CTL_NKEYS] = {false};
     size_t line = 0;
     for (size_t at = 0; at < len;) {
         const char *s = buf + at;
@@ -67,45 +104,18 @@ int ctl_parse(const char *who, const char *buf, size_t len, struct ctl_msg *out)
         const char *eq = memchr(s, '=', n);
         if (!eq || eq == s)
             return bad(who, line, "not KEY=VALUE");
-        size_t kn = (size_t)(eq - s), vn = n - kn - 1;
-        const char *v = eq + 1;
-        if (kn == 5 && memcmp(s, "READY", 5) == 0) {
-            if (seen_ready || !is_one(v, vn))
-                return bad(who, line, seen_ready ? "READY given twice" : "READY must be 1");
-            seen_ready = out->ready = true;
-        } else if (kn == 8 && memcmp(s, "WATCHDOG", 8) == 0) {
-            if (seen_wd || !is_one(v, vn))
-                return bad(who, line, seen_wd ? "WATCHDOG given twice" : "WATCHDOG must be 1");
-            seen_wd = out->watchdog = true;
-        } else if (kn == 9 && memcmp(s, "HOT_BYTES", 9) == 0) {
-            if (out->has_hot_bytes)
-                return bad(who, line, "HOT_BYTES given twice");
-            const char *why = decimal(v, vn, "HOT_BYTES", "a decimal byte count", &out->hot_bytes);
-            if (why)
-                return bad(who, line, why);
-            out->has_hot_bytes = true;
-        } else if (kn == 11 && memcmp(s, "HOT_TENSORS", 11) == 0) {
-            if (out->has_hot_tensors)
-                return bad(who, line, "HOT_TENSORS given twice");
-            const char *why =
-                decimal(v, vn, "HOT_TENSORS", "a decimal tensor count", &out->hot_tensors);
-            if (why)
-                return bad(who, line, why);
-            out->has_hot_tensors = true;
-        } else if (kn == 6 && memcmp(s, "STATUS", 6) == 0) {
-            if (seen_status)
-                return bad(who, line, "STATUS given twice");
-            if (vn >= CTL_STATUS_MAX)
-                return bad(who, line, "STATUS longer than 127 bytes");
-            for (size_t i = 0; i < vn; i++)
-                if ((unsigned char)v[i] < 0x20 || (unsigned char)v[i] >= 0x7f)
-                    return bad(who, line, "STATUS must be printable ASCII");
-            memcpy(out->status, v, vn);
-            out->status[vn] = '\0';
-            seen_status = true;
-        } else {
+        size_t kn = (size_t)(eq - s);
+        int k = heritage_ctl_key_find(s, kn);
+        if (k < 0)
             return bad(who, line, "unknown key");
+        char why[96];
+        if (seen[k]) {
+            snprintf(why, sizeof why, "%s given twice", heritage_ctl_keys[k].name);
+            return bad(who, line, why);
         }
+        seen[k] = true;
+        if (apply((enum heritage_ctl_key)k, eq + 1, n - kn - 1, out, why, sizeof why))
+            return bad(who, line, why);
     }
     return 0;
 }

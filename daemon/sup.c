@@ -4,12 +4,13 @@
  *
  * NOTES: single-threaded (the loop thread). A worker process is a uv_process_t allocated per
  * spawn and freed in its close callback, so a respawn never reuses a handle libuv still owns;
- * likewise its control socket's uv_poll_t. Each spawn gets:
- *  - fd 3: one end of a SOCK_SEQPACKET socketpair, the control channel (ctl.h): READY=1,
- *    WATCHDOG=1, HOT_BYTES=, HOT_TENSORS=, STATUS= datagrams. Readiness and liveness come from there, timed
- *    on the supervisor's clock; the supervisor reads no memory a worker writes;
- *  - fd 4: a fresh shm region with the slot's next generation, for the gateway; the
- *    supervisor only creates it and hands it over (workers.h).
+ * likewise its control socket's uv_poll_t. Each spawn gets (shm/heritage.h):
+ *  - HERITAGE_FD_CONTROL: one end of a SOCK_SEQPACKET socketpair, the control channel
+ *    (HERITAGE_CTL_KEYS, parsed by ctl.c). Readiness and liveness come from there, timed on the
+ *    supervisor's clock; the supervisor reads no memory a worker writes;
+ *  - HERITAGE_FD_REGION: a fresh shm region with the slot's next generation, for the gateway;
+ *    the supervisor only creates it and hands it over (workers.h);
+ *  - its command line and environment, built by heritage_argv_build / heritage_env_build.
  * The slot table's atomics are written here only: generation, then pid, then state (release),
  * so a gateway thread that sees READY also sees the generation it belongs to.
  */
@@ -37,8 +38,6 @@
 
 #define SUP_MAGIC 0x53555052u /* "SUPR" */
 #define TICK_MS 100           /* readiness, heartbeat and drain checks */
-#define CONTROL_FD 3          /* the worker's control socket (clocher-worker --control-fd) */
-#define REGION_FD 4           /* its shm region (clocher-worker --region-fd) */
 
 extern char **environ;
 
@@ -176,7 +175,7 @@ static void on_ctl(uv_poll_t *h, int status, int events)
     snprintf(who, sizeof who, "worker %u (pid %d)", ss->ws->index,
              atomic_load(&ss->ws->pid));
     for (;;) {
-        char buf[CTL_MSG_MAX + 1];
+        char buf[HERITAGE_CTL_MSG_MAX + 1];
         ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT | MSG_TRUNC);
         if (n < 0 && errno == EINTR)
             continue;
@@ -187,11 +186,11 @@ static void on_ctl(uv_poll_t *h, int status, int events)
             uv_poll_stop(h);
             break;
         }
-        struct ctl_msg m;
-        if ((size_t)n > CTL_MSG_MAX) {
+        struct heritage_ctl_msg m;
+        if ((size_t)n > HERITAGE_CTL_MSG_MAX) {
             if (!ss->ctl_complained)
                 LOG_ERR("%s: control message of %zd bytes, the limit is %d; ignored", who, n,
-                        CTL_MSG_MAX);
+                        HERITAGE_CTL_MSG_MAX);
             ss->ctl_complained = true;
             continue;
         }
@@ -218,55 +217,33 @@ static void on_ctl(uv_poll_t *h, int status, int events)
 static void on_worker_exit(uv_process_t *p, int64_t exit_status, int term_signal);
 static void finish_if_stopped(struct sup *s);
 
-struct argv_buf {
-    char *v[64 + 2 * 4096];
-    int n;
-    char store[16][64];
-};
-
-static void arg(struct argv_buf *a, const char *s)
+/* The worker's command line for slot `ws`, generation `gen` (shm/heritage.h). The strings
+ * point into c and ws; heritage_argv_build copies them. spawn() has refused a configuration
+ * with more than HERITAGE_MAX_ADAPTERS adapters before. */
+static void worker_args(const struct sup *s, const struct workers_slot *ws, uint32_t gen,
+                        const struct config *c, struct heritage_args *h)
 {
-    CHECK(a->n + 1 < (int)(sizeof a->v / sizeof a->v[0]));
-    a->v[a->n++] = (char *)s;
-    a->v[a->n] = NULL;
-}
-
-static const char *num(struct argv_buf *a, int i, unsigned long long v)
-{
-    CHECK(i < 16);
-    snprintf(a->store[i], sizeof a->store[i], "%llu", v);
-    return a->store[i];
-}
-
-/*
- * Environment of a worker: ours, minus the variables the configuration owns, plus those.
- * NOTIFY_SOCKET and WATCHDOG_* are systemd's contract with clocherd alone.
- */
-static char **worker_env(const struct config *c, char own[2][64])
-{
-    size_t n = 0;
-    while (environ[n])
-        n++;
-    char **env = calloc(n + 5, sizeof *env);
-    if (!env)
-        return NULL;
-    size_t o = 0;
-    static const char *const drop[] = {"IE_HOT_REPLICATE=", "IE_HOT_REPL_LIMIT_MB=",
-                                       "NOTIFY_SOCKET=", "WATCHDOG_USEC=", "WATCHDOG_PID=", NULL};
-    for (size_t i = 0; i < n; i++) {
-        bool skip = false;
-        for (const char *const *d = drop; *d; d++)
-            if (strncmp(environ[i], *d, strlen(*d)) == 0)
-                skip = true;
-        if (!skip)
-            env[o++] = environ[i];
+    heritage_args_init(h);
+    h->slot = ws->index;
+    h->generation = gen;
+    h->control_fd = HERITAGE_FD_CONTROL;
+    h->region_fd = HERITAGE_FD_REGION;
+    h->cpus = ws->cpulist;
+    if (s->opt.numa)
+        h->mem_node = ws->node;
+    h->model_dir = c->model_dir;
+    h->threads = c->threads_per_worker ? c->threads_per_worker : (unsigned)ws->n_cpus;
+    h->kv_budget_mb = (int64_t)c->kv_budget_mb;
+    h->max_queue = c->limits.max_queue;
+    h->max_prompt_tokens = c->limits.max_prompt_tokens;
+    h->parent_pid = getpid();
+    if (c->lora_weights_bf16)
+        h->lora_weights = HERITAGE_LORA_WEIGHTS_BF16;
+    for (size_t i = 0; i < c->n_adapters && i < HERITAGE_MAX_ADAPTERS; i++) {
+        h->adapters_name[i] = c->adapters[i].name;
+        h->adapters_dir[i] = c->adapters[i].dir;
+        h->n_adapters = i + 1;
     }
-    snprintf(own[0], 64, "IE_HOT_REPLICATE=%d", c->hot_replicate ? 1 : 0);
-    snprintf(own[1], 64, "IE_HOT_REPL_LIMIT_MB=%" PRIu64, c->hot_repl_limit_mb);
-    env[o++] = own[0];
-    env[o++] = own[1];
-    env[o] = NULL;
-    return env;
 }
 
 static void close_proc(uv_handle_t *h) { free(h); }
@@ -286,6 +263,18 @@ static void spawn(struct sup_slot *ss)
     ss->kill_reason[0] = '\0';
     ss->ctl_complained = false;
 
+    struct config *c0 = cfg_get(s);
+    size_t n_adapters = c0->n_adapters;
+    config_unref(c0);
+    if (n_adapters > HERITAGE_MAX_ADAPTERS) {
+        /* the worker would refuse such a command line (exit 2): a configuration error */
+        char why[160];
+        snprintf(why, sizeof why, "worker %u: %zu adapters configured, a worker loads at most %d",
+                 ws->index, n_adapters, HERITAGE_MAX_ADAPTERS);
+        crash(ss, why, true);
+        return;
+    }
+
     if ((rc = region_create(ss, gen, &wr, &region_fd)) < 0) {
         char why[160];
         snprintf(why, sizeof why, "worker %u: could not create its shared-memory region: %s",
@@ -303,58 +292,35 @@ static void spawn(struct sup_slot *ss)
     }
 
     struct config *c = cfg_get(s);
-    static struct argv_buf a; /* single-threaded; large: keep it off the stack */
-    a.n = 0;
-    arg(&a, s->worker_binary);
-    arg(&a, "--slot"), arg(&a, num(&a, 0, ws->index));
-    arg(&a, "--generation"), arg(&a, num(&a, 1, gen));
-    arg(&a, "--control-fd"), arg(&a, num(&a, 2, CONTROL_FD));
-    arg(&a, "--region-fd"), arg(&a, num(&a, 3, REGION_FD));
-    arg(&a, "--cpus"), arg(&a, ws->cpulist);
-    if (s->opt.numa)
-        arg(&a, "--mem-node"), arg(&a, num(&a, 4, (unsigned long long)ws->node));
-    arg(&a, "--model-dir"), arg(&a, c->model_dir);
-    arg(&a, "--threads"), arg(&a, num(&a, 5, c->threads_per_worker ? c->threads_per_worker
-                                                                    : (unsigned)ws->n_cpus));
-    arg(&a, "--kv-budget-mb"), arg(&a, num(&a, 6, c->kv_budget_mb));
-    arg(&a, "--max-queue"), arg(&a, num(&a, 7, c->limits.max_queue));
-    arg(&a, "--max-prompt-tokens"), arg(&a, num(&a, 8, c->limits.max_prompt_tokens));
-    arg(&a, "--parent-pid"), arg(&a, num(&a, 9, (unsigned long long)getpid()));
-    if (c->lora_weights_bf16)
-        arg(&a, "--lora-weights"), arg(&a, "bf16");
-    char **adapter_args = calloc(c->n_adapters + 1, sizeof *adapter_args);
-    for (size_t i = 0; adapter_args && i < c->n_adapters; i++) {
-        size_t len = strlen(c->adapters[i].name) + strlen(c->adapters[i].dir) + 2;
-        if (!(adapter_args[i] = malloc(len)))
-            break;
-        snprintf(adapter_args[i], len, "%s=%s", c->adapters[i].name, c->adapters[i].dir);
-        arg(&a, "--adapter"), arg(&a, adapter_args[i]);
-    }
-    char own[2][64];
-    char **env = worker_env(c, own);
+    static struct heritage_args h; /* single-threaded; large: keep it off the stack */
+    worker_args(s, ws, gen, c, &h);
+    char **argv = heritage_argv_build(s->worker_binary, &h);
+    struct heritage_env_store env_store;
+    struct heritage_env he = {.hot_replicate = c->hot_replicate,
+                              .hot_repl_limit_mb = c->hot_repl_limit_mb};
+    char **env = heritage_env_build(environ, &he, &env_store);
 
-    uv_stdio_container_t stdio[REGION_FD + 1] = {
+    /* libuv dup2()s slot i onto fd i in the child (clearing close-on-exec there) */
+    uv_stdio_container_t stdio[HERITAGE_FD_COUNT] = {
         {.flags = UV_IGNORE},
         {.flags = UV_INHERIT_FD, .data.fd = STDOUT_FILENO},
         {.flags = UV_INHERIT_FD, .data.fd = STDERR_FILENO},
-        {.flags = UV_INHERIT_FD, .data.fd = sv[1]},
-        {.flags = UV_INHERIT_FD, .data.fd = region_fd},
+        [HERITAGE_FD_CONTROL] = {.flags = UV_INHERIT_FD, .data.fd = sv[1]},
+        [HERITAGE_FD_REGION] = {.flags = UV_INHERIT_FD, .data.fd = region_fd},
     };
     uv_process_options_t po = {
         .exit_cb = on_worker_exit,
         .file = s->worker_binary,
-        .args = a.v,
+        .args = argv,
         .env = env,
-        .stdio_count = REGION_FD + 1,
+        .stdio_count = HERITAGE_FD_COUNT,
         .stdio = stdio,
     };
     uv_process_t *p = calloc(1, sizeof *p);
     uv_poll_t *poll = calloc(1, sizeof *poll);
-    bool spawned = p && poll && env && adapter_args;
+    bool spawned = p && poll && env && argv;
     rc = spawned ? uv_spawn(s->loop, p, &po) : UV_ENOMEM;
-    for (size_t i = 0; adapter_args && i < c->n_adapters; i++)
-        free(adapter_args[i]);
-    free(adapter_args);
+    free(argv);
     free(env);
     config_unref(c);
     close(sv[1]); /* the child's end: it has its own copy now */
@@ -415,7 +381,7 @@ static void on_respawn_timer(uv_timer_t *t)
 
 /*
  * A generation ended (or never began): decide between respawn and giving up. `fatal` = the
- * worker said respawning cannot help (exit 2) or it cannot be executed at all.
+ * worker said respawning cannot help (HERITAGE_EXIT_FATAL) or it cannot be executed at all.
  */
 static void crash(struct sup_slot *ss, const char *reason, bool fatal)
 {
@@ -479,8 +445,8 @@ static void on_worker_exit(uv_process_t *p, int64_t exit_status, int term_signal
     int pid = p->pid;
 
     bool asked = s->stopping;
-    bool fatal = !term_signal && exit_status == SUP_EXIT_FATAL;
-    if (!asked && !term_signal && exit_status == 0 && !ss->kill_reason[0])
+    bool fatal = !term_signal && exit_status == HERITAGE_EXIT_FATAL;
+    if (!asked && !term_signal && exit_status == HERITAGE_EXIT_OK && !ss->kill_reason[0])
         /* nobody asked it to stop: handled like a crash, so a worker that keeps exiting
          * cleanly cannot spin either */
         snprintf(ss->kill_reason, sizeof ss->kill_reason, "without being asked to stop");

@@ -6,22 +6,27 @@
  * WATCHDOG/STATUS). docs/DAEMON.md describes the behaviour; daemon/workers.h what the gateway
  * sees of it.
  *
+ * What a worker inherits (argv, descriptors, environment) and the statuses it exits with are
+ * the contract in shm/heritage.h; readiness and liveness come from its control socket.
+ *
  * NOTES: everything here runs on the libuv loop thread given to sup_create. The supervisor
- * writes the slot table's atomics (workers.h); it reads only the state word and heartbeat of
- * each worker's region header, never ring payloads. Signal handling is uv_signal_t only.
+ * writes the slot table's atomics (workers.h); it creates each worker's region but never reads
+ * it (PostgreSQL's postmaster rule: no memory a worker writes). Signal handling is uv_signal_t
+ * only.
  */
 #ifndef CLOCHER_DAEMON_SUP_H
 #define CLOCHER_DAEMON_SUP_H
 
+#include "heritage.h"
 #include "workers.h"
 
 #include <stdbool.h>
 #include <uv.h>
 
-/* Exit statuses of clocher-worker (and of clocherd itself). */
-#define SUP_EXIT_OK 0
-#define SUP_EXIT_FAILURE 1
-#define SUP_EXIT_FATAL 2 /* configuration or model error: respawning cannot help */
+/* clocherd's own exit statuses: the worker's (shm/heritage.h), with the same meaning. */
+#define SUP_EXIT_OK HERITAGE_EXIT_OK
+#define SUP_EXIT_FAILURE HERITAGE_EXIT_FAILURE
+#define SUP_EXIT_FATAL HERITAGE_EXIT_FATAL /* configuration or model error: retrying cannot help */
 
 struct sup_options {
     const char *config_path;        /* NULL: no file (SIGHUP has nothing to re-read) */

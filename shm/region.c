@@ -144,14 +144,14 @@ static void region_free(struct shm_region *r)
     free(r);
 }
 
-/* Writes this side's line: pid first, state last (release), so a peer that sees the state also
- * sees the pid. */
+/* Writes this side's line: pid first, state last (L1 in shm_abi.h), so a peer that sees the
+ * state also sees the pid. */
 static void announce(struct shm_region *r)
 {
     struct shm_side *me = line(r, r->side);
     atomic_store_explicit(&me->pid, (int32_t)getpid(), memory_order_relaxed);
     shm_region_heartbeat(r);
-    atomic_store_explicit(&me->state, SHM_STATE_ATTACHED, memory_order_release);
+    atomic_store_explicit(&me->state, SHM_STATE_ATTACHED, memory_order_release); /* L1 */
 }
 
 int shm_region_create(uint32_t generation, uint32_t max_record, struct shm_region **out)
@@ -290,8 +290,10 @@ static int check_identity(int fd, const struct shm_hdr *id, uint32_t generation,
 
 static int check_fresh(int fd, struct shm_hdr *h)
 {
-    int32_t gpid = atomic_load_explicit(&h->sides[SHM_SIDE_GATEWAY].pid, memory_order_relaxed);
+    /* L2: the gateway's state first, then the pid its L1 published (the gateway announced
+     * before the fd reached us, so this order matters only against a corrupt peer) */
     uint32_t gst = atomic_load_explicit(&h->sides[SHM_SIDE_GATEWAY].state, memory_order_acquire);
+    int32_t gpid = atomic_load_explicit(&h->sides[SHM_SIDE_GATEWAY].pid, memory_order_relaxed);
     if (gpid <= 0)
         return bad(fd, ERR_FORMAT, "gateway pid %" PRId32 " is not a process id", gpid);
     if (gst == SHM_STATE_CLOSED)
@@ -300,6 +302,7 @@ static int check_fresh(int fd, struct shm_hdr *h)
     if (gst < SHM_STATE_ATTACHED || gst > SHM_STATE_DRAINING)
         return bad(fd, ERR_FORMAT, "gateway state %" PRIu32 " is not a state", gst);
     int32_t wpid = atomic_load_explicit(&h->sides[SHM_SIDE_WORKER].pid, memory_order_relaxed);
+    /* relaxed: both must still be 0, nothing is published with them yet */
     uint32_t wst = atomic_load_explicit(&h->sides[SHM_SIDE_WORKER].state, memory_order_relaxed);
     if (wst != SHM_STATE_NONE || wpid != 0)
         return bad(fd, ERR_STATE, "already attached by a worker (pid %" PRId32 ", state %" PRIu32
@@ -374,6 +377,7 @@ void shm_region_close(struct shm_region *r)
     if (!r)
         return;
     CHECK(r->magic == REGION_MAGIC);
+    /* L1: after our last record; the wakes (W1) let a sleeping peer see it at once */
     atomic_store_explicit(&line(r, r->side)->state, SHM_STATE_CLOSED, memory_order_release);
     for (int i = 0; i < SHM_RINGS; i++)
         shm_ring_wake_all(&r->hdr->ctl[i]);
@@ -400,6 +404,7 @@ struct shm_ring *shm_region_rx(struct shm_region *r) { return &r->rx; }
 void shm_region_heartbeat(struct shm_region *r)
 {
     struct shm_side *me = line(r, r->side);
+    /* relaxed: a clock sample; L1 orders it before a state change that relies on it */
     atomic_store_explicit(&me->heartbeat_ns, shm__now_ns(), memory_order_relaxed);
     atomic_fetch_add_explicit(&me->heartbeats, 1, memory_order_relaxed);
 }
@@ -410,7 +415,7 @@ void shm_region_set_state(struct shm_region *r, enum shm_state state)
     /* heartbeat first: a peer that sees READY (and so starts judging our heartbeat) sees a
      * fresh one, however long we were silent before */
     shm_region_heartbeat(r);
-    atomic_store_explicit(&line(r, r->side)->state, state, memory_order_release);
+    atomic_store_explicit(&line(r, r->side)->state, state, memory_order_release); /* L1 */
 }
 
 int shm_region_set_peer_pid(struct shm_region *r, pid_t pid)
@@ -479,7 +484,7 @@ static int check_peer_locked(struct shm_region *r)
     if (r->gone)
         return -EPIPE;
     struct shm_side *ps = line(r, peer_of(r));
-    uint32_t st = atomic_load_explicit(&ps->state, memory_order_acquire);
+    uint32_t st = atomic_load_explicit(&ps->state, memory_order_acquire); /* L2 */
     int32_t pid = atomic_load_explicit(&ps->pid, memory_order_relaxed);
     uint64_t hb = atomic_load_explicit(&ps->heartbeat_ns, memory_order_relaxed);
     if (st > SHM_STATE_CLOSED)
@@ -528,7 +533,7 @@ void shm_region_peer(struct shm_region *r, struct shm_peer *out)
     pthread_mutex_lock(&r->mu);
     check_peer_locked(r);
     struct shm_side *ps = line(r, peer_of(r));
-    uint32_t st = atomic_load_explicit(&ps->state, memory_order_acquire);
+    uint32_t st = atomic_load_explicit(&ps->state, memory_order_acquire); /* L2 */
     uint64_t hb = atomic_load_explicit(&ps->heartbeat_ns, memory_order_relaxed);
     uint64_t now = shm__now_ns();
     out->pid = r->peer_pid;

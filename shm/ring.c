@@ -1,18 +1,10 @@
 /*
  * ring.c — the SPSC record ring (ring.h, docs/SHM.md).
  *
- * NOTES on ordering. Labels pair each release with the acquire it publishes to:
- *   R1/A1  the producer writes a record, then stores tail (R1); the consumer loads tail (A1)
- *          before reading the header and payload: it sees every byte written before R1.
- *   R2/A2  the consumer copies a record out, then stores head (R2); the producer loads head
- *          (A2) before reusing those bytes: it never overwrites what is still being read.
- *   S1/S2  sleeping without lost wake-ups (Dekker): a waiter stores its `waiting` flag then
- *          re-loads the other end's counter (S1); the other end stores its counter then loads
- *          the flag (S2). These four accesses are seq_cst, so at least one side sees the
- *          other's store: either the waiter sees the progress and does not sleep, or the other
- *          end sees the flag and wakes it. Hence R1 and R2 are seq_cst stores (a release plus
- *          the store-load order S2 needs). The futex word is read before the flag is set, so a
- *          wake that lands between the check and the sleep makes FUTEX_WAIT return at once.
+ * NOTES on ordering: the rules and their labels (R1/A1, R2/A2, S1/S2, W1/W2, BRK) are part of
+ * the ABI and defined in shm_abi.h, "Ordering"; each atomic access below names its label. The
+ * futex word is read before the flag is set, so a wake that lands between the check and the
+ * sleep makes FUTEX_WAIT return at once.
  * Fast path: a store and a load of a flag that is almost always 0 — no system call per record.
  * A sleeper wakes every slice_ns to run the peer check, so a dead peer is noticed even though
  * it will never wake us.
@@ -120,11 +112,12 @@ void shm_ring_set_slice_ns(struct shm_ring *r, uint64_t ns)
 
 bool shm_ring_broken(const struct shm_ring *r)
 {
-    return r->broken || atomic_load_explicit(&r->ctl->broken, memory_order_relaxed) != 0;
+    return r->broken || atomic_load_explicit(&r->ctl->broken, memory_order_relaxed) != 0; /* BRK */
 }
 
 void shm_ring_wake_all(struct shm_ring_ctl *ctl)
 {
+    /* W1: what the caller announced (CLOSED, broken) before these bumps */
     atomic_fetch_add_explicit(&ctl->data_seq, 1, memory_order_release);
     atomic_fetch_add_explicit(&ctl->space_seq, 1, memory_order_release);
     shm__futex_wake(&ctl->data_seq);
@@ -149,7 +142,7 @@ void shm_ring_mark_broken(struct shm_ring *r)
 {
     r->broken = true;
     r->reserved = false;
-    atomic_store_explicit(&r->ctl->broken, 1, memory_order_relaxed);
+    atomic_store_explicit(&r->ctl->broken, 1, memory_order_relaxed); /* BRK */
     shm_ring_wake_all(r->ctl);
 }
 
@@ -159,7 +152,7 @@ static int check_usable(struct shm_ring *r)
     CHECK(r->magic == SHM_RING_MAGIC);
     if (r->broken)
         return ERR_STATE;
-    if (atomic_load_explicit(&r->ctl->broken, memory_order_relaxed) != 0) {
+    if (atomic_load_explicit(&r->ctl->broken, memory_order_relaxed) != 0) { /* BRK */
         LOG_ERR("%s: the other end found the ring corrupt and gave up on it", r->name);
         r->broken = true;
         r->reserved = false;
@@ -171,11 +164,12 @@ static int check_usable(struct shm_ring *r)
 /* Wakes the other end if it sleeps on `word` (S2: the caller's counter store came before). */
 static void wake_if_waiting(struct shm_ring *r, _Atomic uint32_t *waiting, _Atomic uint32_t *word)
 {
-    if (atomic_load_explicit(waiting, memory_order_seq_cst) == 0)
+    if (atomic_load_explicit(waiting, memory_order_seq_cst) == 0) /* S2 */
         return;
+    /* relaxed: the flag only elects one waker; the bump below carries the ordering */
     if (atomic_exchange_explicit(waiting, 0, memory_order_relaxed) == 0)
         return; /* it woke by itself meanwhile */
-    atomic_fetch_add_explicit(word, 1, memory_order_release);
+    atomic_fetch_add_explicit(word, 1, memory_order_release); /* W1 */
     shm__futex_wake(word);
     r->stats.wakes++;
 }
@@ -404,7 +398,7 @@ static int wait_until(struct shm_ring *r, int (*ready)(struct shm_ring *, uint32
         int rc = check_usable(r);
         if (rc < 0)
             return rc;
-        if ((rc = ready(r, arg, memory_order_acquire)) != 0)
+        if ((rc = ready(r, arg, memory_order_acquire)) != 0) /* A1 (readable) / A2 (writable) */
             return rc < 0 ? rc : 0;
         if (spin < SPIN && timeout_ns != 0) {
             cpu_relax();
@@ -415,10 +409,10 @@ static int wait_until(struct shm_ring *r, int (*ready)(struct shm_ring *, uint32
         uint64_t now = shm__now_ns();
         if (now >= deadline)
             return -ETIMEDOUT;
-        uint32_t seen = atomic_load_explicit(word, memory_order_acquire);
+        uint32_t seen = atomic_load_explicit(word, memory_order_acquire); /* W2 */
         atomic_store_explicit(waiting, 1, memory_order_seq_cst); /* S1 */
-        if ((rc = ready(r, arg, memory_order_seq_cst)) != 0) {
-            atomic_store_explicit(waiting, 0, memory_order_relaxed);
+        if ((rc = ready(r, arg, memory_order_seq_cst)) != 0) { /* S1's re-check */
+            atomic_store_explicit(waiting, 0, memory_order_relaxed); /* our flag: orders nothing */
             return rc < 0 ? rc : 0;
         }
         uint64_t slice = deadline - now < r->slice_ns ? deadline - now : r->slice_ns;

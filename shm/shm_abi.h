@@ -1,10 +1,15 @@
 /*
  * shm_abi.h — THE cross-process contract between clocherd (the gateway side) and one
  * clocher-worker: the layout of the shared-memory region they share, of its two rings and of
- * every record the rings carry. Both processes are built from the same tree and run on the
- * same host, so fields are in host byte order; everything else is pinned down here: fixed-width
- * fields, offsets (never pointers), explicit padding, and a static_assert on the size and the
- * offset of every field a peer reads. Changing anything below means bumping SHM_ABI_VERSION.
+ * every record the rings carry, and the memory ordering between the two sides ("Ordering"
+ * below). (What a worker inherits besides the region — argv, descriptors, exit statuses,
+ * control socket — is heritage.h.) Both processes run on the same host, so fields are in host
+ * byte order; they need not come from the same build (clocherd runs whichever clocher-worker
+ * --worker-binary names), which is what the header's abi_version and hdr_size catch at attach.
+ * Everything else is pinned down here: fixed-width fields, offsets (never pointers), explicit
+ * padding, and a static_assert on the size of every shared struct and the offset of every
+ * field a peer reads (at the end of this file). Changing anything below means bumping
+ * SHM_ABI_VERSION.
  *
  * Region (one memfd per worker generation, docs/SHM.md):
  *
@@ -19,6 +24,41 @@
  * peer writes (counters, record headers, records) before using it (ring.c, msg.c). Shared
  * counters are C11 atomics; the static_asserts below require them to be lock-free (hence
  * address-free, as C11 recommends), which is what makes them valid across processes.
+ *
+ * Ordering. Which release publishes what to which acquire, between the two sides (region.c and
+ * ring.c implement it and name these labels where they do):
+ *
+ *   ID     The identity (struct shm_hdr lines 0-1, the ring descriptors) is written by the
+ *          creator before the memfd leaves its process; the fork+exec that passes it orders
+ *          those plain stores before every read by the worker. Nobody writes it again; each
+ *          side copies it once at create/attach and never re-reads it.
+ *   L1/L2  struct shm_side, written only by its own side: pid and a heartbeat first (relaxed),
+ *          then state (L1, store-release). The peer loads state first (L2, load-acquire), then
+ *          pid and heartbeat (relaxed): a peer that sees ATTACHED sees the pid that goes with
+ *          it, and one that sees READY or DRAINING sees a heartbeat at least as recent as that
+ *          state change (shm_region_set_state heartbeats just before it), so a long silence
+ *          before READY never reads as stale. CLOSED is stored the same way (L1), after the
+ *          side's last record, so a peer that sees CLOSED sees everything sent before it.
+ *          Heartbeats alone are relaxed: a clock sample ordered with nothing, judged against a
+ *          limit of seconds.
+ *   R1/A1  The producer writes a record, then stores tail (R1, release); the consumer loads
+ *          tail (A1, acquire) before reading the header and payload: it sees every byte
+ *          written before R1.
+ *   R2/A2  The consumer copies a record out, then stores head (R2, release); the producer loads
+ *          head (A2, acquire) before reusing those bytes: it never overwrites what is still
+ *          being read.
+ *   S1/S2  Sleeping without lost wake-ups (Dekker): a waiter stores its `waiting` flag, then
+ *          re-loads the other end's counter (S1); the other end stores its counter, then loads
+ *          the flag (S2). These four accesses are seq_cst, so at least one side sees the
+ *          other's store: the waiter sees the progress and does not sleep, or the other end
+ *          sees the flag and wakes it. Hence R1 and R2 are seq_cst stores (a release plus the
+ *          store-load order S2 needs).
+ *   W1/W2  A waker bumps the futex word (data_seq/space_seq) with a release (W1) after what it
+ *          announces (new records, a CLOSED state, a broken ring); the sleeper loads the word
+ *          with an acquire before it sleeps (W2): a sleeper that sees the bump sees what came
+ *          before it, and FUTEX_WAIT on the old value returns at once.
+ *   BRK    `broken` is a flag that publishes nothing (relaxed both ways): a side that sets it
+ *          stops using the ring; the other sees it at its next call, or at once through W1.
  */
 #ifndef CLOCHER_SHM_SHM_ABI_H
 #define CLOCHER_SHM_SHM_ABI_H
@@ -313,6 +353,9 @@ struct shm_wire_hello {
 
 /* ---- the layout is the contract: pin it ---- */
 
+#define SHM_PIN(type, field, off)                                                                  \
+    static_assert(offsetof(struct type, field) == (off), #type "." #field " moved")
+
 static_assert(ATOMIC_INT_LOCK_FREE == 2 && ATOMIC_LLONG_LOCK_FREE == 2,
               "shared-memory atomics must be lock-free (address-free) across processes");
 static_assert(sizeof(_Atomic uint64_t) == 8 && sizeof(_Atomic uint32_t) == 4 &&
@@ -334,7 +377,6 @@ static_assert(offsetof(struct shm_ring_ctl, space_seq) == SHM_LINE + 8, "abi");
 static_assert(offsetof(struct shm_ring_ctl, cons_waiting) == SHM_LINE + 12, "abi");
 static_assert(offsetof(struct shm_ring_ctl, broken) == 2 * SHM_LINE, "abi");
 
-static_assert(sizeof(struct shm_ring_desc) == 16, "abi");
 static_assert(offsetof(struct shm_hdr, magic) == 0, "magic first");
 static_assert(offsetof(struct shm_hdr, abi_version) == 4, "abi");
 static_assert(offsetof(struct shm_hdr, hdr_size) == 8, "abi");
@@ -342,6 +384,7 @@ static_assert(offsetof(struct shm_hdr, generation) == 12, "abi");
 static_assert(offsetof(struct shm_hdr, region_size) == 16, "abi");
 static_assert(offsetof(struct shm_hdr, max_record) == 24, "abi");
 static_assert(offsetof(struct shm_hdr, rings) == 32, "abi");
+static_assert(offsetof(struct shm_hdr, reserved0) == 28, "abi");
 static_assert(offsetof(struct shm_hdr, sides) == 2 * SHM_LINE, "sides start at line 2");
 static_assert(offsetof(struct shm_hdr, ctl) == 4 * SHM_LINE, "ring controls start at line 4");
 static_assert(sizeof(struct shm_hdr) == 10 * SHM_LINE, "abi");
@@ -349,29 +392,105 @@ static_assert(sizeof(struct shm_hdr) <= SHM_HDR_SIZE, "the header fits its page"
 
 static_assert(sizeof(struct shm_rec_hdr) == 16 && sizeof(struct shm_rec_hdr) == SHM_REC_ALIGN,
               "a record header is one alignment unit");
-static_assert(offsetof(struct shm_rec_hdr, type) == 4 && offsetof(struct shm_rec_hdr, seq) == 8,
-              "abi");
+SHM_PIN(shm_rec_hdr, len, 0);
+SHM_PIN(shm_rec_hdr, type, 4);
+SHM_PIN(shm_rec_hdr, seq, 8);
 
+/* Every payload field at its offset: a peer decodes these from its own build. */
+static_assert(sizeof(struct shm_ring_desc) == 16, "abi");
+SHM_PIN(shm_ring_desc, data_offset, 0);
+SHM_PIN(shm_ring_desc, capacity, 8);
 static_assert(sizeof(struct shm_wire_generate) == 96, "abi");
-static_assert(offsetof(struct shm_wire_generate, temperature) == 32, "abi");
-static_assert(offsetof(struct shm_wire_generate, top_k) == 52, "abi");
-static_assert(offsetof(struct shm_wire_generate, priority) == 64, "abi");
-static_assert(offsetof(struct shm_wire_generate, n_prompt_ids) == 72, "abi");
-static_assert(offsetof(struct shm_wire_generate, stop_bytes) == 88, "abi");
+SHM_PIN(shm_wire_generate, request_id, 0);
+SHM_PIN(shm_wire_generate, tenant_id, 8);
+SHM_PIN(shm_wire_generate, deadline_ns, 16);
+SHM_PIN(shm_wire_generate, seed, 24);
+SHM_PIN(shm_wire_generate, temperature, 32);
+SHM_PIN(shm_wire_generate, top_p, 36);
+SHM_PIN(shm_wire_generate, min_p, 40);
+SHM_PIN(shm_wire_generate, repeat_penalty, 44);
+SHM_PIN(shm_wire_generate, adapter_scale, 48);
+SHM_PIN(shm_wire_generate, top_k, 52);
+SHM_PIN(shm_wire_generate, repeat_window, 56);
+SHM_PIN(shm_wire_generate, max_tokens, 60);
+SHM_PIN(shm_wire_generate, priority, 64);
+SHM_PIN(shm_wire_generate, flags, 68);
+SHM_PIN(shm_wire_generate, n_prompt_ids, 72);
+SHM_PIN(shm_wire_generate, prompt_text_len, 76);
+SHM_PIN(shm_wire_generate, adapter_len, 80);
+SHM_PIN(shm_wire_generate, n_stop, 84);
+SHM_PIN(shm_wire_generate, stop_bytes, 88);
+SHM_PIN(shm_wire_generate, reserved, 92);
 static_assert(sizeof(struct shm_wire_id) == 8, "abi");
+SHM_PIN(shm_wire_id, request_id, 0);
 static_assert(sizeof(struct shm_wire_tokenize) == 16, "abi");
+SHM_PIN(shm_wire_tokenize, request_id, 0);
+SHM_PIN(shm_wire_tokenize, flags, 8);
+SHM_PIN(shm_wire_tokenize, text_len, 12);
 static_assert(sizeof(struct shm_wire_ids) == 16, "abi");
+SHM_PIN(shm_wire_ids, request_id, 0);
+SHM_PIN(shm_wire_ids, n_ids, 8);
+SHM_PIN(shm_wire_ids, reserved, 12);
 static_assert(sizeof(struct shm_wire_adapter_load) == 16, "abi");
+SHM_PIN(shm_wire_adapter_load, request_id, 0);
+SHM_PIN(shm_wire_adapter_load, name_len, 8);
+SHM_PIN(shm_wire_adapter_load, path_len, 12);
 static_assert(sizeof(struct shm_wire_name) == 16, "abi");
+SHM_PIN(shm_wire_name, request_id, 0);
+SHM_PIN(shm_wire_name, name_len, 8);
+SHM_PIN(shm_wire_name, reserved, 12);
 static_assert(sizeof(struct shm_wire_token) == 16, "abi");
-static_assert(offsetof(struct shm_wire_token, token) == 8, "abi");
+SHM_PIN(shm_wire_token, request_id, 0);
+SHM_PIN(shm_wire_token, token, 8);
+SHM_PIN(shm_wire_token, text_len, 12);
 static_assert(sizeof(struct shm_wire_finish) == 56, "abi");
-static_assert(offsetof(struct shm_wire_finish, queue_ns) == 24, "abi");
+SHM_PIN(shm_wire_finish, request_id, 0);
+SHM_PIN(shm_wire_finish, reason, 8);
+SHM_PIN(shm_wire_finish, prompt_tokens, 12);
+SHM_PIN(shm_wire_finish, completion_tokens, 16);
+SHM_PIN(shm_wire_finish, cached_tokens, 20);
+SHM_PIN(shm_wire_finish, queue_ns, 24);
+SHM_PIN(shm_wire_finish, ttft_ns, 32);
+SHM_PIN(shm_wire_finish, tpot_ns, 40);
+SHM_PIN(shm_wire_finish, e2e_ns, 48);
 static_assert(sizeof(struct shm_wire_error) == 16, "abi");
+SHM_PIN(shm_wire_error, request_id, 0);
+SHM_PIN(shm_wire_error, code, 8);
+SHM_PIN(shm_wire_error, message_len, 12);
 static_assert(sizeof(struct shm_wire_text) == 16, "abi");
+SHM_PIN(shm_wire_text, request_id, 0);
+SHM_PIN(shm_wire_text, text_len, 8);
+SHM_PIN(shm_wire_text, reserved, 12);
 static_assert(sizeof(struct shm_wire_adapter) == 32, "abi");
+SHM_PIN(shm_wire_adapter, request_id, 0);
+SHM_PIN(shm_wire_adapter, rank, 8);
+SHM_PIN(shm_wire_adapter, alpha, 12);
+SHM_PIN(shm_wire_adapter, targets, 16);
+SHM_PIN(shm_wire_adapter, active_requests, 20);
+SHM_PIN(shm_wire_adapter, name_len, 24);
+SHM_PIN(shm_wire_adapter, reserved, 28);
 static_assert(sizeof(struct shm_wire_stats) == 96, "abi");
-static_assert(offsetof(struct shm_wire_stats, kv_blocks_total) == 16, "abi");
+SHM_PIN(shm_wire_stats, request_id, 0);
+SHM_PIN(shm_wire_stats, running, 8);
+SHM_PIN(shm_wire_stats, waiting, 12);
+SHM_PIN(shm_wire_stats, kv_blocks_total, 16);
+SHM_PIN(shm_wire_stats, kv_blocks_used, 24);
+SHM_PIN(shm_wire_stats, kv_blocks_cached, 32);
+SHM_PIN(shm_wire_stats, prefix_hit_tokens, 40);
+SHM_PIN(shm_wire_stats, prefix_miss_tokens, 48);
+SHM_PIN(shm_wire_stats, preemptions, 56);
+SHM_PIN(shm_wire_stats, requests_finished, 64);
+SHM_PIN(shm_wire_stats, tokens_generated, 72);
+SHM_PIN(shm_wire_stats, tokens_prefilled, 80);
+SHM_PIN(shm_wire_stats, rss_bytes, 88);
 static_assert(sizeof(struct shm_wire_hello) == 40, "abi");
+SHM_PIN(shm_wire_hello, request_id, 0);
+SHM_PIN(shm_wire_hello, parameters, 8);
+SHM_PIN(shm_wire_hello, vocab_size, 16);
+SHM_PIN(shm_wire_hello, context_length, 20);
+SHM_PIN(shm_wire_hello, name_len, 24);
+SHM_PIN(shm_wire_hello, arch_len, 28);
+SHM_PIN(shm_wire_hello, dtype_len, 32);
+SHM_PIN(shm_wire_hello, reserved, 36);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * test_ctl.c — the worker → supervisor control datagrams (daemon/ctl.c): what a worker sends
  * parses; every malformed message is refused with a message naming the worker, the line and
- * the fault.
+ * the fault; whatever the worker's formatter (shm/heritage.h heritage_ctl_format) produces
+ * parses back to the same content.
  */
 #include "testutil.h"
 
@@ -10,7 +11,7 @@
 
 #include <string.h>
 
-static int parse(const char *s, struct ctl_msg *m)
+static int parse(const char *s, struct heritage_ctl_msg *m)
 {
     return ctl_parse("worker 3 (pid 77)", s, strlen(s), m);
 }
@@ -18,7 +19,7 @@ static int parse(const char *s, struct ctl_msg *m)
 static void test_good(void **state)
 {
     (void)state;
-    struct ctl_msg m;
+    struct heritage_ctl_msg m;
     assert_int_equal(
         parse("READY=1\nHOT_BYTES=123456789\nHOT_TENSORS=201\nSTATUS=model /m loaded", &m), 0);
     assert_true(m.ready);
@@ -70,7 +71,7 @@ static void test_bad(void **state)
         {"READY=1\0WATCHDOG=1", 18, "NUL byte"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        struct ctl_msg m;
+        struct heritage_ctl_msg m;
         tu_log_capture_begin();
         int rc = ctl_parse("worker 3 (pid 77)", bad[i].msg,
                            bad[i].len ? bad[i].len : strlen(bad[i].msg), &m);
@@ -79,10 +80,10 @@ static void test_bad(void **state)
             fail_msg("case %zu accepted", i);
         tu_assert_log_contains("worker 3 (pid 77)", bad[i].needle, NULL);
     }
-    char big[CTL_MSG_MAX + 2];
+    char big[HERITAGE_CTL_MSG_MAX + 2];
     memset(big, 'a', sizeof big);
     big[0] = 'S';
-    struct ctl_msg m;
+    struct heritage_ctl_msg m;
     tu_log_capture_begin();
     assert_int_equal(ctl_parse("w", big, sizeof big, &m), ERR_FORMAT);
     tu_log_capture_end();
@@ -98,8 +99,41 @@ static void test_bad(void **state)
     tu_assert_log_contains("longer than 127 bytes", NULL);
 }
 
+/* Every subset of the keys, extreme values, the longest status: format → parse is identity
+ * (the two sides of the control socket cannot drift apart on a key, a limit or a separator). */
+static void test_roundtrip(void **state)
+{
+    (void)state;
+    for (unsigned set = 0; set < 1u << HERITAGE_CTL_NKEYS; set++) {
+        for (int variant = 0; variant < 2; variant++) {
+            struct heritage_ctl_msg m, back;
+            memset(&m, 0, sizeof m); /* padding too: compared byte for byte below */
+            m.ready = set & 1u << HERITAGE_CTL_READY;
+            m.watchdog = set & 1u << HERITAGE_CTL_WATCHDOG;
+            m.has_hot_bytes = set & 1u << HERITAGE_CTL_HOT_BYTES;
+            m.hot_bytes = m.has_hot_bytes ? (variant ? UINT64_MAX : 0) : 0;
+            m.has_hot_tensors = set & 1u << HERITAGE_CTL_HOT_TENSORS;
+            m.hot_tensors = m.has_hot_tensors ? (variant ? UINT64_MAX : 7) : 0;
+            if (set & 1u << HERITAGE_CTL_STATUS) {
+                if (variant)
+                    memset(m.status, '~', sizeof m.status - 1);
+                else
+                    strcpy(m.status, "model /m loaded");
+            }
+            char buf[HERITAGE_CTL_MSG_MAX + 1];
+            size_t n = heritage_ctl_format(&m, buf, sizeof buf);
+            if (n == 0)
+                continue; /* nothing to say: the worker sends no empty datagram */
+            if (ctl_parse("w", buf, n, &back) != 0)
+                fail_msg("set %#x variant %d: \"%s\" refused", set, variant, buf);
+            assert_memory_equal(&m, &back, sizeof m);
+        }
+    }
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_good), cmocka_unit_test(test_bad)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_good), cmocka_unit_test(test_bad),
+                                       cmocka_unit_test(test_roundtrip)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

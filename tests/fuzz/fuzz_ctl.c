@@ -31,7 +31,7 @@ static bool has(const uint8_t *d, size_t n, const char *key)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     log_set_sink(quiet, NULL);
-    struct ctl_msg m;
+    struct heritage_ctl_msg m;
     int rc = ctl_parse("fuzz", (const char *)data, size, &m);
     if (rc != 0) {
         if (rc > 0 || !log_last_error()[0])
@@ -45,7 +45,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)m.status[i] < 0x20 || (unsigned char)m.status[i] >= 0x7f)
             abort();
-    if ((m.ready && !has(data, size, "READY=1")) || (m.watchdog && !has(data, size, "WATCHDOG=1")) ||
+    if ((m.ready && !has(data, size, "READY=1")) ||
+        (m.watchdog && !has(data, size, "WATCHDOG=1")) ||
         (m.has_hot_bytes && !has(data, size, "HOT_BYTES=")) || (n && !has(data, size, "STATUS=")))
         abort();
     return 0;

@@ -14,6 +14,7 @@
 #include "dtype.h"
 #include "engine.h"
 #include "err.h"
+#include "heritage.h"
 #include "hotrepl.h"
 #include "iebin.h"
 #include "log.h"
@@ -166,21 +167,16 @@ static uint64_t now_ns(void)
 
 static bool stopping(const struct serve *s) { return s->o.stop && *s->o.stop; }
 
-/* One control datagram (daemon/ctl.h). Non-blocking: a supervisor too busy to read loses a
- * WATCHDOG, never our loop. A supervisor gone ends the worker: nobody would route to it. */
-static int ctl_send(struct serve *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int ctl_send(struct serve *s, const char *fmt, ...)
+/* One control datagram (shm/heritage.h, parsed by daemon/ctl.c). Non-blocking: a supervisor
+ * too busy to read loses a WATCHDOG, never our loop. A supervisor gone ends the worker: nobody
+ * would route to it. */
+static int ctl_send(struct serve *s, const struct heritage_ctl_msg *m)
 {
     if (s->o.control_fd < 0 || s->ctl_gone)
         return 0;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof buf)
-        return ERR_RANGE;
-    while (send(s->o.control_fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+    char buf[HERITAGE_CTL_MSG_MAX + 1];
+    size_t n = heritage_ctl_format(m, buf, sizeof buf);
+    while (send(s->o.control_fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
         if (errno == EINTR)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -200,7 +196,7 @@ static void beat(struct serve *s)
     uint64_t t = now_ns();
     if (t - s->last_watchdog_ns >= WATCHDOG_NS) {
         s->last_watchdog_ns = t;
-        if (ctl_send(s, "WATCHDOG=1") < 0 && s->fatal == 0)
+        if (ctl_send(s, &(struct heritage_ctl_msg){.watchdog = true}) < 0 && s->fatal == 0)
             s->fatal = -EPIPE;
     }
 }
@@ -850,8 +846,12 @@ int serve_run(struct serve *s)
     CHECK(s && s->magic == SERVE_MAGIC);
     shm_region_set_state(s->region, SHM_STATE_READY);
     s->last_watchdog_ns = now_ns();
-    if (ctl_send(s, "READY=1\nHOT_BYTES=%" PRIu64 "\nHOT_TENSORS=%zu\nSTATUS=model %s loaded",
-                 s->hot_bytes, s->hot_tensors, s->o.model_dir) < 0)
+    struct heritage_ctl_msg ready = {.ready = true, .has_hot_bytes = true,
+                                     .hot_bytes = s->hot_bytes, .has_hot_tensors = true,
+                                     .hot_tensors = s->hot_tensors};
+    /* a longer model path is cut: STATUS is for the log, READY must arrive */
+    snprintf(ready.status, sizeof ready.status, "model %s loaded", s->o.model_dir);
+    if (ctl_send(s, &ready) < 0)
         return -EPIPE;
     size_t active = 0;
     while (!stopping(s) && s->fatal == 0) {

@@ -16,8 +16,8 @@
  * After attach the worker sends one HELLO (model name, architecture, dtype, sizes).
  *
  * Liveness: the region's heartbeat is given at every loop turn and ring wait; the control
- * socket (daemon/ctl.h) gets READY=1 once, then WATCHDOG=1 about once a second, including
- * while a full event ring makes the loop wait for the gateway.
+ * socket (shm/heritage.h, HERITAGE_CTL_KEYS) gets READY=1 once, then WATCHDOG=1 about once a
+ * second, including while a full event ring makes the loop wait for the gateway.
  *
  * NOTES: single-threaded: the calling thread owns the engine (engine.h) and both ring ends of
  * the worker side. `stop` is read at every loop turn (a signal handler sets it). The engine is

@@ -1,6 +1,7 @@
 /*
  * worker_main.c — clocher-worker: one serving process of clocherd, started by the supervisor
- * (daemon/sup.c) with everything it inherits on its command line (docs/DAEMON.md, "Worker
+ * (daemon/sup.c) with everything it inherits on its command line (shm/heritage.h is the
+ * contract: options, descriptors, environment, exit statuses; docs/DAEMON.md, "Worker
  * lifecycle"):
  *
  *   1. never outlive clocherd (PR_SET_PDEATHSIG), volunteer for the OOM killer;
@@ -10,19 +11,21 @@
  *   3. attach the shared-memory region inherited as --region-fd and check its generation;
  *   4. create the engine on the model, load the configured adapters, replicate hot tensors
  *      into node-local memory if IE_HOT_REPLICATE=1;
- *   5. say READY=1 on the control socket (--control-fd; daemon/ctl.h is the protocol: text
- *      datagrams READY=1, WATCHDOG=1, HOT_BYTES=n, STATUS=text), then loop (worker/serve.c):
+ *   5. say READY=1 on the control socket (--control-fd; HERITAGE_CTL_KEYS in shm/heritage.h:
+ *      text datagrams READY=1, WATCHDOG=1, HOT_BYTES=n, STATUS=text), then loop (serve.c):
  *      request records → engine_submit/engine_cancel, engine_step, engine events → event
  *      records, WATCHDOG=1 about once a second;
  *   6. SIGTERM: stop taking requests, finish the step, exit 0.
  *
- * Exit status: 0 clean stop; 2 fatal configuration or model error (the supervisor does not
- * respawn: a bad model stays bad); 1 anything else (treated as a crash and respawned).
+ * Exit status (HERITAGE_EXIT_*): 0 clean stop; 2 fatal configuration or model error (the
+ * supervisor does not respawn: a bad model stays bad); 1 anything else (treated as a crash and
+ * respawned).
  *
  * NOTES: single-threaded apart from the engine's own pool (serve.h). The SIGTERM handler only
  * sets a flag (nginx's rule); the loop's waits are bounded so the flag is seen promptly.
  */
 #include "err.h"
+#include "heritage.h"
 #include "log.h"
 #include "lora.h"
 #include "region.h"
@@ -30,9 +33,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
-#include <inttypes.h>
-#include <limits.h>
 #include <numa.h>
 #include <signal.h>
 #include <stdio.h>
@@ -41,25 +41,9 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#define EXIT_FATAL 2
-#define MAX_ADAPTERS 256
-
+/* The parsed command line, converted to the types the worker uses. */
 struct args {
-    unsigned slot;
-    uint32_t generation;
-    int control_fd;
-    int region_fd;
-    const char *cpus;      /* "0-7" */
-    int mem_node;          /* -1: no memory binding */
-    const char *model_dir;
-    unsigned threads;
-    uint64_t kv_budget_mb;
-    uint32_t max_queue;
-    uint32_t max_prompt_tokens;
-    pid_t parent;
-    size_t n_adapters;
-    const char *adapter_name[MAX_ADAPTERS];
-    const char *adapter_dir[MAX_ADAPTERS];
+    struct heritage_args h;
     enum lora_pack lora_weights;
 };
 
@@ -80,138 +64,13 @@ static void journal_sink(enum log_level level, const char *msg, void *ud)
     fprintf(stderr, "<%d>%s: %s\n", prio[level], (const char *)ud, msg);
 }
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: clocher-worker --slot N --generation G --control-fd FD --region-fd FD\n"
-            "                      --cpus LIST [--mem-node N] --model-dir DIR [--threads N]\n"
-            "                      [--kv-budget-mb MB] [--max-queue N] [--max-prompt-tokens N]\n"
-            "                      [--parent-pid PID] [--adapter NAME=DIR ...]\n"
-            "                      [--lora-weights auto|bf16]\n"
-            "\n"
-            "A clocherd worker: started by clocherd, not by hand (docs/DAEMON.md).\n"
-            "Environment: IE_HOT_REPLICATE=1 copies hot tensors to node-local memory,\n"
-            "IE_HOT_REPL_LIMIT_MB caps how much.\n");
-}
-
-static int parse_u64(const char *opt, const char *s, uint64_t max, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || s[0] == '-' || v > max) {
-        LOG_ERR("--%s: want an integer in 0..%" PRIu64 ", got \"%s\"", opt, max, s);
-        return ERR_USAGE;
-    }
-    *out = v;
-    return 0;
-}
-
+/* heritage_args_parse, then what only the worker knows: the meaning of --lora-weights.
+ * 0, HERITAGE_HELP, or ERR_USAGE (logged). */
 static int parse_args(int argc, char **argv, struct args *a)
 {
-    enum { SLOT = 256, GEN, CTL, FD, CPUS, NODE, MODEL, THREADS, KV, QUEUE, PROMPT, PARENT, ADAPTER,
-           LORA_WEIGHTS };
-    static const struct option opts[] = {
-        {"slot", required_argument, NULL, SLOT},
-        {"generation", required_argument, NULL, GEN},
-        {"control-fd", required_argument, NULL, CTL},
-        {"region-fd", required_argument, NULL, FD},
-        {"cpus", required_argument, NULL, CPUS},
-        {"mem-node", required_argument, NULL, NODE},
-        {"model-dir", required_argument, NULL, MODEL},
-        {"threads", required_argument, NULL, THREADS},
-        {"kv-budget-mb", required_argument, NULL, KV},
-        {"max-queue", required_argument, NULL, QUEUE},
-        {"max-prompt-tokens", required_argument, NULL, PROMPT},
-        {"parent-pid", required_argument, NULL, PARENT},
-        {"adapter", required_argument, NULL, ADAPTER},
-        {"lora-weights", required_argument, NULL, LORA_WEIGHTS},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    memset(a, 0, sizeof *a);
-    a->control_fd = -1;
-    a->region_fd = -1;
-    a->mem_node = -1;
-    a->max_queue = 256;
-    a->max_prompt_tokens = 4096;
-    bool have_slot = false, have_gen = false;
-    int ch, rc = 0;
-    uint64_t v;
-    while (rc == 0 && (ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (ch) {
-        case SLOT:
-            if ((rc = parse_u64("slot", optarg, 4095, &v)) == 0)
-                a->slot = (unsigned)v, have_slot = true;
-            break;
-        case GEN:
-            if ((rc = parse_u64("generation", optarg, UINT32_MAX, &v)) == 0)
-                a->generation = (uint32_t)v, have_gen = true;
-            break;
-        case CTL:
-            if ((rc = parse_u64("control-fd", optarg, INT_MAX, &v)) == 0)
-                a->control_fd = (int)v;
-            break;
-        case FD:
-            if ((rc = parse_u64("region-fd", optarg, INT_MAX, &v)) == 0)
-                a->region_fd = (int)v;
-            break;
-        case CPUS: a->cpus = optarg; break;
-        case NODE:
-            if ((rc = parse_u64("mem-node", optarg, 1023, &v)) == 0)
-                a->mem_node = (int)v;
-            break;
-        case MODEL: a->model_dir = optarg; break;
-        case THREADS:
-            if ((rc = parse_u64("threads", optarg, 1024, &v)) == 0)
-                a->threads = (unsigned)v;
-            break;
-        case KV: rc = parse_u64("kv-budget-mb", optarg, UINT64_C(1) << 24, &a->kv_budget_mb); break;
-        case QUEUE:
-            if ((rc = parse_u64("max-queue", optarg, 1u << 20, &v)) == 0)
-                a->max_queue = (uint32_t)v;
-            break;
-        case PROMPT:
-            if ((rc = parse_u64("max-prompt-tokens", optarg, 1u << 20, &v)) == 0)
-                a->max_prompt_tokens = (uint32_t)v;
-            break;
-        case LORA_WEIGHTS:
-            if (lora_pack_parse(optarg, &a->lora_weights) != 0)
-                rc = ERR_USAGE;
-            break;
-        case PARENT:
-            if ((rc = parse_u64("parent-pid", optarg, INT_MAX, &v)) == 0)
-                a->parent = (pid_t)v;
-            break;
-        case ADAPTER: {
-            char *eq = strchr(optarg, '=');
-            if (!eq || eq == optarg || !eq[1]) {
-                LOG_ERR("--adapter: want NAME=DIR, got \"%s\"", optarg);
-                rc = ERR_USAGE;
-            } else if (a->n_adapters == MAX_ADAPTERS) {
-                LOG_ERR("--adapter: more than %d adapters", MAX_ADAPTERS);
-                rc = ERR_USAGE;
-            } else {
-                *eq = '\0';
-                a->adapter_name[a->n_adapters] = optarg;
-                a->adapter_dir[a->n_adapters++] = eq + 1;
-            }
-            break;
-        }
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return ERR_USAGE;
-        }
-    }
-    if (rc == 0 && optind < argc) {
-        LOG_ERR("unexpected argument \"%s\"", argv[optind]);
+    int rc = heritage_args_parse(argc, argv, &a->h);
+    if (rc == 0 && lora_pack_parse(a->h.lora_weights, &a->lora_weights) != 0)
         rc = ERR_USAGE;
-    }
-    if (rc == 0 && (!have_slot || !have_gen || a->control_fd < 0 || a->region_fd < 0 || !a->cpus ||
-                    !a->model_dir)) {
-        LOG_ERR("--slot, --generation, --control-fd, --region-fd, --cpus and --model-dir are "
-                "required");
-        rc = ERR_USAGE;
-    }
     return rc;
 }
 
@@ -224,8 +83,8 @@ static int setup_process(const struct args *a)
         LOG_ERR("prctl(PR_SET_PDEATHSIG): %s", strerror(errno));
         return -errno;
     }
-    if (a->parent && getppid() != a->parent) {
-        LOG_ERR("clocherd (pid %d) is already gone", (int)a->parent);
+    if (a->h.parent_pid && getppid() != (pid_t)a->h.parent_pid) {
+        LOG_ERR("clocherd (pid %d) is already gone", (int)a->h.parent_pid);
         return ERR_STATE;
     }
     /* the loop's short timed waits (the 0.1 ms burst-gathering gap in serve.c) sit on the
@@ -251,9 +110,10 @@ static int setup_process(const struct args *a)
 /* Step 2: CPUs and memory. Errors here are configuration errors (exit 2). */
 static int pin(const struct args *a)
 {
-    struct bitmask *cpus = numa_parse_cpustring_all(a->cpus);
+    int node = (int)a->h.mem_node; /* -1: no memory binding */
+    struct bitmask *cpus = numa_parse_cpustring_all(a->h.cpus);
     if (!cpus) {
-        LOG_ERR("--cpus %s: not a CPU list of this machine", a->cpus);
+        LOG_ERR("--cpus %s: not a CPU list of this machine", a->h.cpus);
         return ERR_RANGE;
     }
     /* numa_sched_setaffinity(0, ...) = sched_setaffinity on this thread; threads created
@@ -261,31 +121,31 @@ static int pin(const struct args *a)
     int rc = 0;
     if (numa_sched_setaffinity(0, cpus) < 0) {
         rc = -errno;
-        LOG_ERR("sched_setaffinity(%s): %s", a->cpus, strerror(errno));
+        LOG_ERR("sched_setaffinity(%s): %s", a->h.cpus, strerror(errno));
     }
     numa_free_cpumask(cpus);
     if (rc < 0)
         return rc;
-    if (a->mem_node < 0)
+    if (node < 0)
         return 0;
     if (numa_available() < 0) {
-        LOG_ERR("--mem-node %d: this kernel has no NUMA support", a->mem_node);
+        LOG_ERR("--mem-node %d: this kernel has no NUMA support", node);
         return ERR_UNSUPPORTED;
     }
     struct bitmask *allowed = numa_get_mems_allowed();
-    bool ok = allowed && a->mem_node <= numa_max_node() &&
-              numa_bitmask_isbitset(allowed, (unsigned)a->mem_node);
+    bool ok = allowed && node <= numa_max_node() &&
+              numa_bitmask_isbitset(allowed, (unsigned)node);
     if (allowed)
         numa_free_nodemask(allowed);
     if (!ok) {
         LOG_ERR("--mem-node %d: no such node, or its memory is not allowed to this process",
-                a->mem_node);
+                node);
         return ERR_RANGE;
     }
     struct bitmask *nodes = numa_allocate_nodemask();
     if (!nodes)
         return -ENOMEM;
-    numa_bitmask_setbit(nodes, (unsigned)a->mem_node);
+    numa_bitmask_setbit(nodes, (unsigned)node);
     /* strict: an allocation that cannot be served locally fails rather than going remote
      * quietly; the KV budget is sized per node */
     numa_set_bind_policy(1);
@@ -293,7 +153,7 @@ static int pin(const struct args *a)
     numa_set_membind(nodes);
     if (errno) {
         rc = -errno;
-        LOG_ERR("set_mempolicy(MPOL_BIND, node %d): %s", a->mem_node, strerror(errno));
+        LOG_ERR("set_mempolicy(MPOL_BIND, node %d): %s", node, strerror(errno));
     }
     numa_free_nodemask(nodes);
     return rc;
@@ -302,12 +162,12 @@ static int pin(const struct args *a)
 /* Step 3: the region, checked against the generation we were told. */
 static int attach(const struct args *a, struct shm_region **out)
 {
-    int rc = shm_region_attach(a->region_fd, a->generation, out);
+    int rc = shm_region_attach((int)a->h.region_fd, (uint32_t)a->h.generation, out);
     if (rc < 0)
         return rc;
-    close(a->region_fd); /* the mapping does not need it */
+    close((int)a->h.region_fd); /* the mapping does not need it */
     char name[32];
-    snprintf(name, sizeof name, "worker %u", a->slot);
+    snprintf(name, sizeof name, "worker %u", (unsigned)a->h.slot);
     shm_region_set_name(*out, name);
     /* The gateway is a thread pool of our parent: its process dying is PDEATHSIG's business
      * and its pid is still checked; a stale gateway heartbeat means a busy gateway, which is
@@ -321,53 +181,56 @@ int main(int argc, char **argv)
     static char ident[64];
     log_set_ident("clocher-worker");
     struct args a;
-    if (parse_args(argc, argv, &a) < 0)
-        return EXIT_FATAL;
-    snprintf(ident, sizeof ident, "clocher-worker[%u]", a.slot);
+    int rc = parse_args(argc, argv, &a);
+    if (rc == HERITAGE_HELP) {
+        heritage_usage(stdout);
+        return HERITAGE_EXIT_OK;
+    }
+    if (rc < 0)
+        return HERITAGE_EXIT_FATAL;
+    snprintf(ident, sizeof ident, "clocher-worker[%u]", (unsigned)a.h.slot);
     if (getenv("JOURNAL_STREAM"))
         log_set_sink(journal_sink, ident);
     else
         log_set_ident(ident);
 
     if (setup_process(&a) < 0)
-        return 1;
+        return HERITAGE_EXIT_FAILURE;
     if (pin(&a) < 0)
-        return EXIT_FATAL;
+        return HERITAGE_EXIT_FATAL;
 
-    uint64_t limit_mb = 0;
-    const char *hot = getenv("IE_HOT_REPLICATE"), *lim = getenv("IE_HOT_REPL_LIMIT_MB");
-    if (lim && *lim && parse_u64("IE_HOT_REPL_LIMIT_MB", lim, UINT64_C(1) << 24, &limit_mb) < 0)
-        return EXIT_FATAL;
+    struct heritage_env env;
+    if (heritage_env_parse(&env) < 0)
+        return HERITAGE_EXIT_FATAL;
 
     struct shm_region *region = NULL;
-    int rc = attach(&a, &region);
-    if (rc < 0)
-        return EXIT_FATAL; /* not the region we were promised: a supervisor bug, not a crash */
+    if ((rc = attach(&a, &region)) < 0)
+        return HERITAGE_EXIT_FATAL; /* not the region we were promised: a supervisor bug */
     struct serve_options so = {
-        .model_dir = a.model_dir,
-        .threads = a.threads,
-        .kv_budget_bytes = a.kv_budget_mb << 20,
-        .max_queue = a.max_queue,
-        .max_prompt_tokens = a.max_prompt_tokens,
-        .n_adapters = a.n_adapters,
-        .adapter_names = a.adapter_name,
-        .adapter_dirs = a.adapter_dir,
+        .model_dir = a.h.model_dir,
+        .threads = (unsigned)a.h.threads,
+        .kv_budget_bytes = (uint64_t)a.h.kv_budget_mb << 20,
+        .max_queue = (uint32_t)a.h.max_queue,
+        .max_prompt_tokens = (uint32_t)a.h.max_prompt_tokens,
+        .n_adapters = a.h.n_adapters,
+        .adapter_names = a.h.adapters_name,
+        .adapter_dirs = a.h.adapters_dir,
         .lora_pack = (int)a.lora_weights,
-        .mem_node = a.mem_node,
-        .hot_replicate = hot && strcmp(hot, "1") == 0,
-        .hot_limit_bytes = limit_mb << 20,
-        .control_fd = a.control_fd,
+        .mem_node = (int)a.h.mem_node,
+        .hot_replicate = env.hot_replicate,
+        .hot_limit_bytes = env.hot_repl_limit_mb << 20,
+        .control_fd = (int)a.h.control_fd,
         .stop = &g_stop,
     };
     struct serve *sv = NULL;
-    int status = 0;
+    int status = HERITAGE_EXIT_OK;
     if ((rc = serve_open(&so, region, &sv)) < 0) {
         /* out of memory may pass; a model or adapter that does not load will not */
-        status = rc == -ENOMEM ? 1 : EXIT_FATAL;
+        status = rc == -ENOMEM ? HERITAGE_EXIT_FAILURE : HERITAGE_EXIT_FATAL;
     } else if (g_stop) {
         LOG_INFO("SIGTERM while loading: stopping");
     } else if (serve_run(sv) < 0) {
-        status = 1;
+        status = HERITAGE_EXIT_FAILURE;
     }
     serve_close(sv);
     shm_region_close(region);
