@@ -22,6 +22,7 @@
 #include "err.h"
 #include "fmap.h"
 #include "log.h"
+#include "vec.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -1188,14 +1189,10 @@ static int begin_kv(struct gguf_writer *w, const char *key)
         LOG_ERR("%s: more than %u keys", wpath(w), GGUF_MAX_KV);
         return ERR_USAGE;
     }
-    if (w->n_kv == w->keys_cap) {
-        size_t cap = w->keys_cap ? 2 * w->keys_cap : 32;
-        struct gguf_str *k = realloc(w->keys, cap * sizeof *k);
-        if (!k)
-            goto oom;
-        w->keys = k;
-        w->keys_cap = cap;
-    }
+    struct gguf_str *k = vec_grow(w->keys, &w->keys_cap, w->n_kv, sizeof *k, 32);
+    if (!k)
+        goto oom;
+    w->keys = k;
     char *copy = strdup(key);
     if (!copy)
         goto oom;
@@ -1411,14 +1408,10 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t ggm
         LOG_ERR("%s: more than %u tensors", wpath(w), GGUF_MAX_TENSORS);
         return ERR_USAGE;
     }
-    if (w->n_tensors == w->tensors_cap) {
-        size_t cap = w->tensors_cap ? 2 * w->tensors_cap : 64;
-        struct wtensor *nt = realloc(w->tensors, cap * sizeof *nt);
-        if (!nt)
-            goto oom;
-        w->tensors = nt;
-        w->tensors_cap = cap;
-    }
+    struct wtensor *nt = vec_grow(w->tensors, &w->tensors_cap, w->n_tensors, sizeof *nt, 64);
+    if (!nt)
+        goto oom;
+    w->tensors = nt;
     char *copy = strdup(name);
     if (!copy)
         goto oom;

@@ -18,6 +18,8 @@
 #include "err.h"
 #include "fmap.h"
 #include "log.h"
+#include "path.h"
+#include "vec.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -485,18 +487,6 @@ const char *safetensors_metadata(const struct safetensors_file *f, const char *k
 /* ---------------------------------------------------------------------------------------- */
 /* sets                                                                                     */
 
-static char *join(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (p) {
-        memcpy(p, dir, a);
-        p[a] = '/';
-        memcpy(p + a + 1, name, b + 1);
-    }
-    return p;
-}
-
 static int exists(const char *path, bool *out)
 {
     struct stat st;
@@ -515,7 +505,7 @@ static int exists(const char *path, bool *out)
 
 static int set_add_file(struct safetensors_set *s, const char *dir, const char *name)
 {
-    char *path = join(dir, name);
+    char *path = path_join(dir, name);
     if (!path)
         return -ENOMEM;
     struct safetensors_file *f = NULL;
@@ -598,7 +588,7 @@ static int open_sharded(struct safetensors_set *s, const char *dir, const char *
         goto out;
     }
     for (size_t k = 0; k < n_shards; k++) {
-        char *path = join(dir, shards[k]);
+        char *path = path_join(dir, shards[k]);
         bool ok = false;
         rc = path ? exists(path, &ok) : -ENOMEM;
         if (rc == 0 && !ok) {
@@ -650,8 +640,8 @@ int safetensors_set_open(const char *dir, struct safetensors_set **out)
 {
     *out = NULL;
     struct safetensors_set *s = calloc(1, sizeof *s);
-    char *index = join(dir, INDEX_JSON), *single = join(dir, SINGLE_FILE),
-         *adapter = join(dir, ADAPTER_FILE);
+    char *index = path_join(dir, INDEX_JSON), *single = path_join(dir, SINGLE_FILE),
+         *adapter = path_join(dir, ADAPTER_FILE);
     int rc = 0;
     if (!s || !index || !single || !adapter) {
         LOG_ERR("%s: out of memory", dir);
@@ -842,14 +832,10 @@ int safetensors_writer_add(struct safetensors_writer *w, const char *name,
                 dtypes[dt].name);
         return ERR_USAGE;
     }
-    if (w->n_tensors == w->cap) {
-        size_t cap = w->cap ? 2 * w->cap : 64;
-        struct wtensor *nt = realloc(w->tensors, cap * sizeof *nt);
-        if (!nt)
-            goto oom;
-        w->tensors = nt;
-        w->cap = cap;
-    }
+    struct wtensor *nt = vec_grow(w->tensors, &w->cap, w->n_tensors, sizeof *nt, 64);
+    if (!nt)
+        goto oom;
+    w->tensors = nt;
     if (!(t.name = strdup(name)))
         goto oom;
     w->tensors[w->n_tensors] = t;
