@@ -1133,6 +1133,23 @@ static int name_table_reserve(struct name_table *t, const void *entries, size_t 
     return 0;
 }
 
+/* Names entry n (already stored in `entries`, n not yet counted): a copy of name[0..len) into
+ * *slot, then indexed. 0 or -ENOMEM (not logged: the caller names what it was adding). */
+static int name_table_append(struct name_table *t, const void *entries, size_t stride, size_t n,
+                             struct gguf_str *slot, const char *name, size_t len)
+{
+    char *copy = strdup(name);
+    if (!copy)
+        return -ENOMEM;
+    *slot = (struct gguf_str){len, copy};
+    if (name_table_reserve(t, entries, stride, n + 1) != 0) {
+        free(copy);
+        return -ENOMEM;
+    }
+    name_table_insert(t, entries, stride, (uint32_t)n);
+    return 0;
+}
+
 int gguf_writer_create(const char *path, struct gguf_writer **out)
 {
     *out = NULL;
@@ -1193,15 +1210,9 @@ static int begin_kv(struct gguf_writer *w, const char *key)
     if (!k)
         goto oom;
     w->keys = k;
-    char *copy = strdup(key);
-    if (!copy)
+    if (name_table_append(&w->key_names, w->keys, sizeof *w->keys, w->n_kv, &w->keys[w->n_kv],
+                          key, n) != 0)
         goto oom;
-    w->keys[w->n_kv] = (struct gguf_str){n, copy};
-    if (name_table_reserve(&w->key_names, w->keys, sizeof *w->keys, w->n_kv + 1) != 0) {
-        free(copy);
-        goto oom;
-    }
-    name_table_insert(&w->key_names, w->keys, sizeof *w->keys, (uint32_t)w->n_kv);
     w->n_kv++;
     buf_str(&w->kv, key, n);
     return 0;
@@ -1412,17 +1423,10 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t ggm
     if (!nt)
         goto oom;
     w->tensors = nt;
-    char *copy = strdup(name);
-    if (!copy)
-        goto oom;
-    t.name = (struct gguf_str){n, copy};
     w->tensors[w->n_tensors] = t;
-    if (name_table_reserve(&w->tensor_names, w->tensors, sizeof *w->tensors,
-                           w->n_tensors + 1) != 0) {
-        free(copy);
+    if (name_table_append(&w->tensor_names, w->tensors, sizeof *w->tensors, w->n_tensors,
+                          &w->tensors[w->n_tensors].name, name, n) != 0)
         goto oom;
-    }
-    name_table_insert(&w->tensor_names, w->tensors, sizeof *w->tensors, (uint32_t)w->n_tensors);
     w->n_tensors++;
     return 0;
 oom:
