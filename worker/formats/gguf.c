@@ -22,6 +22,7 @@
 #include "err.h"
 #include "fmap.h"
 #include "log.h"
+#include "nametab.h"
 #include "vec.h"
 
 #include <errno.h>
@@ -136,82 +137,11 @@ static const char *shape_str(const uint64_t *ne, uint32_t n_dims, char *buf, siz
     return buf;
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* name tables: open addressing over arrays whose elements start with a struct gguf_str      */
-
-struct name_table {
-    uint32_t *slots; /* entry index + 1; 0 = empty */
-    uint64_t mask;
-};
-
-static uint64_t hash_bytes(const char *p, uint64_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (uint64_t i = 0; i < n; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h ^ (h >> 29);
-}
-
-static const struct gguf_str *entry_name(const void *entries, size_t stride, uint32_t i)
-{
-    return (const struct gguf_str *)((const char *)entries + (size_t)i * stride);
-}
-
-/* Capacity: a power of two at least twice n (n <= 2^20 by the caps, so no overflow). */
-static int name_table_init(struct name_table *t, uint64_t n)
-{
-    uint64_t cap = 16;
-    while (cap < 2 * n)
-        cap *= 2;
-    t->slots = calloc(cap, sizeof *t->slots);
-    if (!t->slots)
-        return -ENOMEM;
-    t->mask = cap - 1;
-    return 0;
-}
-
-static void name_table_fini(struct name_table *t)
-{
-    free(t->slots);
-    t->slots = NULL;
-}
-
-/* Returns the slot holding `name`, or the empty slot where it would go. */
-static uint32_t *name_table_probe(const struct name_table *t, const void *entries, size_t stride,
-                                  const char *name, uint64_t len)
-{
-    for (uint64_t h = hash_bytes(name, len);; h++) {
-        uint32_t *slot = &t->slots[h & t->mask];
-        if (*slot == 0)
-            return slot;
-        const struct gguf_str *s = entry_name(entries, stride, *slot - 1);
-        if (s->len == len && memcmp(s->ptr, name, len) == 0)
-            return slot;
-    }
-}
-
-/* Inserts entry i; returns the index of an earlier entry with the same name, or -1. */
-static int64_t name_table_insert(struct name_table *t, const void *entries, size_t stride,
-                                 uint32_t i)
-{
-    const struct gguf_str *s = entry_name(entries, stride, i);
-    uint32_t *slot = name_table_probe(t, entries, stride, s->ptr, s->len);
-    if (*slot != 0)
-        return (int64_t)*slot - 1;
-    *slot = i + 1;
-    return -1;
-}
-
-static int64_t name_table_find(const struct name_table *t, const void *entries, size_t stride,
-                               const char *name)
-{
-    if (!t->slots)
-        return -1;
-    uint32_t *slot = name_table_probe(t, entries, stride, name, strlen(name));
-    return *slot ? (int64_t)*slot - 1 : -1;
-}
+/* name tables (private/nametab.h) over arrays whose elements start with a struct gguf_str */
+_Static_assert(sizeof(struct gguf_str) == sizeof(struct nametab_str) &&
+                   offsetof(struct gguf_str, len) == offsetof(struct nametab_str, len) &&
+                   offsetof(struct gguf_str, ptr) == offsetof(struct nametab_str, ptr),
+               "nametab reads GGUF names as struct nametab_str");
 
 /* ---------------------------------------------------------------------------------------- */
 /* reader                                                                                   */
@@ -220,7 +150,7 @@ static int64_t name_table_find(const struct name_table *t, const void *entries, 
 struct gguf_file_impl {
     struct gguf_file pub; /* first member: struct gguf_file * converts to and from this */
     char *what;
-    struct name_table kv_names, tensor_names;
+    struct nametab kv_names, tensor_names;
 };
 
 static struct gguf_file_impl *impl_of(const struct gguf_file *f)
@@ -672,14 +602,14 @@ static int parse(struct gguf_file_impl *fi)
         if (!f->kv)
             goto oom;
     }
-    rc = name_table_init(&fi->kv_names, f->n_kv);
+    rc = nametab_init(&fi->kv_names, NAMETAB_COUNTED, f->n_kv);
     if (rc != 0)
         goto oom;
     for (uint64_t i = 0; i < f->n_kv; i++) {
         rc = parse_kv(&c, &f->kv[i], i);
         if (rc != 0)
             return rc;
-        int64_t dup = name_table_insert(&fi->kv_names, f->kv, sizeof *f->kv, (uint32_t)i);
+        int64_t dup = nametab_insert(&fi->kv_names, f->kv, sizeof *f->kv, (uint32_t)i);
         if (dup >= 0) {
             LOG_ERR("%s: duplicate key '%.*s' (key #%" PRId64 " and key #%" PRIu64 ")", f->what,
                     (int)f->kv[i].key.len, f->kv[i].key.ptr, dup, i);
@@ -703,7 +633,7 @@ static int parse(struct gguf_file_impl *fi)
         if (!f->tensors)
             goto oom;
     }
-    rc = name_table_init(&fi->tensor_names, f->n_tensors);
+    rc = nametab_init(&fi->tensor_names, NAMETAB_COUNTED, f->n_tensors);
     if (rc != 0)
         goto oom;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
@@ -711,7 +641,7 @@ static int parse(struct gguf_file_impl *fi)
         rc = parse_tensor_info(&c, t, i, f->alignment);
         if (rc != 0)
             return rc;
-        int64_t dup = name_table_insert(&fi->tensor_names, f->tensors, sizeof *t, (uint32_t)i);
+        int64_t dup = nametab_insert(&fi->tensor_names, f->tensors, sizeof *t, (uint32_t)i);
         if (dup >= 0) {
             LOG_ERR("%s: duplicate tensor name '%.*s' (tensors #%" PRId64 " and #%" PRIu64 ")",
                     f->what, (int)t->name.len, t->name.ptr, dup, i);
@@ -790,8 +720,8 @@ void gguf_close(struct gguf_file *f)
             free((void *)f->kv[i].strs);
     free(f->kv);
     free(f->tensors);
-    name_table_fini(&fi->kv_names);
-    name_table_fini(&fi->tensor_names);
+    nametab_fini(&fi->kv_names);
+    nametab_fini(&fi->tensor_names);
     if (f->owns_map && f->map_size > 0)
         munmap(f->map, f->map_size);
     free(fi->what);
@@ -804,14 +734,14 @@ void gguf_close(struct gguf_file *f)
 const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key)
 {
     const struct gguf_file_impl *fi = impl_of(f);
-    int64_t i = name_table_find(&fi->kv_names, f->kv, sizeof *f->kv, key);
+    int64_t i = nametab_find(&fi->kv_names, f->kv, sizeof *f->kv, key);
     return i >= 0 ? &f->kv[i] : NULL;
 }
 
 const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name)
 {
     const struct gguf_file_impl *fi = impl_of(f);
-    int64_t i = name_table_find(&fi->tensor_names, f->tensors, sizeof *f->tensors, name);
+    int64_t i = nametab_find(&fi->tensor_names, f->tensors, sizeof *f->tensors, name);
     return i >= 0 ? &f->tensors[i] : NULL;
 }
 
@@ -1106,10 +1036,10 @@ struct gguf_writer {
     uint64_t n_kv;
     struct gguf_str *keys; /* owned copies, for duplicates */
     size_t keys_cap;
-    struct name_table key_names;
+    struct nametab key_names;
     struct wtensor *tensors;
     size_t n_tensors, tensors_cap;
-    struct name_table tensor_names;
+    struct nametab tensor_names;
     /* streaming */
     size_t cur;          /* tensor being written */
     uint64_t cur_done;   /* its bytes written so far */
@@ -1117,36 +1047,20 @@ struct gguf_writer {
 
 static const char *wpath(const struct gguf_writer *w) { return w->af.final_path; }
 
-/* Grows a name table when it passes half full: rebuilds from the entries. */
-static int name_table_reserve(struct name_table *t, const void *entries, size_t stride,
-                              size_t n_after)
-{
-    if (t->slots && 2 * (uint64_t)n_after <= t->mask + 1)
-        return 0;
-    struct name_table nt;
-    if (name_table_init(&nt, n_after < 8 ? 16 : 2 * (uint64_t)n_after) != 0)
-        return -ENOMEM;
-    for (size_t i = 0; i + 1 < n_after; i++)
-        name_table_insert(&nt, entries, stride, (uint32_t)i);
-    name_table_fini(t);
-    *t = nt;
-    return 0;
-}
-
 /* Names entry n (already stored in `entries`, n not yet counted): a copy of name[0..len) into
  * *slot, then indexed. 0 or -ENOMEM (not logged: the caller names what it was adding). */
-static int name_table_append(struct name_table *t, const void *entries, size_t stride, size_t n,
+static int append_name(struct nametab *t, const void *entries, size_t stride, size_t n,
                              struct gguf_str *slot, const char *name, size_t len)
 {
     char *copy = strdup(name);
     if (!copy)
         return -ENOMEM;
     *slot = (struct gguf_str){len, copy};
-    if (name_table_reserve(t, entries, stride, n + 1) != 0) {
+    if (nametab_reserve(t, entries, stride, n + 1) != 0) {
         free(copy);
         return -ENOMEM;
     }
-    name_table_insert(t, entries, stride, (uint32_t)n);
+    nametab_insert(t, entries, stride, (uint32_t)n);
     return 0;
 }
 
@@ -1159,6 +1073,7 @@ int gguf_writer_create(const char *path, struct gguf_writer **out)
         return -ENOMEM;
     }
     w->alignment = GGUF_DEFAULT_ALIGNMENT;
+    w->key_names.kind = w->tensor_names.kind = NAMETAB_COUNTED; /* read before their init */
     int rc = afile_open(&w->af, path);
     if (rc != 0) {
         free(w);
@@ -1198,7 +1113,7 @@ static int begin_kv(struct gguf_writer *w, const char *key)
             return ERR_USAGE;
         }
     }
-    if (name_table_find(&w->key_names, w->keys, sizeof *w->keys, key) >= 0) {
+    if (nametab_find(&w->key_names, w->keys, sizeof *w->keys, key) >= 0) {
         LOG_ERR("%s: duplicate key '%s'", wpath(w), key);
         return ERR_USAGE;
     }
@@ -1210,7 +1125,7 @@ static int begin_kv(struct gguf_writer *w, const char *key)
     if (!k)
         goto oom;
     w->keys = k;
-    if (name_table_append(&w->key_names, w->keys, sizeof *w->keys, w->n_kv, &w->keys[w->n_kv],
+    if (append_name(&w->key_names, w->keys, sizeof *w->keys, w->n_kv, &w->keys[w->n_kv],
                           key, n) != 0)
         goto oom;
     w->n_kv++;
@@ -1377,7 +1292,7 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t ggm
             return ERR_USAGE;
         }
     }
-    if (name_table_find(&w->tensor_names, w->tensors, sizeof *w->tensors, name) >= 0) {
+    if (nametab_find(&w->tensor_names, w->tensors, sizeof *w->tensors, name) >= 0) {
         LOG_ERR("%s: duplicate tensor '%s'", wpath(w), name);
         return ERR_USAGE;
     }
@@ -1424,7 +1339,7 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t ggm
         goto oom;
     w->tensors = nt;
     w->tensors[w->n_tensors] = t;
-    if (name_table_append(&w->tensor_names, w->tensors, sizeof *w->tensors, w->n_tensors,
+    if (append_name(&w->tensor_names, w->tensors, sizeof *w->tensors, w->n_tensors,
                           &w->tensors[w->n_tensors].name, name, n) != 0)
         goto oom;
     w->n_tensors++;
@@ -1524,8 +1439,8 @@ static void writer_free(struct gguf_writer *w)
     free(w->keys);
     free(w->tensors);
     free(w->kv.p);
-    name_table_fini(&w->key_names);
-    name_table_fini(&w->tensor_names);
+    nametab_fini(&w->key_names);
+    nametab_fini(&w->tensor_names);
     free(w);
 }
 

@@ -18,6 +18,7 @@
 #include "err.h"
 #include "fmap.h"
 #include "log.h"
+#include "nametab.h"
 #include "path.h"
 #include "vec.h"
 
@@ -110,55 +111,13 @@ static const char *shape_str(const uint64_t *shape, int n_dims, char *buf, size_
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* name table: open addressing over C-string names                                          */
-
-struct name_table {
-    uint32_t *slots; /* index + 1; 0 = empty */
-    uint64_t mask;
-};
-
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 0x100000001b3ull;
-    }
-    return h ^ (h >> 29);
-}
-
-static int name_table_init(struct name_table *t, size_t n)
-{
-    uint64_t cap = 16;
-    while (cap < 2 * (uint64_t)n)
-        cap *= 2;
-    t->slots = calloc(cap, sizeof *t->slots);
-    t->mask = cap - 1;
-    return t->slots ? 0 : -ENOMEM;
-}
-
-/* names[i] is the name of entry i; returns the slot of `name` or the empty slot for it. */
-static uint32_t *name_table_probe(const struct name_table *t, char *const *names, size_t stride,
-                                  const char *name)
-{
-    for (uint64_t h = hash_str(name);; h++) {
-        uint32_t *slot = &t->slots[h & t->mask];
-        if (*slot == 0)
-            return slot;
-        const char *other = *(char *const *)((const char *)names + (*slot - 1) * stride);
-        if (strcmp(other, name) == 0)
-            return slot;
-    }
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* reader                                                                                   */
 
 _Static_assert(offsetof(struct safetensors_tensor, name) == 0, "the name table reads names");
 
 struct safetensors_impl {
     struct safetensors_file pub; /* first member */
-    struct name_table names;
+    struct nametab names; /* NAMETAB_CSTR */
     size_t n_meta;
     char **meta; /* key, value, key, value, ... */
 };
@@ -387,7 +346,7 @@ static int parse(struct safetensors_impl *fi)
             goto out;
         }
     }
-    rc = name_table_init(&fi->names, f->n_tensors);
+    rc = nametab_init(&fi->names, NAMETAB_CSTR, f->n_tensors);
     if (rc != 0) {
         LOG_ERR("%s: out of memory", what);
         goto out;
@@ -395,7 +354,7 @@ static int parse(struct safetensors_impl *fi)
     for (size_t i = 0; i < f->n_tensors; i++) {
         struct safetensors_tensor *t = &f->tensors[i];
         /* names are unique: jansson rejected duplicate keys */
-        *name_table_probe(&fi->names, &f->tensors[0].name, sizeof *t, t->name) = (uint32_t)i + 1;
+        nametab_insert(&fi->names, f->tensors, sizeof *t, (uint32_t)i);
         t->data = data + t->offset;
         t->offset += 8 + hlen;
     }
@@ -458,7 +417,7 @@ void safetensors_close(struct safetensors_file *f)
     for (size_t i = 0; i < 2 * fi->n_meta; i++)
         free(fi->meta[i]);
     free(fi->meta);
-    free(fi->names.slots);
+    nametab_fini(&fi->names);
     if (f->owns_map && f->map_size > 0)
         munmap(f->map, f->map_size);
     free(f->path);
@@ -469,10 +428,8 @@ const struct safetensors_tensor *safetensors_find(const struct safetensors_file 
                                                   const char *name)
 {
     const struct safetensors_impl *fi = impl_of(f);
-    if (!fi->names.slots)
-        return NULL;
-    uint32_t *slot = name_table_probe(&fi->names, &f->tensors[0].name, sizeof *f->tensors, name);
-    return *slot ? &f->tensors[*slot - 1] : NULL;
+    int64_t i = nametab_find(&fi->names, f->tensors, sizeof *f->tensors, name);
+    return i >= 0 ? &f->tensors[i] : NULL;
 }
 
 const char *safetensors_metadata(const struct safetensors_file *f, const char *key)
@@ -715,7 +672,7 @@ struct safetensors_writer {
     json_t *meta;
     struct wtensor *tensors;
     size_t n_tensors, cap;
-    struct name_table names;
+    struct nametab names;
     uint64_t data_size;
     size_t cur;
     uint64_t cur_done;
@@ -731,6 +688,7 @@ int safetensors_writer_create(const char *path, struct safetensors_writer **out)
         LOG_ERR("%s: out of memory", path);
         return -ENOMEM;
     }
+    w->names.kind = NAMETAB_CSTR; /* read before its init */
     int rc = afile_open(&w->af, path);
     if (rc != 0) {
         free(w);
@@ -767,22 +725,6 @@ int safetensors_writer_metadata(struct safetensors_writer *w, const char *key, c
     return 0;
 }
 
-/* The name table grows by rebuilding once it passes half full. */
-static int reserve_names(struct safetensors_writer *w, size_t n_after)
-{
-    if (w->names.slots && 2 * (uint64_t)n_after <= w->names.mask + 1)
-        return 0;
-    struct name_table nt;
-    if (name_table_init(&nt, 2 * n_after) != 0)
-        return -ENOMEM;
-    for (size_t i = 0; i + 1 < n_after; i++)
-        *name_table_probe(&nt, &w->tensors[0].name, sizeof *w->tensors, w->tensors[i].name) =
-            (uint32_t)i + 1;
-    free(w->names.slots);
-    w->names = nt;
-    return 0;
-}
-
 int safetensors_writer_add(struct safetensors_writer *w, const char *name,
                            enum safetensors_dtype dt, const uint64_t *shape, int n_dims,
                            const void *data, uint64_t size)
@@ -800,8 +742,7 @@ int safetensors_writer_add(struct safetensors_writer *w, const char *name,
         return ERR_USAGE;
     }
     json_decref(probe);
-    if (w->names.slots &&
-        *name_table_probe(&w->names, &w->tensors[0].name, sizeof *w->tensors, name)) {
+    if (nametab_find(&w->names, w->tensors, sizeof *w->tensors, name) >= 0) {
         LOG_ERR("%s: duplicate tensor '%s'", wpath(w), name);
         return ERR_USAGE;
     }
@@ -839,12 +780,11 @@ int safetensors_writer_add(struct safetensors_writer *w, const char *name,
     if (!(t.name = strdup(name)))
         goto oom;
     w->tensors[w->n_tensors] = t;
-    if (reserve_names(w, w->n_tensors + 1) != 0) {
+    if (nametab_reserve(&w->names, w->tensors, sizeof *w->tensors, w->n_tensors + 1) != 0) {
         free(t.name);
         goto oom;
     }
-    *name_table_probe(&w->names, &w->tensors[0].name, sizeof *w->tensors, name) =
-        (uint32_t)w->n_tensors + 1;
+    nametab_insert(&w->names, w->tensors, sizeof *w->tensors, (uint32_t)w->n_tensors);
     w->n_tensors++;
     w->data_size = end;
     return 0;
@@ -975,7 +915,7 @@ static void writer_free(struct safetensors_writer *w)
     for (size_t i = 0; i < w->n_tensors; i++)
         free(w->tensors[i].name);
     free(w->tensors);
-    free(w->names.slots);
+    nametab_fini(&w->names);
     json_decref(w->meta);
     free(w);
 }
