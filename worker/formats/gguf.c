@@ -23,6 +23,7 @@
 #include "fmap.h"
 #include "log.h"
 #include "nametab.h"
+#include "tstream.h"
 #include "vec.h"
 
 #include <errno.h>
@@ -1040,9 +1041,7 @@ struct gguf_writer {
     struct wtensor *tensors;
     size_t n_tensors, tensors_cap;
     struct nametab tensor_names;
-    /* streaming */
-    size_t cur;          /* tensor being written */
-    uint64_t cur_done;   /* its bytes written so far */
+    struct tstream ts; /* streaming */
 };
 
 static const char *wpath(const struct gguf_writer *w) { return w->af.final_path; }
@@ -1387,8 +1386,10 @@ int gguf_writer_stream_begin(struct gguf_writer *w)
     free(h.p);
     if (rc != 0)
         w->state = W_FAILED;
-    w->cur = 0;
-    w->cur_done = 0;
+    w->ts = (struct tstream){.af = &w->af, .align = w->alignment, .tensors = w->tensors,
+                             .stride = sizeof *w->tensors,
+                             .size_off = offsetof(struct wtensor, size),
+                             .n_tensors = w->n_tensors};
     return rc;
 }
 
@@ -1400,34 +1401,10 @@ int gguf_writer_stream_write(struct gguf_writer *w, const void *buf, size_t n)
                                      : "before gguf_writer_stream_begin");
         return w->state == W_FAILED ? ERR_STATE : ERR_USAGE;
     }
-    const uint8_t *p = buf;
-    while (n > 0) {
-        if (w->cur == w->n_tensors) {
-            LOG_ERR("%s: %zu bytes of tensor data beyond the declared tensors", wpath(w), n);
-            return ERR_USAGE;
-        }
-        struct wtensor *t = &w->tensors[w->cur];
-        int rc = 0;
-        if (w->cur_done == 0)
-            rc = afile_pad(&w->af, w->alignment);
-        uint64_t chunk = t->size - w->cur_done;
-        if (chunk > n)
-            chunk = n;
-        if (rc == 0)
-            rc = afile_write(&w->af, p, (size_t)chunk);
-        if (rc != 0) {
-            w->state = W_FAILED;
-            return rc;
-        }
-        p += chunk;
-        n -= (size_t)chunk;
-        w->cur_done += chunk;
-        if (w->cur_done == t->size) {
-            w->cur++;
-            w->cur_done = 0;
-        }
-    }
-    return 0;
+    int rc = tstream_write(&w->ts, wpath(w), buf, n);
+    if (rc != 0 && rc != ERR_USAGE)
+        w->state = W_FAILED;
+    return rc;
 }
 
 static void writer_free(struct gguf_writer *w)
@@ -1468,11 +1445,11 @@ int gguf_writer_finish(struct gguf_writer *w)
         rc = ERR_STATE;
         goto fail;
     }
-    if (w->cur != w->n_tensors) {
-        const struct wtensor *t = &w->tensors[w->cur];
+    if (w->ts.cur != w->n_tensors) {
+        const struct wtensor *t = &w->tensors[w->ts.cur];
         LOG_ERR("%s: tensor '%s': only %" PRIu64 " of its %" PRIu64 " bytes were written "
                 "(%zu of %zu tensors complete)",
-                wpath(w), t->name.ptr, w->cur_done, t->size, w->cur, w->n_tensors);
+                wpath(w), t->name.ptr, w->ts.cur_done, t->size, w->ts.cur, w->n_tensors);
         rc = ERR_USAGE;
         goto fail;
     }

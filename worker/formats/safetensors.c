@@ -19,6 +19,7 @@
 #include "fmap.h"
 #include "log.h"
 #include "nametab.h"
+#include "tstream.h"
 #include "path.h"
 #include "vec.h"
 
@@ -674,8 +675,7 @@ struct safetensors_writer {
     size_t n_tensors, cap;
     struct nametab names;
     uint64_t data_size;
-    size_t cur;
-    uint64_t cur_done;
+    struct tstream ts; /* streaming */
 };
 
 static const char *wpath(const struct safetensors_writer *w) { return w->af.final_path; }
@@ -869,8 +869,10 @@ int safetensors_writer_stream_begin(struct safetensors_writer *w)
     free(h);
     if (rc != 0)
         w->state = W_FAILED;
-    w->cur = 0;
-    w->cur_done = 0;
+    w->ts = (struct tstream){.af = &w->af, .align = 1, .tensors = w->tensors,
+                             .stride = sizeof *w->tensors,
+                             .size_off = offsetof(struct wtensor, size),
+                             .n_tensors = w->n_tensors};
     return rc;
 }
 
@@ -882,32 +884,10 @@ int safetensors_writer_stream_write(struct safetensors_writer *w, const void *bu
                                      : "before safetensors_writer_stream_begin");
         return w->state == W_FAILED ? ERR_STATE : ERR_USAGE;
     }
-    const uint8_t *p = buf;
-    while (n > 0) {
-        while (w->cur < w->n_tensors && w->tensors[w->cur].size == 0)
-            w->cur++;
-        if (w->cur == w->n_tensors) {
-            LOG_ERR("%s: %zu bytes of tensor data beyond the declared tensors", wpath(w), n);
-            return ERR_USAGE;
-        }
-        const struct wtensor *t = &w->tensors[w->cur];
-        uint64_t chunk = t->size - w->cur_done;
-        if (chunk > n)
-            chunk = n;
-        int rc = afile_write(&w->af, p, (size_t)chunk);
-        if (rc != 0) {
-            w->state = W_FAILED;
-            return rc;
-        }
-        p += chunk;
-        n -= (size_t)chunk;
-        w->cur_done += chunk;
-        if (w->cur_done == t->size) {
-            w->cur++;
-            w->cur_done = 0;
-        }
-    }
-    return 0;
+    int rc = tstream_write(&w->ts, wpath(w), buf, n);
+    if (rc != 0 && rc != ERR_USAGE)
+        w->state = W_FAILED;
+    return rc;
 }
 
 static void writer_free(struct safetensors_writer *w)
@@ -946,13 +926,11 @@ int safetensors_writer_finish(struct safetensors_writer *w)
         rc = ERR_STATE;
         goto fail;
     }
-    while (w->cur < w->n_tensors && w->tensors[w->cur].size == 0)
-        w->cur++;
-    if (w->cur != w->n_tensors) {
-        const struct wtensor *t = &w->tensors[w->cur];
+    if (!tstream_done(&w->ts)) {
+        const struct wtensor *t = &w->tensors[w->ts.cur];
         LOG_ERR("%s: tensor '%s': only %" PRIu64 " of its %" PRIu64 " bytes were written "
                 "(%zu of %zu tensors complete)",
-                wpath(w), t->name, w->cur_done, t->size, w->cur, w->n_tensors);
+                wpath(w), t->name, w->ts.cur_done, t->size, w->ts.cur, w->n_tensors);
         rc = ERR_USAGE;
         goto fail;
     }
