@@ -5,8 +5,6 @@
 
 #include <string.h>
 
-_Static_assert(ERR_OVERFLOW == -10005, "dtype.h inlines the value of ERR_OVERFLOW");
-
 static const struct dtype_info infos[DT_COUNT_] = {
     [DT_F32] = {"f32", 1, 4},
     [DT_F16] = {"f16", 1, 2},

@@ -15,6 +15,8 @@
 #ifndef CLOCHER_COMMON_DTYPE_H
 #define CLOCHER_COMMON_DTYPE_H
 
+#include "err.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -68,7 +70,7 @@ static inline int dtype_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
 {
     uint64_t r;
     if (__builtin_mul_overflow(a, b, &r))
-        return -10005; /* ERR_OVERFLOW */
+        return ERR_OVERFLOW;
     *out = r;
     return 0;
 }
@@ -77,7 +79,7 @@ static inline int dtype_add_u64(uint64_t a, uint64_t b, uint64_t *out)
 {
     uint64_t r;
     if (__builtin_add_overflow(a, b, &r))
-        return -10005; /* ERR_OVERFLOW */
+        return ERR_OVERFLOW;
     *out = r;
     return 0;
 }

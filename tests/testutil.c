@@ -2,6 +2,7 @@
 #include "testutil.h"
 
 #include "log.h"
+#include "rng.h"
 
 #include <errno.h>
 #include <ftw.h>
@@ -42,6 +43,13 @@ const char *tu_path(const char *dir, const char *name)
     char *b = next_buf();
     snprintf(b, 4096, "%s/%s", dir, name);
     return b;
+}
+
+void tu_fill_bytes(uint8_t *p, size_t n, uint32_t x0)
+{
+    uint32_t x = x0;
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)rng_xorshift32(&x);
 }
 
 const char *tu_build_path(const char *rel)

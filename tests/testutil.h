@@ -1,6 +1,7 @@
 /*
  * testutil.h — helpers shared by the unit tests: fixture paths, temporary directories, log
- * capture (to assert that an error message names the file/tensor/field), file utilities.
+ * capture (to assert that an error message names the file/tensor/field), file utilities,
+ * deterministic test bytes.
  * Include after <cmocka.h>'s prerequisites (stdarg.h, stddef.h, setjmp.h, stdint.h).
  */
 #ifndef CLOCHER_TESTS_TESTUTIL_H
@@ -32,6 +33,10 @@ const char *tu_log_captured(void);
 void tu_log_capture_end(void);
 /* Asserts the captured log contains each of the NULL-terminated needles. */
 void tu_assert_log_contains(const char *first, ...);
+
+/* Deterministic bytes: n outputs of xorshift32 (common/rng.h) from state x0 (not 0), low byte
+ * of each. Tests pass their own x0 (usually derived from a seed) so their data stay the same. */
+void tu_fill_bytes(uint8_t *p, size_t n, uint32_t x0);
 
 /* Runs a shell command, returns its exit status (or -1); output captured into *out if non-NULL. */
 int tu_run(const char *cmd, char **out);

@@ -14,6 +14,8 @@
 #include "gguf.h"
 #include "half.h"
 #include "log.h"
+#include "path.h"
+#include "rng.h"
 #include "safetensors.h"
 
 #include "sentencepiece/sentencepiece_model.pb-c.h"
@@ -23,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "afile.h"
 
@@ -179,14 +180,6 @@ out:
 
 /* ---- weights ---- */
 
-static inline uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Fills n values of tensor `index` (uniform, std 0.02; or ones for norms) in dtype dt. */
 static void gen_values(uint64_t seed, uint32_t index, int is_norm, enum dtype dt, void *out,
                        uint64_t n)
@@ -196,8 +189,7 @@ static void gen_values(uint64_t seed, uint32_t index, int is_norm, enum dtype dt
     for (uint64_t i = 0; i < n; i++) {
         float x = 1.0f;
         if (!is_norm) {
-            uint32_t r = (uint32_t)(splitmix64(&s) >> 40); /* 24 bits */
-            x = ((float)r * (1.0f / 8388608.0f) - 1.0f) * a;
+            x = rng_signed_f32(rng_splitmix64(&s)) * a;
         }
         if (dt == DT_F32)
             ((float *)out)[i] = x;
@@ -411,11 +403,8 @@ int synth_model(const char *out_dir, const struct synth_opts *o)
         hp.n_layers = o->layers;
     if ((rc = iebin_check_hparams(&hp, o->preset)) != 0)
         return rc;
-    if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) {
-        rc = -errno;
-        LOG_ERR("cannot create %s: %s", out_dir, strerror(errno));
+    if ((rc = path_mkdir_p(out_dir)) != 0)
         return rc;
-    }
     struct vocab v;
     struct stensor *t = NULL;
     size_t nt = tensor_list(&hp, &t);

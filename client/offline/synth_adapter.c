@@ -13,6 +13,8 @@
 #include "kern.h"
 #include "log.h"
 #include "lora.h"
+#include "path.h"
+#include "rng.h"
 #include "safetensors.h"
 
 #include <errno.h>
@@ -21,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* IEBIN tensor (after "blk.N.") of each target, for the base weights' size. */
@@ -33,51 +34,6 @@ static const char *const base_names[LORA_TARGET_COUNT] = {
 static const char *const parents[LORA_TARGET_COUNT] = {
     "self_attn", "self_attn", "self_attn", "self_attn", "mlp", "mlp", "mlp",
 };
-
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
-/* uniform in [-1, 1) */
-static float uniform(uint64_t *s)
-{
-    return (float)(splitmix64(s) >> 40) * (2.0f / 16777216.0f) - 1.0f;
-}
-
-static int mkdir_p(const char *path)
-{
-    char *p = strdup(path);
-    if (!p) {
-        LOG_ERR("%s: out of memory", path);
-        return -ENOMEM;
-    }
-    int rc = 0;
-    for (char *c = p + 1;; c++) {
-        if (*c != '/' && *c != '\0')
-            continue;
-        char saved = *c;
-        *c = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-            rc = -errno;
-            LOG_ERR("cannot create directory %s: %s", p, strerror(errno));
-            break;
-        }
-        *c = saved;
-        if (saved == '\0')
-            break;
-    }
-    struct stat st;
-    if (rc == 0 && (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))) {
-        LOG_ERR("%s: not a directory", path);
-        rc = -ENOTDIR;
-    }
-    free(p);
-    return rc;
-}
 
 /* Root mean square of a base tensor's elements (any dtype). */
 static int tensor_rms(const struct iebin_tensor *t, float *row, double *out)
@@ -194,7 +150,7 @@ int synth_adapter_write(const struct iebin_model *base, const char *out_dir,
     }
     snprintf(cfg_path, n, "%s/%s", out_dir, LORA_CONFIG_FILE);
     snprintf(st_path, n, "%s/%s", out_dir, LORA_WEIGHTS_FILE);
-    if ((rc = mkdir_p(out_dir)) != 0)
+    if ((rc = path_mkdir_p(out_dir)) != 0)
         goto out;
     /* a configuration left from an earlier adapter must not pair with the new weights */
     if (unlink(cfg_path) != 0 && errno != ENOENT) {
@@ -252,9 +208,9 @@ int synth_adapter_write(const struct iebin_model *base, const char *out_dir,
                     uint64_t st = o->seed ^ (0x5851f42d4c957f2du *
                                              (1u + ((uint64_t)l << 8) + (uint64_t)t * 2u +
                                               (uint64_t)ab));
-                    splitmix64(&st);
+                    rng_splitmix64(&st);
                     for (size_t i = 0; i < count; i++)
-                        buf[i] = amp * uniform(&st);
+                        buf[i] = amp * rng_signed_f32(rng_splitmix64(&st));
                     if (o->dtype == DT_F32) {
                         memcpy(out_buf, buf, count * 4);
                     } else {

@@ -92,12 +92,8 @@ int cmd_adapters(int argc, char **argv)
         case 'h':
             usage(stdout);
             return CMD_EXIT_OK;
-        case ':':
-            fprintf(stderr, "clocher adapters: %s needs a value\n", argv[optind - 1]);
-            return CMD_EXIT_USAGE;
-        default:
-            fprintf(stderr, "clocher adapters: unknown option '%s' (see --help)\n",
-                    argv[optind - 1]);
+        default: /* ':' (an option without its value) or '?' */
+            rpc_opt_error("adapters", opt, argv);
             return CMD_EXIT_USAGE;
         }
     }

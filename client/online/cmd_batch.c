@@ -244,12 +244,8 @@ int cmd_batch(int argc, char **argv)
             usage(stdout);
             ret = CMD_EXIT_OK;
             goto done;
-        case ':':
-            fprintf(stderr, "clocher batch: %s needs a value\n", argv[optind - 1]);
-            goto done;
-        default:
-            fprintf(stderr, "clocher batch: unknown option '%s' (see --help)\n",
-                    argv[optind - 1]);
+        default: /* ':' (an option without its value) or '?' */
+            rpc_opt_error("batch", opt, argv);
             goto done;
         }
     }

@@ -19,6 +19,7 @@
 
 #include "err.h"
 #include "genreq.h"
+#include "mono.h"
 #include "pct.h"
 #include "rpc.h"
 
@@ -90,7 +91,7 @@ static void run_one(struct bench *b, struct sample *s)
     memset(s, 0, sizeof *s);
     s->tpot_ms = NAN;
     s->server_ttft_ms = NAN;
-    double t0 = rpc_now(), t_first = 0;
+    double t0 = mono_sec(), t_first = 0;
     struct rpc_stream *st;
     int rc = rpc_stream_open(b->c, RPC_M_GENERATE, &b->req->base, -1, &st);
     while (rc == 0) {
@@ -102,7 +103,7 @@ static void run_one(struct bench *b, struct sample *s)
         }
         const Clocher__V1__GenerateResponse *g = (const void *)m;
         if (g->n_token_ids && !t_first)
-            t_first = rpc_now();
+            t_first = mono_sec();
         s->tokens += (uint32_t)g->n_token_ids;
         if (g->usage)
             s->prompt_tokens = g->usage->prompt_tokens;
@@ -112,7 +113,7 @@ static void run_one(struct bench *b, struct sample *s)
     }
     struct rpc_status status;
     int crc = rpc_stream_close(st, &status);
-    double t1 = rpc_now();
+    double t1 = mono_sec();
     if (rc == 0)
         rc = crc;
     s->code = rc == 0 ? 0 : rc == RPC_ERR_STATUS ? status.code : -1;
@@ -130,7 +131,7 @@ static void *worker_main(void *arg)
         long k = atomic_fetch_add(&b->started, 1);
         if (atomic_load(&b->stop))
             break;
-        if (b->max_requests >= 0 ? k >= b->max_requests : rpc_now() >= b->stop_at)
+        if (b->max_requests >= 0 ? k >= b->max_requests : mono_sec() >= b->stop_at)
             break;
         if (w->n == w->cap) {
             size_t nc = w->cap ? w->cap * 2 : 256;
@@ -279,12 +280,8 @@ int cmd_bench(int argc, char **argv)
             usage(stdout);
             ret = CMD_EXIT_OK;
             goto out;
-        case ':':
-            fprintf(stderr, "clocher bench: %s needs a value\n", argv[optind - 1]);
-            goto out;
-        default:
-            fprintf(stderr, "clocher bench: unknown option '%s' (see --help)\n",
-                    argv[optind - 1]);
+        default: /* ':' (an option without its value) or '?' */
+            rpc_opt_error("bench", opt, argv);
             goto out;
         }
     }
@@ -350,7 +347,7 @@ int cmd_bench(int argc, char **argv)
         }
     }
     b.max_requests = requests >= 0 ? (long)requests : -1;
-    double t0 = rpc_now();
+    double t0 = mono_sec();
     b.stop_at = t0 + (duration >= 0 ? duration : 0);
     atomic_init(&b.started, 0);
     atomic_init(&b.stop, false);
@@ -365,7 +362,7 @@ int cmd_bench(int argc, char **argv)
     }
     for (size_t i = 0; i < started; i++)
         pthread_join(ws[i].th, NULL);
-    double wall = rpc_now() - t0;
+    double wall = mono_sec() - t0;
     if (started < nw) {
         ret = CMD_EXIT_FAIL;
         goto out;

@@ -11,6 +11,7 @@
 #include "err.h"
 #include "genreq.h"
 #include "log.h"
+#include "mono.h"
 #include "rpc.h"
 
 #include <errno.h>
@@ -158,12 +159,8 @@ int cmd_generate(int argc, char **argv)
             usage(stdout);
             ret = CMD_EXIT_OK;
             goto out;
-        case ':':
-            fprintf(stderr, "clocher generate: %s needs a value\n", argv[optind - 1]);
-            goto out;
-        default:
-            fprintf(stderr, "clocher generate: unknown option '%s' (see --help)\n",
-                    argv[optind - 1]);
+        default: /* ':' (an option without its value) or '?' */
+            rpc_opt_error("generate", opt, argv);
             goto out;
         }
     }
@@ -216,7 +213,7 @@ int cmd_generate(int argc, char **argv)
         goto out;
     }
     struct rpc_stream *s;
-    double t0 = rpc_now(), t_first = 0;
+    double t0 = mono_sec(), t_first = 0;
     rc = rpc_stream_open(c, RPC_M_GENERATE, &req->base, -1, &s);
     bool out_error = false, ends_nl = true;
     size_t n_msgs = 0;
@@ -229,7 +226,7 @@ int cmd_generate(int argc, char **argv)
         }
         Clocher__V1__GenerateResponse *g = (Clocher__V1__GenerateResponse *)m;
         if (!t_first && g->n_token_ids)
-            t_first = rpc_now();
+            t_first = mono_sec();
         n_msgs++;
         if (genreq_result_add(&res, g) < 0) {
             rc = -ENOMEM;
@@ -255,7 +252,7 @@ int cmd_generate(int argc, char **argv)
     int crc = rpc_stream_close(s, &st);
     if (rc == 0)
         rc = crc;
-    double t_end = rpc_now();
+    double t_end = mono_sec();
 
     if (out_error) {
         fprintf(stderr, "clocher generate: writing to standard output: %s\n", strerror(errno));

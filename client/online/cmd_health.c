@@ -11,6 +11,7 @@
 
 #include "err.h"
 #include "health.pb-c.h"
+#include "mono.h"
 #include "rpc.h"
 
 #include <getopt.h>
@@ -127,12 +128,8 @@ int cmd_health(int argc, char **argv)
         case 'h':
             usage(stdout);
             return CMD_EXIT_OK;
-        case ':':
-            fprintf(stderr, "clocher health: %s needs a value\n", argv[optind - 1]);
-            return CMD_EXIT_USAGE;
-        default:
-            fprintf(stderr, "clocher health: unknown option '%s' (see --help)\n",
-                    argv[optind - 1]);
+        default: /* ':' (an option without its value) or '?' */
+            rpc_opt_error("health", opt, argv);
             return CMD_EXIT_USAGE;
         }
     }
@@ -148,11 +145,11 @@ int cmd_health(int argc, char **argv)
         q.quiet = quiet;
         rc = check_once(&q, service, &serving, &st);
     } else {
-        double end = rpc_now() + wait_s;
+        double end = mono_sec() + wait_s;
         struct rpc_opts q = o;
         q.quiet = true;
         for (;;) {
-            double left = end - rpc_now();
+            double left = end - mono_sec();
             q.connect_timeout_s = left < o.connect_timeout_s ? (left > 0.1 ? left : 0.1)
                                                             : o.connect_timeout_s;
             rc = check_once(&q, service, &serving, &st);
@@ -161,7 +158,7 @@ int cmd_health(int argc, char **argv)
             /* keep polling through "not yet": unreachable, not serving, or UNAVAILABLE */
             bool again = rc == RPC_ERR_UNREACHABLE || rc == 0 ||
                          (rc == RPC_ERR_STATUS && st.code == 14 /* UNAVAILABLE */);
-            if (!again || rpc_now() + POLL_S > end)
+            if (!again || mono_sec() + POLL_S > end)
                 break;
             sleep_s(POLL_S);
         }

@@ -198,12 +198,8 @@ int cmd_metrics(int argc, char **argv)
         case 'h':
             usage(stdout);
             return CMD_EXIT_OK;
-        case ':':
-            fprintf(stderr, "clocher metrics: %s needs a value\n", argv[optind - 1]);
-            return CMD_EXIT_USAGE;
-        default:
-            fprintf(stderr, "clocher metrics: unknown option '%s' (see --help)\n",
-                    argv[optind - 1]);
+        default: /* ':' (an option without its value) or '?' */
+            rpc_opt_error("metrics", opt, argv);
             return CMD_EXIT_USAGE;
         }
     }

@@ -23,11 +23,12 @@
 #include <grpc/support/time.h>
 
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MAX_RECV_BYTES (64 << 20) /* the daemon's largest limits.max_message_bytes */
 #define PEM_MAX (1 << 20)
@@ -54,13 +55,6 @@ struct rpc_stream {
     grpc_status_code status;
     grpc_slice details;
 };
-
-double rpc_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- options ---- */
 
@@ -150,6 +144,14 @@ int rpc_exit_code(int rc)
     if (rc == ERR_USAGE)
         return CMD_EXIT_USAGE;
     return CMD_EXIT_FAIL;
+}
+
+void rpc_opt_error(const char *cmd, int opt, char *const *argv)
+{
+    if (opt == ':')
+        fprintf(stderr, "clocher %s: %s needs a value\n", cmd, argv[optind - 1]);
+    else
+        fprintf(stderr, "clocher %s: unknown option '%s' (see --help)\n", cmd, argv[optind - 1]);
 }
 
 void rpc_print_status(const char *cmd, const char *what, const struct rpc_status *st)

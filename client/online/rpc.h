@@ -164,10 +164,11 @@ int rpc_stream_close(struct rpc_stream *s, struct rpc_status *st);
  */
 int rpc_exit_code(int rc);
 
+/* After getopt_long returned ':' (an option without its value) or '?': prints "clocher CMD:
+ * --x needs a value" or "clocher CMD: unknown option '--y' (see --help)" on stderr. */
+void rpc_opt_error(const char *cmd, int opt, char *const *argv);
+
 /* Prints "clocher CMD: METHOD failed: CODE: message" for a non-OK status. */
 void rpc_print_status(const char *cmd, const char *what, const struct rpc_status *st);
-
-/* Seconds since an arbitrary start (CLOCK_MONOTONIC). */
-double rpc_now(void);
 
 #endif

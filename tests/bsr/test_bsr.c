@@ -19,6 +19,7 @@
 #include "err.h"
 #include "iebin.h"
 #include "kern.h"
+#include "rng.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -30,15 +31,9 @@
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
-static uint64_t rnd(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return rng_splitmix64(&rng_state); }
 
-static float rndf(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2 - 1); }
+static float rndf(void) { return (float)(rng_unit_f64(rnd()) * 2 - 1); }
 
 /* A [rows][cols] matrix whose br x bc blocks are zero with probability `sparsity`. */
 static float *random_sparse(size_t rows, size_t cols, size_t br, size_t bc, double sparsity)

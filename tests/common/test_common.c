@@ -7,6 +7,11 @@
 #include "fmap.h"
 #include "half.h"
 #include "heap.h"
+#include "jfield.h"
+#include "mono.h"
+#include "path.h"
+#include "rng.h"
+#include "vec.h"
 
 #include <errno.h>
 #include <math.h>
@@ -14,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void test_err_text(void **state)
@@ -211,6 +217,147 @@ static void test_fmap(void **state)
     free(dir);
 }
 
+/* path_join: "dir/name", even with empty parts; path_mkdir_p: creates nested directories,
+ * accepts existing ones, and refuses an empty path and a file in the way with a message */
+static void test_path(void **state)
+{
+    (void)state;
+    char *j = path_join("a/b", "c.json");
+    assert_string_equal(j, "a/b/c.json");
+    free(j);
+    j = path_join("", "x");
+    assert_string_equal(j, "/x");
+    free(j);
+    j = path_join("d", "");
+    assert_string_equal(j, "d/");
+    free(j);
+
+    char *dir = tu_mkdtemp();
+    char *deep = path_join(dir, "a/b/c");
+    struct stat st;
+    assert_int_equal(path_mkdir_p(deep), 0);
+    assert_int_equal(stat(deep, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(path_mkdir_p(deep), 0); /* already there */
+    char *slash = path_join(deep, "d/"); /* a trailing slash */
+    assert_int_equal(path_mkdir_p(slash), 0);
+    assert_int_equal(stat(slash, &st), 0);
+    free(slash);
+
+    tu_write_file(tu_path(dir, "file"), "x", 1);
+    tu_log_capture_begin();
+    assert_int_equal(path_mkdir_p(tu_path(dir, "file")), -ENOTDIR);
+    tu_assert_log_contains("cannot create directory", "file", "Not a directory", NULL);
+    tu_log_capture_begin();
+    assert_int_equal(path_mkdir_p(tu_path(dir, "file/sub")), -ENOTDIR);
+    tu_assert_log_contains("cannot create directory", "file/sub", NULL);
+    tu_log_capture_begin();
+    assert_int_equal(path_mkdir_p(""), -EINVAL);
+    tu_assert_log_contains("empty path", NULL);
+    tu_log_capture_end();
+    free(deep);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* mono_ns / mono_sec: never go back, and agree with each other */
+static void test_mono(void **state)
+{
+    (void)state;
+    uint64_t a = mono_ns();
+    double s = mono_sec();
+    uint64_t b = mono_ns();
+    assert_true(a > 0);
+    assert_true(b >= a);
+    assert_true(s * 1e9 >= (double)a - 1e3 && s * 1e9 <= (double)b + 1e3);
+}
+
+/* The generators' sequences are pinned: the sampler, `clocher synth` and the tests' data
+ * depend on them bit for bit. Reference values: SplitMix64 from 0, Marsaglia's xorshift
+ * papers' seeds. */
+static void test_rng(void **state)
+{
+    (void)state;
+    uint64_t s = 0;
+    assert_true(rng_splitmix64(&s) == 0xe220a8397b1dcdafull);
+    assert_true(rng_splitmix64(&s) == 0x6e789e6aa1b965f4ull);
+    uint64_t x = 88172645463325252ull;
+    assert_true(rng_xorshift64(&x) == 8748534153485358512ull);
+    assert_true(rng_xorshift64(&x) == 3040900993826735515ull);
+    assert_true(x == 3040900993826735515ull); /* the state is the last output */
+    uint32_t y = 2463534242u;
+    assert_int_equal(rng_xorshift32(&y), 723471715u);
+    assert_int_equal(rng_xorshift32(&y), 2497366906u);
+
+    /* the draws at the ends of their ranges */
+    assert_true(rng_unit_f64(0) == 0.0);
+    assert_true(rng_unit_f64(UINT64_MAX) == 1.0 - 0x1p-53);
+    assert_true(rng_signed_f32(0) == -1.0f);
+    assert_true(rng_signed_f32(UINT64_MAX) == 1.0f - 0x1p-23f);
+    assert_true(rng_signed_f32(1ull << 63) == 0.0f);
+
+    /* tu_fill_bytes is xorshift32's low bytes */
+    uint8_t b[3];
+    tu_fill_bytes(b, 3, 2463534242u);
+    y = 2463534242u;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(b[i], (uint8_t)rng_xorshift32(&y));
+}
+
+/* jfield: every JSON kind named; scalars rendered and cut to the buffer */
+static void test_jfield(void **state)
+{
+    (void)state;
+    char d[12];
+    json_t *o = json_object(), *a = json_array(), *str = json_string("abc"),
+           *lng = json_string("a long string value"), *i = json_integer(42),
+           *r = json_real(1.5), *t = json_true(), *n = json_null();
+    assert_string_equal(jfield_type(NULL), "missing");
+    assert_string_equal(jfield_type(o), "an object");
+    assert_string_equal(jfield_type(a), "an array");
+    assert_string_equal(jfield_type(str), "a string");
+    assert_string_equal(jfield_type(i), "an integer");
+    assert_string_equal(jfield_type(r), "a real number");
+    assert_string_equal(jfield_type(t), "a boolean");
+    assert_string_equal(jfield_type(n), "null");
+    assert_string_equal(jfield_desc(NULL, d, sizeof d), "missing");
+    assert_string_equal(jfield_desc(o, d, sizeof d), "an object");
+    assert_string_equal(jfield_desc(a, d, sizeof d), "an array");
+    assert_string_equal(jfield_desc(str, d, sizeof d), "\"abc\"");
+    assert_string_equal(jfield_desc(i, d, sizeof d), "42");
+    assert_string_equal(jfield_desc(r, d, sizeof d), "1.5");
+    assert_string_equal(jfield_desc(t, d, sizeof d), "true");
+    assert_string_equal(jfield_desc(n, d, sizeof d), "null");
+    assert_string_equal(jfield_desc(lng, d, sizeof d), "\"a long ...");
+    json_t *all[] = {o, a, str, lng, i, r, t, n};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        json_decref(all[k]);
+}
+
+/* vec_grow: leaves a roomy array alone, doubles a full one (from `first` when empty), and
+ * refuses a size that overflows without touching the array */
+static void test_vec_grow(void **state)
+{
+    (void)state;
+    size_t cap = 0;
+    int *a = vec_grow(NULL, &cap, 0, sizeof *a, 4);
+    assert_non_null(a);
+    assert_int_equal(cap, 4);
+    for (int i = 0; i < 4; i++)
+        a[i] = i;
+    assert_ptr_equal(vec_grow(a, &cap, 3, sizeof *a, 4), a);
+    assert_int_equal(cap, 4);
+    a = vec_grow(a, &cap, 4, sizeof *a, 4);
+    assert_non_null(a);
+    assert_int_equal(cap, 8);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(a[i], i);
+    size_t huge = SIZE_MAX / 2 + 1;
+    assert_null(vec_grow(a, &huge, huge, sizeof *a, 4));
+    assert_true(huge == SIZE_MAX / 2 + 1);
+    free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -220,6 +367,11 @@ int main(void)
         cmocka_unit_test(test_afile_commit_and_abort),
         cmocka_unit_test(test_heap_order),
         cmocka_unit_test(test_fmap),
+        cmocka_unit_test(test_path),
+        cmocka_unit_test(test_mono),
+        cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_jfield),
+        cmocka_unit_test(test_vec_grow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,16 +19,7 @@
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static void fill(uint8_t *p, size_t n, uint32_t seed)
-{
-    uint32_t x = seed * 2654435761u + 1;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        p[i] = (uint8_t)x;
-    }
-}
+static void fill(uint8_t *p, size_t n, uint32_t seed) { tu_fill_bytes(p, n, seed * 2654435761u + 1); }
 
 /* Opening `b` (as "bad.gguf") fails with `code` and the log names the file and each needle. */
 static void expect_fail(const struct bytes *b, int code, const char *n1, const char *n2)

@@ -17,16 +17,7 @@
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static void fill(uint8_t *p, size_t n, uint32_t seed)
-{
-    uint32_t x = seed * 2654435761u + 7;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        p[i] = (uint8_t)x;
-    }
-}
+static void fill(uint8_t *p, size_t n, uint32_t seed) { tu_fill_bytes(p, n, seed * 2654435761u + 7); }
 
 /* 8-byte length, the header text as given, then data_len bytes of data. */
 static void build(struct bytes *b, const char *header, size_t data_len)

@@ -8,6 +8,7 @@
 #include "testutil.h"
 
 #include "err.h"
+#include "rng.h"
 #include "sampler.h"
 
 #include <math.h>
@@ -342,7 +343,7 @@ static void test_top_p_brute_force(void **state)
         for (size_t ti = 0; ti < 3; ti++)
             for (size_t pi = 0; pi < 5; pi++) {
                 for (int i = 0; i < V; i++) {
-                    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                    rng_xorshift64(&x);
                     /* a heavy head and a long tail; coarse values make ties */
                     logits[i] = (float)((x >> 40) % 64) * 0.25f - (float)(i % 97) * 0.05f;
                 }

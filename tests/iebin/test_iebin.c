@@ -83,11 +83,7 @@ static uint64_t spec_bytes(const struct spec *s)
 /* Deterministic contents of tensor i of a model written with `seed`. */
 static void fill(uint8_t *p, uint64_t n, unsigned seed, size_t i)
 {
-    uint32_t x = seed * 2654435761u + (uint32_t)i * 40503u + 1u;
-    for (uint64_t k = 0; k < n; k++) {
-        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-        p[k] = (uint8_t)x;
-    }
+    tu_fill_bytes(p, (size_t)n, seed * 2654435761u + (uint32_t)i * 40503u + 1u);
 }
 
 #define MAX_SPECS 64

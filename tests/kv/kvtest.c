@@ -3,6 +3,7 @@
 
 #include "err.h"
 #include "log.h"
+#include "rng.h"
 
 #include <stdlib.h>
 
@@ -97,10 +98,6 @@ struct kv_metrics kt_valid(const struct kv_pool *p)
 void kt_tokens(int32_t *t, size_t n, uint32_t seed)
 {
     uint32_t x = seed * 2654435761u + 12345u;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        t[i] = (int32_t)(x % 32000u);
-    }
+    for (size_t i = 0; i < n; i++)
+        t[i] = (int32_t)(rng_xorshift32(&x) % 32000u);
 }

@@ -7,6 +7,7 @@
 #include "kvtest.h"
 
 #include "err.h"
+#include "rng.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -575,13 +576,7 @@ struct model_seq {
     uint32_t len;
 };
 
-static uint32_t rnd_u32(uint64_t *x)
-{
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    return (uint32_t)(*x >> 32);
-}
+static uint32_t rnd_u32(uint64_t *x) { return (uint32_t)(rng_xorshift64(x) >> 32); }
 
 static void test_random_operations(void **state)
 {

@@ -15,6 +15,7 @@
 
 #include "err.h"
 #include "half.h"
+#include "rng.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -26,10 +27,7 @@ struct rng {
 
 static float rnd(struct rng *r)
 {
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return (float)((double)(r->s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    return (float)(rng_unit_f64(rng_xorshift64(&r->s)) * 2.0 - 1.0);
 }
 
 static float round_dt(enum dtype dt, float x)

@@ -12,12 +12,12 @@
 #include "tokfix.h"
 
 #include "err.h"
+#include "mono.h"
 #include "tok.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define SPM_GGUF "ggml-vocab-llama-spm.gguf"
 #define GPT2_GGUF "ggml-vocab-gpt-2.gguf"
@@ -247,13 +247,6 @@ static void gpt2_hf_json(void **state)
 
 /* ---- performance ---------------------------------------------------------------------- */
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* 100 KB of varied text, and 100 KB with no space at all (one huge pre-token / one run of
  * merges): both must take well under a second (sanitizer builds included). */
 static void timed_encode(const struct tok *t, const char *label)
@@ -278,9 +271,9 @@ static void timed_encode(const struct tok *t, const char *label)
     for (int k = 0; k < 2; k++) {
         int32_t *ids;
         size_t n_ids;
-        double t0 = now();
+        double t0 = mono_sec();
         assert_int_equal(tok_encode(t, inputs[k], lens[k], false, &ids, &n_ids), 0);
-        double dt = now() - t0;
+        double dt = mono_sec() - t0;
         fprintf(stderr, "%s: %zu bytes (%s) -> %zu tokens in %.3f s\n", label, lens[k],
                 k ? "no spaces" : "text", n_ids, dt);
         if (dt > 1.0)

@@ -22,6 +22,9 @@
 #include "err.h"
 #include "fmap.h"
 #include "log.h"
+#include "nametab.h"
+#include "tstream.h"
+#include "vec.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -135,82 +138,11 @@ static const char *shape_str(const uint64_t *ne, uint32_t n_dims, char *buf, siz
     return buf;
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* name tables: open addressing over arrays whose elements start with a struct gguf_str      */
-
-struct name_table {
-    uint32_t *slots; /* entry index + 1; 0 = empty */
-    uint64_t mask;
-};
-
-static uint64_t hash_bytes(const char *p, uint64_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (uint64_t i = 0; i < n; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h ^ (h >> 29);
-}
-
-static const struct gguf_str *entry_name(const void *entries, size_t stride, uint32_t i)
-{
-    return (const struct gguf_str *)((const char *)entries + (size_t)i * stride);
-}
-
-/* Capacity: a power of two at least twice n (n <= 2^20 by the caps, so no overflow). */
-static int name_table_init(struct name_table *t, uint64_t n)
-{
-    uint64_t cap = 16;
-    while (cap < 2 * n)
-        cap *= 2;
-    t->slots = calloc(cap, sizeof *t->slots);
-    if (!t->slots)
-        return -ENOMEM;
-    t->mask = cap - 1;
-    return 0;
-}
-
-static void name_table_fini(struct name_table *t)
-{
-    free(t->slots);
-    t->slots = NULL;
-}
-
-/* Returns the slot holding `name`, or the empty slot where it would go. */
-static uint32_t *name_table_probe(const struct name_table *t, const void *entries, size_t stride,
-                                  const char *name, uint64_t len)
-{
-    for (uint64_t h = hash_bytes(name, len);; h++) {
-        uint32_t *slot = &t->slots[h & t->mask];
-        if (*slot == 0)
-            return slot;
-        const struct gguf_str *s = entry_name(entries, stride, *slot - 1);
-        if (s->len == len && memcmp(s->ptr, name, len) == 0)
-            return slot;
-    }
-}
-
-/* Inserts entry i; returns the index of an earlier entry with the same name, or -1. */
-static int64_t name_table_insert(struct name_table *t, const void *entries, size_t stride,
-                                 uint32_t i)
-{
-    const struct gguf_str *s = entry_name(entries, stride, i);
-    uint32_t *slot = name_table_probe(t, entries, stride, s->ptr, s->len);
-    if (*slot != 0)
-        return (int64_t)*slot - 1;
-    *slot = i + 1;
-    return -1;
-}
-
-static int64_t name_table_find(const struct name_table *t, const void *entries, size_t stride,
-                               const char *name)
-{
-    if (!t->slots)
-        return -1;
-    uint32_t *slot = name_table_probe(t, entries, stride, name, strlen(name));
-    return *slot ? (int64_t)*slot - 1 : -1;
-}
+/* name tables (private/nametab.h) over arrays whose elements start with a struct gguf_str */
+_Static_assert(sizeof(struct gguf_str) == sizeof(struct nametab_str) &&
+                   offsetof(struct gguf_str, len) == offsetof(struct nametab_str, len) &&
+                   offsetof(struct gguf_str, ptr) == offsetof(struct nametab_str, ptr),
+               "nametab reads GGUF names as struct nametab_str");
 
 /* ---------------------------------------------------------------------------------------- */
 /* reader                                                                                   */
@@ -219,7 +151,7 @@ static int64_t name_table_find(const struct name_table *t, const void *entries, 
 struct gguf_file_impl {
     struct gguf_file pub; /* first member: struct gguf_file * converts to and from this */
     char *what;
-    struct name_table kv_names, tensor_names;
+    struct nametab kv_names, tensor_names;
 };
 
 static struct gguf_file_impl *impl_of(const struct gguf_file *f)
@@ -671,14 +603,14 @@ static int parse(struct gguf_file_impl *fi)
         if (!f->kv)
             goto oom;
     }
-    rc = name_table_init(&fi->kv_names, f->n_kv);
+    rc = nametab_init(&fi->kv_names, NAMETAB_COUNTED, f->n_kv);
     if (rc != 0)
         goto oom;
     for (uint64_t i = 0; i < f->n_kv; i++) {
         rc = parse_kv(&c, &f->kv[i], i);
         if (rc != 0)
             return rc;
-        int64_t dup = name_table_insert(&fi->kv_names, f->kv, sizeof *f->kv, (uint32_t)i);
+        int64_t dup = nametab_insert(&fi->kv_names, f->kv, sizeof *f->kv, (uint32_t)i);
         if (dup >= 0) {
             LOG_ERR("%s: duplicate key '%.*s' (key #%" PRId64 " and key #%" PRIu64 ")", f->what,
                     (int)f->kv[i].key.len, f->kv[i].key.ptr, dup, i);
@@ -702,7 +634,7 @@ static int parse(struct gguf_file_impl *fi)
         if (!f->tensors)
             goto oom;
     }
-    rc = name_table_init(&fi->tensor_names, f->n_tensors);
+    rc = nametab_init(&fi->tensor_names, NAMETAB_COUNTED, f->n_tensors);
     if (rc != 0)
         goto oom;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
@@ -710,7 +642,7 @@ static int parse(struct gguf_file_impl *fi)
         rc = parse_tensor_info(&c, t, i, f->alignment);
         if (rc != 0)
             return rc;
-        int64_t dup = name_table_insert(&fi->tensor_names, f->tensors, sizeof *t, (uint32_t)i);
+        int64_t dup = nametab_insert(&fi->tensor_names, f->tensors, sizeof *t, (uint32_t)i);
         if (dup >= 0) {
             LOG_ERR("%s: duplicate tensor name '%.*s' (tensors #%" PRId64 " and #%" PRIu64 ")",
                     f->what, (int)t->name.len, t->name.ptr, dup, i);
@@ -789,8 +721,8 @@ void gguf_close(struct gguf_file *f)
             free((void *)f->kv[i].strs);
     free(f->kv);
     free(f->tensors);
-    name_table_fini(&fi->kv_names);
-    name_table_fini(&fi->tensor_names);
+    nametab_fini(&fi->kv_names);
+    nametab_fini(&fi->tensor_names);
     if (f->owns_map && f->map_size > 0)
         munmap(f->map, f->map_size);
     free(fi->what);
@@ -803,14 +735,14 @@ void gguf_close(struct gguf_file *f)
 const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key)
 {
     const struct gguf_file_impl *fi = impl_of(f);
-    int64_t i = name_table_find(&fi->kv_names, f->kv, sizeof *f->kv, key);
+    int64_t i = nametab_find(&fi->kv_names, f->kv, sizeof *f->kv, key);
     return i >= 0 ? &f->kv[i] : NULL;
 }
 
 const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name)
 {
     const struct gguf_file_impl *fi = impl_of(f);
-    int64_t i = name_table_find(&fi->tensor_names, f->tensors, sizeof *f->tensors, name);
+    int64_t i = nametab_find(&fi->tensor_names, f->tensors, sizeof *f->tensors, name);
     return i >= 0 ? &f->tensors[i] : NULL;
 }
 
@@ -1105,30 +1037,29 @@ struct gguf_writer {
     uint64_t n_kv;
     struct gguf_str *keys; /* owned copies, for duplicates */
     size_t keys_cap;
-    struct name_table key_names;
+    struct nametab key_names;
     struct wtensor *tensors;
     size_t n_tensors, tensors_cap;
-    struct name_table tensor_names;
-    /* streaming */
-    size_t cur;          /* tensor being written */
-    uint64_t cur_done;   /* its bytes written so far */
+    struct nametab tensor_names;
+    struct tstream ts; /* streaming */
 };
 
 static const char *wpath(const struct gguf_writer *w) { return w->af.final_path; }
 
-/* Grows a name table when it passes half full: rebuilds from the entries. */
-static int name_table_reserve(struct name_table *t, const void *entries, size_t stride,
-                              size_t n_after)
+/* Names entry n (already stored in `entries`, n not yet counted): a copy of name[0..len) into
+ * *slot, then indexed. 0 or -ENOMEM (not logged: the caller names what it was adding). */
+static int append_name(struct nametab *t, const void *entries, size_t stride, size_t n,
+                             struct gguf_str *slot, const char *name, size_t len)
 {
-    if (t->slots && 2 * (uint64_t)n_after <= t->mask + 1)
-        return 0;
-    struct name_table nt;
-    if (name_table_init(&nt, n_after < 8 ? 16 : 2 * (uint64_t)n_after) != 0)
+    char *copy = strdup(name);
+    if (!copy)
         return -ENOMEM;
-    for (size_t i = 0; i + 1 < n_after; i++)
-        name_table_insert(&nt, entries, stride, (uint32_t)i);
-    name_table_fini(t);
-    *t = nt;
+    *slot = (struct gguf_str){len, copy};
+    if (nametab_reserve(t, entries, stride, n + 1) != 0) {
+        free(copy);
+        return -ENOMEM;
+    }
+    nametab_insert(t, entries, stride, (uint32_t)n);
     return 0;
 }
 
@@ -1141,6 +1072,7 @@ int gguf_writer_create(const char *path, struct gguf_writer **out)
         return -ENOMEM;
     }
     w->alignment = GGUF_DEFAULT_ALIGNMENT;
+    w->key_names.kind = w->tensor_names.kind = NAMETAB_COUNTED; /* read before their init */
     int rc = afile_open(&w->af, path);
     if (rc != 0) {
         free(w);
@@ -1180,7 +1112,7 @@ static int begin_kv(struct gguf_writer *w, const char *key)
             return ERR_USAGE;
         }
     }
-    if (name_table_find(&w->key_names, w->keys, sizeof *w->keys, key) >= 0) {
+    if (nametab_find(&w->key_names, w->keys, sizeof *w->keys, key) >= 0) {
         LOG_ERR("%s: duplicate key '%s'", wpath(w), key);
         return ERR_USAGE;
     }
@@ -1188,23 +1120,13 @@ static int begin_kv(struct gguf_writer *w, const char *key)
         LOG_ERR("%s: more than %u keys", wpath(w), GGUF_MAX_KV);
         return ERR_USAGE;
     }
-    if (w->n_kv == w->keys_cap) {
-        size_t cap = w->keys_cap ? 2 * w->keys_cap : 32;
-        struct gguf_str *k = realloc(w->keys, cap * sizeof *k);
-        if (!k)
-            goto oom;
-        w->keys = k;
-        w->keys_cap = cap;
-    }
-    char *copy = strdup(key);
-    if (!copy)
+    struct gguf_str *k = vec_grow(w->keys, &w->keys_cap, w->n_kv, sizeof *k, 32);
+    if (!k)
         goto oom;
-    w->keys[w->n_kv] = (struct gguf_str){n, copy};
-    if (name_table_reserve(&w->key_names, w->keys, sizeof *w->keys, w->n_kv + 1) != 0) {
-        free(copy);
+    w->keys = k;
+    if (append_name(&w->key_names, w->keys, sizeof *w->keys, w->n_kv, &w->keys[w->n_kv],
+                          key, n) != 0)
         goto oom;
-    }
-    name_table_insert(&w->key_names, w->keys, sizeof *w->keys, (uint32_t)w->n_kv);
     w->n_kv++;
     buf_str(&w->kv, key, n);
     return 0;
@@ -1369,7 +1291,7 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t ggm
             return ERR_USAGE;
         }
     }
-    if (name_table_find(&w->tensor_names, w->tensors, sizeof *w->tensors, name) >= 0) {
+    if (nametab_find(&w->tensor_names, w->tensors, sizeof *w->tensors, name) >= 0) {
         LOG_ERR("%s: duplicate tensor '%s'", wpath(w), name);
         return ERR_USAGE;
     }
@@ -1411,25 +1333,14 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t ggm
         LOG_ERR("%s: more than %u tensors", wpath(w), GGUF_MAX_TENSORS);
         return ERR_USAGE;
     }
-    if (w->n_tensors == w->tensors_cap) {
-        size_t cap = w->tensors_cap ? 2 * w->tensors_cap : 64;
-        struct wtensor *nt = realloc(w->tensors, cap * sizeof *nt);
-        if (!nt)
-            goto oom;
-        w->tensors = nt;
-        w->tensors_cap = cap;
-    }
-    char *copy = strdup(name);
-    if (!copy)
+    struct wtensor *nt = vec_grow(w->tensors, &w->tensors_cap, w->n_tensors, sizeof *nt, 64);
+    if (!nt)
         goto oom;
-    t.name = (struct gguf_str){n, copy};
+    w->tensors = nt;
     w->tensors[w->n_tensors] = t;
-    if (name_table_reserve(&w->tensor_names, w->tensors, sizeof *w->tensors,
-                           w->n_tensors + 1) != 0) {
-        free(copy);
+    if (append_name(&w->tensor_names, w->tensors, sizeof *w->tensors, w->n_tensors,
+                          &w->tensors[w->n_tensors].name, name, n) != 0)
         goto oom;
-    }
-    name_table_insert(&w->tensor_names, w->tensors, sizeof *w->tensors, (uint32_t)w->n_tensors);
     w->n_tensors++;
     return 0;
 oom:
@@ -1475,8 +1386,10 @@ int gguf_writer_stream_begin(struct gguf_writer *w)
     free(h.p);
     if (rc != 0)
         w->state = W_FAILED;
-    w->cur = 0;
-    w->cur_done = 0;
+    w->ts = (struct tstream){.af = &w->af, .align = w->alignment, .tensors = w->tensors,
+                             .stride = sizeof *w->tensors,
+                             .size_off = offsetof(struct wtensor, size),
+                             .n_tensors = w->n_tensors};
     return rc;
 }
 
@@ -1488,34 +1401,10 @@ int gguf_writer_stream_write(struct gguf_writer *w, const void *buf, size_t n)
                                      : "before gguf_writer_stream_begin");
         return w->state == W_FAILED ? ERR_STATE : ERR_USAGE;
     }
-    const uint8_t *p = buf;
-    while (n > 0) {
-        if (w->cur == w->n_tensors) {
-            LOG_ERR("%s: %zu bytes of tensor data beyond the declared tensors", wpath(w), n);
-            return ERR_USAGE;
-        }
-        struct wtensor *t = &w->tensors[w->cur];
-        int rc = 0;
-        if (w->cur_done == 0)
-            rc = afile_pad(&w->af, w->alignment);
-        uint64_t chunk = t->size - w->cur_done;
-        if (chunk > n)
-            chunk = n;
-        if (rc == 0)
-            rc = afile_write(&w->af, p, (size_t)chunk);
-        if (rc != 0) {
-            w->state = W_FAILED;
-            return rc;
-        }
-        p += chunk;
-        n -= (size_t)chunk;
-        w->cur_done += chunk;
-        if (w->cur_done == t->size) {
-            w->cur++;
-            w->cur_done = 0;
-        }
-    }
-    return 0;
+    int rc = tstream_write(&w->ts, wpath(w), buf, n);
+    if (rc != 0 && rc != ERR_USAGE)
+        w->state = W_FAILED;
+    return rc;
 }
 
 static void writer_free(struct gguf_writer *w)
@@ -1527,8 +1416,8 @@ static void writer_free(struct gguf_writer *w)
     free(w->keys);
     free(w->tensors);
     free(w->kv.p);
-    name_table_fini(&w->key_names);
-    name_table_fini(&w->tensor_names);
+    nametab_fini(&w->key_names);
+    nametab_fini(&w->tensor_names);
     free(w);
 }
 
@@ -1556,11 +1445,11 @@ int gguf_writer_finish(struct gguf_writer *w)
         rc = ERR_STATE;
         goto fail;
     }
-    if (w->cur != w->n_tensors) {
-        const struct wtensor *t = &w->tensors[w->cur];
+    if (w->ts.cur != w->n_tensors) {
+        const struct wtensor *t = &w->tensors[w->ts.cur];
         LOG_ERR("%s: tensor '%s': only %" PRIu64 " of its %" PRIu64 " bytes were written "
                 "(%zu of %zu tensors complete)",
-                wpath(w), t->name.ptr, w->cur_done, t->size, w->cur, w->n_tensors);
+                wpath(w), t->name.ptr, w->ts.cur_done, t->size, w->ts.cur, w->n_tensors);
         rc = ERR_USAGE;
         goto fail;
     }

@@ -20,7 +20,9 @@
 
 #include "err.h"
 #include "fmap.h"
+#include "jfield.h"
 #include "log.h"
+#include "path.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -277,26 +279,6 @@ int iebin_check_tensor(const char *what, const char *arch, const struct iebin_hp
 
 /* ---- manifest fields ---- */
 
-/* A short rendering of a JSON value for messages ("1.5", "\"abc\"", "[...]"). */
-static const char *jdesc(const json_t *v, char *buf, size_t n)
-{
-    if (!v)
-        return "missing";
-    if (json_is_array(v))
-        return "an array";
-    if (json_is_object(v))
-        return "an object";
-    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-    if (!s)
-        return "?";
-    if (strlen(s) < n)
-        snprintf(buf, n, "%s", s);
-    else
-        snprintf(buf, n, "%.*s...", (int)(n - 4), s);
-    free(s);
-    return buf;
-}
-
 /* An integer in lo..hi (hi <= 2^53). `field` is the full field label for messages. */
 static int get_int(const char *what, const char *field, const json_t *v, uint64_t lo, uint64_t hi,
                    uint64_t *out)
@@ -307,7 +289,7 @@ static int get_int(const char *what, const char *field, const json_t *v, uint64_
         return ERR_FORMAT;
     }
     if (!json_is_integer(v)) {
-        LOG_ERR("%s: %s is %s, not an integer", what, field, jdesc(v, d, sizeof d));
+        LOG_ERR("%s: %s is %s, not an integer", what, field, jfield_desc(v, d, sizeof d));
         return ERR_FORMAT;
     }
     json_int_t x = json_integer_value(v);
@@ -328,7 +310,7 @@ static int get_string(const char *what, const char *field, const json_t *v, cons
         return ERR_FORMAT;
     }
     if (!json_is_string(v)) {
-        LOG_ERR("%s: %s is %s, not a string", what, field, jdesc(v, d, sizeof d));
+        LOG_ERR("%s: %s is %s, not a string", what, field, jfield_desc(v, d, sizeof d));
         return ERR_FORMAT;
     }
     *out = json_string_value(v);
@@ -339,7 +321,7 @@ static int parse_hparams(const char *what, const json_t *o, struct iebin_hparams
 {
     char field[64], d[48];
     if (!o || !json_is_object(o)) {
-        LOG_ERR("%s: hparams is %s, not an object", what, jdesc(o, d, sizeof d));
+        LOG_ERR("%s: hparams is %s, not an object", what, jfield_desc(o, d, sizeof d));
         return ERR_FORMAT;
     }
     memset(hp, 0, sizeof *hp);
@@ -362,7 +344,7 @@ static int parse_hparams(const char *what, const json_t *o, struct iebin_hparams
         const json_t *v = json_object_get(o, reals[i].name);
         if (!v || !json_is_number(v)) {
             LOG_ERR("%s: hparams.%s is %s, not a number", what, reals[i].name,
-                    jdesc(v, d, sizeof d));
+                    jfield_desc(v, d, sizeof d));
             return ERR_FORMAT;
         }
         double x = json_number_value(v);
@@ -375,7 +357,7 @@ static int parse_hparams(const char *what, const json_t *o, struct iebin_hparams
     }
     const json_t *t = json_object_get(o, "tied_embeddings");
     if (!t || !json_is_boolean(t)) {
-        LOG_ERR("%s: hparams.tied_embeddings is %s, not a boolean", what, jdesc(t, d, sizeof d));
+        LOG_ERR("%s: hparams.tied_embeddings is %s, not a boolean", what, jfield_desc(t, d, sizeof d));
         return ERR_FORMAT;
     }
     hp->tied_embeddings = json_is_true(t);
@@ -410,7 +392,7 @@ static int parse_tensor(const char *what, size_t index, const json_t *o, uint64_
     char field[IEBIN_NAME_MAX + 64], d[48];
     int rc;
     if (!json_is_object(o)) {
-        LOG_ERR("%s: tensors[%zu] is %s, not an object", what, index, jdesc(o, d, sizeof d));
+        LOG_ERR("%s: tensors[%zu] is %s, not an object", what, index, jfield_desc(o, d, sizeof d));
         return ERR_FORMAT;
     }
     const char *name;
@@ -435,7 +417,7 @@ static int parse_tensor(const char *what, size_t index, const json_t *o, uint64_
     const json_t *shape = json_object_get(o, "shape");
     if (!shape || !json_is_array(shape)) {
         LOG_ERR("%s: tensor '%s': shape is %s, not an array", what, name,
-                jdesc(shape, d, sizeof d));
+                jfield_desc(shape, d, sizeof d));
         return ERR_FORMAT;
     }
     size_t nd = json_array_size(shape);
@@ -567,7 +549,7 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
         return ERR_FORMAT;
     }
     if (!json_is_object(root)) {
-        LOG_ERR("%s: the manifest is %s, not a JSON object", what, jdesc(root, d, sizeof d));
+        LOG_ERR("%s: the manifest is %s, not a JSON object", what, jfield_desc(root, d, sizeof d));
         rc = ERR_FORMAT;
         goto out;
     }
@@ -581,7 +563,7 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
     }
     const json_t *ver = json_object_get(root, "version");
     if (!ver || !json_is_integer(ver)) {
-        LOG_ERR("%s: version is %s, not an integer", what, jdesc(ver, d, sizeof d));
+        LOG_ERR("%s: version is %s, not an integer", what, jfield_desc(ver, d, sizeof d));
         rc = ERR_FORMAT;
         goto out;
     }
@@ -601,7 +583,7 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
     snprintf(m->arch, sizeof m->arch, "%s", s);
     const json_t *name = json_object_get(root, "name");
     if (name && !json_is_null(name) && !json_is_string(name)) {
-        LOG_ERR("%s: name is %s, not a string", what, jdesc(name, d, sizeof d));
+        LOG_ERR("%s: name is %s, not a string", what, jfield_desc(name, d, sizeof d));
         rc = ERR_FORMAT;
         goto out;
     }
@@ -619,14 +601,14 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
     if (*has_tokenizer &&
         (!json_is_string(tok) || strcmp(json_string_value(tok), IEBIN_TOKENIZER) != 0)) {
         LOG_ERR("%s: tokenizer is %s; it must be null or \"" IEBIN_TOKENIZER "\"", what,
-                jdesc(tok, d, sizeof d));
+                jfield_desc(tok, d, sizeof d));
         rc = ERR_FORMAT;
         goto out;
     }
 
     const json_t *blob = json_object_get(root, "blob");
     if (!blob || !json_is_object(blob)) {
-        LOG_ERR("%s: blob is %s, not an object", what, jdesc(blob, d, sizeof d));
+        LOG_ERR("%s: blob is %s, not an object", what, jfield_desc(blob, d, sizeof d));
         rc = ERR_FORMAT;
         goto out;
     }
@@ -644,7 +626,7 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
 
     const json_t *tensors = json_object_get(root, "tensors");
     if (!tensors || !json_is_array(tensors)) {
-        LOG_ERR("%s: tensors is %s, not an array", what, jdesc(tensors, d, sizeof d));
+        LOG_ERR("%s: tensors is %s, not an array", what, jfield_desc(tensors, d, sizeof d));
         rc = ERR_FORMAT;
         goto out;
     }
@@ -768,18 +750,6 @@ int iebin_open_mem(const char *label, const void *manifest, size_t manifest_len,
     return 0;
 }
 
-static char *join(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (p) {
-        memcpy(p, dir, a);
-        p[a] = '/';
-        memcpy(p + a + 1, name, b + 1);
-    }
-    return p;
-}
-
 int iebin_open_ex(const char *dir, unsigned flags, struct iebin_model **out)
 {
     int rc;
@@ -789,8 +759,8 @@ int iebin_open_ex(const char *dir, unsigned flags, struct iebin_model **out)
     struct iebin_model *m = NULL;
     *out = NULL;
 
-    mpath = join(dir, IEBIN_MANIFEST);
-    bpath = join(dir, IEBIN_BLOB);
+    mpath = path_join(dir, IEBIN_MANIFEST);
+    bpath = path_join(dir, IEBIN_BLOB);
     m = calloc(1, sizeof *m);
     if (!mpath || !bpath || !m) {
         LOG_ERR("%s: out of memory", dir);
@@ -830,7 +800,7 @@ int iebin_open_ex(const char *dir, unsigned flags, struct iebin_model **out)
     }
     m->dir = abs;
     if (has_tok) {
-        if (!(m->tokenizer_path = join(abs, IEBIN_TOKENIZER))) {
+        if (!(m->tokenizer_path = path_join(abs, IEBIN_TOKENIZER))) {
             LOG_ERR("%s: out of memory", dir);
             rc = -ENOMEM;
             goto fail;

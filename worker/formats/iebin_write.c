@@ -17,6 +17,7 @@
 #include "afile.h"
 #include "err.h"
 #include "log.h"
+#include "path.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 struct iebin_writer {
@@ -44,55 +44,6 @@ struct iebin_writer {
     uint64_t remaining;  /* bytes the current tensor still needs */
     int err;             /* first failure, sticky */
 };
-
-static char *join(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (p) {
-        memcpy(p, dir, a);
-        p[a] = '/';
-        memcpy(p + a + 1, name, b + 1);
-    }
-    return p;
-}
-
-/* mkdir -p: creates each missing component. 0 or -errno (logged). */
-static int make_dirs(const char *dir)
-{
-    char *p = strdup(dir);
-    if (!p) {
-        LOG_ERR("%s: out of memory", dir);
-        return -ENOMEM;
-    }
-    int rc = 0;
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s != '\0')
-            continue;
-        char c = *s;
-        *s = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-            rc = -errno;
-            LOG_ERR("cannot create directory %s: %s", p, strerror(errno));
-            break;
-        }
-        *s = c;
-        if (c == '\0')
-            break;
-    }
-    if (rc == 0) {
-        struct stat st;
-        if (stat(dir, &st) != 0) {
-            rc = -errno;
-            LOG_ERR("cannot create directory %s: %s", dir, strerror(errno));
-        } else if (!S_ISDIR(st.st_mode)) {
-            rc = -ENOTDIR;
-            LOG_ERR("cannot create directory %s: %s", dir, strerror(ENOTDIR));
-        }
-    }
-    free(p);
-    return rc;
-}
 
 static int fsync_dir(const char *dir)
 {
@@ -149,9 +100,9 @@ int iebin_writer_create(const char *dir, const char *arch, const char *name,
     w->blob.fd = -1;
     w->tok.fd = -1;
     w->dir = strdup(dir);
-    w->blob_path = join(dir, IEBIN_BLOB);
-    w->manifest_path = join(dir, IEBIN_MANIFEST);
-    w->tok_path = join(dir, IEBIN_TOKENIZER);
+    w->blob_path = path_join(dir, IEBIN_BLOB);
+    w->manifest_path = path_join(dir, IEBIN_MANIFEST);
+    w->tok_path = path_join(dir, IEBIN_TOKENIZER);
     w->name = strdup(name ? name : "");
     if (!w->dir || !w->blob_path || !w->manifest_path || !w->tok_path || !w->name) {
         LOG_ERR("%s: out of memory", dir);
@@ -162,7 +113,7 @@ int iebin_writer_create(const char *dir, const char *arch, const char *name,
     w->hp = *hp;
     if ((rc = iebin_check_hparams(hp, w->manifest_path)) != 0)
         goto fail;
-    if ((rc = make_dirs(dir)) != 0)
+    if ((rc = path_mkdir_p(dir)) != 0)
         goto fail;
     if ((rc = afile_open(&w->blob, w->blob_path)) != 0)
         goto fail;

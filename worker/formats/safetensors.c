@@ -18,6 +18,10 @@
 #include "err.h"
 #include "fmap.h"
 #include "log.h"
+#include "nametab.h"
+#include "tstream.h"
+#include "path.h"
+#include "vec.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -108,55 +112,13 @@ static const char *shape_str(const uint64_t *shape, int n_dims, char *buf, size_
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* name table: open addressing over C-string names                                          */
-
-struct name_table {
-    uint32_t *slots; /* index + 1; 0 = empty */
-    uint64_t mask;
-};
-
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 0x100000001b3ull;
-    }
-    return h ^ (h >> 29);
-}
-
-static int name_table_init(struct name_table *t, size_t n)
-{
-    uint64_t cap = 16;
-    while (cap < 2 * (uint64_t)n)
-        cap *= 2;
-    t->slots = calloc(cap, sizeof *t->slots);
-    t->mask = cap - 1;
-    return t->slots ? 0 : -ENOMEM;
-}
-
-/* names[i] is the name of entry i; returns the slot of `name` or the empty slot for it. */
-static uint32_t *name_table_probe(const struct name_table *t, char *const *names, size_t stride,
-                                  const char *name)
-{
-    for (uint64_t h = hash_str(name);; h++) {
-        uint32_t *slot = &t->slots[h & t->mask];
-        if (*slot == 0)
-            return slot;
-        const char *other = *(char *const *)((const char *)names + (*slot - 1) * stride);
-        if (strcmp(other, name) == 0)
-            return slot;
-    }
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* reader                                                                                   */
 
 _Static_assert(offsetof(struct safetensors_tensor, name) == 0, "the name table reads names");
 
 struct safetensors_impl {
     struct safetensors_file pub; /* first member */
-    struct name_table names;
+    struct nametab names; /* NAMETAB_CSTR */
     size_t n_meta;
     char **meta; /* key, value, key, value, ... */
 };
@@ -385,7 +347,7 @@ static int parse(struct safetensors_impl *fi)
             goto out;
         }
     }
-    rc = name_table_init(&fi->names, f->n_tensors);
+    rc = nametab_init(&fi->names, NAMETAB_CSTR, f->n_tensors);
     if (rc != 0) {
         LOG_ERR("%s: out of memory", what);
         goto out;
@@ -393,7 +355,7 @@ static int parse(struct safetensors_impl *fi)
     for (size_t i = 0; i < f->n_tensors; i++) {
         struct safetensors_tensor *t = &f->tensors[i];
         /* names are unique: jansson rejected duplicate keys */
-        *name_table_probe(&fi->names, &f->tensors[0].name, sizeof *t, t->name) = (uint32_t)i + 1;
+        nametab_insert(&fi->names, f->tensors, sizeof *t, (uint32_t)i);
         t->data = data + t->offset;
         t->offset += 8 + hlen;
     }
@@ -456,7 +418,7 @@ void safetensors_close(struct safetensors_file *f)
     for (size_t i = 0; i < 2 * fi->n_meta; i++)
         free(fi->meta[i]);
     free(fi->meta);
-    free(fi->names.slots);
+    nametab_fini(&fi->names);
     if (f->owns_map && f->map_size > 0)
         munmap(f->map, f->map_size);
     free(f->path);
@@ -467,10 +429,8 @@ const struct safetensors_tensor *safetensors_find(const struct safetensors_file 
                                                   const char *name)
 {
     const struct safetensors_impl *fi = impl_of(f);
-    if (!fi->names.slots)
-        return NULL;
-    uint32_t *slot = name_table_probe(&fi->names, &f->tensors[0].name, sizeof *f->tensors, name);
-    return *slot ? &f->tensors[*slot - 1] : NULL;
+    int64_t i = nametab_find(&fi->names, f->tensors, sizeof *f->tensors, name);
+    return i >= 0 ? &f->tensors[i] : NULL;
 }
 
 const char *safetensors_metadata(const struct safetensors_file *f, const char *key)
@@ -484,18 +444,6 @@ const char *safetensors_metadata(const struct safetensors_file *f, const char *k
 
 /* ---------------------------------------------------------------------------------------- */
 /* sets                                                                                     */
-
-static char *join(const char *dir, const char *name)
-{
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = malloc(a + b + 2);
-    if (p) {
-        memcpy(p, dir, a);
-        p[a] = '/';
-        memcpy(p + a + 1, name, b + 1);
-    }
-    return p;
-}
 
 static int exists(const char *path, bool *out)
 {
@@ -515,7 +463,7 @@ static int exists(const char *path, bool *out)
 
 static int set_add_file(struct safetensors_set *s, const char *dir, const char *name)
 {
-    char *path = join(dir, name);
+    char *path = path_join(dir, name);
     if (!path)
         return -ENOMEM;
     struct safetensors_file *f = NULL;
@@ -598,7 +546,7 @@ static int open_sharded(struct safetensors_set *s, const char *dir, const char *
         goto out;
     }
     for (size_t k = 0; k < n_shards; k++) {
-        char *path = join(dir, shards[k]);
+        char *path = path_join(dir, shards[k]);
         bool ok = false;
         rc = path ? exists(path, &ok) : -ENOMEM;
         if (rc == 0 && !ok) {
@@ -650,8 +598,8 @@ int safetensors_set_open(const char *dir, struct safetensors_set **out)
 {
     *out = NULL;
     struct safetensors_set *s = calloc(1, sizeof *s);
-    char *index = join(dir, INDEX_JSON), *single = join(dir, SINGLE_FILE),
-         *adapter = join(dir, ADAPTER_FILE);
+    char *index = path_join(dir, INDEX_JSON), *single = path_join(dir, SINGLE_FILE),
+         *adapter = path_join(dir, ADAPTER_FILE);
     int rc = 0;
     if (!s || !index || !single || !adapter) {
         LOG_ERR("%s: out of memory", dir);
@@ -725,10 +673,9 @@ struct safetensors_writer {
     json_t *meta;
     struct wtensor *tensors;
     size_t n_tensors, cap;
-    struct name_table names;
+    struct nametab names;
     uint64_t data_size;
-    size_t cur;
-    uint64_t cur_done;
+    struct tstream ts; /* streaming */
 };
 
 static const char *wpath(const struct safetensors_writer *w) { return w->af.final_path; }
@@ -741,6 +688,7 @@ int safetensors_writer_create(const char *path, struct safetensors_writer **out)
         LOG_ERR("%s: out of memory", path);
         return -ENOMEM;
     }
+    w->names.kind = NAMETAB_CSTR; /* read before its init */
     int rc = afile_open(&w->af, path);
     if (rc != 0) {
         free(w);
@@ -777,22 +725,6 @@ int safetensors_writer_metadata(struct safetensors_writer *w, const char *key, c
     return 0;
 }
 
-/* The name table grows by rebuilding once it passes half full. */
-static int reserve_names(struct safetensors_writer *w, size_t n_after)
-{
-    if (w->names.slots && 2 * (uint64_t)n_after <= w->names.mask + 1)
-        return 0;
-    struct name_table nt;
-    if (name_table_init(&nt, 2 * n_after) != 0)
-        return -ENOMEM;
-    for (size_t i = 0; i + 1 < n_after; i++)
-        *name_table_probe(&nt, &w->tensors[0].name, sizeof *w->tensors, w->tensors[i].name) =
-            (uint32_t)i + 1;
-    free(w->names.slots);
-    w->names = nt;
-    return 0;
-}
-
 int safetensors_writer_add(struct safetensors_writer *w, const char *name,
                            enum safetensors_dtype dt, const uint64_t *shape, int n_dims,
                            const void *data, uint64_t size)
@@ -810,8 +742,7 @@ int safetensors_writer_add(struct safetensors_writer *w, const char *name,
         return ERR_USAGE;
     }
     json_decref(probe);
-    if (w->names.slots &&
-        *name_table_probe(&w->names, &w->tensors[0].name, sizeof *w->tensors, name)) {
+    if (nametab_find(&w->names, w->tensors, sizeof *w->tensors, name) >= 0) {
         LOG_ERR("%s: duplicate tensor '%s'", wpath(w), name);
         return ERR_USAGE;
     }
@@ -842,23 +773,18 @@ int safetensors_writer_add(struct safetensors_writer *w, const char *name,
                 dtypes[dt].name);
         return ERR_USAGE;
     }
-    if (w->n_tensors == w->cap) {
-        size_t cap = w->cap ? 2 * w->cap : 64;
-        struct wtensor *nt = realloc(w->tensors, cap * sizeof *nt);
-        if (!nt)
-            goto oom;
-        w->tensors = nt;
-        w->cap = cap;
-    }
+    struct wtensor *nt = vec_grow(w->tensors, &w->cap, w->n_tensors, sizeof *nt, 64);
+    if (!nt)
+        goto oom;
+    w->tensors = nt;
     if (!(t.name = strdup(name)))
         goto oom;
     w->tensors[w->n_tensors] = t;
-    if (reserve_names(w, w->n_tensors + 1) != 0) {
+    if (nametab_reserve(&w->names, w->tensors, sizeof *w->tensors, w->n_tensors + 1) != 0) {
         free(t.name);
         goto oom;
     }
-    *name_table_probe(&w->names, &w->tensors[0].name, sizeof *w->tensors, name) =
-        (uint32_t)w->n_tensors + 1;
+    nametab_insert(&w->names, w->tensors, sizeof *w->tensors, (uint32_t)w->n_tensors);
     w->n_tensors++;
     w->data_size = end;
     return 0;
@@ -943,8 +869,10 @@ int safetensors_writer_stream_begin(struct safetensors_writer *w)
     free(h);
     if (rc != 0)
         w->state = W_FAILED;
-    w->cur = 0;
-    w->cur_done = 0;
+    w->ts = (struct tstream){.af = &w->af, .align = 1, .tensors = w->tensors,
+                             .stride = sizeof *w->tensors,
+                             .size_off = offsetof(struct wtensor, size),
+                             .n_tensors = w->n_tensors};
     return rc;
 }
 
@@ -956,32 +884,10 @@ int safetensors_writer_stream_write(struct safetensors_writer *w, const void *bu
                                      : "before safetensors_writer_stream_begin");
         return w->state == W_FAILED ? ERR_STATE : ERR_USAGE;
     }
-    const uint8_t *p = buf;
-    while (n > 0) {
-        while (w->cur < w->n_tensors && w->tensors[w->cur].size == 0)
-            w->cur++;
-        if (w->cur == w->n_tensors) {
-            LOG_ERR("%s: %zu bytes of tensor data beyond the declared tensors", wpath(w), n);
-            return ERR_USAGE;
-        }
-        const struct wtensor *t = &w->tensors[w->cur];
-        uint64_t chunk = t->size - w->cur_done;
-        if (chunk > n)
-            chunk = n;
-        int rc = afile_write(&w->af, p, (size_t)chunk);
-        if (rc != 0) {
-            w->state = W_FAILED;
-            return rc;
-        }
-        p += chunk;
-        n -= (size_t)chunk;
-        w->cur_done += chunk;
-        if (w->cur_done == t->size) {
-            w->cur++;
-            w->cur_done = 0;
-        }
-    }
-    return 0;
+    int rc = tstream_write(&w->ts, wpath(w), buf, n);
+    if (rc != 0 && rc != ERR_USAGE)
+        w->state = W_FAILED;
+    return rc;
 }
 
 static void writer_free(struct safetensors_writer *w)
@@ -989,7 +895,7 @@ static void writer_free(struct safetensors_writer *w)
     for (size_t i = 0; i < w->n_tensors; i++)
         free(w->tensors[i].name);
     free(w->tensors);
-    free(w->names.slots);
+    nametab_fini(&w->names);
     json_decref(w->meta);
     free(w);
 }
@@ -1020,13 +926,11 @@ int safetensors_writer_finish(struct safetensors_writer *w)
         rc = ERR_STATE;
         goto fail;
     }
-    while (w->cur < w->n_tensors && w->tensors[w->cur].size == 0)
-        w->cur++;
-    if (w->cur != w->n_tensors) {
-        const struct wtensor *t = &w->tensors[w->cur];
+    if (!tstream_done(&w->ts)) {
+        const struct wtensor *t = &w->tensors[w->ts.cur];
         LOG_ERR("%s: tensor '%s': only %" PRIu64 " of its %" PRIu64 " bytes were written "
                 "(%zu of %zu tensors complete)",
-                wpath(w), t->name, w->cur_done, t->size, w->cur, w->n_tensors);
+                wpath(w), t->name, w->ts.cur_done, t->size, w->ts.cur, w->n_tensors);
         rc = ERR_USAGE;
         goto fail;
     }

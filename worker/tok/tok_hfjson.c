@@ -19,6 +19,7 @@
 #include "tok_internal.h"
 
 #include "err.h"
+#include "jfield.h"
 #include "log.h"
 
 #include <errno.h>
@@ -26,22 +27,6 @@
 #include <string.h>
 
 #define SPACE_MARK "\xE2\x96\x81" /* U+2581 */
-
-static const char *jtype(const json_t *v)
-{
-    if (!v)
-        return "missing";
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
 
 static bool is_str(const json_t *v, const char *s)
 {
@@ -57,7 +42,7 @@ static int opt_bool(const char *what, const json_t *o, const char *field, bool d
         return 0;
     }
     if (!json_is_boolean(v)) {
-        LOG_ERR("%s: %s is %s, not a boolean", what, field, jtype(v));
+        LOG_ERR("%s: %s is %s, not a boolean", what, field, jfield_type(v));
         return ERR_FORMAT;
     }
     *out = json_is_true(v);
@@ -74,7 +59,7 @@ static int legacy_normalizer(const char *what, const json_t *norm, bool *dummy)
     if (is_str(json_object_get(norm, "type"), "Sequence")) {
         list = json_object_get(norm, "normalizers");
         if (!json_is_array(list)) {
-            LOG_ERR("%s: normalizer.normalizers is %s, not an array", what, jtype(list));
+            LOG_ERR("%s: normalizer.normalizers is %s, not an array", what, jfield_type(list));
             return ERR_FORMAT;
         }
     } else {
@@ -122,7 +107,7 @@ static int detect_kind(const char *what, const json_t *root, enum tok_kind *kind
     const json_t *norm = json_object_get(root, "normalizer");
     bool has_norm = norm && !json_is_null(norm);
     if (has_norm && !json_is_object(norm)) {
-        LOG_ERR("%s: normalizer is %s, not an object", what, jtype(norm));
+        LOG_ERR("%s: normalizer is %s, not an object", what, jfield_type(norm));
         return ERR_FORMAT;
     }
     if (!pre || json_is_null(pre)) {
@@ -135,12 +120,12 @@ static int detect_kind(const char *what, const json_t *root, enum tok_kind *kind
         return legacy_normalizer(what, norm, dummy);
     }
     if (!json_is_object(pre)) {
-        LOG_ERR("%s: pre_tokenizer is %s, not an object", what, jtype(pre));
+        LOG_ERR("%s: pre_tokenizer is %s, not an object", what, jfield_type(pre));
         return ERR_FORMAT;
     }
     const json_t *type = json_object_get(pre, "type");
     if (!json_is_string(type)) {
-        LOG_ERR("%s: pre_tokenizer.type is %s, not a string", what, jtype(type));
+        LOG_ERR("%s: pre_tokenizer.type is %s, not a string", what, jfield_type(type));
         return ERR_FORMAT;
     }
     const char *ts = json_string_value(type);
@@ -177,7 +162,7 @@ static int detect_kind(const char *what, const json_t *root, enum tok_kind *kind
                 *dummy = false;
             } else {
                 LOG_ERR("%s: Metaspace prepend_scheme is %s, not first, always or never", what,
-                        jtype(scheme));
+                        jfield_type(scheme));
                 return ERR_FORMAT;
             }
         } else if ((rc = opt_bool(what, pre, "add_prefix_space", true, dummy)) != 0) {
@@ -197,7 +182,7 @@ static int get_id(const char *what, const char *field, const char *name, const j
 {
     if (!json_is_integer(v)) {
         LOG_ERR("%s: %s '%.64s' has an id that is %s, not an integer", what, field, name,
-                jtype(v));
+                jfield_type(v));
         return ERR_FORMAT;
     }
     json_int_t id = json_integer_value(v);
@@ -233,7 +218,7 @@ static int merge_sides(const char *what, size_t i, const json_t *m, const char *
         }
     }
     LOG_ERR("%s: model.merges[%zu] is %s, not \"left right\" or [\"left\", \"right\"]", what, i,
-            jtype(m));
+            jfield_type(m));
     return ERR_FORMAT;
 }
 
@@ -319,12 +304,12 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
 {
     const json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) {
-        LOG_ERR("%s: model is %s, not an object", what, jtype(model));
+        LOG_ERR("%s: model is %s, not an object", what, jfield_type(model));
         return ERR_FORMAT;
     }
     const json_t *mtype = json_object_get(model, "type");
     if (!json_is_string(mtype)) {
-        LOG_ERR("%s: model.type is %s, not a string", what, jtype(mtype));
+        LOG_ERR("%s: model.type is %s, not a string", what, jfield_type(mtype));
         return ERR_FORMAT;
     }
     if (strcmp(json_string_value(mtype), "BPE") != 0) {
@@ -336,15 +321,15 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
     const json_t *merges = json_object_get(model, "merges");
     const json_t *added = json_object_get(root, "added_tokens");
     if (!json_is_object(vocab)) {
-        LOG_ERR("%s: model.vocab is %s, not an object", what, jtype(vocab));
+        LOG_ERR("%s: model.vocab is %s, not an object", what, jfield_type(vocab));
         return ERR_FORMAT;
     }
     if (!json_is_array(merges)) {
-        LOG_ERR("%s: model.merges is %s, not an array", what, jtype(merges));
+        LOG_ERR("%s: model.merges is %s, not an array", what, jfield_type(merges));
         return ERR_FORMAT;
     }
     if (added && !json_is_null(added) && !json_is_array(added)) {
-        LOG_ERR("%s: added_tokens is %s, not an array", what, jtype(added));
+        LOG_ERR("%s: added_tokens is %s, not an array", what, jfield_type(added));
         return ERR_FORMAT;
     }
     bool ignore_merges;
@@ -456,7 +441,7 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
         if (uid < 0) {
             LOG_ERR("%s: model.unk_token %s%.64s%s is not a token of model.vocab", what,
                     json_is_string(unk) ? "'" : "", json_is_string(unk) ? json_string_value(unk)
-                                                                        : jtype(unk),
+                                                                        : jfield_type(unk),
                     json_is_string(unk) ? "'" : "");
             rc = ERR_FORMAT;
             goto out;

@@ -11,6 +11,7 @@
 #include "tok_internal.h"
 
 #include "err.h"
+#include "jfield.h"
 #include "log.h"
 
 #include <errno.h>
@@ -20,22 +21,6 @@
 
 #define IE_FORMAT "clocher-tokenizer"
 #define IE_VERSION 1
-
-static const char *jtype(const json_t *v)
-{
-    if (!v)
-        return "missing";
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
 
 bool tok__json_is_ie(const json_t *root)
 {
@@ -50,7 +35,7 @@ static int req_bool(const char *what, const json_t *root, const char *key, bool 
 {
     const json_t *v = json_object_get(root, key);
     if (!json_is_boolean(v)) {
-        LOG_ERR("%s: %s is %s, not a boolean", what, key, jtype(v));
+        LOG_ERR("%s: %s is %s, not a boolean", what, key, jfield_type(v));
         return ERR_FORMAT;
     }
     *out = json_is_true(v);
@@ -66,7 +51,7 @@ static int req_id(const char *what, const json_t *root, const char *key, int32_t
         return 0;
     }
     if (!json_is_integer(v)) {
-        LOG_ERR("%s: %s is %s, not a token id or null", what, key, jtype(v));
+        LOG_ERR("%s: %s is %s, not a token id or null", what, key, jfield_type(v));
         return ERR_FORMAT;
     }
     json_int_t id = json_integer_value(v);
@@ -84,7 +69,7 @@ static int req_array(const char *what, const json_t *root, const char *key, size
 {
     const json_t *v = json_object_get(root, key);
     if (!json_is_array(v)) {
-        LOG_ERR("%s: %s is %s, not an array", what, key, jtype(v));
+        LOG_ERR("%s: %s is %s, not an array", what, key, jfield_type(v));
         return ERR_FORMAT;
     }
     if (*n != 0 && json_array_size(v) != *n) {
@@ -101,13 +86,13 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
     if (!tok__json_is_ie(root)) {
         const json_t *f = json_object_get(root, "format");
         LOG_ERR("%s: format is %s%.64s%s, not \"" IE_FORMAT "\"", what,
-                json_is_string(f) ? "\"" : "", json_is_string(f) ? json_string_value(f) : jtype(f),
+                json_is_string(f) ? "\"" : "", json_is_string(f) ? json_string_value(f) : jfield_type(f),
                 json_is_string(f) ? "\"" : "");
         return ERR_FORMAT;
     }
     const json_t *ver = json_object_get(root, "version");
     if (!json_is_integer(ver)) {
-        LOG_ERR("%s: version is %s, not an integer", what, jtype(ver));
+        LOG_ERR("%s: version is %s, not an integer", what, jfield_type(ver));
         return ERR_FORMAT;
     }
     if (json_integer_value(ver) != IE_VERSION) {
@@ -117,7 +102,7 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
     }
     const json_t *kv = json_object_get(root, "kind");
     if (!json_is_string(kv)) {
-        LOG_ERR("%s: kind is %s, not a string", what, jtype(kv));
+        LOG_ERR("%s: kind is %s, not a string", what, jfield_type(kv));
         return ERR_FORMAT;
     }
     enum tok_kind kind;
@@ -159,7 +144,7 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
         }
         const json_t *pre = json_object_get(root, "pre_tokenizer");
         if (!json_is_string(pre)) {
-            LOG_ERR("%s: pre_tokenizer is %s, not a string", what, jtype(pre));
+            LOG_ERR("%s: pre_tokenizer is %s, not a string", what, jfield_type(pre));
             return ERR_FORMAT;
         }
         if (strcmp(json_string_value(pre), "gpt2") != 0) {
@@ -176,7 +161,7 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
     for (size_t i = 0; i < n; i++) {
         const json_t *p = json_array_get(tokens, i), *ty = json_array_get(types, i);
         if (!json_is_string(p)) {
-            LOG_ERR("%s: tokens[%zu] is %s, not a string", what, i, jtype(p));
+            LOG_ERR("%s: tokens[%zu] is %s, not a string", what, i, jfield_type(p));
             rc = ERR_FORMAT;
             goto out;
         }
@@ -187,7 +172,7 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
         if (type == 0) {
             LOG_ERR("%s: types[%zu] is %s%.32s%s, not one of normal, unknown, control, "
                     "user_defined, unused, byte", what, i, json_is_string(ty) ? "\"" : "",
-                    json_is_string(ty) ? json_string_value(ty) : jtype(ty),
+                    json_is_string(ty) ? json_string_value(ty) : jfield_type(ty),
                     json_is_string(ty) ? "\"" : "");
             rc = ERR_FORMAT;
             goto out;
@@ -198,7 +183,7 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
             double d = json_number_value(sc);
             if (!json_is_number(sc) || !(d >= -FLT_MAX && d <= FLT_MAX)) {
                 LOG_ERR("%s: scores[%zu] is %s, not a number in float range", what, i,
-                        jtype(sc));
+                        jfield_type(sc));
                 rc = ERR_FORMAT;
                 goto out;
             }
@@ -230,7 +215,7 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
             if (!json_is_array(m) || json_array_size(m) != 2 || !json_is_integer(a) ||
                 !json_is_integer(b)) {
                 LOG_ERR("%s: merges[%zu] is %s, not a pair of token ids [left, right]", what, r,
-                        jtype(m));
+                        jfield_type(m));
                 rc = ERR_FORMAT;
                 goto out;
             }
