@@ -14,6 +14,7 @@
  */
 #include "bench_util.h"
 #include "half.h"
+#include "rng.h"
 #include "kern.h"
 
 #include <math.h>
@@ -119,7 +120,7 @@ int main(int argc, char **argv)
     }
     uint64_t s = 88172645463325252ull;
     for (size_t i = 0; i < maxpos * NKV * HD; i++) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        rng_xorshift64(&s);
         kf[i] = (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
         vf[i] = (float)((s >> 20) & 0xffff) / 32768.0f - 1.0f;
         kh[i] = half_f32_to_f16(kf[i]);

@@ -2,6 +2,8 @@
 #include "bench_util.h"
 
 #include "half.h"
+#include "mono.h"
+#include "rng.h"
 #include "kern.h"
 
 #include <immintrin.h>
@@ -54,12 +56,7 @@ double bench_load_end(const struct bench_load *l)
     return share < 0 ? 0 : share;
 }
 
-double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+double bench_now(void) { return mono_sec(); }
 
 /*
  * Bandwidth probe. A pass streams the whole buffer once; each participant of the pool reads
@@ -330,9 +327,7 @@ void *bench_random_matrix(enum dtype dt, size_t rows, size_t cols, uint64_t seed
         return NULL;
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
     for (size_t i = 0; i < bytes; i += 8) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
+        rng_xorshift64(&s);
         memcpy(w + i, &s, bytes - i < 8 ? bytes - i : 8);
     }
     /* make every value finite and moderate: plain types get a fixed exponent band */

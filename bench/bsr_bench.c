@@ -15,6 +15,7 @@
  */
 #include "bench_util.h"
 #include "bsr.h"
+#include "rng.h"
 #include "kern_variants.h"
 
 #include <stdio.h>
@@ -27,13 +28,7 @@
 static double g_min_time = 1.0;
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
+static uint64_t rnd(void) { return rng_xorshift64(&rng); }
 
 /* A dense N x N matrix with exactly round(sparsity * blocks) zero br x bc blocks. */
 static float *sparse_dense(size_t br, size_t bc, double sparsity)

@@ -19,6 +19,7 @@
 #include "gw_internal.h"
 #include "gw_req.h"
 #include "log.h"
+#include "mono.h"
 #include "stats.h"
 
 #include <errno.h>
@@ -596,7 +597,7 @@ static uint64_t deadline_ns(const struct gw_call *c)
         return 0;
     gpr_timespec left = gpr_time_sub(c->deadline, gpr_now(c->deadline.clock_type));
     int64_t ns = (int64_t)left.tv_sec * 1000000000ll + left.tv_nsec;
-    return gw__now_ns() + (uint64_t)(ns > 0 ? ns : 1);
+    return mono_ns() + (uint64_t)(ns > 0 ? ns : 1);
 }
 
 static int items_alloc(struct gw_call *c, size_t n)
@@ -644,7 +645,7 @@ static void ctx_init(struct gw_call *c, struct gw_req_ctx *ctx, struct gw_model_
 {
     uint64_t seed = 0;
     if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed)
-        seed = gw__now_ns() ^ atomic_load(&c->g->next_id);
+        seed = mono_ns() ^ atomic_load(&c->g->next_id);
     *ctx = (struct gw_req_ctx){.cfg = c->cfg, .tenant = c->tcfg,
                                .tenant_id = auth_tenant_id(c->tenant),
                                .model_name = gw__model(c->g, mi) ? mi->name : NULL,
@@ -945,7 +946,7 @@ void gw__call_arrived(struct gw_call *c, bool ok)
     /* this state machine's own tags: every batch it starts comes back to on_sent / on_close */
     c->t_close.fn = on_close;
     c->t_send.fn = on_sent;
-    c->start_ns = gw__now_ns();
+    c->start_ns = mono_ns();
     c->cfg = config_ptr_get(g->w->config);
     if (c->method == GW_UNKNOWN)
         c->deadline = c->details.deadline;

@@ -14,6 +14,7 @@
 #include "err.h"
 #include "gw_internal.h"
 #include "log.h"
+#include "mono.h"
 #include "msg.h"
 #include "region.h"
 #include "stats.h"
@@ -206,7 +207,7 @@ void *gw__reader_main(void *arg)
             end_generation(s, reason);
             continue;
         }
-        uint64_t now = gw__now_ns();
+        uint64_t now = mono_ns();
         if (g->stats && now >= next_stats) {
             next_stats = now + STATS_EVERY_NS;
             pthread_mutex_lock(&s->mu);

@@ -1,5 +1,5 @@
 /*
- * futex.c — the clock and futex wrappers of internal.h. Shared (not private) futexes: the words
+ * futex.c — the futex wrappers of internal.h. Shared (not private) futexes: the words
  * sit in a MAP_SHARED memfd mapping that the two processes map at different addresses.
  */
 #include "internal.h"
@@ -10,13 +10,6 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-uint64_t shm__now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 int shm__futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns)
 {

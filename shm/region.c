@@ -17,6 +17,7 @@
 #include "check.h"
 #include "err.h"
 #include "internal.h"
+#include "mono.h"
 #include "log.h"
 
 #include <errno.h>
@@ -405,7 +406,7 @@ void shm_region_heartbeat(struct shm_region *r)
 {
     struct shm_side *me = line(r, r->side);
     /* relaxed: a clock sample; L1 orders it before a state change that relies on it */
-    atomic_store_explicit(&me->heartbeat_ns, shm__now_ns(), memory_order_relaxed);
+    atomic_store_explicit(&me->heartbeat_ns, mono_ns(), memory_order_relaxed);
     atomic_fetch_add_explicit(&me->heartbeats, 1, memory_order_relaxed);
 }
 
@@ -503,7 +504,7 @@ static int check_peer_locked(struct shm_region *r)
     if (r->peer_pid > 0 && process_exited(r))
         return gone(r, false, "its process exited");
     if (st != SHM_STATE_NONE && r->stale_ns) {
-        uint64_t now = shm__now_ns();
+        uint64_t now = mono_ns();
         if (hb > now + FUTURE_SLACK_NS)
             return gone(r, false, "its heartbeat is %.3f s in the future",
                         (double)(hb - now) / 1e9);
@@ -535,7 +536,7 @@ void shm_region_peer(struct shm_region *r, struct shm_peer *out)
     struct shm_side *ps = line(r, peer_of(r));
     uint32_t st = atomic_load_explicit(&ps->state, memory_order_acquire); /* L2 */
     uint64_t hb = atomic_load_explicit(&ps->heartbeat_ns, memory_order_relaxed);
-    uint64_t now = shm__now_ns();
+    uint64_t now = mono_ns();
     out->pid = r->peer_pid;
     out->state = st <= SHM_STATE_CLOSED ? (enum shm_state)st : SHM_STATE_NONE;
     out->heartbeat_age_ns = hb && hb < now ? now - hb : 0;

@@ -14,6 +14,7 @@
 #include "check.h"
 #include "err.h"
 #include "internal.h"
+#include "mono.h"
 #include "log.h"
 
 #include <errno.h>
@@ -393,7 +394,7 @@ static int wait_until(struct shm_ring *r, int (*ready)(struct shm_ring *, uint32
                       uint32_t arg, _Atomic uint32_t *waiting, _Atomic uint32_t *word,
                       int64_t timeout_ns)
 {
-    uint64_t deadline = timeout_ns < 0 ? UINT64_MAX : shm__now_ns() + (uint64_t)timeout_ns;
+    uint64_t deadline = timeout_ns < 0 ? UINT64_MAX : mono_ns() + (uint64_t)timeout_ns;
     for (int spin = 0;; spin++) {
         int rc = check_usable(r);
         if (rc < 0)
@@ -406,7 +407,7 @@ static int wait_until(struct shm_ring *r, int (*ready)(struct shm_ring *, uint32
         }
         if (r->peer_check && (rc = r->peer_check(r->peer_ud)) < 0)
             return rc;
-        uint64_t now = shm__now_ns();
+        uint64_t now = mono_ns();
         if (now >= deadline)
             return -ETIMEDOUT;
         uint32_t seen = atomic_load_explicit(word, memory_order_acquire); /* W2 */

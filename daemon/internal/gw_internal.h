@@ -207,13 +207,6 @@ struct gw {
     struct workers_hooks hooks;
 };
 
-static inline uint64_t gw__now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- gw_callobj.c: a call's lifetime ---- */
 /* A call object for the next call of method m; `arrived` runs (CQ thread) when it comes. */
 struct gw_call *gw__call_new(struct gw *g, enum gw_method m,

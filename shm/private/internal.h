@@ -12,9 +12,6 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-/* CLOCK_MONOTONIC in nanoseconds: system-wide, so comparable between the two processes. */
-uint64_t shm__now_ns(void);
-
 /* Sleeps while *word == expected, at most timeout_ns. 0 when woken (or the word had already
  * changed: EAGAIN is a normal outcome), -ETIMEDOUT, -EINTR on a signal. */
 int shm__futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns);

@@ -15,6 +15,7 @@
  *  - SIGTERM: STOPPING=1, workers stopped, exit status 0.
  */
 #include "testutil.h"
+#include "mono.h"
 
 #include "llama2c.h"
 #include "log.h"
@@ -45,12 +46,7 @@ struct daemon {
     size_t notes_len;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
+static double now_s(void) { return mono_sec(); }
 
 static int setup(void **state)
 {

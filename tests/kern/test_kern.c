@@ -14,6 +14,7 @@
  *    |y - y_f32| <= sum_b d_b/2 * sum_b |w| + 1e-5*S.
  */
 #include "testutil.h"
+#include "rng.h"
 #include "isa_case.h"
 
 #include "dtype.h"
@@ -33,9 +34,7 @@ static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint32_t rnd(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
+    rng_xorshift64(&rng_state);
     return (uint32_t)(rng_state >> 16);
 }
 

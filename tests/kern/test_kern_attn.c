@@ -12,6 +12,7 @@
  * The measured maxima are printed.
  */
 #include "testutil.h"
+#include "rng.h"
 #include "isa_case.h"
 
 #include "half.h"
@@ -26,9 +27,7 @@ static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static float frand(float lo, float hi)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
+    rng_xorshift64(&rng_state);
     return lo + (hi - lo) * (float)((rng_state >> 40) & 0xffffff) / 16777216.0f;
 }
 

@@ -15,6 +15,7 @@
  * The measured maxima are printed, so the bounds in kern.h can be checked against them.
  */
 #include "testutil.h"
+#include "rng.h"
 #include "isa_case.h"
 
 #include "kern_variants.h"
@@ -45,9 +46,7 @@ static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
 static uint32_t rnd(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
+    rng_xorshift64(&rng_state);
     return (uint32_t)(rng_state >> 16);
 }
 

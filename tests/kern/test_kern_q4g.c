@@ -18,6 +18,7 @@
  *    activation bound of kernels/include/quant.h, sum_b d_b/2 * sum_{i in b} |w_i|, plus 2e-5 * S'.
  */
 #include "testutil.h"
+#include "rng.h"
 #include "isa_case.h"
 
 #include "dtype.h"
@@ -37,9 +38,7 @@ static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
 static uint32_t rnd(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
+    rng_xorshift64(&rng_state);
     return (uint32_t)(rng_state >> 16);
 }
 

@@ -2,6 +2,8 @@
  * shmtest.c — deterministic checksummed records and in-process ring pairs (shmtest.h).
  */
 #include "shmtest.h"
+#include "mono.h"
+#include "rng.h"
 
 #include "check.h"
 
@@ -10,13 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-uint64_t st_splitmix(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+uint64_t st_splitmix(uint64_t *state) { return rng_splitmix64(state); }
 
 static uint64_t rec_state(uint64_t seed, uint64_t i)
 {
@@ -101,12 +97,7 @@ int st_check(uint64_t seed, uint64_t i, uint32_t max, uint32_t type, const uint8
     return 0;
 }
 
-uint64_t st_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+uint64_t st_now_ns(void) { return mono_ns(); }
 
 void st_pair_init_at(struct st_pair *p, uint64_t capacity, uint32_t max_record, uint64_t start)
 {
