@@ -1,6 +1,7 @@
 /*
  * test_pool.c — the thread pool: every task exactly once, contiguous sharding, many rapid
- * dispatches, ~0% CPU when idle, pinning, and pool_matmul against the scalar reference.
+ * dispatches, ~0% CPU when idle, pinning, and the products over it (matmul_rows) against the
+ * scalar reference.
  * Labelled `tsan` too: CI also runs it in a ThreadSanitizer build.
  */
 #include "testutil.h"
@@ -8,6 +9,7 @@
 #include "err.h"
 #include "half.h"
 #include "kern.h"
+#include "matmul.h"
 #include "pool.h"
 
 #include <math.h>
@@ -260,7 +262,7 @@ static void test_pinning(void **state)
     }
 }
 
-/* pool_matmul equals the scalar reference within the kernels' stated bounds (tests/kern). */
+/* matmul_rows on a pool equals the scalar reference within the kernels' stated bounds (tests/kern). */
 static void test_pool_matmul(void **state)
 {
     (void)state;
@@ -269,6 +271,8 @@ static void test_pool_matmul(void **state)
     for (int th = 1; th <= 3; th++) {
         struct pool *p;
         assert_int_equal(pool_create(th, POOL_PIN_NONE, &p), 0);
+        struct matmul_ctx mc;
+        matmul_ctx_init(&mc, p);
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
                 enum dtype wt = types[ti];
@@ -301,7 +305,9 @@ static void test_pool_matmul(void **state)
                 float *y = calloc(n * rows, sizeof(float)), *want = calloc(n * rows, sizeof(float));
                 float *wf = malloc(cols * sizeof(float));
                 kern_matmul_ref(wt, w, cols, x, n, want, rows, r0, r1);
-                pool_matmul(p, wt, w, cols, x, n, y, rows, r0, r1);
+                const struct matmul_mat mat = {wt, w, (uint32_t)rows, (uint32_t)cols, (size_t)rb,
+                                               NULL};
+                matmul_rows(&mc, &mat, x, n, y, rows, r0, r1);
                 for (size_t t = 0; t < n; t++)
                     for (size_t r = 0; r < rows; r++) {
                         if (r < r0) {
@@ -316,7 +322,7 @@ static void test_pool_matmul(void **state)
                          * averages 2/pi of its block's max); bf16 ones: 2^-8 s */
                         double tol = s / 100.0 + 1e-6;
                         if (fabs((double)y[t * rows + r] - want[t * rows + r]) > tol)
-                            fail_msg("pool_matmul(%s, n %zu, %d threads) row %zu: %g vs %g",
+                            fail_msg("matmul_rows(%s, n %zu, %d threads) row %zu: %g vs %g",
                                      dtype_info(wt)->name, n, th, r, y[t * rows + r],
                                      want[t * rows + r]);
                     }
@@ -326,6 +332,7 @@ static void test_pool_matmul(void **state)
                 free(x);
                 free(w);
             }
+        matmul_ctx_fini(&mc);
         pool_destroy(p);
     }
 }
