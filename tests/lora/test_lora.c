@@ -14,6 +14,7 @@
 #include "kern_variants.h"
 #include "log.h"
 #include "lora.h"
+#include "matmul.h"
 #include "pool.h"
 
 #include <errno.h>
@@ -1352,8 +1353,8 @@ static void test_apply_fused(void **state)
 }
 
 /*
- * lora_matmul_fused (base product + update as one job, tasks that wait for each other) against
- * pool_matmul followed by lora_apply_fused: the same kernels on the same blocks, so the same
+ * matmul_group_lora (base product + update as one job, tasks that wait for each other) against
+ * matmul_one followed by lora_apply_fused: the same kernels on the same blocks, so the same
  * bits; and the same bits on the calling thread alone and on pools of 2 and 3. Ragged shapes:
  * ffn 600 (a 512-row tile and an 88-row one), widths not multiples of 8, batches of 1 to 40
  * tokens (several activation-preparing tasks), f32 and bf16 base weights, an f32 adapter and
@@ -1390,7 +1391,11 @@ static void test_matmul_fused(void **state)
     const size_t group_n[4] = {3, 1, 2, 1};
     const size_t ns[] = {1, 8, 9, 23, 40}; /* 9: every token on the base model */
     const enum dtype wts[] = {DT_F32, DT_BF16};
-    struct lora_ws ws = {0};
+    struct matmul_ctx mcs[3];
+    for (int pi = 0; pi < 3; pi++) {
+        matmul_ctx_init(&mcs[pi], pools[pi]);
+        mcs[pi].base_one_job = true; /* the batch without adapters runs the fused job too */
+    }
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
         const size_t N = ns[ni];
         const struct lora_adapter **who = malloc(N * sizeof *who);
@@ -1407,7 +1412,8 @@ static void test_matmul_fused(void **state)
             for (uint32_t layer = 0; layer < hp.n_layers; layer++)
                 for (int g = 0; g < 4; g++) {
                     struct lora_proj pr[3];
-                    struct lora_base_mat bm[3];
+                    struct matmul_mat bm[3];
+                    struct matmul_prod mp[3];
                     float *x[3], *want[3], *got[3];
                     void *w[3];
                     for (size_t k = 0; k < group_n[g]; k++) {
@@ -1428,8 +1434,8 @@ static void test_matmul_fused(void **state)
                         }
                         want[k] = malloc(N * out * 4);
                         got[k] = malloc(N * out * 4);
-                        bm[k] = (struct lora_base_mat){wts[wi], w[k], NULL, in, out};
-                        pool_matmul(pools[2], wts[wi], w[k], in, x[k], N, want[k], out, 0, out);
+                        bm[k] = (struct matmul_mat){wts[wi], w[k], out, in, 0, NULL};
+                        matmul_one(&mcs[2], &bm[k], x[k], N, want[k], out);
                         pr[k] = (struct lora_proj){groups[g][k], x[k], want[k], out};
                     }
                     lora_apply_fused(&plan, pools[2], layer, pr, group_n[g], tmp);
@@ -1439,11 +1445,11 @@ static void test_matmul_fused(void **state)
                             lora_target_dims(&hp, groups[g][k], &in, &out);
                             for (size_t i = 0; i < N * out; i++)
                                 got[k][i] = NAN; /* every value must be written */
-                            pr[k].y = got[k];
+                            mp[k] = (struct matmul_prod){&bm[k], x[k], N, got[k], out,
+                                                         groups[g][k]};
                         }
-                        assert_int_equal(lora_matmul_fused(&plan, pools[pi], layer, pr, bm,
-                                                           group_n[g], tmp, &ws),
-                                         0);
+                        assert_int_equal(
+                            matmul_group_lora(&mcs[pi], mp, group_n[g], &plan, layer, tmp), 0);
                         for (size_t k = 0; k < group_n[g]; k++) {
                             uint32_t in, out;
                             lora_target_dims(&hp, groups[g][k], &in, &out);
@@ -1469,7 +1475,8 @@ static void test_matmul_fused(void **state)
         free(who);
         free(scale);
     }
-    lora_ws_fini(&ws);
+    for (int pi = 0; pi < 3; pi++)
+        matmul_ctx_fini(&mcs[pi]);
     pool_destroy(pools[1]);
     pool_destroy(pools[2]);
     lora_close(a1);

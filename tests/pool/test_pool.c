@@ -1,6 +1,7 @@
 /*
  * test_pool.c — the thread pool: every task exactly once, contiguous sharding, many rapid
- * dispatches, ~0% CPU when idle, pinning, and pool_matmul against the scalar reference.
+ * dispatches, ~0% CPU when idle, pinning, and the products over it (matmul_rows) against the
+ * scalar reference.
  * Labelled `tsan` too: CI also runs it in a ThreadSanitizer build.
  */
 #include "testutil.h"
@@ -8,6 +9,7 @@
 #include "err.h"
 #include "half.h"
 #include "kern.h"
+#include "matmul.h"
 #include "pool.h"
 
 #include <math.h>
@@ -260,7 +262,34 @@ static void test_pinning(void **state)
     }
 }
 
-/* pool_matmul equals the scalar reference within the kernels' stated bounds (tests/kern). */
+/* A random [rows][cols] matrix of dtype wt with finite weights; *rb = its row bytes. */
+static uint8_t *random_weights(enum dtype wt, size_t rows, size_t cols, unsigned seed,
+                               uint64_t *rb)
+{
+    assert_int_equal(dtype_row_bytes(wt, cols, rb), 0);
+    uint8_t *w = malloc(rows * *rb);
+    for (size_t i = 0; i < rows * *rb; i++)
+        w[i] = (uint8_t)((seed = seed * 1103515245u + 12345u) >> 16);
+    /* keep every weight finite: f32 / bf16 exponents and block scales tamed */
+    if (wt == DT_F32)
+        for (size_t i = 0; i < rows * cols; i++) {
+            float v = (float)((seed = seed * 1103515245u + 12345u) >> 16) / 65536.0f - 0.5f;
+            memcpy(w + i * 4, &v, 4);
+        }
+    if (wt == DT_BF16)
+        for (size_t i = 0; i < rows * cols; i++)
+            w[i * 2 + 1] = (uint8_t)(0x3c + (w[i * 2 + 1] & 1)) | (w[i * 2 + 1] & 0x80);
+    if (wt == DT_Q8_0 || wt == DT_Q4_0) {
+        size_t bb = dtype_info(wt)->block_bytes;
+        for (size_t b = 0; b < rows * cols / 32; b++) {
+            uint16_t d = half_f32_to_f16(0.01f * (float)(b % 7 + 1));
+            memcpy(w + b * bb, &d, 2);
+        }
+    }
+    return w;
+}
+
+/* matmul_rows on a pool equals the scalar reference within the kernels' stated bounds (tests/kern). */
 static void test_pool_matmul(void **state)
 {
     (void)state;
@@ -269,39 +298,23 @@ static void test_pool_matmul(void **state)
     for (int th = 1; th <= 3; th++) {
         struct pool *p;
         assert_int_equal(pool_create(th, POOL_PIN_NONE, &p), 0);
+        struct matmul_ctx mc;
+        matmul_ctx_init(&mc, p);
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
                 enum dtype wt = types[ti];
                 size_t rows = 77, cols = 256, n = ns[ni], r0 = 5, r1 = 77;
                 uint64_t rb;
-                assert_int_equal(dtype_row_bytes(wt, cols, &rb), 0);
-                uint8_t *w = malloc(rows * rb);
-                unsigned seed = 12345u + (unsigned)ti;
-                for (size_t i = 0; i < rows * rb; i++)
-                    w[i] = (uint8_t)((seed = seed * 1103515245u + 12345u) >> 16);
-                /* keep every weight finite: f32 / bf16 exponents and block scales tamed */
-                if (wt == DT_F32)
-                    for (size_t i = 0; i < rows * cols; i++) {
-                        float v = (float)((seed = seed * 1103515245u + 12345u) >> 16) / 65536.0f - 0.5f;
-                        memcpy(w + i * 4, &v, 4);
-                    }
-                if (wt == DT_BF16)
-                    for (size_t i = 0; i < rows * cols; i++)
-                        w[i * 2 + 1] = (uint8_t)(0x3c + (w[i * 2 + 1] & 1)) | (w[i * 2 + 1] & 0x80);
-                if (wt == DT_Q8_0 || wt == DT_Q4_0) {
-                    size_t bb = dtype_info(wt)->block_bytes;
-                    for (size_t b = 0; b < rows * cols / 32; b++) {
-                        uint16_t d = half_f32_to_f16(0.01f * (float)(b % 7 + 1));
-                        memcpy(w + b * bb, &d, 2);
-                    }
-                }
+                uint8_t *w = random_weights(wt, rows, cols, 12345u + (unsigned)ti, &rb);
                 float *x = malloc(n * cols * sizeof(float));
                 for (size_t i = 0; i < n * cols; i++)
                     x[i] = sinf((float)i * 0.37f);
                 float *y = calloc(n * rows, sizeof(float)), *want = calloc(n * rows, sizeof(float));
                 float *wf = malloc(cols * sizeof(float));
                 kern_matmul_ref(wt, w, cols, x, n, want, rows, r0, r1);
-                pool_matmul(p, wt, w, cols, x, n, y, rows, r0, r1);
+                const struct matmul_mat mat = {wt, w, (uint32_t)rows, (uint32_t)cols, (size_t)rb,
+                                               NULL};
+                matmul_rows(&mc, &mat, x, n, y, rows, r0, r1);
                 for (size_t t = 0; t < n; t++)
                     for (size_t r = 0; r < rows; r++) {
                         if (r < r0) {
@@ -316,7 +329,7 @@ static void test_pool_matmul(void **state)
                          * averages 2/pi of its block's max); bf16 ones: 2^-8 s */
                         double tol = s / 100.0 + 1e-6;
                         if (fabs((double)y[t * rows + r] - want[t * rows + r]) > tol)
-                            fail_msg("pool_matmul(%s, n %zu, %d threads) row %zu: %g vs %g",
+                            fail_msg("matmul_rows(%s, n %zu, %d threads) row %zu: %g vs %g",
                                      dtype_info(wt)->name, n, th, r, y[t * rows + r],
                                      want[t * rows + r]);
                     }
@@ -326,7 +339,77 @@ static void test_pool_matmul(void **state)
                 free(x);
                 free(w);
             }
+        matmul_ctx_fini(&mc);
         pool_destroy(p);
+    }
+}
+
+/*
+ * matmul_group (the shape a MoE layer will use: products with their own inputs and token
+ * counts, mixed dtypes, row counts off the 16-row grain, one with panels, one with no tokens)
+ * gives the bits of one matmul_one per product, on the calling thread and on pools of 1-3.
+ */
+static void test_matmul_group(void **state)
+{
+    (void)state;
+    enum { K = 5 };
+    static const enum dtype wts[K] = {DT_F32, DT_Q8_0, DT_Q4_0, DT_Q4_0, DT_BF16};
+    static const size_t rows[K] = {40, 77, 32, 50, 16}, cols[K] = {64, 256, 256, 256, 64};
+    static const size_t ns[K] = {3, 5, 5, 5, 0}; /* products 1-3 share their input */
+    struct matmul_mat mat[K];
+    uint8_t *w[K];
+    void *panels = NULL;
+    float *x[K], *y[K], *want[K];
+    for (size_t i = 0; i < K; i++) {
+        uint64_t rb;
+        w[i] = random_weights(wts[i], rows[i], cols[i], 777u + (unsigned)i, &rb);
+        mat[i] = (struct matmul_mat){wts[i], w[i], (uint32_t)rows[i], (uint32_t)cols[i],
+                                     (size_t)rb, NULL};
+        x[i] = i == 2 || i == 3 ? x[1] : malloc((ns[i] ? ns[i] : 1) * cols[i] * sizeof(float));
+        for (size_t t = 0; i != 2 && i != 3 && t < ns[i] * cols[i]; t++)
+            x[i][t] = sinf((float)(t + 31 * i) * 0.37f);
+        y[i] = malloc((ns[i] ? ns[i] : 1) * rows[i] * sizeof(float));
+        want[i] = malloc((ns[i] ? ns[i] : 1) * rows[i] * sizeof(float));
+    }
+    if (kern_panels_supported(DT_Q4_0)) { /* product 3 reads panels */
+        panels = aligned_alloc(64, (kern_panels_bytes(DT_Q4_0, rows[3], cols[3]) + 63) / 64 * 64);
+        kern_panels_pack(DT_Q4_0, w[3], cols[3], panels, rows[3], 0, (rows[3] + 15) / 16);
+        mat[3].panels = panels;
+    }
+    struct matmul_prod g[K];
+    for (size_t i = 0; i < K; i++)
+        g[i] = (struct matmul_prod){&mat[i], x[i], ns[i], y[i], rows[i], 0};
+    struct matmul_ctx alone;
+    matmul_ctx_init(&alone, NULL);
+    for (size_t i = 0; i < K; i++)
+        matmul_one(&alone, &mat[i], x[i], ns[i], want[i], rows[i]);
+    for (int th = 0; th <= 3; th++) {
+        struct pool *p = NULL;
+        if (th)
+            assert_int_equal(pool_create(th, POOL_PIN_NONE, &p), 0);
+        struct matmul_ctx mc;
+        matmul_ctx_init(&mc, p);
+        for (size_t i = 0; i < K; i++)
+            for (size_t j = 0; j < ns[i] * rows[i]; j++)
+                y[i][j] = NAN; /* every value must be written */
+        matmul_group(&mc, g, K);
+        for (size_t i = 0; i < K; i++)
+            for (size_t j = 0; j < ns[i] * rows[i]; j++)
+                if (memcmp(&y[i][j], &want[i][j], sizeof(float)))
+                    fail_msg("matmul_group, %d threads: product %zu y[%zu][%zu] = %.9g, want %.9g",
+                             th, i, j / rows[i], j % rows[i], (double)y[i][j],
+                             (double)want[i][j]);
+        matmul_ctx_fini(&mc);
+        pool_destroy(p);
+    }
+    matmul_ctx_fini(&alone);
+    free(panels);
+    for (size_t i = 0; i < K; i++) {
+        if (i != 2 && i != 3)
+            free(x[i]);
+        free(w[i]);
+        free(y[i]);
+        free(want[i]);
     }
 }
 
@@ -338,6 +421,7 @@ int main(void)
         cmocka_unit_test(test_for_contiguous_shards), cmocka_unit_test(test_rapid_dispatch),
         cmocka_unit_test(test_idle_uses_no_cpu),  cmocka_unit_test(test_pinning),
         cmocka_unit_test(test_pool_matmul),       cmocka_unit_test(test_wake),
+        cmocka_unit_test(test_matmul_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

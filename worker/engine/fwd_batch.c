@@ -9,16 +9,18 @@
  * once per step whatever the number of sequences; attention is per sequence over its own
  * paged KV (kv_attn_prefill: causal within the chunk, a decode is a chunk of one).
  *
- * LoRA seam: projections that are ready together (q/k/v, o, gate/up, down) form a group;
- * in a step with adapters each group's base products and its grouped low-rank update (lora.h)
- * run as ONE pool job, lora_matmul_fused, whose adapter-reading tasks are interleaved with the
- * base GEMM's row tiles (plan built once per run; the engine orders the batch so that rows of
- * one adapter are adjacent: one segment each). Base-only steps keep pool_matmul per
- * projection unless CLOCHER_FWD_ONE_JOB=1 (a measurement knob, docs/LORA.md).
+ * LoRA seam: projections that are ready together (q/k/v, o, gate/up, down) form a group, and
+ * every group is one matmul_group_lora call (matmul.h) with the step's plan (built once per
+ * run; the engine orders the batch so that rows of one adapter are adjacent: one segment
+ * each). In a step with adapters the group's base products and its low-rank update run as ONE
+ * pool job whose adapter-reading tasks are interleaved with the base GEMM's row tiles; a
+ * base-only step runs the group as a plain matmul_group unless CLOCHER_FWD_ONE_JOB=1 (a
+ * measurement knob, docs/LORA.md).
  *
  * NOTES: runs on the engine's owner thread; matmul rows, LoRA rank/output rows and
  * (sequence, KV head) attention tasks are sharded over the pool. Every buffer is allocated
- * once in engine__fwd_create; a run allocates only when the LoRA plan grows.
+ * once in engine__fwd_create; a run allocates only when the LoRA plan or the products'
+ * scratch grows.
  */
 #include "engine_internal.h"
 
@@ -26,10 +28,10 @@
 #include "err.h"
 #include "kern.h"
 #include "log.h"
+#include "matmul.h"
 #include "pool.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,30 +61,15 @@ struct engine__fwd {
     const struct lora_adapter **tok_ad; /* [T] */
     float *tok_scale;                   /* [T] */
     struct lora_plan plan;
-    float *lora_tmp;
+    float *lora_tmp;                    /* [LORA_GROUP_MAX][plan.tmp_floats] T per projection */
     size_t lora_tmp_cap;
-    struct lora_ws lora_ws; /* lora_matmul_fused's scratch */
-    bool base_one_job;      /* CLOCHER_FWD_ONE_JOB=1: base-only steps run their groups as
-                             * lora_matmul_fused jobs too (a measurement knob: the LoRA cost
-                             * against the same job structure; the default keeps pool_matmul) */
+    struct matmul_ctx mm; /* the products; base_one_job from CLOCHER_FWD_ONE_JOB=1 (a
+                           * measurement knob: the LoRA cost against the same job structure) */
 };
 
 static int alloc_f32(uint64_t a, uint64_t b, float **out)
 {
-    uint64_t n, bytes;
-    if (dtype_mul_u64(a, b, &n) || dtype_mul_u64(n, sizeof(float), &bytes) ||
-        bytes > SIZE_MAX - 64) {
-        LOG_ERR("engine: a step buffer of %llu x %llu floats overflows", (unsigned long long)a,
-                (unsigned long long)b);
-        return ERR_OVERFLOW;
-    }
-    size_t size = ((size_t)bytes + 63) / 64 * 64;
-    *out = aligned_alloc(64, size ? size : 64);
-    if (!*out) {
-        LOG_ERR("engine: out of memory for a step buffer (%llu bytes)", (unsigned long long)bytes);
-        return -ENOMEM;
-    }
-    return 0;
+    return model_alloc_f32("engine", "step buffer", a, b, 1, out);
 }
 
 int engine__fwd_create(const struct model *m, struct pool *pool, uint32_t max_tok,
@@ -99,8 +86,9 @@ int engine__fwd_create(const struct model *m, struct pool *pool, uint32_t max_to
     f->max_tok = max_tok;
     f->max_seqs = max_seqs;
     lora_plan_init(&f->plan);
+    matmul_ctx_init(&f->mm, pool);
     const char *one_job = getenv("CLOCHER_FWD_ONE_JOB");
-    f->base_one_job = one_job && !strcmp(one_job, "1");
+    f->mm.base_one_job = one_job && !strcmp(one_job, "1");
     const uint64_t T = max_tok, S = max_seqs;
     int rc;
     if ((rc = alloc_f32(T, hp->dim, &f->x)) || (rc = alloc_f32(T, hp->dim, &f->xb)) ||
@@ -120,10 +108,7 @@ int engine__fwd_create(const struct model *m, struct pool *pool, uint32_t max_to
         engine__fwd_destroy(f);
         return -ENOMEM;
     }
-    /* as the reference: theta^(-2i/head_dim) in double */
-    for (uint32_t i = 0; i < hp->head_dim / 2; i++)
-        f->inv_freq[i] =
-            (float)pow((double)hp->rope_theta, -(double)(2 * i) / (double)hp->head_dim);
+    model_rope_inv_freq(m, f->inv_freq); /* as the reference */
     *out = f;
     return 0;
 }
@@ -139,96 +124,22 @@ void engine__fwd_destroy(struct engine__fwd *f)
         free(bufs[i]);
     free(f->tok_ad);
     lora_plan_fini(&f->plan);
-    lora_ws_fini(&f->lora_ws);
+    matmul_ctx_fini(&f->mm);
     free(f);
 }
 
 /* ---- building blocks (RMSNorm, RoPE, SwiGLU are the kernels forward.c calls too) ----------- */
 
-/* y [n][ldy] = x [n][cols] W^T: one matmul for the whole step, rows sharded over the pool. */
-static void matmul(const struct engine__fwd *f, const struct model_mat *w, const float *x,
-                   size_t n, float *y, size_t ldy)
-{
-    if (w->panels && f->pool) /* q4_0 / q8_0 repacked at load (model.h) */
-        pool_matmul_panels(f->pool, w->dtype, w->panels, w->cols, x, n, y, ldy, 0, w->rows);
-    else if (w->panels)
-        kern_matmul_panels(w->dtype, w->panels, w->cols, x, n, y, ldy, 0, w->rows);
-    else if (f->pool)
-        pool_matmul(f->pool, w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
-    else
-        kern_matmul(w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
-}
-
 /*
- * k products of the same activations x [n][w->cols] (q, k, v; gate, up): one pool job
- * (pool_matmul_group), or one by one without a pool. ys[i]: [n][ldys[i]].
+ * Projections that are ready together (q, k, v; gate, up; o; down): their base products over
+ * the whole step and, when the step has adapters, the plan's update, as one pool job
+ * (matmul_group_lora). g[i].y: [n_tok][ldy].
  */
-static void matmul_group(const struct engine__fwd *f, const struct model_mat *const *w,
-                         float *const *ys, const size_t *ldys, size_t k, const float *x,
-                         size_t n)
+static void project(struct engine__fwd *f, uint32_t layer, const struct matmul_prod *g, size_t k)
 {
-    if (!f->pool) {
-        for (size_t i = 0; i < k; i++)
-            matmul(f, w[i], x, n, ys[i], ldys[i]);
-        return;
-    }
-    struct pool_mm mm[POOL_MM_GROUP_MAX];
-    CHECK(k <= POOL_MM_GROUP_MAX);
-    for (size_t i = 0; i < k; i++) {
-        CHECK(w[i]->cols == w[0]->cols);
-        mm[i] = (struct pool_mm){w[i]->dtype, w[i]->panels != NULL,
-                                 w[i]->panels ? w[i]->panels : w[i]->data,
-                                 w[i]->rows, ys[i], ldys[i]};
-    }
-    pool_matmul_group(f->pool, mm, k, x, w[0]->cols, n);
-}
-
-/*
- * The LoRA seam: after the base products of projections that share their readiness (q, k, v;
- * gate, up; o; down), the grouped low-rank update of the adapted rows, as two pool jobs for
- * the whole group (lora_apply_fused: shrink, then expand).
- */
-static void lora_group(const struct engine__fwd *f, uint32_t layer, const struct lora_proj *pr,
-                       size_t n_proj)
-{
-    if (f->plan.max_rank == 0)
-        return;
-    CHECK(n_proj <= LORA_GROUP_MAX);
-    lora_apply_fused(&f->plan, f->pool, layer, pr, n_proj, f->lora_tmp);
-}
-
-/*
- * The base products of projections that are ready together (q, k, v; gate, up; o; down) and,
- * when the step has adapters, their LoRA update. With adapters both run as one pool job
- * (lora_matmul_fused: adapter reads interleaved with the base GEMM's tiles); without, or if
- * its scratch cannot grow, the base products are the plain matmuls and the update follows.
- * w[i] is pr[i]'s base weight.
- */
-static void proj_group(struct engine__fwd *f, uint32_t layer, const struct model_mat *const *w,
-                       const struct lora_proj *pr, size_t n_proj, size_t n_tok)
-{
-    CHECK(n_proj <= LORA_GROUP_MAX);
-    if (f->plan.max_rank > 0 || f->base_one_job) {
-        struct lora_base_mat bm[LORA_GROUP_MAX];
-        for (size_t i = 0; i < n_proj; i++)
-            bm[i] = (struct lora_base_mat){w[i]->dtype, w[i]->data, w[i]->panels, w[i]->cols,
-                                           w[i]->rows};
-        if (lora_matmul_fused(&f->plan, f->pool, layer, pr, bm, n_proj, f->lora_tmp,
-                              &f->lora_ws) == 0)
-            return;
-    }
-    if (n_proj == 1) {
-        matmul(f, w[0], pr[0].x, n_tok, pr[0].y, pr[0].ldy);
-    } else { /* q, k, v or gate, up: the same input, one pool job */
-        float *ys[LORA_GROUP_MAX];
-        size_t ldys[LORA_GROUP_MAX];
-        for (size_t i = 0; i < n_proj; i++) {
-            CHECK(pr[i].x == pr[0].x);
-            ys[i] = pr[i].y, ldys[i] = pr[i].ldy;
-        }
-        matmul_group(f, w, ys, ldys, n_proj, pr[0].x, n_tok);
-    }
-    lora_group(f, layer, pr, n_proj);
+    CHECK(k <= LORA_GROUP_MAX);
+    /* -ENOMEM: it ran as separate jobs instead, with the same numbers (logged) */
+    (void)matmul_group_lora(&f->mm, g, k, &f->plan, layer, f->lora_tmp);
 }
 
 /* One task per (sequence, KV head): paged attention of the sequence's chunk. */
@@ -267,7 +178,7 @@ static int build_lora_plan(struct engine__fwd *f, const struct engine__bseq *seq
     if (!any) {
         f->plan.max_rank = 0;
         f->plan.n_segs = 0;
-        f->plan.n_tok = n_tok; /* lora_matmul_fused of a base-only step reads it */
+        f->plan.n_tok = n_tok;
         return 0;
     }
     int rc = lora_plan_build(&f->plan, f->tok_ad, f->tok_scale, n_tok);
@@ -321,11 +232,11 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
 
         for (size_t t = 0; t < n_tok; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
-        proj_group(f, l, (const struct model_mat *[]){&L->wq, &L->wk, &L->wv},
-                   (const struct lora_proj[]){{LORA_Q, f->xb, f->q, qd},
-                                              {LORA_K, f->xb, f->k, kvd},
-                                              {LORA_V, f->xb, f->v, kvd}},
-                   3, n_tok);
+        project(f, l,
+                (const struct matmul_prod[]){{&L->wq, f->xb, n_tok, f->q, qd, LORA_Q},
+                                             {&L->wk, f->xb, n_tok, f->k, kvd, LORA_K},
+                                             {&L->wv, f->xb, n_tok, f->v, kvd, LORA_V}},
+                3);
         for (size_t t = 0; t < n_tok; t++) {
             kern_rope(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
             kern_rope(f->k + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
@@ -342,20 +253,21 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         else
             for (size_t i = 0; i < n_tasks; i++)
                 attn_task(&aj, i, 0);
-        proj_group(f, l, (const struct model_mat *[]){&L->wo},
-                   (const struct lora_proj[]){{LORA_O, f->att, f->proj, dim}}, 1, n_tok);
+        project(f, l, &(const struct matmul_prod){&L->wo, f->att, n_tok, f->proj, dim, LORA_O},
+                1);
         for (size_t i = 0; i < n_tok * dim; i++)
             f->x[i] += f->proj[i];
 
         for (size_t t = 0; t < n_tok; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
-        proj_group(f, l, (const struct model_mat *[]){&L->w_gate, &L->w_up},
-                   (const struct lora_proj[]){{LORA_GATE, f->xb, f->gate, ffn},
-                                              {LORA_UP, f->xb, f->up, ffn}},
-                   2, n_tok);
+        project(f, l,
+                (const struct matmul_prod[]){{&L->w_gate, f->xb, n_tok, f->gate, ffn, LORA_GATE},
+                                             {&L->w_up, f->xb, n_tok, f->up, ffn, LORA_UP}},
+                2);
         kern_swiglu(f->gate, f->gate, f->up, n_tok * ffn); /* silu(gate) * up, in place */
-        proj_group(f, l, (const struct model_mat *[]){&L->w_down},
-                   (const struct lora_proj[]){{LORA_DOWN, f->gate, f->proj, dim}}, 1, n_tok);
+        project(f, l,
+                &(const struct matmul_prod){&L->w_down, f->gate, n_tok, f->proj, dim, LORA_DOWN},
+                1);
         for (size_t i = 0; i < n_tok * dim; i++)
             f->x[i] += f->proj[i];
     }
@@ -369,7 +281,7 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
             n_out++;
         }
     if (n_out)
-        matmul(f, &m->output, f->lnorm, n_out, f->logits, hp->vocab_size);
+        matmul_one(&f->mm, &m->output, f->lnorm, n_out, f->logits, hp->vocab_size);
     *logits = f->logits;
     return 0;
 }

@@ -21,10 +21,13 @@
  * fed a row stride; the paged cache of the serving engine, worker/kv_attn.c, feeds the same
  * kernel block spans): the cache layout is the only difference.
  *
- * NOTES: with a pool, matmul rows (pool_matmul) and (KV head, token block) attention tasks
- * run on the pool's threads (the kernels keep their scratch on the stack). Everything else
- * runs on the calling thread. All buffers are allocated in forward_create; forward_eval never
- * allocates.
+ * The products are matmul.h's (q, k, v and gate, up as one group each); the hook (LoRA) runs
+ * on a projection's result before it is used.
+ *
+ * NOTES: with a pool, matmul rows and (KV head, token block) attention tasks run on the
+ * pool's threads (the kernels keep their scratch on the stack). Everything else runs on the
+ * calling thread. All buffers are allocated in forward_create; the products' scratch (struct
+ * matmul_ctx) grows on a first use of a larger chunk, then forward_eval no longer allocates.
  */
 #include "forward.h"
 
@@ -32,10 +35,10 @@
 #include "err.h"
 #include "kern.h"
 #include "log.h"
+#include "matmul.h"
 #include "pool.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -44,6 +47,7 @@
 struct forward {
     const struct model *m;
     struct pool *pool;
+    struct matmul_ctx mm;    /* the products: on pool, with their scratch */
     uint32_t max_seq;        /* S: positions the cache holds */
     uint32_t max_chunk;      /* C: tokens per batch */
     uint32_t pos;            /* positions [0, pos) are in the cache */
@@ -68,24 +72,9 @@ struct forward {
 
 /* ---- creation ------------------------------------------------------------------------------ */
 
-/* *out = 64-byte aligned room for a*b*c floats (a product checked for overflow). */
 static int alloc_f32(const char *what, uint64_t a, uint64_t b, uint64_t c, float **out)
 {
-    uint64_t n, bytes;
-    if (dtype_mul_u64(a, b, &n) || dtype_mul_u64(n, c, &n) ||
-        dtype_mul_u64(n, sizeof(float), &bytes) || bytes > SIZE_MAX - 64) {
-        LOG_ERR("forward: %s of %llu x %llu x %llu floats overflows", what,
-                (unsigned long long)a, (unsigned long long)b, (unsigned long long)c);
-        return ERR_OVERFLOW;
-    }
-    size_t size = ((size_t)bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple */
-    *out = aligned_alloc(64, size ? size : 64);
-    if (!*out) {
-        LOG_ERR("forward: out of memory for the %s (%llu bytes)", what,
-                (unsigned long long)bytes);
-        return -ENOMEM;
-    }
-    return 0;
+    return model_alloc_f32("forward", what, a, b, c, out);
 }
 
 int forward_create(const struct model *m, const struct forward_config *cfg,
@@ -110,6 +99,7 @@ int forward_create(const struct model *m, const struct forward_config *cfg,
     }
     f->m = m;
     f->pool = cfg->pool;
+    matmul_ctx_init(&f->mm, cfg->pool);
     f->max_seq = S;
     f->max_chunk = C;
 
@@ -130,11 +120,7 @@ int forward_create(const struct model *m, const struct forward_config *cfg,
         forward_destroy(f);
         return rc;
     }
-    /* theta^(-2i/head_dim) in double: the angle pos * inv_freq stays accurate at long
-     * positions (llama2.c computes it in float; the difference is below 1e-6 up to 512) */
-    for (uint64_t i = 0; i < half; i++)
-        f->inv_freq[i] =
-            (float)pow((double)hp->rope_theta, -(double)(2 * i) / (double)hp->head_dim);
+    model_rope_inv_freq(m, f->inv_freq);
     *out = f;
     return 0;
 }
@@ -148,6 +134,7 @@ void forward_destroy(struct forward *f)
                      f->key_cache, f->value_cache};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
+    matmul_ctx_fini(&f->mm);
     free(f);
 }
 
@@ -172,55 +159,16 @@ int forward_truncate(struct forward *f, uint32_t pos)
 
 /* ---- building blocks ------------------------------------------------------------------------ */
 
-/* y [n][ldy] = x [n][w->cols] W^T, all of W's rows. */
-static void matmul(const struct forward *f, const struct model_mat *w, const float *x, size_t n,
-                   float *y, size_t ldy)
-{
-    if (w->panels && f->pool) /* q4_0 / q8_0 repacked at load (model.h) */
-        pool_matmul_panels(f->pool, w->dtype, w->panels, w->cols, x, n, y, ldy, 0, w->rows);
-    else if (w->panels)
-        kern_matmul_panels(w->dtype, w->panels, w->cols, x, n, y, ldy, 0, w->rows);
-    else if (f->pool)
-        pool_matmul(f->pool, w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
-    else
-        kern_matmul(w->dtype, w->data, w->cols, x, n, y, ldy, 0, w->rows);
-}
-
-/* A layer's projection: the matmul, then the hook (LoRA) on its result. */
-static void project(const struct forward *f, uint32_t layer, enum lora_target t,
-                    const struct model_mat *w, const float *x, size_t n, float *y, size_t ldy)
-{
-    matmul(f, w, x, n, y, ldy);
-    if (f->hook)
-        f->hook(f->hook_ud, layer, t, x, n, y, ldy);
-}
-
 /*
- * k projections of the same input x [n][cols] (q, k, v; gate, up): with a pool, one job for
- * the k base products (pool_matmul_group: the activations prepared once, one dispatch
- * instead of k), then each hook; the same kernels on the same rows, so the same results as k
- * project() calls. ys[i]: [n][ldys[i]].
+ * Projections of a layer: the base products as one job (k > 1: q, k, v or gate, up, which
+ * share their input), then the hook (LoRA) on each result. g[i].y: [n][ldy] for (layer,
+ * g[i].t).
  */
-static void project_group(const struct forward *f, uint32_t layer, const enum lora_target *t,
-                          const struct model_mat *const *w, const float *x, size_t n,
-                          float *const *ys, const size_t *ldys, size_t k)
+static void project(struct forward *f, uint32_t layer, const struct matmul_prod *g, size_t k)
 {
-    if (!f->pool) {
-        for (size_t i = 0; i < k; i++)
-            project(f, layer, t[i], w[i], x, n, ys[i], ldys[i]);
-        return;
-    }
-    struct pool_mm mm[POOL_MM_GROUP_MAX] = {0};
-    CHECK(k <= POOL_MM_GROUP_MAX);
-    for (size_t i = 0; i < k; i++) {
-        CHECK(w[i]->cols == w[0]->cols);
-        mm[i] = (struct pool_mm){w[i]->dtype, w[i]->panels != NULL,
-                                 w[i]->panels ? w[i]->panels : w[i]->data,
-                                 w[i]->rows, ys[i], ldys[i]};
-    }
-    pool_matmul_group(f->pool, mm, k, x, w[0]->cols, n);
+    matmul_group(&f->mm, g, k);
     for (size_t i = 0; f->hook && i < k; i++)
-        f->hook(f->hook_ud, layer, t[i], x, n, ys[i], ldys[i]);
+        f->hook(f->hook_ud, layer, g[i].t, g[i].x, g[i].n, g[i].y, g[i].ldy);
 }
 
 /* cos and sin of every pair's angle for the chunk's positions: rope [n][head_dim/2][2]. */
@@ -301,26 +249,30 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
         /* attention block */
         for (size_t t = 0; t < n; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->attn_norm, dim, hp->rms_eps);
-        project_group(f, l, (const enum lora_target[]){LORA_Q, LORA_K, LORA_V},
-                      (const struct model_mat *const[]){&L->wq, &L->wk, &L->wv}, f->xb, n,
-                      (float *const[]){f->q, key, value}, (const size_t[]){qd, kvd, kvd}, 3);
+        project(f, l,
+                (const struct matmul_prod[]){{&L->wq, f->xb, n, f->q, qd, LORA_Q},
+                                             {&L->wk, f->xb, n, key, kvd, LORA_K},
+                                             {&L->wv, f->xb, n, value, kvd, LORA_V}},
+                3);
         for (size_t t = 0; t < n; t++) {
             kern_rope(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
             kern_rope(key + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
         }
         attention(f, l, pos0, n);
-        project(f, l, LORA_O, &L->wo, f->att, n, f->proj, dim);
+        project(f, l, &(const struct matmul_prod){&L->wo, f->att, n, f->proj, dim, LORA_O}, 1);
         for (size_t i = 0; i < n * dim; i++)
             f->x[i] += f->proj[i];
 
         /* feed-forward block */
         for (size_t t = 0; t < n; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
-        project_group(f, l, (const enum lora_target[]){LORA_GATE, LORA_UP},
-                      (const struct model_mat *const[]){&L->w_gate, &L->w_up}, f->xb, n,
-                      (float *const[]){f->gate, f->up}, (const size_t[]){ffn, ffn}, 2);
+        project(f, l,
+                (const struct matmul_prod[]){{&L->w_gate, f->xb, n, f->gate, ffn, LORA_GATE},
+                                             {&L->w_up, f->xb, n, f->up, ffn, LORA_UP}},
+                2);
         kern_swiglu(f->gate, f->gate, f->up, n * ffn); /* silu(gate) * up, in place */
-        project(f, l, LORA_DOWN, &L->w_down, f->gate, n, f->proj, dim);
+        project(f, l,
+                &(const struct matmul_prod){&L->w_down, f->gate, n, f->proj, dim, LORA_DOWN}, 1);
         for (size_t i = 0; i < n * dim; i++)
             f->x[i] += f->proj[i];
     }
@@ -329,10 +281,10 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
     if (which == FORWARD_LOGITS_ALL) {
         for (size_t t = 0; t < n; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, m->output_norm, dim, hp->rms_eps);
-        matmul(f, &m->output, f->xb, n, logits, hp->vocab_size);
+        matmul_one(&f->mm, &m->output, f->xb, n, logits, hp->vocab_size);
     } else if (which == FORWARD_LOGITS_LAST) {
         kern_rmsnorm(f->xb, f->x + (n - 1) * dim, m->output_norm, dim, hp->rms_eps);
-        matmul(f, &m->output, f->xb, 1, logits, hp->vocab_size);
+        matmul_one(&f->mm, &m->output, f->xb, 1, logits, hp->vocab_size);
     }
 }
 

@@ -6,7 +6,7 @@
  * length, or one generated token) and returns logits for the positions asked for. The pass is
  * written to be read top to bottom (forward.c) and is the numeric reference every faster path
  * is tested against: activations, attention and the KV cache are f32; weights are used in
- * their stored dtype through kern_matmul (f32 weights: exact products, f32 sums).
+ * their stored dtype through matmul.h's products (f32 weights: exact products, f32 sums).
  * docs/DESIGN.md ("Forward pass") gives the equations and the choices behind them.
  *
  * NOTES: a struct forward belongs to one thread (the one calling forward_eval); with a pool it

@@ -26,6 +26,11 @@
  *    thread.
  *  - A struct lora_plan is written by lora_plan_build (one thread) and then only read by the
  *    apply functions, from any number of threads, until the next build.
+ *
+ * Where each part lives (one job per file; worker/model/private/lora_internal.h is what they
+ * share): targets and adapter_config.json, lora_config.c; reading an adapter, lora_load.c;
+ * its serving copy and digest, lora_pack.c; the registry, lora_registry.c; plans and
+ * updates, lora_apply.c; the update fused with the base products, matmul_lora.c (matmul.h).
  */
 #ifndef CLOCHER_WORKER_LORA_H
 #define CLOCHER_WORKER_LORA_H
@@ -44,6 +49,8 @@
 #define LORA_MAX_LAYERS 1024u      /* IEBIN's n_layers bound */
 #define LORA_NAME_MAX 64u          /* registry names: 1..63 bytes of [A-Za-z0-9._-] */
 #define LORA_REGISTRY_DEFAULT_MAX 64u
+
+/* ---- targets and adapter_config.json (lora_config.c) ---- */
 
 /* The projections an adapter may target, with their PEFT module names. */
 enum lora_target {
@@ -83,6 +90,8 @@ struct lora_config {
  * Unknown keys are ignored. Logged once, naming the field.
  */
 int lora_config_parse(const char *what, const char *json, size_t len, struct lora_config *out);
+
+/* ---- adapters (lora_load.c; the serving copy, lora_pack.c) ---- */
 
 /* One adapted projection of one layer; a == NULL when the adapter leaves it alone. */
 struct lora_weights {
@@ -166,7 +175,7 @@ const struct lora_weights *lora_weights(const struct lora_adapter *ad, uint32_t 
 void lora_permute_rows_hf_to_iebin(float *dst, const float *src, uint32_t n_heads,
                                    uint32_t head_dim, size_t cols);
 
-/* ---- registry ---- */
+/* ---- registry (lora_registry.c) ---- */
 
 struct lora_registry;
 
@@ -196,7 +205,7 @@ void lora_registry_release(struct lora_adapter *ad);
 size_t lora_registry_count(const struct lora_registry *r);
 const struct lora_adapter *lora_registry_at(const struct lora_registry *r, size_t i);
 
-/* ---- applying ---- */
+/* ---- applying (lora_apply.c) ---- */
 
 /* A maximal run of consecutive tokens of a batch that use the same adapter. */
 struct lora_seg {
@@ -296,43 +305,8 @@ static inline size_t lora_bt_elems(size_t out, size_t rank)
     return (out + LORA_PANEL - 1) / LORA_PANEL * LORA_PANEL * rank;
 }
 
-/* The kernels of lora_apply_fused are kern_lora_shrink / kern_lora_expand (kernels/kern.h). */
-
-/* ---- the serving path with the base product: one pool job per projection group ---- */
-
-/* A base projection's weight, as kern_matmul takes it: W [rows][cols] of dtype wt. */
-struct lora_base_mat {
-    enum dtype wt;
-    const void *w;         /* stored rows of dtype wt */
-    const void *panels;    /* NULL, or the same q4_0/q8_0 matrix repacked in panels (model.h) */
-    size_t cols, rows;
-};
-
-/* Scratch of lora_matmul_fused, owned by its one caller (the engine's thread). */
-struct lora_ws {
-    void *buf;   /* prepared activations (kern_act) of the group's inputs */
-    size_t cap;
-    void *tasks; /* the job's task list */
-    size_t task_cap;
-};
-void lora_ws_fini(struct lora_ws *ws);
-
-/*
- * For n_proj projections of one layer that are ready together: y = x W^T (base, every token of
- * the plan: p->n_tok rows) plus the plan's update of the adapted rows, as ONE pool job whose
- * tasks are row tiles of the base products (kern_matmul_act), shrink tasks and expand tasks,
- * interleaved so that one participant streams adapter weights while the other runs the
- * compute-bound base GEMM (the update only reads memory; the 8-token base step leaves
- * bandwidth unused). An expand task for a tile waits (spins) for its base tile and its
- * projection's shrink tasks, which always precede it in the task order, so claiming tasks in
- * order cannot deadlock. The numbers are those of pool_matmul followed by lora_apply_fused
- * (same kernels, same blocks). base[i] is pr[i]'s weight (cols = the input width, rows =
- * out). tmp: [n_proj * p->tmp_floats]. A plan without segments (p->n_segs == 0, n_tok set)
- * runs the base products alone as one job. 0, or -ENOMEM when the scratch cannot grow
- * (nothing computed: the caller falls back to the separate path).
- */
-int lora_matmul_fused(const struct lora_plan *p, struct pool *pool, uint32_t layer,
-                      const struct lora_proj *pr, const struct lora_base_mat *base,
-                      size_t n_proj, float *tmp, struct lora_ws *ws);
+/* The kernels of lora_apply_fused are kern_lora_shrink / kern_lora_expand (kernels/kern.h).
+ * The update fused with the base products themselves, as one job, is matmul_group_lora
+ * (matmul.h). */
 
 #endif

@@ -12,6 +12,8 @@
 #include "log.h"
 
 #include <errno.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +25,7 @@ static const char *label(const struct iebin_model *im)
 }
 
 /* Looks `name` up, checks it against the architecture, fills the view. */
-static int bind(const struct iebin_model *im, const char *name, struct model_mat *mat,
+static int bind(const struct iebin_model *im, const char *name, struct matmul_mat *mat,
                 const float **vec)
 {
     const struct iebin_tensor *t = iebin_find(im, name);
@@ -46,18 +48,18 @@ static int bind(const struct iebin_model *im, const char *name, struct model_mat
         return rc;
     }
     /* iebin_check_tensor bounded both dimensions by the hyper-parameters (< 2^32) */
-    *mat = (struct model_mat){t->dtype, t->data, (uint32_t)t->shape[0], (uint32_t)t->shape[1],
-                              (size_t)rb, NULL};
+    *mat = (struct matmul_mat){t->dtype, t->data, (uint32_t)t->shape[0], (uint32_t)t->shape[1],
+                               (size_t)rb, NULL};
     return 0;
 }
 
 /* The matrices the products read, in the order their panels are laid out. */
-static size_t product_mats(struct model *m, struct model_mat **out)
+static size_t product_mats(struct model *m, struct matmul_mat **out)
 {
     size_t k = 0;
     for (uint32_t l = 0; l < m->hp.n_layers; l++) {
         struct model_layer *L = &m->layers[l];
-        struct model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo,
+        struct matmul_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo,
                                     &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             if (out)
@@ -83,7 +85,7 @@ struct panel_kinds {
     int q4, q8;
 };
 
-static int want_panels(const struct panel_kinds *k, const struct model_mat *w)
+static int want_panels(const struct panel_kinds *k, const struct matmul_mat *w)
 {
     int kind = (w->dtype == DT_Q4_0 && k->q4) || (w->dtype == DT_Q8_0 && k->q8);
     return kind && kern_panels_supported(w->dtype) && w->cols % 32 == 0 && w->rows > 0;
@@ -102,7 +104,7 @@ static int repack_panels(struct model *m)
     if (kern_isa() != KERN_ISA_AVX512 || (!kinds.q4 && !kinds.q8))
         return 0;
     size_t n = product_mats(m, NULL);
-    struct model_mat **mats = calloc(n, sizeof *mats);
+    struct matmul_mat **mats = calloc(n, sizeof *mats);
     if (!mats) {
         LOG_ERR("%s: out of memory", label(m->im));
         return -ENOMEM;
@@ -132,7 +134,7 @@ static int repack_panels(struct model *m)
 #endif
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
-        struct model_mat *w = mats[i];
+        struct matmul_mat *w = mats[i];
         if (!want_panels(&kinds, w))
             continue;
         void *dst = (char *)buf + off;
@@ -178,7 +180,7 @@ int model_init(struct model *m, const struct iebin_model *im)
         struct model_layer *L = &m->layers[l];
         struct {
             const char *kind;
-            struct model_mat *mat;
+            struct matmul_mat *mat;
             const float **vec;
         } slots[] = {
             {IEBIN_T_ATTN_NORM, NULL, &L->attn_norm}, {IEBIN_T_ATTN_Q, &L->wq, NULL},
@@ -254,7 +256,7 @@ bool model_reads_stored(const struct model *m, const char *name)
         return !m->output.panels;
     for (uint32_t l = 0; l < m->hp.n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
-        const struct model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo,
+        const struct matmul_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo,
                                           &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             if (mats[i]->data == t->data)
@@ -265,6 +267,33 @@ bool model_reads_stored(const struct model *m, const char *name)
 
 void model_embed_row(const struct model *m, uint32_t r, float *out)
 {
-    const struct model_mat *e = &m->tok_embd;
+    const struct matmul_mat *e = &m->tok_embd;
     kern_row_to_f32(e->dtype, (const char *)e->data + (size_t)r * e->row_bytes, out, e->cols);
+}
+
+void model_rope_inv_freq(const struct model *m, float *inv_freq)
+{
+    const struct iebin_hparams *hp = &m->hp;
+    for (uint32_t i = 0; i < hp->head_dim / 2; i++)
+        inv_freq[i] = (float)pow((double)hp->rope_theta, -(double)(2 * i) / (double)hp->head_dim);
+}
+
+int model_alloc_f32(const char *who, const char *what, uint64_t a, uint64_t b, uint64_t c,
+                    float **out)
+{
+    uint64_t n, bytes;
+    if (dtype_mul_u64(a, b, &n) || dtype_mul_u64(n, c, &n) ||
+        dtype_mul_u64(n, sizeof(float), &bytes) || bytes > SIZE_MAX - 64) {
+        LOG_ERR("%s: the %s, %llu x %llu x %llu floats, overflows", who, what,
+                (unsigned long long)a, (unsigned long long)b, (unsigned long long)c);
+        return ERR_OVERFLOW;
+    }
+    size_t size = ((size_t)bytes + 63) / 64 * 64; /* aligned_alloc wants a multiple */
+    *out = aligned_alloc(64, size ? size : 64);
+    if (!*out) {
+        LOG_ERR("%s: out of memory for the %s (%llu bytes)", who, what,
+                (unsigned long long)bytes);
+        return -ENOMEM;
+    }
+    return 0;
 }

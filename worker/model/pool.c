@@ -1,5 +1,5 @@
 /*
- * pool.c — the persistent thread pool (pool.h) and kern_matmul sharded over it.
+ * pool.c — the persistent thread pool (pool.h).
  *
  * NOTES on the protocol. Three counters, each on its own cache line so that spinning readers
  * of one do not slow down writers of another:
@@ -22,7 +22,6 @@
 
 #include "check.h"
 #include "err.h"
-#include "kern.h"
 #include "log.h"
 
 #include <errno.h>
@@ -71,10 +70,6 @@ struct pool {
     alignas(CACHE_LINE) atomic_size_t next;
     alignas(CACHE_LINE) atomic_uint active;
     atomic_int caller_sleeping;
-
-    /* pool_matmul's prepared activations (used by the dispatching thread only) */
-    alignas(CACHE_LINE) void *act_buf;
-    size_t act_cap;
 };
 
 static void futex_wait(atomic_uint *addr, unsigned val)
@@ -365,174 +360,6 @@ void pool_destroy(struct pool *p)
     if (p->caller_pinned)
         pthread_setaffinity_np(pthread_self(), sizeof p->caller_mask, &p->caller_mask);
     free(p->workers);
-    free(p->act_buf);
     p->magic = 0;
     free(p);
-}
-
-/* ---- matmul over the pool ---------------------------------------------------------------- */
-
-#define ROW_GRAIN 16 /* one AVX-512 panel: shards never split a panel */
-
-/*
- * Activations are prepared over the pool from this many elements (tokens x cols) on, on the
- * calling thread below: quantizing a decode step's 8 x 2048 activations takes a few µs, less
- * than the dispatch and barrier that would share it (4 of them per layer at 8 streams).
- */
-#define ACT_PAR_MIN ((size_t)1 << 16)
-
-struct mm_ctx {
-    const struct kern_act *a;
-    const void *w;
-    float *y;
-    size_t ldy;
-    /* fallback without prepared activations */
-    enum dtype wt;
-    const float *x;
-    int panels; /* w is a q4_0/q8_0 matrix (wt) repacked in panels (kern_matmul_act_panels) */
-};
-
-static void act_shard(void *arg, size_t b, size_t e, int thread)
-{
-    (void)thread;
-    const struct mm_ctx *m = arg;
-    kern_act_prepare(m->a, b, e);
-}
-
-static void mm_shard(void *arg, size_t b, size_t e, int thread)
-{
-    (void)thread;
-    const struct mm_ctx *m = arg;
-    if (m->panels)
-        kern_matmul_act_panels(m->wt, m->w, m->a, m->y, m->ldy, b, e);
-    else
-        kern_matmul_act(m->w, m->a, m->y, m->ldy, b, e);
-}
-
-static void mm_shard_unprepared(void *arg, size_t b, size_t e, int thread)
-{
-    (void)thread;
-    const struct mm_ctx *m = arg;
-    if (m->panels)
-        kern_matmul_panels(m->wt, m->w, m->a->cols, m->x, m->a->n, m->y, m->ldy, b, e);
-    else
-        kern_matmul(m->wt, m->w, m->a->cols, m->x, m->a->n, m->y, m->ldy, b, e);
-}
-
-static void matmul(struct pool *p, enum dtype wt, int panels, const void *w, size_t cols,
-                   const float *x, size_t n, float *y, size_t ldy, size_t r0, size_t r1)
-{
-    CHECK(p && p->magic == POOL_MAGIC);
-    if (r0 >= r1 || n == 0)
-        return;
-    size_t bytes;
-    CHECK(kern_act_bytes(wt, cols, n, &bytes) == 0);
-    struct kern_act a;
-    struct mm_ctx m = {&a, w, y, ldy, wt, x, panels};
-    if (bytes > p->act_cap) {
-        void *nb = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        if (!nb) {
-            static _Thread_local int warned;
-            if (!warned++)
-                LOG_WARN("pool_matmul: no memory for %zu bytes of activations, preparing them "
-                         "per shard",
-                         bytes);
-            a.cols = cols;
-            a.n = n;
-            pool_for(p, r0, r1, ROW_GRAIN, mm_shard_unprepared, &m);
-            return;
-        }
-        free(p->act_buf);
-        p->act_buf = nb;
-        p->act_cap = bytes;
-    }
-    kern_act_init(&a, wt, x, cols, n, p->act_buf);
-    if (bytes) {
-        if (n * cols >= ACT_PAR_MIN && p->n > 1)
-            pool_for(p, 0, n, 1, act_shard, &m);
-        else
-            kern_act_prepare(&a, 0, n);
-    }
-    pool_for(p, r0, r1, ROW_GRAIN, mm_shard, &m);
-}
-
-void pool_matmul(struct pool *p, enum dtype wt, const void *w, size_t cols, const float *x,
-                 size_t n, float *y, size_t ldy, size_t r0, size_t r1)
-{
-    matmul(p, wt, 0, w, cols, x, n, y, ldy, r0, r1);
-}
-
-void pool_matmul_panels(struct pool *p, enum dtype wt, const void *wp, size_t cols,
-                        const float *x, size_t n, float *y, size_t ldy, size_t r0, size_t r1)
-{
-    CHECK(r0 % ROW_GRAIN == 0 && kern_panels_supported(wt)); /* shards start on panels too */
-    matmul(p, wt, 1, wp, cols, x, n, y, ldy, r0, r1);
-}
-
-/* One pool job over the concatenated rows of several products (pool_matmul_group). */
-struct mm_group_ctx {
-    const struct kern_act *a;
-    const struct pool_mm *mm;
-    size_t k;
-    const size_t *off; /* [k + 1] first concatenated row of each product */
-};
-
-static void mm_group_shard(void *arg, size_t b, size_t e, int thread)
-{
-    (void)thread;
-    const struct mm_group_ctx *g = arg;
-    for (size_t i = 0; i < g->k; i++) {
-        size_t lo = b > g->off[i] ? b : g->off[i], hi = e < g->off[i + 1] ? e : g->off[i + 1];
-        if (lo >= hi)
-            continue;
-        const struct pool_mm *m = &g->mm[i];
-        if (m->panels)
-            kern_matmul_act_panels(m->wt, m->w, g->a, m->y, m->ldy, lo - g->off[i],
-                                   hi - g->off[i]);
-        else
-            kern_matmul_act(m->w, g->a, m->y, m->ldy, lo - g->off[i], hi - g->off[i]);
-    }
-}
-
-void pool_matmul_group(struct pool *p, const struct pool_mm *mm, size_t k, const float *x,
-                       size_t cols, size_t n)
-{
-    CHECK(p && p->magic == POOL_MAGIC && k <= POOL_MM_GROUP_MAX);
-    if (n == 0 || k == 0)
-        return;
-    /* one job needs one activation layout, and every product but the last to end on a panel
-     * boundary (so that shards, multiples of 16 rows, start on panels in every product) */
-    int one = 1;
-    size_t off[POOL_MM_GROUP_MAX + 1] = {0};
-    for (size_t i = 0; i < k; i++) {
-        one &= mm[i].wt == mm[0].wt && (i + 1 == k || mm[i].rows % ROW_GRAIN == 0);
-        off[i + 1] = off[i] + mm[i].rows;
-    }
-    size_t bytes;
-    CHECK(kern_act_bytes(mm[0].wt, cols, n, &bytes) == 0);
-    if (one && bytes > p->act_cap) {
-        void *nb = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        if (nb) {
-            free(p->act_buf);
-            p->act_buf = nb;
-            p->act_cap = bytes;
-        }
-    }
-    if (!one || bytes > p->act_cap) { /* product by product */
-        for (size_t i = 0; i < k; i++)
-            matmul(p, mm[i].wt, mm[i].panels, mm[i].w, cols, x, n, mm[i].y, mm[i].ldy, 0,
-                   mm[i].rows);
-        return;
-    }
-    struct kern_act a;
-    struct mm_ctx m = {&a, NULL, NULL, 0, mm[0].wt, x, 0};
-    kern_act_init(&a, mm[0].wt, x, cols, n, p->act_buf);
-    if (bytes) {
-        if (n * cols >= ACT_PAR_MIN && p->n > 1)
-            pool_for(p, 0, n, 1, act_shard, &m);
-        else
-            kern_act_prepare(&a, 0, n);
-    }
-    struct mm_group_ctx g = {&a, mm, k, off};
-    pool_for(p, 0, off[k], ROW_GRAIN, mm_group_shard, &g);
 }

@@ -1,5 +1,6 @@
 /*
  * pool.h — a persistent thread pool for data-parallel kernels (matmul rows, attention heads).
+ * The products over it are matmul.h's.
  *
  * n_threads participants: the calling thread plus n_threads-1 pthreads created once. A job
  * (pool_run/pool_for) is published by bumping a generation counter; workers spin briefly on
@@ -16,8 +17,6 @@
  */
 #ifndef CLOCHER_WORKER_POOL_H
 #define CLOCHER_WORKER_POOL_H
-
-#include "dtype.h"
 
 #include <stddef.h>
 
@@ -61,40 +60,5 @@ void pool_run(struct pool *p, pool_task_fn *fn, void *ctx, size_t n_tasks);
  */
 void pool_for(struct pool *p, size_t begin, size_t end, size_t grain, pool_range_fn *fn,
               void *ctx);
-
-/*
- * kern_matmul sharded over the pool: y rows [r0, r1) for n tokens (kern.h has the contract).
- * Activations are prepared once (tokens in parallel) into a buffer the pool keeps; row shards
- * are multiples of 16 rows (one AVX-512 panel). Falls back to per-shard kern_matmul if the
- * buffer cannot grow.
- */
-void pool_matmul(struct pool *p, enum dtype wt, const void *w, size_t cols, const float *x,
-                 size_t n, float *y, size_t ldy, size_t r0, size_t r1);
-/* The same for a q4_0 or q8_0 matrix (wt) repacked in panels (kern_matmul_act_panels);
- * r0 % 16 == 0. */
-void pool_matmul_panels(struct pool *p, enum dtype wt, const void *wp, size_t cols,
-                        const float *x, size_t n, float *y, size_t ldy, size_t r0, size_t r1);
-
-/* One product of pool_matmul_group: all rows of w [rows][cols] into y [n][ldy]; w is wt's
- * panels (kern_matmul_act_panels) when `panels` is set, stored rows otherwise. */
-struct pool_mm {
-    enum dtype wt;
-    int panels;
-    const void *w;
-    size_t rows;
-    float *y;
-    size_t ldy;
-};
-#define POOL_MM_GROUP_MAX 4
-/*
- * k <= POOL_MM_GROUP_MAX products of the same activations x [n][cols] (a layer's q, k, v or
- * gate, up) as one job: the activations are prepared once and one pool_for shards the
- * concatenated rows, instead of one preparation and two dispatches per product. The same
- * kernels on the same rows, so the same results as k pool_matmul calls. Falls back to those
- * calls when the products differ in weight type or a product other than the last has rows not
- * a multiple of 16.
- */
-void pool_matmul_group(struct pool *p, const struct pool_mm *mm, size_t k, const float *x,
-                       size_t cols, size_t n);
 
 #endif

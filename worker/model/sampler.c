@@ -352,10 +352,11 @@ void sampler_stop_reset(struct sampler_stop *st)
     st->stopped = false;
 }
 
-/* Grows *buf to hold need bytes. */
+/* Grows *buf to hold need bytes; allocates it even for 0 (the callers' memcpy/memmove want a
+ * non-NULL buffer whatever the length). */
 static int reserve(char **buf, size_t *cap, size_t need)
 {
-    if (need <= *cap)
+    if (need <= *cap && *buf)
         return 0;
     size_t nc = *cap ? *cap : 64;
     while (nc < need)
@@ -399,7 +400,8 @@ int sampler_stop_push(struct sampler_stop *st, const char *text, size_t len, con
     int rc = reserve(&st->buf, &st->cap, st->len + len);
     if (rc)
         return rc;
-    memcpy(st->buf + st->len, text, len);
+    if (len) /* an empty piece may come with a NULL text: memcpy wants none */
+        memcpy(st->buf + st->len, text, len);
     st->len += len;
     if (st->n_stops == 0)
         return emit_prefix(st, st->len, emit, n_emit);

@@ -1,0 +1,205 @@
+/*
+ * lora_pack.c — an adapter's serving copy and its content digest.
+ *
+ * The serving copy (lora_weights.fa/.fbt, what the fused update reads) is A as is and B
+ * transposed into panels of 32 output columns (lora_bt_index), in f32 or bf16 (lora_repack,
+ * docs/LORA.md "Weight packing"). The digest (lora_adapter.digest) names what an adapter
+ * computes, so that KV prefix reuse and snapshots never mix adapters.
+ */
+#include "lora.h"
+
+#include "check.h"
+#include "err.h"
+#include "half.h"
+#include "log.h"
+#include "lora_internal.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+/*
+ * The content digest: an xxh64-style 4-lane multiply-rotate hash over 64-bit words (not
+ * cryptographic: it tells adapters apart, it does not authenticate them; an accidental
+ * collision between two of n adapters has probability ~n^2 / 2^65).
+ */
+#define P1 UINT64_C(0x9e3779b185ebca87)
+#define P2 UINT64_C(0xc2b2ae3d27d4eb4f)
+#define P3 UINT64_C(0x165667b19e3779f9)
+
+static uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static uint64_t lane(uint64_t acc, uint64_t w) { return rotl64(acc + w * P2, 31) * P1; }
+
+struct digest {
+    uint64_t v[4];
+    uint64_t n; /* words */
+};
+
+static void digest_init(struct digest *d)
+{
+    d->v[0] = P1 + P2, d->v[1] = P2, d->v[2] = 0, d->v[3] = (uint64_t)0 - P1;
+    d->n = 0;
+}
+
+static void digest_words(struct digest *d, const void *p, size_t bytes)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i + 8 <= bytes; i += 8, d->n++) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        d->v[d->n & 3] = lane(d->v[d->n & 3], w);
+    }
+    if (bytes % 8) {
+        uint64_t w = 0;
+        memcpy(&w, b + bytes / 8 * 8, bytes % 8);
+        d->v[d->n & 3] = lane(d->v[d->n & 3], w);
+        d->n++;
+    }
+}
+
+static uint64_t digest_final(const struct digest *d)
+{
+    uint64_t h = rotl64(d->v[0], 1) + rotl64(d->v[1], 7) + rotl64(d->v[2], 12) +
+                 rotl64(d->v[3], 18);
+    for (int i = 0; i < 4; i++)
+        h = (h ^ lane(0, d->v[i])) * P1 + P3;
+    h += d->n * 8;
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    h ^= h >> 32;
+    return h ? h : 1; /* 0 is the base model */
+}
+
+uint64_t lora__digest(const struct lora_adapter *ad)
+{
+    /* what changes the computation, in a fixed layout (padding between matrices is left
+     * out: it is never read) */
+    struct digest dg;
+    digest_init(&dg);
+    uint32_t hdr[4] = {ad->cfg.rank, ad->cfg.target_mask, ad->n_layers, 0};
+    memcpy(&hdr[3], &ad->cfg.scaling, 4);
+    digest_words(&dg, hdr, sizeof hdr);
+    for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
+        const struct lora_weights *w = &ad->w[i];
+        uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT), here = w->a != NULL;
+        digest_words(&dg, &here, 4);
+        if (!here)
+            continue;
+        digest_words(&dg, w->a, (size_t)ad->cfg.rank * ad->in[t] * sizeof(float));
+        digest_words(&dg, w->b, (size_t)ad->out[t] * ad->cfg.rank * sizeof(float));
+    }
+    return digest_final(&dg);
+}
+
+/*
+ * The serving path's copy (lora_weights.fa/fbt) in dt: B transposed into panels of 32 output
+ * columns (lora_bt_index) so that an expand task streams one contiguous block. The loader asks
+ * for bf16 when the file holds only BF16 tensors (the f32 values are then exact bf16 numbers:
+ * no precision is lost, and the update reads half the bytes; decode with several adapters is
+ * bound by those bytes), else f32 (A shared with the canonical copy, B^T copied);
+ * lora_repack may ask for bf16 on any file (rounded).
+ */
+int lora__pack(struct lora_adapter *ad, enum dtype dt, const char *f_what)
+{
+    ad->fast_dt = dt;
+    const bool bf16 = dt == DT_BF16;
+    const size_t esz = bf16 ? 2 : 4;
+    size_t bytes = 0;
+    for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
+        uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
+        if (!ad->w[i].a)
+            continue;
+        if (dt != DT_F32)
+            bytes += (lora__fa_offset(ad, t, ad->cfg.rank) + 63) / 64 * 64;
+        bytes += (lora__fbt_offset(ad, ad->out[t]) + 63) / 64 * 64;
+    }
+    ad->fast_bytes = bytes;
+    ad->fast_store = bytes ? aligned_alloc(64, bytes) : NULL;
+    if (bytes && !ad->fast_store) {
+        LOG_ERR("%s: out of memory for %zu bytes of packed adapter weights", f_what, bytes);
+        return -ENOMEM;
+    }
+    unsigned char *p = ad->fast_store;
+    for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
+        uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
+        struct lora_weights *w = &ad->w[i];
+        if (!w->a)
+            continue;
+        size_t r = ad->cfg.rank, in = ad->in[t], out = ad->out[t];
+        if (bf16) {
+            uint16_t *a16 = (uint16_t *)p;
+            for (size_t k = 0; k < r * in; k++)
+                a16[k] = half_f32_to_bf16(w->a[k]);
+            w->fa = a16;
+            p += (r * in * esz + 63) / 64 * 64;
+        } else {
+            w->fa = w->a;
+        }
+        size_t nbt = lora_bt_elems(out, r);
+        memset(p, 0, nbt * esz); /* the last panel's padding columns */
+        for (size_t k = 0; k < r; k++)
+            for (size_t j = 0; j < out; j++) {
+                size_t d = lora_bt_index(r, k, j);
+                if (bf16)
+                    ((uint16_t *)p)[d] = half_f32_to_bf16(w->b[j * r + k]);
+                else
+                    ((float *)p)[d] = w->b[j * r + k];
+            }
+        w->fbt = p;
+        p += (nbt * esz + 63) / 64 * 64;
+    }
+    return 0;
+}
+
+static const char *const pack_names[] = {"auto", "bf16"};
+
+int lora_pack_parse(const char *s, enum lora_pack *out)
+{
+    for (unsigned i = 0; i < 2; i++)
+        if (strcmp(s, pack_names[i]) == 0) {
+            *out = (enum lora_pack)i;
+            return 0;
+        }
+    LOG_ERR("LoRA weight packing '%.32s' is unknown: auto or bf16", s);
+    return ERR_FORMAT;
+}
+
+int lora_repack(struct lora_adapter *ad, enum lora_pack pack)
+{
+    CHECK(ad->magic == LORA__MAGIC && lora_refcount(ad) == 1);
+    enum dtype dt = pack == LORA_PACK_BF16 ? DT_BF16 : ad->fast_dt;
+    if (dt == ad->fast_dt)
+        return 0;
+    void *old = ad->fast_store;
+    enum dtype old_dt = ad->fast_dt;
+    struct lora_weights *keep = malloc((size_t)ad->n_layers * LORA_TARGET_COUNT * sizeof *keep);
+    if (!keep) {
+        LOG_ERR("%s: out of memory repacking the adapter", ad->dir);
+        return -ENOMEM;
+    }
+    memcpy(keep, ad->w, (size_t)ad->n_layers * LORA_TARGET_COUNT * sizeof *keep);
+    int rc = lora__pack(ad, dt, ad->dir);
+    if (rc) { /* the previous copy stays */
+        free(ad->fast_store);
+        memcpy(ad->w, keep, (size_t)ad->n_layers * LORA_TARGET_COUNT * sizeof *keep);
+        ad->fast_store = old;
+        ad->fast_dt = old_dt;
+        free(keep);
+        return rc;
+    }
+    free(keep);
+    free(old);
+    /* a lossy copy computes something else: prefix reuse and snapshots must not mix them */
+    struct digest dg;
+    digest_init(&dg);
+    uint64_t words[2] = {ad->digest, (uint64_t)dt};
+    digest_words(&dg, words, sizeof words);
+    ad->digest = digest_final(&dg);
+    return 0;
+}

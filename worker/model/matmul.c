@@ -1,0 +1,207 @@
+/*
+ * matmul.c — single and grouped products over the thread pool (matmul.h).
+ *
+ * A call is two pool jobs at most: preparing the distinct inputs (tokens in parallel, only
+ * when there are many of them), then one pool_for over the products' rows laid end to end.
+ * Product i owns the rows [off[i], off[i] + rows) of that line, off[i] a multiple of 16, so
+ * that shards (multiples of 16 rows from the start) begin on a panel of every product; a
+ * shard that spans two products runs a part of each.
+ *
+ * NOTES: runs on the thread that owns the struct matmul_ctx; its scratch is written before
+ * the jobs that read it are published (pool_run's release/acquire makes it visible).
+ */
+#include "matmul.h"
+
+#include "check.h"
+#include "log.h"
+#include "matmul_internal.h"
+#include "pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ROW_GRAIN 16 /* one AVX-512 panel: shards never split a panel */
+
+/*
+ * Inputs are prepared over the pool from this many elements (tokens x cols, all inputs) on,
+ * on the calling thread below: quantizing a decode step's 8 x 2048 activations takes a few
+ * µs, less than the dispatch and barrier that would share it (4 of them per layer at 8
+ * streams).
+ */
+#define ACT_PAR_MIN ((size_t)1 << 16)
+
+void matmul_ctx_init(struct matmul_ctx *c, struct pool *pool)
+{
+    memset(c, 0, sizeof *c);
+    c->pool = pool;
+}
+
+void matmul_ctx_fini(struct matmul_ctx *c)
+{
+    free(c->act_);
+    free(c->tasks_);
+    c->act_ = c->tasks_ = NULL;
+    c->act_cap_ = c->tasks_cap_ = 0;
+}
+
+bool matmul__grow(void **buf, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap)
+        return true;
+    bytes = (bytes + 63) / 64 * 64;
+    void *nb = aligned_alloc(64, bytes);
+    if (!nb)
+        return false;
+    free(*buf);
+    *buf = nb;
+    *cap = bytes;
+    return true;
+}
+
+void matmul__acts_plan(struct matmul__acts *A, const struct matmul_prod *g, size_t k)
+{
+    CHECK(k <= MATMUL_GROUP_MAX);
+    A->n = 0;
+    A->total = 0;
+    for (size_t i = 0; i < k; i++) {
+        if (g[i].n == 0)
+            continue;
+        size_t a = 0;
+        for (; a < A->n; a++) {
+            const struct matmul_prod *o = &g[A->first[a]];
+            if (o->x == g[i].x && o->n == g[i].n && o->w->dtype == g[i].w->dtype &&
+                o->w->cols == g[i].w->cols)
+                break;
+        }
+        A->of[i] = a;
+        if (a < A->n)
+            continue;
+        size_t bytes;
+        CHECK(kern_act_bytes(g[i].w->dtype, g[i].w->cols, g[i].n, &bytes) == 0);
+        A->first[a] = i;
+        A->off[a] = A->total;
+        A->bytes[a] = bytes;
+        A->total += (bytes + 63) / 64 * 64;
+        A->n++;
+    }
+}
+
+void matmul__acts_init(struct matmul__acts *A, const struct matmul_prod *g, void *buf)
+{
+    for (size_t a = 0; a < A->n; a++) {
+        const struct matmul_prod *p = &g[A->first[a]];
+        kern_act_init(&A->a[a], p->w->dtype, p->x, p->w->cols, p->n,
+                      (unsigned char *)buf + A->off[a]);
+    }
+}
+
+/* ---- one pool job over the rows of every product ------------------------------------------ */
+
+struct rows_job {
+    const struct matmul_prod *g;
+    size_t k;
+    const size_t *off;             /* [k] first row of each product on the line */
+    const struct matmul__acts *A;  /* prepared inputs, or NULL: each shard prepares its own */
+};
+
+static void rows_shard(void *arg, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    const struct rows_job *j = arg;
+    for (size_t i = 0; i < j->k; i++) {
+        const struct matmul_prod *p = &j->g[i];
+        size_t o = j->off[i], end = o + (p->n ? p->w->rows : 0);
+        size_t lo = b > o ? b : o, hi = e < end ? e : end;
+        if (lo < hi)
+            matmul__rows(p, j->A ? &j->A->a[j->A->of[i]] : NULL, lo - o, hi - o);
+    }
+}
+
+/* Token t of the inputs laid end to end (the preparing job's line). */
+struct prep_job {
+    const struct matmul__acts *A;
+    const size_t *tok0; /* [A->n + 1] first token of each input on the line */
+};
+
+static void prep_shard(void *arg, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    const struct prep_job *j = arg;
+    for (size_t a = 0; a < j->A->n; a++) {
+        size_t lo = b > j->tok0[a] ? b : j->tok0[a], hi = e < j->tok0[a + 1] ? e : j->tok0[a + 1];
+        if (lo < hi && j->A->bytes[a])
+            kern_act_prepare(&j->A->a[a], lo - j->tok0[a], hi - j->tok0[a]);
+    }
+}
+
+/* Prepares every input of A: over the pool when there are many elements, else here. */
+static void prepare(struct matmul_ctx *c, const struct matmul__acts *A)
+{
+    size_t tok0[MATMUL_GROUP_MAX + 1], elems = 0;
+    tok0[0] = 0;
+    for (size_t a = 0; a < A->n; a++) {
+        tok0[a + 1] = tok0[a] + A->a[a].n;
+        elems += A->bytes[a] ? A->a[a].n * A->a[a].cols : 0;
+    }
+    if (elems >= ACT_PAR_MIN && pool_threads(c->pool) > 1) {
+        struct prep_job j = {A, tok0};
+        pool_for(c->pool, 0, tok0[A->n], 1, prep_shard, &j);
+        return;
+    }
+    for (size_t a = 0; a < A->n; a++)
+        if (A->bytes[a])
+            kern_act_prepare(&A->a[a], 0, A->a[a].n);
+}
+
+/*
+ * Rows [r0, r1) of the line of products g[0..k) (product i at off[i]): on the calling thread
+ * without a pool; else inputs prepared once and one pool_for.
+ */
+static void run(struct matmul_ctx *c, const struct matmul_prod *g, size_t k, const size_t *off,
+                size_t r0, size_t r1)
+{
+    struct rows_job j = {g, k, off, NULL};
+    if (!c->pool) { /* the kernels prepare their input themselves: one call per product */
+        rows_shard(&j, r0, r1, 0);
+        return;
+    }
+    struct matmul__acts A;
+    matmul__acts_plan(&A, g, k);
+    if (matmul__grow(&c->act_, &c->act_cap_, A.total ? A.total : 64)) {
+        matmul__acts_init(&A, g, c->act_);
+        prepare(c, &A);
+        j.A = &A;
+    } else {
+        static _Thread_local int warned;
+        if (!warned++)
+            LOG_WARN("matmul: no memory for %zu bytes of prepared activations, preparing them "
+                     "per shard",
+                     A.total);
+    }
+    pool_for(c->pool, r0, r1, ROW_GRAIN, rows_shard, &j);
+}
+
+void matmul_rows(struct matmul_ctx *c, const struct matmul_mat *w, const float *x, size_t n,
+                 float *y, size_t ldy, size_t r0, size_t r1)
+{
+    CHECK(r1 <= w->rows);
+    CHECK(!w->panels || r0 % ROW_GRAIN == 0); /* shards start on panels too */
+    if (r0 >= r1 || n == 0)
+        return;
+    const struct matmul_prod p = {w, x, n, y, ldy, 0};
+    const size_t off = 0;
+    run(c, &p, 1, &off, r0, r1);
+}
+
+void matmul_group(struct matmul_ctx *c, const struct matmul_prod *g, size_t k)
+{
+    CHECK(k <= MATMUL_GROUP_MAX);
+    size_t off[MATMUL_GROUP_MAX], end = 0;
+    for (size_t i = 0; i < k; i++) {
+        off[i] = end;
+        if (g[i].n)
+            end += (g[i].w->rows + ROW_GRAIN - 1) / ROW_GRAIN * ROW_GRAIN;
+    }
+    if (end)
+        run(c, g, k, off, 0, end);
+}

@@ -1,0 +1,145 @@
+/*
+ * matmul.h — multiply by a weight matrix: the one home of the products that both forward
+ * passes run (the reference pass, forward.c, and the serving engine's batched pass,
+ * worker/engine/fwd_batch.c).
+ *
+ * Every product is y [n][ldy] = x [n][cols] W^T for a stored weight matrix W [rows][cols]
+ * (struct matmul_mat, the view model.h binds each projection to). Three entries:
+ *  - matmul_rows / matmul_one: one product, its rows sharded over the pool;
+ *  - matmul_group: k products as ONE pool job (a layer's q, k, v; gate, up), each distinct
+ *    input prepared once;
+ *  - matmul_group_lora: a group plus the LoRA update of a batch plan (lora.h) as ONE pool job
+ *    whose adapter-reading tasks are interleaved with the base row tiles (the engine's path
+ *    when adapters are in the batch; matmul_lora.c, docs/LORA.md).
+ * A matrix with panels (repacked at load, model.h) is read through them, any other through its
+ * stored rows; that choice, and pool or calling thread, are made here and nowhere else.
+ *
+ * Kernels are reached only through their public entries: kern_act_bytes/init/prepare
+ * (activations prepared once per product input, for the weight's dtype), kern_matmul_act and
+ * kern_matmul_act_panels per row shard, kern_matmul and kern_matmul_panels on the calling
+ * thread. A new block format (MXFP4, Q4_K) plugs in below those entries, through the kernels'
+ * dtype dispatch, and needs no change here; one with a load-time repacking of its own plugs
+ * in through kern_panels_* (the loader fills matmul_mat.panels).
+ *
+ * Mixture of experts (the plan for gpt-oss: 32 experts, top-4 routing). Each product of a
+ * group carries its own input and token count, so a MoE layer runs as two matmul_group calls:
+ *  1. gate and up of every expert e the batch selected: products {gate_e, x_e, n_e, g_e} and
+ *     {up_e, x_e, n_e, u_e}, where x_e [n_e][dim] gathers the rows of the tokens routed to e
+ *     (the pass gathers them); gate_e and up_e name the same x_e, so it is prepared once;
+ *  2. after the activation, down_e on h_e [n_e][ffn] for every selected expert; the pass
+ *     scatters each y_e back to its tokens with the router's weights.
+ * Experts stored as one [n_experts][rows][cols] tensor are n_experts matmul_mat views (data +
+ * e * rows * row_bytes, their panels likewise). A product with n == 0 (an expert no token
+ * chose) is skipped. Up to MATMUL_GROUP_MAX products per group; products of different dtypes
+ * or widths may share a group.
+ *
+ * Numbers: every output row is computed by one kernel call on whole 16-row panels, so the
+ * results do not depend on the pool's size nor on how products are grouped (tests/pool,
+ * tests/lora test_matmul_fused).
+ *
+ * NOTES: a struct matmul_ctx belongs to one thread, the one dispatching on its pool (pool.h:
+ * one dispatching thread per pool); its scratch (prepared activations, the fused job's task
+ * list) grows on demand and is reused by every call. Inputs must not overlap outputs.
+ */
+#ifndef CLOCHER_WORKER_MATMUL_H
+#define CLOCHER_WORKER_MATMUL_H
+
+#include "dtype.h"
+#include "lora.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct pool;
+
+/*
+ * A stored weight matrix W [rows][cols], row-major, each row packed per dtype (row_bytes
+ * bytes). panels: for a dtype with a panel layout (kern_panels_supported: q4_0, q8_0), the
+ * same matrix repacked at load into 16-row panels for the AVX-512 GEMM (kernels/quant.h), or
+ * NULL. The products read the panels when they are there; `data` stays valid for every other
+ * reader (embedding rows, tools).
+ */
+struct matmul_mat {
+    enum dtype dtype;
+    const void *data;    /* [rows][row_bytes] the stored rows */
+    uint32_t rows, cols;
+    size_t row_bytes;
+    const void *panels;  /* [kern_panels_bytes(dtype, rows, cols)] W in panels, or NULL */
+};
+
+/* One product of a group: y = x W^T, every row of W. */
+struct matmul_prod {
+    const struct matmul_mat *w; /* W [rows][cols] */
+    const float *x;             /* [n][w->cols] the input */
+    size_t n;                   /* tokens: rows of x and of y */
+    float *y;                   /* [n][ldy] the output: y[t][r] = x[t] . W[r], r < rows */
+    size_t ldy;
+    enum lora_target t;         /* the projection it is: matmul_group_lora adds the plan's
+                                 * update for it; matmul_group ignores it */
+};
+
+/* A caller's products: the pool they run on and the scratch they reuse. */
+struct matmul_ctx {
+    struct pool *pool;  /* shards rows over its participants; NULL = the calling thread */
+    bool base_one_job;  /* matmul_group_lora runs a group of a plan without adapters as its
+                         * fused job too (CLOCHER_FWD_ONE_JOB=1 in the engine: a measurement
+                         * knob, docs/LORA.md); false: as matmul_group */
+    /* private: the scratch, 64-byte aligned, grown on demand */
+    void *act_;         /* prepared activations of the distinct inputs */
+    size_t act_cap_;
+    void *tasks_;       /* matmul_group_lora's task list and tile flags */
+    size_t tasks_cap_;
+};
+
+/* Binds c to pool (NULL = the calling thread alone); nothing is allocated yet. */
+void matmul_ctx_init(struct matmul_ctx *c, struct pool *pool);
+/* Frees the scratch. Safe on a zeroed struct. */
+void matmul_ctx_fini(struct matmul_ctx *c);
+
+/*
+ * y rows [r0, r1) of x [n][w->cols] W^T into y [n][ldy]. With a pool: the activations prepared
+ * once (tokens in parallel when there are many), row shards of whole 16-row panels; r0 % 16
+ * must be 0 when W has panels. If the scratch cannot grow (logged once per thread), each shard
+ * prepares its own activations: slower, the same numbers.
+ */
+void matmul_rows(struct matmul_ctx *c, const struct matmul_mat *w, const float *x, size_t n,
+                 float *y, size_t ldy, size_t r0, size_t r1);
+
+/* Every row: y [n][ldy] = x [n][w->cols] W^T. */
+static inline void matmul_one(struct matmul_ctx *c, const struct matmul_mat *w, const float *x,
+                              size_t n, float *y, size_t ldy)
+{
+    matmul_rows(c, w, x, n, y, ldy, 0, w->rows);
+}
+
+#define MATMUL_GROUP_MAX 64 /* a MoE layer's gate and up products of 32 experts */
+
+/*
+ * k <= MATMUL_GROUP_MAX products as one pool job: each distinct input (same x, n, weight dtype
+ * and width) prepared once, then one pool_for over the products' rows laid end to end, each
+ * product starting on a 16-row boundary so that every shard starts on a panel. The same
+ * kernels on the same rows as k matmul_one calls, so the same results.
+ */
+void matmul_group(struct matmul_ctx *c, const struct matmul_prod *g, size_t k);
+
+#define MATMUL_LORA_GROUP_MAX 4 /* q, k, v: the largest group that shares a LoRA plan */
+
+/*
+ * k <= MATMUL_LORA_GROUP_MAX products of one layer that are ready together, each on every
+ * token of plan p (g[i].n == p->n_tok), plus the plan's LoRA update of their adapted rows
+ * (g[i].t names the projection): y = x W^T + s_t (x A^T) B^T as ONE pool job whose tasks are
+ * 512-row tiles of the base products, shrink tasks and expand tasks, interleaved so that one
+ * participant streams adapter weights while the other runs the compute-bound base GEMM. An
+ * expand task waits (spins) for its base tile and its projection's shrink tasks, which always
+ * precede it in the task order, so claiming tasks in order cannot deadlock. The numbers are
+ * those of matmul_group followed by lora_apply_fused (same kernels, same blocks).
+ * tmp: [k * p->tmp_floats]. A plan without segments runs matmul_group (or, with
+ * c->base_one_job, the fused job of the base products alone).
+ * 0 when it ran as one job; -ENOMEM when the scratch could not grow: the products were then
+ * computed by matmul_group and lora_apply_fused (the same numbers, two more jobs).
+ */
+int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
+                      const struct lora_plan *p, uint32_t layer, float *tmp);
+
+#endif

@@ -1,0 +1,408 @@
+/*
+ * matmul_lora.c — a group of products fused with the LoRA update of a batch plan, as one pool
+ * job (matmul_group_lora, matmul.h; docs/LORA.md "With the base product").
+ *
+ * The job is a list of tasks that the pool's participants claim in order:
+ *   PREP    tokens [a, b) of one distinct input (kern_act_prepare);
+ *   SHRINK  rank rows [b, b + 8) of T = X_seg A^T, for (product, segment a);
+ *   BASE    tile a (MM_TILE rows) of a product's base rows, once its input is prepared;
+ *   EXPAND  y += s_t T B^T on the same tile's columns for every segment, once the tile and
+ *           the product's shrinks are done.
+ * Preparation comes first; then base tiles with the update's tasks spread evenly among them
+ * by cost (weight elements for the base, adapter bytes for the update), shrinks before
+ * expands and each expand MM_LAG base tasks after its tile, so that the participants mostly
+ * run one of each kind at a time: the update only reads memory while the base GEMM of a small
+ * batch is bound by compute.
+ *
+ * NOTES: a task waits (spins, yielding now and then) only for tasks that precede it in the
+ * list, which running participants are finishing, so claiming in order cannot deadlock.
+ * Completion counters are release/acquire pairs: a PREP's release publishes its activations
+ * to the BASE tasks that acquire prep_done, a BASE's tile flag its rows to the EXPAND, a
+ * SHRINK's counter its T rows to the EXPANDs.
+ */
+#include "matmul.h"
+
+#include "check.h"
+#include "log.h"
+#include "lora_internal.h"
+#include "matmul_internal.h"
+#include "pool.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h> /* _mm_pause, _mm_prefetch (SSE, baseline x86-64) */
+#endif
+
+#define MM_TILE 512u    /* base rows (= expand columns) per task: whole 16-row GEMM panels and
+                         * 32-column B panels (measured, int4, 8 streams: 256 cost +2-5% at
+                         * rank 1 against matmul_group's longer shards, 512 ~0%) */
+#define MM_PREP_TOK 16u /* tokens per activation-preparing task */
+#define MM_LAG 2u       /* an expand task follows its base tile by this many base tasks (2 to 6
+                         * measured alike, session 6) */
+#define MM_MAX MATMUL_LORA_GROUP_MAX
+#ifndef MM_PREFETCH
+#define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
+#endif
+
+enum { TK_PREP, TK_SHRINK, TK_BASE, TK_EXPAND };
+
+struct task {
+    uint32_t kind, prod; /* prod: the input's index for TK_PREP */
+    uint32_t a, b;       /* PREP: tokens [a, b); SHRINK: segment a, rank rows from b;
+                          * BASE, EXPAND: tile a */
+};
+
+struct job {
+    const struct lora_plan *p;
+    uint32_t layer;
+    const struct matmul_prod *g;
+    float *tmp;                      /* [k][p->tmp_floats] each product's T */
+    const struct task *tasks;
+    struct matmul__acts A;           /* the distinct inputs */
+    size_t tile0[MM_MAX];            /* product -> its first tile in tile_done */
+    size_t prep_total[MM_MAX];       /* input -> its PREP tasks */
+    size_t shrink_total[MM_MAX];     /* product -> its SHRINK tasks */
+    atomic_size_t prep_done[MM_MAX], shrink_done[MM_MAX];
+    atomic_uint *tile_done;          /* [every product's tiles] */
+};
+
+/* ---- running a task ---------------------------------------------------------------------- */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+}
+
+/* Spins until *v >= want. What it waits for precedes the waiting task in the task order, so a
+ * running participant is finishing it; yield now and then in case that one was preempted. */
+static void wait_at_least(atomic_size_t *v, size_t want)
+{
+    for (unsigned i = 1; atomic_load_explicit(v, memory_order_acquire) < want; i++) {
+        cpu_relax();
+        if ((i & 1023) == 0)
+            sched_yield();
+    }
+}
+
+static void wait_flag(atomic_uint *v)
+{
+    for (unsigned i = 1; !atomic_load_explicit(v, memory_order_acquire); i++) {
+        cpu_relax();
+        if ((i & 1023) == 0)
+            sched_yield();
+    }
+}
+
+/* Requests [p, p + bytes) into L2 at once. An update task's weights are a few contiguous
+ * blocks of 8-90 KB read once: asking for all of them up front keeps many misses in flight,
+ * where the kernels' own loads (and the short streams the hardware prefetcher sees) wait for
+ * them a few at a time (measured: the expand kernel's time was mostly its first loads). */
+static inline void prefetch_l2(const void *p, size_t bytes)
+{
+#if defined(__x86_64__)
+    const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)63);
+    for (const char *e = (const char *)p + bytes; c < e; c += 64)
+        _mm_prefetch(c, _MM_HINT_T1);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+static inline void run_prep(struct job *j, const struct task *tk)
+{
+    kern_act_prepare(&j->A.a[tk->prod], tk->a, tk->b);
+    atomic_fetch_add_explicit(&j->prep_done[tk->prod], 1, memory_order_release);
+}
+
+static inline void run_shrink(struct job *j, const struct task *tk)
+{
+    const struct lora_seg *s = &j->p->segs[tk->a];
+    const struct matmul_prod *pr = &j->g[tk->prod];
+    const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
+    size_t r = s->ad->cfg.rank, k0 = tk->b, in = s->ad->in[pr->t];
+    size_t k1 = k0 + LORA__SHRINK_KB < r ? k0 + LORA__SHRINK_KB : r;
+    if (MM_PREFETCH)
+        prefetch_l2((const char *)w->fa + lora__fa_offset(s->ad, pr->t, k0),
+                    lora__fa_offset(s->ad, pr->t, k1) - lora__fa_offset(s->ad, pr->t, k0));
+    kern_lora_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
+                     j->tmp + tk->prod * j->p->tmp_floats + s->tmp0, k0, k1);
+    atomic_fetch_add_explicit(&j->shrink_done[tk->prod], 1, memory_order_release);
+}
+
+static inline void run_base(struct job *j, const struct task *tk)
+{
+    size_t ai = j->A.of[tk->prod];
+    wait_at_least(&j->prep_done[ai], j->prep_total[ai]);
+    const struct matmul_prod *pr = &j->g[tk->prod];
+    size_t r0 = (size_t)tk->a * MM_TILE, rows = pr->w->rows;
+    size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
+    matmul__rows(pr, &j->A.a[ai], r0, r1); /* MM_TILE rows are whole panels: tiles start on one */
+    atomic_store_explicit(&j->tile_done[j->tile0[tk->prod] + tk->a], 1, memory_order_release);
+}
+
+static inline void run_expand(struct job *j, const struct task *tk)
+{
+    const struct lora_plan *p = j->p;
+    wait_at_least(&j->shrink_done[tk->prod], j->shrink_total[tk->prod]);
+    wait_flag(&j->tile_done[j->tile0[tk->prod] + tk->a]);
+    const struct matmul_prod *pr = &j->g[tk->prod];
+    size_t c0 = (size_t)tk->a * MM_TILE, out = pr->w->rows;
+    size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
+    if (MM_PREFETCH)
+        for (size_t si = 0; si < p->n_segs; si++) {
+            const struct lora_seg *s = &p->segs[si];
+            const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
+            if (w) /* the tile's panels, from c0 (a multiple of 32) */
+                prefetch_l2((const char *)w->fbt + lora__fbt_offset(s->ad, c0),
+                            lora__fbt_offset(s->ad, c1) - lora__fbt_offset(s->ad, c0));
+        }
+    for (size_t si = 0; si < p->n_segs; si++) {
+        const struct lora_seg *s = &p->segs[si];
+        const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
+        if (!w)
+            continue;
+        kern_lora_expand(s->ad->fast_dt, w->fbt, s->ad->cfg.rank,
+                         j->tmp + tk->prod * p->tmp_floats + s->tmp0, s->n, p->scale + s->t0,
+                         0.0f, pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
+    }
+}
+
+static void run_task(void *ctx, size_t task, int thread)
+{
+    (void)thread;
+    struct job *j = ctx;
+    const struct task *tk = &j->tasks[task];
+    switch (tk->kind) {
+    case TK_PREP:
+        run_prep(j, tk);
+        break;
+    case TK_SHRINK:
+        run_shrink(j, tk);
+        break;
+    case TK_BASE:
+        run_base(j, tk);
+        break;
+    case TK_EXPAND:
+        run_expand(j, tk);
+        break;
+    default:
+        CHECK(0);
+    }
+}
+
+/* ---- building the task list -------------------------------------------------------------- */
+
+struct counts {
+    size_t prep, shrink, tiles, expand; /* tasks of each kind */
+};
+
+/* Counts the tasks; fills j->tile0. */
+static struct counts count_tasks(struct job *j, size_t k, size_t n)
+{
+    const struct lora_plan *p = j->p;
+    struct counts c = {0, 0, 0, 0};
+    for (size_t a = 0; a < j->A.n; a++)
+        c.prep += j->A.bytes[a] ? (n + MM_PREP_TOK - 1) / MM_PREP_TOK : 0;
+    for (size_t i = 0; i < k; i++) {
+        j->tile0[i] = c.tiles;
+        c.tiles += (j->g[i].w->rows + MM_TILE - 1) / MM_TILE;
+        for (size_t si = 0; si < p->n_segs; si++)
+            if (lora_weights(p->segs[si].ad, j->layer, j->g[i].t))
+                c.shrink += (p->segs[si].ad->cfg.rank + LORA__SHRINK_KB - 1) / LORA__SHRINK_KB;
+    }
+    c.expand = p->n_segs ? c.tiles : 0; /* base only (no segment): no expand tasks */
+    return c;
+}
+
+/* Where the writer of the task list is. */
+struct cursor {
+    size_t nt;                  /* tasks written */
+    size_t bi, ui;              /* base tasks, update tasks written */
+    double base_done, upd_done; /* their cost so far (weight elements; adapter bytes) */
+    size_t base_p, base_t;      /* next base task: product, tile */
+    size_t sh_p, sh_s, sh_k;    /* next shrink: product, segment, rank row */
+    size_t ex_p, ex_t;          /* next expand: product, tile */
+};
+
+/* Every input's PREP tasks, in order. */
+static void push_preps(struct job *j, struct task *tasks, struct cursor *cu, size_t n)
+{
+    for (size_t a = 0; a < j->A.n; a++) {
+        j->prep_total[a] = 0;
+        if (!j->A.bytes[a])
+            continue;
+        for (size_t t0 = 0; t0 < n; t0 += MM_PREP_TOK) {
+            tasks[cu->nt++] = (struct task){TK_PREP, (uint32_t)a, (uint32_t)t0,
+                                            (uint32_t)(t0 + MM_PREP_TOK < n ? t0 + MM_PREP_TOK : n)};
+            j->prep_total[a]++;
+        }
+    }
+}
+
+static void push_base(struct job *j, struct task *tasks, struct cursor *cu)
+{
+    const struct matmul_mat *w = j->g[cu->base_p].w;
+    tasks[cu->nt++] = (struct task){TK_BASE, (uint32_t)cu->base_p, (uint32_t)cu->base_t, 0};
+    cu->base_done += (double)MM_TILE * (double)w->cols;
+    cu->bi++;
+    if (++cu->base_t * MM_TILE >= w->rows) {
+        cu->base_p++;
+        cu->base_t = 0;
+    }
+}
+
+/* The next (product, segment, rank block) whose adapter adapts the product. */
+static void push_shrink(struct job *j, struct task *tasks, struct cursor *cu)
+{
+    const struct lora_plan *p = j->p;
+    for (;;) {
+        const struct lora_adapter *ad = p->segs[cu->sh_s].ad;
+        if (lora_weights(ad, j->layer, j->g[cu->sh_p].t) && cu->sh_k < ad->cfg.rank)
+            break;
+        cu->sh_k = 0;
+        if (++cu->sh_s == p->n_segs) {
+            cu->sh_s = 0;
+            cu->sh_p++;
+        }
+    }
+    const struct lora_adapter *ad = p->segs[cu->sh_s].ad;
+    tasks[cu->nt++] = (struct task){TK_SHRINK, (uint32_t)cu->sh_p, (uint32_t)cu->sh_s,
+                                    (uint32_t)cu->sh_k};
+    j->shrink_total[cu->sh_p]++;
+    cu->upd_done +=
+        (double)LORA__SHRINK_KB * ad->in[j->g[cu->sh_p].t] * lora__fast_elem_bytes(ad);
+    cu->sh_k += LORA__SHRINK_KB;
+}
+
+/* The next expand, if its base tile is MM_LAG base tasks back (or every base task is out). */
+static bool push_expand(struct job *j, struct task *tasks, struct cursor *cu, size_t n_tiles)
+{
+    const struct lora_plan *p = j->p;
+    size_t need = j->tile0[cu->ex_p] + cu->ex_t + MM_LAG;
+    if (cu->bi < n_tiles && cu->bi < need)
+        return false;
+    tasks[cu->nt++] = (struct task){TK_EXPAND, (uint32_t)cu->ex_p, (uint32_t)cu->ex_t, 0};
+    for (size_t si = 0; si < p->n_segs; si++) {
+        const struct lora_adapter *ad = p->segs[si].ad;
+        if (lora_weights(ad, j->layer, j->g[cu->ex_p].t))
+            cu->upd_done += (double)MM_TILE * ad->cfg.rank * lora__fast_elem_bytes(ad);
+    }
+    if (++cu->ex_t * MM_TILE >= j->g[cu->ex_p].w->rows) {
+        cu->ex_p++;
+        cu->ex_t = 0;
+    }
+    return true;
+}
+
+/*
+ * Base tiles with the update's tasks between them: after each base task, update tasks while
+ * the update is behind the base in proportion to their costs (every shrink, then every
+ * expand).
+ */
+static void push_interleaved(struct job *j, struct task *tasks, struct cursor *cu, size_t k,
+                             const struct counts *c)
+{
+    const struct lora_plan *p = j->p;
+    double base_cost = 0, upd_cost = 0; /* weight elements; adapter bytes */
+    for (size_t i = 0; i < k; i++) {
+        const struct matmul_prod *g = &j->g[i];
+        base_cost += (double)g->w->rows * (double)g->w->cols;
+        for (size_t si = 0; si < p->n_segs; si++) {
+            const struct lora_adapter *ad = p->segs[si].ad;
+            if (lora_weights(ad, j->layer, g->t))
+                upd_cost += (double)ad->cfg.rank * (ad->in[g->t] + ad->out[g->t]) *
+                            lora__fast_elem_bytes(ad);
+        }
+    }
+    const size_t n_upd = c->shrink + c->expand;
+    while (cu->bi < c->tiles || cu->ui < n_upd) {
+        if (cu->bi < c->tiles)
+            push_base(j, tasks, cu);
+        while (cu->ui < n_upd &&
+               (cu->bi == c->tiles || cu->upd_done * base_cost <= cu->base_done * upd_cost)) {
+            if (cu->ui < c->shrink)
+                push_shrink(j, tasks, cu);
+            else if (!push_expand(j, tasks, cu, c->tiles))
+                break;
+            cu->ui++;
+        }
+    }
+}
+
+/* The fused job; -ENOMEM (nothing computed) when the scratch cannot grow. */
+static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
+                 const struct lora_plan *p, uint32_t layer, float *tmp)
+{
+    const size_t n = g[0].n;
+    for (size_t i = 0; i < k; i++)
+        CHECK(g[i].n == n && (p->n_segs == 0 || n == p->n_tok));
+    if (n == 0)
+        return 0;
+    struct job j;
+    j.p = p;
+    j.layer = layer;
+    j.g = g;
+    j.tmp = tmp;
+    matmul__acts_plan(&j.A, g, k);
+    const struct counts c = count_tasks(&j, k, n);
+    const size_t n_tasks = c.prep + c.shrink + c.tiles + c.expand;
+    const size_t flag_off = (n_tasks * sizeof(struct task) + 63) / 64 * 64;
+    if (!matmul__grow(&mc->act_, &mc->act_cap_, j.A.total ? j.A.total : 64) ||
+        !matmul__grow(&mc->tasks_, &mc->tasks_cap_, flag_off + c.tiles * sizeof(atomic_uint)))
+        return -ENOMEM;
+    struct task *tasks = mc->tasks_;
+    j.tasks = tasks;
+    j.tile_done = (atomic_uint *)((unsigned char *)mc->tasks_ + flag_off);
+    for (size_t i = 0; i < c.tiles; i++)
+        atomic_init(&j.tile_done[i], 0);
+    matmul__acts_init(&j.A, g, mc->act_);
+    for (size_t a = 0; a < j.A.n; a++)
+        atomic_init(&j.prep_done[a], 0);
+    for (size_t i = 0; i < k; i++) {
+        j.shrink_total[i] = 0;
+        atomic_init(&j.shrink_done[i], 0);
+    }
+
+    struct cursor cu;
+    memset(&cu, 0, sizeof cu);
+    push_preps(&j, tasks, &cu, n);
+    push_interleaved(&j, tasks, &cu, k, &c);
+    CHECK(cu.nt == n_tasks);
+    if (mc->pool)
+        pool_run(mc->pool, run_task, &j, n_tasks);
+    else
+        for (size_t i = 0; i < n_tasks; i++)
+            run_task(&j, i, 0);
+    return 0;
+}
+
+int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
+                      const struct lora_plan *p, uint32_t layer, float *tmp)
+{
+    CHECK(k >= 1 && k <= MATMUL_LORA_GROUP_MAX);
+    if (p->n_segs == 0 && !c->base_one_job) {
+        matmul_group(c, g, k);
+        return 0;
+    }
+    if (fused(c, g, k, p, layer, tmp) == 0)
+        return 0;
+    /* the same numbers from the separate jobs */
+    static _Thread_local int warned;
+    if (!warned++)
+        LOG_WARN("matmul: no memory for the fused LoRA job's scratch: running the base "
+                 "products and the update as separate jobs");
+    matmul_group(c, g, k);
+    struct lora_proj pr[MATMUL_LORA_GROUP_MAX];
+    for (size_t i = 0; i < k; i++)
+        pr[i] = (struct lora_proj){g[i].t, g[i].x, g[i].y, g[i].ldy};
+    lora_apply_fused(p, c->pool, layer, pr, k, tmp);
+    return -ENOMEM;
+}
