@@ -20,6 +20,7 @@
 #include "bench_util.h"
 #include "dtype.h"
 #include "kern_variants.h"
+#include "matmul.h"
 #include "pool.h"
 
 #include <sched.h>
@@ -28,6 +29,16 @@
 #include <string.h>
 
 static struct pool *g_pool;
+static struct matmul_ctx g_mm; /* the products' scratch, on g_pool */
+
+/* y [n][rows] = x [n][cols] W^T through the products' one entry (worker/model/matmul.h), as
+ * the engine runs a stored matrix without panels. */
+static void bench_product(enum dtype dt, const void *w, size_t rows, size_t cols, const float *x,
+                          size_t n, float *y)
+{
+    const struct matmul_mat m = {dt, w, (uint32_t)rows, (uint32_t)cols, 0, NULL};
+    matmul_one(&g_mm, &m, x, n, y, rows);
+}
 static int g_threads;
 static const char *g_dtype; /* --dtype: only this weight type */
 static double g_min_time = 1.0;
@@ -56,21 +67,21 @@ static float *random_x(size_t n, size_t cols)
 /* ---- timing ------------------------------------------------------------------------------ */
 
 /*
- * Seconds per pool_matmul of n tokens, cycling through `copies` weight matrices: the best of
+ * Seconds per product (matmul_one) of n tokens, cycling through `copies` weight matrices: the best of
  * 5 batches of >= g_min_time/5 s each (the machine is shared; the best batch is the one
  * least disturbed by other processes).
  */
 static double time_matmul(enum dtype dt, void **w, int copies, size_t rows, size_t cols,
                           const float *x, size_t n, float *y)
 {
-    pool_matmul(g_pool, dt, w[0], cols, x, n, y, rows, 0, rows); /* warm-up */
+    bench_product(dt, w[0], rows, cols, x, n, y); /* warm-up */
     double best = 1e30;
     int calls = 0;
     for (int batch = 0; batch < 5; batch++) {
         int k = 0;
         double t0 = bench_now(), t;
         do {
-            pool_matmul(g_pool, dt, w[calls++ % copies], cols, x, n, y, rows, 0, rows);
+            bench_product(dt, w[calls++ % copies], rows, cols, x, n, y);
             k++;
             t = bench_now() - t0;
         } while (t < g_min_time / 5 || k < 2);
@@ -309,7 +320,7 @@ static void bench_variants(double bw)
 
 /*
  * Small-batch decode (issue 4): n = 1..16 tokens against weights streamed from DRAM, through
- * the routed pool_matmul as the engine calls it. "t(n) / n t(1)" is what batching n streams
+ * the routed product (matmul_one) as the engine calls it. "t(n) / n t(1)" is what batching n streams
  * costs per token relative to decoding them one by one (1 = no amortisation, 1/n = free);
  * the gemv and gemm columns are the two variants alone, activations prepared outside.
  */
@@ -469,13 +480,13 @@ static void bench_model(double bw)
         for (int rep = 0; rep < 5; rep++) {
             double t = bench_now();
             for (int i = 0; i < nm; i++)
-                pool_matmul(g_pool, dt, w[i], cols[i], x, 1, y, rows[i], 0, rows[i]);
+                bench_product(dt, w[i], rows[i], cols[i], x, 1, y);
             t = bench_now() - t;
             best = t < best ? t : best;
         }
         double t = bench_now();
         for (int i = 0; i < nm; i++)
-            pool_matmul(g_pool, dt, w[i], cols[i], x, n_prefill, y, rows[i], 0, rows[i]);
+            bench_product(dt, w[i], rows[i], cols[i], x, n_prefill, y);
         t = bench_now() - t;
         printf("| %s | %.0f | %.1f | %.1f (%.0f%%) | %.1f | %.0f%% |\n", dtype_info(dt)->name,
                total / 1e6, 1 / best, total / best / 1e9, 100 * total / best / 1e9 / bw,
@@ -516,6 +527,7 @@ int main(int argc, char **argv)
     }
     if (kern_init() != 0 || pool_create(g_threads, POOL_PIN_COMPACT, &g_pool) != 0)
         return 1;
+    matmul_ctx_init(&g_mm, g_pool);
     enum kern_isa best = kern_isa();
     double bw = bench_bandwidth(g_pool, (size_t)1 << 30, 8);
     printf("read-only bandwidth, %d thread(s): %.2f GB/s; kernels: %s\n", g_threads, bw,
@@ -534,6 +546,7 @@ int main(int argc, char **argv)
         bench_q4g(); /* only on request: its own comparison, not part of the default run */
     if (!only || strcmp(only, "model") == 0)
         bench_model(bw);
+    matmul_ctx_fini(&g_mm);
     pool_destroy(g_pool);
     return 0;
 }

@@ -10,6 +10,7 @@
  *    queue and bad requests (each with its message).
  */
 #include "testutil.h"
+#include "mono.h"
 
 #include "../forward/golden.h"
 #include "../lora/peft.h"
@@ -525,13 +526,6 @@ static void test_cancel_mid_prefill(void **state)
     assert_int_equal(kv_pool_validate(engine__kv(e)), 0);
     engine_destroy(e);
     free(text);
-}
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static void test_deadline(void **state)

@@ -6,6 +6,7 @@
  * model carrying the Llama 2 tokenizer.
  */
 #include "testutil.h"
+#include "rng.h"
 
 #include "golden.h"
 
@@ -29,7 +30,7 @@ static uint64_t g_rng = 0x243f6a8885a308d3u;
 
 static float rnd(void) /* uniform in [-1, 1) */
 {
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    rng_xorshift64(&g_rng);
     return (float)(g_rng >> 40) / (float)(1u << 23) - 1.0f;
 }
 

@@ -1,5 +1,6 @@
 /* peft.c — writing PEFT adapter directories for the LoRA tests (see peft.h). */
 #include "testutil.h"
+#include "rng.h"
 
 #include "peft.h"
 
@@ -82,13 +83,7 @@ char *peft_config_json(uint32_t rank, double alpha, uint32_t mask, const char *e
     return s;
 }
 
-static uint64_t rng(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
+static uint64_t rng(uint64_t *s) { return rng_splitmix64(s); }
 
 static float unif(uint64_t *s) { return (float)(rng(s) >> 40) * (2.0f / 16777216.0f) - 1.0f; }
 

@@ -28,6 +28,7 @@
  * state, one adapter reference and its KV sequence; all are released when it finishes.
  */
 #include "engine.h"
+#include "mono.h"
 
 #include "engine_internal.h"
 
@@ -133,13 +134,6 @@ struct fair_slot {
     uint64_t demand; /* pending prefill tokens of its running requests not yet in the batch */
     uint32_t left;   /* tokens it may still take in the fair pass of this step */
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
 {
@@ -287,7 +281,7 @@ static void finish(struct engine *e, struct ereq *r, enum engine_finish reason)
                 emit_text(e, r, -1, out, n_out);
         }
     }
-    uint64_t t = now_ns();
+    uint64_t t = mono_ns();
     struct engine_event ev = {.kind = ENGINE_EV_FINISH, .reason = reason};
     ev.prompt_tokens = (uint32_t)r->n_prompt;
     ev.generated_tokens = r->n_gen;
@@ -440,7 +434,7 @@ int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, vo
         rc = -ENOMEM;
         goto fail;
     }
-    e->win_start_ns = now_ns();
+    e->win_start_ns = mono_ns();
     *out = e;
     return 0;
 fail:
@@ -606,7 +600,7 @@ int engine_submit(struct engine *e, const struct engine_request *req, uint64_t *
     r->r.adapter = NULL;
     r->id = e->next_id++;
     r->arrival = e->next_arrival++;
-    r->t_submit = now_ns();
+    r->t_submit = mono_ns();
     e->waiting[e->n_waiting++] = r;
     if (e->n_running == 0 && e->pool)
         pool_wake(e->pool); /* idle until now: its threads wake while the caller gets to step */
@@ -905,7 +899,7 @@ static size_t fill_batch(struct engine *e, size_t n_seq)
 
 int engine_step(struct engine *e, size_t *active)
 {
-    uint64_t t = now_ns();
+    uint64_t t = mono_ns();
     int rc = 0;
     expire(e, t);
     if ((rc = admit(e)))
@@ -962,7 +956,7 @@ int engine_step(struct engine *e, size_t *active)
         const float *logits;
         if ((rc = engine__fwd_run(e->fwd, e->btok, n_tok, e->bseq, n_seq, &logits)))
             goto out;
-        uint64_t t1 = now_ns();
+        uint64_t t1 = mono_ns();
         size_t row = 0;
         const size_t V = e->m->hp.vocab_size;
         for (size_t i = 0; i < n_seq; i++) {
@@ -982,7 +976,7 @@ int engine_step(struct engine *e, size_t *active)
 out:
     for (size_t i = 0; i < e->n_running; i++)
         e->running[i]->in_batch = false;
-    uint64_t t2 = now_ns();
+    uint64_t t2 = mono_ns();
     if (t2 - e->win_start_ns >= TPS_WINDOW_NS) {
         e->tps = (double)e->win_tokens * 1e9 / (double)(t2 - e->win_start_ns);
         e->win_start_ns = t2;
@@ -1032,7 +1026,7 @@ void engine_get_metrics(const struct engine *e, struct engine_metrics *m)
     m->requests_finished = e->finished;
     m->tokens_generated = e->generated;
     m->tokens_prefilled = e->prefilled;
-    uint64_t t = now_ns();
+    uint64_t t = mono_ns();
     m->tokens_per_s = e->tps;
     if (e->tps == 0 && t > e->win_start_ns)
         m->tokens_per_s = (double)e->win_tokens * 1e9 / (double)(t - e->win_start_ns);

@@ -19,6 +19,7 @@
  * are the gaps between consecutive sampled tokens (one decode forward + one sample each).
  */
 #include "engine.h"
+#include "mono.h"
 #include "err.h"
 #include "forward.h"
 #include "kern.h"
@@ -505,12 +506,6 @@ out:
 
 /* ---- measurement helpers ----------------------------------------------------------------- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* VmHWM of this process in MiB, or -1 when /proc is unavailable. */
 static double rss_peak_mb(void)
@@ -683,19 +678,19 @@ static int run_one(struct engine_ctx *E, const struct prompt *p, bool measured_f
     size_t n_hist = p->n;
 
     /* prefill: every row when dumping, else the last one */
-    const double t0 = now_s();
+    const double t0 = mono_sec();
     if ((rc = forward_eval(E->fwd, p->ids, p->n, dump ? FORWARD_LOGITS_ALL : FORWARD_LOGITS_LAST,
                            E->logits)))
         return rc;
     const float *logits = dump ? E->logits + (p->n - 1) * vocab : E->logits;
-    const double t_pf = now_s();
+    const double t_pf = mono_sec();
     if (dump && (rc = dump_rows(E, E->logits, p->n)))
         return rc;
     double t_prev = t_pf, t_first = t_pf;
 
     for (uint32_t i = 0; i < o->max_new; i++) {
         int32_t id = sampler_sample(E->smp, logits, E->hist, n_hist);
-        double t = now_s();
+        double t = mono_sec();
         if (i == 0)
             t_first = t;
         else
@@ -826,7 +821,7 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
         rc = -ENOMEM;
         goto out;
     }
-    const double t_load = now_s();
+    const double t_load = mono_sec();
     if ((rc = engine_create(&ec, conc_event, NULL, &e))) {
         rc = exit_for(rc, rc == ERR_RANGE ? EXIT_USAGE : EXIT_MODEL);
         goto out;
@@ -842,7 +837,7 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
             goto out;
         }
     }
-    load_ms += (now_s() - t_load) * 1e3;
+    load_ms += (mono_sec() - t_load) * 1e3;
     const char *const *stops = o->n_stops ? o->stops : NULL;
     for (uint32_t round = 0; round < o->warmup + o->rounds; round++) {
         struct engine_metrics m0, m1;
@@ -851,7 +846,7 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
             free(reqs[i].ids);
             reqs[i] = (struct conc_req){.keep_ids = o->print_ids};
         }
-        const double t0 = now_s();
+        const double t0 = mono_sec();
         for (uint32_t i = 0; i < N; i++) {
             const struct prompt *p = &ps->v[i % ps->n];
             struct engine_request r = {
@@ -875,7 +870,7 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
                 rc = exit_for(rc, EXIT_FAIL);
                 goto out;
             }
-        const double wall = now_s() - t0;
+        const double wall = mono_sec() - t0;
         engine_get_metrics(e, &m1);
         if (round < o->warmup)
             continue;
@@ -1118,7 +1113,7 @@ int main(int argc, char **argv)
         code = EXIT_ENGINE;
         goto out;
     }
-    const double t_load = now_s();
+    const double t_load = mono_sec();
     if ((rc = model_open(o.model_dir, 0, &E.model))) {
         code = exit_for(rc, EXIT_MODEL);
         goto out;
@@ -1137,7 +1132,7 @@ int main(int argc, char **argv)
         }
         E.eos = tok_eos(E.tok);
     }
-    const double load_ms = (now_s() - t_load) * 1e3;
+    const double load_ms = (mono_sec() - t_load) * 1e3;
 
     /* prompts */
     if (!E.tok && (o.prompt || o.prompts_file || o.n_stops)) {

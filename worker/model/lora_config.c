@@ -4,6 +4,7 @@
  * validated with jansson (duplicates rejected; the accepted subset in docs/LORA.md).
  */
 #include "lora.h"
+#include "jfield.h"
 
 #include "check.h"
 #include "err.h"
@@ -69,25 +70,6 @@ int lora__target_from_module(const char *s, size_t n)
 
 /* ---- adapter_config.json ---- */
 
-/* A short rendering of a JSON value for messages. */
-static const char *jdesc(const json_t *v, char *buf, size_t n)
-{
-    if (!v)
-        return "missing";
-    if (json_is_array(v))
-        return "an array";
-    if (json_is_object(v))
-        return "an object";
-    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-    if (!s)
-        return "?";
-    if (strlen(s) < n)
-        snprintf(buf, n, "%s", s);
-    else
-        snprintf(buf, n, "%.*s...", (int)(n - 4), s);
-    free(s);
-    return buf;
-}
 
 /* An optional boolean that must be false (or null) for Clocher to apply the adapter exactly. */
 static int refuse_true(const char *what, const json_t *root, const char *key, const char *why)
@@ -97,7 +79,7 @@ static int refuse_true(const char *what, const json_t *root, const char *key, co
     if (!v || json_is_null(v) || json_is_false(v))
         return 0;
     if (!json_is_true(v)) {
-        LOG_ERR("%s: %s is %s, not a boolean", what, key, jdesc(v, d, sizeof d));
+        LOG_ERR("%s: %s is %s, not a boolean", what, key, jfield_desc(v, d, sizeof d));
         return ERR_FORMAT;
     }
     LOG_ERR("%s: %s is true: not supported (%s)", what, key, why);
@@ -115,7 +97,7 @@ static int refuse_nonempty(const char *what, const json_t *root, const char *key
         (json_is_object(v) && json_object_size(v) == 0))
         return 0;
     char d[48];
-    LOG_ERR("%s: %s is %s: not supported (%s)", what, key, jdesc(v, d, sizeof d), why);
+    LOG_ERR("%s: %s is %s: not supported (%s)", what, key, jfield_desc(v, d, sizeof d), why);
     return ERR_UNSUPPORTED;
 }
 
@@ -136,12 +118,12 @@ static int parse_targets(const char *what, const json_t *v, uint32_t *mask)
         }
         LOG_ERR("%s: target_modules is the string %s: regular expressions are not supported "
                 "(list module names, e.g. [\"q_proj\", \"v_proj\"], or use \"all-linear\")",
-                what, jdesc(v, d, sizeof d));
+                what, jfield_desc(v, d, sizeof d));
         return ERR_UNSUPPORTED;
     }
     if (!json_is_array(v)) {
         LOG_ERR("%s: target_modules is %s, not a list of module names", what,
-                jdesc(v, d, sizeof d));
+                jfield_desc(v, d, sizeof d));
         return ERR_FORMAT;
     }
     if (json_array_size(v) == 0) {
@@ -153,14 +135,14 @@ static int parse_targets(const char *what, const json_t *v, uint32_t *mask)
     json_array_foreach(v, i, e) {
         if (!json_is_string(e)) {
             LOG_ERR("%s: target_modules[%zu] is %s, not a string", what, i,
-                    jdesc(e, d, sizeof d));
+                    jfield_desc(e, d, sizeof d));
             return ERR_FORMAT;
         }
         int t = lora__target_from_module(json_string_value(e), json_string_length(e));
         if (t < 0) {
             LOG_ERR("%s: target_modules[%zu] %s is not a supported target (known: q_proj, "
                     "k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
-                    what, i, jdesc(e, d, sizeof d));
+                    what, i, jfield_desc(e, d, sizeof d));
             return ERR_UNSUPPORTED;
         }
         *mask |= 1u << t;
@@ -172,7 +154,7 @@ static int layer_value(const char *what, const char *field, const json_t *v, uin
 {
     char d[48];
     if (!json_is_integer(v)) {
-        LOG_ERR("%s: %s is %s, not an integer layer index", what, field, jdesc(v, d, sizeof d));
+        LOG_ERR("%s: %s is %s, not an integer layer index", what, field, jfield_desc(v, d, sizeof d));
         return ERR_FORMAT;
     }
     json_int_t x = json_integer_value(v);
@@ -200,7 +182,7 @@ static int parse_layers(const char *what, const json_t *v, struct lora_config *c
     if (!json_is_array(v) || json_array_size(v) == 0) {
         char d[48];
         LOG_ERR("%s: layers_to_transform is %s, not a layer index or a non-empty list of them",
-                what, json_is_array(v) ? "an empty list" : jdesc(v, d, sizeof d));
+                what, json_is_array(v) ? "an empty list" : jfield_desc(v, d, sizeof d));
         return ERR_FORMAT;
     }
     size_t i;
@@ -234,7 +216,7 @@ int lora_config_parse(const char *what, const char *json, size_t len, struct lor
     }
     if (!json_is_object(root)) {
         LOG_ERR("%s: the configuration is %s, not a JSON object", what,
-                jdesc(root, d, sizeof d));
+                jfield_desc(root, d, sizeof d));
         rc = ERR_FORMAT;
         goto out;
     }
@@ -242,13 +224,13 @@ int lora_config_parse(const char *what, const char *json, size_t len, struct lor
     const json_t *v = json_object_get(root, "peft_type");
     if (v && !json_is_null(v)) {
         if (!json_is_string(v)) {
-            LOG_ERR("%s: peft_type is %s, not a string", what, jdesc(v, d, sizeof d));
+            LOG_ERR("%s: peft_type is %s, not a string", what, jfield_desc(v, d, sizeof d));
             rc = ERR_FORMAT;
             goto out;
         }
         if (strcmp(json_string_value(v), "LORA") != 0) {
             LOG_ERR("%s: peft_type %s is not supported (only \"LORA\")", what,
-                    jdesc(v, d, sizeof d));
+                    jfield_desc(v, d, sizeof d));
             rc = ERR_UNSUPPORTED;
             goto out;
         }
@@ -261,7 +243,7 @@ int lora_config_parse(const char *what, const char *json, size_t len, struct lor
         goto out;
     }
     if (!json_is_integer(v)) {
-        LOG_ERR("%s: r is %s, not an integer", what, jdesc(v, d, sizeof d));
+        LOG_ERR("%s: r is %s, not an integer", what, jfield_desc(v, d, sizeof d));
         rc = ERR_FORMAT;
         goto out;
     }
@@ -275,7 +257,7 @@ int lora_config_parse(const char *what, const char *json, size_t len, struct lor
 
     v = json_object_get(root, "lora_alpha");
     if (!v || !json_is_number(v)) {
-        LOG_ERR("%s: lora_alpha is %s, not a number", what, jdesc(v, d, sizeof d));
+        LOG_ERR("%s: lora_alpha is %s, not a number", what, jfield_desc(v, d, sizeof d));
         rc = ERR_FORMAT;
         goto out;
     }
@@ -303,13 +285,13 @@ int lora_config_parse(const char *what, const char *json, size_t len, struct lor
     v = json_object_get(root, "bias");
     if (v && !json_is_null(v)) {
         if (!json_is_string(v)) {
-            LOG_ERR("%s: bias is %s, not a string", what, jdesc(v, d, sizeof d));
+            LOG_ERR("%s: bias is %s, not a string", what, jfield_desc(v, d, sizeof d));
             rc = ERR_FORMAT;
             goto out;
         }
         if (strcmp(json_string_value(v), "none") != 0) {
             LOG_ERR("%s: bias is %s: not supported (only \"none\": bias terms are not applied)",
-                    what, jdesc(v, d, sizeof d));
+                    what, jfield_desc(v, d, sizeof d));
             rc = ERR_UNSUPPORTED;
             goto out;
         }
@@ -317,7 +299,7 @@ int lora_config_parse(const char *what, const char *json, size_t len, struct lor
 
     v = json_object_get(root, "use_rslora");
     if (v && !json_is_null(v) && !json_is_boolean(v)) {
-        LOG_ERR("%s: use_rslora is %s, not a boolean", what, jdesc(v, d, sizeof d));
+        LOG_ERR("%s: use_rslora is %s, not a boolean", what, jfield_desc(v, d, sizeof d));
         rc = ERR_FORMAT;
         goto out;
     }

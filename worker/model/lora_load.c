@@ -15,6 +15,7 @@
  * the decrement so the freeing thread sees every other user's reads finished).
  */
 #include "lora.h"
+#include "path.h"
 
 #include "check.h"
 #include "err.h"
@@ -115,15 +116,6 @@ static void tensor_name(char *buf, size_t n, uint32_t layer, enum lora_target t,
 /* ---- loading ---- */
 
 static _Atomic uint64_t g_next_id = 1;
-
-static char *join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + 1 + strlen(name) + 1;
-    char *s = malloc(n);
-    if (s)
-        snprintf(s, n, "%s/%s", dir, name);
-    return s;
-}
 
 static void adapter_free(struct lora_adapter *ad)
 {
@@ -413,8 +405,8 @@ int lora__open_named(const char *dir, const char *name, const struct iebin_hpara
     *out = NULL;
     if ((rc = iebin_check_hparams(hp, "LoRA base model")) != 0)
         return rc;
-    cfg_path = join(dir, LORA_CONFIG_FILE);
-    st_path = join(dir, LORA_WEIGHTS_FILE);
+    cfg_path = path_join(dir, LORA_CONFIG_FILE);
+    st_path = path_join(dir, LORA_WEIGHTS_FILE);
     ad = calloc(1, sizeof *ad);
     if (!cfg_path || !st_path || !ad) {
         LOG_ERR("%s: out of memory loading the adapter", dir);
@@ -426,7 +418,7 @@ int lora__open_named(const char *dir, const char *name, const struct iebin_hpara
     if ((rc = lora_config_parse(cfg_path, cfg_text, cfg_len, &ad->cfg)) != 0)
         goto out;
     if (access(st_path, F_OK) != 0 && errno == ENOENT) {
-        char *bin = join(dir, "adapter_model.bin");
+        char *bin = path_join(dir, "adapter_model.bin");
         bool has_bin = bin && access(bin, F_OK) == 0;
         free(bin);
         if (has_bin) {
@@ -464,8 +456,8 @@ int lora_open_mem(const char *what, const char *config, size_t config_len,
     *out = NULL;
     if ((rc = iebin_check_hparams(hp, "LoRA base model")) != 0)
         return rc;
-    cfg_what = join(what, LORA_CONFIG_FILE);
-    st_what = join(what, LORA_WEIGHTS_FILE);
+    cfg_what = path_join(what, LORA_CONFIG_FILE);
+    st_what = path_join(what, LORA_WEIGHTS_FILE);
     ad = calloc(1, sizeof *ad);
     if (!cfg_what || !st_what || !ad) {
         LOG_ERR("%s: out of memory loading the adapter", what);

@@ -19,6 +19,7 @@
  * ThreadSanitizer's model exact.
  */
 #include "pool.h"
+#include "mono.h"
 
 #include "check.h"
 #include "err.h"
@@ -83,13 +84,6 @@ static void futex_wake_all(atomic_uint *addr)
     syscall(SYS_futex, (unsigned *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Spins up to SPIN_NS until *v != old; true if it changed. */
 static int spin_while_equal(atomic_uint *v, unsigned old)
 {
@@ -99,7 +93,7 @@ static int spin_while_equal(atomic_uint *v, unsigned old)
             return 1;
         _mm_pause();
         if ((i & 255) == 0) {
-            uint64_t t = now_ns();
+            uint64_t t = mono_ns();
             if (!t0)
                 t0 = t;
             else if (t - t0 > SPIN_NS)

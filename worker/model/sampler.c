@@ -10,6 +10,7 @@
  * Only the survivors are sorted.
  */
 #include "sampler.h"
+#include "rng.h"
 
 #include "err.h"
 #include "log.h"
@@ -64,16 +65,8 @@ int sampler_params_check(const struct sampler_params *p)
     return 0;
 }
 
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
 /* uniform in [0, 1) with 53 random bits */
-static double uniform(struct sampler *s) { return (double)(splitmix64(&s->rng) >> 11) * 0x1p-53; }
+static double uniform(struct sampler *s) { return rng_unit_f64(rng_splitmix64(&s->rng)); }
 
 int sampler_create(const struct sampler_params *p, uint32_t vocab_size, struct sampler **out)
 {

@@ -9,6 +9,7 @@
  * the engine's; an entry lives from a successful engine_submit to its FINISH or ERROR event.
  */
 #include "serve.h"
+#include "mono.h"
 
 #include "check.h"
 #include "dtype.h"
@@ -158,13 +159,6 @@ struct serve {
     bool ctl_gone;
 };
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static bool stopping(const struct serve *s) { return s->o.stop && *s->o.stop; }
 
 /* One control datagram (shm/heritage.h, parsed by daemon/ctl.c). Non-blocking: a supervisor
@@ -193,7 +187,7 @@ static int ctl_send(struct serve *s, const struct heritage_ctl_msg *m)
 static void beat(struct serve *s)
 {
     shm_region_heartbeat(s->region);
-    uint64_t t = now_ns();
+    uint64_t t = mono_ns();
     if (t - s->last_watchdog_ns >= WATCHDOG_NS) {
         s->last_watchdog_ns = t;
         if (ctl_send(s, &(struct heritage_ctl_msg){.watchdog = true}) < 0 && s->fatal == 0)
@@ -795,9 +789,9 @@ static void cancel_all(struct serve *s)
         engine_cancel(s->e, ids[i]);
     free(ids);
     /* cancellation may complete in the engine's next steps */
-    uint64_t end = now_ns() + STOP_CANCEL_NS;
+    uint64_t end = mono_ns() + STOP_CANCEL_NS;
     size_t active = 1;
-    while (s->reqs.n && active && s->fatal == 0 && now_ns() < end) {
+    while (s->reqs.n && active && s->fatal == 0 && mono_ns() < end) {
         if (engine_step(s->e, &active) < 0)
             break;
     }
@@ -833,8 +827,8 @@ static void drain_requests(struct serve *s)
  */
 static void gather_burst(struct serve *s)
 {
-    uint64_t end = now_ns() + GATHER_MAX_NS;
-    while (s->fatal == 0 && now_ns() < end) {
+    uint64_t end = mono_ns() + GATHER_MAX_NS;
+    while (s->fatal == 0 && mono_ns() < end) {
         if (shm_ring_wait_readable(s->rx, GATHER_GAP_NS) != 0)
             return; /* a gap (or a ring problem, which the main loop meets next) */
         drain_requests(s);
@@ -845,7 +839,7 @@ int serve_run(struct serve *s)
 {
     CHECK(s && s->magic == SERVE_MAGIC);
     shm_region_set_state(s->region, SHM_STATE_READY);
-    s->last_watchdog_ns = now_ns();
+    s->last_watchdog_ns = mono_ns();
     struct heritage_ctl_msg ready = {.ready = true, .has_hot_bytes = true,
                                      .hot_bytes = s->hot_bytes, .has_hot_tensors = true,
                                      .hot_tensors = s->hot_tensors};
