@@ -1,6 +1,6 @@
 /*
  * attn_bench — the attention kernels (kern.h, kernels/attn.c) per ISA against their _ref twin
- * and against the inline code they replace (worker/forward.c's attend_head before the swap:
+ * and against the inline code they replace (worker/model/forward.c's attend_head before the swap:
  * one query head at a time, a score row, libm expf), on one KV head of a TinyLlama-shaped
  * layer (head_dim 64, 8 query heads per KV head):
  *   decode  — the 8 query rows of one KV head over 512 / 2048 / 4096 cached positions
@@ -28,7 +28,7 @@
 
 static double g_min_time = 0.4;
 
-/* worker/forward.c's attend_head before the swap, verbatim in behaviour (f32 rows). */
+/* worker/model/forward.c's attend_head before the swap, verbatim in behaviour (f32 rows). */
 static void inline_head(const float *q, const float *key, const float *value, size_t stride,
                         size_t n_ctx, size_t hd, float *score, float *out)
 {

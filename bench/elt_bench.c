@@ -1,7 +1,7 @@
 /*
  * elt_bench — the elementwise kernels (kern.h) per ISA, as ns per element and as speed-up over
  * the _ref specification measured in the same run, plus a "libm" column: the scalar code
- * worker/forward.c runs today (expf/tanhf from libm, the same loops), which is what a swap to
+ * worker/model/forward.c runs today (expf/tanhf from libm, the same loops), which is what a swap to
  * these kernels would replace. Vectors stay in L1/L2 (they do in the forward pass: one row of
  * activations at a time), so this measures arithmetic, not memory bandwidth. One thread.
  * Each row ends with the CPU share other processes used meanwhile (bench_load_end).
@@ -30,7 +30,7 @@ enum { OP_EXP, OP_TANH, OP_SILU, OP_GELU_B, OP_SOFTMAX, OP_RMSNORM, OP_SWIGLU, O
 static const char *const op_names[OP_N] = {"exp",     "tanh",    "silu",   "gelu+bias",
                                            "softmax", "rmsnorm", "swiglu", "rope"};
 
-/* ---- the scalar code of worker/forward.c (libm), for the "libm" column ------------------- */
+/* ---- the scalar code of worker/model/forward.c (libm), for the "libm" column ------------------- */
 
 static void libm_run(const struct job *j)
 {

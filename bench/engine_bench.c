@@ -1,6 +1,6 @@
 /*
  * engine_bench.c — serving-engine benchmark (bench/engine.sh drives it; results in
- * docs/PERFORMANCE.md "## Serving engine"). Three measurements on one engine (worker/engine.h):
+ * docs/PERFORMANCE.md "## Serving engine"). Three measurements on one engine (worker/engine/engine.h):
  *
  *   scale    aggregate decode tok/s at each stream count of --streams: N greedy requests
  *            (8-token prompts, distinct per stream) are brought into decode, then --steps

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quality of each weight dtype vs f32: KL divergence and top-1 agreement of the next-token
 # distributions, teacher-forced over >= 4k positions, measured by `clocher convert`'s
-# calibration run (client/calib.c; docs/CONVERT.md "Calibration gate"). Prints markdown.
+# calibration run (client/offline/calib.c; docs/CONVERT.md "Calibration gate"). Prints markdown.
 #  - stories260K (trained): the input is the model's own greedy text (f32), 9 stories of up to
 #    512 tokens from different first tokens, concatenated (~4.6k positions);
 #  - synthetic TinyLlama-1.1B (random weights, nearly flat logits): TINY_POSITIONS ids

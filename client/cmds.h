@@ -35,7 +35,7 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_synth_adapter(int argc, char **argv);
 int cmd_sparsify(int argc, char **argv);
 
-/* Online commands: gRPC to clocherd (client/rpc.h). */
+/* Online commands: gRPC to clocherd (client/online/rpc.h). */
 int cmd_generate(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
 int cmd_adapters(int argc, char **argv);

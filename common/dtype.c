@@ -11,7 +11,7 @@ static const struct dtype_info infos[DT_COUNT_] = {
     [DT_BF16] = {"bf16", 1, 2},
     [DT_Q8_0] = {"q8_0", 32, 34},
     [DT_Q4_0] = {"q4_0", 32, 18},
-    /* header (f16 d [, f16 m]) + 16 bytes per 32 elements: kernels/quant.h asserts these */
+    /* header (f16 d [, f16 m]) + 16 bytes per 32 elements: kernels/include/quant.h asserts these */
     [DT_Q4_G64] = {"q4_g64", 64, 34},
     [DT_Q4_G128] = {"q4_g128", 128, 66},
     [DT_Q4Z_G32] = {"q4z_g32", 32, 20},

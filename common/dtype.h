@@ -6,7 +6,7 @@
  * bytes each (a row's length must be a multiple of the block). Layouts of the block types are
  * those of GGUF (Q8_0: f16 scale d then 32 int8 q, x = d*q; Q4_0: f16 scale d then 16 bytes
  * whose low nibbles are elements 0..15 and high nibbles 16..31, x = d*(q-8)).
- * The int4 group types (docs/IEBIN.md, kernels/quant.h) reuse Q4_0's 16-byte nibble arrays,
+ * The int4 group types (docs/IEBIN.md, kernels/include/quant.h) reuse Q4_0's 16-byte nibble arrays,
  * one per 32 elements of the group, after a header: q4_gN (N = 64, 128) has one f16 scale d,
  * x = d*(q-8); q4z_gN (N = 32, 64, 128) has an f16 scale d and an f16 offset m (the group's
  * minimum, a zero point that need not be an integer), x = d*q + m. q4z_g32 is GGUF's Q4_1.

@@ -5,7 +5,7 @@
  * The scalar kern__act_prepare_ref is the specification; x86/avx*_act.c compute the same bits
  * (tests/kern checks them bit for bit) because preparing is not negligible: a 64-token GEMM
  * with 2048 rows spends ~32 cycles per activation element, the scalar code ~20.
- * The quantization rule (kernels/quant.h): d = max|x|/127, q = round-half-even(x * 127/max|x|),
+ * The quantization rule (kernels/include/quant.h): d = max|x|/127, q = round-half-even(x * 127/max|x|),
  * NaNs ignored by the max and quantized to -127 (garbage in, garbage out, but defined).
  */
 #include "internal.h"

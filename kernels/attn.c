@@ -3,8 +3,8 @@
  * online-softmax state helpers, the entry kern_attn (through kern__ops) and kern_attn_causal,
  * the contiguous-cache driver (kern.h states the contracts; docs/adr/0004 addendum, item 11).
  *
- * Why one tile kernel with explicit state: the paged cache (worker/kv_attn.c) hands over one
- * block span at a time and the contiguous cache (worker/forward.c) 64-position tiles; with m,
+ * Why one tile kernel with explicit state: the paged cache (worker/engine/kv_attn.c) hands over one
+ * block span at a time and the contiguous cache (worker/model/forward.c) 64-position tiles; with m,
  * l and o owned by the caller both walk their own layout and share the arithmetic, and no
  * [queries x positions] score matrix is ever built.
  *

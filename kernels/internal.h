@@ -67,7 +67,7 @@ typedef void kern__matmul_fn(enum dtype wt, const void *w, size_t cols, const fl
                              size_t n, float *y, size_t ldy, size_t r0, size_t r1);
 
 /*
- * A panel layout (bytes: kernels/quant.h): panels of `rows` rows; block b of a panel keeps the
+ * A panel layout (bytes: kernels/include/quant.h): panels of `rows` rows; block b of a panel keeps the
  * 4-byte groups of its rows' quants interleaved at qoff(b, nb) (group g of row i at
  * + g*64 + i*4, each byte XORed with xor_mask) and the rows' f16 scales at soff(b, nb) + i*2.
  * The stored block is an f16 scale then block_bytes - 2 quant bytes.

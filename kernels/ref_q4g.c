@@ -1,6 +1,6 @@
 /*
  * ref_q4g.c — the int4 group types (q4_g64, q4_g128, q4z_g32, q4z_g64, q4z_g128; layouts in
- * kernels/quant.h and docs/IEBIN.md): dequantization, the converter's round-to-nearest
+ * kernels/include/quant.h and docs/IEBIN.md): dequantization, the converter's round-to-nearest
  * quantizer, and the scalar `_ref` twins of their GEMV/GEMM kernels (the specification the
  * AVX2 / AVX-512 variants in x86/avx*_q4g.c are tested against).
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gen_unicode_tables.py — writes worker/tok_unicode_tables.h, the Unicode classes the GPT-2
+"""gen_unicode_tables.py — writes worker/tok/private/tok_unicode_tables.h, the Unicode classes the GPT-2
 pre-tokenizer needs (\\p{L}: Lu Ll Lt Lm Lo; \\p{N}: Nd Nl No) as sorted code point ranges.
 
 Run: python3 scripts/gen_unicode_tables.py (from anywhere). The output is committed; this

@@ -321,7 +321,7 @@ struct shm_wire_adapter {
     uint32_t reserved;              /* 0 */
 };
 
-/* STATS: the engine's counters (worker/engine.h engine_metrics) and the worker's RSS */
+/* STATS: the engine's counters (worker/engine/engine.h engine_metrics) and the worker's RSS */
 struct shm_wire_stats {
     uint64_t request_id;
     uint32_t running;

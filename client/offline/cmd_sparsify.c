@@ -1,7 +1,7 @@
 /*
  * cmd_sparsify.c — `clocher sparsify IN OUT --block RxC [--threshold T]
  * (--tensor NAME | --shape ROWSxCOLS)`: converts one dense weight matrix to a block-sparse
- * (BSR) file (worker/bsr.h, docs/BSR.md), dropping all-zero blocks and, with --threshold,
+ * (BSR) file (worker/formats/bsr.h, docs/BSR.md), dropping all-zero blocks and, with --threshold,
  * blocks whose largest |w| is below T.
  *
  * Input, two forms (a directory is an IEBIN model, anything else a raw file):

@@ -14,7 +14,7 @@
  *    rounds activations to bf16 and uses vdpbf16ps (relative error <= 2^-8 per product, see
  *    tests/kern for the bound asserted).
  *  - q8_0/q4_0 weights: the SIMD paths quantize activations per block of 32 to int8 with an f32
- *    scale (kernels/quant.h states the resulting error bound) and use integer dot products;
+ *    scale (kernels/include/quant.h states the resulting error bound) and use integer dot products;
  *    the scalar ISA computes in f32 with unquantized activations.
  *
  * NOTES: kern_init() is idempotent and must run before threads call kernels (engine creation
@@ -107,7 +107,7 @@ void kern_matmul_act(const void *w, const struct kern_act *a, float *y, size_t l
 
 /*
  * Quantized matrices repacked at load time into panels of rows (q4_0 and q8_0 today: 16-row
- * panels, layouts in kernels/quant.h "q4_0 panels" / "q8_0 panels"; why: ADR 0004, "load-time
+ * panels, layouts in kernels/include/quant.h "q4_0 panels" / "q8_0 panels"; why: ADR 0004, "load-time
  * q4_0 panels" and addendum "q8_0 panels"), by the matrix's stored dtype wt. `wp` points to a
  * repacked matrix, never to stored rows, and row ranges start on a panel (r0 % 16 == 0; r1
  * may be the matrix's last row). Same contract as kern_matmul / kern_matmul_act otherwise,
@@ -151,7 +151,7 @@ int kern_quantize_row_q4g(enum dtype dt, const float *x, void *dst, size_t n);
  */
 int kern_quantize_row_q4_search(enum dtype dt, const float *x, void *dst, size_t n);
 
-/* ---- LoRA shrink and expand (worker/lora.c's serving path) ------------------------------ */
+/* ---- LoRA shrink and expand (worker/model/matmul_lora.c's serving path) ------------------------------ */
 
 /*
  * The two low-rank products of a LoRA update, y += s * B (A x), on the adapter's packed
@@ -181,12 +181,12 @@ void kern_lora_shrink(enum dtype wt, const void *a, size_t in, size_t rank, cons
 void kern_lora_expand(enum dtype wt, const void *bt, size_t rank, const float *t, size_t n,
                       const float *scale, float s, float *y, size_t ldy, size_t j0, size_t j1);
 
-/* ---- block-sparse (BSR) GEMV (kernels/sparse.c; the file format is worker/bsr.h) --------- */
+/* ---- block-sparse (BSR) GEMV (kernels/sparse.c; the file format is worker/formats/bsr.h) --------- */
 
 /*
  * A block-sparse [rows][cols] f32 matrix: uniform br x bc blocks, stored row-major inside each
  * block, block rows in order, the blocks of one block row in increasing block column. Edge
- * blocks are stored whole with zeros outside the matrix (worker/bsr.c guarantees it); the
+ * blocks are stored whole with zeros outside the matrix (worker/formats/bsr.c guarantees it); the
  * kernels never read x past cols nor write y past rows. Borrowed pointers, read-only.
  */
 struct kern_bsr {
@@ -245,7 +245,7 @@ void kern_gelu(float *y, const float *x, const float *b, size_t n);
 /* In place: x[i] = e^(x[i] - max) / sum_j e^(x[j] - max). -inf entries (masked) give 0;
  * a NaN or +inf entry, or all entries -inf, makes the whole row NaN. n == 0 is a no-op. */
 void kern_softmax(float *x, size_t n);
-/* y[i] = w[i] * (x[i] * r), r = 1 / sqrtf(sum(x^2) / n + eps) (worker/forward.c's rmsnorm). */
+/* y[i] = w[i] * (x[i] * r), r = 1 / sqrtf(sum(x^2) / n + eps) (worker/model/forward.c's rmsnorm). */
 void kern_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps);
 /* y[i] = silu(gate[i]) * up[i]. */
 void kern_swiglu(float *y, const float *gate, const float *up, size_t n);
@@ -255,7 +255,7 @@ void kern_swiglu(float *y, const float *gate, const float *up, size_t n);
  *   v0' = v0 cos - v1 sin,  v1' = v0 sin + v1 cos.
  */
 void kern_rope(float *v, size_t n_heads, size_t hd, const float *cs);
-/* cs [half][2] = cos, sin of pos * inv_freq[i], computed in double (as worker/forward.c). */
+/* cs [half][2] = cos, sin of pos * inv_freq[i], computed in double (as worker/model/forward.c). */
 void kern_rope_table(float *cs, uint32_t pos, const float *inv_freq, size_t half);
 
 /* ---- attention (kernels/attn.c, x86/avx2_attn.c, x86/avx512_attn.c) ----------------------

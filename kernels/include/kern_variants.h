@@ -59,7 +59,7 @@ kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_
 
 /*
  * int4 group types (common/dtype.h q4_g64 .. q4z_g128; kernels/ref_q4g.c, x86/avx*_q4g.c):
- * the same contract on activations prepared as for q4_0 (int8 blocks of 32, kernels/quant.h
+ * the same contract on activations prepared as for q4_0 (int8 blocks of 32, kernels/include/quant.h
  * bound). q4_gN: per block of 32 columns, dw * dx * sum((q-8) * xq); q4z_gN adds
  * m * dx * sum(xq) for the group's offset m. Integer sums are exact: SIMD variants differ from
  * _ref only in the order of the f32 sums (tests/kern/test_kern_q4g.c states the tolerance).

@@ -1,6 +1,6 @@
 /*
  * avx2_q4g.c — AVX2 kernels for the int4 group types (q4_g64, q4_g128, q4z_g32, q4z_g64,
- * q4z_g128; kernels/quant.h) against int8 activations (compiled with -mavx2 -mfma -mf16c).
+ * q4z_g128; kernels/include/quant.h) against int8 activations (compiled with -mavx2 -mfma -mf16c).
  *
  * As avx2_q.c's q4_0 gemv: one nibble array (32 columns) per ymm of unsigned codes 0..15;
  * vpmaddubsw with the signed activation quants (at most 2*15*127 per int16 pair, far from

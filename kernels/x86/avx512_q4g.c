@@ -1,6 +1,6 @@
 /*
  * avx512_q4g.c — AVX-512 VNNI kernels for the int4 group types (q4_g64, q4_g128, q4z_g32,
- * q4z_g64, q4z_g128; kernels/quant.h) against int8 activations (compiled with -mavx512*).
+ * q4z_g64, q4z_g128; kernels/include/quant.h) against int8 activations (compiled with -mavx512*).
  *
  * Modelled on avx512_q.c's q4_0 gemv: 64 columns (two nibble arrays) are unpacked into one
  * zmm of unsigned codes 0..15 in element order and multiplied with the signed activation

@@ -1,5 +1,5 @@
 /*
- * test_genreq.c — the request/response logic of the online commands (client/genreq.c):
+ * test_genreq.c — the request/response logic of the online commands (client/online/genreq.c):
  * batch JSON lines → GenerateRequest (every field, defaults from flags, each kind of bad
  * line with a message naming the key), command-line request flags, token id lists, and
  * Generate results → JSON (text pieces joined, token ids, usage, errors, invalid UTF-8).

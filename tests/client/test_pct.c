@@ -1,5 +1,5 @@
 /*
- * test_pct.c — `clocher bench`'s percentiles (client/pct.c): the closest-ranks interpolation
+ * test_pct.c — `clocher bench`'s percentiles (client/online/pct.c): the closest-ranks interpolation
  * on hand-computed cases, edges (one sample, p0/p100, out-of-range p, empty input), and
  * agreement with a brute-force definition on random data.
  */

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """gguf_quant_writer.py — an independent GGUF v3 writer with Q8_0 / Q4_0 quantization, so the
 GGUF importer of `clocher convert` is tested on quantized files that our own C code did not
-write (worker/gguf.c's writer and client/convert.c's quantizer are not used here).
+write (worker/formats/gguf.c's writer and client/offline/convert.c's quantizer are not used here).
 
 Written from the public GGUF v3 specification (ggml docs/gguf.md) and llama.cpp's reference
 block layouts and quantizers (ggml-quants.c quantize_row_q8_0_ref / quantize_row_q4_0_ref):
@@ -11,7 +11,7 @@ block layouts and quantizers (ggml-quants.c quantize_row_q8_0_ref / quantize_row
         magnitude (sign kept, the first one on ties), q = min(15, (int8)(x * (1/d) + 8.5));
         value = (q - 8) * d.
 The codes are computed from the f32 scale (llama.cpp's rule), then d is stored as f16 — unlike
-client/convert.c, which rounds d to f16 first — so a converter that re-quantized instead of
+client/offline/convert.c, which rounds d to f16 first — so a converter that re-quantized instead of
 copying the blocks would be caught by a byte comparison. f32 arithmetic is emulated exactly:
 a product, quotient or sum of two f32 values computed in double and rounded once to f32 equals
 the f32 operation (53 >= 2 * 24 + 2 bits).

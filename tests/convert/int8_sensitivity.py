@@ -2,9 +2,9 @@
 """int8_sensitivity.py — issue 3's diagnosis of stories260K int8 (Q8_0), reproducible.
 
 Not run by ctest (it needs numpy; tests must not). A float64 numpy re-implementation of
-worker/forward.c for llama2.c checkpoints (checked here against golden.json's prompt logits,
+worker/model/forward.c for llama2.c checkpoints (checked here against golden.json's prompt logits,
 |error| ~3e-5), used to quantize weights in simulation (Q8_0 and Q4_0 exactly as
-client/convert.c does: blocks of 32 along each row, f16 scale) and measure, teacher-forced
+client/offline/convert.c does: blocks of 32 along each row, f16 scale) and measure, teacher-forced
 over IDS (one sequence of token ids per line, e.g. bench/quality.sh's stories260K input):
  - KL(p_f32 || p_x) mean and top-1 agreement, per tensor class quantized alone and all together;
  - Gaussian noise of the same RMS as Q8_0's rounding error (is it the rounding or the size?);

@@ -1,5 +1,5 @@
 /*
- * test_convert.c — the conversion library (client/convert.h) on real data:
+ * test_convert.c — the conversion library (client/offline/convert.h) on real data:
  *  - the RoPE q/k permutation: stories260K (a trained llama2.c model, interleaved q/k) is
  *    re-exported as a Hugging Face directory with q/k permuted exactly as HF's
  *    convert_llama_weights_to_hf.py does (written here from the script's view/transpose, not

@@ -39,7 +39,7 @@ import gguf_quant_writer as gw  # noqa: E402
 # Q4_0 vs f32 is far (max 16, KL 1.8: 4-bit weights on a 64-wide model) and only reported;
 # the wrong nibble order gives max 26, KL 8 against the dequantized model.
 BOUNDS = {("q8", "f32"): (3.5, 0.10), ("q8", "dq8"): (2.5, 0.03), ("q4", "dq4"): (3.5, 0.05)}
-# IEBIN name → GGUF name (client/convert.c gguf_lookup's table, spelled out independently)
+# IEBIN name → GGUF name (client/offline/convert.c gguf_lookup's table, spelled out independently)
 G_NAMES = {"tok_embd": "token_embd", "output_norm": "output_norm", "attn_o": "attn_output"}
 
 passed = failed = 0

@@ -1,5 +1,5 @@
 /*
- * test_synth.c — `clocher synth` (client/synth.h): presets, determinism, the weights'
+ * test_synth.c — `clocher synth` (client/offline/synth.h): presets, determinism, the weights'
  * distribution, the synthesized tokenizer, and the acceptance check that one set of synthetic
  * weights reached through the Hugging Face directory (q/k rotate-half) and through the GGUF
  * file (q/k interleaved, dims innermost first) converts to bit-identical IEBIN models for

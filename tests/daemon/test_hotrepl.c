@@ -1,5 +1,5 @@
 /*
- * test_hotrepl.c — hot tensor replication (worker/hotrepl.c) on the real stories260K model:
+ * test_hotrepl.c — hot tensor replication (worker/process/hotrepl.c) on the real stories260K model:
  * the copies hold the same bytes at the same addresses, are no longer backed by the shared
  * file, live on the requested node, honour the byte limit in hotness order, tensors the forward
  * pass no longer reads (q4_0 matrices repacked into panels) are left shared, and a model that

@@ -1,5 +1,5 @@
 /*
- * test_serve.c — the worker's serving loop (worker/serve.c) with the real engine, driven over a
+ * test_serve.c — the worker's serving loop (worker/process/serve.c) with the real engine, driven over a
  * real shm region from the gateway's side, in one process: serve_run() runs in a thread on the
  * worker end; the test writes request records and reads event records like the gateway does.
  *

@@ -1,6 +1,6 @@
 /*
- * test_engine.c — the serving engine (worker/engine.h) on stories260K (f32 import) against the
- * reference forward pass (worker/forward.h) run on each request alone:
+ * test_engine.c — the serving engine (worker/engine/engine.h) on stories260K (f32 import) against the
+ * reference forward pass (worker/model/forward.h) run on each request alone:
  *  - batched = alone: 16 greedy requests of mixed prompt lengths with staggered arrival and
  *    chunked prefill give the reference's ids (up to its first low-margin step) and every
  *    sampled logits row within 1e-4 of the reference's;

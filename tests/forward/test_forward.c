@@ -306,7 +306,7 @@ static void test_half_precision_imports(void **state)
 }
 
 /*
- * The int8 path: q8_0 matrices repacked into panels at load (AVX-512; kernels/quant.h "q8_0
+ * The int8 path: q8_0 matrices repacked into panels at load (AVX-512; kernels/include/quant.h "q8_0
  * panels") against the same model read from its stored rows (CLOCHER_Q8_PANELS=0). Both
  * quantize activations the same way; the panel GEMM and the stored-row GEMV/GEMM differ only in
  * the order of their f32 sums, so the logits agree to a few ulps of their size. With and without

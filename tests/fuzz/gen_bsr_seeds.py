@@ -3,7 +3,7 @@
 
 Run from anywhere: python3 tests/fuzz/gen_bsr_seeds.py. The seeds are committed; this script
 documents how they were made and regenerates them. It packs files from docs/BSR.md
-independently of worker/bsr.c, so the seeds also cross-check the documented layout: valid
+independently of worker/formats/bsr.c, so the seeds also cross-check the documented layout: valid
 matrices (ragged edges in both directions, empty block rows, no blocks at all, 1x1 blocks)
 and near-misses that each break one rule. Only the standard library is used.
 """

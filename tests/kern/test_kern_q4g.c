@@ -140,7 +140,7 @@ static void test_search_rounding(void **state)
         uint8_t *qa = malloc(n / g * di->block_bytes), *qb = malloc(n / g * di->block_bytes);
         assert_true(a && b && qa && qb);
         /* q4_0 through the group path: kern_quantize_row_q4g covers only the new types, and
-         * q4_0's round to nearest is the converter's (client/convert.c), reproduced here */
+         * q4_0's round to nearest is the converter's (client/offline/convert.c), reproduced here */
         if (dt == DT_Q4_0) {
             for (size_t i = 0; i < n; i += 32) {
                 float big = 0.0f;

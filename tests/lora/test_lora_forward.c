@@ -1,6 +1,6 @@
 /*
  * test_lora_forward.c — LoRA acceptance on the real stories260K checkpoint:
- *  - the forward pass the tests run through (worker/forward.c, the FP32 reference) matches
+ *  - the forward pass the tests run through (worker/model/forward.c, the FP32 reference) matches
  *    the fixture's golden logits, token by token and as one prefill chunk;
  *  - logits with an adapter applied through forward.c's projection hook (forward_set_hook)
  *    match those of the same forward pass over a model whose weights were merged,
@@ -80,7 +80,7 @@ static int32_t *prompt_of(size_t c, size_t *n)
 }
 
 /*
- * logits [n][vocab] for a prompt through worker/forward.c over model m (hook may be NULL),
+ * logits [n][vocab] for a prompt through worker/model/forward.c over model m (hook may be NULL),
  * fed `chunk` tokens per forward_eval (max_chunk = chunk, so each call is one batch through
  * the layers and the hook sees at most `chunk` tokens).
  */

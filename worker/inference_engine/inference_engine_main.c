@@ -118,7 +118,7 @@ static void usage(FILE *f)
 "                         rows, or prompt_tokens with --max-new 0), row-major\n"
 "                         [position][vocab], all prompts in order (first measured round)\n"
 "  --quiet                do not stream the text to stderr\n"
-"serving engine (worker/engine.h, docs/ENGINE.md):\n"
+"serving engine (worker/engine/engine.h, docs/ENGINE.md):\n"
 "  --concurrency N        run N requests at once through the continuous-batching engine:\n"
 "                         N copies of the prompt (or the prompts round-robin) per round;\n"
 "                         one JSON line per round: aggregate tps, per-request ttft/e2e/\n"

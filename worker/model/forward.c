@@ -18,7 +18,7 @@
  * the weights per chunk instead of one per token.
  *
  * The attention over the cache is the tile kernel of kernels/attn.c (kern_attn_causal here,
- * fed a row stride; the paged cache of the serving engine, worker/kv_attn.c, feeds the same
+ * fed a row stride; the paged cache of the serving engine, worker/engine/kv_attn.c, feeds the same
  * kernel block spans): the cache layout is the only difference.
  *
  * The products are matmul.h's (q, k, v and gate, up as one group each); the hook (LoRA) runs

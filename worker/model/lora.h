@@ -305,7 +305,7 @@ static inline size_t lora_bt_elems(size_t out, size_t rank)
     return (out + LORA_PANEL - 1) / LORA_PANEL * LORA_PANEL * rank;
 }
 
-/* The kernels of lora_apply_fused are kern_lora_shrink / kern_lora_expand (kernels/kern.h).
+/* The kernels of lora_apply_fused are kern_lora_shrink / kern_lora_expand (kernels/include/kern.h).
  * The update fused with the base products themselves, as one job, is matmul_group_lora
  * (matmul.h). */
 

@@ -166,7 +166,7 @@ void lora_apply_one(const struct lora_adapter *ad, float scale, uint32_t layer,
 }
 
 /* ---- the serving path: packed weights, fused phases (lora_apply_fused) ----
- * The kernels are kern_lora_shrink / kern_lora_expand (kernels/kern.h): bf16 weights on
+ * The kernels are kern_lora_shrink / kern_lora_expand (kernels/include/kern.h): bf16 weights on
  * AVX512-BF16 with activations rounded to bf16; f32 weights, and bf16 elsewhere, widened
  * exactly on AVX2; CLOCHER_ISA=ref the scalar ones. */
 

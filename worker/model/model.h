@@ -1,12 +1,12 @@
 /*
  * model.h — a llama model's weights as typed views: one struct to read the forward pass from.
  *
- * model_init() binds the tensors of an opened IEBIN model (worker/iebin.h) into a struct of
+ * model_init() binds the tensors of an opened IEBIN model (worker/formats/iebin.h) into a struct of
  * named fields, the way llama2.c's TransformerWeights does, so that the forward pass reads
  * `L->wq` rather than looking names up. Nothing is copied: every view points into the model's
  * read-only mapping. A matrix (struct matmul_mat, matmul.h: the view every product takes)
  * carries its dtype and geometry because IEBIN stores each tensor in its own type (f32, f16,
- * bf16, q8_0, q4_0); the kernels (kernels/kern.h) take it as is.
+ * bf16, q8_0, q4_0); the kernels (kernels/include/kern.h) take it as is.
  *
  * NOTES: a struct model is immutable after model_init()/model_open() and may be shared by any
  * number of threads and forward passes. The views borrow the struct iebin_model: it must
