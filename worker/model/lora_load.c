@@ -485,10 +485,7 @@ int lora_open(const char *dir, const struct iebin_hparams *hp, struct lora_adapt
 
 void lora_close(struct lora_adapter *ad) { lora__adapter_unref(ad); }
 
-int lora_refcount(const struct lora_adapter *ad)
-{
-    return atomic_load_explicit(&ad->refs_, memory_order_acquire);
-}
+int lora_refcount(const struct lora_adapter *ad) { return lora__refs(ad); }
 
 const struct lora_weights *lora_weights(const struct lora_adapter *ad, uint32_t layer,
                                         enum lora_target t)

@@ -172,7 +172,7 @@ int lora_pack_parse(const char *s, enum lora_pack *out)
 
 int lora_repack(struct lora_adapter *ad, enum lora_pack pack)
 {
-    CHECK(ad->magic == LORA__MAGIC && lora_refcount(ad) == 1);
+    CHECK(ad->magic == LORA__MAGIC && lora__refs(ad) == 1);
     enum dtype dt = pack == LORA_PACK_BF16 ? DT_BF16 : ad->fast_dt;
     if (dt == ad->fast_dt)
         return 0;

@@ -14,11 +14,19 @@
 
 #include "lora.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define LORA__MAGIC 0x4c6f5241u /* "LoRA": a live struct lora_adapter */
+
+/* References held on ad (lora_refcount's value). The acquire pairs with the release of the
+ * last unref, so a caller that sees 1 also sees every write the other holders made. */
+static inline int lora__refs(const struct lora_adapter *ad)
+{
+    return atomic_load_explicit(&ad->refs_, memory_order_acquire);
+}
 
 /* Tasks of the fused update (lora_apply_fused, matmul_group_lora). */
 #define LORA__SHRINK_KB 8u   /* a shrink task's rank rows */
