@@ -179,22 +179,36 @@ struct fused_job {
     size_t n_blk;   /* tasks per (projection, segment): rank blocks or column blocks */
 };
 
-/* task = (projection, segment, block of LORA__SHRINK_KB rank rows) */
-static void fused_a(void *ctx, size_t task, int thread)
+/* What one task of either pass works on: task = (projection, segment, block). */
+struct fused_task {
+    const struct lora_seg *s;
+    const struct lora_proj *pr;
+    const struct lora_weights *w; /* NULL: the segment's adapter leaves this projection alone */
+    float *t;                     /* [s->n][rank] the segment's shrink output */
+    size_t blk;
+};
+
+static struct fused_task fused_task(const struct fused_job *j, size_t task)
 {
-    (void)thread;
-    const struct fused_job *j = ctx;
     size_t blk = task % j->n_blk, rest = task / j->n_blk;
     size_t si = rest % j->p->n_segs, pi = rest / j->p->n_segs;
     const struct lora_seg *s = &j->p->segs[si];
     const struct lora_proj *pr = &j->pr[pi];
-    const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
-    size_t r = s->ad->cfg.rank, k0 = blk * LORA__SHRINK_KB;
-    if (!w || k0 >= r)
+    return (struct fused_task){s, pr, lora_weights(s->ad, j->layer, pr->t),
+                               j->tmp + pi * j->p->tmp_floats + s->tmp0, blk};
+}
+
+/* task = (projection, segment, block of LORA__SHRINK_KB rank rows) */
+static void fused_a(void *ctx, size_t task, int thread)
+{
+    (void)thread;
+    const struct fused_task f = fused_task(ctx, task);
+    size_t r = f.s->ad->cfg.rank, k0 = f.blk * LORA__SHRINK_KB;
+    if (!f.w || k0 >= r)
         return;
-    size_t k1 = k0 + LORA__SHRINK_KB < r ? k0 + LORA__SHRINK_KB : r, in = s->ad->in[pr->t];
-    kern_lora_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
-                     j->tmp + pi * j->p->tmp_floats + s->tmp0, k0, k1);
+    size_t k1 = k0 + LORA__SHRINK_KB < r ? k0 + LORA__SHRINK_KB : r, in = f.s->ad->in[f.pr->t];
+    kern_lora_shrink(f.s->ad->fast_dt, f.w->fa, in, r, f.pr->x + f.s->t0 * in, f.s->n, f.t, k0,
+                     k1);
 }
 
 /* task = (projection, segment, block of LORA__EXPAND_JB output columns) */
@@ -202,18 +216,14 @@ static void fused_b(void *ctx, size_t task, int thread)
 {
     (void)thread;
     const struct fused_job *j = ctx;
-    size_t blk = task % j->n_blk, rest = task / j->n_blk;
-    size_t si = rest % j->p->n_segs, pi = rest / j->p->n_segs;
-    const struct lora_seg *s = &j->p->segs[si];
-    const struct lora_proj *pr = &j->pr[pi];
-    const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
-    size_t out = s->ad->out[pr->t], c0 = blk * LORA__EXPAND_JB;
-    if (!w || c0 >= out)
+    const struct fused_task f = fused_task(j, task);
+    size_t out = f.s->ad->out[f.pr->t], c0 = f.blk * LORA__EXPAND_JB;
+    if (!f.w || c0 >= out)
         return;
     size_t c1 = c0 + LORA__EXPAND_JB < out ? c0 + LORA__EXPAND_JB : out;
-    kern_lora_expand(s->ad->fast_dt, w->fbt, s->ad->cfg.rank,
-                     j->tmp + pi * j->p->tmp_floats + s->tmp0, s->n, j->p->scale + s->t0, 0.0f,
-                     pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
+    kern_lora_expand(f.s->ad->fast_dt, f.w->fbt, f.s->ad->cfg.rank, f.t, f.s->n,
+                     j->p->scale + f.s->t0, 0.0f, f.pr->y + f.s->t0 * f.pr->ldy, f.pr->ldy, c0,
+                     c1);
 }
 
 void lora_apply_fused(const struct lora_plan *p, struct pool *pool, uint32_t layer,

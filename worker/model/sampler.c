@@ -154,6 +154,24 @@ static int cmp_cand(const void *pa, const void *pb)
 
 /* Min-heap (by rank: the root is the worst) of the k best of c[0..n); returns k' = min(k, n)
  * with them in c[0..k') sorted best first. */
+
+/* Restores the heap below j in c[0..k) (the worst candidate at the root). */
+static void sift_down(struct cand *c, size_t k, size_t j)
+{
+    for (;;) {
+        size_t w = j, l = 2 * j + 1, r = l + 1;
+        if (l < k && before(&c[w], &c[l]))
+            w = l;
+        if (r < k && before(&c[w], &c[r]))
+            w = r;
+        if (w == j)
+            return;
+        struct cand t = c[j];
+        c[j] = c[w];
+        c[w] = t;
+        j = w;
+    }
+}
 static size_t select_top_k(struct cand *c, size_t n, size_t k)
 {
     if (k >= n) {
@@ -162,37 +180,13 @@ static size_t select_top_k(struct cand *c, size_t n, size_t k)
     }
     /* heapify c[0..k) with the worst at the root */
     for (size_t i = k / 2; i-- > 0;) {
-        for (size_t j = i;;) {
-            size_t w = j, l = 2 * j + 1, r = l + 1;
-            if (l < k && before(&c[w], &c[l]))
-                w = l;
-            if (r < k && before(&c[w], &c[r]))
-                w = r;
-            if (w == j)
-                break;
-            struct cand t = c[j];
-            c[j] = c[w];
-            c[w] = t;
-            j = w;
-        }
+        sift_down(c, k, i);
     }
     for (size_t i = k; i < n; i++) {
         if (!before(&c[i], &c[0]))
             continue;
         c[0] = c[i];
-        for (size_t j = 0;;) {
-            size_t w = j, l = 2 * j + 1, r = l + 1;
-            if (l < k && before(&c[w], &c[l]))
-                w = l;
-            if (r < k && before(&c[w], &c[r]))
-                w = r;
-            if (w == j)
-                break;
-            struct cand t = c[j];
-            c[j] = c[w];
-            c[w] = t;
-            j = w;
-        }
+        sift_down(c, k, 0);
     }
     qsort(c, k, sizeof *c, cmp_cand);
     return k;
