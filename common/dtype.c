@@ -17,6 +17,8 @@ static const struct dtype_info infos[DT_COUNT_] = {
     [DT_Q4Z_G32] = {"q4z_g32", 32, 20},
     [DT_Q4Z_G64] = {"q4z_g64", 64, 36},
     [DT_Q4Z_G128] = {"q4z_g128", 128, 68},
+    /* E8M0 exponent + 16 bytes of E2M1 nibbles: kernels/include/quant.h asserts it */
+    [DT_MXFP4] = {"mxfp4", 32, 17},
 };
 
 const struct dtype_info *dtype_info(enum dtype dt)

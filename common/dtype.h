@@ -10,6 +10,11 @@
  * one per 32 elements of the group, after a header: q4_gN (N = 64, 128) has one f16 scale d,
  * x = d*(q-8); q4z_gN (N = 32, 64, 128) has an f16 scale d and an f16 offset m (the group's
  * minimum, a zero point that need not be an integer), x = d*q + m. q4z_g32 is GGUF's Q4_1.
+ * MXFP4 (gpt-oss experts; ../shared/specs/gpt-oss.md §4) is GGUF's block_mxfp4, 17 bytes per 32
+ * elements: byte 0 the E8M0 exponent e, then 16 bytes whose low nibbles are elements 0..15 and
+ * high nibbles 16..31 (split halves, as Q4_0); each nibble an E2M1 code c (bit 3 the sign),
+ * x = FP4[c] * 2^(e-127), FP4 = {0, .5, 1, 1.5, 2, 3, 4, 6, -0, -.5, ..., -6}. e = 255 (NaN in
+ * the OCP spec) is refused by the converters (docs/IEBIN.md).
  * All size arithmetic is overflow-checked: sizes come from untrusted files.
  */
 #ifndef CLOCHER_COMMON_DTYPE_H
@@ -31,6 +36,7 @@ enum dtype {
     DT_Q4Z_G32 = 7,  /* int4, group 32, f16 scale + f16 offset (GGUF Q4_1) */
     DT_Q4Z_G64 = 8,  /* int4, group 64, f16 scale + f16 offset */
     DT_Q4Z_G128 = 9, /* int4, group 128, f16 scale + f16 offset */
+    DT_MXFP4 = 10,   /* OCP MX FP4 (E2M1), blocks of 32 with an E8M0 scale: GGUF's MXFP4 */
     DT_COUNT_
 };
 

@@ -13,6 +13,7 @@
 #include "check.h"
 #include "half.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -52,6 +53,24 @@ void kern__row_q4_0(const void *row, float *out, size_t n)
         for (int j = 0; j < 16; j++) {
             out[i + (size_t)j] = d * (float)((int)(b->qs[j] & 0x0f) - 8);
             out[i + (size_t)j + 16] = d * (float)((int)(b->qs[j] >> 4) - 8);
+        }
+    }
+}
+
+/* 2^(e-128) as an f32, exactly, for every E8M0 byte (e = 0 gives 2^-128, a subnormal) */
+static float mxfp4_half_scale(uint8_t e)
+{
+    return ldexpf(1.0f, (int)e - 128);
+}
+
+void kern__row_mxfp4(const void *row, float *out, size_t n)
+{
+    const struct quant_mxfp4 *b = row;
+    for (size_t i = 0; i < n; i += 32, b++) {
+        float d = mxfp4_half_scale(b->e); /* kvalues are the E2M1 values doubled */
+        for (int j = 0; j < 16; j++) {
+            out[i + (size_t)j] = d * (float)quant_mxfp4_kvalues[b->qs[j] & 0x0f];
+            out[i + (size_t)j + 16] = d * (float)quant_mxfp4_kvalues[b->qs[j] >> 4];
         }
     }
 }

@@ -64,6 +64,20 @@ static_assert(offsetof(struct quant_q4_g128, qs) == 2 && offsetof(struct quant_q
 static_assert(_Alignof(struct quant_q4_g128) == 2 && _Alignof(struct quant_q4z_g128) == 2,
               "block arrays are packed back to back");
 
+/*
+ * GGUF MXFP4 (common/dtype.h DT_MXFP4): x[i] = FP4[qs[i] & 15] * 2^(e-127),
+ * x[i + 16] = FP4[qs[i] >> 4] * 2^(e-127), i < 16. The E2M1 values doubled are small integers
+ * (quant_mxfp4_kvalues: {0,1,2,3,4,6,8,12} and their negatives), so integer kernels multiply
+ * them by int8 activations exactly and scale by 2^(e-128).
+ */
+struct quant_mxfp4 {
+    uint8_t e;      /* E8M0 exponent: scale 2^(e-127); 255 is refused by the converters */
+    uint8_t qs[16]; /* low nibbles: elements 0..15, high nibbles: elements 16..31 */
+};
+static const int8_t quant_mxfp4_kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12,
+                                               0, -1, -2, -3, -4, -6, -8, -12};
+
+static_assert(sizeof(struct quant_mxfp4) == 17, "mxfp4 block must be 17 bytes (GGUF)");
 static_assert(sizeof(struct quant_q8_0) == 34, "q8_0 block must be 34 bytes (GGUF)");
 static_assert(sizeof(struct quant_q4_0) == 18, "q4_0 block must be 18 bytes (GGUF)");
 static_assert(offsetof(struct quant_q8_0, qs) == 2, "q8_0 quants follow the scale");
