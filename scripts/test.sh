@@ -6,6 +6,8 @@
 #  3. TSan build: the tests labelled tsan (rings, thread pool, registries, stats, and the
 #     gateway end to end with gRPC core's own code suppressed: tests/gateway/tsan.supp);
 #  4. clang libFuzzer build: each fuzzer for a bounded time (CLOCHER_FUZZ_SECONDS, default 20).
+# The TSan and fuzz trees build only what their tests run (targets tests_tsan, tests_fuzz:
+# tests/CMakeLists.txt records each test's programs per label).
 # Build trees go to build/ci-*; a clean checkout is all it needs (deps are installed first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,14 +32,14 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 section "TSan build: shared-memory and thread tests (label tsan)"
 cmake -S . -B build/ci-tsan -DCLOCHER_WERROR=ON -DCLOCHER_SANITIZE=thread \
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
-cmake --build build/ci-tsan -j"$jobs"
+cmake --build build/ci-tsan -j"$jobs" --target tests_tsan
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   ctest --test-dir build/ci-tsan --output-on-failure -j"$jobs" -L tsan
 
 section "libFuzzer: ${fuzz_seconds}s per parser"
 cmake -S . -B build/ci-fuzz -DCMAKE_C_COMPILER=clang -DCLOCHER_FUZZ=ON \
   -DCLOCHER_FUZZ_SECONDS="$fuzz_seconds" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >/dev/null
-cmake --build build/ci-fuzz -j"$jobs"
+cmake --build build/ci-fuzz -j"$jobs" --target tests_fuzz
 if ctest --test-dir build/ci-fuzz -N -L fuzz | grep -q 'Total Tests: 0'; then
   echo "no fuzz targets yet"
 else
