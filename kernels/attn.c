@@ -1,7 +1,9 @@
 /*
  * attn.c — the attention tile kernel's scalar specification (kern_attn_<kvt>_f32_ref), the
- * online-softmax state helpers, the entry kern_attn (through kern__ops) and kern_attn_causal,
- * the contiguous-cache driver (kern.h states the contracts; docs/adr/0004 addendum, item 11).
+ * online-softmax state helpers (with gpt-oss's sinks), the entries kern_attn / kern_attn_span
+ * (through kern__ops) and kern_attn_causal / kern_attn_causal_swa, the contiguous-cache
+ * driver with an optional sliding window (kern.h states the contracts; docs/adr/0004
+ * addendum, item 11).
  *
  * Why one tile kernel with explicit state: the paged cache (worker/engine/kv_attn.c) hands over one
  * block span at a time and the contiguous cache (worker/model/forward.c) 64-position tiles; with m,
@@ -23,9 +25,18 @@
 
 void kern_attn_begin(float *const *o, float *m, float *l, size_t nq, size_t hd)
 {
+    kern_attn_begin_sinks(o, m, l, NULL, nq, hd);
+}
+
+/* A sink is one more softmax column whose score is sinks[r] and whose value row is zero:
+ * starting the running state from it (m = sink, l = e^(sink - m) = 1, o = 0) is the same as
+ * having seen it first, so the tiles that follow need not know about it. */
+void kern_attn_begin_sinks(float *const *o, float *m, float *l, const float *sinks, size_t nq,
+                           size_t hd)
+{
     for (size_t r = 0; r < nq; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
+        m[r] = sinks ? sinks[r] : -INFINITY;
+        l[r] = sinks ? 1.0f : 0.0f;
         memset(o[r], 0, hd * sizeof(float));
     }
 }
@@ -47,7 +58,7 @@ void kern_attn_end(float *const *o, const float *l, size_t nq, size_t hd)
  * maximum over the tile and the correction factor are the same).
  */
 static void attn_ref(enum dtype kvt, const float *const *q, float *const *o, float *m, float *l,
-                     const uint32_t *vis, size_t nq, const void *k, const void *v, size_t ld,
+                     const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k, const void *v, size_t ld,
                      size_t n, size_t hd, float scale)
 {
     float kr[KERN_ATTN_HD_MAX], vr[KERN_ATTN_HD_MAX]; /* [hd] one widened row */
@@ -59,10 +70,11 @@ static void attn_ref(enum dtype kvt, const float *const *q, float *const *o, flo
             size_t nv = vis ? (vis[r] > j0 ? vis[r] - j0 : 0) : nt;
             if (nv > nt)
                 nv = nt;
-            if (nv == 0)
+            const size_t a = lo && lo[r] > j0 ? lo[r] - j0 : 0; /* the window's start */
+            if (a >= nv)
                 continue;
             float mx = -INFINITY;
-            for (size_t j = 0; j < nv; j++) {
+            for (size_t j = a; j < nv; j++) {
                 kern_row_to_f32(kvt, (const char *)k + (j0 + j) * ld, kr, hd);
                 float dot = 0.0f;
                 for (size_t d = 0; d < hd; d++)
@@ -74,7 +86,7 @@ static void attn_ref(enum dtype kvt, const float *const *q, float *const *o, flo
             const float mn = m[r] > mx ? m[r] : mx;
             const float corr = fm_expf(m[r] - mn); /* 0 on the first tile (m = -inf) */
             float sum = 0.0f;
-            for (size_t j = 0; j < nv; j++) {
+            for (size_t j = a; j < nv; j++) {
                 s[j] = fm_expf(s[j] - mn);
                 sum += s[j];
             }
@@ -82,7 +94,7 @@ static void attn_ref(enum dtype kvt, const float *const *q, float *const *o, flo
             m[r] = mn;
             for (size_t d = 0; d < hd; d++)
                 o[r][d] *= corr;
-            for (size_t j = 0; j < nv; j++) {
+            for (size_t j = a; j < nv; j++) {
                 kern_row_to_f32(kvt, (const char *)v + (j0 + j) * ld, vr, hd);
                 for (size_t d = 0; d < hd; d++)
                     o[r][d] += s[j] * vr[d];
@@ -93,10 +105,11 @@ static void attn_ref(enum dtype kvt, const float *const *q, float *const *o, flo
 
 #define ATTN_REF_(kvt, DT)                                                                   \
     void kern_attn_##kvt##_f32_ref(const float *const *q, float *const *o, float *m, float *l, \
-                                   const uint32_t *vis, size_t nq, const void *k,            \
-                                   const void *v, size_t ld, size_t n, size_t hd, float scale) \
+                                   const uint32_t *lo, const uint32_t *vis, size_t nq,       \
+                                   const void *k, const void *v, size_t ld, size_t n,        \
+                                   size_t hd, float scale)                                   \
     {                                                                                        \
-        attn_ref(DT, q, o, m, l, vis, nq, k, v, ld, n, hd, scale);                           \
+        attn_ref(DT, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);                       \
     }
 ATTN_REF_(f32, DT_F32)
 ATTN_REF_(f16, DT_F16)
@@ -117,7 +130,14 @@ void kern_attn(enum dtype kvt, const float *const *q, float *const *o, float *m,
                const uint32_t *vis, size_t nq, const void *k, const void *v, size_t ld,
                size_t n, size_t hd, float scale)
 {
-    attn_fn(kvt)(q, o, m, l, vis, nq, k, v, ld, n, hd, scale);
+    attn_fn(kvt)(q, o, m, l, NULL, vis, nq, k, v, ld, n, hd, scale);
+}
+
+void kern_attn_span(enum dtype kvt, const float *const *q, float *const *o, float *m, float *l,
+                    const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                    const void *v, size_t ld, size_t n, size_t hd, float scale)
+{
+    attn_fn(kvt)(q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }
 
 #define CAUSAL_QROWS 64 /* query rows whose state lives on the stack at once */
@@ -126,35 +146,56 @@ void kern_attn_causal(enum dtype kvt, size_t nt, size_t group, size_t hd, const 
                       size_t ldq, const void *k, const void *v, size_t ld, uint32_t pos0,
                       float *out, size_t ldo)
 {
+    kern_attn_causal_swa(kvt, nt, group, hd, q, ldq, k, v, ld, pos0, 0, NULL, out, ldo);
+}
+
+/*
+ * Row r of a batch (token t, head j) sees absolute positions [first[r], lim[r]); the batch
+ * walks [min first, max lim) in tiles of KERN_ATTN_TILE positions starting at its smallest
+ * window start, so nothing below it is read, and hands each tile the rows' bounds relative to
+ * the tile (lo/vis NULL when no row is clipped there: the unmasked fast path).
+ */
+void kern_attn_causal_swa(enum dtype kvt, size_t nt, size_t group, size_t hd, const float *q,
+                          size_t ldq, const void *k, const void *v, size_t ld, uint32_t pos0,
+                          uint32_t window, const float *sinks, float *out, size_t ldo)
+{
     kern_attn_fn *fn = attn_fn(kvt);
     const float scale = 1.0f / sqrtf((float)hd);
     const float *qr[CAUSAL_QROWS];
     float *orow[CAUSAL_QROWS];
-    float m[CAUSAL_QROWS], l[CAUSAL_QROWS];
-    uint32_t lim[CAUSAL_QROWS], vis[CAUSAL_QROWS];
+    float m[CAUSAL_QROWS], l[CAUSAL_QROWS], sk[CAUSAL_QROWS];
+    uint32_t first[CAUSAL_QROWS], lim[CAUSAL_QROWS], lo[CAUSAL_QROWS], vis[CAUSAL_QROWS];
     const size_t rows = nt * group;
     /* rows ordered token-major, so one batch spans few distinct causal limits */
     for (size_t r0 = 0; r0 < rows; r0 += CAUSAL_QROWS) {
         const size_t nr = rows - r0 < CAUSAL_QROWS ? rows - r0 : CAUSAL_QROWS;
-        uint32_t end = 0;
+        uint32_t begin = UINT32_MAX, end = 0;
         for (size_t r = 0; r < nr; r++) {
             const size_t t = (r0 + r) / group, j = (r0 + r) % group;
             qr[r] = q + t * ldq + j * hd;
             orow[r] = out + t * ldo + j * hd;
+            if (sinks)
+                sk[r] = sinks[j];
             lim[r] = pos0 + (uint32_t)t + 1;
+            first[r] = window && lim[r] > window ? lim[r] - window : 0;
             if (lim[r] > end)
                 end = lim[r];
+            if (first[r] < begin)
+                begin = first[r];
         }
-        kern_attn_begin(orow, m, l, nr, hd);
-        for (uint32_t p = 0; p < end; p += KERN_ATTN_TILE) {
+        kern_attn_begin_sinks(orow, m, l, sinks ? sk : NULL, nr, hd);
+        for (uint32_t p = begin; p < end; p += KERN_ATTN_TILE) {
             const size_t n = end - p < KERN_ATTN_TILE ? end - p : KERN_ATTN_TILE;
-            int all = 1;
+            int all = 1, none = 1;
             for (size_t r = 0; r < nr; r++) {
                 vis[r] = lim[r] > p ? lim[r] - p : 0;
+                lo[r] = first[r] > p ? first[r] - p : 0;
                 all &= vis[r] >= n;
+                none &= lo[r] == 0;
             }
-            fn(qr, orow, m, l, all ? NULL : vis, nr, (const char *)k + (size_t)p * ld,
-               (const char *)v + (size_t)p * ld, ld, n, hd, scale);
+            fn(qr, orow, m, l, none ? NULL : lo, all ? NULL : vis, nr,
+               (const char *)k + (size_t)p * ld, (const char *)v + (size_t)p * ld, ld, n, hd,
+               scale);
         }
         kern_attn_end(orow, l, nr, hd);
     }

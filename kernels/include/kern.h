@@ -269,8 +269,9 @@ void kern_rope_table(float *cs, uint32_t pos, const float *inv_freq, size_t half
  *   o  = o e^(m-m') + sum_j e^(s_j-m') v_j
  * and kern_attn_end() divides o by l: softmax(scale q K^T) V without an [nq x n] score
  * matrix. Row r sees only the first vis[r] positions of the tile (causal masks; 0 = the row
- * is not touched); vis == NULL means all n. Every row must have seen >= 1 position before
- * kern_attn_end().
+ * is not touched); vis == NULL means all n. kern_attn_span also takes per-row starts lo[r]
+ * (a sliding window's first position inside the tile). Every row must have seen >= 1
+ * position, or have been started from a sink (kern_attn_begin_sinks), before kern_attn_end().
  * K and V: n rows of hd elements of dtype kvt (f32, f16 or bf16), row j at k + j*ld bytes
  * (same ld for V). The kernel widens f16/bf16 tiles to f32 once and shares them between all
  * nq rows; products and sums are f32, exp is fm_expf (kernels/fastmath.h), so the SIMD paths
@@ -284,12 +285,24 @@ void kern_rope_table(float *cs, uint32_t pos, const float *inv_freq, size_t half
 
 /* m[r] = -inf, l[r] = 0, o[r] [hd] = 0 for r < nq. */
 void kern_attn_begin(float *const *o, float *m, float *l, size_t nq, size_t hd);
+/* m[r] = sinks[r], l[r] = 1, o[r] [hd] = 0 for r < nq: the online softmax started from a
+ * learned per-row sink logit (gpt-oss), which joins the normalisation unscaled and has no value
+ * row. sinks == NULL: kern_attn_begin. */
+void kern_attn_begin_sinks(float *const *o, float *m, float *l, const float *sinks, size_t nq,
+                           size_t hd);
 /* o[r] [hd] /= l[r] for r < nq. */
 void kern_attn_end(float *const *o, const float *l, size_t nq, size_t hd);
 /* The tile kernel of kern_isa() for K/V dtype kvt (DT_F32, DT_F16 or DT_BF16). */
 void kern_attn(enum dtype kvt, const float *const *q, float *const *o, float *m, float *l,
                const uint32_t *vis, size_t nq, const void *k, const void *v, size_t ld,
                size_t n, size_t hd, float scale);
+/* kern_attn where row r sees tile positions [lo[r], vis[r]) (a sliding window's start inside
+ * the tile); lo == NULL: kern_attn. Rows with lo[r] >= vis[r] are not touched. K/V rows below a
+ * row's lo are not read for it (f16/bf16 tiles widen rows from the smallest lo[r] of the rows
+ * that see something there). */
+void kern_attn_span(enum dtype kvt, const float *const *q, float *const *o, float *m, float *l,
+                    const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                    const void *v, size_t ld, size_t n, size_t hd, float scale);
 
 /*
  * Causal attention over a contiguous cache (prefill, and decode as a chunk of one): nt tokens
@@ -302,5 +315,16 @@ void kern_attn(enum dtype kvt, const float *const *q, float *const *o, float *m,
 void kern_attn_causal(enum dtype kvt, size_t nt, size_t group, size_t hd, const float *q,
                       size_t ldq, const void *k, const void *v, size_t ld, uint32_t pos0,
                       float *out, size_t ldo);
+/*
+ * kern_attn_causal with a sliding window (token at position p sees positions
+ * [p-window+1, p]; window 0 = unbounded) and sinks [group], one per query head of the group
+ * (head j of every token starts from sinks[j], kern_attn_begin_sinks; NULL: none). k/v still
+ * address positions from 0 (the caller may keep older rows or not: the kernel never reads
+ * below pos0-window+1, the first token's window start). Scale 1/sqrt(hd) (gpt-oss: YaRN's
+ * concentration is applied to q and k by the caller's RoPE, not here).
+ */
+void kern_attn_causal_swa(enum dtype kvt, size_t nt, size_t group, size_t hd, const float *q,
+                          size_t ldq, const void *k, const void *v, size_t ld, uint32_t pos0,
+                          uint32_t window, const float *sinks, float *out, size_t ldo);
 
 #endif

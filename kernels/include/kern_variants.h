@@ -115,11 +115,13 @@ KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx2)
 KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, avx512)
 #undef KERN_ELT_DECLARE_
 
-/* ---- attention tile (kern.h, kern_attn) ---------------------------------------------------- */
+/* ---- attention tile (kern.h, kern_attn_span) ---------------------------------------------------- */
 
+/* kern_attn_span's contract (kern.h): row r sees tile positions [lo[r], vis[r]); lo == NULL:
+ * from 0, vis == NULL: up to n. */
 typedef void kern_attn_fn(const float *const *q, float *const *o, float *m, float *l,
-                          const uint32_t *vis, size_t nq, const void *k, const void *v,
-                          size_t ld, size_t n, size_t hd, float scale);
+                          const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                          const void *v, size_t ld, size_t n, size_t hd, float scale);
 
 #define KERN_ATTN_VARIANTS_(X, isa) X(f32, isa) X(f16, isa) X(bf16, isa)
 #define KERN_ATTN_DECLARE_(kvt, isa) kern_attn_fn kern_attn_##kvt##_f32_##isa;

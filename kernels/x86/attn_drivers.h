@@ -5,21 +5,23 @@
  *   ATTN_BUF     floats of one widened K (or V) sub-tile on the stack.
  * What is left here walks the keys in tiles and, for f16/bf16 caches, widens each sub-tile to
  * f32 once for all queries (skipping rows no query sees, so a causal prefill widens each row
- * only as far as the latest query reaches); the includer's exported kernels call it with its
+ * only as far as the latest query reaches, and a sliding window only from the earliest start
+ * on); the includer's exported kernels call it with its
  * own widening functions.
  */
 #ifndef CLOCHER_KERNELS_X86_ATTN_DRIVERS_H
 #define CLOCHER_KERNELS_X86_ATTN_DRIVERS_H
 
-/* f32 keys and values: rows are whole floats apart (kern.h), fed to the tile as they are. */
+/* f32 keys and values: rows are whole floats apart (kern.h), fed to the tile as they are.
+ * lo/vis as kern_attn_fn: tile positions [lo[r], vis[r]) of row r (NULL: 0, n). */
 static void attn_tiles_f32(const float *const *q, float *const *o, float *m, float *l,
-                           const uint32_t *vis, size_t nq, const void *k, const void *v,
-                           size_t ld, size_t n, size_t hd, float scale)
+                           const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                           const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
     const size_t ldf = ld / sizeof(float);
     for (size_t j0 = 0; j0 < n; j0 += KERN_ATTN_TILE) {
         const size_t nt = n - j0 < KERN_ATTN_TILE ? n - j0 : KERN_ATTN_TILE;
-        tile_f32(q, o, m, l, vis, j0, nq, (const float *)k + j0 * ldf,
+        tile_f32(q, o, m, l, lo, vis, j0, nq, (const float *)k + j0 * ldf,
                  (const float *)v + j0 * ldf, ldf, nt, hd, scale);
     }
 }
@@ -28,8 +30,9 @@ static void attn_tiles_f32(const float *const *q, float *const *o, float *m, flo
 typedef void attn_widen_fn(float *dst, const void *src, size_t ld, size_t n, size_t hd);
 
 static void attn_widened(attn_widen_fn *widen, const float *const *q, float *const *o,
-                         float *m, float *l, const uint32_t *vis, size_t nq, const void *k,
-                         const void *v, size_t ld, size_t n, size_t hd, float scale)
+                         float *m, float *l, const uint32_t *lo, const uint32_t *vis, size_t nq,
+                         const void *k, const void *v, size_t ld, size_t n, size_t hd,
+                         float scale)
 {
     float kb[ATTN_BUF] __attribute__((aligned(64))); /* [rows][hd] widened K sub-tile */
     float vb[ATTN_BUF] __attribute__((aligned(64))); /* [rows][hd] widened V sub-tile */
@@ -38,18 +41,27 @@ static void attn_widened(attn_widen_fn *widen, const float *const *q, float *con
         rows = KERN_ATTN_TILE;
     for (size_t j0 = 0; j0 < n; j0 += rows) {
         const size_t nt = n - j0 < rows ? n - j0 : rows;
-        size_t need = nt; /* only rows some query sees */
-        if (vis) {
-            need = 0;
-            for (size_t r = 0; r < nq; r++)
-                if (vis[r] > j0 + need)
-                    need = vis[r] - j0 < nt ? vis[r] - j0 : nt;
+        /* only rows [from, need) some query sees: below `need` for causal limits, from
+         * `from` on for sliding-window starts (rows below it are left unwidened in kb/vb,
+         * and tile_f32 never reads them) */
+        size_t need = 0, from = nt;
+        for (size_t r = 0; r < nq; r++) {
+            size_t b = vis ? (vis[r] > j0 ? vis[r] - j0 : 0) : nt;
+            const size_t a = lo && lo[r] > j0 ? lo[r] - j0 : 0;
+            if (b > nt)
+                b = nt;
+            if (a >= b)
+                continue;
+            if (b > need)
+                need = b;
+            if (a < from)
+                from = a;
         }
         if (need == 0)
             continue;
-        widen(kb, (const char *)k + j0 * ld, ld, need, hd);
-        widen(vb, (const char *)v + j0 * ld, ld, need, hd);
-        tile_f32(q, o, m, l, vis, j0, nq, kb, vb, hd, need, hd, scale);
+        widen(kb + from * hd, (const char *)k + (j0 + from) * ld, ld, need - from, hd);
+        widen(vb + from * hd, (const char *)v + (j0 + from) * ld, ld, need - from, hd);
+        tile_f32(q, o, m, l, lo, vis, j0, nq, kb, vb, hd, need, hd, scale);
     }
 }
 

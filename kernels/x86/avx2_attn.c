@@ -44,22 +44,26 @@ static inline float hmax8(__m256 v)
     return _mm_cvtss_f32(x);
 }
 
-/* As avx512_attn.c's tile_f32: nq rows over n <= KERN_ATTN_TILE positions of f32 rows. */
+/* As avx512_attn.c's tile_f32: nq rows over n <= KERN_ATTN_TILE positions of f32 rows, row r
+ * clipped to [lo[r] - j0, vis[r] - j0). */
 static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
-                     const uint32_t *vis, size_t j0, size_t nq, const float *kf,
-                     const float *vf, size_t ldf, size_t n, size_t hd, float scale)
+                     const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
+                     const float *kf, const float *vf, size_t ldf, size_t n, size_t hd,
+                     float scale)
 {
     float s[KERN_ATTN_TILE] __attribute__((aligned(32))); /* [n] scores, then weights */
     for (size_t r = 0; r < nq; r++) {
         size_t nv = vis ? (vis[r] > j0 ? vis[r] - j0 : 0) : n;
         if (nv > n)
             nv = n;
-        if (nv == 0)
+        const size_t a = lo && lo[r] > j0 ? lo[r] - j0 : 0; /* the window's start */
+        if (a >= nv)
             continue;
-        const float *qr = q[r];
+        nv -= a; /* positions [a, a+nv) of the tile, as rows [0, nv) from kr / vr */
+        const float *qr = q[r], *kr = kf + a * ldf, *vr = vf + a * ldf;
         size_t j = 0;
         for (; j + 4 <= nv; j += 4) {
-            const float *k0 = kf + j * ldf, *k1 = k0 + ldf, *k2 = k1 + ldf, *k3 = k2 + ldf;
+            const float *k0 = kr + j * ldf, *k1 = k0 + ldf, *k2 = k1 + ldf, *k3 = k2 + ldf;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (size_t d = 0; d < hd; d += 8) {
                 const __m256i mk = lanes(hd, d);
@@ -75,7 +79,7 @@ static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
             s[j + 3] = hsum8(a3);
         }
         for (; j < nv; j++) {
-            const float *k0 = kf + j * ldf;
+            const float *k0 = kr + j * ldf;
             __m256 a0 = _mm256_setzero_ps();
             for (size_t d = 0; d < hd; d += 8) {
                 const __m256i mk = lanes(hd, d);
@@ -114,7 +118,7 @@ static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
             const __m256i mk = lanes(hd, d);
             __m256 acc = _mm256_mul_ps(_mm256_maskload_ps(orow + d, mk), vc);
             __m256 acc2 = _mm256_setzero_ps();
-            const float *vp = vf + d;
+            const float *vp = vr + d;
             for (j = 0; j + 2 <= nv; j += 2, vp += 2 * ldf) {
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_maskload_ps(vp, mk), acc);
                 acc2 = _mm256_fmadd_ps(_mm256_set1_ps(s[j + 1]),
@@ -163,22 +167,22 @@ static void widen_bf16(float *dst, const void *src, size_t ld, size_t n, size_t 
 #include "attn_drivers.h"
 
 void kern_attn_f32_f32_avx2(const float *const *q, float *const *o, float *m, float *l,
-                            const uint32_t *vis, size_t nq, const void *k, const void *v,
-                            size_t ld, size_t n, size_t hd, float scale)
+                            const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                            const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
-    attn_tiles_f32(q, o, m, l, vis, nq, k, v, ld, n, hd, scale);
+    attn_tiles_f32(q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }
 
 void kern_attn_f16_f32_avx2(const float *const *q, float *const *o, float *m, float *l,
-                            const uint32_t *vis, size_t nq, const void *k, const void *v,
-                            size_t ld, size_t n, size_t hd, float scale)
+                            const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                            const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
-    attn_widened(widen_f16, q, o, m, l, vis, nq, k, v, ld, n, hd, scale);
+    attn_widened(widen_f16, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }
 
 void kern_attn_bf16_f32_avx2(const float *const *q, float *const *o, float *m, float *l,
-                             const uint32_t *vis, size_t nq, const void *k, const void *v,
-                             size_t ld, size_t n, size_t hd, float scale)
+                             const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                             const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
-    attn_widened(widen_bf16, q, o, m, l, vis, nq, k, v, ld, n, hd, scale);
+    attn_widened(widen_bf16, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }

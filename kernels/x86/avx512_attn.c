@@ -29,23 +29,28 @@ static inline __mmask16 lanes(size_t hd, size_t d)
 
 /*
  * The online-softmax update of nq rows over n positions of f32 rows: K row j at kf + j*ldf,
- * V row j at vf + j*ldf (floats). n <= KERN_ATTN_TILE.
+ * V row j at vf + j*ldf (floats). n <= KERN_ATTN_TILE. Row r sees tile positions
+ * [lo[r] - j0, vis[r] - j0) clipped to [0, n) (lo/vis are relative to the kernel call, j0 is
+ * this tile's offset in it; NULL: unclipped).
  */
 static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
-                     const uint32_t *vis, size_t j0, size_t nq, const float *kf,
-                     const float *vf, size_t ldf, size_t n, size_t hd, float scale)
+                     const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
+                     const float *kf, const float *vf, size_t ldf, size_t n, size_t hd,
+                     float scale)
 {
     float s[KERN_ATTN_TILE] __attribute__((aligned(64))); /* [n] scores, then weights */
     for (size_t r = 0; r < nq; r++) {
         size_t nv = vis ? (vis[r] > j0 ? vis[r] - j0 : 0) : n;
         if (nv > n)
             nv = n;
-        if (nv == 0)
+        const size_t a = lo && lo[r] > j0 ? lo[r] - j0 : 0; /* the window's start */
+        if (a >= nv)
             continue;
-        const float *qr = q[r];
+        nv -= a; /* positions [a, a+nv) of the tile, as rows [0, nv) from kr / vr */
+        const float *qr = q[r], *kr = kf + a * ldf, *vr = vf + a * ldf;
         size_t j = 0;
         for (; j + 4 <= nv; j += 4) {
-            const float *k0 = kf + j * ldf, *k1 = k0 + ldf, *k2 = k1 + ldf, *k3 = k2 + ldf;
+            const float *k0 = kr + j * ldf, *k1 = k0 + ldf, *k2 = k1 + ldf, *k3 = k2 + ldf;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (size_t d = 0; d < hd; d += 16) {
                 const __mmask16 mk = lanes(hd, d);
@@ -61,7 +66,7 @@ static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
             s[j + 3] = _mm512_reduce_add_ps(a3);
         }
         for (; j < nv; j++) {
-            const float *k0 = kf + j * ldf;
+            const float *k0 = kr + j * ldf;
             __m512 a0 = _mm512_setzero_ps();
             for (size_t d = 0; d < hd; d += 16) {
                 const __mmask16 mk = lanes(hd, d);
@@ -100,7 +105,7 @@ static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
             const __mmask16 mk = lanes(hd, d);
             __m512 acc = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, orow + d), vc);
             __m512 acc2 = _mm512_setzero_ps();
-            const float *vp = vf + d;
+            const float *vp = vr + d;
             for (j = 0; j + 2 <= nv; j += 2, vp += 2 * ldf) {
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_maskz_loadu_ps(mk, vp), acc);
                 acc2 = _mm512_fmadd_ps(_mm512_set1_ps(s[j + 1]),
@@ -142,22 +147,22 @@ static void widen_bf16(float *dst, const void *src, size_t ld, size_t n, size_t 
 #include "attn_drivers.h"
 
 void kern_attn_f32_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
-                              const uint32_t *vis, size_t nq, const void *k, const void *v,
-                              size_t ld, size_t n, size_t hd, float scale)
+                              const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                              const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
-    attn_tiles_f32(q, o, m, l, vis, nq, k, v, ld, n, hd, scale);
+    attn_tiles_f32(q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }
 
 void kern_attn_f16_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
-                              const uint32_t *vis, size_t nq, const void *k, const void *v,
-                              size_t ld, size_t n, size_t hd, float scale)
+                              const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                              const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
-    attn_widened(widen_f16, q, o, m, l, vis, nq, k, v, ld, n, hd, scale);
+    attn_widened(widen_f16, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }
 
 void kern_attn_bf16_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
-                               const uint32_t *vis, size_t nq, const void *k, const void *v,
-                               size_t ld, size_t n, size_t hd, float scale)
+                               const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                               const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
-    attn_widened(widen_bf16, q, o, m, l, vis, nq, k, v, ld, n, hd, scale);
+    attn_widened(widen_bf16, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }

@@ -8,7 +8,12 @@
  *    cache with two KV heads (the second head is read);
  *  - a causal mask inside a tile (vis per row), rows with vis = 0 left untouched;
  *  - kern_attn_causal (contiguous cache, prefill after a prefix and decode as a chunk of one)
- *    through the public entry under kern_force_isa.
+ *    through the public entry under kern_force_isa;
+ *  - gpt-oss's sinks and sliding windows: per-row windows [lo, vis) crossing tile boundaries
+ *    (kern_attn_span and the variants), rows started from sinks that dominate, are negligible
+ *    or are of the scores' order (kern_attn_begin_sinks), K/V rows outside every window NaN
+ *    (never read), and kern_attn_causal_swa against a double softmax with the sink column and
+ *    the window mask (the bound then scales with the weight the positions carry).
  * The measured maxima are printed.
  */
 #include "testutil.h"
@@ -104,13 +109,20 @@ static const void *at(const struct cache *c, const unsigned char *base, size_t p
     return base + p * c->ld + c->hd * g_esize[c->t];
 }
 
-/* max |got - softmax(q K[0,n)^T / sqrt(hd)) V[0,n)| in double, over hd outputs. */
-static double ref_err(const struct cache *c, const float *q, size_t n, const float *got)
+/*
+ * max |got - o| in double over hd outputs, o = the softmax over the scores
+ * q K[u]^T / sqrt(hd) of positions u in [from, to) plus, when has_sink, one more column of
+ * score `sink` (unscaled, no value row), times V[from, to). *mass (if not NULL) = the weight
+ * the positions carry together (1 - the sink's share).
+ */
+static double ref_err_win(const struct cache *c, const float *q, size_t from, size_t to,
+                          int has_sink, float sink, const float *got, double *mass)
 {
     const size_t hd = c->hd;
-    double *s = malloc(n * sizeof *s), mx = -INFINITY, sum = 0.0, err = 0.0;
+    double *s = malloc((to + 1) * sizeof *s), mx = has_sink ? (double)sink : -INFINITY;
+    double sum = 0.0, err = 0.0;
     assert_non_null(s);
-    for (size_t p = 0; p < n; p++) {
+    for (size_t p = from; p < to; p++) {
         double dot = 0.0;
         for (size_t d = 0; d < hd; d++)
             dot += (double)q[d] * c->kf[p * hd + d];
@@ -118,11 +130,16 @@ static double ref_err(const struct cache *c, const float *q, size_t n, const flo
         if (s[p] > mx)
             mx = s[p];
     }
-    for (size_t p = 0; p < n; p++)
+    for (size_t p = from; p < to; p++)
         sum += (s[p] = exp(s[p] - mx));
+    const double pos_sum = sum;
+    if (has_sink)
+        sum += exp((double)sink - mx);
+    if (mass)
+        *mass = pos_sum / sum;
     for (size_t d = 0; d < hd; d++) {
         double o = 0.0;
-        for (size_t p = 0; p < n; p++)
+        for (size_t p = from; p < to; p++)
             o += s[p] * c->vf[p * hd + d];
         double e = fabs(o / sum - got[d]);
         if (!(e <= err)) /* NaN propagates */
@@ -130,6 +147,12 @@ static double ref_err(const struct cache *c, const float *q, size_t n, const flo
     }
     free(s);
     return err;
+}
+
+/* max |got - softmax(q K[0,n)^T / sqrt(hd)) V[0,n)| in double, over hd outputs. */
+static double ref_err(const struct cache *c, const float *q, size_t n, const float *got)
+{
+    return ref_err_win(c, q, 0, n, 0, 0.0f, got, NULL);
 }
 
 static void check_err(double err, const struct cache *c, const char *what, size_t isa,
@@ -174,7 +197,7 @@ static void test_tile_spans(void **state)
                         const size_t span = spans[(il + ig) % (sizeof spans / sizeof spans[0])];
                         for (size_t p = 0; p < n; p += span) {
                             size_t len = n - p < span ? n - p : span;
-                            g_fn[isa][t](qr, orow, m, l, NULL, group, at(&c, c.k, p),
+                            g_fn[isa][t](qr, orow, m, l, NULL, NULL, group, at(&c, c.k, p),
                                          at(&c, c.v, p), c.ld, len, hd,
                                          1.0f / sqrtf((float)hd));
                         }
@@ -214,7 +237,7 @@ static void test_tile_vis(void **state)
                 kern_attn_begin(orow, m, l, 8, hd);
                 for (size_t d = 0; d < hd; d++)
                     orow[7][d] = 42.0f; /* vis 0: must stay as it is */
-                g_fn[isa][t](qr, orow, m, l, vis, 8, at(&c, c.k, 0), at(&c, c.v, 0), c.ld, n,
+                g_fn[isa][t](qr, orow, m, l, NULL, vis, 8, at(&c, c.k, 0), at(&c, c.v, 0), c.ld, n,
                              hd, 1.0f / sqrtf((float)hd));
                 assert_true(m[7] == -INFINITY && l[7] == 0.0f);
                 for (size_t d = 0; d < hd; d++)
@@ -266,12 +289,217 @@ static void test_causal(void **state)
     }
 }
 
+/*
+ * check_err for an output carrying only `mass` of the softmax's weight (the rest is a sink's):
+ * the bound scales with it, so a dominating sink still has its small output checked to the
+ * same relative precision (a sink scaled by `scale`, or counted twice, fails here).
+ */
+static void check_err_mass(double err, double mass, const struct cache *c, const char *what,
+                           size_t isa, size_t hd, size_t group, size_t n, double *worst)
+{
+    double bound = KERN_ATTN_MAX_ERR * c->vmax * mass;
+    if (!(err <= bound)) {
+        fprintf(stderr, "%s isa=%s kv=%s hd=%zu rows=%zu n=%zu mass=%.3g: err %.3g > %.3g\n",
+                what, kern_isa_name((enum kern_isa)isa), dtype_info(g_kvt[c->t])->name, hd,
+                group, n, mass, err, bound);
+        fail();
+    }
+    if (err / (c->vmax * mass) > *worst)
+        *worst = err / (c->vmax * mass);
+}
+
+/* Sinks of four kinds: none, dominating (+12: positions keep ~1e-3 of the weight),
+ * negligible (-12), and of the order of the scores. */
+#define SINK_KINDS 4
+static int sink_of(size_t kind, float *sink)
+{
+    static const float fixed[SINK_KINDS] = {0.0f, 12.0f, -12.0f, 0.0f};
+    *sink = kind == 3 ? frand(-2.0f, 2.0f) : fixed[kind];
+    return kind != 0;
+}
+
+/*
+ * The tile variants with per-row windows [lo, vis) over 150 positions (three tiles of 64: the
+ * windows start and end on both sides of the tile boundaries 64 and 128), each row started
+ * from a sink of every kind. Row 9 has lo == vis and row 10 lo > vis: both left untouched.
+ * Half the calls go through the entry kern_attn_span (the active ISA's variant), half call
+ * the variant directly; lo == NULL with vis == NULL is checked to be the plain kernel.
+ */
+static void test_tile_window(void **state)
+{
+    const size_t isa = isa_case_begin(state)->isa;
+    enum { NR = 11 };
+    static const uint32_t lo[NR] = {0, 3, 63, 64, 65, 100, 127, 128, 0, 70, 90};
+    static const uint32_t vis[NR] = {150, 64, 65, 150, 129, 101, 150, 150, 1, 70, 20};
+    double worst = 0.0;
+    for (size_t t = 0; t < 3; t++)
+        for (size_t ih = 0; ih < sizeof g_hd / sizeof g_hd[0]; ih++)
+            for (size_t kind = 0; kind < SINK_KINDS; kind++) {
+                const size_t hd = g_hd[ih], n = 150;
+                struct cache c;
+                cache_init(&c, t, hd, n);
+                float qb[NR * 128], ob[NR * 128], m[NR], l[NR], sinks[NR];
+                const float *qr[NR];
+                float *orow[NR];
+                int has_sink = 0;
+                for (size_t r = 0; r < NR; r++) {
+                    qr[r] = qb + r * hd;
+                    orow[r] = ob + r * hd;
+                    for (size_t d = 0; d < hd; d++)
+                        qb[r * hd + d] = frand(-3.0f, 3.0f);
+                    has_sink = sink_of(kind, &sinks[r]);
+                }
+                kern_attn_begin_sinks(orow, m, l, has_sink ? sinks : NULL, NR, hd);
+                for (size_t r = 0; r < NR; r++)
+                    assert_true(m[r] == (has_sink ? sinks[r] : -INFINITY) &&
+                                l[r] == (has_sink ? 1.0f : 0.0f));
+                for (size_t r = 9; r < NR; r++) {
+                    m[r] = 7.0f; /* lo >= vis: the state must stay as it is */
+                    l[r] = 3.0f;
+                    for (size_t d = 0; d < hd; d++)
+                        orow[r][d] = 42.0f;
+                }
+                if ((kind + ih) % 2)
+                    kern_attn_span(g_kvt[t], qr, orow, m, l, lo, vis, NR, at(&c, c.k, 0),
+                                   at(&c, c.v, 0), c.ld, n, hd, 1.0f / sqrtf((float)hd));
+                else
+                    g_fn[isa][t](qr, orow, m, l, lo, vis, NR, at(&c, c.k, 0), at(&c, c.v, 0),
+                                 c.ld, n, hd, 1.0f / sqrtf((float)hd));
+                for (size_t r = 9; r < NR; r++) {
+                    assert_true(m[r] == 7.0f && l[r] == 3.0f);
+                    for (size_t d = 0; d < hd; d++)
+                        assert_true(orow[r][d] == 42.0f);
+                }
+                kern_attn_end(orow, l, 9, hd);
+                for (size_t r = 0; r < 9; r++) {
+                    double mass;
+                    double err = ref_err_win(&c, qr[r], lo[r], vis[r], has_sink, sinks[r],
+                                             orow[r], &mass);
+                    check_err_mass(err, mass, &c, "window", isa, hd, NR, vis[r] - lo[r],
+                                   &worst);
+                }
+                cache_fini(&c);
+            }
+    printf("attention tile with windows and sinks, %-6s: max |err| / (max|v| mass) = %.3g\n",
+           kern_isa_name((enum kern_isa)isa), worst);
+}
+
+/* Every row reads only [lo, vis): K/V rows outside are NaN and must not reach any output
+ * (for f16/bf16 caches this also covers the widening of sub-tiles). */
+static void test_tile_window_unread(void **state)
+{
+    const size_t isa = isa_case_begin(state)->isa;
+    for (size_t t = 0; t < 3; t++) {
+        const size_t hd = 64, n = 200;
+        struct cache c;
+        cache_init(&c, t, hd, n);
+        for (size_t p = 0; p < n; p++)
+            if (p < 70 || p >= 140)
+                for (size_t d = 0; d < hd; d++) {
+                    store(&c, c.k, c.kf, p, d, NAN);
+                    store(&c, c.v, c.vf, p, d, NAN);
+                }
+        float qb[4 * 64], ob[4 * 64], m[4], l[4];
+        const float *qr[4];
+        float *orow[4];
+        static const uint32_t lo[4] = {70, 71, 100, 139}, vis[4] = {140, 72, 130, 140};
+        for (size_t r = 0; r < 4; r++) {
+            qr[r] = qb + r * hd;
+            orow[r] = ob + r * hd;
+            for (size_t d = 0; d < hd; d++)
+                qb[r * hd + d] = frand(-3.0f, 3.0f);
+        }
+        kern_attn_begin(orow, m, l, 4, hd);
+        g_fn[isa][t](qr, orow, m, l, lo, vis, 4, at(&c, c.k, 0), at(&c, c.v, 0), c.ld, n, hd,
+                     0.125f);
+        kern_attn_end(orow, l, 4, hd);
+        for (size_t r = 0; r < 4; r++)
+            for (size_t d = 0; d < hd; d++)
+                assert_true(isfinite(orow[r][d]));
+        cache_fini(&c);
+    }
+}
+
+/*
+ * kern_attn_causal_swa through the public entry: windows of 1, 7, 64, 65, 128 and 0 (none),
+ * prefill chunks and decodes that cross tile boundaries, with and without sinks; the rows
+ * below the first token's window start are NaN (never read). window 0 without sinks is
+ * checked to equal kern_attn_causal bit for bit.
+ */
+static void test_causal_swa(void **state)
+{
+    const size_t isa = isa_case_begin(state)->isa;
+    static const size_t shapes[][2] = {{0, 1},   {0, 70},  {37, 30}, {64, 64},
+                                       {100, 9}, {299, 1}, {150, 150}, {200, 3}};
+    static const uint32_t windows[] = {1, 7, 64, 65, 128, 0};
+    double worst = 0.0;
+    size_t cases = 0;
+    for (size_t t = 0; t < 3; t++)
+        for (size_t is = 0; is < sizeof shapes / sizeof shapes[0]; is++)
+            for (size_t iw = 0; iw < sizeof windows / sizeof windows[0]; iw++) {
+                const size_t hd = g_hd[(is + iw) % 4], pos0 = shapes[is][0], nt = shapes[is][1];
+                const size_t group = g_group[(iw + is + t) % 4], ldq = group * hd + 3;
+                const uint32_t w = windows[iw];
+                const size_t kind = (is + iw + t) % SINK_KINDS;
+                struct cache c;
+                cache_init(&c, t, hd, pos0 + nt);
+                const size_t first0 = w && pos0 + 1 > w ? pos0 + 1 - w : 0;
+                for (size_t p = 0; p < first0; p++)
+                    for (size_t d = 0; d < hd; d++) {
+                        store(&c, c.k, c.kf, p, d, NAN);
+                        store(&c, c.v, c.vf, p, d, NAN);
+                    }
+                float sinks[8];
+                int has_sink = 0;
+                for (size_t j = 0; j < group; j++)
+                    has_sink = sink_of(kind, &sinks[j]);
+                float *q = malloc(nt * ldq * sizeof *q), *o = malloc(nt * ldq * sizeof *o);
+                assert_non_null(q);
+                assert_non_null(o);
+                for (size_t i = 0; i < nt * ldq; i++)
+                    q[i] = frand(-3.0f, 3.0f);
+                kern_attn_causal_swa(g_kvt[t], nt, group, hd, q, ldq, at(&c, c.k, 0),
+                                     at(&c, c.v, 0), c.ld, (uint32_t)pos0, w,
+                                     has_sink ? sinks : NULL, o, ldq);
+                for (size_t tok = 0; tok < nt; tok++) {
+                    const size_t lim = pos0 + tok + 1, first = w && lim > w ? lim - w : 0;
+                    for (size_t j = 0; j < group; j++) {
+                        double mass;
+                        double err = ref_err_win(&c, q + tok * ldq + j * hd, first, lim,
+                                                 has_sink, sinks[j], o + tok * ldq + j * hd,
+                                                 &mass);
+                        check_err_mass(err, mass, &c, "causal_swa", isa, hd, group,
+                                       lim - first, &worst);
+                    }
+                }
+                if (w == 0 && !has_sink) {
+                    float *o2 = malloc(nt * ldq * sizeof *o2);
+                    assert_non_null(o2);
+                    kern_attn_causal(g_kvt[t], nt, group, hd, q, ldq, at(&c, c.k, 0),
+                                     at(&c, c.v, 0), c.ld, (uint32_t)pos0, o2, ldq);
+                    for (size_t tok = 0; tok < nt; tok++)
+                        assert_memory_equal(o + tok * ldq, o2 + tok * ldq,
+                                            group * hd * sizeof(float));
+                    free(o2);
+                }
+                free(q);
+                free(o);
+                cache_fini(&c);
+                cases++;
+            }
+    printf("kern_attn_causal_swa, %-6s: %zu cases, max |err| / (max|v| mass) = %.3g\n",
+           kern_isa_name((enum kern_isa)isa), cases, worst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         ISA_CASE_TESTS(test_tile_spans),
         ISA_CASE_TESTS(test_tile_vis),
         ISA_CASE_TESTS(test_causal),
+        ISA_CASE_TESTS(test_tile_window),
+        ISA_CASE_TESTS(test_tile_window_unread),
+        ISA_CASE_TESTS(test_causal_swa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
