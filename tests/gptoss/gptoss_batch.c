@@ -4,7 +4,9 @@
  * the continuous-batching engine give the ids each gives alone — with the prefix cache on
  * (two prompts share a prefix), with a KV budget so small that requests are preempted and
  * recomputed, and with a bf16 KV cache (batched against bf16 alone). Also: a cancelled request
- * leaves the others' ids unchanged.
+ * leaves the others' ids unchanged; run one after the other on one engine, request 6 (which
+ * extends request 1's prompt) finds its prefix in the cache and still gives its ids; every
+ * run releases sliding-layer blocks (docs/KV.md, "Sliding layers").
  *
  * usage: gptoss_batch MODEL_DIR. Prints one line per check and "N passed, M failed"; exit 0
  * when every check passed.
@@ -40,8 +42,14 @@ static void on_event(const struct engine_event *ev, void *ud)
 static int32_t g_prompts[N_REQ][48];
 static const size_t g_len[N_REQ] = {3, 40, 17, 25, 33, 9, 44, 20};
 
-/* Runs requests [0, N_REQ) whose bit is set in `mask` at once (cancel: that one is cancelled
- * after its first steps); outputs into out[]. 0 or a negative code. */
+/* Runs requests [0, N_REQ) whose bit is set in `mask` at once (cancel >= 0: that one is
+ * cancelled after its first steps; cancel == SEQUENTIAL: one after the other on the same
+ * engine, so that later ones find earlier ones' blocks); outputs into out[]. 0 or a negative
+ * code. */
+#define SEQUENTIAL (-2)
+static uint64_t g_releases; /* sliding-layer blocks released by the last run */
+static uint64_t g_hits;     /* prefix-cache tokens found by the last run */
+
 static int run(const char *dir, enum dtype kvt, uint64_t budget, unsigned mask, int cancel,
                struct out *out, uint64_t *preemptions)
 {
@@ -62,6 +70,9 @@ static int run(const char *dir, enum dtype kvt, uint64_t budget, unsigned mask, 
                                    .repeat_penalty = 1, .user = &out[i], .ignore_eos = true};
         if ((rc = engine_submit(e, &r, &ids[i])))
             goto done;
+        for (size_t active = 1; cancel == SEQUENTIAL && active;)
+            if ((rc = engine_step(e, &active)))
+                goto done;
     }
     size_t active = 1;
     for (int step = 0; active; step++) {
@@ -73,6 +84,8 @@ static int run(const char *dir, enum dtype kvt, uint64_t budget, unsigned mask, 
     struct engine_metrics m;
     engine_get_metrics(e, &m);
     *preemptions = m.preemptions;
+    g_releases = m.kv_window_releases;
+    g_hits = m.prefix_hit_tokens;
 done:
     engine_destroy(e);
     return rc;
@@ -107,9 +120,10 @@ int main(int argc, char **argv)
         int cancel;
     } cases[] = {
         {"f32 KV, prefix cache", DT_F32, 64u << 20, -1},
-        {"f32 KV, 14 blocks (preemption)", DT_F32, 14 * 65536, -1},
+        {"f32 KV, 12 blocks of 2 layers (preemption)", DT_F32, 12 * 32768, -1},
         {"f32 KV, request 3 cancelled", DT_F32, 64u << 20, 3},
         {"bf16 KV, prefix cache", DT_BF16, 64u << 20, -1},
+        {"f32 KV, one after the other (prefix reuse)", DT_F32, 64u << 20, SEQUENTIAL},
     };
     struct out alone[2][N_REQ]; /* [f32, bf16] */
     for (int k = 0; k < 2; k++)
@@ -137,8 +151,15 @@ int main(int argc, char **argv)
         }
         if (ok && cases[c].budget < (1u << 20) && pre == 0)
             ok = 0; /* the small budget must have preempted */
-        printf("%s %s: rc %d, preemptions %llu%s\n", ok ? "ok  " : "FAIL", cases[c].name, rc,
-               (unsigned long long)pre, mism >= 0 ? " (ids differ from alone)" : "");
+        if (ok && g_releases == 0)
+            ok = 0; /* prompts longer than the window: sliding blocks must have been released */
+        if (ok && cases[c].cancel == SEQUENTIAL && g_hits < 32)
+            ok = 0; /* request 6 extends request 1's 40 tokens: two whole blocks at least */
+        printf("%s %s: rc %d, preemptions %llu, sliding blocks released %llu, "
+               "prefix hits %llu%s\n",
+               ok ? "ok  " : "FAIL", cases[c].name, rc, (unsigned long long)pre,
+               (unsigned long long)g_releases, (unsigned long long)g_hits,
+               mism >= 0 ? " (ids differ from alone)" : "");
         if (mism >= 0) {
             printf("  request %d alone:", mism);
             for (size_t t = 0; t < want[mism].n; t++)

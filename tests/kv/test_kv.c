@@ -643,9 +643,74 @@ static void test_random_operations(void **state)
     kv_pool_destroy(p);
 }
 
+/*
+ * Sliding-window release (gpt-oss's sliding layers): a long sequence appended in chunks and
+ * released to the window after each holds a bounded number of blocks; released positions
+ * refuse reads and window-less attention; the window's rows are intact; a second sequence
+ * with the same tokens still finds the whole prefix (released blocks were indexed: cached);
+ * with the prefix cache off, released blocks are freed; a fork copies the released state.
+ */
+static void test_window_release(void **state)
+{
+    (void)state;
+    for (int cache = 0; cache < 2; cache++) {
+        const uint32_t B = 4, W = 6, N = 64;
+        struct kv_config cfg = kt_config(B, DT_F32, 64, cache);
+        struct kv_pool *p = kt_pool(&cfg);
+        int32_t tok[64];
+        kt_tokens(tok, N, 9);
+        struct kv_seq *s;
+        assert_int_equal(kv_seq_create(p, 1, 0, &s), 0);
+        uint32_t max_held = 0;
+        for (uint32_t pos = 0; pos < N; pos += 3) {
+            uint32_t n = N - pos < 3 ? N - pos : 3;
+            assert_int_equal(kt_append(s, tok + pos, n), 0);
+            uint32_t len = kv_seq_len(s);
+            if (len + 1 > W)
+                kv_seq_release_before(s, len + 1 - W);
+            uint32_t held = kv_seq_n_blocks(s) - kv_seq_n_released(s);
+            max_held = held > max_held ? held : max_held;
+            kt_valid(p);
+        }
+        /* W positions span at most ceil((W-1)/B) + 1 blocks, plus one kept as a parent */
+        assert_true(max_held <= (W - 1 + B - 1) / B + 2);
+        assert_true(kv_seq_n_released(s) >= N / B - 4);
+        kt_check_rows(s, tok, N - W + 1, N);
+        float k[16], v[16]; /* kt_config: 2 KV heads of 8 */
+        assert_int_equal(kv_seq_read(s, 0, 0, k, v), ERR_RANGE);
+        float q[16] = {0}, o[16]; /* 2 query heads of 8 */
+        assert_int_equal(kv_attn_decode(s, 0, 2, N, q, o, 0, 2), ERR_RANGE);
+        assert_int_equal(kv_attn_prefill_swa(s, 0, 2, N - 1, 1, q, o, 0, 2, W, NULL), 0);
+        struct kv_metrics m = kt_valid(p);
+        assert_int_equal(m.window_releases, kv_seq_n_released(s));
+        if (cache)
+            assert_true(m.blocks_cached >= kv_seq_n_released(s)); /* released, still indexed */
+        else
+            assert_int_equal(m.blocks_used, kv_seq_n_blocks(s) - kv_seq_n_released(s));
+        struct kv_seq *f;
+        assert_int_equal(kv_seq_fork(s, &f), 0);
+        assert_int_equal(kv_seq_n_released(f), kv_seq_n_released(s));
+        kv_seq_destroy(f);
+        kv_seq_destroy(s);
+        kt_valid(p);
+        if (cache) { /* the whole chain is still found */
+            struct kv_seq *t;
+            uint32_t hit = 0;
+            assert_int_equal(kv_seq_create(p, 1, 0, &t), 0);
+            assert_int_equal(kv_seq_attach_prefix(t, tok, N - 1, &hit), 0);
+            assert_int_equal(hit, (N - 1) / B * B);
+            kt_check_rows(t, tok, 0, hit);
+            kv_seq_destroy(t);
+        }
+        kt_valid(p);
+        kv_pool_destroy(p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_window_release),
         cmocka_unit_test(test_config_rejected),
         cmocka_unit_test(test_alloc_append_free),
         cmocka_unit_test(test_exhaustion),

@@ -70,6 +70,7 @@ struct ereq {
     uint32_t cached_tokens;    /* prefix hit at first admission */
     bool admitted_once;
     struct kv_seq *kv;         /* NULL while waiting */
+    struct kv_seq *kvw;        /* the sliding layers' sequence (e->split), else NULL */
     struct sampler *smp;
     struct sampler_stop stop;
     bool has_stop;
@@ -100,6 +101,8 @@ struct engine {
     int32_t eos;               /* -1: none (no tokenizer) */
     struct pool *pool;
     struct kv_pool *kv;
+    bool split;                /* sliding layers in their own sequences (docs/KV.md) */
+    uint32_t window;           /* their window (split only) */
     struct engine__fwd *fwd;
     struct lora_registry *loras;
     uint64_t fingerprint;
@@ -222,11 +225,19 @@ static void emit_text(struct engine *e, struct ereq *r, int32_t token, const cha
 
 /* ---- request lifetime ---------------------------------------------------------------------- */
 
+/* Lets go of r's KV sequences (both when the sliding layers are kept apart). */
+static void req_kv_drop(struct ereq *r)
+{
+    kv_seq_destroy(r->kvw);
+    kv_seq_destroy(r->kv);
+    r->kv = r->kvw = NULL;
+}
+
 static void req_free(struct ereq *r)
 {
     if (!r)
         return;
-    kv_seq_destroy(r->kv);
+    req_kv_drop(r);
     sampler_destroy(r->smp);
     if (r->has_stop)
         sampler_stop_fini(&r->stop);
@@ -295,8 +306,7 @@ static void finish(struct engine *e, struct ereq *r, enum engine_finish reason)
     remove_from(e->running, &e->n_running, r);
     remove_from(e->waiting, &e->n_waiting, r);
     /* the KV blocks go back before the event: a callback may submit at once */
-    kv_seq_destroy(r->kv);
-    r->kv = NULL;
+    req_kv_drop(r);
     e->finished++;
     emit(e, r, &ev);
     req_free(r);
@@ -398,8 +408,12 @@ int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, vo
         goto fail;
 
     const struct iebin_hparams *hp = &e->m->hp;
+    /* sliding layers apart (each request: two sequences of one pool, docs/KV.md "Sliding
+     * layers") when they are as many as the full ones, so that one block size serves both */
+    e->split = e->m->n_sliding > 0 && 2 * e->m->n_sliding == hp->n_layers;
+    e->window = e->split ? hp->sliding_window : 0;
     struct kv_config kc = {
-        .n_layers = hp->n_layers,
+        .n_layers = e->split ? e->m->n_sliding : hp->n_layers,
         .n_kv_heads = hp->n_kv_heads,
         .head_dim = hp->head_dim,
         .block_tokens = cfg->kv_block_tokens,
@@ -665,6 +679,51 @@ static size_t pick_waiting(const struct engine *e)
     return best;
 }
 
+/* The sliding sequence's prefix key: the request's, in a namespace of its own. */
+#define KVW_KEY UINT64_C(0x736c6964696e6777)
+
+/* Lets the sliding sequence go of the blocks no later query of r can see. */
+static void release_window(const struct engine *e, struct ereq *r)
+{
+    uint32_t len = kv_seq_len(r->kvw);
+    if (len + 1 > e->window)
+        (void)kv_seq_release_before(r->kvw, len + 1 - e->window);
+}
+
+/*
+ * Creates r's KV sequence(s) and attaches the longest cached prefix that both have (the
+ * sliding one is attached up to what the full one found; if it found less, the full one is
+ * attached again up to that). *n_cached: positions attached.
+ */
+static int attach(struct engine *e, struct ereq *r, uint32_t *n_cached)
+{
+    size_t limit = r->n_tok - 1; /* one token left to compute: its logits are needed */
+    for (int round = 0; round < 2; round++) {
+        int rc = kv_seq_create(e->kv, r->r.tenant, r->adapter_key, &r->kv);
+        if (!rc)
+            rc = kv_seq_attach_prefix(r->kv, r->tokens, limit, n_cached);
+        if (!rc && e->split) {
+            uint32_t nw = 0;
+            if (!(rc = kv_seq_create(e->kv, r->r.tenant, r->adapter_key ^ KVW_KEY, &r->kvw)))
+                rc = kv_seq_attach_prefix(r->kvw, r->tokens, *n_cached, &nw);
+            if (!rc && nw < *n_cached) {
+                req_kv_drop(r); /* the full sequence attached more: again, up to nw */
+                limit = nw;
+                continue;
+            }
+        }
+        if (rc) {
+            req_kv_drop(r);
+            return rc;
+        }
+        if (e->split)
+            release_window(e, r);
+        return 0;
+    }
+    CHECK(!"the second attach finds the prefix the first one did");
+    return ERR_STATE;
+}
+
 static int admit(struct engine *e)
 {
     while (e->n_running < e->cfg.max_running && e->n_waiting > 0) {
@@ -672,22 +731,17 @@ static int admit(struct engine *e)
         struct ereq *r = e->waiting[i];
         struct kv_metrics km;
         kv_pool_metrics(e->kv, &km);
-        uint32_t need = blocks_for(e, (uint64_t)r->n_tok + 1);
+        uint32_t need = blocks_for(e, (uint64_t)r->n_tok + 1) * (e->split ? 2 : 1);
         if (need > km.blocks_free + km.blocks_cached) {
             if (e->n_running > 0)
                 return 0; /* waits for running requests to free blocks */
             fail(e, r, ERR_OVERLOADED, "the request no longer fits in the KV pool");
             continue;
         }
-        int rc = kv_seq_create(e->kv, r->r.tenant, r->adapter_key, &r->kv);
+        uint32_t n_cached = 0;
+        int rc = attach(e, r, &n_cached);
         if (rc)
             return rc;
-        uint32_t n_cached = 0;
-        if ((rc = kv_seq_attach_prefix(r->kv, r->tokens, r->n_tok - 1, &n_cached))) {
-            kv_seq_destroy(r->kv);
-            r->kv = NULL;
-            return rc;
-        }
         r->n_done = n_cached;
         if (!r->admitted_once)
             r->cached_tokens = n_cached;
@@ -710,8 +764,7 @@ static int cmp_order(const void *a, const void *b)
 /* Back to waiting with every token it has; its blocks are freed. */
 static void preempt(struct engine *e, struct ereq *r)
 {
-    kv_seq_destroy(r->kv);
-    r->kv = NULL;
+    req_kv_drop(r);
     r->n_done = 0;
     remove_from(e->running, &e->n_running, r);
     e->waiting[e->n_waiting++] = r; /* room: cap_waiting = max_queue + max_running */
@@ -738,7 +791,10 @@ static int reserve(struct engine *e, struct ereq *r, uint32_t n, size_t n_batch,
 {
     *gone = false;
     for (;;) {
+        /* a retry after a victim was preempted finds kv's reservation made (a no-op) */
         int rc = kv_seq_reserve(r->kv, n);
+        if (rc == 0 && r->kvw)
+            rc = kv_seq_reserve(r->kvw, n);
         if (rc == 0)
             return 1;
         if (rc != ERR_OVERLOADED)
@@ -886,6 +942,7 @@ static size_t fill_batch(struct engine *e, size_t n_seq)
         struct ereq *r = e->breq[i];
         struct engine__bseq *b = &e->bseq[i];
         b->kv = r->kv;
+        b->kvw = r->kvw;
         b->pos0 = r->n_done;
         b->t0 = n_tok;
         b->logits = r->n_done + b->n == r->n_tok;
@@ -963,8 +1020,11 @@ int engine_step(struct engine *e, size_t *active)
             struct ereq *r = e->breq[i];
             const struct engine__bseq *b = &e->bseq[i];
             r->in_batch = false;
-            if ((rc = kv_seq_commit(r->kv, r->tokens + b->pos0, b->n)))
+            if ((rc = kv_seq_commit(r->kv, r->tokens + b->pos0, b->n)) ||
+                (r->kvw && (rc = kv_seq_commit(r->kvw, r->tokens + b->pos0, b->n))))
                 goto out;
+            if (r->kvw)
+                release_window(e, r);
             r->n_done += b->n;
             bool decode = b->n == 1 && b->logits && b->pos0 >= r->n_prompt;
             if (!decode)
@@ -1020,6 +1080,7 @@ void engine_get_metrics(const struct engine *e, struct engine_metrics *m)
     m->kv_blocks_used = km.blocks_used;
     m->kv_blocks_free = km.blocks_free;
     m->kv_blocks_cached = km.blocks_cached;
+    m->kv_window_releases = km.window_releases;
     m->prefix_hit_tokens = km.hit_tokens;
     m->prefix_miss_tokens = km.miss_tokens;
     m->preemptions = e->preemptions;

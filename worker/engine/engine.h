@@ -119,6 +119,7 @@ struct engine_metrics {
     uint32_t running, waiting;
     uint64_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
     uint64_t prefix_hit_tokens, prefix_miss_tokens, preemptions;
+    uint64_t kv_window_releases;    /* sliding-layer blocks let go (docs/KV.md "Sliding layers") */
     uint64_t requests_finished, tokens_generated, tokens_prefilled;
     double tokens_per_s;            /* generated tokens per second over the last window */
     double ttft_p50_ms, ttft_p95_ms, tpot_p50_ms, tpot_p95_ms, e2e_p50_ms, e2e_p95_ms;

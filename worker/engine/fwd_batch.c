@@ -170,7 +170,9 @@ static void attn_task(void *ctx, size_t task, int thread)
     const struct engine__bseq *s = &j->seqs[task / nkv];
     const uint32_t g = (uint32_t)(task % nkv);
     const struct model_layer *L = &m->layers[j->layer]; /* llama: window 0, no sinks */
-    int rc = kv_attn_prefill_swa(s->kv, j->layer, m->hp.n_heads, s->pos0, s->n,
+    const struct kv_seq *kv = L->window && s->kvw ? s->kvw : s->kv;
+    const uint32_t kl = s->kvw ? L->kind_index : j->layer;
+    int rc = kv_attn_prefill_swa(kv, kl, m->hp.n_heads, s->pos0, s->n,
                                  j->f->q + s->t0 * m->q_dim, j->f->att + s->t0 * m->q_dim, g,
                                  g + 1, L->window, L->sinks);
     CHECK(rc == 0); /* the engine reserved and wrote these rows: a failure is a bug */
@@ -261,8 +263,9 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
             kern_rope(f->k + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
         }
         for (size_t i = 0; i < n_seqs; i++) {
-            rc = kv_seq_write(seqs[i].kv, l, f->k + seqs[i].t0 * kvd, f->v + seqs[i].t0 * kvd,
-                              seqs[i].n);
+            struct kv_seq *kv = L->window && seqs[i].kvw ? seqs[i].kvw : seqs[i].kv;
+            rc = kv_seq_write(kv, seqs[i].kvw ? L->kind_index : l, f->k + seqs[i].t0 * kvd,
+                              f->v + seqs[i].t0 * kvd, seqs[i].n);
             CHECK(rc == 0); /* reserved by the engine */
         }
         struct attn_job aj = {f, seqs, l};

@@ -425,8 +425,17 @@ int kv_pool_validate(const struct kv_pool *p)
             if (s->written[l] < s->len || s->written[l] > s->cap)
                 BAD("kv validate: sequence %p layer %u written %u outside [%u, %u]",
                     (const void *)s, l, s->written[l], s->len, s->cap);
+        if (s->n_released > s->n_indexed || (s->n_released && s->n_released >= s->n_table))
+            BAD("kv validate: sequence %p released %u of %u blocks (%u indexed)",
+                (const void *)s, s->n_released, s->n_table, s->n_indexed);
         for (uint32_t i = 0; i < s->n_table; i++) {
             uint32_t id = s->table[i];
+            if (i < s->n_released) {
+                if (id != KV_NONE)
+                    BAD("kv validate: released entry %u of sequence %p names block %u", i,
+                        (const void *)s, id);
+                continue;
+            }
             if (id >= p->n_blocks)
                 BAD("kv validate: sequence %p entry %u names block %u", (const void *)s, i, id);
             refs[id]++;
@@ -541,7 +550,7 @@ void kv_seq_destroy(struct kv_seq *s)
     struct kv_pool *p = s->pool;
     /* last block first: the prefix's head is released last, so it is the most recently used
      * of the chain and its tail is evicted before it */
-    for (uint32_t i = s->n_table; i-- > 0;)
+    for (uint32_t i = s->n_table; i-- > s->n_released;)
         block_unref(p, s->table[i]);
     if (s->prev)
         s->prev->next = s->next;
@@ -590,10 +599,12 @@ int kv_seq_fork(struct kv_seq *src, struct kv_seq **out)
         return rc;
     }
     for (uint32_t i = 0; i < src->n_table; i++) {
-        block_ref(p, src->table[i]);
+        if (i >= src->n_released)
+            block_ref(p, src->table[i]);
         s->table[i] = src->table[i];
     }
     s->n_table = src->n_table;
+    s->n_released = src->n_released;
     s->len = s->cap = src->len;
     s->n_indexed = src->n_indexed;
     for (uint32_t l = 0; l < p->cfg.n_layers; l++)
@@ -844,6 +855,23 @@ int kv_seq_commit(struct kv_seq *s, const int32_t *tokens, uint32_t n)
     return 0;
 }
 
+uint32_t kv_seq_release_before(struct kv_seq *s, uint32_t pos)
+{
+    struct kv_pool *p = s->pool;
+    uint32_t n = 0;
+    /* block i ends at (i+1)*B <= pos; block i+1 must be indexed already (it links to i) */
+    while (s->n_released + 1 < s->n_indexed && (uint64_t)(s->n_released + 1) * p->B <= pos) {
+        uint32_t i = s->n_released++;
+        block_unref(p, s->table[i]);
+        s->table[i] = KV_NONE;
+        n++;
+    }
+    p->ctr.window_releases += n;
+    return n;
+}
+
+uint32_t kv_seq_n_released(const struct kv_seq *s) { return s->n_released; }
+
 uint32_t kv_seq_len(const struct kv_seq *s) { return s->len; }
 
 uint32_t kv_seq_written(const struct kv_seq *s, uint32_t layer)
@@ -863,6 +891,10 @@ int kv_seq_read(const struct kv_seq *s, uint32_t layer, uint32_t pos, float *k, 
     const struct kv_pool *p = s->pool;
     if (layer >= p->cfg.n_layers || pos >= s->written[layer]) {
         LOG_ERR("kv: read of layer %u position %u: not written", layer, pos);
+        return ERR_RANGE;
+    }
+    if (pos / p->B < s->n_released) {
+        LOG_ERR("kv: read of position %u: its block was released (sliding window)", pos);
         return ERR_RANGE;
     }
     const uint8_t *kd = kv__layer_k(p, s->table[pos / p->B], layer) +

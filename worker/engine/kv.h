@@ -80,6 +80,7 @@ struct kv_metrics {
     uint64_t evictions;               /* cached blocks reclaimed for new data */
     uint64_t cow_copies;              /* shared partial blocks copied before a write */
     uint64_t alloc_failures;          /* kv_seq_reserve calls refused with ERR_OVERLOADED */
+    uint64_t window_releases;         /* blocks let go by kv_seq_release_before */
 };
 
 struct kv_pool;
@@ -146,6 +147,19 @@ int kv_seq_write(struct kv_seq *s, uint32_t layer, const float *k, const float *
  * sequence switches to that block and frees its own copy.
  */
 int kv_seq_commit(struct kv_seq *s, const int32_t *tokens, uint32_t n);
+
+/*
+ * A sliding-window sequence lets go of its leading blocks that lie wholly before position
+ * `pos` (no later query reads them: gpt-oss's sliding layers pass pos = len + 1 - window):
+ * their table entries become KV_NONE and their references are dropped (an indexed block
+ * becomes cached, so prefix reuse still finds it until it is evicted; others are freed). A
+ * block is kept while the block after it is not yet full and committed, since indexing that
+ * block links to it. Reading a released position (kv_seq_read, attention) is ERR_RANGE.
+ * Returns the number of blocks released by this call.
+ */
+uint32_t kv_seq_release_before(struct kv_seq *s, uint32_t pos);
+/* Leading entries released so far; kv_seq_n_blocks - this = blocks the sequence holds. */
+uint32_t kv_seq_n_released(const struct kv_seq *s);
 
 /* Blocks kv_seq_reserve(s, n) would take from the pool (new blocks plus a copy-on-write);
  * it succeeds when this is at most the pool's blocks_free + blocks_cached. For admission. */

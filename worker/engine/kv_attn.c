@@ -83,8 +83,10 @@ static void attend(const struct kv_seq *s, uint32_t layer, uint32_t g, const flo
     kern_attn_end(o, l, nr, hd);
 }
 
+/* end: one past the last position read; first: the first one (a window's start, else 0). */
 static int check_args(const struct kv_seq *s, const char *what, uint32_t layer,
-                      uint32_t n_heads, uint32_t end, uint32_t kv_h0, uint32_t kv_h1)
+                      uint32_t n_heads, uint32_t first, uint32_t end, uint32_t kv_h0,
+                      uint32_t kv_h1)
 {
     const struct kv_pool *p = s->pool;
     uint32_t n_kv = p->cfg.n_kv_heads;
@@ -105,13 +107,18 @@ static int check_args(const struct kv_seq *s, const char *what, uint32_t layer,
                 layer, s->written[layer]);
         return ERR_RANGE;
     }
+    if (first / p->B < s->n_released) {
+        LOG_ERR("kv %s: position %u is in a block the sliding window released (%u blocks)",
+                what, first, s->n_released);
+        return ERR_RANGE;
+    }
     return 0;
 }
 
 int kv_attn_decode(const struct kv_seq *s, uint32_t layer, uint32_t n_heads, uint32_t n_ctx,
                    const float *q, float *out, uint32_t kv_h0, uint32_t kv_h1)
 {
-    int rc = check_args(s, "decode attention", layer, n_heads, n_ctx, kv_h0, kv_h1);
+    int rc = check_args(s, "decode attention", layer, n_heads, 0, n_ctx, kv_h0, kv_h1);
     if (rc)
         return rc;
     uint32_t hd = s->pool->cfg.head_dim, group = n_heads / s->pool->cfg.n_kv_heads;
@@ -148,7 +155,8 @@ int kv_attn_prefill_swa(const struct kv_seq *s, uint32_t layer, uint32_t n_heads
         LOG_ERR("kv prefill attention: %u queries at position %u", n_q, pos0);
         return ERR_RANGE;
     }
-    int rc = check_args(s, "prefill attention", layer, n_heads, pos0 + n_q, kv_h0, kv_h1);
+    const uint32_t first = window && pos0 + 1 > window ? pos0 + 1 - window : 0;
+    int rc = check_args(s, "prefill attention", layer, n_heads, first, pos0 + n_q, kv_h0, kv_h1);
     if (rc)
         return rc;
     uint32_t hd = s->pool->cfg.head_dim, group = n_heads / s->pool->cfg.n_kv_heads;

@@ -191,30 +191,31 @@ static int bind_gpt_oss(struct model *m)
         L->up_exps = L->gate_exps + ne;
         L->down_exps = L->up_exps + ne;
         L->window = iebin_layer_slides(hp, l) ? hp->sliding_window : 0;
+        L->kind_index = L->window ? m->n_sliding++ : l - m->n_sliding;
         struct {
             const char *kind;
             struct matmul_mat *mat;
             const float **vec;
         } slots[] = {
-            {"attn_norm", NULL, &L->attn_norm},
-            {"attn_q", &L->wq, NULL},
-            {"attn_q_bias", NULL, &L->bq},
-            {"attn_k", &L->wk, NULL},
-            {"attn_k_bias", NULL, &L->bk},
-            {"attn_v", &L->wv, NULL},
-            {"attn_v_bias", NULL, &L->bv},
-            {"attn_o", &L->wo, NULL},
-            {"attn_o_bias", NULL, &L->bo},
-            {"attn_sinks", NULL, &L->sinks},
-            {"ffn_norm", NULL, &L->ffn_norm},
-            {"ffn_router", &L->router, NULL},
-            {"ffn_router_bias", NULL, &L->router_bias},
-            {"ffn_gate_exps", L->gate_exps, NULL},
-            {"ffn_gate_exps_bias", NULL, &L->gate_exps_bias},
-            {"ffn_up_exps", L->up_exps, NULL},
-            {"ffn_up_exps_bias", NULL, &L->up_exps_bias},
-            {"ffn_down_exps", L->down_exps, NULL},
-            {"ffn_down_exps_bias", NULL, &L->down_exps_bias},
+            {IEBIN_T_ATTN_NORM, NULL, &L->attn_norm},
+            {IEBIN_T_ATTN_Q, &L->wq, NULL},
+            {IEBIN_T_ATTN_Q_BIAS, NULL, &L->bq},
+            {IEBIN_T_ATTN_K, &L->wk, NULL},
+            {IEBIN_T_ATTN_K_BIAS, NULL, &L->bk},
+            {IEBIN_T_ATTN_V, &L->wv, NULL},
+            {IEBIN_T_ATTN_V_BIAS, NULL, &L->bv},
+            {IEBIN_T_ATTN_O, &L->wo, NULL},
+            {IEBIN_T_ATTN_O_BIAS, NULL, &L->bo},
+            {IEBIN_T_ATTN_SINKS, NULL, &L->sinks},
+            {IEBIN_T_FFN_NORM, NULL, &L->ffn_norm},
+            {IEBIN_T_FFN_ROUTER, &L->router, NULL},
+            {IEBIN_T_FFN_ROUTER_BIAS, NULL, &L->router_bias},
+            {IEBIN_T_FFN_GATE_EXPS, L->gate_exps, NULL},
+            {IEBIN_T_FFN_GATE_EXPS_BIAS, NULL, &L->gate_exps_bias},
+            {IEBIN_T_FFN_UP_EXPS, L->up_exps, NULL},
+            {IEBIN_T_FFN_UP_EXPS_BIAS, NULL, &L->up_exps_bias},
+            {IEBIN_T_FFN_DOWN_EXPS, L->down_exps, NULL},
+            {IEBIN_T_FFN_DOWN_EXPS_BIAS, NULL, &L->down_exps_bias},
         };
         for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
             char name[IEBIN_NAME_MAX];
@@ -263,6 +264,7 @@ int model_init(struct model *m, const struct iebin_model *im)
 
     for (uint32_t l = 0; l < im->hp.n_layers; l++) {
         struct model_layer *L = &m->layers[l];
+        L->kind_index = l;
         struct {
             const char *kind;
             struct matmul_mat *mat;

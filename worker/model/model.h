@@ -43,6 +43,9 @@ struct model_layer {
     const float *sinks;        /* [n_heads]: one learned logit per query head */
     uint32_t window;           /* sliding layers: a query at t sees keys u with t-u < window;
                                 * 0 = every earlier key (full layers, llama) */
+    uint32_t kind_index;       /* this layer's index among the layers of its kind (sliding or
+                                * not): where the engine's KV keeps it when it stores the two
+                                * kinds apart (docs/KV.md, "Sliding layers") */
     struct matmul_mat router;  /* [n_experts][dim] */
     const float *router_bias;  /* [n_experts] */
     /* the experts of one [n_experts][rows][cols] tensor each, as n_experts views (matmul.h's
@@ -64,6 +67,7 @@ struct model {
     struct matmul_mat output;     /* [vocab_size][dim]; a copy of tok_embd when tied */
     struct model_layer *layers;   /* [n_layers] */
     bool moe;                     /* gpt_oss: the FFN is a mixture of experts */
+    uint32_t n_sliding;           /* layers with a sliding window (window != 0) */
     float rope_mscale;            /* YaRN's concentration 0.1 ln(factor) + 1 multiplying cos and
                                    * sin (q and k); 1 without rope scaling */
     struct matmul_mat *expert_views_; /* private: [n_layers][3][n_experts], the layers' views */

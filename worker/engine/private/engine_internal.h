@@ -25,6 +25,9 @@ struct pool;
 /* One sequence's part of a step. */
 struct engine__bseq {
     struct kv_seq *kv;   /* reserved for n more positions (kv_seq_reserve) by the caller */
+    struct kv_seq *kvw;  /* the sliding layers' sequence when the engine keeps them apart
+                          * (docs/KV.md, "Sliding layers"), reserved alike; NULL: every layer
+                          * is in kv. Layer l is layer kind_index of its sequence. */
     uint32_t pos0;       /* position of its first token: kv_seq_len(kv) */
     uint32_t n;          /* tokens of this sequence in the step (1 for a decode) */
     size_t t0;           /* its first row in the batch */

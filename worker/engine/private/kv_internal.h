@@ -72,6 +72,7 @@ struct kv_seq {
     uint32_t *table;       /* [table_cap] block ids, n_table used */
     uint32_t n_table, table_cap;
     uint32_t n_indexed;    /* leading full blocks already offered to the index */
+    uint32_t n_released;   /* leading entries released (kv_seq_release_before): KV_NONE */
     uint32_t *written;     /* [n_layers] rows written per layer: len <= written <= cap */
 };
 
