@@ -10,8 +10,14 @@
  *
  * usage: gptoss_batch MODEL_DIR. Prints one line per check and "N passed, M failed"; exit 0
  * when every check passed.
+ *        gptoss_batch --logits MODEL_DIR f32|bf16 TOKEN N OUT: one greedy request (prompt
+ * TOKEN, N new tokens) through the engine with that KV dtype; writes the logits row of every
+ * sampled position to OUT (float32 [N][vocab]) and prints the ids, comma separated, so that
+ * test_gptoss.py can score the engine's paged path (and its bf16 KV) against its reference on
+ * the same tokens.
  */
 #include "engine.h"
+#include "engine_internal.h"
 #include "err.h"
 #include "kern.h"
 
@@ -96,8 +102,59 @@ static int same(const struct out *a, const struct out *b)
     return a->n == b->n && memcmp(a->ids, b->ids, a->n * sizeof a->ids[0]) == 0;
 }
 
+static void tap(void *ud, uint64_t id, uint32_t n_gen, const float *logits, size_t vocab)
+{
+    (void)id;
+    (void)n_gen;
+    if (fwrite(logits, sizeof *logits, vocab, ud) != vocab)
+        fprintf(stderr, "gptoss_batch: writing logits failed\n");
+}
+
+/* --logits: see the header. */
+static int dump_logits(int argc, char **argv)
+{
+    if (argc != 7) {
+        fprintf(stderr, "usage: gptoss_batch --logits MODEL_DIR f32|bf16 TOKEN N OUT\n");
+        return 2;
+    }
+    FILE *f = fopen(argv[6], "wb");
+    if (!f) {
+        perror(argv[6]);
+        return 1;
+    }
+    struct out o = {0};
+    int32_t prompt = atoi(argv[4]);
+    struct engine_config cfg = {.model_dir = argv[2], .n_threads = 1,
+                                .kv_dtype = strcmp(argv[3], "bf16") ? DT_F32 : DT_BF16,
+                                .kv_budget_bytes = 64u << 20, .prefix_cache = true};
+    struct engine *e;
+    int rc = engine_create(&cfg, on_event, NULL, &e);
+    if (rc) {
+        fclose(f);
+        return 1;
+    }
+    engine__set_logits_tap(e, tap, f);
+    struct engine_request r = {.prompt = &prompt, .n_prompt = 1, .max_new = (uint32_t)atoi(argv[5]),
+                               .temperature = 0, .top_p = 1, .repeat_penalty = 1, .user = &o,
+                               .ignore_eos = true};
+    uint64_t id;
+    size_t active = 1;
+    if (!(rc = engine_submit(e, &r, &id)))
+        while (active && !(rc = engine_step(e, &active)))
+            ;
+    engine_destroy(e);
+    if (fclose(f) || rc)
+        return 1;
+    for (size_t i = 0; i < o.n; i++)
+        printf("%s%d", i ? "," : "", o.ids[i]);
+    printf("\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--logits"))
+        return kern_init() ? 1 : dump_logits(argc, argv);
     if (argc != 2) {
         fprintf(stderr, "usage: gptoss_batch MODEL_DIR\n");
         return 2;

@@ -22,6 +22,9 @@ Checks (each a failure of the test when it does not hold):
  4. Batched = alone (acceptance 4): tests/gptoss/gptoss_batch.c runs 8 greedy requests of
     mixed lengths through the continuous-batching engine on the f32 model, against each alone
     (prefix cache, preemption, cancellation, bf16 KV).
+ 5. The serving engine's paged path (gptoss_batch --logits, CLOCHER_ISA=ref): one greedy
+    request of N_GEN tokens; the logits it sampled each token from, against the reference on
+    the same tokens: f32 KV within TOL_F32 at every position, bf16 KV mean KL <= KLD_BF16.
  3. Quantized path: attention, embedding and classifier stored as q8_0, run on the machine's
     best ISA (int8 activations against q8_0 weights): mean KL(ref || engine) over positions
     <= KLD_Q8 against the f32 reference (weight and activation quantization together).
@@ -49,7 +52,9 @@ HP = dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=128
 N_PROMPT = 48       # > sliding_window: the window matters from position 16 on
 TOL_F32 = 2e-4      # max |dlogit|, f32 engine against float64 (measured 2.2e-5; logits O(4))
 NEG_FACTOR = 10     # a negative control must miss by at least 10x the tolerance
-KLD_Q8 = 2e-2       # mean KL(ref || engine) per position, q8_0 attention + int8 activations
+KLD_Q8 = 2e-2       # mean KL(ref || engine) per position, q8_0 + int8 activations (8.4e-3)
+KLD_BF16 = 1e-3     # mean KL(ref || engine) per position, bf16 KV (measured 1.1e-4)
+N_GEN = 47          # positions scored through the serving engine (1 prompt token + 46 fed)
 
 FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                 -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -365,6 +370,29 @@ def main():
         print(r.stdout, end="")
         check("batched = alone (gptoss_batch)", r.returncode == 0,
               f"exit {r.returncode}{': ' + r.stderr.strip()[-400:] if r.returncode else ''}")
+        # 5. the engine's paged path, f32 and bf16 KV, on the tokens it generated
+        for kvt in ("f32", "bf16"):
+            out = os.path.join(tmp, f"eng-{kvt}.f32")
+            env = dict(os.environ, CLOCHER_ISA="ref")
+            r = subprocess.run([exe, "--logits", d32, kvt, str(tokens[0]), str(N_GEN), out],
+                               capture_output=True, text=True, env=env)
+            if r.returncode != 0:
+                check(f"engine logits ({kvt} KV)", False, f"exit {r.returncode}: {r.stderr}")
+                continue
+            ids = [int(t) for t in r.stdout.strip().split(",")]
+            seq = [tokens[0]] + ids[:-1]
+            eng = np.fromfile(out, dtype="<f4").reshape(-1, HP["vocab_size"]).astype(np.float64)
+            refe, _ = reference(Wf, seq)
+            if kvt == "f32":
+                e = np.abs(eng - refe).max()
+                check("engine f32 KV every position", bool(len(ids) == N_GEN and e <= TOL_F32),
+                      f"{len(ids)} positions, max |dlogit| {e:.3g} (tolerance {TOL_F32})")
+            else:
+                lp, lq = log_softmax(refe), log_softmax(eng)
+                kld = (np.exp(lp) * (lp - lq)).sum(axis=1)
+                check("engine bf16 KV KLD", bool(kld.mean() <= KLD_BF16),
+                      f"mean KL(ref||engine) {kld.mean():.3g}, max {kld.max():.3g} (limit mean "
+                      f"{KLD_BF16})")
         # 3. q8_0 attention/embedding/classifier with int8 activations (best ISA)
         dq = os.path.join(tmp, "q8")
         write_iebin(dq, W, quant=True)
