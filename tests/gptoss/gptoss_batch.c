@@ -59,8 +59,11 @@ static uint64_t g_hits;     /* prefix-cache tokens found by the last run */
 static int run(const char *dir, enum dtype kvt, uint64_t budget, unsigned mask, int cancel,
                struct out *out, uint64_t *preemptions)
 {
-    struct engine_config cfg = {.model_dir = dir, .n_threads = 2, .kv_dtype = kvt,
-                                .kv_budget_bytes = budget, .prefix_cache = true,
+    /* alone (SEQUENTIAL without a budget given): one request at a time, no prefix cache */
+    const bool alone = cancel == SEQUENTIAL && budget == 0;
+    struct engine_config cfg = {.model_dir = dir, .n_threads = 1, .kv_dtype = kvt,
+                                .kv_budget_bytes = alone ? 64u << 20 : budget,
+                                .prefix_cache = !alone,
                                 .max_step_tokens = 64, .max_running = N_REQ};
     struct engine *e;
     int rc = engine_create(&cfg, on_event, NULL, &e);
@@ -183,16 +186,17 @@ int main(int argc, char **argv)
         {"f32 KV, one after the other (prefix reuse)", DT_F32, 64u << 20, SEQUENTIAL},
     };
     struct out alone[2][N_REQ]; /* [f32, bf16] */
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < N_REQ; i++) {
-            uint64_t pre;
-            int rc = run(argv[1], k ? DT_BF16 : DT_F32, 64u << 20, 1u << i, -1, alone[k], &pre);
+    for (int k = 0; k < 2; k++) {
+        uint64_t pre;
+        int rc = run(argv[1], k ? DT_BF16 : DT_F32, 0, (1u << N_REQ) - 1, SEQUENTIAL, alone[k],
+                     &pre);
+        for (int i = 0; i < N_REQ; i++)
             if (rc || alone[k][i].n != MAX_NEW) {
                 printf("FAIL alone %d (%s KV): rc %d, %zu ids\n", i, k ? "bf16" : "f32", rc,
                        alone[k][i].n);
                 return 1;
             }
-        }
+    }
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         struct out got[N_REQ];
         uint64_t pre = 0;
