@@ -9,6 +9,11 @@
  * once per step whatever the number of sequences; attention is per sequence over its own
  * paged KV (kv_attn_prefill: causal within the chunk, a decode is a chunk of one).
  *
+ * gpt_oss (forward.c lists the differences): the biases, YaRN's table (model_rope_row), the
+ * layer's window and sinks in the paged attention (kv_attn_prefill_swa), and the mixture of
+ * experts (moe.h) over ALL rows of the step: the rows are routed, then gathered by expert, so
+ * each expert any sequence chose is read once per step, whatever the number of sequences.
+ *
  * LoRA seam: projections that are ready together (q/k/v, o, gate/up, down) form a group, and
  * every group is one matmul_group_lora call (matmul.h) with the step's plan (built once per
  * run; the engine orders the batch so that rows of one adapter are adjacent: one segment
@@ -29,6 +34,7 @@
 #include "kern.h"
 #include "log.h"
 #include "matmul.h"
+#include "moe.h"
 #include "pool.h"
 
 #include <errno.h>
@@ -56,6 +62,7 @@ struct engine__fwd {
     float *inv_freq; /* [head_dim/2] */
     float *logits;   /* [S][vocab]   */
     float *lnorm;    /* [S][dim]      normalized last rows for the classifier */
+    struct moe *moe; /* gpt_oss: the expert block's scratch for T rows */
 
     /* LoRA: per-token adapters, the step's plan and its scratch */
     const struct lora_adapter **tok_ad; /* [T] */
@@ -108,6 +115,10 @@ int engine__fwd_create(const struct model *m, struct pool *pool, uint32_t max_to
         engine__fwd_destroy(f);
         return -ENOMEM;
     }
+    if (m->moe && (rc = moe_create(m, max_tok, &f->moe))) {
+        engine__fwd_destroy(f);
+        return rc;
+    }
     model_rope_inv_freq(m, f->inv_freq); /* as the reference */
     *out = f;
     return 0;
@@ -123,6 +134,7 @@ void engine__fwd_destroy(struct engine__fwd *f)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(f->tok_ad);
+    moe_destroy(f->moe);
     lora_plan_fini(&f->plan);
     matmul_ctx_fini(&f->mm);
     free(f);
@@ -157,8 +169,10 @@ static void attn_task(void *ctx, size_t task, int thread)
     const uint32_t nkv = m->hp.n_kv_heads;
     const struct engine__bseq *s = &j->seqs[task / nkv];
     const uint32_t g = (uint32_t)(task % nkv);
-    int rc = kv_attn_prefill(s->kv, j->layer, m->hp.n_heads, s->pos0, s->n,
-                             j->f->q + s->t0 * m->q_dim, j->f->att + s->t0 * m->q_dim, g, g + 1);
+    const struct model_layer *L = &m->layers[j->layer]; /* llama: window 0, no sinks */
+    int rc = kv_attn_prefill_swa(s->kv, j->layer, m->hp.n_heads, s->pos0, s->n,
+                                 j->f->q + s->t0 * m->q_dim, j->f->att + s->t0 * m->q_dim, g,
+                                 g + 1, L->window, L->sinks);
     CHECK(rc == 0); /* the engine reserved and wrote these rows: a failure is a bug */
 }
 
@@ -222,7 +236,7 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         for (uint32_t k = 0; k < seqs[i].n; k++) {
             size_t t = seqs[i].t0 + k;
             model_embed_row(m, (uint32_t)tokens[t], f->x + t * dim);
-            kern_rope_table(f->rope + t * half * 2, seqs[i].pos0 + k, f->inv_freq, half);
+            model_rope_row(m, f->rope + t * half * 2, seqs[i].pos0 + k, f->inv_freq);
         }
 
     for (uint32_t l = 0; l < hp->n_layers; l++) {
@@ -237,6 +251,11 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
                                              {&L->wk, f->xb, n_tok, f->k, kvd, LORA_K},
                                              {&L->wv, f->xb, n_tok, f->v, kvd, LORA_V}},
                 3);
+        if (L->bq) {
+            model_add_bias(f->q, n_tok, qd, L->bq, qd);
+            model_add_bias(f->k, n_tok, kvd, L->bk, kvd);
+            model_add_bias(f->v, n_tok, kvd, L->bv, kvd);
+        }
         for (size_t t = 0; t < n_tok; t++) {
             kern_rope(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
             kern_rope(f->k + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
@@ -255,11 +274,19 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
                 attn_task(&aj, i, 0);
         project(f, l, &(const struct matmul_prod){&L->wo, f->att, n_tok, f->proj, dim, LORA_O},
                 1);
+        if (L->bo)
+            model_add_bias(f->proj, n_tok, dim, L->bo, dim);
         for (size_t i = 0; i < n_tok * dim; i++)
             f->x[i] += f->proj[i];
 
         for (size_t t = 0; t < n_tok; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
+        if (m->moe) {
+            moe_ffn(f->moe, &f->mm, L, f->xb, n_tok, f->proj);
+            for (size_t i = 0; i < n_tok * dim; i++)
+                f->x[i] += f->proj[i];
+            continue;
+        }
         project(f, l,
                 (const struct matmul_prod[]){{&L->w_gate, f->xb, n_tok, f->gate, ffn, LORA_GATE},
                                              {&L->w_up, f->xb, n_tok, f->up, ffn, LORA_UP}},

@@ -182,6 +182,16 @@ int kv_attn_decode(const struct kv_seq *s, uint32_t layer, uint32_t n_heads, uin
  */
 int kv_attn_prefill(const struct kv_seq *s, uint32_t layer, uint32_t n_heads, uint32_t pos0,
                     uint32_t n_q, const float *q, float *out, uint32_t kv_h0, uint32_t kv_h1);
+/*
+ * kv_attn_prefill for gpt-oss: query i at position p = pos0 + i sees positions
+ * [p - window + 1, p] (window 0: all of [0, p]), and sinks [n_heads] (or NULL) is one learned
+ * logit per query head that joins each softmax unscaled and without a value row:
+ *   out[h] = sum_t e^(s_t - M) V[t][g] / (sum_t e^(s_t - M) + e^(sinks[h] - M)).
+ * Blocks wholly before every query's window are not read. kv_attn_prefill = window 0, no sinks.
+ */
+int kv_attn_prefill_swa(const struct kv_seq *s, uint32_t layer, uint32_t n_heads, uint32_t pos0,
+                        uint32_t n_q, const float *q, float *out, uint32_t kv_h0,
+                        uint32_t kv_h1, uint32_t window, const float *sinks);
 
 /* ---- snapshots (kv_snapshot.c) ------------------------------------------------------------ */
 

@@ -9,6 +9,10 @@
  * head g once and updates every row's online-softmax state (running max m, running sum l,
  * the unnormalised output o = the caller's out row); kern_attn_end divides by l. The causal
  * limit of each row becomes the tile's per-row visible count. No scores are materialized.
+ * gpt-oss (kv_attn_prefill_swa): a sliding window makes each row's first visible position
+ * its own (kern_attn_span's per-row start) and the walk begins at the block holding the
+ * earliest one, so blocks wholly older than every row's window are never read; learned sinks
+ * start each row's online softmax (kern_attn_begin_sinks).
  * Stack use is fixed (the state of ATT_QROWS rows here, the kernel's widened tile there).
  *
  * NOTES: read-only on the pool and sequence; safe to run from several threads at once for
@@ -30,32 +34,50 @@ static_assert(KV_HEAD_DIM_MAX <= KERN_ATTN_HD_MAX, "the attention kernel bounds 
 
 /*
  * nr (<= ATT_QROWS) query rows reading KV head g of `layer`: row r is q[r] [head_dim], sees
- * positions [0, lim[r]) (lim >= 1) and writes o[r] [head_dim].
+ * positions [lim[r] - window, lim[r]) (from 0 when window is 0 or larger; lim >= 1) and writes
+ * o[r] [head_dim]. sk: [nr] each row's sink logit, or NULL.
  */
 static void attend(const struct kv_seq *s, uint32_t layer, uint32_t g, const float *const *q,
-                   float *const *o, const uint32_t *lim, uint32_t nr, float scale)
+                   float *const *o, const uint32_t *lim, uint32_t nr, float scale,
+                   uint32_t window, const float *sk)
 {
     const struct kv_pool *p = s->pool;
     const uint32_t hd = p->cfg.head_dim;
     float m[ATT_QROWS], l[ATT_QROWS];
-    uint32_t vis[ATT_QROWS];
-    uint32_t end = 0;
-    for (uint32_t r = 0; r < nr; r++)
+    uint32_t vis[ATT_QROWS], lo[ATT_QROWS], first[ATT_QROWS];
+    uint32_t end = 0, start = UINT32_MAX;
+    for (uint32_t r = 0; r < nr; r++) {
         if (lim[r] > end)
             end = lim[r];
-    kern_attn_begin(o, m, l, nr, hd);
-    for (uint32_t pos = 0; pos < end;) {
+        first[r] = window && lim[r] > window ? lim[r] - window : 0;
+        if (first[r] < start)
+            start = first[r];
+    }
+    if (sk)
+        kern_attn_begin_sinks(o, m, l, sk, nr, hd);
+    else
+        kern_attn_begin(o, m, l, nr, hd);
+    for (uint32_t pos = start / p->B * p->B; pos < end;) {
         /* one block span: rows [0, n) of block pos / B (pos is a multiple of B here) */
         uint32_t n = p->B < end - pos ? p->B : end - pos;
-        int all = 1;
+        int all = 1, cut = 0;
         for (uint32_t r = 0; r < nr; r++) {
             vis[r] = lim[r] > pos ? lim[r] - pos : 0;
+            lo[r] = first[r] > pos ? first[r] - pos : 0;
             all &= vis[r] >= n;
+            cut |= lo[r] > 0;
         }
         const uint8_t *kb = kv__layer_k(p, s->table[pos / p->B], layer) + (size_t)g * hd * p->esize;
         const uint8_t *vb = kb + (size_t)p->B * p->row_bytes; /* V rows follow the block's K */
-        kern_attn(p->cfg.dtype, q, o, m, l, all ? NULL : vis, nr, kb, vb, p->row_bytes, n, hd,
-                  scale);
+        if (cut) { /* some row's window starts inside this block */
+            for (uint32_t r = 0; r < nr; r++)
+                vis[r] = vis[r] < n ? vis[r] : n;
+            kern_attn_span(p->cfg.dtype, q, o, m, l, lo, vis, nr, kb, vb, p->row_bytes, n, hd,
+                           scale);
+        } else {
+            kern_attn(p->cfg.dtype, q, o, m, l, all ? NULL : vis, nr, kb, vb, p->row_bytes, n,
+                      hd, scale);
+        }
         pos += n;
     }
     kern_attn_end(o, l, nr, hd);
@@ -106,7 +128,7 @@ int kv_attn_decode(const struct kv_seq *s, uint32_t layer, uint32_t n_heads, uin
                 orow[r] = out + h * hd;
                 lim[r] = n_ctx;
             }
-            attend(s, layer, g, qr, orow, lim, nr, scale);
+            attend(s, layer, g, qr, orow, lim, nr, scale, 0, NULL);
         }
     }
     return 0;
@@ -114,6 +136,13 @@ int kv_attn_decode(const struct kv_seq *s, uint32_t layer, uint32_t n_heads, uin
 
 int kv_attn_prefill(const struct kv_seq *s, uint32_t layer, uint32_t n_heads, uint32_t pos0,
                     uint32_t n_q, const float *q, float *out, uint32_t kv_h0, uint32_t kv_h1)
+{
+    return kv_attn_prefill_swa(s, layer, n_heads, pos0, n_q, q, out, kv_h0, kv_h1, 0, NULL);
+}
+
+int kv_attn_prefill_swa(const struct kv_seq *s, uint32_t layer, uint32_t n_heads, uint32_t pos0,
+                        uint32_t n_q, const float *q, float *out, uint32_t kv_h0,
+                        uint32_t kv_h1, uint32_t window, const float *sinks)
 {
     if (n_q == 0 || n_q > KV_SEQ_TOKENS_MAX || pos0 > KV_SEQ_TOKENS_MAX) {
         LOG_ERR("kv prefill attention: %u queries at position %u", n_q, pos0);
@@ -127,6 +156,7 @@ int kv_attn_prefill(const struct kv_seq *s, uint32_t layer, uint32_t n_heads, ui
     const float *qr[ATT_QROWS];
     float *orow[ATT_QROWS];
     uint32_t lim[ATT_QROWS];
+    float sk[ATT_QROWS];
     uint64_t rows = (uint64_t)n_q * group;
     for (uint32_t g = kv_h0; g < kv_h1; g++) {
         /* rows ordered query-major so one batch spans few distinct causal limits */
@@ -138,8 +168,10 @@ int kv_attn_prefill(const struct kv_seq *s, uint32_t layer, uint32_t n_heads, ui
                 qr[r] = q + off;
                 orow[r] = out + off;
                 lim[r] = pos0 + (uint32_t)i + 1;
+                if (sinks)
+                    sk[r] = sinks[(size_t)g * group + j];
             }
-            attend(s, layer, g, qr, orow, lim, nr, scale);
+            attend(s, layer, g, qr, orow, lim, nr, scale, window, sinks ? sk : NULL);
         }
     }
     return 0;

@@ -137,7 +137,9 @@ static void usage(FILE *f)
 "run), prefill_tps, decode_tps ((generated - 1) / time from first to last token), p50_ms and\n"
 "p95_ms (inter-token latency over all rounds), load_ms, rss_peak_mb (VmHWM), threads,\n"
 "kv_hits and kv_misses (prefix-cache counters; this engine's contiguous cache has none: 0),\n"
-"isa; with --print-ids generated_ids and text (null without tokenizer); with --concurrency,\n"
+"isa; for a mixture-of-experts model (gpt_oss) also arch, n_experts, n_experts_used and\n"
+"active_expert_bytes_per_token (expert weights one token reads); with --print-ids\n"
+"generated_ids and text (null without tokenizer); with --concurrency,\n"
 "--print-ids adds generated_ids as one array of token ids per request.\n"
 "\n"
 "exit status: 0 ok, 1 run-time failure, 2 usage, 3 model missing or invalid,\n"
@@ -754,6 +756,32 @@ static int json_set(json_t *obj, const char *key, json_t *v)
     return 0;
 }
 
+/*
+ * A mixture-of-experts model's fields (gpt_oss): "arch", "n_experts", "n_experts_used" and
+ * "active_expert_bytes_per_token", the expert weight bytes one token reads (n_experts_used
+ * experts' gate, up and down in every layer; the biases aside). Nothing for a dense model.
+ */
+static int json_moe_fields(json_t *j, const struct model *m)
+{
+    if (!m->moe)
+        return 0;
+    uint64_t bytes = 0;
+    for (uint32_t l = 0; l < m->hp.n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        bytes += (uint64_t)m->hp.n_experts_used *
+                 ((uint64_t)L->gate_exps[0].rows * L->gate_exps[0].row_bytes +
+                  (uint64_t)L->up_exps[0].rows * L->up_exps[0].row_bytes +
+                  (uint64_t)L->down_exps[0].rows * L->down_exps[0].row_bytes);
+    }
+    int rc;
+    if ((rc = json_set(j, "arch", json_string(m->im->arch))) ||
+        (rc = json_set(j, "n_experts", json_integer(m->hp.n_experts))) ||
+        (rc = json_set(j, "n_experts_used", json_integer(m->hp.n_experts_used))) ||
+        (rc = json_set(j, "active_expert_bytes_per_token", json_integer((json_int_t)bytes))))
+        return rc;
+    return 0;
+}
+
 /* ---- the serving engine: --concurrency ---------------------------------------------------- */
 
 struct conc_req {
@@ -917,7 +945,8 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
             (rc = json_set(j, "load_ms", json_real(load_ms))) ||
             (rc = json_set(j, "rss_peak_mb", json_real(rss_peak_mb()))) ||
             (rc = json_set(j, "threads", json_integer(o->threads))) ||
-            (rc = json_set(j, "isa", json_string(kern_isa_name(kern_isa()))))) {
+            (rc = json_set(j, "isa", json_string(kern_isa_name(kern_isa())))) ||
+            (rc = json_moe_fields(j, engine_model(e)))) {
             json_decref(j);
             goto out;
         }
@@ -1058,7 +1087,8 @@ static int run_prompt(struct engine_ctx *E, size_t idx, const struct prompt *p, 
         (rc = json_set(j, "threads", json_integer(threads))) ||
         (rc = json_set(j, "kv_hits", json_integer(0))) ||
         (rc = json_set(j, "kv_misses", json_integer(0))) ||
-        (rc = json_set(j, "isa", json_string(kern_isa_name(kern_isa())))))
+        (rc = json_set(j, "isa", json_string(kern_isa_name(kern_isa())))) ||
+        (rc = json_moe_fields(j, E->model)))
         goto out;
     if (o->print_ids) {
         if ((rc = json_set(j, "generated_ids", ids = json_array())))

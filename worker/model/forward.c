@@ -14,6 +14,12 @@
  *     x += (silu(xb Wgate^T) * (xb Wup^T)) Wdown^T               SwiGLU
  *   logits = rmsnorm(x) * output_norm Wout^T                     rows the caller asked for
  *
+ * gpt_oss (model.h, ../shared/specs/gpt-oss.md §2) differs in five places: q, k, v and o add
+ * their biases; RoPE's table is YaRN's (model_rope_inv_freq) with cos and sin multiplied by
+ * the concentration (m->rope_mscale); attention starts each query head's softmax from its
+ * learned sink and, on sliding layers, sees only the last `window` positions
+ * (kern_attn_causal_swa); the FFN is the mixture of experts of moe.h.
+ *
  * Matmuls batch the chunk (n = n_tokens: the prefill GEMM), so a prompt costs one pass over
  * the weights per chunk instead of one per token.
  *
@@ -36,6 +42,7 @@
 #include "kern.h"
 #include "log.h"
 #include "matmul.h"
+#include "moe.h"
 #include "pool.h"
 
 #include <errno.h>
@@ -63,7 +70,8 @@ struct forward {
     float *gate;             /* [C][ffn_dim]  gate projection, then silu(gate) * up */
     float *up;               /* [C][ffn_dim]  up projection */
     float *rope;             /* [C][head_dim/2][2] cos, sin of each pair's angle per token */
-    float *inv_freq;         /* [head_dim/2]  theta^(-2i/head_dim) */
+    float *inv_freq;         /* [head_dim/2]  theta^(-2i/head_dim), or YaRN's */
+    struct moe *moe;         /* gpt_oss: the expert block's scratch for C rows */
 
     /* KV cache: rows of positions, heads side by side */
     float *key_cache;        /* [n_layers][S][kv_dim] */
@@ -120,6 +128,10 @@ int forward_create(const struct model *m, const struct forward_config *cfg,
         forward_destroy(f);
         return rc;
     }
+    if (m->moe && (rc = moe_create(m, C, &f->moe))) {
+        forward_destroy(f);
+        return rc;
+    }
     model_rope_inv_freq(m, f->inv_freq);
     *out = f;
     return 0;
@@ -134,6 +146,7 @@ void forward_destroy(struct forward *f)
                      f->key_cache, f->value_cache};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
+    moe_destroy(f->moe);
     matmul_ctx_fini(&f->mm);
     free(f);
 }
@@ -171,12 +184,13 @@ static void project(struct forward *f, uint32_t layer, const struct matmul_prod 
         f->hook(f->hook_ud, layer, g[i].t, g[i].x, g[i].n, g[i].y, g[i].ldy);
 }
 
-/* cos and sin of every pair's angle for the chunk's positions: rope [n][head_dim/2][2]. */
+/* cos and sin of every pair's angle for the chunk's positions: rope [n][head_dim/2][2]
+ * (times YaRN's concentration when the model has one: model_rope_row). */
 static void rope_table(struct forward *f, uint32_t pos0, size_t n)
 {
     const size_t half = f->m->hp.head_dim / 2;
     for (size_t t = 0; t < n; t++)
-        kern_rope_table(f->rope + t * half * 2, pos0 + (uint32_t)t, f->inv_freq, half);
+        model_rope_row(f->m, f->rope + t * half * 2, pos0 + (uint32_t)t, f->inv_freq);
 }
 
 /*
@@ -189,6 +203,7 @@ static void rope_table(struct forward *f, uint32_t pos0, size_t n)
 
 struct attn_job {
     const struct forward *f;
+    const struct model_layer *L;
     const float *key, *value; /* this layer's cache: [S][kv_dim] */
     uint32_t pos0;
     size_t n, tok_per_task, tasks_per_head;
@@ -205,8 +220,14 @@ static void attn_task(void *ctx, size_t task, int thread)
     const size_t g = task / j->tasks_per_head, t0 = (task % j->tasks_per_head) * j->tok_per_task;
     const size_t nt = j->n - t0 < j->tok_per_task ? j->n - t0 : j->tok_per_task;
     const size_t off = t0 * qd + g * group * hd; /* token t0, first head of g's group */
-    kern_attn_causal(DT_F32, nt, group, hd, f->q + off, qd, j->key + g * hd, j->value + g * hd,
-                     kvd * sizeof(float), j->pos0 + (uint32_t)t0, f->att + off, qd);
+    if (f->m->moe) /* gpt_oss: the group's sinks, the layer's window (0: full) */
+        kern_attn_causal_swa(DT_F32, nt, group, hd, f->q + off, qd, j->key + g * hd,
+                             j->value + g * hd, kvd * sizeof(float), j->pos0 + (uint32_t)t0,
+                             j->L->window, j->L->sinks + g * group, f->att + off, qd);
+    else
+        kern_attn_causal(DT_F32, nt, group, hd, f->q + off, qd, j->key + g * hd,
+                         j->value + g * hd, kvd * sizeof(float), j->pos0 + (uint32_t)t0,
+                         f->att + off, qd);
 }
 
 static void attention(const struct forward *f, uint32_t layer, uint32_t pos0, size_t n)
@@ -215,8 +236,8 @@ static void attention(const struct forward *f, uint32_t layer, uint32_t pos0, si
     const size_t layer_rows = (size_t)layer * f->max_seq * f->m->kv_dim;
     const size_t group = hp->n_heads / hp->n_kv_heads;
     const size_t tpt = ATTN_TASK_ROWS / group ? ATTN_TASK_ROWS / group : 1;
-    struct attn_job j = {f, f->key_cache + layer_rows, f->value_cache + layer_rows, pos0, n,
-                         tpt, (n + tpt - 1) / tpt};
+    struct attn_job j = {f, &f->m->layers[layer], f->key_cache + layer_rows,
+                         f->value_cache + layer_rows, pos0, n, tpt, (n + tpt - 1) / tpt};
     const size_t n_tasks = hp->n_kv_heads * j.tasks_per_head;
     if (f->pool)
         pool_run(f->pool, attn_task, &j, n_tasks);
@@ -254,18 +275,31 @@ static void forward_chunk(struct forward *f, const int32_t *tokens, size_t n, ui
                                              {&L->wk, f->xb, n, key, kvd, LORA_K},
                                              {&L->wv, f->xb, n, value, kvd, LORA_V}},
                 3);
+        if (L->bq) {
+            model_add_bias(f->q, n, qd, L->bq, qd);
+            model_add_bias(key, n, kvd, L->bk, kvd);
+            model_add_bias(value, n, kvd, L->bv, kvd);
+        }
         for (size_t t = 0; t < n; t++) {
             kern_rope(f->q + t * qd, hp->n_heads, hd, f->rope + t * half * 2);
             kern_rope(key + t * kvd, hp->n_kv_heads, hd, f->rope + t * half * 2);
         }
         attention(f, l, pos0, n);
         project(f, l, &(const struct matmul_prod){&L->wo, f->att, n, f->proj, dim, LORA_O}, 1);
+        if (L->bo)
+            model_add_bias(f->proj, n, dim, L->bo, dim);
         for (size_t i = 0; i < n * dim; i++)
             f->x[i] += f->proj[i];
 
         /* feed-forward block */
         for (size_t t = 0; t < n; t++)
             kern_rmsnorm(f->xb + t * dim, f->x + t * dim, L->ffn_norm, dim, hp->rms_eps);
+        if (m->moe) {
+            moe_ffn(f->moe, &f->mm, L, f->xb, n, f->proj);
+            for (size_t i = 0; i < n * dim; i++)
+                f->x[i] += f->proj[i];
+            continue;
+        }
         project(f, l,
                 (const struct matmul_prod[]){{&L->w_gate, f->xb, n, f->gate, ffn, LORA_GATE},
                                              {&L->w_up, f->xb, n, f->up, ffn, LORA_UP}},

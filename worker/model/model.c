@@ -1,5 +1,6 @@
 /*
- * model.c — binds an IEBIN llama model's tensors into typed views (model.h).
+ * model.c — binds an IEBIN model's tensors (llama, gpt_oss) into typed views (model.h), and
+ * computes RoPE's frequencies (YaRN for gpt_oss).
  *
  * iebin_open has already validated every tensor against the architecture; the checks here
  * re-run the same rules (iebin_check_tensor) so that the forward pass can rely on the views'
@@ -41,31 +42,40 @@ static int bind(const struct iebin_model *im, const char *name, struct matmul_ma
         *vec = t->data;
         return 0;
     }
+    /* a matrix [rows][cols], or n_experts of them [n][rows][cols]: mat[0 .. n) */
+    const int d = t->n_dims;
+    const uint64_t n = d == 3 ? t->shape[0] : 1, rows = t->shape[d - 2], cols = t->shape[d - 1];
     uint64_t rb;
-    if ((rc = dtype_row_bytes(t->dtype, t->shape[1], &rb))) {
+    if ((rc = dtype_row_bytes(t->dtype, cols, &rb))) {
         LOG_ERR("%s: tensor '%s': rows of %llu %s elements are not whole blocks", label(im),
-                name, (unsigned long long)t->shape[1], dtype_info(t->dtype)->name);
+                name, (unsigned long long)cols, dtype_info(t->dtype)->name);
         return rc;
     }
-    /* iebin_check_tensor bounded both dimensions by the hyper-parameters (< 2^32) */
-    *mat = (struct matmul_mat){t->dtype, t->data, (uint32_t)t->shape[0], (uint32_t)t->shape[1],
-                               (size_t)rb, NULL};
+    /* iebin_check_tensor bounded every dimension by the hyper-parameters (< 2^32) and the
+     * size by the blob: the views stay inside the tensor */
+    for (uint64_t e = 0; e < n; e++)
+        mat[e] = (struct matmul_mat){t->dtype, (const char *)t->data + e * rows * rb,
+                                     (uint32_t)rows, (uint32_t)cols, (size_t)rb, NULL};
     return 0;
 }
 
-/* The matrices the products read, in the order their panels are laid out. */
+/* The matrices the products read, in the order their panels are laid out (a layer's dense
+ * FFN views are zero for gpt_oss, its router and expert views zero for llama: both are
+ * listed, want_panels skips empty ones). */
 static size_t product_mats(struct model *m, struct matmul_mat **out)
 {
     size_t k = 0;
+    const size_t ne = m->hp.n_experts;
     for (uint32_t l = 0; l < m->hp.n_layers; l++) {
         struct model_layer *L = &m->layers[l];
         struct matmul_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo,
-                                    &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+                                    &L->w_gate, &L->w_up, &L->w_down, &L->router};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++, k++)
             if (out)
-                out[k++] = mats[i];
-            else
-                k++;
+                out[k] = mats[i];
+        for (size_t e = 0; m->moe && e < 3 * ne; e++, k++)
+            if (out)
+                out[k] = &L->gate_exps[e]; /* gate, up, down: one block of 3 * ne views */
     }
     if (out)
         out[k] = &m->output;
@@ -148,12 +158,81 @@ static int repack_panels(struct model *m)
     return 0;
 }
 
+/*
+ * The gpt_oss layers (contract: the "gpt_oss" tensor table of docs/IEBIN.md): biased q/k/v/o,
+ * sinks, the router and the experts as n_experts views each; the sliding layers' window and
+ * the YaRN concentration.
+ */
+static int bind_gpt_oss(struct model *m)
+{
+    const struct iebin_model *im = m->im;
+    const struct iebin_hparams *hp = &im->hp;
+    const size_t ne = hp->n_experts;
+    if (ne == 0 || hp->n_experts_used == 0 || hp->n_experts_used > ne) {
+        LOG_ERR("%s: gpt_oss needs 1 <= n_experts_used (%u) <= n_experts (%u)", label(im),
+                hp->n_experts_used, hp->n_experts);
+        return ERR_RANGE;
+    }
+    m->moe = true;
+    if (hp->rope_scaling.type == IEBIN_ROPE_YARN) {
+        double mscale;
+        (void)model_yarn_inv_freq(hp, 0, &mscale);
+        m->rope_mscale = (float)mscale;
+    }
+    m->expert_views_ = calloc((size_t)hp->n_layers * 3 * ne, sizeof *m->expert_views_);
+    if (!m->expert_views_) {
+        LOG_ERR("%s: out of memory for %u x 3 x %zu expert views", label(im), hp->n_layers, ne);
+        return -ENOMEM;
+    }
+    int rc;
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        struct model_layer *L = &m->layers[l];
+        L->gate_exps = m->expert_views_ + (size_t)l * 3 * ne;
+        L->up_exps = L->gate_exps + ne;
+        L->down_exps = L->up_exps + ne;
+        L->window = iebin_layer_slides(hp, l) ? hp->sliding_window : 0;
+        struct {
+            const char *kind;
+            struct matmul_mat *mat;
+            const float **vec;
+        } slots[] = {
+            {"attn_norm", NULL, &L->attn_norm},
+            {"attn_q", &L->wq, NULL},
+            {"attn_q_bias", NULL, &L->bq},
+            {"attn_k", &L->wk, NULL},
+            {"attn_k_bias", NULL, &L->bk},
+            {"attn_v", &L->wv, NULL},
+            {"attn_v_bias", NULL, &L->bv},
+            {"attn_o", &L->wo, NULL},
+            {"attn_o_bias", NULL, &L->bo},
+            {"attn_sinks", NULL, &L->sinks},
+            {"ffn_norm", NULL, &L->ffn_norm},
+            {"ffn_router", &L->router, NULL},
+            {"ffn_router_bias", NULL, &L->router_bias},
+            {"ffn_gate_exps", L->gate_exps, NULL},
+            {"ffn_gate_exps_bias", NULL, &L->gate_exps_bias},
+            {"ffn_up_exps", L->up_exps, NULL},
+            {"ffn_up_exps_bias", NULL, &L->up_exps_bias},
+            {"ffn_down_exps", L->down_exps, NULL},
+            {"ffn_down_exps_bias", NULL, &L->down_exps_bias},
+        };
+        for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+            char name[IEBIN_NAME_MAX];
+            snprintf(name, sizeof name, "blk.%u.%s", l, slots[i].kind);
+            if ((rc = bind(im, name, slots[i].mat, slots[i].vec)))
+                return rc;
+        }
+    }
+    return 0;
+}
+
 int model_init(struct model *m, const struct iebin_model *im)
 {
     memset(m, 0, sizeof *m);
-    if (strcmp(im->arch, "llama") != 0) {
-        LOG_ERR("%s: architecture '%s' is not supported by the forward pass (known: llama)",
-                label(im), im->arch);
+    const bool gpt_oss = strcmp(im->arch, "gpt_oss") == 0;
+    if (strcmp(im->arch, "llama") != 0 && !gpt_oss) {
+        LOG_ERR("%s: architecture '%s' is not supported by the forward pass (known: llama, "
+                "gpt_oss)", label(im), im->arch);
         return ERR_UNSUPPORTED;
     }
     int rc = iebin_check_hparams(&im->hp, label(im));
@@ -163,6 +242,7 @@ int model_init(struct model *m, const struct iebin_model *im)
     m->hp = im->hp;
     m->q_dim = im->hp.n_heads * im->hp.head_dim;     /* <= 1024*1024 (IEBIN's ranges) */
     m->kv_dim = im->hp.n_kv_heads * im->hp.head_dim;
+    m->rope_mscale = 1.0f;
     m->layers = calloc(im->hp.n_layers, sizeof *m->layers);
     if (!m->layers) {
         LOG_ERR("%s: out of memory for %u layer views", label(im), im->hp.n_layers);
@@ -175,6 +255,11 @@ int model_init(struct model *m, const struct iebin_model *im)
         m->output = m->tok_embd;
     else if ((rc = bind(im, IEBIN_T_OUTPUT, &m->output, NULL)))
         goto fail;
+    if (gpt_oss) {
+        if ((rc = bind_gpt_oss(m)))
+            goto fail;
+        goto panels;
+    }
 
     for (uint32_t l = 0; l < im->hp.n_layers; l++) {
         struct model_layer *L = &m->layers[l];
@@ -196,6 +281,7 @@ int model_init(struct model *m, const struct iebin_model *im)
                 goto fail;
         }
     }
+panels:
     if ((rc = repack_panels(m)))
         goto fail;
     return 0;
@@ -211,6 +297,8 @@ void model_fini(struct model *m)
     m->panel_buf_ = NULL;
     free(m->layers);
     m->layers = NULL;
+    free(m->expert_views_);
+    m->expert_views_ = NULL;
 }
 
 int model_open(const char *dir, unsigned iebin_flags, struct model **out)
@@ -257,12 +345,13 @@ bool model_reads_stored(const struct model *m, const char *name)
     for (uint32_t l = 0; l < m->hp.n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
         const struct matmul_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo,
-                                          &L->w_gate, &L->w_up, &L->w_down};
+                                          &L->w_gate, &L->w_up, &L->w_down, &L->router,
+                                          L->gate_exps, L->up_exps, L->down_exps};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
-            if (mats[i]->data == t->data)
+            if (mats[i] && mats[i]->data == t->data) /* experts: their first view */
                 return !mats[i]->panels;
     }
-    return true; /* norms */
+    return true; /* norms, biases, sinks */
 }
 
 void model_embed_row(const struct model *m, uint32_t r, float *out)
@@ -271,11 +360,50 @@ void model_embed_row(const struct model *m, uint32_t r, float *out)
     kern_row_to_f32(e->dtype, (const char *)e->data + (size_t)r * e->row_bytes, out, e->cols);
 }
 
+double model_yarn_inv_freq(const struct iebin_hparams *hp, uint32_t j, double *mscale)
+{
+    const struct iebin_rope_scaling *rs = &hp->rope_scaling;
+    const double pi = 3.14159265358979323846, theta = hp->rope_theta, d = hp->head_dim;
+    const double s = rs->factor, l0 = rs->original_max_position_embeddings;
+    double low = d / 2 * log(l0 / (rs->beta_fast * 2 * pi)) / log(theta);
+    double high = d / 2 * log(l0 / (rs->beta_slow * 2 * pi)) / log(theta);
+    if (rs->truncate) { /* ggml_rope_yarn_corr_dims */
+        low = fmax(floor(low), 0.0);
+        high = fmin(ceil(high), d - 1);
+    }
+    double ramp = ((double)j - low) / fmax(high - low, 0.001);
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    const double inv_extrap = 1.0 / pow(theta, 2.0 * j / d); /* 1 / freq_j */
+    if (mscale)
+        *mscale = 0.1 * log(s) + 1.0;
+    return inv_extrap / s * ramp + inv_extrap * (1.0 - ramp);
+}
+
 void model_rope_inv_freq(const struct model *m, float *inv_freq)
 {
     const struct iebin_hparams *hp = &m->hp;
+    if (hp->rope_scaling.type == IEBIN_ROPE_YARN) {
+        for (uint32_t i = 0; i < hp->head_dim / 2; i++)
+            inv_freq[i] = (float)model_yarn_inv_freq(hp, i, NULL);
+        return;
+    }
     for (uint32_t i = 0; i < hp->head_dim / 2; i++)
         inv_freq[i] = (float)pow((double)hp->rope_theta, -(double)(2 * i) / (double)hp->head_dim);
+}
+
+void model_rope_row(const struct model *m, float *cs, uint32_t pos, const float *inv_freq)
+{
+    const size_t half = m->hp.head_dim / 2;
+    kern_rope_table(cs, pos, inv_freq, half);
+    for (size_t i = 0; m->rope_mscale != 1.0f && i < half * 2; i++)
+        cs[i] *= m->rope_mscale;
+}
+
+void model_add_bias(float *y, size_t n, size_t ldy, const float *b, size_t cols)
+{
+    for (size_t t = 0; t < n; t++)
+        for (size_t i = 0; i < cols; i++)
+            y[t * ldy + i] += b[i];
 }
 
 int model_alloc_f32(const char *who, const char *what, uint64_t a, uint64_t b, uint64_t c,

@@ -1,6 +1,9 @@
 /*
- * model.h — a llama model's weights as typed views: one struct to read the forward pass from.
+ * model.h — a model's weights as typed views: one struct to read the forward pass from.
  *
+ * Two architectures: "llama" (dense SwiGLU) and "gpt_oss" (biased attention with learned
+ * sinks and sliding-window layers, YaRN RoPE, a mixture of experts with the clamped SwiGLU;
+ * ../shared/specs/gpt-oss.md, docs/IEBIN.md).
  * model_init() binds the tensors of an opened IEBIN model (worker/formats/iebin.h) into a struct of
  * named fields, the way llama2.c's TransformerWeights does, so that the forward pass reads
  * `L->wq` rather than looking names up. Nothing is copied: every view points into the model's
@@ -33,6 +36,22 @@ struct model_layer {
     struct matmul_mat w_gate; /* [ffn_dim][dim]  (llama2.c w1) */
     struct matmul_mat w_up;   /* [ffn_dim][dim]  (llama2.c w3) */
     struct matmul_mat w_down; /* [dim][ffn_dim]  (llama2.c w2) */
+
+    /* gpt_oss only (NULL / zero for llama, whose dense w_gate/w_up/w_down are zero here) */
+    const float *bq, *bk, *bv; /* [q_dim], [kv_dim], [kv_dim]: projection biases */
+    const float *bo;           /* [dim] */
+    const float *sinks;        /* [n_heads]: one learned logit per query head */
+    uint32_t window;           /* sliding layers: a query at t sees keys u with t-u < window;
+                                * 0 = every earlier key (full layers, llama) */
+    struct matmul_mat router;  /* [n_experts][dim] */
+    const float *router_bias;  /* [n_experts] */
+    /* the experts of one [n_experts][rows][cols] tensor each, as n_experts views (matmul.h's
+     * MoE plan): gate_exps[e] [ffn_dim][dim], up_exps[e] [ffn_dim][dim], down_exps[e]
+     * [dim][ffn_dim] */
+    struct matmul_mat *gate_exps, *up_exps, *down_exps;
+    const float *gate_exps_bias; /* [n_experts][ffn_dim] */
+    const float *up_exps_bias;   /* [n_experts][ffn_dim] */
+    const float *down_exps_bias; /* [n_experts][dim] */
 };
 
 struct model {
@@ -44,13 +63,18 @@ struct model {
     const float *output_norm;     /* [dim] */
     struct matmul_mat output;     /* [vocab_size][dim]; a copy of tok_embd when tied */
     struct model_layer *layers;   /* [n_layers] */
+    bool moe;                     /* gpt_oss: the FFN is a mixture of experts */
+    float rope_mscale;            /* YaRN's concentration 0.1 ln(factor) + 1 multiplying cos and
+                                   * sin (q and k); 1 without rope scaling */
+    struct matmul_mat *expert_views_; /* private: [n_layers][3][n_experts], the layers' views */
     void *panel_buf_;             /* private: every matrix's panels, one anonymous mapping */
     size_t panel_bytes_;
     struct iebin_model *owned_;   /* private: what model_close closes (model_open only) */
 };
 
 /*
- * Binds the tensors of `im` (architecture "llama", as iebin_open validated it) into *m; m->im
+ * Binds the tensors of `im` (architecture "llama" or "gpt_oss", as iebin_open validated it)
+ * into *m; m->im
  * borrows im. When the kernels run AVX-512 (kern_isa(), so kern_init() first) every q4_0 and
  * q8_0 matrix the products read (layers, and the classifier) is also repacked into panels
  * (matmul_mat.panels): as many bytes again as those matrices, anonymous memory, written once
@@ -84,9 +108,34 @@ void model_embed_row(const struct model *m, uint32_t r, float *out);
 /*
  * RoPE's inv_freq [head_dim/2] = rope_theta^(-2i/head_dim), computed in double so that the
  * angle pos * inv_freq stays accurate at long positions (llama2.c computes it in float; the
- * difference is below 1e-6 up to 512). Both passes rotate with it (kern_rope_table).
+ * difference is below 1e-6 up to 512). Both passes rotate with it (kern_rope_table). With
+ * YaRN rope scaling, model_yarn_inv_freq's values rounded to float (pair i of IEBIN's
+ * interleaved order is HF's rotate-half pair (i, i + head_dim/2): the same frequency).
  */
 void model_rope_inv_freq(const struct model *m, float *inv_freq);
+
+/*
+ * cs [head_dim/2][2] = cos, sin of pos * inv_freq[i] (kern_rope_table), times the model's
+ * rope_mscale when it is not 1 (YaRN's concentration, on q and k alike): the rotation table
+ * of one position, for both passes.
+ */
+void model_rope_row(const struct model *m, float *cs, uint32_t pos, const float *inv_freq);
+
+/* y [n][ldy] += b [cols] on every row: a projection's bias (gpt_oss). */
+void model_add_bias(float *y, size_t n, size_t ldy, const float *b, size_t cols);
+
+/*
+ * YaRN's inv_freq_j for j < head_dim/2, in double (spec gpt-oss.md §2.3, "static YaRN"):
+ *   freq_j = theta^(2j/d),  s = factor,  L0 = original_max_position_embeddings
+ *   low  = (d/2) ln(L0 / (beta_fast 2 pi)) / ln theta,  high = the same with beta_slow
+ *   (truncate: low = max(floor(low), 0), high = min(ceil(high), d-1), as ggml; otherwise kept
+ *   fractional, as the reference and HF with truncate: false)
+ *   ramp_j = clamp((j - low) / max(high - low, 0.001), 0, 1)
+ *   inv_freq_j = ramp_j / (s freq_j) + (1 - ramp_j) / freq_j
+ * hp->rope_scaling.type must be IEBIN_ROPE_YARN. Also sets *mscale (when not NULL) to the
+ * concentration 0.1 ln(s) + 1.
+ */
+double model_yarn_inv_freq(const struct iebin_hparams *hp, uint32_t j, double *mscale);
 
 /*
  * *out = 64-byte aligned room for a*b*c floats, the product checked for overflow: a pass's
