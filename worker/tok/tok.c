@@ -657,6 +657,14 @@ int tok__build(const struct tok__spec *s, struct tok **out)
             char c[4];
             size_t cl = tok__utf8_encode(tok__byte_to_cp((uint8_t)b), c);
             int32_t id = tok__find(t, c, cl);
+            /* bytes that never occur in UTF-8 (C0, C1, F5..FF) need no token: text is
+             * validated before encoding (DeepSeek's, MPT's vocabularies lack them); other
+             * missing bytes (Refact's lacks F1..F4, the lead bytes of planes 4..16) are
+             * dropped from text as Hugging Face's BPE drops what it cannot spell, or become
+             * <unk> when there is one */
+            if (b == 0xC0 || b == 0xC1 || b >= 0xF1)
+                if (id < 0 || t->tokens[id].type != TOK_NORMAL)
+                    continue;
             if (id < 0 || t->tokens[id].type != TOK_NORMAL) {
                 LOG_ERR("%s: byte-level BPE vocabulary has no normal token '%.*s' for byte "
                         "0x%02X", what, (int)cl, c, b);

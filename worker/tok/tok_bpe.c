@@ -76,12 +76,22 @@ static int consider(struct bpe *w, int32_t l)
     return heap_push(&w->heap, &c);
 }
 
+/* A byte the vocabulary has no token for (only F1..F4 can be missing, see tok__build):
+ * <unk> when there is one, else nothing, as Hugging Face's BPE drops it. */
+static int unspellable(const struct tok *t, struct tok__ids *out)
+{
+    return t->unk >= 0 ? tok__ids_push(out, t->unk) : 0;
+}
+
 /* Step 3 for one pre-token. */
 static int encode_word(struct bpe *w, const unsigned char *p, size_t n, struct tok__ids *out)
 {
     const struct tok *t = w->t;
+    if (n == 0)
+        return 0;
     if (n == 1)
-        return tok__ids_push(out, t->byte_char_id[p[0]]);
+        return t->byte_char_id[p[0]] >= 0 ? tok__ids_push(out, t->byte_char_id[p[0]])
+                                          : unspellable(t, out);
     if (t->ignore_merges || t->ranked) { /* a whole pre-token that is a token stays one */
         if (2 * n > w->cap_spell) {
             char *v = realloc(w->spell, 2 * n);
@@ -104,9 +114,16 @@ static int encode_word(struct bpe *w, const unsigned char *p, size_t n, struct t
         w->syms = v;
         w->cap_syms = n;
     }
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        if (t->byte_char_id[p[i]] < 0) { /* rare: split the word around the byte */
+            int rc = encode_word(w, p, i, out);
+            if (rc == 0)
+                rc = unspellable(t, out);
+            return rc != 0 ? rc : encode_word(w, p + i + 1, n - i - 1, out);
+        }
         w->syms[i] = (struct sym){t->byte_char_id[p[i]], (int32_t)i - 1,
                                   i + 1 < n ? (int32_t)i + 1 : -1, true};
+    }
     int rc;
     heap_clear(&w->heap);
     for (size_t i = 0; i + 1 < n; i++)

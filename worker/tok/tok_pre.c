@@ -13,9 +13,9 @@
  * Patterns compile with PCRE2_UTF | PCRE2_UCP, so \p{L}, \s, \d and case folding are
  * Unicode's, and the text is already validated UTF-8 (PCRE2_NO_UTF_CHECK). JIT is used when
  * PCRE2 has it; a match that overflows the JIT stack is retried by the interpreter, whose match,
- * depth and heap limits bound what one match may cost. Past those limits the character at the
- * failing position becomes its own piece (warned once per call): hostile text or a hostile
- * pattern costs bounded time and still encodes losslessly.
+ * depth and heap limits bound what one match may cost. Past those limits the rest of the piece
+ * being split becomes one piece (warned once per call): hostile text or a hostile pattern
+ * costs bounded time (one failed match per piece) and still encodes losslessly.
  *
  * NOTES: the compiled code is shared by threads (pcre2_match only reads it); the match data
  * is made per call.
@@ -32,7 +32,7 @@
 #include <string.h>
 
 /* Per match call: steps of the interpreter, its backtracking depth, its heap (KiB). */
-#define MATCH_LIMIT 1000000u
+#define MATCH_LIMIT 200000u
 #define DEPTH_LIMIT 10000u
 #define HEAP_LIMIT_KIB 16384u
 
@@ -280,7 +280,7 @@ int tok__pre_compile(const char *what, const struct tok__pre_step *steps, uint32
         rx->n = i + 1;
         int err;
         PCRE2_SIZE at;
-        uint32_t opts = PCRE2_UTF | PCRE2_UCP | (d->literal ? PCRE2_LITERAL : 0);
+        uint32_t opts = PCRE2_UTF | (d->literal ? PCRE2_LITERAL : PCRE2_UCP);
         s->code = pcre2_compile((PCRE2_SPTR)s->pattern, d->pattern_len, opts, &err, &at, NULL);
         if (!s->code) {
             PCRE2_UCHAR msg[160];
@@ -408,18 +408,19 @@ static int run(struct split *c, uint32_t k, size_t s, size_t e)
             break;
         size_t ms, me;
         if (m < 0 && m != PCRE2_ERROR_NOMEMORY) {
-            /* past a limit (or any other failure): the character at pos stands alone */
+            /* past a limit (or any other failure): the rest of the piece is one piece */
             if (!c->warned) {
                 PCRE2_UCHAR msg[120];
                 pcre2_get_error_message(m, msg, sizeof msg);
-                LOG_WARN("pre-tokenizer step %u: %s at byte %zu; that character becomes its "
-                         "own piece", k, (const char *)msg, s + pos);
+                LOG_WARN("pre-tokenizer step %u: %s at byte %zu; the rest of that piece "
+                         "becomes one piece", k, (const char *)msg, s + pos);
                 c->warned = true;
             }
-            if (pos == n)
-                break;
-            ms = pos;
-            me = pos + char_len((const char *)subj + pos, n - pos);
+            if (pos > gap && (rc = span(c, k, &p, s + gap, s + pos, inv)) != 0)
+                return rc;
+            if ((rc = flush(c, k, &p)) != 0)
+                return rc;
+            return out_piece(c, k, s + pos, e);
         } else if (m < 0) {
             return -ENOMEM;
         } else {
