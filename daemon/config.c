@@ -547,7 +547,8 @@ out:
 static int parse_limits(struct walk *w, json_t *root, struct config *c)
 {
     static const char *const keys[] = {"max_message_bytes", "max_prompt_tokens", "max_tokens",
-                                       "max_streams_per_connection", "max_queue", NULL};
+                                       "max_streams_per_connection", "max_queue",
+                                       "max_prompt_bytes", "max_early_resets", NULL};
     json_t *o;
     int rc = get_object(w, root, "limits", &o);
     if (rc < 0)
@@ -561,7 +562,10 @@ static int parse_limits(struct walk *w, json_t *root, struct config *c)
         (rc = get_u32(w, o, "max_tokens", 1, 1u << 20, 2048, &l->max_tokens)) < 0 ||
         (rc = get_u32(w, o, "max_streams_per_connection", 1, 65536, 100,
                       &l->max_streams_per_connection)) < 0 ||
-        (rc = get_u32(w, o, "max_queue", 1, 1u << 20, 256, &l->max_queue)) < 0)
+        (rc = get_u32(w, o, "max_queue", 1, 1u << 20, 256, &l->max_queue)) < 0 ||
+        (rc = get_u32(w, o, "max_prompt_bytes", 1, 256u << 20, 1u << 20,
+                      &l->max_prompt_bytes)) < 0 ||
+        (rc = get_u32(w, o, "max_early_resets", 1, 1u << 20, 200, &l->max_early_resets)) < 0)
         goto out;
 out:
     pop(w, s);

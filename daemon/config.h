@@ -64,6 +64,9 @@ struct config_limits {
     uint32_t max_tokens;             /* per request's max_tokens */
     uint32_t max_streams_per_connection;
     uint32_t max_queue;              /* requests waiting per worker before UNAVAILABLE */
+    uint32_t max_prompt_bytes;       /* a request's text (prompt, Tokenize) before tokenizing */
+    uint32_t max_early_resets;       /* streams a connection may reset before any answer, in
+                                      * 10 s, before the gateway closes it (rapid reset) */
 };
 
 /* Worker lifecycle policy (daemon/backoff.h, daemon/sup.c). */

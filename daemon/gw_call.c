@@ -393,6 +393,7 @@ static void pump(struct gw_call *c)
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = msg;
         c->out = msg;
+        c->msg_sent = true;
     }
     if (end) {
         if (c->has_status_slice)
@@ -442,10 +443,12 @@ static void on_close(struct gw_tag *t, bool ok)
     struct gw *g = c->g;
     size_t n_cancel = 0;
     pthread_mutex_lock(&c->mu);
+    bool late = gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) != 0 &&
+                gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
+    /* reset by its client before any answer: what an HTTP/2 rapid reset is made of */
+    bool early_reset = c->close_cancelled && !c->msg_sent && !late;
     if (c->close_cancelled && !c->status_sent && !c->closed) {
         c->closed = true;
-        bool late = gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) != 0 &&
-                    gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
         record(c, late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED);
         end_stream(c);
         for (size_t i = 0; i < c->n_items; i++)
@@ -456,6 +459,8 @@ static void on_close(struct gw_tag *t, bool ok)
     }
     bool closed = c->closed;
     pthread_mutex_unlock(&c->mu);
+    if (early_reset && c->call)
+        gw__conn_early_reset(g, c->call, c->cfg->limits.max_early_resets);
     if (closed)
         for (size_t i = 0; i < c->n_items && n_cancel; i++)
             gw__cancel_item(g, c, i);

@@ -1,0 +1,99 @@
+"""clocherd against an adversarial client (issue 15): HTTP/2 rapid reset with no API key, a
+second clocherd on a live socket, and the tenant limits a flood runs into. Bounded in count and
+time, on a Unix socket in a temporary directory."""
+import json
+import os
+import subprocess
+import time
+
+import grpc
+import pytest
+
+import gwtest as T
+import h2raw
+
+ALICE = T.key("alice-key-0001")
+
+
+@pytest.fixture(scope="module")
+def d():
+    dm = T.Daemon(T.stories_model(), workers=1, limits={"max_early_resets": 100})
+    yield dm
+    assert dm.stop() == 0, dm.read_log()
+
+
+def test_rapid_reset_is_cut_off_and_memory_stays_bounded(d):
+    """20k HEADERS+DATA+RST_STREAM on one connection grew clocherd by ~250 MB, kept after the
+    client left: now the connection is closed after 100 early resets (GOAWAY), and a legitimate
+    client is served at once afterwards."""
+    r0 = d.rss_kb()
+    c = h2raw.Conn(d.sock)
+    t0 = time.time()
+    sent = c.rapid_reset(20000, "/clocher.v1.Inference/Generate")
+    # the server closes: the writes fail, or the next read sees EOF
+    end = time.time() + 10
+    while not c.closed and time.time() < end:
+        time.sleep(0.05)
+        c.drain()
+        if not c.closed:
+            sent += c.rapid_reset(100, "/clocher.v1.Inference/Generate")
+    c.close()
+    assert c.closed, "the abusive connection is still open after %d streams" % sent
+    assert time.time() - t0 < 15
+    assert sent < 20000, "every one of 20000 streams was accepted"
+    # the memory of what it queued is given back
+    grown = 0
+    for _ in range(40):
+        grown = d.rss_kb() - r0
+        if grown < 32 * 1024:
+            break
+        time.sleep(0.25)
+    assert grown < 32 * 1024, "clocherd grew by %d kB" % grown
+    assert "limits.max_early_resets" in d.read_log()
+    t1 = time.time()
+    ids, last = T.generate(d.stub, ALICE, ids=[1, 2, 3], max_tokens=4, timeout=20)
+    assert len(ids) == 4
+    assert time.time() - t1 < 5
+
+
+def test_cancels_after_answers_are_not_resets(d):
+    """A client that cancels streams it was answered on is not an abuser."""
+    for _ in range(150):
+        call = d.stub.Generate(T.pb.GenerateRequest(prompt_ids=T.pb.TokenIds(ids=[1, 5]),
+                                                    max_tokens=200), metadata=ALICE, timeout=20)
+        next(iter(call))
+        call.cancel()
+    ids, _ = T.generate(d.stub, ALICE, ids=[1, 2, 3], max_tokens=2, timeout=20)
+    assert len(ids) == 2
+
+
+def test_second_daemon_refuses_a_live_socket(d):
+    """A second clocherd on the first one's socket path used to take it over and delete it on
+    exit: now it refuses to start and the first keeps serving."""
+    cfg = dict(d.cfg)
+    path = os.path.join(d.dir, "second.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    p = subprocess.run([T.CLOCHERD, "--config", path], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0
+    assert "another process" in p.stderr and d.sock in p.stderr, p.stderr
+    assert os.path.exists(d.sock)
+    assert d.status() == T.SERVING
+
+
+def test_a_stale_socket_is_removed():
+    """A socket file nobody accepts on (a daemon killed with SIGKILL) does not stop a start."""
+    import socket
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="stale-", dir=T._work)
+    sock = os.path.join(tmp, "gw.sock")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sock)
+    s.close()  # bound, never listened on, closed: a stale socket file
+    dm = T.Daemon(T.stories_model(), workers=1, sock=sock)
+    try:
+        assert dm.status() == T.SERVING
+        assert "stale socket" in dm.read_log()
+    finally:
+        assert dm.stop() == 0
