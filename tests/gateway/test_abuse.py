@@ -97,3 +97,29 @@ def test_a_stale_socket_is_removed():
         assert "stale socket" in dm.read_log()
     finally:
         assert dm.stop() == 0
+
+
+def test_worker_exits_leak_no_descriptor():
+    """Each worker exit used to leave its control socket open in clocherd (20 -> 40 fds over 20
+    kills): the count is the same after 6 kills as before."""
+    import signal
+    dm = T.Daemon(T.stories_model(), workers=1,
+                  extra={"supervisor": {"respawn_initial_ms": 50, "respawn_max_ms": 100,
+                                        "crash_loop_max": 100, "ready_timeout_s": 60,
+                                        "heartbeat_timeout_s": 60, "stop_grace_s": 10}})
+    try:
+        def fds():
+            return len(os.listdir("/proc/%d/fd" % dm.proc.pid))
+        before = fds()
+        for k in range(6):
+            pid = dm.worker_pids()[0]
+            os.kill(pid, signal.SIGKILL)
+            end = time.time() + 20
+            while time.time() < end and dm.worker_pids().get(0) == pid:
+                time.sleep(0.05)
+            assert dm.worker_pids().get(0) != pid, dm.read_log()
+            dm.wait_serving()
+        time.sleep(0.3)
+        assert fds() == before, "clocherd had %d fds, now %d" % (before, fds())
+    finally:
+        dm.stop()
