@@ -11,6 +11,7 @@
 #include "check.h"
 #include "err.h"
 #include "log.h"
+#include "tlscheck.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -483,6 +484,20 @@ out:
     return rc;
 }
 
+/* The TLS files hold what gRPC will want (tlscheck.c): --check-config and a start refuse them
+ * naming the file, instead of the listener failing later with a message about the port. */
+static int check_tls_files(struct walk *w, const struct config *c)
+{
+    char why[600];
+    const char *key = tlscheck_files(c->tls_cert, c->tls_key, c->tls_client_ca, why, sizeof why);
+    if (!key)
+        return 0;
+    size_t s = push_key(w, key);
+    int rc = fail(w, ERR_FORMAT, "%s", why);
+    pop(w, s);
+    return rc;
+}
+
 static int parse_tls(struct walk *w, json_t *root, struct config *c)
 {
     static const char *const keys[] = {"cert", "key", "client_ca", NULL};
@@ -506,7 +521,8 @@ static int parse_tls(struct walk *w, json_t *root, struct config *c)
     }
     if ((rc = check_readable(w, "cert", c->tls_cert)) < 0 ||
         (rc = check_readable(w, "key", c->tls_key)) < 0 ||
-        (rc = check_readable(w, "client_ca", c->tls_client_ca)) < 0)
+        (rc = check_readable(w, "client_ca", c->tls_client_ca)) < 0 ||
+        (rc = check_tls_files(w, c)) < 0)
         goto out;
 out:
     pop(w, s);

@@ -118,10 +118,10 @@ static void end_stream(struct gw_call *c)
     if (!c->stream_slot)
         return;
     c->stream_slot = false;
-    auth_streams_release(&c->g->streams, c->tenant);
-    atomic_fetch_sub(&c->g->active_streams, 1);
+    auth_streams_release_n(&c->g->streams, c->tenant, c->n_streams);
+    atomic_fetch_sub(&c->g->active_streams, c->n_streams);
     if (c->g->stats)
-        stats_active_streams_add(c->g->stats, c->tenant, -1);
+        stats_active_streams_add(c->g->stats, c->tenant, -(int64_t)c->n_streams);
 }
 
 static void record(struct gw_call *c, int status)
@@ -631,18 +631,23 @@ static void after_submit(struct gw_call *c)
 static int begin_stream(struct gw_call *c)
 {
     uint32_t limit = c->tcfg ? c->tcfg->max_concurrent_streams : 0;
-    if (auth_streams_acquire(&c->g->streams, c->tenant, limit) < 0) {
+    /* every request of a batch is a stream of its own: a batch is not a way around the limit */
+    uint32_t n = c->n_items ? (uint32_t)c->n_items : 1;
+    if (auth_streams_acquire_n(&c->g->streams, c->tenant, n, limit) < 0) {
         end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                 "tenant %s already has %" PRIu32 " streams open, its limit "
-                 "(tenants[].max_concurrent_streams)", c->tenant, limit);
+                 "tenant %s: %" PRIu32 " more streams would exceed its limit of %" PRIu32
+                 " (tenants[].max_concurrent_streams; %" PRIu32 " open; each request of a "
+                 "batch counts)", c->tenant, n, limit,
+                 auth_streams_active(&c->g->streams, c->tenant));
         return -1;
     }
     pthread_mutex_lock(&c->mu);
     c->stream_slot = true;
+    c->n_streams = n;
     pthread_mutex_unlock(&c->mu);
-    atomic_fetch_add(&c->g->active_streams, 1);
+    atomic_fetch_add(&c->g->active_streams, n);
     if (c->g->stats)
-        stats_active_streams_add(c->g->stats, c->tenant, 1);
+        stats_active_streams_add(c->g->stats, c->tenant, n);
     return 0;
 }
 
@@ -756,6 +761,11 @@ static void start_tokenize(struct gw_call *c)
     if (!r)
         return;
     const char *text = r->text ? r->text : "";
+    uint32_t limit = c->cfg->limits.max_prompt_bytes;
+    if (strlen(text) > limit)
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                        "text: %zu bytes, the limit is %" PRIu32 " (limits.max_prompt_bytes)",
+                        strlen(text), limit);
     struct shm_msg m = {.type = SHM_MSG_TOKENIZE,
                         .tokenize = {.flags = !r->has_add_bos || r->add_bos ? SHM_GEN_ADD_BOS : 0,
                                      .text = text, .text_len = (uint32_t)strlen(text)}};

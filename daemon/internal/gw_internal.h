@@ -110,7 +110,8 @@ struct gw_call {
     struct config *cfg;            /* the snapshot the call runs with */
     char tenant[CONFIG_NAME_MAX];  /* "" = anonymous */
     const struct config_tenant *tcfg; /* in cfg; NULL = anonymous */
-    bool stream_slot;              /* holds one of its tenant's concurrent streams */
+    bool stream_slot;              /* holds n_streams of its tenant's concurrent streams */
+    uint32_t n_streams;            /* one per request (a BatchGenerate's items each count) */
     uint64_t start_ns;
     size_t n_items, n_open;
     struct gw_item *items;
