@@ -675,7 +675,8 @@ out:
 static int parse_tenant(struct walk *w, json_t *o, struct config_tenant *t)
 {
     static const char *const keys[] = {"name", "api_keys", "allowed_adapters",
-                                       "max_concurrent_streams", NULL};
+                                       "max_concurrent_streams", "admin", "requests_per_s",
+                                       "tokens_per_min", "max_prompt_bytes", "max_queued", NULL};
     const char *name;
     int rc;
     if (!json_is_object(o))
@@ -744,7 +745,15 @@ static int parse_tenant(struct walk *w, json_t *o, struct config_tenant *t)
     pop(w, s);
     if (rc < 0)
         return rc;
-    return get_u32(w, o, "max_concurrent_streams", 0, 1u << 20, 0, &t->max_concurrent_streams);
+    if ((rc = get_u32(w, o, "max_concurrent_streams", 0, 1u << 20, 0,
+                      &t->max_concurrent_streams)) < 0 ||
+        (rc = get_bool(w, o, "admin", false, &t->admin)) < 0 ||
+        (rc = get_u32(w, o, "requests_per_s", 0, 1u << 20, 0, &t->requests_per_s)) < 0 ||
+        (rc = get_u32(w, o, "tokens_per_min", 0, 1u << 30, 0, &t->tokens_per_min)) < 0 ||
+        (rc = get_u32(w, o, "max_prompt_bytes", 0, 256u << 20, 0, &t->max_prompt_bytes)) < 0 ||
+        (rc = get_u32(w, o, "max_queued", 0, 1u << 20, 0, &t->max_queued)) < 0)
+        return rc;
+    return 0;
 }
 
 static int parse_tenants(struct walk *w, json_t *root, struct config *c)

@@ -51,6 +51,12 @@ struct config_tenant {
     size_t n_allowed;
     char **allowed_adapters;       /* [n_allowed] adapter names (may be loaded at run time) */
     uint32_t max_concurrent_streams; /* 0 = no per-tenant limit */
+    bool admin;                    /* GetMetrics shows every tenant's series (else its own) */
+    /* quotas (gw_quota.c), 0 = none */
+    uint32_t requests_per_s;       /* token bucket of RPCs that reach a worker, burst = 1 s */
+    uint32_t tokens_per_min;       /* token bucket of prompt + generated tokens, burst = 1 min */
+    uint32_t max_prompt_bytes;     /* below limits.max_prompt_bytes for this tenant */
+    uint32_t max_queued;           /* requests at the workers not yet generating */
 };
 
 struct config_adapter {

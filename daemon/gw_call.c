@@ -904,7 +904,9 @@ static void start_metrics(struct gw_call *c)
         return end_call(c, GRPC_STATUS_UNIMPLEMENTED, "metrics are not collected");
     char *text = NULL;
     size_t len = 0;
-    if (stats_render(c->g->stats, c->g->w, &text, &len) < 0)
+    /* a tenant sees its own series; an admin, or anonymous access, every tenant's */
+    const char *only = c->tcfg && !c->tcfg->admin ? c->tenant : NULL;
+    if (stats_render_for(c->g->stats, c->g->w, only, &text, &len) < 0)
         return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
     Clocher__V1__GetMetricsResponse r = CLOCHER__V1__GET_METRICS_RESPONSE__INIT;
     r.prometheus_text = text;

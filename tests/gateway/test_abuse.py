@@ -229,3 +229,28 @@ def test_a_huge_prompt_does_not_stall_another_tenants_stream():
             max(during), t1 - t0)
     finally:
         assert dm.stop() == 0
+
+
+def test_get_metrics_shows_a_tenant_only_its_own_series():
+    """GetMetrics showed every tenant's names, token counts and latency histograms to any
+    tenant: a tenant now sees its own series, an admin ("admin": true) everyone's."""
+    tenants = [{"name": "alice", "api_keys": ["alice-key-0001"], "admin": True},
+               {"name": "bob", "api_keys": ["bob-key-000002"]},
+               {"name": "carol", "api_keys": ["carol-key-0003"]}]
+    dm = T.Daemon(T.stories_model(), workers=1, tenants=tenants)
+    try:
+        for k in ("alice-key-0001", "bob-key-000002", "carol-key-0003"):
+            T.generate(dm.stub, T.key(k), ids=[1, 2, 3], max_tokens=2, timeout=20)
+
+        def metrics(k):
+            return dm.stub.GetMetrics(T.pb.GetMetricsRequest(), metadata=T.key(k),
+                                      timeout=20).prometheus_text
+        bob = metrics("bob-key-000002")
+        assert 'tenant="bob"' in bob
+        assert "alice" not in bob and "carol" not in bob, bob
+        assert "clocher_workers_ready" in bob  # what carries no tenant is shown whole
+        admin = metrics("alice-key-0001")
+        for name in ("alice", "bob", "carol"):
+            assert 'tenant="%s"' % name in admin
+    finally:
+        assert dm.stop() == 0
