@@ -11,6 +11,7 @@
 #include "check.h"
 #include "err.h"
 #include "log.h"
+#include "tlscheck.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -483,6 +484,20 @@ out:
     return rc;
 }
 
+/* The TLS files hold what gRPC will want (tlscheck.c): --check-config and a start refuse them
+ * naming the file, instead of the listener failing later with a message about the port. */
+static int check_tls_files(struct walk *w, const struct config *c)
+{
+    char why[600];
+    const char *key = tlscheck_files(c->tls_cert, c->tls_key, c->tls_client_ca, why, sizeof why);
+    if (!key)
+        return 0;
+    size_t s = push_key(w, key);
+    int rc = fail(w, ERR_FORMAT, "%s", why);
+    pop(w, s);
+    return rc;
+}
+
 static int parse_tls(struct walk *w, json_t *root, struct config *c)
 {
     static const char *const keys[] = {"cert", "key", "client_ca", NULL};
@@ -506,7 +521,8 @@ static int parse_tls(struct walk *w, json_t *root, struct config *c)
     }
     if ((rc = check_readable(w, "cert", c->tls_cert)) < 0 ||
         (rc = check_readable(w, "key", c->tls_key)) < 0 ||
-        (rc = check_readable(w, "client_ca", c->tls_client_ca)) < 0)
+        (rc = check_readable(w, "client_ca", c->tls_client_ca)) < 0 ||
+        (rc = check_tls_files(w, c)) < 0)
         goto out;
 out:
     pop(w, s);
@@ -547,7 +563,8 @@ out:
 static int parse_limits(struct walk *w, json_t *root, struct config *c)
 {
     static const char *const keys[] = {"max_message_bytes", "max_prompt_tokens", "max_tokens",
-                                       "max_streams_per_connection", "max_queue", NULL};
+                                       "max_streams_per_connection", "max_queue",
+                                       "max_prompt_bytes", "max_early_resets", NULL};
     json_t *o;
     int rc = get_object(w, root, "limits", &o);
     if (rc < 0)
@@ -561,7 +578,10 @@ static int parse_limits(struct walk *w, json_t *root, struct config *c)
         (rc = get_u32(w, o, "max_tokens", 1, 1u << 20, 2048, &l->max_tokens)) < 0 ||
         (rc = get_u32(w, o, "max_streams_per_connection", 1, 65536, 100,
                       &l->max_streams_per_connection)) < 0 ||
-        (rc = get_u32(w, o, "max_queue", 1, 1u << 20, 256, &l->max_queue)) < 0)
+        (rc = get_u32(w, o, "max_queue", 1, 1u << 20, 256, &l->max_queue)) < 0 ||
+        (rc = get_u32(w, o, "max_prompt_bytes", 1, 256u << 20, 1u << 20,
+                      &l->max_prompt_bytes)) < 0 ||
+        (rc = get_u32(w, o, "max_early_resets", 1, 1u << 20, 200, &l->max_early_resets)) < 0)
         goto out;
 out:
     pop(w, s);
@@ -655,7 +675,8 @@ out:
 static int parse_tenant(struct walk *w, json_t *o, struct config_tenant *t)
 {
     static const char *const keys[] = {"name", "api_keys", "allowed_adapters",
-                                       "max_concurrent_streams", NULL};
+                                       "max_concurrent_streams", "admin", "requests_per_s",
+                                       "tokens_per_min", "max_prompt_bytes", "max_queued", NULL};
     const char *name;
     int rc;
     if (!json_is_object(o))
@@ -724,7 +745,15 @@ static int parse_tenant(struct walk *w, json_t *o, struct config_tenant *t)
     pop(w, s);
     if (rc < 0)
         return rc;
-    return get_u32(w, o, "max_concurrent_streams", 0, 1u << 20, 0, &t->max_concurrent_streams);
+    if ((rc = get_u32(w, o, "max_concurrent_streams", 0, 1u << 20, 0,
+                      &t->max_concurrent_streams)) < 0 ||
+        (rc = get_bool(w, o, "admin", false, &t->admin)) < 0 ||
+        (rc = get_u32(w, o, "requests_per_s", 0, 1u << 20, 0, &t->requests_per_s)) < 0 ||
+        (rc = get_u32(w, o, "tokens_per_min", 0, 1u << 30, 0, &t->tokens_per_min)) < 0 ||
+        (rc = get_u32(w, o, "max_prompt_bytes", 0, 256u << 20, 0, &t->max_prompt_bytes)) < 0 ||
+        (rc = get_u32(w, o, "max_queued", 0, 1u << 20, 0, &t->max_queued)) < 0)
+        return rc;
+    return 0;
 }
 
 static int parse_tenants(struct walk *w, json_t *root, struct config *c)

@@ -118,10 +118,10 @@ static void end_stream(struct gw_call *c)
     if (!c->stream_slot)
         return;
     c->stream_slot = false;
-    auth_streams_release(&c->g->streams, c->tenant);
-    atomic_fetch_sub(&c->g->active_streams, 1);
+    auth_streams_release_n(&c->g->streams, c->tenant, c->n_streams);
+    atomic_fetch_sub(&c->g->active_streams, c->n_streams);
     if (c->g->stats)
-        stats_active_streams_add(c->g->stats, c->tenant, -1);
+        stats_active_streams_add(c->g->stats, c->tenant, -(int64_t)c->n_streams);
 }
 
 static void record(struct gw_call *c, int status)
@@ -393,6 +393,7 @@ static void pump(struct gw_call *c)
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = msg;
         c->out = msg;
+        c->msg_sent = true;
     }
     if (end) {
         if (c->has_status_slice)
@@ -442,10 +443,12 @@ static void on_close(struct gw_tag *t, bool ok)
     struct gw *g = c->g;
     size_t n_cancel = 0;
     pthread_mutex_lock(&c->mu);
+    bool late = gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) != 0 &&
+                gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
+    /* reset by its client before any answer: what an HTTP/2 rapid reset is made of */
+    bool early_reset = c->close_cancelled && !c->msg_sent && !late;
     if (c->close_cancelled && !c->status_sent && !c->closed) {
         c->closed = true;
-        bool late = gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) != 0 &&
-                    gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
         record(c, late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED);
         end_stream(c);
         for (size_t i = 0; i < c->n_items; i++)
@@ -456,6 +459,8 @@ static void on_close(struct gw_tag *t, bool ok)
     }
     bool closed = c->closed;
     pthread_mutex_unlock(&c->mu);
+    if (early_reset && c->call)
+        gw__conn_early_reset(g, c->call, c->cfg->limits.max_early_resets);
     if (closed)
         for (size_t i = 0; i < c->n_items && n_cancel; i++)
             gw__cancel_item(g, c, i);
@@ -626,18 +631,23 @@ static void after_submit(struct gw_call *c)
 static int begin_stream(struct gw_call *c)
 {
     uint32_t limit = c->tcfg ? c->tcfg->max_concurrent_streams : 0;
-    if (auth_streams_acquire(&c->g->streams, c->tenant, limit) < 0) {
+    /* every request of a batch is a stream of its own: a batch is not a way around the limit */
+    uint32_t n = c->n_items ? (uint32_t)c->n_items : 1;
+    if (auth_streams_acquire_n(&c->g->streams, c->tenant, n, limit) < 0) {
         end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                 "tenant %s already has %" PRIu32 " streams open, its limit "
-                 "(tenants[].max_concurrent_streams)", c->tenant, limit);
+                 "tenant %s: %" PRIu32 " more streams would exceed its limit of %" PRIu32
+                 " (tenants[].max_concurrent_streams; %" PRIu32 " open; each request of a "
+                 "batch counts)", c->tenant, n, limit,
+                 auth_streams_active(&c->g->streams, c->tenant));
         return -1;
     }
     pthread_mutex_lock(&c->mu);
     c->stream_slot = true;
+    c->n_streams = n;
     pthread_mutex_unlock(&c->mu);
-    atomic_fetch_add(&c->g->active_streams, 1);
+    atomic_fetch_add(&c->g->active_streams, n);
     if (c->g->stats)
-        stats_active_streams_add(c->g->stats, c->tenant, 1);
+        stats_active_streams_add(c->g->stats, c->tenant, n);
     return 0;
 }
 
@@ -751,6 +761,11 @@ static void start_tokenize(struct gw_call *c)
     if (!r)
         return;
     const char *text = r->text ? r->text : "";
+    uint32_t limit = c->cfg->limits.max_prompt_bytes;
+    if (strlen(text) > limit)
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                        "text: %zu bytes, the limit is %" PRIu32 " (limits.max_prompt_bytes)",
+                        strlen(text), limit);
     struct shm_msg m = {.type = SHM_MSG_TOKENIZE,
                         .tokenize = {.flags = !r->has_add_bos || r->add_bos ? SHM_GEN_ADD_BOS : 0,
                                      .text = text, .text_len = (uint32_t)strlen(text)}};
@@ -889,7 +904,9 @@ static void start_metrics(struct gw_call *c)
         return end_call(c, GRPC_STATUS_UNIMPLEMENTED, "metrics are not collected");
     char *text = NULL;
     size_t len = 0;
-    if (stats_render(c->g->stats, c->g->w, &text, &len) < 0)
+    /* a tenant sees its own series; an admin, or anonymous access, every tenant's */
+    const char *only = c->tcfg && !c->tcfg->admin ? c->tenant : NULL;
+    if (stats_render_for(c->g->stats, c->g->w, only, &text, &len) < 0)
         return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
     Clocher__V1__GetMetricsResponse r = CLOCHER__V1__GET_METRICS_RESPONSE__INIT;
     r.prometheus_text = text;

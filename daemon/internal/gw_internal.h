@@ -38,6 +38,7 @@
 #define GW_MAGIC 0x47574159u      /* "GWAY" */
 #define GW_CALL_MAGIC 0x4743414cu /* "GCAL" */
 #define GW_BUCKETS 1024u          /* per-slot request table buckets (a power of two) */
+#define GW_PEERS 256u             /* connections whose early resets are counted at once */
 
 enum gw_method {
     GW_GENERATE = 0,
@@ -105,10 +106,12 @@ struct gw_call {
     pthread_mutex_t mu;
     int close_cancelled;           /* RECV_CLOSE_ON_SERVER's answer */
     bool sending, md_sent, status_sent, closed, counted;
+    bool msg_sent;                 /* a response message went out (not an early reset) */
     struct config *cfg;            /* the snapshot the call runs with */
     char tenant[CONFIG_NAME_MAX];  /* "" = anonymous */
     const struct config_tenant *tcfg; /* in cfg; NULL = anonymous */
-    bool stream_slot;              /* holds one of its tenant's concurrent streams */
+    bool stream_slot;              /* holds n_streams of its tenant's concurrent streams */
+    uint32_t n_streams;            /* one per request (a BatchGenerate's items each count) */
     uint64_t start_ns;
     size_t n_items, n_open;
     struct gw_item *items;
@@ -174,6 +177,13 @@ struct gw_adapter {
     uint32_t reload_gen[CONFIG_MAX_WORKERS];
 };
 
+/* A connection's early resets (gw_conn.c), by its gRPC peer name. */
+struct gw_peer {
+    char name[80];
+    uint64_t window_ns;            /* the start of its 10 s window */
+    uint32_t resets;
+};
+
 struct gw {
     uint32_t magic;
     struct workers *w;
@@ -205,6 +215,18 @@ struct gw {
     struct gw_call **watch;        /* Health.Watch calls open */
 
     struct workers_hooks hooks;
+
+    /* gw_conn.c: our Unix listener, the connection thread, early-reset accounting */
+    int unix_fd;                   /* -1 = none */
+    char unix_path[108];
+    int wake[2];                   /* wakes the connection thread to stop */
+    pthread_t conn_thread;
+    bool conn_started;
+    pthread_mutex_t conn_mu;       /* guards peers */
+    struct gw_peer peers[GW_PEERS];
+    _Atomic uint64_t early_resets; /* streams reset before any answer, all connections */
+    _Atomic uint64_t conns_closed; /* connections closed for them */
+    _Atomic uint64_t trim_until_ns;
 };
 
 /* ---- gw_callobj.c: a call's lifetime ---- */
@@ -214,6 +236,17 @@ struct gw_call *gw__call_new(struct gw *g, enum gw_method m,
 void gw__call_ref(struct gw_call *c);
 /* The last reference frees the call and everything it owns. */
 void gw__call_unref(struct gw_call *c);
+
+/* ---- gw_conn.c: connections (the Unix listener, rapid-reset accounting) ---- */
+/* Listens on path, refusing a live socket of another process and removing a stale one. */
+int gw__conn_listen_unix(struct gw *g, const char *path);
+/* Starts the connection thread (accepts on the Unix socket; gives memory back). */
+int gw__conn_start(struct gw *g);
+/* Stops it, closes and removes our Unix socket. Before the server is destroyed. */
+void gw__conn_stop(struct gw *g);
+/* A stream of call was reset by its client before any answer: counted against its
+ * connection; past limit in 10 s the connection is sent GOAWAY and closed. */
+void gw__conn_early_reset(struct gw *g, grpc_call *call, uint32_t limit);
 
 /* ---- gw_cq.c: the completion-queue thread ---- */
 void *gw__cq_main(void *gw);
