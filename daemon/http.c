@@ -176,7 +176,8 @@ static enum MHD_Result reply_status(struct hreq *r, struct MHD_Connection *conn,
         param_of(msg, chat, param, sizeof param);
         if (strcmp(param, chat ? "messages" : "prompt") == 0 && strstr(msg, "the limit is"))
             return reply_error(conn, 413, param, "context_length_exceeded", "%s", msg);
-        return reply_error(conn, 400, param, NULL, "%s", msg);
+        return reply_error(conn, 400, param, NULL, "%s",
+                           strncmp(msg, "sampling.", 9) == 0 ? msg + 9 : msg);
     case GRPC_STATUS_NOT_FOUND:
         return reply_error(conn, 404, "model", "model_not_found",
                            "The model `%s` does not exist or you do not have access to it.",
@@ -221,7 +222,7 @@ static enum MHD_Result do_models(struct http *h, struct MHD_Connection *conn,
         json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id", a->name,
                                               "object", "model", "created", now, "owned_by",
                                               "clocher", "parent", mi.name, "root",
-                                              a->dir ? a->dir : ""));
+                                              a->name));
     }
     pthread_mutex_unlock(&g->adapters_mu);
     return reply_json(conn, 200, root, NULL);

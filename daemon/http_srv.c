@@ -70,8 +70,6 @@ static void unlist(struct http_srv *s, struct http_srv_susp *x)
     x->prev = x->next = NULL;
     x->listed = false;
     s->n_susp--;
-    if (s->n_susp == 0)
-        uv_timer_stop(&s->watch);
 }
 
 static void resume(struct http_srv *s, struct http_srv_susp *x)
@@ -113,6 +111,10 @@ static bool hung_up(struct MHD_Connection *conn)
 static void on_watch(uv_timer_t *t)
 {
     struct http_srv *s = t->data;
+    if (s->n_susp == 0) {
+        uv_timer_stop(t);
+        return;
+    }
     for (struct http_srv_susp *x = s->susp, *next; x; x = next) {
         next = x->next;
         if (x->suspended && hung_up(x->conn)) {
@@ -150,7 +152,9 @@ void http_srv_suspend(struct http_srv *s, struct http_srv_susp *x)
             s->susp->prev = x;
         s->susp = x;
         x->listed = true;
-        if (s->n_susp++ == 0)
+        /* started once and left running while anything is suspended: restarting it at
+         * every suspension (each token) would keep it from ever firing */
+        if (s->n_susp++ == 0 && !uv_is_active((uv_handle_t *)&s->watch))
             uv_timer_start(&s->watch, on_watch, HTTP_SRV_WATCH_MS, HTTP_SRV_WATCH_MS);
     }
     if (atomic_load(&x->wake))
