@@ -266,6 +266,7 @@ int main(int argc, char **argv)
         goto out_workers;
     if (metrics_create(w, &loop, &metrics) < 0)
         goto out_workers;
+    metrics_set_gateway(metrics, gw);
     if (http_create(w, gw, &loop, &http) < 0)
         goto out_workers;
     if (sup_create(&loop, w, &so, &sup) < 0 || sup_start(sup) < 0)

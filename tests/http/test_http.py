@@ -344,6 +344,49 @@ def test_port_taken_refused(d):
     assert p.returncode != 0 and "nonsense" in p.stderr, p.stderr
 
 
+def test_vllm_metrics(d):
+    """The vLLM names beside clocher_*, read by Prometheus' own parser, while an adapter's
+    request runs and after."""
+    from prometheus_client.parser import text_string_to_metric_families
+    assert ht.post(d, "/v1/completions", {"model": "ad1", "prompt": "x", "max_tokens": 2})[0] == 200
+    s, _ = long_stream_model(d, "ad1")
+    try:
+        ht.wait_for(lambda: ht.metric(d, "vllm:num_requests_running") > 0, what="running > 0")
+        fams = {f.name: f for f in text_string_to_metric_families(ht.metrics(d))}
+        info = fams["vllm:lora_requests_info"].samples[0]
+        assert info.labels["running_lora_adapters"] == "ad1"
+        assert info.labels["max_lora"] == "1" and "waiting_lora_adapters" in info.labels
+        kv = fams["vllm:kv_cache_usage_perc"].samples[0]
+        assert kv.labels["model_name"] == d.model_name and 0 < kv.value <= 1
+    finally:
+        s.close()
+    ht.wait_for(lambda: ht.metric(d, "vllm:num_requests_running") == 0, what="running == 0")
+    fams = {f.name: f for f in text_string_to_metric_families(ht.metrics(d))}
+    for name in ("vllm:num_requests_waiting", "vllm:time_to_first_token_seconds",
+                 "vllm:e2e_request_latency_seconds", "vllm:request_time_per_output_token_seconds",
+                 "vllm:prompt_tokens", "vllm:generation_tokens", "process_cpu_seconds",
+                 "process_resident_memory_bytes", "process_start_time_seconds"):
+        assert name in fams, name
+    gen = fams["vllm:generation_tokens"].samples[0].value
+    assert gen == ht.metric(d, "clocher_completion_tokens_total") and gen > 0
+    ttft = fams["vllm:time_to_first_token_seconds"]
+    count = [x for x in ttft.samples if x.name.endswith("_count")][0].value
+    inf = [x for x in ttft.samples if x.labels.get("le") == "+Inf"][0].value
+    assert count == inf == ht.metric(d, "clocher_ttft_seconds_count") and count > 0
+
+
+def long_stream_model(d, model):
+    body = json.dumps({"model": model, "prompt": "Once", "max_tokens": 1000, "n": 4,
+                       "stream": True, "temperature": 1.0}).encode()
+    s = socket.create_connection(("127.0.0.1", d.http_port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+              ALICE.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
+              b"\r\n\r\n" + body)
+    first = s.recv(4096)
+    assert first.startswith(b"HTTP/1.1 200"), first
+    return s, first
+
+
 def test_zz_503_while_draining(d):
     s, _ = long_stream(d, ALICE, n=4)
     try:
