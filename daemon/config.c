@@ -560,6 +560,43 @@ out:
     return rc;
 }
 
+/* "http": {"listen", "max_connections", "timeout_s", "max_body_bytes"} (daemon/http.h) */
+static int parse_http(struct walk *w, json_t *root, struct config *c)
+{
+    static const char *const keys[] = {"listen", "max_connections", "timeout_s",
+                                       "max_body_bytes", NULL};
+    json_t *o;
+    const char *l = NULL;
+    c->http_max_connections = 256;
+    c->http_timeout_s = 30;
+    c->http_max_body_bytes = 1u << 20;
+    int rc = get_object(w, root, "http", &o);
+    if (rc < 0 || !o)
+        return rc;
+    size_t s = push_key(w, "http");
+    if ((rc = check_keys(w, o, keys)) < 0)
+        goto out;
+    json_t *v = json_object_get(o, "listen");
+    if (v && !json_is_null(v) && (rc = get_string(w, o, "listen", 300, false, &l)) < 0)
+        goto out;
+    if (l) {
+        size_t s2 = push_key(w, "listen");
+        rc = check_hostport(w, l);
+        pop(w, s2);
+        if (rc < 0)
+            goto out;
+    }
+    if ((rc = get_u32(w, o, "max_connections", 1, 65536, 256, &c->http_max_connections)) < 0 ||
+        (rc = get_u32(w, o, "timeout_s", 1, 3600, 30, &c->http_timeout_s)) < 0 ||
+        (rc = get_u32(w, o, "max_body_bytes", 1024, 64u << 20, 1u << 20,
+                      &c->http_max_body_bytes)) < 0)
+        goto out;
+    rc = dup_str(l, &c->http_listen);
+out:
+    pop(w, s);
+    return rc;
+}
+
 static int parse_limits(struct walk *w, json_t *root, struct config *c)
 {
     static const char *const keys[] = {"max_message_bytes", "max_prompt_tokens", "max_tokens",
@@ -821,6 +858,7 @@ static void free_config(struct config *c)
     free(c->tls_key);
     free(c->tls_client_ca);
     free(c->metrics_listen);
+    free(c->http_listen);
     free(c->model_dir);
     free(c->worker_binary);
     for (size_t i = 0; i < c->n_tenants; i++) {
@@ -885,7 +923,7 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
     static const char *const keys[] = {
         "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
         "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
-        "supervisor", "lora_weights", NULL};
+        "supervisor", "lora_weights", "http", NULL};
     struct walk w = {.label = label ? label : "config", .base_dir = base_dir ? base_dir : "/"};
     json_error_t jerr;
     int rc;
@@ -910,6 +948,7 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
     }
     if ((rc = check_keys(&w, root, keys)) < 0 || (rc = parse_listen(&w, root, c)) < 0 ||
         (rc = parse_tls(&w, root, c)) < 0 || (rc = parse_metrics(&w, root, c)) < 0 ||
+        (rc = parse_http(&w, root, c)) < 0 ||
         (rc = get_path(&w, root, "worker_binary", &c->worker_binary)) < 0 ||
         (rc = get_u32(&w, root, "workers", 0, CONFIG_MAX_WORKERS, 0, &c->workers)) < 0 ||
         (rc = get_u32(&w, root, "threads_per_worker", 0, 1024, 0, &c->threads_per_worker)) < 0 ||
@@ -1068,6 +1107,7 @@ int config_keep_restart_fields(struct config *fresh, const struct config *runnin
     keep_str(&fresh->tls_key, &running->tls_key, "tls.key", &n);
     keep_str(&fresh->tls_client_ca, &running->tls_client_ca, "tls.client_ca", &n);
     keep_str(&fresh->metrics_listen, &running->metrics_listen, "metrics.listen", &n);
+    keep_str(&fresh->http_listen, &running->http_listen, "http.listen", &n);
     keep_str(&fresh->model_dir, &running->model_dir, "model_dir", &n);
     keep_str(&fresh->worker_binary, &running->worker_binary, "worker_binary", &n);
     KEEP_NUM(workers, "workers");

@@ -97,6 +97,12 @@ struct config {
     char *tls_cert, *tls_key;        /* absolute paths, both or neither (NULL) */
     char *tls_client_ca;             /* NULL = no client certificates asked */
     char *metrics_listen;            /* "host:port", NULL = no metrics endpoint */
+    char *http_listen;               /* "host:port" of the OpenAI-compatible API (daemon/http.h),
+                                      * NULL = none */
+    uint32_t http_max_connections;   /* its connections served at once (and the metrics
+                                      * endpoint's) */
+    uint32_t http_timeout_s;         /* an idle connection is closed after this */
+    uint32_t http_max_body_bytes;    /* a larger request body is answered 413 */
 
     char *model_dir;                 /* absolute IEBIN model directory */
     char *worker_binary;             /* NULL = found beside clocherd (docs/DAEMON.md) */

@@ -51,6 +51,7 @@ static const char *const method_names[GW_METHODS + 1] = {
 static void on_close(struct gw_tag *t, bool ok);
 static void on_sent(struct gw_tag *t, bool ok);
 static void pump(struct gw_call *c);
+static void sink_pump(struct gw_call *c);
 
 /* ---- messages ---- */
 
@@ -349,9 +350,28 @@ static grpc_byte_buffer *health_message(int status)
     return pack(&r.base);
 }
 
+/* A gw_ext_generate call (mu held): ends it once every item is done, tells its owner. */
+static void sink_pump(struct gw_call *c)
+{
+    if (!c->status_sent && !c->closed && (c->status || c->n_open == 0)) {
+        int st = c->status;
+        for (size_t i = 0; !st && i < c->n_items; i++)
+            st = c->items[i].status;
+        c->status_sent = true;
+        record(c, st);
+        end_stream(c);
+    }
+    if (c->sink_ud)
+        c->sink(c->sink_ud);
+}
+
 /* Starts the next batch if one is due (mu held). */
 static void pump(struct gw_call *c)
 {
+    if (c->sink) {
+        sink_pump(c);
+        return;
+    }
     if (c->sending || c->status_sent || c->closed || !c->call)
         return;
     grpc_byte_buffer *msg = NULL;
@@ -928,6 +948,8 @@ static int health_of(struct gw_call *c, int *status)
     return 0;
 }
 
+static int authenticate_value(struct gw_call *c, const char *value, size_t len);
+
 /* The tenant of the call from its authorization metadata; ends the call if there is none. */
 static int authenticate(struct gw_call *c)
 {
@@ -939,6 +961,12 @@ static int authenticate(struct gw_call *c)
             len = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
             break;
         }
+    return authenticate_value(c, value, len);
+}
+
+/* The tenant of an authorization value (NULL = none given); ends the call if there is none. */
+static int authenticate_value(struct gw_call *c, const char *value, size_t len)
+{
     const struct config_tenant *t = NULL;
     int rc = auth_tenant(c->cfg, value, len, &t);
     if (rc < 0) {
@@ -1053,4 +1081,112 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         pthread_mutex_unlock(&c->mu);
     }
     gw__call_unref(c); /* the arrival's */
+}
+
+/* ---- generations on behalf of a caller that is not gRPC (gw_internal.h) ---- */
+
+int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
+                    Clocher__V1__GenerateRequest *const *reqs, size_t n,
+                    void (*changed)(void *ud), void *ud, struct gw_call **out)
+{
+    struct gw_call *c = gw__call_new(g, n == 1 ? GW_GENERATE : GW_BATCH_GENERATE, NULL);
+    *out = NULL;
+    if (!c || items_alloc(c, n) < 0) {
+        if (c)
+            gw__call_unref(c);
+        LOG_ERR("gateway: out of memory for an HTTP request");
+        return -ENOMEM;
+    }
+    c->sink = changed;
+    c->sink_ud = ud;
+    c->start_ns = mono_ns();
+    c->deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    c->cfg = config_ptr_get(g->w->config);
+    *out = c; /* the owner's reference: gw_ext_release drops it */
+    gw__call_ref(c); /* this function's, while it submits */
+    if (authenticate_value(c, authorization, auth_len) < 0)
+        goto out;
+    if (!atomic_load(&g->accepting)) {
+        end_call(c, GRPC_STATUS_UNAVAILABLE, "the daemon is draining: it takes no new generations");
+        goto out;
+    }
+    if (begin_stream(c) < 0)
+        goto out;
+    struct gw_req_ctx ctx;
+    struct gw_model_info mi;
+    ctx_init(c, &ctx, &mi);
+    for (size_t i = 0; i < n; i++) {
+        struct shm_msg m = {.type = SHM_MSG_GENERATE};
+        char why[512];
+        ctx.seed = ctx.seed * 6364136223846793005ull + 1442695040888963407ull; /* as a batch */
+        int st = gw_req_generate(reqs[i], &ctx, &m.generate, why, sizeof why);
+        if (!st && m.generate.adapter)
+            snprintf(c->items[i].adapter, sizeof c->items[i].adapter, "%s", m.generate.adapter);
+        if (!st) {
+            if (g->stats)
+                stats_queue_depth_add(g->stats, 1);
+            st = gw__submit(g, -1, &m, c, i, why, sizeof why);
+            if (g->stats)
+                stats_queue_depth_add(g->stats, -1);
+        }
+        if (st) {
+            if (n == 1 || i == 0) {
+                /* the first refusal ends the call: the others would say the same */
+                end_call(c, st, "%s", why);
+                for (size_t k = 0; k < i; k++)
+                    gw__cancel_item(g, c, k);
+                goto out;
+            }
+            pthread_mutex_lock(&c->mu);
+            item_fail(c, &c->items[i], st, why);
+            pump(c);
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    after_submit(c);
+out:
+    gw__call_unref(c);
+    return 0;
+}
+
+int gw_ext_take(struct gw_call *c, size_t i, char **buf, size_t *len, size_t *cap,
+                struct gw_ext_state *st)
+{
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    struct gw_item *it = &c->items[i];
+    if (it->text_len && append_text(buf, len, cap, it->text, it->text_len) < 0)
+        rc = -ENOMEM;
+    else
+        consume_pending(it);
+    st->done = it->done;
+    st->status = c->status ? c->status : it->status;
+    snprintf(st->error, sizeof st->error, "%s",
+             c->status ? c->status_msg : it->error ? it->error : "");
+    st->finished = it->finished;
+    st->fin = it->fin;
+    st->tokens = it->sent_tokens + it->n_ids;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void gw_ext_release(struct gw_call *c)
+{
+    size_t n_cancel = 0;
+    pthread_mutex_lock(&c->mu);
+    c->sink_ud = NULL;
+    if (!c->status_sent && !c->closed) {
+        c->closed = true;
+        record(c, GRPC_STATUS_CANCELLED);
+        end_stream(c);
+        for (size_t i = 0; i < c->n_items; i++)
+            if (!c->items[i].done) {
+                item_fail(c, &c->items[i], GRPC_STATUS_CANCELLED, "the client went away");
+                n_cancel++;
+            }
+    }
+    pthread_mutex_unlock(&c->mu);
+    for (size_t i = 0; i < c->n_items && n_cancel; i++)
+        gw__cancel_item(c->g, c, i);
+    gw__call_unref(c);
 }

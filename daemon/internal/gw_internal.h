@@ -28,6 +28,8 @@
 #include "msg.h"
 #include "workers.h"
 
+#include "clocher/v1/inference.pb-c.h"
+
 #include <grpc/grpc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -126,6 +128,9 @@ struct gw_call {
     bool has_status_slice;
     int health;                    /* Health.Watch: the status last sent, -1 = none */
     int health_now;                /* Health.Watch: the status to send */
+    /* a call made by gw_ext_generate (no grpc_call): pump() tells its owner instead of sending */
+    void (*sink)(void *ud);
+    void *sink_ud;                 /* NULL once its owner released it */
 };
 
 /* A table entry: the worker request req_id is item `item` of `call`. */
@@ -298,6 +303,36 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m);
 void gw__call_fail_item(struct gw_call *c, size_t item, int status, const char *msg);
 /* Health changed: re-send to every Watch call. */
 void gw__health_changed(struct gw *g);
+
+/* ---- gw_call.c: generations on behalf of a caller that is not gRPC (daemon/http*.c) ----
+ * The same path as a Generate/BatchGenerate call (authentication, limits, adapters, routing,
+ * cancellation, statistics), without a grpc_call: instead of sending, the call runs
+ * changed(ud) with its mutex held (any thread: it must only note it and wake its owner), and
+ * the owner takes what came with gw_ext_take. */
+
+/* What an item has come to, as gw_ext_take reports it. */
+struct gw_ext_state {
+    bool done;                     /* nothing more will come */
+    int status;                    /* gRPC status of a failure, 0 = ok */
+    char error[512];               /* its message */
+    bool finished;                 /* FINISH came: fin is set */
+    struct shm_msg_finish fin;
+    uint64_t tokens;               /* tokens produced so far (taken or not) */
+};
+
+/* Authenticates `authorization` (the header's bytes, NULL = none) as gRPC's metadata is, then
+ * submits reqs[0..n) as one call's items (n > 1: like BatchGenerate). Refusals come through
+ * the call (gw_ext_take reports them), so the only failure here is -ENOMEM. */
+int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
+                    Clocher__V1__GenerateRequest *const *reqs, size_t n,
+                    void (*changed)(void *ud), void *ud, struct gw_call **out);
+/* Appends item i's text since the last take to buf (len/cap, realloc'd, NUL-terminated) and
+ * says how it stands; the call's own status (a refusal) shows as every item's. 0 / -ENOMEM. */
+int gw_ext_take(struct gw_call *c, size_t i, char **buf, size_t *len, size_t *cap,
+                struct gw_ext_state *st);
+/* The owner is done with c (any time, any thread): changed() is never run again, work still
+ * running is cancelled (counted as CANCELLED), and the owner's reference is dropped. */
+void gw_ext_release(struct gw_call *c);
 
 /* ---- gw_reader.c: a slot's event reader thread (arg: its struct gw_slot) ---- */
 void *gw__reader_main(void *slot);
