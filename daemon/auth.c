@@ -104,26 +104,37 @@ static size_t find(struct auth_streams *s, const char *tenant, int claim)
     return free_i;
 }
 
-int auth_streams_acquire(struct auth_streams *s, const char *tenant, uint32_t limit)
+int auth_streams_acquire_n(struct auth_streams *s, const char *tenant, uint32_t n,
+                           uint32_t limit)
 {
     int rc = 0;
     pthread_mutex_lock(&s->mu);
     size_t i = find(s, tenant, 1);
-    if (i == AUTH_MAX_TRACKED || (limit && s->t[i].active >= limit))
+    if (i == AUTH_MAX_TRACKED || (limit && (s->t[i].active >= limit || n > limit - s->t[i].active)))
         rc = ERR_OVERLOADED;
     else
-        s->t[i].active++;
+        s->t[i].active += n;
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
 
-void auth_streams_release(struct auth_streams *s, const char *tenant)
+int auth_streams_acquire(struct auth_streams *s, const char *tenant, uint32_t limit)
+{
+    return auth_streams_acquire_n(s, tenant, 1, limit);
+}
+
+void auth_streams_release_n(struct auth_streams *s, const char *tenant, uint32_t n)
 {
     pthread_mutex_lock(&s->mu);
     size_t i = find(s, tenant, 0);
-    if (i != AUTH_MAX_TRACKED && s->t[i].active)
-        s->t[i].active--;
+    if (i != AUTH_MAX_TRACKED)
+        s->t[i].active -= s->t[i].active < n ? s->t[i].active : n;
     pthread_mutex_unlock(&s->mu);
+}
+
+void auth_streams_release(struct auth_streams *s, const char *tenant)
+{
+    auth_streams_release_n(s, tenant, 1);
 }
 
 uint32_t auth_streams_active(struct auth_streams *s, const char *tenant)

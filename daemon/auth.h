@@ -49,8 +49,13 @@ void auth_streams_fini(struct auth_streams *s);
 /* One more stream for `tenant` if it holds fewer than `limit` (0 = no limit): 0, or
  * ERR_OVERLOADED (the gateway's RESOURCE_EXHAUSTED). */
 int auth_streams_acquire(struct auth_streams *s, const char *tenant, uint32_t limit);
+/* n more at once (a BatchGenerate holds one per request), all or none: 0 or ERR_OVERLOADED. */
+int auth_streams_acquire_n(struct auth_streams *s, const char *tenant, uint32_t n,
+                           uint32_t limit);
 /* Gives back a stream auth_streams_acquire granted. */
 void auth_streams_release(struct auth_streams *s, const char *tenant);
+/* Gives back n streams auth_streams_acquire_n granted. */
+void auth_streams_release_n(struct auth_streams *s, const char *tenant, uint32_t n);
 /* Streams `tenant` holds now. */
 uint32_t auth_streams_active(struct auth_streams *s, const char *tenant);
 

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "err.h"
 #include "log.h"
+#include "tlscheck.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -483,6 +484,20 @@ out:
     return rc;
 }
 
+/* The TLS files hold what gRPC will want (tlscheck.c): --check-config and a start refuse them
+ * naming the file, instead of the listener failing later with a message about the port. */
+static int check_tls_files(struct walk *w, const struct config *c)
+{
+    char why[600];
+    const char *key = tlscheck_files(c->tls_cert, c->tls_key, c->tls_client_ca, why, sizeof why);
+    if (!key)
+        return 0;
+    size_t s = push_key(w, key);
+    int rc = fail(w, ERR_FORMAT, "%s", why);
+    pop(w, s);
+    return rc;
+}
+
 static int parse_tls(struct walk *w, json_t *root, struct config *c)
 {
     static const char *const keys[] = {"cert", "key", "client_ca", NULL};
@@ -506,7 +521,8 @@ static int parse_tls(struct walk *w, json_t *root, struct config *c)
     }
     if ((rc = check_readable(w, "cert", c->tls_cert)) < 0 ||
         (rc = check_readable(w, "key", c->tls_key)) < 0 ||
-        (rc = check_readable(w, "client_ca", c->tls_client_ca)) < 0)
+        (rc = check_readable(w, "client_ca", c->tls_client_ca)) < 0 ||
+        (rc = check_tls_files(w, c)) < 0)
         goto out;
 out:
     pop(w, s);
@@ -544,10 +560,48 @@ out:
     return rc;
 }
 
+/* "http": {"listen", "max_connections", "timeout_s", "max_body_bytes"} (daemon/http.h) */
+static int parse_http(struct walk *w, json_t *root, struct config *c)
+{
+    static const char *const keys[] = {"listen", "max_connections", "timeout_s",
+                                       "max_body_bytes", NULL};
+    json_t *o;
+    const char *l = NULL;
+    c->http_max_connections = 256;
+    c->http_timeout_s = 30;
+    c->http_max_body_bytes = 1u << 20;
+    int rc = get_object(w, root, "http", &o);
+    if (rc < 0 || !o)
+        return rc;
+    size_t s = push_key(w, "http");
+    if ((rc = check_keys(w, o, keys)) < 0)
+        goto out;
+    json_t *v = json_object_get(o, "listen");
+    if (v && !json_is_null(v) && (rc = get_string(w, o, "listen", 300, false, &l)) < 0)
+        goto out;
+    if (l) {
+        size_t s2 = push_key(w, "listen");
+        rc = check_hostport(w, l);
+        pop(w, s2);
+        if (rc < 0)
+            goto out;
+    }
+    if ((rc = get_u32(w, o, "max_connections", 1, 65536, 256, &c->http_max_connections)) < 0 ||
+        (rc = get_u32(w, o, "timeout_s", 1, 3600, 30, &c->http_timeout_s)) < 0 ||
+        (rc = get_u32(w, o, "max_body_bytes", 1024, 64u << 20, 1u << 20,
+                      &c->http_max_body_bytes)) < 0)
+        goto out;
+    rc = dup_str(l, &c->http_listen);
+out:
+    pop(w, s);
+    return rc;
+}
+
 static int parse_limits(struct walk *w, json_t *root, struct config *c)
 {
     static const char *const keys[] = {"max_message_bytes", "max_prompt_tokens", "max_tokens",
-                                       "max_streams_per_connection", "max_queue", NULL};
+                                       "max_streams_per_connection", "max_queue",
+                                       "max_prompt_bytes", "max_early_resets", NULL};
     json_t *o;
     int rc = get_object(w, root, "limits", &o);
     if (rc < 0)
@@ -561,7 +615,10 @@ static int parse_limits(struct walk *w, json_t *root, struct config *c)
         (rc = get_u32(w, o, "max_tokens", 1, 1u << 20, 2048, &l->max_tokens)) < 0 ||
         (rc = get_u32(w, o, "max_streams_per_connection", 1, 65536, 100,
                       &l->max_streams_per_connection)) < 0 ||
-        (rc = get_u32(w, o, "max_queue", 1, 1u << 20, 256, &l->max_queue)) < 0)
+        (rc = get_u32(w, o, "max_queue", 1, 1u << 20, 256, &l->max_queue)) < 0 ||
+        (rc = get_u32(w, o, "max_prompt_bytes", 1, 256u << 20, 1u << 20,
+                      &l->max_prompt_bytes)) < 0 ||
+        (rc = get_u32(w, o, "max_early_resets", 1, 1u << 20, 200, &l->max_early_resets)) < 0)
         goto out;
 out:
     pop(w, s);
@@ -655,7 +712,8 @@ out:
 static int parse_tenant(struct walk *w, json_t *o, struct config_tenant *t)
 {
     static const char *const keys[] = {"name", "api_keys", "allowed_adapters",
-                                       "max_concurrent_streams", NULL};
+                                       "max_concurrent_streams", "admin", "requests_per_s",
+                                       "tokens_per_min", "max_prompt_bytes", "max_queued", NULL};
     const char *name;
     int rc;
     if (!json_is_object(o))
@@ -724,7 +782,15 @@ static int parse_tenant(struct walk *w, json_t *o, struct config_tenant *t)
     pop(w, s);
     if (rc < 0)
         return rc;
-    return get_u32(w, o, "max_concurrent_streams", 0, 1u << 20, 0, &t->max_concurrent_streams);
+    if ((rc = get_u32(w, o, "max_concurrent_streams", 0, 1u << 20, 0,
+                      &t->max_concurrent_streams)) < 0 ||
+        (rc = get_bool(w, o, "admin", false, &t->admin)) < 0 ||
+        (rc = get_u32(w, o, "requests_per_s", 0, 1u << 20, 0, &t->requests_per_s)) < 0 ||
+        (rc = get_u32(w, o, "tokens_per_min", 0, 1u << 30, 0, &t->tokens_per_min)) < 0 ||
+        (rc = get_u32(w, o, "max_prompt_bytes", 0, 256u << 20, 0, &t->max_prompt_bytes)) < 0 ||
+        (rc = get_u32(w, o, "max_queued", 0, 1u << 20, 0, &t->max_queued)) < 0)
+        return rc;
+    return 0;
 }
 
 static int parse_tenants(struct walk *w, json_t *root, struct config *c)
@@ -792,6 +858,7 @@ static void free_config(struct config *c)
     free(c->tls_key);
     free(c->tls_client_ca);
     free(c->metrics_listen);
+    free(c->http_listen);
     free(c->model_dir);
     free(c->worker_binary);
     for (size_t i = 0; i < c->n_tenants; i++) {
@@ -856,7 +923,7 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
     static const char *const keys[] = {
         "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
         "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
-        "supervisor", "lora_weights", NULL};
+        "supervisor", "lora_weights", "http", NULL};
     struct walk w = {.label = label ? label : "config", .base_dir = base_dir ? base_dir : "/"};
     json_error_t jerr;
     int rc;
@@ -881,6 +948,7 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
     }
     if ((rc = check_keys(&w, root, keys)) < 0 || (rc = parse_listen(&w, root, c)) < 0 ||
         (rc = parse_tls(&w, root, c)) < 0 || (rc = parse_metrics(&w, root, c)) < 0 ||
+        (rc = parse_http(&w, root, c)) < 0 ||
         (rc = get_path(&w, root, "worker_binary", &c->worker_binary)) < 0 ||
         (rc = get_u32(&w, root, "workers", 0, CONFIG_MAX_WORKERS, 0, &c->workers)) < 0 ||
         (rc = get_u32(&w, root, "threads_per_worker", 0, 1024, 0, &c->threads_per_worker)) < 0 ||
@@ -1039,6 +1107,7 @@ int config_keep_restart_fields(struct config *fresh, const struct config *runnin
     keep_str(&fresh->tls_key, &running->tls_key, "tls.key", &n);
     keep_str(&fresh->tls_client_ca, &running->tls_client_ca, "tls.client_ca", &n);
     keep_str(&fresh->metrics_listen, &running->metrics_listen, "metrics.listen", &n);
+    keep_str(&fresh->http_listen, &running->http_listen, "http.listen", &n);
     keep_str(&fresh->model_dir, &running->model_dir, "model_dir", &n);
     keep_str(&fresh->worker_binary, &running->worker_binary, "worker_binary", &n);
     KEEP_NUM(workers, "workers");

@@ -51,6 +51,12 @@ struct config_tenant {
     size_t n_allowed;
     char **allowed_adapters;       /* [n_allowed] adapter names (may be loaded at run time) */
     uint32_t max_concurrent_streams; /* 0 = no per-tenant limit */
+    bool admin;                    /* GetMetrics shows every tenant's series (else its own) */
+    /* quotas (gw_quota.c), 0 = none */
+    uint32_t requests_per_s;       /* token bucket of RPCs that reach a worker, burst = 1 s */
+    uint32_t tokens_per_min;       /* token bucket of prompt + generated tokens, burst = 1 min */
+    uint32_t max_prompt_bytes;     /* below limits.max_prompt_bytes for this tenant */
+    uint32_t max_queued;           /* requests at the workers not yet generating */
 };
 
 struct config_adapter {
@@ -64,6 +70,9 @@ struct config_limits {
     uint32_t max_tokens;             /* per request's max_tokens */
     uint32_t max_streams_per_connection;
     uint32_t max_queue;              /* requests waiting per worker before UNAVAILABLE */
+    uint32_t max_prompt_bytes;       /* a request's text (prompt, Tokenize) before tokenizing */
+    uint32_t max_early_resets;       /* streams a connection may reset before any answer, in
+                                      * 10 s, before the gateway closes it (rapid reset) */
 };
 
 /* Worker lifecycle policy (daemon/backoff.h, daemon/sup.c). */
@@ -88,6 +97,12 @@ struct config {
     char *tls_cert, *tls_key;        /* absolute paths, both or neither (NULL) */
     char *tls_client_ca;             /* NULL = no client certificates asked */
     char *metrics_listen;            /* "host:port", NULL = no metrics endpoint */
+    char *http_listen;               /* "host:port" of the OpenAI-compatible API (daemon/http.h),
+                                      * NULL = none */
+    uint32_t http_max_connections;   /* its connections served at once (and the metrics
+                                      * endpoint's) */
+    uint32_t http_timeout_s;         /* an idle connection is closed after this */
+    uint32_t http_max_body_bytes;    /* a larger request body is answered 413 */
 
     char *model_dir;                 /* absolute IEBIN model directory */
     char *worker_binary;             /* NULL = found beside clocherd (docs/DAEMON.md) */

@@ -9,6 +9,7 @@
  *     gw_route.c     the slots' request tables, routing, submission and cancel, health
  *     gw_adapters.c  the adapter registry (replays to fresh workers, reloads)
  *     gw_cq.c        the completion-queue thread
+ *     gw_conn.c      connections: our Unix listener, rapid-reset accounting (beside gw_cq.c)
  *     gw_callobj.c   a call object's references and freeing
  *
  * NOTES
@@ -184,6 +185,9 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     g->stats = w->stats;
     atomic_init(&g->accepting, true);
     atomic_init(&g->next_id, 1);
+    g->unix_fd = -1;
+    g->wake[0] = g->wake[1] = -1;
+    pthread_mutex_init(&g->conn_mu, NULL);
     auth_streams_init(&g->streams);
     pthread_mutex_init(&g->adapters_mu, NULL);
     g->t_shutdown = (struct gw_tag){.fn = gw__cq_on_shutdown, .obj = g};
@@ -208,15 +212,17 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     setenv("GRPC_ENABLE_FORK_SUPPORT", "0", 0);
     gpr_set_log_function(grpc_log_sink);
     grpc_init();
-    grpc_arg args[3] = {
+    grpc_arg args[4] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = (int)c->limits.max_message_bytes},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
          .value.integer = (int)c->limits.max_message_bytes},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_CONCURRENT_STREAMS,
          .value.integer = (int)c->limits.max_streams_per_connection},
+        /* a second clocherd must not share the port (SO_REUSEPORT would let it) */
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
     };
-    grpc_channel_args ca = {.num_args = 3, .args = args};
+    grpc_channel_args ca = {.num_args = 4, .args = args};
     g->server = grpc_server_create(&ca, NULL);
     g->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(g->server, g->cq, NULL);
@@ -230,7 +236,10 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     } else {
         if (c->listen_tcp)
             rc = add_port(g, c->listen_tcp, cr);
-        if (rc == 0 && c->listen_unix) {
+        if (rc == 0 && c->listen_unix && !c->tls_cert) {
+            /* ours: gRPC's would take a live socket over (gw_conn.c) */
+            rc = gw__conn_listen_unix(g, c->listen_unix);
+        } else if (rc == 0 && c->listen_unix) {
             char addr[4200];
             snprintf(addr, sizeof addr, "unix:%s", c->listen_unix);
             rc = add_port(g, addr, cr);
@@ -245,6 +254,10 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
         return rc;
     }
     grpc_server_start(g->server);
+    if ((rc = gw__conn_start(g)) < 0) {
+        gw_destroy(g);
+        return rc;
+    }
     for (int m = 0; m <= GW_UNKNOWN; m++) {
         /* a few calls requested ahead for the streaming methods: bursts queue less */
         int ahead = m == GW_GENERATE || m == GW_BATCH_GENERATE ? 4 : 1;
@@ -283,6 +296,7 @@ void gw_destroy(struct gw *g)
     atomic_store(&g->accepting, false);
     if (g->w->hooks == &g->hooks)
         g->w->hooks = NULL;
+    gw__conn_stop(g); /* before the server goes: it adds connections to it */
     /* the readers fail what their workers still had */
     for (size_t i = 0; i < g->n_slots; i++)
         if (g->slots[i].reader_started)
@@ -322,6 +336,7 @@ void gw_destroy(struct gw *g)
     free(g->slots);
     auth_streams_fini(&g->streams);
     pthread_mutex_destroy(&g->adapters_mu);
+    pthread_mutex_destroy(&g->conn_mu);
     g->magic = 0;
     free(g);
 }

@@ -51,6 +51,7 @@ static const char *const method_names[GW_METHODS + 1] = {
 static void on_close(struct gw_tag *t, bool ok);
 static void on_sent(struct gw_tag *t, bool ok);
 static void pump(struct gw_call *c);
+static void sink_pump(struct gw_call *c);
 
 /* ---- messages ---- */
 
@@ -118,10 +119,10 @@ static void end_stream(struct gw_call *c)
     if (!c->stream_slot)
         return;
     c->stream_slot = false;
-    auth_streams_release(&c->g->streams, c->tenant);
-    atomic_fetch_sub(&c->g->active_streams, 1);
+    auth_streams_release_n(&c->g->streams, c->tenant, c->n_streams);
+    atomic_fetch_sub(&c->g->active_streams, c->n_streams);
     if (c->g->stats)
-        stats_active_streams_add(c->g->stats, c->tenant, -1);
+        stats_active_streams_add(c->g->stats, c->tenant, -(int64_t)c->n_streams);
 }
 
 static void record(struct gw_call *c, int status)
@@ -349,9 +350,28 @@ static grpc_byte_buffer *health_message(int status)
     return pack(&r.base);
 }
 
+/* A gw_ext_generate call (mu held): ends it once every item is done, tells its owner. */
+static void sink_pump(struct gw_call *c)
+{
+    if (!c->status_sent && !c->closed && (c->status || c->n_open == 0)) {
+        int st = c->status;
+        for (size_t i = 0; !st && i < c->n_items; i++)
+            st = c->items[i].status;
+        c->status_sent = true;
+        record(c, st);
+        end_stream(c);
+    }
+    if (c->sink_ud)
+        c->sink(c->sink_ud);
+}
+
 /* Starts the next batch if one is due (mu held). */
 static void pump(struct gw_call *c)
 {
+    if (c->sink) {
+        sink_pump(c);
+        return;
+    }
     if (c->sending || c->status_sent || c->closed || !c->call)
         return;
     grpc_byte_buffer *msg = NULL;
@@ -393,6 +413,7 @@ static void pump(struct gw_call *c)
         ops[n].op = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = msg;
         c->out = msg;
+        c->msg_sent = true;
     }
     if (end) {
         if (c->has_status_slice)
@@ -442,10 +463,12 @@ static void on_close(struct gw_tag *t, bool ok)
     struct gw *g = c->g;
     size_t n_cancel = 0;
     pthread_mutex_lock(&c->mu);
+    bool late = gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) != 0 &&
+                gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
+    /* reset by its client before any answer: what an HTTP/2 rapid reset is made of */
+    bool early_reset = c->close_cancelled && !c->msg_sent && !late;
     if (c->close_cancelled && !c->status_sent && !c->closed) {
         c->closed = true;
-        bool late = gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) != 0 &&
-                    gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
         record(c, late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED);
         end_stream(c);
         for (size_t i = 0; i < c->n_items; i++)
@@ -456,6 +479,8 @@ static void on_close(struct gw_tag *t, bool ok)
     }
     bool closed = c->closed;
     pthread_mutex_unlock(&c->mu);
+    if (early_reset && c->call)
+        gw__conn_early_reset(g, c->call, c->cfg->limits.max_early_resets);
     if (closed)
         for (size_t i = 0; i < c->n_items && n_cancel; i++)
             gw__cancel_item(g, c, i);
@@ -626,18 +651,23 @@ static void after_submit(struct gw_call *c)
 static int begin_stream(struct gw_call *c)
 {
     uint32_t limit = c->tcfg ? c->tcfg->max_concurrent_streams : 0;
-    if (auth_streams_acquire(&c->g->streams, c->tenant, limit) < 0) {
+    /* every request of a batch is a stream of its own: a batch is not a way around the limit */
+    uint32_t n = c->n_items ? (uint32_t)c->n_items : 1;
+    if (auth_streams_acquire_n(&c->g->streams, c->tenant, n, limit) < 0) {
         end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                 "tenant %s already has %" PRIu32 " streams open, its limit "
-                 "(tenants[].max_concurrent_streams)", c->tenant, limit);
+                 "tenant %s: %" PRIu32 " more streams would exceed its limit of %" PRIu32
+                 " (tenants[].max_concurrent_streams; %" PRIu32 " open; each request of a "
+                 "batch counts)", c->tenant, n, limit,
+                 auth_streams_active(&c->g->streams, c->tenant));
         return -1;
     }
     pthread_mutex_lock(&c->mu);
     c->stream_slot = true;
+    c->n_streams = n;
     pthread_mutex_unlock(&c->mu);
-    atomic_fetch_add(&c->g->active_streams, 1);
+    atomic_fetch_add(&c->g->active_streams, n);
     if (c->g->stats)
-        stats_active_streams_add(c->g->stats, c->tenant, 1);
+        stats_active_streams_add(c->g->stats, c->tenant, n);
     return 0;
 }
 
@@ -751,6 +781,11 @@ static void start_tokenize(struct gw_call *c)
     if (!r)
         return;
     const char *text = r->text ? r->text : "";
+    uint32_t limit = c->cfg->limits.max_prompt_bytes;
+    if (strlen(text) > limit)
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                        "text: %zu bytes, the limit is %" PRIu32 " (limits.max_prompt_bytes)",
+                        strlen(text), limit);
     struct shm_msg m = {.type = SHM_MSG_TOKENIZE,
                         .tokenize = {.flags = !r->has_add_bos || r->add_bos ? SHM_GEN_ADD_BOS : 0,
                                      .text = text, .text_len = (uint32_t)strlen(text)}};
@@ -889,7 +924,9 @@ static void start_metrics(struct gw_call *c)
         return end_call(c, GRPC_STATUS_UNIMPLEMENTED, "metrics are not collected");
     char *text = NULL;
     size_t len = 0;
-    if (stats_render(c->g->stats, c->g->w, &text, &len) < 0)
+    /* a tenant sees its own series; an admin, or anonymous access, every tenant's */
+    const char *only = c->tcfg && !c->tcfg->admin ? c->tenant : NULL;
+    if (stats_render_for(c->g->stats, c->g->w, only, &text, &len) < 0)
         return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
     Clocher__V1__GetMetricsResponse r = CLOCHER__V1__GET_METRICS_RESPONSE__INIT;
     r.prometheus_text = text;
@@ -911,6 +948,8 @@ static int health_of(struct gw_call *c, int *status)
     return 0;
 }
 
+static int authenticate_value(struct gw_call *c, const char *value, size_t len);
+
 /* The tenant of the call from its authorization metadata; ends the call if there is none. */
 static int authenticate(struct gw_call *c)
 {
@@ -922,6 +961,12 @@ static int authenticate(struct gw_call *c)
             len = GRPC_SLICE_LENGTH(c->md.metadata[i].value);
             break;
         }
+    return authenticate_value(c, value, len);
+}
+
+/* The tenant of an authorization value (NULL = none given); ends the call if there is none. */
+static int authenticate_value(struct gw_call *c, const char *value, size_t len)
+{
     const struct config_tenant *t = NULL;
     int rc = auth_tenant(c->cfg, value, len, &t);
     if (rc < 0) {
@@ -1036,4 +1081,112 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         pthread_mutex_unlock(&c->mu);
     }
     gw__call_unref(c); /* the arrival's */
+}
+
+/* ---- generations on behalf of a caller that is not gRPC (gw_internal.h) ---- */
+
+int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
+                    Clocher__V1__GenerateRequest *const *reqs, size_t n,
+                    void (*changed)(void *ud), void *ud, struct gw_call **out)
+{
+    struct gw_call *c = gw__call_new(g, n == 1 ? GW_GENERATE : GW_BATCH_GENERATE, NULL);
+    *out = NULL;
+    if (!c || items_alloc(c, n) < 0) {
+        if (c)
+            gw__call_unref(c);
+        LOG_ERR("gateway: out of memory for an HTTP request");
+        return -ENOMEM;
+    }
+    c->sink = changed;
+    c->sink_ud = ud;
+    c->start_ns = mono_ns();
+    c->deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    c->cfg = config_ptr_get(g->w->config);
+    *out = c; /* the owner's reference: gw_ext_release drops it */
+    gw__call_ref(c); /* this function's, while it submits */
+    if (authenticate_value(c, authorization, auth_len) < 0)
+        goto out;
+    if (!atomic_load(&g->accepting)) {
+        end_call(c, GRPC_STATUS_UNAVAILABLE, "the daemon is draining: it takes no new generations");
+        goto out;
+    }
+    if (begin_stream(c) < 0)
+        goto out;
+    struct gw_req_ctx ctx;
+    struct gw_model_info mi;
+    ctx_init(c, &ctx, &mi);
+    for (size_t i = 0; i < n; i++) {
+        struct shm_msg m = {.type = SHM_MSG_GENERATE};
+        char why[512];
+        ctx.seed = ctx.seed * 6364136223846793005ull + 1442695040888963407ull; /* as a batch */
+        int st = gw_req_generate(reqs[i], &ctx, &m.generate, why, sizeof why);
+        if (!st && m.generate.adapter)
+            snprintf(c->items[i].adapter, sizeof c->items[i].adapter, "%s", m.generate.adapter);
+        if (!st) {
+            if (g->stats)
+                stats_queue_depth_add(g->stats, 1);
+            st = gw__submit(g, -1, &m, c, i, why, sizeof why);
+            if (g->stats)
+                stats_queue_depth_add(g->stats, -1);
+        }
+        if (st) {
+            if (n == 1 || i == 0) {
+                /* the first refusal ends the call: the others would say the same */
+                end_call(c, st, "%s", why);
+                for (size_t k = 0; k < i; k++)
+                    gw__cancel_item(g, c, k);
+                goto out;
+            }
+            pthread_mutex_lock(&c->mu);
+            item_fail(c, &c->items[i], st, why);
+            pump(c);
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    after_submit(c);
+out:
+    gw__call_unref(c);
+    return 0;
+}
+
+int gw_ext_take(struct gw_call *c, size_t i, char **buf, size_t *len, size_t *cap,
+                struct gw_ext_state *st)
+{
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    struct gw_item *it = &c->items[i];
+    if (it->text_len && append_text(buf, len, cap, it->text, it->text_len) < 0)
+        rc = -ENOMEM;
+    else
+        consume_pending(it);
+    st->done = it->done;
+    st->status = c->status ? c->status : it->status;
+    snprintf(st->error, sizeof st->error, "%s",
+             c->status ? c->status_msg : it->error ? it->error : "");
+    st->finished = it->finished;
+    st->fin = it->fin;
+    st->tokens = it->sent_tokens + it->n_ids;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void gw_ext_release(struct gw_call *c)
+{
+    size_t n_cancel = 0;
+    pthread_mutex_lock(&c->mu);
+    c->sink_ud = NULL;
+    if (!c->status_sent && !c->closed) {
+        c->closed = true;
+        record(c, GRPC_STATUS_CANCELLED);
+        end_stream(c);
+        for (size_t i = 0; i < c->n_items; i++)
+            if (!c->items[i].done) {
+                item_fail(c, &c->items[i], GRPC_STATUS_CANCELLED, "the client went away");
+                n_cancel++;
+            }
+    }
+    pthread_mutex_unlock(&c->mu);
+    for (size_t i = 0; i < c->n_items && n_cancel; i++)
+        gw__cancel_item(c->g, c, i);
+    gw__call_unref(c);
 }

@@ -84,8 +84,10 @@ int gw_req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_c
         size_t n = r->prompt ? strlen(r->prompt) : 0;
         if (n == 0)
             return INVALID("prompt: empty");
-        if (n > UINT32_MAX)
-            return INVALID("prompt: too long");
+        /* bounded here: the worker tokenizes on its engine's thread */
+        if (n > lim->max_prompt_bytes)
+            return INVALID("prompt: %zu bytes, the limit is %" PRIu32 " (limits.max_prompt_bytes)",
+                           n, lim->max_prompt_bytes);
         out->prompt_text = r->prompt;
         out->prompt_text_len = (uint32_t)n;
         if (!r->has_add_bos || r->add_bos)

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "err.h"
 #include "gw.h"
+#include "http.h"
 #include "log.h"
 #include "metrics.h"
 #include "slice.h"
@@ -53,6 +54,8 @@ static void usage(FILE *f)
             "                           /sys/devices/system/node (also $%s)\n"
             "      --check-config       validate the configuration and exit\n"
             "      --print-plan         print where each worker would run and exit\n"
+            "      --http HOST:PORT     serve the OpenAI-compatible HTTP API there (overrides\n"
+            "                           http.listen; docs/HTTP.md)\n"
             "  -h, --help               this text\n"
             "      --version            the version\n"
             "\n"
@@ -109,7 +112,7 @@ static int find_worker(const char *opt, const struct config *c, char *out, size_
 
 int main(int argc, char **argv)
 {
-    enum { OPT_WORKER_BIN = 256, OPT_TOPO, OPT_CHECK, OPT_PLAN, OPT_VERSION };
+    enum { OPT_WORKER_BIN = 256, OPT_TOPO, OPT_CHECK, OPT_PLAN, OPT_VERSION, OPT_HTTP };
     (void)slice_request(SLICE_LATENCY_NS); /* before gRPC and libuv start their threads */
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -121,9 +124,10 @@ int main(int argc, char **argv)
         {"print-plan", no_argument, NULL, OPT_PLAN},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
+        {"http", required_argument, NULL, OPT_HTTP},
         {NULL, 0, NULL, 0},
     };
-    const char *config_path = NULL, *model_dir = NULL, *worker_opt = NULL;
+    const char *config_path = NULL, *model_dir = NULL, *worker_opt = NULL, *http_opt = NULL;
     const char *topo_root = getenv(TOPO_ENV_ROOT);
     bool check_only = false, plan_only = false;
     int workers_override = -1;
@@ -154,6 +158,7 @@ int main(int argc, char **argv)
         case OPT_CHECK: check_only = true; break;
         case OPT_PLAN: plan_only = true; break;
         case 'h': usage(stdout); return 0;
+        case OPT_HTTP: http_opt = optarg; break;
         case OPT_VERSION: printf("clocherd %s\n", CLOCHER_VERSION); return 0;
         default: usage(stderr); return SUP_EXIT_FATAL;
         }
@@ -186,6 +191,13 @@ int main(int argc, char **argv)
     }
     if (rc < 0)
         return SUP_EXIT_FATAL; /* the reason was logged where it was found */
+    if (http_opt) {
+        char *l = strdup(http_opt);
+        if (!l)
+            return SUP_EXIT_FAILURE;
+        free(cfg->http_listen);
+        cfg->http_listen = l;
+    }
 
     struct sup_options so = {.config_path = cfg->path && *cfg->path ? cfg->path : NULL,
                              .model_dir_override = model_dir,
@@ -242,6 +254,7 @@ int main(int argc, char **argv)
     struct stats *stats = NULL;
     struct gw *gw = NULL;
     struct metrics *metrics = NULL;
+    struct http *http = NULL;
     if (workers_create(plan, &cptr, &w) < 0)
         goto out_loop;
     /* the gateway's counters: made here, lent to the gateway (writer) and the metrics endpoint
@@ -252,6 +265,9 @@ int main(int argc, char **argv)
     if (gw_create(w, &loop, &gw) < 0)
         goto out_workers;
     if (metrics_create(w, &loop, &metrics) < 0)
+        goto out_workers;
+    metrics_set_gateway(metrics, gw);
+    if (http_create(w, gw, &loop, &http) < 0)
         goto out_workers;
     if (sup_create(&loop, w, &so, &sup) < 0 || sup_start(sup) < 0)
         goto out_workers;
@@ -269,6 +285,7 @@ int main(int argc, char **argv)
         LOG_INFO("stopped cleanly");
 
 out_workers:
+    http_destroy(http);
     metrics_destroy(metrics);
     gw_destroy(gw);
     /* let the close callbacks of whatever was torn down run */

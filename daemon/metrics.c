@@ -19,6 +19,7 @@
 #include "check.h"
 #include "config.h"
 #include "err.h"
+#include "http_vllm.h"
 #include "httpreq.h"
 #include "log.h"
 #include "stats.h"
@@ -58,6 +59,7 @@ struct conn {
 struct metrics {
     uint32_t magic;
     struct workers *w;
+    struct gw *gw;            /* for the vllm:* names (metrics_set_gateway), may be NULL */
     uv_loop_t *loop;
     uv_tcp_t server;
     bool server_open;         /* until the listener's close callback */
@@ -226,6 +228,12 @@ static void serve(struct conn *c, const struct httpreq *r)
     char *text = NULL;
     size_t len = 0;
     if (!m->w->stats || stats_render(m->w->stats, m->w, &text, &len) < 0) {
+        respond_text(c, 500, "cannot render the metrics (out of memory)\n", NULL, head);
+        return;
+    }
+    /* beside clocher_*, the vLLM names routers and dashboards read */
+    if (http_vllm_render(m->gw, text, len, &text, &len) < 0) {
+        free(text);
         respond_text(c, 500, "cannot render the metrics (out of memory)\n", NULL, head);
         return;
     }
@@ -468,3 +476,9 @@ void metrics_destroy(struct metrics *m)
 int metrics_port(const struct metrics *m) { return m->port; }
 
 void metrics_set_timeout_ms(struct metrics *m, uint64_t ms) { m->timeout_ms = ms ? ms : 1; }
+
+void metrics_set_gateway(struct metrics *m, struct gw *g)
+{
+    if (m)
+        m->gw = g;
+}

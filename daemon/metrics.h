@@ -6,7 +6,8 @@
  *                    the phase ("starting", "draining", ...);
  * (HEAD too), 404 for other paths, 405 for other methods, and 400/414/431/501/505 with a
  * one-line reason for malformed requests (daemon/httpreq.h). One request per connection
- * ("Connection: close"). docs/DAEMON.md, "Metrics", lists every series.
+ * ("Connection: close"). docs/DAEMON.md, "Metrics", lists every series; the vllm:* and
+ * process_* families beside them are daemon/http_vllm.h's (docs/HTTP.md).
  *
  * NOTES: everything runs on the loop thread; no call blocks it: sockets are non-blocking,
  * a render is a few microseconds, at most METRICS_MAX_CONNS connections are served at once
@@ -44,5 +45,10 @@ int metrics_port(const struct metrics *m);
 /* Sets the per-connection deadline (default METRICS_TIMEOUT_MS), for connections accepted
  * from now on (tests shorten it). */
 void metrics_set_timeout_ms(struct metrics *m, uint64_t ms);
+
+/* The gateway whose model name and adapters in flight label the vllm:* series
+ * (daemon/http_vllm.h); without one they say model_name="unknown". NULL m is a no-op. */
+struct gw;
+void metrics_set_gateway(struct metrics *m, struct gw *g);
 
 #endif

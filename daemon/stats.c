@@ -387,9 +387,18 @@ static bool tenant_used(const struct tenant_series *t)
     return false;
 }
 
+/* Whether tenant entry i is shown to a caller who may see only `only` (NULL: everything).
+ * The overflow entry mixes tenants: only those who see everything see it. */
+static bool tenant_visible(const struct tenant_series *t, size_t i, const char *only)
+{
+    if (!only)
+        return true;
+    return i != STATS_MAX_TENANTS && strcmp(t->label, only[0] ? only : "anonymous") == 0;
+}
+
 /* Runs `body` with `t` bound to every tenant to render: the published ones, then the overflow
  * entry only if anything was counted there (a quiet daemon shows no "_other"). */
-#define FOR_TENANTS_(s, t, body)                                                              \
+#define FOR_TENANTS_(s, only, t, body)                                                        \
     do {                                                                                      \
         size_t n_t_ = tenant_count(s);                                                        \
         for (size_t i_t_ = 0; i_t_ <= STATS_MAX_TENANTS; i_t_++) {                           \
@@ -398,19 +407,21 @@ static bool tenant_used(const struct tenant_series *t)
             const struct tenant_series *t = &(s)->tenants[i_t_];                             \
             if (i_t_ == STATS_MAX_TENANTS && !tenant_used(t))                                 \
                 continue;                                                                     \
+            if (!tenant_visible(t, i_t_, only))                                               \
+                continue;                                                                     \
             body                                                                              \
         }                                                                                     \
     } while (0)
 
-static void render_hist(struct out *o, const struct stats *s, const char *name,
-                        size_t off, const char *help)
+static void render_hist(struct out *o, const struct stats *s, const char *only,
+                        const char *name, size_t off, const char *help)
 {
     char n_bucket[96], n_sum[96], n_count[96];
     snprintf(n_bucket, sizeof n_bucket, "%s_bucket", name);
     snprintf(n_sum, sizeof n_sum, "%s_sum", name);
     snprintf(n_count, sizeof n_count, "%s_count", name);
     family(o, name, "histogram", help);
-    FOR_TENANTS_(s, t, {
+    FOR_TENANTS_(s, only, t, {
         const struct hist *h = (const struct hist *)((const char *)t + off);
         uint64_t cum = 0;
         for (size_t b = 0; b < STATS_HIST_BUCKETS; b++) {
@@ -425,22 +436,22 @@ static void render_hist(struct out *o, const struct stats *s, const char *name,
     });
 }
 
-static void render_tenant_counter(struct out *o, const struct stats *s, const char *name,
-                                  size_t off, const char *help)
+static void render_tenant_counter(struct out *o, const struct stats *s, const char *only,
+                                  const char *name, size_t off, const char *help)
 {
     family(o, name, "counter", help);
-    FOR_TENANTS_(s, t, {
+    FOR_TENANTS_(s, only, t, {
         tenant_open(o, name, t);
         outf(o, "} %" PRIu64 "\n", get((const _Atomic uint64_t *)((const char *)t + off)));
     });
 }
 
-static void render_requests(struct out *o, const struct stats *s)
+static void render_requests(struct out *o, const struct stats *s, const char *only)
 {
     family(o, "clocher_requests_total", "counter",
            "Finished RPCs by gRPC method, final status and tenant.");
     size_t n_m = atomic_load_explicit(&s->method_names.n, memory_order_acquire); /* A0 */
-    FOR_TENANTS_(s, t, {
+    FOR_TENANTS_(s, only, t, {
         for (size_t m = 0; m <= STATS_MAX_METHODS; m++) {
             if (m >= n_m && m < STATS_MAX_METHODS)
                 continue;
@@ -588,26 +599,32 @@ static void render_supervisor(struct out *o, const struct workers *w)
 
 int stats_render(const struct stats *s, const struct workers *w, char **out, size_t *len)
 {
+    return stats_render_for(s, w, NULL, out, len);
+}
+
+int stats_render_for(const struct stats *s, const struct workers *w, const char *only,
+                     char **out, size_t *len)
+{
     CHECK(s->magic == STATS_MAGIC);
     *out = NULL;
     *len = 0;
     struct out o = {0};
 
-    render_requests(&o, s);
-    render_tenant_counter(&o, s, "clocher_prompt_tokens_total",
+    render_requests(&o, s, only);
+    render_tenant_counter(&o, s, only, "clocher_prompt_tokens_total",
                           offsetof(struct tenant_series, prompt_tokens),
                           "Prompt tokens of finished generations.");
-    render_tenant_counter(&o, s, "clocher_completion_tokens_total",
+    render_tenant_counter(&o, s, only, "clocher_completion_tokens_total",
                           offsetof(struct tenant_series, completion_tokens),
                           "Tokens generated by finished generations.");
-    render_tenant_counter(&o, s, "clocher_cached_tokens_total",
+    render_tenant_counter(&o, s, only, "clocher_cached_tokens_total",
                           offsetof(struct tenant_series, cached_tokens),
                           "Prompt tokens of finished generations served from the prefix cache.");
-    render_hist(&o, s, "clocher_ttft_seconds", offsetof(struct tenant_series, ttft),
+    render_hist(&o, s, only, "clocher_ttft_seconds", offsetof(struct tenant_series, ttft),
                 "Time to first token of finished generations.");
-    render_hist(&o, s, "clocher_tpot_seconds", offsetof(struct tenant_series, tpot),
+    render_hist(&o, s, only, "clocher_tpot_seconds", offsetof(struct tenant_series, tpot),
                 "Mean time per output token after the first, per finished generation.");
-    render_hist(&o, s, "clocher_e2e_seconds", offsetof(struct tenant_series, e2e),
+    render_hist(&o, s, only, "clocher_e2e_seconds", offsetof(struct tenant_series, e2e),
                 "End-to-end duration of finished generations.");
 
     family(&o, "clocher_queue_depth", "gauge",
@@ -615,7 +632,7 @@ int stats_render(const struct stats *s, const struct workers *w, char **out, siz
     outf(&o, "clocher_queue_depth %" PRId64 "\n",
          atomic_load_explicit(&s->queue_depth, memory_order_relaxed));
     family(&o, "clocher_active_streams", "gauge", "Streams in flight.");
-    FOR_TENANTS_(s, t, {
+    FOR_TENANTS_(s, only, t, {
         tenant_open(&o, "clocher_active_streams", t);
         outf(&o, "} %" PRId64 "\n", atomic_load_explicit(&t->active_streams,
                                                         memory_order_relaxed));

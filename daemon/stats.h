@@ -69,5 +69,10 @@ void stats_worker_engine(struct stats *s, unsigned slot, const struct shm_msg_st
  * supervisor's per-worker series (state, restarts, hot replicated bytes, node labels); it may
  * be NULL. Returns 0 or -ENOMEM. */
 int stats_render(const struct stats *s, const struct workers *w, char **out, size_t *len);
+/* The same, with the per-tenant series of tenant `only` alone ("" = anonymous; NULL = every
+ * tenant, as stats_render): what GetMetrics shows a tenant that is not an admin. The
+ * per-worker and supervisor series carry no tenant and are shown whole. */
+int stats_render_for(const struct stats *s, const struct workers *w, const char *only,
+                     char **out, size_t *len);
 
 #endif

@@ -29,6 +29,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,10 +145,12 @@ static int region_create(struct sup_slot *ss, uint32_t generation, struct worker
 
 /* ---- the control socket ---- */
 
+/* The socket is closed here, after libuv let go of it; its number was taken before uv_close,
+ * because uv_fileno answers EBADF on a closing handle (that lost one fd per worker exit). */
 static void close_ctl_cb(uv_handle_t *h)
 {
-    int fd;
-    if (uv_fileno(h, &fd) == 0)
+    int fd = (int)(intptr_t)h->data;
+    if (fd >= 0)
         close(fd);
     free(h);
 }
@@ -157,6 +160,8 @@ static void close_ctl(struct sup_slot *ss)
     if (!ss->ctl)
         return;
     uv_poll_stop(ss->ctl);
+    int fd;
+    ss->ctl->data = (void *)(intptr_t)(uv_fileno((uv_handle_t *)ss->ctl, &fd) == 0 ? fd : -1);
     uv_close((uv_handle_t *)ss->ctl, close_ctl_cb);
     ss->ctl = NULL;
 }

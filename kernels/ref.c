@@ -4,8 +4,9 @@
  *
  * kern_matmul_ref is the f32 specification of a product (weights converted exactly, f32
  * activations). The kern_*_ref twins specify what the SIMD variants compute on prepared
- * activations: integer dot products of weight quants with int8 activation quants per block
- * of 32 (scaled by both scales), or products of bf16-rounded activations.
+ * activations: integer dot products of weight quants (q8_0, q4_0 - 8, mxfp4's doubled E2M1
+ * values) with int8 activation quants per block of 32 (scaled by both scales), or products of
+ * bf16-rounded activations.
  */
 #include "internal.h"
 #include "quant.h"
@@ -57,17 +58,11 @@ void kern__row_q4_0(const void *row, float *out, size_t n)
     }
 }
 
-/* 2^(e-128) as an f32, exactly, for every E8M0 byte (e = 0 gives 2^-128, a subnormal) */
-static float mxfp4_half_scale(uint8_t e)
-{
-    return ldexpf(1.0f, (int)e - 128);
-}
-
 void kern__row_mxfp4(const void *row, float *out, size_t n)
 {
     const struct quant_mxfp4 *b = row;
     for (size_t i = 0; i < n; i += 32, b++) {
-        float d = mxfp4_half_scale(b->e); /* kvalues are the E2M1 values doubled */
+        float d = quant_e8m0_half(b->e); /* kvalues are the E2M1 values doubled */
         for (int j = 0; j < 16; j++) {
             out[i + (size_t)j] = d * (float)quant_mxfp4_kvalues[b->qs[j] & 0x0f];
             out[i + (size_t)j + 16] = d * (float)quant_mxfp4_kvalues[b->qs[j] >> 4];
@@ -128,14 +123,29 @@ void kern__matmul_act_f32(const void *w, const struct kern_act *a, float *y, siz
 
 /* ---- twins of the SIMD variants ---------------------------------------------------------- */
 
-/* Weight quant j (0..31) of a block, as the signed integer it stands for. */
+/* Weight quant j (0..31) of a block, as the signed integer it stands for (mxfp4: the doubled
+ * E2M1 value, quant_mxfp4_kvalues). */
 static int block_quant(enum dtype wt, const uint8_t *blk, int j)
 {
     if (wt == DT_Q8_0)
         return ((const struct quant_q8_0 *)(const void *)blk)->qs[j];
+    if (wt == DT_MXFP4) {
+        int byte = ((const struct quant_mxfp4 *)(const void *)blk)->qs[j & 15];
+        return quant_mxfp4_kvalues[j < 16 ? (byte & 15) : (byte >> 4)];
+    }
     const struct quant_q4_0 *b = (const void *)blk;
     int byte = b->qs[j & 15];
     return (j < 16 ? (byte & 15) : (byte >> 4)) - 8;
+}
+
+/* A block's weight scale: its f16 d, or mxfp4's 2^(e-128) (exact either way). */
+static float block_scale(enum dtype wt, const uint8_t *blk)
+{
+    if (wt == DT_MXFP4)
+        return quant_e8m0_half(blk[0]);
+    uint16_t d16;
+    memcpy(&d16, blk, 2);
+    return half_f16_to_f32(d16);
 }
 
 /* Integer dot products per block of 32, each scaled by weight scale x activation scale. */
@@ -156,9 +166,7 @@ static void mm_q8a_ref(enum dtype wt, const void *w, const struct kern_act *a, f
                 int32_t dot = 0;
                 for (int j = 0; j < 32; j++)
                     dot += block_quant(wt, blk, j) * q[b * 32 + (size_t)j];
-                uint16_t d16;
-                memcpy(&d16, blk, 2);
-                acc += half_f16_to_f32(d16) * d[b] * (float)dot;
+                acc += block_scale(wt, blk) * d[b] * (float)dot;
             }
             y[t * ldy + r] = acc;
         }
@@ -207,6 +215,8 @@ Q8A_TWIN_(gemv, q8_0, DT_Q8_0)
 Q8A_TWIN_(gemm, q8_0, DT_Q8_0)
 Q8A_TWIN_(gemv, q4_0, DT_Q4_0)
 Q8A_TWIN_(gemm, q4_0, DT_Q4_0)
+Q8A_TWIN_(gemv, mxfp4, DT_MXFP4)
+Q8A_TWIN_(gemm, mxfp4, DT_MXFP4)
 
 void kern_gemv_bf16_bf16_ref(const void *w, const struct kern_act *a, float *y, size_t ldy,
                              size_t r0, size_t r1)

@@ -93,9 +93,11 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
     Q4G_(q4z_g32, DT_Q4Z_G32, 32),
     Q4G_(q4z_g64, DT_Q4Z_G64, 64),
     Q4G_(q4z_g128, DT_Q4Z_G128, 128),
-    /* gpt-oss experts. Until its integer kernels exist every ISA runs the f32 specification. */
+    /* gpt-oss experts: the doubled E2M1 values from a 16-entry table (vpshufb) are q8_0-like
+     * signed weights, stored + 128 for vpdpbusd on AVX-512 (x86/avx*_q.c), hence the offset */
     [DT_MXFP4] = {.block = 32, .block_bytes = sizeof(struct quant_mxfp4),
                   .to_f32 = kern__row_mxfp4,
-                  .act = KERN__ACT_F32,
-                  .isa = {{REF_MM_}, {REF_MM_}, {REF_MM_}}},
+                  .act = KERN__ACT_Q8,
+                  .act_offset = 128,
+                  .isa = {{REF_MM_}, {MM_(mxfp4, q8_0, avx2, 5)}, {MM_(mxfp4, q8_0, avx512, 6)}}},
 };

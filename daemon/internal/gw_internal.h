@@ -28,6 +28,8 @@
 #include "msg.h"
 #include "workers.h"
 
+#include "clocher/v1/inference.pb-c.h"
+
 #include <grpc/grpc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -38,6 +40,7 @@
 #define GW_MAGIC 0x47574159u      /* "GWAY" */
 #define GW_CALL_MAGIC 0x4743414cu /* "GCAL" */
 #define GW_BUCKETS 1024u          /* per-slot request table buckets (a power of two) */
+#define GW_PEERS 256u             /* connections whose early resets are counted at once */
 
 enum gw_method {
     GW_GENERATE = 0,
@@ -105,10 +108,12 @@ struct gw_call {
     pthread_mutex_t mu;
     int close_cancelled;           /* RECV_CLOSE_ON_SERVER's answer */
     bool sending, md_sent, status_sent, closed, counted;
+    bool msg_sent;                 /* a response message went out (not an early reset) */
     struct config *cfg;            /* the snapshot the call runs with */
     char tenant[CONFIG_NAME_MAX];  /* "" = anonymous */
     const struct config_tenant *tcfg; /* in cfg; NULL = anonymous */
-    bool stream_slot;              /* holds one of its tenant's concurrent streams */
+    bool stream_slot;              /* holds n_streams of its tenant's concurrent streams */
+    uint32_t n_streams;            /* one per request (a BatchGenerate's items each count) */
     uint64_t start_ns;
     size_t n_items, n_open;
     struct gw_item *items;
@@ -123,6 +128,9 @@ struct gw_call {
     bool has_status_slice;
     int health;                    /* Health.Watch: the status last sent, -1 = none */
     int health_now;                /* Health.Watch: the status to send */
+    /* a call made by gw_ext_generate (no grpc_call): pump() tells its owner instead of sending */
+    void (*sink)(void *ud);
+    void *sink_ud;                 /* NULL once its owner released it */
 };
 
 /* A table entry: the worker request req_id is item `item` of `call`. */
@@ -174,6 +182,13 @@ struct gw_adapter {
     uint32_t reload_gen[CONFIG_MAX_WORKERS];
 };
 
+/* A connection's early resets (gw_conn.c), by its gRPC peer name. */
+struct gw_peer {
+    char name[80];
+    uint64_t window_ns;            /* the start of its 10 s window */
+    uint32_t resets;
+};
+
 struct gw {
     uint32_t magic;
     struct workers *w;
@@ -205,6 +220,18 @@ struct gw {
     struct gw_call **watch;        /* Health.Watch calls open */
 
     struct workers_hooks hooks;
+
+    /* gw_conn.c: our Unix listener, the connection thread, early-reset accounting */
+    int unix_fd;                   /* -1 = none */
+    char unix_path[108];
+    int wake[2];                   /* wakes the connection thread to stop */
+    pthread_t conn_thread;
+    bool conn_started;
+    pthread_mutex_t conn_mu;       /* guards peers */
+    struct gw_peer peers[GW_PEERS];
+    _Atomic uint64_t early_resets; /* streams reset before any answer, all connections */
+    _Atomic uint64_t conns_closed; /* connections closed for them */
+    _Atomic uint64_t trim_until_ns;
 };
 
 /* ---- gw_callobj.c: a call's lifetime ---- */
@@ -214,6 +241,17 @@ struct gw_call *gw__call_new(struct gw *g, enum gw_method m,
 void gw__call_ref(struct gw_call *c);
 /* The last reference frees the call and everything it owns. */
 void gw__call_unref(struct gw_call *c);
+
+/* ---- gw_conn.c: connections (the Unix listener, rapid-reset accounting) ---- */
+/* Listens on path, refusing a live socket of another process and removing a stale one. */
+int gw__conn_listen_unix(struct gw *g, const char *path);
+/* Starts the connection thread (accepts on the Unix socket; gives memory back). */
+int gw__conn_start(struct gw *g);
+/* Stops it, closes and removes our Unix socket. Before the server is destroyed. */
+void gw__conn_stop(struct gw *g);
+/* A stream of call was reset by its client before any answer: counted against its
+ * connection; past limit in 10 s the connection is sent GOAWAY and closed. */
+void gw__conn_early_reset(struct gw *g, grpc_call *call, uint32_t limit);
 
 /* ---- gw_cq.c: the completion-queue thread ---- */
 void *gw__cq_main(void *gw);
@@ -265,6 +303,36 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m);
 void gw__call_fail_item(struct gw_call *c, size_t item, int status, const char *msg);
 /* Health changed: re-send to every Watch call. */
 void gw__health_changed(struct gw *g);
+
+/* ---- gw_call.c: generations on behalf of a caller that is not gRPC (daemon/http*.c) ----
+ * The same path as a Generate/BatchGenerate call (authentication, limits, adapters, routing,
+ * cancellation, statistics), without a grpc_call: instead of sending, the call runs
+ * changed(ud) with its mutex held (any thread: it must only note it and wake its owner), and
+ * the owner takes what came with gw_ext_take. */
+
+/* What an item has come to, as gw_ext_take reports it. */
+struct gw_ext_state {
+    bool done;                     /* nothing more will come */
+    int status;                    /* gRPC status of a failure, 0 = ok */
+    char error[512];               /* its message */
+    bool finished;                 /* FINISH came: fin is set */
+    struct shm_msg_finish fin;
+    uint64_t tokens;               /* tokens produced so far (taken or not) */
+};
+
+/* Authenticates `authorization` (the header's bytes, NULL = none) as gRPC's metadata is, then
+ * submits reqs[0..n) as one call's items (n > 1: like BatchGenerate). Refusals come through
+ * the call (gw_ext_take reports them), so the only failure here is -ENOMEM. */
+int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
+                    Clocher__V1__GenerateRequest *const *reqs, size_t n,
+                    void (*changed)(void *ud), void *ud, struct gw_call **out);
+/* Appends item i's text since the last take to buf (len/cap, realloc'd, NUL-terminated) and
+ * says how it stands; the call's own status (a refusal) shows as every item's. 0 / -ENOMEM. */
+int gw_ext_take(struct gw_call *c, size_t i, char **buf, size_t *len, size_t *cap,
+                struct gw_ext_state *st);
+/* The owner is done with c (any time, any thread): changed() is never run again, work still
+ * running is cancelled (counted as CANCELLED), and the owner's reference is dropped. */
+void gw_ext_release(struct gw_call *c);
 
 /* ---- gw_reader.c: a slot's event reader thread (arg: its struct gw_slot) ---- */
 void *gw__reader_main(void *slot);

@@ -13,9 +13,10 @@
  *  - bf16 weights: the decode GEMV widens to f32 exactly; the prefill GEMM on AVX-512-BF16
  *    rounds activations to bf16 and uses vdpbf16ps (relative error <= 2^-8 per product, see
  *    tests/kern for the bound asserted).
- *  - q8_0/q4_0 weights: the SIMD paths quantize activations per block of 32 to int8 with an f32
- *    scale (kernels/include/quant.h states the resulting error bound) and use integer dot products;
- *    the scalar ISA computes in f32 with unquantized activations.
+ *  - q8_0/q4_0/mxfp4 weights: the SIMD paths quantize activations per block of 32 to int8 with
+ *    an f32 scale (kernels/include/quant.h states the resulting error bound) and use integer dot
+ *    products (mxfp4: the doubled E2M1 values, |w| <= 12, exact; its block scale 2^(e-128)
+ *    applied to the block's sum); the scalar ISA computes in f32 with unquantized activations.
  *
  * NOTES: kern_init() is idempotent and must run before threads call kernels (engine creation
  * does it); kernels themselves are reentrant and take row ranges so a thread pool can shard.
@@ -69,7 +70,8 @@ void kern_row_to_f32(enum dtype dt, const void *row, float *out, size_t n);
 
 /*
  * Activations x [n][cols] in the forms the kernels need for weight type wt: int8 blocks of 32
- * (with the sums and lane-wise scales the SIMD kernels use) for q8_0/q4_0 weights, bf16 for
+ * (with the sums and lane-wise scales the SIMD kernels use) for q8_0/q4_0/mxfp4 and the int4
+ * group weights, bf16 for
  * bf16 weights, and for f32/f16/bf16 weights a copy with padded rows (kernels/internal.h:
  * the weight type's act form). The same for every ISA. Lives in one caller-provided buffer of
  * kern_act_bytes() bytes, 64-byte aligned. `cp` is cols rounded up to 64; padding elements
@@ -86,7 +88,7 @@ struct kern_act {
     int8_t *q;       /* [n][ld] int8 quants, blocks of 32 (NULL if unused) */
     float *d;        /* [n][cp/32] block scales: x ~= d * q */
     int32_t *ns4;    /* [n][cp/4] -off * (sum of each group of 4 quants): the correction for
-                        unsigned weights w + off (off = 8 for q4_0, 128 for q8_0) */
+                        unsigned weights w + off (off = 8 for q4_0, 128 for q8_0 and mxfp4) */
     int32_t *ns32;   /* [n][cp/32] the same per block of 32 */
     float *d4;       /* [n][cp/4] the block scale of each group of 4 (lane-wise scales) */
     uint16_t *xb;    /* [n][ld] x rounded to bf16, for bf16 weights (NULL if unused) */
@@ -101,7 +103,9 @@ void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t col
                    void *buf);
 /* Fills tokens [t0, t1). */
 void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1);
-/* kern_matmul on prepared activations: y rows [r0, r1) for all a->n tokens. */
+/* kern_matmul on prepared activations: y rows [r0, r1) for all a->n tokens. w needs no
+ * alignment beyond its dtype's (block types: any byte), so a MoE expert is a pointer offset
+ * into its [experts][rows][cols] tensor (tests/kern/test_kern_mxfp4.c, expert slices). */
 void kern_matmul_act(const void *w, const struct kern_act *a, float *y, size_t ldy, size_t r0,
                      size_t r1);
 

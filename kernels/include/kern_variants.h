@@ -38,7 +38,7 @@ typedef void kern_mm_fn(const void *w, const struct kern_act *a, float *y, size_
     X(gemv, f32, f32, isa) X(gemv, f16, f32, isa) X(gemv, bf16, f32, isa)                    \
     X(gemv, q8_0, q8_0, isa) X(gemv, q4_0, q8_0, isa) X(gemm, f32, f32, isa)                 \
     X(gemm, f16, f32, isa) X(gemm, bf16, f32, isa) X(gemm, q8_0, q8_0, isa)                  \
-    X(gemm, q4_0, q8_0, isa)
+    X(gemm, q4_0, q8_0, isa) X(gemv, mxfp4, q8_0, isa) X(gemm, mxfp4, q8_0, isa)
 
 #define KERN_DECLARE_(op, wty, aty, isa) kern_mm_fn kern_##op##_##wty##_##aty##_##isa;
 KERN_VARIANTS_(KERN_DECLARE_, ref)

@@ -12,6 +12,7 @@
 #include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define QUANT_BLOCK 32 /* elements per block of q8_0/q4_0 and per nibble array of the q4 groups */
 
@@ -76,6 +77,23 @@ struct quant_mxfp4 {
 };
 static const int8_t quant_mxfp4_kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12,
                                                0, -1, -2, -3, -4, -6, -8, -12};
+
+/*
+ * 2^(e-128), the scale of quant_mxfp4_kvalues, as an f32, exactly, for every E8M0 byte: the
+ * biased f32 exponent is e - 1 for e >= 2; e = 1 and e = 0 give the subnormals 2^-127 and
+ * 2^-128 (llama.cpp's ggml_e8m0_to_fp32_half). e = 255 (NaN in E8M0, refused by the
+ * converters) gives 2^127 here, in every kernel alike. Weights of magnitude 2^128 and more
+ * (e = 254 with |E2M1| >= 2, e = 253 with |E2M1| >= 4) exceed FLT_MAX: kern_row_to_f32 and
+ * hence the f32 specification give them as infinities, while the integer kernels, which
+ * multiply the codes and apply the scale to the block's sum, stay finite when that sum is.
+ */
+static inline float quant_e8m0_half(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 static_assert(sizeof(struct quant_mxfp4) == 17, "mxfp4 block must be 17 bytes (GGUF)");
 static_assert(sizeof(struct quant_q8_0) == 34, "q8_0 block must be 34 bytes (GGUF)");

@@ -1,6 +1,6 @@
 /*
- * avx2_q.c — AVX2 kernels for q8_0 and q4_0 weights against int8 activations (compiled with
- * -mavx2 -mfma -mf16c).
+ * avx2_q.c — AVX2 kernels for q8_0, q4_0 and mxfp4 weights against int8 activations (compiled
+ * with -mavx2 -mfma -mf16c).
  *
  * vpmaddubsw multiplies unsigned by signed bytes into saturating int16 pairs, so operands are
  * arranged to stay below saturation: q4_0 nibbles (0..15) or |w| <= 128 times activation quants
@@ -9,6 +9,9 @@
  *    quants) * 8 to undo the +8 (gemv: per 4-element lane, kern_act.ns4; gemm: per block,
  *    kern_act.ns32).
  *  - q8_0: |w| x sign(q, w) (vpsignb), needing no correction.
+ *  - mxfp4: the nibbles index the 16-entry int8 table quant_mxfp4_kvalues (vpshufb), giving
+ *    signed weights |w| <= 12 that then go the q8_0 way; the block scale is 2^(e-128)
+ *    (quant_e8m0_half), exact, so the products are as exact as q8_0's (spec §4.5).
  * gemv streams the stored layout one block per register; gemm packs 8-row panels (one row per
  * int32 lane, 8x8 dword transpose) and reuses each 4-column weight group for 4 tokens.
  */
@@ -22,9 +25,11 @@
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
 
-enum qk { QK_Q8_0, QK_Q4_0 };
+enum qk { QK_Q8_0, QK_Q4_0, QK_MXFP4 };
 
-static const size_t blk_bytes[] = {[QK_Q8_0] = 34, [QK_Q4_0] = 18};
+static const size_t blk_bytes[] = {[QK_Q8_0] = 34, [QK_Q4_0] = 18, [QK_MXFP4] = 17};
+static const enum dtype qk_dtype[] = {[QK_Q8_0] = DT_Q8_0, [QK_Q4_0] = DT_Q4_0,
+                                      [QK_MXFP4] = DT_MXFP4};
 
 INLINE float load_f16(const uint8_t *p)
 {
@@ -40,12 +45,28 @@ INLINE int32_t load_i32(const void *p)
     return v;
 }
 
-/* q4_0 block's 32 nibbles (0..15) in natural element order. */
-INLINE __m256i nibbles(const uint8_t *blk)
+/* The 32 nibbles (0..15) of 16 split-half bytes at qs (q4_0, mxfp4), in element order. */
+INLINE __m256i nibbles(const uint8_t *qs)
 {
-    __m256i z = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
+    __m256i z = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
     z = _mm256_srlv_epi64(z, _mm256_set_epi64x(4, 4, 0, 0));
     return _mm256_and_si256(z, _mm256_set1_epi8(0x0f));
+}
+
+/* A block's weight scale: f16 d, or mxfp4's 2^(e-128). */
+INLINE float wscale(enum qk k, const uint8_t *blk)
+{
+    return k == QK_MXFP4 ? quant_e8m0_half(blk[0]) : load_f16(blk);
+}
+
+/* A block's 32 weights as signed bytes for the |w| x sign(q, w) products (q8_0, mxfp4). */
+INLINE __m256i signed_quants(enum qk k, const uint8_t *blk)
+{
+    if (k == QK_MXFP4) /* vpshufb: the same 16-entry table in both 128-bit lanes */
+        return _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)quant_mxfp4_kvalues)),
+            nibbles(blk + 1));
+    return _mm256_loadu_si256((const __m256i *)(blk + 2));
 }
 
 INLINE float hsum8(__m256 v)
@@ -86,11 +107,11 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
             UNROLL for (int i = 0; i < NR; i++)
             {
                 const uint8_t *blk = w + (r + (size_t)i) * rb + bh * bb;
-                dw[i] = load_f16(blk);
+                dw[i] = wscale(k, blk);
                 if (k == QK_Q4_0) {
-                    wz[i] = nibbles(blk);
+                    wz[i] = nibbles(blk + 2);
                 } else {
-                    wz[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                    wz[i] = signed_quants(k, blk);
                     wa[i] = _mm256_abs_epi8(wz[i]);
                 }
             }
@@ -127,7 +148,7 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
 INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
                    size_t r0, size_t r1)
 {
-    size_t rb = kern__row_bytes(k == QK_Q4_0 ? DT_Q4_0 : DT_Q8_0, a->cols);
+    size_t rb = kern__row_bytes(qk_dtype[k], a->cols);
     for (size_t r = r0; r < r1; r += GEMV_NR) {
         size_t nr = r1 - r < GEMV_NR ? r1 - r : GEMV_NR;
         for (size_t t = 0; t < a->n; t += GEMV_NT) {
@@ -157,6 +178,12 @@ void kern_gemv_q4_0_q8_0_avx2(const void *w, const struct kern_act *a, float *y,
     gemv_q(QK_Q4_0, w, a, y, ldy, r0, r1);
 }
 
+void kern_gemv_mxfp4_q8_0_avx2(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                               size_t r0, size_t r1)
+{
+    gemv_q(QK_MXFP4, w, a, y, ldy, r0, r1);
+}
+
 /* ---- gemm -------------------------------------------------------------------------------- */
 
 #define PANEL 8   /* rows per panel: one per int32 lane */
@@ -165,7 +192,7 @@ void kern_gemv_q4_0_q8_0_avx2(const void *w, const struct kern_act *a, float *y,
 
 struct panel {
     __m256i p[KC / 4];       /* [KC/32 blocks][8 groups] x 8 rows x 4 bytes (q4_0: nibbles,
-                                q8_0: signed quants) */
+                                q8_0 and mxfp4: signed quants) */
     float s[KC / 32][PANEL]; /* weight scale per block and row (0 for absent rows) */
 };
 
@@ -202,11 +229,11 @@ INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t 
         {
             if ((size_t)i < nr) {
                 const uint8_t *blk = w + (r + (size_t)i) * rb + (k0 / 32 + b) * bb;
-                pn->s[b][i] = load_f16(blk);
+                pn->s[b][i] = wscale(k, blk);
                 if (k == QK_Q4_0)
-                    z[i] = nibbles(blk);
+                    z[i] = nibbles(blk + 2);
                 else
-                    z[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                    z[i] = signed_quants(k, blk);
             } else {
                 pn->s[b][i] = 0.0f;
                 z[i] = _mm256_setzero_si256();
@@ -242,7 +269,7 @@ INLINE void gemm_tile(enum qk k, const struct panel *pn, size_t nblk, const stru
         UNROLL for (int g = 0; g < 8; g++)
         {
             __m256i wv = pn->p[b * 8 + (size_t)g];
-            __m256i wa = k == QK_Q8_0 ? _mm256_abs_epi8(wv) : wv;
+            __m256i wa = k != QK_Q4_0 ? _mm256_abs_epi8(wv) : wv;
             UNROLL for (int j = 0; j < NT; j++)
             {
                 __m256i xv = _mm256_set1_epi32(load_i32(xq[j] + b * 32 + (size_t)g * 4));
@@ -254,6 +281,12 @@ INLINE void gemm_tile(enum qk k, const struct panel *pn, size_t nblk, const stru
         __m256 s = _mm256_loadu_ps(pn->s[b]);
         UNROLL for (int j = 0; j < NT; j++)
         {
+            if (k == QK_MXFP4) { /* scales first, as _ref: 2^(e-128) spans 2^-128..2^126, and
+                                    sum * dx alone may overflow where the product does not */
+                facc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[j]),
+                                          _mm256_mul_ps(s, _mm256_set1_ps(xd[j][b])), facc[j]);
+                continue;
+            }
             __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(iacc[j]), _mm256_set1_ps(xd[j][b]));
             facc[j] = _mm256_fmadd_ps(f, s, facc[j]);
         }
@@ -277,7 +310,7 @@ INLINE void gemm_tile(enum qk k, const struct panel *pn, size_t nblk, const stru
 INLINE void gemm_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
                    size_t r0, size_t r1)
 {
-    size_t rb = kern__row_bytes(k == QK_Q4_0 ? DT_Q4_0 : DT_Q8_0, a->cols);
+    size_t rb = kern__row_bytes(qk_dtype[k], a->cols);
     struct panel pn __attribute__((aligned(32)));
     for (size_t r = r0; r < r1; r += PANEL) {
         size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
@@ -309,4 +342,10 @@ void kern_gemm_q4_0_q8_0_avx2(const void *w, const struct kern_act *a, float *y,
                               size_t r0, size_t r1)
 {
     gemm_q(QK_Q4_0, w, a, y, ldy, r0, r1);
+}
+
+void kern_gemm_mxfp4_q8_0_avx2(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                               size_t r0, size_t r1)
+{
+    gemm_q(QK_MXFP4, w, a, y, ldy, r0, r1);
 }

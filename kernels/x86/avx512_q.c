@@ -1,13 +1,19 @@
 /*
- * avx512_q.c — AVX-512 VNNI kernels for q8_0 and q4_0 weights against int8 activations
+ * avx512_q.c — AVX-512 VNNI kernels for q8_0, q4_0 and mxfp4 weights against int8 activations
  * (compiled with -mavx512* -mavx512vnni).
  *
  * Both paths use vpdpbusd (unsigned bytes x signed bytes, 4 products summed per int32 lane)
  * and fix up the unsigned operand's +128 / +8 offset with a precomputed sum, so no
  * instruction is spent on signs:
  *
+ * mxfp4 (spec §4.5) is q8_0 once unpacked: its nibbles index the 16-entry table of doubled E2M1
+ * values stored as kvalues ^ 0x80 = kvalues + 128 (vpshufb per 128-bit lane, AVX512-BW: no
+ * VBMI needed, so the ISA stays F+BW+VL+DQ+VNNI), giving the same unsigned operand with
+ * offset 128 (its act_offset); its block scale is 2^(e-128), exact.
+ *
  * gemv (decode): weights are read in their stored layout, two blocks (64 elements) per zmm in
- *   natural element order, as unsigned bytes (q4_0: the nibble 0..15; q8_0: w ^ 0x80 = w+128),
+ *   natural element order, as unsigned bytes (q4_0: the nibble 0..15; q8_0: w ^ 0x80 = w+128;
+ *   mxfp4: kvalues[code] + 128),
  *   times the signed activation quants. Lane l then holds sum(wu*q) over 4 elements; the
  *   accumulator starts at kern_act.ns4 = -offset * (sum of those 4 quants), offset = 8 (q4_0)
  *   or 128 (q8_0), giving the exact signed dot. Each lane is converted and scaled by its
@@ -29,7 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum qk { QK_Q8_0, QK_Q4_0 };
+enum qk { QK_Q8_0, QK_Q4_0, QK_MXFP4 };
 
 /*
  * Software prefetch distance of the gemv's row stream, per type (0: none). Measured from
@@ -37,9 +43,15 @@ enum qk { QK_Q8_0, QK_Q4_0 };
  * gains ~25% from prefetching 4 KiB ahead; q8_0 streams faster with the hardware prefetcher
  * alone (the extra prefetches cost ~15%).
  */
-static const size_t pf_dist[] = {[QK_Q8_0] = 0, [QK_Q4_0] = 4096};
+static const size_t pf_dist[] = {[QK_Q8_0] = 0, [QK_Q4_0] = 4096, [QK_MXFP4] = 4096};
 
-static const size_t blk_bytes[] = {[QK_Q8_0] = 34, [QK_Q4_0] = 18};
+static const size_t blk_bytes[] = {[QK_Q8_0] = 34, [QK_Q4_0] = 18, [QK_MXFP4] = 17};
+static const enum dtype qk_dtype[] = {[QK_Q8_0] = DT_Q8_0, [QK_Q4_0] = DT_Q4_0,
+                                      [QK_MXFP4] = DT_MXFP4};
+
+/* quant_mxfp4_kvalues + 128 (as ^ 0x80), the unsigned operand's table, in each 128-bit lane */
+static const uint8_t mxfp4_ukv[16] = {128, 129, 130, 131, 132, 134, 136, 140,
+                                      128, 127, 126, 125, 124, 122, 120, 116};
 
 INLINE uint16_t load_u16(const uint8_t *p)
 {
@@ -57,20 +69,26 @@ INLINE int32_t load_i32(const void *p)
 
 /*
  * The quants of block A (at blk) and, if has_b, of the next block, in natural element order as
- * unsigned bytes w + off (q4_0: the nibble itself, off 8; q8_0: w ^ 0x80, off 128): bytes
- * 0..31 = A, 32..63 = B (zero without B, and never read).
+ * unsigned bytes w + off (q4_0: the nibble itself, off 8; q8_0: w ^ 0x80, off 128; mxfp4: its
+ * table's value + 128, off 128): bytes 0..31 = A, 32..63 = B (without B: zero for q4_0 and
+ * q8_0, 128 for mxfp4; never read).
  */
 INLINE __m512i unpack_pair(enum qk k, const uint8_t *blk, int has_b)
 {
-    if (k == QK_Q4_0) {
-        __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 2)));
+    if (k == QK_Q4_0 || k == QK_MXFP4) {
+        const size_t hdr = k == QK_Q4_0 ? 2 : 1, bb = blk_bytes[k];
+        __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + hdr)));
         __m256i b = has_b ? _mm256_broadcastsi128_si256(
-                                _mm_loadu_si128((const __m128i *)(blk + 18 + 2)))
+                                _mm_loadu_si128((const __m128i *)(blk + bb + hdr)))
                           : _mm256_setzero_si256();
         __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
         /* [qA, qA, qB, qB]: shift the 2nd copy of each by 4 so high nibbles land second */
         z = _mm512_srlv_epi64(z, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
-        return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+        z = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+        if (k == QK_MXFP4)
+            z = _mm512_shuffle_epi8(
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mxfp4_ukv)), z);
+        return z;
     }
     __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 2));
     __m512i z = _mm512_castsi256_si512(_mm256_xor_si256(a, _mm256_set1_epi8((char)0x80)));
@@ -86,6 +104,9 @@ INLINE __m512i unpack_pair(enum qk k, const uint8_t *blk, int has_b)
 /* [dA x 8 lanes, dB x 8 lanes] as f32 (dB = 0 without B). */
 INLINE __m512 scale_pair(enum qk k, const uint8_t *blk, int has_b)
 {
+    if (k == QK_MXFP4)
+        return _mm512_insertf32x8(_mm512_set1_ps(quant_e8m0_half(blk[0])),
+                                  _mm256_set1_ps(has_b ? quant_e8m0_half(blk[17]) : 0.0f), 1);
     uint16_t da = load_u16(blk), db = has_b ? load_u16(blk + blk_bytes[k]) : 0;
     __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)da)),
                                         _mm_set1_epi16((short)db), 1);
@@ -105,9 +126,26 @@ static const uint16_t idx_q8[32] = {0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51,
 
 INLINE __m512i load512(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
 
+/* 2^(e-128) of 16 E8M0 bytes (dword lanes), exactly: quant_e8m0_half, lane-wise. */
+INLINE __m512 e8m0_half16(__m512i e)
+{
+    __m512i norm = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    __mmask16 small = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, norm, sub));
+}
+
 INLINE __m512 scales16(enum qk k, const uint8_t *blk0)
 {
     __m512i h;
+    if (k == QK_MXFP4) {
+        /* the exponent bytes at 17j: dword gathers that stay inside the 16 blocks (the last
+         * reads bytes 255..258 of 272) */
+        const __m512i off = _mm512_set_epi32(255, 238, 221, 204, 187, 170, 153, 136, 119, 102,
+                                             85, 68, 51, 34, 17, 0);
+        __m512i e = _mm512_i32gather_epi32(off, (const void *)blk0, 1);
+        return e8m0_half16(_mm512_and_si512(e, _mm512_set1_epi32(0xff)));
+    }
     if (k == QK_Q4_0) {
         __m512i idx = _mm512_loadu_si512(idx_q4);
         h = _mm512_or_si512(
@@ -219,6 +257,11 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
             UNROLL for (int i = 0; i < NR; i++)
             {
                 __m512i dot = _mm512_dpbusd_epi32(ns, wz[i], q);
+                if (k == QK_MXFP4) { /* scales first (see gemm_tile) */
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[i], dx),
+                                                acc[i][j]);
+                    continue;
+                }
                 __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
                 acc[i][j] = _mm512_fmadd_ps(f, dw[i], acc[i][j]);
             }
@@ -239,7 +282,7 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
 INLINE void gemv_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
                    size_t r0, size_t r1)
 {
-    size_t rb = kern__row_bytes(k == QK_Q4_0 ? DT_Q4_0 : DT_Q8_0, a->cols);
+    size_t rb = kern__row_bytes(qk_dtype[k], a->cols);
     for (size_t r = r0; r < r1; r += GEMV_NR) {
         size_t nr = r1 - r < GEMV_NR ? r1 - r : GEMV_NR;
         for (size_t t = 0; t < a->n; t += GEMV_NT) {
@@ -267,6 +310,12 @@ void kern_gemv_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *
                                 size_t r0, size_t r1)
 {
     gemv_q(QK_Q4_0, w, a, y, ldy, r0, r1);
+}
+
+void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float *y,
+                                 size_t ldy, size_t r0, size_t r1)
+{
+    gemv_q(QK_MXFP4, w, a, y, ldy, r0, r1);
 }
 
 /* ---- gemm -------------------------------------------------------------------------------- */
@@ -430,31 +479,47 @@ INLINE void pack_panel(enum qk k, const uint8_t *w, size_t rb, size_t r, size_t 
         pack_panel_q4(w, rb, r, nr, k0, kc, pn);
         return;
     }
+    const size_t bb = blk_bytes[k];
     for (size_t c = 0; c < kc; c += 64) {
         int has_b = c + 64 <= kc;
         __m512i z[16], v[16];
         UNROLL for (int i = 0; i < PANEL; i++)
         {
             if ((size_t)i < nr) {
-                const uint8_t *p = w + (r + (size_t)i) * rb + (k0 + c) / 32 * 34;
-                prefetch_next_panel(p, rb, 68);
+                const uint8_t *p = w + (r + (size_t)i) * rb + (k0 + c) / 32 * bb;
+                prefetch_next_panel(p, rb, 2 * bb);
                 z[i] = unpack_pair(k, p, has_b);
+                if (k == QK_MXFP4) { /* one exponent byte per block: read as they are */
+                    pn->s[c / 32][i] = quant_e8m0_half(p[0]);
+                    if (has_b)
+                        pn->s[c / 32 + 1][i] = quant_e8m0_half(p[bb]);
+                    continue;
+                }
                 /* the scales: words 0 and 17 (bytes [0, 64) are inside the pair; one block
                  * alone is 34 bytes) */
                 v[i] = has_b ? _mm512_loadu_si512((const void *)p)
                              : _mm512_maskz_loadu_epi8((__mmask64)((1ull << 34) - 1), p);
             } else {
                 z[i] = v[i] = _mm512_setzero_si512();
+                if (k == QK_MXFP4) {
+                    pn->s[c / 32][i] = 0.0f;
+                    if (has_b)
+                        pn->s[c / 32 + 1][i] = 0.0f;
+                }
             }
         }
-        pack_scales(k, v, nr, has_b ? 2 : 1, &pn->s[c / 32]);
+        if (k != QK_MXFP4)
+            pack_scales(k, v, nr, has_b ? 2 : 1, &pn->s[c / 32]);
         transpose16(z);
         UNROLL for (int g = 0; g < 16; g++) pn->p[c / 4 + (size_t)g] = z[g];
     }
 }
 
-/* y[t+j][r..r+16) (+)= panel . x[t+j] over the chunk, j < NT; rows beyond nr are not stored. */
-INLINE void gemm_tile(const struct panel *pn, size_t nblk, const struct kern_act *a, size_t k0,
+/* y[t+j][r..r+16) (+)= panel . x[t+j] over the chunk, j < NT; rows beyond nr are not stored.
+ * mxfp4 multiplies the two scales first, as its _ref does: 2^(e-128) spans 2^-128..2^126, and
+ * the block sum times the activation scale alone may overflow where the product does not
+ * (q4_0/q8_0 keep their order, which the panel GEMMs reproduce bit for bit). */
+INLINE void gemm_tile(enum qk k, const struct panel *pn, size_t nblk, const struct kern_act *a, size_t k0,
                       size_t t, int NT, float *y, size_t ldy, size_t r, __mmask16 rm, int add)
 {
     const size_t cp = a->cp;
@@ -486,6 +551,11 @@ INLINE void gemm_tile(const struct panel *pn, size_t nblk, const struct kern_act
         __m512 s = _mm512_loadu_ps(pn->s[b]);
         UNROLL for (int j = 0; j < NT; j++)
         {
+            if (k == QK_MXFP4) {
+                facc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]),
+                                          _mm512_mul_ps(s, _mm512_set1_ps(xd[j][b])), facc[j]);
+                continue;
+            }
             __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(xd[j][b]));
             facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
         }
@@ -502,7 +572,7 @@ INLINE void gemm_tile(const struct panel *pn, size_t nblk, const struct kern_act
 INLINE void gemm_q(enum qk k, const void *w, const struct kern_act *a, float *y, size_t ldy,
                    size_t r0, size_t r1)
 {
-    size_t rb = kern__row_bytes(k == QK_Q4_0 ? DT_Q4_0 : DT_Q8_0, a->cols);
+    size_t rb = kern__row_bytes(qk_dtype[k], a->cols);
     struct panel pn __attribute__((aligned(64)));
     for (size_t r = r0; r < r1; r += PANEL) {
         size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
@@ -515,7 +585,7 @@ INLINE void gemm_q(enum qk k, const void *w, const struct kern_act *a, float *y,
                 switch (nt) {
 #define CASE_(T)                                                                             \
     case T:                                                                                  \
-        gemm_tile(&pn, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                         \
+        gemm_tile(k, &pn, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                      \
         break;
                     CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
 #undef CASE_
@@ -535,6 +605,12 @@ void kern_gemm_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *
                                 size_t r0, size_t r1)
 {
     gemm_q(QK_Q4_0, w, a, y, ldy, r0, r1);
+}
+
+void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float *y,
+                                 size_t ldy, size_t r0, size_t r1)
+{
+    gemm_q(QK_MXFP4, w, a, y, ldy, r0, r1);
 }
 
 /* ---- gemm on q4_0 panels repacked at load time (quant.h, "q4_0 panels") ------------------ */

@@ -16,6 +16,33 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+
+/* A self-signed P-256 certificate and its key (CN=localhost, valid to 2126), and another key. */
+#define TEST_CERT \
+    "-----BEGIN CERTIFICATE-----\n" \
+    "MIIBfzCCASWgAwIBAgIURuTmYnBkjVopSt7G3gZg2okz/+4wCgYIKoZIzj0EAwIw\n" \
+    "FDESMBAGA1UEAwwJbG9jYWxob3N0MCAXDTI2MTEyNzA0MjY1NVoYDzIxMjYxMTAz\n" \
+    "MDQyNjU1WjAUMRIwEAYDVQQDDAlsb2NhbGhvc3QwWTATBgcqhkjOPQIBBggqhkjO\n" \
+    "PQMBBwNCAAS+91MO9bzIo0vNEQitHA5IvakyFn6XcDr5ETqODXKE3NgSV6PX6xrC\n" \
+    "v32Jfk3tqZHkO54kWA9NbWtQwSD/O6uxo1MwUTAdBgNVHQ4EFgQUez3CDURTyn4a\n" \
+    "yAvkxZIFCZrdGDUwHwYDVR0jBBgwFoAUez3CDURTyn4ayAvkxZIFCZrdGDUwDwYD\n" \
+    "VR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNIADBFAiEA7UVYOxZ9FsBqEKlOSkfr\n" \
+    "bS+sN08M/59dkRT01jyq4LoCIHPsSt2mZYDpt+Yyon+2Y0ZyECtjKr+TZlnSdYir\n" \
+    "mGw/\n" \
+    "-----END CERTIFICATE-----\n"
+#define TEST_KEY \
+    "-----BEGIN PRIVATE KEY-----\n" \
+    "MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgf43owkl43JyU3ef1\n" \
+    "DkBVCMyEgshIgK/iiSQXHobZLwWhRANCAAS+91MO9bzIo0vNEQitHA5IvakyFn6X\n" \
+    "cDr5ETqODXKE3NgSV6PX6xrCv32Jfk3tqZHkO54kWA9NbWtQwSD/O6ux\n" \
+    "-----END PRIVATE KEY-----\n"
+#define TEST_OTHER_KEY \
+    "-----BEGIN PRIVATE KEY-----\n" \
+    "MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgH35Z76TatMf2C9eb\n" \
+    "K822Ot2GajqgrXos/KN2wVPMmq2hRANCAASjTagyrNv75/dDrvB0/PFBURtIpYLY\n" \
+    "kb6CpalMrrhBxl7j/SC+cgqlYrKBEhU987LS0hj1mr/XwV0qfuDui4+A\n" \
+    "-----END PRIVATE KEY-----\n"
+
 static void put(const char *path, const char *text) { tu_write_file(path, text, strlen(text)); }
 
 static struct config *parse_ok(const char *json)
@@ -346,13 +373,34 @@ static void test_load_file(void **state)
     tu_log_capture_end();
     tu_assert_log_contains("big.json", "the limit is", NULL);
     /* TLS files are checked for readability, relative to the file */
-    tu_write_file(tu_path(dir, "cert.pem"), "x", 1);
-    tu_write_file(tu_path(dir, "key.pem"), "x", 1);
+    tu_write_file(tu_path(dir, "cert.pem"), TEST_CERT, strlen(TEST_CERT));
+    tu_write_file(tu_path(dir, "key.pem"), TEST_KEY, strlen(TEST_KEY));
     put(p, "{\"model_dir\": \"m\", \"tls\": {\"cert\": \"cert.pem\", \"key\": \"key.pem\"}}");
     assert_int_equal(config_load(p, NULL, &c), 0);
     snprintf(want, sizeof want, "%s/key.pem", dir);
     assert_string_equal(c->tls_key, want);
     config_unref(c);
+    /* ... and for being PEM, and a pair (issue 15: a non-PEM certificate passed --check-config,
+     * then the listener failed with "cannot listen ... in use") */
+    tu_write_file(tu_path(dir, "bad.pem"), "x", 1);
+    tu_write_file(tu_path(dir, "other.pem"), TEST_OTHER_KEY, strlen(TEST_OTHER_KEY));
+    static const struct {
+        const char *cert, *key, *words;
+    } bad[] = {
+        {"bad.pem", "key.pem", "tls.cert"},
+        {"cert.pem", "bad.pem", "tls.key"},
+        {"cert.pem", "other.pem", "not the private key of the certificate"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char js[256];
+        snprintf(js, sizeof js, "{\"model_dir\": \"m\", \"tls\": {\"cert\": \"%s\", \"key\": \"%s\"}}",
+                 bad[i].cert, bad[i].key);
+        put(p, js);
+        tu_log_capture_begin();
+        assert_int_equal(config_load(p, NULL, &c), ERR_FORMAT);
+        tu_log_capture_end();
+        tu_assert_log_contains(bad[i].words, strcmp(bad[i].cert, "bad.pem") == 0 ? "bad.pem is not a PEM certificate" : "pem", NULL);
+    }
     tu_rmtree(dir);
     free(dir);
 }

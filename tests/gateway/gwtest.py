@@ -107,9 +107,10 @@ def key(k):
 class Daemon:
     """A clocherd on a Unix socket; `cfg` is merged over a small default configuration."""
 
-    def __init__(self, model, workers=2, tenants=None, adapters=None, limits=None, extra=None):
+    def __init__(self, model, workers=2, tenants=None, adapters=None, limits=None, extra=None,
+                 sock=None):
         self.dir = tempfile.mkdtemp(prefix="d-", dir=_work)
-        self.sock = os.path.join(self.dir, "gw.sock")
+        self.sock = sock or os.path.join(self.dir, "gw.sock")
         self.cfg_path = os.path.join(self.dir, "clocherd.json")
         self.log_path = os.path.join(self.dir, "clocherd.log")
         self.cfg = {

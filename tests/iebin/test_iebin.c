@@ -4,7 +4,9 @@
  * tensor and the field), writer misuse, unwritable directories and full disks.
  *
  * Each test gets a fresh directory holding a valid tiny llama model written by the writer
- * (setup), which malformed-input tests then damage in one precise way.
+ * (setup), which malformed-input tests then damage in one precise way; the gpt_oss tests start
+ * from a tiny gpt_oss model instead (fx_setup_gpt_oss: experts in mxfp4, sinks, biases, a
+ * sliding layer and YaRN).
  */
 #include "testutil.h"
 
@@ -35,41 +37,91 @@ static const struct iebin_hparams tiny_hp = {
     .tied_embeddings = true,
 };
 
+/* dim 64, 2 layers (0 slides, window 8), 4 heads of 16 (2 kv heads), 4 experts (2 used) of
+ * width 32, vocab 16, YaRN: rows of 64 and 32 hold whole mxfp4 blocks */
+static const struct iebin_hparams tiny_moe_hp = {
+    .dim = 64,
+    .n_layers = 2,
+    .n_heads = 4,
+    .n_kv_heads = 2,
+    .head_dim = 16,
+    .ffn_dim = 32,
+    .vocab_size = 16,
+    .max_seq_len = 128,
+    .rope_theta = 150000.0f,
+    .rms_eps = 1e-5f,
+    .tied_embeddings = false,
+    .n_experts = 4,
+    .n_experts_used = 2,
+    .sliding_window = 8,
+    .sliding_layers = {1},
+    .rope_scaling = {IEBIN_ROPE_YARN, 32.0f, 32.0f, 1.0f, 4096, false},
+    .swiglu_limit = 7.0f,
+    .swiglu_alpha = 1.702f,
+};
+
 struct spec {
     char name[IEBIN_NAME_MAX];
     enum dtype dt;
     int n_dims;
-    uint64_t shape[2];
+    uint64_t shape[3];
 };
 
-/* The architecture's tensors for hp, in the writer's usual order. dt for matrices. */
-static size_t llama_specs(const struct iebin_hparams *hp, enum dtype dt, struct spec *out)
+/* The architecture's tensors for hp (gpt_oss when hp->n_experts), in the writer's usual
+ * order. dt for matrices; gpt_oss experts are mxfp4. */
+static size_t model_specs(const struct iebin_hparams *hp, enum dtype dt, struct spec *out)
 {
     size_t n = 0;
     uint64_t d = hp->dim, q = (uint64_t)hp->n_heads * hp->head_dim,
-             kv = (uint64_t)hp->n_kv_heads * hp->head_dim, f = hp->ffn_dim, v = hp->vocab_size;
-#define ADD(nm, t, nd, a, b) \
+             kv = (uint64_t)hp->n_kv_heads * hp->head_dim, f = hp->ffn_dim, v = hp->vocab_size,
+             e = hp->n_experts;
+#define ADD3(nm, t, nd, a, b, c) \
     (snprintf(out[n].name, IEBIN_NAME_MAX, "%s", nm), out[n].dt = t, out[n].n_dims = nd, \
-     out[n].shape[0] = a, out[n].shape[1] = b, n++)
+     out[n].shape[0] = a, out[n].shape[1] = b, out[n].shape[2] = c, n++)
+#define ADD(nm, t, nd, a, b) ADD3(nm, t, nd, a, b, 0)
     ADD("tok_embd", dt, 2, v, d);
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         char nm[IEBIN_NAME_MAX];
 #define LAYER(sfx, t, nd, a, b) (snprintf(nm, sizeof nm, "blk.%u." sfx, l), ADD(nm, t, nd, a, b))
+#define LAYER3(sfx, t, a, b, c) (snprintf(nm, sizeof nm, "blk.%u." sfx, l), ADD3(nm, t, 3, a, b, c))
         LAYER("attn_norm", DT_F32, 1, d, 0);
         LAYER("attn_q", dt, 2, q, d);
+        if (e)
+            LAYER("attn_q_bias", DT_F32, 1, q, 0);
         LAYER("attn_k", dt, 2, kv, d);
+        if (e)
+            LAYER("attn_k_bias", DT_F32, 1, kv, 0);
         LAYER("attn_v", dt, 2, kv, d);
+        if (e)
+            LAYER("attn_v_bias", DT_F32, 1, kv, 0);
         LAYER("attn_o", dt, 2, d, q);
+        if (e) {
+            LAYER("attn_o_bias", DT_F32, 1, d, 0);
+            LAYER("attn_sinks", DT_F32, 1, hp->n_heads, 0);
+        }
         LAYER("ffn_norm", DT_F32, 1, d, 0);
-        LAYER("ffn_gate", dt, 2, f, d);
-        LAYER("ffn_up", dt, 2, f, d);
-        LAYER("ffn_down", dt, 2, d, f);
+        if (e) {
+            LAYER("ffn_router", dt, 2, e, d);
+            LAYER("ffn_router_bias", DT_F32, 1, e, 0);
+            LAYER3("ffn_gate_exps", DT_MXFP4, e, f, d);
+            LAYER("ffn_gate_exps_bias", DT_F32, 2, e, f);
+            LAYER3("ffn_up_exps", DT_MXFP4, e, f, d);
+            LAYER("ffn_up_exps_bias", DT_F32, 2, e, f);
+            LAYER3("ffn_down_exps", DT_MXFP4, e, d, f);
+            LAYER("ffn_down_exps_bias", DT_F32, 2, e, d);
+        } else {
+            LAYER("ffn_gate", dt, 2, f, d);
+            LAYER("ffn_up", dt, 2, f, d);
+            LAYER("ffn_down", dt, 2, d, f);
+        }
 #undef LAYER
+#undef LAYER3
     }
     ADD("output_norm", DT_F32, 1, d, 0);
     if (!hp->tied_embeddings)
         ADD("output", dt, 2, v, d);
 #undef ADD
+#undef ADD3
     return n;
 }
 
@@ -93,10 +145,10 @@ static int write_model(const char *dir, const struct iebin_hparams *hp, enum dty
                        unsigned seed, const char *tok, size_t tok_len)
 {
     struct spec specs[MAX_SPECS];
-    size_t n = llama_specs(hp, dt, specs);
+    size_t n = model_specs(hp, dt, specs);
     assert_true(n <= MAX_SPECS);
     struct iebin_writer *w;
-    int rc = iebin_writer_create(dir, "llama", "tiny", hp, &w);
+    int rc = iebin_writer_create(dir, hp->n_experts ? "gpt_oss" : "llama", "tiny", hp, &w);
     if (rc != 0)
         return rc;
     if (tok && (rc = iebin_writer_set_tokenizer(w, tok, tok_len)) != 0) {
@@ -123,13 +175,26 @@ static void check_model(const struct iebin_model *m, const struct iebin_hparams 
                         enum dtype dt, unsigned seed)
 {
     struct spec specs[MAX_SPECS];
-    size_t n = llama_specs(hp, dt, specs);
+    size_t n = model_specs(hp, dt, specs);
     assert_int_equal(m->n_tensors, n);
     assert_memory_equal(&m->hp.dim, &hp->dim, offsetof(struct iebin_hparams, rope_theta));
     assert_true(m->hp.rope_theta == hp->rope_theta);
     assert_true(m->hp.rms_eps == hp->rms_eps);
     assert_int_equal(m->hp.tied_embeddings, hp->tied_embeddings);
-    assert_string_equal(m->arch, "llama");
+    assert_string_equal(m->arch, hp->n_experts ? "gpt_oss" : "llama");
+    assert_int_equal(m->hp.n_experts, hp->n_experts);
+    assert_int_equal(m->hp.n_experts_used, hp->n_experts_used);
+    assert_int_equal(m->hp.sliding_window, hp->sliding_window);
+    assert_memory_equal(m->hp.sliding_layers, hp->sliding_layers, sizeof hp->sliding_layers);
+    assert_int_equal(m->hp.rope_scaling.type, hp->rope_scaling.type);
+    assert_true(m->hp.rope_scaling.factor == hp->rope_scaling.factor);
+    assert_true(m->hp.rope_scaling.beta_fast == hp->rope_scaling.beta_fast);
+    assert_true(m->hp.rope_scaling.beta_slow == hp->rope_scaling.beta_slow);
+    assert_int_equal(m->hp.rope_scaling.original_max_position_embeddings,
+                     hp->rope_scaling.original_max_position_embeddings);
+    assert_int_equal(m->hp.rope_scaling.truncate, hp->rope_scaling.truncate);
+    assert_true(m->hp.swiglu_limit == hp->swiglu_limit);
+    assert_true(m->hp.swiglu_alpha == hp->swiglu_alpha);
     for (size_t i = 0; i < n; i++) {
         const struct iebin_tensor *t = iebin_find(m, specs[i].name);
         assert_non_null(t);
@@ -172,6 +237,14 @@ static int fx_setup(void **state)
     snprintf(fx->blob, sizeof fx->blob, "%s/" IEBIN_BLOB, fx->dir);
     assert_int_equal(write_model(fx->dir, &tiny_hp, DT_F32, 1, NULL, 0), 0);
     *state = fx;
+    return 0;
+}
+
+static int fx_setup_gpt_oss(void **state)
+{
+    fx_setup(state);
+    struct fx *fx = *state;
+    assert_int_equal(write_model(fx->dir, &tiny_moe_hp, DT_BF16, 2, NULL, 0), 0);
     return 0;
 }
 
@@ -900,7 +973,8 @@ static void test_unknown_keys_ignored(void **state)
     struct fx *fx = *state;
     json_t *r = load_manifest(fx);
     json_object_set_new(r, "future", json_string("x"));
-    json_object_set_new(json_object_get(r, "hparams"), "sliding_window", json_integer(4));
+    /* (this used "sliding_window" until gpt_oss made it a key llama refuses by name) */
+    json_object_set_new(json_object_get(r, "hparams"), "future_window", json_integer(4));
     json_object_set_new(tensor_named(r, "tok_embd"), "checksum", json_string("abc"));
     json_object_del(r, "name");
     save_manifest(fx, r);
@@ -1181,7 +1255,298 @@ static void test_check_tensor_api(void **state)
     tu_log_capture_end();
 }
 
+
+/* ---- architecture gpt_oss ---- */
+
+static void test_gpt_oss_roundtrip(void **state)
+{
+    struct fx *fx = *state;
+    struct iebin_model *m;
+    assert_int_equal(iebin_open(fx->dir, &m), 0);
+    check_model(m, &tiny_moe_hp, DT_BF16, 2);
+    assert_true(iebin_layer_slides(&m->hp, 0));
+    assert_false(iebin_layer_slides(&m->hp, 1));
+    assert_false(iebin_layer_slides(&m->hp, 1023));
+    const struct iebin_tensor *t = iebin_find(m, "blk.1." IEBIN_T_FFN_DOWN_EXPS);
+    assert_non_null(t);
+    assert_int_equal(t->n_dims, 3);
+    assert_int_equal(t->size, 4 * 64 * (32 / 32) * 17); /* [4][64][32] mxfp4 */
+    assert_null(iebin_find(m, "blk.0.ffn_gate")); /* a llama name */
+    iebin_close(m);
+    /* the manifest spells the gpt_oss keys as docs/IEBIN.md does */
+    json_t *r = load_manifest(fx);
+    json_t *hp = json_object_get(r, "hparams");
+    assert_string_equal(json_string_value(json_object_get(r, "architecture")), "gpt_oss");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(hp, "layer_types"), 0)),
+                        "sliding_attention");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(hp, "layer_types"), 1)),
+                        "full_attention");
+    json_t *rs = json_object_get(hp, "rope_scaling");
+    assert_string_equal(json_string_value(json_object_get(rs, "type")), "yarn");
+    assert_true(json_is_false(json_object_get(rs, "truncate")));
+    assert_int_equal(json_integer_value(json_object_get(rs, "original_max_position_embeddings")),
+                     4096);
+    assert_true(json_real_value(json_object_get(hp, "swiglu_alpha")) == 1.702);
+    json_decref(r);
+
+    /* truncate true round-trips too, and a model may have no sliding layer */
+    struct iebin_hparams hp2 = tiny_moe_hp;
+    hp2.rope_scaling.truncate = true;
+    hp2.sliding_layers[0] = 0;
+    assert_int_equal(write_model(fx->dir, &hp2, DT_F32, 3, NULL, 0), 0);
+    assert_int_equal(iebin_open(fx->dir, &m), 0);
+    check_model(m, &hp2, DT_F32, 3);
+    assert_false(iebin_layer_slides(&m->hp, 0));
+    iebin_close(m);
+}
+
+static void test_gpt_oss_layer_types(void **state)
+{
+    struct fx *fx = *state;
+    json_t *r = load_manifest(fx);
+    json_t *lt = json_object_get(json_object_get(r, "hparams"), "layer_types");
+    json_array_set_new(lt, 1, json_string("local_attention"));
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_UNSUPPORTED, fx->manifest,
+                "hparams.layer_types[1] is \"local_attention\"", "unknown layer type");
+
+    r = load_manifest(fx);
+    lt = json_object_get(json_object_get(r, "hparams"), "layer_types");
+    json_array_set_new(lt, 1, json_integer(1));
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_FORMAT, fx->manifest, "hparams.layer_types[1] is 1, not a string");
+}
+
+static void test_gpt_oss_layer_types_length(void **state)
+{
+    struct fx *fx = *state;
+    json_t *r = load_manifest(fx);
+    json_t *lt = json_object_get(json_object_get(r, "hparams"), "layer_types");
+    json_array_append_new(lt, json_string("full_attention"));
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_RANGE, fx->manifest,
+                "hparams.layer_types has 3 entries, but n_layers is 2");
+    r = load_manifest(fx);
+    json_object_del(json_object_get(r, "hparams"), "layer_types");
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_FORMAT, fx->manifest, "hparams.layer_types is missing, not an array");
+}
+
+static void test_gpt_oss_experts_used(void **state)
+{
+    struct fx *fx = *state;
+    json_t *r = load_manifest(fx);
+    set_int(json_object_get(r, "hparams"), "n_experts_used", 5);
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_RANGE, fx->manifest,
+                "hparams.n_experts_used 5 is above hparams.n_experts 4");
+    r = load_manifest(fx);
+    set_int(json_object_get(r, "hparams"), "n_experts", 0);
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_RANGE, fx->manifest, "hparams.n_experts is 0, outside 1..4096");
+    /* and through the API the converters and the writer use */
+    struct iebin_hparams hp = tiny_moe_hp;
+    hp.n_experts_used = 5;
+    tu_log_capture_begin();
+    assert_int_equal(iebin_check_hparams(&hp, "conv"), ERR_RANGE);
+    tu_assert_log_contains("conv: hparams.n_experts_used 5 is outside 1..n_experts (n_experts 4)",
+                           NULL);
+    struct iebin_writer *w = NULL;
+    assert_int_equal(iebin_writer_create(fx->dir, "gpt_oss", "x", &hp, &w), ERR_RANGE);
+    assert_null(w);
+    tu_log_capture_end();
+}
+
+static void test_gpt_oss_missing_sinks(void **state)
+{
+    struct fx *fx = *state;
+    json_t *r = load_manifest(fx);
+    json_t *ts = json_object_get(r, "tensors");
+    size_t i;
+    json_t *t;
+    json_array_foreach(ts, i, t) {
+        if (strcmp(json_string_value(json_object_get(t, "name")), "blk.1.attn_sinks") == 0)
+            break;
+    }
+    assert_int_equal(json_array_remove(ts, i), 0);
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_NOT_FOUND, fx->manifest,
+                "tensor 'blk.1.attn_sinks' is missing (architecture gpt_oss, 2 layers)");
+}
+
+static void test_gpt_oss_sinks_and_biases_f32(void **state)
+{
+    struct fx *fx = *state;
+    json_t *r = load_manifest(fx);
+    json_t *t = tensor_named(r, "blk.0.attn_sinks");
+    json_object_set_new(t, "dtype", json_string("bf16"));
+    set_int(t, "size", 8);
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_MISMATCH, fx->manifest,
+                "tensor 'blk.0.attn_sinks': dtype bf16, but sinks must be f32");
+    r = load_manifest(fx);
+    t = tensor_named(r, "blk.0.attn_sinks");
+    json_object_set_new(t, "dtype", json_string("f32"));
+    set_int(t, "size", 16);
+    t = tensor_named(r, "blk.1.ffn_up_exps_bias");
+    json_object_set_new(t, "dtype", json_string("f16"));
+    set_int(t, "size", 4 * 32 * 2);
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_MISMATCH, fx->manifest,
+                "tensor 'blk.1.ffn_up_exps_bias': dtype f16, but biases must be f32");
+}
+
+static void test_gpt_oss_expert_shape(void **state)
+{
+    struct fx *fx = *state;
+    json_t *r = load_manifest(fx);
+    json_t *t = tensor_named(r, "blk.0.ffn_down_exps");
+    /* [4][32][64] has the same size as the expected [4][64][32] */
+    json_array_set_new(json_object_get(t, "shape"), 1, json_integer(32));
+    json_array_set_new(json_object_get(t, "shape"), 2, json_integer(64));
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_MISMATCH, fx->manifest,
+                "tensor 'blk.0.ffn_down_exps': shape [4, 32, 64] does not match the "
+                "architecture's [4, 64, 32] (n_experts, dim, ffn_dim)");
+}
+
+static void test_gpt_oss_mxfp4_ragged_row(void **state)
+{
+    struct fx *fx = *state;
+    json_t *r = load_manifest(fx);
+    json_t *t = tensor_named(r, "blk.0.ffn_gate_exps");
+    json_array_set_new(json_object_get(t, "shape"), 2, json_integer(48));
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_FORMAT, fx->manifest,
+                "tensor 'blk.0.ffn_gate_exps': shape [4, 32, 48]: the last dimension is not a "
+                "multiple of the mxfp4 block (32)");
+}
+
+static void test_gpt_oss_truncated_experts(void **state)
+{
+    struct fx *fx = *state;
+    /* a record whose size is short of its shape */
+    json_t *r = load_manifest(fx);
+    json_t *t = tensor_named(r, "blk.1.ffn_up_exps");
+    set_int(t, "size", get_int(t, "size") - 17);
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_MISMATCH, fx->manifest,
+                "tensor 'blk.1.ffn_up_exps': size 4335 does not match shape [4, 32, 64] x "
+                "mxfp4 = 4352 bytes");
+    /* a blob cut inside the last expert tensor */
+    struct fx *fx2 = NULL;
+    void *st2 = NULL;
+    fx_setup_gpt_oss(&st2);
+    fx2 = st2;
+    r = load_manifest(fx2);
+    uint64_t end = 0;
+    size_t i;
+    json_array_foreach(json_object_get(r, "tensors"), i, t) {
+        uint64_t e = (uint64_t)(get_int(t, "offset") + get_int(t, "size"));
+        if (strcmp(json_string_value(json_object_get(t, "name")), "blk.1.ffn_down_exps") == 0)
+            end = e;
+    }
+    json_decref(r);
+    assert_int_equal(truncate(fx2->blob, (off_t)(end - 100)), 0);
+    EXPECT_FAIL_FILE(fx2, ERR_TRUNCATED, fx2->blob, "(truncated)");
+    fx_teardown(&st2);
+}
+
+static void test_gpt_oss_rope_scaling(void **state)
+{
+    struct fx *fx = *state;
+    json_t *r = load_manifest(fx);
+    json_t *rs = json_object_get(json_object_get(r, "hparams"), "rope_scaling");
+    json_object_set_new(rs, "mscale", json_real(1.0));
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_FORMAT, fx->manifest, "hparams.rope_scaling.mscale is an unknown key");
+
+    static const char *const keys[] = {"type", "factor", "beta_fast", "beta_slow",
+                                       "original_max_position_embeddings", "truncate"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        r = load_manifest(fx);
+        rs = json_object_get(json_object_get(r, "hparams"), "rope_scaling");
+        json_object_del(rs, "mscale");
+        json_t *keep = json_incref(json_object_get(rs, keys[k]));
+        json_object_del(rs, keys[k]);
+        save_manifest(fx, r);
+        char want[128];
+        snprintf(want, sizeof want, "hparams.rope_scaling.%s is missing", keys[k]);
+        EXPECT_FAIL(fx, ERR_FORMAT, fx->manifest, want);
+        r = load_manifest(fx);
+        json_object_set_new(json_object_get(json_object_get(r, "hparams"), "rope_scaling"),
+                            keys[k], keep);
+        save_manifest(fx, r);
+    }
+    r = load_manifest(fx);
+    rs = json_object_get(json_object_get(r, "hparams"), "rope_scaling");
+    json_object_set_new(rs, "type", json_string("linear"));
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_UNSUPPORTED, fx->manifest,
+                "hparams.rope_scaling.type \"linear\" is not supported (known: yarn)");
+    r = load_manifest(fx);
+    rs = json_object_get(json_object_get(r, "hparams"), "rope_scaling");
+    json_object_set_new(rs, "type", json_string("yarn"));
+    json_object_set_new(rs, "beta_fast", json_real(0.5));
+    save_manifest(fx, r);
+    EXPECT_FAIL(fx, ERR_RANGE, fx->manifest,
+                "hparams.rope_scaling.beta_fast 0.5 and beta_slow 1 must be finite with "
+                "beta_fast > beta_slow > 0");
+}
+
+/* gpt_oss keys on a llama model: refused by name, never ignored (they change the numbers) */
+static void test_gpt_oss_keys_on_llama(void **state)
+{
+    struct fx *fx = *state; /* the llama fixture */
+    static const char *const keys[] = {"n_experts",    "n_experts_used", "sliding_window",
+                                       "layer_types",  "rope_scaling",   "swiglu_limit",
+                                       "swiglu_alpha"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        json_t *r = load_manifest(fx);
+        json_t *hp = json_object_get(r, "hparams");
+        json_object_set_new(hp, keys[k], json_integer(4));
+        save_manifest(fx, r);
+        char want[128];
+        snprintf(want, sizeof want,
+                 "hparams.%s is a gpt_oss key; architecture llama does not implement it", keys[k]);
+        EXPECT_FAIL(fx, ERR_UNSUPPORTED, fx->manifest, want);
+        r = load_manifest(fx);
+        json_object_del(json_object_get(r, "hparams"), keys[k]);
+        save_manifest(fx, r);
+    }
+    /* the same through the struct: a llama set with a gpt_oss field set */
+    struct iebin_hparams hp = tiny_hp;
+    hp.sliding_window = 4096;
+    tu_log_capture_begin();
+    assert_int_equal(iebin_check_hparams(&hp, "conv"), ERR_RANGE);
+    tu_assert_log_contains("conv: hparams.sliding_window is set, but architecture llama does not "
+                           "implement it",
+                           NULL);
+    hp = tiny_hp;
+    hp.rope_scaling.type = IEBIN_ROPE_YARN;
+    assert_int_equal(iebin_check_hparams(&hp, "conv"), ERR_RANGE);
+    tu_assert_log_contains("conv: hparams.rope_scaling is set", NULL);
+    /* and a gpt_oss model named llama (or the reverse) is refused by the writer */
+    struct iebin_writer *w = NULL;
+    assert_int_equal(iebin_writer_create(fx->dir, "llama", "x", &tiny_moe_hp, &w), ERR_MISMATCH);
+    assert_int_equal(iebin_writer_create(fx->dir, "gpt_oss", "x", &tiny_hp, &w), ERR_MISMATCH);
+    assert_null(w);
+    uint64_t s[2] = {4, 64};
+    assert_int_equal(iebin_check_tensor("x", "llama", &tiny_moe_hp, "blk.0.ffn_router", DT_F32,
+                                        s, 2),
+                     ERR_MISMATCH);
+    assert_int_equal(iebin_check_tensor("x", "gpt_oss", &tiny_moe_hp, "blk.0.ffn_router", DT_F32,
+                                        s, 2),
+                     0);
+    tu_log_capture_end();
+    /* llama models still load */
+    struct iebin_model *m;
+    assert_int_equal(iebin_open(fx->dir, &m), 0);
+    iebin_close(m);
+}
+
 #define FX(t) cmocka_unit_test_setup_teardown(t, fx_setup, fx_teardown)
+#define FXG(t) cmocka_unit_test_setup_teardown(t, fx_setup_gpt_oss, fx_teardown)
 
 int main(void)
 {
@@ -1238,6 +1603,17 @@ int main(void)
         FX(test_disk_full_fresh),
         FX(test_disk_full_keeps_old),
         FX(test_check_tensor_api),
+        FXG(test_gpt_oss_roundtrip),
+        FXG(test_gpt_oss_layer_types),
+        FXG(test_gpt_oss_layer_types_length),
+        FXG(test_gpt_oss_experts_used),
+        FXG(test_gpt_oss_missing_sinks),
+        FXG(test_gpt_oss_sinks_and_biases_f32),
+        FXG(test_gpt_oss_expert_shape),
+        FXG(test_gpt_oss_mxfp4_ragged_row),
+        FXG(test_gpt_oss_truncated_experts),
+        FXG(test_gpt_oss_rope_scaling),
+        FX(test_gpt_oss_keys_on_llama),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

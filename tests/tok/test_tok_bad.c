@@ -473,17 +473,35 @@ static void bad_hf_json(void **state)
     json_object_set_new(d, "pre_tokenizer",
                         json_pack("{ss s[{ss}{ss}]}", "type", "Sequence", "pretokenizers", "type",
                                   "Split", "type", "ByteLevel"));
-    expect_fail_json(d, "hf-json", ERR_UNSUPPORTED, "pre_tokenizer Sequence is not supported",
+    expect_fail_json(d, "hf-json", ERR_FORMAT, "pre_tokenizer.pretokenizers[0] Split: pattern "
+                     "is not {\"Regex\": string}", NULL);
+    d = hf_bpe_doc();
+    json_object_set_new(d, "pre_tokenizer",
+                        json_pack("{ss s[{ss}{ss}]}", "type", "Sequence", "pretokenizers", "type",
+                                  "ByteLevel", "type", "Whitespace"));
+    expect_fail_json(d, "hf-json", ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[1] Whitespace "
+                     "is not supported", NULL);
+    d = hf_bpe_doc();
+    json_object_set_new(d, "pre_tokenizer",
+                        json_pack("{ss s{ss} ss}", "type", "Split", "pattern", "Regex", "a",
+                                  "behavior", "Sideways"));
+    expect_fail_json(d, "hf-json", ERR_UNSUPPORTED, "Split: behavior 'Sideways' is not Isolated",
                      NULL);
+    d = hf_bpe_doc();
+    json_object_set_new(d, "pre_tokenizer",
+                        json_pack("{ss s{ss} ss}", "type", "Split", "pattern", "Regex", "(a",
+                                  "behavior", "Isolated"));
+    expect_fail_json(d, "hf-json", ERR_FORMAT, "pre-tokenizer step 0: the regex /(a/ does not "
+                     "compile at offset 2", NULL);
     d = hf_bpe_doc();
     json_object_set_new(d, "pre_tokenizer",
                         json_pack("{sssb}", "type", "ByteLevel", "add_prefix_space", 1));
     expect_fail_json(d, "hf-json", ERR_UNSUPPORTED, "ByteLevel pre_tokenizer with add_prefix_space",
                      NULL);
-    d = hf_bpe_doc();
-    set_bytelevel(d);
+    d = hf_spm_doc(); /* byte-level BPE honours it; SentencePiece has no such thing */
     json_object_set_new(json_object_get(d, "model"), "ignore_merges", json_true());
-    expect_fail_json(d, "hf-json", ERR_UNSUPPORTED, "model.ignore_merges", NULL);
+    expect_fail_json(d, "hf-json", ERR_UNSUPPORTED, "model.ignore_merges is not supported for a "
+                     "SentencePiece BPE", NULL);
     d = hf_bpe_doc();
     set_bytelevel(d);
     json_object_set_new(json_object_get(d, "model"), "continuing_subword_prefix",
@@ -737,8 +755,9 @@ static void bad_gguf(void **state)
     g.merges = false;
     gguf_case(dir, &g, ERR_NOT_FOUND, "key tokenizer.ggml.merges is missing", NULL);
     g = bpe;
-    g.pre = "llama-bpe";
-    gguf_case(dir, &g, ERR_UNSUPPORTED, "tokenizer.ggml.pre 'llama-bpe' is not supported", NULL);
+    g.pre = "no-such-pre"; /* llama-bpe, deepseek-coder, gpt-4o ... load (test_tok_pre) */
+    gguf_case(dir, &g, ERR_UNSUPPORTED, "tokenizer.ggml.pre 'no-such-pre' is not a "
+              "pre-tokenizer we know (known: gpt-2", NULL);
     g = bpe;
     g.merge = "ab";
     gguf_case(dir, &g, ERR_FORMAT, "tokenizer.ggml.merges[0] 'ab' is not two tokens", NULL);

@@ -8,8 +8,8 @@
  * same code validates what iebin_writer_finish is about to commit (iebin_check_manifest), so
  * the writer can never produce a model this reader rejects.
  *
- * The llama architecture's tensors are numbered by "slot": 0 tok_embd, 1 output_norm,
- * 2 output, then 9 per layer in the order of `kinds` below. A name resolves to its slot by
+ * An architecture's tensors are numbered by "slot": 0 tok_embd, 1 output_norm, 2 output, then
+ * one per per-layer kind of its table below (llama 9, gpt_oss 19) for each layer. A name resolves to its slot by
  * parsing (no table of strings), duplicates are a second hit on a slot, missing tensors an
  * empty slot, and iebin_find is a slot lookup.
  *
@@ -36,56 +36,97 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- the llama architecture ---- */
+/* ---- the architectures ---- */
 
-enum kind {
-    K_TOK_EMBD,
-    K_OUTPUT_NORM,
-    K_OUTPUT,
-    K_ATTN_NORM, /* first per-layer kind */
-    K_ATTN_Q,
-    K_ATTN_K,
-    K_ATTN_V,
-    K_ATTN_O,
-    K_FFN_NORM,
-    K_FFN_GATE,
-    K_FFN_UP,
-    K_FFN_DOWN,
-    K_COUNT_
-};
-#define N_GLOBAL K_ATTN_NORM
-#define N_PER_LAYER (K_COUNT_ - K_ATTN_NORM)
+/* Dimensions a tensor shape is made of, resolved against the hyper-parameters. */
+enum dimc { D_VOCAB, D_DIM, D_Q, D_KV, D_FFN, D_NEXP, D_NHEADS };
 
 static const struct kind_info {
     const char *name; /* full name, or the suffix after "blk.N." for per-layer kinds */
     int n_dims;
-    bool f32_only;
-    const char *dims; /* the expected shape in words, for messages */
-} kinds[K_COUNT_] = {
-    [K_TOK_EMBD] = {IEBIN_T_TOK_EMBD, 2, false, "vocab_size, dim"},
-    [K_OUTPUT_NORM] = {IEBIN_T_OUTPUT_NORM, 1, true, "dim"},
-    [K_OUTPUT] = {IEBIN_T_OUTPUT, 2, false, "vocab_size, dim"},
-    [K_ATTN_NORM] = {IEBIN_T_ATTN_NORM, 1, true, "dim"},
-    [K_ATTN_Q] = {IEBIN_T_ATTN_Q, 2, false, "n_heads*head_dim, dim"},
-    [K_ATTN_K] = {IEBIN_T_ATTN_K, 2, false, "n_kv_heads*head_dim, dim"},
-    [K_ATTN_V] = {IEBIN_T_ATTN_V, 2, false, "n_kv_heads*head_dim, dim"},
-    [K_ATTN_O] = {IEBIN_T_ATTN_O, 2, false, "dim, n_heads*head_dim"},
-    [K_FFN_NORM] = {IEBIN_T_FFN_NORM, 1, true, "dim"},
-    [K_FFN_GATE] = {IEBIN_T_FFN_GATE, 2, false, "ffn_dim, dim"},
-    [K_FFN_UP] = {IEBIN_T_FFN_UP, 2, false, "ffn_dim, dim"},
-    [K_FFN_DOWN] = {IEBIN_T_FFN_DOWN, 2, false, "dim, ffn_dim"},
+    const char *f32_what; /* "norms", "biases", "sinks": must be f32; NULL: any dtype */
+    uint8_t dims[3];      /* enum dimc, outermost first */
+    const char *words;    /* the expected shape in words, for messages */
+} llama_kinds[] = {
+    {IEBIN_T_TOK_EMBD, 2, NULL, {D_VOCAB, D_DIM}, "vocab_size, dim"},
+    {IEBIN_T_OUTPUT_NORM, 1, "norms", {D_DIM}, "dim"},
+    {IEBIN_T_OUTPUT, 2, NULL, {D_VOCAB, D_DIM}, "vocab_size, dim"},
+    {IEBIN_T_ATTN_NORM, 1, "norms", {D_DIM}, "dim"},
+    {IEBIN_T_ATTN_Q, 2, NULL, {D_Q, D_DIM}, "n_heads*head_dim, dim"},
+    {IEBIN_T_ATTN_K, 2, NULL, {D_KV, D_DIM}, "n_kv_heads*head_dim, dim"},
+    {IEBIN_T_ATTN_V, 2, NULL, {D_KV, D_DIM}, "n_kv_heads*head_dim, dim"},
+    {IEBIN_T_ATTN_O, 2, NULL, {D_DIM, D_Q}, "dim, n_heads*head_dim"},
+    {IEBIN_T_FFN_NORM, 1, "norms", {D_DIM}, "dim"},
+    {IEBIN_T_FFN_GATE, 2, NULL, {D_FFN, D_DIM}, "ffn_dim, dim"},
+    {IEBIN_T_FFN_UP, 2, NULL, {D_FFN, D_DIM}, "ffn_dim, dim"},
+    {IEBIN_T_FFN_DOWN, 2, NULL, {D_DIM, D_FFN}, "dim, ffn_dim"},
+}, gpt_oss_kinds[] = {
+    {IEBIN_T_TOK_EMBD, 2, NULL, {D_VOCAB, D_DIM}, "vocab_size, dim"},
+    {IEBIN_T_OUTPUT_NORM, 1, "norms", {D_DIM}, "dim"},
+    {IEBIN_T_OUTPUT, 2, NULL, {D_VOCAB, D_DIM}, "vocab_size, dim"},
+    {IEBIN_T_ATTN_NORM, 1, "norms", {D_DIM}, "dim"},
+    {IEBIN_T_ATTN_Q, 2, NULL, {D_Q, D_DIM}, "n_heads*head_dim, dim"},
+    {IEBIN_T_ATTN_Q_BIAS, 1, "biases", {D_Q}, "n_heads*head_dim"},
+    {IEBIN_T_ATTN_K, 2, NULL, {D_KV, D_DIM}, "n_kv_heads*head_dim, dim"},
+    {IEBIN_T_ATTN_K_BIAS, 1, "biases", {D_KV}, "n_kv_heads*head_dim"},
+    {IEBIN_T_ATTN_V, 2, NULL, {D_KV, D_DIM}, "n_kv_heads*head_dim, dim"},
+    {IEBIN_T_ATTN_V_BIAS, 1, "biases", {D_KV}, "n_kv_heads*head_dim"},
+    {IEBIN_T_ATTN_O, 2, NULL, {D_DIM, D_Q}, "dim, n_heads*head_dim"},
+    {IEBIN_T_ATTN_O_BIAS, 1, "biases", {D_DIM}, "dim"},
+    {IEBIN_T_ATTN_SINKS, 1, "sinks", {D_NHEADS}, "n_heads"},
+    {IEBIN_T_FFN_NORM, 1, "norms", {D_DIM}, "dim"},
+    {IEBIN_T_FFN_ROUTER, 2, NULL, {D_NEXP, D_DIM}, "n_experts, dim"},
+    {IEBIN_T_FFN_ROUTER_BIAS, 1, "biases", {D_NEXP}, "n_experts"},
+    {IEBIN_T_FFN_GATE_EXPS, 3, NULL, {D_NEXP, D_FFN, D_DIM}, "n_experts, ffn_dim, dim"},
+    {IEBIN_T_FFN_GATE_EXPS_BIAS, 2, "biases", {D_NEXP, D_FFN}, "n_experts, ffn_dim"},
+    {IEBIN_T_FFN_UP_EXPS, 3, NULL, {D_NEXP, D_FFN, D_DIM}, "n_experts, ffn_dim, dim"},
+    {IEBIN_T_FFN_UP_EXPS_BIAS, 2, "biases", {D_NEXP, D_FFN}, "n_experts, ffn_dim"},
+    {IEBIN_T_FFN_DOWN_EXPS, 3, NULL, {D_NEXP, D_DIM, D_FFN}, "n_experts, dim, ffn_dim"},
+    {IEBIN_T_FFN_DOWN_EXPS_BIAS, 2, "biases", {D_NEXP, D_DIM}, "n_experts, dim"},
 };
 
-static size_t n_slots(const struct iebin_hparams *hp)
+/* Both architectures start with the same three global tensors; slot 2 is `output`. */
+#define N_GLOBAL 3
+#define SLOT_OUTPUT 2
+
+static const struct arch_info {
+    const char *name;
+    const struct kind_info *kinds;
+    size_t n_kinds;
+} arches[] = {
+    {"llama", llama_kinds, sizeof llama_kinds / sizeof llama_kinds[0]},
+    {"gpt_oss", gpt_oss_kinds, sizeof gpt_oss_kinds / sizeof gpt_oss_kinds[0]},
+};
+#define ARCH_LLAMA (&arches[0])
+#define ARCH_GPT_OSS (&arches[1])
+#define KNOWN_ARCHES "llama, gpt_oss"
+
+static const struct arch_info *arch_by_name(const char *name)
 {
-    return N_GLOBAL + (size_t)hp->n_layers * N_PER_LAYER;
+    for (size_t i = 0; i < sizeof arches / sizeof arches[0]; i++)
+        if (strcmp(name, arches[i].name) == 0)
+            return &arches[i];
+    return NULL;
+}
+
+/* The architecture a (checked) hyper-parameter set describes: experts make it gpt_oss. */
+static const struct arch_info *hp_arch(const struct iebin_hparams *hp)
+{
+    return hp->n_experts ? ARCH_GPT_OSS : ARCH_LLAMA;
+}
+
+static size_t per_layer(const struct arch_info *a) { return a->n_kinds - N_GLOBAL; }
+
+static size_t n_slots(const struct arch_info *a, const struct iebin_hparams *hp)
+{
+    return N_GLOBAL + (size_t)hp->n_layers * per_layer(a);
 }
 
 /* "blk.12.attn_q" -> slot; -1 for a name the architecture does not define. */
-static long name_slot(const struct iebin_hparams *hp, const char *name)
+static long name_slot(const struct arch_info *a, const struct iebin_hparams *hp, const char *name)
 {
     for (int k = 0; k < N_GLOBAL; k++)
-        if (strcmp(name, kinds[k].name) == 0)
+        if (strcmp(name, a->kinds[k].name) == 0)
             return k;
     if (strncmp(name, "blk.", 4) != 0)
         return -1;
@@ -102,58 +143,39 @@ static long name_slot(const struct iebin_hparams *hp, const char *name)
     if (*p != '.')
         return -1;
     p++;
-    for (int k = N_GLOBAL; k < K_COUNT_; k++)
-        if (strcmp(p, kinds[k].name) == 0)
-            return (long)(N_GLOBAL + layer * N_PER_LAYER + (unsigned long)(k - N_GLOBAL));
+    for (size_t k = N_GLOBAL; k < a->n_kinds; k++)
+        if (strcmp(p, a->kinds[k].name) == 0)
+            return (long)(N_GLOBAL + layer * per_layer(a) + (k - N_GLOBAL));
     return -1;
 }
 
-static enum kind slot_kind(size_t slot)
+static size_t slot_kind(const struct arch_info *a, size_t slot)
 {
-    return slot < N_GLOBAL ? (enum kind)slot : (enum kind)(N_GLOBAL + (slot - N_GLOBAL) % N_PER_LAYER);
+    return slot < N_GLOBAL ? slot : N_GLOBAL + (slot - N_GLOBAL) % per_layer(a);
 }
 
-static void slot_name(size_t slot, char *buf, size_t n)
+static void slot_name(const struct arch_info *a, size_t slot, char *buf, size_t n)
 {
     if (slot < N_GLOBAL)
-        snprintf(buf, n, "%s", kinds[slot].name);
+        snprintf(buf, n, "%s", a->kinds[slot].name);
     else
-        snprintf(buf, n, "blk.%zu.%s", (slot - N_GLOBAL) / N_PER_LAYER, kinds[slot_kind(slot)].name);
+        snprintf(buf, n, "blk.%zu.%s", (slot - N_GLOBAL) / per_layer(a),
+                 a->kinds[slot_kind(a, slot)].name);
 }
 
-static void expected_shape(const struct iebin_hparams *hp, enum kind k, uint64_t shape[2])
+static void expected_shape(const struct iebin_hparams *hp, const struct kind_info *k,
+                           uint64_t shape[3])
 {
-    uint64_t q = (uint64_t)hp->n_heads * hp->head_dim;
-    uint64_t kv = (uint64_t)hp->n_kv_heads * hp->head_dim;
-    switch (k) {
-    case K_TOK_EMBD:
-    case K_OUTPUT:
-        shape[0] = hp->vocab_size, shape[1] = hp->dim;
-        break;
-    case K_OUTPUT_NORM:
-    case K_ATTN_NORM:
-    case K_FFN_NORM:
-        shape[0] = hp->dim, shape[1] = 0;
-        break;
-    case K_ATTN_Q:
-        shape[0] = q, shape[1] = hp->dim;
-        break;
-    case K_ATTN_K:
-    case K_ATTN_V:
-        shape[0] = kv, shape[1] = hp->dim;
-        break;
-    case K_ATTN_O:
-        shape[0] = hp->dim, shape[1] = q;
-        break;
-    case K_FFN_GATE:
-    case K_FFN_UP:
-        shape[0] = hp->ffn_dim, shape[1] = hp->dim;
-        break;
-    case K_FFN_DOWN:
-        shape[0] = hp->dim, shape[1] = hp->ffn_dim;
-        break;
-    case K_COUNT_:
-        break;
+    for (int i = 0; i < k->n_dims; i++) {
+        switch ((enum dimc)k->dims[i]) {
+        case D_VOCAB: shape[i] = hp->vocab_size; break;
+        case D_DIM: shape[i] = hp->dim; break;
+        case D_Q: shape[i] = (uint64_t)hp->n_heads * hp->head_dim; break;
+        case D_KV: shape[i] = (uint64_t)hp->n_kv_heads * hp->head_dim; break;
+        case D_FFN: shape[i] = hp->ffn_dim; break;
+        case D_NEXP: shape[i] = hp->n_experts; break;
+        case D_NHEADS: shape[i] = hp->n_heads; break;
+        }
     }
 }
 
@@ -194,6 +216,87 @@ static uint32_t hp_get(const struct iebin_hparams *hp, const struct hp_field *f)
     return v;
 }
 
+static bool finite_pos(float x) { return x > 0.0f && isfinite(x); }
+
+/* The gpt_oss-only fields of a llama set must all be zero: name the first one that is not. */
+static int check_llama_extras(const struct iebin_hparams *hp, const char *what)
+{
+    bool bits = false;
+    for (size_t i = 0; i < sizeof hp->sliding_layers / sizeof hp->sliding_layers[0]; i++)
+        bits |= hp->sliding_layers[i] != 0;
+    const char *field = hp->n_experts_used   ? "n_experts_used"
+                        : hp->sliding_window ? "sliding_window"
+                        : bits               ? "layer_types"
+                        : hp->rope_scaling.type != IEBIN_ROPE_NONE ? "rope_scaling"
+                        : hp->swiglu_limit != 0.0f                 ? "swiglu_limit"
+                        : hp->swiglu_alpha != 0.0f                 ? "swiglu_alpha"
+                                                                   : NULL;
+    if (field) {
+        LOG_ERR("%s: hparams.%s is set, but architecture llama does not implement it (a "
+                "gpt_oss field)",
+                what, field);
+        return ERR_RANGE;
+    }
+    return 0;
+}
+
+static int check_gpt_oss_extras(const struct iebin_hparams *hp, const char *what)
+{
+    if (hp->n_experts > IEBIN_MAX_EXPERTS) {
+        LOG_ERR("%s: hparams.n_experts %u is outside 1..%u", what, hp->n_experts,
+                IEBIN_MAX_EXPERTS);
+        return ERR_RANGE;
+    }
+    if (hp->n_experts_used < 1 || hp->n_experts_used > hp->n_experts) {
+        LOG_ERR("%s: hparams.n_experts_used %u is outside 1..n_experts (n_experts %u)", what,
+                hp->n_experts_used, hp->n_experts);
+        return ERR_RANGE;
+    }
+    if (hp->sliding_window < 1) {
+        LOG_ERR("%s: hparams.sliding_window is 0, must be >= 1", what);
+        return ERR_RANGE;
+    }
+    for (uint32_t l = hp->n_layers; l < 1024; l++)
+        if ((hp->sliding_layers[l / 64] >> (l % 64)) & 1u) {
+            LOG_ERR("%s: hparams.layer_types: layer %u slides but the model has %u layers", what,
+                    l, hp->n_layers);
+            return ERR_RANGE;
+        }
+    const struct iebin_rope_scaling *rs = &hp->rope_scaling;
+    if (rs->type != IEBIN_ROPE_YARN) {
+        LOG_ERR("%s: hparams.rope_scaling.type %d is not yarn (gpt_oss needs YaRN)", what,
+                (int)rs->type);
+        return ERR_RANGE;
+    }
+    if (!(rs->factor >= 1.0f) || !isfinite(rs->factor)) {
+        LOG_ERR("%s: hparams.rope_scaling.factor %g must be finite and >= 1", what,
+                (double)rs->factor);
+        return ERR_RANGE;
+    }
+    /* YaRN's ramp runs from dimension low (from beta_fast) to high (from beta_slow): low <
+     * high needs beta_fast > beta_slow */
+    if (!finite_pos(rs->beta_slow) || !finite_pos(rs->beta_fast) ||
+        !(rs->beta_fast > rs->beta_slow)) {
+        LOG_ERR("%s: hparams.rope_scaling.beta_fast %g and beta_slow %g must be finite with "
+                "beta_fast > beta_slow > 0",
+                what, (double)rs->beta_fast, (double)rs->beta_slow);
+        return ERR_RANGE;
+    }
+    if (rs->original_max_position_embeddings < 1 ||
+        rs->original_max_position_embeddings > 1048576) {
+        LOG_ERR("%s: hparams.rope_scaling.original_max_position_embeddings %u is outside "
+                "1..1048576",
+                what, rs->original_max_position_embeddings);
+        return ERR_RANGE;
+    }
+    if (!finite_pos(hp->swiglu_limit) || !finite_pos(hp->swiglu_alpha)) {
+        LOG_ERR("%s: hparams.swiglu_limit %g and swiglu_alpha %g must be finite and > 0", what,
+                (double)hp->swiglu_limit, (double)hp->swiglu_alpha);
+        return ERR_RANGE;
+    }
+    return 0;
+}
+
 int iebin_check_hparams(const struct iebin_hparams *hp, const char *what)
 {
     for (size_t i = 0; i < N_HP_FIELDS; i++) {
@@ -222,44 +325,46 @@ int iebin_check_hparams(const struct iebin_hparams *hp, const char *what)
         LOG_ERR("%s: hparams.rms_eps %g must be in (0, 1)", what, (double)hp->rms_eps);
         return ERR_RANGE;
     }
-    return 0;
+    return hp_arch(hp) == ARCH_LLAMA ? check_llama_extras(hp, what)
+                                     : check_gpt_oss_extras(hp, what);
 }
 
 /* ---- one tensor against the architecture ---- */
 
-static int check_arch_tensor(const char *what, const struct iebin_hparams *hp, const char *name,
-                             enum dtype dt, const uint64_t *shape, int n_dims, long *slot_out)
+static int check_arch_tensor(const char *what, const struct arch_info *a,
+                             const struct iebin_hparams *hp, const char *name, enum dtype dt,
+                             const uint64_t *shape, int n_dims, long *slot_out)
 {
-    long slot = name_slot(hp, name);
+    long slot = name_slot(a, hp, name);
     if (slot < 0) {
-        LOG_ERR("%s: tensor '%s' is not a tensor of architecture llama with %u layers "
+        LOG_ERR("%s: tensor '%s' is not a tensor of architecture %s with %u layers "
                 "(unexpected tensor)",
-                what, name, hp->n_layers);
+                what, name, a->name, hp->n_layers);
         return ERR_FORMAT;
     }
-    enum kind k = slot_kind((size_t)slot);
-    if (k == K_OUTPUT && hp->tied_embeddings) {
+    const struct kind_info *k = &a->kinds[slot_kind(a, (size_t)slot)];
+    if (slot == SLOT_OUTPUT && hp->tied_embeddings) {
         LOG_ERR("%s: tensor '%s' is present but hparams.tied_embeddings is true (the classifier "
                 "is tok_embd)",
                 what, name);
         return ERR_FORMAT;
     }
-    if (kinds[k].f32_only && dt != DT_F32) {
+    if (k->f32_what && dt != DT_F32) {
         const struct dtype_info *di = dtype_info(dt);
-        LOG_ERR("%s: tensor '%s': dtype %s, but norms must be f32", what, name,
-                di ? di->name : "?");
+        LOG_ERR("%s: tensor '%s': dtype %s, but %s must be f32", what, name, di ? di->name : "?",
+                k->f32_what);
         return ERR_MISMATCH;
     }
-    uint64_t want[2];
+    uint64_t want[3];
     expected_shape(hp, k, want);
-    bool same = n_dims == kinds[k].n_dims;
+    bool same = n_dims == k->n_dims;
     for (int i = 0; same && i < n_dims; i++)
         same = shape[i] == want[i];
     if (!same) {
-        char got_s[128], want_s[64];
+        char got_s[128], want_s[96];
         LOG_ERR("%s: tensor '%s': shape %s does not match the architecture's %s (%s)", what, name,
                 shape_str(shape, n_dims, got_s, sizeof got_s),
-                shape_str(want, kinds[k].n_dims, want_s, sizeof want_s), kinds[k].dims);
+                shape_str(want, k->n_dims, want_s, sizeof want_s), k->words);
         return ERR_MISMATCH;
     }
     if (slot_out)
@@ -270,11 +375,17 @@ static int check_arch_tensor(const char *what, const struct iebin_hparams *hp, c
 int iebin_check_tensor(const char *what, const char *arch, const struct iebin_hparams *hp,
                        const char *name, enum dtype dt, const uint64_t *shape, int n_dims)
 {
-    if (strcmp(arch, "llama") != 0) {
-        LOG_ERR("%s: architecture '%s' is not supported (known: llama)", what, arch);
+    const struct arch_info *a = arch_by_name(arch);
+    if (!a) {
+        LOG_ERR("%s: architecture '%s' is not supported (known: " KNOWN_ARCHES ")", what, arch);
         return ERR_UNSUPPORTED;
     }
-    return check_arch_tensor(what, hp, name, dt, shape, n_dims, NULL);
+    if (a != hp_arch(hp)) {
+        LOG_ERR("%s: architecture %s with hyper-parameters of %s (n_experts %u)", what, arch,
+                hp_arch(hp)->name, hp->n_experts);
+        return ERR_MISMATCH;
+    }
+    return check_arch_tensor(what, a, hp, name, dt, shape, n_dims, NULL);
 }
 
 /* ---- manifest fields ---- */
@@ -317,9 +428,170 @@ static int get_string(const char *what, const char *field, const json_t *v, cons
     return 0;
 }
 
-static int parse_hparams(const char *what, const json_t *o, struct iebin_hparams *hp)
+/* A JSON number (integer or real) that a float can hold. */
+static int get_real(const char *what, const char *field, const json_t *v, float *out)
+{
+    char d[48];
+    if (!v) {
+        LOG_ERR("%s: %s is missing", what, field);
+        return ERR_FORMAT;
+    }
+    if (!json_is_number(v)) {
+        LOG_ERR("%s: %s is %s, not a number", what, field, jfield_desc(v, d, sizeof d));
+        return ERR_FORMAT;
+    }
+    double x = json_number_value(v);
+    if (!(fabs(x) <= FLT_MAX)) { /* a float cannot hold it; converting would be UB */
+        LOG_ERR("%s: %s %g does not fit a float", what, field, x);
+        return ERR_RANGE;
+    }
+    *out = (float)x;
+    return 0;
+}
+
+static int get_bool(const char *what, const char *field, const json_t *v, bool *out)
+{
+    char d[48];
+    if (!v) {
+        LOG_ERR("%s: %s is missing", what, field);
+        return ERR_FORMAT;
+    }
+    if (!json_is_boolean(v)) {
+        LOG_ERR("%s: %s is %s, not a boolean", what, field, jfield_desc(v, d, sizeof d));
+        return ERR_FORMAT;
+    }
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* The hparams keys only gpt_oss has: refused by name in a llama manifest. */
+static const char *const gpt_oss_keys[] = {"n_experts",      "n_experts_used", "sliding_window",
+                                           "layer_types",    "rope_scaling",   "swiglu_limit",
+                                           "swiglu_alpha"};
+#define N_GPT_OSS_KEYS (sizeof gpt_oss_keys / sizeof gpt_oss_keys[0])
+
+/* "layer_types": n_layers strings, each "sliding_attention" or "full_attention". */
+static int parse_layer_types(const char *what, const json_t *v, struct iebin_hparams *hp)
+{
+    char d[48];
+    if (!v || !json_is_array(v)) {
+        LOG_ERR("%s: hparams.layer_types is %s, not an array", what, jfield_desc(v, d, sizeof d));
+        return ERR_FORMAT;
+    }
+    if (json_array_size(v) != hp->n_layers) {
+        LOG_ERR("%s: hparams.layer_types has %zu entries, but n_layers is %u", what,
+                json_array_size(v), hp->n_layers);
+        return ERR_RANGE;
+    }
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const json_t *e = json_array_get(v, l);
+        const char *ty = json_is_string(e) ? json_string_value(e) : NULL;
+        if (!ty) {
+            LOG_ERR("%s: hparams.layer_types[%u] is %s, not a string", what, l,
+                    jfield_desc(e, d, sizeof d));
+            return ERR_FORMAT;
+        }
+        if (strcmp(ty, "sliding_attention") == 0) {
+            hp->sliding_layers[l / 64] |= UINT64_C(1) << (l % 64);
+        } else if (strcmp(ty, "full_attention") != 0) {
+            LOG_ERR("%s: hparams.layer_types[%u] is \"%.64s\", not \"sliding_attention\" or "
+                    "\"full_attention\" (unknown layer type)",
+                    what, l, ty);
+            return ERR_UNSUPPORTED;
+        }
+    }
+    return 0;
+}
+
+/* "rope_scaling": {"type": "yarn", factor, beta_fast, beta_slow,
+ * original_max_position_embeddings, truncate}: every key required, no other key allowed (a
+ * scaling parameter the engine would ignore must not load). */
+static int parse_rope_scaling(const char *what, const json_t *o, struct iebin_rope_scaling *rs)
+{
+    static const char *const keys[] = {"type",      "factor",
+                                       "beta_fast", "beta_slow",
+                                       "original_max_position_embeddings", "truncate"};
+    char d[48];
+    int rc;
+    if (!o || !json_is_object(o)) {
+        LOG_ERR("%s: hparams.rope_scaling is %s, not an object", what, jfield_desc(o, d, sizeof d));
+        return ERR_FORMAT;
+    }
+    const char *key;
+    const json_t *val;
+    json_object_foreach((json_t *)o, key, val) {
+        bool known = false;
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            known |= strcmp(key, keys[i]) == 0;
+        if (!known) {
+            LOG_ERR("%s: hparams.rope_scaling.%.64s is an unknown key (known: type, factor, "
+                    "beta_fast, beta_slow, original_max_position_embeddings, truncate)",
+                    what, key);
+            return ERR_FORMAT;
+        }
+    }
+    const char *ty;
+    if ((rc = get_string(what, "hparams.rope_scaling.type", json_object_get(o, "type"), &ty)))
+        return rc;
+    if (strcmp(ty, "yarn") != 0) {
+        LOG_ERR("%s: hparams.rope_scaling.type \"%.64s\" is not supported (known: yarn)", what,
+                ty);
+        return ERR_UNSUPPORTED;
+    }
+    rs->type = IEBIN_ROPE_YARN;
+    uint64_t orig;
+    if ((rc = get_real(what, "hparams.rope_scaling.factor", json_object_get(o, "factor"),
+                       &rs->factor)) ||
+        (rc = get_real(what, "hparams.rope_scaling.beta_fast", json_object_get(o, "beta_fast"),
+                       &rs->beta_fast)) ||
+        (rc = get_real(what, "hparams.rope_scaling.beta_slow", json_object_get(o, "beta_slow"),
+                       &rs->beta_slow)) ||
+        (rc = get_int(what, "hparams.rope_scaling.original_max_position_embeddings",
+                      json_object_get(o, "original_max_position_embeddings"), 1, 1048576,
+                      &orig)) ||
+        (rc = get_bool(what, "hparams.rope_scaling.truncate", json_object_get(o, "truncate"),
+                       &rs->truncate)))
+        return rc;
+    rs->original_max_position_embeddings = (uint32_t)orig;
+    return 0;
+}
+
+static int parse_gpt_oss_hparams(const char *what, const json_t *o, struct iebin_hparams *hp)
+{
+    int rc;
+    uint64_t v;
+    if ((rc = get_int(what, "hparams.n_experts", json_object_get(o, "n_experts"), 1,
+                      IEBIN_MAX_EXPERTS, &v)))
+        return rc;
+    hp->n_experts = (uint32_t)v;
+    if ((rc = get_int(what, "hparams.n_experts_used", json_object_get(o, "n_experts_used"), 1,
+                      UINT32_MAX, &v)))
+        return rc;
+    hp->n_experts_used = (uint32_t)v;
+    if (hp->n_experts_used > hp->n_experts) {
+        LOG_ERR("%s: hparams.n_experts_used %u is above hparams.n_experts %u", what,
+                hp->n_experts_used, hp->n_experts);
+        return ERR_RANGE;
+    }
+    if ((rc = get_int(what, "hparams.sliding_window", json_object_get(o, "sliding_window"), 1,
+                      UINT32_MAX, &v)))
+        return rc;
+    hp->sliding_window = (uint32_t)v;
+    if ((rc = parse_layer_types(what, json_object_get(o, "layer_types"), hp)) ||
+        (rc = parse_rope_scaling(what, json_object_get(o, "rope_scaling"), &hp->rope_scaling)) ||
+        (rc = get_real(what, "hparams.swiglu_limit", json_object_get(o, "swiglu_limit"),
+                       &hp->swiglu_limit)) ||
+        (rc = get_real(what, "hparams.swiglu_alpha", json_object_get(o, "swiglu_alpha"),
+                       &hp->swiglu_alpha)))
+        return rc;
+    return 0;
+}
+
+static int parse_hparams(const char *what, const struct arch_info *a, const json_t *o,
+                         struct iebin_hparams *hp)
 {
     char field[64], d[48];
+    int rc;
     if (!o || !json_is_object(o)) {
         LOG_ERR("%s: hparams is %s, not an object", what, jfield_desc(o, d, sizeof d));
         return ERR_FORMAT;
@@ -329,38 +601,29 @@ static int parse_hparams(const char *what, const json_t *o, struct iebin_hparams
         const struct hp_field *f = &hp_fields[i];
         snprintf(field, sizeof field, "hparams.%s", f->name);
         uint64_t v;
-        int rc = get_int(what, field, json_object_get(o, f->name), f->lo, f->hi, &v);
-        if (rc != 0)
+        if ((rc = get_int(what, field, json_object_get(o, f->name), f->lo, f->hi, &v)) != 0)
             return rc;
         uint32_t v32 = (uint32_t)v;
         memcpy((char *)hp + f->off, &v32, sizeof v32);
     }
-    static const struct {
-        const char *name;
-        size_t off;
-    } reals[] = {{"rope_theta", offsetof(struct iebin_hparams, rope_theta)},
-                 {"rms_eps", offsetof(struct iebin_hparams, rms_eps)}};
-    for (size_t i = 0; i < 2; i++) {
-        const json_t *v = json_object_get(o, reals[i].name);
-        if (!v || !json_is_number(v)) {
-            LOG_ERR("%s: hparams.%s is %s, not a number", what, reals[i].name,
-                    jfield_desc(v, d, sizeof d));
-            return ERR_FORMAT;
-        }
-        double x = json_number_value(v);
-        if (!(fabs(x) <= FLT_MAX)) { /* a float cannot hold it; converting would be UB */
-            LOG_ERR("%s: hparams.%s %g does not fit a float", what, reals[i].name, x);
-            return ERR_RANGE;
-        }
-        float fx = (float)x;
-        memcpy((char *)hp + reals[i].off, &fx, sizeof fx);
+    if ((rc = get_real(what, "hparams.rope_theta", json_object_get(o, "rope_theta"),
+                       &hp->rope_theta)) ||
+        (rc = get_real(what, "hparams.rms_eps", json_object_get(o, "rms_eps"), &hp->rms_eps)) ||
+        (rc = get_bool(what, "hparams.tied_embeddings", json_object_get(o, "tied_embeddings"),
+                       &hp->tied_embeddings)))
+        return rc;
+    if (a == ARCH_GPT_OSS) {
+        if ((rc = parse_gpt_oss_hparams(what, o, hp)) != 0)
+            return rc;
+    } else {
+        for (size_t i = 0; i < N_GPT_OSS_KEYS; i++)
+            if (json_object_get(o, gpt_oss_keys[i])) {
+                LOG_ERR("%s: hparams.%s is a gpt_oss key; architecture llama does not "
+                        "implement it",
+                        what, gpt_oss_keys[i]);
+                return ERR_UNSUPPORTED;
+            }
     }
-    const json_t *t = json_object_get(o, "tied_embeddings");
-    if (!t || !json_is_boolean(t)) {
-        LOG_ERR("%s: hparams.tied_embeddings is %s, not a boolean", what, jfield_desc(t, d, sizeof d));
-        return ERR_FORMAT;
-    }
-    hp->tied_embeddings = json_is_true(t);
     return iebin_check_hparams(hp, what);
 }
 
@@ -409,7 +672,7 @@ static int parse_tensor(const char *what, size_t index, const json_t *o, uint64_
         return rc;
     if (dtype_from_name(dts, &t->dtype) != 0) {
         LOG_ERR("%s: tensor '%s': dtype '%s' is unknown (known: f32, f16, bf16, q8_0, q4_0, "
-                "q4_g64, q4_g128, q4z_g32, q4z_g64, q4z_g128)",
+                "q4_g64, q4_g128, q4z_g32, q4z_g64, q4z_g128, mxfp4)",
                 what, name, dts);
         return ERR_UNSUPPORTED;
     }
@@ -575,8 +838,9 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
     }
     if ((rc = get_string(what, "architecture", json_object_get(root, "architecture"), &s)) != 0)
         goto out;
-    if (strcmp(s, "llama") != 0) {
-        LOG_ERR("%s: architecture '%.64s' is not supported (known: llama)", what, s);
+    const struct arch_info *arch = arch_by_name(s);
+    if (!arch) {
+        LOG_ERR("%s: architecture '%.64s' is not supported (known: " KNOWN_ARCHES ")", what, s);
         rc = ERR_UNSUPPORTED;
         goto out;
     }
@@ -593,7 +857,7 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
         LOG_ERR("%s: out of memory", what);
         goto out;
     }
-    if ((rc = parse_hparams(what, json_object_get(root, "hparams"), &m->hp)) != 0)
+    if ((rc = parse_hparams(what, arch, json_object_get(root, "hparams"), &m->hp)) != 0)
         goto out;
 
     const json_t *tok = json_object_get(root, "tokenizer");
@@ -632,7 +896,7 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
     }
     /* Every accepted entry fills a distinct slot, so n_slots bounds the allocation whatever
      * the array's length (a 64 MB array of {} cannot make us allocate gigabytes). */
-    size_t ns = n_slots(&m->hp);
+    size_t ns = n_slots(arch, &m->hp);
     size_t n = json_array_size(tensors);
     size_t cap = n < ns ? n : ns;
     m->tensors = calloc(cap ? cap : 1, sizeof *m->tensors);
@@ -652,7 +916,7 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
         if ((rc = parse_tensor(what, i, json_array_get(tensors, i), stated, &t)) != 0)
             goto out;
         long slot;
-        if ((rc = check_arch_tensor(what, &m->hp, t.name, t.dtype, t.shape, t.n_dims, &slot)))
+        if ((rc = check_arch_tensor(what, arch, &m->hp, t.name, t.dtype, t.shape, t.n_dims, &slot)))
             goto out;
         if (seen[slot]) {
             LOG_ERR("%s: tensor '%s' is listed twice (tensors[%u] and tensors[%zu]): duplicate "
@@ -667,16 +931,17 @@ static int parse_manifest(const char *what, const char *blob_what, const char *t
     }
     size_t n_missing = 0, first_missing = 0;
     for (size_t slot = ns; slot-- > 0;) {
-        if (!seen[slot] && !(slot == K_OUTPUT && m->hp.tied_embeddings))
+        if (!seen[slot] && !(slot == SLOT_OUTPUT && m->hp.tied_embeddings))
             n_missing++, first_missing = slot;
     }
     if (n_missing) {
         char nm[IEBIN_NAME_MAX], more[48] = "";
-        slot_name(first_missing, nm, sizeof nm);
+        slot_name(arch, first_missing, nm, sizeof nm);
         if (n_missing > 1)
             snprintf(more, sizeof more, "; %zu more missing", n_missing - 1);
-        LOG_ERR("%s: tensor '%s' is missing (architecture llama, %u layers%s%s)", what, nm,
-                m->hp.n_layers, first_missing == K_OUTPUT ? ", tied_embeddings false" : "", more);
+        LOG_ERR("%s: tensor '%s' is missing (architecture %s, %u layers%s%s)", what, nm,
+                arch->name, m->hp.n_layers,
+                first_missing == SLOT_OUTPUT ? ", tied_embeddings false" : "", more);
         rc = ERR_NOT_FOUND;
         goto out;
     }
@@ -850,7 +1115,7 @@ int iebin_open(const char *dir, struct iebin_model **out) { return iebin_open_ex
 
 const struct iebin_tensor *iebin_find(const struct iebin_model *m, const char *name)
 {
-    long slot = name_slot(&m->hp, name);
+    long slot = name_slot(hp_arch(&m->hp), &m->hp, name);
     if (slot < 0 || (size_t)slot >= m->n_slots_)
         return NULL;
     uint32_t i = m->slot_index_[slot];

@@ -37,21 +37,48 @@
 #define IEBIN_NAME_MAX 128          /* names are 1..127 printable ASCII bytes */
 #define IEBIN_MANIFEST_MAX (64u << 20) /* bytes; larger manifests are refused unread */
 #define IEBIN_INT_MAX (UINT64_C(1) << 53) /* every manifest integer is <= 2^53 (exact in JSON) */
+#define IEBIN_MAX_EXPERTS 4096u    /* gpt_oss: n_experts is 1..4096 */
 
-/* Hyper-parameters of the "llama" architecture (the only one of v1). */
+/* The RoPE scaling of an architecture that has one (gpt_oss: YaRN, docs/IEBIN.md). */
+struct iebin_rope_scaling {
+    enum iebin_rope_scaling_type { IEBIN_ROPE_NONE = 0, IEBIN_ROPE_YARN = 1 } type;
+    float factor;    /* context extension s (gpt-oss: 32) */
+    float beta_fast; /* YaRN beta: below dimension "low" the frequencies extrapolate (32) */
+    float beta_slow; /* YaRN alpha: above dimension "high" they interpolate (1) */
+    uint32_t original_max_position_embeddings; /* L0 (4096) */
+    bool truncate;   /* true: low floored and high ceiled (ggml); false: both fractional */
+};
+
+/*
+ * Hyper-parameters of the "llama" and "gpt_oss" architectures. The gpt_oss fields are zero for
+ * llama (iebin_check_hparams refuses a llama set with any of them non-zero), so n_experts != 0
+ * tells a gpt_oss set apart.
+ */
 struct iebin_hparams {
     uint32_t dim;         /* model width */
     uint32_t n_layers;
     uint32_t n_heads;     /* query heads */
     uint32_t n_kv_heads;  /* key/value heads (GQA: n_heads % n_kv_heads == 0) */
     uint32_t head_dim;    /* usually dim / n_heads */
-    uint32_t ffn_dim;     /* SwiGLU hidden width */
+    uint32_t ffn_dim;     /* SwiGLU hidden width (gpt_oss: of one expert) */
     uint32_t vocab_size;
     uint32_t max_seq_len; /* context length the model was trained for */
     float rope_theta;
     float rms_eps;
     bool tied_embeddings; /* classifier = token embedding (no "output" tensor) */
+    /* gpt_oss only (zero for llama) */
+    uint32_t n_experts, n_experts_used; /* 0 for dense models; else 1 <= used <= n_experts */
+    uint32_t sliding_window;            /* 0: no sliding layers; else keys t-u < window */
+    uint64_t sliding_layers[16];        /* bit l set: layer l slides (n_layers <= 1024) */
+    struct iebin_rope_scaling rope_scaling;
+    float swiglu_limit, swiglu_alpha;   /* clamped SwiGLU: 7.0, 1.702 for gpt-oss */
 };
+
+/* Whether layer l attends through the sliding window (gpt_oss's "sliding_attention"). */
+static inline bool iebin_layer_slides(const struct iebin_hparams *hp, uint32_t l)
+{
+    return hp->sliding_window != 0 && l < 1024 && ((hp->sliding_layers[l / 64] >> (l % 64)) & 1u);
+}
 
 struct iebin_tensor {
     char name[IEBIN_NAME_MAX];
@@ -66,7 +93,7 @@ struct iebin_tensor {
 struct iebin_model {
     char *dir;                   /* absolute (realpath); iebin_open_mem: its label */
     char *name;                  /* free text from the manifest ("" if none) */
-    char arch[32];               /* "llama" */
+    char arch[32];               /* "llama" or "gpt_oss" */
     struct iebin_hparams hp;
     size_t n_tensors;
     struct iebin_tensor *tensors; /* [n_tensors], in manifest order */
@@ -116,7 +143,9 @@ const struct iebin_tensor *iebin_find(const struct iebin_model *m, const char *n
 
 /*
  * Validates hyper-parameters alone (also used by converters before they write anything).
- * `what` names the source in messages ("…/model.ie.json", "stories260K.bin"). 0 or ERR_RANGE.
+ * `what` names the source in messages ("…/model.ie.json", "stories260K.bin"). A set with
+ * n_experts == 0 is checked as llama (every gpt_oss field must then be zero), otherwise as
+ * gpt_oss. 0 or ERR_RANGE.
  */
 int iebin_check_hparams(const struct iebin_hparams *hp, const char *what);
 
@@ -187,7 +216,7 @@ static inline uint64_t iebin_rope_hf_row(uint64_t row, uint32_t head_dim)
     return head * head_dim + (j % 2) * (head_dim / 2) + j / 2;
 }
 
-/* Tensor names of the llama architecture (docs/IEBIN.md). */
+/* Tensor names of the llama and gpt_oss architectures (docs/IEBIN.md). */
 #define IEBIN_T_TOK_EMBD "tok_embd"       /* [vocab][dim] */
 #define IEBIN_T_OUTPUT_NORM "output_norm" /* [dim] */
 #define IEBIN_T_OUTPUT "output"           /* [vocab][dim], absent when tied */
@@ -198,8 +227,23 @@ static inline uint64_t iebin_rope_hf_row(uint64_t row, uint32_t head_dim)
 #define IEBIN_T_ATTN_V "attn_v"       /* [n_kv_heads*head_dim][dim] */
 #define IEBIN_T_ATTN_O "attn_o"       /* [dim][n_heads*head_dim] */
 #define IEBIN_T_FFN_NORM "ffn_norm"   /* [dim] */
+/* llama only */
 #define IEBIN_T_FFN_GATE "ffn_gate"   /* [ffn_dim][dim]  (llama2.c w1) */
 #define IEBIN_T_FFN_UP "ffn_up"       /* [ffn_dim][dim]  (llama2.c w3) */
 #define IEBIN_T_FFN_DOWN "ffn_down"   /* [dim][ffn_dim]  (llama2.c w2) */
+/* gpt_oss only (biases and sinks f32; q/k biases in the interleaved RoPE order like q/k rows) */
+#define IEBIN_T_ATTN_Q_BIAS "attn_q_bias"               /* [n_heads*head_dim] */
+#define IEBIN_T_ATTN_K_BIAS "attn_k_bias"               /* [n_kv_heads*head_dim] */
+#define IEBIN_T_ATTN_V_BIAS "attn_v_bias"               /* [n_kv_heads*head_dim] */
+#define IEBIN_T_ATTN_O_BIAS "attn_o_bias"               /* [dim] */
+#define IEBIN_T_ATTN_SINKS "attn_sinks"                 /* [n_heads] */
+#define IEBIN_T_FFN_ROUTER "ffn_router"                 /* [n_experts][dim] */
+#define IEBIN_T_FFN_ROUTER_BIAS "ffn_router_bias"       /* [n_experts] */
+#define IEBIN_T_FFN_GATE_EXPS "ffn_gate_exps"           /* [n_experts][ffn_dim][dim] */
+#define IEBIN_T_FFN_GATE_EXPS_BIAS "ffn_gate_exps_bias" /* [n_experts][ffn_dim] */
+#define IEBIN_T_FFN_UP_EXPS "ffn_up_exps"               /* [n_experts][ffn_dim][dim] */
+#define IEBIN_T_FFN_UP_EXPS_BIAS "ffn_up_exps_bias"     /* [n_experts][ffn_dim] */
+#define IEBIN_T_FFN_DOWN_EXPS "ffn_down_exps"           /* [n_experts][dim][ffn_dim] */
+#define IEBIN_T_FFN_DOWN_EXPS_BIAS "ffn_down_exps_bias" /* [n_experts][dim] */
 
 #endif

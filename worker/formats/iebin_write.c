@@ -88,9 +88,14 @@ int iebin_writer_create(const char *dir, const char *arch, const char *name,
         LOG_ERR("iebin writer: the output directory name is empty");
         return -EINVAL;
     }
-    if (strcmp(arch, "llama") != 0) {
-        LOG_ERR("%s: architecture '%s' is not supported (known: llama)", dir, arch);
+    bool moe = strcmp(arch, "gpt_oss") == 0;
+    if (!moe && strcmp(arch, "llama") != 0) {
+        LOG_ERR("%s: architecture '%s' is not supported (known: llama, gpt_oss)", dir, arch);
         return ERR_UNSUPPORTED;
+    }
+    if (moe != (hp->n_experts != 0)) { /* iebin_check_hparams tells them apart by n_experts */
+        LOG_ERR("%s: architecture %s with n_experts %u", dir, arch, hp->n_experts);
+        return ERR_MISMATCH;
     }
     struct iebin_writer *w = calloc(1, sizeof *w);
     if (!w) {
@@ -286,6 +291,40 @@ static double json_real_of(float f)
     return (double)f; /* 9 significant digits always round-trip a float */
 }
 
+/* The gpt_oss keys of hparams (docs/IEBIN.md), appended to `o`. 0 or -1 (out of memory). */
+static int add_gpt_oss_hparams(json_t *o, const struct iebin_hparams *hp)
+{
+    json_t *types = json_array();
+    for (uint32_t l = 0; types && l < hp->n_layers; l++)
+        if (json_array_append_new(types, json_string(iebin_layer_slides(hp, l)
+                                                         ? "sliding_attention"
+                                                         : "full_attention")) != 0) {
+            json_decref(types);
+            types = NULL;
+        }
+    if (!types)
+        return -1;
+    const struct iebin_rope_scaling *rs = &hp->rope_scaling;
+    json_t *rope = json_pack("{s:s, s:f, s:f, s:f, s:I, s:b}", "type", "yarn", "factor",
+                             json_real_of(rs->factor), "beta_fast", json_real_of(rs->beta_fast),
+                             "beta_slow", json_real_of(rs->beta_slow),
+                             "original_max_position_embeddings",
+                             (json_int_t)rs->original_max_position_embeddings, "truncate",
+                             (int)rs->truncate);
+    if (!rope) {
+        json_decref(types);
+        return -1;
+    }
+    int rc = json_object_set_new(o, "n_experts", json_integer(hp->n_experts));
+    rc |= json_object_set_new(o, "n_experts_used", json_integer(hp->n_experts_used));
+    rc |= json_object_set_new(o, "sliding_window", json_integer(hp->sliding_window));
+    rc |= json_object_set_new(o, "layer_types", types);
+    rc |= json_object_set_new(o, "rope_scaling", rope);
+    rc |= json_object_set_new(o, "swiglu_limit", json_real(json_real_of(hp->swiglu_limit)));
+    rc |= json_object_set_new(o, "swiglu_alpha", json_real(json_real_of(hp->swiglu_alpha)));
+    return rc ? -1 : 0;
+}
+
 struct sbuf {
     char *p;
     size_t len, cap;
@@ -320,17 +359,23 @@ static char *build_manifest(const struct iebin_writer *w, size_t *len)
     const struct iebin_hparams *hp = &w->hp;
     struct sbuf b = {0};
     char *head = NULL;
-    json_t *top = json_pack(
-        "{s:s, s:i, s:s, s:s, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:b}, s:s?, "
-        "s:{s:s, s:I}}",
-        "format", "iebin", "version", IEBIN_VERSION, "architecture", w->arch, "name", w->name,
-        "hparams", "dim", (json_int_t)hp->dim, "n_layers", (json_int_t)hp->n_layers, "n_heads",
-        (json_int_t)hp->n_heads, "n_kv_heads", (json_int_t)hp->n_kv_heads, "head_dim",
-        (json_int_t)hp->head_dim, "ffn_dim", (json_int_t)hp->ffn_dim, "vocab_size",
-        (json_int_t)hp->vocab_size, "max_seq_len", (json_int_t)hp->max_seq_len, "rope_theta",
-        json_real_of(hp->rope_theta), "rms_eps", json_real_of(hp->rms_eps), "tied_embeddings",
-        (int)hp->tied_embeddings, "tokenizer", w->has_tok ? IEBIN_TOKENIZER : NULL, "blob",
-        "file", IEBIN_BLOB, "size", (json_int_t)w->blob.written);
+    json_t *hpo = json_pack(
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:b}", "dim", (json_int_t)hp->dim,
+        "n_layers", (json_int_t)hp->n_layers, "n_heads", (json_int_t)hp->n_heads, "n_kv_heads",
+        (json_int_t)hp->n_kv_heads, "head_dim", (json_int_t)hp->head_dim, "ffn_dim",
+        (json_int_t)hp->ffn_dim, "vocab_size", (json_int_t)hp->vocab_size, "max_seq_len",
+        (json_int_t)hp->max_seq_len, "rope_theta", json_real_of(hp->rope_theta), "rms_eps",
+        json_real_of(hp->rms_eps), "tied_embeddings", (int)hp->tied_embeddings);
+    if (hpo && strcmp(w->arch, "gpt_oss") == 0 && add_gpt_oss_hparams(hpo, hp) != 0) {
+        json_decref(hpo);
+        hpo = NULL;
+    }
+    if (!hpo)
+        return NULL;
+    json_t *top = json_pack("{s:s, s:i, s:s, s:s, s:o, s:s?, s:{s:s, s:I}}", "format", "iebin",
+                            "version", IEBIN_VERSION, "architecture", w->arch, "name", w->name,
+                            "hparams", hpo, "tokenizer", w->has_tok ? IEBIN_TOKENIZER : NULL,
+                            "blob", "file", IEBIN_BLOB, "size", (json_int_t)w->blob.written);
     if (!top)
         return NULL;
     head = json_dumps(top, JSON_INDENT(2) | JSON_REAL_PRECISION(9));

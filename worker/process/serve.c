@@ -1,9 +1,11 @@
 /*
  * serve.c — the worker's serving loop between its shm rings and the engine (see serve.h).
  *
- * NOTES: one thread. Engine events arrive through on_event() from inside engine_step() /
- * engine_cancel() on this same thread and are sent at once (a callback may not call the
- * engine: a request that must be cancelled from there is marked and cancelled after the step); when the event ring is full the
+ * NOTES: one thread for the engine and the rings, plus the tokenizer's (tokq.h: text is
+ * tokenized beside this loop, so a large one never stalls the steps). Engine events arrive
+ * through on_event() from inside engine_step() / engine_cancel() on this same thread and are
+ * sent at once (a callback may not call the engine: a request that must be cancelled from
+ * there is marked and cancelled after the step); when the event ring is full the
  * send waits in one-second slices, giving the control socket its WATCHDOG=1 between slices
  * (a slow gateway is not a hung worker). The request table maps the gateway's request ids to
  * the engine's; an entry lives from a successful engine_submit to its FINISH or ERROR event.
@@ -23,6 +25,7 @@
 #include "msg.h"
 #include "region.h"
 #include "tok.h"
+#include "tokq.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +46,7 @@
 #define STOP_CANCEL_NS 5000000000ull      /* on SIGTERM: at most this long to cancel */
 #define GATHER_GAP_NS 100000ll            /* a burst's requests arrive closer than this */
 #define GATHER_MAX_NS 1000000ull          /* an idle engine waits at most this for a burst */
+#define TOKQ_POLL_NS 1000000ll            /* an idle loop looks for tokenized texts this often */
 
 /* ---- the request table: gateway request id -> engine id ---- */
 
@@ -148,6 +152,7 @@ struct serve {
     size_t buf_cap;
     struct engine *e;
     struct tok *tok;                      /* NULL: the model has no tokenizer */
+    struct tokq *tokq;                    /* its thread (tokq.h); NULL without a tokenizer */
     uint32_t vocab_size;
     struct reqmap reqs;
     struct served_adapter *adapters;      /* [n_adapters] what the engine has loaded, by name */
@@ -354,41 +359,21 @@ static int check_ids(struct serve *s, uint64_t id, const char *what, const int32
     return 0;
 }
 
-static void do_generate(struct serve *s, const struct shm_msg_generate *g)
+/* A Generate whose prompt is token ids (given, or from the tokenizer thread) into the engine. */
+static void submit_generate(struct serve *s, const struct shm_msg_generate *g,
+                            const int32_t *ids, size_t n)
 {
-    if (reqmap_find(&s->reqs, g->request_id)) {
-        send_error(s, g->request_id, ERR_STATE, "request id %" PRIu64 " is already in flight",
-                   g->request_id);
-        return;
-    }
-    int32_t *owned = NULL;
-    const int32_t *ids = g->prompt_ids;
-    size_t n = g->n_prompt_ids;
-    if (g->prompt_text_len || !n) {
-        if (!s->tok) {
-            send_error(s, g->request_id, ERR_UNSUPPORTED,
-                       "prompt: the model has no tokenizer; send token ids");
-            return;
-        }
-        int rc = tok_encode(s->tok, g->prompt_text, g->prompt_text_len,
-                            (g->flags & SHM_GEN_ADD_BOS) != 0, &owned, &n);
-        if (rc < 0) {
-            send_error(s, g->request_id, rc, "prompt: %s", log_last_error());
-            return;
-        }
-        ids = owned;
-    }
     if (n == 0) {
         send_error(s, g->request_id, ERR_RANGE, "prompt: empty after tokenization");
-        goto out;
+        return;
     }
     if (n > s->o.max_prompt_tokens) {
         send_error(s, g->request_id, ERR_RANGE, "prompt: %zu tokens, the limit is %" PRIu32, n,
                    s->o.max_prompt_tokens);
-        goto out;
+        return;
     }
     if (check_ids(s, g->request_id, "prompt", ids, n) < 0)
-        goto out;
+        return;
 
     struct engine_request er = {
         .prompt = ids,
@@ -418,7 +403,7 @@ static void do_generate(struct serve *s, const struct shm_msg_generate *g)
         snprintf(entry.adapter, sizeof entry.adapter, "%s", g->adapter);
     if (reqmap_put(&s->reqs, &entry) < 0) {
         send_error(s, g->request_id, -ENOMEM, "worker out of memory");
-        goto out;
+        return;
     }
     uint64_t eid = 0;
     log_clear_error();
@@ -437,15 +422,42 @@ static void do_generate(struct serve *s, const struct shm_msg_generate *g)
     } else if (r) {
         r->engine_id = eid;
     }
-out:
-    free(owned);
+}
+
+/* Text goes to the tokenizer thread (tokq.h) and comes back through take_tokenized: the loop
+ * keeps stepping the engine meanwhile. */
+static void do_generate(struct serve *s, const struct shm_msg_generate *g)
+{
+    if (reqmap_find(&s->reqs, g->request_id)) {
+        send_error(s, g->request_id, ERR_STATE, "request id %" PRIu64 " is already in flight",
+                   g->request_id);
+        return;
+    }
+    if (!g->prompt_text_len && g->n_prompt_ids)
+        return submit_generate(s, g, g->prompt_ids, g->n_prompt_ids);
+    if (!s->tok) {
+        send_error(s, g->request_id, ERR_UNSUPPORTED,
+                   "prompt: the model has no tokenizer; send token ids");
+        return;
+    }
+    struct tokq_job *j = tokq_job_generate(g);
+    if (!j) {
+        send_error(s, g->request_id, -ENOMEM, "worker out of memory");
+        return;
+    }
+    tokq_push(s->tokq, j);
 }
 
 static void do_cancel(struct serve *s, uint64_t id)
 {
     struct req *r = reqmap_find(&s->reqs, id);
-    if (!r)
-        return; /* ended already: its FINISH or ERROR is on its way or has been read */
+    if (!r) {
+        /* still being tokenized: dropped when done; or ended already: its FINISH or ERROR
+         * is on its way or has been read */
+        if (s->tokq)
+            tokq_cancel(s->tokq, id);
+        return;
+    }
     int rc = engine_cancel(s->e, r->engine_id);
     if (rc < 0)
         LOG_WARN("cancel of request %" PRIu64 ": %s", id, err_str(rc));
@@ -457,21 +469,38 @@ static void do_tokenize(struct serve *s, const struct shm_msg_tokenize *t)
         send_error(s, t->request_id, ERR_UNSUPPORTED, "the model has no tokenizer");
         return;
     }
-    int32_t *ids = NULL;
-    size_t n = 0;
-    int rc = tok_encode(s->tok, t->text, t->text_len, (t->flags & SHM_GEN_ADD_BOS) != 0, &ids, &n);
-    if (rc < 0) {
-        send_error(s, t->request_id, rc, "text: %s", log_last_error());
+    struct tokq_job *j = tokq_job_tokenize(t);
+    if (!j) {
+        send_error(s, t->request_id, -ENOMEM, "worker out of memory");
         return;
     }
-    if (n > (shm_region_max_record(s->region) - sizeof(struct shm_wire_ids)) / sizeof(int32_t)) {
-        send_error(s, t->request_id, ERR_RANGE, "text: %zu tokens do not fit one record", n);
-    } else {
-        struct shm_msg m = {.type = SHM_MSG_TOKENS,
-                            .ids = {.request_id = t->request_id, .ids = ids, .n_ids = (uint32_t)n}};
-        send_event(s, &m);
+    tokq_push(s->tokq, j);
+}
+
+/* The tokenizer thread's finished jobs: answers to Tokenize, Generates into the engine. */
+static void take_tokenized(struct serve *s)
+{
+    struct tokq_job *j;
+    while (s->tokq && s->fatal == 0 && (j = tokq_take(s->tokq))) {
+        const char *what = j->kind == TOKQ_GENERATE ? "prompt" : "text";
+        if (j->cancelled) {
+            /* the gateway forgot it with its CANCEL */
+        } else if (j->rc < 0) {
+            send_error(s, j->request_id, j->rc, "%s: %s", what, j->error);
+        } else if (j->kind == TOKQ_GENERATE) {
+            submit_generate(s, &j->gen, j->ids, j->n_ids);
+        } else if (j->n_ids > (shm_region_max_record(s->region) - sizeof(struct shm_wire_ids)) /
+                                  sizeof(int32_t)) {
+            send_error(s, j->request_id, ERR_RANGE, "text: %zu tokens do not fit one record",
+                       j->n_ids);
+        } else {
+            struct shm_msg m = {.type = SHM_MSG_TOKENS,
+                                .ids = {.request_id = j->request_id, .ids = j->ids,
+                                        .n_ids = (uint32_t)j->n_ids}};
+            send_event(s, &m);
+        }
+        tokq_job_free(j);
     }
-    free(ids);
 }
 
 static void do_detokenize(struct serve *s, const struct shm_msg_ids *d)
@@ -714,6 +743,8 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
     struct shm_msg hello = {.type = SHM_MSG_HELLO};
     if ((rc = model_info(s, &hello.hello, name, arch, dtype, sizeof name)) < 0)
         goto fail;
+    if (s->tok && (rc = tokq_create(s->tok, &s->tokq)) < 0)
+        goto fail;
 
     struct engine_config ec = {
         .model_dir = o->model_dir,
@@ -850,8 +881,9 @@ int serve_run(struct serve *s)
     size_t active = 0;
     while (!stopping(s) && s->fatal == 0) {
         beat(s);
-        /* take every request waiting, then one engine step */
+        /* take every request waiting and every text tokenized meanwhile, then one step */
         drain_requests(s);
+        take_tokenized(s);
         if (s->fatal < 0)
             break;
         if (!active && s->reqs.n)
@@ -880,7 +912,9 @@ int serve_run(struct serve *s)
             }
             continue;
         }
-        int rc = shm_ring_wait_readable(s->rx, IDLE_WAIT_NS);
+        /* texts being tokenized: look back for them soon */
+        bool tokenizing = s->tokq && tokq_pending(s->tokq) > 0;
+        int rc = shm_ring_wait_readable(s->rx, tokenizing ? TOKQ_POLL_NS : IDLE_WAIT_NS);
         if (rc == -EPIPE) {
             LOG_ERR("the gateway is gone: stopping this worker");
             s->fatal = rc;
@@ -901,6 +935,7 @@ void serve_close(struct serve *s)
     if (!s)
         return;
     CHECK(s->magic == SERVE_MAGIC);
+    tokq_destroy(s->tokq); /* before the tokenizer it reads */
     if (s->e)
         engine_destroy(s->e);
     if (s->tok)

@@ -115,16 +115,28 @@ int tok__ids_push(struct tok__ids *a, int32_t id)
 /* ---------------------------------------------------------------------------------------- */
 /* hashing                                                                                  */
 
-static uint64_t hash_bytes(const char *p, size_t n)
+/* FNV-1a over bytes, in pieces (hash_more), then a final mix for the low bits */
+#define HASH_INIT 0xcbf29ce484222325ull
+
+static uint64_t hash_more(uint64_t h, const char *p, size_t n)
 {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a, then a final mix for the low bits */
     for (size_t i = 0; i < n; i++) {
         h ^= (unsigned char)p[i];
         h *= 0x100000001b3ull;
     }
+    return h;
+}
+
+static uint64_t hash_final(uint64_t h)
+{
     h ^= h >> 32;
     h *= 0xd6e8feb86659fd93ull;
     return h ^ (h >> 32);
+}
+
+static uint64_t hash_bytes(const char *p, size_t n)
+{
+    return hash_final(hash_more(HASH_INIT, p, n));
 }
 
 static uint64_t hash_u64(uint64_t x)
@@ -152,6 +164,23 @@ int32_t tok__find(const struct tok *t, const char *p, size_t len)
             return -1;
         const struct tok__token *k = &t->tokens[slot - 1];
         if (k->str_len == len && memcmp(t->strs + k->str_off, p, len) == 0)
+            return (int32_t)(slot - 1);
+    }
+}
+
+int32_t tok__find_cat(const struct tok *t, int32_t a, int32_t b)
+{
+    const struct tok__token *ka = &t->tokens[a], *kb = &t->tokens[b];
+    const char *pa = t->strs + ka->str_off, *pb = t->strs + kb->str_off;
+    size_t la = ka->str_len, lb = kb->str_len;
+    /* hash_bytes of the two strings as one */
+    for (uint64_t h = hash_final(hash_more(hash_more(HASH_INIT, pa, la), pb, lb));; h++) {
+        uint32_t slot = t->piece_slots[h & t->piece_mask];
+        if (slot == 0)
+            return -1;
+        const struct tok__token *k = &t->tokens[slot - 1];
+        const char *pk = t->strs + k->str_off;
+        if (k->str_len == la + lb && memcmp(pk, pa, la) == 0 && memcmp(pk + la, pb, lb) == 0)
             return (int32_t)(slot - 1);
     }
 }
@@ -185,13 +214,12 @@ static int64_t trie_child(const struct tok__trie *tr, uint32_t node, unsigned ch
     }
 }
 
-/* Builds the trie of the user-defined tokens (none: an empty trie, n_nodes == 0). */
-static int trie_build(struct tok *t)
+/* Builds the trie of the tokens of one type (none: an empty trie, n_nodes == 0). */
+static int trie_build(struct tok *t, struct tok__trie *tr, uint8_t type)
 {
-    struct tok__trie *tr = &t->user;
     uint64_t total = 0;
     for (uint32_t i = 0; i < t->n; i++)
-        if (t->tokens[i].type == TOK_USER_DEFINED)
+        if (t->tokens[i].type == type)
             total += t->tokens[i].str_len;
     if (total == 0)
         return 0;
@@ -206,7 +234,7 @@ static int trie_build(struct tok *t)
     tr->node_id[0] = -1;
     for (uint32_t i = 0; i < t->n; i++) {
         const struct tok__token *k = &t->tokens[i];
-        if (k->type != TOK_USER_DEFINED)
+        if (k->type != type)
             continue;
         uint32_t node = 0;
         for (uint32_t j = 0; j < k->str_len; j++) {
@@ -229,9 +257,9 @@ static int trie_build(struct tok *t)
     return 0;
 }
 
-int32_t tok__match_user(const struct tok *t, const char *p, size_t len, size_t *match_len)
+static int32_t trie_match(const struct tok__trie *tr, const char *p, size_t len,
+                          size_t *match_len)
 {
-    const struct tok__trie *tr = &t->user;
     if (tr->n_nodes == 0)
         return -1;
     int32_t best = -1;
@@ -247,6 +275,16 @@ int32_t tok__match_user(const struct tok *t, const char *p, size_t len, size_t *
         }
     }
     return best;
+}
+
+int32_t tok__match_user(const struct tok *t, const char *p, size_t len, size_t *match_len)
+{
+    return trie_match(&t->user, p, len, match_len);
+}
+
+int32_t tok__match_special(const struct tok *t, const char *p, size_t len, size_t *match_len)
+{
+    return trie_match(&t->special, p, len, match_len);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -298,6 +336,10 @@ void tok_free(struct tok *t)
     free(t->user.keys);
     free(t->user.child);
     free(t->user.node_id);
+    free(t->special.keys);
+    free(t->special.child);
+    free(t->special.node_id);
+    tok__pre_free(t->rx);
     free(t);
 }
 
@@ -531,6 +573,8 @@ int tok__build(const struct tok__spec *s, struct tok **out)
     t->remove_extra_whitespaces = s->remove_extra_whitespaces;
     t->byte_fallback = s->byte_fallback;
     t->pre = s->pre;
+    t->ignore_merges = s->ignore_merges;
+    t->ranked = s->ranked;
     for (int b = 0; b < 256; b++)
         t->byte_id[b] = t->byte_char_id[b] = -1;
     uint64_t cap = table_capacity(s->n);
@@ -595,15 +639,32 @@ int tok__build(const struct tok__spec *s, struct tok **out)
             goto fail;
         }
     } else {
-        if (s->pre != TOK_PRE_GPT2) {
+        if (s->pre != TOK_PRE_GPT2 && s->pre != TOK_PRE_REGEX) {
             LOG_ERR("%s: byte-level BPE without a known pre-tokenizer", what);
             rc = ERR_UNSUPPORTED;
+            goto fail;
+        }
+        if (s->pre == TOK_PRE_REGEX &&
+            (rc = tok__pre_compile(what, s->pre_steps, s->n_pre, &t->rx)) != 0)
+            goto fail;
+        if (s->ranked && s->n_merges != 0) {
+            LOG_ERR("%s: a ranked (tiktoken) vocabulary has no merge list, yet %u merges are "
+                    "given", what, s->n_merges);
+            rc = ERR_FORMAT;
             goto fail;
         }
         for (int b = 0; b < 256; b++) {
             char c[4];
             size_t cl = tok__utf8_encode(tok__byte_to_cp((uint8_t)b), c);
             int32_t id = tok__find(t, c, cl);
+            /* bytes that never occur in UTF-8 (C0, C1, F5..FF) need no token: text is
+             * validated before encoding (DeepSeek's, MPT's vocabularies lack them); other
+             * missing bytes (Refact's lacks F1..F4, the lead bytes of planes 4..16) are
+             * dropped from text as Hugging Face's BPE drops what it cannot spell, or become
+             * <unk> when there is one */
+            if (b == 0xC0 || b == 0xC1 || b >= 0xF1)
+                if (id < 0 || t->tokens[id].type != TOK_NORMAL)
+                    continue;
             if (id < 0 || t->tokens[id].type != TOK_NORMAL) {
                 LOG_ERR("%s: byte-level BPE vocabulary has no normal token '%.*s' for byte "
                         "0x%02X", what, (int)cl, c, b);
@@ -615,7 +676,8 @@ int tok__build(const struct tok__spec *s, struct tok **out)
         if ((rc = build_merges(s, t)) != 0)
             goto fail;
     }
-    if ((rc = trie_build(t)) != 0) {
+    if ((rc = trie_build(t, &t->user, TOK_USER_DEFINED)) != 0 ||
+        (rc = trie_build(t, &t->special, TOK_CONTROL)) != 0) {
         LOG_ERR("%s: out of memory", what);
         goto fail;
     }
@@ -663,8 +725,17 @@ int tok_piece(const struct tok *t, int32_t id, const char **bytes, size_t *len)
 /* ---------------------------------------------------------------------------------------- */
 /* encoding                                                                                 */
 
-int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, int32_t **ids,
-               size_t *n_ids)
+/* Text without control tokens through the vocabulary's encoder. */
+static int encode_text(const struct tok *t, const char *text, size_t len, struct tok__ids *a)
+{
+    if (len == 0)
+        return 0;
+    return t->kind == TOK_SPM ? tok__spm_encode(t, text, len, a)
+                              : tok__bpe_encode(t, text, len, a);
+}
+
+int tok_encode_ex(const struct tok *t, const char *text, size_t len, unsigned flags,
+                  int32_t **ids, size_t *n_ids)
 {
     *ids = NULL;
     *n_ids = 0;
@@ -680,11 +751,26 @@ int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, 
     }
     struct tok__ids a = {0};
     int rc = 0;
-    if (add_bos && t->bos >= 0)
+    if ((flags & TOK_ENC_BOS) && t->bos >= 0)
         rc = tok__ids_push(&a, t->bos);
+    size_t seg = 0;
+    if ((flags & TOK_ENC_SPECIAL) && t->special.n_nodes > 0) {
+        /* control tokens spelled in the text are cut out first, longest match */
+        for (size_t i = 0; i < len && rc == 0;) {
+            size_t mlen = 0;
+            int32_t id = tok__match_special(t, text + i, len - i, &mlen);
+            if (id < 0) {
+                i += tok__utf8_len((const unsigned char *)text + i, len - i);
+                continue;
+            }
+            if ((rc = encode_text(t, text + seg, i - seg, &a)) == 0)
+                rc = tok__ids_push(&a, id);
+            i += mlen;
+            seg = i;
+        }
+    }
     if (rc == 0)
-        rc = t->kind == TOK_SPM ? tok__spm_encode(t, text, len, &a)
-                                : tok__bpe_encode(t, text, len, &a);
+        rc = encode_text(t, text + seg, len - seg, &a);
     if (rc == 0 && !a.v)
         rc = (a.v = malloc(sizeof *a.v)) ? 0 : -ENOMEM; /* a valid pointer even when empty */
     if (rc != 0) {
@@ -695,6 +781,17 @@ int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, 
     *ids = a.v;
     *n_ids = a.n;
     return 0;
+}
+
+int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, int32_t **ids,
+               size_t *n_ids)
+{
+    return tok_encode_ex(t, text, len, add_bos ? TOK_ENC_BOS : 0, ids, n_ids);
+}
+
+int32_t tok_token_id(const struct tok *t, const char *str, size_t len)
+{
+    return len <= t->max_str ? tok__find(t, str, len) : -1;
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -4,7 +4,9 @@
  *
  * tok_load() detects the source from the path: an IEBIN model directory (its
  * tokenizer.ie.json), a .gguf file (tokenizer.ggml.* metadata), a SentencePiece
- * tokenizer.model (protobuf), a Hugging Face tokenizer.json, or a llama2.c tokenizer.bin.
+ * tokenizer.model (protobuf), a Hugging Face tokenizer.json, a tiktoken rank file (*.tiktoken:
+ * o200k_base becomes o200k_harmony, cl100k_base gets its specials; docs/TOKENIZER.md), or a
+ * llama2.c tokenizer.bin.
  * tok_save_json() writes the documented tokenizer.ie.json form (docs/TOKENIZER.md) that IEBIN
  * models carry, so every source converges on one representation.
  *
@@ -45,6 +47,7 @@ int tok_load(const char *path, struct tok **out);
 /* Same, from bytes already in memory; `kind_hint` names the format: "gguf", "spm-model",
  * "hf-json", "llama2c-bin", "ie-json" (fuzzers and tests). The bytes are not kept. */
 int tok_load_mem(const void *buf, size_t len, const char *kind_hint, struct tok **out);
+/* (kind_hint "tiktoken": a tiktoken rank file; tok_load takes a path ending in .tiktoken.) */
 void tok_free(struct tok *t);
 
 enum tok_kind tok_kind(const struct tok *t);
@@ -64,6 +67,17 @@ const char *tok_token_str(const struct tok *t, int32_t id);
  * with *n_ids == 0). Text never produces control tokens; add_bos prepends tok_bos() if any. */
 int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, int32_t **ids,
                size_t *n_ids);
+/* tok_encode with flags: TOK_ENC_BOS prepends tok_bos() if any; TOK_ENC_SPECIAL lets text
+ * spell control tokens ("<|start|>", "<|endoftext|>"): each occurrence, longest first, becomes
+ * that token and the text between is encoded as without the flag. Without it, such text is
+ * ordinary text (the safe default for untrusted input). */
+#define TOK_ENC_BOS 1u
+#define TOK_ENC_SPECIAL 2u
+int tok_encode_ex(const struct tok *t, const char *text, size_t len, unsigned flags,
+                  int32_t **ids, size_t *n_ids);
+/* The id of the token whose vocabulary string is str[0..len) ("<|start|>", "Ġthe"), or -1. */
+int32_t tok_token_id(const struct tok *t, const char *str, size_t len);
+
 /* Decodes a whole sequence to a malloc'd NUL-terminated string (leading-space rule of SPM
  * applied once at the start, as SentencePiece does). Bytes that do not form valid UTF-8
  * become U+FFFD, so the result is always valid UTF-8. ERR_RANGE (logged) for a bad id. */

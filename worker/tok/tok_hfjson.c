@@ -2,7 +2,8 @@
  * tok_hfjson.c — Hugging Face tokenizer.json importer, for the two kinds of BPE this project
  * implements:
  *
- *  - byte-level BPE (GPT-2): pre_tokenizer ByteLevel, no normalizer; vocab + merges by rank;
+ *  - byte-level BPE (GPT-2, Llama 3, o200k_harmony, ...): no normalizer; vocab + merges by
+ *    rank;
  *  - Llama's SentencePiece BPE: byte_fallback, with either the legacy normalizer
  *    Sequence[Prepend "▁", Replace " " -> "▁"] or a Metaspace pre-tokenizer that does not
  *    split (prepend_scheme first/always). Hugging Face expresses SentencePiece's merges as a
@@ -11,10 +12,13 @@
  *    merges in rank order (docs/TOKENIZER.md discusses the equivalence).
  *
  * added_tokens are folded into the vocabulary: "special" ones become control tokens (never
- * produced from text), the others user-defined tokens (matched literally). Anything that
- * would change how text is split and that we do not implement (other pre-tokenizers,
- * normalizers, Metaspace splitting, ignore_merges, subword prefixes) is refused with
- * ERR_UNSUPPORTED rather than silently giving different tokens.
+ * produced from text), the others user-defined tokens (matched literally). A byte-level BPE's
+ * pre_tokenizer may be ByteLevel, Split (Regex or String pattern, any behavior, invert),
+ * Digits, or a Sequence of them: GPT-2's ByteLevel alone uses the hand-written splitter, the
+ * rest become PCRE2 steps (tok_pre.c); model.ignore_merges is honoured. Anything that would
+ * change how text is split and that we do not implement (other pre-tokenizers, normalizers,
+ * Metaspace splitting, subword prefixes) is refused with ERR_UNSUPPORTED rather than silently
+ * giving different tokens.
  */
 #include "tok_internal.h"
 
@@ -23,6 +27,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -130,18 +135,15 @@ static int detect_kind(const char *what, const json_t *root, enum tok_kind *kind
     }
     const char *ts = json_string_value(type);
     int rc;
-    if (strcmp(ts, "ByteLevel") == 0) {
-        bool prefix, regex;
-        if ((rc = opt_bool(what, pre, "add_prefix_space", false, &prefix)) != 0 ||
-            (rc = opt_bool(what, pre, "use_regex", true, &regex)) != 0)
-            return rc;
-        if (prefix || !regex || has_norm) {
-            LOG_ERR("%s: ByteLevel pre_tokenizer with %s is not supported (GPT-2's form only)",
-                    what, prefix ? "add_prefix_space" : !regex ? "use_regex false"
-                                                               : "a normalizer");
+    if (strcmp(ts, "ByteLevel") == 0 || strcmp(ts, "Sequence") == 0 ||
+        strcmp(ts, "Split") == 0 || strcmp(ts, "Digits") == 0) {
+        if (has_norm) {
+            const json_t *nt = json_object_get(norm, "type");
+            LOG_ERR("%s: normalizer %s before a byte-level BPE is not supported", what,
+                    json_is_string(nt) ? json_string_value(nt) : "(untyped)");
             return ERR_UNSUPPORTED;
         }
-        *kind = TOK_BPE;
+        *kind = TOK_BPE; /* bpe_pre() reads the steps */
         return 0;
     }
     if (strcmp(ts, "Metaspace") == 0) {
@@ -171,9 +173,130 @@ static int detect_kind(const char *what, const json_t *root, enum tok_kind *kind
         *kind = TOK_SPM;
         return 0;
     }
-    LOG_ERR("%s: pre_tokenizer %s is not supported (ByteLevel for GPT-2, Metaspace for "
-            "Llama)", what, ts);
+    LOG_ERR("%s: pre_tokenizer %s is not supported (ByteLevel, Split, Digits or a Sequence of "
+            "them for byte-level BPE, Metaspace for Llama)", what, ts);
     return ERR_UNSUPPORTED;
+}
+
+/* One pre-tokenizer of a byte-level BPE (pre_tokenizers[idx] of a Sequence, or the whole
+ * when idx < 0) appended to the spec's regex steps; *gpt2 set when it is GPT-2's own regex. */
+static int bpe_pre_one(const char *what, const json_t *pre, long idx, struct tok__spec *s,
+                       bool *gpt2)
+{
+    char where[64];
+    if (idx < 0)
+        snprintf(where, sizeof where, "pre_tokenizer");
+    else
+        snprintf(where, sizeof where, "pre_tokenizer.pretokenizers[%ld]", idx);
+    const json_t *type = json_object_get(pre, "type");
+    if (!json_is_object(pre) || !json_is_string(type)) {
+        LOG_ERR("%s: %s is not an object with a string type", what, where);
+        return ERR_FORMAT;
+    }
+    const char *ts = json_string_value(type);
+    struct tok__pre_step st = {.behavior = TOK_SPLIT_ISOLATED};
+    int rc;
+    if (strcmp(ts, "ByteLevel") == 0) {
+        bool prefix, regex;
+        if ((rc = opt_bool(what, pre, "add_prefix_space", false, &prefix)) != 0 ||
+            (rc = opt_bool(what, pre, "use_regex", true, &regex)) != 0)
+            return rc;
+        if (prefix) {
+            LOG_ERR("%s: ByteLevel pre_tokenizer with add_prefix_space is not supported (%s)",
+                    what, where);
+            return ERR_UNSUPPORTED;
+        }
+        if (!regex)
+            return 0; /* bytes to characters only: no split */
+        *gpt2 = true;
+        st.pattern = tok__gpt2_pattern;
+        st.pattern_len = (uint32_t)strlen(tok__gpt2_pattern);
+    } else if (strcmp(ts, "Digits") == 0) {
+        bool single;
+        if ((rc = opt_bool(what, pre, "individual_digits", false, &single)) != 0)
+            return rc;
+        st.pattern = single ? "\\p{N}" : "\\p{N}+";
+        st.pattern_len = (uint32_t)strlen(st.pattern);
+    } else if (strcmp(ts, "Split") == 0) {
+        const json_t *pat = json_object_get(pre, "pattern");
+        const json_t *rx = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
+        const json_t *beh = json_object_get(pre, "behavior");
+        if (!json_is_object(pat) || json_object_size(pat) != 1 ||
+            !json_is_string(rx ? rx : lit)) {
+            LOG_ERR("%s: %s Split: pattern is not {\"Regex\": string} or {\"String\": string}",
+                    what, where);
+            return ERR_FORMAT;
+        }
+        int b = json_is_string(beh) ? tok__split_from_name(json_string_value(beh), true) : -1;
+        if (b < 0) {
+            LOG_ERR("%s: %s Split: behavior %s%s%s is not Isolated, Removed, "
+                    "MergedWithPrevious, MergedWithNext or Contiguous", what, where,
+                    json_is_string(beh) ? "'" : "",
+                    json_is_string(beh) ? json_string_value(beh) : jfield_type(beh),
+                    json_is_string(beh) ? "'" : "");
+            return ERR_UNSUPPORTED;
+        }
+        bool inv;
+        if ((rc = opt_bool(what, pre, "invert", false, &inv)) != 0)
+            return rc;
+        const json_t *pv = rx ? rx : lit;
+        if (json_string_length(pv) > TOK_PRE_MAX_PATTERN) {
+            LOG_ERR("%s: %s Split: the pattern is %zu bytes long (limit %u)", what, where,
+                    json_string_length(pv), TOK_PRE_MAX_PATTERN);
+            return ERR_RANGE;
+        }
+        st.pattern = json_string_value(pv);
+        st.pattern_len = (uint32_t)json_string_length(pv);
+        st.behavior = (uint8_t)b;
+        st.invert = inv;
+        st.literal = lit != NULL;
+    } else {
+        LOG_ERR("%s: %s %s is not supported in a byte-level BPE (ByteLevel, Split, Digits)",
+                what, where, ts);
+        return ERR_UNSUPPORTED;
+    }
+    if (s->n_pre == TOK_PRE_MAX_STEPS) {
+        LOG_ERR("%s: more than %d pre-tokenizer split steps", what, TOK_PRE_MAX_STEPS);
+        return ERR_RANGE;
+    }
+    s->pre_steps[s->n_pre++] = st;
+    return 0;
+}
+
+/* The pre-tokenizer of a byte-level BPE: GPT-2's ByteLevel alone stays the hand-written
+ * splitter; anything else becomes regex steps (tok_pre.c). */
+static int bpe_pre(const char *what, const json_t *pre, struct tok__spec *s)
+{
+    bool gpt2 = false;
+    int rc;
+    s->n_pre = 0;
+    if (is_str(json_object_get(pre, "type"), "Sequence")) {
+        const json_t *list = json_object_get(pre, "pretokenizers");
+        if (!json_is_array(list)) {
+            LOG_ERR("%s: pre_tokenizer.pretokenizers is %s, not an array", what,
+                    jfield_type(list));
+            return ERR_FORMAT;
+        }
+        size_t i;
+        const json_t *p;
+        json_array_foreach(list, i, p) {
+            if ((rc = bpe_pre_one(what, p, (long)i, s, &gpt2)) != 0)
+                return rc;
+        }
+    } else if ((rc = bpe_pre_one(what, pre, -1, s, &gpt2)) != 0) {
+        return rc;
+    }
+    if (gpt2 && s->n_pre == 1) {
+        s->pre = TOK_PRE_GPT2;
+        s->n_pre = 0;
+    } else if (s->n_pre == 0) { /* no split at all: the whole text is one pre-token */
+        s->pre = TOK_PRE_REGEX;
+        s->pre_steps[s->n_pre++] =
+            (struct tok__pre_step){"(?s).+", 6, TOK_SPLIT_ISOLATED, false, false};
+    } else {
+        s->pre = TOK_PRE_REGEX;
+    }
+    return 0;
 }
 
 /* The id of an integer JSON value in 0 .. TOK_MAX_VOCAB-1. */
@@ -338,7 +461,7 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
         return rc;
     /* null or "" (GPT-2's files say "") mean none; a real affix or dropout changes tokens */
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
-    const char *unsupported = ignore_merges ? "ignore_merges" : NULL;
+    const char *unsupported = NULL;
     for (int i = 0; i < 2 && !unsupported; i++) {
         const json_t *a = json_object_get(model, affixes[i]);
         if (a && !json_is_null(a) && !is_str(a, ""))
@@ -356,6 +479,10 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
     bool dummy = false;
     if ((rc = detect_kind(what, root, &kind, &dummy)) != 0)
         return rc;
+    if (kind == TOK_SPM && ignore_merges) {
+        LOG_ERR("%s: model.ignore_merges is not supported for a SentencePiece BPE", what);
+        return ERR_UNSUPPORTED;
+    }
 
     /* ids: vocab and added tokens together must number 0 .. n-1 */
     uint32_t n = 0, id;
@@ -471,7 +598,9 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
             rc = ERR_RANGE;
             goto out;
         }
-        s.pre = TOK_PRE_GPT2;
+        if ((rc = bpe_pre(what, json_object_get(root, "pre_tokenizer"), &s)) != 0)
+            goto out;
+        s.ignore_merges = ignore_merges;
         s.n_merges = (uint32_t)nm;
         s.merge_str = malloc((nm ? 2 * nm : 1) * sizeof *s.merge_str);
         s.merge_str_len = malloc((nm ? 2 * nm : 1) * sizeof *s.merge_str_len);
@@ -486,8 +615,14 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
                                   &s.merge_str[2 * i + 1], &s.merge_str_len[2 * i + 1])) != 0)
                 goto out;
         }
-        /* GPT-2's one special token is both (tokenizer_config.json, which we do not read) */
+        /* GPT-2's one special token is both (tokenizer_config.json, which we do not read);
+         * o200k_harmony's prompts start with <|start|> and answers end at <|return|>, which
+         * its generation_config.json lists first among the eos ids */
         s.bos = s.eos = control_id(&s, "<|endoftext|>");
+        if (control_id(&s, "<|return|>") >= 0 && control_id(&s, "<|startoftext|>") >= 0) {
+            s.bos = control_id(&s, "<|startoftext|>");
+            s.eos = control_id(&s, "<|return|>");
+        }
         s.add_bos = false;
     }
     rc = tok__build(&s, out);

@@ -81,6 +81,55 @@ static int req_array(const char *what, const json_t *root, const char *key, size
     return 0;
 }
 
+/* pre_tokenizer "gpt2", or "regex" with pre_steps; ignore_merges and ranked (optional). */
+static int read_pre(const char *what, const json_t *root, struct tok__spec *s)
+{
+    int rc;
+    static const char *const flags[] = {"ignore_merges", "ranked"}; /* absent: false */
+    bool *dst[] = {&s->ignore_merges, &s->ranked};
+    for (int i = 0; i < 2; i++)
+        if (json_object_get(root, flags[i]) && (rc = req_bool(what, root, flags[i], dst[i])))
+            return rc;
+    if (strcmp(json_string_value(json_object_get(root, "pre_tokenizer")), "gpt2") == 0) {
+        s->pre = TOK_PRE_GPT2;
+        return 0;
+    }
+    s->pre = TOK_PRE_REGEX;
+    size_t n = 0;
+    const json_t *steps;
+    if ((rc = req_array(what, root, "pre_steps", &n, &steps)) != 0)
+        return rc;
+    if (n == 0 || n > TOK_PRE_MAX_STEPS) {
+        LOG_ERR("%s: pre_steps has %zu steps; 1..%d are supported", what, n,
+                TOK_PRE_MAX_STEPS);
+        return ERR_RANGE;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *st = json_array_get(steps, i);
+        const json_t *pat = json_object_get(st, "pattern");
+        const json_t *beh = json_object_get(st, "behavior");
+        const json_t *inv = json_object_get(st, "invert");
+        const json_t *lit = json_object_get(st, "literal");
+        int b = json_is_string(beh) ? tok__split_from_name(json_string_value(beh), false) : -1;
+        if (!json_is_string(pat) || b < 0 || !json_is_boolean(inv) || !json_is_boolean(lit)) {
+            LOG_ERR("%s: pre_steps[%zu] is not {\"pattern\": string, \"behavior\": isolated|"
+                    "removed|merged_with_previous|merged_with_next|contiguous, \"invert\": "
+                    "bool, \"literal\": bool}", what, i);
+            return ERR_FORMAT;
+        }
+        if (json_string_length(pat) > TOK_PRE_MAX_PATTERN) {
+            LOG_ERR("%s: pre_steps[%zu]: the pattern is %zu bytes long (limit %u)", what, i,
+                    json_string_length(pat), TOK_PRE_MAX_PATTERN);
+            return ERR_RANGE;
+        }
+        s->pre_steps[i] = (struct tok__pre_step){json_string_value(pat),
+                                                 (uint32_t)json_string_length(pat), (uint8_t)b,
+                                                 json_is_true(inv), json_is_true(lit)};
+    }
+    s->n_pre = (uint32_t)n;
+    return 0;
+}
+
 int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
 {
     if (!tok__json_is_ie(root)) {
@@ -147,8 +196,9 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
             LOG_ERR("%s: pre_tokenizer is %s, not a string", what, jfield_type(pre));
             return ERR_FORMAT;
         }
-        if (strcmp(json_string_value(pre), "gpt2") != 0) {
-            LOG_ERR("%s: pre_tokenizer \"%.64s\" is not supported (gpt2)", what,
+        if (strcmp(json_string_value(pre), "gpt2") != 0 &&
+            strcmp(json_string_value(pre), "regex") != 0) {
+            LOG_ERR("%s: pre_tokenizer \"%.64s\" is not supported (gpt2, regex)", what,
                     json_string_value(pre));
             return ERR_UNSUPPORTED;
         }
@@ -202,7 +252,8 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
             (rc = req_bool(what, root, "byte_fallback", &s.byte_fallback)) != 0)
             goto out;
     } else {
-        s.pre = TOK_PRE_GPT2;
+        if ((rc = read_pre(what, root, &s)) != 0)
+            goto out;
         size_t nm = json_array_size(merges);
         if (!(merge_ids = malloc((nm ? 2 * nm : 1) * sizeof *merge_ids))) {
             LOG_ERR("%s: out of memory for %zu merges", what, nm);
@@ -254,6 +305,24 @@ static void put(json_t *o, const char *key, json_t *v, bool *ok)
         *ok = false;
 }
 
+static json_t *pre_steps_json(const struct tok *t)
+{
+    const struct tok__pre_step *st;
+    uint32_t n = tok__pre_steps(t->rx, &st);
+    json_t *a = json_array();
+    for (uint32_t i = 0; a && i < n; i++) {
+        json_t *o = json_pack("{s:s%,s:s,s:b,s:b}", "pattern", st[i].pattern,
+                              (size_t)st[i].pattern_len, "behavior",
+                              tok__split_name(st[i].behavior, false), "invert", st[i].invert,
+                              "literal", st[i].literal);
+        if (!o || json_array_append_new(a, o) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
 int tok_save_json(const struct tok *t, char **json, size_t *len)
 {
     *json = NULL;
@@ -283,7 +352,11 @@ int tok_save_json(const struct tok *t, char **json, size_t *len)
         put(root, "remove_extra_whitespaces", json_boolean(t->remove_extra_whitespaces), &ok);
         put(root, "byte_fallback", json_boolean(t->byte_fallback), &ok);
     } else {
-        put(root, "pre_tokenizer", json_string("gpt2"), &ok);
+        put(root, "pre_tokenizer", json_string(t->pre == TOK_PRE_GPT2 ? "gpt2" : "regex"), &ok);
+        put(root, "ignore_merges", json_boolean(t->ignore_merges), &ok);
+        put(root, "ranked", json_boolean(t->ranked), &ok);
+        if (t->pre == TOK_PRE_REGEX)
+            put(root, "pre_steps", pre_steps_json(t), &ok);
     }
     for (uint32_t i = 0; i < t->n && ok; i++) {
         const struct tok__token *k = &t->tokens[i];

@@ -1,8 +1,9 @@
 /*
  * tok_load.c — tok_load / tok_load_mem: recognizing a tokenizer source, and the importers for
  * the binary ones: SentencePiece's tokenizer.model (protobuf, via protobuf-c), llama2.c's
- * tokenizer.bin, and GGUF metadata (tokenizer.ggml.*). The JSON sources are in
- * tok_hfjson.c and tok_iejson.c.
+ * tokenizer.bin, and GGUF metadata (tokenizer.ggml.*, tokenizer.ggml.pre through tok_pre.c's
+ * table of llama.cpp's names). The JSON sources are in tok_hfjson.c and tok_iejson.c,
+ * tiktoken rank files in tok_tiktoken.c.
  *
  * Each importer only reads its format and describes the vocabulary in a struct tok__spec;
  * tok__build (tok.c) validates the whole vocabulary the same way for every source. Counts read
@@ -335,18 +336,6 @@ static int load_gguf_file(const struct gguf_file *f, struct tok **out)
                 (int)(model.len > 64 ? 64 : model.len), model.ptr);
         return ERR_UNSUPPORTED;
     }
-    if (kind == TOK_BPE) {
-        struct gguf_str pre;
-        rc = gguf_get_str(f, "tokenizer.ggml.pre", &pre);
-        if (rc != 0 && rc != ERR_NOT_FOUND)
-            return rc;
-        if (rc == 0 && !gguf_str_eq(pre, "gpt-2")) {
-            LOG_ERR("%s: tokenizer.ggml.pre '%.*s' is not supported (only gpt-2's "
-                    "pre-tokenizer is implemented)", what,
-                    (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
-            return ERR_UNSUPPORTED;
-        }
-    }
     const struct gguf_kv *toks, *scores, *types, *merges = NULL;
     if ((rc = gguf_array(f, "tokenizer.ggml.tokens", 0, true, &toks)) != 0)
         return rc;
@@ -446,7 +435,19 @@ static int load_gguf_file(const struct gguf_file *f, struct tok **out)
         for (uint32_t i = 0; i < n; i++) /* llama.cpp falls back to bytes when it has them */
             s.byte_fallback |= s.type[i] == TOK_BYTE;
     } else {
+        /* the pre-tokenizer llama.cpp derives from the name (absent: GPT-2's, as before) */
+        struct gguf_str pre;
+        rc = gguf_get_str(f, "tokenizer.ggml.pre", &pre);
+        if (rc != 0 && rc != ERR_NOT_FOUND)
+            goto out;
         s.pre = TOK_PRE_GPT2;
+        if (rc == 0 && tok__pre_by_name(pre.ptr, (size_t)pre.len, &s.pre, s.pre_steps,
+                                        &s.n_pre, &s.ignore_merges) != 0) {
+            LOG_ERR("%s: tokenizer.ggml.pre '%.*s' is not a pre-tokenizer we know (known: %s)",
+                    what, (int)(pre.len > 64 ? 64 : pre.len), pre.ptr, tok__pre_known);
+            rc = ERR_UNSUPPORTED;
+            goto out;
+        }
         s.n_merges = (uint32_t)merges->arr_n;
         size_t m = s.n_merges ? 2 * (size_t)s.n_merges : 1;
         s.merge_str = malloc(m * sizeof *s.merge_str);
@@ -536,8 +537,10 @@ static int load_mem(const void *buf, size_t len, const char *kind, const char *w
         return load_json(buf, len, what, 0, out);
     if (strcmp(kind, "ie-json") == 0)
         return load_json(buf, len, what, 1, out);
+    if (strcmp(kind, "tiktoken") == 0)
+        return tok__load_tiktoken(buf, len, what, out);
     LOG_ERR("%s: unknown tokenizer format '%s' (gguf, spm-model, hf-json, llama2c-bin, "
-            "ie-json)", what, kind);
+            "ie-json, tiktoken)", what, kind);
     return ERR_USAGE;
 }
 
@@ -619,13 +622,16 @@ int tok_load(const char *path, struct tok **out)
         kind = "json"; /* ie or Hugging Face: the document says which */
     else if (ends_with(path, ".bin"))
         kind = "llama2c-bin";
+    else if (ends_with(path, ".tiktoken"))
+        kind = "tiktoken";
     else if (ends_with(path, ".model") || (len > 0 && buf[0] == 0x0A))
         kind = "spm-model"; /* 0x0A: ModelProto's first field, the pieces */
     else
         kind = NULL;
     if (!kind) {
         LOG_ERR("%s: cannot tell the tokenizer format (expected a .gguf, tokenizer.model, "
-                "tokenizer.json, tokenizer.bin or an IEBIN model directory)", path);
+                "tokenizer.json, tokenizer.bin, a .tiktoken rank file or an IEBIN model directory)",
+                path);
         rc = ERR_UNSUPPORTED;
     } else if (strcmp(kind, "json") == 0) {
         rc = load_json(buf, len, path, -1, out);

@@ -8,6 +8,8 @@
  *   tok_spm.c     SentencePiece BPE encoding (merges by piece score)
  *   tok_bpe.c     byte-level BPE encoding (GPT-2 pre-tokenizer, merges by rank)
  *   tok_unicode.c UTF-8 and the Unicode classes of the pre-tokenizer
+ *   tok_pre.c     the regex pre-tokenizers (PCRE2): compiled steps, splitting, GGUF names
+ *   tok_tiktoken.c tiktoken rank files (*.tiktoken) and the specials of known encodings
  *   tok_load.c    tok_load/tok_load_mem dispatch; tokenizer.model, tokenizer.bin, GGUF
  *   tok_hfjson.c  Hugging Face tokenizer.json
  *   tok_iejson.c  tokenizer.ie.json (load and save)
@@ -22,8 +24,31 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The pre-tokenizer of a byte-level BPE vocabulary (only GPT-2's regex so far). */
-enum tok_pre { TOK_PRE_NONE = 0, TOK_PRE_GPT2 = 1 };
+/* The pre-tokenizer of a byte-level BPE vocabulary: GPT-2's regex written by hand
+ * (tok_bpe.c), or a sequence of regex split steps run by PCRE2 (tok_pre.c). */
+enum tok_pre { TOK_PRE_NONE = 0, TOK_PRE_GPT2 = 1, TOK_PRE_REGEX = 2 };
+
+/* What a split step does with the pieces its regex matches (Hugging Face's
+ * SplitDelimiterBehavior); the values are stored nowhere, the names are. */
+enum tok_split {
+    TOK_SPLIT_ISOLATED = 0,    /* matches and the gaps between them are pieces */
+    TOK_SPLIT_REMOVED,         /* gaps are pieces, matches dropped */
+    TOK_SPLIT_MERGED_PREV,     /* a match joins the piece before it */
+    TOK_SPLIT_MERGED_NEXT,     /* a match joins the piece after it */
+    TOK_SPLIT_CONTIGUOUS,      /* consecutive matches form one piece */
+};
+#define TOK_PRE_MAX_STEPS 16
+#define TOK_PRE_MAX_PATTERN 8192u /* bytes of one pattern */
+
+/* One split step as a source declares it (borrowed strings). */
+struct tok__pre_step {
+    const char *pattern;  /* PCRE2 syntax (UTF, UCP); a literal string when literal */
+    uint32_t pattern_len;
+    uint8_t behavior;     /* enum tok_split */
+    bool invert;          /* the pattern describes the pieces, not the delimiters */
+    bool literal;
+};
+struct tok__pre_rx; /* compiled steps (tok_pre.c) */
 
 struct tok__token {
     uint32_t str_off;  /* vocabulary string in tok.strs, NUL-terminated */
@@ -67,6 +92,9 @@ struct tok {
 
     /* byte-level BPE */
     enum tok_pre pre;
+    struct tok__pre_rx *rx;    /* TOK_PRE_REGEX: the compiled steps */
+    bool ignore_merges;        /* a pre-token that is itself a token is not merged */
+    bool ranked;               /* tiktoken: a pair's rank is the id of its concatenation */
     uint32_t n_merges;
     struct tok__merge *merges; /* [n_merges] by rank */
     uint64_t *merge_keys;      /* (left << 32 | right) + 1, 0 = empty; [merge_mask + 1] */
@@ -75,6 +103,7 @@ struct tok {
     int32_t byte_char_id[256]; /* the token spelling each byte (one byte-level character) */
 
     struct tok__trie user;     /* user-defined tokens, when any */
+    struct tok__trie special;  /* control tokens, matched in text only when asked */
 };
 
 /*
@@ -95,6 +124,10 @@ struct tok__spec {
     bool add_bos;
     bool add_dummy_prefix, remove_extra_whitespaces, byte_fallback; /* SPM */
     enum tok_pre pre;      /* BPE */
+    uint32_t n_pre;        /* TOK_PRE_REGEX: the steps, applied in order */
+    struct tok__pre_step pre_steps[TOK_PRE_MAX_STEPS];
+    bool ignore_merges;
+    bool ranked;           /* no merges: ranks are ids (tiktoken); see tok.ranked */
     uint32_t n_merges;
     const char **merge_str;    /* [2 * n_merges]: left, right */
     uint32_t *merge_str_len;   /* [2 * n_merges] */
@@ -115,6 +148,10 @@ int32_t tok__find(const struct tok *t, const char *p, size_t len);
 int64_t tok__merge_rank(const struct tok *t, int32_t left, int32_t right);
 /* Longest user-defined token that prefixes p[0..len): its id and byte length, or -1. */
 int32_t tok__match_user(const struct tok *t, const char *p, size_t len, size_t *match_len);
+/* Same over the control tokens (tok_encode_ex's TOK_ENC_SPECIAL). */
+int32_t tok__match_special(const struct tok *t, const char *p, size_t len, size_t *match_len);
+/* The token whose string is a's followed by b's, or -1 (tiktoken's pair lookup). */
+int32_t tok__find_cat(const struct tok *t, int32_t a, int32_t b);
 
 /* Names of enum tok_type in documents ("normal", ...); NULL for an invalid value. */
 const char *tok__type_name(int type);
@@ -133,6 +170,39 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out);
  * there is none or a side is empty. */
 bool tok__split_merge(const char *s, size_t len, const char **left, uint32_t *left_len,
                       const char **right, uint32_t *right_len);
+
+/* ---- regex pre-tokenizers (tok_pre.c) ---- */
+/* Compiles the steps (UTF, UCP, JIT when available), copying the patterns. ERR_FORMAT naming
+ * the step and the offset of a pattern PCRE2 refuses; -ENOMEM. Logged. */
+int tok__pre_compile(const char *what, const struct tok__pre_step *steps, uint32_t n,
+                     struct tok__pre_rx **out);
+void tok__pre_free(struct tok__pre_rx *rx);
+/* The steps of a compiled pre-tokenizer (patterns NUL-terminated, owned by rx). */
+uint32_t tok__pre_steps(const struct tok__pre_rx *rx, const struct tok__pre_step **steps);
+/* Receives each pre-token of a split, in order; non-zero stops the split with that code. */
+typedef int (*tok__piece_fn)(void *arg, const char *p, size_t n);
+/* Splits valid UTF-8 text into pre-tokens. A match that exceeds PCRE2's limits makes its
+ * first character a piece (warned once per call), so hostile text costs bounded time and
+ * still encodes. 0, -ENOMEM, or fn's code. */
+int tok__pre_split(const struct tok__pre_rx *rx, const char *p, size_t n, tok__piece_fn fn,
+                   void *arg);
+/* The pre-tokenizer of a GGUF tokenizer.ggml.pre name, as llama.cpp maps it: *kind =
+ * TOK_PRE_GPT2 (hand-written) or TOK_PRE_REGEX with *n steps written to steps (static
+ * patterns), and whether llama.cpp ignores merges for it. ERR_UNSUPPORTED (not logged) for a
+ * name not in the table. */
+int tok__pre_by_name(const char *name, size_t len, enum tok_pre *kind,
+                     struct tok__pre_step *steps, uint32_t *n, bool *ignore_merges);
+/* The GGUF names tok__pre_by_name knows, for messages. */
+extern const char tok__pre_known[];
+/* Names of enum tok_split ("isolated", ...) as tokenizer.ie.json and tokenizer.json spell
+ * them (json: Hugging Face's "Isolated", ...); -1 / NULL when unknown. */
+int tok__split_from_name(const char *name, bool hf);
+const char *tok__split_name(int behavior, bool hf);
+/* GPT-2's pattern (ByteLevel's use_regex), for a regex step list. */
+extern const char tok__gpt2_pattern[];
+
+/* ---- tiktoken rank files (tok_tiktoken.c) ---- */
+int tok__load_tiktoken(const void *buf, size_t len, const char *what, struct tok **out);
 
 /* ---- growable id array used by the encoders ---- */
 struct tok__ids {

@@ -1,0 +1,727 @@
+/*
+ * http.c — the OpenAI-compatible API (contract: http.h): routes, the request's life
+ * (body -> checked request -> gateway call -> JSON reply or SSE stream), error objects.
+ *
+ * Life of a generation request (struct hreq, MHD's per-connection closure):
+ *   BODY: the handler accumulates the upload (at most http.max_body_bytes, else 413);
+ *   WAIT: the call is submitted (gw_ext_generate) and the connection suspended; each wake-up
+ *         from the gateway resumes it and the handler looks again: an error becomes the error
+ *         object, a finished non-streamed call its reply, a streamed one's first output starts
+ *         the SSE response (so a prompt too long is a 413, not an error inside a 200 stream);
+ *   STREAM: MHD pulls the body through sse_reader, which suspends when nothing is pending.
+ * A client that hangs up while suspended is noticed by http_srv's watch (gone()): the call is
+ * released at once (the workers cancel it, freeing its KV blocks); one gone while MHD is
+ * writing ends the request, and the completion callback releases it.
+ */
+#include "http.h"
+
+#include "auth.h"
+#include "config.h"
+#include "err.h"
+#include "gw_internal.h"
+#include "http_oai.h"
+#include "http_srv.h"
+#include "log.h"
+#include "mono.h"
+#include "workers.h"
+
+#include <errno.h>
+#include <grpc/status.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+
+#define HTTP_MAGIC 0x48545450u /* "HTTP" */
+
+struct http {
+    uint32_t magic;
+    struct workers *w;
+    struct gw *g;
+    struct http_srv *srv;
+    uint32_t max_body;
+};
+
+enum hreq_route { R_NONE, R_COMPLETIONS, R_CHAT };
+enum hreq_phase { P_BODY, P_WAIT, P_STREAM };
+
+/* One choice of a reply: the text taken from the gateway so far. */
+struct choice {
+    char *text;
+    size_t len, cap;
+    size_t sent;           /* bytes of text already streamed */
+    struct gw_ext_state st;
+    bool role_sent, final_sent;
+};
+
+struct hreq {
+    struct http_srv_susp susp; /* first: gone() gets it */
+    struct http *h;
+    enum hreq_route route;
+    enum hreq_phase phase;
+    char *body;
+    size_t body_len, body_cap;
+    bool too_big;
+    struct http_oai_req req;
+    struct gw_call *call;
+    bool gone;
+    struct choice *choices;
+    char id[40];
+    char model[128];
+    time_t created;
+    /* SSE output not yet handed to MHD */
+    char *out;
+    size_t out_len, out_off, out_cap;
+    bool done_sent;
+};
+
+/* ---- responses ---- */
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *ctype,
+                             char *body, size_t len, const char *retry_after)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (retry_after)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, retry_after);
+    if (status == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result rc = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static enum MHD_Result reply_json(struct MHD_Connection *conn, unsigned status, json_t *j,
+                                  const char *retry_after)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s)
+        return MHD_NO;
+    return reply(conn, status, "application/json", s, strlen(s), retry_after);
+}
+
+static const char *error_type(unsigned status)
+{
+    switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable";
+    case 500: return "server_error";
+    default: return "invalid_request_error";
+    }
+}
+
+static json_t *error_object(unsigned status, const char *param, const char *code,
+                            const char *msg)
+{
+    json_t *e = json_pack("{s:s, s:s}", "message", msg, "type", error_type(status));
+    if (!e)
+        return NULL;
+    json_object_set_new(e, "param", param && *param ? json_string(param) : json_null());
+    json_object_set_new(e, "code", code ? json_string(code) : json_null());
+    return json_pack("{s:o}", "error", e);
+}
+
+/* OpenAI's error object: {"error": {"message", "type", "param", "code"}}. */
+static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status,
+                                   const char *param, const char *code, const char *fmt, ...)
+{
+    char msg[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return reply_json(conn, status, error_object(status, param, code, msg),
+                      status == 429 ? "1" : NULL);
+}
+
+/* The parameter a gateway message names ("sampling.top_p: ..." -> "top_p"). */
+static void param_of(const char *msg, bool chat, char *out, size_t cap)
+{
+    size_t n = strcspn(msg, ":[ ");
+    snprintf(out, cap, "%.*s", (int)n, msg);
+    if (strncmp(out, "sampling.", 9) == 0)
+        memmove(out, out + 9, strlen(out + 9) + 1);
+    if (strcmp(out, "prompt") == 0 && chat)
+        snprintf(out, cap, "messages");
+    else if (strcmp(out, "adapter") == 0)
+        snprintf(out, cap, "model");
+    else if (strcmp(out, "prompt_ids") == 0)
+        snprintf(out, cap, "prompt");
+}
+
+/* A gateway status as an HTTP error. */
+static enum MHD_Result reply_status(struct hreq *r, struct MHD_Connection *conn, int st,
+                                    const char *msg)
+{
+    char param[64];
+    bool chat = r->route == R_CHAT;
+    switch (st) {
+    case GRPC_STATUS_INVALID_ARGUMENT:
+        param_of(msg, chat, param, sizeof param);
+        if (strcmp(param, chat ? "messages" : "prompt") == 0 && strstr(msg, "the limit is"))
+            return reply_error(conn, 413, param, "context_length_exceeded", "%s", msg);
+        return reply_error(conn, 400, param, NULL, "%s",
+                           strncmp(msg, "sampling.", 9) == 0 ? msg + 9 : msg);
+    case GRPC_STATUS_NOT_FOUND:
+        return reply_error(conn, 404, "model", "model_not_found",
+                           "The model `%s` does not exist or you do not have access to it.",
+                           r->model);
+    case GRPC_STATUS_UNAUTHENTICATED:
+        return reply_error(conn, 401, NULL, "invalid_api_key", "%s", msg);
+    case GRPC_STATUS_PERMISSION_DENIED: return reply_error(conn, 403, NULL, NULL, "%s", msg);
+    case GRPC_STATUS_RESOURCE_EXHAUSTED:
+        return reply_error(conn, 429, NULL, "rate_limit_exceeded", "%s", msg);
+    case GRPC_STATUS_UNAVAILABLE:
+        /* draining, or no worker up: 503; a full queue or ring: 429, retry soon */
+        if (!atomic_load(&r->h->g->accepting) || strstr(msg, "draining") ||
+            strstr(msg, "no worker") || strstr(msg, "stopping"))
+            return reply_error(conn, 503, NULL, NULL, "%s", msg);
+        return reply_error(conn, 429, NULL, "rate_limit_exceeded", "%s", msg);
+    default: return reply_error(conn, 500, NULL, NULL, "%s", msg);
+    }
+}
+
+/* ---- GET /v1/models ---- */
+
+static enum MHD_Result do_models(struct http *h, struct MHD_Connection *conn,
+                                 const struct config_tenant *t)
+{
+    struct gw_model_info mi;
+    if (!gw__model(h->g, &mi))
+        return reply_error(conn, 503, NULL, NULL, "no worker has loaded the model yet");
+    json_t *data = json_array();
+    json_t *root = json_pack("{s:s, s:o}", "object", "list", "data", data);
+    if (!root)
+        return MHD_NO;
+    json_int_t now = (json_int_t)time(NULL);
+    json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", mi.name, "object",
+                                          "model", "created", now, "owned_by", "clocher",
+                                          "max_model_len", (json_int_t)mi.context_length));
+    struct gw *g = h->g;
+    pthread_mutex_lock(&g->adapters_mu);
+    for (size_t i = 0; i < g->n_adapters; i++) {
+        const struct gw_adapter *a = &g->adapters[i];
+        if (a->unloaded || (t && !config_tenant_allows(t, a->name)))
+            continue;
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id", a->name,
+                                              "object", "model", "created", now, "owned_by",
+                                              "clocher", "parent", mi.name, "root",
+                                              a->name));
+    }
+    pthread_mutex_unlock(&g->adapters_mu);
+    return reply_json(conn, 200, root, NULL);
+}
+
+/* ---- generation replies ---- */
+
+static const char *finish_reason(const struct gw_ext_state *st)
+{
+    if (!st->finished)
+        return NULL;
+    return st->fin.reason == SHM_FINISH_LENGTH || st->fin.reason == SHM_FINISH_CONTEXT
+               ? "length" : "stop";
+}
+
+static json_t *usage_of(const struct hreq *r)
+{
+    uint64_t completion = 0;
+    for (size_t i = 0; i < r->req.n; i++)
+        completion += r->choices[i].st.fin.completion_tokens;
+    const struct shm_msg_finish *f = &r->choices[0].st.fin;
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)f->prompt_tokens,
+                     "completion_tokens", (json_int_t)completion, "total_tokens",
+                     (json_int_t)(f->prompt_tokens + completion), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)f->cached_tokens);
+}
+
+static json_t *text_value(const char *s, size_t n)
+{
+    json_t *v = json_stringn(s, n);
+    return v ? v : json_string("\xef\xbf\xbd"); /* not UTF-8: never expected from a worker */
+}
+
+static json_t *envelope(const struct hreq *r, bool chunk)
+{
+    const char *object = r->route == R_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                            : "text_completion";
+    return json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", r->id, "object", object, "created",
+                     (json_int_t)r->created, "model", r->model, "choices");
+}
+
+static enum MHD_Result reply_complete(struct hreq *r, struct MHD_Connection *conn)
+{
+    json_t *root = envelope(r, false);
+    if (!root)
+        return MHD_NO;
+    json_t *choices = json_object_get(root, "choices");
+    for (size_t i = 0; i < r->req.n; i++) {
+        struct choice *c = &r->choices[i];
+        json_t *ch = json_pack("{s:I, s:s?, s:n}", "index", (json_int_t)i, "finish_reason",
+                               finish_reason(&c->st), "logprobs");
+        if (r->route == R_CHAT)
+            json_object_set_new(ch, "message",
+                                json_pack("{s:s, s:o}", "role", "assistant", "content",
+                                          text_value(c->text ? c->text : "", c->len)));
+        else
+            json_object_set_new(ch, "text", text_value(c->text ? c->text : "", c->len));
+        json_array_append_new(choices, ch);
+    }
+    json_object_set_new(root, "usage", usage_of(r));
+    return reply_json(conn, 200, root, NULL);
+}
+
+/* Takes what every choice has produced. */
+static int take_all(struct hreq *r)
+{
+    atomic_store(&r->susp.wake, false);
+    for (size_t i = 0; i < r->req.n; i++) {
+        struct choice *c = &r->choices[i];
+        if (gw_ext_take(r->call, i, &c->text, &c->len, &c->cap, &c->st) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* ---- SSE ---- */
+
+static int out_add(struct hreq *r, const char *s, size_t n)
+{
+    if (r->out_len + n > r->out_cap) {
+        size_t nc = r->out_cap ? r->out_cap : 1024;
+        while (nc < r->out_len + n)
+            nc *= 2;
+        char *p = realloc(r->out, nc);
+        if (!p)
+            return -ENOMEM;
+        r->out = p, r->out_cap = nc;
+    }
+    memcpy(r->out + r->out_len, s, n);
+    r->out_len += n;
+    return 0;
+}
+
+static int out_event(struct hreq *r, json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s)
+        return -ENOMEM;
+    int rc = out_add(r, "data: ", 6);
+    if (!rc)
+        rc = out_add(r, s, strlen(s));
+    if (!rc)
+        rc = out_add(r, "\n\n", 2);
+    free(s);
+    return rc;
+}
+
+/* One chunk of choice i: its new text and/or its finish reason. */
+static json_t *chunk_of(struct hreq *r, size_t i, const char *text, size_t n, bool role,
+                        const char *finish)
+{
+    json_t *root = envelope(r, true);
+    json_t *ch = json_pack("{s:I, s:s?, s:n}", "index", (json_int_t)i, "finish_reason", finish,
+                           "logprobs");
+    if (!root || !ch) {
+        json_decref(root), json_decref(ch);
+        return NULL;
+    }
+    if (r->route == R_CHAT) {
+        json_t *delta = json_object();
+        if (role)
+            json_object_set_new(delta, "role", json_string("assistant"));
+        if (n || role)
+            json_object_set_new(delta, "content", text_value(text, n));
+        json_object_set_new(ch, "delta", delta);
+    } else {
+        json_object_set_new(ch, "text", text_value(text, n));
+    }
+    json_array_append_new(json_object_get(root, "choices"), ch);
+    return root;
+}
+
+/* Turns what the choices have into events (out). */
+static int sse_fill(struct hreq *r)
+{
+    int rc = take_all(r);
+    bool all_final = true;
+    for (size_t i = 0; !rc && i < r->req.n; i++) {
+        struct choice *c = &r->choices[i];
+        if (c->final_sent)
+            continue;
+        bool role = r->route == R_CHAT && !c->role_sent;
+        if (c->len > c->sent || role) {
+            rc = out_event(r, chunk_of(r, i, c->text + c->sent, c->len - c->sent, role, NULL));
+            c->sent = c->len;
+            c->role_sent = true;
+        }
+        if (!rc && c->st.done) {
+            if (c->st.status)
+                rc = out_event(r, error_object(c->st.status == GRPC_STATUS_UNAVAILABLE ? 503 : 500,
+                                               NULL, NULL, c->st.error));
+            else
+                rc = out_event(r, chunk_of(r, i, "", 0, false, finish_reason(&c->st)));
+            c->final_sent = true;
+        }
+        all_final &= c->final_sent;
+    }
+    if (!rc && all_final && !r->done_sent) {
+        if (r->req.include_usage) {
+            json_t *u = envelope(r, true);
+            if (u)
+                json_object_set_new(u, "usage", usage_of(r));
+            rc = out_event(r, u);
+        }
+        if (!rc)
+            rc = out_add(r, "data: [DONE]\n\n", 14);
+        r->done_sent = true;
+    }
+    return rc;
+}
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    struct hreq *r = cls;
+    if (r->gone || !r->call)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (r->out_off == r->out_len) {
+        r->out_off = r->out_len = 0;
+        if (!r->done_sent && sse_fill(r) < 0)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (r->out_off < r->out_len) {
+        size_t n = r->out_len - r->out_off < max ? r->out_len - r->out_off : max;
+        memcpy(buf, r->out + r->out_off, n);
+        r->out_off += n;
+        return (ssize_t)n;
+    }
+    if (r->done_sent)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    http_srv_suspend(r->h->srv, &r->susp);
+    return 0;
+}
+
+/* ---- generations ---- */
+
+static void on_changed(void *ud)
+{
+    struct hreq *r = ud;
+    http_srv_wake(r->h->srv, &r->susp);
+}
+
+static void on_gone(struct http_srv_susp *s)
+{
+    struct hreq *r = (struct hreq *)s;
+    r->gone = true;
+    if (r->call) {
+        gw_ext_release(r->call); /* cancels what the workers still run */
+        r->call = NULL;
+    }
+}
+
+/* The chat prompt. The seam for models with a template of their own: gpt-oss's harmony
+ * format is rendered by worker/tok/harmony.c once the worker takes messages; until then every
+ * model gets the plain template. */
+static char *render_chat(const struct gw_model_info *mi, const struct http_oai_req *q)
+{
+    (void)mi;
+    return http_oai_render_plain(q);
+}
+
+static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *conn)
+{
+    struct http *h = r->h;
+    char param[64], msg[512];
+    int rc = http_oai_parse(r->body ? r->body : "", r->body_len, r->route == R_CHAT, &r->req,
+                            param, sizeof param, msg, sizeof msg);
+    if (rc == -ENOMEM)
+        return reply_error(conn, 500, NULL, NULL, "out of memory");
+    if (rc < 0)
+        return reply_error(conn, 400, param, rc == ERR_UNSUPPORTED ? "unsupported_parameter" : NULL,
+                           "%s", msg);
+    snprintf(r->model, sizeof r->model, "%s", r->req.model);
+    struct gw_model_info mi;
+    if (!gw__model(h->g, &mi))
+        return reply_error(conn, 503, NULL, NULL, "no worker has loaded the model yet");
+    /* `model` is the base model's name or an adapter's (vLLM's convention) */
+    const char *adapter = strcmp(r->req.model, mi.name) == 0 ? NULL : r->req.model;
+    char *chat_prompt = NULL;
+    if (r->route == R_CHAT && !(chat_prompt = render_chat(&mi, &r->req)))
+        return reply_error(conn, 500, NULL, NULL, "out of memory");
+    if (!(r->choices = calloc(r->req.n, sizeof *r->choices))) {
+        free(chat_prompt);
+        return reply_error(conn, 500, NULL, NULL, "out of memory");
+    }
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
+        rnd = mono_ns();
+    snprintf(r->id, sizeof r->id, "%s-%016" PRIx64, r->route == R_CHAT ? "chatcmpl" : "cmpl", rnd);
+    r->created = time(NULL);
+
+    /* the request as the gRPC API would carry it: one per choice (seed + i when given) */
+    Clocher__V1__GenerateRequest gr[HTTP_OAI_MAX_N], *grp[HTTP_OAI_MAX_N];
+    Clocher__V1__SamplingParams sp[HTTP_OAI_MAX_N];
+    Clocher__V1__TokenIds ids = CLOCHER__V1__TOKEN_IDS__INIT;
+    ids.ids = r->req.prompt_ids;
+    ids.n_ids = r->req.n_prompt_ids;
+    for (uint32_t i = 0; i < r->req.n; i++) {
+        Clocher__V1__GenerateRequest g0 = CLOCHER__V1__GENERATE_REQUEST__INIT;
+        Clocher__V1__SamplingParams s0 = CLOCHER__V1__SAMPLING_PARAMS__INIT;
+        gr[i] = g0, sp[i] = s0, grp[i] = &gr[i];
+        if (r->req.n_prompt_ids) {
+            gr[i].input_case = CLOCHER__V1__GENERATE_REQUEST__INPUT_PROMPT_IDS;
+            gr[i].prompt_ids = &ids;
+        } else {
+            gr[i].input_case = CLOCHER__V1__GENERATE_REQUEST__INPUT_PROMPT;
+            gr[i].prompt = chat_prompt ? chat_prompt : r->req.prompt;
+        }
+        gr[i].adapter = (char *)adapter;
+        sp[i].has_temperature = r->req.has_temperature;
+        sp[i].temperature = r->req.temperature;
+        sp[i].has_top_p = r->req.has_top_p;
+        sp[i].top_p = r->req.top_p;
+        sp[i].has_seed = r->req.has_seed;
+        sp[i].seed = r->req.seed + i;
+        gr[i].sampling = &sp[i];
+        gr[i].has_max_tokens = r->req.has_max_tokens;
+        gr[i].max_tokens = r->req.max_tokens;
+        gr[i].n_stop = r->req.n_stop;
+        gr[i].stop = r->req.stop;
+    }
+    const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                   MHD_HTTP_HEADER_AUTHORIZATION);
+    rc = gw_ext_generate(h->g, auth, auth ? strlen(auth) : 0, grp, r->req.n, on_changed, r,
+                         &r->call);
+    free(chat_prompt);
+    if (rc < 0)
+        return reply_error(conn, 500, NULL, NULL, "out of memory");
+    r->phase = P_WAIT;
+    http_srv_suspend(h->srv, &r->susp);
+    return MHD_YES;
+}
+
+/* WAIT: a wake-up (or the first look): answer, start streaming, or wait on. */
+static enum MHD_Result advance(struct hreq *r, struct MHD_Connection *conn)
+{
+    if (r->gone || !r->call)
+        return MHD_NO;
+    if (take_all(r) < 0)
+        return reply_error(conn, 500, NULL, NULL, "out of memory");
+    bool all_done = true, any_output = false;
+    for (size_t i = 0; i < r->req.n; i++) {
+        const struct choice *c = &r->choices[i];
+        all_done &= c->st.done;
+        any_output |= c->len > 0 || c->st.tokens > 0;
+    }
+    /* a failure before anything was produced is the reply's status */
+    for (size_t i = 0; i < r->req.n; i++) {
+        const struct choice *c = &r->choices[i];
+        if (c->st.done && c->st.status && (!r->req.stream || !any_output))
+            return reply_status(r, conn, c->st.status, c->st.error);
+    }
+    if (!r->req.stream) {
+        if (all_done)
+            return reply_complete(r, conn);
+        http_srv_suspend(r->h->srv, &r->susp);
+        return MHD_YES;
+    }
+    bool any_done = false;
+    for (size_t i = 0; i < r->req.n; i++)
+        any_done |= r->choices[i].st.done;
+    if (!any_output && !any_done) {
+        http_srv_suspend(r->h->srv, &r->susp);
+        return MHD_YES;
+    }
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, r, NULL);
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    r->phase = P_STREAM;
+    enum MHD_Result rc = MHD_queue_response(conn, 200, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+/* ---- the handler ---- */
+
+static int body_add(struct hreq *r, const char *data, size_t n)
+{
+    if (r->too_big || r->body_len + n > r->h->max_body) {
+        r->too_big = true;
+        return 0;
+    }
+    if (r->body_len + n + 1 > r->body_cap) {
+        size_t nc = r->body_cap ? r->body_cap : 4096;
+        while (nc < r->body_len + n + 1)
+            nc *= 2;
+        char *p = realloc(r->body, nc);
+        if (!p)
+            return -ENOMEM;
+        r->body = p, r->body_cap = nc;
+    }
+    memcpy(r->body + r->body_len, data, n);
+    r->body_len += n;
+    r->body[r->body_len] = '\0';
+    return 0;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    (void)version;
+    struct http *h = cls;
+    struct hreq *r = *con_cls;
+    if (!r) {
+        /* the head came: route it; generations get a closure for their body */
+        bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
+                   strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+        bool post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+        if (strcmp(url, "/health") == 0 || strcmp(url, "/healthz") == 0) {
+            if (!get)
+                return reply_error(conn, 405, NULL, NULL, "%s: use GET", url);
+            bool ok = gw__health(h->g) ==
+                      GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+            char *s = strdup(ok ? "serving\n" : "not serving\n");
+            return s ? reply(conn, ok ? 200 : 503, "text/plain", s, strlen(s), NULL) : MHD_NO;
+        }
+        enum hreq_route route = strcmp(url, "/v1/completions") == 0        ? R_COMPLETIONS
+                                : strcmp(url, "/v1/chat/completions") == 0 ? R_CHAT
+                                                                           : R_NONE;
+        if (route == R_NONE && strcmp(url, "/v1/models") != 0)
+            return reply_error(conn, 404, NULL, NULL, "%s: no such endpoint (this server has "
+                               "/v1/models, /v1/completions, /v1/chat/completions)", url);
+        if (route == R_NONE ? !get : !post)
+            return reply_error(conn, 405, NULL, NULL, "%s: use %s", url,
+                               route == R_NONE ? "GET" : "POST");
+        /* the key first: an unauthenticated caller learns nothing else */
+        const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                       MHD_HTTP_HEADER_AUTHORIZATION);
+        struct config *cfg = config_ptr_get(h->w->config);
+        const struct config_tenant *t = NULL;
+        int rc = auth_tenant(cfg, auth, auth ? strlen(auth) : 0, &t);
+        enum MHD_Result res = MHD_YES;
+        if (rc < 0)
+            res = reply_error(conn, 401, NULL, "invalid_api_key",
+                              rc == ERR_FORMAT ? "missing API key: send \"Authorization: Bearer "
+                                                 "<key>\""
+                                               : "unknown API key");
+        else if (route == R_NONE)
+            res = do_models(h, conn, t);
+        config_unref(cfg);
+        if (rc < 0 || route == R_NONE)
+            return res;
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > h->max_body)
+            return reply_error(conn, 413, NULL, NULL, "the body is %s bytes, the limit is %" PRIu32
+                               " (http.max_body_bytes)", cl, h->max_body);
+        if (!(r = calloc(1, sizeof *r)))
+            return MHD_NO;
+        r->h = h;
+        r->route = route;
+        r->susp.conn = conn;
+        r->susp.gone = on_gone;
+        *con_cls = r;
+        return MHD_YES;
+    }
+    if (r->phase == P_BODY) {
+        if (*upload_data_size) {
+            int rc = body_add(r, upload_data, *upload_data_size);
+            *upload_data_size = 0;
+            return rc < 0 ? MHD_NO : MHD_YES;
+        }
+        if (r->too_big)
+            return reply_error(conn, 413, NULL, NULL, "the body is larger than %" PRIu32
+                               " bytes (http.max_body_bytes)", h->max_body);
+        return start_generation(r, conn);
+    }
+    if (r->phase == P_WAIT)
+        return advance(r, conn);
+    return MHD_YES;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)conn, (void)toe;
+    struct http *h = cls;
+    struct hreq *r = *con_cls;
+    if (!r)
+        return;
+    *con_cls = NULL;
+    http_srv_forget(h->srv, &r->susp);
+    if (r->call)
+        gw_ext_release(r->call);
+    if (r->choices)
+        for (size_t i = 0; i < r->req.n; i++)
+            free(r->choices[i].text);
+    free(r->choices);
+    http_oai_free(&r->req);
+    free(r->body);
+    free(r->out);
+    free(r);
+}
+
+int http_create(struct workers *w, struct gw *g, uv_loop_t *loop, struct http **out)
+{
+    *out = NULL;
+    struct config *cfg = config_ptr_get(w->config);
+    if (!cfg->http_listen) {
+        config_unref(cfg);
+        return 0;
+    }
+    struct http *h = calloc(1, sizeof *h);
+    if (!h) {
+        config_unref(cfg);
+        LOG_ERR("HTTP API: out of memory");
+        return -ENOMEM;
+    }
+    h->magic = HTTP_MAGIC;
+    h->w = w;
+    h->g = g;
+    h->max_body = cfg->http_max_body_bytes;
+    struct http_srv_opts o = {.what = "HTTP API", .hostport = cfg->http_listen,
+                              .max_connections = cfg->http_max_connections,
+                              .timeout_s = cfg->http_timeout_s, .handler = on_request,
+                              .completed = on_completed, .ud = h};
+    int rc = http_srv_create(loop, &o, &h->srv);
+    config_unref(cfg);
+    if (rc < 0) {
+        free(h);
+        return rc;
+    }
+    *out = h;
+    return 0;
+}
+
+void http_destroy(struct http *h)
+{
+    if (!h)
+        return;
+    http_srv_destroy(h->srv); /* runs on_completed for every request still open */
+    h->magic = 0;
+    free(h);
+}
+
+int http_port(const struct http *h) { return h ? http_srv_port(h->srv) : 0; }

@@ -1,0 +1,357 @@
+/*
+ * http_oai.c — an OpenAI-style request body read and checked with jansson (see http_oai.h).
+ */
+#include "http_oai.h"
+
+#include "err.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HTTP_OAI_MAX_DEPTH 64 /* jansson parses recursively: a body nested deeper is refused */
+
+static int refuse(int rc, char *param, size_t pcap, const char *p, char *msg, size_t cap,
+                  const char *fmt, ...)
+{
+    snprintf(param, pcap, "%s", p);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, cap, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+#define BAD(p, ...) refuse(ERR_FORMAT, param, pcap, p, msg, cap, __VA_ARGS__)
+#define UNSUPPORTED(p)                                                                        \
+    refuse(ERR_UNSUPPORTED, param, pcap, p, msg, cap,                                        \
+           "%s: not supported by this server", p)
+
+/* Deeper than jansson should be asked to go: counted over the raw bytes, outside strings. */
+static bool too_deep(const char *s, size_t n)
+{
+    int depth = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (in_str) {
+            if (ch == '\\')
+                i++;
+            else if (ch == '"')
+                in_str = false;
+        } else if (ch == '"') {
+            in_str = true;
+        } else if (ch == '{' || ch == '[') {
+            if (++depth > HTTP_OAI_MAX_DEPTH)
+                return true;
+        } else if (ch == '}' || ch == ']') {
+            depth--;
+        }
+    }
+    return false;
+}
+
+static int dup_to(char **out, const char *s)
+{
+    *out = strdup(s);
+    return *out ? 0 : -ENOMEM;
+}
+
+/* A number the client may give as an integer or a real. */
+static bool number(json_t *v, double *out)
+{
+    if (!json_is_number(v))
+        return false;
+    *out = json_number_value(v);
+    return true;
+}
+
+static int get_prompt(json_t *v, struct http_oai_req *r, char *param, size_t pcap, char *msg,
+                      size_t cap)
+{
+    if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
+        v = json_array_get(v, 0);
+    if (json_is_string(v))
+        return dup_to(&r->prompt, json_string_value(v));
+    if (json_is_array(v) && json_array_size(v) > 0) {
+        size_t n = json_array_size(v);
+        if (!(r->prompt_ids = malloc(n * sizeof *r->prompt_ids)))
+            return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+            json_t *e = json_array_get(v, i);
+            if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+                json_integer_value(e) > INT32_MAX)
+                return BAD("prompt", "prompt: element %zu is not a token id (an integer >= 0); "
+                           "give a string, [string] or [token ids]", i);
+            r->prompt_ids[i] = (int32_t)json_integer_value(e);
+        }
+        r->n_prompt_ids = n;
+        return 0;
+    }
+    return BAD("prompt", "prompt: must be a string, an array of one string or an array of "
+               "token ids, got %s", json_is_array(v) ? "an empty or mixed array" : "another type");
+}
+
+/* "content": a string, null, or an array of {"type": "text", "text": "..."} parts. */
+static int get_content(json_t *v, size_t i, char **out, char *param, size_t pcap, char *msg,
+                       size_t cap)
+{
+    if (!v || json_is_null(v))
+        return dup_to(out, "");
+    if (json_is_string(v))
+        return dup_to(out, json_string_value(v));
+    if (!json_is_array(v))
+        return BAD("messages", "messages[%zu].content: must be a string or an array of text "
+                   "parts", i);
+    size_t total = 1;
+    for (size_t k = 0; k < json_array_size(v); k++) {
+        json_t *p = json_array_get(v, k), *t = json_object_get(p, "type");
+        json_t *x = json_object_get(p, "text");
+        if (!json_is_object(p) || !json_is_string(t) ||
+            strcmp(json_string_value(t), "text") != 0 || !json_is_string(x))
+            return BAD("messages", "messages[%zu].content[%zu]: only {\"type\": \"text\", "
+                       "\"text\": ...} parts are supported", i, k);
+        total += json_string_length(x);
+    }
+    if (!(*out = malloc(total)))
+        return -ENOMEM;
+    size_t at = 0;
+    for (size_t k = 0; k < json_array_size(v); k++) {
+        json_t *x = json_object_get(json_array_get(v, k), "text");
+        memcpy(*out + at, json_string_value(x), json_string_length(x));
+        at += json_string_length(x);
+    }
+    (*out)[at] = '\0';
+    return 0;
+}
+
+static int get_messages(json_t *v, struct http_oai_req *r, char *param, size_t pcap, char *msg,
+                        size_t cap)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool",
+                                        NULL};
+    if (!v)
+        return BAD("messages", "messages: missing");
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return BAD("messages", "messages: must be a non-empty array");
+    size_t n = json_array_size(v);
+    if (n > HTTP_OAI_MAX_MSGS)
+        return refuse(ERR_RANGE, param, pcap, "messages", msg, cap,
+                      "messages: %zu, the limit is %u", n, HTTP_OAI_MAX_MSGS);
+    if (!(r->msgs = calloc(n, sizeof *r->msgs)))
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(v, i), *role = json_object_get(m, "role");
+        if (!json_is_object(m))
+            return BAD("messages", "messages[%zu]: must be an object", i);
+        if (!json_is_string(role))
+            return BAD("messages", "messages[%zu].role: missing or not a string", i);
+        bool known = false;
+        for (size_t k = 0; roles[k]; k++)
+            known |= strcmp(json_string_value(role), roles[k]) == 0;
+        if (!known)
+            return BAD("messages", "messages[%zu].role: \"%.32s\" is not one of system, "
+                       "developer, user, assistant, tool", i, json_string_value(role));
+        r->n_msgs = i + 1; /* owned from here: http_oai_free frees what is set */
+        int rc = dup_to(&r->msgs[i].role, json_string_value(role));
+        if (rc < 0 || (rc = get_content(json_object_get(m, "content"), i, &r->msgs[i].content,
+                                        param, pcap, msg, cap)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int get_stop(json_t *v, struct http_oai_req *r, char *param, size_t pcap, char *msg,
+                    size_t cap)
+{
+    if (!v || json_is_null(v))
+        return 0;
+    if (json_is_string(v))
+        return dup_to(&r->stop[r->n_stop++], json_string_value(v));
+    if (!json_is_array(v))
+        return BAD("stop", "stop: must be a string or an array of strings");
+    if (json_array_size(v) > HTTP_OAI_MAX_STOP)
+        return refuse(ERR_RANGE, param, pcap, "stop", msg, cap,
+                      "stop: %zu strings, the limit is %u", json_array_size(v),
+                      HTTP_OAI_MAX_STOP);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *e = json_array_get(v, i);
+        if (!json_is_string(e))
+            return BAD("stop", "stop[%zu]: must be a string", i);
+        int rc = dup_to(&r->stop[r->n_stop], json_string_value(e));
+        if (rc < 0)
+            return rc;
+        r->n_stop++;
+    }
+    return 0;
+}
+
+/* Parameters a client may send that this server does not implement: refused by name rather
+ * than silently ignored (a caller asking for logprobs must not get a reply without them). */
+static int check_unsupported(json_t *root, char *param, size_t pcap, char *msg, size_t cap)
+{
+    json_t *v;
+    if ((v = json_object_get(root, "logprobs")) && !json_is_null(v) && !json_is_false(v) &&
+        !(json_is_integer(v) && json_integer_value(v) == 0))
+        return UNSUPPORTED("logprobs");
+    if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v) &&
+        !(json_is_integer(v) && json_integer_value(v) == 0))
+        return UNSUPPORTED("top_logprobs");
+    if ((v = json_object_get(root, "tools")) && !json_is_null(v) &&
+        !(json_is_array(v) && json_array_size(v) == 0))
+        return UNSUPPORTED("tools");
+    if ((v = json_object_get(root, "functions")) && !json_is_null(v))
+        return UNSUPPORTED("functions");
+    if ((v = json_object_get(root, "echo")) && json_is_true(v))
+        return UNSUPPORTED("echo");
+    if ((v = json_object_get(root, "suffix")) && !json_is_null(v))
+        return UNSUPPORTED("suffix");
+    if ((v = json_object_get(root, "best_of")) && !json_is_null(v) &&
+        !(json_is_integer(v) && json_integer_value(v) == 1))
+        return UNSUPPORTED("best_of");
+    if ((v = json_object_get(root, "response_format")) && !json_is_null(v)) {
+        json_t *t = json_object_get(v, "type");
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
+            return UNSUPPORTED("response_format");
+    }
+    return 0;
+}
+
+static int parse_root(json_t *root, bool chat, struct http_oai_req *r, char *param, size_t pcap,
+                      char *msg, size_t cap)
+{
+    json_t *v;
+    int rc;
+    if (!json_is_object(root))
+        return BAD("", "the body must be a JSON object");
+    if ((rc = check_unsupported(root, param, pcap, msg, cap)) < 0)
+        return rc;
+    v = json_object_get(root, "model");
+    if (!v)
+        return BAD("model", "model: missing (GET /v1/models lists the names)");
+    if (!json_is_string(v) || json_string_length(v) == 0)
+        return BAD("model", "model: must be a non-empty string");
+    if ((rc = dup_to(&r->model, json_string_value(v))) < 0)
+        return rc;
+
+    if (chat) {
+        if ((rc = get_messages(json_object_get(root, "messages"), r, param, pcap, msg, cap)) < 0)
+            return rc;
+    } else {
+        if (!(v = json_object_get(root, "prompt")))
+            return BAD("prompt", "prompt: missing");
+        if ((rc = get_prompt(v, r, param, pcap, msg, cap)) < 0)
+            return rc;
+    }
+
+    if ((v = json_object_get(root, "stream")) && !json_is_null(v)) {
+        if (!json_is_boolean(v))
+            return BAD("stream", "stream: must be a boolean");
+        r->stream = json_is_true(v);
+    }
+    if ((v = json_object_get(root, "stream_options")) && !json_is_null(v)) {
+        if (!json_is_object(v))
+            return BAD("stream_options", "stream_options: must be an object");
+        json_t *u = json_object_get(v, "include_usage");
+        if (u && !json_is_null(u) && !json_is_boolean(u))
+            return BAD("stream_options", "stream_options.include_usage: must be a boolean");
+        r->include_usage = json_is_true(u);
+    }
+    r->n = 1;
+    if ((v = json_object_get(root, "n")) && !json_is_null(v)) {
+        if (!json_is_integer(v))
+            return BAD("n", "n: must be an integer");
+        if (json_integer_value(v) < 1 || json_integer_value(v) > HTTP_OAI_MAX_N)
+            return refuse(ERR_RANGE, param, pcap, "n", msg, cap, "n: %lld is outside 1..%u",
+                          (long long)json_integer_value(v), HTTP_OAI_MAX_N);
+        r->n = (uint32_t)json_integer_value(v);
+    }
+    /* max_completion_tokens is chat's newer name; either may come, the newer wins */
+    static const char *const lens[] = {"max_tokens", "max_completion_tokens"};
+    for (size_t k = 0; k < 2; k++) {
+        if (!(v = json_object_get(root, lens[k])) || json_is_null(v))
+            continue;
+        if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+            json_integer_value(v) > UINT32_MAX)
+            return BAD(lens[k], "%s: must be an integer >= 1", lens[k]);
+        r->has_max_tokens = true;
+        r->max_tokens = (uint32_t)json_integer_value(v);
+    }
+    double d;
+    if ((v = json_object_get(root, "temperature")) && !json_is_null(v)) {
+        if (!number(v, &d) || !isfinite(d))
+            return BAD("temperature", "temperature: must be a number");
+        r->has_temperature = true;
+        r->temperature = (float)d;
+    }
+    if ((v = json_object_get(root, "top_p")) && !json_is_null(v)) {
+        if (!number(v, &d) || !isfinite(d))
+            return BAD("top_p", "top_p: must be a number");
+        r->has_top_p = true;
+        r->top_p = (float)d;
+    }
+    if ((v = json_object_get(root, "seed")) && !json_is_null(v)) {
+        if (!json_is_integer(v))
+            return BAD("seed", "seed: must be an integer");
+        r->has_seed = true;
+        r->seed = (uint64_t)json_integer_value(v);
+    }
+    return get_stop(json_object_get(root, "stop"), r, param, pcap, msg, cap);
+}
+
+int http_oai_parse(const char *body, size_t len, bool chat, struct http_oai_req *out,
+                   char *param, size_t pcap, char *msg, size_t cap)
+{
+    memset(out, 0, sizeof *out);
+    out->chat = chat;
+    param[0] = msg[0] = '\0';
+    if (len == 0)
+        return BAD("", "the body is empty: send a JSON object");
+    if (too_deep(body, len))
+        return BAD("", "the body nests deeper than %d levels", HTTP_OAI_MAX_DEPTH);
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, 0, &jerr);
+    if (!root)
+        return BAD("", "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                   jerr.line, jerr.column);
+    int rc = parse_root(root, chat, out, param, pcap, msg, cap);
+    json_decref(root);
+    if (rc == -ENOMEM)
+        snprintf(msg, cap, "out of memory");
+    if (rc < 0)
+        http_oai_free(out);
+    return rc;
+}
+
+void http_oai_free(struct http_oai_req *r)
+{
+    free(r->model);
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (size_t i = 0; i < r->n_msgs; i++)
+        free(r->msgs[i].role), free(r->msgs[i].content);
+    free(r->msgs);
+    for (size_t i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    bool chat = r->chat;
+    memset(r, 0, sizeof *r);
+    r->chat = chat;
+}
+
+char *http_oai_render_plain(const struct http_oai_req *r)
+{
+    size_t n = sizeof "<|assistant|>\n";
+    for (size_t i = 0; i < r->n_msgs; i++)
+        n += strlen(r->msgs[i].role) + strlen(r->msgs[i].content) + 8;
+    char *out = malloc(n), *p = out;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < r->n_msgs; i++)
+        p += sprintf(p, "<|%s|>\n%s\n", r->msgs[i].role, r->msgs[i].content);
+    strcpy(p, "<|assistant|>\n");
+    return out;
+}

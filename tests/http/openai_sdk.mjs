@@ -1,0 +1,121 @@
+// The official `openai` SDK against a running clocherd (tests/http/openai_sdk.py starts it and
+// sets CLOCHER_HTTP, CLOCHER_MODEL, CLOCHER_KEY, CLOCHER_KEY_BOB, CLOCHER_METRICS).
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+
+const baseURL = process.env.CLOCHER_HTTP;
+const model = process.env.CLOCHER_MODEL;
+const client = new OpenAI({ baseURL, apiKey: process.env.CLOCHER_KEY, maxRetries: 0 });
+const bob = new OpenAI({ baseURL, apiKey: process.env.CLOCHER_KEY_BOB, maxRetries: 0 });
+const messages = [{ role: "user", content: "Tell me a story" }];
+
+async function metric(name, label) {
+  const text = await (await fetch(process.env.CLOCHER_METRICS)).text();
+  let sum = 0;
+  for (const line of text.split("\n"))
+    if (line.startsWith(name) && (!label || line.includes(label)))
+      sum += Number(line.split(" ").pop());
+  return sum;
+}
+
+async function rejects(p, cls, status, param) {
+  try {
+    await p;
+  } catch (e) {
+    assert.ok(e instanceof cls, `${e} is not a ${cls.name}`);
+    assert.equal(e.status, status);
+    if (param !== undefined) assert.equal(e.param, param);
+    return e;
+  }
+  assert.fail(`expected a ${status}`);
+}
+
+const tests = {
+  async models() {
+    const ids = [];
+    for await (const m of client.models.list()) ids.push(m.id);
+    assert.deepEqual(ids.sort(), [model, "ad1"].sort());
+  },
+  async chat() {
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 8, seed: 7 });
+    assert.equal(r.object, "chat.completion");
+    assert.equal(r.choices[0].message.role, "assistant");
+    assert.ok(r.usage.completion_tokens <= 8 && r.usage.prompt_tokens > 0);
+  },
+  async chatStream() {
+    const s = await client.chat.completions.create({
+      model, messages, max_tokens: 6, stream: true, stream_options: { include_usage: true },
+    });
+    let text = "", usage = null, finish = null;
+    for await (const ch of s) {
+      if (ch.usage) usage = ch.usage;
+      if (ch.choices.length) {
+        text += ch.choices[0].delta.content ?? "";
+        finish = ch.choices[0].finish_reason ?? finish;
+      }
+    }
+    assert.ok(usage && usage.completion_tokens <= 6);
+    assert.ok(finish === "length" || finish === "stop");
+    assert.equal(typeof text, "string");
+  },
+  async completion() {
+    const r = await client.completions.create({ model, prompt: "Once upon", max_tokens: 5,
+                                                temperature: 0 });
+    const s = await client.completions.create({ model, prompt: "Once upon", max_tokens: 5,
+                                                temperature: 0, stream: true });
+    let text = "";
+    for await (const ch of s) text += ch.choices[0].text;
+    assert.equal(text, r.choices[0].text);
+  },
+  async adapterByName() {
+    const r = await client.chat.completions.create({ model: "ad1", messages, max_tokens: 4 });
+    assert.equal(r.model, "ad1");
+  },
+  async errors() {
+    await rejects(client.chat.completions.create({ model, messages, top_p: 7 }),
+                  OpenAI.BadRequestError, 400, "top_p");
+    await rejects(client.chat.completions.create({ model, messages, logprobs: true }),
+                  OpenAI.BadRequestError, 400, "logprobs");
+    const nokey = new OpenAI({ baseURL, apiKey: "wrong-key", maxRetries: 0 });
+    await rejects(nokey.chat.completions.create({ model, messages }),
+                  OpenAI.AuthenticationError, 401);
+    await rejects(client.chat.completions.create({ model: "nope", messages }),
+                  OpenAI.NotFoundError, 404, "model");
+    await rejects(bob.chat.completions.create({ model: "ad1", messages }),
+                  OpenAI.NotFoundError, 404, "model");
+    await rejects(client.completions.create({ model, prompt: "word ".repeat(300) }),
+                  OpenAI.APIError, 413, "prompt");
+    // bob may hold one stream: a second is 429 while the first runs
+    const first = await bob.completions.create({ model, prompt: "Once", max_tokens: 1000,
+                                                 stream: true });
+    const it = first[Symbol.asyncIterator]();
+    await it.next();
+    await rejects(bob.completions.create({ model, prompt: "x" }), OpenAI.RateLimitError, 429);
+    first.controller.abort();
+  },
+  async abortCancels() {
+    const before = await metric("clocher_requests_total", 'status="CANCELLED"');
+    const s = await client.completions.create({ model, prompt: "Once", max_tokens: 1000, n: 8,
+                                                stream: true });
+    const it = s[Symbol.asyncIterator]();
+    await it.next();
+    s.controller.abort();
+    for (let i = 0; i < 100; i++) {
+      if ((await metric("clocher_requests_total", 'status="CANCELLED"')) > before) return;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.fail("the aborted stream was not cancelled");
+  },
+};
+
+let failed = 0;
+for (const [name, fn] of Object.entries(tests)) {
+  try {
+    await fn();
+    console.log(`ok ${name}`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL ${name}: ${e.stack || e}`);
+  }
+}
+process.exit(failed ? 1 : 0);
