@@ -16,6 +16,8 @@ wrong pairing, interleave or nibble order on either side shows.
 Checks (each a failure of the test when it does not hold):
  1. f32 path (CLOCHER_ISA=ref: f32 activations, exact products of the stored weights):
     max |logit_engine - logit_ref| over every position and vocabulary entry <= TOL_F32.
+ 1b. inference-engine's JSON line names the architecture and the experts and states the
+    active expert bytes per token (n_layers x k x 3 x ffn x dim MXFP4 weights, 17 bytes per 32).
  2. Negative controls: the same check FAILS (error > NEG_FACTOR * TOL_F32) against the
     reference with no sliding window, without sinks, with YaRN's ramp truncated (floor low,
     ceil high: ggml's corr dims), with gate/up taken as halves instead of the interleave.
@@ -320,7 +322,7 @@ def engine_logits(model_dir, tokens, isa):
     if r.returncode != 0:
         sys.exit(f"FAIL: inference-engine exited {r.returncode}: {r.stderr.strip()}")
     out = np.fromfile(dump, dtype="<f4").reshape(len(tokens), HP["vocab_size"])
-    return out.astype(np.float64)
+    return out.astype(np.float64), json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def log_softmax(z):
@@ -347,7 +349,15 @@ def main():
         d32 = os.path.join(tmp, "f32")
         Wf = write_iebin(d32, W, quant=False)
         ref, gap = reference(Wf, tokens)
-        got = engine_logits(d32, tokens, "ref")
+        got, report = engine_logits(d32, tokens, "ref")
+        d, ffn, k = HP["dim"], HP["ffn_dim"], HP["n_experts_used"]
+        want = HP["n_layers"] * k * (3 * ffn * d) * 17 // 32  # MXFP4: 17 bytes per 32
+        check("inference-engine JSON", report.get("arch") == "gpt_oss" and
+              report.get("n_experts") == HP["n_experts"] and report.get("n_experts_used") == k
+              and report.get("active_expert_bytes_per_token") == want,
+              f"arch {report.get('arch')}, experts {report.get('n_experts')}/"
+              f"{report.get('n_experts_used')}, active expert bytes/token "
+              f"{report.get('active_expert_bytes_per_token')} (want {want})")
         err = np.abs(got - ref).max(axis=1)
         check("f32 every position", bool(err.max() <= TOL_F32),
               f"max |dlogit| {err.max():.3g} (tolerance {TOL_F32}; logits up to "
@@ -403,7 +413,7 @@ def main():
         # 3. q8_0 attention/embedding/classifier with int8 activations (best ISA)
         dq = os.path.join(tmp, "q8")
         write_iebin(dq, W, quant=True)
-        gotq = engine_logits(dq, tokens, None)
+        gotq, _ = engine_logits(dq, tokens, None)
         lp, lq = log_softmax(ref), log_softmax(gotq)
         kld = (np.exp(lp) * (lp - lq)).sum(axis=1)
         check("q8_0 + int8 activations KLD", bool(kld.mean() <= KLD_Q8),

@@ -1,5 +1,7 @@
 /*
- * forward.h — the FP32 reference forward pass of the llama architecture, with its KV cache.
+ * forward.h — the FP32 reference forward pass of the llama and gpt_oss architectures, with its
+ * KV cache (contiguous; gpt-oss's sliding layers keep every position here, attention reads only
+ * their window).
  *
  * One struct forward is one sequence: a KV cache of positions [0, forward_pos()) and the
  * scratch buffers to extend it. forward_eval() feeds the next tokens (a prompt chunk of any

@@ -21,7 +21,7 @@
  * dtype dispatch, and needs no change here; one with a load-time repacking of its own plugs
  * in through kern_panels_* (the loader fills matmul_mat.panels).
  *
- * Mixture of experts (the plan for gpt-oss: 32 experts, top-4 routing). Each product of a
+ * Mixture of experts (gpt-oss: 32 experts, top-4 routing; moe.h runs it). Each product of a
  * group carries its own input and token count, so a MoE layer runs as two matmul_group calls:
  *  1. gate and up of every expert e the batch selected: products {gate_e, x_e, n_e, g_e} and
  *     {up_e, x_e, n_e, u_e}, where x_e [n_e][dim] gathers the rows of the tokens routed to e
