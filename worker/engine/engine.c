@@ -509,10 +509,12 @@ int engine_unload_adapter(struct engine *e, const char *name)
 
 /* ---- submission ---------------------------------------------------------------------------- */
 
+/* Blocks that `tokens` positions of a request take (in both of its sequences when the
+ * sliding layers are kept apart: before any release, an upper bound). */
 static uint32_t blocks_for(const struct engine *e, uint64_t tokens)
 {
     uint32_t B = kv_pool_config(e->kv)->block_tokens;
-    uint64_t n = (tokens + B - 1) / B;
+    uint64_t n = (tokens + B - 1) / B * (e->split ? 2 : 1);
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
@@ -731,7 +733,7 @@ static int admit(struct engine *e)
         struct ereq *r = e->waiting[i];
         struct kv_metrics km;
         kv_pool_metrics(e->kv, &km);
-        uint32_t need = blocks_for(e, (uint64_t)r->n_tok + 1) * (e->split ? 2 : 1);
+        uint32_t need = blocks_for(e, (uint64_t)r->n_tok + 1);
         if (need > km.blocks_free + km.blocks_cached) {
             if (e->n_running > 0)
                 return 0; /* waits for running requests to free blocks */
