@@ -4,6 +4,7 @@
  */
 #include "moe.h"
 
+#include "check.h"
 #include "err.h"
 #include "log.h"
 
@@ -124,6 +125,7 @@ void moe_ffn(struct moe *s, struct matmul_ctx *mm, const struct model_layer *L, 
     const struct iebin_hparams *hp = &s->m->hp;
     const size_t dim = hp->dim, ffn = hp->ffn_dim, k = s->k, ne = s->ne;
     const float limit = hp->swiglu_limit, alpha = hp->swiglu_alpha;
+    CHECK(n <= s->max_tok); /* the passes size their chunks to the scratch */
 
     /* router: logits [n][ne], then each row's top-k and weights */
     matmul_one(mm, &L->router, xn, n, s->logits, ne);
