@@ -278,6 +278,8 @@ static void bench_variants(double bw)
         {"kern_gemm_q8_0_q8_0_avx512", kern_gemm_q8_0_q8_0_avx512, DT_Q8_0},
         {"kern_gemv_q4_0_q8_0_avx512", kern_gemv_q4_0_q8_0_avx512, DT_Q4_0},
         {"kern_gemm_q4_0_q8_0_avx512", kern_gemm_q4_0_q8_0_avx512, DT_Q4_0},
+        {"kern_gemv_mxfp4_q8_0_avx512", kern_gemv_mxfp4_q8_0_avx512, DT_MXFP4},
+        {"kern_gemm_mxfp4_q8_0_avx512", kern_gemm_mxfp4_q8_0_avx512, DT_MXFP4},
         {"kern_gemv_f16_f32_avx512", kern_gemv_f16_f32_avx512, DT_F16},
         {"kern_gemm_f16_f32_avx512", kern_gemm_f16_f32_avx512, DT_F16},
         {"kern_gemv_f32_f32_avx512", kern_gemv_f32_f32_avx512, DT_F32},
@@ -288,6 +290,8 @@ static void bench_variants(double bw)
         {"kern_gemm_q8_0_q8_0_avx2", kern_gemm_q8_0_q8_0_avx2, DT_Q8_0},
         {"kern_gemv_q4_0_q8_0_avx2", kern_gemv_q4_0_q8_0_avx2, DT_Q4_0},
         {"kern_gemm_q4_0_q8_0_avx2", kern_gemm_q4_0_q8_0_avx2, DT_Q4_0},
+        {"kern_gemv_mxfp4_q8_0_avx2", kern_gemv_mxfp4_q8_0_avx2, DT_MXFP4},
+        {"kern_gemm_mxfp4_q8_0_avx2", kern_gemm_mxfp4_q8_0_avx2, DT_MXFP4},
     };
     static const size_t ns[] = {1, 2, 3, 4, 6, 8, 16, 64};
     if (!isa_ok(KERN_ISA_AVX2))
