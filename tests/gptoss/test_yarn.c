@@ -2,11 +2,15 @@
  * test_yarn.c — YaRN's RoPE frequencies (model_yarn_inv_freq, model.h) against the table of
  * ../shared/specs/gpt-oss.md §2.3 (openai/gpt-oss-20b: theta 150000, head_dim 64, factor 32,
  * beta_fast 32, beta_slow 1, original context 4096), the truncated (ggml) ramp against its
- * closed form, and model_rope_inv_freq's float table for a hand-built gpt_oss model.
+ * closed form, and model_rope_inv_freq's float table for a hand-built gpt_oss model; and a
+ * LoRA adapter of the FFN refused on a mixture-of-experts base (lora_open_mem).
  */
 #include "testutil.h"
 
+#include "err.h"
 #include "iebin.h"
+#include "log.h"
+#include "lora.h"
 #include "model.h"
 
 #include <math.h>
@@ -84,12 +88,42 @@ static void test_rope_table(void **state)
     assert_true(inv[17] == (float)pow(150000.0, -34.0 / 64.0));
 }
 
+/* gpt-oss-tiny's hyper-parameters (contract §4), valid for iebin_check_hparams. */
+static struct iebin_hparams tiny(void)
+{
+    struct iebin_hparams hp = hp20b(false);
+    hp.dim = 128, hp.n_layers = 4, hp.n_heads = 4, hp.n_kv_heads = 2, hp.ffn_dim = 128;
+    hp.vocab_size = 512, hp.max_seq_len = 64, hp.rms_eps = 1e-5f;
+    hp.n_experts = 8, hp.n_experts_used = 4, hp.sliding_window = 16;
+    hp.sliding_layers[0] = 0x5; /* layers 0 and 2 */
+    hp.swiglu_limit = 7.0f, hp.swiglu_alpha = 1.702f;
+    return hp;
+}
+
+/* An adapter of mlp.gate_proj on a MoE base: a clear refusal naming why. */
+static void test_lora_ffn_refused(void **state)
+{
+    (void)state;
+    struct iebin_hparams hp = tiny();
+    assert_int_equal(iebin_check_hparams(&hp, "tiny"), 0);
+    static const char cfg[] = "{\"r\": 4, \"lora_alpha\": 8, \"target_modules\": "
+                              "[\"q_proj\", \"gate_proj\"]}";
+    static const char st[] = "\x02\0\0\0\0\0\0\0{}"; /* safetensors: no tensors */
+    struct lora_adapter *ad = NULL;
+    assert_int_equal(lora_open_mem("moe-adapter", cfg, sizeof cfg - 1, st, sizeof st - 1, &hp,
+                                   &ad),
+                     ERR_UNSUPPORTED);
+    assert_null(ad);
+    assert_non_null(strstr(log_last_error(), "mixture of 8 experts"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spec_table),
         cmocka_unit_test(test_truncated_ramp),
         cmocka_unit_test(test_rope_table),
+        cmocka_unit_test(test_lora_ffn_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -265,6 +265,17 @@ static int build(struct lora_adapter *ad, const char *cfg_what, struct safetenso
     int rc;
     const struct safetensors_tensor **found = NULL; /* [n_layers][TARGETS][2] */
 
+    /* a mixture of experts (gpt_oss) has no dense gate/up/down for the update to reach:
+     * refused, never silently left out */
+    const unsigned ffn = 1u << LORA_GATE | 1u << LORA_UP | 1u << LORA_DOWN;
+    if (hp->n_experts && (ad->cfg.target_mask & ffn)) {
+        LOG_ERR("%s: target_modules lists feed-forward projections (gate_proj, up_proj, "
+                "down_proj), but the base model's feed-forward is a mixture of %u experts, "
+                "which LoRA adapters do not reach (attention projections only)",
+                cfg_what, hp->n_experts);
+        return ERR_UNSUPPORTED;
+    }
+
     if (ad->cfg.has_layers) {
         for (uint32_t l = hp->n_layers; l < LORA_MAX_LAYERS; l++)
             if (lora__layer_listed(&ad->cfg, l)) {
