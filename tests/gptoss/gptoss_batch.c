@@ -20,6 +20,7 @@
 #include "engine_internal.h"
 #include "err.h"
 #include "kern.h"
+#include "kv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,15 +81,15 @@ static int run(const char *dir, enum dtype kvt, uint64_t budget, unsigned mask, 
         if ((rc = engine_submit(e, &r, &ids[i])))
             goto done;
         for (size_t active = 1; cancel == SEQUENTIAL && active;)
-            if ((rc = engine_step(e, &active)))
+            if ((rc = engine_step(e, &active)) || (rc = kv_pool_validate(engine__kv(e))))
                 goto done;
     }
     size_t active = 1;
     for (int step = 0; active; step++) {
         if (step == 3 && cancel >= 0 && (rc = engine_cancel(e, ids[cancel])))
             goto done;
-        if ((rc = engine_step(e, &active)))
-            goto done;
+        if ((rc = engine_step(e, &active)) || (rc = kv_pool_validate(engine__kv(e))))
+            goto done; /* every invariant of the pool (both sequences, releases) each step */
     }
     struct engine_metrics m;
     engine_get_metrics(e, &m);
