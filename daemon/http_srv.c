@@ -131,6 +131,10 @@ static void run(struct http_srv *s)
 {
     if (!s->running)
         return;
+    /* twice: a round ends by cleaning up closed connections, and only the next one puts the
+     * listening socket back into MHD's epoll set when that brought it under the connection
+     * limit (otherwise a waiting client would wait for the next timeout) */
+    MHD_run(s->d);
     MHD_run(s->d);
     MHD_UNSIGNED_LONG_LONG ms;
     if (MHD_get_timeout(s->d, &ms) == MHD_YES)
@@ -258,6 +262,7 @@ int http_srv_create(uv_loop_t *loop, const struct http_srv_opts *o, struct http_
                             MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s,
                             MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u,
                             MHD_OPTION_NOTIFY_COMPLETED, o->completed, o->ud,
+                            MHD_OPTION_NOTIFY_CONNECTION, o->connected, o->ud,
                             MHD_OPTION_END);
     if (!s->d) {
         LOG_ERR("%s: cannot serve on %s (libmicrohttpd refused to start)", o->what,
