@@ -691,6 +691,13 @@ int http_create(struct workers *w, struct gw *g, uv_loop_t *loop, struct http **
         config_unref(cfg);
         return 0;
     }
+    /* config.c checks http.listen; clocherd --http replaces it after that check */
+    if (cfg->n_tenants == 0 && !config_hostport_loopback(cfg->http_listen)) {
+        LOG_ERR("HTTP API: no tenants while %s is not a loopback address: anonymous access is "
+                "only allowed on local listeners", cfg->http_listen);
+        config_unref(cfg);
+        return ERR_FORMAT;
+    }
     struct http *h = calloc(1, sizeof *h);
     if (!h) {
         config_unref(cfg);

@@ -344,6 +344,37 @@ def test_port_taken_refused(d):
     assert p.returncode != 0 and "nonsense" in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("http,extra,why", [
+    ({"listen": "nohost"}, {}, "http.listen"),
+    ({"listen": "127.0.0.1:99999"}, {}, "http.listen"),
+    ({"listen": "127.0.0.1:8000", "colour": 1}, {}, "colour"),
+    ({"listen": "127.0.0.1:8000", "max_body_bytes": 10}, {}, "http.max_body_bytes"),
+    ({"listen": "127.0.0.1:8000", "max_connections": 0}, {}, "http.max_connections"),
+    ({"listen": "127.0.0.1:8000", "timeout_s": "long"}, {}, "http.timeout_s"),
+    ({"listen": "0.0.0.0:8000"}, {"tenants": []}, "anonymous access"),
+])
+def test_http_config_refused(d, http, extra, why):
+    cfg = dict(d.cfg, http=http, **extra)
+    path = os.path.join(d.dir, "bad.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    p = subprocess.run([ht.gwtest.CLOCHERD, "--config", path, "--check-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and why in p.stderr, p.stderr
+
+
+def test_http_flag_anonymous_refused(d):
+    cfg = dict(d.cfg, tenants=[], listen={"tcp": None, "unix": d.sock + "3"},
+               metrics={"listen": None}, http={"listen": None})
+    path = os.path.join(d.dir, "anon.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    p = subprocess.run([ht.gwtest.CLOCHERD, "--config", path, "--http",
+                        "0.0.0.0:%d" % ht.gwtest.free_port()],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "anonymous access" in p.stderr, p.stderr
+
+
 def test_vllm_metrics(d):
     """The vLLM names beside clocher_*, read by Prometheus' own parser, while an adapter's
     request runs and after."""
