@@ -457,6 +457,11 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
         return reply_error(conn, 400, param, rc == ERR_UNSUPPORTED ? "unsupported_parameter" : NULL,
                            "%s", msg);
     snprintf(r->model, sizeof r->model, "%s", r->req.model);
+    /* the supervisor's phase turns before the gateway stops accepting: either says draining */
+    int phase = atomic_load(&h->w->phase);
+    if (phase == WORKERS_PHASE_DRAINING || phase == WORKERS_PHASE_STOPPING)
+        return reply_error(conn, 503, NULL, NULL,
+                           "the daemon is draining: it takes no new generations");
     struct gw_model_info mi;
     if (!gw__model(h->g, &mi))
         return reply_error(conn, 503, NULL, NULL, "no worker has loaded the model yet");

@@ -404,7 +404,8 @@ static void test_connection_limit(void **state)
         fds[i] = dial(f.port);
     /* the cap is reached: one more waits in the backlog ... */
     int extra = dial(f.port);
-    send_all(extra, "GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n", 37);
+    static const char scrape[] = "GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n";
+    send_all(extra, scrape, sizeof scrape - 1);
     struct timeval tv = {.tv_sec = 0, .tv_usec = 300000};
     setsockopt(extra, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     char b;
