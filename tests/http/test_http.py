@@ -264,14 +264,23 @@ def test_413_prompt_too_long(d):
     assert r[0] == 413 and ht.error_of(r)["param"] == "messages"
 
 
-def long_stream(d, key, n=8):
-    """A streamed request that runs for seconds; returns (socket, first bytes)."""
-    body = json.dumps({"model": d.model_name, "prompt": "Once", "max_tokens": 1000, "n": n,
-                       "stream": True, "temperature": 1.0}).encode()
+def raw_post(d, key, body):
+    """POST /v1/completions on a socket of its own, nothing read yet."""
+    data = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", d.http_port), timeout=30)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
               key.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: " +
-              str(len(body)).encode() + b"\r\n\r\n" + body)
+              str(len(data)).encode() + b"\r\n\r\n" + data)
+    return s
+
+
+def long_stream(d, key, n=8, model=None, stream=True):
+    """A request that runs for seconds (n x 1000 tokens); returns (socket, first bytes) once
+    a streamed one has begun."""
+    s = raw_post(d, key, {"model": model or d.model_name, "prompt": "Once", "max_tokens": 1000,
+                          "n": n, "stream": stream, "temperature": 1.0})
+    if not stream:
+        return s, b""
     first = s.recv(4096)
     assert first.startswith(b"HTTP/1.1 200"), first
     return s, first
@@ -294,15 +303,7 @@ def test_429_tenant_stream_limit(d):
 @pytest.mark.parametrize("stream", [False, True])
 def test_disconnect_cancels(d, stream):
     cancelled = ht.metric(d, "clocher_requests_total", status="CANCELLED", tenant="alice")
-    if stream:
-        s, _ = long_stream(d, ALICE, n=16)
-    else:
-        body = json.dumps({"model": d.model_name, "prompt": "Once", "max_tokens": 1000, "n": 16,
-                           "temperature": 1.0}).encode()
-        s = socket.create_connection(("127.0.0.1", d.http_port), timeout=30)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-                  ALICE.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
-                  b"\r\n\r\n" + body)
+    s, _ = long_stream(d, ALICE, n=16, stream=stream)
     ht.wait_for(lambda: ht.metric(d, "clocher_running_sequences") > 0, what="sequences running")
     t0 = time.time()
     s.close()
@@ -380,7 +381,7 @@ def test_vllm_metrics(d):
     request runs and after."""
     from prometheus_client.parser import text_string_to_metric_families
     assert ht.post(d, "/v1/completions", {"model": "ad1", "prompt": "x", "max_tokens": 2})[0] == 200
-    s, _ = long_stream_model(d, "ad1")
+    s, _ = long_stream(d, ALICE, n=4, model="ad1")
     try:
         ht.wait_for(lambda: ht.metric(d, "vllm:num_requests_running") > 0, what="running > 0")
         fams = {f.name: f for f in text_string_to_metric_families(ht.metrics(d))}
@@ -404,18 +405,6 @@ def test_vllm_metrics(d):
     count = [x for x in ttft.samples if x.name.endswith("_count")][0].value
     inf = [x for x in ttft.samples if x.labels.get("le") == "+Inf"][0].value
     assert count == inf == ht.metric(d, "clocher_ttft_seconds_count") and count > 0
-
-
-def long_stream_model(d, model):
-    body = json.dumps({"model": model, "prompt": "Once", "max_tokens": 1000, "n": 4,
-                       "stream": True, "temperature": 1.0}).encode()
-    s = socket.create_connection(("127.0.0.1", d.http_port), timeout=30)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-              ALICE.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
-              b"\r\n\r\n" + body)
-    first = s.recv(4096)
-    assert first.startswith(b"HTTP/1.1 200"), first
-    return s, first
 
 
 def test_zz_503_while_draining(d):
