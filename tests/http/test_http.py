@@ -76,6 +76,18 @@ def test_chat_seed_and_n(d):
     assert b["usage"]["completion_tokens"] <= 18
 
 
+def test_stop_string(d):
+    body = {"model": d.model_name, "prompt": "Hello there", "max_tokens": 20, "temperature": 0}
+    st, full, _ = ht.post(d, "/v1/completions", body)
+    text = full["choices"][0]["text"]
+    assert st == 200 and len(text) > 14, text
+    stop = text[10:13]
+    st, b, _ = ht.post(d, "/v1/completions", dict(body, stop=[stop, "\u2603"]))
+    assert st == 200
+    assert b["choices"][0]["text"] == text[:text.index(stop)]
+    assert b["choices"][0]["finish_reason"] == "stop"
+
+
 def test_adapter_by_name(d):
     req = {"model": "ad1", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
            "temperature": 0}
