@@ -560,6 +560,8 @@ out:
     return rc;
 }
 
+bool config_hostport_loopback(const char *s) { return hostport_is_loopback(s); }
+
 /* "http": {"listen", "max_connections", "timeout_s", "max_body_bytes"} (daemon/http.h) */
 static int parse_http(struct walk *w, json_t *root, struct config *c)
 {
@@ -981,6 +983,13 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
                          w.label, i, k, c->tenants[i].allowed_adapters[k]);
 
     /* Without tenants nobody is asked for a key: only acceptable on local listeners. */
+    if (c->n_tenants == 0 && c->http_listen && !hostport_is_loopback(c->http_listen)) {
+        size_t s = push_key(&w, "tenants");
+        rc = fail(&w, ERR_FORMAT, "no tenants while http.listen (%s) is not a loopback address: "
+                  "anonymous access is only allowed on local listeners", c->http_listen);
+        pop(&w, s);
+        goto fail;
+    }
     if (c->n_tenants == 0 && c->listen_tcp && !hostport_is_loopback(c->listen_tcp)) {
         size_t s = push_key(&w, "tenants");
         rc = fail(&w, ERR_FORMAT, "no tenants while listen.tcp (%s) is not a loopback address: "

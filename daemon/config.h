@@ -142,6 +142,9 @@ int config_load(const char *path, const char *model_dir_override, struct config 
 int config_parse(const char *label, const char *base_dir, const char *json, size_t len,
                  const char *model_dir_override, struct config **out);
 
+/* Whether a "host:port" names a loopback address (where anonymous access is allowed). */
+bool config_hostport_loopback(const char *s);
+
 /* Reference counting (any thread). config_unref(NULL) is a no-op. */
 struct config *config_ref(struct config *c);
 void config_unref(struct config *c);

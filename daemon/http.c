@@ -457,6 +457,11 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
         return reply_error(conn, 400, param, rc == ERR_UNSUPPORTED ? "unsupported_parameter" : NULL,
                            "%s", msg);
     snprintf(r->model, sizeof r->model, "%s", r->req.model);
+    /* the supervisor's phase turns before the gateway stops accepting: either says draining */
+    int phase = atomic_load(&h->w->phase);
+    if (phase == WORKERS_PHASE_DRAINING || phase == WORKERS_PHASE_STOPPING)
+        return reply_error(conn, 503, NULL, NULL,
+                           "the daemon is draining: it takes no new generations");
     struct gw_model_info mi;
     if (!gw__model(h->g, &mi))
         return reply_error(conn, 503, NULL, NULL, "no worker has loaded the model yet");
@@ -690,6 +695,13 @@ int http_create(struct workers *w, struct gw *g, uv_loop_t *loop, struct http **
     if (!cfg->http_listen) {
         config_unref(cfg);
         return 0;
+    }
+    /* config.c checks http.listen; clocherd --http replaces it after that check */
+    if (cfg->n_tenants == 0 && !config_hostport_loopback(cfg->http_listen)) {
+        LOG_ERR("HTTP API: no tenants while %s is not a loopback address: anonymous access is "
+                "only allowed on local listeners", cfg->http_listen);
+        config_unref(cfg);
+        return ERR_FORMAT;
     }
     struct http *h = calloc(1, sizeof *h);
     if (!h) {

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <netdb.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +132,10 @@ static void run(struct http_srv *s)
 {
     if (!s->running)
         return;
+    /* twice: a round ends by cleaning up closed connections, and only the next one puts the
+     * listening socket back into MHD's epoll set when that brought it under the connection
+     * limit (otherwise a waiting client would wait for the next timeout) */
+    MHD_run(s->d);
     MHD_run(s->d);
     MHD_UNSIGNED_LONG_LONG ms;
     if (MHD_get_timeout(s->d, &ms) == MHD_YES)
@@ -230,6 +235,16 @@ static int probe_bind(const char *what, const char *hostport, const struct socka
     return rc;
 }
 
+/* libmicrohttpd's own messages (mostly clients' mistakes: a connection closed mid-request)
+ * go to the daemon's log at debug level rather than straight to stderr. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = '\0';
+    LOG_DEBUG("%s: libmicrohttpd: %s", ((struct http_srv *)cls)->what, msg);
+}
+
 int http_srv_create(uv_loop_t *loop, const struct http_srv_opts *o, struct http_srv **out)
 {
     *out = NULL;
@@ -258,6 +273,8 @@ int http_srv_create(uv_loop_t *loop, const struct http_srv_opts *o, struct http_
                             MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s,
                             MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u,
                             MHD_OPTION_NOTIFY_COMPLETED, o->completed, o->ud,
+                            MHD_OPTION_NOTIFY_CONNECTION, o->connected, o->ud,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_END);
     if (!s->d) {
         LOG_ERR("%s: cannot serve on %s (libmicrohttpd refused to start)", o->what,

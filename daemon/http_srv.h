@@ -42,6 +42,7 @@ struct http_srv_opts {
     unsigned timeout_s;                /* idle connections are closed after this */
     MHD_AccessHandlerCallback handler;
     MHD_RequestCompletedCallback completed; /* may be NULL */
+    MHD_NotifyConnectionCallback connected; /* each connection's start and end, may be NULL */
     void *ud;                          /* both callbacks' closure */
 };
 

@@ -1,18 +1,18 @@
 /*
- * metrics.h — clocherd's Prometheus endpoint: a small HTTP/1.x server on the supervisor's
- * libuv loop at config->metrics_listen, serving
- *     GET /metrics   the text exposition format 0.0.4 (stats_render of w->stats and w);
+ * metrics.h — clocherd's Prometheus endpoint: an HTTP listener (libmicrohttpd on the
+ * supervisor's libuv loop, daemon/http_srv.h) at config->metrics_listen, serving
+ *     GET /metrics   the text exposition format 0.0.4: stats_render of w->stats and w, then the
+ *                    vllm:* and process_* families (daemon/http_vllm.h, docs/HTTP.md);
  *     GET /healthz   200 "serving" when the daemon serves with a ready worker, else 503 and
  *                    the phase ("starting", "draining", ...);
- * (HEAD too), 404 for other paths, 405 for other methods, and 400/414/431/501/505 with a
- * one-line reason for malformed requests (daemon/httpreq.h). One request per connection
- * ("Connection: close"). docs/DAEMON.md, "Metrics", lists every series; the vllm:* and
- * process_* families beside them are daemon/http_vllm.h's (docs/HTTP.md).
+ * (HEAD too), 404 for other paths, 405 (with Allow) for other methods, 501 for a request with
+ * a body; malformed requests are answered by libmicrohttpd (400, 414, 431, 505). One request
+ * per connection ("Connection: close"). docs/DAEMON.md, "Metrics", lists the clocher_* series.
  *
- * NOTES: everything runs on the loop thread; no call blocks it: sockets are non-blocking,
- * a render is a few microseconds, at most METRICS_MAX_CONNS connections are served at once
- * (more are accepted and closed at once) and each has a deadline (an idle or slow client,
- * reading or writing, is answered 408 or dropped when it passes).
+ * NOTES: everything runs on the loop thread; no call blocks it. At most METRICS_MAX_CONNS
+ * connections are served at once (more are accepted and closed at once) and a connection
+ * idle past its deadline is closed, so idle or slow clients cannot keep /healthz from
+ * answering for long (64 idle connections do not block it at all).
  */
 #ifndef CLOCHER_DAEMON_METRICS_H
 #define CLOCHER_DAEMON_METRICS_H
@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <uv.h>
 
-#define METRICS_MAX_CONNS 64
+#define METRICS_MAX_CONNS 256
 #define METRICS_TIMEOUT_MS 10000 /* the default deadline of one connection */
 
 struct metrics;
@@ -42,8 +42,8 @@ void metrics_destroy(struct metrics *m);
 /* The TCP port it listens on (the one the kernel chose for port 0). */
 int metrics_port(const struct metrics *m);
 
-/* Sets the per-connection deadline (default METRICS_TIMEOUT_MS), for connections accepted
- * from now on (tests shorten it). */
+/* Sets the per-connection idle deadline (default METRICS_TIMEOUT_MS; libmicrohttpd counts
+ * whole seconds, rounded up), for connections accepted from now on (tests shorten it). */
 void metrics_set_timeout_ms(struct metrics *m, uint64_t ms);
 
 /* The gateway whose model name and adapters in flight label the vllm:* series

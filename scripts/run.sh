@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job (README's first command): install what is missing, build, create the default
 # model, start the daemon clocherd on it and stream one reply through the `clocher` client:
-#   build -> default model -> clocherd (config in a temp dir, Unix socket) -> health SERVING
-#   -> `clocher generate` streams the text -> SIGTERM -> clocherd exits 0.
+#   build -> default model -> clocherd (config in a temp dir, Unix socket for gRPC, the
+#   OpenAI-compatible HTTP API on 127.0.0.1:$CLOCHER_HTTP_PORT, default 8000) -> health SERVING
+#   -> `clocher generate` streams the text -> `curl` POST /v1/chat/completions -> SIGTERM
+#   -> clocherd exits 0.
 #
 # The default model is `clocher synth --preset ${CLOCHER_PRESET:-tinyllama-1.1b}`: a
 # TinyLlama-1.1B-shaped Llama with RANDOM weights (deterministic, seed 1). Its output is not
@@ -15,6 +17,7 @@ dtype=${CLOCHER_DTYPE:-bf16}
 models=${CLOCHER_MODELS:-$root/models}
 prompt=${CLOCHER_PROMPT:-Once upon a time, in a small village by the sea,}
 max_new=${CLOCHER_MAX_NEW:-32}
+http_port=${CLOCHER_HTTP_PORT:-8000}
 
 bash scripts/install-deps.sh
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -30,8 +33,9 @@ if [ ! -f "$ie_dir/model.ie.json" ]; then
   "$bin/client/clocher" convert "$hf_dir" "$ie_dir" --dtype "$dtype"
 fi
 
-# clocherd with a throwaway configuration: a Unix socket in a temp dir (no TCP port to collide
-# with), no metrics endpoint, generous ready/heartbeat timeouts for a big model's slow start.
+# clocherd with a throwaway configuration: a Unix socket in a temp dir for gRPC, the HTTP API on
+# loopback (CLOCHER_HTTP_PORT if 8000 is taken), no metrics endpoint, generous ready/heartbeat
+# timeouts for a big model's slow start.
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/clocher-run.XXXXXX")
 sock=$run_dir/clocherd.sock
 addr=unix:$sock
@@ -48,12 +52,13 @@ cat >"$run_dir/clocherd.json" <<EOF
 {
   "listen": {"tcp": null, "unix": "$sock"},
   "metrics": {"listen": null},
+  "http": {"listen": "127.0.0.1:$http_port"},
   "model_dir": "$ie_dir",
   "supervisor": {"ready_timeout_s": 600, "heartbeat_timeout_s": 600}
 }
 EOF
 
-echo "==> clocherd on $ie_dir, listening on $addr" >&2
+echo "==> clocherd on $ie_dir, listening on $addr and http://127.0.0.1:$http_port/v1" >&2
 "$bin/daemon/clocherd" --config "$run_dir/clocherd.json" &
 daemon_pid=$!
 
@@ -82,6 +87,16 @@ fi
 echo "==> clocher generate \"$prompt\" (streamed as it arrives; random weights: not language)" >&2
 "$bin/client/clocher" generate --addr "$addr" --max-tokens "$max_new" --seed 1 --verbose \
   "$prompt"
+
+# the same daemon through its OpenAI-compatible API (docs/HTTP.md)
+model=$(curl -sS "http://127.0.0.1:$http_port/v1/models" |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
+echo "==> curl http://127.0.0.1:$http_port/v1/chat/completions (model \"$model\")" >&2
+curl -sS --fail-with-body "http://127.0.0.1:$http_port/v1/chat/completions" \
+  -H "Content-Type: application/json" \
+  -d "{\"model\": \"$model\", \"max_tokens\": $max_new, \"seed\": 1,
+       \"messages\": [{\"role\": \"user\", \"content\": \"$prompt\"}]}"
+echo
 
 echo "==> stopping clocherd (SIGTERM)" >&2
 kill -TERM "$daemon_pid"

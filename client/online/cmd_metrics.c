@@ -1,7 +1,7 @@
 /*
  * cmd_metrics.c — `clocher metrics`: the daemon's Prometheus text, through the GetMetrics RPC
  * (authenticated like every call) or, with --http HOST:PORT, by scraping the metrics
- * endpoint the way Prometheus does (GET /metrics, HTTP/1.0 so the body is never chunked).
+ * endpoint the way Prometheus does (GET /metrics, with libcurl).
  *
  * Exit codes (cmds.h): 0 ok; 1 local failure or a malformed HTTP answer; 2 usage; 5 daemon
  * (or endpoint) unreachable; 6 the daemon refused (gRPC status, or an HTTP status not 200).
@@ -11,16 +11,13 @@
 #include "clocher/v1/inference.pb-c.h"
 #include "rpc.h"
 
+#include <curl/curl.h>
 #include <errno.h>
 #include <getopt.h>
-#include <netdb.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #define HTTP_MAX (64u << 20)
 
@@ -68,7 +65,31 @@ static int split_hostport(const char *s, char *buf, size_t cap, const char **hos
     return **host && **port ? 0 : -1;
 }
 
-/* GET /metrics from addr; the body to stdout. Returns an exit code. */
+/* The body as it arrives, bounded by HTTP_MAX. */
+struct body {
+    char *p;
+    size_t len;
+    bool too_big;
+};
+
+static size_t on_data(char *data, size_t size, size_t n, void *ud)
+{
+    struct body *b = ud;
+    size_t k = size * n;
+    if (b->len + k > HTTP_MAX) {
+        b->too_big = true;
+        return 0; /* curl stops with CURLE_WRITE_ERROR */
+    }
+    char *q = realloc(b->p, b->len + k + 1);
+    if (!q)
+        return 0;
+    memcpy(q + b->len, data, k);
+    b->p = q;
+    b->len += k;
+    return k;
+}
+
+/* GET /metrics from addr with libcurl; the body to stdout. Returns an exit code. */
 static int scrape(const char *addr, double timeout_s, double connect_timeout_s)
 {
     char buf[512];
@@ -78,97 +99,58 @@ static int scrape(const char *addr, double timeout_s, double connect_timeout_s)
                 addr);
         return CMD_EXIT_USAGE;
     }
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res, *ai;
-    int g = getaddrinfo(host, port, &hints, &res);
-    if (g != 0) {
-        fprintf(stderr, "clocher metrics: cannot reach %s: %s\n", addr, gai_strerror(g));
-        return CMD_EXIT_UNREACHABLE;
-    }
-    int fd = -1, err = 0;
-    for (ai = res; ai; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        /* a blocking connect honours the send timeout; reads the receive timeout */
-        struct timeval ct = {(time_t)connect_timeout_s,
-                             (suseconds_t)((connect_timeout_s - (time_t)connect_timeout_s) * 1e6)};
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &ct, sizeof ct);
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0)
-            break;
-        err = errno;
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(res);
-    if (fd < 0) {
-        fprintf(stderr, "clocher metrics: cannot reach the metrics endpoint at %s: %s\n", addr,
-                strerror(err));
-        return CMD_EXIT_UNREACHABLE;
-    }
-    double t = timeout_s > 0 ? timeout_s : 10;
-    struct timeval rt = {(time_t)t, (suseconds_t)((t - (time_t)t) * 1e6)};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof rt);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &rt, sizeof rt);
-    char req[600];
-    int n = snprintf(req, sizeof req,
-                     "GET /metrics HTTP/1.0\r\nHost: %s\r\nAccept: text/plain\r\n"
-                     "User-Agent: clocher\r\n\r\n",
-                     addr);
-    if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
-        fprintf(stderr, "clocher metrics: sending to %s: %s\n", addr, strerror(errno));
-        close(fd);
+    char url[600];
+    snprintf(url, sizeof url, "http://%s/metrics", addr);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "clocher metrics: libcurl could not start\n");
         return CMD_EXIT_FAIL;
     }
-    size_t cap = 1 << 16, len = 0;
-    char *body = malloc(cap + 1);
+    CURL *h = curl_easy_init();
+    struct body b = {0};
+    char err[CURL_ERROR_SIZE] = "";
     int ret = CMD_EXIT_FAIL;
-    if (!body)
+    if (!h)
         goto out;
-    for (;;) {
-        if (len == cap) {
-            if (cap >= HTTP_MAX) {
-                fprintf(stderr, "clocher metrics: the answer from %s is over %u bytes\n", addr,
-                        HTTP_MAX);
-                goto out;
-            }
-            char *nb = realloc(body, cap * 2 + 1);
-            if (!nb)
-                goto out;
-            body = nb;
-            cap *= 2;
-        }
-        ssize_t r = recv(fd, body + len, cap - len, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            fprintf(stderr, "clocher metrics: reading from %s: %s\n", addr,
-                    errno == EAGAIN ? "timed out" : strerror(errno));
-            goto out;
-        }
-        if (r == 0)
-            break;
-        len += (size_t)r;
-    }
-    body[len] = '\0';
-    int code;
-    char *eoh = strstr(body, "\r\n\r\n");
-    if (sscanf(body, "HTTP/1.%*d %d", &code) != 1 || !eoh) {
-        fprintf(stderr, "clocher metrics: %s did not answer in HTTP\n", addr);
+    double t = timeout_s > 0 ? timeout_s : 10;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http");
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "clocher");
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(t * 1000));
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
+                     (long)((connect_timeout_s > 0 ? connect_timeout_s : t) * 1000));
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, err);
+    CURLcode rc = curl_easy_perform(h);
+    if (rc != CURLE_OK) {
+        bool unreachable = rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
+                           rc == CURLE_OPERATION_TIMEDOUT;
+        if (b.too_big)
+            fprintf(stderr, "clocher metrics: the answer from %s is over %u bytes\n", addr,
+                    HTTP_MAX);
+        else
+            fprintf(stderr, "clocher metrics: %s the metrics endpoint at %s: %s\n",
+                    unreachable ? "cannot reach" : "reading from", addr,
+                    err[0] ? err : curl_easy_strerror(rc));
+        ret = unreachable ? CMD_EXIT_UNREACHABLE : CMD_EXIT_FAIL;
         goto out;
     }
+    long code = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
     if (code != 200) {
-        char *eol = strstr(body, "\r\n");
-        fprintf(stderr, "clocher metrics: %s answered: %.*s\n", addr, (int)(eol - body), body);
+        fprintf(stderr, "clocher metrics: %s answered HTTP %ld\n", addr, code);
         ret = CMD_EXIT_REFUSED;
         goto out;
     }
-    fwrite(eoh + 4, 1, len - (size_t)(eoh + 4 - body), stdout);
+    if (b.len)
+        fwrite(b.p, 1, b.len, stdout);
     ret = fflush(stdout) == 0 ? CMD_EXIT_OK : CMD_EXIT_FAIL;
 out:
-    free(body);
-    close(fd);
+    free(b.p);
+    if (h)
+        curl_easy_cleanup(h);
+    curl_global_cleanup();
     return ret;
 }
 

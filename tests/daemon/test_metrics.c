@@ -2,14 +2,14 @@
  * test_metrics.c — daemon/metrics.c, the Prometheus endpoint, as a real libuv server on an
  * ephemeral port (its loop on a thread of its own) driven by plain blocking sockets: a scrape
  * returns what stats recorded, HEAD, /healthz following the daemon's phase, 404/405, malformed
- * and oversized requests answered with a reason, a slow client answered 408 while another is
- * served, the connection limit, and the start-up errors (bad address, port in use).
+ * and oversized requests answered (by libmicrohttpd) or dropped, a slow client closed at its
+ * deadline while another is served, idle connections that do not block /healthz, the
+ * connection limit, and the start-up errors (bad address, port in use).
  */
 #include "testutil.h"
 
 #include "config.h"
 #include "err.h"
-#include "httpreq.h"
 #include "log.h"
 #include "metrics.h"
 #include "stats.h"
@@ -284,23 +284,17 @@ static void test_malformed(void **state)
     (void)state;
     struct fx f;
     start(&f, 0);
+    /* what libmicrohttpd refuses with a status (ours: bodies) */
     static const struct {
         const char *req;
         int status;
         const char *why;
     } cases[] = {
-        {"GARBAGE\r\n\r\n", 400, "malformed request line"},
         {"GET /metrics HTTP/2.0\r\nHost: a\r\n\r\n", 505, "version"},
-        {"GET /metrics HTTP/1.1\r\n\r\n", 400, "Host"},
-        {"GET /metrics HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "Host"},
-        {"GET metrics HTTP/1.1\r\nHost: a\r\n\r\n", 400, "origin form"},
-        {"GET /metrics HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n", 400, "colon"},
-        {"GET /metrics HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n", 400, "folding"},
         {"GET /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello", 501, "bodies"},
         {"GET /metrics HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", 501,
          "bodies"},
-        {"GET /metrics HTTP/1.1\r\nHost: a\rX\r\n\r\n", 400, "CR"},
-        {"GET /metrics HTTP/1.1\r\nX: \x01\r\n\r\n", 400, "control character"},
+        {"GET metrics HTTP/1.1\r\nHost: a\r\n\r\n", 404, "not found"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *r = exchange(f.port, cases[i].req, strlen(cases[i].req));
@@ -308,25 +302,40 @@ static void test_malformed(void **state)
             fail_msg("case %zu: want %d \"%s\", got:\n%s", i, cases[i].status, cases[i].why, r);
         free(r);
     }
-    /* a NUL byte */
-    char *r = exchange(f.port, "GET /\0metrics HTTP/1.1\r\n\r\n", 26);
-    assert_int_equal(status_of(r), 400);
-    free(r);
+    /* what libmicrohttpd tolerates or drops: an answer or a close, never a hang or a crash */
+    static const struct {
+        const char *req;
+        size_t len; /* 0: strlen */
+    } odd[] = {
+        {"GARBAGE\r\n\r\n", 0},
+        {"GET /metrics HTTP/1.1\r\n\r\n", 0},
+        {"GET /metrics HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 0},
+        {"GET /metrics HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n", 0},
+        {"GET /metrics HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n", 0},
+        {"GET /metrics HTTP/1.1\r\nHost: a\rX\r\n\r\n", 0},
+        {"GET /metrics HTTP/1.1\r\nX: \x01\r\n\r\n", 0},
+        {"GET /\0metrics HTTP/1.1\r\n\r\n", 26},
+    };
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        char *r = exchange(f.port, odd[i].req, odd[i].len ? odd[i].len : strlen(odd[i].req));
+        if (r[0] && status_of(r) >= 500 && status_of(r) != 505)
+            fail_msg("odd case %zu: a server error:\n%s", i, r);
+        free(r);
+    }
 
-    /* a head larger than the parser takes: 431, with the server answering before it has read
-     * everything (the rest is drained, so the client sees the answer, not a reset) */
-    size_t big = 3 * HTTPREQ_MAX_BYTES;
+    /* a head larger than the server's per-connection memory: 431 */
+    size_t big = 40000;
     char *req = malloc(big);
     int n = snprintf(req, big, "GET /metrics HTTP/1.1\r\nHost: a\r\nX-Pad: ");
     memset(req + n, 'p', big - (size_t)n);
-    r = exchange(f.port, req, big);
+    char *r = exchange(f.port, req, big);
     assert_int_equal(status_of(r), 431);
     free(r);
-    /* a target longer than the limit */
+    /* a target longer than that: 414 */
     n = snprintf(req, big, "GET /");
-    memset(req + n, 'a', 2000);
-    memcpy(req + n + 2000, " HTTP/1.1\r\nHost: a\r\n\r\n", 23);
-    r = exchange(f.port, req, (size_t)n + 2000 + 22);
+    memset(req + n, 'a', big - 100);
+    memcpy(req + n + big - 100, " HTTP/1.1\r\nHost: a\r\n\r\n", 23);
+    r = exchange(f.port, req, (size_t)n + big - 100 + 22);
     assert_int_equal(status_of(r), 414);
     free(r);
     free(req);
@@ -342,7 +351,8 @@ static void test_slow_client(void **state)
 {
     (void)state;
     struct fx f;
-    /* long enough that the scrape below never meets it on a loaded machine */
+    /* long enough that the scrape below never meets it on a loaded machine (libmicrohttpd
+     * counts whole seconds: 2 s) */
     start(&f, 1500);
     int idle = dial(f.port);               /* sends nothing at all */
     int slow = dial(f.port);               /* sends half a request line */
@@ -353,12 +363,12 @@ static void test_slow_client(void **state)
     assert_int_equal(status_of(r), 200);
     free(r);
 
-    /* both get 408 once the deadline passes, then the server closes */
+    /* both are closed once the deadline passes */
     r = recv_all(slow);
-    assert_int_equal(status_of(r), 408);
+    assert_string_equal(r, "");
     free(r);
     r = recv_all(idle);
-    assert_int_equal(status_of(r), 408);
+    assert_string_equal(r, "");
     free(r);
     close(slow);
     close(idle);
@@ -373,29 +383,43 @@ static void test_slow_client(void **state)
     stop(&f);
 }
 
+/* 64 idle connections (issue 15, item 8) leave /healthz and /metrics answering at once; at
+ * the cap a new connection waits, and is served once one of the others goes. */
 static void test_connection_limit(void **state)
 {
     (void)state;
     struct fx f;
     start(&f, 0); /* the default deadline: the idle connections stay for the whole test */
+    enum { IDLE = 64 };
     int fds[METRICS_MAX_CONNS];
-    for (int i = 0; i < METRICS_MAX_CONNS; i++)
+    for (int i = 0; i < IDLE; i++)
         fds[i] = dial(f.port);
-    /* one more is accepted and closed at once, without an answer */
+    char *r = get(f.port, "GET", "/healthz");
+    assert_int_equal(status_of(r), 503); /* the fixture's daemon is still starting */
+    free(r);
+    r = get(f.port, "GET", "/metrics");
+    assert_int_equal(status_of(r), 200);
+    free(r);
+    for (int i = IDLE; i < METRICS_MAX_CONNS; i++)
+        fds[i] = dial(f.port);
+    /* the cap is reached: one more waits in the backlog ... */
     int extra = dial(f.port);
-    char *r = recv_all(extra);
-    assert_string_equal(r, "");
+    static const char scrape[] = "GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n";
+    send_all(extra, scrape, sizeof scrape - 1);
+    struct timeval tv = {.tv_sec = 0, .tv_usec = 300000};
+    setsockopt(extra, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char b;
+    assert_true(recv(extra, &b, 1, 0) < 0);
+    /* ... and is served when another leaves */
+    tv.tv_sec = 8;
+    setsockopt(extra, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    close(fds[0]);
+    r = recv_all(extra);
+    assert_int_equal(status_of(r), 200);
     free(r);
     close(extra);
-    /* the idle ones end their requests: the server closes them (so its count drops before it
-     * can see a connection made after this), and then serves again */
-    for (int i = 0; i < METRICS_MAX_CONNS; i++) {
-        shutdown(fds[i], SHUT_WR);
-        r = recv_all(fds[i]);
-        assert_string_equal(r, "");
-        free(r);
+    for (int i = 1; i < METRICS_MAX_CONNS; i++)
         close(fds[i]);
-    }
     r = get(f.port, "GET", "/metrics");
     assert_int_equal(status_of(r), 200);
     free(r);

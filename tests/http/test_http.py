@@ -76,6 +76,18 @@ def test_chat_seed_and_n(d):
     assert b["usage"]["completion_tokens"] <= 18
 
 
+def test_stop_string(d):
+    body = {"model": d.model_name, "prompt": "Hello there", "max_tokens": 20, "temperature": 0}
+    st, full, _ = ht.post(d, "/v1/completions", body)
+    text = full["choices"][0]["text"]
+    assert st == 200 and len(text) > 14, text
+    stop = text[10:13]
+    st, b, _ = ht.post(d, "/v1/completions", dict(body, stop=[stop, "\u2603"]))
+    assert st == 200
+    assert b["choices"][0]["text"] == text[:text.index(stop)]
+    assert b["choices"][0]["finish_reason"] == "stop"
+
+
 def test_adapter_by_name(d):
     req = {"model": "ad1", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
            "temperature": 0}
@@ -264,14 +276,23 @@ def test_413_prompt_too_long(d):
     assert r[0] == 413 and ht.error_of(r)["param"] == "messages"
 
 
-def long_stream(d, key, n=8):
-    """A streamed request that runs for seconds; returns (socket, first bytes)."""
-    body = json.dumps({"model": d.model_name, "prompt": "Once", "max_tokens": 1000, "n": n,
-                       "stream": True, "temperature": 1.0}).encode()
+def raw_post(d, key, body):
+    """POST /v1/completions on a socket of its own, nothing read yet."""
+    data = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", d.http_port), timeout=30)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
               key.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: " +
-              str(len(body)).encode() + b"\r\n\r\n" + body)
+              str(len(data)).encode() + b"\r\n\r\n" + data)
+    return s
+
+
+def long_stream(d, key, n=8, model=None, stream=True):
+    """A request that runs for seconds (n x 1000 tokens); returns (socket, first bytes) once
+    a streamed one has begun."""
+    s = raw_post(d, key, {"model": model or d.model_name, "prompt": "Once", "max_tokens": 1000,
+                          "n": n, "stream": stream, "temperature": 1.0})
+    if not stream:
+        return s, b""
     first = s.recv(4096)
     assert first.startswith(b"HTTP/1.1 200"), first
     return s, first
@@ -294,15 +315,7 @@ def test_429_tenant_stream_limit(d):
 @pytest.mark.parametrize("stream", [False, True])
 def test_disconnect_cancels(d, stream):
     cancelled = ht.metric(d, "clocher_requests_total", status="CANCELLED", tenant="alice")
-    if stream:
-        s, _ = long_stream(d, ALICE, n=16)
-    else:
-        body = json.dumps({"model": d.model_name, "prompt": "Once", "max_tokens": 1000, "n": 16,
-                           "temperature": 1.0}).encode()
-        s = socket.create_connection(("127.0.0.1", d.http_port), timeout=30)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-                  ALICE.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
-                  b"\r\n\r\n" + body)
+    s, _ = long_stream(d, ALICE, n=16, stream=stream)
     ht.wait_for(lambda: ht.metric(d, "clocher_running_sequences") > 0, what="sequences running")
     t0 = time.time()
     s.close()
@@ -344,12 +357,43 @@ def test_port_taken_refused(d):
     assert p.returncode != 0 and "nonsense" in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("http,extra,why", [
+    ({"listen": "nohost"}, {}, "http.listen"),
+    ({"listen": "127.0.0.1:99999"}, {}, "http.listen"),
+    ({"listen": "127.0.0.1:8000", "colour": 1}, {}, "colour"),
+    ({"listen": "127.0.0.1:8000", "max_body_bytes": 10}, {}, "http.max_body_bytes"),
+    ({"listen": "127.0.0.1:8000", "max_connections": 0}, {}, "http.max_connections"),
+    ({"listen": "127.0.0.1:8000", "timeout_s": "long"}, {}, "http.timeout_s"),
+    ({"listen": "0.0.0.0:8000"}, {"tenants": []}, "anonymous access"),
+])
+def test_http_config_refused(d, http, extra, why):
+    cfg = dict(d.cfg, http=http, **extra)
+    path = os.path.join(d.dir, "bad.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    p = subprocess.run([ht.gwtest.CLOCHERD, "--config", path, "--check-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and why in p.stderr, p.stderr
+
+
+def test_http_flag_anonymous_refused(d):
+    cfg = dict(d.cfg, tenants=[], listen={"tcp": None, "unix": d.sock + "3"},
+               metrics={"listen": None}, http={"listen": None})
+    path = os.path.join(d.dir, "anon.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    p = subprocess.run([ht.gwtest.CLOCHERD, "--config", path, "--http",
+                        "0.0.0.0:%d" % ht.gwtest.free_port()],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "anonymous access" in p.stderr, p.stderr
+
+
 def test_vllm_metrics(d):
     """The vLLM names beside clocher_*, read by Prometheus' own parser, while an adapter's
     request runs and after."""
     from prometheus_client.parser import text_string_to_metric_families
     assert ht.post(d, "/v1/completions", {"model": "ad1", "prompt": "x", "max_tokens": 2})[0] == 200
-    s, _ = long_stream_model(d, "ad1")
+    s, _ = long_stream(d, ALICE, n=4, model="ad1")
     try:
         ht.wait_for(lambda: ht.metric(d, "vllm:num_requests_running") > 0, what="running > 0")
         fams = {f.name: f for f in text_string_to_metric_families(ht.metrics(d))}
@@ -373,18 +417,6 @@ def test_vllm_metrics(d):
     count = [x for x in ttft.samples if x.name.endswith("_count")][0].value
     inf = [x for x in ttft.samples if x.labels.get("le") == "+Inf"][0].value
     assert count == inf == ht.metric(d, "clocher_ttft_seconds_count") and count > 0
-
-
-def long_stream_model(d, model):
-    body = json.dumps({"model": model, "prompt": "Once", "max_tokens": 1000, "n": 4,
-                       "stream": True, "temperature": 1.0}).encode()
-    s = socket.create_connection(("127.0.0.1", d.http_port), timeout=30)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-              ALICE.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
-              b"\r\n\r\n" + body)
-    first = s.recv(4096)
-    assert first.startswith(b"HTTP/1.1 200"), first
-    return s, first
 
 
 def test_zz_503_while_draining(d):
