@@ -13,6 +13,7 @@
 #include "kern.h"
 #include "llama2c.h"
 #include "log.h"
+#include "mxfp4_hf.h"
 #include "safetensors.h"
 #include "tok.h"
 
@@ -206,14 +207,7 @@ static int hf_mxfp4_row(const struct src_tensor *st, uint64_t row, uint8_t *dst)
         int rc = check_e8m0(st->name, row, b, sc[b]);
         if (rc)
             return rc;
-        uint8_t el[32];
-        for (int i = 0; i < 16; i++) {
-            el[2 * i] = blk[i] & 0x0f;
-            el[2 * i + 1] = blk[i] >> 4;
-        }
-        dst[0] = sc[b];
-        for (int j = 0; j < 16; j++)
-            dst[1 + j] = (uint8_t)(el[j] | (el[j + 16] << 4));
+        mxfp4_block_from_hf(blk, sc[b], dst);
     }
     return 0;
 }
