@@ -185,11 +185,11 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
 }
 
 /* E8M0 255 is NaN: a checkpoint holding it is broken, and no kernel handles it. */
-static int check_e8m0(const char *src, uint64_t row, uint64_t block, uint8_t e)
+static int check_e8m0(const char *what, const char *src, uint64_t row, uint64_t block, uint8_t e)
 {
     if (e != 255)
         return 0;
-    LOG_ERR("tensor '%s': row %llu, block %llu: E8M0 scale byte 255 (NaN)", src,
+    LOG_ERR("%s: tensor '%s': row %llu, block %llu: E8M0 scale byte 255 (NaN)", what, src,
             (unsigned long long)row, (unsigned long long)block);
     return ERR_RANGE;
 }
@@ -199,12 +199,13 @@ static int check_e8m0(const char *src, uint64_t row, uint64_t block, uint8_t e)
  * 2i+1 in the high nibble of byte i, scales separately) as GGUF's block_mxfp4 (scale byte
  * first, then byte j holding element j low and j+16 high): lossless.
  */
-static int hf_mxfp4_row(const struct src_tensor *st, uint64_t row, uint8_t *dst)
+static int hf_mxfp4_row(const char *what, const struct src_tensor *st, uint64_t row,
+                        uint8_t *dst)
 {
     uint64_t nb = st->shape[st->n_dims - 1] / 32;
     const uint8_t *blk = st->data + row * nb * 16, *sc = st->scales + row * nb;
     for (uint64_t b = 0; b < nb; b++, blk += 16, dst += 17) {
-        int rc = check_e8m0(st->name, row, b, sc[b]);
+        int rc = check_e8m0(what, st->name, row, b, sc[b]);
         if (rc)
             return rc;
         mxfp4_block_from_hf(blk, sc[b], dst);
@@ -274,14 +275,14 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
                 sr = (r / group) * 2 * group + 2 * (r % group) + (uint64_t)(st->deint - 1);
             uint8_t *d = buf + j * dst_rb;
             if (st->scales) { /* HF MXFP4: repack, then convert like any mxfp4 row */
-                if ((rc = hf_mxfp4_row(st, sr, mx ? mx : d)) == 0 && mx)
+                if ((rc = hf_mxfp4_row(what, st, sr, mx ? mx : d)) == 0 && mx)
                     rc = convert_row(DT_MXFP4, mx, to, d, tmp, cols, search);
                 continue;
             }
             const uint8_t *sp = st->data + sr * src_rb;
             if (st->dtype == DT_MXFP4)
                 for (uint64_t b = 0; b < cols / 32 && rc == 0; b++)
-                    rc = check_e8m0(st->name, sr, b, sp[b * 17]);
+                    rc = check_e8m0(what, st->name, sr, b, sp[b * 17]);
             if (rc == 0)
                 rc = convert_row(st->dtype, sp, to, d, tmp, cols, search);
         }
