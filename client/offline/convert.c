@@ -949,6 +949,24 @@ out:
     return rc;
 }
 
+/* The first (by name) *.tiktoken file in dir, if any. */
+static bool find_tiktoken(const char *dir, char *out, size_t cap)
+{
+    struct dirent **list;
+    int n = scandir(dir, &list, NULL, alphasort);
+    bool found = false;
+    for (int i = 0; i < n; i++) {
+        if (!found && ends_with(list[i]->d_name, ".tiktoken")) {
+            snprintf(out, cap, "%s/%s", dir, list[i]->d_name);
+            found = true;
+        }
+        free(list[i]);
+    }
+    if (n >= 0)
+        free(list);
+    return found;
+}
+
 static int convert_hf(const char *dir, const char *out_dir, const struct convert_opts *o,
                       struct progress *pg)
 {
@@ -983,6 +1001,8 @@ static int convert_hf(const char *dir, const char *out_dir, const struct convert
         if (access(tp, R_OK) != 0)
             snprintf(tp, sizeof tp, "%s/tokenizer.json", dir);
         if (access(tp, R_OK) == 0)
+            tok_path = tp;
+        else if (find_tiktoken(dir, tp, sizeof tp)) /* a rank file (synth --tokenizer) */
             tok_path = tp;
     }
     char nb[4096];
