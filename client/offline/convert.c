@@ -37,7 +37,9 @@
  *    blocks (16 bytes of nibbles per 32 elements, element 2i low and 2i+1 high in byte i) and
  *    `scales` their E8M0 bytes, one per block; repacked to GGUF's block_mxfp4 per row;
  *  - deint 1 / 2: the IEBIN tensor is the even / odd rows (biases: elements) of a source whose
- *    groups (per expert) are twice as long: HF's interleaved gate_up_proj (gpt-oss).
+ *    groups (per expert) are twice as long: HF's interleaved gate_up_proj (gpt-oss);
+ *    deint 3 / 4: the first / second half of each group: llama.cpp's fused ffn_gate_up_exps
+ *    (gate rows, then up rows, per expert).
  */
 struct src_tensor {
     enum dtype dtype;
@@ -218,7 +220,8 @@ static int hf_mxfp4_row(const char *what, const struct src_tensor *st, uint64_t 
  * `elementwise`: a bias whose elements move) comes from source row:
  *  - perm_heads > 0 (q/k of a rotate-half source): iebin_rope_hf_row(r, head_dim), so row
  *    h*hd + 2i + s comes from h*hd + s*hd/2 + i;
- *  - st->deint: (r / G)*2G + 2(r % G) + deint - 1, G the rows (elements) per expert.
+ *  - st->deint 1, 2: (r / G)*2G + 2(r % G) + deint - 1, G the rows (elements) per expert;
+ *    3, 4: (r / G)*2G + r % G + (deint - 3)*G.
  */
 static int emit(struct iebin_writer *w, const char *what, const char *name,
                 const struct src_tensor *st, const uint64_t *want, int want_dims, enum dtype to,
@@ -271,8 +274,10 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
             uint64_t r = r0 + j, sr = r;
             if (perm_heads)
                 sr = iebin_rope_hf_row(r, head_dim);
-            else if (st->deint)
+            else if (st->deint == 1 || st->deint == 2)
                 sr = (r / group) * 2 * group + 2 * (r % group) + (uint64_t)(st->deint - 1);
+            else if (st->deint)
+                sr = (r / group) * 2 * group + r % group + (uint64_t)(st->deint - 3) * group;
             uint8_t *d = buf + j * dst_rb;
             if (st->scales) { /* HF MXFP4: repack, then convert like any mxfp4 row */
                 if ((rc = hf_mxfp4_row(what, st, sr, mx ? mx : d)) == 0 && mx)
@@ -1064,6 +1069,18 @@ static int gguf_lookup(void *p, const char *kind, int layer, struct src_tensor *
     else
         snprintf(name, sizeof out->name, "blk.%d.%s", layer, g);
     const struct gguf_tensor *t = gguf_find_tensor(s->f, name);
+    int fused = 0; /* llama.cpp's --fuse-gate-up-exps: ffn_gate_up_exps, gate rows first */
+    if (!t && s->moe && (!strcmp(kind, IEBIN_T_FFN_GATE_EXPS) || !strcmp(kind, IEBIN_T_FFN_UP_EXPS) ||
+                         !strcmp(kind, IEBIN_T_FFN_GATE_EXPS_BIAS) ||
+                         !strcmp(kind, IEBIN_T_FFN_UP_EXPS_BIAS))) {
+        char fn[sizeof out->name];
+        snprintf(fn, sizeof fn, "blk.%d.ffn_gate_up_exps.%s", layer,
+                 ends_with(kind, "_bias") ? "bias" : "weight");
+        if ((t = gguf_find_tensor(s->f, fn)) != NULL) {
+            fused = strncmp(kind, "ffn_gate", 8) == 0 ? 3 : 4;
+            snprintf(name, sizeof out->name, "%s", fn);
+        }
+    }
     if (!t) {
         LOG_ERR("%s: tensor '%s' is missing", s->path, name);
         return ERR_NOT_FOUND;
@@ -1078,6 +1095,15 @@ static int gguf_lookup(void *p, const char *kind, int layer, struct src_tensor *
     for (uint32_t i = 0; i < t->n_dims; i++) /* GGUF lists dimensions innermost first */
         out->shape[i] = t->ne[t->n_dims - 1 - i];
     out->data = t->data;
+    if ((out->deint = fused) != 0) { /* [E][2F]([D]): halve the per-expert dimension */
+        int d = ends_with(kind, "_bias") ? out->n_dims - 1 : out->n_dims - 2;
+        if (d < 0 || out->shape[d] % 2) {
+            LOG_ERR("%s: tensor '%s': fused gate/up needs an even dimension %d", s->path, name,
+                    d);
+            return ERR_MISMATCH;
+        }
+        out->shape[d] /= 2;
+    }
     return 0;
 }
 

@@ -566,6 +566,70 @@ static void rewrite_gguf(const char *path, const char *skip, const char *nan_ten
     gguf_close(f);
 }
 
+/* llama.cpp's --fuse-gate-up-exps layout: ffn_gate_up_exps [E][2F][..] holds each expert's gate
+ * rows then its up rows (weights and biases); it converts to the same IEBIN as the split one. */
+static void test_fused_gate_up_gguf(void **state)
+{
+    (void)state;
+    char p[4200], out[4200];
+    snprintf(p, sizeof p, "%s/fused.gguf", g_root);
+    snprintf(out, sizeof out, "%s/fused_out", g_root);
+    struct gguf_file *f;
+    assert_int_equal(gguf_open(g_gguf, &f), 0);
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(p, &w), 0);
+    for (uint64_t i = 0; i < f->n_kv; i++)
+        assert_int_equal(gguf_writer_kv_copy(w, &f->kv[i]), 0);
+    uint8_t *bufs[64];
+    size_t nb = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const struct gguf_tensor *t = &f->tensors[i];
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        char *up = strstr(name, "ffn_up_exps");
+        if (up)
+            continue; /* joined with its gate */
+        char *gate = strstr(name, "ffn_gate_exps");
+        if (!gate) {
+            assert_int_equal(gguf_writer_add_tensor(w, name, t->type, t->ne, t->n_dims, t->data,
+                                                    t->size),
+                             0);
+            continue;
+        }
+        char uname[128], fname[128];
+        snprintf(uname, sizeof uname, "%.*sffn_up_exps%s", (int)(gate - name), name,
+                 gate + strlen("ffn_gate_exps"));
+        snprintf(fname, sizeof fname, "%.*sffn_gate_up_exps%s", (int)(gate - name), name,
+                 gate + strlen("ffn_gate_exps"));
+        const struct gguf_tensor *u = gguf_find_tensor(f, uname);
+        assert_non_null(u);
+        uint64_t experts = t->ne[t->n_dims - 1], per = t->size / experts; /* bytes per expert */
+        uint8_t *fb = malloc(2 * t->size);
+        for (uint64_t e = 0; e < experts; e++) {
+            memcpy(fb + 2 * e * per, (const uint8_t *)t->data + e * per, per);
+            memcpy(fb + (2 * e + 1) * per, (const uint8_t *)u->data + e * per, per);
+        }
+        uint64_t ne[4];
+        memcpy(ne, t->ne, sizeof ne);
+        ne[t->n_dims - 2] *= 2; /* the rows (elements, for a bias) of one expert */
+        assert_int_equal(gguf_writer_add_tensor(w, fname, t->type, ne, t->n_dims, fb, 2 * t->size),
+                         0);
+        bufs[nb++] = fb;
+    }
+    assert_int_equal(gguf_writer_finish(w), 0);
+    for (size_t i = 0; i < nb; i++)
+        free(bufs[i]);
+    gguf_close(f);
+    assert_int_equal(convert_to(p, out), 0);
+    size_t la, lb;
+    char *a = tu_read_file(tu_path(g_ref, IEBIN_BLOB), &la);
+    char *b = tu_read_file(tu_path(out, IEBIN_BLOB), &lb);
+    assert_int_equal(la, lb);
+    assert_memory_equal(a, b, la);
+    free(a);
+    free(b);
+}
+
 static void test_bad_gguf(void **state)
 {
     (void)state;
@@ -609,6 +673,7 @@ int main(void)
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_bad_index),
         cmocka_unit_test(test_bad_gguf),
+        cmocka_unit_test(test_fused_gate_up_gguf),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
