@@ -866,32 +866,10 @@ static int hf_gpt_oss_hparams(json_t *cfg, const char *path, struct iebin_hparam
     return 0;
 }
 
-static int hf_hparams(const char *dir, struct iebin_hparams *hp, bool *tie_given)
+/* config.json's document (cfg) into hp; path names it in messages. */
+static int hf_hparams_doc(json_t *cfg, const char *path, struct iebin_hparams *hp,
+                          bool *tie_given)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    struct stat sb;
-    if (stat(dir, &sb) != 0) {
-        int e = errno;
-        LOG_ERR("%s: %s", dir, strerror(e));
-        return -e;
-    }
-    if (!S_ISDIR(sb.st_mode)) {
-        LOG_ERR("%s: not a directory (a Hugging Face model is a directory with config.json)",
-                dir);
-        return ERR_UNSUPPORTED; /* an input problem (exit 3), unlike an output ENOTDIR */
-    }
-    if (access(path, R_OK) != 0) {
-        int e = errno;
-        LOG_ERR("cannot read %s: %s", path, strerror(e));
-        return -e;
-    }
-    json_error_t je;
-    json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!cfg) {
-        LOG_ERR("%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
-        return ERR_FORMAT;
-    }
     int rc = ERR_FORMAT;
     if (!json_is_object(cfg)) {
         LOG_ERR("%s: not a JSON object", path);
@@ -950,6 +928,51 @@ static int hf_hparams(const char *dir, struct iebin_hparams *hp, bool *tie_given
         goto out;
     rc = iebin_check_hparams(hp, path);
 out:
+    return rc;
+}
+
+static int hf_hparams(const char *dir, struct iebin_hparams *hp, bool *tie_given)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        int e = errno;
+        LOG_ERR("%s: %s", dir, strerror(e));
+        return -e;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        LOG_ERR("%s: not a directory (a Hugging Face model is a directory with config.json)",
+                dir);
+        return ERR_UNSUPPORTED; /* an input problem (exit 3), unlike an output ENOTDIR */
+    }
+    if (access(path, R_OK) != 0) {
+        int e = errno;
+        LOG_ERR("cannot read %s: %s", path, strerror(e));
+        return -e;
+    }
+    json_error_t je;
+    json_t *cfg = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!cfg) {
+        LOG_ERR("%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
+        return ERR_FORMAT;
+    }
+    int rc = hf_hparams_doc(cfg, path, hp, tie_given);
+    json_decref(cfg);
+    return rc;
+}
+
+int convert_hf_config_mem(const char *text, size_t len, const char *what,
+                          struct iebin_hparams *hp)
+{
+    json_error_t je;
+    json_t *cfg = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!cfg) {
+        LOG_ERR("%s: invalid JSON at line %d column %d: %s", what, je.line, je.column, je.text);
+        return ERR_FORMAT;
+    }
+    bool tie_given;
+    int rc = hf_hparams_doc(cfg, what, hp, &tie_given);
     json_decref(cfg);
     return rc;
 }
