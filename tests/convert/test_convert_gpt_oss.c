@@ -24,6 +24,7 @@
 #include "synth.h"
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -414,6 +415,44 @@ static void test_config_fields(void **state)
     json_decref(idx);
 }
 
+/* --dtype applies to attention, router, embedding and unembedding; experts stay mxfp4 bit for
+ * bit, biases/sinks/norms f32; the same from the HF directory and from the IEBIN model */
+static void test_dtype_choice(void **state)
+{
+    (void)state;
+    char out[4200], out2[4200];
+    snprintf(out, sizeof out, "%s/int8", g_root);
+    snprintf(out2, sizeof out2, "%s/int8_from_iebin", g_root);
+    struct convert_opts o = {.dtype_set = true, .dtype = DT_Q8_0};
+    assert_int_equal(convert_model(g_hf, out, &o, NULL), 0);
+    assert_int_equal(convert_model(g_ref, out2, &o, NULL), 0);
+    struct iebin_model *m, *ref, *m2;
+    assert_int_equal(iebin_open(out, &m), 0);
+    assert_int_equal(iebin_open(g_ref, &ref), 0);
+    assert_int_equal(iebin_open(out2, &m2), 0);
+    static const char *const q8[] = {"tok_embd", "output", "blk.0.attn_q", "blk.2.attn_o",
+                                     "blk.1.ffn_router"};
+    for (size_t i = 0; i < sizeof q8 / sizeof q8[0]; i++)
+        assert_int_equal(iebin_find(m, q8[i])->dtype, DT_Q8_0);
+    static const char *const same[] = {"blk.0.ffn_gate_exps", "blk.3.ffn_down_exps",
+                                       "blk.1.attn_sinks", "blk.2.ffn_up_exps_bias",
+                                       "blk.0.attn_q_bias", "output_norm"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        const struct iebin_tensor *a = iebin_find(m, same[i]), *b = iebin_find(ref, same[i]);
+        assert_int_equal(a->dtype, b->dtype);
+        assert_int_equal(a->size, b->size);
+        assert_memory_equal(a->data, b->data, a->size);
+    }
+    for (size_t i = 0; i < m->n_tensors; i++) { /* HF and IEBIN sources agree */
+        const struct iebin_tensor *a = &m->tensors[i], *b = iebin_find(m2, a->name);
+        assert_int_equal(a->dtype, b->dtype);
+        assert_memory_equal(a->data, b->data, a->size);
+    }
+    iebin_close(m);
+    iebin_close(m2);
+    iebin_close(ref);
+}
+
 /* truncate absent: HF's default, true; then the manifest says so */
 static void test_truncate_default(void **state)
 {
@@ -669,6 +708,7 @@ int main(void)
         cmocka_unit_test(test_preset_20b_hparams),
         cmocka_unit_test(test_config_fields),
         cmocka_unit_test(test_truncate_default),
+        cmocka_unit_test(test_dtype_choice),
         cmocka_unit_test(test_bad_mxfp4),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_bad_index),
