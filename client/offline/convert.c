@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -216,6 +217,20 @@ static int hf_mxfp4_row(const char *what, const struct src_tensor *st, uint64_t 
 }
 
 /*
+ * Drops the pages of [p, p + n) from this process's mapping of the source (they stay in the
+ * page cache): streaming a 13 GB checkpoint then keeps about one tensor resident instead of
+ * the whole file. The pages are file-backed and read-only, so this loses nothing; a page
+ * shared with a neighbouring tensor just faults in again.
+ */
+static void release_source(const void *p, uint64_t n)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1), e = (uintptr_t)p + n;
+    if (pg > 0 && e > a)
+        madvise((void *)a, e - a, MADV_DONTNEED); /* advisory: a failure changes nothing */
+}
+
+/*
  * Writes one IEBIN tensor from a source tensor. Row r of the IEBIN tensor (or element r, when
  * `elementwise`: a bias whose elements move) comes from source row:
  *  - perm_heads > 0 (q/k of a rotate-half source): iebin_rope_hf_row(r, head_dim), so row
@@ -298,6 +313,16 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
         rc = out_rc(pg, iebin_writer_end(w));
     if (rc == 0)
         progress_tick(pg, name, rows * dst_rb);
+    /* the source is done with, unless it is a fused gate/up whose other half comes next */
+    if (rc == 0 && st->deint != 1 && st->deint != 3) {
+        uint64_t src_rows = st->deint ? 2 * rows : rows;
+        if (st->scales) {
+            release_source(st->data, src_rows * (cols / 32) * 16);
+            release_source(st->scales, src_rows * (cols / 32));
+        } else {
+            release_source(st->data, src_rows * src_rb);
+        }
+    }
 out:
     free(buf);
     free(mx);
