@@ -1,4 +1,5 @@
-/* cmd_synth.c — `clocher synth --preset NAME OUT_DIR [--seed N] [--dtype D] [--layers N] [--gguf F]`. */
+/* cmd_synth.c — `clocher synth --preset NAME OUT_DIR [--seed N] [--dtype D] [--layers N] [--gguf F]
+ * [--tokenizer F] [--vocab N]`. */
 #include "cmds.h"
 #include "synth.h"
 
@@ -10,10 +11,14 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: clocher synth --preset demo|tinyllama-1.1b OUT_DIR [--seed N]\n"
-               "                     [--dtype f32|f16|bf16] [--layers N] [--gguf FILE]\n\n"
-               "Writes a deterministic RANDOM-weight Llama in Hugging Face form (config.json,\n"
-               "model.safetensors, tokenizer.model). Its output is not language. --gguf also\n"
+    fprintf(f, "usage: clocher synth --preset demo|tinyllama-1.1b|gpt-oss-tiny|gpt-oss-20b OUT_DIR\n"
+               "                     [--seed N] [--dtype f32|f16|bf16] [--layers N] [--gguf FILE]\n"
+               "                     [--tokenizer FILE] [--vocab N]\n\n"
+               "Writes a deterministic RANDOM-weight model in Hugging Face form. Its output is not\n"
+               "language. Llama presets: config.json, model.safetensors, tokenizer.model.\n"
+               "gpt-oss presets: the release's layout (config.json, sharded safetensors with\n"
+               "model.safetensors.index.json, MXFP4 experts), the vocabulary from --tokenizer\n"
+               "(copied beside the weights) or --vocab (gpt-oss-tiny needs one). --gguf also\n"
                "writes the same weights as a GGUF file (llama.cpp's layout). Same seed, same bytes.\n");
 }
 
@@ -58,6 +63,14 @@ int cmd_synth(int argc, char **argv)
             }
         } else if (!strcmp(a, "--gguf") && i + 1 < argc) {
             o.gguf = argv[++i];
+        } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
+            o.tokenizer = argv[++i];
+        } else if (!strcmp(a, "--vocab") && i + 1 < argc) {
+            if (parse_u64(argv[++i], &u) || u < 1 || u > 4194304) {
+                fprintf(stderr, "clocher synth: --vocab %s: expected 1..4194304\n", argv[i]);
+                return CMD_EXIT_USAGE;
+            }
+            o.vocab = (uint32_t)u;
         } else if (a[0] == '-') {
             fprintf(stderr, "clocher synth: unknown or incomplete option '%s'\n", a);
             usage(stderr);

@@ -13,6 +13,7 @@
 #include "kern.h"
 #include "llama2c.h"
 #include "log.h"
+#include "mxfp4_hf.h"
 #include "safetensors.h"
 #include "tok.h"
 
@@ -26,15 +27,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* One source tensor as the converter sees it: rows of a dtype, row-major, outermost first. */
+/*
+ * One source tensor as the converter sees it: rows of a dtype, row-major, outermost first,
+ * with the shape of the IEBIN tensor it becomes (a lookup translates layouts):
+ *  - scales != NULL: Hugging Face MXFP4, dtype DT_MXFP4 but stored as two tensors, `data` the
+ *    blocks (16 bytes of nibbles per 32 elements, element 2i low and 2i+1 high in byte i) and
+ *    `scales` their E8M0 bytes, one per block; repacked to GGUF's block_mxfp4 per row;
+ *  - deint 1 / 2: the IEBIN tensor is the even / odd rows (biases: elements) of a source whose
+ *    groups (per expert) are twice as long: HF's interleaved gate_up_proj (gpt-oss);
+ *    deint 3 / 4: the first / second half of each group: llama.cpp's fused ffn_gate_up_exps
+ *    (gate rows, then up rows, per expert).
+ */
 struct src_tensor {
     enum dtype dtype;
     int n_dims;
     uint64_t shape[4];
     const uint8_t *data;
+    const uint8_t *scales;
+    int deint;
+    char name[200]; /* the source's name for it, in messages */
 };
 
 /* The state of one conversion: progress, and whether a failure was the output's. */
@@ -172,14 +187,61 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
     }
 }
 
+/* E8M0 255 is NaN: a checkpoint holding it is broken, and no kernel handles it. */
+static int check_e8m0(const char *what, const char *src, uint64_t row, uint64_t block, uint8_t e)
+{
+    if (e != 255)
+        return 0;
+    LOG_ERR("%s: tensor '%s': row %llu, block %llu: E8M0 scale byte 255 (NaN)", what, src,
+            (unsigned long long)row, (unsigned long long)block);
+    return ERR_RANGE;
+}
+
 /*
- * Writes one IEBIN tensor from a source tensor. perm_heads > 0 applies the HF rotate-half →
- * interleaved row permutation within heads of head_dim rows: destination row h*hd + 2i + s
- * comes from source row h*hd + s*hd/2 + i.
+ * One row of Hugging Face MXFP4 (nb blocks: 16 nibble bytes each, element 2i in the low and
+ * 2i+1 in the high nibble of byte i, scales separately) as GGUF's block_mxfp4 (scale byte
+ * first, then byte j holding element j low and j+16 high): lossless.
+ */
+static int hf_mxfp4_row(const char *what, const struct src_tensor *st, uint64_t row,
+                        uint8_t *dst)
+{
+    uint64_t nb = st->shape[st->n_dims - 1] / 32;
+    const uint8_t *blk = st->data + row * nb * 16, *sc = st->scales + row * nb;
+    for (uint64_t b = 0; b < nb; b++, blk += 16, dst += 17) {
+        int rc = check_e8m0(what, st->name, row, b, sc[b]);
+        if (rc)
+            return rc;
+        mxfp4_block_from_hf(blk, sc[b], dst);
+    }
+    return 0;
+}
+
+/*
+ * Drops the pages of [p, p + n) from this process's mapping of the source (they stay in the
+ * page cache): streaming a 13 GB checkpoint then keeps about one tensor resident instead of
+ * the whole file. The pages are file-backed and read-only, so this loses nothing; a page
+ * shared with a neighbouring tensor just faults in again.
+ */
+static void release_source(const void *p, uint64_t n)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(pg - 1), e = (uintptr_t)p + n;
+    if (pg > 0 && e > a)
+        madvise((void *)a, e - a, MADV_DONTNEED); /* advisory: a failure changes nothing */
+}
+
+/*
+ * Writes one IEBIN tensor from a source tensor. Row r of the IEBIN tensor (or element r, when
+ * `elementwise`: a bias whose elements move) comes from source row:
+ *  - perm_heads > 0 (q/k of a rotate-half source): iebin_rope_hf_row(r, head_dim), so row
+ *    h*hd + 2i + s comes from h*hd + s*hd/2 + i;
+ *  - st->deint 1, 2: (r / G)*2G + 2(r % G) + deint - 1, G the rows (elements) per expert;
+ *    3, 4: (r / G)*2G + r % G + (deint - 3)*G.
  */
 static int emit(struct iebin_writer *w, const char *what, const char *name,
                 const struct src_tensor *st, const uint64_t *want, int want_dims, enum dtype to,
-                uint32_t perm_heads, uint32_t head_dim, bool search, struct progress *pg)
+                uint32_t perm_heads, uint32_t head_dim, bool elementwise, bool search,
+                struct progress *pg)
 {
     if (st->n_dims != want_dims || memcmp(st->shape, want, sizeof(uint64_t) * (size_t)want_dims)) {
         char got[96] = "", exp[96] = "";
@@ -189,12 +251,17 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
         for (int i = 0; i < want_dims; i++)
             snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%s%llu", i ? ", " : "",
                      (unsigned long long)want[i]);
-        LOG_ERR("%s: tensor for '%s' has shape [%s], expected [%s]", what, name, got, exp);
+        LOG_ERR("%s: tensor for '%s' has shape [%s], expected [%s] (source '%s')", what, name,
+                got, exp, st->name);
         return ERR_MISMATCH;
     }
     uint64_t cols = want[want_dims - 1], rows = 1;
     for (int i = 0; i < want_dims - 1; i++)
         rows *= want[i];
+    /* rows (elements) per expert, for de-interleaving */
+    uint64_t group = elementwise ? cols : want_dims >= 2 ? want[want_dims - 2] : 1;
+    if (elementwise)
+        rows *= cols, cols = 1;
     uint64_t src_rb, dst_rb;
     if (dtype_row_bytes(st->dtype, cols, &src_rb) || dtype_row_bytes(to, cols, &dst_rb)) {
         LOG_ERR("%s: tensor for '%s': row of %llu elements is not whole blocks", what, name,
@@ -206,9 +273,12 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
         return rc;
     /* a chunk of rows at a time keeps writes large without holding the tensor */
     size_t chunk_rows = dst_rb >= (4u << 20) ? 1 : (size_t)((4u << 20) / dst_rb);
+    if (chunk_rows > rows)
+        chunk_rows = (size_t)rows;
     uint8_t *buf = malloc(chunk_rows * dst_rb);
+    uint8_t *mx = st->scales && to != DT_MXFP4 ? malloc(src_rb) : NULL; /* a repacked row */
     float *tmp = malloc(cols * sizeof(float));
-    if (!buf || !tmp) {
+    if (!buf || !tmp || (st->scales && to != DT_MXFP4 && !mx)) {
         LOG_ERR("out of memory converting '%s'", name);
         rc = -ENOMEM;
         goto out;
@@ -219,8 +289,22 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
             uint64_t r = r0 + j, sr = r;
             if (perm_heads)
                 sr = iebin_rope_hf_row(r, head_dim);
-            rc = convert_row(st->dtype, st->data + sr * src_rb, to, buf + j * dst_rb, tmp, cols,
-                             search);
+            else if (st->deint == 1 || st->deint == 2)
+                sr = (r / group) * 2 * group + 2 * (r % group) + (uint64_t)(st->deint - 1);
+            else if (st->deint)
+                sr = (r / group) * 2 * group + r % group + (uint64_t)(st->deint - 3) * group;
+            uint8_t *d = buf + j * dst_rb;
+            if (st->scales) { /* HF MXFP4: repack, then convert like any mxfp4 row */
+                if ((rc = hf_mxfp4_row(what, st, sr, mx ? mx : d)) == 0 && mx)
+                    rc = convert_row(DT_MXFP4, mx, to, d, tmp, cols, search);
+                continue;
+            }
+            const uint8_t *sp = st->data + sr * src_rb;
+            if (st->dtype == DT_MXFP4)
+                for (uint64_t b = 0; b < cols / 32 && rc == 0; b++)
+                    rc = check_e8m0(what, st->name, sr, b, sp[b * 17]);
+            if (rc == 0)
+                rc = convert_row(st->dtype, sp, to, d, tmp, cols, search);
         }
         if (rc == 0)
             rc = out_rc(pg, iebin_writer_write(w, buf, nr * dst_rb));
@@ -229,8 +313,19 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
         rc = out_rc(pg, iebin_writer_end(w));
     if (rc == 0)
         progress_tick(pg, name, rows * dst_rb);
+    /* the source is done with, unless it is a fused gate/up whose other half comes next */
+    if (rc == 0 && st->deint != 1 && st->deint != 3) {
+        uint64_t src_rows = st->deint ? 2 * rows : rows;
+        if (st->scales) {
+            release_source(st->data, src_rows * (cols / 32) * 16);
+            release_source(st->scales, src_rows * (cols / 32));
+        } else {
+            release_source(st->data, src_rows * src_rb);
+        }
+    }
 out:
     free(buf);
+    free(mx);
     free(tmp);
     return rc;
 }
@@ -252,73 +347,82 @@ static enum dtype fallback_dtype(const char *name, enum dtype to, enum dtype fro
     return fb;
 }
 
-/* ---- a generic walk over the llama tensors ---- */
+/* ---- a generic walk over an architecture's tensors ---- */
 
-/* Looks a tensor up in the source by its IEBIN name; layer < 0 for global tensors. */
-typedef int lookup_fn(void *src, const char *iebin_kind, int layer, struct src_tensor *out);
+/* Looks a tensor up in the source by its IEBIN name: `kind` is the name for global tensors
+ * (layer < 0) or the part after "blk.N." (e.g. "attn_q"). */
+typedef int lookup_fn(void *src, const char *kind, int layer, struct src_tensor *out);
 
-static bool is_norm(const char *kind) { return strstr(kind, "norm") != NULL; }
+static const char *arch_of(const struct iebin_hparams *hp)
+{
+    return hp->n_experts ? "gpt_oss" : "llama";
+}
 
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/*
+ * Streams every tensor of the architecture (iebin_arch_slot's tables), in the order tok_embd,
+ * layer 0, 1, ..., output_norm, output. Norms, biases and sinks become f32; expert tensors
+ * keep their source dtype (mxfp4 from checkpoints: never requantized); every other matrix
+ * gets --dtype, the embedding dtype or a quant-manifest rule. hf_rope: q/k rows and biases are
+ * in rotate-half order in the source.
+ */
 static int walk(void *src, lookup_fn *lookup, const char *what, const struct iebin_hparams *hp,
                 struct iebin_writer *w, const struct convert_opts *o, bool hf_rope,
                 struct progress *pg)
 {
-    static const char *const kinds[] = {"attn_norm", "attn_q", "attn_k",  "attn_v",  "attn_o",
-                                        "ffn_norm",  "ffn_gate", "ffn_up", "ffn_down"};
-    uint64_t q_rows = (uint64_t)hp->n_heads * hp->head_dim;
-    uint64_t kv_rows = (uint64_t)hp->n_kv_heads * hp->head_dim;
-    pg->total = 2 + (hp->tied_embeddings ? 0 : 1) + 9u * hp->n_layers;
-    struct src_tensor st;
-    int rc;
-    char name[IEBIN_NAME_MAX];
-
-#define EMIT(kind_, layer_, nd_, perm_, ...)                                                     \
-    do {                                                                                         \
-        uint64_t want_[] = {__VA_ARGS__};                                                        \
-        if ((layer_) < 0)                                                                        \
-            snprintf(name, sizeof name, "%s", kind_);                                            \
-        else                                                                                     \
-            snprintf(name, sizeof name, "blk.%d.%s", (layer_), kind_);                           \
-        rc = lookup(src, kind_, (layer_), &st);                                                  \
-        if (rc)                                                                                  \
-            return rc;                                                                           \
-        enum dtype to_ = is_norm(kind_) ? DT_F32 : (o->dtype_set ? o->dtype : st.dtype);         \
-        if (o->embd_dtype_set && (!strcmp(kind_, "tok_embd") || !strcmp(kind_, "output")))     \
-            to_ = o->embd_dtype;                                                                 \
-        enum dtype qm_;                                                                          \
-        if (o->manifest && !is_norm(kind_) && qm_match(o->manifest, name, &qm_) == 0)            \
-            to_ = qm_;                                                                           \
-        to_ = fallback_dtype(name, to_, st.dtype, want_[(nd_) - 1]);                             \
-        rc = emit(w, what, name, &st, want_, (nd_), to_, (perm_), hp->head_dim,                 \
-                  o->rounding_search, pg);                                                       \
-        if (rc)                                                                                  \
-            return rc;                                                                           \
-    } while (0)
-
-    EMIT("tok_embd", -1, 2, 0, hp->vocab_size, hp->dim);
-    for (int l = 0; l < (int)hp->n_layers; l++) {
-        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
-            const char *kind = kinds[k];
-            if (!strcmp(kind, "attn_norm") || !strcmp(kind, "ffn_norm"))
-                EMIT(kind, l, 1, 0, hp->dim);
-            else if (!strcmp(kind, "attn_q"))
-                EMIT(kind, l, 2, hf_rope ? hp->n_heads : 0, q_rows, hp->dim);
-            else if (!strcmp(kind, "attn_k"))
-                EMIT(kind, l, 2, hf_rope ? hp->n_kv_heads : 0, kv_rows, hp->dim);
-            else if (!strcmp(kind, "attn_v"))
-                EMIT(kind, l, 2, 0, kv_rows, hp->dim);
-            else if (!strcmp(kind, "attn_o"))
-                EMIT(kind, l, 2, 0, hp->dim, q_rows);
-            else if (!strcmp(kind, "ffn_down"))
-                EMIT(kind, l, 2, 0, hp->dim, hp->ffn_dim);
-            else
-                EMIT(kind, l, 2, 0, hp->ffn_dim, hp->dim);
+    const char *arch = arch_of(hp);
+    size_t ns = iebin_arch_n_slots(arch, hp);
+    pg->total = ns - (hp->tied_embeddings ? 1 : 0);
+    for (size_t i = 0; i < ns; i++) {
+        /* slots are tok_embd, output_norm, output, layers...: write the layers second */
+        size_t slot = i == 0 ? 0 : i + 2 < ns ? i + 2 : i + 3 - ns;
+        if (slot == 2 && hp->tied_embeddings)
+            continue;
+        char name[IEBIN_NAME_MAX];
+        uint64_t want[3];
+        int nd;
+        bool f32;
+        iebin_arch_slot(arch, hp, slot, name, want, &nd, &f32);
+        int layer = -1;
+        const char *kind = name;
+        if (slot > 2) {
+            layer = atoi(name + 4);
+            kind = strchr(name + 4, '.') + 1;
         }
+        struct src_tensor st;
+        memset(&st, 0, sizeof st);
+        int rc = lookup(src, kind, layer, &st);
+        if (rc)
+            return rc;
+        uint32_t perm = 0;
+        if (hf_rope && (!strcmp(kind, IEBIN_T_ATTN_Q) || !strcmp(kind, IEBIN_T_ATTN_Q_BIAS)))
+            perm = hp->n_heads;
+        else if (hf_rope && (!strcmp(kind, IEBIN_T_ATTN_K) || !strcmp(kind, IEBIN_T_ATTN_K_BIAS)))
+            perm = hp->n_kv_heads;
+        bool expert = ends_with(kind, "_exps");
+        enum dtype to = st.dtype;
+        if (f32) {
+            to = DT_F32;
+        } else if (!expert) {
+            if (o->dtype_set)
+                to = o->dtype;
+            if (o->embd_dtype_set && (!strcmp(kind, IEBIN_T_TOK_EMBD) || !strcmp(kind, IEBIN_T_OUTPUT)))
+                to = o->embd_dtype;
+            enum dtype qm;
+            if (o->manifest && qm_match(o->manifest, name, &qm) == 0)
+                to = qm;
+            to = fallback_dtype(name, to, st.dtype, want[nd - 1]);
+        }
+        rc = emit(w, what, name, &st, want, nd, to, perm, hp->head_dim, f32 && (perm || st.deint),
+                  o->rounding_search, pg);
+        if (rc)
+            return rc;
     }
-    EMIT("output_norm", -1, 1, 0, hp->dim);
-    if (!hp->tied_embeddings)
-        EMIT("output", -1, 2, 0, hp->vocab_size, hp->dim);
-#undef EMIT
     return 0;
 }
 
@@ -361,7 +465,7 @@ static int write_model(void *src, lookup_fn *lookup, const char *what, const cha
     if (rc)
         return rc;
     struct iebin_writer *w;
-    rc = out_rc(pg, iebin_writer_create(out_dir, "llama", name, hp, &w));
+    rc = out_rc(pg, iebin_writer_create(out_dir, arch_of(hp), name, hp, &w));
     if (rc == 0) {
         if ((rc = walk(src, lookup, what, hp, w, o, hf_rope, pg)) == 0 && json)
             rc = out_rc(pg, iebin_writer_set_tokenizer(w, json, len));
@@ -389,39 +493,128 @@ static const char *base_name(const char *path, char *buf, size_t cap)
 struct hf_src {
     struct safetensors_set *set;
     const char *dir;
+    const struct iebin_hparams *hp;
 };
+
+/* IEBIN kind -> HF name (after "model.layers.N." for per-layer kinds); deint for gate/up. */
+static const struct hf_name {
+    const char *kind, *hf;
+    int deint;
+} hf_names[] = {
+    {IEBIN_T_TOK_EMBD, "model.embed_tokens.weight", 0},
+    {IEBIN_T_OUTPUT_NORM, "model.norm.weight", 0},
+    {IEBIN_T_OUTPUT, "lm_head.weight", 0},
+    {IEBIN_T_ATTN_NORM, "input_layernorm.weight", 0},
+    {IEBIN_T_ATTN_Q, "self_attn.q_proj.weight", 0},
+    {IEBIN_T_ATTN_K, "self_attn.k_proj.weight", 0},
+    {IEBIN_T_ATTN_V, "self_attn.v_proj.weight", 0},
+    {IEBIN_T_ATTN_O, "self_attn.o_proj.weight", 0},
+    {IEBIN_T_FFN_NORM, "post_attention_layernorm.weight", 0},
+    {IEBIN_T_FFN_GATE, "mlp.gate_proj.weight", 0},
+    {IEBIN_T_FFN_UP, "mlp.up_proj.weight", 0},
+    {IEBIN_T_FFN_DOWN, "mlp.down_proj.weight", 0},
+    /* gpt_oss */
+    {IEBIN_T_ATTN_Q_BIAS, "self_attn.q_proj.bias", 0},
+    {IEBIN_T_ATTN_K_BIAS, "self_attn.k_proj.bias", 0},
+    {IEBIN_T_ATTN_V_BIAS, "self_attn.v_proj.bias", 0},
+    {IEBIN_T_ATTN_O_BIAS, "self_attn.o_proj.bias", 0},
+    {IEBIN_T_ATTN_SINKS, "self_attn.sinks", 0},
+    {IEBIN_T_FFN_ROUTER, "mlp.router.weight", 0},
+    {IEBIN_T_FFN_ROUTER_BIAS, "mlp.router.bias", 0},
+    {IEBIN_T_FFN_GATE_EXPS, "mlp.experts.gate_up_proj", 1}, /* + _blocks/_scales */
+    {IEBIN_T_FFN_UP_EXPS, "mlp.experts.gate_up_proj", 2},
+    {IEBIN_T_FFN_DOWN_EXPS, "mlp.experts.down_proj", 0},
+    {IEBIN_T_FFN_GATE_EXPS_BIAS, "mlp.experts.gate_up_proj_bias", 1},
+    {IEBIN_T_FFN_UP_EXPS_BIAS, "mlp.experts.gate_up_proj_bias", 2},
+    {IEBIN_T_FFN_DOWN_EXPS_BIAS, "mlp.experts.down_proj_bias", 0},
+};
+
+static const struct safetensors_tensor *hf_find(const struct hf_src *s, const char *name)
+{
+    const struct safetensors_tensor *t = safetensors_set_find(s->set, name);
+    if (!t)
+        LOG_ERR("%s: tensor '%s' is missing from the safetensors files", s->dir, name);
+    return t;
+}
+
+static const char *dims_str(const uint64_t *d, int n, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++)
+        snprintf(buf + strlen(buf), cap - strlen(buf), "%s%llu", i ? ", " : "",
+                 (unsigned long long)d[i]);
+    return buf;
+}
+
+/*
+ * gpt-oss experts: `base`_blocks U8 [E][R][nb][16] and `base`_scales U8 [E][R][nb], R the
+ * output rows (2*ffn_dim for gate_up, interleaved), nb the 32-blocks of a row (`in` / 32).
+ */
+static int hf_lookup_mxfp4(const struct hf_src *s, const char *base, int deint, uint64_t in,
+                           struct src_tensor *out)
+{
+    char bn[192], sn[192], d1[96], d2[96];
+    snprintf(bn, sizeof bn, "%s_blocks", base);
+    snprintf(sn, sizeof sn, "%s_scales", base);
+    const struct safetensors_tensor *b = hf_find(s, bn), *sc = b ? hf_find(s, sn) : NULL;
+    if (!b || !sc)
+        return ERR_NOT_FOUND;
+    if (b->dtype != SAFETENSORS_U8 || b->n_dims != 4 || b->shape[3] != 16) {
+        LOG_ERR("%s: tensor '%s' is %s [%s]; MXFP4 blocks are U8 [experts, rows, blocks, 16]",
+                s->dir, bn, safetensors_dtype_name(b->dtype), dims_str(b->shape, b->n_dims, d1,
+                                                                       sizeof d1));
+        return ERR_FORMAT;
+    }
+    if (b->shape[2] * 32 != in) {
+        LOG_ERR("%s: tensor '%s' has %llu blocks of 32 per row, expected %llu (rows of %llu)",
+                s->dir, bn, (unsigned long long)b->shape[2], (unsigned long long)(in / 32),
+                (unsigned long long)in);
+        return ERR_MISMATCH;
+    }
+    if (sc->dtype != SAFETENSORS_U8 || sc->n_dims != 3 || memcmp(sc->shape, b->shape, 3 * 8)) {
+        LOG_ERR("%s: tensor '%s' is %s [%s]; expected U8 [%s] (one E8M0 scale per block of '%s')",
+                s->dir, sn, safetensors_dtype_name(sc->dtype),
+                dims_str(sc->shape, sc->n_dims, d1, sizeof d1), dims_str(b->shape, 3, d2, sizeof d2),
+                bn);
+        return sc->dtype != SAFETENSORS_U8 ? ERR_FORMAT : ERR_MISMATCH;
+    }
+    if (deint && b->shape[1] % 2) {
+        LOG_ERR("%s: tensor '%s' has %llu rows per expert; interleaved gate/up needs an even "
+                "count",
+                s->dir, bn, (unsigned long long)b->shape[1]);
+        return ERR_MISMATCH;
+    }
+    out->dtype = DT_MXFP4;
+    out->n_dims = 3;
+    out->shape[0] = b->shape[0];
+    out->shape[1] = deint ? b->shape[1] / 2 : b->shape[1];
+    out->shape[2] = in;
+    out->data = b->data;
+    out->scales = sc->data;
+    out->deint = deint;
+    snprintf(out->name, sizeof out->name, "%s", sn); /* what an E8M0 error names */
+    return 0;
+}
 
 static int hf_lookup(void *p, const char *kind, int layer, struct src_tensor *out)
 {
     struct hf_src *s = p;
-    static const struct {
-        const char *kind, *hf;
-    } map[] = {{"tok_embd", "model.embed_tokens.weight"},
-               {"output_norm", "model.norm.weight"},
-               {"output", "lm_head.weight"},
-               {"attn_norm", "input_layernorm.weight"},
-               {"attn_q", "self_attn.q_proj.weight"},
-               {"attn_k", "self_attn.k_proj.weight"},
-               {"attn_v", "self_attn.v_proj.weight"},
-               {"attn_o", "self_attn.o_proj.weight"},
-               {"ffn_norm", "post_attention_layernorm.weight"},
-               {"ffn_gate", "mlp.gate_proj.weight"},
-               {"ffn_up", "mlp.up_proj.weight"},
-               {"ffn_down", "mlp.down_proj.weight"}};
+    const struct hf_name *m = NULL;
+    for (size_t i = 0; i < sizeof hf_names / sizeof hf_names[0]; i++)
+        if (!strcmp(hf_names[i].kind, kind))
+            m = &hf_names[i];
     char name[160];
-    const char *hf = NULL;
-    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-        if (!strcmp(map[i].kind, kind))
-            hf = map[i].hf;
     if (layer < 0)
-        snprintf(name, sizeof name, "%s", hf);
+        snprintf(name, sizeof name, "%s", m->hf);
     else
-        snprintf(name, sizeof name, "model.layers.%d.%s", layer, hf);
-    const struct safetensors_tensor *t = safetensors_set_find(s->set, name);
-    if (!t) {
-        LOG_ERR("%s: tensor '%s' is missing from the safetensors files", s->dir, name);
+        snprintf(name, sizeof name, "model.layers.%d.%s", layer, m->hf);
+    if (ends_with(kind, "_exps"))
+        return hf_lookup_mxfp4(s, name, m->deint,
+                               !strcmp(kind, IEBIN_T_FFN_DOWN_EXPS) ? s->hp->ffn_dim : s->hp->dim,
+                               out);
+    const struct safetensors_tensor *t = hf_find(s, name);
+    if (!t)
         return ERR_NOT_FOUND;
-    }
     if (safetensors_dtype_to_dtype(t->dtype, &out->dtype) != 0 ||
         (out->dtype != DT_F32 && out->dtype != DT_F16 && out->dtype != DT_BF16)) {
         LOG_ERR("%s: tensor '%s' has dtype %s; F32, F16 and BF16 are supported", s->dir, name,
@@ -435,6 +628,16 @@ static int hf_lookup(void *p, const char *kind, int layer, struct src_tensor *ou
     out->n_dims = t->n_dims;
     memcpy(out->shape, t->shape, sizeof(uint64_t) * (size_t)t->n_dims);
     out->data = t->data;
+    snprintf(out->name, sizeof out->name, "%s", name);
+    if ((out->deint = m->deint) != 0) { /* gate_up_proj_bias [E][2F]: even gate, odd up */
+        if (out->shape[out->n_dims - 1] % 2) {
+            LOG_ERR("%s: tensor '%s' has an odd last dimension; interleaved gate/up needs an "
+                    "even one",
+                    s->dir, name);
+            return ERR_MISMATCH;
+        }
+        out->shape[out->n_dims - 1] /= 2;
+    }
     return 0;
 }
 
@@ -490,6 +693,269 @@ static int json_f32(json_t *cfg, const char *path, const char *key, float *out, 
     return 0;
 }
 
+/*
+ * Llama config fields that change what the model computes and that the engine does not
+ * implement: refused by name, never ignored (a model run without its sliding window or its
+ * RoPE scaling gives plausible garbage).
+ */
+static int hf_refuse_llama_extras(json_t *cfg, const char *path)
+{
+    json_t *rs = json_object_get(cfg, "rope_scaling");
+    if (rs && !json_is_null(rs)) {
+        LOG_ERR("%s: rope_scaling is not supported for llama (IEBIN llama has plain RoPE only)",
+                path);
+        return ERR_UNSUPPORTED;
+    }
+    static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
+    for (size_t i = 0; i < sizeof no_bias / sizeof no_bias[0]; i++) {
+        if (json_is_true(json_object_get(cfg, no_bias[i]))) {
+            LOG_ERR("%s: %s is true; biases are not supported for llama", path, no_bias[i]);
+            return ERR_UNSUPPORTED;
+        }
+    }
+    json_t *sw = json_object_get(cfg, "sliding_window");
+    if (sw && !json_is_null(sw)) {
+        LOG_ERR("%s: sliding_window is set; sliding-window attention is not implemented for "
+                "llama",
+                path);
+        return ERR_UNSUPPORTED;
+    }
+    if (json_is_true(json_object_get(cfg, "use_sliding_window"))) {
+        LOG_ERR("%s: use_sliding_window is true; sliding-window attention is not implemented "
+                "for llama",
+                path);
+        return ERR_UNSUPPORTED;
+    }
+    json_t *lt = json_object_get(cfg, "layer_types"), *e;
+    size_t i;
+    json_array_foreach(lt, i, e) {
+        if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0) {
+            LOG_ERR("%s: layer_types[%zu] is not \"full_attention\"; llama layers are full "
+                    "attention only",
+                    path, i);
+            return ERR_UNSUPPORTED;
+        }
+    }
+    json_t *prf = json_object_get(cfg, "partial_rotary_factor");
+    if (prf && !json_is_null(prf) && !(json_is_number(prf) && json_number_value(prf) == 1.0)) {
+        LOG_ERR("%s: partial_rotary_factor is not 1; partial RoPE is not implemented", path);
+        return ERR_UNSUPPORTED;
+    }
+    static const char *const no_experts[] = {"num_local_experts", "num_experts"};
+    for (i = 0; i < sizeof no_experts / sizeof no_experts[0]; i++) {
+        json_t *v = json_object_get(cfg, no_experts[i]);
+        if (json_is_integer(v) && json_integer_value(v) > 0) {
+            LOG_ERR("%s: %s is set; mixture-of-experts llama models are not supported", path,
+                    no_experts[i]);
+            return ERR_UNSUPPORTED;
+        }
+    }
+    return 0;
+}
+
+/*
+ * gpt_oss's rope_scaling (spec §1a): rope_type (or type) "yarn"; factor and
+ * original_max_position_embeddings required; beta_fast/beta_slow default to HF's 32/1 and
+ * truncate to HF's true (HF truncates unless told not to; gpt-oss-20b's config says false).
+ * Any other key (mscale, attention_factor, ...) is a parameter the engine would ignore:
+ * refused by name.
+ */
+static int hf_rope_scaling(json_t *rs, const char *path, struct iebin_rope_scaling *out)
+{
+    static const char *const known[] = {"rope_type", "type", "factor", "beta_fast", "beta_slow",
+                                        "original_max_position_embeddings", "truncate"};
+    if (!json_is_object(rs)) {
+        LOG_ERR("%s: rope_scaling is %s; gpt_oss needs a YaRN object", path,
+                rs ? "not an object" : "missing");
+        return rs ? ERR_FORMAT : ERR_UNSUPPORTED;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(rs, key, v) {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+            ok |= !strcmp(key, known[i]);
+        if (!ok) {
+            LOG_ERR("%s: rope_scaling.%s is not implemented (known: rope_type, factor, "
+                    "beta_fast, beta_slow, original_max_position_embeddings, truncate)",
+                    path, key);
+            return ERR_UNSUPPORTED;
+        }
+    }
+    json_t *ty = json_object_get(rs, "rope_type");
+    if (!ty)
+        ty = json_object_get(rs, "type");
+    if (!json_is_string(ty) || strcmp(json_string_value(ty), "yarn") != 0) {
+        LOG_ERR("%s: rope_scaling.rope_type %s is not supported (only \"yarn\")", path,
+                json_is_string(ty) ? json_string_value(ty) : "(missing)");
+        return ERR_UNSUPPORTED;
+    }
+    out->type = IEBIN_ROPE_YARN;
+    int rc;
+    if (!json_object_get(rs, "factor")) {
+        LOG_ERR("%s: missing key 'rope_scaling.factor'", path);
+        return ERR_FORMAT;
+    }
+    if ((rc = json_f32(rs, path, "factor", &out->factor, 0.0f)) ||
+        (rc = json_f32(rs, path, "beta_fast", &out->beta_fast, 32.0f)) ||
+        (rc = json_f32(rs, path, "beta_slow", &out->beta_slow, 1.0f)))
+        return rc;
+    if (!json_object_get(rs, "original_max_position_embeddings")) {
+        LOG_ERR("%s: missing key 'rope_scaling.original_max_position_embeddings'", path);
+        return ERR_FORMAT;
+    }
+    if ((rc = json_u32(rs, path, "original_max_position_embeddings",
+                       &out->original_max_position_embeddings, true, 0)))
+        return rc;
+    json_t *tr = json_object_get(rs, "truncate");
+    if (tr && !json_is_null(tr) && !json_is_boolean(tr)) {
+        LOG_ERR("%s: 'rope_scaling.truncate' must be true or false", path);
+        return ERR_FORMAT;
+    }
+    out->truncate = !tr || json_is_null(tr) || json_is_true(tr);
+    return 0;
+}
+
+/* The gpt_oss fields of config.json (spec §1a) into hp. */
+static int hf_gpt_oss_hparams(json_t *cfg, const char *path, struct iebin_hparams *hp)
+{
+    int rc;
+    uint32_t per_tok = 0, ept = 0;
+    if ((rc = json_u32(cfg, path, "num_local_experts", &hp->n_experts, true, 0)) ||
+        (rc = json_u32(cfg, path, "num_experts_per_tok", &per_tok, false, 0)) ||
+        (rc = json_u32(cfg, path, "experts_per_token", &ept, false, 0)) ||
+        (rc = json_u32(cfg, path, "sliding_window", &hp->sliding_window, true, 0)))
+        return rc;
+    if (per_tok && ept && per_tok != ept) {
+        LOG_ERR("%s: num_experts_per_tok %u and experts_per_token %u disagree", path, per_tok,
+                ept);
+        return ERR_FORMAT;
+    }
+    hp->n_experts_used = per_tok ? per_tok : ept;
+    if (!hp->n_experts_used) {
+        LOG_ERR("%s: missing key 'num_experts_per_tok'", path);
+        return ERR_FORMAT;
+    }
+    if (hp->n_experts_used > hp->n_experts) {
+        LOG_ERR("%s: %s %u is above num_local_experts %u", path,
+                per_tok ? "num_experts_per_tok" : "experts_per_token", hp->n_experts_used,
+                hp->n_experts);
+        return ERR_RANGE;
+    }
+    if (hp->n_layers > 1024) {
+        LOG_ERR("%s: num_hidden_layers %u is above 1024", path, hp->n_layers);
+        return ERR_RANGE;
+    }
+    json_t *lt = json_object_get(cfg, "layer_types");
+    if (!lt || json_is_null(lt)) { /* HF's default: even layers slide */
+        for (uint32_t l = 0; l < hp->n_layers; l += 2)
+            hp->sliding_layers[l / 64] |= UINT64_C(1) << (l % 64);
+    } else if (!json_is_array(lt) || json_array_size(lt) != hp->n_layers) {
+        LOG_ERR("%s: layer_types must be an array of num_hidden_layers (%u) strings", path,
+                hp->n_layers);
+        return ERR_FORMAT;
+    } else {
+        for (uint32_t l = 0; l < hp->n_layers; l++) {
+            json_t *e = json_array_get(lt, l);
+            const char *ty = json_is_string(e) ? json_string_value(e) : "(not a string)";
+            if (!strcmp(ty, "sliding_attention")) {
+                hp->sliding_layers[l / 64] |= UINT64_C(1) << (l % 64);
+            } else if (strcmp(ty, "full_attention") != 0) {
+                LOG_ERR("%s: layer_types[%u] is \"%.64s\": unknown layer type (known: "
+                        "sliding_attention, full_attention)",
+                        path, l, ty);
+                return ERR_UNSUPPORTED;
+            }
+        }
+    }
+    if ((rc = hf_rope_scaling(json_object_get(cfg, "rope_scaling"), path, &hp->rope_scaling)) ||
+        (rc = json_f32(cfg, path, "swiglu_limit", &hp->swiglu_limit, 7.0f)))
+        return rc;
+    hp->swiglu_alpha = 1.702f; /* not a config field: HF and OpenAI hard-code it */
+    json_t *ab = json_object_get(cfg, "attention_bias");
+    if (ab && !json_is_null(ab) && !json_is_true(ab)) {
+        LOG_ERR("%s: attention_bias is not true; gpt_oss without attention biases is not "
+                "implemented",
+                path);
+        return ERR_UNSUPPORTED;
+    }
+    json_t *qc = json_object_get(cfg, "quantization_config");
+    if (qc && !json_is_null(qc)) {
+        json_t *qm = json_object_get(qc, "quant_method");
+        if (!json_is_string(qm) || strcmp(json_string_value(qm), "mxfp4") != 0) {
+            LOG_ERR("%s: quantization_config.quant_method %s is not supported (only \"mxfp4\")",
+                    path, json_is_string(qm) ? json_string_value(qm) : "(missing)");
+            return ERR_UNSUPPORTED;
+        }
+    }
+    return 0;
+}
+
+/* config.json's document (cfg) into hp; path names it in messages. */
+static int hf_hparams_doc(json_t *cfg, const char *path, struct iebin_hparams *hp,
+                          bool *tie_given)
+{
+    int rc = ERR_FORMAT;
+    if (!json_is_object(cfg)) {
+        LOG_ERR("%s: not a JSON object", path);
+        goto out;
+    }
+    json_t *mt = json_object_get(cfg, "model_type");
+    bool moe = json_is_string(mt) && strcmp(json_string_value(mt), "gpt_oss") == 0;
+    if (!moe && (!json_is_string(mt) || strcmp(json_string_value(mt), "llama") != 0)) {
+        LOG_ERR("%s: model_type %s is not supported (known: llama, gpt_oss)", path,
+                json_is_string(mt) ? json_string_value(mt) : "(missing)");
+        rc = ERR_UNSUPPORTED;
+        goto out;
+    }
+    if (!moe && (rc = hf_refuse_llama_extras(cfg, path)) != 0)
+        goto out;
+    json_t *act = json_object_get(cfg, "hidden_act");
+    if (act && !json_is_null(act) &&
+        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        LOG_ERR("%s: hidden_act %s is not supported (only \"silu\")", path,
+                json_is_string(act) ? json_string_value(act) : "(not a string)");
+        rc = ERR_UNSUPPORTED;
+        goto out;
+    }
+    memset(hp, 0, sizeof *hp);
+    if ((rc = json_u32(cfg, path, "hidden_size", &hp->dim, true, 0)) ||
+        (rc = json_u32(cfg, path, "intermediate_size", &hp->ffn_dim, true, 0)) ||
+        (rc = json_u32(cfg, path, "num_hidden_layers", &hp->n_layers, true, 0)) ||
+        (rc = json_u32(cfg, path, "num_attention_heads", &hp->n_heads, true, 0)) ||
+        (rc = json_u32(cfg, path, "vocab_size", &hp->vocab_size, true, 0)) ||
+        (rc = json_u32(cfg, path, "num_key_value_heads", &hp->n_kv_heads, false, hp->n_heads)) ||
+        (rc = json_u32(cfg, path, "max_position_embeddings", &hp->max_seq_len, false, 2048)) ||
+        (rc = json_f32(cfg, path, "rope_theta", &hp->rope_theta, 10000.0f)) ||
+        (rc = json_f32(cfg, path, "rms_norm_eps", &hp->rms_eps, moe ? 1e-5f : 1e-6f)))
+        goto out;
+    /* head_dim is explicit in newer configs (and may differ from hidden_size / heads) */
+    if ((rc = json_u32(cfg, path, "head_dim", &hp->head_dim, false, 0)) != 0)
+        goto out;
+    if (!hp->head_dim) {
+        if (hp->dim % hp->n_heads != 0) {
+            LOG_ERR("%s: hidden_size %u is not a multiple of num_attention_heads %u", path,
+                    hp->dim, hp->n_heads);
+            rc = ERR_FORMAT;
+            goto out;
+        }
+        hp->head_dim = hp->dim / hp->n_heads;
+    }
+    json_t *tie = json_object_get(cfg, "tie_word_embeddings");
+    if (tie && !json_is_null(tie) && !json_is_boolean(tie)) {
+        LOG_ERR("%s: 'tie_word_embeddings' must be true or false", path);
+        rc = ERR_FORMAT;
+        goto out;
+    }
+    hp->tied_embeddings = json_is_true(tie);
+    *tie_given = tie && json_is_boolean(tie);
+    if (moe && (rc = hf_gpt_oss_hparams(cfg, path, hp)) != 0)
+        goto out;
+    rc = iebin_check_hparams(hp, path);
+out:
+    return rc;
+}
+
 static int hf_hparams(const char *dir, struct iebin_hparams *hp, bool *tie_given)
 {
     char path[4096];
@@ -516,76 +982,42 @@ static int hf_hparams(const char *dir, struct iebin_hparams *hp, bool *tie_given
         LOG_ERR("%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
         return ERR_FORMAT;
     }
-    int rc = ERR_FORMAT;
-    if (!json_is_object(cfg)) {
-        LOG_ERR("%s: not a JSON object", path);
-        goto out;
-    }
-    json_t *mt = json_object_get(cfg, "model_type");
-    if (!json_is_string(mt) || strcmp(json_string_value(mt), "llama") != 0) {
-        LOG_ERR("%s: model_type %s is not supported (only \"llama\")", path,
-                json_is_string(mt) ? json_string_value(mt) : "(missing)");
-        rc = ERR_UNSUPPORTED;
-        goto out;
-    }
-    /* features the llama IEBIN architecture does not express: refused, never ignored */
-    json_t *rs = json_object_get(cfg, "rope_scaling");
-    if (rs && !json_is_null(rs)) {
-        LOG_ERR("%s: rope_scaling is not supported (IEBIN has plain RoPE only)", path);
-        rc = ERR_UNSUPPORTED;
-        goto out;
-    }
-    static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
-    for (size_t i = 0; i < sizeof no_bias / sizeof no_bias[0]; i++) {
-        if (json_is_true(json_object_get(cfg, no_bias[i]))) {
-            LOG_ERR("%s: %s is true; biases are not supported", path, no_bias[i]);
-            rc = ERR_UNSUPPORTED;
-            goto out;
-        }
-    }
-    json_t *act = json_object_get(cfg, "hidden_act");
-    if (act && !json_is_null(act) &&
-        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
-        LOG_ERR("%s: hidden_act %s is not supported (only \"silu\")", path,
-                json_is_string(act) ? json_string_value(act) : "(not a string)");
-        rc = ERR_UNSUPPORTED;
-        goto out;
-    }
-    memset(hp, 0, sizeof *hp);
-    if ((rc = json_u32(cfg, path, "hidden_size", &hp->dim, true, 0)) ||
-        (rc = json_u32(cfg, path, "intermediate_size", &hp->ffn_dim, true, 0)) ||
-        (rc = json_u32(cfg, path, "num_hidden_layers", &hp->n_layers, true, 0)) ||
-        (rc = json_u32(cfg, path, "num_attention_heads", &hp->n_heads, true, 0)) ||
-        (rc = json_u32(cfg, path, "vocab_size", &hp->vocab_size, true, 0)) ||
-        (rc = json_u32(cfg, path, "num_key_value_heads", &hp->n_kv_heads, false, hp->n_heads)) ||
-        (rc = json_u32(cfg, path, "max_position_embeddings", &hp->max_seq_len, false, 2048)) ||
-        (rc = json_f32(cfg, path, "rope_theta", &hp->rope_theta, 10000.0f)) ||
-        (rc = json_f32(cfg, path, "rms_norm_eps", &hp->rms_eps, 1e-6f)))
-        goto out;
-    /* head_dim is explicit in newer configs (and may differ from hidden_size / heads) */
-    if ((rc = json_u32(cfg, path, "head_dim", &hp->head_dim, false, 0)) != 0)
-        goto out;
-    if (!hp->head_dim) {
-        if (hp->dim % hp->n_heads != 0) {
-            LOG_ERR("%s: hidden_size %u is not a multiple of num_attention_heads %u", path,
-                    hp->dim, hp->n_heads);
-            rc = ERR_FORMAT;
-            goto out;
-        }
-        hp->head_dim = hp->dim / hp->n_heads;
-    }
-    json_t *tie = json_object_get(cfg, "tie_word_embeddings");
-    if (tie && !json_is_null(tie) && !json_is_boolean(tie)) {
-        LOG_ERR("%s: 'tie_word_embeddings' must be true or false", path);
-        rc = ERR_FORMAT;
-        goto out;
-    }
-    hp->tied_embeddings = json_is_true(tie);
-    *tie_given = tie && json_is_boolean(tie);
-    rc = iebin_check_hparams(hp, path);
-out:
+    int rc = hf_hparams_doc(cfg, path, hp, tie_given);
     json_decref(cfg);
     return rc;
+}
+
+int convert_hf_config_mem(const char *text, size_t len, const char *what,
+                          struct iebin_hparams *hp)
+{
+    json_error_t je;
+    json_t *cfg = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!cfg) {
+        LOG_ERR("%s: invalid JSON at line %d column %d: %s", what, je.line, je.column, je.text);
+        return ERR_FORMAT;
+    }
+    bool tie_given;
+    int rc = hf_hparams_doc(cfg, what, hp, &tie_given);
+    json_decref(cfg);
+    return rc;
+}
+
+/* The first (by name) *.tiktoken file in dir, if any. */
+static bool find_tiktoken(const char *dir, char *out, size_t cap)
+{
+    struct dirent **list;
+    int n = scandir(dir, &list, NULL, alphasort);
+    bool found = false;
+    for (int i = 0; i < n; i++) {
+        if (!found && ends_with(list[i]->d_name, ".tiktoken")) {
+            snprintf(out, cap, "%s/%s", dir, list[i]->d_name);
+            found = true;
+        }
+        free(list[i]);
+    }
+    if (n >= 0)
+        free(list);
+    return found;
 }
 
 static int convert_hf(const char *dir, const char *out_dir, const struct convert_opts *o,
@@ -596,7 +1028,7 @@ static int convert_hf(const char *dir, const char *out_dir, const struct convert
     int rc = hf_hparams(dir, &hp, &tie_given);
     if (rc)
         return rc;
-    struct hf_src s = {.dir = dir};
+    struct hf_src s = {.dir = dir, .hp = &hp};
     char p[4200], idx[4200], pt[4200];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", dir);
@@ -613,7 +1045,7 @@ static int convert_hf(const char *dir, const char *out_dir, const struct convert
      * can only mean tied; an explicit false with no lm_head is a missing tensor (walk) */
     if (!tie_given && !safetensors_set_find(s.set, "lm_head.weight"))
         hp.tied_embeddings = true;
-    if ((rc = hf_refuse_biases(&s)) != 0)
+    if (!hp.n_experts && (rc = hf_refuse_biases(&s)) != 0) /* gpt_oss has biases */
         goto out;
     const char *tok_path = o->tokenizer;
     char tp[4096];
@@ -622,6 +1054,8 @@ static int convert_hf(const char *dir, const char *out_dir, const struct convert
         if (access(tp, R_OK) != 0)
             snprintf(tp, sizeof tp, "%s/tokenizer.json", dir);
         if (access(tp, R_OK) == 0)
+            tok_path = tp;
+        else if (find_tiktoken(dir, tp, sizeof tp)) /* a rank file (synth --tokenizer) */
             tok_path = tp;
     }
     char nb[4096];
@@ -637,6 +1071,7 @@ out:
 struct gguf_src {
     struct gguf_file *f;
     const char *path;
+    bool moe; /* gpt-oss: its FFN norm is post_attention_norm */
 };
 
 static int gguf_lookup(void *p, const char *kind, int layer, struct src_tensor *out)
@@ -644,28 +1079,63 @@ static int gguf_lookup(void *p, const char *kind, int layer, struct src_tensor *
     struct gguf_src *s = p;
     static const struct {
         const char *kind, *g;
-    } map[] = {{"tok_embd", "token_embd"},   {"output_norm", "output_norm"},
-               {"output", "output"},         {"attn_norm", "attn_norm"},
-               {"attn_q", "attn_q"},         {"attn_k", "attn_k"},
-               {"attn_v", "attn_v"},         {"attn_o", "attn_output"},
-               {"ffn_norm", "ffn_norm"},     {"ffn_gate", "ffn_gate"},
-               {"ffn_up", "ffn_up"},         {"ffn_down", "ffn_down"}};
+    } map[] = {{IEBIN_T_TOK_EMBD, "token_embd.weight"},
+               {IEBIN_T_OUTPUT_NORM, "output_norm.weight"},
+               {IEBIN_T_OUTPUT, "output.weight"},
+               {IEBIN_T_ATTN_NORM, "attn_norm.weight"},
+               {IEBIN_T_ATTN_Q, "attn_q.weight"},
+               {IEBIN_T_ATTN_K, "attn_k.weight"},
+               {IEBIN_T_ATTN_V, "attn_v.weight"},
+               {IEBIN_T_ATTN_O, "attn_output.weight"},
+               {IEBIN_T_FFN_NORM, "ffn_norm.weight"},
+               {IEBIN_T_FFN_GATE, "ffn_gate.weight"},
+               {IEBIN_T_FFN_UP, "ffn_up.weight"},
+               {IEBIN_T_FFN_DOWN, "ffn_down.weight"},
+               /* gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE names) */
+               {IEBIN_T_ATTN_Q_BIAS, "attn_q.bias"},
+               {IEBIN_T_ATTN_K_BIAS, "attn_k.bias"},
+               {IEBIN_T_ATTN_V_BIAS, "attn_v.bias"},
+               {IEBIN_T_ATTN_O_BIAS, "attn_output.bias"},
+               {IEBIN_T_ATTN_SINKS, "attn_sinks.weight"},
+               {IEBIN_T_FFN_ROUTER, "ffn_gate_inp.weight"},
+               {IEBIN_T_FFN_ROUTER_BIAS, "ffn_gate_inp.bias"},
+               {IEBIN_T_FFN_GATE_EXPS, "ffn_gate_exps.weight"},
+               {IEBIN_T_FFN_GATE_EXPS_BIAS, "ffn_gate_exps.bias"},
+               {IEBIN_T_FFN_UP_EXPS, "ffn_up_exps.weight"},
+               {IEBIN_T_FFN_UP_EXPS_BIAS, "ffn_up_exps.bias"},
+               {IEBIN_T_FFN_DOWN_EXPS, "ffn_down_exps.weight"},
+               {IEBIN_T_FFN_DOWN_EXPS_BIAS, "ffn_down_exps.bias"}};
     const char *g = NULL;
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
         if (!strcmp(map[i].kind, kind))
             g = map[i].g;
-    char name[128];
+    if (s->moe && !strcmp(kind, IEBIN_T_FFN_NORM))
+        g = "post_attention_norm.weight";
+    char *name = out->name;
     if (layer < 0)
-        snprintf(name, sizeof name, "%s.weight", g);
+        snprintf(name, sizeof out->name, "%s", g);
     else
-        snprintf(name, sizeof name, "blk.%d.%s.weight", layer, g);
+        snprintf(name, sizeof out->name, "blk.%d.%s", layer, g);
     const struct gguf_tensor *t = gguf_find_tensor(s->f, name);
+    int fused = 0; /* llama.cpp's --fuse-gate-up-exps: ffn_gate_up_exps, gate rows first */
+    if (!t && s->moe && (!strcmp(kind, IEBIN_T_FFN_GATE_EXPS) || !strcmp(kind, IEBIN_T_FFN_UP_EXPS) ||
+                         !strcmp(kind, IEBIN_T_FFN_GATE_EXPS_BIAS) ||
+                         !strcmp(kind, IEBIN_T_FFN_UP_EXPS_BIAS))) {
+        char fn[sizeof out->name];
+        snprintf(fn, sizeof fn, "blk.%d.ffn_gate_up_exps.%s", layer,
+                 ends_with(kind, "_bias") ? "bias" : "weight");
+        if ((t = gguf_find_tensor(s->f, fn)) != NULL) {
+            fused = strncmp(kind, "ffn_gate", 8) == 0 ? 3 : 4;
+            snprintf(name, sizeof out->name, "%s", fn);
+        }
+    }
     if (!t) {
         LOG_ERR("%s: tensor '%s' is missing", s->path, name);
         return ERR_NOT_FOUND;
     }
     if (!t->data || gguf_ggml_type_to_dtype(t->type, &out->dtype) != 0) {
-        LOG_ERR("%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0 and Q4_0 are supported",
+        LOG_ERR("%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0 and MXFP4 are "
+                "supported",
                 s->path, name, gguf_ggml_type_name(t->type));
         return ERR_UNSUPPORTED;
     }
@@ -673,6 +1143,15 @@ static int gguf_lookup(void *p, const char *kind, int layer, struct src_tensor *
     for (uint32_t i = 0; i < t->n_dims; i++) /* GGUF lists dimensions innermost first */
         out->shape[i] = t->ne[t->n_dims - 1 - i];
     out->data = t->data;
+    if ((out->deint = fused) != 0) { /* [E][2F]([D]): halve the per-expert dimension */
+        int d = ends_with(kind, "_bias") ? out->n_dims - 1 : out->n_dims - 2;
+        if (d < 0 || out->shape[d] % 2) {
+            LOG_ERR("%s: tensor '%s': fused gate/up needs an even dimension %d", s->path, name,
+                    d);
+            return ERR_MISMATCH;
+        }
+        out->shape[d] /= 2;
+    }
     return 0;
 }
 
@@ -692,35 +1171,185 @@ static int opt_f64(struct gguf_file *f, const char *key, double *v, bool *presen
     return rc == ERR_NOT_FOUND ? 0 : rc;
 }
 
-static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hparams *hp)
+/* "<arch>.<suffix>" in a static buffer per call site (keys are short). */
+static const char *akey(char *buf, size_t cap, const char *arch, const char *suffix)
 {
-    struct gguf_str arch = {0, NULL};
-    if (gguf_get_str(f, "general.architecture", &arch) != 0 || !gguf_str_eq(arch, "llama")) {
-        LOG_ERR("%s: general.architecture is %.*s; only \"llama\" is supported", path,
-                arch.ptr ? (int)(arch.len > 64 ? 64 : arch.len) : 9,
-                arch.ptr ? arch.ptr : "(missing)");
+    snprintf(buf, cap, "%s.%s", arch, suffix);
+    return buf;
+}
+
+/*
+ * gpt-oss's keys beyond llama's (llama.cpp's converter, spec §3.3): experts, the sliding window
+ * and its period, YaRN. The beta keys default to llama.cpp's own defaults (32, 1), which are
+ * gpt-oss's; truncate is false, the architecture's reference value (OpenAI's code never
+ * truncates and gpt-oss-20b's config says so), since GGUF has no key for it.
+ */
+static int gguf_gpt_oss_hparams(struct gguf_file *f, const char *path, const char *arch,
+                                struct iebin_hparams *hp)
+{
+    char k[128];
+    bool has;
+    int rc;
+    static const struct {
+        const char *key;
+        size_t off;
+    } req[] = {
+        {"expert_count", offsetof(struct iebin_hparams, n_experts)},
+        {"expert_used_count", offsetof(struct iebin_hparams, n_experts_used)},
+        {"expert_feed_forward_length", offsetof(struct iebin_hparams, ffn_dim)},
+        {"attention.sliding_window", offsetof(struct iebin_hparams, sliding_window)},
+    };
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) {
+        if ((rc = opt_u32(f, akey(k, sizeof k, arch, req[i].key),
+                          (uint32_t *)((char *)hp + req[i].off), &has)) != 0)
+            return rc;
+        if (!has) {
+            LOG_ERR("%s: key %s is missing", path, k);
+            return ERR_FORMAT;
+        }
+    }
+    if (hp->n_experts_used > hp->n_experts) {
+        LOG_ERR("%s: %s.expert_used_count %u is above %s.expert_count %u", path, arch,
+                hp->n_experts_used, arch, hp->n_experts);
+        return ERR_RANGE;
+    }
+    /* the sliding layers: a period p (llama.cpp's set_swa_pattern: layer l slides iff
+     * l % p < p - 1; default 2, even layers) or one bool per layer */
+    const struct gguf_kv *pat = gguf_find_kv(f, akey(k, sizeof k, arch,
+                                                     "attention.sliding_window_pattern"));
+    if (hp->n_layers > 1024) {
+        LOG_ERR("%s: %s.block_count %u is above 1024", path, arch, hp->n_layers);
+        return ERR_RANGE;
+    }
+    if (pat && pat->type == GGUF_TYPE_ARRAY) {
+        if (pat->arr_n != hp->n_layers) {
+            LOG_ERR("%s: key %s has %llu entries, not block_count %u", path, k,
+                    (unsigned long long)pat->arr_n, hp->n_layers);
+            return ERR_FORMAT;
+        }
+        for (uint32_t l = 0; l < hp->n_layers; l++) {
+            int64_t v;
+            if ((rc = gguf_arr_i64(pat, l, &v)) != 0)
+                return rc;
+            if (v)
+                hp->sliding_layers[l / 64] |= UINT64_C(1) << (l % 64);
+        }
+    } else {
+        uint32_t period = 2;
+        if ((rc = opt_u32(f, k, &period, &has)) != 0)
+            return rc;
+        for (uint32_t l = 0; l < hp->n_layers; l++)
+            if (period == 0 || l % period < period - 1)
+                hp->sliding_layers[l / 64] |= UINT64_C(1) << (l % 64);
+    }
+    double d;
+    if ((rc = opt_f64(f, akey(k, sizeof k, arch, "rope.freq_base_swa"), &d, &has)) != 0)
+        return rc;
+    if (has && (float)d != hp->rope_theta) {
+        LOG_ERR("%s: key %s is %g, not rope.freq_base %g: a separate RoPE base for sliding "
+                "layers is not implemented",
+                path, k, d, (double)hp->rope_theta);
         return ERR_UNSUPPORTED;
     }
+    struct gguf_str st;
+    rc = gguf_get_str(f, akey(k, sizeof k, arch, "rope.scaling.type"), &st);
+    if (rc == ERR_NOT_FOUND) {
+        LOG_ERR("%s: key %s is missing (gpt-oss needs YaRN)", path, k);
+        return ERR_FORMAT;
+    }
+    if (rc)
+        return rc;
+    if (!gguf_str_eq(st, "yarn")) {
+        LOG_ERR("%s: %s is %.*s; gpt-oss needs yarn", path, k, (int)(st.len > 32 ? 32 : st.len),
+                st.ptr);
+        return ERR_UNSUPPORTED;
+    }
+    struct iebin_rope_scaling *rs = &hp->rope_scaling;
+    rs->type = IEBIN_ROPE_YARN;
+    rs->truncate = false;
+    static const struct {
+        const char *key;
+        size_t off;
+        bool required;
+        float dflt;
+    } yarn[] = {
+        {"rope.scaling.factor", offsetof(struct iebin_rope_scaling, factor), true, 0.0f},
+        {"rope.scaling.yarn_beta_fast", offsetof(struct iebin_rope_scaling, beta_fast), false,
+         32.0f},
+        {"rope.scaling.yarn_beta_slow", offsetof(struct iebin_rope_scaling, beta_slow), false,
+         1.0f},
+    };
+    for (size_t i = 0; i < sizeof yarn / sizeof yarn[0]; i++) {
+        if ((rc = opt_f64(f, akey(k, sizeof k, arch, yarn[i].key), &d, &has)) != 0)
+            return rc;
+        if (!has && yarn[i].required) {
+            LOG_ERR("%s: key %s is missing", path, k);
+            return ERR_FORMAT;
+        }
+        float v = has ? (float)d : yarn[i].dflt;
+        memcpy((char *)rs + yarn[i].off, &v, sizeof v);
+    }
+    if ((rc = opt_u32(f, akey(k, sizeof k, arch, "rope.scaling.original_context_length"),
+                      &rs->original_max_position_embeddings, &has)) != 0)
+        return rc;
+    if (!has) {
+        LOG_ERR("%s: key %s is missing", path, k);
+        return ERR_FORMAT;
+    }
+    /* YaRN parameters the engine does not implement: refused, not ignored */
+    static const char *const unsupported[] = {"rope.scaling.yarn_ext_factor",
+                                              "rope.scaling.yarn_attn_factor",
+                                              "rope.scaling.yarn_log_multiplier"};
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++)
+        if (gguf_find_kv(f, akey(k, sizeof k, arch, unsupported[i]))) {
+            LOG_ERR("%s: key %s is not implemented (gpt-oss's YaRN uses the default)", path, k);
+            return ERR_UNSUPPORTED;
+        }
+    /* llama.cpp hard-codes gpt-oss's clamped SwiGLU (ggml_swiglu_oai(x, 1.702, 7.0)) */
+    hp->swiglu_alpha = 1.702f;
+    hp->swiglu_limit = 7.0f;
+    return 0;
+}
+
+static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hparams *hp)
+{
+    struct gguf_str as = {0, NULL};
+    bool moe = false;
+    if (gguf_get_str(f, "general.architecture", &as) != 0 ||
+        !(gguf_str_eq(as, "llama") || (moe = gguf_str_eq(as, "gpt-oss")))) {
+        LOG_ERR("%s: general.architecture is %.*s; only \"llama\" and \"gpt-oss\" are supported%s",
+                path, as.ptr ? (int)(as.len > 64 ? 64 : as.len) : 9,
+                as.ptr ? as.ptr : "(missing)",
+                as.ptr && gguf_str_eq(as, "gptoss")
+                    ? " (\"gptoss\" is Ollama's or a fork's layout, not llama.cpp's)"
+                    : "");
+        return ERR_UNSUPPORTED;
+    }
+    const char *arch = moe ? "gpt-oss" : "llama";
+    char k[128];
     memset(hp, 0, sizeof *hp);
     static const struct {
         const char *key;
         size_t off;
         bool required;
     } keys[] = {
-        {"llama.embedding_length", offsetof(struct iebin_hparams, dim), true},
-        {"llama.feed_forward_length", offsetof(struct iebin_hparams, ffn_dim), true},
-        {"llama.block_count", offsetof(struct iebin_hparams, n_layers), true},
-        {"llama.attention.head_count", offsetof(struct iebin_hparams, n_heads), true},
-        {"llama.attention.head_count_kv", offsetof(struct iebin_hparams, n_kv_heads), false},
-        {"llama.context_length", offsetof(struct iebin_hparams, max_seq_len), false},
+        {"embedding_length", offsetof(struct iebin_hparams, dim), true},
+        {"feed_forward_length", offsetof(struct iebin_hparams, ffn_dim), true},
+        {"block_count", offsetof(struct iebin_hparams, n_layers), true},
+        {"attention.head_count", offsetof(struct iebin_hparams, n_heads), true},
+        {"attention.head_count_kv", offsetof(struct iebin_hparams, n_kv_heads), false},
+        {"context_length", offsetof(struct iebin_hparams, max_seq_len), false},
     };
     bool has;
     int rc;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        if ((rc = opt_u32(f, keys[i].key, (uint32_t *)((char *)hp + keys[i].off), &has)) != 0)
+        bool required = keys[i].required && !(moe && keys[i].off == offsetof(struct iebin_hparams,
+                                                                             ffn_dim));
+        if ((rc = opt_u32(f, akey(k, sizeof k, arch, keys[i].key),
+                          (uint32_t *)((char *)hp + keys[i].off), &has)) != 0)
             return rc;
-        if (!has && keys[i].required) {
-            LOG_ERR("%s: key %s is missing", path, keys[i].key);
+        if (!has && required) {
+            LOG_ERR("%s: key %s is missing", path, k);
             return ERR_FORMAT;
         }
     }
@@ -729,51 +1358,64 @@ static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hpar
     if (!hp->max_seq_len)
         hp->max_seq_len = 2048;
     double d;
-    if ((rc = opt_f64(f, "llama.rope.freq_base", &d, &has)) != 0)
+    if ((rc = opt_f64(f, akey(k, sizeof k, arch, "rope.freq_base"), &d, &has)) != 0)
         return rc;
     hp->rope_theta = has ? (float)d : 10000.0f;
-    if ((rc = opt_f64(f, "llama.attention.layer_norm_rms_epsilon", &d, &has)) != 0)
+    if ((rc = opt_f64(f, akey(k, sizeof k, arch, "attention.layer_norm_rms_epsilon"), &d,
+                      &has)) != 0)
         return rc;
     hp->rms_eps = has ? (float)d : 1e-5f;
 
-    /* Mixture-of-experts models (Mixtral) also call themselves "llama" */
     uint32_t u;
-    if ((rc = opt_u32(f, "llama.expert_count", &u, &has)) != 0)
-        return rc;
-    if (has && u > 0) {
-        LOG_ERR("%s: llama.expert_count is %u; mixture-of-experts models are not supported",
-                path, u);
-        return ERR_UNSUPPORTED;
-    }
-    struct gguf_str st;
-    rc = gguf_get_str(f, "llama.rope.scaling.type", &st);
-    if (rc != 0 && rc != ERR_NOT_FOUND)
-        return rc;
-    if (rc == 0 && !gguf_str_eq(st, "none")) {
-        LOG_ERR("%s: llama.rope.scaling.type is %.*s; only plain RoPE is supported", path,
-                (int)(st.len > 32 ? 32 : st.len), st.ptr);
-        return ERR_UNSUPPORTED;
-    }
-    if ((rc = opt_f64(f, "llama.rope.scale_linear", &d, &has)) != 0)
-        return rc;
-    if (has && d != 1.0) {
-        LOG_ERR("%s: llama.rope.scale_linear is %g; only plain RoPE is supported", path, d);
-        return ERR_UNSUPPORTED;
+    if (moe) {
+        if ((rc = gguf_gpt_oss_hparams(f, path, arch, hp)) != 0)
+            return rc;
+    } else {
+        /* Mixture-of-experts models (Mixtral) also call themselves "llama" */
+        if ((rc = opt_u32(f, "llama.expert_count", &u, &has)) != 0)
+            return rc;
+        if (has && u > 0) {
+            LOG_ERR("%s: llama.expert_count is %u; mixture-of-experts models are not supported",
+                    path, u);
+            return ERR_UNSUPPORTED;
+        }
+        struct gguf_str st;
+        rc = gguf_get_str(f, "llama.rope.scaling.type", &st);
+        if (rc != 0 && rc != ERR_NOT_FOUND)
+            return rc;
+        if (rc == 0 && !gguf_str_eq(st, "none")) {
+            LOG_ERR("%s: llama.rope.scaling.type is %.*s; only plain RoPE is supported", path,
+                    (int)(st.len > 32 ? 32 : st.len), st.ptr);
+            return ERR_UNSUPPORTED;
+        }
+        if ((rc = opt_f64(f, "llama.rope.scale_linear", &d, &has)) != 0)
+            return rc;
+        if (has && d != 1.0) {
+            LOG_ERR("%s: llama.rope.scale_linear is %g; only plain RoPE is supported", path, d);
+            return ERR_UNSUPPORTED;
+        }
+        if ((rc = opt_u32(f, "llama.attention.sliding_window", &u, &has)) != 0)
+            return rc;
+        if (has) {
+            LOG_ERR("%s: llama.attention.sliding_window is %u; sliding-window attention is not "
+                    "implemented for llama",
+                    path, u);
+            return ERR_UNSUPPORTED;
+        }
     }
     /* head_dim: attention.key_length when present (it may differ from dim / heads) */
-    if ((rc = opt_u32(f, "llama.attention.key_length", &hp->head_dim, &has)) != 0)
+    if ((rc = opt_u32(f, akey(k, sizeof k, arch, "attention.key_length"), &hp->head_dim, &has)))
         return rc;
     if (!has)
         hp->head_dim = hp->n_heads && hp->dim % hp->n_heads == 0 ? hp->dim / hp->n_heads : 0;
-    static const char *const same_as_head_dim[] = {"llama.attention.value_length",
-                                                   "llama.rope.dimension_count"};
+    static const char *const same_as_head_dim[] = {"attention.value_length",
+                                                   "rope.dimension_count"};
     for (size_t i = 0; i < 2; i++) {
-        if ((rc = opt_u32(f, same_as_head_dim[i], &u, &has)) != 0)
+        if ((rc = opt_u32(f, akey(k, sizeof k, arch, same_as_head_dim[i]), &u, &has)) != 0)
             return rc;
         if (has && u != hp->head_dim) {
             LOG_ERR("%s: %s is %u, not the head dimension %u (partial RoPE and unequal "
-                    "key/value heads are not supported)", path, same_as_head_dim[i], u,
-                    hp->head_dim);
+                    "key/value heads are not supported)", path, k, u, hp->head_dim);
             return ERR_UNSUPPORTED;
         }
     }
@@ -788,10 +1430,10 @@ static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hpar
         return ERR_RANGE;
     }
     hp->vocab_size = (uint32_t)emb->ne[1];
-    if ((rc = opt_u32(f, "llama.vocab_size", &u, &has)) != 0)
+    if ((rc = opt_u32(f, akey(k, sizeof k, arch, "vocab_size"), &u, &has)) != 0)
         return rc;
     if (has && u != hp->vocab_size) {
-        LOG_ERR("%s: llama.vocab_size %u does not match token_embd.weight's %u rows", path, u,
+        LOG_ERR("%s: %s %u does not match token_embd.weight's %u rows", path, k, u,
                 hp->vocab_size);
         return ERR_MISMATCH;
     }
@@ -808,13 +1450,16 @@ static int convert_gguf(const char *path, const char *out_dir, const struct conv
         return rc;
     struct iebin_hparams hp;
     rc = gguf_hparams(s.f, path, &hp);
+    s.moe = hp.n_experts != 0;
     if (rc == 0) {
         const char *tok_path = o->tokenizer;
         if (!tok_path && gguf_find_kv(s.f, "tokenizer.ggml.model"))
             tok_path = path;
         char nb[4096];
+        /* llama.cpp permutes llama's q/k to interleaved pairs, but keeps gpt-oss's in HF's
+         * rotate-half order (it runs them as NEOX RoPE) */
         rc = write_model(&s, gguf_lookup, path, out_dir, base_name(path, nb, sizeof nb), &hp,
-                         tok_path, o, false, pg);
+                         tok_path, o, s.moe, pg);
     }
     gguf_close(s.f);
     return rc;
@@ -835,6 +1480,7 @@ static int iebin_lookup(void *p, const char *kind, int layer, struct src_tensor 
         LOG_ERR("%s: tensor '%s' is missing", m->dir, name);
         return ERR_NOT_FOUND;
     }
+    snprintf(out->name, sizeof out->name, "%s", name);
     out->dtype = t->dtype;
     out->n_dims = t->n_dims;
     memcpy(out->shape, t->shape, sizeof(uint64_t) * (size_t)t->n_dims);

@@ -48,6 +48,16 @@ enum convert_fault { CONVERT_FAULT_NONE = 0, CONVERT_FAULT_SOURCE, CONVERT_FAULT
 int convert_model(const char *src, const char *out_dir, const struct convert_opts *o,
                   enum convert_fault *fault);
 
+/*
+ * Reads a Hugging Face config.json (text, len bytes; `what` names it in messages) into hp as
+ * `clocher convert` does, every refusal included (docs/CONVERT.md). 0, or a negative code
+ * logged once. For tests and the fuzzer; tied_embeddings is the config's word only (the
+ * converter also looks for lm_head.weight).
+ */
+struct iebin_hparams;
+int convert_hf_config_mem(const char *text, size_t len, const char *what,
+                          struct iebin_hparams *hp);
+
 /* Detects the format of src (0 and *out, or ERR_UNSUPPORTED naming what was tried). */
 int convert_detect(const char *src, enum convert_from *out);
 

@@ -22,11 +22,20 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "afile.h"
+
+/* gpt-oss's layer_types: alternating, starting with a sliding layer (spec §2.4) */
+static void synth_gpt_oss_layers(struct iebin_hparams *hp)
+{
+    memset(hp->sliding_layers, 0, sizeof hp->sliding_layers);
+    for (uint32_t l = 0; l < hp->n_layers && l < 1024; l += 2)
+        hp->sliding_layers[l / 64] |= UINT64_C(1) << (l % 64);
+}
 
 int synth_preset(const char *name, struct iebin_hparams *hp, enum dtype *dflt)
 {
@@ -41,11 +50,28 @@ int synth_preset(const char *name, struct iebin_hparams *hp, enum dtype *dflt)
         hp->dim = 256, hp->n_layers = 4, hp->n_heads = 8, hp->n_kv_heads = 4;
         hp->ffn_dim = 704, hp->vocab_size = 4096, hp->max_seq_len = 1024;
         *dflt = DT_F32;
+    } else if (!strcmp(name, "gpt-oss-20b") || !strcmp(name, "gpt-oss-tiny")) {
+        /* ../shared/specs/gpt-oss.md §1a, and the same structure small (the contract's §4) */
+        bool big = name[8] == '2';
+        hp->dim = big ? 2880 : 128, hp->n_layers = big ? 24 : 4;
+        hp->n_heads = big ? 64 : 4, hp->n_kv_heads = big ? 8 : 2, hp->head_dim = 64;
+        hp->ffn_dim = big ? 2880 : 128, hp->vocab_size = big ? 201088 : 0;
+        hp->max_seq_len = 131072, hp->rope_theta = 150000.0f;
+        hp->n_experts = big ? 32 : 8, hp->n_experts_used = 4;
+        hp->sliding_window = big ? 128 : 16;
+        synth_gpt_oss_layers(hp);
+        hp->rope_scaling = (struct iebin_rope_scaling){IEBIN_ROPE_YARN, 32.0f, 32.0f, 1.0f, 4096,
+                                                       false};
+        hp->swiglu_limit = 7.0f, hp->swiglu_alpha = 1.702f;
+        *dflt = DT_BF16;
     } else {
-        LOG_ERR("unknown preset '%s' (expected demo or tinyllama-1.1b)", name);
+        LOG_ERR("unknown preset '%s' (expected demo or tinyllama-1.1b, gpt-oss-tiny, "
+                "gpt-oss-20b)",
+                name);
         return ERR_NOT_FOUND;
     }
-    hp->head_dim = hp->dim / hp->n_heads;
+    if (!hp->head_dim)
+        hp->head_dim = hp->dim / hp->n_heads;
     return 0;
 }
 
@@ -401,6 +427,14 @@ int synth_model(const char *out_dir, const struct synth_opts *o)
     }
     if (o->layers)
         hp.n_layers = o->layers;
+    if (hp.n_experts) {
+        synth_gpt_oss_layers(&hp);
+        return synth_gpt_oss(out_dir, o, &hp, dt);
+    }
+    if (o->tokenizer || o->vocab) {
+        LOG_ERR("synth: --tokenizer and --vocab are for the gpt-oss presets");
+        return ERR_USAGE;
+    }
     if ((rc = iebin_check_hparams(&hp, o->preset)) != 0)
         return rc;
     if ((rc = path_mkdir_p(out_dir)) != 0)

@@ -1,7 +1,11 @@
 /*
- * synth.h — deterministic random-weight Llama models in Hugging Face form (config.json +
- * model.safetensors + tokenizer.model), optionally also as a GGUF file of the same weights
- * laid out the way llama.cpp's converter writes them. The benchmarks' and the main job's model.
+ * synth.h — deterministic random-weight models in Hugging Face form, optionally also as a GGUF
+ * file of the same weights laid out the way llama.cpp's converter writes them. The benchmarks'
+ * and the tests' models.
+ *  - Llama presets (synth.c): config.json + model.safetensors + tokenizer.model (synthesized).
+ *  - gpt-oss presets (synth_gpt_oss.c): the release's layout, config.json as
+ *    ../shared/specs/gpt-oss.md §1a, sharded safetensors + index, MXFP4 experts; streamed, so
+ *    the 20b preset's 13 GB need about a megabyte of memory.
  */
 #ifndef CLOCHER_CLIENT_SYNTH_H
 #define CLOCHER_CLIENT_SYNTH_H
@@ -12,16 +16,25 @@
 #include <stdint.h>
 
 struct synth_opts {
-    const char *preset;  /* "demo" or "tinyllama-1.1b" */
+    const char *preset;  /* "demo", "tinyllama-1.1b", "gpt-oss-tiny" or "gpt-oss-20b" */
     uint64_t seed;
     int dtype_set;
     enum dtype dtype;    /* f32, f16 or bf16; preset default otherwise */
     uint32_t layers;     /* 0 = the preset's */
     const char *gguf;    /* also write this GGUF file; NULL = no */
+    /* gpt-oss presets: a tokenizer file (tokenizer.json, *.tiktoken: anything tok_load
+     * reads) copied beside the weights, and/or the vocabulary size (0: the tokenizer's, or
+     * the preset's: 201088 for gpt-oss-20b; gpt-oss-tiny needs one of the two) */
+    const char *tokenizer;
+    uint32_t vocab;
 };
 
 /* The preset's hyper-parameters; ERR_NOT_FOUND for an unknown name (logged). */
 int synth_preset(const char *name, struct iebin_hparams *hp, enum dtype *dflt);
 int synth_model(const char *out_dir, const struct synth_opts *o);
+/* synth_model's gpt-oss half (hp from synth_preset, --layers applied; dt the non-expert
+ * dtype). */
+int synth_gpt_oss(const char *out_dir, const struct synth_opts *o, struct iebin_hparams *hp,
+                  enum dtype dt);
 
 #endif

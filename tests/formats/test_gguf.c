@@ -953,11 +953,12 @@ static void test_tensor_types(void **state)
     bytes_free(&b);
     assert_null(gguf_ggml_type_name(4));
     assert_string_equal(gguf_ggml_type_name(GGUF_GGML_BF16), "bf16");
+    assert_string_equal(gguf_ggml_type_name(GGUF_GGML_MXFP4), "mxfp4");
     /* the supported types map onto the project's dtypes with the same block layout */
-    static const uint32_t g[] = {GGUF_GGML_F32, GGUF_GGML_F16, GGUF_GGML_BF16, GGUF_GGML_Q8_0,
-                                 GGUF_GGML_Q4_0};
-    static const enum dtype want[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0};
-    for (int i = 0; i < 5; i++) {
+    static const uint32_t g[] = {GGUF_GGML_F32,  GGUF_GGML_F16,  GGUF_GGML_BF16,
+                                 GGUF_GGML_Q8_0, GGUF_GGML_Q4_0, GGUF_GGML_MXFP4};
+    static const enum dtype want[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_MXFP4};
+    for (int i = 0; i < 6; i++) {
         enum dtype dt;
         assert_int_equal(gguf_ggml_type_to_dtype(g[i], &dt), 0);
         assert_int_equal(dt, want[i]);

@@ -20,7 +20,8 @@ U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 SCALAR_FMT = {U8: "B", I8: "b", U16: "H", I16: "h", U32: "I", I32: "i", F32: "f", BOOL: "B",
               U64: "Q", I64: "q", F64: "d"}
 # ggml type: (block elements, block bytes)
-GGML = {0: (1, 4), 1: (1, 2), 2: (32, 18), 8: (32, 34), 30: (1, 2), 12: (256, 144)}
+GGML = {0: (1, 4), 1: (1, 2), 2: (32, 18), 8: (32, 34), 30: (1, 2), 12: (256, 144),
+        39: (32, 17)}
 
 
 def gstr(s):
@@ -114,6 +115,24 @@ def gguf_seeds():
     seeds["q4_0_short_blocks.gguf"] = gguf([], [("blk.0.attn_q.weight", [64, 1], 2),
                                                  ("blk.0.attn_k.weight", [8], 0)],
                                            block_bytes={2: 16})
+    # gpt-oss (llama.cpp's keys and names): MXFP4 experts [E=2][rows 2][64], biases, sinks
+    gpt_oss_kvs = [
+        ("general.architecture", STR, "gpt-oss"),
+        ("gpt-oss.block_count", U32, 1),
+        ("gpt-oss.expert_count", U32, 2),
+        ("gpt-oss.expert_used_count", U32, 1),
+        ("gpt-oss.attention.sliding_window", U32, 4),
+        ("gpt-oss.rope.scaling.type", STR, "yarn"),
+        ("gpt-oss.rope.scaling.factor", F32, 32.0),
+        ("gpt-oss.rope.scaling.original_context_length", U32, 4096),
+        ("gpt-oss.rope.scaling.yarn_beta_fast", F32, 32.0),
+        ("gpt-oss.rope.scaling.yarn_beta_slow", F32, 1.0),
+    ]
+    seeds["gpt_oss_mxfp4.gguf"] = gguf(gpt_oss_kvs, [
+        ("blk.0.ffn_gate_exps.weight", [64, 2, 2], 39),
+        ("blk.0.ffn_gate_exps.bias", [2, 2], 0),
+        ("blk.0.attn_sinks.weight", [4], 0),
+    ])
     return seeds
 
 
@@ -145,6 +164,13 @@ def safetensors_seeds():
     every = [("t." + dt.lower(), dt, [2, 3]) for dt in ST]
     seeds = {
         "every_dtype.safetensors": safetensors(every, {"format": "pt"}),
+        # gpt-oss's MXFP4 experts: U8 blocks [E][rows][nb][16] and scales [E][rows][nb]
+        "gpt_oss_mxfp4.safetensors": safetensors([
+            ("model.layers.0.mlp.experts.gate_up_proj_blocks", "U8", [2, 4, 2, 16]),
+            ("model.layers.0.mlp.experts.gate_up_proj_scales", "U8", [2, 4, 2]),
+            ("model.layers.0.mlp.experts.gate_up_proj_bias", "BF16", [2, 4]),
+            ("model.layers.0.self_attn.sinks", "BF16", [4]),
+        ], {"format": "pt"}),
         "llama.safetensors": safetensors([
             ("model.embed_tokens.weight", "BF16", [16, 8]),
             ("model.layers.0.self_attn.q_proj.weight", "BF16", [8, 8]),

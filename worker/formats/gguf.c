@@ -98,7 +98,7 @@ const char *gguf_ggml_type_name(uint32_t ggml_type)
 bool gguf_ggml_type_supported(uint32_t t)
 {
     return t == GGUF_GGML_F32 || t == GGUF_GGML_F16 || t == GGUF_GGML_BF16 ||
-           t == GGUF_GGML_Q8_0 || t == GGUF_GGML_Q4_0;
+           t == GGUF_GGML_Q8_0 || t == GGUF_GGML_Q4_0 || t == GGUF_GGML_MXFP4;
 }
 
 int gguf_ggml_type_to_dtype(uint32_t ggml_type, enum dtype *out)
@@ -109,6 +109,7 @@ int gguf_ggml_type_to_dtype(uint32_t ggml_type, enum dtype *out)
     case GGUF_GGML_BF16: *out = DT_BF16; return 0;
     case GGUF_GGML_Q8_0: *out = DT_Q8_0; return 0;
     case GGUF_GGML_Q4_0: *out = DT_Q4_0; return 0;
+    case GGUF_GGML_MXFP4: *out = DT_MXFP4; return 0;
     default: return ERR_NOT_FOUND;
     }
 }

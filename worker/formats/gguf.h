@@ -47,6 +47,7 @@ enum gguf_ggml_type {
     GGUF_GGML_Q4_0 = 2,
     GGUF_GGML_Q8_0 = 8,
     GGUF_GGML_BF16 = 30,
+    GGUF_GGML_MXFP4 = 39, /* gpt-oss experts: block_mxfp4 = DT_MXFP4 */
 };
 
 #define GGUF_MAX_DIMS 4

@@ -179,6 +179,26 @@ static void expected_shape(const struct iebin_hparams *hp, const struct kind_inf
     }
 }
 
+size_t iebin_arch_n_slots(const char *arch, const struct iebin_hparams *hp)
+{
+    const struct arch_info *a = arch_by_name(arch);
+    return a ? n_slots(a, hp) : 0;
+}
+
+int iebin_arch_slot(const char *arch, const struct iebin_hparams *hp, size_t slot,
+                    char name[IEBIN_NAME_MAX], uint64_t shape[3], int *n_dims, bool *f32)
+{
+    const struct arch_info *a = arch_by_name(arch);
+    if (!a || slot >= n_slots(a, hp))
+        return ERR_RANGE;
+    const struct kind_info *k = &a->kinds[slot_kind(a, slot)];
+    slot_name(a, slot, name, IEBIN_NAME_MAX);
+    expected_shape(hp, k, shape);
+    *n_dims = k->n_dims;
+    *f32 = k->f32_what != NULL;
+    return 0;
+}
+
 static const char *shape_str(const uint64_t *shape, int n_dims, char *buf, size_t n)
 {
     size_t used = 0;

@@ -165,6 +165,18 @@ int iebin_check_tensor(const char *what, const char *arch, const struct iebin_hp
 int iebin_check_manifest(const char *label, const char *manifest, size_t manifest_len,
                          uint64_t blob_size);
 
+/*
+ * The tensors architecture `arch` defines for hp, by slot: 0 tok_embd, 1 output_norm,
+ * 2 output (listed even when tied), then the per-layer tensors of layer 0, 1, ... in
+ * docs/IEBIN.md's table order. iebin_arch_n_slots is their count (0 for an unknown
+ * architecture); iebin_arch_slot fills slot's name, shape (n_dims <= 3) and whether it must be
+ * f32 (norms, biases, sinks), and returns 0 (ERR_RANGE past the end). Converters walk these
+ * instead of keeping their own copy of the tables.
+ */
+size_t iebin_arch_n_slots(const char *arch, const struct iebin_hparams *hp);
+int iebin_arch_slot(const char *arch, const struct iebin_hparams *hp, size_t slot,
+                    char name[IEBIN_NAME_MAX], uint64_t shape[3], int *n_dims, bool *f32);
+
 /* ---- writing ---- */
 /*
  * A writer streams tensors into a temporary blob beside the final one and keeps their records
