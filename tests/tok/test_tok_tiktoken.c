@@ -11,6 +11,7 @@
  */
 #include "err.h"
 #include "gguf.h"
+#include "harmony.h"
 #include "log.h"
 #include "mono.h"
 #include "tok.h"
@@ -302,6 +303,60 @@ static void check_harmony(const char *dir)
         else
             free(back);
         free(ids);
+    }
+    /* harmony on the real vocabulary: the spec's prompt renders to the ids of its text with
+     * specials allowed, and the spec's typical output parses into its channels */
+    {
+        static const char want[] =
+            "<|start|>system<|message|>You are ChatGPT, a large language model trained by "
+            "OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-06-28\n\nReasoning: high"
+            "\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
+            "every message.<|end|><|start|>developer<|message|># Instructions\n\nAnswer in "
+            "one line.<|end|><|start|>user<|message|>What is 2 + 2?<|end|><|start|>assistant";
+        struct harmony_msg m[] = {{.role = HARMONY_USER, .content = "What is 2 + 2?"}};
+        struct harmony_opts o = {.effort = HARMONY_EFFORT_HIGH, .current_date = "2025-06-28",
+                                 .instructions = "Answer in one line."};
+        int32_t *r, *w;
+        size_t nr, nw;
+        if (harmony_render(t, m, 1, &o, &r, &nr) != 0 ||
+            tok_encode_ex(t, want, strlen(want), TOK_ENC_SPECIAL, &w, &nw) != 0) {
+            fail("harmony: render or encode failed");
+        } else {
+            if (nr != nw || memcmp(r, w, nr * sizeof *r) != 0)
+                fail("harmony: the rendered prompt (%zu ids) is not the spec's (%zu ids)", nr,
+                     nw);
+            free(r);
+            free(w);
+        }
+        static const char out[] = "<|channel|>analysis<|message|>Trivial arithmetic: "
+                                  "\xE2\x9C\x93<|end|><|start|>assistant<|channel|>final"
+                                  "<|message|>2 + 2 = 4.<|return|>";
+        struct harmony_parser p;
+        char fin[64] = "", ana[64] = "";
+        enum harmony_ev stop = HARMONY_EV_NONE;
+        if (tok_encode_ex(t, out, strlen(out), TOK_ENC_SPECIAL, &w, &nw) != 0 ||
+            harmony_parser_init(&p, t) != 0) {
+            fail("harmony: parser setup failed");
+        } else {
+            for (size_t i = 0; i < nw; i++) {
+                struct harmony_event ev;
+                if (harmony_parser_push(&p, w[i], &ev) != 0) {
+                    fail("harmony: parsing id %zu failed", i);
+                    break;
+                }
+                if (ev.len && ev.channel == HARMONY_CH_FINAL)
+                    strncat(fin, ev.text, ev.len);
+                if (ev.len && ev.channel == HARMONY_CH_ANALYSIS)
+                    strncat(ana, ev.text, ev.len);
+                if (ev.kind == HARMONY_EV_RETURN)
+                    stop = ev.kind;
+            }
+            if (strcmp(fin, "2 + 2 = 4.") || strcmp(ana, "Trivial arithmetic: \xE2\x9C\x93") ||
+                stop != HARMONY_EV_RETURN)
+                fail("harmony: parsed final '%s' analysis '%s' stop %d", fin, ana, stop);
+            harmony_parser_fini(&p);
+            free(w);
+        }
     }
     /* streaming: 4-byte characters split over byte tokens are held until complete */
     const char *text = "\xF0\x9F\xA6\x99\xF0\x9F\xA7\x91\xF0\x9F\x8F\xBF\xE2\x80\x8D"
