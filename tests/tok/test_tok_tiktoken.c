@@ -231,6 +231,22 @@ static void check_encoding(const char *dir, const json_t *exp, const char *enc, 
         free(json);
         tok_free(ti);
     }
+    if (t && th) { /* the merges a writer gets from the rank file are the tokenizer.json's */
+        int32_t *m1, *m2;
+        size_t n1, n2;
+        if (tok_merges(t, &m1, &n1) != 0 || tok_merges(th, &m2, &n2) != 0) {
+            fail("%s: tok_merges failed", enc);
+        } else {
+            if (n1 != n2 || memcmp(m1, m2, 2 * n1 * sizeof *m1) != 0)
+                fail("%s: tok_merges of the rank file (%zu) differs from tokenizer.json's (%zu)",
+                     enc, n1, n2);
+            else
+                fprintf(stderr, "%s: %zu merges derived from the ranks, as transformers does\n",
+                        enc, n1);
+            free(m1);
+            free(m2);
+        }
+    }
     tok_free(th);
     tok_free(t);
 }

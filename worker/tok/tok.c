@@ -689,6 +689,61 @@ fail:
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* merges for writers                                                                       */
+
+int tok_merges(const struct tok *t, int32_t **pairs, size_t *n)
+{
+    *pairs = NULL;
+    *n = 0;
+    struct tok__ids a = {0};
+    int rc = 0;
+    if (t->kind == TOK_BPE && !t->ranked) {
+        for (uint32_t r = 0; r < t->n_merges && rc == 0; r++)
+            if ((rc = tok__ids_push(&a, t->merges[r].left)) == 0)
+                rc = tok__ids_push(&a, t->merges[r].right);
+    } else if (t->kind == TOK_BPE) {
+        /* ids in order are ranks in order; for each token, its splits at character
+         * boundaries (one byte-level character per byte) whose two sides are normal tokens,
+         * by the left side's id (the right one follows from it) */
+        for (uint32_t id = 0; id < t->n && rc == 0; id++) {
+            const struct tok__token *k = &t->tokens[id];
+            if (k->type != TOK_NORMAL)
+                continue;
+            const char *p = t->strs + k->str_off;
+            size_t first = a.n;
+            for (size_t i = tok__utf8_len((const unsigned char *)p, k->str_len); i < k->str_len;
+                 i += tok__utf8_len((const unsigned char *)p + i, k->str_len - i)) {
+                int32_t l = tok__find(t, p, i), r = tok__find(t, p + i, k->str_len - i);
+                if (l < 0 || r < 0 || t->tokens[l].type != TOK_NORMAL ||
+                    t->tokens[r].type != TOK_NORMAL)
+                    continue;
+                if ((rc = tok__ids_push(&a, l)) != 0 || (rc = tok__ids_push(&a, r)) != 0)
+                    break;
+            }
+            /* by the left id: insertion sort of this token's few pairs */
+            for (size_t x = first + 2; rc == 0 && x < a.n; x += 2)
+                for (size_t y = x; y > first && a.v[y - 2] > a.v[y]; y -= 2) {
+                    int32_t l = a.v[y], r = a.v[y + 1];
+                    a.v[y] = a.v[y - 2];
+                    a.v[y + 1] = a.v[y - 1];
+                    a.v[y - 2] = l;
+                    a.v[y - 1] = r;
+                }
+        }
+    }
+    if (rc == 0 && !a.v)
+        rc = (a.v = malloc(sizeof *a.v)) ? 0 : -ENOMEM;
+    if (rc != 0) {
+        LOG_ERR("listing the merges: out of memory");
+        free(a.v);
+        return rc;
+    }
+    *pairs = a.v;
+    *n = a.n / 2;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* accessors                                                                                */
 
 enum tok_kind tok_kind(const struct tok *t) { return t->kind; }

@@ -107,6 +107,13 @@ int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, siz
  * resets the stream for a new sequence. */
 int tok_stream_flush(struct tok_stream *s, char *out, size_t cap, size_t *n_out);
 
+/* A byte-level BPE's merges as token-id pairs (left, right) in rank order, malloc'd in
+ * *pairs [2 * *n]: the stored list, or for a ranked (tiktoken) vocabulary the list
+ * transformers' converter derives (every split of each token into two normal tokens, by the
+ * merged token's id, then the left's, then the right's), which encodes the same. For writers
+ * of GGUF or tokenizer.json. SentencePiece: *n = 0. 0 or -ENOMEM (logged). */
+int tok_merges(const struct tok *t, int32_t **pairs, size_t *n);
+
 /* tokenizer.ie.json bytes (malloc'd, NUL-terminated; *len excludes the NUL). */
 int tok_save_json(const struct tok *t, char **json, size_t *len);
 
