@@ -97,6 +97,12 @@ static void expect_render(const struct tok *t, const struct harmony_msg *m, size
     char *got = show(t, ids, n_ids);
     if (strcmp(got, want) != 0)
         fail_msg("rendered:\n%s\n---- want:\n%s", got, want);
+    char *dec;
+    size_t dl;
+    assert_int_equal(tok_decode_ex(t, ids, n_ids, TOK_DEC_SPECIAL, &dec, &dl), 0);
+    assert_string_equal(dec, want); /* specials decode to their strings when asked */
+    assert_int_equal(dl, strlen(want));
+    free(dec);
     /* the same ids as encoding the hand-written string with specials allowed */
     int32_t *w;
     size_t nw;

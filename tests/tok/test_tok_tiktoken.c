@@ -301,10 +301,24 @@ static void check_harmony(const char *dir)
     int32_t *ids;
     size_t n;
     if (tok_encode_ex(t, msg, strlen(msg), TOK_ENC_SPECIAL, &ids, &n) != 0 || n < 6 ||
-        ids[0] != 200006 || ids[2] != 200008 || ids[n - 2] != 200006)
+        ids[0] != 200006 || ids[2] != 200008 || ids[n - 2] != 200006) {
         fail("harmony specials in text: not encoded as <|start|> .. <|message|> ..");
-    else
+    } else {
+        char *back, *plain;
+        size_t bl, pl;
+        if (tok_decode_ex(t, ids, n, TOK_DEC_SPECIAL, &back, &bl) != 0 ||
+            tok_decode(t, ids, n, &plain, &pl) != 0) {
+            fail("harmony specials: decoding failed");
+        } else {
+            if (bl != strlen(msg) || memcmp(back, msg, bl) != 0)
+                fail("harmony specials do not decode back with TOK_DEC_SPECIAL: '%s'", back);
+            if (strcmp(plain, "userWhat is 2 + 2?assistant") != 0)
+                fail("harmony specials decode to '%s' without TOK_DEC_SPECIAL", plain);
+            free(back);
+            free(plain);
+        }
         free(ids);
+    }
     if (tok_encode_ex(t, msg, strlen(msg), 0, &ids, &n) != 0) {
         fail("harmony text without specials did not encode");
     } else {

@@ -1007,7 +1007,8 @@ int tok_stream_flush(struct tok_stream *s, char *out, size_t cap, size_t *n_out)
     return 0;
 }
 
-int tok_decode(const struct tok *t, const int32_t *ids, size_t n_ids, char **text, size_t *len)
+int tok_decode_ex(const struct tok *t, const int32_t *ids, size_t n_ids, unsigned flags,
+                  char **text, size_t *len)
 {
     *text = NULL;
     *len = 0;
@@ -1019,14 +1020,17 @@ int tok_decode(const struct tok *t, const int32_t *ids, size_t n_ids, char **tex
         }
     }
     size_t step = tok_stream_max_out(t), cap = 256, n = 0;
+    if (step < t->max_str)
+        step = t->max_str; /* a control token spelled out */
     char *buf = malloc(cap);
     if (!buf)
         goto oom;
     struct tok_stream s;
     tok_stream_init(&s, t);
     for (size_t i = 0; i <= n_ids; i++) {
-        if (cap - n < step + 1) {
-            size_t ncap = cap * 2 > n + step + 1 ? cap * 2 : n + step + 1;
+        /* room for a flush and a spelled control token, or one push */
+        if (cap - n < 2 * step + 1) {
+            size_t ncap = cap * 2 > n + 2 * step + 1 ? cap * 2 : n + 2 * step + 1;
             char *nb = realloc(buf, ncap);
             if (!nb)
                 goto oom;
@@ -1034,8 +1038,20 @@ int tok_decode(const struct tok *t, const int32_t *ids, size_t n_ids, char **tex
             cap = ncap;
         }
         size_t got;
-        int rc = i < n_ids ? tok_stream_push(&s, ids[i], buf + n, cap - n, &got)
+        int rc;
+        if (i < n_ids && (flags & TOK_DEC_SPECIAL) && t->tokens[ids[i]].type == TOK_CONTROL) {
+            /* pending bytes end before the special; the text after it continues the text */
+            bool start = s.at_start;
+            rc = tok_stream_flush(&s, buf + n, cap - n, &got);
+            n += got;
+            s.at_start = start && n == 0;
+            const struct tok__token *k = &t->tokens[ids[i]];
+            memcpy(buf + n, t->strs + k->str_off, k->str_len);
+            got = k->str_len;
+        } else {
+            rc = i < n_ids ? tok_stream_push(&s, ids[i], buf + n, cap - n, &got)
                            : tok_stream_flush(&s, buf + n, cap - n, &got);
+        }
         CHECK(rc == 0); /* ids were checked and the buffer holds the largest output */
         n += got;
     }
@@ -1047,4 +1063,9 @@ oom:
     free(buf);
     LOG_ERR("decoding %zu tokens: out of memory", n_ids);
     return -ENOMEM;
+}
+
+int tok_decode(const struct tok *t, const int32_t *ids, size_t n_ids, char **text, size_t *len)
+{
+    return tok_decode_ex(t, ids, n_ids, 0, text, len);
 }

@@ -82,6 +82,12 @@ int32_t tok_token_id(const struct tok *t, const char *str, size_t len);
  * applied once at the start, as SentencePiece does). Bytes that do not form valid UTF-8
  * become U+FFFD, so the result is always valid UTF-8. ERR_RANGE (logged) for a bad id. */
 int tok_decode(const struct tok *t, const int32_t *ids, size_t n_ids, char **text, size_t *len);
+/* tok_decode with flags: TOK_DEC_SPECIAL spells control tokens as their strings
+ * ("<|start|>"), so what tok_encode_ex(TOK_ENC_SPECIAL) read comes back; without it they
+ * decode to nothing. */
+#define TOK_DEC_SPECIAL 1u
+int tok_decode_ex(const struct tok *t, const int32_t *ids, size_t n_ids, unsigned flags,
+                  char **text, size_t *len);
 /* The bytes one token contributes to decoded text, before UTF-8 assembly and without the
  * leading-space rule: byte tokens <0xNN> give one byte, control tokens none, SPM's <unk>
  * " \u2047 ". Not NUL-terminated. ERR_RANGE for a bad id (not logged). */
