@@ -765,6 +765,43 @@ static void bad_gguf(void **state)
     free(dir);
 }
 
+/* ---- tiktoken rank files -------------------------------------------------------------- */
+
+static void bad_tiktoken(void **state)
+{
+    (void)state;
+    expect_fail_str("", "tiktoken", ERR_FORMAT, "no ranks: not a tiktoken rank file", NULL);
+    expect_fail_str("\n\n", "tiktoken", ERR_FORMAT, "no ranks", NULL);
+    expect_fail_str("IQ== 0\nIg== 5\n", "tiktoken", ERR_FORMAT,
+                    "line 2: rank '5' is not an integer in 0..1", NULL);
+    expect_fail_str("IQ== 0\nIQ== 0\n", "tiktoken", ERR_FORMAT, "line 2: rank 0 is given twice",
+                    NULL);
+    expect_fail_str("I!Q= 0\n", "tiktoken", ERR_FORMAT,
+                    "line 1: 'I!Q= 0' is not base64 token bytes", NULL);
+    expect_fail_str("IQ==0\n", "tiktoken", ERR_FORMAT, "line 1: 'IQ==0' is not base64", NULL);
+    expect_fail_str("IQ= 0\n", "tiktoken", ERR_FORMAT, "is not base64", NULL); /* not 4k chars */
+    expect_fail_str("IQ=a 0\n", "tiktoken", ERR_FORMAT, "is not base64", NULL); /* after pad */
+    expect_fail_str(" 0\n", "tiktoken", ERR_FORMAT, "is not base64", NULL);
+    expect_fail_str("IQ== x\n", "tiktoken", ERR_FORMAT, "line 1: rank 'x' is not an integer",
+                    NULL);
+    expect_fail_str("IQ== -0\n", "tiktoken", ERR_FORMAT, "rank '-0' is not an integer", NULL);
+    expect_fail_str("IQ== 99999999999\n", "tiktoken", ERR_FORMAT, "is not an integer", NULL);
+    /* well-formed, but an encoding whose regex and specials nobody told us */
+    expect_fail_str("IQ== 0\nIg== 1\n", "tiktoken", ERR_UNSUPPORTED,
+                    "2 ranks: not a tiktoken encoding we know (o200k_base has 199998, "
+                    "cl100k_base 100256)", NULL);
+    /* by path: the .tiktoken extension picks the format */
+    char *dir = tu_mkdtemp();
+    tu_write_file(tu_path(dir, "x.tiktoken"), "IQ== 0\n", 7);
+    struct tok *t = NULL;
+    tu_log_capture_begin();
+    assert_int_equal(tok_load(tu_path(dir, "x.tiktoken"), &t), ERR_UNSUPPORTED);
+    tu_assert_log_contains("x.tiktoken: 1 ranks: not a tiktoken encoding we know", NULL);
+    tu_log_capture_end();
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* ---- tok_load dispatch ----------------------------------------------------------------- */
 
 static void bad_paths(void **state)
@@ -863,7 +900,7 @@ int main(void)
         cmocka_unit_test(bad_spm_model), cmocka_unit_test(bad_llama2c_bin),
         cmocka_unit_test(bad_hf_json),   cmocka_unit_test(bad_ie_json),
         cmocka_unit_test(bad_gguf),      cmocka_unit_test(bad_paths),
-        cmocka_unit_test(bad_text_and_ids),
+        cmocka_unit_test(bad_text_and_ids), cmocka_unit_test(bad_tiktoken),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

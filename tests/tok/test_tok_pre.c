@@ -9,7 +9,8 @@
  *  - every GGUF name of the table compiles;
  *  - the split behaviors (Isolated, Removed, MergedWithPrevious/Next, Contiguous, invert,
  *    empty matches) on small texts, seen piece by piece;
- *  - a pattern with catastrophic backtracking on hostile text ends quickly and losslessly.
+ *  - a pattern with catastrophic backtracking on hostile text ends quickly and losslessly;
+ *  - ignore_merges: a pre-token that is a token stays whole, through tokenizer.ie.json too.
  */
 #include "testutil.h"
 
@@ -255,6 +256,81 @@ static void o200k_pieces(void **state)
     expect_split(st, n, "x   y", "x|  | y|");
 }
 
+/* ---- ignore_merges ----------------------------------------------------------------------- */
+
+/* 256 byte characters, then "bc" (256) and "abc" (257); one merge b + c; the pre-tokenizer
+ * given; ignore_merges as asked */
+static struct tok *abc_vocab(bool ignore_merges)
+{
+    json_t *vocab = json_object();
+    for (int b = 0; b < 256; b++) {
+        bool self = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        int cp = b;
+        if (!self) {
+            cp = 256;
+            for (int c = 0; c < b; c++)
+                cp += !((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE);
+        }
+        char u[3] = {0};
+        if (cp < 0x80) {
+            u[0] = (char)cp;
+        } else {
+            u[0] = (char)(0xC0 | cp >> 6);
+            u[1] = (char)(0x80 | (cp & 0x3F));
+        }
+        json_object_set_new(vocab, u, json_integer(b));
+    }
+    json_object_set_new(vocab, "bc", json_integer(256));
+    json_object_set_new(vocab, "abc", json_integer(257));
+    json_t *doc = json_pack("{s{sssos[s]sb} s{sss{ss}ss}}", "model", "type", "BPE", "vocab",
+                            vocab, "merges", "b c", "ignore_merges", ignore_merges,
+                            "pre_tokenizer", "type", "Split", "pattern", "Regex", "\\p{L}+",
+                            "behavior", "Isolated");
+    assert_non_null(doc);
+    char *text = json_dumps(doc, JSON_COMPACT);
+    json_decref(doc);
+    struct tok *t = NULL;
+    tu_log_capture_begin();
+    int rc = tok_load_mem(text, strlen(text), "hf-json", &t);
+    if (rc != 0)
+        fail_msg("abc vocabulary: %s\n%s", err_name(rc), tu_log_captured());
+    tu_log_capture_end();
+    free(text);
+    return t;
+}
+
+static void ignore_merges(void **state)
+{
+    (void)state;
+    for (int ign = 0; ign < 2; ign++) {
+        struct tok *t = abc_vocab(ign);
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(tok_encode(t, "abc abcd", 8, false, &ids, &n), 0);
+        /* merges alone: a + bc; ignoring them, the word that is a token stays whole; "abcd"
+         * is no token, so it merges as usual either way */
+        const int32_t merged[] = {'a', 256, ' ', 'a', 256, 'd'};
+        const int32_t whole[] = {257, ' ', 'a', 256, 'd'};
+        const int32_t *want = ign ? whole : merged;
+        size_t nw = ign ? 5 : 6;
+        assert_int_equal(n, nw);
+        assert_memory_equal(ids, want, nw * sizeof *ids);
+        free(ids);
+        /* and it survives tokenizer.ie.json */
+        char *js;
+        size_t len;
+        struct tok *t2;
+        assert_int_equal(tok_save_json(t, &js, &len), 0);
+        assert_int_equal(tok_load_mem(js, len, "ie-json", &t2), 0);
+        assert_int_equal(tok_encode(t2, "abc", 3, false, &ids, &n), 0);
+        assert_int_equal(n, ign ? 1 : 2);
+        free(ids);
+        free(js);
+        tok_free(t2);
+        tok_free(t);
+    }
+}
+
 /* ---- hostile input ----------------------------------------------------------------------- */
 
 struct tally {
@@ -304,7 +380,7 @@ int main(void)
         cmocka_unit_test(mpt),            cmocka_unit_test(refact),
         cmocka_unit_test(gpt2_through_pcre2), cmocka_unit_test(every_name_compiles),
         cmocka_unit_test(behaviors),      cmocka_unit_test(o200k_pieces),
-        cmocka_unit_test(catastrophic_pattern),
+        cmocka_unit_test(catastrophic_pattern), cmocka_unit_test(ignore_merges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

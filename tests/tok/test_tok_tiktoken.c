@@ -11,6 +11,7 @@
  */
 #include "err.h"
 #include "gguf.h"
+#include "harmony.h"
 #include "log.h"
 #include "mono.h"
 #include "tok.h"
@@ -230,6 +231,22 @@ static void check_encoding(const char *dir, const json_t *exp, const char *enc, 
         free(json);
         tok_free(ti);
     }
+    if (t && th) { /* the merges a writer gets from the rank file are the tokenizer.json's */
+        int32_t *m1, *m2;
+        size_t n1, n2;
+        if (tok_merges(t, &m1, &n1) != 0 || tok_merges(th, &m2, &n2) != 0) {
+            fail("%s: tok_merges failed", enc);
+        } else {
+            if (n1 != n2 || memcmp(m1, m2, 2 * n1 * sizeof *m1) != 0)
+                fail("%s: tok_merges of the rank file (%zu) differs from tokenizer.json's (%zu)",
+                     enc, n1, n2);
+            else
+                fprintf(stderr, "%s: %zu merges derived from the ranks, as transformers does\n",
+                        enc, n1);
+            free(m1);
+            free(m2);
+        }
+    }
     tok_free(th);
     tok_free(t);
 }
@@ -284,10 +301,24 @@ static void check_harmony(const char *dir)
     int32_t *ids;
     size_t n;
     if (tok_encode_ex(t, msg, strlen(msg), TOK_ENC_SPECIAL, &ids, &n) != 0 || n < 6 ||
-        ids[0] != 200006 || ids[2] != 200008 || ids[n - 2] != 200006)
+        ids[0] != 200006 || ids[2] != 200008 || ids[n - 2] != 200006) {
         fail("harmony specials in text: not encoded as <|start|> .. <|message|> ..");
-    else
+    } else {
+        char *back, *plain;
+        size_t bl, pl;
+        if (tok_decode_ex(t, ids, n, TOK_DEC_SPECIAL, &back, &bl) != 0 ||
+            tok_decode(t, ids, n, &plain, &pl) != 0) {
+            fail("harmony specials: decoding failed");
+        } else {
+            if (bl != strlen(msg) || memcmp(back, msg, bl) != 0)
+                fail("harmony specials do not decode back with TOK_DEC_SPECIAL: '%s'", back);
+            if (strcmp(plain, "userWhat is 2 + 2?assistant") != 0)
+                fail("harmony specials decode to '%s' without TOK_DEC_SPECIAL", plain);
+            free(back);
+            free(plain);
+        }
         free(ids);
+    }
     if (tok_encode_ex(t, msg, strlen(msg), 0, &ids, &n) != 0) {
         fail("harmony text without specials did not encode");
     } else {
@@ -302,6 +333,60 @@ static void check_harmony(const char *dir)
         else
             free(back);
         free(ids);
+    }
+    /* harmony on the real vocabulary: the spec's prompt renders to the ids of its text with
+     * specials allowed, and the spec's typical output parses into its channels */
+    {
+        static const char want[] =
+            "<|start|>system<|message|>You are ChatGPT, a large language model trained by "
+            "OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-06-28\n\nReasoning: high"
+            "\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
+            "every message.<|end|><|start|>developer<|message|># Instructions\n\nAnswer in "
+            "one line.<|end|><|start|>user<|message|>What is 2 + 2?<|end|><|start|>assistant";
+        struct harmony_msg m[] = {{.role = HARMONY_USER, .content = "What is 2 + 2?"}};
+        struct harmony_opts o = {.effort = HARMONY_EFFORT_HIGH, .current_date = "2025-06-28",
+                                 .instructions = "Answer in one line."};
+        int32_t *r, *w;
+        size_t nr, nw;
+        if (harmony_render(t, m, 1, &o, &r, &nr) != 0 ||
+            tok_encode_ex(t, want, strlen(want), TOK_ENC_SPECIAL, &w, &nw) != 0) {
+            fail("harmony: render or encode failed");
+        } else {
+            if (nr != nw || memcmp(r, w, nr * sizeof *r) != 0)
+                fail("harmony: the rendered prompt (%zu ids) is not the spec's (%zu ids)", nr,
+                     nw);
+            free(r);
+            free(w);
+        }
+        static const char out[] = "<|channel|>analysis<|message|>Trivial arithmetic: "
+                                  "\xE2\x9C\x93<|end|><|start|>assistant<|channel|>final"
+                                  "<|message|>2 + 2 = 4.<|return|>";
+        struct harmony_parser p;
+        char fin[64] = "", ana[64] = "";
+        enum harmony_ev stop = HARMONY_EV_NONE;
+        if (tok_encode_ex(t, out, strlen(out), TOK_ENC_SPECIAL, &w, &nw) != 0 ||
+            harmony_parser_init(&p, t) != 0) {
+            fail("harmony: parser setup failed");
+        } else {
+            for (size_t i = 0; i < nw; i++) {
+                struct harmony_event ev;
+                if (harmony_parser_push(&p, w[i], &ev) != 0) {
+                    fail("harmony: parsing id %zu failed", i);
+                    break;
+                }
+                if (ev.len && ev.channel == HARMONY_CH_FINAL)
+                    strncat(fin, ev.text, ev.len);
+                if (ev.len && ev.channel == HARMONY_CH_ANALYSIS)
+                    strncat(ana, ev.text, ev.len);
+                if (ev.kind == HARMONY_EV_RETURN)
+                    stop = ev.kind;
+            }
+            if (strcmp(fin, "2 + 2 = 4.") || strcmp(ana, "Trivial arithmetic: \xE2\x9C\x93") ||
+                stop != HARMONY_EV_RETURN)
+                fail("harmony: parsed final '%s' analysis '%s' stop %d", fin, ana, stop);
+            harmony_parser_fini(&p);
+            free(w);
+        }
     }
     /* streaming: 4-byte characters split over byte tokens are held until complete */
     const char *text = "\xF0\x9F\xA6\x99\xF0\x9F\xA7\x91\xF0\x9F\x8F\xBF\xE2\x80\x8D"

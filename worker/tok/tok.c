@@ -689,6 +689,61 @@ fail:
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* merges for writers                                                                       */
+
+int tok_merges(const struct tok *t, int32_t **pairs, size_t *n)
+{
+    *pairs = NULL;
+    *n = 0;
+    struct tok__ids a = {0};
+    int rc = 0;
+    if (t->kind == TOK_BPE && !t->ranked) {
+        for (uint32_t r = 0; r < t->n_merges && rc == 0; r++)
+            if ((rc = tok__ids_push(&a, t->merges[r].left)) == 0)
+                rc = tok__ids_push(&a, t->merges[r].right);
+    } else if (t->kind == TOK_BPE) {
+        /* ids in order are ranks in order; for each token, its splits at character
+         * boundaries (one byte-level character per byte) whose two sides are normal tokens,
+         * by the left side's id (the right one follows from it) */
+        for (uint32_t id = 0; id < t->n && rc == 0; id++) {
+            const struct tok__token *k = &t->tokens[id];
+            if (k->type != TOK_NORMAL)
+                continue;
+            const char *p = t->strs + k->str_off;
+            size_t first = a.n;
+            for (size_t i = tok__utf8_len((const unsigned char *)p, k->str_len); i < k->str_len;
+                 i += tok__utf8_len((const unsigned char *)p + i, k->str_len - i)) {
+                int32_t l = tok__find(t, p, i), r = tok__find(t, p + i, k->str_len - i);
+                if (l < 0 || r < 0 || t->tokens[l].type != TOK_NORMAL ||
+                    t->tokens[r].type != TOK_NORMAL)
+                    continue;
+                if ((rc = tok__ids_push(&a, l)) != 0 || (rc = tok__ids_push(&a, r)) != 0)
+                    break;
+            }
+            /* by the left id: insertion sort of this token's few pairs */
+            for (size_t x = first + 2; rc == 0 && x < a.n; x += 2)
+                for (size_t y = x; y > first && a.v[y - 2] > a.v[y]; y -= 2) {
+                    int32_t l = a.v[y], r = a.v[y + 1];
+                    a.v[y] = a.v[y - 2];
+                    a.v[y + 1] = a.v[y - 1];
+                    a.v[y - 2] = l;
+                    a.v[y - 1] = r;
+                }
+        }
+    }
+    if (rc == 0 && !a.v)
+        rc = (a.v = malloc(sizeof *a.v)) ? 0 : -ENOMEM;
+    if (rc != 0) {
+        LOG_ERR("listing the merges: out of memory");
+        free(a.v);
+        return rc;
+    }
+    *pairs = a.v;
+    *n = a.n / 2;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* accessors                                                                                */
 
 enum tok_kind tok_kind(const struct tok *t) { return t->kind; }
@@ -952,7 +1007,8 @@ int tok_stream_flush(struct tok_stream *s, char *out, size_t cap, size_t *n_out)
     return 0;
 }
 
-int tok_decode(const struct tok *t, const int32_t *ids, size_t n_ids, char **text, size_t *len)
+int tok_decode_ex(const struct tok *t, const int32_t *ids, size_t n_ids, unsigned flags,
+                  char **text, size_t *len)
 {
     *text = NULL;
     *len = 0;
@@ -964,14 +1020,17 @@ int tok_decode(const struct tok *t, const int32_t *ids, size_t n_ids, char **tex
         }
     }
     size_t step = tok_stream_max_out(t), cap = 256, n = 0;
+    if (step < t->max_str)
+        step = t->max_str; /* a control token spelled out */
     char *buf = malloc(cap);
     if (!buf)
         goto oom;
     struct tok_stream s;
     tok_stream_init(&s, t);
     for (size_t i = 0; i <= n_ids; i++) {
-        if (cap - n < step + 1) {
-            size_t ncap = cap * 2 > n + step + 1 ? cap * 2 : n + step + 1;
+        /* room for a flush and a spelled control token, or one push */
+        if (cap - n < 2 * step + 1) {
+            size_t ncap = cap * 2 > n + 2 * step + 1 ? cap * 2 : n + 2 * step + 1;
             char *nb = realloc(buf, ncap);
             if (!nb)
                 goto oom;
@@ -979,8 +1038,20 @@ int tok_decode(const struct tok *t, const int32_t *ids, size_t n_ids, char **tex
             cap = ncap;
         }
         size_t got;
-        int rc = i < n_ids ? tok_stream_push(&s, ids[i], buf + n, cap - n, &got)
+        int rc;
+        if (i < n_ids && (flags & TOK_DEC_SPECIAL) && t->tokens[ids[i]].type == TOK_CONTROL) {
+            /* pending bytes end before the special; the text after it continues the text */
+            bool start = s.at_start;
+            rc = tok_stream_flush(&s, buf + n, cap - n, &got);
+            n += got;
+            s.at_start = start && n == 0;
+            const struct tok__token *k = &t->tokens[ids[i]];
+            memcpy(buf + n, t->strs + k->str_off, k->str_len);
+            got = k->str_len;
+        } else {
+            rc = i < n_ids ? tok_stream_push(&s, ids[i], buf + n, cap - n, &got)
                            : tok_stream_flush(&s, buf + n, cap - n, &got);
+        }
         CHECK(rc == 0); /* ids were checked and the buffer holds the largest output */
         n += got;
     }
@@ -992,4 +1063,9 @@ oom:
     free(buf);
     LOG_ERR("decoding %zu tokens: out of memory", n_ids);
     return -ENOMEM;
+}
+
+int tok_decode(const struct tok *t, const int32_t *ids, size_t n_ids, char **text, size_t *len)
+{
+    return tok_decode_ex(t, ids, n_ids, 0, text, len);
 }

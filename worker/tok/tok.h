@@ -82,6 +82,12 @@ int32_t tok_token_id(const struct tok *t, const char *str, size_t len);
  * applied once at the start, as SentencePiece does). Bytes that do not form valid UTF-8
  * become U+FFFD, so the result is always valid UTF-8. ERR_RANGE (logged) for a bad id. */
 int tok_decode(const struct tok *t, const int32_t *ids, size_t n_ids, char **text, size_t *len);
+/* tok_decode with flags: TOK_DEC_SPECIAL spells control tokens as their strings
+ * ("<|start|>"), so what tok_encode_ex(TOK_ENC_SPECIAL) read comes back; without it they
+ * decode to nothing. */
+#define TOK_DEC_SPECIAL 1u
+int tok_decode_ex(const struct tok *t, const int32_t *ids, size_t n_ids, unsigned flags,
+                  char **text, size_t *len);
 /* The bytes one token contributes to decoded text, before UTF-8 assembly and without the
  * leading-space rule: byte tokens <0xNN> give one byte, control tokens none, SPM's <unk>
  * " \u2047 ". Not NUL-terminated. ERR_RANGE for a bad id (not logged). */
@@ -106,6 +112,13 @@ int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, siz
 /* Emits what is pending at the end of a sequence (an incomplete tail becomes U+FFFD) and
  * resets the stream for a new sequence. */
 int tok_stream_flush(struct tok_stream *s, char *out, size_t cap, size_t *n_out);
+
+/* A byte-level BPE's merges as token-id pairs (left, right) in rank order, malloc'd in
+ * *pairs [2 * *n]: the stored list, or for a ranked (tiktoken) vocabulary the list
+ * transformers' converter derives (every split of each token into two normal tokens, by the
+ * merged token's id, then the left's, then the right's), which encodes the same. For writers
+ * of GGUF or tokenizer.json. SentencePiece: *n = 0. 0 or -ENOMEM (logged). */
+int tok_merges(const struct tok *t, int32_t **pairs, size_t *n);
 
 /* tokenizer.ie.json bytes (malloc'd, NUL-terminated; *len excludes the NUL). */
 int tok_save_json(const struct tok *t, char **json, size_t *len);

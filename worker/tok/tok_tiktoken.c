@@ -102,37 +102,20 @@ int tok__load_tiktoken(const void *buf, size_t len, const char *what, struct tok
         }
         i = e + 1;
     }
-    const struct special *sp;
-    size_t n_sp;
-    uint32_t vocab;
-    const char *pre_name;
-    if (n == O200K_RANKS) {
-        sp = harmony_specials;
-        n_sp = sizeof harmony_specials / sizeof harmony_specials[0];
-        vocab = O200K_HARMONY_VOCAB;
-        pre_name = "gpt-4o";
-    } else if (n == CL100K_RANKS) {
-        sp = cl100k_specials;
-        n_sp = sizeof cl100k_specials / sizeof cl100k_specials[0];
-        vocab = CL100K_VOCAB;
-        pre_name = "llama-bpe";
-    } else {
-        LOG_ERR("%s: %u ranks: not a tiktoken encoding we know (o200k_base has %u, "
-                "cl100k_base %u); its pre-tokenizer regex and special tokens would be unknown",
-                what, n, O200K_RANKS, CL100K_RANKS);
-        return ERR_UNSUPPORTED;
+    if (n == 0) {
+        LOG_ERR("%s: no ranks: not a tiktoken rank file", what);
+        return ERR_FORMAT;
     }
-    struct tok__spec s;
-    int rc = tok__spec_init(&s, what, TOK_BPE, vocab);
-    if (rc != 0)
-        return rc;
-    /* every spelling fits in 4x its base64 length (3 bytes per 4 chars, <= 2 chars per byte);
-     * the specials' names after them */
-    size_t cap = 2 * len + (size_t)(vocab - n) * 24 + 16;
+    /* second pass: every line parsed and checked, whatever the encoding turns out to be;
+     * the spellings go to one buffer (<= 2 bytes per byte, 3 bytes per 4 base64 chars) with
+     * room for the specials' names after them */
+    size_t cap = 2 * len + (size_t)4096 * 24 + 16;
     char *spell = malloc(cap);
     unsigned char *raw = malloc(TOK_MAX_PIECE);
-    if (!spell || !raw) {
-        LOG_ERR("%s: out of memory for %u tokens", what, vocab);
+    uint32_t *off = malloc(n * sizeof *off), *slen = calloc(n, sizeof *slen);
+    int rc = 0;
+    if (!spell || !raw || !off || !slen) {
+        LOG_ERR("%s: out of memory for %u ranks", what, n);
         rc = -ENOMEM;
         goto out;
     }
@@ -150,7 +133,7 @@ int tok__load_tiktoken(const void *buf, size_t len, const char *what, struct tok
         long nb = -1;
         if (sp1 && b64_len <= (size_t)TOK_MAX_PIECE / 2 * 4 / 3)
             nb = b64_decode(p + i, b64_len, raw);
-        if (nb <= 0 || (size_t)nb * 2 > TOK_MAX_PIECE) {
+        if (nb <= 0) {
             LOG_ERR("%s: line %u: '%.*s' is not base64 token bytes (1..%u of them), a space "
                     "and a rank", what, line + 1, (int)(e - i > 48 ? 48 : e - i), p + i,
                     TOK_MAX_PIECE / 2);
@@ -171,18 +154,46 @@ int tok__load_tiktoken(const void *buf, size_t len, const char *what, struct tok
             rc = ERR_FORMAT;
             goto out;
         }
-        if (s.piece[rank]) {
+        if (slen[rank]) {
             LOG_ERR("%s: line %u: rank %llu is given twice", what, line + 1,
                     (unsigned long long)rank);
             rc = ERR_FORMAT;
             goto out;
         }
-        s.piece[rank] = spell + o;
+        off[rank] = (uint32_t)o;
         for (long j = 0; j < nb; j++)
             o += tok__utf8_encode(tok__byte_to_cp(raw[j]), spell + o);
-        s.piece_len[rank] = (uint32_t)(spell + o - s.piece[rank]);
-        s.type[rank] = TOK_NORMAL;
+        slen[rank] = (uint32_t)(o - off[rank]);
         i = e + 1;
+    }
+    const struct special *sp;
+    size_t n_sp;
+    uint32_t vocab;
+    const char *pre_name;
+    if (n == O200K_RANKS) {
+        sp = harmony_specials;
+        n_sp = sizeof harmony_specials / sizeof harmony_specials[0];
+        vocab = O200K_HARMONY_VOCAB;
+        pre_name = "gpt-4o";
+    } else if (n == CL100K_RANKS) {
+        sp = cl100k_specials;
+        n_sp = sizeof cl100k_specials / sizeof cl100k_specials[0];
+        vocab = CL100K_VOCAB;
+        pre_name = "llama-bpe";
+    } else {
+        LOG_ERR("%s: %u ranks: not a tiktoken encoding we know (o200k_base has %u, "
+                "cl100k_base %u); its pre-tokenizer regex and special tokens would be unknown",
+                what, n, O200K_RANKS, CL100K_RANKS);
+        rc = ERR_UNSUPPORTED;
+        goto out;
+    }
+    struct tok__spec s;
+    if ((rc = tok__spec_init(&s, what, TOK_BPE, vocab)) != 0)
+        goto out;
+    for (uint32_t r = 0; r < n; r++) {
+        s.piece[r] = spell + off[r];
+        s.piece_len[r] = slen[r];
+        s.type[r] = TOK_NORMAL;
     }
     /* the ids above the ranks: named specials, reserved names between them */
     for (uint32_t id = n; id < vocab; id++) {
@@ -207,9 +218,11 @@ int tok__load_tiktoken(const void *buf, size_t len, const char *what, struct tok
         s.bos = s.eos = 100257; /* <|endoftext|> */
     }
     rc = tok__build(&s, out);
+    tok__spec_fini(&s);
 out:
     free(spell);
     free(raw);
-    tok__spec_fini(&s);
+    free(off);
+    free(slen);
     return rc;
 }
