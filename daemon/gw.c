@@ -10,6 +10,7 @@
  *     gw_adapters.c  the adapter registry (replays to fresh workers, reloads)
  *     gw_cq.c        the completion-queue thread
  *     gw_conn.c      connections: our Unix listener, rapid-reset accounting (beside gw_cq.c)
+ *     gw_quota.c     per-tenant quotas (token buckets, queued generations; a leaf)
  *     gw_callobj.c   a call object's references and freeing
  *
  * NOTES
@@ -188,6 +189,7 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     g->unix_fd = -1;
     g->wake[0] = g->wake[1] = -1;
     pthread_mutex_init(&g->conn_mu, NULL);
+    pthread_mutex_init(&g->quota_mu, NULL);
     auth_streams_init(&g->streams);
     pthread_mutex_init(&g->adapters_mu, NULL);
     g->t_shutdown = (struct gw_tag){.fn = gw__cq_on_shutdown, .obj = g};
@@ -337,6 +339,7 @@ void gw_destroy(struct gw *g)
     auth_streams_fini(&g->streams);
     pthread_mutex_destroy(&g->adapters_mu);
     pthread_mutex_destroy(&g->conn_mu);
+    pthread_mutex_destroy(&g->quota_mu);
     g->magic = 0;
     free(g);
 }

@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "mono.h"
+#include "stats.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -180,30 +181,32 @@ static int fd_of(struct gw *g, const char *peer)
 /* GOAWAY, last stream 0, ENHANCE_YOUR_CALM (RFC 9113 6.8, 7), then shutdown: gRPC sees the
  * socket end and drops the connection with every stream it still holds. The GOAWAY is written
  * beside gRPC's own writes and may land inside one of its frames; the connection ends anyway. */
-static void close_abuser(struct gw *g, const char *peer, uint32_t resets)
+static bool close_abuser(struct gw *g, const char *peer, uint32_t resets)
 {
     int fd = fd_of(g, peer);
     if (fd < 0) {
         LOG_WARN("gateway: connection %s reset %" PRIu32 " streams before any answer in 10 s "
                  "(limits.max_early_resets): its socket is gone already", peer, resets);
-        return;
+        return false;
     }
     static const unsigned char goaway[17] = {0, 0, 8, 0x7, 0, 0, 0, 0, 0,
                                              0, 0, 0, 0, 0, 0, 0, 0xb};
     (void)!send(fd, goaway, sizeof goaway, MSG_DONTWAIT | MSG_NOSIGNAL);
     shutdown(fd, SHUT_RDWR);
-    atomic_fetch_add(&g->conns_closed, 1);
     atomic_store(&g->trim_until_ns, mono_ns() + TRIM_FOR_NS);
     LOG_WARN("gateway: connection %s reset %" PRIu32 " streams before any answer in 10 s "
              "(limits.max_early_resets): GOAWAY, closed", peer, resets);
+    return true;
 }
 
 void gw__conn_early_reset(struct gw *g, grpc_call *call, uint32_t limit)
 {
-    atomic_fetch_add(&g->early_resets, 1);
     char *peer = grpc_call_get_peer(call);
-    if (!peer)
+    if (!peer) {
+        if (g->stats)
+            stats_early_reset(g->stats, false);
         return;
+    }
     uint64_t now = mono_ns();
     uint32_t count = 0;
     pthread_mutex_lock(&g->conn_mu);
@@ -226,8 +229,9 @@ void gw__conn_early_reset(struct gw *g, grpc_call *call, uint32_t limit)
     count = ++p->resets;
     pthread_mutex_unlock(&g->conn_mu);
     /* once at the limit: the streams already queued behind it come back reset as well */
-    if (count == limit + 1)
-        close_abuser(g, peer, count);
+    bool closed = count == limit + 1 && close_abuser(g, peer, count);
+    if (g->stats)
+        stats_early_reset(g->stats, closed);
     gpr_free(peer);
 }
 

@@ -39,6 +39,7 @@
 #define GW_CALL_MAGIC 0x4743414cu /* "GCAL" */
 #define GW_BUCKETS 1024u          /* per-slot request table buckets (a power of two) */
 #define GW_PEERS 256u             /* connections whose early resets are counted at once */
+#define GW_QUOTA_TENANTS 256u     /* tenants whose quotas are tracked (config.c caps lower) */
 
 enum gw_method {
     GW_GENERATE = 0,
@@ -89,6 +90,7 @@ struct gw_item {
     struct shm_msg_adapter ans_adapter;
     bool has_adapter;
     char adapter[SHM_MAX_NAME + 1]; /* the adapter it runs with ("" = base) */
+    bool queued;                   /* counted in its tenant's max_queued until a token or its end */
 };
 
 struct gw_call {
@@ -177,6 +179,16 @@ struct gw_adapter {
     uint32_t reload_gen[CONFIG_MAX_WORKERS];
 };
 
+/* A tenant's quota state (gw_quota.c). */
+struct gw_quota {
+    bool used;
+    char name[CONFIG_NAME_MAX];
+    bool req_init, tok_init;
+    double req_level, tok_level;   /* token buckets (tok_level may be below zero: a debt) */
+    uint64_t req_ns, tok_ns;       /* their last refill */
+    uint32_t queued;               /* generations at the workers without a token yet */
+};
+
 /* A connection's early resets (gw_conn.c), by its gRPC peer name. */
 struct gw_peer {
     char name[80];
@@ -224,9 +236,10 @@ struct gw {
     bool conn_started;
     pthread_mutex_t conn_mu;       /* guards peers */
     struct gw_peer peers[GW_PEERS];
-    _Atomic uint64_t early_resets; /* streams reset before any answer, all connections */
-    _Atomic uint64_t conns_closed; /* connections closed for them */
     _Atomic uint64_t trim_until_ns;
+
+    pthread_mutex_t quota_mu;      /* guards quotas (a leaf lock) */
+    struct gw_quota quotas[GW_QUOTA_TENANTS];
 };
 
 /* ---- gw_callobj.c: a call's lifetime ---- */
@@ -247,6 +260,19 @@ void gw__conn_stop(struct gw *g);
 /* A stream of call was reset by its client before any answer: counted against its
  * connection; past limit in 10 s the connection is sent GOAWAY and closed. */
 void gw__conn_early_reset(struct gw *g, grpc_call *call, uint32_t limit);
+
+/* ---- gw_quota.c: per-tenant quotas ---- */
+/* Admits n_requests worker requests of which n_generations are generations (counted queued
+ * until their first token: gw__quota_unqueue), with a prompt of prompt_bytes: 0, or
+ * RESOURCE_EXHAUSTED with msg naming the limit and *retry_after_s (may be NULL) set. */
+int gw__quota_admit(struct gw *g, const struct config_tenant *t, const char *tenant,
+                    uint32_t n_requests, uint32_t n_generations, size_t prompt_bytes,
+                    char *msg, size_t cap, double *retry_after_s);
+/* A generation admitted by gw__quota_admit produced its first token, or ended. */
+void gw__quota_unqueue(struct gw *g, const char *tenant);
+/* Tokens a request of the tenant used (prompt + generated, or Tokenize's ids). */
+void gw__quota_charge(struct gw *g, const struct config_tenant *t, const char *tenant,
+                      uint64_t tokens);
 
 /* ---- gw_cq.c: the completion-queue thread ---- */
 void *gw__cq_main(void *gw);
