@@ -26,6 +26,7 @@
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
+#include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -463,6 +464,7 @@ static void on_close(struct gw_tag *t, bool ok)
     struct gw *g = c->g;
     size_t n_cancel = 0;
     pthread_mutex_lock(&c->mu);
+    c->close_seen = true;
     bool late = gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) != 0 &&
                 gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
     /* reset by its client before any answer: what an HTTP/2 rapid reset is made of */
@@ -479,8 +481,8 @@ static void on_close(struct gw_tag *t, bool ok)
     }
     bool closed = c->closed;
     pthread_mutex_unlock(&c->mu);
-    if (early_reset && c->call)
-        gw__conn_early_reset(g, c->call, c->cfg->limits.max_early_resets);
+    if (early_reset)
+        gw__conn_early_reset(g, c->peer, c->cfg->limits.max_early_resets);
     if (closed)
         for (size_t i = 0; i < c->n_items && n_cancel; i++)
             gw__cancel_item(g, c, i);
@@ -632,13 +634,18 @@ static uint64_t deadline_ns(const struct gw_call *c)
 
 static int items_alloc(struct gw_call *c, size_t n)
 {
-    if (n && !(c->items = calloc(n, sizeof *c->items)))
+    struct gw_item *items = n ? calloc(n, sizeof *items) : NULL;
+    if (n && !items)
         return -ENOMEM;
-    c->n_items = c->n_open = n;
     for (size_t i = 0; i < n; i++) {
-        c->items[i].slot = -1;
-        c->items[i].index = (unsigned)i;
+        items[i].slot = -1;
+        items[i].index = (unsigned)i;
     }
+    /* under mu: the call's close may be handled on the other CQ thread meanwhile */
+    pthread_mutex_lock(&c->mu);
+    c->items = items;
+    c->n_items = c->n_open = n;
+    pthread_mutex_unlock(&c->mu);
     return 0;
 }
 
@@ -902,12 +909,12 @@ static void start_adapter_op(struct gw_call *c, bool load)
     if (load && stat(path, &sb) < 0) {
         int e = errno;
         return end_call(c, e == ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_INVALID_ARGUMENT,
-                        "path: %.200s: %s", path, strerror(e));
+                        "adapter %s: path: %.200s: %s", name, path, strerror(e));
     }
     if (load && !S_ISDIR(sb.st_mode))
         return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
-                        "path: %.200s is not a directory (a PEFT adapter directory: "
-                        "adapter_config.json + adapter_model.safetensors)", path);
+                        "adapter %s: path: %.200s is not a directory (a PEFT adapter directory: "
+                        "adapter_config.json + adapter_model.safetensors)", name, path);
     int slots[CONFIG_MAX_WORKERS];
     size_t n = gw__ready_slots(c->g, slots, CONFIG_MAX_WORKERS);
     if (n == 0)
@@ -1031,8 +1038,10 @@ static int authenticate(struct gw_call *c)
                                   : "unknown API key");
         return -1;
     }
+    pthread_mutex_lock(&c->mu);
     c->tcfg = t;
     snprintf(c->tenant, sizeof c->tenant, "%s", t ? t->name : "");
+    pthread_mutex_unlock(&c->mu);
     return 0;
 }
 
@@ -1044,6 +1053,10 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         return;
     }
     /* this state machine's own tags: every batch it starts comes back to on_sent / on_close */
+    /* the connection, read now: once a client has reset the stream gRPC answers "unknown" */
+    char *peer = grpc_call_get_peer(c->call);
+    snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "unknown");
+    gpr_free(peer);
     c->t_close.fn = on_close;
     c->t_send.fn = on_sent;
     c->start_ns = mono_ns();
@@ -1093,6 +1106,15 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         if (listed) {
             g->watch[g->n_watch++] = c;
             gw__call_ref(c);
+            /* its client may have gone already, on_close (another CQ thread) not finding it
+             * in the list: then it leaves it here */
+            pthread_mutex_lock(&c->mu);
+            bool gone = c->close_seen;
+            pthread_mutex_unlock(&c->mu);
+            if (gone) {
+                g->n_watch--;
+                atomic_fetch_sub(&c->refs, 1); /* the list's; not the last: ours is held */
+            }
         }
         pthread_mutex_unlock(&g->adapters_mu);
         if (!listed) {

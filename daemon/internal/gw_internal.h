@@ -4,8 +4,9 @@
  * outside daemon/gw*.c: CMake keeps this header out of the include path of anything else.
  *
  * NOTES (threads, locks, lifetimes):
- *  - The completion-queue (CQ) thread runs every gRPC completion: new calls, sends done,
- *    clients gone. Each worker slot has a reader thread that turns the records of its event
+ *  - The completion-queue (CQ) threads (GW_CQ_THREADS) run every gRPC completion: new calls,
+ *    sends done, clients gone; two completions of one call may run at once (its arrival and
+ *    its client going away): what they share is under the call's mutex. Each worker slot has a reader thread that turns the records of its event
  *    ring into updates of calls. Both may start batches on a call (grpc_call_start_batch is
  *    thread-safe); the call's mutex makes "one SEND in flight per call" hold.
  *  - Lock order: slot->mu, then call->mu is never taken the other way round: code holding a
@@ -40,6 +41,7 @@
 #define GW_BUCKETS 1024u          /* per-slot request table buckets (a power of two) */
 #define GW_PEERS 256u             /* connections whose early resets are counted at once */
 #define GW_QUOTA_TENANTS 256u     /* tenants whose quotas are tracked (config.c caps lower) */
+#define GW_CQ_THREADS 2           /* completion-queue threads (gw.c says why two) */
 
 enum gw_method {
     GW_GENERATE = 0,
@@ -109,6 +111,8 @@ struct gw_call {
     int close_cancelled;           /* RECV_CLOSE_ON_SERVER's answer */
     bool sending, md_sent, status_sent, closed, counted;
     bool msg_sent;                 /* a response message went out (not an early reset) */
+    bool close_seen;               /* on_close ran (RECV_CLOSE_ON_SERVER came back) */
+    char peer[80];                 /* its connection as gRPC names it ("fd:12", "ipv4:a:p") */
     struct config *cfg;            /* the snapshot the call runs with */
     char tenant[CONFIG_NAME_MAX];  /* "" = anonymous */
     const struct config_tenant *tcfg; /* in cfg; NULL = anonymous */
@@ -204,7 +208,8 @@ struct gw {
 
     grpc_server *server;
     grpc_completion_queue *cq;
-    pthread_t cq_thread;
+    pthread_t cq_threads[GW_CQ_THREADS];
+    int n_cq_threads;
     bool cq_started;
     void *methods[GW_METHODS];
     struct gw_tag t_shutdown;
@@ -253,13 +258,16 @@ void gw__call_unref(struct gw_call *c);
 /* ---- gw_conn.c: connections (the Unix listener, rapid-reset accounting) ---- */
 /* Listens on path, refusing a live socket of another process and removing a stale one. */
 int gw__conn_listen_unix(struct gw *g, const char *path);
+/* Only that check (for gRPC's own Unix listener, used with TLS): 0 or -EADDRINUSE. */
+int gw__conn_unix_free(const char *path);
 /* Starts the connection thread (accepts on the Unix socket; gives memory back). */
 int gw__conn_start(struct gw *g);
 /* Stops it, closes and removes our Unix socket. Before the server is destroyed. */
 void gw__conn_stop(struct gw *g);
-/* A stream of call was reset by its client before any answer: counted against its
- * connection; past limit in 10 s the connection is sent GOAWAY and closed. */
-void gw__conn_early_reset(struct gw *g, grpc_call *call, uint32_t limit);
+/* A stream was reset by its client before any answer: counted against its connection (peer:
+ * gRPC's name of it, read when the call arrived); past limit in 10 s the connection is sent
+ * GOAWAY and closed. */
+void gw__conn_early_reset(struct gw *g, const char *peer, uint32_t limit);
 
 /* ---- gw_quota.c: per-tenant quotas ---- */
 /* Admits n_requests worker requests of which n_generations are generations (counted queued

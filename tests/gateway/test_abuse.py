@@ -13,6 +13,9 @@ import gwtest as T
 import h2raw
 
 ALICE = T.key("alice-key-0001")
+# a sanitized build (tests/gateway/CMakeLists.txt says which): slower, and its own allocator
+SANITIZED = bool(os.environ.get("CLOCHER_SANITIZE"))
+SLOW = 4.0 if SANITIZED else 1.0
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +27,9 @@ def d():
 
 def test_rapid_reset_is_cut_off_and_memory_stays_bounded(d):
     """20k HEADERS+DATA+RST_STREAM on one connection grew clocherd by ~250 MB, kept after the
-    client left: now the connection is closed after 100 early resets (GOAWAY), and a legitimate
-    client is served at once afterwards."""
+    client left: now the connection is closed after 100 early resets (GOAWAY) before most of
+    them are read, the memory stays bounded and is given back, and a legitimate client is
+    served at once afterwards."""
     r0 = d.rss_kb()
     c = h2raw.Conn(d.sock)
     t0 = time.time()
@@ -37,22 +41,60 @@ def test_rapid_reset_is_cut_off_and_memory_stays_bounded(d):
         c.drain()
         if not c.closed:
             sent += c.rapid_reset(100, "/clocher.v1.Inference/Generate")
+    peak = d.rss_kb() - r0
     c.close()
     assert c.closed, "the abusive connection is still open after %d streams" % sent
-    assert time.time() - t0 < 15
+    assert time.time() - t0 < 15 * SLOW
+    # cut off early: a few thousand streams at most reached gRPC's queue, not 20000
+    assert sent < 20000, "every one of 20000 streams was accepted"
+    if not SANITIZED:
+        assert peak < 64 * 1024, "clocherd grew by %d kB during the flood" % peak
     # the memory of what it queued is given back
     grown = 0
-    for _ in range(40):
+    for _ in range(80):
         grown = d.rss_kb() - r0
         if grown < 32 * 1024:
             break
         time.sleep(0.25)
-    assert grown < 32 * 1024, "clocherd grew by %d kB" % grown
+    if not SANITIZED:  # ASan's allocator keeps what it freed: malloc_trim is glibc's
+        assert grown < 32 * 1024, "clocherd grew by %d kB" % grown
     assert "limits.max_early_resets" in d.read_log()
     t1 = time.time()
     ids, last = T.generate(d.stub, ALICE, ids=[1, 2, 3], max_tokens=4, timeout=20)
     assert len(ids) == 4
-    assert time.time() - t1 < 5
+    assert time.time() - t1 < 5 * SLOW
+
+
+def test_rapid_reset_on_tcp_is_cut_off_too():
+    """The TCP listener stays gRPC's (TLS needs it): the abuser's socket is found by its peer
+    address and closed the same way."""
+    import tempfile
+    port = T.free_port()
+    sock = os.path.join(tempfile.mkdtemp(prefix="tcp-", dir=T._work), "gw.sock")
+    dm = T.Daemon(T.stories_model(), workers=1, limits={"max_early_resets": 100},
+                  extra={"listen": {"tcp": "127.0.0.1:%d" % port, "unix": sock}}, sock=sock)
+    try:
+        r0 = dm.rss_kb()
+        c = h2raw.Conn(("127.0.0.1", port))
+        sent = c.rapid_reset(20000, "/clocher.v1.Inference/Generate")
+        end = time.time() + 10 * SLOW
+        while not c.closed and time.time() < end:
+            time.sleep(0.05)
+            c.drain()
+            if not c.closed:
+                sent += c.rapid_reset(100, "/clocher.v1.Inference/Generate")
+        peak = dm.rss_kb() - r0
+        c.close()
+        # loopback TCP buffers take the whole burst (3 MB): what gRPC never read is dropped
+        # with the socket, so the server's memory is the measure here, not the bytes sent
+        assert c.closed, (sent, dm.read_log()[-600:])
+        if not SANITIZED:
+            assert peak < 64 * 1024, "clocherd grew by %d kB during the flood" % peak
+        assert "connection ipv4:127.0.0.1:" in dm.read_log(), dm.read_log()
+        ids, _ = T.generate(dm.stub, ALICE, ids=[1, 2, 3], max_tokens=2, timeout=20)
+        assert len(ids) == 2
+    finally:
+        assert dm.stop() == 0
 
 
 def test_cancels_after_answers_are_not_resets(d):
@@ -225,7 +267,7 @@ def test_a_huge_prompt_does_not_stall_another_tenants_stream():
         th.join(60)
         during = [b - a for a, b in zip(times, times[1:]) if a >= t0 and b <= t1 + 0.5]
         assert during, "no token during the tokenizations (%.2f s)" % (t1 - t0)
-        assert max(during) < 0.5, "largest gap %.2f s while %.2f s of tokenizing" % (
+        assert max(during) < 0.5 * SLOW, "largest gap %.2f s while %.2f s of tokenizing" % (
             max(during), t1 - t0)
     finally:
         assert dm.stop() == 0
@@ -431,6 +473,6 @@ def test_refusals_do_not_wait_for_a_long_prefill():
         th.join(120)
         step_s = (started["t1"] - started["t0"]) / 2
         # between two steps it would wait for the rest of the first one (step_s - 0.3 s)
-        assert refused_in < step_s / 3, (refused_in, step_s)
+        assert refused_in < step_s / 3 * (1.5 if SANITIZED else 1), (refused_in, step_s)
     finally:
         assert dm.stop() == 0
