@@ -418,7 +418,7 @@ static bool tenant_visible(const struct tenant_series *t, size_t i, const char *
 {
     if (!only)
         return true;
-    return i != STATS_MAX_TENANTS && strcmp(t->label, only[0] ? only : "anonymous") == 0;
+    return i != STATS_MAX_TENANTS && strcmp(t->label, only[0] ? only : STATS_ANONYMOUS) == 0;
 }
 
 /* Runs `body` with `t` bound to every tenant to render: the published ones, then the overflow
