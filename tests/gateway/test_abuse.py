@@ -76,7 +76,7 @@ def test_rapid_reset_on_tcp_is_cut_off_too():
     try:
         r0 = dm.rss_kb()
         c = h2raw.Conn(("127.0.0.1", port))
-        sent = c.rapid_reset(20000, "/clocher.v1.Inference/Generate")
+        sent = c.rapid_reset(5000, "/clocher.v1.Inference/Generate")
         end = time.time() + 10 * SLOW
         while not c.closed and time.time() < end:
             time.sleep(0.05)
@@ -224,7 +224,7 @@ def test_prompt_bytes_are_limited_at_the_gateway(d):
 
 def test_a_huge_prompt_does_not_stall_another_tenants_stream():
     """The worker tokenized a whole prompt on its only thread: a 3.9 MB prompt stalled another
-    tenant's stream 2.3 s. Now text is tokenized beside the engine loop: while four 1 MiB texts
+    tenant's stream 2.3 s. Now text is tokenized beside the engine loop: while two 1 MiB texts
     are tokenized on the same worker, the other stream's tokens keep coming (largest gap
     bounded generously: a behaviour test, not a benchmark)."""
     import threading
@@ -254,7 +254,7 @@ def test_a_huge_prompt_does_not_stall_another_tenants_stream():
         assert len(times) >= 5, dm.read_log()
         t0 = time.time()
         text = ("the quick brown fox jumps over the lazy dog " * 24000)[: 1 << 20]
-        for _ in range(4):
+        for _ in range(2):
             r = dm.stub.Tokenize(T.pb.TokenizeRequest(text=text[:60000]), metadata=bob,
                                  timeout=60)
             assert len(r.ids) > 1000
