@@ -10,6 +10,7 @@
  *     gw_adapters.c  the adapter registry (replays to fresh workers, reloads)
  *     gw_cq.c        the completion-queue thread
  *     gw_conn.c      connections: our Unix listener, rapid-reset accounting (beside gw_cq.c)
+ *     gw_quota.c     per-tenant quotas (token buckets, queued generations; a leaf)
  *     gw_callobj.c   a call object's references and freeing
  *
  * NOTES
@@ -188,6 +189,7 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     g->unix_fd = -1;
     g->wake[0] = g->wake[1] = -1;
     pthread_mutex_init(&g->conn_mu, NULL);
+    pthread_mutex_init(&g->quota_mu, NULL);
     auth_streams_init(&g->streams);
     pthread_mutex_init(&g->adapters_mu, NULL);
     g->t_shutdown = (struct gw_tag){.fn = gw__cq_on_shutdown, .obj = g};
@@ -239,7 +241,7 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
         if (rc == 0 && c->listen_unix && !c->tls_cert) {
             /* ours: gRPC's would take a live socket over (gw_conn.c) */
             rc = gw__conn_listen_unix(g, c->listen_unix);
-        } else if (rc == 0 && c->listen_unix) {
+        } else if (rc == 0 && c->listen_unix && (rc = gw__conn_unix_free(c->listen_unix)) == 0) {
             char addr[4200];
             snprintf(addr, sizeof addr, "unix:%s", c->listen_unix);
             rc = add_port(g, addr, cr);
@@ -264,14 +266,19 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
         for (int k = 0; k < ahead; k++)
             request_call(g, (enum gw_method)m);
     }
-    int e = pthread_create(&g->cq_thread, NULL, gw__cq_main, g);
+    /* GW_CQ_THREADS of them: a thread waiting on the queue also does gRPC's reading, and one
+     * alone falls behind a flood of streams it reads (rapid reset is then seen seconds late) */
+    int e = 0;
+    for (int k = 0; k < GW_CQ_THREADS && e == 0; k++)
+        if ((e = pthread_create(&g->cq_threads[k], NULL, gw__cq_main, g)) == 0)
+            g->n_cq_threads++;
+    g->cq_started = g->n_cq_threads > 0;
     if (e != 0) {
         /* pthread_create returns its error; errno is not set */
         LOG_ERR("gateway: pthread_create: %s", strerror(e));
         gw_destroy(g);
         return -ENOMEM;
     }
-    g->cq_started = true;
     for (size_t i = 0; i < g->n_slots; i++) {
         e = pthread_create(&g->slots[i].reader, NULL, gw__reader_main, &g->slots[i]);
         if (e != 0) {
@@ -317,7 +324,8 @@ void gw_destroy(struct gw *g)
         grpc_completion_queue_shutdown(g->cq);
     }
     if (g->cq_started) {
-        pthread_join(g->cq_thread, NULL);
+        for (int k = 0; k < g->n_cq_threads; k++)
+            pthread_join(g->cq_threads[k], NULL);
     } else if (g->cq) {
         while (grpc_completion_queue_next(g->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
                GRPC_QUEUE_SHUTDOWN)
@@ -337,6 +345,7 @@ void gw_destroy(struct gw *g)
     auth_streams_fini(&g->streams);
     pthread_mutex_destroy(&g->adapters_mu);
     pthread_mutex_destroy(&g->conn_mu);
+    pthread_mutex_destroy(&g->quota_mu);
     g->magic = 0;
     free(g);
 }

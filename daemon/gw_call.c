@@ -26,12 +26,14 @@
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
+#include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/random.h>
 
 #include "clocher/v1/inference.pb-c.h"
@@ -65,8 +67,13 @@ static grpc_byte_buffer *pack(const ProtobufCMessage *m)
     return bb;
 }
 
-static void *unpack(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb)
+/* The message in bb as a `d`; NULL if it is not one. *nul is set when the
+ * text field the method's requests carry (text_field, text_sub: gw_req_text_nul) holds a NUL
+ * byte, which the unpacked C string would have silently cut. */
+static void *unpack_text(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb,
+                         uint32_t text_field, uint32_t text_sub, bool *nul)
 {
+    *nul = false;
     if (!bb)
         return NULL;
     grpc_byte_buffer_reader r;
@@ -75,9 +82,13 @@ static void *unpack(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb)
     grpc_slice sl = grpc_byte_buffer_reader_readall(&r);
     grpc_byte_buffer_reader_destroy(&r);
     void *m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(sl), GRPC_SLICE_START_PTR(sl));
+    if (m && text_field)
+        *nul = gw_req_text_nul(GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl), text_field,
+                               text_sub) == 1;
     grpc_slice_unref(sl);
     return m;
 }
+
 
 /* Appends bytes to a NUL-terminated buffer, dropping NULs (protobuf-c strings are C strings;
  * a U+0000 in model output is not worth a truncated reply). */
@@ -134,8 +145,18 @@ static void record(struct gw_call *c, int status)
         stats_request(c->g->stats, c->tenant, method_names[c->method], status);
 }
 
+/* A generation leaves its tenant's max_queued count: its first token came, or it ended. */
+static void unqueue(struct gw_call *c, struct gw_item *it)
+{
+    if (!it->queued)
+        return;
+    it->queued = false;
+    gw__quota_unqueue(c->g, c->tenant);
+}
+
 static void item_fail(struct gw_call *c, struct gw_item *it, int status, const char *msg)
 {
+    unqueue(c, it);
     if (it->done)
         return;
     it->done = true;
@@ -463,6 +484,7 @@ static void on_close(struct gw_tag *t, bool ok)
     struct gw *g = c->g;
     size_t n_cancel = 0;
     pthread_mutex_lock(&c->mu);
+    c->close_seen = true;
     bool late = gpr_time_cmp(c->deadline, gpr_inf_future(c->deadline.clock_type)) != 0 &&
                 gpr_time_cmp(gpr_now(c->deadline.clock_type), c->deadline) >= 0;
     /* reset by its client before any answer: what an HTTP/2 rapid reset is made of */
@@ -479,8 +501,8 @@ static void on_close(struct gw_tag *t, bool ok)
     }
     bool closed = c->closed;
     pthread_mutex_unlock(&c->mu);
-    if (early_reset && c->call)
-        gw__conn_early_reset(g, c->call, c->cfg->limits.max_early_resets);
+    if (early_reset)
+        gw__conn_early_reset(g, c->peer, c->cfg->limits.max_early_resets);
     if (closed)
         for (size_t i = 0; i < c->n_items && n_cancel; i++)
             gw__cancel_item(g, c, i);
@@ -510,12 +532,16 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
     }
     switch (m->type) {
     case SHM_MSG_TOKEN:
+        unqueue(c, it);
         if ((m->token.token >= 0 && append_id(it, m->token.token) < 0) ||
             append_text(&it->text, &it->text_len, &it->text_cap, m->token.text,
                         m->token.text_len) < 0)
             item_fail(c, it, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
         break;
     case SHM_MSG_FINISH: {
+        unqueue(c, it);
+        gw__quota_charge(g, c->tcfg, c->tenant,
+                         m->finish.prompt_tokens + m->finish.completion_tokens);
         it->finished = true;
         it->fin = m->finish;
         it->done = true;
@@ -551,6 +577,7 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
         }
         memcpy(it->ans_ids, m->ids.ids, m->ids.n_ids * sizeof *it->ans_ids);
         it->n_ans = m->ids.n_ids;
+        gw__quota_charge(g, c->tcfg, c->tenant, m->ids.n_ids);
         it->done = true, c->n_open--;
         break;
     case SHM_MSG_TEXT: {
@@ -627,13 +654,18 @@ static uint64_t deadline_ns(const struct gw_call *c)
 
 static int items_alloc(struct gw_call *c, size_t n)
 {
-    if (n && !(c->items = calloc(n, sizeof *c->items)))
+    struct gw_item *items = n ? calloc(n, sizeof *items) : NULL;
+    if (n && !items)
         return -ENOMEM;
-    c->n_items = c->n_open = n;
     for (size_t i = 0; i < n; i++) {
-        c->items[i].slot = -1;
-        c->items[i].index = (unsigned)i;
+        items[i].slot = -1;
+        items[i].index = (unsigned)i;
     }
+    /* under mu: the call's close may be handled on the other CQ thread meanwhile */
+    pthread_mutex_lock(&c->mu);
+    c->items = items;
+    c->n_items = c->n_open = n;
+    pthread_mutex_unlock(&c->mu);
     return 0;
 }
 
@@ -687,12 +719,28 @@ static void ctx_init(struct gw_call *c, struct gw_req_ctx *ctx, struct gw_model_
  * are not one (the call is ended INVALID_ARGUMENT). */
 static void *request_of(struct gw_call *c, const ProtobufCMessageDescriptor *d)
 {
-    void *r = unpack(d, c->payload);
+    /* the text fields: GenerateRequest.prompt (2), BatchGenerateRequest.requests (1) .prompt,
+     * TokenizeRequest.text (2) */
+    uint32_t field = 0, sub = 0;
+    const char *what = "";
+    if (d == &clocher__v1__generate_request__descriptor)
+        field = 2, what = "prompt";
+    else if (d == &clocher__v1__batch_generate_request__descriptor)
+        field = 1, sub = 2, what = "requests[].prompt";
+    else if (d == &clocher__v1__tokenize_request__descriptor)
+        field = 2, what = "text";
+    bool nul = false;
+    void *r = unpack_text(d, c->payload, field, sub, &nul);
     if (!r) {
         end_call(c, GRPC_STATUS_INVALID_ARGUMENT, "request: not a valid %s", d->name);
         return NULL;
     }
     c->req = r;
+    if (nul) {
+        end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                 "%s: holds a NUL byte (text may not: it would be cut there)", what);
+        return NULL;
+    }
     return r;
 }
 
@@ -725,6 +773,12 @@ static void start_generate(struct gw_call *c)
     int st = gw_req_generate(r, &ctx, &m.generate, why, sizeof why);
     if (st)
         return end_call(c, st, "%s", why);
+    if ((st = gw__quota_admit(c->g, c->tcfg, c->tenant, 1, 1, m.generate.prompt_text_len, why,
+                              sizeof why, NULL)))
+        return end_call(c, st, "%s", why);
+    pthread_mutex_lock(&c->mu);
+    c->items[0].queued = true;
+    pthread_mutex_unlock(&c->mu);
     if (m.generate.adapter)
         snprintf(c->items[0].adapter, sizeof c->items[0].adapter, "%s", m.generate.adapter);
     /* clocher_queue_depth: generations between arrival and a worker's ring (the gateway
@@ -754,6 +808,21 @@ static void start_batch(struct gw_call *c)
         return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
     if (begin_stream(c) < 0)
         return;
+    size_t longest = 0;
+    for (size_t i = 0; i < r->n_requests; i++) {
+        const char *p = r->requests[i] ? r->requests[i]->prompt : NULL;
+        if (p && strlen(p) > longest)
+            longest = strlen(p);
+    }
+    char qwhy[512];
+    int qst = gw__quota_admit(c->g, c->tcfg, c->tenant, (uint32_t)r->n_requests,
+                              (uint32_t)r->n_requests, longest, qwhy, sizeof qwhy, NULL);
+    if (qst)
+        return end_call(c, qst, "%s", qwhy);
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->n_items; i++)
+        c->items[i].queued = true;
+    pthread_mutex_unlock(&c->mu);
     struct gw_req_ctx ctx;
     struct gw_model_info mi;
     ctx_init(c, &ctx, &mi);
@@ -786,6 +855,10 @@ static void start_tokenize(struct gw_call *c)
         return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
                         "text: %zu bytes, the limit is %" PRIu32 " (limits.max_prompt_bytes)",
                         strlen(text), limit);
+    char why[512];
+    int st = gw__quota_admit(c->g, c->tcfg, c->tenant, 1, 0, strlen(text), why, sizeof why, NULL);
+    if (st)
+        return end_call(c, st, "%s", why);
     struct shm_msg m = {.type = SHM_MSG_TOKENIZE,
                         .tokenize = {.flags = !r->has_add_bos || r->add_bos ? SHM_GEN_ADD_BOS : 0,
                                      .text = text, .text_len = (uint32_t)strlen(text)}};
@@ -801,6 +874,11 @@ static void start_detokenize(struct gw_call *c)
         if (r->ids[i] < 0)
             return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
                             "ids: token %zu is %" PRId32 ", ids are >= 0", i, r->ids[i]);
+    char why[512];
+    int st = gw__quota_admit(c->g, c->tcfg, c->tenant, 1, 0, 0, why, sizeof why, NULL);
+    if (st)
+        return end_call(c, st, "%s", why);
+    gw__quota_charge(c->g, c->tcfg, c->tenant, r->n_ids);
     struct shm_msg m = {.type = SHM_MSG_DETOKENIZE,
                         .ids = {.ids = r->ids, .n_ids = (uint32_t)r->n_ids}};
     submit_single(c, &m);
@@ -845,6 +923,18 @@ static void start_adapter_op(struct gw_call *c, bool load)
     if (load && (path[0] != '/' || strlen(path) > SHM_MAX_PATH))
         return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
                         "path: \"%.200s\" must be an absolute directory on the server", path);
+    /* the workers run on this host: what the path is, is known here (a plain file came back
+     * INTERNAL from every worker) */
+    struct stat sb;
+    if (load && stat(path, &sb) < 0) {
+        int e = errno;
+        return end_call(c, e == ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_INVALID_ARGUMENT,
+                        "adapter %s: path: %.200s: %s", name, path, strerror(e));
+    }
+    if (load && !S_ISDIR(sb.st_mode))
+        return end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
+                        "adapter %s: path: %.200s is not a directory (a PEFT adapter directory: "
+                        "adapter_config.json + adapter_model.safetensors)", name, path);
     int slots[CONFIG_MAX_WORKERS];
     size_t n = gw__ready_slots(c->g, slots, CONFIG_MAX_WORKERS);
     if (n == 0)
@@ -976,8 +1066,10 @@ static int authenticate_value(struct gw_call *c, const char *value, size_t len)
                                   : "unknown API key");
         return -1;
     }
+    pthread_mutex_lock(&c->mu);
     c->tcfg = t;
     snprintf(c->tenant, sizeof c->tenant, "%s", t ? t->name : "");
+    pthread_mutex_unlock(&c->mu);
     return 0;
 }
 
@@ -989,6 +1081,10 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         return;
     }
     /* this state machine's own tags: every batch it starts comes back to on_sent / on_close */
+    /* the connection, read now: once a client has reset the stream gRPC answers "unknown" */
+    char *peer = grpc_call_get_peer(c->call);
+    snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "unknown");
+    gpr_free(peer);
     c->t_close.fn = on_close;
     c->t_send.fn = on_sent;
     c->start_ns = mono_ns();
@@ -1038,6 +1134,15 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         if (listed) {
             g->watch[g->n_watch++] = c;
             gw__call_ref(c);
+            /* its client may have gone already, on_close (another CQ thread) not finding it
+             * in the list: then it leaves it here */
+            pthread_mutex_lock(&c->mu);
+            bool gone = c->close_seen;
+            pthread_mutex_unlock(&c->mu);
+            if (gone) {
+                g->n_watch--;
+                atomic_fetch_sub(&c->refs, 1); /* the list's; not the last: ours is held */
+            }
         }
         pthread_mutex_unlock(&g->adapters_mu);
         if (!listed) {

@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "mono.h"
+#include "stats.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -42,6 +43,7 @@
 
 #define RESET_WINDOW_NS 10000000000ull /* the early-reset count's window */
 #define TRIM_FOR_NS 5000000000ull      /* malloc_trim every second for this long after a close */
+#define TRIM_AFTER_NS 2000000000ull    /* ... and after the last of its queued streams came */
 
 /* ---- the Unix socket listener ---- */
 
@@ -91,7 +93,7 @@ static int unix_live(const char *path, const struct sockaddr_un *a)
     return -e;
 }
 
-int gw__conn_listen_unix(struct gw *g, const char *path)
+int gw__conn_unix_free(const char *path)
 {
     struct sockaddr_un a;
     int rc = unix_addr(path, &a);
@@ -103,7 +105,14 @@ int gw__conn_listen_unix(struct gw *g, const char *path)
                 "it; refusing to take it over", path);
         return -EADDRINUSE;
     }
-    if (rc < 0)
+    return rc;
+}
+
+int gw__conn_listen_unix(struct gw *g, const char *path)
+{
+    struct sockaddr_un a;
+    int rc = unix_addr(path, &a);
+    if (rc < 0 || (rc = gw__conn_unix_free(path)) < 0)
         return rc;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
@@ -148,9 +157,15 @@ static int tcp_fd_of(const char *peer)
             inet_ntop(AF_INET, &in->sin_addr, host, sizeof host);
             snprintf(name, sizeof name, "ipv4:%s:%u", host, ntohs(in->sin_port));
         } else if (ss.ss_family == AF_INET6) {
+            /* gRPC listens dual-stack: an IPv4 client is a v4-mapped address it names ipv4 */
             const struct sockaddr_in6 *in6 = (const void *)&ss;
-            inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
-            snprintf(name, sizeof name, "ipv6:[%s]:%u", host, ntohs(in6->sin6_port));
+            bool mapped = IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr);
+            inet_ntop(mapped ? AF_INET : AF_INET6,
+                      mapped ? (const void *)&in6->sin6_addr.s6_addr[12]
+                             : (const void *)&in6->sin6_addr,
+                      host, sizeof host);
+            snprintf(name, sizeof name, mapped ? "ipv4:%s:%u" : "ipv6:[%s]:%u", host,
+                     ntohs(in6->sin6_port));
         } else {
             continue;
         }
@@ -180,30 +195,26 @@ static int fd_of(struct gw *g, const char *peer)
 /* GOAWAY, last stream 0, ENHANCE_YOUR_CALM (RFC 9113 6.8, 7), then shutdown: gRPC sees the
  * socket end and drops the connection with every stream it still holds. The GOAWAY is written
  * beside gRPC's own writes and may land inside one of its frames; the connection ends anyway. */
-static void close_abuser(struct gw *g, const char *peer, uint32_t resets)
+static bool close_abuser(struct gw *g, const char *peer, uint32_t resets)
 {
     int fd = fd_of(g, peer);
     if (fd < 0) {
         LOG_WARN("gateway: connection %s reset %" PRIu32 " streams before any answer in 10 s "
                  "(limits.max_early_resets): its socket is gone already", peer, resets);
-        return;
+        return false;
     }
     static const unsigned char goaway[17] = {0, 0, 8, 0x7, 0, 0, 0, 0, 0,
                                              0, 0, 0, 0, 0, 0, 0, 0xb};
     (void)!send(fd, goaway, sizeof goaway, MSG_DONTWAIT | MSG_NOSIGNAL);
     shutdown(fd, SHUT_RDWR);
-    atomic_fetch_add(&g->conns_closed, 1);
     atomic_store(&g->trim_until_ns, mono_ns() + TRIM_FOR_NS);
     LOG_WARN("gateway: connection %s reset %" PRIu32 " streams before any answer in 10 s "
              "(limits.max_early_resets): GOAWAY, closed", peer, resets);
+    return true;
 }
 
-void gw__conn_early_reset(struct gw *g, grpc_call *call, uint32_t limit)
+void gw__conn_early_reset(struct gw *g, const char *peer, uint32_t limit)
 {
-    atomic_fetch_add(&g->early_resets, 1);
-    char *peer = grpc_call_get_peer(call);
-    if (!peer)
-        return;
     uint64_t now = mono_ns();
     uint32_t count = 0;
     pthread_mutex_lock(&g->conn_mu);
@@ -225,10 +236,13 @@ void gw__conn_early_reset(struct gw *g, grpc_call *call, uint32_t limit)
         p->window_ns = now, p->resets = 0;
     count = ++p->resets;
     pthread_mutex_unlock(&g->conn_mu);
-    /* once at the limit: the streams already queued behind it come back reset as well */
-    if (count == limit + 1)
-        close_abuser(g, peer, count);
-    gpr_free(peer);
+    /* once at the limit: the streams already queued behind it come back reset as well, and
+     * while they drain (each one's memory freed) the connection thread keeps trimming */
+    bool closed = count == limit + 1 && close_abuser(g, peer, count);
+    if (count > limit + 1)
+        atomic_store(&g->trim_until_ns, now + TRIM_AFTER_NS);
+    if (g->stats)
+        stats_early_reset(g->stats, closed);
 }
 
 /* A connection accepted on our socket: it starts with a clean count (its fd number may have

@@ -48,6 +48,8 @@ int gw_req_status_of_error(int32_t code)
     case ERR_TRUNCATED:
     case ERR_OVERFLOW:
     case -EINVAL: return GRPC_STATUS_INVALID_ARGUMENT;
+    case -ENOTDIR:
+    case -EISDIR: return GRPC_STATUS_INVALID_ARGUMENT;
     case ERR_NOT_FOUND:
     case -ENOENT: return GRPC_STATUS_NOT_FOUND;
     case ERR_OVERLOADED:
@@ -140,9 +142,13 @@ int gw_req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_c
     out->top_k = s && s->has_top_k ? s->top_k : 0;
     out->seed = s && s->has_seed ? s->seed : ctx->seed;
     out->repeat_window = GW_REQ_DEFAULT_REPEAT_WINDOW;
+    /* the sampler's own range (worker/model/sampler.c), checked here where it can be named */
     if (!isfinite(out->temperature) || out->temperature < 0)
         return INVALID("sampling.temperature: %g must be a finite number >= 0",
                        (double)out->temperature);
+    if (out->temperature > GW_REQ_MAX_TEMPERATURE)
+        return INVALID("sampling.temperature: %g is above the limit %g (0 = greedy)",
+                       (double)out->temperature, (double)GW_REQ_MAX_TEMPERATURE);
     if (!isfinite(out->top_p) || !(out->top_p > 0 && out->top_p <= 1))
         return INVALID("sampling.top_p: %g is outside (0, 1]", (double)out->top_p);
     if (!isfinite(out->min_p) || !(out->min_p >= 0 && out->min_p < 1))
@@ -150,6 +156,9 @@ int gw_req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_c
     if (!isfinite(out->repeat_penalty) || !(out->repeat_penalty > 0))
         return INVALID("sampling.repetition_penalty: %g must be a finite number > 0",
                        (double)out->repeat_penalty);
+    if (out->repeat_penalty > GW_REQ_MAX_TEMPERATURE)
+        return INVALID("sampling.repetition_penalty: %g is above the limit %g",
+                       (double)out->repeat_penalty, (double)GW_REQ_MAX_TEMPERATURE);
 
     /* ---- length, stops, priority ---- */
     if (r->has_max_tokens && r->max_tokens > lim->max_tokens)
@@ -176,4 +185,60 @@ int gw_req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_c
     out->tenant_id = ctx->tenant_id;
     out->deadline_ns = ctx->deadline_ns;
     return GRPC_STATUS_OK;
+}
+
+/* ---- NUL bytes in text fields ---- */
+
+/* A base-128 varint at *p (< end): 0 and *p past it, or ERR_FORMAT. */
+static int varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    *v = 0;
+    for (unsigned shift = 0; shift < 64; shift += 7) {
+        if (*p >= end)
+            return ERR_FORMAT;
+        uint8_t b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return 0;
+    }
+    return ERR_FORMAT;
+}
+
+int gw_req_text_nul(const uint8_t *buf, size_t len, uint32_t field, uint32_t sub)
+{
+    const uint8_t *p = buf, *end = buf + len;
+    while (p < end) {
+        uint64_t key, n;
+        if (varint(&p, end, &key) < 0)
+            return ERR_FORMAT;
+        switch (key & 7) {
+        case 0:
+            if (varint(&p, end, &n) < 0)
+                return ERR_FORMAT;
+            break;
+        case 1:
+            if (end - p < 8)
+                return ERR_FORMAT;
+            p += 8;
+            break;
+        case 5:
+            if (end - p < 4)
+                return ERR_FORMAT;
+            p += 4;
+            break;
+        case 2:
+            if (varint(&p, end, &n) < 0 || n > (uint64_t)(end - p))
+                return ERR_FORMAT;
+            if ((key >> 3) == field) {
+                int rc = sub ? gw_req_text_nul(p, (size_t)n, sub, 0)
+                             : memchr(p, 0, (size_t)n) != NULL;
+                if (rc != 0)
+                    return rc;
+            }
+            p += n;
+            break;
+        default: return ERR_FORMAT; /* groups (3, 4) are not in our messages */
+        }
+    }
+    return 0;
 }

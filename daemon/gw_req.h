@@ -20,6 +20,7 @@
 
 #include "clocher/v1/inference.pb-c.h"
 
+#define GW_REQ_MAX_TEMPERATURE 1e6f /* and repetition_penalty: the sampler's upper bound */
 #define GW_REQ_DEFAULT_MAX_TOKENS 256u  /* max_tokens 0/unset, capped by limits.max_tokens */
 #define GW_REQ_DEFAULT_TEMPERATURE 0.8f
 #define GW_REQ_DEFAULT_REPEAT_WINDOW 64u
@@ -47,6 +48,15 @@ struct gw_req_ctx {
  */
 int gw_req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_ctx *ctx,
                     struct shm_msg_generate *out, char *msg, size_t cap);
+
+/*
+ * Whether a text field of a serialized request holds a NUL byte, which protobuf-c's unpacking
+ * (C strings) would silently cut the text at: field `field` (length-delimited) of the message
+ * in buf[len], or with sub != 0, field `sub` of every message in field `field` (a batch's
+ * prompts). 1: a NUL; 0: none; ERR_FORMAT: the bytes are not a protobuf message. Reads only
+ * within buf; the same field given twice is checked in each (protobuf keeps the last).
+ */
+int gw_req_text_nul(const uint8_t *buf, size_t len, uint32_t field, uint32_t sub);
 
 /* Whether s is an adapter or tenant name the wire accepts: 1..63 bytes of [A-Za-z0-9._-]. */
 bool gw_req_name_ok(const char *s);

@@ -118,9 +118,40 @@ int gw__submit(struct gw *g, int want_slot, struct shm_msg *m, struct gw_call *c
         }
     }
     if (n == 0) {
-        snprintf(msg, cap, "no worker is ready to serve (%zu of %zu starting or restarting)",
-                 g->n_slots, g->n_slots);
+        /* a slot given up (crash loop, fatal model error) is not coming back by itself */
+        size_t given_up = 0;
+        for (size_t i = 0; i < g->n_slots; i++)
+            given_up += atomic_load_explicit(&g->slots[i].ws->given_up, memory_order_relaxed);
+        if (given_up == g->n_slots)
+            snprintf(msg, cap, "no worker is ready to serve: every worker (%zu) was given up "
+                     "after repeated failures (see clocherd's log); SIGHUP or a restart tries "
+                     "again", g->n_slots);
+        else if (given_up)
+            snprintf(msg, cap, "no worker is ready to serve (%zu of %zu starting or "
+                     "restarting, %zu given up)", g->n_slots - given_up, g->n_slots, given_up);
+        else
+            snprintf(msg, cap, "no worker is ready to serve (%zu of %zu starting or restarting)",
+                     g->n_slots, g->n_slots);
         return GRPC_STATUS_UNAVAILABLE;
+    }
+    /* the least loaded worker is full (running and waiting): refused here, at once, not by
+     * the worker between two engine steps (a long prefill step delayed such refusals by
+     * seconds) */
+    if (m->type == SHM_MSG_GENERATE && want_slot < 0) {
+        struct config *cf = config_ptr_get(g->w->config);
+        size_t full = SHM_MAX_RUNNING + cf->limits.max_queue;
+        uint32_t max_queue = cf->limits.max_queue;
+        config_unref(cf);
+        struct gw_slot *s = &g->slots[order[0]];
+        pthread_mutex_lock(&s->mu);
+        size_t held = s->n_entries;
+        pthread_mutex_unlock(&s->mu);
+        if (held >= full) {
+            snprintf(msg, cap, "overloaded: every worker holds %zu requests (%u running, %" PRIu32
+                     " waiting: limits.max_queue); retry later", held, SHM_MAX_RUNNING,
+                     max_queue);
+            return GRPC_STATUS_UNAVAILABLE;
+        }
     }
     struct gw_entry *e = malloc(sizeof *e);
     if (!e) {

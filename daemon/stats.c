@@ -69,10 +69,16 @@ struct hist {
     _Atomic uint64_t sum_ns;
 };
 
+/* The tenant quotas a refusal is counted under (clocher_throttled_total{limit}). */
+static const char *const quota_limit_name[] = {"requests_per_s", "tokens_per_min",
+                                               "max_prompt_bytes", "max_queued"};
+#define STATS_N_LIMITS (sizeof quota_limit_name / sizeof quota_limit_name[0])
+
 struct tenant_series {
     char label[STATS_NAME_MAX]; /* immutable once published (see NOTES) */
     _Atomic uint64_t prompt_tokens, completion_tokens, cached_tokens;
     _Atomic int64_t active_streams;
+    _Atomic uint64_t throttled[STATS_N_LIMITS];
     struct hist ttft, tpot, e2e;
     _Atomic uint64_t requests[STATS_MAX_METHODS + 1][STATS_N_CODES]; /* [method][code] */
 };
@@ -104,6 +110,7 @@ struct stats {
     char methods[STATS_MAX_METHODS + 1][STATS_NAME_MAX]; /* the last one: "_other" */
 
     _Atomic int64_t queue_depth;
+    _Atomic uint64_t early_resets, conns_closed; /* the rapid-reset guard (daemon/gw_conn.c) */
 
     size_t n_workers;
     struct worker_series *workers; /* [n_workers] */
@@ -265,6 +272,21 @@ void stats_active_streams_add(struct stats *s, const char *tenant_name, int64_t 
     atomic_fetch_add_explicit(&t->active_streams, delta, memory_order_relaxed);
 }
 
+void stats_throttled(struct stats *s, const char *tenant_name, const char *limit)
+{
+    struct tenant_series *t = tenant(s, tenant_name);
+    for (size_t i = 0; i < STATS_N_LIMITS; i++)
+        if (strcmp(limit, quota_limit_name[i]) == 0)
+            atomic_fetch_add_explicit(&t->throttled[i], 1, memory_order_relaxed);
+}
+
+void stats_early_reset(struct stats *s, bool closed)
+{
+    atomic_fetch_add_explicit(&s->early_resets, 1, memory_order_relaxed);
+    if (closed)
+        atomic_fetch_add_explicit(&s->conns_closed, 1, memory_order_relaxed);
+}
+
 void stats_worker_engine(struct stats *s, unsigned slot, const struct shm_msg_stats *m)
 {
     if (slot >= s->n_workers) {
@@ -377,6 +399,9 @@ static bool tenant_used(const struct tenant_series *t)
     if (get(&t->prompt_tokens) || get(&t->completion_tokens) || get(&t->cached_tokens) ||
         atomic_load_explicit(&t->active_streams, memory_order_relaxed))
         return true;
+    for (size_t i = 0; i < STATS_N_LIMITS; i++)
+        if (get(&t->throttled[i]))
+            return true;
     for (size_t b = 0; b < STATS_HIST_BUCKETS; b++)
         if (get(&t->ttft.bucket[b]) || get(&t->tpot.bucket[b]) || get(&t->e2e.bucket[b]))
             return true;
@@ -393,7 +418,7 @@ static bool tenant_visible(const struct tenant_series *t, size_t i, const char *
 {
     if (!only)
         return true;
-    return i != STATS_MAX_TENANTS && strcmp(t->label, only[0] ? only : "anonymous") == 0;
+    return i != STATS_MAX_TENANTS && strcmp(t->label, only[0] ? only : STATS_ANONYMOUS) == 0;
 }
 
 /* Runs `body` with `t` bound to every tenant to render: the published ones, then the overflow
@@ -637,6 +662,21 @@ int stats_render_for(const struct stats *s, const struct workers *w, const char 
         outf(&o, "} %" PRId64 "\n", atomic_load_explicit(&t->active_streams,
                                                         memory_order_relaxed));
     });
+
+    family(&o, "clocher_throttled_total", "counter",
+           "Requests refused by a tenant quota, by the quota (tenants[].<limit>).");
+    FOR_TENANTS_(s, only, t, {
+        for (size_t i = 0; i < STATS_N_LIMITS; i++) {
+            tenant_open(&o, "clocher_throttled_total", t);
+            outf(&o, ",limit=\"%s\"} %" PRIu64 "\n", quota_limit_name[i], get(&t->throttled[i]));
+        }
+    });
+    family(&o, "clocher_early_resets_total", "counter",
+           "Streams reset by their client before any answer (HTTP/2 rapid reset).");
+    outf(&o, "clocher_early_resets_total %" PRIu64 "\n", get(&s->early_resets));
+    family(&o, "clocher_connections_closed_total", "counter",
+           "Connections closed for too many early resets (limits.max_early_resets).");
+    outf(&o, "clocher_connections_closed_total %" PRIu64 "\n", get(&s->conns_closed));
 
     render_engine(&o, s, w);
     render_supervisor(&o, w);

@@ -27,6 +27,7 @@
 #ifndef CLOCHER_DAEMON_STATS_H
 #define CLOCHER_DAEMON_STATS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,6 +59,13 @@ void stats_generation(struct stats *s, const char *tenant, uint64_t prompt_token
  * queue (clocher_queue_depth) and streams in flight (clocher_active_streams{tenant}). */
 void stats_queue_depth_add(struct stats *s, int64_t delta);
 void stats_active_streams_add(struct stats *s, const char *tenant, int64_t delta);
+
+/* A request refused by the tenant quota `limit` ("requests_per_s", "tokens_per_min",
+ * "max_prompt_bytes", "max_queued"): clocher_throttled_total{tenant, limit}. */
+void stats_throttled(struct stats *s, const char *tenant, const char *limit);
+/* A stream reset by its client before any answer (clocher_early_resets_total); closed: its
+ * connection was closed for it (clocher_connections_closed_total). */
+void stats_early_reset(struct stats *s, bool closed);
 
 /* The latest STATS record of worker `slot` (replaces the previous one): clocher_kv_blocks
  * {worker,node,state=used|cached|free}, clocher_prefix_{hit,miss}_tokens_total{worker},

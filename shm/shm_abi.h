@@ -190,6 +190,9 @@ enum shm_msg_type {
 #define SHM_MAX_INFO 255u           /* HELLO strings, NUL excluded */
 #define SHM_MAX_REPEAT_WINDOW (1u << 20)
 #define SHM_MAX_RANK 65536u
+/* Sequences a worker runs at once (beyond them it queues limits.max_queue more): the gateway
+ * refuses a generation at once when the least loaded worker holds both. */
+#define SHM_MAX_RUNNING 64u
 
 /* Strings marked "NUL-terminated" carry their terminating NUL inside the counted length, and no
  * other NUL; "bytes" are raw (UTF-8 text that may legitimately hold any byte). Sections follow

@@ -4,8 +4,9 @@
  * outside daemon/gw*.c: CMake keeps this header out of the include path of anything else.
  *
  * NOTES (threads, locks, lifetimes):
- *  - The completion-queue (CQ) thread runs every gRPC completion: new calls, sends done,
- *    clients gone. Each worker slot has a reader thread that turns the records of its event
+ *  - The completion-queue (CQ) threads (GW_CQ_THREADS) run every gRPC completion: new calls,
+ *    sends done, clients gone; two completions of one call may run at once (its arrival and
+ *    its client going away): what they share is under the call's mutex. Each worker slot has a reader thread that turns the records of its event
  *    ring into updates of calls. Both may start batches on a call (grpc_call_start_batch is
  *    thread-safe); the call's mutex makes "one SEND in flight per call" hold.
  *  - Lock order: slot->mu, then call->mu is never taken the other way round: code holding a
@@ -41,6 +42,8 @@
 #define GW_CALL_MAGIC 0x4743414cu /* "GCAL" */
 #define GW_BUCKETS 1024u          /* per-slot request table buckets (a power of two) */
 #define GW_PEERS 256u             /* connections whose early resets are counted at once */
+#define GW_QUOTA_TENANTS 256u     /* tenants whose quotas are tracked (config.c caps lower) */
+#define GW_CQ_THREADS 2           /* completion-queue threads (gw.c says why two) */
 
 enum gw_method {
     GW_GENERATE = 0,
@@ -91,6 +94,7 @@ struct gw_item {
     struct shm_msg_adapter ans_adapter;
     bool has_adapter;
     char adapter[SHM_MAX_NAME + 1]; /* the adapter it runs with ("" = base) */
+    bool queued;                   /* counted in its tenant's max_queued until a token or its end */
 };
 
 struct gw_call {
@@ -109,6 +113,8 @@ struct gw_call {
     int close_cancelled;           /* RECV_CLOSE_ON_SERVER's answer */
     bool sending, md_sent, status_sent, closed, counted;
     bool msg_sent;                 /* a response message went out (not an early reset) */
+    bool close_seen;               /* on_close ran (RECV_CLOSE_ON_SERVER came back) */
+    char peer[80];                 /* its connection as gRPC names it ("fd:12", "ipv4:a:p") */
     struct config *cfg;            /* the snapshot the call runs with */
     char tenant[CONFIG_NAME_MAX];  /* "" = anonymous */
     const struct config_tenant *tcfg; /* in cfg; NULL = anonymous */
@@ -182,6 +188,16 @@ struct gw_adapter {
     uint32_t reload_gen[CONFIG_MAX_WORKERS];
 };
 
+/* A tenant's quota state (gw_quota.c). */
+struct gw_quota {
+    bool used;
+    char name[CONFIG_NAME_MAX];
+    bool req_init, tok_init;
+    double req_level, tok_level;   /* token buckets (tok_level may be below zero: a debt) */
+    uint64_t req_ns, tok_ns;       /* their last refill */
+    uint32_t queued;               /* generations at the workers without a token yet */
+};
+
 /* A connection's early resets (gw_conn.c), by its gRPC peer name. */
 struct gw_peer {
     char name[80];
@@ -197,7 +213,8 @@ struct gw {
 
     grpc_server *server;
     grpc_completion_queue *cq;
-    pthread_t cq_thread;
+    pthread_t cq_threads[GW_CQ_THREADS];
+    int n_cq_threads;
     bool cq_started;
     void *methods[GW_METHODS];
     struct gw_tag t_shutdown;
@@ -229,9 +246,10 @@ struct gw {
     bool conn_started;
     pthread_mutex_t conn_mu;       /* guards peers */
     struct gw_peer peers[GW_PEERS];
-    _Atomic uint64_t early_resets; /* streams reset before any answer, all connections */
-    _Atomic uint64_t conns_closed; /* connections closed for them */
     _Atomic uint64_t trim_until_ns;
+
+    pthread_mutex_t quota_mu;      /* guards quotas (a leaf lock) */
+    struct gw_quota quotas[GW_QUOTA_TENANTS];
 };
 
 /* ---- gw_callobj.c: a call's lifetime ---- */
@@ -245,13 +263,29 @@ void gw__call_unref(struct gw_call *c);
 /* ---- gw_conn.c: connections (the Unix listener, rapid-reset accounting) ---- */
 /* Listens on path, refusing a live socket of another process and removing a stale one. */
 int gw__conn_listen_unix(struct gw *g, const char *path);
+/* Only that check (for gRPC's own Unix listener, used with TLS): 0 or -EADDRINUSE. */
+int gw__conn_unix_free(const char *path);
 /* Starts the connection thread (accepts on the Unix socket; gives memory back). */
 int gw__conn_start(struct gw *g);
 /* Stops it, closes and removes our Unix socket. Before the server is destroyed. */
 void gw__conn_stop(struct gw *g);
-/* A stream of call was reset by its client before any answer: counted against its
- * connection; past limit in 10 s the connection is sent GOAWAY and closed. */
-void gw__conn_early_reset(struct gw *g, grpc_call *call, uint32_t limit);
+/* A stream was reset by its client before any answer: counted against its connection (peer:
+ * gRPC's name of it, read when the call arrived); past limit in 10 s the connection is sent
+ * GOAWAY and closed. */
+void gw__conn_early_reset(struct gw *g, const char *peer, uint32_t limit);
+
+/* ---- gw_quota.c: per-tenant quotas ---- */
+/* Admits n_requests worker requests of which n_generations are generations (counted queued
+ * until their first token: gw__quota_unqueue), with a prompt of prompt_bytes: 0, or
+ * RESOURCE_EXHAUSTED with msg naming the limit and *retry_after_s (may be NULL) set. */
+int gw__quota_admit(struct gw *g, const struct config_tenant *t, const char *tenant,
+                    uint32_t n_requests, uint32_t n_generations, size_t prompt_bytes,
+                    char *msg, size_t cap, double *retry_after_s);
+/* A generation admitted by gw__quota_admit produced its first token, or ended. */
+void gw__quota_unqueue(struct gw *g, const char *tenant);
+/* Tokens a request of the tenant used (prompt + generated, or Tokenize's ids). */
+void gw__quota_charge(struct gw *g, const struct config_tenant *t, const char *tenant,
+                      uint64_t tokens);
 
 /* ---- gw_cq.c: the completion-queue thread ---- */
 void *gw__cq_main(void *gw);

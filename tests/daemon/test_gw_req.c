@@ -269,12 +269,64 @@ static void test_error_statuses(void **state)
     assert_true(gw_req_name_ok(n64));
 }
 
+/* NUL bytes in text fields, found on the wire (protobuf-c's C strings would cut the text). */
+static void test_text_nul(void **state)
+{
+    (void)state;
+    /* GenerateRequest {prompt (2): "a\0b", max_tokens (5): 3} */
+    static const uint8_t gen_nul[] = {0x12, 3, 'a', 0, 'b', 0x28, 3};
+    static const uint8_t gen_ok[] = {0x12, 3, 'a', 'c', 'b', 0x28, 3};
+    assert_int_equal(gw_req_text_nul(gen_nul, sizeof gen_nul, 2, 0), 1);
+    assert_int_equal(gw_req_text_nul(gen_ok, sizeof gen_ok, 2, 0), 0);
+    /* prompt_ids (3) packed ids hold zeros: not a text field */
+    static const uint8_t ids[] = {0x1a, 4, 0x0a, 2, 0, 1};
+    assert_int_equal(gw_req_text_nul(ids, sizeof ids, 2, 0), 0);
+    /* BatchGenerateRequest {requests (1): [{prompt: "ok"}, {prompt: "x\0"}]} */
+    static const uint8_t batch[] = {0x0a, 4, 0x12, 2, 'o', 'k', 0x0a, 4, 0x12, 2, 'x', 0};
+    assert_int_equal(gw_req_text_nul(batch, sizeof batch, 1, 2), 1);
+    assert_int_equal(gw_req_text_nul(batch, 6, 1, 2), 0);
+    /* fixed64, fixed32 skipped */
+    static const uint8_t fixed[] = {0x09, 0, 0, 0, 0, 0, 0, 0, 0, 0x15, 0, 0, 0, 0, 0x12, 1, 'z'};
+    assert_int_equal(gw_req_text_nul(fixed, sizeof fixed, 2, 0), 0);
+    /* not protobuf: every truncation (but those past the NUL: the scan stops at it) and a
+     * group are refused, never read past the end */
+    for (size_t n = 1; n < sizeof gen_nul; n++)
+        assert_int_equal(gw_req_text_nul(gen_nul, n, 2, 0), n >= 5 ? 1 : ERR_FORMAT);
+    static const uint8_t group[] = {0x0b, 0x0c};
+    assert_int_equal(gw_req_text_nul(group, sizeof group, 2, 0), ERR_FORMAT);
+    static const uint8_t long_varint[] = {0x08, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                          0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+    assert_int_equal(gw_req_text_nul(long_varint, sizeof long_varint, 2, 0), ERR_FORMAT);
+    static const uint8_t too_long[] = {0x12, 0x80, 0x80, 0x80, 0x80, 0x10, 'a'};
+    assert_int_equal(gw_req_text_nul(too_long, sizeof too_long, 2, 0), ERR_FORMAT);
+    assert_int_equal(gw_req_text_nul(NULL, 0, 2, 0), 0);
+}
+
+/* A batch takes one stream per request, all or none. */
+static void test_streams_n(void **state)
+{
+    (void)state;
+    struct auth_streams s;
+    auth_streams_init(&s);
+    assert_int_equal(auth_streams_acquire_n(&s, "bob", 3, 2), ERR_OVERLOADED);
+    assert_int_equal(auth_streams_active(&s, "bob"), 0);
+    assert_int_equal(auth_streams_acquire_n(&s, "bob", 2, 2), 0);
+    assert_int_equal(auth_streams_acquire(&s, "bob", 2), ERR_OVERLOADED);
+    auth_streams_release_n(&s, "bob", 2);
+    assert_int_equal(auth_streams_active(&s, "bob"), 0);
+    assert_int_equal(auth_streams_acquire_n(&s, "alice", 1000, 0), 0); /* no limit */
+    auth_streams_release_n(&s, "alice", 5000);                          /* never below 0 */
+    assert_int_equal(auth_streams_active(&s, "alice"), 0);
+    auth_streams_fini(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_auth),          cmocka_unit_test(test_streams),
         cmocka_unit_test(test_defaults),      cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_error_statuses),
+        cmocka_unit_test(test_error_statuses), cmocka_unit_test(test_text_nul),
+        cmocka_unit_test(test_streams_n),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -412,6 +412,50 @@ static void test_concurrent(void **state)
     stats_destroy(s);
 }
 
+/* stats_render_for: a tenant's own series only (GetMetrics for a tenant that is not an admin);
+ * quota refusals and the rapid-reset counters. */
+static void test_scoped_and_throttles(void **state)
+{
+    (void)state;
+    struct stats *s = mk(0);
+    stats_request(s, "alice", "Generate", 0);
+    stats_request(s, "bob", "Generate", 8);
+    stats_generation(s, "bob", 3, 4, 0, 1000, 1000, 1000);
+    stats_throttled(s, "bob", "tokens_per_min");
+    stats_throttled(s, "bob", "no_such_limit"); /* ignored */
+    stats_early_reset(s, false);
+    stats_early_reset(s, true);
+    stats_request(s, "", "Generate", 0); /* anonymous access */
+    for (int i = 0; i < STATS_MAX_TENANTS + 2; i++) { /* fills the overflow entry */
+        char name[32];
+        snprintf(name, sizeof name, "t%d", i);
+        stats_request(s, name, "Tokenize", 0);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(stats_render_for(s, NULL, "bob", &text, &len), 0);
+    assert_true(has(text, "tenant=\"bob\""));
+    assert_false(has(text, "alice"));
+    assert_false(has(text, "_other"));
+    assert_false(has(text, "tenant=\"t1\""));
+    assert_int_equal(value(text, "clocher_throttled_total{tenant=\"bob\",limit=\"tokens_per_min\"}"),
+                     1);
+    assert_int_equal(value(text, "clocher_completion_tokens_total{tenant=\"bob\"}"), 4);
+    assert_int_equal(value(text, "clocher_early_resets_total"), 2);
+    assert_int_equal(value(text, "clocher_connections_closed_total"), 1);
+    free(text);
+    char *all = render(s, NULL);
+    assert_true(has(all, "tenant=\"alice\""));
+    assert_true(has(all, "_other"));
+    free(all);
+    /* anonymous ("") sees the anonymous series */
+    assert_int_equal(stats_render_for(s, NULL, "", &text, &len), 0);
+    assert_true(has(text, "tenant=\"anonymous\""));
+    assert_false(has(text, "bob"));
+    free(text);
+    stats_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -422,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_method_labels),
         cmocka_unit_test(test_workers),
         cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_scoped_and_throttles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

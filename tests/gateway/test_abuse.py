@@ -13,6 +13,9 @@ import gwtest as T
 import h2raw
 
 ALICE = T.key("alice-key-0001")
+# a sanitized build (tests/gateway/CMakeLists.txt says which): slower, and its own allocator
+SANITIZED = bool(os.environ.get("CLOCHER_SANITIZE"))
+SLOW = 4.0 if SANITIZED else 1.0
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +27,9 @@ def d():
 
 def test_rapid_reset_is_cut_off_and_memory_stays_bounded(d):
     """20k HEADERS+DATA+RST_STREAM on one connection grew clocherd by ~250 MB, kept after the
-    client left: now the connection is closed after 100 early resets (GOAWAY), and a legitimate
-    client is served at once afterwards."""
+    client left: now the connection is closed after 100 early resets (GOAWAY) before most of
+    them are read, the memory stays bounded and is given back, and a legitimate client is
+    served at once afterwards."""
     r0 = d.rss_kb()
     c = h2raw.Conn(d.sock)
     t0 = time.time()
@@ -37,22 +41,60 @@ def test_rapid_reset_is_cut_off_and_memory_stays_bounded(d):
         c.drain()
         if not c.closed:
             sent += c.rapid_reset(100, "/clocher.v1.Inference/Generate")
+    peak = d.rss_kb() - r0
     c.close()
     assert c.closed, "the abusive connection is still open after %d streams" % sent
-    assert time.time() - t0 < 15
+    assert time.time() - t0 < 15 * SLOW
+    # cut off early: a few thousand streams at most reached gRPC's queue, not 20000
+    assert sent < 20000, "every one of 20000 streams was accepted"
+    if not SANITIZED:
+        assert peak < 64 * 1024, "clocherd grew by %d kB during the flood" % peak
     # the memory of what it queued is given back
     grown = 0
-    for _ in range(40):
+    for _ in range(80):
         grown = d.rss_kb() - r0
         if grown < 32 * 1024:
             break
         time.sleep(0.25)
-    assert grown < 32 * 1024, "clocherd grew by %d kB" % grown
+    if not SANITIZED:  # ASan's allocator keeps what it freed: malloc_trim is glibc's
+        assert grown < 32 * 1024, "clocherd grew by %d kB" % grown
     assert "limits.max_early_resets" in d.read_log()
     t1 = time.time()
     ids, last = T.generate(d.stub, ALICE, ids=[1, 2, 3], max_tokens=4, timeout=20)
     assert len(ids) == 4
-    assert time.time() - t1 < 5
+    assert time.time() - t1 < 5 * SLOW
+
+
+def test_rapid_reset_on_tcp_is_cut_off_too():
+    """The TCP listener stays gRPC's (TLS needs it): the abuser's socket is found by its peer
+    address and closed the same way."""
+    import tempfile
+    port = T.free_port()
+    sock = os.path.join(tempfile.mkdtemp(prefix="tcp-", dir=T._work), "gw.sock")
+    dm = T.Daemon(T.stories_model(), workers=1, limits={"max_early_resets": 100},
+                  extra={"listen": {"tcp": "127.0.0.1:%d" % port, "unix": sock}}, sock=sock)
+    try:
+        r0 = dm.rss_kb()
+        c = h2raw.Conn(("127.0.0.1", port))
+        sent = c.rapid_reset(5000, "/clocher.v1.Inference/Generate")
+        end = time.time() + 10 * SLOW
+        while not c.closed and time.time() < end:
+            time.sleep(0.05)
+            c.drain()
+            if not c.closed:
+                sent += c.rapid_reset(100, "/clocher.v1.Inference/Generate")
+        peak = dm.rss_kb() - r0
+        c.close()
+        # loopback TCP buffers take the whole burst (3 MB): what gRPC never read is dropped
+        # with the socket, so the server's memory is the measure here, not the bytes sent
+        assert c.closed, (sent, dm.read_log()[-600:])
+        if not SANITIZED:
+            assert peak < 64 * 1024, "clocherd grew by %d kB during the flood" % peak
+        assert "connection ipv4:127.0.0.1:" in dm.read_log(), dm.read_log()
+        ids, _ = T.generate(dm.stub, ALICE, ids=[1, 2, 3], max_tokens=2, timeout=20)
+        assert len(ids) == 2
+    finally:
+        assert dm.stop() == 0
 
 
 def test_cancels_after_answers_are_not_resets(d):
@@ -182,7 +224,7 @@ def test_prompt_bytes_are_limited_at_the_gateway(d):
 
 def test_a_huge_prompt_does_not_stall_another_tenants_stream():
     """The worker tokenized a whole prompt on its only thread: a 3.9 MB prompt stalled another
-    tenant's stream 2.3 s. Now text is tokenized beside the engine loop: while four 1 MiB texts
+    tenant's stream 2.3 s. Now text is tokenized beside the engine loop: while two 1 MiB texts
     are tokenized on the same worker, the other stream's tokens keep coming (largest gap
     bounded generously: a behaviour test, not a benchmark)."""
     import threading
@@ -212,7 +254,7 @@ def test_a_huge_prompt_does_not_stall_another_tenants_stream():
         assert len(times) >= 5, dm.read_log()
         t0 = time.time()
         text = ("the quick brown fox jumps over the lazy dog " * 24000)[: 1 << 20]
-        for _ in range(4):
+        for _ in range(2):
             r = dm.stub.Tokenize(T.pb.TokenizeRequest(text=text[:60000]), metadata=bob,
                                  timeout=60)
             assert len(r.ids) > 1000
@@ -225,7 +267,7 @@ def test_a_huge_prompt_does_not_stall_another_tenants_stream():
         th.join(60)
         during = [b - a for a, b in zip(times, times[1:]) if a >= t0 and b <= t1 + 0.5]
         assert during, "no token during the tokenizations (%.2f s)" % (t1 - t0)
-        assert max(during) < 0.5, "largest gap %.2f s while %.2f s of tokenizing" % (
+        assert max(during) < 0.5 * SLOW, "largest gap %.2f s while %.2f s of tokenizing" % (
             max(during), t1 - t0)
     finally:
         assert dm.stop() == 0
@@ -252,5 +294,185 @@ def test_get_metrics_shows_a_tenant_only_its_own_series():
         admin = metrics("alice-key-0001")
         for name in ("alice", "bob", "carol"):
             assert 'tenant="%s"' % name in admin
+    finally:
+        assert dm.stop() == 0
+
+
+def test_tenant_quotas():
+    """Per-tenant quotas from the configuration: requests per second and tokens per minute
+    (token buckets), prompt bytes, queued generations; over one → RESOURCE_EXHAUSTED naming
+    the limit, counted in clocher_throttled_total visible to the tenant."""
+    tenants = [{"name": "rate", "api_keys": ["rate-key-0001"], "requests_per_s": 2},
+               {"name": "toks", "api_keys": ["toks-key-0001"], "tokens_per_min": 40},
+               {"name": "bytes", "api_keys": ["byte-key-0001"], "max_prompt_bytes": 10},
+               {"name": "queue", "api_keys": ["queue-key-001"], "max_queued": 1}]
+    dm = T.Daemon(T.stories_model(), workers=1, tenants=tenants)
+
+    def refused(md, **kw):
+        try:
+            T.generate(dm.stub, md, **kw)
+            return None
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (e.code(), e.details())
+            return e.details()
+
+    try:
+        rate = T.key("rate-key-0001")
+        msgs = [refused(rate, ids=[1, 2], max_tokens=1, timeout=20) for _ in range(6)]
+        over = [m for m in msgs if m]
+        assert over, "6 requests in a burst at 2/s were all served"
+        assert "requests_per_s" in over[0] and "retry after" in over[0], over[0]
+        time.sleep(1.1)
+        assert refused(rate, ids=[1, 2], max_tokens=1, timeout=20) is None  # refilled
+
+        toks = T.key("toks-key-0001")
+        msgs = [refused(toks, ids=[1, 2, 3], max_tokens=20, timeout=20) for _ in range(6)]
+        over = [m for m in msgs if m]
+        assert over and "tokens_per_min" in over[0], msgs
+
+        msg = refused(T.key("byte-key-0001"), prompt="x" * 11, max_tokens=1, timeout=20)
+        assert msg and "max_prompt_bytes" in msg and "11 bytes" in msg, msg
+
+        reqs = [T.pb.GenerateRequest(prompt_ids=T.pb.TokenIds(ids=[1, 2 + i]), max_tokens=2)
+                for i in range(2)]
+        with pytest.raises(grpc.RpcError) as e:
+            list(dm.stub.BatchGenerate(T.pb.BatchGenerateRequest(requests=reqs),
+                                       metadata=T.key("queue-key-001"), timeout=20))
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_queued" in e.value.details()
+        assert refused(T.key("queue-key-001"), ids=[1, 2], max_tokens=2, timeout=20) is None
+
+        text = dm.stub.GetMetrics(T.pb.GetMetricsRequest(), metadata=rate,
+                                  timeout=20).prometheus_text
+        line = [l for l in text.splitlines()
+                if l.startswith('clocher_throttled_total{tenant="rate",limit="requests_per_s"}')]
+        assert line and int(line[0].split()[-1]) >= 1, text
+        assert 'tenant="toks"' not in text
+    finally:
+        assert dm.stop() == 0
+
+
+def test_small_refusals_name_what_is_wrong(d):
+    """Issue 15 item 10: a prompt with a NUL byte was silently cut; temperature 1e38 got a
+    self-contradicting message; LoadAdapter on a plain file returned INTERNAL."""
+    with pytest.raises(grpc.RpcError) as e:
+        T.generate(d.stub, ALICE, prompt="abc\x00def", max_tokens=1, timeout=20)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prompt: holds a NUL byte" in e.value.details(), e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        d.stub.Tokenize(T.pb.TokenizeRequest(text="a\x00"), metadata=ALICE, timeout=20)
+    assert "text: holds a NUL byte" in e.value.details(), e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        list(d.stub.Generate(T.pb.GenerateRequest(
+            prompt_ids=T.pb.TokenIds(ids=[1, 2]), max_tokens=1,
+            sampling=T.pb.SamplingParams(temperature=1e38)), metadata=ALICE, timeout=20))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "above the limit" in e.value.details(), e.value.details()
+    plain = os.path.join(d.dir, "plain-file")
+    with open(plain, "w") as f:
+        f.write("x")
+    with pytest.raises(grpc.RpcError) as e:
+        d.stub.LoadAdapter(T.pb.LoadAdapterRequest(name="p", path=plain), metadata=ALICE,
+                           timeout=20)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert "not a directory" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        d.stub.LoadAdapter(T.pb.LoadAdapterRequest(name="p", path=plain + "-missing"),
+                           metadata=ALICE, timeout=20)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value.details()
+
+
+def test_a_fifo_in_the_model_is_refused_at_once():
+    """A FIFO as a model file hung the worker until the 300 s ready timeout: it is now a model
+    error at once (clocherd exits 2: no worker could start)."""
+    import shutil
+    import tempfile
+    src = T.stories_model()
+    model = tempfile.mkdtemp(prefix="fifo-model-", dir=T._work)
+    for name in os.listdir(src):
+        shutil.copy(os.path.join(src, name), model)
+    os.mkfifo(os.path.join(model, "weights.fifo"))
+    cfg = {"listen": {"tcp": None, "unix": os.path.join(model, "gw.sock")},
+           "metrics": {"listen": None}, "model_dir": model, "workers": 1,
+           "threads_per_worker": 1, "kv_budget_mb": 64,
+           "supervisor": {"ready_timeout_s": 300},
+           "tenants": [{"name": "alice", "api_keys": ["alice-key-0001"]}]}
+    path = os.path.join(T._work, "fifo.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    t0 = time.time()
+    p = subprocess.run([T.CLOCHERD, "--config", path], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert "weights.fifo is a FIFO" in p.stderr, p.stderr
+    assert time.time() - t0 < 30
+
+
+def test_a_given_up_slot_is_reported_as_such():
+    """Once a slot was given up (crash loop), Generate still said "1 of 1 starting or
+    restarting"."""
+    import signal
+    dm = T.Daemon(T.stories_model(), workers=1,
+                  extra={"supervisor": {"respawn_initial_ms": 50, "crash_loop_max": 2,
+                                        "crash_loop_window_s": 60, "ready_timeout_s": 60,
+                                        "heartbeat_timeout_s": 60, "stop_grace_s": 10}})
+    try:
+        details, end = "", time.time() + 30
+        while time.time() < end and "given up" not in details:
+            pid = dm.worker_pids().get(0)
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.3)
+            try:
+                T.generate(dm.stub, ALICE, ids=[1, 2], max_tokens=1, timeout=5)
+            except grpc.RpcError as e:
+                details = e.details() or ""
+        assert "given up" in details and "starting or restarting" not in details, (
+            details, dm.read_log())
+    finally:
+        dm.stop()
+
+
+def deep_demo_model():
+    """The demo model with 16 layers: an engine step (512 prompt tokens) lasts ~2 s here, long
+    enough to tell "answered inside the step" from "answered after it"."""
+    hf, out = os.path.join(T._work, "deep-hf"), os.path.join(T._work, "deep")
+    if not os.path.exists(os.path.join(out, "model.ie.json")):
+        T.run(T.CLOCHER, "synth", "--preset", "demo", "--layers", "16", "--seed", "1", hf)
+        T.run(T.CLOCHER, "convert", hf, out)
+    return out
+
+
+def test_refusals_do_not_wait_for_a_long_prefill():
+    """A refusal was made between engine steps: one took 2.6 s during a 1751-token prefill.
+    A prompt over max_prompt_tokens (known only after tokenizing) is now read, tokenized and
+    refused from inside the step (between its layers)."""
+    import threading
+    dm = T.Daemon(deep_demo_model(), workers=1,
+                  limits={"max_prompt_tokens": 1000, "max_tokens": 100})
+    try:
+        long_ids = [1] + [100 + (i * 7) % 900 for i in range(990)]  # two steps of prefill
+        started = {}
+
+        def prefill():
+            started["t0"] = time.time()
+            T.generate(dm.stub, ALICE, ids=long_ids, max_tokens=1, timeout=120)
+            started["t1"] = time.time()
+
+        th = threading.Thread(target=prefill, daemon=True)
+        th.start()
+        time.sleep(0.3)  # the first step has begun
+        t0 = time.time()
+        with pytest.raises(grpc.RpcError) as e:
+            T.generate(dm.stub, ALICE, prompt="word " * 1500, max_tokens=1, timeout=60)
+        refused_in = time.time() - t0
+        assert "tokens, the limit is 1000" in e.value.details(), e.value.details()
+        th.join(120)
+        step_s = (started["t1"] - started["t0"]) / 2
+        # between two steps it would wait for the rest of the first one (step_s - 0.3 s)
+        assert refused_in < step_s / 3 * (1.5 if SANITIZED else 1), (refused_in, step_s)
     finally:
         assert dm.stop() == 0

@@ -27,6 +27,7 @@
 #include "tok.h"
 #include "tokq.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -36,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +49,7 @@
 #define GATHER_GAP_NS 100000ll            /* a burst's requests arrive closer than this */
 #define GATHER_MAX_NS 1000000ull          /* an idle engine waits at most this for a burst */
 #define TOKQ_POLL_NS 1000000ll            /* an idle loop looks for tokenized texts this often */
+#define HELD_MAX 16                       /* records read in a step kept for after it */
 
 /* ---- the request table: gateway request id -> engine id ---- */
 
@@ -143,6 +146,13 @@ struct served_adapter {
     char *dir;
 };
 
+/* A request record read during an engine step that needs the engine: handled after it. */
+struct held_rec {
+    struct held_rec *next;
+    struct shm_msg m;                     /* views into buf */
+    void *buf;
+};
+
 struct serve {
     uint32_t magic;
     struct serve_options o;
@@ -153,6 +163,9 @@ struct serve {
     struct engine *e;
     struct tok *tok;                      /* NULL: the model has no tokenizer */
     struct tokq *tokq;                    /* its thread (tokq.h); NULL without a tokenizer */
+    struct tokq_job *deferred, *deferred_tail; /* tokenized during a step: submitted after it */
+    struct held_rec *held, *held_tail;    /* read during a step, for after it */
+    size_t n_held;
     uint32_t vocab_size;
     struct reqmap reqs;
     struct served_adapter *adapters;      /* [n_adapters] what the engine has loaded, by name */
@@ -200,9 +213,18 @@ static void beat(struct serve *s)
     }
 }
 
+static void take_tokenized(struct serve *s, bool in_step);
+static void drain_requests_in_step(struct serve *s);
+
 /* engine_set_progress: a long step (a 512-token prefill chunk of a 1B model on a loaded
- * machine can take many seconds) keeps both heartbeats fresh layer by layer. */
-static void beat_from_step(void *ud) { beat(ud); }
+ * machine can take many seconds) keeps both heartbeats fresh layer by layer, and answers the
+ * tokenizer's refusals meanwhile. */
+static void beat_from_step(void *ud)
+{
+    beat(ud);
+    drain_requests_in_step(ud);
+    take_tokenized(ud, true);
+}
 
 /* Sends one event record, waiting for room in slices. A failure is fatal to the loop. */
 static int send_event(struct serve *s, const struct shm_msg *m)
@@ -359,20 +381,26 @@ static int check_ids(struct serve *s, uint64_t id, const char *what, const int32
     return 0;
 }
 
+/* Refuses a prompt of n ids the engine must not get (its ERROR sent): true if refused. */
+static bool prompt_refused(struct serve *s, uint64_t id, const int32_t *ids, size_t n)
+{
+    if (n == 0) {
+        send_error(s, id, ERR_RANGE, "prompt: empty after tokenization");
+        return true;
+    }
+    if (n > s->o.max_prompt_tokens) {
+        send_error(s, id, ERR_RANGE, "prompt: %zu tokens, the limit is %" PRIu32, n,
+                   s->o.max_prompt_tokens);
+        return true;
+    }
+    return check_ids(s, id, "prompt", ids, n) < 0;
+}
+
 /* A Generate whose prompt is token ids (given, or from the tokenizer thread) into the engine. */
 static void submit_generate(struct serve *s, const struct shm_msg_generate *g,
                             const int32_t *ids, size_t n)
 {
-    if (n == 0) {
-        send_error(s, g->request_id, ERR_RANGE, "prompt: empty after tokenization");
-        return;
-    }
-    if (n > s->o.max_prompt_tokens) {
-        send_error(s, g->request_id, ERR_RANGE, "prompt: %zu tokens, the limit is %" PRIu32, n,
-                   s->o.max_prompt_tokens);
-        return;
-    }
-    if (check_ids(s, g->request_id, "prompt", ids, n) < 0)
+    if (prompt_refused(s, g->request_id, ids, n))
         return;
 
     struct engine_request er = {
@@ -454,6 +482,9 @@ static void do_cancel(struct serve *s, uint64_t id)
     if (!r) {
         /* still being tokenized: dropped when done; or ended already: its FINISH or ERROR
          * is on its way or has been read */
+        for (struct tokq_job *j = s->deferred; j; j = j->next)
+            if (j->request_id == id)
+                j->cancelled = true;
         if (s->tokq)
             tokq_cancel(s->tokq, id);
         return;
@@ -477,9 +508,23 @@ static void do_tokenize(struct serve *s, const struct shm_msg_tokenize *t)
     tokq_push(s->tokq, j);
 }
 
-/* The tokenizer thread's finished jobs: answers to Tokenize, Generates into the engine. */
-static void take_tokenized(struct serve *s)
+/* The tokenizer thread's finished jobs: answers to Tokenize, Generates into the engine.
+ * in_step: called from inside an engine step (its progress callback), where the engine may not
+ * be called: refusals and Tokenize answers go out at once (a long prefill step no longer
+ * delays them), the Generates to submit wait in s->deferred for the step's end. */
+static void take_tokenized(struct serve *s, bool in_step)
 {
+    if (!in_step) {
+        while (s->deferred && s->fatal == 0) {
+            struct tokq_job *j = s->deferred;
+            s->deferred = j->next;
+            if (!s->deferred)
+                s->deferred_tail = NULL;
+            if (!j->cancelled)
+                submit_generate(s, &j->gen, j->ids, j->n_ids);
+            tokq_job_free(j);
+        }
+    }
     struct tokq_job *j;
     while (s->tokq && s->fatal == 0 && (j = tokq_take(s->tokq))) {
         const char *what = j->kind == TOKQ_GENERATE ? "prompt" : "text";
@@ -488,7 +533,17 @@ static void take_tokenized(struct serve *s)
         } else if (j->rc < 0) {
             send_error(s, j->request_id, j->rc, "%s: %s", what, j->error);
         } else if (j->kind == TOKQ_GENERATE) {
-            submit_generate(s, &j->gen, j->ids, j->n_ids);
+            if (!in_step) {
+                submit_generate(s, &j->gen, j->ids, j->n_ids);
+            } else if (!prompt_refused(s, j->request_id, j->ids, j->n_ids)) {
+                j->next = NULL;
+                if (s->deferred_tail)
+                    s->deferred_tail->next = j;
+                else
+                    s->deferred = j;
+                s->deferred_tail = j;
+                continue;
+            }
         } else if (j->n_ids > (shm_region_max_record(s->region) - sizeof(struct shm_wire_ids)) /
                                   sizeof(int32_t)) {
             send_error(s, j->request_id, ERR_RANGE, "text: %zu tokens do not fit one record",
@@ -722,6 +777,35 @@ static int model_info(struct serve *s, struct shm_msg_hello *h, char *name, char
     return 0;
 }
 
+/* Every entry of the model directory is a regular file or a directory: opening a FIFO (or a
+ * device) would block the load until the ready timeout (300 s) instead of failing at once. */
+static int check_model_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0; /* the model's own open names the problem */
+    int rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d))) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(d), de->d_name, &st, 0) < 0)
+            continue; /* a dangling link: the model's open names it if it is needed */
+        const char *kind = S_ISFIFO(st.st_mode)  ? "a FIFO"
+                           : S_ISSOCK(st.st_mode) ? "a socket"
+                           : S_ISCHR(st.st_mode)  ? "a character device"
+                           : S_ISBLK(st.st_mode)  ? "a block device"
+                                                  : NULL;
+        if (kind) {
+            LOG_ERR("model %s: %s is %s, not a regular file", dir, de->d_name, kind);
+            rc = ERR_FORMAT;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
 int serve_open(const struct serve_options *o, struct shm_region *region, struct serve **out)
 {
     *out = NULL;
@@ -741,7 +825,8 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
     }
     char name[SHM_MAX_INFO + 1], arch[SHM_MAX_INFO + 1], dtype[SHM_MAX_INFO + 1];
     struct shm_msg hello = {.type = SHM_MSG_HELLO};
-    if ((rc = model_info(s, &hello.hello, name, arch, dtype, sizeof name)) < 0)
+    if ((rc = check_model_files(o->model_dir)) < 0 ||
+        (rc = model_info(s, &hello.hello, name, arch, dtype, sizeof name)) < 0)
         goto fail;
     if (s->tok && (rc = tokq_create(s->tok, &s->tokq)) < 0)
         goto fail;
@@ -754,7 +839,7 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
         .kv_dtype = DT_F32,
         .kv_block_tokens = 0,
         .max_step_tokens = 512,
-        .max_running = 64,
+        .max_running = SHM_MAX_RUNNING,
         .max_queue = o->max_queue,
         .prefix_cache = true,
         .snapshot_path = NULL,
@@ -828,6 +913,66 @@ static void cancel_all(struct serve *s)
     }
 }
 
+/* Whether a request record can be handled without calling the engine (and so from inside a
+ * step): texts to tokenize, ids to detokenize. */
+static bool engine_free(const struct shm_msg *m)
+{
+    return m->type == SHM_MSG_TOKENIZE || m->type == SHM_MSG_DETOKENIZE ||
+           (m->type == SHM_MSG_GENERATE && m->generate.prompt_text_len);
+}
+
+/* From inside a step (its progress callback): the records waiting are read now, so a text is
+ * tokenized, and refused if it must be, while a long prefill runs; records that need the
+ * engine keep their own buffer and wait in s->held for the step's end (at most HELD_MAX). */
+static void drain_requests_in_step(struct serve *s)
+{
+    while (s->fatal == 0 && s->n_held < HELD_MAX) {
+        struct held_rec *h = malloc(sizeof *h);
+        void *buf = h ? malloc(s->buf_cap) : NULL;
+        if (!buf) {
+            free(h);
+            return; /* read after the step, as always */
+        }
+        int rc = shm_msg_recv(s->rx, buf, s->buf_cap, &h->m);
+        if (rc < 0) {
+            free(buf), free(h);
+            if (rc != -EAGAIN) {
+                LOG_ERR("the requests ring failed (%s): stopping this worker", err_name(rc));
+                s->fatal = rc;
+            }
+            return;
+        }
+        if (engine_free(&h->m)) {
+            handle(s, &h->m);
+            free(buf), free(h);
+            continue;
+        }
+        h->buf = buf;
+        h->next = NULL;
+        if (s->held_tail)
+            s->held_tail->next = h;
+        else
+            s->held = h;
+        s->held_tail = h;
+        s->n_held++;
+    }
+}
+
+/* The records read during the last step that needed the engine, in their order. */
+static void handle_held(struct serve *s)
+{
+    while (s->held) {
+        struct held_rec *h = s->held;
+        s->held = h->next;
+        if (!s->held)
+            s->held_tail = NULL;
+        s->n_held--;
+        if (s->fatal == 0)
+            handle(s, &h->m);
+        free(h->buf), free(h);
+    }
+}
+
 /* Handles every record waiting on the requests ring. */
 static void drain_requests(struct serve *s)
 {
@@ -881,9 +1026,11 @@ int serve_run(struct serve *s)
     size_t active = 0;
     while (!stopping(s) && s->fatal == 0) {
         beat(s);
-        /* take every request waiting and every text tokenized meanwhile, then one step */
+        /* take every request waiting (those read during the last step first) and every text
+         * tokenized meanwhile, then one step */
+        handle_held(s);
         drain_requests(s);
-        take_tokenized(s);
+        take_tokenized(s, false);
         if (s->fatal < 0)
             break;
         if (!active && s->reqs.n)
@@ -936,6 +1083,16 @@ void serve_close(struct serve *s)
         return;
     CHECK(s->magic == SERVE_MAGIC);
     tokq_destroy(s->tokq); /* before the tokenizer it reads */
+    while (s->deferred) {
+        struct tokq_job *j = s->deferred;
+        s->deferred = j->next;
+        tokq_job_free(j);
+    }
+    while (s->held) {
+        struct held_rec *h = s->held;
+        s->held = h->next;
+        free(h->buf), free(h);
+    }
     if (s->e)
         engine_destroy(s->e);
     if (s->tok)
