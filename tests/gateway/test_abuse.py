@@ -142,7 +142,7 @@ def test_a_stale_socket_is_removed():
 
 def test_worker_exits_leak_no_descriptor():
     """Each worker exit used to leave its control socket open in clocherd (20 -> 40 fds over 20
-    kills): the count is the same after 6 kills as before."""
+    kills): the count after 6 kills is no higher than before."""
     import signal
     dm = T.Daemon(T.stories_model(), workers=1,
                   extra={"supervisor": {"respawn_initial_ms": 50, "respawn_max_ms": 100,
@@ -161,7 +161,9 @@ def test_worker_exits_leak_no_descriptor():
             assert dm.worker_pids().get(0) != pid, dm.read_log()
             dm.wait_serving()
         time.sleep(0.3)
-        assert fds() == before, "clocherd had %d fds, now %d" % (before, fds())
+        # at most as many (a transient descriptor, such as a probe's connection, may have been
+        # open when `before` was read); the leak grew the count by one per exit
+        assert fds() <= before, "clocherd had %d fds, now %d" % (before, fds())
     finally:
         dm.stop()
 
