@@ -196,19 +196,41 @@ static void end_call(struct gw_call *c, int status, const char *fmt, ...)
 
 /* ---- what to send next ---- */
 
-static void fill_response(const struct gw_item *it, bool final, Clocher__V1__GenerateResponse *r,
-                          Clocher__V1__Usage *u, Clocher__V1__Timings *t)
+/* The first channel run of the pending output: its ids, its text length and its channel. */
+static void first_run(const struct gw_item *it, size_t *n_ids, size_t *text_len,
+                      uint32_t *channel)
 {
-    r->n_token_ids = it->n_ids;
+    *n_ids = it->n_segs ? it->segs[0].ids_end : it->n_ids;
+    *text_len = it->n_segs ? it->segs[0].text_end : it->text_len;
+    *channel = it->n_segs ? it->segs[0].channel : 0;
+}
+
+/* r's ids and text: the first run (its text NUL-terminated in place: *saved keeps the byte,
+ * restore_run puts it back). */
+static void fill_response(struct gw_item *it, bool final, Clocher__V1__GenerateResponse *r,
+                          Clocher__V1__Usage *u, Clocher__V1__Timings *t, char *saved)
+{
+    size_t n_ids, text_len;
+    uint32_t channel;
+    first_run(it, &n_ids, &text_len, &channel);
+    r->n_token_ids = n_ids;
     r->token_ids = it->ids;
-    r->text = it->text_len ? it->text : NULL;
-    if (!final || !it->finished)
+    *saved = text_len < it->text_len ? it->text[text_len] : '\0';
+    if (text_len < it->text_len)
+        it->text[text_len] = '\0';
+    r->text = text_len ? it->text : NULL;
+    if (channel) {
+        r->has_channel = 1;
+        r->channel = (Clocher__V1__Channel)channel; /* enum shm_channel = Channel's numbers */
+    }
+    if (!final || !it->finished || it->n_segs > 1)
         return;
     static const Clocher__V1__FinishReason reasons[] = {
         [SHM_FINISH_EOS] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_EOS,
         [SHM_FINISH_LENGTH] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_LENGTH,
         [SHM_FINISH_STOP] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_STOP,
         [SHM_FINISH_CONTEXT] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_CONTEXT,
+        [SHM_FINISH_CALL] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_TOOL_CALL,
     };
     unsigned why = it->fin.reason;
     r->has_finish_reason = 1;
@@ -226,13 +248,58 @@ static void fill_response(const struct gw_item *it, bool final, Clocher__V1__Gen
     r->timings = t;
 }
 
+/* Drops the first run (fill_response's) from the pending output. */
+static void consume_run(struct gw_item *it, char saved)
+{
+    size_t n_ids, text_len;
+    uint32_t channel;
+    first_run(it, &n_ids, &text_len, &channel);
+    if (text_len < it->text_len)
+        it->text[text_len] = saved;
+    it->sent_tokens += n_ids;
+    memmove(it->ids, it->ids + n_ids, (it->n_ids - n_ids) * sizeof *it->ids);
+    it->n_ids -= n_ids;
+    if (it->text) {
+        memmove(it->text, it->text + text_len, it->text_len - text_len + 1);
+        it->text_len -= text_len;
+    }
+    if (it->n_segs) {
+        it->n_segs--;
+        memmove(it->segs, it->segs + 1, it->n_segs * sizeof *it->segs);
+        for (size_t k = 0; k < it->n_segs; k++)
+            it->segs[k].text_end -= text_len, it->segs[k].ids_end -= n_ids;
+    }
+}
+
 static void consume_pending(struct gw_item *it)
 {
     it->sent_tokens += it->n_ids;
     it->n_ids = 0;
     it->text_len = 0;
+    it->n_segs = 0;
     if (it->text)
         it->text[0] = '\0';
+}
+
+/* A chat piece's run: a new one when its text opens another channel. */
+static void note_run(struct gw_item *it, const struct shm_msg_token *t)
+{
+    if (!t->channel && !it->n_segs)
+        return; /* not a chat */
+    if (it->n_segs == 0 || (t->text_len && it->segs[it->n_segs - 1].channel != t->channel &&
+                            it->n_segs < GW_MAX_SEGS)) {
+        if (it->n_segs && it->segs[it->n_segs - 1].text_end == 0 &&
+            it->segs[it->n_segs - 1].ids_end == 0)
+            it->n_segs--; /* empty */
+        it->segs[it->n_segs++] = (struct gw_seg){.channel = (uint32_t)t->channel,
+                                                 .text_end = it->text_len,
+                                                 .ids_end = it->n_ids};
+    }
+    struct gw_seg *sg = &it->segs[it->n_segs - 1];
+    if (sg->text_end == it->text_len && sg->ids_end == it->n_ids && t->text_len)
+        sg->channel = (uint32_t)t->channel; /* a run without text yet takes the text's channel */
+    sg->text_end = it->text_len + t->text_len;
+    sg->ids_end = it->n_ids + (t->token >= 0);
 }
 
 /* Generate: the next message; *end when the call ends with it (status in *st, *detail). */
@@ -246,9 +313,12 @@ static grpc_byte_buffer *next_generate(struct gw_call *c, bool *end, int *st, co
         Clocher__V1__GenerateResponse r = CLOCHER__V1__GENERATE_RESPONSE__INIT;
         Clocher__V1__Usage u = CLOCHER__V1__USAGE__INIT;
         Clocher__V1__Timings t = CLOCHER__V1__TIMINGS__INIT;
-        fill_response(it, final, &r, &u, &t);
+        char saved;
+        fill_response(it, final, &r, &u, &t, &saved);
         bb = pack(&r.base);
-        consume_pending(it);
+        consume_run(it, saved);
+        if (it->n_segs && bb)
+            return bb; /* more runs wait: the end comes with the last */
     }
     if (it->done) {
         it->final_sent = true;
@@ -273,16 +343,18 @@ static grpc_byte_buffer *next_batch(struct gw_call *c, bool *end)
         Clocher__V1__Timings t = CLOCHER__V1__TIMINGS__INIT;
         br.has_index = 1;
         br.index = it->index;
-        fill_response(it, it->done && !it->status, &r, &u, &t);
+        char saved;
+        fill_response(it, it->done && !it->status, &r, &u, &t, &saved);
         br.response = &r;
-        if (it->done && it->status) {
+        bool more = it->n_segs > 1;
+        if (it->done && it->status && !more) {
             br.has_error_code = 1;
             br.error_code = it->status;
             br.error_message = it->error;
         }
         bb = pack(&br.base);
-        consume_pending(it);
-        if (it->done)
+        consume_run(it, saved);
+        if (it->done && !more)
             it->final_sent = true;
         c->rr = i + 1;
     }
@@ -533,6 +605,7 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
     switch (m->type) {
     case SHM_MSG_TOKEN:
         unqueue(c, it);
+        note_run(it, &m->token);
         if ((m->token.token >= 0 && append_id(it, m->token.token) < 0) ||
             append_text(&it->text, &it->text_len, &it->text_cap, m->token.text,
                         m->token.text_len) < 0)
@@ -744,6 +817,85 @@ static void *request_of(struct gw_call *c, const ProtobufCMessageDescriptor *d)
     return r;
 }
 
+/* ---- the chat form of Generate ---- */
+
+/* gw_req_generate for every input, the chat form included: gw_req checks all but the input,
+ * the messages are checked and encoded here (shm_abi.h's chat encoding, bounded by
+ * limits.max_prompt_bytes like a text prompt) into *chat (malloc'd: free it after the submit).
+ * The worker renders them with its model's template. */
+static int req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_ctx *ctx,
+                        struct shm_msg_generate *out, char **chat, char *why, size_t cap)
+{
+    *chat = NULL;
+    if (r->input_case != CLOCHER__V1__GENERATE_REQUEST__INPUT_CHAT)
+        return gw_req_generate(r, ctx, out, why, cap);
+    Clocher__V1__GenerateRequest base = *r;
+    base.input_case = CLOCHER__V1__GENERATE_REQUEST__INPUT_PROMPT;
+    base.prompt = (char *)"chat"; /* a stand-in: the chat replaces it below */
+    base.has_add_bos = 1, base.add_bos = 0;
+    int st = gw_req_generate(&base, ctx, out, why, cap);
+    if (st)
+        return st;
+    const Clocher__V1__Chat *ch = r->chat;
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    size_t n = ch ? ch->n_messages : 0;
+    if (n == 0)
+        return snprintf(why, cap, "chat.messages: empty"), GRPC_STATUS_INVALID_ARGUMENT;
+    if (n > SHM_MAX_CHAT_MSGS)
+        return snprintf(why, cap, "chat.messages: %zu, the limit is %u", n, SHM_MAX_CHAT_MSGS),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    struct shm_chat_msg m[SHM_MAX_CHAT_MSGS];
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Clocher__V1__ChatMessage *cm = ch->messages[i];
+        const char *role = cm && cm->role ? cm->role : "";
+        size_t k = 0;
+        while (k < 5 && strcmp(role, roles[k]) != 0)
+            k++;
+        if (k == 5)
+            return snprintf(why, cap, "chat.messages[%zu].role: \"%.32s\" is not a role "
+                            "(system, developer, user, assistant, tool)", i, role),
+                   GRPC_STATUS_INVALID_ARGUMENT;
+        const char *content = cm->content ? cm->content : "";
+        total += strlen(content);
+        if (total > ctx->cfg->limits.max_prompt_bytes)
+            return snprintf(why, cap, "chat.messages: more than %" PRIu32 " bytes of content "
+                            "(limits.max_prompt_bytes)", ctx->cfg->limits.max_prompt_bytes),
+                   GRPC_STATUS_INVALID_ARGUMENT;
+        m[i] = (struct shm_chat_msg){
+            .role = (enum shm_chat_role)k, .content = content,
+            .content_len = (uint32_t)strlen(content),
+            .channel = cm->channel ? cm->channel : "",
+            .channel_len = cm->channel ? (uint32_t)strnlen(cm->channel, SHM_MAX_CHAT_NAME + 1) : 0,
+            .recipient = cm->recipient ? cm->recipient : "",
+            .recipient_len =
+                cm->recipient ? (uint32_t)strnlen(cm->recipient, SHM_MAX_CHAT_NAME + 1) : 0};
+    }
+    uint32_t len = 0;
+    char detail[256];
+    if (shm_chat_size(m, (uint32_t)n, &len, detail, sizeof detail) < 0)
+        return snprintf(why, cap, "chat.%s", detail), GRPC_STATUS_INVALID_ARGUMENT;
+    if (len > ctx->cfg->limits.max_prompt_bytes)
+        return snprintf(why, cap, "chat.messages: %" PRIu32 " bytes encoded, the limit is %" PRIu32
+                        " (limits.max_prompt_bytes)", len, ctx->cfg->limits.max_prompt_bytes),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    if (!(*chat = malloc(len)))
+        return snprintf(why, cap, "gateway out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
+    shm_chat_encode(m, (uint32_t)n, *chat, len);
+    out->prompt_text = *chat;
+    out->prompt_text_len = len;
+    out->flags = (out->flags & ~SHM_GEN_ADD_BOS) | SHM_GEN_CHAT |
+                 (ch->has_reasoning_effort &&
+                          ch->reasoning_effort == CLOCHER__V1__REASONING_EFFORT__REASONING_EFFORT_LOW
+                      ? SHM_GEN_EFFORT_LOW
+                  : ch->has_reasoning_effort &&
+                          ch->reasoning_effort ==
+                              CLOCHER__V1__REASONING_EFFORT__REASONING_EFFORT_HIGH
+                      ? SHM_GEN_EFFORT_HIGH
+                      : 0);
+    return 0;
+}
+
 /* A call of one worker request (m) to whichever worker is least loaded. */
 static void submit_single(struct gw_call *c, struct shm_msg *m)
 {
@@ -769,13 +921,15 @@ static void start_generate(struct gw_call *c)
     struct gw_model_info mi;
     ctx_init(c, &ctx, &mi);
     struct shm_msg m = {.type = SHM_MSG_GENERATE};
-    char why[512];
-    int st = gw_req_generate(r, &ctx, &m.generate, why, sizeof why);
-    if (st)
+    char why[512], *chat = NULL;
+    int st = req_generate(r, &ctx, &m.generate, &chat, why, sizeof why);
+    if (!st)
+        st = gw__quota_admit(c->g, c->tcfg, c->tenant, 1, 1, m.generate.prompt_text_len, why,
+                             sizeof why, NULL);
+    if (st) {
+        free(chat);
         return end_call(c, st, "%s", why);
-    if ((st = gw__quota_admit(c->g, c->tcfg, c->tenant, 1, 1, m.generate.prompt_text_len, why,
-                              sizeof why, NULL)))
-        return end_call(c, st, "%s", why);
+    }
     pthread_mutex_lock(&c->mu);
     c->items[0].queued = true;
     pthread_mutex_unlock(&c->mu);
@@ -786,6 +940,7 @@ static void start_generate(struct gw_call *c)
     if (c->g->stats)
         stats_queue_depth_add(c->g->stats, 1);
     st = gw__submit(c->g, -1, &m, c, 0, why, sizeof why);
+    free(chat);
     if (c->g->stats)
         stats_queue_depth_add(c->g->stats, -1);
     if (st)
@@ -830,9 +985,11 @@ static void start_batch(struct gw_call *c)
         struct shm_msg m = {.type = SHM_MSG_GENERATE};
         char why[512], full[560];
         ctx.seed = ctx.seed * 6364136223846793005ull + 1442695040888963407ull;
-        int st = gw_req_generate(r->requests[i], &ctx, &m.generate, why, sizeof why);
+        char *chat = NULL;
+        int st = req_generate(r->requests[i], &ctx, &m.generate, &chat, why, sizeof why);
         if (!st)
             st = gw__submit(c->g, -1, &m, c, i, why, sizeof why);
+        free(chat);
         if (st) {
             snprintf(full, sizeof full, "requests[%zu].%s", i, why);
             pthread_mutex_lock(&c->mu);
@@ -1224,7 +1381,8 @@ int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
         struct shm_msg m = {.type = SHM_MSG_GENERATE};
         char why[512];
         ctx.seed = ctx.seed * 6364136223846793005ull + 1442695040888963407ull; /* as a batch */
-        int st = gw_req_generate(reqs[i], &ctx, &m.generate, why, sizeof why);
+        char *chat = NULL;
+        int st = req_generate(reqs[i], &ctx, &m.generate, &chat, why, sizeof why);
         if (!st && m.generate.adapter)
             snprintf(c->items[i].adapter, sizeof c->items[i].adapter, "%s", m.generate.adapter);
         if (!st) {
@@ -1234,6 +1392,7 @@ int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
             if (g->stats)
                 stats_queue_depth_add(g->stats, -1);
         }
+        free(chat);
         if (st) {
             if (n == 1 || i == 0) {
                 /* the first refusal ends the call: the others would say the same */
@@ -1252,6 +1411,37 @@ int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
 out:
     gw__call_unref(c);
     return 0;
+}
+
+int gw_ext_take_chat(struct gw_call *c, size_t i, char **content, size_t *len, size_t *cap,
+                     char **reasoning, size_t *rlen, size_t *rcap, struct gw_ext_state *st)
+{
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    struct gw_item *it = &c->items[i];
+    size_t start = 0;
+    for (size_t k = 0; k < it->n_segs && rc == 0; k++) {
+        bool thinking = it->segs[k].channel == SHM_CH_ANALYSIS;
+        size_t end = it->segs[k].text_end;
+        if (end > start && append_text(thinking ? reasoning : content, thinking ? rlen : len,
+                                       thinking ? rcap : cap, it->text + start, end - start) < 0)
+            rc = -ENOMEM;
+        start = end;
+    }
+    if (rc == 0 && it->text_len > start &&
+        append_text(content, len, cap, it->text + start, it->text_len - start) < 0)
+        rc = -ENOMEM;
+    if (rc == 0)
+        consume_pending(it);
+    st->done = it->done;
+    st->status = c->status ? c->status : it->status;
+    snprintf(st->error, sizeof st->error, "%s",
+             c->status ? c->status_msg : it->error ? it->error : "");
+    st->finished = it->finished;
+    st->fin = it->fin;
+    st->tokens = it->sent_tokens + it->n_ids;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 int gw_ext_take(struct gw_call *c, size_t i, char **buf, size_t *len, size_t *cap,

@@ -132,6 +132,162 @@ static int check_ids(const struct ctx *c, const char *field, const int32_t *ids,
     return 0;
 }
 
+/* ---- the chat encoding (GENERATE with SHM_GEN_CHAT) ---- */
+
+static const char *const chat_roles[] = {"system", "developer", "user", "assistant", "tool"};
+
+/* A channel or recipient: 0..SHM_MAX_CHAT_NAME bytes of [A-Za-z0-9._:-]. */
+static int chat_name(const struct ctx *c, uint32_t i, const char *field, const char *s,
+                     uint32_t n, char *msg, size_t cap)
+{
+    if (n > SHM_MAX_CHAT_NAME) {
+        if (msg)
+            snprintf(msg, cap, "messages[%" PRIu32 "].%s: %" PRIu32 " bytes, at most %u", i,
+                     field, n, SHM_MAX_CHAT_NAME);
+        return REFUSE(c, "messages[%" PRIu32 "].%s: %" PRIu32 " bytes, at most %u", i, field, n,
+                      SHM_MAX_CHAT_NAME);
+    }
+    for (uint32_t k = 0; k < n; k++)
+        if (!name_char(s[k]) && s[k] != ':') {
+            if (msg)
+                snprintf(msg, cap, "messages[%" PRIu32 "].%s: byte 0x%02x at %" PRIu32
+                         " (allowed: A-Z a-z 0-9 . _ : -)", i, field, (unsigned char)s[k], k);
+            return REFUSE(c, "messages[%" PRIu32 "].%s: byte 0x%02x at %" PRIu32, i, field,
+                          (unsigned char)s[k], k);
+        }
+    return 0;
+}
+
+/* One decoded message's rules (both directions). */
+static int chat_msg_check(const struct ctx *c, uint32_t i, const struct shm_chat_msg *m,
+                          char *msg, size_t cap)
+{
+#define CHAT_REFUSE(...)                                                                        \
+    do {                                                                                        \
+        if (msg)                                                                                \
+            snprintf(msg, cap, __VA_ARGS__);                                                    \
+        return REFUSE(c, __VA_ARGS__);                                                          \
+    } while (0)
+    if ((unsigned)m->role > SHM_CHAT_TOOL)
+        CHAT_REFUSE("messages[%" PRIu32 "].role: %u is not a role", i, (unsigned)m->role);
+    if (m->content_len && memchr(m->content, '\0', m->content_len))
+        CHAT_REFUSE("messages[%" PRIu32 "].content: holds a NUL byte", i);
+    if (m->channel_len && m->role != SHM_CHAT_ASSISTANT)
+        CHAT_REFUSE("messages[%" PRIu32 "].channel: only assistant messages have one (this is "
+                    "%s)", i, chat_roles[m->role]);
+    if (m->recipient_len && m->role != SHM_CHAT_ASSISTANT && m->role != SHM_CHAT_TOOL)
+        CHAT_REFUSE("messages[%" PRIu32 "].recipient: only assistant (a tool call) and tool (its "
+                    "name) messages have one (this is %s)", i, chat_roles[m->role]);
+    if (m->role == SHM_CHAT_TOOL && !m->recipient_len)
+        CHAT_REFUSE("messages[%" PRIu32 "].recipient: a tool message names its tool", i);
+#undef CHAT_REFUSE
+    int rc;
+    if ((rc = chat_name(c, i, "channel", m->channel, m->channel_len, msg, cap)) < 0 ||
+        (rc = chat_name(c, i, "recipient", m->recipient, m->recipient_len, msg, cap)) < 0)
+        return rc;
+    return 0;
+}
+
+/* Validates the encoding buf[len]; decodes into out[cap] when out. */
+static int chat_check(const struct ctx *c, const void *buf, uint32_t len,
+                      struct shm_chat_msg *out, uint32_t cap, uint32_t *n_out)
+{
+    const unsigned char *p = buf;
+    uint32_t off = 0, n = 0;
+    while (off < len) {
+        if (n == SHM_MAX_CHAT_MSGS)
+            return REFUSE(c, "chat: more than %u messages", SHM_MAX_CHAT_MSGS);
+        struct shm_wire_chat_msg w;
+        if (len - off < sizeof w)
+            return REFUSE(c, "chat: message %" PRIu32 " is cut in its fixed part", n);
+        memcpy(&w, p + off, sizeof w);
+        off += sizeof w;
+        uint64_t need = (uint64_t)w.channel_len + w.recipient_len + w.content_len;
+        if (need > len - off)
+            return REFUSE(c, "chat: message %" PRIu32 " announces %" PRIu64 " bytes, %" PRIu32
+                          " remain", n, need, len - off);
+        if (w.role > SHM_CHAT_TOOL)
+            return REFUSE(c, "chat: messages[%" PRIu32 "].role: %" PRIu32 " is not a role", n,
+                          w.role);
+        struct shm_chat_msg m = {.role = (enum shm_chat_role)w.role,
+                                 .channel = (const char *)p + off, .channel_len = w.channel_len,
+                                 .recipient = (const char *)p + off + w.channel_len,
+                                 .recipient_len = w.recipient_len,
+                                 .content = (const char *)p + off + w.channel_len +
+                                            w.recipient_len,
+                                 .content_len = w.content_len};
+        off += (uint32_t)need;
+        int rc = chat_msg_check(c, n, &m, NULL, 0);
+        if (rc < 0)
+            return rc;
+        if (out && n < cap)
+            out[n] = m;
+        n++;
+    }
+    if (n == 0)
+        return REFUSE(c, "chat: no messages");
+    if (n_out)
+        *n_out = n;
+    return 0;
+}
+
+int shm_chat_size(const struct shm_chat_msg *msgs, uint32_t n, uint32_t *len, char *msg,
+                  size_t cap)
+{
+    struct ctx c = {.what = "chat", .type = SHM_MSG_GENERATE};
+    if (n == 0 || n > SHM_MAX_CHAT_MSGS) {
+        if (msg)
+            snprintf(msg, cap, "messages: %" PRIu32 ", give 1..%u", n, SHM_MAX_CHAT_MSGS);
+        return REFUSE(&c, "messages: %" PRIu32 ", give 1..%u", n, SHM_MAX_CHAT_MSGS);
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = chat_msg_check(&c, i, &msgs[i], msg, cap);
+        if (rc < 0)
+            return rc;
+        total += sizeof(struct shm_wire_chat_msg) + (uint64_t)msgs[i].channel_len +
+                 msgs[i].recipient_len + msgs[i].content_len;
+    }
+    if (total > UINT32_MAX) {
+        if (msg)
+            snprintf(msg, cap, "messages: %" PRIu64 " bytes in all", total);
+        return REFUSE(&c, "messages: %" PRIu64 " bytes in all", total);
+    }
+    *len = (uint32_t)total;
+    return 0;
+}
+
+void shm_chat_encode(const struct shm_chat_msg *msgs, uint32_t n, void *buf, uint32_t len)
+{
+    unsigned char *p = buf;
+    uint32_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct shm_chat_msg *m = &msgs[i];
+        struct shm_wire_chat_msg w = {.role = (uint32_t)m->role, .channel_len = m->channel_len,
+                                      .recipient_len = m->recipient_len,
+                                      .content_len = m->content_len};
+        memcpy(p + off, &w, sizeof w);
+        off += sizeof w;
+        if (m->channel_len)
+            memcpy(p + off, m->channel, m->channel_len);
+        off += m->channel_len;
+        if (m->recipient_len)
+            memcpy(p + off, m->recipient, m->recipient_len);
+        off += m->recipient_len;
+        if (m->content_len)
+            memcpy(p + off, m->content, m->content_len);
+        off += m->content_len;
+    }
+    CHECK(off == len);
+}
+
+int shm_chat_decode(const void *buf, uint32_t len, struct shm_chat_msg *out, uint32_t cap,
+                    uint32_t *n)
+{
+    struct ctx c = {.what = "chat", .type = SHM_MSG_GENERATE};
+    return chat_check(&c, buf, len, out, cap, n);
+}
+
 static int check_generate(const struct ctx *c, const struct shm_msg_generate *g)
 {
     int rc = check_id(c, g->request_id);
@@ -157,10 +313,19 @@ static int check_generate(const struct ctx *c, const struct shm_msg_generate *g)
         return REFUSE(c, "priority %u is not a priority", (unsigned)g->priority);
     if (g->flags & ~SHM_GEN_FLAGS)
         return REFUSE(c, "flags 0x%" PRIx32 " hold unknown bits", g->flags);
+    if ((g->flags & SHM_GEN_EFFORT_LOW) && (g->flags & SHM_GEN_EFFORT_HIGH))
+        return REFUSE(c, "flags 0x%" PRIx32 " set both reasoning efforts", g->flags);
+    if ((g->flags & (SHM_GEN_EFFORT_LOW | SHM_GEN_EFFORT_HIGH)) && !(g->flags & SHM_GEN_CHAT))
+        return REFUSE(c, "flags 0x%" PRIx32 " give a reasoning effort without a chat", g->flags);
+    if ((g->flags & SHM_GEN_CHAT) && (g->n_prompt_ids || (g->flags & SHM_GEN_ADD_BOS)))
+        return REFUSE(c, "a chat (flags 0x%" PRIx32 ") with prompt ids or ADD_BOS", g->flags);
     if ((g->n_prompt_ids == 0) == (g->prompt_text_len == 0))
         return REFUSE(c, "%s", g->n_prompt_ids ? "both a prompt text and prompt token ids"
                                                : "no prompt (neither text nor token ids)");
     CHECK(g->prompt_text_len == 0 || g->prompt_text);
+    if ((g->flags & SHM_GEN_CHAT) && chat_check(c, g->prompt_text, g->prompt_text_len, NULL, 0,
+                                                  NULL) < 0)
+        return ERR_FORMAT;
     if ((rc = check_ids(c, "prompt_ids", g->prompt_ids, g->n_prompt_ids)) < 0)
         return rc;
     if (g->adapter && (rc = check_name(c, "adapter", g->adapter)) < 0)
@@ -223,6 +388,8 @@ static int validate(const char *what, const struct shm_msg *m)
                           m->token.token);
         if (m->token.token == -1 && m->token.text_len == 0)
             return REFUSE(&c, "token -1 (text only) carries no text");
+        if ((unsigned)m->token.channel > SHM_CH_OTHER)
+            return REFUSE(&c, "channel %u is not a channel", (unsigned)m->token.channel);
         if (m->token.text_len > SHM_MAX_PIECE)
             return REFUSE(&c, "text of %" PRIu32 " bytes exceeds %u", m->token.text_len,
                           SHM_MAX_PIECE);
@@ -438,7 +605,9 @@ void shm_msg_encode(const struct shm_msg *m, void *buf, uint32_t len)
     }
     case SHM_MSG_TOKEN: {
         struct shm_wire_token w = {.request_id = m->token.request_id, .token = m->token.token,
-                                   .text_len = m->token.text_len};
+                                   .text_len = m->token.text_len |
+                                               (uint32_t)m->token.channel
+                                                   << SHM_TOKEN_CHANNEL_SHIFT};
         put(&o, &w, sizeof w);
         put(&o, m->token.text, m->token.text_len);
         break;
@@ -703,11 +872,13 @@ int shm_msg_decode(const char *what, uint32_t type, const void *buf, uint32_t le
         if ((rc = take_fixed(&in, &w, sizeof w)) < 0)
             break;
         c.id = w.request_id;
-        if ((rc = expect_total(&in, w.text_len)) < 0)
+        uint32_t tlen = w.text_len & SHM_TOKEN_LEN_MASK;
+        if ((rc = expect_total(&in, tlen)) < 0)
             break;
-        out->token = (struct shm_msg_token){.request_id = w.request_id, .token = w.token,
-                                            .text_len = w.text_len,
-                                            .text = w.text_len ? take(&in, w.text_len) : NULL};
+        out->token = (struct shm_msg_token){
+            .request_id = w.request_id, .token = w.token, .text_len = tlen,
+            .channel = (enum shm_channel)(w.text_len >> SHM_TOKEN_CHANNEL_SHIFT),
+            .text = tlen ? take(&in, tlen) : NULL};
         break;
     }
     case SHM_MSG_FINISH: {
@@ -717,7 +888,7 @@ int shm_msg_decode(const char *what, uint32_t type, const void *buf, uint32_t le
         c.id = w.request_id;
         if ((rc = expect_total(&in, 0)) < 0)
             break;
-        if (w.reason < SHM_FINISH_EOS || w.reason > SHM_FINISH_CONTEXT) {
+        if (w.reason < SHM_FINISH_EOS || w.reason > SHM_FINISH_CALL) {
             rc = REFUSE(&c, "reason %" PRIu32 " is not a finish reason", w.reason);
             break;
         }

@@ -70,6 +70,7 @@ struct shm_msg_name {               /* ADAPTER_UNLOAD */
 
 struct shm_msg_token {
     uint64_t request_id;
+    enum shm_channel channel;       /* chat requests: the piece's channel; else SHM_CH_NONE */
     int32_t token;                  /* -1: a text-only piece, not a generated token */
     const char *text;               /* [text_len] bytes, text_len <= SHM_MAX_PIECE */
     uint32_t text_len;
@@ -136,6 +137,24 @@ struct shm_msg {
         struct shm_msg_hello hello;
     };
 };
+
+/* One message of a chat encoding (shm_abi.h), decoded: views into the encoding. */
+struct shm_chat_msg {
+    enum shm_chat_role role;
+    const char *channel, *recipient, *content; /* [*_len] bytes, no NUL */
+    uint32_t channel_len, recipient_len, content_len;
+};
+
+/* The size of the chat encoding of msgs[n]: ERR_FORMAT (logged, naming the message index and
+ * the field; msg[cap] says it too when msg is not NULL) when one is out of the ABI's bounds. */
+int shm_chat_size(const struct shm_chat_msg *msgs, uint32_t n, uint32_t *len, char *msg,
+                  size_t cap);
+/* Writes the encoding shm_chat_size accepted into buf[len]. */
+void shm_chat_encode(const struct shm_chat_msg *msgs, uint32_t n, void *buf, uint32_t len);
+/* Validates the encoding buf[len] and decodes up to cap messages into out (may be NULL to only
+ * count): 0 with *n set, ERR_FORMAT (logged, naming the message and the field). */
+int shm_chat_decode(const void *buf, uint32_t len, struct shm_chat_msg *out, uint32_t cap,
+                    uint32_t *n);
 
 /* "generate", "token", ...; NULL for a value that is not a record type. */
 const char *shm_msg_type_name(uint32_t type);

@@ -200,7 +200,35 @@ enum shm_msg_type {
 
 enum shm_priority { SHM_PRIO_HIGH = 0, SHM_PRIO_NORMAL = 1, SHM_PRIO_LOW = 2 };
 #define SHM_GEN_ADD_BOS 0x1u        /* text prompts: prepend BOS when tokenizing */
-#define SHM_GEN_FLAGS 0x1u          /* every defined flag */
+#define SHM_GEN_CHAT 0x2u           /* prompt_text is a chat encoding (below), not text */
+#define SHM_GEN_EFFORT_LOW 0x4u     /* chat: reasoning effort low (neither bit: medium) */
+#define SHM_GEN_EFFORT_HIGH 0x8u    /* chat: reasoning effort high (not with _LOW) */
+#define SHM_GEN_FLAGS 0xfu          /* every defined flag */
+
+/* The chat encoding (GENERATE with SHM_GEN_CHAT: the prompt_text section, counted against
+ * limits.max_prompt_bytes like a text prompt): 1..SHM_MAX_CHAT_MSGS messages back to back,
+ * each a struct shm_wire_chat_msg then uint8 channel[channel_len], recipient[recipient_len],
+ * content[content_len] (bytes, no NUL in any; channel and recipient <= SHM_MAX_CHAT_NAME
+ * bytes of [A-Za-z0-9._:-]). The worker renders them with the model's template. */
+enum shm_chat_role {
+    SHM_CHAT_SYSTEM = 0, SHM_CHAT_DEVELOPER = 1, SHM_CHAT_USER = 2, SHM_CHAT_ASSISTANT = 3,
+    SHM_CHAT_TOOL = 4, /* recipient = the tool's name (required) */
+};
+struct shm_wire_chat_msg {
+    uint32_t role;                  /* enum shm_chat_role */
+    uint32_t channel_len;           /* assistant only; 0 = none */
+    uint32_t recipient_len;         /* assistant (a tool call) and tool (its name) only */
+    uint32_t content_len;
+};
+#define SHM_MAX_CHAT_MSGS 256u
+#define SHM_MAX_CHAT_NAME 128u
+
+/* The channel a chat request's piece belongs to: TOKEN's text_len bits 24..31 (0 for requests
+ * that are not chats). */
+enum shm_channel {
+    SHM_CH_NONE = 0, SHM_CH_ANALYSIS = 1, SHM_CH_COMMENTARY = 2, SHM_CH_FINAL = 3,
+    SHM_CH_OTHER = 4,
+};
 
 /* GENERATE, then: int32 prompt_ids[n_prompt_ids]; char adapter[adapter_len] (NUL-terminated,
  * 0 = base model); char stops[stop_bytes] (n_stop NUL-terminated strings back to back);
@@ -265,8 +293,11 @@ struct shm_wire_name {
 struct shm_wire_token {
     uint64_t request_id;
     int32_t token;                  /* >= 0; -1 = text only (held back until the end, with text) */
-    uint32_t text_len;              /* <= SHM_MAX_PIECE */
+    uint32_t text_len;              /* bits 0..23: the length, <= SHM_MAX_PIECE; bits 24..31:
+                                     * the piece's enum shm_channel (chat requests), else 0 */
 };
+#define SHM_TOKEN_LEN_MASK 0xffffffu
+#define SHM_TOKEN_CHANNEL_SHIFT 24
 
 enum shm_finish {
     SHM_FINISH_EOS = 1,             /* the model ended the sequence */
@@ -275,6 +306,7 @@ enum shm_finish {
     SHM_FINISH_CANCELLED = 4,       /* a CANCEL record */
     SHM_FINISH_DEADLINE = 5,        /* deadline_ns passed */
     SHM_FINISH_CONTEXT = 6,         /* the model's context length was reached */
+    SHM_FINISH_CALL = 7,            /* chat: the model called a tool (harmony <|call|>) */
 };
 
 /* FINISH: the last record of a successful generation */
@@ -446,6 +478,7 @@ static_assert(sizeof(struct shm_wire_token) == 16, "abi");
 SHM_PIN(shm_wire_token, request_id, 0);
 SHM_PIN(shm_wire_token, token, 8);
 SHM_PIN(shm_wire_token, text_len, 12);
+static_assert(sizeof(struct shm_wire_chat_msg) == 16, "abi");
 static_assert(sizeof(struct shm_wire_finish) == 56, "abi");
 SHM_PIN(shm_wire_finish, request_id, 0);
 SHM_PIN(shm_wire_finish, reason, 8);

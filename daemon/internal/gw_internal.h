@@ -81,6 +81,14 @@ struct gw_item {
     size_t n_ids, cap_ids;
     char *text;
     size_t text_len, text_cap;
+    /* chat: the pending output's channel runs in order (each ends at text_end/ids_end); a
+     * piece without text joins the last run. At most GW_MAX_SEGS wait: beyond, the sender is
+     * that far behind and a new run joins the last (its channel then is the last's). */
+    struct gw_seg {
+        uint32_t channel;      /* enum shm_channel */
+        size_t text_end, ids_end;
+    } segs[16];
+    size_t n_segs;
     uint64_t sent_tokens;      /* tokens already handed to gRPC */
     /* the ending */
     bool finished;             /* FINISH came */
@@ -96,6 +104,14 @@ struct gw_item {
     char adapter[SHM_MAX_NAME + 1]; /* the adapter it runs with ("" = base) */
     bool queued;                   /* counted in its tenant's max_queued until a token or its end */
 };
+
+#define GW_MAX_SEGS 16u
+
+/* gw_ext_take for a chat: the pending text split by channel (vLLM's convention): analysis
+ * into reasoning, every other channel into content. */
+struct gw_ext_state;
+int gw_ext_take_chat(struct gw_call *c, size_t i, char **content, size_t *len, size_t *cap,
+                     char **reasoning, size_t *rlen, size_t *rcap, struct gw_ext_state *st);
 
 struct gw_call {
     uint32_t magic;

@@ -16,7 +16,9 @@
 #include "check.h"
 #include "dtype.h"
 #include "engine.h"
+#include "chat.h"
 #include "err.h"
+#include "harmony.h"
 #include "heritage.h"
 #include "hotrepl.h"
 #include "iebin.h"
@@ -58,6 +60,10 @@ struct req {
     uint64_t engine_id;
     bool doomed;                          /* its ERROR is sent: drop its events, cancel it */
     bool cancel_sent;
+    bool chat;                            /* a chat: its pieces carry a channel */
+    enum shm_finish chat_stop;            /* harmony <|return|>/<|call|> seen: cancelled after
+                                           * the step, finishing with this reason; 0 = none */
+    struct harmony_parser *hp;            /* harmony chats: the generated ids' parser (owned) */
     char adapter[LORA_NAME_MAX];          /* "" = base model (ADAPTER's active_requests) */
 };
 
@@ -122,6 +128,11 @@ static int reqmap_put(struct reqmap *m, const struct req *r)
 /* Removes an entry by backward-shift deletion (no tombstones). */
 static void reqmap_del(struct reqmap *m, struct req *e)
 {
+    if (e->hp) {
+        harmony_parser_fini(e->hp);
+        free(e->hp);
+        e->hp = NULL;
+    }
     size_t i = (size_t)(e - m->slots), mask = m->cap - 1;
     m->slots[i].key = 0;
     m->n--;
@@ -163,6 +174,8 @@ struct serve {
     struct engine *e;
     struct tok *tok;                      /* NULL: the model has no tokenizer */
     struct tokq *tokq;                    /* its thread (tokq.h); NULL without a tokenizer */
+    enum chat_template chat;              /* how chats are rendered (chat.h) */
+    char chat_why[256];                   /* CHAT_TPL_NONE: why */
     struct tokq_job *deferred, *deferred_tail; /* tokenized during a step: submitted after it */
     struct held_rec *held, *held_tail;    /* read during a step, for after it */
     size_t n_held;
@@ -294,6 +307,35 @@ static enum shm_finish finish_reason(enum engine_finish r)
 
 static uint64_t ms_to_ns(double ms) { return ms > 0 && isfinite(ms) ? (uint64_t)(ms * 1e6) : 0; }
 
+/* A harmony chat's token: the parser's text and channel replace the engine's text (which
+ * spells no structure). -1: nothing to send. A stop id marks the request to finish. Ids the
+ * format does not allow where they come (a random model's output) are sent with the engine's
+ * text on channel OTHER: the reply stays complete, and the channel says it is not harmony. */
+static int chat_piece(struct req *r, const struct engine_event *ev, struct shm_msg_token *t)
+{
+    static const enum shm_channel chans[] = {
+        [HARMONY_CH_NONE] = SHM_CH_NONE, [HARMONY_CH_ANALYSIS] = SHM_CH_ANALYSIS,
+        [HARMONY_CH_COMMENTARY] = SHM_CH_COMMENTARY, [HARMONY_CH_FINAL] = SHM_CH_FINAL,
+        [HARMONY_CH_OTHER] = SHM_CH_OTHER};
+    if (r->chat_stop || ev->token < 0)
+        return -1; /* after the stop; or the engine's held-back text (the parser holds its own) */
+    struct harmony_event he = {0};
+    if (harmony_parser_push(r->hp, ev->token, &he) < 0) {
+        t->channel = SHM_CH_OTHER;
+        return 0;
+    }
+    t->channel = chans[he.channel];
+    t->text = he.len ? he.text : "";
+    t->text_len = (uint32_t)he.len;
+    if (he.kind == HARMONY_EV_RETURN)
+        r->chat_stop = SHM_FINISH_EOS;
+    else if (he.kind == HARMONY_EV_CALL)
+        r->chat_stop = SHM_FINISH_CALL;
+    if (t->text_len > SHM_MAX_PIECE)
+        t->text_len = SHM_MAX_PIECE; /* a header's flushed tail: bounded by the parser anyway */
+    return 0;
+}
+
 static void on_event(const struct engine_event *ev, void *ud)
 {
     struct serve *s = ud;
@@ -320,13 +362,18 @@ static void on_event(const struct engine_event *ev, void *ud)
         /* token -1 is the text the engine held back until the end: a text-only piece */
         struct shm_msg m = {.type = SHM_MSG_TOKEN,
                             .token = {.request_id = id, .token = ev->token < 0 ? -1 : ev->token,
+                                      .channel = r->chat ? SHM_CH_FINAL : SHM_CH_NONE,
                                       .text = ev->text_len ? ev->text : "",
                                       .text_len = (uint32_t)ev->text_len}};
+        if (r->hp && chat_piece(r, ev, &m.token) < 0)
+            return;
         send_event(s, &m);
         return;
     }
     case ENGINE_EV_FINISH: {
         enum shm_finish reason = finish_reason(ev->reason);
+        if (reason && r->chat_stop)
+            reason = r->chat_stop; /* the model's own stop, whatever ended the engine's request */
         reqmap_del(&s->reqs, r);
         if (!reason) {
             send_error(s, id, ev->code < 0 ? ev->code : ERR_STATE, "%s",
@@ -360,7 +407,7 @@ static void cancel_doomed(struct serve *s)
 {
     for (size_t i = 0; i < s->reqs.cap; i++) {
         struct req *r = &s->reqs.slots[i];
-        if (r->key && r->doomed && !r->cancel_sent) {
+        if (r->key && (r->doomed || r->chat_stop) && !r->cancel_sent) {
             r->cancel_sent = true;
             engine_cancel(s->e, r->engine_id); /* may delete entries: they only shift back */
             i = (size_t)-1;                    /* rescan from the start */
@@ -426,10 +473,20 @@ static void submit_generate(struct serve *s, const struct shm_msg_generate *g,
         .user = (void *)(uintptr_t)g->request_id,
     };
     /* in the table before the submit: the engine may emit events from inside it */
-    struct req entry = {.key = g->request_id};
+    struct req entry = {.key = g->request_id, .chat = (g->flags & SHM_GEN_CHAT) != 0};
+    if (entry.chat && s->chat == CHAT_TPL_HARMONY) {
+        if (!(entry.hp = malloc(sizeof *entry.hp)) || harmony_parser_init(entry.hp, s->tok) < 0) {
+            free(entry.hp);
+            send_error(s, g->request_id, -ENOMEM, "worker out of memory");
+            return;
+        }
+    }
     if (g->adapter)
         snprintf(entry.adapter, sizeof entry.adapter, "%s", g->adapter);
     if (reqmap_put(&s->reqs, &entry) < 0) {
+        if (entry.hp)
+            harmony_parser_fini(entry.hp);
+        free(entry.hp);
         send_error(s, g->request_id, -ENOMEM, "worker out of memory");
         return;
     }
@@ -463,6 +520,10 @@ static void do_generate(struct serve *s, const struct shm_msg_generate *g)
     }
     if (!g->prompt_text_len && g->n_prompt_ids)
         return submit_generate(s, g, g->prompt_ids, g->n_prompt_ids);
+    if ((g->flags & SHM_GEN_CHAT) && s->chat == CHAT_TPL_NONE) {
+        send_error(s, g->request_id, ERR_UNSUPPORTED, "%s", s->chat_why);
+        return;
+    }
     if (!s->tok) {
         send_error(s, g->request_id, ERR_UNSUPPORTED,
                    "prompt: the model has no tokenizer; send token ids");
@@ -830,6 +891,9 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
         goto fail;
     if (s->tok && (rc = tokq_create(s->tok, &s->tokq)) < 0)
         goto fail;
+    s->chat = chat_template_of(arch, s->tok, s->chat_why, sizeof s->chat_why);
+    if (s->tokq)
+        tokq_set_chat(s->tokq, s->chat, s->chat_why);
 
     struct engine_config ec = {
         .model_dir = o->model_dir,

@@ -4,6 +4,7 @@
  */
 #include "tokq.h"
 
+#include "err.h"
 #include "log.h"
 
 #include <errno.h>
@@ -14,6 +15,8 @@
 
 struct tokq {
     const struct tok *tok;
+    enum chat_template chat;       /* set before any job: read by the thread without mu */
+    char chat_why[256];
     pthread_t thread;
     pthread_mutex_t mu;            /* guards everything below */
     pthread_cond_t cv;
@@ -52,9 +55,20 @@ static void *tokq_main(void *arg)
         pthread_mutex_unlock(&q->mu);
         if (!skip) {
             log_clear_error();
-            j->rc = tok_encode(q->tok, j->text, j->text_len, j->add_bos, &j->ids, &j->n_ids);
-            if (j->rc < 0)
-                snprintf(j->error, sizeof j->error, "%s", log_last_error());
+            if (j->kind == TOKQ_GENERATE && (j->gen.flags & SHM_GEN_CHAT)) {
+                if (q->chat == CHAT_TPL_NONE) {
+                    j->rc = ERR_UNSUPPORTED;
+                    snprintf(j->error, sizeof j->error, "%s", q->chat_why);
+                } else {
+                    j->rc = chat_render(q->tok, q->chat, j->text, j->text_len, j->gen.flags,
+                                        &j->ids, &j->n_ids, j->error, sizeof j->error);
+                }
+            } else {
+                j->rc = tok_encode(q->tok, j->text, j->text_len, j->add_bos, &j->ids,
+                                   &j->n_ids);
+                if (j->rc < 0)
+                    snprintf(j->error, sizeof j->error, "%s", log_last_error());
+            }
         }
         pthread_mutex_lock(&q->mu);
         q->running = NULL;
@@ -93,6 +107,12 @@ static void free_list(struct tokq_job *j)
         tokq_job_free(j);
         j = next;
     }
+}
+
+void tokq_set_chat(struct tokq *q, enum chat_template tpl, const char *why)
+{
+    q->chat = tpl;
+    snprintf(q->chat_why, sizeof q->chat_why, "%s", why ? why : "");
 }
 
 void tokq_destroy(struct tokq *q)

@@ -10,6 +10,7 @@
 #ifndef CLOCHER_WORKER_TOKQ_H
 #define CLOCHER_WORKER_TOKQ_H
 
+#include "chat.h"
 #include "msg.h"
 #include "tok.h"
 
@@ -40,6 +41,9 @@ struct tokq;
 
 /* Starts the thread over tok (shared: a struct tok is immutable). */
 int tokq_create(const struct tok *tok, struct tokq **out);
+/* The chat template GENERATEs with SHM_GEN_CHAT are rendered with (chat.h); why: the message
+ * a CHAT_TPL_NONE refusal gives. Call before pushing jobs. Default: CHAT_TPL_NONE. */
+void tokq_set_chat(struct tokq *q, enum chat_template tpl, const char *why);
 /* Stops the thread (after its current job) and frees every job. NULL is a no-op. */
 void tokq_destroy(struct tokq *q);
 /* A job for a Generate with text (every string copied); NULL when out of memory. */
