@@ -57,6 +57,8 @@ struct choice {
     char *text;
     size_t len, cap;
     size_t sent;           /* bytes of text already streamed */
+    char *rtext;           /* chat: the analysis channel (reasoning_content) */
+    size_t rlen, rcap, rsent;
     struct gw_ext_state st;
     bool role_sent, final_sent;
 };
@@ -234,6 +236,8 @@ static const char *finish_reason(const struct gw_ext_state *st)
 {
     if (!st->finished)
         return NULL;
+    if (st->fin.reason == SHM_FINISH_CALL)
+        return "tool_calls";
     return st->fin.reason == SHM_FINISH_LENGTH || st->fin.reason == SHM_FINISH_CONTEXT
                ? "length" : "stop";
 }
@@ -274,10 +278,13 @@ static enum MHD_Result reply_complete(struct hreq *r, struct MHD_Connection *con
         struct choice *c = &r->choices[i];
         json_t *ch = json_pack("{s:I, s:s?, s:n}", "index", (json_int_t)i, "finish_reason",
                                finish_reason(&c->st), "logprobs");
-        if (r->route == R_CHAT)
-            json_object_set_new(ch, "message",
-                                json_pack("{s:s, s:o}", "role", "assistant", "content",
-                                          text_value(c->text ? c->text : "", c->len)));
+        if (r->route == R_CHAT) {
+            json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                                  text_value(c->text ? c->text : "", c->len));
+            if (m && c->rlen) /* vLLM's convention for the analysis channel */
+                json_object_set_new(m, "reasoning_content", text_value(c->rtext, c->rlen));
+            json_object_set_new(ch, "message", m);
+        }
         else
             json_object_set_new(ch, "text", text_value(c->text ? c->text : "", c->len));
         json_array_append_new(choices, ch);
@@ -292,7 +299,9 @@ static int take_all(struct hreq *r)
     atomic_store(&r->susp.wake, false);
     for (size_t i = 0; i < r->req.n; i++) {
         struct choice *c = &r->choices[i];
-        if (gw_ext_take(r->call, i, &c->text, &c->len, &c->cap, &c->st) < 0)
+        if ((r->route == R_CHAT ? gw_ext_take_chat(r->call, i, &c->text, &c->len, &c->cap,
+                                                   &c->rtext, &c->rlen, &c->rcap, &c->st)
+                                : gw_ext_take(r->call, i, &c->text, &c->len, &c->cap, &c->st)) < 0)
             return -ENOMEM;
     }
     return 0;
@@ -333,7 +342,7 @@ static int out_event(struct hreq *r, json_t *j)
 
 /* One chunk of choice i: its new text and/or its finish reason. */
 static json_t *chunk_of(struct hreq *r, size_t i, const char *text, size_t n, bool role,
-                        const char *finish)
+                        const char *finish, const char *rtext, size_t rn)
 {
     json_t *root = envelope(r, true);
     json_t *ch = json_pack("{s:I, s:s?, s:n}", "index", (json_int_t)i, "finish_reason", finish,
@@ -348,6 +357,8 @@ static json_t *chunk_of(struct hreq *r, size_t i, const char *text, size_t n, bo
             json_object_set_new(delta, "role", json_string("assistant"));
         if (n || role)
             json_object_set_new(delta, "content", text_value(text, n));
+        if (rn)
+            json_object_set_new(delta, "reasoning_content", text_value(rtext, rn));
         json_object_set_new(ch, "delta", delta);
     } else {
         json_object_set_new(ch, "text", text_value(text, n));
@@ -366,9 +377,11 @@ static int sse_fill(struct hreq *r)
         if (c->final_sent)
             continue;
         bool role = r->route == R_CHAT && !c->role_sent;
-        if (c->len > c->sent || role) {
-            rc = out_event(r, chunk_of(r, i, c->text + c->sent, c->len - c->sent, role, NULL));
+        if (c->len > c->sent || c->rlen > c->rsent || role) {
+            rc = out_event(r, chunk_of(r, i, c->text + c->sent, c->len - c->sent, role, NULL,
+                                       c->rtext + c->rsent, c->rlen - c->rsent));
             c->sent = c->len;
+            c->rsent = c->rlen;
             c->role_sent = true;
         }
         if (!rc && c->st.done) {
@@ -376,7 +389,7 @@ static int sse_fill(struct hreq *r)
                 rc = out_event(r, error_object(c->st.status == GRPC_STATUS_UNAVAILABLE ? 503 : 500,
                                                NULL, NULL, c->st.error));
             else
-                rc = out_event(r, chunk_of(r, i, "", 0, false, finish_reason(&c->st)));
+                rc = out_event(r, chunk_of(r, i, "", 0, false, finish_reason(&c->st), "", 0));
             c->final_sent = true;
         }
         all_final &= c->final_sent;
@@ -420,6 +433,8 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 
 /* ---- generations ---- */
 
+#define HTTP_CHAT_MAX_MSGS SHM_MAX_CHAT_MSGS
+
 static void on_changed(void *ud)
 {
     struct hreq *r = ud;
@@ -434,15 +449,6 @@ static void on_gone(struct http_srv_susp *s)
         gw_ext_release(r->call); /* cancels what the workers still run */
         r->call = NULL;
     }
-}
-
-/* The chat prompt. The seam for models with a template of their own: gpt-oss's harmony
- * format is rendered by worker/tok/harmony.c once the worker takes messages; until then every
- * model gets the plain template. */
-static char *render_chat(const struct gw_model_info *mi, const struct http_oai_req *q)
-{
-    (void)mi;
-    return http_oai_render_plain(q);
 }
 
 static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *conn)
@@ -467,13 +473,25 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
         return reply_error(conn, 503, NULL, NULL, "no worker has loaded the model yet");
     /* `model` is the base model's name or an adapter's (vLLM's convention) */
     const char *adapter = strcmp(r->req.model, mi.name) == 0 ? NULL : r->req.model;
-    char *chat_prompt = NULL;
-    if (r->route == R_CHAT && !(chat_prompt = render_chat(&mi, &r->req)))
-        return reply_error(conn, 500, NULL, NULL, "out of memory");
-    if (!(r->choices = calloc(r->req.n, sizeof *r->choices))) {
-        free(chat_prompt);
-        return reply_error(conn, 500, NULL, NULL, "out of memory");
+    /* a chat goes as messages: the worker renders them with its model's template (harmony
+     * for gpt-oss), the one renderer both doors share */
+    Clocher__V1__Chat chat = CLOCHER__V1__CHAT__INIT;
+    Clocher__V1__ChatMessage cms[HTTP_CHAT_MAX_MSGS], *cmp[HTTP_CHAT_MAX_MSGS];
+    if (r->route == R_CHAT) {
+        if (r->req.n_msgs > HTTP_CHAT_MAX_MSGS)
+            return reply_error(conn, 400, "messages", NULL, "messages: %zu, the limit is %u",
+                               r->req.n_msgs, HTTP_CHAT_MAX_MSGS);
+        for (size_t i = 0; i < r->req.n_msgs; i++) {
+            Clocher__V1__ChatMessage m0 = CLOCHER__V1__CHAT_MESSAGE__INIT;
+            cms[i] = m0, cmp[i] = &cms[i];
+            cms[i].role = r->req.msgs[i].role;
+            cms[i].content = r->req.msgs[i].content;
+        }
+        chat.n_messages = r->req.n_msgs;
+        chat.messages = cmp;
     }
+    if (!(r->choices = calloc(r->req.n, sizeof *r->choices)))
+        return reply_error(conn, 500, NULL, NULL, "out of memory");
     uint64_t rnd = 0;
     if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
         rnd = mono_ns();
@@ -490,12 +508,15 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
         Clocher__V1__GenerateRequest g0 = CLOCHER__V1__GENERATE_REQUEST__INIT;
         Clocher__V1__SamplingParams s0 = CLOCHER__V1__SAMPLING_PARAMS__INIT;
         gr[i] = g0, sp[i] = s0, grp[i] = &gr[i];
-        if (r->req.n_prompt_ids) {
+        if (r->route == R_CHAT) {
+            gr[i].input_case = CLOCHER__V1__GENERATE_REQUEST__INPUT_CHAT;
+            gr[i].chat = &chat;
+        } else if (r->req.n_prompt_ids) {
             gr[i].input_case = CLOCHER__V1__GENERATE_REQUEST__INPUT_PROMPT_IDS;
             gr[i].prompt_ids = &ids;
         } else {
             gr[i].input_case = CLOCHER__V1__GENERATE_REQUEST__INPUT_PROMPT;
-            gr[i].prompt = chat_prompt ? chat_prompt : r->req.prompt;
+            gr[i].prompt = r->req.prompt;
         }
         gr[i].adapter = (char *)adapter;
         sp[i].has_temperature = r->req.has_temperature;
@@ -514,7 +535,6 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
                                                    MHD_HTTP_HEADER_AUTHORIZATION);
     rc = gw_ext_generate(h->g, auth, auth ? strlen(auth) : 0, grp, r->req.n, on_changed, r,
                          &r->call);
-    free(chat_prompt);
     if (rc < 0)
         return reply_error(conn, 500, NULL, NULL, "out of memory");
     r->phase = P_WAIT;
@@ -680,7 +700,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         gw_ext_release(r->call);
     if (r->choices)
         for (size_t i = 0; i < r->req.n; i++)
-            free(r->choices[i].text);
+            free(r->choices[i].text), free(r->choices[i].rtext);
     free(r->choices);
     http_oai_free(&r->req);
     free(r->body);
