@@ -378,8 +378,10 @@ static int sse_fill(struct hreq *r)
             continue;
         bool role = r->route == R_CHAT && !c->role_sent;
         if (c->len > c->sent || c->rlen > c->rsent || role) {
-            rc = out_event(r, chunk_of(r, i, c->text + c->sent, c->len - c->sent, role, NULL,
-                                       c->rtext + c->rsent, c->rlen - c->rsent));
+            /* no text yet is "" (a chat's first pieces may all be reasoning or headers) */
+            rc = out_event(r, chunk_of(r, i, c->text ? c->text + c->sent : "", c->len - c->sent,
+                                       role, NULL, c->rtext ? c->rtext + c->rsent : "",
+                                       c->rlen - c->rsent));
             c->sent = c->len;
             c->rsent = c->rlen;
             c->role_sent = true;
