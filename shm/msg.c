@@ -399,7 +399,7 @@ static int validate(const char *what, const struct shm_msg *m)
         c.id = m->finish.request_id;
         if ((rc = check_id(&c, c.id)) < 0)
             return rc;
-        if (m->finish.reason < SHM_FINISH_EOS || m->finish.reason > SHM_FINISH_CONTEXT)
+        if (m->finish.reason < SHM_FINISH_EOS || m->finish.reason > SHM_FINISH_CALL)
             return REFUSE(&c, "reason %u is not a finish reason", (unsigned)m->finish.reason);
         if (m->finish.cached_tokens > m->finish.prompt_tokens)
             return REFUSE(&c, "cached_tokens %" PRIu32 " exceeds prompt_tokens %" PRIu32,

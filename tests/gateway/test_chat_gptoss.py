@@ -12,14 +12,18 @@ What is asserted (random weights give random tokens, so the structure is what is
   chat's prompt still matches the expectation);
 - channels: each reply piece's channel is what a harmony parser written here says about the
   generated ids (random output seldom forms a header: the pieces are then NONE, then OTHER);
-- stops: when the model emits <|return|> or <|call|>, the reply ends there with
-  FINISH_REASON_EOS / TOOL_CALL (with random weights this is checked only if it happens;
-  the forced path is not exercised here);
+- forced output: copies of the model rewritten into a bigram machine (every layer's output
+  zeroed, so the logits depend on the last token only; tok_embd/output chosen so each token
+  of a chain is followed by the next) emit exact harmony sequences: a final answer ending in
+  <|return|> (FINISH_REASON_EOS, text on FINAL, HTTP "stop"), a commentary message ending in
+  <|call|> (TOOL_CALL, HTTP "tool_calls"), and repeated analysis messages (text on ANALYSIS,
+  HTTP reasoning_content, finish LENGTH);
 - HTTP: content and reasoning_content are the final and analysis channels' text;
 - a worker SIGKILLed mid-stream: the stream ends UNAVAILABLE, the next chat succeeds.
 Without npm/node or the registry every test here is skipped (pytest's skip)."""
 import json
 import os
+import struct
 import shutil
 import signal
 import subprocess
@@ -260,3 +264,110 @@ def test_worker_killed_mid_stream_is_replaced(d):
     d.wait_serving()
     rs = chat(d, [{"role": "user", "content": "hi"}], max_tokens=4)
     assert rs[-1].HasField("finish_reason")
+
+
+# ---- forced output: a bigram machine in the model's own weights ----
+
+def forced_model(base, name, chain):
+    """A copy of the IEBIN model `base` whose greedy output after chain[i] is chain[i + 1]:
+    attn_o, ffn_down_exps and their biases zeroed (the residual stream is the token's
+    embedding), tok_embd[chain[i]] = e_i, output_norm = 1, output[chain[i + 1]][i] = 1 (bf16),
+    so the logit of the next token is sqrt(dim) and every other one 0."""
+    out = os.path.join(T._work, "forced-" + name)
+    if os.path.exists(out):
+        return out
+    os.makedirs(out)
+    for f in os.listdir(base):
+        shutil.copyfile(os.path.join(base, f), os.path.join(out, f))
+    man = json.load(open(os.path.join(out, "model.ie.json")))
+    tens = {t["name"]: t for t in man["tensors"]}
+    dim = man["hparams"]["dim"]
+    assert len(chain) - 1 <= dim
+    one_bf16 = struct.pack("<H", 0x3F80)
+    with open(os.path.join(out, man["blob"]["file"]), "r+b") as f:
+        def fill(t, data):
+            f.seek(t["offset"])
+            f.write(data)
+        for n, t in tens.items():
+            if n.endswith((".attn_o", ".attn_o_bias", ".ffn_down_exps", ".ffn_down_exps_bias")):
+                fill(t, bytes(t["size"]))  # zero bytes are 0.0 in f32, bf16 and mxfp4
+        assert tens["tok_embd"]["dtype"] == "bf16" and tens["output"]["dtype"] == "bf16"
+        fill(tens["tok_embd"], bytes(tens["tok_embd"]["size"]))
+        fill(tens["output"], bytes(tens["output"]["size"]))
+        fill(tens["output_norm"], struct.pack("<%df" % dim, *([1.0] * dim)))
+        for i, (a, b) in enumerate(zip(chain, chain[1:])):
+            f.seek(tens["tok_embd"]["offset"] + (a * dim + i) * 2)
+            f.write(one_bf16)
+            f.seek(tens["output"]["offset"] + (b * dim + i) * 2)
+            f.write(one_bf16)
+    return out
+
+
+def forced_daemon(model, d, name, pieces):
+    """(daemon, chain): the chain of ids after the generation prompt's last token."""
+    a = tokenize(d, "assistant")
+    chain = [a[-1]]
+    for p in pieces:
+        chain += [p] if isinstance(p, int) else tokenize(d, p)
+    cyc = chain[-1] == chain[0]
+    assert len(set(chain[:-1] if cyc else chain)) == len(chain) - cyc, "a bigram repeats"
+    port = T.free_port()
+    dm = T.Daemon(forced_model(model, name, chain), workers=1,
+                  extra={"http": {"listen": "127.0.0.1:%d" % port, "timeout_s": 30}})
+    dm.http_port = port
+    return dm, chain[1:]
+
+
+def run_forced(d, max_tokens):
+    rs = chat(d, [{"role": "user", "content": "hi"}], max_tokens=max_tokens)
+    ids = [i for r in rs for i in r.token_ids]
+    texts = [(r.channel, r.text) for r in rs if r.text]
+    body = {"model": json.loads(http_models(d))["data"][0]["id"], "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+    return rs, ids, texts, json.loads(http_chat(d, body))["choices"][0]
+
+
+def test_forced_final_stops_on_return(model, d):
+    fd, chain = forced_daemon(model, d, "return",
+                              [CHANNEL, "final", MESSAGE, " Hi there", RETURN])
+    try:
+        rs, ids, texts, h = run_forced(fd, 40)
+        # nothing after <|return|>, which o200k_harmony makes its end-of-sequence id: like
+        # every model's EOS it is not among the reply's ids
+        assert ids == chain[:-1], (ids, chain)
+        assert rs[-1].finish_reason == T.pb.FINISH_REASON_EOS
+        assert texts and all(c == T.pb.CHANNEL_FINAL for c, _ in texts), texts
+        assert "".join(t for _, t in texts) == " Hi there"
+        assert h["message"]["content"] == " Hi there" and h["finish_reason"] == "stop"
+        assert "reasoning_content" not in h["message"]
+    finally:
+        assert fd.stop() == 0, fd.read_log()
+
+
+def test_forced_tool_call_stops_on_call(model, d):
+    fd, chain = forced_daemon(model, d, "call",
+                              [CHANNEL, "commentary", MESSAGE, '{"x": 1}', CALL])
+    try:
+        rs, ids, texts, h = run_forced(fd, 40)
+        assert ids == chain, (ids, chain)
+        assert rs[-1].finish_reason == T.pb.FINISH_REASON_TOOL_CALL
+        assert texts and all(c == T.pb.CHANNEL_COMMENTARY for c, _ in texts), texts
+        assert h["finish_reason"] == "tool_calls" and h["message"]["content"] == '{"x": 1}'
+    finally:
+        assert fd.stop() == 0, fd.read_log()
+
+
+def test_forced_analysis_is_reasoning(model, d):
+    a = tokenize(d, "assistant")[-1]
+    fd, chain = forced_daemon(model, d, "analysis",
+                              [CHANNEL, "analysis", MESSAGE, " think", END, START, a])
+    try:
+        rs, ids, texts, h = run_forced(fd, 3 * len(chain))
+        assert ids == (chain * 3)[:len(ids)] and len(ids) == 3 * len(chain)
+        assert rs[-1].finish_reason == T.pb.FINISH_REASON_LENGTH
+        assert texts and all(c == T.pb.CHANNEL_ANALYSIS for c, _ in texts), texts
+        assert "".join(t for _, t in texts) == " think" * 3
+        assert h["message"]["reasoning_content"] == " think" * 3
+        assert h["message"]["content"] == "" and h["finish_reason"] == "length"
+    finally:
+        assert fd.stop() == 0, fd.read_log()
