@@ -553,6 +553,8 @@ const char *genreq_finish_name(int reason)
         return "stop";
     case CLOCHER__V1__FINISH_REASON__FINISH_REASON_CONTEXT:
         return "context";
+    case CLOCHER__V1__FINISH_REASON__FINISH_REASON_TOOL_CALL:
+        return "tool_call";
     default:
         return "unspecified";
     }

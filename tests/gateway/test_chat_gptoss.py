@@ -327,6 +327,15 @@ def run_forced(d, max_tokens):
     return rs, ids, texts, json.loads(http_chat(d, body))["choices"][0]
 
 
+def client_chat(fd, *args):
+    """`clocher chat` (reached as `clocher generate --chat` until client/main.c lists it):
+    (exit code, stdout, stderr)."""
+    p = subprocess.run([T.CLOCHER, "generate", "--chat", "--addr", "unix:" + fd.sock,
+                        "--api-key", "alice-key-0001", "--temperature", "0", *args],
+                       capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
 def test_forced_final_stops_on_return(model, d):
     fd, chain = forced_daemon(model, d, "return",
                               [CHANNEL, "final", MESSAGE, " Hi there", RETURN])
@@ -340,6 +349,8 @@ def test_forced_final_stops_on_return(model, d):
         assert "".join(t for _, t in texts) == " Hi there"
         assert h["message"]["content"] == " Hi there" and h["finish_reason"] == "stop"
         assert "reasoning_content" not in h["message"]
+        rc, out, err = client_chat(fd, "--message", "user=hi", "--max-tokens", "40")
+        assert rc == 0 and out == "[final]\n Hi there\n" and "finish: eos" in err, (out, err)
     finally:
         assert fd.stop() == 0, fd.read_log()
 
@@ -369,5 +380,15 @@ def test_forced_analysis_is_reasoning(model, d):
         assert "".join(t for _, t in texts) == " think" * 3
         assert h["message"]["reasoning_content"] == " think" * 3
         assert h["message"]["content"] == "" and h["finish_reason"] == "length"
+        msgs = os.path.join(T._work, "msgs.json")
+        with open(msgs, "w") as f:
+            json.dump({"messages": [{"role": "user", "content": "hi"}]}, f)
+        n = str(3 * len(chain))
+        rc, out, err = client_chat(fd, "--messages", msgs, "--max-tokens", n)
+        assert rc == 0 and out == "[analysis]\n think think think\n", (out, err)
+        rc, out, err = client_chat(fd, "--messages", msgs, "--max-tokens", n, "--final-only")
+        assert rc == 0 and out == "", (out, err)
+        # the client's own refusals: no messages, a message without ROLE=
+        assert client_chat(fd)[0] == 2 and client_chat(fd, "--message", "hi")[0] == 2
     finally:
         assert fd.stop() == 0, fd.read_log()
