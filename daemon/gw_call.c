@@ -230,11 +230,12 @@ static void fill_response(struct gw_item *it, bool final, Clocher__V1__GenerateR
         [SHM_FINISH_LENGTH] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_LENGTH,
         [SHM_FINISH_STOP] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_STOP,
         [SHM_FINISH_CONTEXT] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_CONTEXT,
-        [SHM_FINISH_CALL] = CLOCHER__V1__FINISH_REASON__FINISH_REASON_TOOL_CALL,
     };
     unsigned why = it->fin.reason;
     r->has_finish_reason = 1;
     r->finish_reason = why < sizeof reasons / sizeof reasons[0] ? reasons[why] : 0;
+    if (why == SHM_FINISH_EOS && it->tool_call)
+        r->finish_reason = CLOCHER__V1__FINISH_REASON__FINISH_REASON_TOOL_CALL;
     u->has_prompt_tokens = u->has_completion_tokens = u->has_cached_prompt_tokens = 1;
     u->prompt_tokens = it->fin.prompt_tokens;
     u->completion_tokens = it->fin.completion_tokens;
@@ -606,6 +607,7 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
     case SHM_MSG_TOKEN:
         unqueue(c, it);
         note_run(it, &m->token);
+        it->tool_call |= m->token.call;
         if ((m->token.token >= 0 && append_id(it, m->token.token) < 0) ||
             append_text(&it->text, &it->text_len, &it->text_cap, m->token.text,
                         m->token.text_len) < 0)
@@ -1439,6 +1441,8 @@ int gw_ext_take_chat(struct gw_call *c, size_t i, char **content, size_t *len, s
              c->status ? c->status_msg : it->error ? it->error : "");
     st->finished = it->finished;
     st->fin = it->fin;
+    if (it->tool_call && st->fin.reason == SHM_FINISH_EOS)
+        st->fin.reason = (enum shm_finish)GW_FINISH_TOOL_CALL;
     st->tokens = it->sent_tokens + it->n_ids;
     pthread_mutex_unlock(&c->mu);
     return rc;

@@ -236,7 +236,7 @@ static const char *finish_reason(const struct gw_ext_state *st)
 {
     if (!st->finished)
         return NULL;
-    if (st->fin.reason == SHM_FINISH_CALL)
+    if ((int)st->fin.reason == GW_FINISH_TOOL_CALL)
         return "tool_calls";
     return st->fin.reason == SHM_FINISH_LENGTH || st->fin.reason == SHM_FINISH_CONTEXT
                ? "length" : "stop";

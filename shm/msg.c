@@ -390,6 +390,8 @@ static int validate(const char *what, const struct shm_msg *m)
             return REFUSE(&c, "token -1 (text only) carries no text");
         if ((unsigned)m->token.channel > SHM_CH_OTHER)
             return REFUSE(&c, "channel %u is not a channel", (unsigned)m->token.channel);
+        if (m->token.call && m->token.token < 0)
+            return REFUSE(&c, "a text-only piece marked as a tool call");
         if (m->token.text_len > SHM_MAX_PIECE)
             return REFUSE(&c, "text of %" PRIu32 " bytes exceeds %u", m->token.text_len,
                           SHM_MAX_PIECE);
@@ -399,7 +401,7 @@ static int validate(const char *what, const struct shm_msg *m)
         c.id = m->finish.request_id;
         if ((rc = check_id(&c, c.id)) < 0)
             return rc;
-        if (m->finish.reason < SHM_FINISH_EOS || m->finish.reason > SHM_FINISH_CALL)
+        if (m->finish.reason < SHM_FINISH_EOS || m->finish.reason > SHM_FINISH_CONTEXT)
             return REFUSE(&c, "reason %u is not a finish reason", (unsigned)m->finish.reason);
         if (m->finish.cached_tokens > m->finish.prompt_tokens)
             return REFUSE(&c, "cached_tokens %" PRIu32 " exceeds prompt_tokens %" PRIu32,
@@ -607,7 +609,8 @@ void shm_msg_encode(const struct shm_msg *m, void *buf, uint32_t len)
         struct shm_wire_token w = {.request_id = m->token.request_id, .token = m->token.token,
                                    .text_len = m->token.text_len |
                                                (uint32_t)m->token.channel
-                                                   << SHM_TOKEN_CHANNEL_SHIFT};
+                                                   << SHM_TOKEN_CHANNEL_SHIFT |
+                                               (m->token.call ? SHM_TOKEN_CALL : 0)};
         put(&o, &w, sizeof w);
         put(&o, m->token.text, m->token.text_len);
         break;
@@ -877,7 +880,9 @@ int shm_msg_decode(const char *what, uint32_t type, const void *buf, uint32_t le
             break;
         out->token = (struct shm_msg_token){
             .request_id = w.request_id, .token = w.token, .text_len = tlen,
-            .channel = (enum shm_channel)(w.text_len >> SHM_TOKEN_CHANNEL_SHIFT),
+            .channel = (enum shm_channel)(w.text_len >> SHM_TOKEN_CHANNEL_SHIFT &
+                                          SHM_TOKEN_CHANNEL_MASK),
+            .call = (w.text_len & SHM_TOKEN_CALL) != 0,
             .text = tlen ? take(&in, tlen) : NULL};
         break;
     }
@@ -888,7 +893,7 @@ int shm_msg_decode(const char *what, uint32_t type, const void *buf, uint32_t le
         c.id = w.request_id;
         if ((rc = expect_total(&in, 0)) < 0)
             break;
-        if (w.reason < SHM_FINISH_EOS || w.reason > SHM_FINISH_CALL) {
+        if (w.reason < SHM_FINISH_EOS || w.reason > SHM_FINISH_CONTEXT) {
             rc = REFUSE(&c, "reason %" PRIu32 " is not a finish reason", w.reason);
             break;
         }

@@ -71,6 +71,7 @@ struct shm_msg_name {               /* ADAPTER_UNLOAD */
 struct shm_msg_token {
     uint64_t request_id;
     enum shm_channel channel;       /* chat requests: the piece's channel; else SHM_CH_NONE */
+    bool call;                      /* the id is harmony's <|call|>: a tool call ends the reply */
     int32_t token;                  /* -1: a text-only piece, not a generated token */
     const char *text;               /* [text_len] bytes, text_len <= SHM_MAX_PIECE */
     uint32_t text_len;

@@ -223,7 +223,7 @@ struct shm_wire_chat_msg {
 #define SHM_MAX_CHAT_MSGS 256u
 #define SHM_MAX_CHAT_NAME 128u
 
-/* The channel a chat request's piece belongs to: TOKEN's text_len bits 24..31 (0 for requests
+/* The channel a chat request's piece belongs to: TOKEN's text_len bits 24..30 (0 for requests
  * that are not chats). */
 enum shm_channel {
     SHM_CH_NONE = 0, SHM_CH_ANALYSIS = 1, SHM_CH_COMMENTARY = 2, SHM_CH_FINAL = 3,
@@ -293,11 +293,15 @@ struct shm_wire_name {
 struct shm_wire_token {
     uint64_t request_id;
     int32_t token;                  /* >= 0; -1 = text only (held back until the end, with text) */
-    uint32_t text_len;              /* bits 0..23: the length, <= SHM_MAX_PIECE; bits 24..31:
-                                     * the piece's enum shm_channel (chat requests), else 0 */
+    uint32_t text_len;              /* bits 0..23: the length, <= SHM_MAX_PIECE; bits 24..30:
+                                     * the piece's enum shm_channel (chat requests), else 0;
+                                     * bit 31 (SHM_TOKEN_CALL): the id is harmony's <|call|>,
+                                     * the reply ends with a tool call (its FINISH says EOS) */
 };
 #define SHM_TOKEN_LEN_MASK 0xffffffu
 #define SHM_TOKEN_CHANNEL_SHIFT 24
+#define SHM_TOKEN_CHANNEL_MASK 0x7fu
+#define SHM_TOKEN_CALL 0x80000000u
 
 enum shm_finish {
     SHM_FINISH_EOS = 1,             /* the model ended the sequence */
@@ -306,7 +310,6 @@ enum shm_finish {
     SHM_FINISH_CANCELLED = 4,       /* a CANCEL record */
     SHM_FINISH_DEADLINE = 5,        /* deadline_ns passed */
     SHM_FINISH_CONTEXT = 6,         /* the model's context length was reached */
-    SHM_FINISH_CALL = 7,            /* chat: the model called a tool (harmony <|call|>) */
 };
 
 /* FINISH: the last record of a successful generation */

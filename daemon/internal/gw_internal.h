@@ -89,6 +89,7 @@ struct gw_item {
         size_t text_end, ids_end;
     } segs[16];
     size_t n_segs;
+    bool tool_call;            /* chat: the reply ended on harmony's <|call|> (SHM_TOKEN_CALL) */
     uint64_t sent_tokens;      /* tokens already handed to gRPC */
     /* the ending */
     bool finished;             /* FINISH came */
@@ -106,6 +107,9 @@ struct gw_item {
 };
 
 #define GW_MAX_SEGS 16u
+/* The finish reason gw_ext_take_chat reports for a reply that ended with a tool call (an EOS
+ * whose last id was <|call|>): the gateway's own value, never on the shm wire. */
+#define GW_FINISH_TOOL_CALL 64
 
 /* gw_ext_take for a chat: the pending text split by channel (vLLM's convention): analysis
  * into reasoning, every other channel into content. */

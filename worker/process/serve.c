@@ -330,7 +330,7 @@ static int chat_piece(struct req *r, const struct engine_event *ev, struct shm_m
     if (he.kind == HARMONY_EV_RETURN)
         r->chat_stop = SHM_FINISH_EOS;
     else if (he.kind == HARMONY_EV_CALL)
-        r->chat_stop = SHM_FINISH_CALL;
+        r->chat_stop = SHM_FINISH_EOS, t->call = true; /* the gateway reports a tool call */
     if (t->text_len > SHM_MAX_PIECE)
         t->text_len = SHM_MAX_PIECE; /* a header's flushed tail: bounded by the parser anyway */
     return 0;
