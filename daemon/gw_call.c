@@ -860,10 +860,6 @@ static int req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_r
                    GRPC_STATUS_INVALID_ARGUMENT;
         const char *content = cm->content ? cm->content : "";
         total += strlen(content);
-        if (total > ctx->cfg->limits.max_prompt_bytes)
-            return snprintf(why, cap, "chat.messages: more than %" PRIu32 " bytes of content "
-                            "(limits.max_prompt_bytes)", ctx->cfg->limits.max_prompt_bytes),
-                   GRPC_STATUS_INVALID_ARGUMENT;
         m[i] = (struct shm_chat_msg){
             .role = (enum shm_chat_role)k, .content = content,
             .content_len = (uint32_t)strlen(content),
@@ -873,6 +869,11 @@ static int req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_r
             .recipient_len =
                 cm->recipient ? (uint32_t)strnlen(cm->recipient, SHM_MAX_CHAT_NAME + 1) : 0};
     }
+    if (total > ctx->cfg->limits.max_prompt_bytes)
+        return snprintf(why, cap, "chat.messages: %" PRIu64 " bytes of content, the limit is %"
+                        PRIu32 " (limits.max_prompt_bytes)", total,
+                        ctx->cfg->limits.max_prompt_bytes),
+               GRPC_STATUS_INVALID_ARGUMENT;
     uint32_t len = 0;
     char detail[256];
     if (shm_chat_size(m, (uint32_t)n, &len, detail, sizeof detail) < 0)

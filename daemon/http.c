@@ -161,6 +161,8 @@ static void param_of(const char *msg, bool chat, char *out, size_t cap)
         memmove(out, out + 9, strlen(out + 9) + 1);
     if (strcmp(out, "prompt") == 0 && chat)
         snprintf(out, cap, "messages");
+    else if (strcmp(out, "chat.messages") == 0)
+        snprintf(out, cap, "messages");
     else if (strcmp(out, "adapter") == 0)
         snprintf(out, cap, "model");
     else if (strcmp(out, "prompt_ids") == 0)
@@ -187,6 +189,9 @@ static enum MHD_Result reply_status(struct hreq *r, struct MHD_Connection *conn,
     case GRPC_STATUS_UNAUTHENTICATED:
         return reply_error(conn, 401, NULL, "invalid_api_key", "%s", msg);
     case GRPC_STATUS_PERMISSION_DENIED: return reply_error(conn, 403, NULL, NULL, "%s", msg);
+    case GRPC_STATUS_FAILED_PRECONDITION:
+        /* the model cannot serve this request (a chat without a template) */
+        return reply_error(conn, 400, chat ? "messages" : NULL, NULL, "%s", msg);
     case GRPC_STATUS_RESOURCE_EXHAUSTED:
         return reply_error(conn, 429, NULL, "rate_limit_exceeded", "%s", msg);
     case GRPC_STATUS_UNAVAILABLE:

@@ -2,6 +2,10 @@
 worker. Here on the demo Llama (plain template) and stories260K (no tokenizer: no template);
 each bad input gets INVALID_ARGUMENT/FAILED_PRECONDITION naming what is wrong.
 (The gpt-oss-tiny harmony end to end, acceptance 5, is not written yet.)"""
+import json
+import urllib.error
+import urllib.request
+
 import grpc
 import pytest
 
@@ -70,9 +74,25 @@ def test_bad_chat(d, msgs, code, words):
 
 
 def test_chat_without_template():
-    dm = T.Daemon(T.stories_model(), workers=1)
+    port = T.free_port()
+    dm = T.Daemon(T.stories_model(), workers=1,
+                  extra={"http": {"listen": "127.0.0.1:%d" % port, "timeout_s": 30}})
     try:
         c, why = code_of(lambda: chat(dm, [{"role": "user", "content": "hi"}]))
         assert c == grpc.StatusCode.FAILED_PRECONDITION and "no tokenizer" in why, why
+        # the HTTP door: 400 naming why
+        auth = {"Authorization": "Bearer alice-key-0001"}
+        with urllib.request.urlopen(urllib.request.Request(
+                "http://127.0.0.1:%d/v1/models" % port, headers=auth), timeout=30) as r:
+            name = json.loads(r.read())["data"][0]["id"]
+        req = urllib.request.Request(
+            "http://127.0.0.1:%d/v1/chat/completions" % port, method="POST",
+            data=json.dumps({"model": name, "messages": [{"role": "user", "content": "hi"}]})
+            .encode(), headers={"Content-Type": "application/json",
+                                "Authorization": "Bearer alice-key-0001"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        body = json.loads(e.value.read())
+        assert e.value.code == 400 and "no tokenizer" in body["error"]["message"], body
     finally:
         assert dm.stop() == 0, dm.read_log()
