@@ -78,7 +78,9 @@ def model():
         T.run(T.CLOCHER, "synth", "--preset", "gpt-oss-tiny", "--seed", "5", "--tokenizer",
               o200k(), hf)
         T.run(T.CLOCHER, "convert", hf, out)
-    return out
+    yield out
+    for p in (hf, out):  # 100 MB each: not left behind in /tmp
+        shutil.rmtree(p, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -353,6 +355,7 @@ def test_forced_final_stops_on_return(model, d):
         assert rc == 0 and out == "[final]\n Hi there\n" and "finish: eos" in err, (out, err)
     finally:
         assert fd.stop() == 0, fd.read_log()
+        shutil.rmtree(fd.cfg["model_dir"], ignore_errors=True)  # a 100 MB copy
 
 
 def test_forced_tool_call_stops_on_call(model, d):
@@ -366,6 +369,7 @@ def test_forced_tool_call_stops_on_call(model, d):
         assert h["finish_reason"] == "tool_calls" and h["message"]["content"] == '{"x": 1}'
     finally:
         assert fd.stop() == 0, fd.read_log()
+        shutil.rmtree(fd.cfg["model_dir"], ignore_errors=True)  # a 100 MB copy
 
 
 def test_forced_analysis_is_reasoning(model, d):
@@ -392,3 +396,4 @@ def test_forced_analysis_is_reasoning(model, d):
         assert client_chat(fd)[0] == 2 and client_chat(fd, "--message", "hi")[0] == 2
     finally:
         assert fd.stop() == 0, fd.read_log()
+        shutil.rmtree(fd.cfg["model_dir"], ignore_errors=True)  # a 100 MB copy
