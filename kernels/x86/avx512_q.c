@@ -257,11 +257,6 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
             UNROLL for (int i = 0; i < NR; i++)
             {
                 __m512i dot = _mm512_dpbusd_epi32(ns, wz[i], q);
-                if (k == QK_MXFP4) { /* scales first (see gemm_tile) */
-                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[i], dx),
-                                                acc[i][j]);
-                    continue;
-                }
                 __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
                 acc[i][j] = _mm512_fmadd_ps(f, dw[i], acc[i][j]);
             }
@@ -312,11 +307,7 @@ void kern_gemv_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *
     gemv_q(QK_Q4_0, w, a, y, ldy, r0, r1);
 }
 
-void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float *y,
-                                 size_t ldy, size_t r0, size_t r1)
-{
-    gemv_q(QK_MXFP4, w, a, y, ldy, r0, r1);
-}
+/* kern_gemv_mxfp4_q8_0_avx512 is below the gemm, whose order it reproduces. */
 
 /* ---- gemm -------------------------------------------------------------------------------- */
 
@@ -611,6 +602,188 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
                                  size_t ldy, size_t r0, size_t r1)
 {
     gemm_q(QK_MXFP4, w, a, y, ldy, r0, r1);
+}
+
+/* ---- mxfp4 gemv: the gemm's sums in the gemm's order (batch invariance) -------------------- */
+
+/*
+ * In a mixture-of-experts layer the number of tokens that reach an expert depends on the other
+ * sequences in the batch, so whether the gemv (n < gemm_min_n) or the gemm runs must not change
+ * a token's bits (issue 13: batched = alone). This gemv therefore computes exactly what
+ * gemm_tile computes for each (row, token): the exact integer sum of each block, then per KC
+ * chunk of 32 blocks facc = fma(float(sum), s * dx, facc) from 0 in block order, lane = row,
+ * and the chunks added in order through y. How it stays a gemv: a 16-row panel is contiguous, so
+ * it is streamed row by row (one sequential run, as before); each row's 16-block groups are
+ * multiplied as the former gemv did (vpdpbusd on block pairs) and each group's 8 dword vectors
+ * reduced to its 16 exact block sums (gv_reduce), kept in gv_buf; then the sums and scales of
+ * the panel are transposed to lane = row (transpose16) and folded as gemm_tile folds them.
+ * Columns go in windows of GV_WB blocks (a multiple of KC / 32, so chunks never straddle one).
+ */
+#define GV_NT 4   /* tokens per pass over a panel (each row's unpacked weights are shared) */
+#define GV_WB 128 /* blocks per column window (4096 columns) */
+
+struct gv_buf {
+    int32_t isum[GV_NT][PANEL][GV_WB]; /* exact block sums [token][row][block] */
+    float ws[PANEL][GV_WB];            /* weight scales 2^(e-128) [row][block] */
+    float wst[GV_WB][PANEL];           /* the same, lane = row (as struct panel's s) */
+};
+
+/*
+ * 8 vectors of dword partial sums, lanes [block 2p: 0..7 | block 2p+1: 8..15] for p = 0..7,
+ * reduced to the 16 block sums in block order (integers: exact in any order).
+ */
+INLINE __m512i gv_reduce(const __m512i d[8])
+{
+    __m512i t[4], u[2];
+    UNROLL for (int i = 0; i < 4; i++) t[i] = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(d[2 * i], d[2 * i + 1]), _mm512_unpackhi_epi32(d[2 * i], d[2 * i + 1]));
+    /* u[i], 128-bit lane L: the lane-L sums of d[4i..4i+3] (L = 0, 1: block 2p; 2, 3: 2p+1) */
+    UNROLL for (int i = 0; i < 2; i++) u[i] = _mm512_add_epi32(
+        _mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+    /* lanes: blocks [0 2 4 6 | 1 3 5 7 | 8 10 12 14 | 9 11 13 15] */
+    __m512i s = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88),
+                                 _mm512_shuffle_i32x4(u[0], u[1], 0xdd));
+    return _mm512_permutexvar_epi32(
+        _mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0), s);
+}
+
+/*
+ * One row's block sums over blocks [0, nbk) of the window starting at block kb (tokens t..t+NT-1
+ * into bf->isum[j][i]) and, if want_s, its scales into bf->ws[i]; positions up to nbk rounded
+ * up to 16 are written (0 past nbk). The row's bytes past block nbk are never read.
+ */
+INLINE void gv_row(const uint8_t *row, size_t nbk, const struct kern_act *a, size_t kb,
+                   size_t t, int NT, struct gv_buf *bf, size_t i, int want_s)
+{
+    const size_t cp = a->cp;
+    for (size_t g = 0; g < nbk; g += 16) {
+        const uint8_t *gb = row + g * 17;
+        size_t rem = nbk - g;
+        __m512i wz[8];
+        if (rem >= 16) {
+            UNROLL for (size_t l = 0; l < 16 * 17; l += 64) _mm_prefetch(
+                (const char *)gb + pf_dist[QK_MXFP4] + l, _MM_HINT_T0);
+            UNROLL for (int p = 0; p < 8; p++) wz[p] = unpack_pair(QK_MXFP4, gb + 34 * p, 1);
+            if (want_s)
+                _mm512_storeu_ps(bf->ws[i] + g, scales16(QK_MXFP4, gb));
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                size_t tj = t + (size_t)j;
+                const int8_t *xq = a->q + tj * a->ld + (kb + g) * 32;
+                const int32_t *xs = a->ns4 + tj * cp / 4 + (kb + g) * 8;
+                __m512i d[8];
+                UNROLL for (int p = 0; p < 8; p++) d[p] = _mm512_dpbusd_epi32(
+                    _mm512_loadu_si512(xs + 16 * p), wz[p], _mm512_loadu_si512(xq + 64 * p));
+                _mm512_storeu_si512(bf->isum[j][i] + g, gv_reduce(d));
+            }
+            continue;
+        }
+        /* a tail of < 16 blocks: pairs past it are zero, the activations read under masks */
+        for (int p = 0; p < 8; p++)
+            wz[p] = (size_t)(2 * p) < rem
+                        ? unpack_pair(QK_MXFP4, gb + 34 * p, (size_t)(2 * p + 1) < rem)
+                        : _mm512_setzero_si512();
+        if (want_s)
+            for (size_t b = 0; b < 16; b++)
+                bf->ws[i][g + b] = b < rem ? quant_e8m0_half(gb[17 * b]) : 0.0f;
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            size_t tj = t + (size_t)j;
+            const int8_t *xq = a->q + tj * a->ld + (kb + g) * 32;
+            const int32_t *xs = a->ns4 + tj * cp / 4 + (kb + g) * 8;
+            __m512i d[8];
+            for (int p = 0; p < 8; p++) {
+                size_t nq = (size_t)(2 * p) < rem ? rem * 32 - 64 * (size_t)p : 0;
+                __mmask64 mq = nq >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << nq) - 1);
+                __mmask16 ms = (__mmask16)(nq >= 64 ? 0xffffu : (1u << (nq / 4)) - 1u);
+                d[p] = _mm512_dpbusd_epi32(_mm512_maskz_loadu_epi32(ms, xs + 16 * p), wz[p],
+                                           _mm512_maskz_loadu_epi8(mq, xq + 64 * p));
+            }
+            _mm512_storeu_si512(bf->isum[j][i] + g, gv_reduce(d));
+        }
+    }
+}
+
+/* y[t+j][r..r+16) (+)= the panel's window [kb, kb + nbk) for tokens j < NT: gemm_tile's float
+ * steps, in its order, on the transposed sums of bf (rows >= nr read row 0 and are not stored). */
+INLINE void gv_fold(const struct gv_buf *bf, size_t nbk, const struct kern_act *a, size_t kb,
+                    size_t t, int NT, float *y, size_t ldy, size_t r, size_t nr, __mmask16 rm)
+{
+    for (size_t c0 = 0; c0 < nbk; c0 += KC / 32) {
+        size_t cn = nbk - c0 < KC / 32 ? nbk - c0 : KC / 32;
+        size_t k0 = (kb + c0) * 32;
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            size_t tj = t + (size_t)j;
+            const float *xd = a->d + (tj * a->cp + k0) / 32;
+            __m512 facc = _mm512_setzero_ps();
+            for (size_t g0 = 0; g0 < cn; g0 += 16) {
+                __m512i z[16];
+                UNROLL for (size_t i = 0; i < PANEL; i++) z[i] =
+                    _mm512_loadu_si512(bf->isum[j][i < nr ? i : 0] + c0 + g0);
+                transpose16(z);
+                size_t gn = cn - g0 < 16 ? cn - g0 : 16;
+                for (size_t g = 0; g < gn; g++) {
+                    size_t b = c0 + g0 + g;
+                    facc = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(z[g]),
+                        _mm512_mul_ps(_mm512_loadu_ps(bf->wst[b]), _mm512_set1_ps(xd[g0 + g])),
+                        facc);
+                }
+            }
+            float *yo = y + tj * ldy + r;
+            if (k0 > 0)
+                facc = _mm512_add_ps(facc, _mm512_maskz_loadu_ps(rm, yo));
+            _mm512_mask_storeu_ps(yo, rm, facc);
+        }
+    }
+}
+
+void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float *y,
+                                 size_t ldy, size_t r0, size_t r1)
+{
+    const size_t rb = kern__row_bytes(DT_MXFP4, a->cols), nb = a->cols / 32;
+    struct gv_buf bf __attribute__((aligned(64)));
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        for (size_t kb = 0; kb < nb; kb += GV_WB) {
+            size_t nbk = nb - kb < GV_WB ? nb - kb : GV_WB;
+            for (size_t t = 0; t < a->n; t += GV_NT) {
+                size_t nt = a->n - t < GV_NT ? a->n - t : GV_NT;
+                for (size_t i = 0; i < nr; i++) {
+                    const uint8_t *row = (const uint8_t *)w + (r + i) * rb + kb * 17;
+                    switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gv_row(row, nbk, a, kb, t, T, &bf, i, t == 0);                                       \
+        break;
+                        CASE_(1) CASE_(2) CASE_(3) CASE_(4)
+#undef CASE_
+                    }
+                }
+                if (t == 0) { /* the scales, lane = row, once per window */
+                    for (size_t g = 0; g < nbk; g += 16) {
+                        __m512i z[16];
+                        UNROLL for (size_t i = 0; i < PANEL; i++) z[i] =
+                            _mm512_castps_si512(_mm512_loadu_ps(bf.ws[i < nr ? i : 0] + g));
+                        transpose16(z);
+                        size_t gn = nbk - g < 16 ? nbk - g : 16;
+                        for (size_t b = 0; b < gn; b++)
+                            _mm512_storeu_ps(bf.wst[g + b], _mm512_castsi512_ps(z[b]));
+                    }
+                }
+                switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gv_fold(&bf, nbk, a, kb, t, T, y, ldy, r, nr, rm);                                   \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4)
+#undef CASE_
+                }
+            }
+        }
+    }
 }
 
 /* ---- gemm on q4_0 panels repacked at load time (quant.h, "q4_0 panels") ------------------ */
