@@ -614,8 +614,8 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
  * chunk of 32 blocks facc = fma(float(sum), s * dx, facc) from 0 in block order, lane = row,
  * and the chunks added in order through y. How it stays a gemv: a 16-row panel is contiguous, so
  * it is streamed row by row (one sequential run, as before); each row's 16-block groups are
- * multiplied as the former gemv did (vpdpbusd on block pairs) and each group's 8 dword vectors
- * reduced to its 16 exact block sums (gv_reduce), kept in gv_buf; then the sums and scales of
+ * multiplied with vpdpbusd (gv_row) and reduced to their 16 exact block sums (gv_reduce), kept
+ * in gv_buf; then the sums and scales of
  * the panel are transposed to lane = row (transpose16) and folded as gemm_tile folds them.
  * Columns go in windows of GV_WB blocks (a multiple of KC / 32, so chunks never straddle one).
  */
@@ -626,80 +626,108 @@ struct gv_buf {
     int32_t isum[GV_NT][PANEL][GV_WB]; /* exact block sums [token][row][block] */
     float ws[PANEL][GV_WB];            /* weight scales 2^(e-128) [row][block] */
     float wst[GV_WB][PANEL];           /* the same, lane = row (as struct panel's s) */
+    int8_t aq[GV_NT][GV_WB * 32];      /* the window's activation quants, gv_arrange's order */
+    int32_t ans[GV_NT][GV_WB * 4];     /* their offset corrections, likewise */
 };
 
 /*
- * 8 vectors of dword partial sums, lanes [block 2p: 0..7 | block 2p+1: 8..15] for p = 0..7,
- * reduced to the 16 block sums in block order (integers: exact in any order).
+ * The products go 4 blocks (a quad) per vector so that few shuffles remain: lane 4m + k holds
+ * block m's element groups k and k + 4 (4 elements each; low nibbles of qs dwords k, then the
+ * high ones), two vpdpbusd per quad. The activations are laid out to match once per panel,
+ * window and token tile (gv_arrange): aq = per quad [4 x 16 low elements][4 x 16 high ones],
+ * ans = per quad the offset corrections ns4[k] + ns4[k + 4] of lane 4m + k.
  */
-INLINE __m512i gv_reduce(const __m512i d[8])
+static void gv_arrange(const struct kern_act *a, size_t kb, size_t nbk, size_t t, size_t nt,
+                       struct gv_buf *bf)
 {
-    __m512i t[4], u[2];
-    UNROLL for (int i = 0; i < 4; i++) t[i] = _mm512_add_epi32(
-        _mm512_unpacklo_epi32(d[2 * i], d[2 * i + 1]), _mm512_unpackhi_epi32(d[2 * i], d[2 * i + 1]));
-    /* u[i], 128-bit lane L: the lane-L sums of d[4i..4i+3] (L = 0, 1: block 2p; 2, 3: 2p+1) */
-    UNROLL for (int i = 0; i < 2; i++) u[i] = _mm512_add_epi32(
-        _mm512_unpacklo_epi64(t[2 * i], t[2 * i + 1]), _mm512_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
-    /* lanes: blocks [0 2 4 6 | 1 3 5 7 | 8 10 12 14 | 9 11 13 15] */
-    __m512i s = _mm512_add_epi32(_mm512_shuffle_i32x4(u[0], u[1], 0x88),
-                                 _mm512_shuffle_i32x4(u[0], u[1], 0xdd));
+    size_t nb16 = (nbk + 15) / 16 * 16;
+    for (size_t j = 0; j < nt; j++) {
+        const int8_t *q = a->q + (t + j) * a->ld + kb * 32;
+        const int32_t *ns = a->ns4 + (t + j) * a->cp / 4 + kb * 8;
+        for (size_t b = 0; b < nb16; b++) {
+            int8_t *lo = bf->aq[j] + b / 4 * 128 + b % 4 * 16;
+            int32_t *c = bf->ans[j] + b / 4 * 16 + b % 4 * 4;
+            if (b < nbk) {
+                memcpy(lo, q + b * 32, 16);
+                memcpy(lo + 64, q + b * 32 + 16, 16);
+                for (size_t k = 0; k < 4; k++)
+                    c[k] = ns[b * 8 + k] + ns[b * 8 + k + 4];
+            } else {
+                memset(lo, 0, 16);
+                memset(lo + 64, 0, 16);
+                memset(c, 0, 4 * sizeof *c);
+            }
+        }
+    }
+}
+
+/* Lanes (a, b) -> adjacent pairs summed: even lanes from a, odd from b (1 shuffle). */
+INLINE __m512i gv_merge(__m512i a, __m512i b, __mmask16 m, int swap64)
+{
+    __m512i u = _mm512_mask_blend_epi32(m, a, b), v = _mm512_mask_blend_epi32(m, b, a);
+    v = swap64 ? _mm512_shuffle_epi32(v, _MM_PERM_BADC) : _mm512_shuffle_epi32(v, _MM_PERM_CDAB);
+    return _mm512_add_epi32(u, v);
+}
+
+/* 4 quad vectors (e[v] lane 4m + k: block 4v + m) -> the 16 block sums in block order (exact). */
+INLINE __m512i gv_reduce(const __m512i e[4])
+{
+    __m512i s = gv_merge(gv_merge(e[0], e[1], 0xaaaa, 0), gv_merge(e[2], e[3], 0xaaaa, 0), 0xcccc,
+                         1);
+    /* lane 4m + v = block 4v + m */
     return _mm512_permutexvar_epi32(
-        _mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0), s);
+        _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), s);
 }
 
 /*
- * One row's block sums over blocks [0, nbk) of the window starting at block kb (tokens t..t+NT-1
- * into bf->isum[j][i]) and, if want_s, its scales into bf->ws[i]; positions up to nbk rounded
- * up to 16 are written (0 past nbk). The row's bytes past block nbk are never read.
+ * One row's block sums over blocks [0, nbk) of the window (tokens j < NT, activations from
+ * gv_arrange) into bf->isum[j][i] and, if want_s, its scales into bf->ws[i]; positions up to
+ * nbk rounded up to 16 are written (0 past nbk). The row's bytes past block nbk are never read.
  */
-INLINE void gv_row(const uint8_t *row, size_t nbk, const struct kern_act *a, size_t kb,
-                   size_t t, int NT, struct gv_buf *bf, size_t i, int want_s)
+INLINE void gv_row(const uint8_t *row, size_t nbk, int NT, struct gv_buf *bf, size_t i,
+                   int want_s)
 {
-    const size_t cp = a->cp;
+    const __m512i ukv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mxfp4_ukv));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (size_t g = 0; g < nbk; g += 16) {
         const uint8_t *gb = row + g * 17;
         size_t rem = nbk - g;
-        __m512i wz[8];
+        __m512i wl[4], wh[4];
         if (rem >= 16) {
             UNROLL for (size_t l = 0; l < 16 * 17; l += 64) _mm_prefetch(
                 (const char *)gb + pf_dist[QK_MXFP4] + l, _MM_HINT_T0);
-            UNROLL for (int p = 0; p < 8; p++) wz[p] = unpack_pair(QK_MXFP4, gb + 34 * p, 1);
             if (want_s)
                 _mm512_storeu_ps(bf->ws[i] + g, scales16(QK_MXFP4, gb));
-            UNROLL for (int j = 0; j < NT; j++)
-            {
-                size_t tj = t + (size_t)j;
-                const int8_t *xq = a->q + tj * a->ld + (kb + g) * 32;
-                const int32_t *xs = a->ns4 + tj * cp / 4 + (kb + g) * 8;
-                __m512i d[8];
-                UNROLL for (int p = 0; p < 8; p++) d[p] = _mm512_dpbusd_epi32(
-                    _mm512_loadu_si512(xs + 16 * p), wz[p], _mm512_loadu_si512(xq + 64 * p));
-                _mm512_storeu_si512(bf->isum[j][i] + g, gv_reduce(d));
-            }
-            continue;
-        }
-        /* a tail of < 16 blocks: pairs past it are zero, the activations read under masks */
-        for (int p = 0; p < 8; p++)
-            wz[p] = (size_t)(2 * p) < rem
-                        ? unpack_pair(QK_MXFP4, gb + 34 * p, (size_t)(2 * p + 1) < rem)
-                        : _mm512_setzero_si512();
-        if (want_s)
+        } else if (want_s) {
             for (size_t b = 0; b < 16; b++)
                 bf->ws[i][g + b] = b < rem ? quant_e8m0_half(gb[17 * b]) : 0.0f;
+        }
+        UNROLL for (size_t v = 0; v < 4; v++)
+        {
+            /* the qs of blocks 4v..4v+3, one per 128-bit lane (absent blocks: 0) */
+            __m512i z = _mm512_setzero_si512();
+            UNROLL for (size_t m = 0; m < 4; m++)
+            {
+                if (rem >= 16 || 4 * v + m < rem)
+                    z = _mm512_mask_broadcast_i32x4(
+                        z, (__mmask16)(0xfu << (4 * m)),
+                        _mm_loadu_si128((const __m128i *)(gb + 17 * (4 * v + m) + 1)));
+            }
+            wl[v] = _mm512_shuffle_epi8(ukv, _mm512_and_si512(z, m4));
+            wh[v] = _mm512_shuffle_epi8(ukv, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+        }
         UNROLL for (int j = 0; j < NT; j++)
         {
-            size_t tj = t + (size_t)j;
-            const int8_t *xq = a->q + tj * a->ld + (kb + g) * 32;
-            const int32_t *xs = a->ns4 + tj * cp / 4 + (kb + g) * 8;
-            __m512i d[8];
-            for (int p = 0; p < 8; p++) {
-                size_t nq = (size_t)(2 * p) < rem ? rem * 32 - 64 * (size_t)p : 0;
-                __mmask64 mq = nq >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << nq) - 1);
-                __mmask16 ms = (__mmask16)(nq >= 64 ? 0xffffu : (1u << (nq / 4)) - 1u);
-                d[p] = _mm512_dpbusd_epi32(_mm512_maskz_loadu_epi32(ms, xs + 16 * p), wz[p],
-                                           _mm512_maskz_loadu_epi8(mq, xq + 64 * p));
+            const int8_t *aq = bf->aq[j] + g * 32;
+            const int32_t *an = bf->ans[j] + g * 4;
+            __m512i e[4];
+            UNROLL for (size_t v = 0; v < 4; v++)
+            {
+                __m512i acc = _mm512_dpbusd_epi32(_mm512_loadu_si512(an + 16 * v), wl[v],
+                                                  _mm512_loadu_si512(aq + 128 * v));
+                e[v] = _mm512_dpbusd_epi32(acc, wh[v], _mm512_loadu_si512(aq + 128 * v + 64));
             }
-            _mm512_storeu_si512(bf->isum[j][i] + g, gv_reduce(d));
+            _mm512_storeu_si512(bf->isum[j][i] + g, gv_reduce(e));
         }
     }
 }
@@ -751,12 +779,13 @@ void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
             size_t nbk = nb - kb < GV_WB ? nb - kb : GV_WB;
             for (size_t t = 0; t < a->n; t += GV_NT) {
                 size_t nt = a->n - t < GV_NT ? a->n - t : GV_NT;
+                gv_arrange(a, kb, nbk, t, nt, &bf);
                 for (size_t i = 0; i < nr; i++) {
                     const uint8_t *row = (const uint8_t *)w + (r + i) * rb + kb * 17;
                     switch (nt) {
 #define CASE_(T)                                                                             \
     case T:                                                                                  \
-        gv_row(row, nbk, a, kb, t, T, &bf, i, t == 0);                                       \
+        gv_row(row, nbk, T, &bf, i, t == 0);                                                 \
         break;
                         CASE_(1) CASE_(2) CASE_(3) CASE_(4)
 #undef CASE_
