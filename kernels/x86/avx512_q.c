@@ -633,9 +633,9 @@ struct gv_buf {
 /*
  * The products go 4 blocks (a quad) per vector so that few shuffles remain: lane 4m + k holds
  * block m's element groups k and k + 4 (4 elements each; low nibbles of qs dwords k, then the
- * high ones), two vpdpbusd per quad. The activations are laid out to match once per panel,
- * window and token tile (gv_arrange): aq = per quad [4 x 16 low elements][4 x 16 high ones],
- * ans = per quad the offset corrections ns4[k] + ns4[k + 4] of lane 4m + k.
+ * high ones), two vpdpbusd per quad. The activations are laid out to match once per window
+ * and token tile, for all panels (gv_arrange): aq = per quad [4 x 16 low elements][4 x 16
+ * high ones], ans = per quad the offset corrections ns4[k] + ns4[k + 4] of lane 4m + k.
  */
 static void gv_arrange(const struct kern_act *a, size_t kb, size_t nbk, size_t t, size_t nt,
                        struct gv_buf *bf)
@@ -685,7 +685,7 @@ INLINE __m512i gv_reduce(const __m512i e[4])
  * nbk rounded up to 16 are written (0 past nbk). The row's bytes past block nbk are never read.
  */
 INLINE void gv_row(const uint8_t *row, size_t nbk, int NT, struct gv_buf *bf, size_t i,
-                   int want_s)
+                   const int want_s)
 {
     const __m512i ukv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mxfp4_ukv));
     const __m512i m4 = _mm512_set1_epi8(0x0f);
@@ -772,35 +772,36 @@ void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
 {
     const size_t rb = kern__row_bytes(DT_MXFP4, a->cols), nb = a->cols / 32;
     struct gv_buf bf __attribute__((aligned(64)));
-    for (size_t r = r0; r < r1; r += PANEL) {
-        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
-        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
-        for (size_t kb = 0; kb < nb; kb += GV_WB) {
-            size_t nbk = nb - kb < GV_WB ? nb - kb : GV_WB;
-            for (size_t t = 0; t < a->n; t += GV_NT) {
-                size_t nt = a->n - t < GV_NT ? a->n - t : GV_NT;
-                gv_arrange(a, kb, nbk, t, nt, &bf);
+    /* windows in order (each output's chunks are added in column order), the activations
+     * arranged once per window and token tile for all panels */
+    for (size_t kb = 0; kb < nb; kb += GV_WB) {
+        size_t nbk = nb - kb < GV_WB ? nb - kb : GV_WB;
+        for (size_t t = 0; t < a->n; t += GV_NT) {
+            size_t nt = a->n - t < GV_NT ? a->n - t : GV_NT;
+            gv_arrange(a, kb, nbk, t, nt, &bf);
+            for (size_t r = r0; r < r1; r += PANEL) {
+                size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+                __mmask16 rm = (__mmask16)((1u << nr) - 1u);
                 for (size_t i = 0; i < nr; i++) {
                     const uint8_t *row = (const uint8_t *)w + (r + i) * rb + kb * 17;
                     switch (nt) {
 #define CASE_(T)                                                                             \
     case T:                                                                                  \
-        gv_row(row, nbk, T, &bf, i, t == 0);                                                 \
+        gv_row(row, nbk, T, &bf, i, 1);                                                      \
         break;
                         CASE_(1) CASE_(2) CASE_(3) CASE_(4)
 #undef CASE_
                     }
                 }
-                if (t == 0) { /* the scales, lane = row, once per window */
-                    for (size_t g = 0; g < nbk; g += 16) {
-                        __m512i z[16];
-                        UNROLL for (size_t i = 0; i < PANEL; i++) z[i] =
-                            _mm512_castps_si512(_mm512_loadu_ps(bf.ws[i < nr ? i : 0] + g));
-                        transpose16(z);
-                        size_t gn = nbk - g < 16 ? nbk - g : 16;
-                        for (size_t b = 0; b < gn; b++)
-                            _mm512_storeu_ps(bf.wst[g + b], _mm512_castsi512_ps(z[b]));
-                    }
+                /* the panel's scales, lane = row */
+                for (size_t g = 0; g < nbk; g += 16) {
+                    __m512i z[16];
+                    UNROLL for (size_t i = 0; i < PANEL; i++) z[i] =
+                        _mm512_castps_si512(_mm512_loadu_ps(bf.ws[i < nr ? i : 0] + g));
+                    transpose16(z);
+                    size_t gn = nbk - g < 16 ? nbk - g : 16;
+                    for (size_t b = 0; b < gn; b++)
+                        _mm512_storeu_ps(bf.wst[g + b], _mm512_castsi512_ps(z[b]));
                 }
                 switch (nt) {
 #define CASE_(T)                                                                             \
