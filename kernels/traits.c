@@ -101,12 +101,12 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
     /* gpt-oss experts: the doubled E2M1 values from a 16-entry table (vpshufb) are q8_0-like
      * signed weights, stored + 128 for vpdpbusd on AVX-512 (x86/avx*_q.c), hence the offset.
      * Both give a token the same bits (the gemv folds in the gemm's order: batch invariance),
-     * so gemm_min_n is only speed: 2880 x 2880 (gpt-oss's experts), 1 thread, best of 40 over 8
-     * weight copies, beside busy neighbours (approximate): AVX-512 gemv ~ gemm at n = 2, the
-     * gemm ahead from 3 (~380 vs ~450-530 us); AVX2 tie at 4, the gemm ahead from 5. */
+     * so gemm_min_n is only speed: bench/kern_bench --only variants --dtype mxfp4 --quick
+     * --threads 1 (5632 x 2048, quiet machine), GFLOP/s gemv vs gemm: AVX-512 n = 3 90 vs 82,
+     * n = 4 106 vs 109, n = 6 98 vs 144; AVX2 n = 3 43 vs 38, n = 4 40 vs 44. */
     [DT_MXFP4] = {.block = 32, .block_bytes = sizeof(struct quant_mxfp4),
                   .to_f32 = kern__row_mxfp4,
                   .act = KERN__ACT_Q8,
                   .act_offset = 128,
-                  .isa = {{REF_MM_}, {MM_(mxfp4, q8_0, avx2, 5)}, {MM_(mxfp4, q8_0, avx512, 3)}}},
+                  .isa = {{REF_MM_}, {MM_(mxfp4, q8_0, avx2, 4)}, {MM_(mxfp4, q8_0, avx512, 4)}}},
 };
