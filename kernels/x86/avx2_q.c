@@ -14,6 +14,7 @@
  *    (quant_e8m0_half), exact, so the products are as exact as q8_0's (spec §4.5).
  * gemv streams the stored layout one block per register; gemm packs 8-row panels (one row per
  * int32 lane, 8x8 dword transpose) and reuses each 4-column weight group for 4 tokens.
+ * mxfp4's gemv reproduces the gemm's sums and order instead (batch invariance, "mxfp4 gemv").
  */
 #include "internal.h"
 #include "quant.h"

@@ -17,7 +17,8 @@
  *   times the signed activation quants. Lane l then holds sum(wu*q) over 4 elements; the
  *   accumulator starts at kern_act.ns4 = -offset * (sum of those 4 quants), offset = 8 (q4_0)
  *   or 128 (q8_0), giving the exact signed dot. Each lane is converted and scaled by its
- *   block's weight scale x activation scale.
+ *   block's weight scale x activation scale. (mxfp4's gemv instead reproduces the gemm's sums
+ *   and order, for batch invariance: "mxfp4 gemv" below.)
  *
  * gemm (prefill): a panel of 16 rows x KC columns is unpacked to the same unsigned bytes and
  *   transposed so that one zmm holds 4 consecutive columns of all 16 rows (lane = row);
