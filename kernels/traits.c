@@ -44,17 +44,12 @@ static const struct kern__panel_layout q8_0_panels = {QUANT_Q8P_ROWS, 0x80, quan
             .isa = {{REF_MM_}, {MM_(wty, q8_0, avx2, 4)}, {MM_(wty, q8_0, avx512, 6)}}}
 
 const struct kern_type_traits kern__traits[DT_COUNT_] = {
-    /* f32: the gemm from n = 1 (gemv unused), so a token's bits do not depend on how many
-     * tokens share the call (the gemv's lane-wise sums differ from the gemm's per-row chain by
-     * ulps, which the int8 quantization of a MoE expert's input then amplifies: gpt-oss's
-     * batched = alone, tests/gptoss). Costs f32 decode ~1/3 (kern_bench --only variants
-     * --dtype f32: gemm 16 vs gemv 26 GB/s at n = 1); f16/bf16 are not yet invariant. */
     [DT_F32] = {.block = 1, .block_bytes = 4,
  .to_f32 = kern__row_f32,
                 .act = KERN__ACT_F32,
                 .isa = {{REF_MM_, LORA_(f32, ref), ATTN_(f32, ref)},
-                        {MM_(f32, f32, avx2, 1), LORA_(f32, avx2), ATTN_(f32, avx2)},
-                        {MM_(f32, f32, avx512, 1), LORA_(f32, avx2), ATTN_(f32, avx512)}}},
+                        {MM_(f32, f32, avx2, 3), LORA_(f32, avx2), ATTN_(f32, avx2)},
+                        {MM_(f32, f32, avx512, 2), LORA_(f32, avx2), ATTN_(f32, avx512)}}},
     [DT_F16] = {.block = 1, .block_bytes = 2,
  .to_f32 = kern__row_f16,
                 .act = KERN__ACT_F32,
