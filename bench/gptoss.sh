@@ -2,7 +2,8 @@
 # gpt-oss-20b on this machine (issue 13's benchmarks; docs/PERFORMANCE.md "gpt-oss-20b"):
 # `clocher synth --preset gpt-oss-20b` (random weights of the real shapes, MXFP4 experts, the
 # rest bf16) converted twice: attention/router/embeddings bf16 (as released) and int8 (q8_0).
-# Per repetition, one after another so they share the machine's minute:
+# Per repetition (all of one dtype's first, so its mapping stays in the page cache), one after
+# another so they share the machine's minute:
 #   - bw_probe: the 2-thread read bandwidth, the roof every figure of the repetition is set
 #     against (only a ratio measured in one run counts: the machine's speed swings 1.5-2x);
 #   - decode tok/s after a short prompt (8 tokens, DECODE_TOKENS new);
@@ -57,8 +58,8 @@ json() { python3 -c "import json,sys; d=json.loads(sys.stdin.readline()); print(
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 echo "# $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD) $(nproc) CPUs; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
-for r in $(seq "$reps"); do
-  for dt in $dtypes; do
+for dt in $dtypes; do # dtype outermost: two 13 GB models do not both stay in the page cache
+  for r in $(seq "$reps"); do
     d=$models/gpt-oss-20b-$dt
     bw=$("$probe" 512 3 | sed -n "s/^bandwidth threads=$threads: \([0-9.]*\) GB\/s.*/\1/p")
     dec_tps=$("$ie" --model-dir "$d" --prompt-ids "$short" --max-new "$dec" --ignore-eos \
