@@ -192,7 +192,7 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     pthread_mutex_init(&g->quota_mu, NULL);
     auth_streams_init(&g->streams);
     pthread_mutex_init(&g->adapters_mu, NULL);
-    g->t_shutdown = (struct gw_tag){.fn = gw__cq_on_shutdown, .obj = g};
+    gw__tag_set(&g->t_shutdown, gw__cq_on_shutdown, g);
     g->n_slots = w->n;
     if (!(g->slots = calloc(w->n, sizeof *g->slots))) {
         free(g);
@@ -317,7 +317,7 @@ void gw_destroy(struct gw *g)
                 grpc_event ev = grpc_completion_queue_next(
                     g->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
                 if (ev.type == GRPC_OP_COMPLETE)
-                    ((struct gw_tag *)ev.tag)->fn(ev.tag, ev.success != 0);
+                    gw__tag_run(ev.tag, ev.success != 0);
             }
         }
     } else if (g->cq) {

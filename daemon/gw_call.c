@@ -1240,17 +1240,18 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         gw__call_unref(c); /* the server is shutting down: no call came */
         return;
     }
-    /* this state machine's own tags: every batch it starts comes back to on_sent / on_close */
     /* the connection, read now: once a client has reset the stream gRPC answers "unknown" */
     char *peer = grpc_call_get_peer(c->call);
     snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "unknown");
     gpr_free(peer);
-    c->t_close.fn = on_close;
-    c->t_send.fn = on_sent;
     c->start_ns = mono_ns();
     c->cfg = config_ptr_get(g->w->config);
     if (c->method == GW_UNKNOWN)
         c->deadline = c->details.deadline;
+    /* this state machine's own tags: every batch it starts comes back to on_sent / on_close
+     * (set last: their release publishes the fields above to the CQ thread that runs them) */
+    gw__tag_set(&c->t_close, on_close, c);
+    gw__tag_set(&c->t_send, on_sent, c);
 
     grpc_op op = {.op = GRPC_OP_RECV_CLOSE_ON_SERVER,
                   .data.recv_close_on_server.cancelled = &c->close_cancelled};

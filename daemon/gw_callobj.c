@@ -11,8 +11,7 @@
 #include <protobuf-c/protobuf-c.h>
 #include <stdlib.h>
 
-struct gw_call *gw__call_new(struct gw *g, enum gw_method m,
-                             void (*arrived)(struct gw_tag *t, bool ok))
+struct gw_call *gw__call_new(struct gw *g, enum gw_method m, gw_tag_fn *arrived)
 {
     struct gw_call *c = calloc(1, sizeof *c);
     if (!c)
@@ -24,11 +23,11 @@ struct gw_call *gw__call_new(struct gw *g, enum gw_method m,
     pthread_mutex_init(&c->mu, NULL);
     grpc_metadata_array_init(&c->md);
     grpc_call_details_init(&c->details);
-    c->t_new = (struct gw_tag){.fn = arrived, .obj = c};
-    /* their functions are the state machine's, set when the call arrives (gw_call.c) */
-    c->t_close = (struct gw_tag){.fn = NULL, .obj = c};
-    c->t_send = (struct gw_tag){.fn = NULL, .obj = c};
     c->health = -1;
+    /* their functions are the state machine's, set when the call arrives (gw_call.c) */
+    gw__tag_set(&c->t_close, NULL, c);
+    gw__tag_set(&c->t_send, NULL, c);
+    gw__tag_set(&c->t_new, arrived, c); /* last: publishes the fields above */
     return c;
 }
 

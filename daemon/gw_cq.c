@@ -24,8 +24,7 @@ void *gw__cq_main(void *arg)
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
         if (ev.type == GRPC_OP_COMPLETE) {
-            struct gw_tag *t = ev.tag;
-            t->fn(t, ev.success != 0);
+            gw__tag_run(ev.tag, ev.success != 0);
         }
     }
     return NULL;

@@ -95,13 +95,13 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
     Q4G_(q4z_g128, DT_Q4Z_G128, 128),
     /* gpt-oss experts: the doubled E2M1 values from a 16-entry table (vpshufb) are q8_0-like
      * signed weights, stored + 128 for vpdpbusd on AVX-512 (x86/avx*_q.c), hence the offset.
-     * gemm_min_n from bench/kern_bench --only variants --dtype mxfp4 (5632 x 2048, 1 thread,
-     * short runs beside busy neighbours, so approximate): AVX-512 gemv and gemm tie at n = 4
-     * (hot: 50 GFLOP/s each), the gemm leads from 6 (56 vs 40); AVX2 gemv leads at 4 (25 vs
-     * 23), the gemm from 6 (39 vs 29). */
+     * Both give a token the same bits (the gemv folds in the gemm's order: batch invariance),
+     * so gemm_min_n is only speed: bench/kern_bench --only variants --dtype mxfp4 --quick
+     * --threads 1 (5632 x 2048, quiet machine), GFLOP/s gemv vs gemm: AVX-512 n = 3 90 vs 82,
+     * n = 4 106 vs 109, n = 6 98 vs 144; AVX2 n = 3 43 vs 38, n = 4 40 vs 44. */
     [DT_MXFP4] = {.block = 32, .block_bytes = sizeof(struct quant_mxfp4),
                   .to_f32 = kern__row_mxfp4,
                   .act = KERN__ACT_Q8,
                   .act_offset = 128,
-                  .isa = {{REF_MM_}, {MM_(mxfp4, q8_0, avx2, 6)}, {MM_(mxfp4, q8_0, avx512, 5)}}},
+                  .isa = {{REF_MM_}, {MM_(mxfp4, q8_0, avx2, 4)}, {MM_(mxfp4, q8_0, avx512, 4)}}},
 };

@@ -61,10 +61,27 @@ enum gw_method {
     GW_UNKNOWN = GW_METHODS, /* a method nobody registered: UNIMPLEMENTED */
 };
 
+/* What a completion runs. fn is stored with release (gw__tag_set) and loaded with acquire by
+ * the CQ thread that runs it: gRPC core, not instrumented, hides the order from TSan, and two
+ * CQ threads may set and run one tag (a call's arrival on one, its close on the other). */
+struct gw_tag;
+typedef void gw_tag_fn(struct gw_tag *t, bool ok);
 struct gw_tag {
-    void (*fn)(struct gw_tag *t, bool ok);
+    gw_tag_fn *_Atomic fn;
     void *obj;
 };
+
+static inline void gw__tag_set(struct gw_tag *t, gw_tag_fn *fn, void *obj)
+{
+    t->obj = obj;
+    atomic_store_explicit(&t->fn, fn, memory_order_release);
+}
+
+static inline void gw__tag_run(struct gw_tag *t, bool ok)
+{
+    gw_tag_fn *fn = atomic_load_explicit(&t->fn, memory_order_acquire);
+    fn(t, ok);
+}
 
 struct gw_call;
 
@@ -274,8 +291,7 @@ struct gw {
 
 /* ---- gw_callobj.c: a call's lifetime ---- */
 /* A call object for the next call of method m; `arrived` runs (CQ thread) when it comes. */
-struct gw_call *gw__call_new(struct gw *g, enum gw_method m,
-                             void (*arrived)(struct gw_tag *t, bool ok));
+struct gw_call *gw__call_new(struct gw *g, enum gw_method m, gw_tag_fn *arrived);
 void gw__call_ref(struct gw_call *c);
 /* The last reference frees the call and everything it owns. */
 void gw__call_unref(struct gw_call *c);

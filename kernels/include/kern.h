@@ -17,6 +17,9 @@
  *    an f32 scale (kernels/include/quant.h states the resulting error bound) and use integer dot
  *    products (mxfp4: the doubled E2M1 values, |w| <= 12, exact; its block scale 2^(e-128)
  *    applied to the block's sum); the scalar ISA computes in f32 with unquantized activations.
+ *    mxfp4 is batch invariant on every ISA: a token's outputs are the same bits whatever n and
+ *    whichever tokens share the call (its gemv folds in its gemm's order), since a MoE expert's
+ *    token count depends on the rest of the batch (tests/kern/test_kern_mxfp4.c).
  *
  * NOTES: kern_init() is idempotent and must run before threads call kernels (engine creation
  * does it); kernels themselves are reentrant and take row ranges so a thread pool can shard.

@@ -14,6 +14,7 @@
  *    (quant_e8m0_half), exact, so the products are as exact as q8_0's (spec §4.5).
  * gemv streams the stored layout one block per register; gemm packs 8-row panels (one row per
  * int32 lane, 8x8 dword transpose) and reuses each 4-column weight group for 4 tokens.
+ * mxfp4's gemv reproduces the gemm's sums and order instead (batch invariance, "mxfp4 gemv").
  */
 #include "internal.h"
 #include "quant.h"
@@ -178,11 +179,7 @@ void kern_gemv_q4_0_q8_0_avx2(const void *w, const struct kern_act *a, float *y,
     gemv_q(QK_Q4_0, w, a, y, ldy, r0, r1);
 }
 
-void kern_gemv_mxfp4_q8_0_avx2(const void *w, const struct kern_act *a, float *y, size_t ldy,
-                               size_t r0, size_t r1)
-{
-    gemv_q(QK_MXFP4, w, a, y, ldy, r0, r1);
-}
+/* kern_gemv_mxfp4_q8_0_avx2 is below the gemm, whose order it reproduces. */
 
 /* ---- gemm -------------------------------------------------------------------------------- */
 
@@ -348,4 +345,145 @@ void kern_gemm_mxfp4_q8_0_avx2(const void *w, const struct kern_act *a, float *y
                                size_t r0, size_t r1)
 {
     gemm_q(QK_MXFP4, w, a, y, ldy, r0, r1);
+}
+
+/* ---- mxfp4 gemv: the gemm's sums in the gemm's order (batch invariance) -------------------- */
+
+/*
+ * As in avx512_q.c: whether the gemv or the gemm serves a token must not change its bits (a
+ * MoE expert's token count depends on the rest of the batch; issue 13), so this gemv computes
+ * what gemm_tile computes per (row, token): each block's exact integer sum, then per KC chunk
+ * facc = fma(float(sum), s * dx, facc) from 0 in block order, lane = row, chunks added in order
+ * through y. An 8-row panel is contiguous, so it is streamed row by row; each row's blocks are
+ * multiplied as the former gemv did and each 8-block group reduced to its 8 block sums
+ * (gv_reduce), kept in gv_buf, then transposed to lane = row (transpose8) and folded.
+ */
+#define GV_NT 2   /* tokens per pass over a panel */
+#define GV_WB 128 /* blocks per column window (a multiple of KC / 32) */
+
+struct gv_buf {
+    int32_t isum[GV_NT][PANEL][GV_WB]; /* exact block sums [token][row][block] */
+    float ws[PANEL][GV_WB];            /* weight scales 2^(e-128) [row][block] */
+    float wst[GV_WB][PANEL];           /* the same, lane = row (as struct panel's s) */
+};
+
+/* 8 vectors of dword partial sums (one block each) -> the 8 block sums, in order (exact). */
+INLINE __m256i gv_reduce(const __m256i p[8])
+{
+    __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    /* h0, 128-bit lane L: the lane-L sums of p[0..3]; h1 of p[4..7] */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
+                            _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+/* One row's block sums over blocks [0, nbk) of the window at block kb, tokens t..t+NT-1, into
+ * bf->isum[j][i] and, if want_s, its scales into bf->ws[i]; up to nbk rounded to 8 (0 past). */
+INLINE void gv_row(const uint8_t *row, size_t nbk, const struct kern_act *a, size_t kb,
+                   size_t t, int NT, struct gv_buf *bf, size_t i, int want_s)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (size_t g = 0; g < nbk; g += 8) {
+        const uint8_t *gb = row + g * 17;
+        size_t rem = nbk - g < 8 ? nbk - g : 8;
+        UNROLL for (size_t l = 0; l < 8 * 17; l += 64) _mm_prefetch((const char *)gb + PF_DIST + l,
+                                                                    _MM_HINT_T0);
+        __m256i wz[8], wa[8];
+        UNROLL for (size_t b = 0; b < 8; b++)
+        {
+            if (b < rem) {
+                wz[b] = signed_quants(QK_MXFP4, gb + 17 * b);
+                wa[b] = _mm256_abs_epi8(wz[b]);
+            } else {
+                wz[b] = wa[b] = _mm256_setzero_si256();
+            }
+            if (want_s)
+                bf->ws[i][g + b] = b < rem ? quant_e8m0_half(gb[17 * b]) : 0.0f;
+        }
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            const int8_t *xq = a->q + (t + (size_t)j) * a->ld + (kb + g) * 32;
+            __m256i p[8];
+            UNROLL for (size_t b = 0; b < 8; b++) p[b] =
+                b < rem ? _mm256_madd_epi16(
+                              _mm256_maddubs_epi16(
+                                  wa[b], _mm256_sign_epi8(
+                                             _mm256_loadu_si256((const __m256i *)(xq + 32 * b)), wz[b])),
+                              ones)
+                        : _mm256_setzero_si256();
+            _mm256_storeu_si256((__m256i *)(void *)(bf->isum[j][i] + g), gv_reduce(p));
+        }
+    }
+}
+
+/* y[t+j][r..r+8) (+)= the panel's window [kb, kb + nbk) for tokens j < NT: gemm_tile's float
+ * steps, in its order, on the transposed sums of bf (rows >= nr read row 0, not stored). */
+INLINE void gv_fold(const struct gv_buf *bf, size_t nbk, const struct kern_act *a, size_t kb,
+                    size_t t, int NT, float *y, size_t ldy, size_t r, size_t nr)
+{
+    for (size_t c0 = 0; c0 < nbk; c0 += KC / 32) {
+        size_t cn = nbk - c0 < KC / 32 ? nbk - c0 : KC / 32;
+        size_t k0 = (kb + c0) * 32;
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            size_t tj = t + (size_t)j;
+            const float *xd = a->d + (tj * a->cp + k0) / 32;
+            __m256 facc = _mm256_setzero_ps();
+            for (size_t g0 = 0; g0 < cn; g0 += 8) {
+                __m256i z[8];
+                UNROLL for (size_t i = 0; i < PANEL; i++) z[i] = _mm256_loadu_si256(
+                    (const __m256i *)(const void *)(bf->isum[j][i < nr ? i : 0] + c0 + g0));
+                transpose8(z);
+                size_t gn = cn - g0 < 8 ? cn - g0 : 8;
+                for (size_t g = 0; g < gn; g++)
+                    facc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(z[g]),
+                                           _mm256_mul_ps(_mm256_loadu_ps(bf->wst[c0 + g0 + g]),
+                                                         _mm256_set1_ps(xd[g0 + g])),
+                                           facc);
+            }
+            /* gemm_tile's store */
+            float *yo = y + tj * ldy + r;
+            float tmp[PANEL];
+            _mm256_storeu_ps(tmp, facc);
+            for (size_t i = 0; i < nr; i++)
+                yo[i] = k0 > 0 ? yo[i] + tmp[i] : tmp[i];
+        }
+    }
+}
+
+void kern_gemv_mxfp4_q8_0_avx2(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                               size_t r0, size_t r1)
+{
+    const size_t rb = kern__row_bytes(DT_MXFP4, a->cols), nb = a->cols / 32;
+    struct gv_buf bf __attribute__((aligned(32)));
+    for (size_t r = r0; r < r1; r += PANEL) {
+        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+        for (size_t kb = 0; kb < nb; kb += GV_WB) {
+            size_t nbk = nb - kb < GV_WB ? nb - kb : GV_WB;
+            for (size_t t = 0; t < a->n; t += GV_NT) {
+                size_t nt = a->n - t < GV_NT ? a->n - t : GV_NT;
+                for (size_t i = 0; i < nr; i++) {
+                    const uint8_t *row = (const uint8_t *)w + (r + i) * rb + kb * 17;
+                    if (nt == 1)
+                        gv_row(row, nbk, a, kb, t, 1, &bf, i, t == 0);
+                    else
+                        gv_row(row, nbk, a, kb, t, 2, &bf, i, t == 0);
+                }
+                if (t == 0) /* the scales, lane = row, once per window */
+                    for (size_t g = 0; g < nbk; g += 8) {
+                        __m256i z[8];
+                        UNROLL for (size_t i = 0; i < PANEL; i++) z[i] = _mm256_castps_si256(
+                            _mm256_loadu_ps(bf.ws[i < nr ? i : 0] + g));
+                        transpose8(z);
+                        size_t gn = nbk - g < 8 ? nbk - g : 8;
+                        for (size_t b = 0; b < gn; b++)
+                            _mm256_storeu_ps(bf.wst[g + b], _mm256_castsi256_ps(z[b]));
+                    }
+                if (nt == 1)
+                    gv_fold(&bf, nbk, a, kb, t, 1, y, ldy, r, nr);
+                else
+                    gv_fold(&bf, nbk, a, kb, t, 2, y, ldy, r, nr);
+            }
+        }
+    }
 }

@@ -17,7 +17,8 @@
  *   times the signed activation quants. Lane l then holds sum(wu*q) over 4 elements; the
  *   accumulator starts at kern_act.ns4 = -offset * (sum of those 4 quants), offset = 8 (q4_0)
  *   or 128 (q8_0), giving the exact signed dot. Each lane is converted and scaled by its
- *   block's weight scale x activation scale.
+ *   block's weight scale x activation scale. (mxfp4's gemv instead reproduces the gemm's sums
+ *   and order, for batch invariance: "mxfp4 gemv" below.)
  *
  * gemm (prefill): a panel of 16 rows x KC columns is unpacked to the same unsigned bytes and
  *   transposed so that one zmm holds 4 consecutive columns of all 16 rows (lane = row);
@@ -257,11 +258,6 @@ INLINE void gemv_tile(enum qk k, const uint8_t *w, size_t rb, size_t r, int NR,
             UNROLL for (int i = 0; i < NR; i++)
             {
                 __m512i dot = _mm512_dpbusd_epi32(ns, wz[i], q);
-                if (k == QK_MXFP4) { /* scales first (see gemm_tile) */
-                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[i], dx),
-                                                acc[i][j]);
-                    continue;
-                }
                 __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), dx);
                 acc[i][j] = _mm512_fmadd_ps(f, dw[i], acc[i][j]);
             }
@@ -312,11 +308,7 @@ void kern_gemv_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *
     gemv_q(QK_Q4_0, w, a, y, ldy, r0, r1);
 }
 
-void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float *y,
-                                 size_t ldy, size_t r0, size_t r1)
-{
-    gemv_q(QK_MXFP4, w, a, y, ldy, r0, r1);
-}
+/* kern_gemv_mxfp4_q8_0_avx512 is below the gemm, whose order it reproduces. */
 
 /* ---- gemm -------------------------------------------------------------------------------- */
 
@@ -611,6 +603,218 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
                                  size_t ldy, size_t r0, size_t r1)
 {
     gemm_q(QK_MXFP4, w, a, y, ldy, r0, r1);
+}
+
+/* ---- mxfp4 gemv: the gemm's sums in the gemm's order (batch invariance) -------------------- */
+
+/*
+ * In a mixture-of-experts layer the number of tokens that reach an expert depends on the other
+ * sequences in the batch, so whether the gemv (n < gemm_min_n) or the gemm runs must not change
+ * a token's bits (issue 13: batched = alone). This gemv therefore computes exactly what
+ * gemm_tile computes for each (row, token): the exact integer sum of each block, then per KC
+ * chunk of 32 blocks facc = fma(float(sum), s * dx, facc) from 0 in block order, lane = row,
+ * and the chunks added in order through y. How it stays a gemv: a 16-row panel is contiguous, so
+ * it is streamed row by row (one sequential run, as before); each row's 16-block groups are
+ * multiplied with vpdpbusd (gv_row) and reduced to their 16 exact block sums (gv_reduce), kept
+ * in gv_buf; then the sums and scales of
+ * the panel are transposed to lane = row (transpose16) and folded as gemm_tile folds them.
+ * Columns go in windows of GV_WB blocks (a multiple of KC / 32, so chunks never straddle one).
+ */
+#define GV_NT 4   /* tokens per pass over a panel (each row's unpacked weights are shared) */
+#define GV_WB 128 /* blocks per column window (4096 columns) */
+
+struct gv_buf {
+    int32_t isum[GV_NT][PANEL][GV_WB]; /* exact block sums [token][row][block] */
+    float ws[PANEL][GV_WB];            /* weight scales 2^(e-128) [row][block] */
+    float wst[GV_WB][PANEL];           /* the same, lane = row (as struct panel's s) */
+    int8_t aq[GV_NT][GV_WB * 32];      /* the window's activation quants, gv_arrange's order */
+    int32_t ans[GV_NT][GV_WB * 4];     /* their offset corrections, likewise */
+};
+
+/*
+ * The products go 4 blocks (a quad) per vector so that few shuffles remain: lane 4m + k holds
+ * block m's element groups k and k + 4 (4 elements each; low nibbles of qs dwords k, then the
+ * high ones), two vpdpbusd per quad. The activations are laid out to match once per window
+ * and token tile, for all panels (gv_arrange): aq = per quad [4 x 16 low elements][4 x 16
+ * high ones], ans = per quad the offset corrections ns4[k] + ns4[k + 4] of lane 4m + k.
+ */
+static void gv_arrange(const struct kern_act *a, size_t kb, size_t nbk, size_t t, size_t nt,
+                       struct gv_buf *bf)
+{
+    size_t nb16 = (nbk + 15) / 16 * 16;
+    for (size_t j = 0; j < nt; j++) {
+        const int8_t *q = a->q + (t + j) * a->ld + kb * 32;
+        const int32_t *ns = a->ns4 + (t + j) * a->cp / 4 + kb * 8;
+        for (size_t b = 0; b < nb16; b++) {
+            int8_t *lo = bf->aq[j] + b / 4 * 128 + b % 4 * 16;
+            int32_t *c = bf->ans[j] + b / 4 * 16 + b % 4 * 4;
+            if (b < nbk) {
+                memcpy(lo, q + b * 32, 16);
+                memcpy(lo + 64, q + b * 32 + 16, 16);
+                for (size_t k = 0; k < 4; k++)
+                    c[k] = ns[b * 8 + k] + ns[b * 8 + k + 4];
+            } else {
+                memset(lo, 0, 16);
+                memset(lo + 64, 0, 16);
+                memset(c, 0, 4 * sizeof *c);
+            }
+        }
+    }
+}
+
+/* Lanes (a, b) -> adjacent pairs summed: even lanes from a, odd from b (1 shuffle). */
+INLINE __m512i gv_merge(__m512i a, __m512i b, __mmask16 m, int swap64)
+{
+    __m512i u = _mm512_mask_blend_epi32(m, a, b), v = _mm512_mask_blend_epi32(m, b, a);
+    v = swap64 ? _mm512_shuffle_epi32(v, _MM_PERM_BADC) : _mm512_shuffle_epi32(v, _MM_PERM_CDAB);
+    return _mm512_add_epi32(u, v);
+}
+
+/* 4 quad vectors (e[v] lane 4m + k: block 4v + m) -> the 16 block sums in block order (exact). */
+INLINE __m512i gv_reduce(const __m512i e[4])
+{
+    __m512i s = gv_merge(gv_merge(e[0], e[1], 0xaaaa, 0), gv_merge(e[2], e[3], 0xaaaa, 0), 0xcccc,
+                         1);
+    /* lane 4m + v = block 4v + m */
+    return _mm512_permutexvar_epi32(
+        _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), s);
+}
+
+/*
+ * One row's block sums over blocks [0, nbk) of the window (tokens j < NT, activations from
+ * gv_arrange) into bf->isum[j][i] and, if want_s, its scales into bf->ws[i]; positions up to
+ * nbk rounded up to 16 are written (0 past nbk). The row's bytes past block nbk are never read.
+ */
+INLINE void gv_row(const uint8_t *row, size_t nbk, int NT, struct gv_buf *bf, size_t i,
+                   const int want_s)
+{
+    const __m512i ukv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mxfp4_ukv));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (size_t g = 0; g < nbk; g += 16) {
+        const uint8_t *gb = row + g * 17;
+        size_t rem = nbk - g;
+        __m512i wl[4], wh[4];
+        if (rem >= 16) {
+            UNROLL for (size_t l = 0; l < 16 * 17; l += 64) _mm_prefetch(
+                (const char *)gb + pf_dist[QK_MXFP4] + l, _MM_HINT_T0);
+            if (want_s)
+                _mm512_storeu_ps(bf->ws[i] + g, scales16(QK_MXFP4, gb));
+        } else if (want_s) {
+            for (size_t b = 0; b < 16; b++)
+                bf->ws[i][g + b] = b < rem ? quant_e8m0_half(gb[17 * b]) : 0.0f;
+        }
+        UNROLL for (size_t v = 0; v < 4; v++)
+        {
+            /* the qs of blocks 4v..4v+3, one per 128-bit lane (absent blocks: 0) */
+            __m512i z = _mm512_setzero_si512();
+            UNROLL for (size_t m = 0; m < 4; m++)
+            {
+                if (rem >= 16 || 4 * v + m < rem)
+                    z = _mm512_mask_broadcast_i32x4(
+                        z, (__mmask16)(0xfu << (4 * m)),
+                        _mm_loadu_si128((const __m128i *)(gb + 17 * (4 * v + m) + 1)));
+            }
+            wl[v] = _mm512_shuffle_epi8(ukv, _mm512_and_si512(z, m4));
+            wh[v] = _mm512_shuffle_epi8(ukv, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
+        }
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            const int8_t *aq = bf->aq[j] + g * 32;
+            const int32_t *an = bf->ans[j] + g * 4;
+            __m512i e[4];
+            UNROLL for (size_t v = 0; v < 4; v++)
+            {
+                __m512i acc = _mm512_dpbusd_epi32(_mm512_loadu_si512(an + 16 * v), wl[v],
+                                                  _mm512_loadu_si512(aq + 128 * v));
+                e[v] = _mm512_dpbusd_epi32(acc, wh[v], _mm512_loadu_si512(aq + 128 * v + 64));
+            }
+            _mm512_storeu_si512(bf->isum[j][i] + g, gv_reduce(e));
+        }
+    }
+}
+
+/* y[t+j][r..r+16) (+)= the panel's window [kb, kb + nbk) for tokens j < NT: gemm_tile's float
+ * steps, in its order, on the transposed sums of bf (rows >= nr read row 0 and are not stored). */
+INLINE void gv_fold(const struct gv_buf *bf, size_t nbk, const struct kern_act *a, size_t kb,
+                    size_t t, int NT, float *y, size_t ldy, size_t r, size_t nr, __mmask16 rm)
+{
+    for (size_t c0 = 0; c0 < nbk; c0 += KC / 32) {
+        size_t cn = nbk - c0 < KC / 32 ? nbk - c0 : KC / 32;
+        size_t k0 = (kb + c0) * 32;
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            size_t tj = t + (size_t)j;
+            const float *xd = a->d + (tj * a->cp + k0) / 32;
+            __m512 facc = _mm512_setzero_ps();
+            for (size_t g0 = 0; g0 < cn; g0 += 16) {
+                __m512i z[16];
+                UNROLL for (size_t i = 0; i < PANEL; i++) z[i] =
+                    _mm512_loadu_si512(bf->isum[j][i < nr ? i : 0] + c0 + g0);
+                transpose16(z);
+                size_t gn = cn - g0 < 16 ? cn - g0 : 16;
+                for (size_t g = 0; g < gn; g++) {
+                    size_t b = c0 + g0 + g;
+                    facc = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(z[g]),
+                        _mm512_mul_ps(_mm512_loadu_ps(bf->wst[b]), _mm512_set1_ps(xd[g0 + g])),
+                        facc);
+                }
+            }
+            float *yo = y + tj * ldy + r;
+            if (k0 > 0)
+                facc = _mm512_add_ps(facc, _mm512_maskz_loadu_ps(rm, yo));
+            _mm512_mask_storeu_ps(yo, rm, facc);
+        }
+    }
+}
+
+void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float *y,
+                                 size_t ldy, size_t r0, size_t r1)
+{
+    const size_t rb = kern__row_bytes(DT_MXFP4, a->cols), nb = a->cols / 32;
+    struct gv_buf bf __attribute__((aligned(64)));
+    /* windows in order (each output's chunks are added in column order), the activations
+     * arranged once per window and token tile for all panels */
+    for (size_t kb = 0; kb < nb; kb += GV_WB) {
+        size_t nbk = nb - kb < GV_WB ? nb - kb : GV_WB;
+        for (size_t t = 0; t < a->n; t += GV_NT) {
+            size_t nt = a->n - t < GV_NT ? a->n - t : GV_NT;
+            gv_arrange(a, kb, nbk, t, nt, &bf);
+            for (size_t r = r0; r < r1; r += PANEL) {
+                size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
+                __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+                for (size_t i = 0; i < nr; i++) {
+                    const uint8_t *row = (const uint8_t *)w + (r + i) * rb + kb * 17;
+                    switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gv_row(row, nbk, T, &bf, i, 1);                                                      \
+        break;
+                        CASE_(1) CASE_(2) CASE_(3) CASE_(4)
+#undef CASE_
+                    }
+                }
+                /* the panel's scales, lane = row */
+                for (size_t g = 0; g < nbk; g += 16) {
+                    __m512i z[16];
+                    UNROLL for (size_t i = 0; i < PANEL; i++) z[i] =
+                        _mm512_castps_si512(_mm512_loadu_ps(bf.ws[i < nr ? i : 0] + g));
+                    transpose16(z);
+                    size_t gn = nbk - g < 16 ? nbk - g : 16;
+                    for (size_t b = 0; b < gn; b++)
+                        _mm512_storeu_ps(bf.wst[g + b], _mm512_castsi512_ps(z[b]));
+                }
+                switch (nt) {
+#define CASE_(T)                                                                             \
+    case T:                                                                                  \
+        gv_fold(&bf, nbk, a, kb, t, T, y, ldy, r, nr, rm);                                   \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4)
+#undef CASE_
+                }
+            }
+        }
+    }
 }
 
 /* ---- gemm on q4_0 panels repacked at load time (quant.h, "q4_0 panels") ------------------ */

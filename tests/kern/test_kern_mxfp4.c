@@ -12,7 +12,10 @@
  *    2^(127-e) so the products stay finite;
  *  - expert slices: kern_matmul_act on rows starting at any byte (an expert of a 3D tensor
  *    [experts][rows][cols] is a pointer offset of a multiple of 17 bytes) gives the same bits as
- *    on a 64-byte aligned copy, on every ISA.
+ *    on a 64-byte aligned copy, on every ISA;
+ *  - batch invariance: every token's row, for n = 1..33 tokens drawn at random, equals its
+ *    n = 1 bits through kern_matmul, kern_matmul_act and each gemv and gemm variant, on every
+ *    ISA (a MoE expert's token count depends on the rest of the batch).
  *
  * Stated bounds (S = sum |w*x| of each output, w the dequantized weights):
  *  - variant vs its twin (same int8 activations, exact integer products |w'| <= 12 times
@@ -390,6 +393,81 @@ static void test_expert_slices(void **state)
         }
 }
 
+/*
+ * Batch invariance (issue 13, acceptance 4: batched = alone): a MoE expert sees however many
+ * tokens the batch routes to it, so each token's row must not depend on n or on the other
+ * tokens of the call. From a pool of 33 tokens, for n = 1..33 and a random subset (random
+ * order) of n of them, kern_matmul, kern_matmul_act and each of this ISA's variants (gemv and
+ * gemm alike, whatever n) give, for every token, the bits kern_matmul gives it alone (n = 1).
+ * Shapes: gpt-oss's 2880 columns (90 blocks: 16-block groups and a tail), partial panels, and
+ * more than one 4096-column window of the AVX gemvs.
+ */
+static void test_batch_invariance(void **state)
+{
+    g_case = isa_case_begin(state);
+    enum { POOL = 33 };
+    static const size_t shapes[][2] = {{37, 2880}, {21, 32 * 17}, {18, 32 * 131}, {5, 32}};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        const size_t rows = shapes[sh][0], cols = shapes[sh][1];
+        struct mcase c;
+        make_case(&c, rows, cols, POOL, 0);
+        float *alone = malloc(POOL * rows * sizeof(float)), *x = malloc(POOL * cols * sizeof(float));
+        float *y = malloc(POOL * rows * sizeof(float));
+        size_t act_bytes;
+        assert_int_equal(kern_act_bytes(DT_MXFP4, cols, POOL, &act_bytes), 0);
+        void *buf = aligned_alloc(64, round64(act_bytes));
+        assert_non_null(alone);
+        assert_non_null(x);
+        assert_non_null(y);
+        assert_non_null(buf);
+        for (size_t t = 0; t < POOL; t++)
+            kern_matmul(DT_MXFP4, c.w, cols, c.x + t * cols, 1, alone + t * rows, rows, 0, rows);
+        size_t pick[POOL];
+        for (size_t n = 1; n <= POOL; n++) {
+            /* a random n-subset in random order: a partial Fisher-Yates shuffle */
+            for (size_t i = 0; i < POOL; i++)
+                pick[i] = i;
+            for (size_t i = 0; i < n; i++) {
+                size_t k = rndz(i, POOL - 1), tmp = pick[i];
+                pick[i] = pick[k];
+                pick[k] = tmp;
+            }
+            for (size_t i = 0; i < n; i++)
+                memcpy(x + i * cols, c.x + pick[i] * cols, cols * sizeof(float));
+            struct kern_act a;
+            kern_act_init(&a, DT_MXFP4, x, cols, n, buf);
+            kern_act_prepare(&a, 0, n);
+            /* 0: kern_matmul, 1: kern_matmul_act, 2..: the variants of this ISA */
+            for (size_t e = 0; e < 2 + sizeof variants / sizeof variants[0]; e++) {
+                const char *name = e == 0 ? "kern_matmul" : e == 1 ? "kern_matmul_act" : variants[e - 2].name;
+                if (e >= 2 && variants[e - 2].isa != g_case->isa)
+                    continue;
+                for (size_t i = 0; i < n * rows; i++)
+                    y[i] = SENTINEL;
+                if (e == 0)
+                    kern_matmul(DT_MXFP4, c.w, cols, x, n, y, rows, 0, rows);
+                else if (e == 1)
+                    kern_matmul_act(c.w, &a, y, rows, 0, rows);
+                else
+                    variants[e - 2].fn(c.w, &a, y, rows, 0, rows);
+                for (size_t i = 0; i < n; i++)
+                    for (size_t r = 0; r < rows; r++) {
+                        float got = y[i * rows + r], want = alone[pick[i] * rows + r];
+                        if (memcmp(&got, &want, sizeof got) != 0)
+                            fail_msg("%s (%s): rows %zu cols %zu n %zu: token %zu (pool %zu) "
+                                     "row %zu = %.9g, alone %.9g",
+                                     name, g_case->name, rows, cols, n, i, pick[i], r, got, want);
+                    }
+            }
+        }
+        free(buf);
+        free(y);
+        free(x);
+        free(alone);
+        free_case(&c);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +475,7 @@ int main(void)
         ISA_CASE_TESTS(test_matmul_mxfp4),
         ISA_CASE_TESTS(test_matmul_mxfp4_extreme_e),
         ISA_CASE_TESTS(test_expert_slices),
+        ISA_CASE_TESTS(test_batch_invariance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
