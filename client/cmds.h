@@ -37,6 +37,7 @@ int cmd_sparsify(int argc, char **argv);
 
 /* Online commands: gRPC to clocherd (client/online/rpc.h). */
 int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_batch(int argc, char **argv);
 int cmd_adapters(int argc, char **argv);
 int cmd_health(int argc, char **argv);

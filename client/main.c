@@ -16,6 +16,7 @@ static const struct cmd commands[] = {
     {"adapters", cmd_adapters, "list, load or unload clocherd's LoRA adapters"},
     {"batch", cmd_batch, "JSON lines of requests -> JSON lines of results (clocherd)"},
     {"bench", cmd_bench, "concurrent streams against clocherd: throughput, latencies"},
+    {"chat", cmd_chat, "a conversation (messages) through clocherd's chat template, by channel"},
     {"convert", cmd_convert, "convert a llama2.c / Hugging Face / GGUF model to IEBIN"},
     {"detokenize", cmd_detokenize, "token ids on stdin -> text on stdout"},
     {"generate", cmd_generate, "stream a completion from clocherd"},

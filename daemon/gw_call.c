@@ -1378,6 +1378,25 @@ int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
     }
     if (begin_stream(c) < 0)
         goto out;
+    /* the tenant's quotas, as for a BatchGenerate of n (the HTTP door maps the refusal to 429
+     * with Retry-After) */
+    size_t longest = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = reqs[i] ? reqs[i]->prompt : NULL;
+        if (p && strlen(p) > longest)
+            longest = strlen(p);
+    }
+    char qwhy[512];
+    int qst = gw__quota_admit(g, c->tcfg, c->tenant, (uint32_t)n, (uint32_t)n, longest, qwhy,
+                              sizeof qwhy, NULL);
+    if (qst) {
+        end_call(c, qst, "%s", qwhy);
+        goto out;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->n_items; i++)
+        c->items[i].queued = true;
+    pthread_mutex_unlock(&c->mu);
     struct gw_req_ctx ctx;
     struct gw_model_info mi;
     ctx_init(c, &ctx, &mi);

@@ -10,7 +10,6 @@
  * unreachable, 6 the daemon ended the call with an error status.
  */
 #include "cmds.h"
-#include "cmd_chat.h"
 
 #include "err.h"
 #include "genreq.h"

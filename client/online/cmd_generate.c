@@ -7,7 +7,6 @@
  * status, printed with how many tokens had already arrived.
  */
 #include "cmds.h"
-#include "cmd_chat.h"
 
 #include "err.h"
 #include "genreq.h"
@@ -108,9 +107,6 @@ static char *join_args(int n, char **v)
 
 int cmd_generate(int argc, char **argv)
 {
-    /* `clocher generate --chat ...` is `clocher chat ...` (until client/main.c lists chat) */
-    if (argc > 1 && strcmp(argv[1], "--chat") == 0)
-        return cmd_chat(argc - 1, argv + 1);
     struct rpc_opts o;
     rpc_opts_init(&o, 0);
     bool json = false, print_ids = false, verbose = false;

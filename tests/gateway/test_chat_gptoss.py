@@ -330,9 +330,8 @@ def run_forced(d, max_tokens):
 
 
 def client_chat(fd, *args):
-    """`clocher chat` (reached as `clocher generate --chat` until client/main.c lists it):
-    (exit code, stdout, stderr)."""
-    p = subprocess.run([T.CLOCHER, "generate", "--chat", "--addr", "unix:" + fd.sock,
+    """`clocher chat`: (exit code, stdout, stderr)."""
+    p = subprocess.run([T.CLOCHER, "chat", "--addr", "unix:" + fd.sock,
                         "--api-key", "alice-key-0001", "--temperature", "0", *args],
                        capture_output=True, text=True, timeout=60)
     return p.returncode, p.stdout, p.stderr

@@ -17,6 +17,7 @@ import gwtest  # noqa: E402
 
 ALICE = "alice-key-0001"
 BOB = "bob-key-0000002"
+CAROL = "carol-key-00003"
 
 
 def start_daemon(**extra_cfg):
@@ -29,7 +30,9 @@ def start_daemon(**extra_cfg):
                       tenants=[{"name": "alice", "api_keys": [ALICE], "allowed_adapters": "*",
                                 "max_concurrent_streams": 64},
                                {"name": "bob", "api_keys": [BOB], "allowed_adapters": [],
-                                "max_concurrent_streams": 1}],
+                                "max_concurrent_streams": 1},
+                               {"name": "carol", "api_keys": [CAROL], "allowed_adapters": [],
+                                "requests_per_s": 1}],
                       adapters={"ad1": ad},
                       limits={"max_prompt_tokens": 64, "max_tokens": 1000},
                       extra=dict({"http": http_cfg,

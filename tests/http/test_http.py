@@ -312,6 +312,18 @@ def test_429_tenant_stream_limit(d):
                 what="bob's stream slot back")
 
 
+def test_429_tenant_quota(d):
+    """The tenant quotas (issue 15) hold on the HTTP door too: carol may start 1 request per
+    second; a burst gets 429 naming the limit, with Retry-After."""
+    body = {"model": d.model_name, "prompt": "x", "max_tokens": 1}
+    codes = [ht.post(d, "/v1/completions", body, key=ht.CAROL) for _ in range(4)]
+    refused = [r for r in codes if r[0] == 429]
+    assert refused, [r[0] for r in codes]
+    assert "requests_per_s" in ht.error_of(refused[0])["message"], ht.error_of(refused[0])
+    assert refused[0][2].getheader("Retry-After")
+    assert codes[0][0] == 200, codes[0]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_disconnect_cancels(d, stream):
     cancelled = ht.metric(d, "clocher_requests_total", status="CANCELLED", tenant="alice")
