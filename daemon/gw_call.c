@@ -258,7 +258,9 @@ static void consume_run(struct gw_item *it, char saved)
     if (text_len < it->text_len)
         it->text[text_len] = saved;
     it->sent_tokens += n_ids;
-    memmove(it->ids, it->ids + n_ids, (it->n_ids - n_ids) * sizeof *it->ids);
+    if (it->ids) /* NULL until the first id (an item that failed before any: memmove's
+                    arguments must not be NULL even for 0 bytes) */
+        memmove(it->ids, it->ids + n_ids, (it->n_ids - n_ids) * sizeof *it->ids);
     it->n_ids -= n_ids;
     if (it->text) {
         memmove(it->text, it->text + text_len, it->text_len - text_len + 1);
@@ -650,7 +652,8 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
             item_fail(c, it, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
             break;
         }
-        memcpy(it->ans_ids, m->ids.ids, m->ids.n_ids * sizeof *it->ans_ids);
+        if (m->ids.n_ids)
+            memcpy(it->ans_ids, m->ids.ids, m->ids.n_ids * sizeof *it->ans_ids);
         it->n_ans = m->ids.n_ids;
         gw__quota_charge(g, c->tcfg, c->tenant, m->ids.n_ids);
         it->done = true, c->n_open--;
