@@ -71,6 +71,11 @@ static void test_params(void **state)
     bad_param(p, "repeat_penalty 0 must be > 0");
     p.repeat_penalty = NAN;
     bad_param(p, "repeat_penalty nan");
+    p = params(1.0f);
+    p.repeat_penalty = 1e7f;
+    bad_param(p, "at most 1e6"); /* names the bound (issue 15: was "finite") */
+    p = params(1e38f);
+    bad_param(p, "temperature 1e+38 must be >= 0 and at most 1e6");
 
     p = params(1.0f);
     struct sampler *s;
@@ -87,6 +92,31 @@ static void test_params(void **state)
 }
 
 /* ---- greedy ------------------------------------------------------------------------------- */
+
+/* Non-finite logits (a NaN weight) are refused with ERR_STATE, never sampled as token 0. */
+static void test_non_finite_logits(void **state)
+{
+    (void)state;
+    const float nan1[] = {NAN, -1.0f, 2.0f, 0.5f};
+    const float ninf[] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    const float pinf[] = {INFINITY, INFINITY, INFINITY, INFINITY};
+    const float some_inf[] = {-INFINITY, 1.0f, -INFINITY, 0.5f};
+    const float temps[] = {0.0f, 1.0f};
+    for (int t = 0; t < 2; t++) {
+        struct sampler_params p = params(temps[t]);
+        struct sampler *s = make(&p, 4);
+        const float *bad[] = {nan1, ninf, pinf};
+        for (int i = 0; i < 3; i++) {
+            tu_log_capture_begin();
+            assert_int_equal(sampler_sample(s, bad[i], NULL, 0), ERR_STATE);
+            tu_assert_log_contains("non-finite logits", NULL);
+            tu_log_capture_end();
+        }
+        int32_t id = sampler_sample(s, some_inf, NULL, 0); /* masked ids are fine */
+        assert_true(id == 1 || (t == 1 && id == 3));
+        sampler_destroy(s);
+    }
+}
 
 static void test_argmax(void **state)
 {
@@ -528,6 +558,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_params),
         cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_non_finite_logits),
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_seed),
         cmocka_unit_test(test_top_k),

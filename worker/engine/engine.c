@@ -820,6 +820,10 @@ static void sample_and_emit(struct engine *e, struct ereq *r, const float *logit
     if (e->tap)
         e->tap(e->tap_ud, r->id, r->n_gen, logits, e->m->hp.vocab_size);
     int32_t id = sampler_sample(r->smp, logits, r->tokens, r->n_tok);
+    if (id < 0) { /* only this request's row: the others in the batch go on */
+        fail(e, r, id, "non-finite logits: the model's weights or activations hold NaN/Inf");
+        return;
+    }
     if (r->n_gen == 0)
         r->t_first = t;
     r->t_last = t;

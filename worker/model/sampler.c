@@ -16,6 +16,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +46,7 @@ int sampler_params_check(const struct sampler_params *p)
 {
     /* written so that NaN fails every test */
     if (!(p->temperature >= 0.0f && p->temperature <= 1e6f)) {
-        LOG_ERR("sampler: temperature %g must be >= 0 and finite (0 = greedy)",
+        LOG_ERR("sampler: temperature %g must be >= 0 and at most 1e6 (0 = greedy)",
                 (double)p->temperature);
         return ERR_RANGE;
     }
@@ -58,7 +59,7 @@ int sampler_params_check(const struct sampler_params *p)
         return ERR_RANGE;
     }
     if (!(p->repeat_penalty > 0.0f && p->repeat_penalty <= 1e6f)) {
-        LOG_ERR("sampler: repeat_penalty %g must be > 0 and finite (1 = off)",
+        LOG_ERR("sampler: repeat_penalty %g must be > 0 and at most 1e6 (1 = off)",
                 (double)p->repeat_penalty);
         return ERR_RANGE;
     }
@@ -117,7 +118,27 @@ int32_t sampler_argmax(const float *x, size_t n)
     return (int32_t)best;
 }
 
-/* s->logits = logits with NaN as -inf and the repetition penalty applied. */
+/*
+ * 0 if logits are usable: no NaN, and not all infinite (all -inf leaves nothing to draw, all
+ * +inf has no ordering); else ERR_STATE, logged once. A model with a NaN weight gets here, and
+ * sampling token 0 from it would hide the fault (issue 15). Cheap: one pass, vectorizable.
+ */
+static int logits_check(const float *logits, uint32_t n)
+{
+    uint32_t n_nan = 0, n_inf = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        n_nan += isnan(logits[i]) != 0;
+        n_inf += isinf(logits[i]) != 0;
+    }
+    if (n_nan == 0 && n_inf < n)
+        return 0;
+    LOG_ERR("sampler: non-finite logits (%" PRIu32 " NaN, %" PRIu32 " infinite of %" PRIu32
+            "): the model's weights or activations are broken",
+            n_nan, n_inf, n);
+    return ERR_STATE;
+}
+
+/* s->logits = logits with NaN as -inf (sampler_candidates) and the repetition penalty applied. */
 static void penalize(struct sampler *s, const float *logits, const int32_t *history, size_t n)
 {
     for (uint32_t i = 0; i < s->vocab; i++)
@@ -280,6 +301,9 @@ void sampler_candidates(struct sampler *s, const float *logits, const int32_t *h
 int32_t sampler_sample(struct sampler *s, const float *logits, const int32_t *history,
                        size_t n_history)
 {
+    int rc = logits_check(logits, s->vocab);
+    if (rc)
+        return rc;
     penalize(s, logits, history, n_history);
     if (s->p.temperature == 0.0f)
         return sampler_argmax(s->logits, s->vocab);

@@ -54,8 +54,9 @@ void sampler_reset(struct sampler *s);
 /*
  * The next token for logits [vocab_size] (not modified). history[0..n_history) are the
  * sequence's tokens so far (prompt and generated) for the repetition penalty; ids outside the
- * vocabulary are ignored. NaN logits count as -inf; if no logit is above -inf the result is
- * the lowest id.
+ * vocabulary are ignored. Returns a token id >= 0, or ERR_STATE (logged; the message says
+ * "non-finite logits") when any logit is NaN or every logit is infinite: a broken model must
+ * fail the request, not emit token 0.
  */
 int32_t sampler_sample(struct sampler *s, const float *logits, const int32_t *history,
                        size_t n_history);
