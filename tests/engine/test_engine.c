@@ -25,6 +25,7 @@
 #include "model.h"
 #include "sampler.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -808,6 +809,87 @@ static void test_mixed_adapters(void **state)
 
 /* ---- 5. snapshots -------------------------------------------------------------------------- */
 
+/*
+ * Puts a NaN in token tok's embedding row of a fresh copy of the model (written bytes, no
+ * converter: it refuses NaN) and returns its directory. The row's f32 bytes are found by
+ * content in the copy's files, so the test does not depend on the IEBIN layout.
+ */
+static char *nan_model(int32_t tok, char **tmp)
+{
+    char *dir = golden_import(DT_F32, tmp);
+    size_t dim = g_model->hp.dim;
+    float *row = malloc(dim * sizeof *row); /* [dim] */
+    assert_non_null(row);
+    model_embed_row(g_model, (uint32_t)tok, row);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int patched = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        if (de->d_name[0] == '.')
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        FILE *f = fopen(path, "r+b");
+        if (!f)
+            continue;
+        fseek(f, 0, SEEK_END);
+        long n = ftell(f);
+        rewind(f);
+        char *buf = malloc((size_t)n + 1);
+        assert_non_null(buf);
+        assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+        char *hit = memmem(buf, (size_t)n, row, dim * sizeof *row);
+        if (hit) {
+            float nan = NAN;
+            fseek(f, (long)(hit - buf), SEEK_SET);
+            assert_int_equal(fwrite(&nan, sizeof nan, 1, f), 1);
+            patched++;
+        }
+        free(buf);
+        fclose(f);
+    }
+    closedir(d);
+    free(row);
+    assert_int_equal(patched, 1);
+    return dir;
+}
+
+/* A NaN weight fails the requests with "non-finite logits" (issue 15: it used to emit token 0).
+ * stories260K ties its classifier to the embedding, so the NaN row is also logit tok of every
+ * request: both requests of the batch fail, each on its own error path, with no token emitted. */
+static void test_nan_weights(void **state)
+{
+    (void)state;
+    const int32_t tok = 300;
+    char *tmp;
+    char *dir = nan_model(tok, &tmp);
+    struct engine_config cfg = {
+        .model_dir = dir, .n_threads = 2, .kv_dtype = DT_F32, .max_step_tokens = 64,
+        .max_running = 2, .max_queue = 2,
+    };
+    struct engine *e;
+    assert_int_equal(engine_create(&cfg, on_event, NULL, &e), 0);
+    const int32_t bad[] = {1, tok, 301};
+    const int32_t good[] = {1, 302, 301};
+    struct got gb = {0}, gg = {0};
+    struct engine_request rb = greedy_req(bad, 3, 4, 1, &gb);
+    struct engine_request rg = greedy_req(good, 3, 4, 1, &gg);
+    tu_log_capture_begin();
+    assert_int_equal(engine_submit(e, &rb, &gb.id), 0);
+    assert_int_equal(engine_submit(e, &rg, &gg.id), 0);
+    run_until_idle(e, 100);
+    tu_assert_log_contains("non-finite logits", NULL);
+    tu_log_capture_end();
+    assert_int_equal(gb.error, ERR_STATE);
+    assert_int_equal(gb.n, 0);
+    assert_int_equal(gg.error, ERR_STATE);
+    assert_int_equal(gg.n, 0);
+    engine_destroy(e);
+    tu_rmtree(tmp);
+    free(tmp);
+    free(dir);
+}
+
 static void test_snapshot(void **state)
 {
     (void)state;
@@ -879,6 +961,7 @@ int main(void)
         cmocka_unit_test(test_tenant_fair_prefill),
         cmocka_unit_test(test_mixed_adapters),
         cmocka_unit_test(test_snapshot),
+        cmocka_unit_test(test_nan_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
