@@ -692,6 +692,8 @@ static int run_one(struct engine_ctx *E, const struct prompt *p, bool measured_f
 
     for (uint32_t i = 0; i < o->max_new; i++) {
         int32_t id = sampler_sample(E->smp, logits, E->hist, n_hist);
+        if (id < 0)
+            return id; /* non-finite logits: the sampler logged it */
         double t = mono_sec();
         if (i == 0)
             t_first = t;
