@@ -187,6 +187,22 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
     }
 }
 
+/* A source row holding NaN or an infinity (in its values or, for a block type, its scales)
+ * is refused naming the element: such weights would only surface later as broken logits.
+ * row: [n] the source row already widened to f32. */
+static int check_finite_row(const char *what, const char *src, uint64_t row, const float *x,
+                            size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            LOG_ERR("%s: tensor '%s': row %llu, element %zu is %s (a checkpoint with non-finite "
+                    "weights is broken)",
+                    what, src, (unsigned long long)row, i, isnan(x[i]) ? "NaN" : "infinite");
+            return ERR_RANGE;
+        }
+    return 0;
+}
+
 /* E8M0 255 is NaN: a checkpoint holding it is broken, and no kernel handles it. */
 static int check_e8m0(const char *what, const char *src, uint64_t row, uint64_t block, uint8_t e)
 {
@@ -300,9 +316,13 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
                 continue;
             }
             const uint8_t *sp = st->data + sr * src_rb;
-            if (st->dtype == DT_MXFP4)
+            if (st->dtype == DT_MXFP4) {
                 for (uint64_t b = 0; b < cols / 32 && rc == 0; b++)
                     rc = check_e8m0(what, st->name, sr, b, sp[b * 17]);
+            } else { /* widened once more for the check: cheap beside reading the source */
+                kern_row_to_f32(st->dtype, sp, tmp, cols);
+                rc = check_finite_row(what, st->name, sr, tmp, cols);
+            }
             if (rc == 0)
                 rc = convert_row(st->dtype, sp, to, d, tmp, cols, search);
         }

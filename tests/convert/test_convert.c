@@ -182,6 +182,7 @@ struct hf_spoil {
     const char *as_i32;    /* store this HF tensor as I32 */
     const char *bias;      /* add a tensor of this name */
     bool no_permute;       /* store q/k unpermuted (a checkpoint in the wrong order) */
+    const char *nan_in;    /* put a NaN at element [1][2] of this HF tensor */
 };
 
 /* config.json of the reference model; the caller may edit it before saving. */
@@ -227,6 +228,13 @@ static void write_hf(const char *dir, const struct hf_spoil *sp)
         if (!(sp && sp->no_permute) && (!strcmp(kind, "attn_q") || !strcmp(kind, "attn_k"))) {
             uint32_t heads = !strcmp(kind, "attn_q") ? m->hp.n_heads : m->hp.n_kv_heads;
             data = keep[i] = hf_permute(t->data, shape[0], shape[1], heads);
+        }
+        if (sp && sp->nan_in && !strcmp(sp->nan_in, name)) {
+            float *copy = malloc(size);
+            memcpy(copy, data, size);
+            copy[shape[1] + 2] = NAN;
+            free(keep[i]);
+            data = keep[i] = copy;
         }
         enum safetensors_dtype dt = SAFETENSORS_F32;
         if (sp && sp->as_i32 && !strcmp(sp->as_i32, name))
@@ -768,6 +776,8 @@ static void test_bad_hf_tensors(void **state)
          "'model.layers.4.mlp.up_proj.weight' has dtype I32", "hf4"},
         {{.bias = "model.layers.0.self_attn.q_proj.bias"}, ERR_UNSUPPORTED,
          "'model.layers.0.self_attn.q_proj.bias': biases are not supported", "hf5"},
+        {{.nan_in = "model.layers.2.mlp.gate_proj.weight"}, ERR_RANGE,
+         "'model.layers.2.mlp.gate_proj.weight': row 1, element 2 is NaN", "hf6"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(hf, sizeof hf, "%s/hf%zu", dir, i);
