@@ -954,6 +954,31 @@ static void start_generate(struct gw_call *c)
     after_submit(c);
 }
 
+/* The tenant's quotas for n generations (the longest prompt stands for the prompt bytes); on
+ * admission every item counts as queued until its first token. -1 when refused (the call is
+ * ended with the quota's status naming the limit). */
+static int admit_items(struct gw_call *c, Clocher__V1__GenerateRequest *const *reqs, size_t n)
+{
+    size_t longest = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = reqs[i] ? reqs[i]->prompt : NULL;
+        if (p && strlen(p) > longest)
+            longest = strlen(p);
+    }
+    char why[512];
+    int st = gw__quota_admit(c->g, c->tcfg, c->tenant, (uint32_t)n, (uint32_t)n, longest, why,
+                             sizeof why, NULL);
+    if (st) {
+        end_call(c, st, "%s", why);
+        return -1;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->n_items; i++)
+        c->items[i].queued = true;
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
 static void start_batch(struct gw_call *c)
 {
     Clocher__V1__BatchGenerateRequest *r =
@@ -969,21 +994,8 @@ static void start_batch(struct gw_call *c)
         return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
     if (begin_stream(c) < 0)
         return;
-    size_t longest = 0;
-    for (size_t i = 0; i < r->n_requests; i++) {
-        const char *p = r->requests[i] ? r->requests[i]->prompt : NULL;
-        if (p && strlen(p) > longest)
-            longest = strlen(p);
-    }
-    char qwhy[512];
-    int qst = gw__quota_admit(c->g, c->tcfg, c->tenant, (uint32_t)r->n_requests,
-                              (uint32_t)r->n_requests, longest, qwhy, sizeof qwhy, NULL);
-    if (qst)
-        return end_call(c, qst, "%s", qwhy);
-    pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < c->n_items; i++)
-        c->items[i].queued = true;
-    pthread_mutex_unlock(&c->mu);
+    if (admit_items(c, r->requests, r->n_requests) < 0)
+        return;
     struct gw_req_ctx ctx;
     struct gw_model_info mi;
     ctx_init(c, &ctx, &mi);
@@ -1383,23 +1395,8 @@ int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
         goto out;
     /* the tenant's quotas, as for a BatchGenerate of n (the HTTP door maps the refusal to 429
      * with Retry-After) */
-    size_t longest = 0;
-    for (size_t i = 0; i < n; i++) {
-        const char *p = reqs[i] ? reqs[i]->prompt : NULL;
-        if (p && strlen(p) > longest)
-            longest = strlen(p);
-    }
-    char qwhy[512];
-    int qst = gw__quota_admit(g, c->tcfg, c->tenant, (uint32_t)n, (uint32_t)n, longest, qwhy,
-                              sizeof qwhy, NULL);
-    if (qst) {
-        end_call(c, qst, "%s", qwhy);
+    if (admit_items(c, reqs, n) < 0)
         goto out;
-    }
-    pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < c->n_items; i++)
-        c->items[i].queued = true;
-    pthread_mutex_unlock(&c->mu);
     struct gw_req_ctx ctx;
     struct gw_model_info mi;
     ctx_init(c, &ctx, &mi);
