@@ -1561,6 +1561,10 @@ static int convert_llama2c(const char *path, const char *out_dir, const struct c
         return rc;
     if (o->tokenizer && (rc = tokenizer_json(o->tokenizer, hp.vocab_size, &json, &len)) != 0)
         return rc;
+    if ((rc = llama2c_check_weights(path)) != 0) {
+        free(json);
+        return rc;
+    }
     enum dtype dt = o->dtype_set ? o->dtype : DT_F32;
     /* block types, per-tensor dtypes and the embedding's own dtype go through the general
      * walk: import as f32 first, then convert that IEBIN like any other source */

@@ -158,6 +158,43 @@ static int read_layout(const char *path, int fd, struct layout *lo, struct iebin
     return 0;
 }
 
+int llama2c_check_weights(const char *checkpoint_path)
+{
+    int fd = open(checkpoint_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        LOG_ERR("%s: cannot open the checkpoint: %s", checkpoint_path, strerror(e));
+        return -e;
+    }
+    struct layout lo;
+    struct iebin_hparams hp;
+    int rc = read_layout(checkpoint_path, fd, &lo, &hp);
+    void *map = NULL;
+    if (rc == 0 && (map = mmap(NULL, (size_t)lo.file_bytes, PROT_READ, MAP_PRIVATE, fd, 0)) ==
+                       MAP_FAILED) {
+        map = NULL;
+        rc = -errno;
+        LOG_ERR("%s: mmap failed: %s", checkpoint_path, strerror(errno));
+    }
+    close(fd);
+    if (rc != 0)
+        return rc;
+    const float *f = (const float *)((const char *)map + HEADER_BYTES); /* 4-byte aligned */
+    uint64_t n = (lo.file_bytes - HEADER_BYTES) / sizeof(float);
+    for (uint64_t i = 0; i < n; i++)
+        if (!isfinite(f[i])) { /* broken weights would only surface as broken logits */
+            LOG_ERR("%s: weight %llu (byte offset %llu) is %s: a checkpoint with non-finite "
+                    "weights is broken",
+                    checkpoint_path, (unsigned long long)i,
+                    (unsigned long long)(HEADER_BYTES + i * sizeof(float)),
+                    isnan(f[i]) ? "NaN" : "infinite");
+            rc = ERR_RANGE;
+            break;
+        }
+    munmap(map, (size_t)lo.file_bytes);
+    return rc;
+}
+
 int llama2c_read_hparams(const char *checkpoint_path, struct iebin_hparams *hp)
 {
     int fd = open(checkpoint_path, O_RDONLY | O_CLOEXEC);

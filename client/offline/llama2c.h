@@ -31,6 +31,9 @@
  * ERR_RANGE for header values IEBIN cannot hold, -errno for I/O; each logged naming the file.
  */
 int llama2c_read_hparams(const char *checkpoint_path, struct iebin_hparams *hp);
+/* Every weight of the checkpoint is finite: 0, or ERR_RANGE naming the first NaN/infinity
+ * (a source fault: the converter calls it before writing anything); codes as above otherwise. */
+int llama2c_check_weights(const char *checkpoint_path);
 
 /*
  * Converts a checkpoint to an IEBIN model in out_dir (created if needed; an existing model

@@ -865,6 +865,13 @@ static void test_bad_llama2c_and_detection(void **state)
     expect_fail(bin, out, NULL, ERR_UNSUPPORTED,
                 "not a Hugging Face directory, a GGUF file or a valid llama2.c checkpoint",
                 "truncated");
+    /* a NaN weight: element 5 of the token embedding (right after the 28-byte header) */
+    float nan_value = NAN;
+    char *good = tu_read_file(tu_fixture(S260K), &len);
+    memcpy(good + 28 + 5 * sizeof(float), &nan_value, sizeof nan_value);
+    tu_write_file(bin, good, len);
+    free(good);
+    expect_fail(bin, out, NULL, ERR_RANGE, "trunc.bin", "weight 5 (byte offset 48) is NaN");
     /* a header of garbage */
     memset(buf, 0x7f, 28);
     tu_write_file(bin, buf, len);
