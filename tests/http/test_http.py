@@ -435,9 +435,13 @@ def test_zz_503_while_draining(d):
     s, _ = long_stream(d, ALICE, n=4)
     try:
         d.sigterm()
-        ht.wait_for(lambda: ht.post(d, "/v1/completions",
-                                    {"model": d.model_name, "prompt": "x"})[0] == 503,
-                    what="503 while draining")
+        seen = []  # the statuses answered meanwhile, for the failure message
+
+        def draining():
+            seen.append(ht.post(d, "/v1/completions", {"model": d.model_name, "prompt": "x"})[0])
+            return seen[-1] == 503
+
+        ht.wait_for(draining, what="503 while draining (answers seen: %s)" % sorted(set(seen)))
         r = ht.post(d, "/v1/completions", {"model": d.model_name, "prompt": "x"})
         assert "draining" in ht.error_of(r)["message"]
         st, body, _ = ht.get(d, "/healthz", key=None)
