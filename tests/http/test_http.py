@@ -441,7 +441,10 @@ def test_zz_503_while_draining(d):
             seen.append(ht.post(d, "/v1/completions", {"model": d.model_name, "prompt": "x"})[0])
             return seen[-1] == 503
 
-        ht.wait_for(draining, what="503 while draining (answers seen: %s)" % sorted(set(seen)))
+        try:
+            ht.wait_for(draining, what="503 while draining")
+        except AssertionError as e:
+            raise AssertionError("%s; answers seen: %s" % (e, sorted(set(seen)))) from None
         r = ht.post(d, "/v1/completions", {"model": d.model_name, "prompt": "x"})
         assert "draining" in ht.error_of(r)["message"]
         st, body, _ = ht.get(d, "/healthz", key=None)
