@@ -13,6 +13,7 @@
 #include "kern.h"
 #include "llama2c.h"
 #include "log.h"
+#include "model.h"
 #include "mxfp4_hf.h"
 #include "safetensors.h"
 #include "tok.h"
@@ -373,11 +374,6 @@ static enum dtype fallback_dtype(const char *name, enum dtype to, enum dtype fro
  * (layer < 0) or the part after "blk.N." (e.g. "attn_q"). */
 typedef int lookup_fn(void *src, const char *kind, int layer, struct src_tensor *out);
 
-static const char *arch_of(const struct iebin_hparams *hp)
-{
-    return hp->n_experts ? "gpt_oss" : "llama";
-}
-
 static bool ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), m = strlen(suffix);
@@ -395,7 +391,7 @@ static int walk(void *src, lookup_fn *lookup, const char *what, const struct ieb
                 struct iebin_writer *w, const struct convert_opts *o, bool hf_rope,
                 struct progress *pg)
 {
-    const char *arch = arch_of(hp);
+    const char *arch = iebin_arch_of(hp);
     size_t ns = iebin_arch_n_slots(arch, hp);
     pg->total = ns - (hp->tied_embeddings ? 1 : 0);
     for (size_t i = 0; i < ns; i++) {
@@ -485,7 +481,7 @@ static int write_model(void *src, lookup_fn *lookup, const char *what, const cha
     if (rc)
         return rc;
     struct iebin_writer *w;
-    rc = out_rc(pg, iebin_writer_create(out_dir, arch_of(hp), name, hp, &w));
+    rc = out_rc(pg, iebin_writer_create(out_dir, iebin_arch_of(hp), name, hp, &w));
     if (rc == 0) {
         if ((rc = walk(src, lookup, what, hp, w, o, hf_rope, pg)) == 0 && json)
             rc = out_rc(pg, iebin_writer_set_tokenizer(w, json, len));
@@ -661,16 +657,30 @@ static int hf_lookup(void *p, const char *kind, int layer, struct src_tensor *ou
     return 0;
 }
 
-/* A bias the config did not announce would be silently dropped: refuse any. */
-static int hf_refuse_biases(const struct hf_src *s)
+/* Whether n is "model.layers.N.self_attn.{q,k,v}_proj.bias" (qwen2's biases). */
+static bool hf_qkv_bias_name(const char *n)
+{
+    if (strncmp(n, "model.layers.", 13) != 0)
+        return false;
+    const char *p = n + 13;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    return p > n + 13 && (!strcmp(p, ".self_attn.q_proj.bias") ||
+                          !strcmp(p, ".self_attn.k_proj.bias") ||
+                          !strcmp(p, ".self_attn.v_proj.bias"));
+}
+
+/* A bias the config did not announce would be silently dropped: refuse any (but q/k/v's when
+ * the architecture has them: qwen2). */
+static int hf_refuse_biases(const struct hf_src *s, bool qkv_ok)
 {
     for (size_t f = 0; f < s->set->n_files; f++) {
         const struct safetensors_file *sf = s->set->files[f];
         for (size_t i = 0; i < sf->n_tensors; i++) {
             const char *n = sf->tensors[i].name;
-            size_t len = strlen(n);
-            if (len >= 5 && !strcmp(n + len - 5, ".bias")) {
-                LOG_ERR("%s: tensor '%s': biases are not supported", sf->path, n);
+            if (ends_with(n, ".bias") && !(qkv_ok && hf_qkv_bias_name(n))) {
+                LOG_ERR("%s: tensor '%s': biases are not supported%s", sf->path, n,
+                        qkv_ok ? " (qwen2 has q, k and v biases only)" : "");
                 return ERR_UNSUPPORTED;
             }
         }
@@ -714,45 +724,126 @@ static int json_f32(json_t *cfg, const char *path, const char *key, float *out, 
 }
 
 /*
- * Llama config fields that change what the model computes and that the engine does not
- * implement: refused by name, never ignored (a model run without its sliding window or its
- * RoPE scaling gives plausible garbage).
+ * Llama 3's rope_scaling {"rope_type": "llama3", factor, low_freq_factor, high_freq_factor,
+ * original_max_position_embeddings}, every key required (as in transformers), into one factor
+ * per pair (model_llama3_freq_factor, rounded to float: what llama.cpp stores as rope_freqs,
+ * so that HF and GGUF give the same IEBIN). rope_type "default" with nothing else is plain
+ * RoPE. Any other type or key changes what the model computes and is refused by name.
  */
-static int hf_refuse_llama_extras(json_t *cfg, const char *path)
+static int hf_llama3_rope(json_t *rs, const char *path, struct iebin_hparams *hp)
 {
-    json_t *rs = json_object_get(cfg, "rope_scaling");
-    if (rs && !json_is_null(rs)) {
-        LOG_ERR("%s: rope_scaling is not supported for llama (IEBIN llama has plain RoPE only)",
-                path);
+    static const char *const known[] = {"rope_type", "type", "factor", "low_freq_factor",
+                                        "high_freq_factor", "original_max_position_embeddings"};
+    if (!rs || json_is_null(rs))
+        return 0;
+    if (!json_is_object(rs)) {
+        LOG_ERR("%s: rope_scaling is not an object", path);
+        return ERR_FORMAT;
+    }
+    json_t *ty = json_object_get(rs, "rope_type");
+    if (!ty)
+        ty = json_object_get(rs, "type");
+    const char *tys = json_is_string(ty) ? json_string_value(ty) : "(missing)";
+    if (!strcmp(tys, "default") && json_object_size(rs) == 1)
+        return 0;
+    if (strcmp(tys, "llama3") != 0) {
+        LOG_ERR("%s: rope_scaling.rope_type %s is not supported (known: llama3)", path, tys);
         return ERR_UNSUPPORTED;
     }
-    static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
-    for (size_t i = 0; i < sizeof no_bias / sizeof no_bias[0]; i++) {
-        if (json_is_true(json_object_get(cfg, no_bias[i]))) {
-            LOG_ERR("%s: %s is true; biases are not supported for llama", path, no_bias[i]);
+    const char *key;
+    json_t *v;
+    json_object_foreach(rs, key, v) {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+            ok |= !strcmp(key, known[i]);
+        if (!ok) {
+            LOG_ERR("%s: rope_scaling.%s is not implemented (llama3 scaling: factor, "
+                    "low_freq_factor, high_freq_factor, original_max_position_embeddings)",
+                    path, key);
             return ERR_UNSUPPORTED;
         }
     }
-    json_t *sw = json_object_get(cfg, "sliding_window");
-    if (sw && !json_is_null(sw)) {
-        LOG_ERR("%s: sliding_window is set; sliding-window attention is not implemented for "
-                "llama",
-                path);
+    double p[4];
+    for (size_t i = 0; i < 4; i++) {
+        json_t *x = json_object_get(rs, known[2 + i]);
+        if (!json_is_number(x) || !(json_number_value(x) > 0) || !isfinite(json_number_value(x))) {
+            LOG_ERR("%s: rope_scaling.%s is %s; llama3 scaling needs a finite number > 0", path,
+                    known[2 + i], x ? "not a number > 0" : "missing");
+            return ERR_FORMAT;
+        }
+        p[i] = json_number_value(x);
+    }
+    if (!(p[2] > p[1])) {
+        LOG_ERR("%s: rope_scaling.high_freq_factor %g must be above low_freq_factor %g", path,
+                p[2], p[1]);
+        return ERR_RANGE;
+    }
+    if (hp->head_dim / 2 > IEBIN_MAX_ROPE_PAIRS) {
+        LOG_ERR("%s: head_dim %u is above %u", path, hp->head_dim, 2 * IEBIN_MAX_ROPE_PAIRS);
+        return ERR_RANGE;
+    }
+    hp->rope_scaling.type = IEBIN_ROPE_FREQ_FACTORS;
+    for (uint32_t i = 0; i < hp->head_dim / 2; i++)
+        hp->rope_scaling.freq_factors[i] = (float)model_llama3_freq_factor(
+            hp->rope_theta, hp->head_dim, i, p[0], p[1], p[2], p[3]);
+    return 0;
+}
+
+/*
+ * The config fields of the dense families (model_type llama, mistral, qwen2) that change what
+ * the model computes: Llama 3's rope_scaling, Mistral's sliding_window (every layer), qwen2's
+ * q/k/v biases (implied by its model_type). Anything else the engine does not implement is
+ * refused by name, never ignored (a model run without its sliding window or its RoPE scaling
+ * gives plausible garbage).
+ */
+static int hf_dense_extras(json_t *cfg, const char *path, const char *mt,
+                           struct iebin_hparams *hp)
+{
+    const bool qwen2 = !strcmp(mt, "qwen2"), mistral = !strcmp(mt, "mistral");
+    int rc = hf_llama3_rope(json_object_get(cfg, "rope_scaling"), path, hp);
+    if (rc)
+        return rc;
+    hp->attn_qkv_bias = qwen2; /* Qwen2Attention: q/k/v with bias, o without */
+    static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
+    for (size_t i = 0; i < sizeof no_bias / sizeof no_bias[0]; i++) {
+        if (json_is_true(json_object_get(cfg, no_bias[i]))) {
+            LOG_ERR("%s: %s is true; biases are not supported for %s", path, no_bias[i], mt);
+            return ERR_UNSUPPORTED;
+        }
+    }
+    /* qwen2 states a sliding_window it does not use unless use_sliding_window (whose layer
+     * rule, max_window_layers, is not implemented); mistral slides every layer when it has
+     * one; llama has none */
+    json_t *use = json_object_get(cfg, "use_sliding_window");
+    if (json_is_true(use)) {
+        LOG_ERR("%s: use_sliding_window is true; %s's sliding-window layers (max_window_layers) "
+                "are not implemented",
+                path, mt);
         return ERR_UNSUPPORTED;
     }
-    if (json_is_true(json_object_get(cfg, "use_sliding_window"))) {
-        LOG_ERR("%s: use_sliding_window is true; sliding-window attention is not implemented "
-                "for llama",
-                path);
-        return ERR_UNSUPPORTED;
+    json_t *sw = json_object_get(cfg, "sliding_window");
+    if (sw && !json_is_null(sw) && !qwen2) {
+        if (!mistral) {
+            LOG_ERR("%s: sliding_window is set; sliding-window attention is not implemented for "
+                    "%s (it is for mistral)",
+                    path, mt);
+            return ERR_UNSUPPORTED;
+        }
+        if ((rc = json_u32(cfg, path, "sliding_window", &hp->sliding_window, true, 0)))
+            return rc;
+        if (hp->n_layers > 1024) {
+            LOG_ERR("%s: num_hidden_layers %u is above 1024", path, hp->n_layers);
+            return ERR_RANGE;
+        }
+        iebin_slide_all(hp);
     }
     json_t *lt = json_object_get(cfg, "layer_types"), *e;
     size_t i;
+    const char *want = hp->sliding_window ? "sliding_attention" : "full_attention";
     json_array_foreach(lt, i, e) {
-        if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention") != 0) {
-            LOG_ERR("%s: layer_types[%zu] is not \"full_attention\"; llama layers are full "
-                    "attention only",
-                    path, i);
+        if (!json_is_string(e) || strcmp(json_string_value(e), want) != 0) {
+            LOG_ERR("%s: layer_types[%zu] is not \"%s\"; %s layers are all %s", path, i, want,
+                    mt, hp->sliding_window ? "sliding (sliding_window)" : "full attention");
             return ERR_UNSUPPORTED;
         }
     }
@@ -765,8 +856,8 @@ static int hf_refuse_llama_extras(json_t *cfg, const char *path)
     for (i = 0; i < sizeof no_experts / sizeof no_experts[0]; i++) {
         json_t *v = json_object_get(cfg, no_experts[i]);
         if (json_is_integer(v) && json_integer_value(v) > 0) {
-            LOG_ERR("%s: %s is set; mixture-of-experts llama models are not supported", path,
-                    no_experts[i]);
+            LOG_ERR("%s: %s is set; mixture-of-experts %s models are not supported", path,
+                    no_experts[i], mt);
             return ERR_UNSUPPORTED;
         }
     }
@@ -920,16 +1011,16 @@ static int hf_hparams_doc(json_t *cfg, const char *path, struct iebin_hparams *h
         LOG_ERR("%s: not a JSON object", path);
         goto out;
     }
-    json_t *mt = json_object_get(cfg, "model_type");
-    bool moe = json_is_string(mt) && strcmp(json_string_value(mt), "gpt_oss") == 0;
-    if (!moe && (!json_is_string(mt) || strcmp(json_string_value(mt), "llama") != 0)) {
-        LOG_ERR("%s: model_type %s is not supported (known: llama, gpt_oss)", path,
-                json_is_string(mt) ? json_string_value(mt) : "(missing)");
+    json_t *mtj = json_object_get(cfg, "model_type");
+    const char *mt = json_is_string(mtj) ? json_string_value(mtj) : "(missing)";
+    bool moe = strcmp(mt, "gpt_oss") == 0;
+    if (!moe && strcmp(mt, "llama") != 0 && strcmp(mt, "mistral") != 0 &&
+        strcmp(mt, "qwen2") != 0) {
+        LOG_ERR("%s: model_type %s is not supported (known: llama, mistral, qwen2, gpt_oss)",
+                path, mt);
         rc = ERR_UNSUPPORTED;
         goto out;
     }
-    if (!moe && (rc = hf_refuse_llama_extras(cfg, path)) != 0)
-        goto out;
     json_t *act = json_object_get(cfg, "hidden_act");
     if (act && !json_is_null(act) &&
         (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
@@ -969,7 +1060,8 @@ static int hf_hparams_doc(json_t *cfg, const char *path, struct iebin_hparams *h
     }
     hp->tied_embeddings = json_is_true(tie);
     *tie_given = tie && json_is_boolean(tie);
-    if (moe && (rc = hf_gpt_oss_hparams(cfg, path, hp)) != 0)
+    if (moe ? (rc = hf_gpt_oss_hparams(cfg, path, hp)) != 0
+            : (rc = hf_dense_extras(cfg, path, mt, hp)) != 0)
         goto out;
     rc = iebin_check_hparams(hp, path);
 out:
@@ -1065,7 +1157,7 @@ static int convert_hf(const char *dir, const char *out_dir, const struct convert
      * can only mean tied; an explicit false with no lm_head is a missing tensor (walk) */
     if (!tie_given && !safetensors_set_find(s.set, "lm_head.weight"))
         hp.tied_embeddings = true;
-    if (!hp.n_experts && (rc = hf_refuse_biases(&s)) != 0) /* gpt_oss has biases */
+    if (!hp.n_experts && (rc = hf_refuse_biases(&s, hp.attn_qkv_bias)) != 0) /* gpt_oss: all */
         goto out;
     const char *tok_path = o->tokenizer;
     char tp[4096];
@@ -1331,13 +1423,78 @@ static int gguf_gpt_oss_hparams(struct gguf_file *f, const char *path, const cha
     return 0;
 }
 
+/*
+ * The dense families' keys beyond the basics (llama, qwen2): no experts, no RoPE scaling type
+ * or linear scale, a window on every layer (attention.sliding_window: Mistral, llama only),
+ * and Llama 3's scaling as llama.cpp stores it, the tensor rope_freqs.weight (F32
+ * [head_dim/2]: pair i's frequency is divided by element i). Called once head_dim is known.
+ */
+static int gguf_dense_hparams(struct gguf_file *f, const char *path, const char *arch,
+                              struct iebin_hparams *hp)
+{
+    char k[128];
+    bool has;
+    uint32_t u;
+    double d;
+    int rc;
+    /* Mixture-of-experts models (Mixtral) also call themselves "llama" */
+    if ((rc = opt_u32(f, akey(k, sizeof k, arch, "expert_count"), &u, &has)) != 0)
+        return rc;
+    if (has && u > 0) {
+        LOG_ERR("%s: %s is %u; mixture-of-experts models are not supported", path, k, u);
+        return ERR_UNSUPPORTED;
+    }
+    struct gguf_str st;
+    rc = gguf_get_str(f, akey(k, sizeof k, arch, "rope.scaling.type"), &st);
+    if (rc != 0 && rc != ERR_NOT_FOUND)
+        return rc;
+    if (rc == 0 && !gguf_str_eq(st, "none")) {
+        LOG_ERR("%s: %s is %.*s; only plain RoPE and Llama 3's rope_freqs are supported", path,
+                k, (int)(st.len > 32 ? 32 : st.len), st.ptr);
+        return ERR_UNSUPPORTED;
+    }
+    if ((rc = opt_f64(f, akey(k, sizeof k, arch, "rope.scale_linear"), &d, &has)) != 0)
+        return rc;
+    if (has && d != 1.0) {
+        LOG_ERR("%s: %s is %g; only plain RoPE and Llama 3's rope_freqs are supported", path, k,
+                d);
+        return ERR_UNSUPPORTED;
+    }
+    if ((rc = opt_u32(f, akey(k, sizeof k, arch, "attention.sliding_window"), &u, &has)) != 0)
+        return rc;
+    if (has) {
+        if (strcmp(arch, "llama") != 0 || u == 0 || hp->n_layers > 1024) {
+            LOG_ERR("%s: %s is %u; sliding-window attention is implemented for llama (Mistral: "
+                    "every layer, a window >= 1) only",
+                    path, k, u);
+            return ERR_UNSUPPORTED;
+        }
+        hp->sliding_window = u;
+        iebin_slide_all(hp);
+    }
+    const struct gguf_tensor *rf = gguf_find_tensor(f, "rope_freqs.weight");
+    if (!rf)
+        return 0;
+    if (rf->type != GGUF_GGML_F32 || !rf->data || rf->n_dims != 1 ||
+        rf->ne[0] != hp->head_dim / 2 || hp->head_dim / 2 > IEBIN_MAX_ROPE_PAIRS) {
+        LOG_ERR("%s: tensor 'rope_freqs.weight' is not F32 [head_dim/2 = %u]", path,
+                hp->head_dim / 2);
+        return ERR_MISMATCH;
+    }
+    hp->rope_scaling.type = IEBIN_ROPE_FREQ_FACTORS;
+    memcpy(hp->rope_scaling.freq_factors, rf->data, sizeof(float) * (hp->head_dim / 2));
+    return 0;
+}
+
 static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hparams *hp)
 {
     struct gguf_str as = {0, NULL};
-    bool moe = false;
+    bool moe = false, qwen2 = false;
     if (gguf_get_str(f, "general.architecture", &as) != 0 ||
-        !(gguf_str_eq(as, "llama") || (moe = gguf_str_eq(as, "gpt-oss")))) {
-        LOG_ERR("%s: general.architecture is %.*s; only \"llama\" and \"gpt-oss\" are supported%s",
+        !(gguf_str_eq(as, "llama") || (qwen2 = gguf_str_eq(as, "qwen2")) ||
+          (moe = gguf_str_eq(as, "gpt-oss")))) {
+        LOG_ERR("%s: general.architecture is %.*s; only \"llama\", \"qwen2\" and \"gpt-oss\" "
+                "are supported%s",
                 path, as.ptr ? (int)(as.len > 64 ? 64 : as.len) : 9,
                 as.ptr ? as.ptr : "(missing)",
                 as.ptr && gguf_str_eq(as, "gptoss")
@@ -1345,9 +1502,10 @@ static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hpar
                     : "");
         return ERR_UNSUPPORTED;
     }
-    const char *arch = moe ? "gpt-oss" : "llama";
+    const char *arch = moe ? "gpt-oss" : qwen2 ? "qwen2" : "llama";
     char k[128];
     memset(hp, 0, sizeof *hp);
+    hp->attn_qkv_bias = qwen2;
     static const struct {
         const char *key;
         size_t off;
@@ -1387,42 +1545,8 @@ static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hpar
     hp->rms_eps = has ? (float)d : 1e-5f;
 
     uint32_t u;
-    if (moe) {
-        if ((rc = gguf_gpt_oss_hparams(f, path, arch, hp)) != 0)
-            return rc;
-    } else {
-        /* Mixture-of-experts models (Mixtral) also call themselves "llama" */
-        if ((rc = opt_u32(f, "llama.expert_count", &u, &has)) != 0)
-            return rc;
-        if (has && u > 0) {
-            LOG_ERR("%s: llama.expert_count is %u; mixture-of-experts models are not supported",
-                    path, u);
-            return ERR_UNSUPPORTED;
-        }
-        struct gguf_str st;
-        rc = gguf_get_str(f, "llama.rope.scaling.type", &st);
-        if (rc != 0 && rc != ERR_NOT_FOUND)
-            return rc;
-        if (rc == 0 && !gguf_str_eq(st, "none")) {
-            LOG_ERR("%s: llama.rope.scaling.type is %.*s; only plain RoPE is supported", path,
-                    (int)(st.len > 32 ? 32 : st.len), st.ptr);
-            return ERR_UNSUPPORTED;
-        }
-        if ((rc = opt_f64(f, "llama.rope.scale_linear", &d, &has)) != 0)
-            return rc;
-        if (has && d != 1.0) {
-            LOG_ERR("%s: llama.rope.scale_linear is %g; only plain RoPE is supported", path, d);
-            return ERR_UNSUPPORTED;
-        }
-        if ((rc = opt_u32(f, "llama.attention.sliding_window", &u, &has)) != 0)
-            return rc;
-        if (has) {
-            LOG_ERR("%s: llama.attention.sliding_window is %u; sliding-window attention is not "
-                    "implemented for llama",
-                    path, u);
-            return ERR_UNSUPPORTED;
-        }
-    }
+    if (moe && (rc = gguf_gpt_oss_hparams(f, path, arch, hp)) != 0)
+        return rc;
     /* head_dim: attention.key_length when present (it may differ from dim / heads) */
     if ((rc = opt_u32(f, akey(k, sizeof k, arch, "attention.key_length"), &hp->head_dim, &has)))
         return rc;
@@ -1439,6 +1563,8 @@ static int gguf_hparams(struct gguf_file *f, const char *path, struct iebin_hpar
             return ERR_UNSUPPORTED;
         }
     }
+    if (!moe && (rc = gguf_dense_hparams(f, path, arch, hp)) != 0)
+        return rc;
 
     const struct gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
     if (!emb || emb->n_dims != 2) {
@@ -1476,10 +1602,10 @@ static int convert_gguf(const char *path, const char *out_dir, const struct conv
         if (!tok_path && gguf_find_kv(s.f, "tokenizer.ggml.model"))
             tok_path = path;
         char nb[4096];
-        /* llama.cpp permutes llama's q/k to interleaved pairs, but keeps gpt-oss's in HF's
-         * rotate-half order (it runs them as NEOX RoPE) */
+        /* llama.cpp permutes llama's q/k to interleaved pairs, but keeps gpt-oss's and
+         * qwen2's in HF's rotate-half order (it runs them as NEOX RoPE) */
         rc = write_model(&s, gguf_lookup, path, out_dir, base_name(path, nb, sizeof nb), &hp,
-                         tok_path, o, s.moe, pg);
+                         tok_path, o, s.moe || hp.attn_qkv_bias, pg);
     }
     gguf_close(s.f);
     return rc;

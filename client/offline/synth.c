@@ -1,10 +1,12 @@
 /*
- * synth.c — random-weight Llama models (see synth.h).
+ * synth.c — random-weight Llama-family models (see synth.h): llama (and Llama 3's RoPE scaling,
+ * tied embeddings), qwen2 (q/k/v biases) and mistral (a sliding window on every layer).
  *
  * Every tensor's values come from its own splitmix64 stream seeded by (seed, tensor index),
  * so the safetensors and the GGUF file can be produced in any order and still hold the same
  * numbers. Matrices are uniform with standard deviation 0.02 (activations stay finite over
- * 22 layers), norm weights are 1. The tokenizer is a SentencePiece BPE model synthesized from
+ * 22 layers; the -tiny presets use 0.15 and biases 0.5, so that attention is far from uniform
+ * and every feature moves the logits), norm weights are 1. The tokenizer is a SentencePiece BPE model synthesized from
  * byte tokens and letter n-grams: it tokenizes any UTF-8 text (byte fallback), but it is not a
  * trained vocabulary.
  */
@@ -14,6 +16,7 @@
 #include "gguf.h"
 #include "half.h"
 #include "log.h"
+#include "model.h"
 #include "path.h"
 #include "rng.h"
 #include "safetensors.h"
@@ -37,6 +40,45 @@ static void synth_gpt_oss_layers(struct iebin_hparams *hp)
         hp->sliding_layers[l / 64] |= UINT64_C(1) << (l % 64);
 }
 
+/*
+ * The Hugging Face family of a llama-like preset: its model_type, Llama 3's rope_scaling
+ * (factor 0: none) and the weights' spread. The -tiny presets have every feature of their
+ * family, small: tests/models checks each against a float64 reference.
+ */
+struct family {
+    const char *name, *model_type, *hf_class;
+    double factor, low_freq_factor, high_freq_factor, original_max_position_embeddings;
+    float std, bias_std; /* matrices and embedding; q/k/v biases (qwen2) */
+};
+
+static const struct family families[] = {
+    {"llama3-tiny", "llama", "LlamaForCausalLM", 8.0, 1.0, 4.0, 64.0, 0.15f, 0},
+    {"qwen2-tiny", "qwen2", "Qwen2ForCausalLM", 0, 0, 0, 0, 0.15f, 0.5f},
+    {"mistral-tiny", "mistral", "MistralForCausalLM", 0, 0, 0, 0, 0.15f, 0},
+};
+static const struct family family_llama = {NULL, "llama", "LlamaForCausalLM", 0, 0, 0, 0,
+                                           0.02f, 0};
+
+static const struct family *preset_family(const char *name)
+{
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (!strcmp(name, families[i].name))
+            return &families[i];
+    return &family_llama;
+}
+
+/* Llama 3's scaling as per-pair factors (what the converters derive from config.json). */
+static void family_rope(const struct family *fam, struct iebin_hparams *hp)
+{
+    if (fam->factor == 0)
+        return;
+    hp->rope_scaling.type = IEBIN_ROPE_FREQ_FACTORS;
+    for (uint32_t i = 0; i < hp->head_dim / 2; i++)
+        hp->rope_scaling.freq_factors[i] = (float)model_llama3_freq_factor(
+            hp->rope_theta, hp->head_dim, i, fam->factor, fam->low_freq_factor,
+            fam->high_freq_factor, fam->original_max_position_embeddings);
+}
+
 int synth_preset(const char *name, struct iebin_hparams *hp, enum dtype *dflt)
 {
     memset(hp, 0, sizeof *hp);
@@ -50,6 +92,24 @@ int synth_preset(const char *name, struct iebin_hparams *hp, enum dtype *dflt)
         hp->dim = 256, hp->n_layers = 4, hp->n_heads = 8, hp->n_kv_heads = 4;
         hp->ffn_dim = 704, hp->vocab_size = 4096, hp->max_seq_len = 1024;
         *dflt = DT_F32;
+    } else if (preset_family(name)->name) {
+        /* the same small shape for each family; GQA (2 query heads per KV head) */
+        hp->dim = 64, hp->n_layers = 2, hp->n_heads = 4, hp->n_kv_heads = 2, hp->head_dim = 16;
+        hp->ffn_dim = 96, hp->vocab_size = 512, hp->max_seq_len = 256, hp->rms_eps = 1e-6f;
+        *dflt = DT_F32;
+        if (!strcmp(name, "llama3-tiny")) {
+            hp->rope_theta = 500000.0f; /* Llama 3's; pairs 0, 1 and 2.. fall in the three
+                                         * bands of the scaling with L0 = 64 */
+            hp->tied_embeddings = true; /* as Llama 3.2 1B/3B */
+        } else if (!strcmp(name, "qwen2-tiny")) {
+            hp->rope_theta = 1000000.0f;
+            hp->tied_embeddings = true; /* as Qwen2.5 0.5B-3B */
+            hp->attn_qkv_bias = true;
+        } else {
+            hp->sliding_window = 8; /* tests/models' prompts are longer */
+            iebin_slide_all(hp);
+        }
+        family_rope(preset_family(name), hp);
     } else if (!strcmp(name, "gpt-oss-20b") || !strcmp(name, "gpt-oss-tiny")) {
         /* ../shared/specs/gpt-oss.md §1a, and the same structure small (the contract's §4) */
         bool big = name[8] == '2';
@@ -60,13 +120,17 @@ int synth_preset(const char *name, struct iebin_hparams *hp, enum dtype *dflt)
         hp->n_experts = big ? 32 : 8, hp->n_experts_used = 4;
         hp->sliding_window = big ? 128 : 16;
         synth_gpt_oss_layers(hp);
-        hp->rope_scaling = (struct iebin_rope_scaling){IEBIN_ROPE_YARN, 32.0f, 32.0f, 1.0f, 4096,
-                                                       false};
+        hp->rope_scaling = (struct iebin_rope_scaling){.type = IEBIN_ROPE_YARN,
+                                                       .factor = 32.0f,
+                                                       .beta_fast = 32.0f,
+                                                       .beta_slow = 1.0f,
+                                                       .original_max_position_embeddings = 4096,
+                                                       .truncate = false};
         hp->swiglu_limit = 7.0f, hp->swiglu_alpha = 1.702f;
         *dflt = DT_BF16;
     } else {
-        LOG_ERR("unknown preset '%s' (expected demo or tinyllama-1.1b, gpt-oss-tiny, "
-                "gpt-oss-20b)",
+        LOG_ERR("unknown preset '%s' (expected demo, tinyllama-1.1b, llama3-tiny, qwen2-tiny, "
+                "mistral-tiny, gpt-oss-tiny or gpt-oss-20b)",
                 name);
         return ERR_NOT_FOUND;
     }
@@ -206,12 +270,13 @@ out:
 
 /* ---- weights ---- */
 
-/* Fills n values of tensor `index` (uniform, std 0.02; or ones for norms) in dtype dt. */
-static void gen_values(uint64_t seed, uint32_t index, int is_norm, enum dtype dt, void *out,
-                       uint64_t n)
+/* Fills n values of tensor `index` (uniform with standard deviation std; or ones for norms)
+ * in dtype dt. */
+static void gen_values(uint64_t seed, uint32_t index, int is_norm, float std, enum dtype dt,
+                       void *out, uint64_t n)
 {
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + (uint64_t)index * 0xd1b54a32d192ed03ull + 1;
-    const float a = 0.02f * 1.7320508f; /* uniform [-a, a] has std 0.02 */
+    const float a = std * 1.7320508f; /* uniform [-a, a] has standard deviation std */
     for (uint64_t i = 0; i < n; i++) {
         float x = 1.0f;
         if (!is_norm) {
@@ -231,11 +296,20 @@ struct stensor {
     uint64_t rows, cols; /* rows == 1 with is_vec: a 1-D tensor of cols */
     int is_vec, is_norm;
     uint32_t perm_heads; /* q/k: heads for the GGUF (interleaved) permutation */
+    float std;           /* the values' spread (family's matrices, or its biases) */
+    int gguf_f32;        /* GGUF only, F32 from hp (rope_freqs: llama.cpp's Llama 3 factors) */
 };
 
-static size_t tensor_list(const struct iebin_hparams *hp, struct stensor **out)
+/*
+ * The checkpoint's tensors in a fixed order (a tensor's index seeds its values). qwen2 adds
+ * q/k/v biases (Hugging Face rotate-half order, like q/k: llama.cpp keeps qwen2's q/k and their
+ * biases unpermuted, NEOX RoPE); tied embeddings drop lm_head; Llama 3's scaling appends the
+ * GGUF-only rope_freqs.
+ */
+static size_t tensor_list(const struct iebin_hparams *hp, const struct family *fam,
+                          struct stensor **out)
 {
-    size_t n = 2 + 9 * (size_t)hp->n_layers + 1;
+    size_t n = 2 + 12 * (size_t)hp->n_layers + 2;
     struct stensor *t = calloc(n, sizeof *t);
     if (!t)
         return 0;
@@ -246,51 +320,90 @@ static size_t tensor_list(const struct iebin_hparams *hp, struct stensor **out)
         snprintf(t[k].hf, sizeof t[k].hf, "%s", hf_);                                          \
         snprintf(t[k].gg, sizeof t[k].gg, "%s", gg_);                                          \
         t[k].rows = (r_), t[k].cols = (c_), t[k].is_vec = (vec_), t[k].is_norm = (norm_);      \
-        t[k].perm_heads = (perm_);                                                             \
+        t[k].perm_heads = (perm_), t[k].std = fam->std;                                        \
         k++;                                                                                   \
     } while (0)
     T("model.embed_tokens.weight", "token_embd.weight", hp->vocab_size, hp->dim, 0, 0, 0);
+    const bool neox = hp->attn_qkv_bias; /* qwen2: GGUF keeps HF's q/k row order */
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         char h[96], g[64];
-#define L(hfs_, ggs_, r_, c_, vec_, norm_, perm_)                                              \
+#define LX(hfs_, ggs_, x_, r_, c_, vec_, norm_, perm_)                                         \
     do {                                                                                       \
-        snprintf(h, sizeof h, "model.layers.%u.%s.weight", l, hfs_);                           \
-        snprintf(g, sizeof g, "blk.%u.%s.weight", l, ggs_);                                    \
+        snprintf(h, sizeof h, "model.layers.%u.%s.%s", l, hfs_, x_);                           \
+        snprintf(g, sizeof g, "blk.%u.%s.%s", l, ggs_, x_);                                    \
         T(h, g, r_, c_, vec_, norm_, perm_);                                                   \
     } while (0)
+#define L(hfs_, ggs_, r_, c_, vec_, norm_, perm_) LX(hfs_, ggs_, "weight", r_, c_, vec_, norm_, perm_)
         L("input_layernorm", "attn_norm", 1, hp->dim, 1, 1, 0);
-        L("self_attn.q_proj", "attn_q", q, hp->dim, 0, 0, hp->n_heads);
-        L("self_attn.k_proj", "attn_k", kv, hp->dim, 0, 0, hp->n_kv_heads);
+        L("self_attn.q_proj", "attn_q", q, hp->dim, 0, 0, neox ? 0 : hp->n_heads);
+        L("self_attn.k_proj", "attn_k", kv, hp->dim, 0, 0, neox ? 0 : hp->n_kv_heads);
         L("self_attn.v_proj", "attn_v", kv, hp->dim, 0, 0, 0);
+        if (hp->attn_qkv_bias) {
+            LX("self_attn.q_proj", "attn_q", "bias", 1, q, 1, 0, 0);
+            t[k - 1].std = fam->bias_std;
+            LX("self_attn.k_proj", "attn_k", "bias", 1, kv, 1, 0, 0);
+            t[k - 1].std = fam->bias_std;
+            LX("self_attn.v_proj", "attn_v", "bias", 1, kv, 1, 0, 0);
+            t[k - 1].std = fam->bias_std;
+        }
         L("self_attn.o_proj", "attn_output", hp->dim, q, 0, 0, 0);
         L("post_attention_layernorm", "ffn_norm", 1, hp->dim, 1, 1, 0);
         L("mlp.gate_proj", "ffn_gate", hp->ffn_dim, hp->dim, 0, 0, 0);
         L("mlp.up_proj", "ffn_up", hp->ffn_dim, hp->dim, 0, 0, 0);
         L("mlp.down_proj", "ffn_down", hp->dim, hp->ffn_dim, 0, 0, 0);
 #undef L
+#undef LX
     }
     T("model.norm.weight", "output_norm.weight", 1, hp->dim, 1, 1, 0);
-    T("lm_head.weight", "output.weight", hp->vocab_size, hp->dim, 0, 0, 0);
+    if (!hp->tied_embeddings)
+        T("lm_head.weight", "output.weight", hp->vocab_size, hp->dim, 0, 0, 0);
+    if (hp->rope_scaling.type == IEBIN_ROPE_FREQ_FACTORS) {
+        T("", "rope_freqs.weight", 1, hp->head_dim / 2, 1, 0, 0);
+        t[k - 1].gguf_f32 = 1;
+    }
 #undef T
     *out = t;
     return k;
 }
 
-static int write_config(const char *dir, const struct iebin_hparams *hp, enum dtype dt)
+/* config.json as transformers writes it for the family (only the keys the converters read,
+ * plus the ones a real checkpoint of the family has that must not change the result). */
+static int write_config(const char *dir, const struct iebin_hparams *hp,
+                        const struct family *fam, enum dtype dt)
 {
-    char path[4096], buf[2048];
+    char path[4096], buf[4096], extra[1024] = "";
     snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t ne = 0;
+    if (fam->factor != 0)
+        ne += (size_t)snprintf(extra + ne, sizeof extra - ne,
+                               "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %.1f, "
+                               "\"low_freq_factor\": %.1f, \"high_freq_factor\": %.1f, "
+                               "\"original_max_position_embeddings\": %.0f},\n"
+                               "  \"attention_bias\": false,\n  \"mlp_bias\": false,\n",
+                               fam->factor, fam->low_freq_factor, fam->high_freq_factor,
+                               fam->original_max_position_embeddings);
+    if (hp->attn_qkv_bias) /* Qwen2.5's: a window it does not use */
+        ne += (size_t)snprintf(extra + ne, sizeof extra - ne,
+                               "  \"use_sliding_window\": false,\n  \"sliding_window\": 4096,\n"
+                               "  \"max_window_layers\": %u,\n",
+                               hp->n_layers);
+    if (!strcmp(fam->model_type, "mistral"))
+        ne += (size_t)snprintf(extra + ne, sizeof extra - ne,
+                               "  \"sliding_window\": %u,\n  \"head_dim\": %u,\n",
+                               hp->sliding_window, hp->head_dim);
     int n = snprintf(buf, sizeof buf,
-                     "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
+                     "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n"
                      "  \"hidden_size\": %u,\n  \"intermediate_size\": %u,\n"
                      "  \"num_hidden_layers\": %u,\n  \"num_attention_heads\": %u,\n"
                      "  \"num_key_value_heads\": %u,\n  \"vocab_size\": %u,\n"
                      "  \"max_position_embeddings\": %u,\n  \"rope_theta\": %.1f,\n"
-                     "  \"rms_norm_eps\": %g,\n  \"tie_word_embeddings\": false,\n"
+                     "  \"rms_norm_eps\": %g,\n  \"tie_word_embeddings\": %s,\n%s"
                      "  \"hidden_act\": \"silu\",\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n"
                      "  \"torch_dtype\": \"%s\"\n}\n",
-                     hp->dim, hp->ffn_dim, hp->n_layers, hp->n_heads, hp->n_kv_heads,
-                     hp->vocab_size, hp->max_seq_len, (double)hp->rope_theta, (double)hp->rms_eps,
+                     fam->hf_class, fam->model_type, hp->dim, hp->ffn_dim, hp->n_layers,
+                     hp->n_heads, hp->n_kv_heads, hp->vocab_size, hp->max_seq_len,
+                     (double)hp->rope_theta, (double)hp->rms_eps,
+                     hp->tied_embeddings ? "true" : "false", extra,
                      dt == DT_F32 ? "float32" : dt == DT_F16 ? "float16" : "bfloat16");
     struct afile af;
     int rc = afile_open(&af, path);
@@ -316,6 +429,8 @@ static int write_safetensors(const char *dir, const struct stensor *t, size_t nt
         return rc;
     for (size_t i = 0; i < nt && rc == 0; i++) {
         uint64_t shape[2] = {t[i].rows, t[i].cols};
+        if (t[i].gguf_f32)
+            continue;
         rc = t[i].is_vec ? safetensors_writer_add(w, t[i].hf, sdt, &shape[1], 1, NULL, t[i].cols * es)
                          : safetensors_writer_add(w, t[i].hf, sdt, shape, 2, NULL, t[i].rows * t[i].cols * es);
     }
@@ -324,13 +439,15 @@ static int write_safetensors(const char *dir, const struct stensor *t, size_t nt
     void *buf = NULL;
     for (size_t i = 0; i < nt && rc == 0; i++) {
         uint64_t n = t[i].rows * t[i].cols;
+        if (t[i].gguf_f32)
+            continue;
         void *nb = realloc(buf, n * es);
         if (!nb) {
             rc = -ENOMEM;
             break;
         }
         buf = nb;
-        gen_values(seed, (uint32_t)i, t[i].is_norm, dt, buf, n);
+        gen_values(seed, (uint32_t)i, t[i].is_norm, t[i].std, dt, buf, n);
         rc = safetensors_writer_stream_write(w, buf, n * es);
     }
     free(buf);
@@ -341,9 +458,24 @@ static int write_safetensors(const char *dir, const struct stensor *t, size_t nt
     return safetensors_writer_finish(w);
 }
 
+/* "<arch>.<key>" for the GGUF keys below. */
+static const char *gkey(char *buf, size_t cap, const char *arch, const char *key)
+{
+    snprintf(buf, cap, "%s.%s", arch, key);
+    return buf;
+}
+
+/*
+ * The GGUF llama.cpp's converter writes for the family: architecture "llama" (Llama 3, and
+ * Mistral, whose window llama.cpp's converter drops: written here as
+ * llama.attention.sliding_window so that it survives) or "qwen2"; Llama 3's scaling as the F32
+ * tensor rope_freqs.weight.
+ */
 static int write_gguf(const char *path, const struct iebin_hparams *hp, const struct stensor *t,
                       size_t nt, uint64_t seed, enum dtype dt, const struct vocab *v)
 {
+    const char *a = hp->attn_qkv_bias ? "qwen2" : "llama";
+    char k[10][64];
     uint32_t gt = dt == DT_F32 ? GGUF_GGML_F32 : dt == DT_F16 ? GGUF_GGML_F16 : GGUF_GGML_BF16;
     size_t es = dt == DT_F32 ? 4 : 2;
     struct gguf_writer *w;
@@ -357,16 +489,21 @@ static int write_gguf(const char *path, const struct iebin_hparams *hp, const st
     }
     for (uint32_t i = 0; i < v->n; i++)
         types[i] = v->type[i];
-    if ((rc = gguf_writer_kv_str(w, "general.architecture", "llama")) ||
+    if ((rc = gguf_writer_kv_str(w, "general.architecture", a)) ||
         (rc = gguf_writer_kv_str(w, "general.name", "clocher-synth")) ||
-        (rc = gguf_writer_kv_u32(w, "llama.embedding_length", hp->dim)) ||
-        (rc = gguf_writer_kv_u32(w, "llama.feed_forward_length", hp->ffn_dim)) ||
-        (rc = gguf_writer_kv_u32(w, "llama.block_count", hp->n_layers)) ||
-        (rc = gguf_writer_kv_u32(w, "llama.attention.head_count", hp->n_heads)) ||
-        (rc = gguf_writer_kv_u32(w, "llama.attention.head_count_kv", hp->n_kv_heads)) ||
-        (rc = gguf_writer_kv_u32(w, "llama.context_length", hp->max_seq_len)) ||
-        (rc = gguf_writer_kv_f32(w, "llama.rope.freq_base", hp->rope_theta)) ||
-        (rc = gguf_writer_kv_f32(w, "llama.attention.layer_norm_rms_epsilon", hp->rms_eps)) ||
+        (rc = gguf_writer_kv_u32(w, gkey(k[0], 64, a, "embedding_length"), hp->dim)) ||
+        (rc = gguf_writer_kv_u32(w, gkey(k[1], 64, a, "feed_forward_length"), hp->ffn_dim)) ||
+        (rc = gguf_writer_kv_u32(w, gkey(k[2], 64, a, "block_count"), hp->n_layers)) ||
+        (rc = gguf_writer_kv_u32(w, gkey(k[3], 64, a, "attention.head_count"), hp->n_heads)) ||
+        (rc = gguf_writer_kv_u32(w, gkey(k[4], 64, a, "attention.head_count_kv"),
+                                 hp->n_kv_heads)) ||
+        (rc = gguf_writer_kv_u32(w, gkey(k[5], 64, a, "context_length"), hp->max_seq_len)) ||
+        (rc = gguf_writer_kv_f32(w, gkey(k[6], 64, a, "rope.freq_base"), hp->rope_theta)) ||
+        (rc = gguf_writer_kv_f32(w, gkey(k[7], 64, a, "attention.layer_norm_rms_epsilon"),
+                                 hp->rms_eps)) ||
+        (hp->sliding_window &&
+         (rc = gguf_writer_kv_u32(w, gkey(k[8], 64, a, "attention.sliding_window"),
+                                  hp->sliding_window))) ||
         (rc = gguf_writer_kv_str(w, "tokenizer.ggml.model", "llama")) ||
         (rc = gguf_writer_kv_str_arr(w, "tokenizer.ggml.tokens", (const char *const *)v->piece, v->n)) ||
         (rc = gguf_writer_kv_f32_arr(w, "tokenizer.ggml.scores", v->score, v->n)) ||
@@ -377,8 +514,9 @@ static int write_gguf(const char *path, const struct iebin_hparams *hp, const st
         goto fail;
     for (size_t i = 0; i < nt && rc == 0; i++) {
         uint64_t ne[2] = {t[i].cols, t[i].rows};
-        rc = gguf_writer_add_tensor(w, t[i].gg, gt, ne, t[i].is_vec ? 1 : 2, NULL,
-                                    t[i].rows * t[i].cols * es);
+        rc = gguf_writer_add_tensor(w, t[i].gg, t[i].gguf_f32 ? GGUF_GGML_F32 : gt, ne,
+                                    t[i].is_vec ? 1 : 2, NULL,
+                                    t[i].rows * t[i].cols * (t[i].gguf_f32 ? 4 : es));
     }
     if (rc || (rc = gguf_writer_stream_begin(w)))
         goto fail;
@@ -391,7 +529,11 @@ static int write_gguf(const char *path, const struct iebin_hparams *hp, const st
             break;
         }
         buf = nb;
-        gen_values(seed, (uint32_t)i, t[i].is_norm, dt, buf, n);
+        if (t[i].gguf_f32) { /* rope_freqs [head_dim/2] */
+            rc = gguf_writer_stream_write(w, hp->rope_scaling.freq_factors, n * 4);
+            continue;
+        }
+        gen_values(seed, (uint32_t)i, t[i].is_norm, t[i].std, dt, buf, n);
         if (!t[i].perm_heads) {
             rc = gguf_writer_stream_write(w, buf, n * es);
             continue;
@@ -439,9 +581,14 @@ int synth_model(const char *out_dir, const struct synth_opts *o)
         return rc;
     if ((rc = path_mkdir_p(out_dir)) != 0)
         return rc;
+    const struct family *fam = preset_family(o->preset);
+    if (o->layers && hp.sliding_window) { /* every layer slides, however many */
+        memset(hp.sliding_layers, 0, sizeof hp.sliding_layers);
+        iebin_slide_all(&hp);
+    }
     struct vocab v;
     struct stensor *t = NULL;
-    size_t nt = tensor_list(&hp, &t);
+    size_t nt = tensor_list(&hp, fam, &t);
     char path[4096];
     if ((rc = vocab_build(&v, hp.vocab_size)) != 0 || nt == 0) {
         rc = rc ? rc : -ENOMEM;
@@ -457,7 +604,7 @@ int synth_model(const char *out_dir, const struct synth_opts *o)
     snprintf(path, sizeof path, "%s/tokenizer.model", out_dir);
     if ((rc = write_spm_model(path, &v)) || (rc = write_safetensors(out_dir, t, nt, o->seed, dt)) ||
         (o->gguf && (rc = write_gguf(o->gguf, &hp, t, nt, o->seed, dt, &v))) ||
-        (rc = write_config(out_dir, &hp, dt)))
+        (rc = write_config(out_dir, &hp, fam, dt)))
         goto out;
 out:
     vocab_free(&v);

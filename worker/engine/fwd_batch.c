@@ -9,7 +9,8 @@
  * once per step whatever the number of sequences; attention is per sequence over its own
  * paged KV (kv_attn_prefill: causal within the chunk, a decode is a chunk of one).
  *
- * gpt_oss (forward.c lists the differences): the biases, YaRN's table (model_rope_row), the
+ * qwen2: q/k/v biases; Mistral: the window on every layer. gpt_oss (forward.c lists the
+ * differences): the biases, YaRN's table (model_rope_row), the
  * layer's window and sinks in the paged attention (kv_attn_prefill_swa), and the mixture of
  * experts (moe.h) over ALL rows of the step: the rows are routed, then gathered by expert, so
  * each expert any sequence chose is read once per step, whatever the number of sequences.
@@ -169,7 +170,8 @@ static void attn_task(void *ctx, size_t task, int thread)
     const uint32_t nkv = m->hp.n_kv_heads;
     const struct engine__bseq *s = &j->seqs[task / nkv];
     const uint32_t g = (uint32_t)(task % nkv);
-    const struct model_layer *L = &m->layers[j->layer]; /* llama: window 0, no sinks */
+    const struct model_layer *L = &m->layers[j->layer]; /* llama, qwen2: no sinks; a window
+                                                         * on every layer or none */
     const struct kv_seq *kv = L->window && s->kvw ? s->kvw : s->kv;
     const uint32_t kl = s->kvw ? L->kind_index : j->layer;
     int rc = kv_attn_prefill_swa(kv, kl, m->hp.n_heads, s->pos0, s->n,

@@ -9,7 +9,7 @@
  * the writer can never produce a model this reader rejects.
  *
  * An architecture's tensors are numbered by "slot": 0 tok_embd, 1 output_norm, 2 output, then
- * one per per-layer kind of its table below (llama 9, gpt_oss 19) for each layer. A name resolves to its slot by
+ * one per per-layer kind of its table below (llama 9, qwen2 12, gpt_oss 19) for each layer. A name resolves to its slot by
  * parsing (no table of strings), duplicates are a second hit on a slot, missing tensors an
  * empty slot, and iebin_find is a slot lookup.
  *
@@ -60,6 +60,22 @@ static const struct kind_info {
     {IEBIN_T_FFN_GATE, 2, NULL, {D_FFN, D_DIM}, "ffn_dim, dim"},
     {IEBIN_T_FFN_UP, 2, NULL, {D_FFN, D_DIM}, "ffn_dim, dim"},
     {IEBIN_T_FFN_DOWN, 2, NULL, {D_DIM, D_FFN}, "dim, ffn_dim"},
+}, qwen2_kinds[] = { /* llama's with q/k/v biases */
+    {IEBIN_T_TOK_EMBD, 2, NULL, {D_VOCAB, D_DIM}, "vocab_size, dim"},
+    {IEBIN_T_OUTPUT_NORM, 1, "norms", {D_DIM}, "dim"},
+    {IEBIN_T_OUTPUT, 2, NULL, {D_VOCAB, D_DIM}, "vocab_size, dim"},
+    {IEBIN_T_ATTN_NORM, 1, "norms", {D_DIM}, "dim"},
+    {IEBIN_T_ATTN_Q, 2, NULL, {D_Q, D_DIM}, "n_heads*head_dim, dim"},
+    {IEBIN_T_ATTN_Q_BIAS, 1, "biases", {D_Q}, "n_heads*head_dim"},
+    {IEBIN_T_ATTN_K, 2, NULL, {D_KV, D_DIM}, "n_kv_heads*head_dim, dim"},
+    {IEBIN_T_ATTN_K_BIAS, 1, "biases", {D_KV}, "n_kv_heads*head_dim"},
+    {IEBIN_T_ATTN_V, 2, NULL, {D_KV, D_DIM}, "n_kv_heads*head_dim, dim"},
+    {IEBIN_T_ATTN_V_BIAS, 1, "biases", {D_KV}, "n_kv_heads*head_dim"},
+    {IEBIN_T_ATTN_O, 2, NULL, {D_DIM, D_Q}, "dim, n_heads*head_dim"},
+    {IEBIN_T_FFN_NORM, 1, "norms", {D_DIM}, "dim"},
+    {IEBIN_T_FFN_GATE, 2, NULL, {D_FFN, D_DIM}, "ffn_dim, dim"},
+    {IEBIN_T_FFN_UP, 2, NULL, {D_FFN, D_DIM}, "ffn_dim, dim"},
+    {IEBIN_T_FFN_DOWN, 2, NULL, {D_DIM, D_FFN}, "dim, ffn_dim"},
 }, gpt_oss_kinds[] = {
     {IEBIN_T_TOK_EMBD, 2, NULL, {D_VOCAB, D_DIM}, "vocab_size, dim"},
     {IEBIN_T_OUTPUT_NORM, 1, "norms", {D_DIM}, "dim"},
@@ -85,7 +101,7 @@ static const struct kind_info {
     {IEBIN_T_FFN_DOWN_EXPS_BIAS, 2, "biases", {D_NEXP, D_DIM}, "n_experts, dim"},
 };
 
-/* Both architectures start with the same three global tensors; slot 2 is `output`. */
+/* Every architecture starts with the same three global tensors; slot 2 is `output`. */
 #define N_GLOBAL 3
 #define SLOT_OUTPUT 2
 
@@ -96,10 +112,12 @@ static const struct arch_info {
 } arches[] = {
     {"llama", llama_kinds, sizeof llama_kinds / sizeof llama_kinds[0]},
     {"gpt_oss", gpt_oss_kinds, sizeof gpt_oss_kinds / sizeof gpt_oss_kinds[0]},
+    {"qwen2", qwen2_kinds, sizeof qwen2_kinds / sizeof qwen2_kinds[0]},
 };
 #define ARCH_LLAMA (&arches[0])
 #define ARCH_GPT_OSS (&arches[1])
-#define KNOWN_ARCHES "llama, gpt_oss"
+#define ARCH_QWEN2 (&arches[2])
+#define KNOWN_ARCHES "llama, qwen2, gpt_oss"
 
 static const struct arch_info *arch_by_name(const char *name)
 {
@@ -109,10 +127,10 @@ static const struct arch_info *arch_by_name(const char *name)
     return NULL;
 }
 
-/* The architecture a (checked) hyper-parameter set describes: experts make it gpt_oss. */
+/* The architecture a (checked) hyper-parameter set describes (iebin_arch_of). */
 static const struct arch_info *hp_arch(const struct iebin_hparams *hp)
 {
-    return hp->n_experts ? ARCH_GPT_OSS : ARCH_LLAMA;
+    return arch_by_name(iebin_arch_of(hp));
 }
 
 static size_t per_layer(const struct arch_info *a) { return a->n_kinds - N_GLOBAL; }
@@ -238,30 +256,49 @@ static uint32_t hp_get(const struct iebin_hparams *hp, const struct hp_field *f)
 
 static bool finite_pos(float x) { return x > 0.0f && isfinite(x); }
 
-/* The gpt_oss-only fields of a llama set must all be zero: name the first one that is not. */
-static int check_llama_extras(const struct iebin_hparams *hp, const char *what)
+/* llama and qwen2 (dense): a window on every layer or none, frequency-factor RoPE scaling or
+ * none, and every gpt_oss-only field zero (named when one is not). */
+static int check_dense_extras(const struct iebin_hparams *hp, const char *what)
 {
-    bool bits = false;
+    const char *arch = iebin_arch_of(hp);
+    bool bits_ok = true;
+    for (uint32_t l = 0; l < 1024; l++)
+        bits_ok &= iebin_layer_slides(hp, l) == (hp->sliding_window != 0 && l < hp->n_layers);
+    bool stray = false; /* layer bits without a window */
     for (size_t i = 0; i < sizeof hp->sliding_layers / sizeof hp->sliding_layers[0]; i++)
-        bits |= hp->sliding_layers[i] != 0;
-    const char *field = hp->n_experts_used   ? "n_experts_used"
-                        : hp->sliding_window ? "sliding_window"
-                        : bits               ? "layer_types"
-                        : hp->rope_scaling.type != IEBIN_ROPE_NONE ? "rope_scaling"
-                        : hp->swiglu_limit != 0.0f                 ? "swiglu_limit"
-                        : hp->swiglu_alpha != 0.0f                 ? "swiglu_alpha"
-                                                                   : NULL;
+        stray |= !hp->sliding_window && hp->sliding_layers[i] != 0;
+    const char *field = hp->n_experts_used                          ? "n_experts_used"
+                        : stray || !bits_ok                         ? "layer_types"
+                        : hp->rope_scaling.type == IEBIN_ROPE_YARN ? "rope_scaling"
+                        : hp->swiglu_limit != 0.0f                  ? "swiglu_limit"
+                        : hp->swiglu_alpha != 0.0f                  ? "swiglu_alpha"
+                                                                    : NULL;
     if (field) {
-        LOG_ERR("%s: hparams.%s is set, but architecture llama does not implement it (a "
-                "gpt_oss field)",
-                what, field);
+        LOG_ERR("%s: hparams.%s is set, but architecture %s does not implement it (a gpt_oss "
+                "field; %s layers slide all or none)",
+                what, field, arch, arch);
         return ERR_RANGE;
+    }
+    const struct iebin_rope_scaling *rs = &hp->rope_scaling;
+    const uint32_t half = hp->head_dim / 2;
+    for (uint32_t i = 0; rs->type == IEBIN_ROPE_FREQ_FACTORS && i < IEBIN_MAX_ROPE_PAIRS; i++) {
+        float f = rs->freq_factors[i];
+        if (i < half ? !finite_pos(f) : f != 0.0f) {
+            LOG_ERR("%s: hparams.rope_freq_factors[%u] is %g: the head_dim/2 = %u factors must "
+                    "be finite and > 0",
+                    what, i, (double)f, half);
+            return ERR_RANGE;
+        }
     }
     return 0;
 }
 
 static int check_gpt_oss_extras(const struct iebin_hparams *hp, const char *what)
 {
+    if (hp->attn_qkv_bias) {
+        LOG_ERR("%s: gpt_oss hyper-parameters with qwen2's attn_qkv_bias", what);
+        return ERR_RANGE;
+    }
     if (hp->n_experts > IEBIN_MAX_EXPERTS) {
         LOG_ERR("%s: hparams.n_experts %u is outside 1..%u", what, hp->n_experts,
                 IEBIN_MAX_EXPERTS);
@@ -345,8 +382,7 @@ int iebin_check_hparams(const struct iebin_hparams *hp, const char *what)
         LOG_ERR("%s: hparams.rms_eps %g must be in (0, 1)", what, (double)hp->rms_eps);
         return ERR_RANGE;
     }
-    return hp_arch(hp) == ARCH_LLAMA ? check_llama_extras(hp, what)
-                                     : check_gpt_oss_extras(hp, what);
+    return hp->n_experts ? check_gpt_oss_extras(hp, what) : check_dense_extras(hp, what);
 }
 
 /* ---- one tensor against the architecture ---- */
@@ -484,10 +520,9 @@ static int get_bool(const char *what, const char *field, const json_t *v, bool *
     return 0;
 }
 
-/* The hparams keys only gpt_oss has: refused by name in a llama manifest. */
-static const char *const gpt_oss_keys[] = {"n_experts",      "n_experts_used", "sliding_window",
-                                           "layer_types",    "rope_scaling",   "swiglu_limit",
-                                           "swiglu_alpha"};
+/* The hparams keys only gpt_oss has: refused by name in a llama or qwen2 manifest. */
+static const char *const gpt_oss_keys[] = {"n_experts",    "n_experts_used", "layer_types",
+                                           "rope_scaling", "swiglu_limit",   "swiglu_alpha"};
 #define N_GPT_OSS_KEYS (sizeof gpt_oss_keys / sizeof gpt_oss_keys[0])
 
 /* "layer_types": n_layers strings, each "sliding_attention" or "full_attention". */
@@ -607,6 +642,40 @@ static int parse_gpt_oss_hparams(const char *what, const json_t *o, struct iebin
     return 0;
 }
 
+/* llama and qwen2's optional keys: sliding_window (every layer slides) and
+ * rope_freq_factors (head_dim/2 numbers). */
+static int parse_dense_hparams(const char *what, const json_t *o, struct iebin_hparams *hp)
+{
+    int rc;
+    uint64_t v;
+    char d[48], field[64];
+    const json_t *sw = json_object_get(o, "sliding_window");
+    if (sw) {
+        if ((rc = get_int(what, "hparams.sliding_window", sw, 1, UINT32_MAX, &v)))
+            return rc;
+        hp->sliding_window = (uint32_t)v;
+        iebin_slide_all(hp);
+    }
+    const json_t *ff = json_object_get(o, "rope_freq_factors");
+    if (!ff)
+        return 0;
+    const uint32_t half = hp->head_dim / 2; /* head_dim <= 1024: half <= 512 */
+    if (!json_is_array(ff) || json_array_size(ff) != half) {
+        LOG_ERR("%s: hparams.rope_freq_factors is %s; it must be an array of head_dim/2 = %u "
+                "numbers",
+                what, json_is_array(ff) ? "an array of another length" : jfield_desc(ff, d, sizeof d),
+                half);
+        return json_is_array(ff) ? ERR_RANGE : ERR_FORMAT;
+    }
+    hp->rope_scaling.type = IEBIN_ROPE_FREQ_FACTORS;
+    for (uint32_t i = 0; i < half; i++) {
+        snprintf(field, sizeof field, "hparams.rope_freq_factors[%u]", i);
+        if ((rc = get_real(what, field, json_array_get(ff, i), &hp->rope_scaling.freq_factors[i])))
+            return rc;
+    }
+    return 0;
+}
+
 static int parse_hparams(const char *what, const struct arch_info *a, const json_t *o,
                          struct iebin_hparams *hp)
 {
@@ -633,16 +702,25 @@ static int parse_hparams(const char *what, const struct arch_info *a, const json
                        &hp->tied_embeddings)))
         return rc;
     if (a == ARCH_GPT_OSS) {
+        if (json_object_get(o, "rope_freq_factors")) {
+            LOG_ERR("%s: hparams.rope_freq_factors is a llama/qwen2 key; gpt_oss scales RoPE "
+                    "by YaRN (rope_scaling)",
+                    what);
+            return ERR_UNSUPPORTED;
+        }
         if ((rc = parse_gpt_oss_hparams(what, o, hp)) != 0)
             return rc;
     } else {
         for (size_t i = 0; i < N_GPT_OSS_KEYS; i++)
             if (json_object_get(o, gpt_oss_keys[i])) {
-                LOG_ERR("%s: hparams.%s is a gpt_oss key; architecture llama does not "
+                LOG_ERR("%s: hparams.%s is a gpt_oss key; architecture %s does not "
                         "implement it",
-                        what, gpt_oss_keys[i]);
+                        what, gpt_oss_keys[i], a->name);
                 return ERR_UNSUPPORTED;
             }
+        hp->attn_qkv_bias = a == ARCH_QWEN2;
+        if ((rc = parse_dense_hparams(what, o, hp)) != 0)
+            return rc;
     }
     return iebin_check_hparams(hp, what);
 }

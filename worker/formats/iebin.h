@@ -38,21 +38,33 @@
 #define IEBIN_MANIFEST_MAX (64u << 20) /* bytes; larger manifests are refused unread */
 #define IEBIN_INT_MAX (UINT64_C(1) << 53) /* every manifest integer is <= 2^53 (exact in JSON) */
 #define IEBIN_MAX_EXPERTS 4096u    /* gpt_oss: n_experts is 1..4096 */
+#define IEBIN_MAX_ROPE_PAIRS 512u  /* head_dim / 2 <= 512: rope_freq_factors' length */
 
-/* The RoPE scaling of an architecture that has one (gpt_oss: YaRN, docs/IEBIN.md). */
+/*
+ * The RoPE scaling of a model that has one (docs/IEBIN.md): gpt_oss's YaRN, or llama/qwen2's
+ * per-pair frequency factors (Llama 3's "llama3" scaling as llama.cpp stores it: pair i's
+ * frequency theta^(-2i/head_dim) is divided by freq_factors[i]).
+ */
 struct iebin_rope_scaling {
-    enum iebin_rope_scaling_type { IEBIN_ROPE_NONE = 0, IEBIN_ROPE_YARN = 1 } type;
+    enum iebin_rope_scaling_type {
+        IEBIN_ROPE_NONE = 0,
+        IEBIN_ROPE_YARN = 1,
+        IEBIN_ROPE_FREQ_FACTORS = 2,
+    } type;
     float factor;    /* context extension s (gpt-oss: 32) */
     float beta_fast; /* YaRN beta: below dimension "low" the frequencies extrapolate (32) */
     float beta_slow; /* YaRN alpha: above dimension "high" they interpolate (1) */
     uint32_t original_max_position_embeddings; /* L0 (4096) */
     bool truncate;   /* true: low floored and high ceiled (ggml); false: both fractional */
+    /* IEBIN_ROPE_FREQ_FACTORS: [head_dim/2] finite > 0, zero beyond */
+    float freq_factors[IEBIN_MAX_ROPE_PAIRS];
 };
 
 /*
- * Hyper-parameters of the "llama" and "gpt_oss" architectures. The gpt_oss fields are zero for
- * llama (iebin_check_hparams refuses a llama set with any of them non-zero), so n_experts != 0
- * tells a gpt_oss set apart.
+ * Hyper-parameters of the "llama", "qwen2" and "gpt_oss" architectures. n_experts != 0 tells a
+ * gpt_oss set apart, attn_qkv_bias a qwen2 one (iebin_arch_of). llama and qwen2 may have a
+ * sliding window on every layer (Mistral) and frequency-factor RoPE scaling (Llama 3); the
+ * other gpt_oss fields are zero for them (iebin_check_hparams refuses a set with any of them).
  */
 struct iebin_hparams {
     uint32_t dim;         /* model width */
@@ -66,13 +78,28 @@ struct iebin_hparams {
     float rope_theta;
     float rms_eps;
     bool tied_embeddings; /* classifier = token embedding (no "output" tensor) */
-    /* gpt_oss only (zero for llama) */
-    uint32_t n_experts, n_experts_used; /* 0 for dense models; else 1 <= used <= n_experts */
+    bool attn_qkv_bias;   /* qwen2: q, k and v carry biases (architecture "qwen2") */
     uint32_t sliding_window;            /* 0: no sliding layers; else keys t-u < window */
-    uint64_t sliding_layers[16];        /* bit l set: layer l slides (n_layers <= 1024) */
-    struct iebin_rope_scaling rope_scaling;
+    uint64_t sliding_layers[16];        /* bit l set: layer l slides (n_layers <= 1024; llama
+                                         * and qwen2: every layer or none) */
+    struct iebin_rope_scaling rope_scaling; /* gpt_oss: YaRN; llama, qwen2: none or factors */
+    /* gpt_oss only (zero otherwise) */
+    uint32_t n_experts, n_experts_used; /* 0 for dense models; else 1 <= used <= n_experts */
     float swiglu_limit, swiglu_alpha;   /* clamped SwiGLU: 7.0, 1.702 for gpt-oss */
 };
+
+/* The architecture a hyper-parameter set describes: "gpt_oss", "qwen2" or "llama". */
+static inline const char *iebin_arch_of(const struct iebin_hparams *hp)
+{
+    return hp->n_experts ? "gpt_oss" : hp->attn_qkv_bias ? "qwen2" : "llama";
+}
+
+/* Every layer of n_layers slides (llama/qwen2 with a window: Mistral). */
+static inline void iebin_slide_all(struct iebin_hparams *hp)
+{
+    for (uint32_t l = 0; l < hp->n_layers && l < 1024; l++)
+        hp->sliding_layers[l / 64] |= UINT64_C(1) << (l % 64);
+}
 
 /* Whether layer l attends through the sliding window (gpt_oss's "sliding_attention"). */
 static inline bool iebin_layer_slides(const struct iebin_hparams *hp, uint32_t l)
@@ -93,7 +120,7 @@ struct iebin_tensor {
 struct iebin_model {
     char *dir;                   /* absolute (realpath); iebin_open_mem: its label */
     char *name;                  /* free text from the manifest ("" if none) */
-    char arch[32];               /* "llama" or "gpt_oss" */
+    char arch[32];               /* "llama", "qwen2" or "gpt_oss" */
     struct iebin_hparams hp;
     size_t n_tensors;
     struct iebin_tensor *tensors; /* [n_tensors], in manifest order */
@@ -243,7 +270,8 @@ static inline uint64_t iebin_rope_hf_row(uint64_t row, uint32_t head_dim)
 #define IEBIN_T_FFN_GATE "ffn_gate"   /* [ffn_dim][dim]  (llama2.c w1) */
 #define IEBIN_T_FFN_UP "ffn_up"       /* [ffn_dim][dim]  (llama2.c w3) */
 #define IEBIN_T_FFN_DOWN "ffn_down"   /* [dim][ffn_dim]  (llama2.c w2) */
-/* gpt_oss only (biases and sinks f32; q/k biases in the interleaved RoPE order like q/k rows) */
+/* gpt_oss and qwen2 (q/k/v biases), gpt_oss only (o bias, sinks, experts); biases and sinks
+ * f32; q/k biases in the interleaved RoPE order like q/k rows */
 #define IEBIN_T_ATTN_Q_BIAS "attn_q_bias"               /* [n_heads*head_dim] */
 #define IEBIN_T_ATTN_K_BIAS "attn_k_bias"               /* [n_kv_heads*head_dim] */
 #define IEBIN_T_ATTN_V_BIAS "attn_v_bias"               /* [n_kv_heads*head_dim] */

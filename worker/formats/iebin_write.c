@@ -88,13 +88,16 @@ int iebin_writer_create(const char *dir, const char *arch, const char *name,
         LOG_ERR("iebin writer: the output directory name is empty");
         return -EINVAL;
     }
-    bool moe = strcmp(arch, "gpt_oss") == 0;
-    if (!moe && strcmp(arch, "llama") != 0) {
-        LOG_ERR("%s: architecture '%s' is not supported (known: llama, gpt_oss)", dir, arch);
+    if (strcmp(arch, "gpt_oss") != 0 && strcmp(arch, "llama") != 0 &&
+        strcmp(arch, "qwen2") != 0) {
+        LOG_ERR("%s: architecture '%s' is not supported (known: llama, qwen2, gpt_oss)", dir,
+                arch);
         return ERR_UNSUPPORTED;
     }
-    if (moe != (hp->n_experts != 0)) { /* iebin_check_hparams tells them apart by n_experts */
-        LOG_ERR("%s: architecture %s with n_experts %u", dir, arch, hp->n_experts);
+    if (strcmp(arch, iebin_arch_of(hp)) != 0) { /* n_experts, attn_qkv_bias tell them apart */
+        LOG_ERR("%s: architecture %s with hyper-parameters of %s (n_experts %u, attn_qkv_bias "
+                "%d)",
+                dir, arch, iebin_arch_of(hp), hp->n_experts, (int)hp->attn_qkv_bias);
         return ERR_MISMATCH;
     }
     struct iebin_writer *w = calloc(1, sizeof *w);
@@ -325,6 +328,22 @@ static int add_gpt_oss_hparams(json_t *o, const struct iebin_hparams *hp)
     return rc ? -1 : 0;
 }
 
+/* llama and qwen2's optional keys (docs/IEBIN.md): sliding_window when every layer slides,
+ * rope_freq_factors with frequency-factor RoPE scaling. 0 or -1 (out of memory). */
+static int add_dense_hparams(json_t *o, const struct iebin_hparams *hp)
+{
+    int rc = 0;
+    if (hp->sliding_window)
+        rc |= json_object_set_new(o, "sliding_window", json_integer(hp->sliding_window));
+    if (hp->rope_scaling.type == IEBIN_ROPE_FREQ_FACTORS) {
+        json_t *ff = json_array();
+        for (uint32_t i = 0; ff && i < hp->head_dim / 2; i++)
+            rc |= json_array_append_new(ff, json_real(json_real_of(hp->rope_scaling.freq_factors[i])));
+        rc |= ff ? json_object_set_new(o, "rope_freq_factors", ff) : -1;
+    }
+    return rc ? -1 : 0;
+}
+
 struct sbuf {
     char *p;
     size_t len, cap;
@@ -366,7 +385,8 @@ static char *build_manifest(const struct iebin_writer *w, size_t *len)
         (json_int_t)hp->ffn_dim, "vocab_size", (json_int_t)hp->vocab_size, "max_seq_len",
         (json_int_t)hp->max_seq_len, "rope_theta", json_real_of(hp->rope_theta), "rms_eps",
         json_real_of(hp->rms_eps), "tied_embeddings", (int)hp->tied_embeddings);
-    if (hpo && strcmp(w->arch, "gpt_oss") == 0 && add_gpt_oss_hparams(hpo, hp) != 0) {
+    if (hpo && (strcmp(w->arch, "gpt_oss") == 0 ? add_gpt_oss_hparams(hpo, hp)
+                                                 : add_dense_hparams(hpo, hp)) != 0) {
         json_decref(hpo);
         hpo = NULL;
     }

@@ -14,6 +14,9 @@
  *     x += (silu(xb Wgate^T) * (xb Wup^T)) Wdown^T               SwiGLU
  *   logits = rmsnorm(x) * output_norm Wout^T                     rows the caller asked for
  *
+ * qwen2 adds q, k and v biases; a llama or qwen2 with a window (Mistral) attends, on every
+ * layer, only the last `window` positions (kern_attn_causal_swa); Llama 3's RoPE scaling is
+ * in the frequencies (model_rope_inv_freq).
  * gpt_oss (model.h, ../shared/specs/gpt-oss.md §2) differs in five places: q, k, v and o add
  * their biases; RoPE's table is YaRN's (model_rope_inv_freq) with cos and sin multiplied by
  * the concentration (m->rope_mscale); attention starts each query head's softmax from its
@@ -220,10 +223,11 @@ static void attn_task(void *ctx, size_t task, int thread)
     const size_t g = task / j->tasks_per_head, t0 = (task % j->tasks_per_head) * j->tok_per_task;
     const size_t nt = j->n - t0 < j->tok_per_task ? j->n - t0 : j->tok_per_task;
     const size_t off = t0 * qd + g * group * hd; /* token t0, first head of g's group */
-    if (f->m->moe) /* gpt_oss: the group's sinks, the layer's window (0: full) */
+    if (j->L->window || j->L->sinks) /* the layer's window (0: full), gpt_oss's sinks */
         kern_attn_causal_swa(DT_F32, nt, group, hd, f->q + off, qd, j->key + g * hd,
                              j->value + g * hd, kvd * sizeof(float), j->pos0 + (uint32_t)t0,
-                             j->L->window, j->L->sinks + g * group, f->att + off, qd);
+                             j->L->window, j->L->sinks ? j->L->sinks + g * group : NULL,
+                             f->att + off, qd);
     else
         kern_attn_causal(DT_F32, nt, group, hd, f->q + off, qd, j->key + g * hd,
                          j->value + g * hd, kvd * sizeof(float), j->pos0 + (uint32_t)t0,

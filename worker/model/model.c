@@ -1,6 +1,6 @@
 /*
- * model.c — binds an IEBIN model's tensors (llama, gpt_oss) into typed views (model.h), and
- * computes RoPE's frequencies (YaRN for gpt_oss).
+ * model.c — binds an IEBIN model's tensors (llama, qwen2, gpt_oss) into typed views (model.h),
+ * and computes RoPE's frequencies (YaRN for gpt_oss, per-pair factors for Llama 3).
  *
  * iebin_open has already validated every tensor against the architecture; the checks here
  * re-run the same rules (iebin_check_tensor) so that the forward pass can rely on the views'
@@ -231,10 +231,15 @@ int model_init(struct model *m, const struct iebin_model *im)
 {
     memset(m, 0, sizeof *m);
     const bool gpt_oss = strcmp(im->arch, "gpt_oss") == 0;
-    if (strcmp(im->arch, "llama") != 0 && !gpt_oss) {
+    if (strcmp(im->arch, "llama") != 0 && strcmp(im->arch, "qwen2") != 0 && !gpt_oss) {
         LOG_ERR("%s: architecture '%s' is not supported by the forward pass (known: llama, "
-                "gpt_oss)", label(im), im->arch);
+                "qwen2, gpt_oss)", label(im), im->arch);
         return ERR_UNSUPPORTED;
+    }
+    if (strcmp(im->arch, iebin_arch_of(&im->hp)) != 0) { /* a hand-built struct iebin_model */
+        LOG_ERR("%s: architecture '%s' with hyper-parameters of %s", label(im), im->arch,
+                iebin_arch_of(&im->hp));
+        return ERR_MISMATCH;
     }
     int rc = iebin_check_hparams(&im->hp, label(im));
     if (rc)
@@ -262,9 +267,13 @@ int model_init(struct model *m, const struct iebin_model *im)
         goto panels;
     }
 
+    /* llama and qwen2 (= llama with q/k/v biases); a window slides every layer or none
+     * (Mistral), so kind_index is the layer's index either way */
     for (uint32_t l = 0; l < im->hp.n_layers; l++) {
         struct model_layer *L = &m->layers[l];
+        L->window = iebin_layer_slides(&im->hp, l) ? im->hp.sliding_window : 0;
         L->kind_index = l;
+        m->n_sliding += L->window != 0;
         struct {
             const char *kind;
             struct matmul_mat *mat;
@@ -274,9 +283,12 @@ int model_init(struct model *m, const struct iebin_model *im)
             {IEBIN_T_ATTN_K, &L->wk, NULL},           {IEBIN_T_ATTN_V, &L->wv, NULL},
             {IEBIN_T_ATTN_O, &L->wo, NULL},           {IEBIN_T_FFN_NORM, NULL, &L->ffn_norm},
             {IEBIN_T_FFN_GATE, &L->w_gate, NULL},     {IEBIN_T_FFN_UP, &L->w_up, NULL},
-            {IEBIN_T_FFN_DOWN, &L->w_down, NULL},
+            {IEBIN_T_FFN_DOWN, &L->w_down, NULL},     /* qwen2: */
+            {IEBIN_T_ATTN_Q_BIAS, NULL, &L->bq},      {IEBIN_T_ATTN_K_BIAS, NULL, &L->bk},
+            {IEBIN_T_ATTN_V_BIAS, NULL, &L->bv},
         };
-        for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+        const size_t n_slots = sizeof slots / sizeof slots[0] - (im->hp.attn_qkv_bias ? 0 : 3);
+        for (size_t i = 0; i < n_slots; i++) {
             char name[IEBIN_NAME_MAX];
             snprintf(name, sizeof name, "blk.%u.%s", l, slots[i].kind);
             if ((rc = bind(im, name, slots[i].mat, slots[i].vec)))
@@ -389,8 +401,26 @@ void model_rope_inv_freq(const struct model *m, float *inv_freq)
             inv_freq[i] = (float)model_yarn_inv_freq(hp, i, NULL);
         return;
     }
-    for (uint32_t i = 0; i < hp->head_dim / 2; i++)
-        inv_freq[i] = (float)pow((double)hp->rope_theta, -(double)(2 * i) / (double)hp->head_dim);
+    const bool factors = hp->rope_scaling.type == IEBIN_ROPE_FREQ_FACTORS;
+    for (uint32_t i = 0; i < hp->head_dim / 2; i++) {
+        double f = pow((double)hp->rope_theta, -(double)(2 * i) / (double)hp->head_dim);
+        inv_freq[i] = (float)(factors ? f / hp->rope_scaling.freq_factors[i] : f);
+    }
+}
+
+/* Llama 3's smoothing between the two wavelength bounds (model.h). */
+double model_llama3_freq_factor(double theta, uint32_t head_dim, uint32_t i, double factor,
+                                double low_freq_factor, double high_freq_factor,
+                                double original_max_position_embeddings)
+{
+    const double pi = 3.14159265358979323846, l0 = original_max_position_embeddings;
+    const double wavelen = 2 * pi * pow(theta, (double)(2 * i) / (double)head_dim);
+    if (wavelen < l0 / high_freq_factor)
+        return 1.0;
+    if (wavelen > l0 / low_freq_factor)
+        return factor;
+    const double smooth = (l0 / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+    return 1.0 / ((1.0 - smooth) / factor + smooth);
 }
 
 void model_rope_row(const struct model *m, float *cs, uint32_t pos, const float *inv_freq)

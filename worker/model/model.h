@@ -1,9 +1,11 @@
 /*
  * model.h — a model's weights as typed views: one struct to read the forward pass from.
  *
- * Two architectures: "llama" (dense SwiGLU) and "gpt_oss" (biased attention with learned
- * sinks and sliding-window layers, YaRN RoPE, a mixture of experts with the clamped SwiGLU;
- * ../shared/specs/gpt-oss.md, docs/IEBIN.md).
+ * Three architectures: "llama" (dense SwiGLU; Llama 3's frequency-factor RoPE scaling and
+ * Mistral's sliding window on every layer are hyper-parameters of it), "qwen2" (llama with
+ * q/k/v biases) and "gpt_oss" (biased attention with learned sinks and sliding-window layers,
+ * YaRN RoPE, a mixture of experts with the clamped SwiGLU; ../shared/specs/gpt-oss.md,
+ * docs/IEBIN.md).
  * model_init() binds the tensors of an opened IEBIN model (worker/formats/iebin.h) into a struct of
  * named fields, the way llama2.c's TransformerWeights does, so that the forward pass reads
  * `L->wq` rather than looking names up. Nothing is copied: every view points into the model's
@@ -37,12 +39,14 @@ struct model_layer {
     struct matmul_mat w_up;   /* [ffn_dim][dim]  (llama2.c w3) */
     struct matmul_mat w_down; /* [dim][ffn_dim]  (llama2.c w2) */
 
-    /* gpt_oss only (NULL / zero for llama, whose dense w_gate/w_up/w_down are zero here) */
+    /* gpt_oss and qwen2 (NULL for llama) */
     const float *bq, *bk, *bv; /* [q_dim], [kv_dim], [kv_dim]: projection biases */
+    /* gpt_oss only (NULL / zero for llama, whose dense w_gate/w_up/w_down are zero here) */
     const float *bo;           /* [dim] */
     const float *sinks;        /* [n_heads]: one learned logit per query head */
-    uint32_t window;           /* sliding layers: a query at t sees keys u with t-u < window;
-                                * 0 = every earlier key (full layers, llama) */
+    uint32_t window;           /* sliding layers (gpt_oss's, or every layer of a llama/qwen2
+                                * with a window: Mistral): a query at t sees keys u with
+                                * t-u < window; 0 = every earlier key (full layers) */
     uint32_t kind_index;       /* this layer's index among the layers of its kind (sliding or
                                 * not): where the engine's KV keeps it when it stores the two
                                 * kinds apart (docs/KV.md, "Sliding layers") */
@@ -77,7 +81,8 @@ struct model {
 };
 
 /*
- * Binds the tensors of `im` (architecture "llama" or "gpt_oss", as iebin_open validated it)
+ * Binds the tensors of `im` (architecture "llama", "qwen2" or "gpt_oss", as iebin_open
+ * validated it)
  * into *m; m->im
  * borrows im. When the kernels run AVX-512 (kern_isa(), so kern_init() first) every q4_0 and
  * q8_0 matrix the products read (layers, and the classifier) is also repacked into panels
@@ -114,9 +119,22 @@ void model_embed_row(const struct model *m, uint32_t r, float *out);
  * angle pos * inv_freq stays accurate at long positions (llama2.c computes it in float; the
  * difference is below 1e-6 up to 512). Both passes rotate with it (kern_rope_table). With
  * YaRN rope scaling, model_yarn_inv_freq's values rounded to float (pair i of IEBIN's
- * interleaved order is HF's rotate-half pair (i, i + head_dim/2): the same frequency).
+ * interleaved order is HF's rotate-half pair (i, i + head_dim/2): the same frequency); with
+ * frequency factors (Llama 3), theta^(-2i/head_dim) / freq_factors[i], rounded once.
  */
 void model_rope_inv_freq(const struct model *m, float *inv_freq);
+
+/*
+ * Llama 3's RoPE scaling as one factor per pair (Hugging Face's _compute_llama3_parameters,
+ * llama.cpp's rope_freqs): with wavelen = 2 pi theta^(2i/head_dim) and L0 =
+ * original_max_position_embeddings, 1 when wavelen < L0/high_freq_factor, `factor` when
+ * wavelen > L0/low_freq_factor, else 1 / ((1 - s)/factor + s) with
+ * s = (L0/wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor). Pair i's
+ * frequency is divided by it. In double; the converters store it rounded to float.
+ */
+double model_llama3_freq_factor(double theta, uint32_t head_dim, uint32_t i, double factor,
+                                double low_freq_factor, double high_freq_factor,
+                                double original_max_position_embeddings);
 
 /*
  * cs [head_dim/2][2] = cos, sin of pos * inv_freq[i] (kern_rope_table), times the model's
