@@ -747,7 +747,8 @@ static int hf_llama3_rope(json_t *rs, const char *path, struct iebin_hparams *hp
     if (!strcmp(tys, "default") && json_object_size(rs) == 1)
         return 0;
     if (strcmp(tys, "llama3") != 0) {
-        LOG_ERR("%s: rope_scaling.rope_type %s is not supported (known: llama3)", path, tys);
+        LOG_ERR("%s: rope_scaling is not supported with rope_type %s (known: llama3)", path,
+                tys);
         return ERR_UNSUPPORTED;
     }
     const char *key;

@@ -711,7 +711,7 @@ static void test_bad_hf_config(void **state)
         {"{\"num_attention_heads\": 0}", NULL, ERR_FORMAT,
          "'num_attention_heads' must be a positive integer"},
         {"{\"rope_theta\": \"big\"}", NULL, ERR_FORMAT, "'rope_theta' must be a number"},
-        {"{\"model_type\": \"mistral\"}", NULL, ERR_UNSUPPORTED, "model_type mistral"},
+        {"{\"model_type\": \"phi3\"}", NULL, ERR_UNSUPPORTED, "model_type phi3"},
         {NULL, "model_type", ERR_UNSUPPORTED, "model_type (missing)"},
         {"{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}", NULL, ERR_UNSUPPORTED,
          "rope_scaling is not supported"},
