@@ -11,11 +11,15 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: clocher synth --preset demo|tinyllama-1.1b|gpt-oss-tiny|gpt-oss-20b OUT_DIR\n"
+    fprintf(f, "usage: clocher synth --preset PRESET OUT_DIR\n"
                "                     [--seed N] [--dtype f32|f16|bf16] [--layers N] [--gguf FILE]\n"
                "                     [--tokenizer FILE] [--vocab N]\n\n"
+               "Presets: demo, tinyllama-1.1b, llama3-tiny, qwen2-tiny, mistral-tiny, gpt-oss-tiny,\n"
+               "gpt-oss-20b.\n\n"
                "Writes a deterministic RANDOM-weight model in Hugging Face form. Its output is not\n"
-               "language. Llama presets: config.json, model.safetensors, tokenizer.model.\n"
+               "language. Llama-family presets (llama3-tiny: Llama 3 RoPE scaling, tied;\n"
+               "qwen2-tiny: q/k/v biases, tied; mistral-tiny: a sliding window): config.json,\n"
+               "model.safetensors, tokenizer.model.\n"
                "gpt-oss presets: the release's layout (config.json, sharded safetensors with\n"
                "model.safetensors.index.json, MXFP4 experts), the vocabulary from --tokenizer\n"
                "(copied beside the weights) or --vocab (gpt-oss-tiny needs one). --gguf also\n"

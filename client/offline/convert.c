@@ -785,7 +785,7 @@ static int hf_llama3_rope(json_t *rs, const char *path, struct iebin_hparams *hp
     }
     hp->rope_scaling.type = IEBIN_ROPE_FREQ_FACTORS;
     for (uint32_t i = 0; i < hp->head_dim / 2; i++)
-        hp->rope_scaling.freq_factors[i] = (float)model_llama3_freq_factor(
+        hp->rope_freq_factors[i] = (float)model_llama3_freq_factor(
             hp->rope_theta, hp->head_dim, i, p[0], p[1], p[2], p[3]);
     return 0;
 }
@@ -1483,7 +1483,7 @@ static int gguf_dense_hparams(struct gguf_file *f, const char *path, const char 
         return ERR_MISMATCH;
     }
     hp->rope_scaling.type = IEBIN_ROPE_FREQ_FACTORS;
-    memcpy(hp->rope_scaling.freq_factors, rf->data, sizeof(float) * (hp->head_dim / 2));
+    memcpy(hp->rope_freq_factors, rf->data, sizeof(float) * (hp->head_dim / 2));
     return 0;
 }
 

@@ -74,7 +74,7 @@ static void family_rope(const struct family *fam, struct iebin_hparams *hp)
         return;
     hp->rope_scaling.type = IEBIN_ROPE_FREQ_FACTORS;
     for (uint32_t i = 0; i < hp->head_dim / 2; i++)
-        hp->rope_scaling.freq_factors[i] = (float)model_llama3_freq_factor(
+        hp->rope_freq_factors[i] = (float)model_llama3_freq_factor(
             hp->rope_theta, hp->head_dim, i, fam->factor, fam->low_freq_factor,
             fam->high_freq_factor, fam->original_max_position_embeddings);
 }
@@ -129,7 +129,7 @@ int synth_preset(const char *name, struct iebin_hparams *hp, enum dtype *dflt)
         hp->swiglu_limit = 7.0f, hp->swiglu_alpha = 1.702f;
         *dflt = DT_BF16;
     } else {
-        LOG_ERR("unknown preset '%s' (expected demo, tinyllama-1.1b, llama3-tiny, qwen2-tiny, "
+        LOG_ERR("unknown preset '%s' (expected demo or tinyllama-1.1b, llama3-tiny, qwen2-tiny, "
                 "mistral-tiny, gpt-oss-tiny or gpt-oss-20b)",
                 name);
         return ERR_NOT_FOUND;
@@ -530,7 +530,7 @@ static int write_gguf(const char *path, const struct iebin_hparams *hp, const st
         }
         buf = nb;
         if (t[i].gguf_f32) { /* rope_freqs [head_dim/2] */
-            rc = gguf_writer_stream_write(w, hp->rope_scaling.freq_factors, n * 4);
+            rc = gguf_writer_stream_write(w, hp->rope_freq_factors, n * 4);
             continue;
         }
         gen_values(seed, (uint32_t)i, t[i].is_norm, t[i].std, dt, buf, n);

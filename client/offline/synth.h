@@ -2,7 +2,10 @@
  * synth.h — deterministic random-weight models in Hugging Face form, optionally also as a GGUF
  * file of the same weights laid out the way llama.cpp's converter writes them. The benchmarks'
  * and the tests' models.
- *  - Llama presets (synth.c): config.json + model.safetensors + tokenizer.model (synthesized).
+ *  - Llama-family presets (synth.c): config.json + model.safetensors + tokenizer.model
+ *    (synthesized); llama3-tiny, qwen2-tiny and mistral-tiny carry their family's features
+ *    (Llama 3 RoPE scaling and tied embeddings; q/k/v biases; a sliding window), and their
+ *    --gguf is llama.cpp's layout of the family (rope_freqs.weight; arch qwen2, NEOX q/k).
  *  - gpt-oss presets (synth_gpt_oss.c): the release's layout, config.json as
  *    ../shared/specs/gpt-oss.md §1a, sharded safetensors + index, MXFP4 experts; streamed, so
  *    the 20b preset's 13 GB need about a megabyte of memory.
@@ -16,7 +19,8 @@
 #include <stdint.h>
 
 struct synth_opts {
-    const char *preset;  /* "demo", "tinyllama-1.1b", "gpt-oss-tiny" or "gpt-oss-20b" */
+    const char *preset;  /* "demo", "tinyllama-1.1b", "llama3-tiny", "qwen2-tiny",
+                          * "mistral-tiny", "gpt-oss-tiny" or "gpt-oss-20b" */
     uint64_t seed;
     int dtype_set;
     enum dtype dtype;    /* f32, f16 or bf16; preset default otherwise */

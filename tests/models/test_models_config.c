@@ -62,14 +62,14 @@ static void test_hf_llama3(void **state)
     assert_int_equal(hp.rope_scaling.type, IEBIN_ROPE_FREQ_FACTORS);
     /* theta 500000, head_dim 16, L0 64: pair 0 high frequency (1), pair 1 in the smoothed
      * band, pairs 2.. low frequency (the factor) */
-    assert_true(hp.rope_scaling.freq_factors[0] == 1.0f);
-    assert_true(hp.rope_scaling.freq_factors[1] > 1.0f && hp.rope_scaling.freq_factors[1] < 8.0f);
+    assert_true(hp.rope_freq_factors[0] == 1.0f);
+    assert_true(hp.rope_freq_factors[1] > 1.0f && hp.rope_freq_factors[1] < 8.0f);
     for (uint32_t i = 0; i < 8; i++)
-        assert_true(hp.rope_scaling.freq_factors[i] ==
+        assert_true(hp.rope_freq_factors[i] ==
                     (float)model_llama3_freq_factor(500000.0, 16, i, 8, 1, 4, 64));
     for (uint32_t i = 2; i < 8; i++)
-        assert_true(hp.rope_scaling.freq_factors[i] == 8.0f);
-    assert_true(hp.rope_scaling.freq_factors[8] == 0.0f);
+        assert_true(hp.rope_freq_factors[i] == 8.0f);
+    assert_true(hp.rope_freq_factors[8] == 0.0f);
     /* "default" alone is plain RoPE; null too */
     assert_int_equal(config("llama", "\"rope_scaling\": {\"rope_type\": \"default\"},", &hp), 0);
     assert_int_equal(hp.rope_scaling.type, IEBIN_ROPE_NONE);
@@ -191,22 +191,22 @@ static void test_iebin_hparams(void **state)
     iebin_slide_all(&hp);
     hp.rope_scaling.type = IEBIN_ROPE_FREQ_FACTORS;
     for (int i = 0; i < 8; i++)
-        hp.rope_scaling.freq_factors[i] = 1.0f + (float)i;
+        hp.rope_freq_factors[i] = 1.0f + (float)i;
     assert_int_equal(iebin_check_hparams(&hp, "hp"), 0);
     hp.attn_qkv_bias = true;
     assert_int_equal(iebin_check_hparams(&hp, "hp"), 0);
 
     struct iebin_hparams bad = hp;
     bad.sliding_layers[0] &= ~UINT64_C(2); /* layer 1 full: not a llama/qwen2 shape */
-    expect_hparams_refused(&bad, "hparams.layer_types is set, but architecture qwen2");
+    expect_hparams_refused(&bad, "hparams.sliding_window is set, but architecture qwen2");
     bad = hp;
     bad.sliding_window = 0; /* layer bits without a window */
     expect_hparams_refused(&bad, "hparams.layer_types");
     bad = hp;
-    bad.rope_scaling.freq_factors[3] = 0.0f;
+    bad.rope_freq_factors[3] = 0.0f;
     expect_hparams_refused(&bad, "rope_freq_factors[3] is 0");
     bad = hp;
-    bad.rope_scaling.freq_factors[8] = 1.0f; /* beyond head_dim/2 */
+    bad.rope_freq_factors[8] = 1.0f; /* beyond head_dim/2 */
     expect_hparams_refused(&bad, "rope_freq_factors[8]");
     bad = hp;
     bad.rope_scaling.type = IEBIN_ROPE_YARN;

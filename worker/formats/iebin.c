@@ -264,11 +264,12 @@ static int check_dense_extras(const struct iebin_hparams *hp, const char *what)
     bool bits_ok = true;
     for (uint32_t l = 0; l < 1024; l++)
         bits_ok &= iebin_layer_slides(hp, l) == (hp->sliding_window != 0 && l < hp->n_layers);
-    bool stray = false; /* layer bits without a window */
+    bool stray = false; /* layer bits without a window; else !bits_ok: a window on some layers */
     for (size_t i = 0; i < sizeof hp->sliding_layers / sizeof hp->sliding_layers[0]; i++)
         stray |= !hp->sliding_window && hp->sliding_layers[i] != 0;
     const char *field = hp->n_experts_used                          ? "n_experts_used"
-                        : stray || !bits_ok                         ? "layer_types"
+                        : stray                                     ? "layer_types"
+                        : !bits_ok                                  ? "sliding_window"
                         : hp->rope_scaling.type == IEBIN_ROPE_YARN ? "rope_scaling"
                         : hp->swiglu_limit != 0.0f                  ? "swiglu_limit"
                         : hp->swiglu_alpha != 0.0f                  ? "swiglu_alpha"
@@ -282,7 +283,7 @@ static int check_dense_extras(const struct iebin_hparams *hp, const char *what)
     const struct iebin_rope_scaling *rs = &hp->rope_scaling;
     const uint32_t half = hp->head_dim / 2;
     for (uint32_t i = 0; rs->type == IEBIN_ROPE_FREQ_FACTORS && i < IEBIN_MAX_ROPE_PAIRS; i++) {
-        float f = rs->freq_factors[i];
+        float f = hp->rope_freq_factors[i];
         if (i < half ? !finite_pos(f) : f != 0.0f) {
             LOG_ERR("%s: hparams.rope_freq_factors[%u] is %g: the head_dim/2 = %u factors must "
                     "be finite and > 0",
@@ -670,7 +671,7 @@ static int parse_dense_hparams(const char *what, const json_t *o, struct iebin_h
     hp->rope_scaling.type = IEBIN_ROPE_FREQ_FACTORS;
     for (uint32_t i = 0; i < half; i++) {
         snprintf(field, sizeof field, "hparams.rope_freq_factors[%u]", i);
-        if ((rc = get_real(what, field, json_array_get(ff, i), &hp->rope_scaling.freq_factors[i])))
+        if ((rc = get_real(what, field, json_array_get(ff, i), &hp->rope_freq_factors[i])))
             return rc;
     }
     return 0;

@@ -43,7 +43,7 @@
 /*
  * The RoPE scaling of a model that has one (docs/IEBIN.md): gpt_oss's YaRN, or llama/qwen2's
  * per-pair frequency factors (Llama 3's "llama3" scaling as llama.cpp stores it: pair i's
- * frequency theta^(-2i/head_dim) is divided by freq_factors[i]).
+ * frequency theta^(-2i/head_dim) is divided by iebin_hparams.rope_freq_factors[i]).
  */
 struct iebin_rope_scaling {
     enum iebin_rope_scaling_type {
@@ -56,8 +56,6 @@ struct iebin_rope_scaling {
     float beta_slow; /* YaRN alpha: above dimension "high" they interpolate (1) */
     uint32_t original_max_position_embeddings; /* L0 (4096) */
     bool truncate;   /* true: low floored and high ceiled (ggml); false: both fractional */
-    /* IEBIN_ROPE_FREQ_FACTORS: [head_dim/2] finite > 0, zero beyond */
-    float freq_factors[IEBIN_MAX_ROPE_PAIRS];
 };
 
 /*
@@ -83,6 +81,8 @@ struct iebin_hparams {
     uint64_t sliding_layers[16];        /* bit l set: layer l slides (n_layers <= 1024; llama
                                          * and qwen2: every layer or none) */
     struct iebin_rope_scaling rope_scaling; /* gpt_oss: YaRN; llama, qwen2: none or factors */
+    /* rope_scaling.type IEBIN_ROPE_FREQ_FACTORS: [head_dim/2] finite > 0, zero beyond */
+    float rope_freq_factors[IEBIN_MAX_ROPE_PAIRS];
     /* gpt_oss only (zero otherwise) */
     uint32_t n_experts, n_experts_used; /* 0 for dense models; else 1 <= used <= n_experts */
     float swiglu_limit, swiglu_alpha;   /* clamped SwiGLU: 7.0, 1.702 for gpt-oss */

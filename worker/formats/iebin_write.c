@@ -338,7 +338,7 @@ static int add_dense_hparams(json_t *o, const struct iebin_hparams *hp)
     if (hp->rope_scaling.type == IEBIN_ROPE_FREQ_FACTORS) {
         json_t *ff = json_array();
         for (uint32_t i = 0; ff && i < hp->head_dim / 2; i++)
-            rc |= json_array_append_new(ff, json_real(json_real_of(hp->rope_scaling.freq_factors[i])));
+            rc |= json_array_append_new(ff, json_real(json_real_of(hp->rope_freq_factors[i])));
         rc |= ff ? json_object_set_new(o, "rope_freq_factors", ff) : -1;
     }
     return rc ? -1 : 0;

@@ -404,7 +404,7 @@ void model_rope_inv_freq(const struct model *m, float *inv_freq)
     const bool factors = hp->rope_scaling.type == IEBIN_ROPE_FREQ_FACTORS;
     for (uint32_t i = 0; i < hp->head_dim / 2; i++) {
         double f = pow((double)hp->rope_theta, -(double)(2 * i) / (double)hp->head_dim);
-        inv_freq[i] = (float)(factors ? f / hp->rope_scaling.freq_factors[i] : f);
+        inv_freq[i] = (float)(factors ? f / hp->rope_freq_factors[i] : f);
     }
 }
 

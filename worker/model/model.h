@@ -120,7 +120,7 @@ void model_embed_row(const struct model *m, uint32_t r, float *out);
  * difference is below 1e-6 up to 512). Both passes rotate with it (kern_rope_table). With
  * YaRN rope scaling, model_yarn_inv_freq's values rounded to float (pair i of IEBIN's
  * interleaved order is HF's rotate-half pair (i, i + head_dim/2): the same frequency); with
- * frequency factors (Llama 3), theta^(-2i/head_dim) / freq_factors[i], rounded once.
+ * frequency factors (Llama 3), theta^(-2i/head_dim) / hp.rope_freq_factors[i], rounded once.
  */
 void model_rope_inv_freq(const struct model *m, float *inv_freq);
 
