@@ -26,6 +26,8 @@ Checks, per preset (each a failure of the test when it does not hold):
  4. The serving engine's paged path (tests/gptoss/gptoss_batch --logits, f32 KV): one greedy
     request of N_GEN tokens; its logits at every position against the reference on the same
     tokens (mistral: past the window, through the paged attention's window).
+ 5. int8 (q8_0 matrices, the machine's best ISA with int8 activations): the HF and GGUF
+    conversions are bit-identical, and mean KL(ref || engine) over positions <= KLD_INT8.
 
 Run by ctest (label models); needs CLOCHER_BUILD_DIR.
 """
@@ -48,6 +50,7 @@ N_PROMPT = 24       # > mistral-tiny's window of 8
 N_GEN = 24          # positions scored through the serving engine
 REL_TOL = 1e-4      # max |dlogit| / max |logit|
 NEG_FACTOR = 10     # a negative control must miss by at least 10x the tolerance
+KLD_INT8 = 5e-3     # mean KL(ref || engine) per position, q8_0 + int8 activations (5e-4)
 
 
 def build(*parts):
@@ -162,11 +165,13 @@ def reference(cfg, W, tokens, scaling=True, bias=True, window=True, shuffle_embe
 
 
 # ---- the engine ------------------------------------------------------------------------------
-def engine_logits(model_dir, tokens, vocab):
+def engine_logits(model_dir, tokens, vocab, isa="ref"):
     dump = os.path.join(model_dir, "logits.f32")
+    env = dict(os.environ, CLOCHER_ISA=isa) if isa else \
+        {k: v for k, v in os.environ.items() if k != "CLOCHER_ISA"}
     run([build("worker", "inference-engine"), "--model-dir", model_dir, "--prompt-ids",
          ",".join(map(str, tokens)), "--max-new", "0", "--threads", "1", "--quiet",
-         "--dump-logits", dump], env=dict(os.environ, CLOCHER_ISA="ref"))
+         "--dump-logits", dump], env=env)
     return np.fromfile(dump, dtype="<f4").reshape(len(tokens), vocab).astype(np.float64)
 
 
@@ -176,6 +181,11 @@ def paged_logits(model_dir, token, n, vocab):
                str(token), str(n), out], env=dict(os.environ, CLOCHER_ISA="ref"))
     ids = [int(t) for t in ids.strip().split(",")]
     return ids, np.fromfile(out, dtype="<f4").reshape(-1, vocab).astype(np.float64)
+
+
+def log_softmax(z):
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
 def same_iebin(a, b):
@@ -246,6 +256,17 @@ def main():
                 late = np.abs(got[w:] - ref[w:]).max() / scale
                 check(f"{preset}: past the window", bool(late <= REL_TOL),
                       f"positions >= {w}: {late:.3g}")
+            run([clocher, "convert", hf, f"{hf}.q8.ie", "--dtype", "int8"])
+            run([clocher, "convert", f"{hf}.gguf", f"{hf}.q8g.ie", "--dtype", "int8"])
+            why = same_iebin(f"{hf}.q8.ie", f"{hf}.q8g.ie")
+            check(f"{preset} int8: HF and GGUF give the same IEBIN", why is None,
+                  why or "blob and manifest identical")
+            q8 = engine_logits(f"{hf}.q8.ie", tokens, V, isa=None)
+            lp, lq = log_softmax(ref), log_softmax(q8)
+            kld = (np.exp(lp) * (lp - lq)).sum(axis=1)
+            check(f"{preset}: int8 KLD", bool(kld.mean() <= KLD_INT8),
+                  f"mean KL(ref||engine) {kld.mean():.3g}, max {kld.max():.3g} (limit mean "
+                  f"{KLD_INT8})")
             ids, eng = paged_logits(f"{hf}.hf.ie", tokens[0], N_GEN, V)
             seq = [tokens[0]] + ids[:-1]
             refe = reference(cfg, W, seq)
