@@ -19,7 +19,7 @@ static void usage(FILE *f)
                "Writes a deterministic RANDOM-weight model in Hugging Face form. Its output is not\n"
                "language. Llama-family presets (llama3-tiny: Llama 3 RoPE scaling, tied;\n"
                "qwen2-tiny: q/k/v biases, tied; mistral-tiny: a sliding window): config.json,\n"
-               "model.safetensors, tokenizer.model.\n"
+               "model.safetensors, tokenizer.model; --vocab N replaces the preset's vocabulary.\n"
                "gpt-oss presets: the release's layout (config.json, sharded safetensors with\n"
                "model.safetensors.index.json, MXFP4 experts), the vocabulary from --tokenizer\n"
                "(copied beside the weights) or --vocab (gpt-oss-tiny needs one). --gguf also\n"

@@ -573,10 +573,12 @@ int synth_model(const char *out_dir, const struct synth_opts *o)
         synth_gpt_oss_layers(&hp);
         return synth_gpt_oss(out_dir, o, &hp, dt);
     }
-    if (o->tokenizer || o->vocab) {
-        LOG_ERR("synth: --tokenizer and --vocab are for the gpt-oss presets");
+    if (o->tokenizer) {
+        LOG_ERR("synth: --tokenizer is for the gpt-oss presets");
         return ERR_USAGE;
     }
+    if (o->vocab) /* e.g. Llama 3's 128256 (the synthesized vocabulary grows to it) */
+        hp.vocab_size = o->vocab;
     if ((rc = iebin_check_hparams(&hp, o->preset)) != 0)
         return rc;
     if ((rc = path_mkdir_p(out_dir)) != 0)

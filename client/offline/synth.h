@@ -28,7 +28,9 @@ struct synth_opts {
     const char *gguf;    /* also write this GGUF file; NULL = no */
     /* gpt-oss presets: a tokenizer file (tokenizer.json, *.tiktoken: anything tok_load
      * reads) copied beside the weights, and/or the vocabulary size (0: the tokenizer's, or
-     * the preset's: 201088 for gpt-oss-20b; gpt-oss-tiny needs one of the two) */
+     * the preset's: 201088 for gpt-oss-20b; gpt-oss-tiny needs one of the two). Llama
+     * presets: vocab replaces the preset's (the synthesized SentencePiece vocabulary grows to
+     * it, up to the pieces it can make) */
     const char *tokenizer;
     uint32_t vocab;
 };

@@ -26,6 +26,8 @@ Checks, per preset (each a failure of the test when it does not hold):
  4. The serving engine's paged path (tests/gptoss/gptoss_batch --logits, f32 KV): one greedy
     request of N_GEN tokens; its logits at every position against the reference on the same
     tokens (mistral: past the window, through the paged attention's window).
+ 6. Llama 3's 128256-token vocabulary (llama3-tiny --vocab 128256, tied): HF = GGUF, and f32
+    logits within REL_TOL at every position of a prompt of ids above 2^16, the last id included.
  5. int8 (q8_0 matrices, the machine's best ISA with int8 activations): the HF and GGUF
     conversions are bit-identical, and mean KL(ref || engine) over positions <= KLD_INT8.
 
@@ -274,6 +276,27 @@ def main():
             check(f"{preset}: serving engine (paged KV, f32) at every position",
                   bool(len(ids) == N_GEN and e <= REL_TOL),
                   f"{len(ids)} positions, relative error {e:.3g} (tolerance {REL_TOL})")
+        # 6. a 128k vocabulary, tied
+        big = os.path.join(tmp, "llama3-128k")
+        run([clocher, "synth", "--preset", "llama3-tiny", big, "--vocab", "128256", "--gguf",
+             big + ".gguf"])
+        run([clocher, "convert", big, big + ".hf.ie"])
+        run([clocher, "convert", big + ".gguf", big + ".gg.ie"])
+        why = same_iebin(big + ".hf.ie", big + ".gg.ie")
+        check("llama3-tiny 128k vocabulary: HF and GGUF give the same IEBIN", why is None,
+              why or "blob and manifest identical")
+        with open(os.path.join(big, "config.json")) as f:
+            cfg = json.load(f)
+        W = read_safetensors(os.path.join(big, "model.safetensors"))
+        V = cfg["vocab_size"]
+        tokens = [int(t) for t in np.random.default_rng(5).integers(65536, V, N_PROMPT - 1)]
+        tokens.append(V - 1)
+        ref = reference(cfg, W, tokens)
+        got = engine_logits(big + ".hf.ie", tokens, V)
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        check("llama3-tiny 128k vocabulary: f32 logits at every position",
+              bool(V == 128256 and err <= REL_TOL),
+              f"vocabulary {V}, relative error {err:.3g} (tolerance {REL_TOL})")
     print(f"{passed} passed, {len(failures)} failed")
     return 1 if failures else 0
 
