@@ -331,6 +331,37 @@ def run(clocher, ie, tmp):
         check(mx < bmax and kl < bkl,
               f"{isa}: k-quant model vs its dequantized f32 twin: max |logit diff| {mx:.3g} < "
               f"{bmax}, mean KL {kl:.3g} < {bkl}")
+    # clocher convert --dtype q4_k | q5_k | q6_k from the f32 model: every matrix in the
+    # k-quant, and the KL to the f32 model ordered as the bits are (q6_k < q5_k < q4_k)
+    kls = {}
+    for dt in ("q4_k", "q5_k", "q6_k"):
+        r = subprocess.run([clocher, "convert", p("ie-dq"), p("ie-" + dt), "--dtype", dt],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            bad(f"convert --dtype {dt}: {r.stderr.strip()}")
+            continue
+        types = {t for t, _ in read_iebin(p("ie-" + dt)).values()}
+        check(types == {dt, "f32"}, f"--dtype {dt}: matrices stored as {dt}", str(types))
+        dump = p(f"L-{dt}.f32")
+        r = subprocess.run([ie, "--model-dir", p("ie-" + dt), "--prompt-ids",
+                            ",".join(map(str, ids)), "--max-new", "0", "--quiet",
+                            "--threads", "1", "--dump-logits", dump], capture_output=True,
+                           text=True)
+        raw = open(dump, "rb").read() if r.returncode == 0 else b""
+        flat = struct.unpack(f"<{len(raw) // 4}f", raw)
+        rows = [list(flat[i:i + hp["vocab"]]) for i in range(0, len(flat), hp["vocab"])]
+        if len(rows) != len(ids):
+            bad(f"--dtype {dt}: inference-engine: {r.stderr.strip()}")
+            continue
+        kls[dt] = compare(rows, logits["dq", "best"])[1]
+    print(f"# KL vs the f32 model: {kls}")
+    check(len(kls) == 3 and kls["q6_k"] < kls["q5_k"] < kls["q4_k"] < 0.05,
+          f"--dtype: KL to f32 falls with the bits and stays small: {kls}")
+    r = subprocess.run([clocher, "convert", p("ie-dq"), p("ie-bad"), "--dtype", "q3_k"],
+                       capture_output=True, text=True)
+    check(r.returncode != 0 and "q3_k" in r.stderr, "--dtype q3_k is refused, naming it",
+          r.stderr.strip())
+
     mx, kl = compare(logits["sw", "best"], logits["dq", "best"])
     check(not (mx < BOUND_SIMD[0] and kl < BOUND_SIMD[1]),
           f"q4_K nibble halves swapped break the bound (max {mx:.3f}, KL {kl:.4f})")
