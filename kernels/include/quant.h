@@ -224,20 +224,31 @@ static inline void quant_kq_scale_min(const uint8_t *s, int j, uint8_t *sc, uint
     }
 }
 
-/* All 8 scales (sc[0..7]) and mins (m[0..7]) at once: the packed form's 12 bytes rearranged
- * as 16 (ggml's kmask trick), what the SIMD kernels load per super-block. */
+/* All 8 scales and mins at once, as two little-endian words (byte j of *sc is sc_j, of *m
+ * m_j): the packed form's 12 bytes rearranged with ggml's kmask trick, in registers (a SIMD
+ * kernel loads them with one movq; going through 4-byte stores would stall the load). */
+static inline void quant_kq_scales_mins64(const uint8_t *s, uint64_t *sc, uint64_t *m)
+{
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+    const uint32_t sc_hi = (u2 & k2) | (((u0 >> 6) & k3) << 4);
+    const uint32_t m_hi = ((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4);
+    *sc = (uint64_t)(u0 & k1) | (uint64_t)sc_hi << 32;
+    *m = (uint64_t)(u1 & k1) | (uint64_t)m_hi << 32;
+}
+
+/* The same as bytes: sc[0..7], m[0..7]. */
 static inline void quant_kq_scales_mins(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
 {
-    uint32_t u[4];
-    memcpy(u, s, 12);
-    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t mins_lo = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[0] &= k1;
-    memcpy(sc, &u[0], 8);
-    memcpy(m, &mins_lo, 4);
-    memcpy(m + 4, &u[3], 4);
+    uint64_t a, b;
+    quant_kq_scales_mins64(s, &a, &b);
+    for (int j = 0; j < 8; j++) {
+        sc[j] = (uint8_t)(a >> (8 * j));
+        m[j] = (uint8_t)(b >> (8 * j));
+    }
 }
 
 /*

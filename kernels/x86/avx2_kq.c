@@ -13,8 +13,6 @@
 #include "internal.h"
 #include "quant.h"
 
-#include "half.h"
-
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -22,11 +20,12 @@
 #define AI_ static inline __attribute__((always_inline))
 #define TILE 4 /* tokens per gemm tile */
 
-static float f16_at(const uint8_t *p)
+/* F16C's conversion (exact, like half_f16_to_f32, without its branches). */
+static inline float f16_at(const uint8_t *p)
 {
     uint16_t v;
     memcpy(&v, p, 2);
-    return half_f16_to_f32(v);
+    return _cvtsh_ss(v);
 }
 
 struct tok {
@@ -44,12 +43,13 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m256i w[8], __m256 sv[8], _
     const __m256i lo4 = _mm256_set1_epi8(0x0f);
     if (wt == DT_Q6_K) {
         const struct quant_q6_k *b = (const void *)blk;
-        const __m256 d = _mm256_set1_ps(half_f16_to_f32(b->d));
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
         __m128i s16 = _mm_loadu_si128((const void *)b->scales);
         const __m256 sc[2] = {
             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16)), d),
             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8))), d)};
         const __m256i hb = _mm256_set1_epi8(0x30);
+        #pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             __m256i qa = _mm256_loadu_si256((const void *)(b->ql + 64 * h));
             __m256i qb = _mm256_loadu_si256((const void *)(b->ql + 64 * h + 32));
@@ -64,24 +64,26 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m256i w[8], __m256 sv[8], _
             w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 4), lo4),
                                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), hb));
         }
+        #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) { /* lanes 0-3: scale 2j, 4-7: 2j + 1 */
             const int k = 2 * (j % 4);
             sv[j] = _mm256_permutevar8x32_ps(sc[j / 4], _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
         }
         return;
     }
-    uint8_t s8[8], m8[8];
-    quant_kq_scales_mins(blk + 4, s8, m8);
+    uint64_t s8, m8;
+    quant_kq_scales_mins64(blk + 4, &s8, &m8);
     const __m256 sc = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)s8))),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)s8))),
         _mm256_set1_ps(f16_at(blk)));
     *msc = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m8))),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
         _mm256_set1_ps(f16_at(blk + 2) * 0.125f));
     const uint8_t *qs = blk + (wt == DT_Q4_K ? 16 : 48);
     __m256i qh = _mm256_setzero_si256();
     if (wt == DT_Q5_K)
         qh = _mm256_loadu_si256((const void *)(blk + 16));
+    #pragma GCC unroll 8
     for (int c = 0; c < 4; c++) {
         __m256i q = _mm256_loadu_si256((const void *)(qs + 32 * c));
         w[2 * c] = _mm256_and_si256(q, lo4);
@@ -95,6 +97,7 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m256i w[8], __m256 sv[8], _
             w[2 * c + 1] = _mm256_or_si256(w[2 * c + 1], _mm256_and_si256(_mm256_slli_epi16(h1, 4), b4));
         }
     }
+    #pragma GCC unroll 8
     for (int j = 0; j < 8; j++)
         sv[j] = _mm256_permutevar8x32_ps(sc, _mm256_set1_epi32(j));
 }
@@ -104,6 +107,7 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
 {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[TILE][2], macc[TILE];
+    #pragma GCC unroll 8
     for (int u = 0; u < nt; u++) {
         acc[u][0] = acc[u][1] = _mm256_setzero_ps();
         macc[u] = _mm256_setzero_ps();
@@ -113,8 +117,10 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
         __m256 sv[8];
         __m256 msc = _mm256_setzero_ps();
         unpack(wt, row + s * bb, w, sv, &msc);
+        #pragma GCC unroll 8
         for (int u = 0; u < nt; u++) {
             const size_t e = s * QUANT_K;
+            #pragma GCC unroll 8
             for (int j = 0; j < 8; j++) {
                 __m256i x = _mm256_loadu_si256((const void *)(tk[u].q + e + 32 * (size_t)j));
                 __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], x), ones);
@@ -130,6 +136,7 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
             }
         }
     }
+    #pragma GCC unroll 8
     for (int u = 0; u < nt; u++) {
         __m256 v8 = _mm256_add_ps(acc[u][0], acc[u][1]);
         if (wt != DT_Q6_K)
@@ -157,7 +164,8 @@ AI_ void mm_kq(enum dtype wt, int tile, const void *w, const struct kern_act *a,
     const size_t nsb = a->cols / QUANT_K, rb = nsb * bb;
     for (size_t t0 = 0; t0 < a->n; t0 += (size_t)tile) {
         const int nt = a->n - t0 < (size_t)tile ? (int)(a->n - t0) : tile;
-        struct tok tk[TILE];
+        struct tok tk[TILE] = {{NULL, NULL, NULL, NULL, NULL}};
+        #pragma GCC unroll 8
         for (int u = 0; u < nt; u++)
             tk[u] = tok_of(a, t0 + (size_t)u);
         for (size_t r = r0; r < r1; r++) {
@@ -169,6 +177,7 @@ AI_ void mm_kq(enum dtype wt, int tile, const void *w, const struct kern_act *a,
             case 3: row_tile(wt, row, nsb, bb, tk, 3, out); break;
             default: row_tile(wt, row, nsb, bb, tk, 4, out); break;
             }
+            #pragma GCC unroll 8
             for (int u = 0; u < nt; u++)
                 y[(t0 + (size_t)u) * ldy + r] = out[u];
         }

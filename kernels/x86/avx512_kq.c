@@ -16,8 +16,6 @@
 #include "internal.h"
 #include "quant.h"
 
-#include "half.h"
-
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
@@ -38,11 +36,12 @@ static const int32_t idx6[4][16] = {
     {8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11},
     {12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15}};
 
-static float f16_at(const uint8_t *p)
+/* F16C's conversion (exact, like half_f16_to_f32, without its branches). */
+static inline float f16_at(const uint8_t *p)
 {
     uint16_t v;
     memcpy(&v, p, 2);
-    return half_f16_to_f32(v);
+    return _cvtsh_ss(v);
 }
 
 /* Per-token pointers of a tile. */
@@ -63,8 +62,9 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 sv[4], _
         const struct quant_q6_k *b = (const void *)blk;
         const __m512 sc = _mm512_mul_ps(
             _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)b->scales))),
-            _mm512_set1_ps(half_f16_to_f32(b->d)));
+            _mm512_set1_ps(_cvtsh_ss(b->d)));
         const __m512i hb = _mm512_set1_epi8(0x30);
+        #pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
             __m256i qh = _mm256_loadu_si256((const void *)(b->qh + 32 * h));
@@ -76,17 +76,18 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 sv[4], _
             w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), lo4),
                                            _mm512_and_si512(A, hb));
         }
+        #pragma GCC unroll 8
         for (int c = 0; c < 4; c++)
             sv[c] = _mm512_permutexvar_ps(_mm512_loadu_si512(idx6[c]), sc);
         return;
     }
-    uint8_t s8[8], m8[8];
-    quant_kq_scales_mins(blk + 4, s8, m8);
+    uint64_t s8, m8;
+    quant_kq_scales_mins64(blk + 4, &s8, &m8);
     const __m256 sc = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)s8))),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)s8))),
         _mm256_set1_ps(f16_at(blk)));
     *msc = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)m8))),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
         _mm256_set1_ps(f16_at(blk + 2) * 0.125f));
     const __m512 scz = _mm512_castps256_ps512(sc); /* the indices read lanes 0..7 only */
     const uint8_t *qs = blk + (wt == DT_Q4_K ? 16 : 48);
@@ -95,6 +96,7 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 sv[4], _
         __m256i qh = _mm256_loadu_si256((const void *)(blk + 16));
         A = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 1), 1);
     }
+    #pragma GCC unroll 8
     for (int c = 0; c < 4; c++) {
         __m256i q = _mm256_loadu_si256((const void *)(qs + 32 * c));
         w[c] = _mm512_and_si512(
@@ -115,6 +117,7 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
 {
     __m512 acc[TILE][2];
     __m256 macc[TILE];
+    #pragma GCC unroll 8
     for (int u = 0; u < nt; u++) {
         acc[u][0] = acc[u][1] = _mm512_setzero_ps();
         macc[u] = _mm256_setzero_ps();
@@ -124,8 +127,10 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
         __m512 sv[4];
         __m256 msc = _mm256_setzero_ps();
         unpack(wt, row + s * bb, w, sv, &msc);
+        #pragma GCC unroll 8
         for (int u = 0; u < nt; u++) {
             const size_t e = s * QUANT_K;
+            #pragma GCC unroll 8
             for (int c = 0; c < 4; c++) {
                 __m512i x = _mm512_loadu_si512(tk[u].q + e + 64 * (size_t)c);
                 __m512i init = wt == DT_Q6_K
@@ -142,6 +147,7 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
             }
         }
     }
+    #pragma GCC unroll 8
     for (int u = 0; u < nt; u++) {
         float v = _mm512_reduce_add_ps(_mm512_add_ps(acc[u][0], acc[u][1]));
         if (wt != DT_Q6_K) {
@@ -170,7 +176,8 @@ AI_ void mm_kq(enum dtype wt, int tile, const void *w, const struct kern_act *a,
     const size_t nsb = a->cols / QUANT_K, rb = nsb * bb;
     for (size_t t0 = 0; t0 < a->n; t0 += (size_t)tile) {
         const int nt = a->n - t0 < (size_t)tile ? (int)(a->n - t0) : tile;
-        struct tok tk[TILE];
+        struct tok tk[TILE] = {{NULL, NULL, NULL, NULL, NULL}};
+        #pragma GCC unroll 8
         for (int u = 0; u < nt; u++)
             tk[u] = tok_of(a, t0 + (size_t)u);
         for (size_t r = r0; r < r1; r++) {
@@ -182,6 +189,7 @@ AI_ void mm_kq(enum dtype wt, int tile, const void *w, const struct kern_act *a,
             case 3: row_tile(wt, row, nsb, bb, tk, 3, out); break;
             default: row_tile(wt, row, nsb, bb, tk, 4, out); break;
             }
+            #pragma GCC unroll 8
             for (int u = 0; u < nt; u++)
                 y[(t0 + (size_t)u) * ldy + r] = out[u];
         }
