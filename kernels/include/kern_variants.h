@@ -82,7 +82,9 @@ KERN_Q4G_VARIANTS_(KERN_DECLARE_, avx512)
  * q6_K d dx (sc sum_lo((q-32) xq) + sc' sum_hi((q-32) xq)), ref_kq.c states it exactly.
  * Integer sums are exact: SIMD variants differ from _ref only in the order and grouping of the
  * f32 products and sums (tests/kern/test_kern_kq.c states the tolerance). gemv: one token per
- * pass over a row; gemm: up to 4 tokens per unpacked super-block (AVX-512: vpdpbusd).
+ * pass over a row; gemm: up to 4 tokens per unpacked super-block (AVX-512: vpdpbusd). Both
+ * run one token's sums in the same order, so they are batch invariant like mxfp4's: a token's
+ * outputs are the same bits whatever n and its neighbours (the test asserts it).
  */
 #define KERN_KQ_VARIANTS_(X, isa)                                                            \
     X(gemv, q4_k, q8_0, isa) X(gemv, q5_k, q8_0, isa) X(gemv, q6_k, q8_0, isa)               \

@@ -15,7 +15,9 @@
  *      variant vs twin: |y - y_twin| <= 1e-5 * S', S' = sum (|w| + 2 |dmin m|) |x| (for q4_K
  *      and q5_K the code and min parts are summed apart; q6_K: sum |w| |x|);
  *      twin and kern_matmul vs the f32 product: the int8 activation bound of quant.h,
- *      sum_b dx_b / 2 * sum_{i in b} |w_i|, plus 2e-5 * S'.
+ *      sum_b dx_b / 2 * sum_{i in b} |w_i|, plus 2e-5 * S';
+ *    and on AVX2 / AVX-512 batch invariance: the gemm over n tokens gives each token the bits
+ *    the gemv gives it alone (a MoE expert's token count depends on the rest of the batch).
  */
 #include "testutil.h"
 #include "rng.h"
@@ -389,6 +391,31 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
             tol[i] = qb[i] + 2e-5f * s[i] + 1e-30f;
         snprintf(what, sizeof what, "%s's twin vs kern_matmul_ref", vr->name);
         check_close(what, twin, want, tol, n, ldy, r0, r1, cols);
+    }
+    if (g_isa != KERN_ISA_REF) {
+        /* batch invariance: a token's outputs are the same bits whether it runs alone (gemv,
+         * n = 1) or in a tile with others (gemm), so n and the neighbours change nothing */
+        kern_mm_fn *gv = NULL, *gm = NULL;
+        for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++)
+            if (variants[v].wt == wt && variants[v].isa == g_isa)
+                *(strstr(variants[v].name, "gemv") ? &gv : &gm) = variants[v].fn;
+        fill(twin, cnt, SENTINEL);
+        fill(y, cnt, SENTINEL);
+        gm(w, &a, y, ldy, r0, r1);
+        for (size_t t = 0; t < n; t++) {
+            struct kern_act one = a; /* token t alone: the prepared arrays offset by t rows */
+            one.n = 1;
+            one.x = a.x + t * cols;
+            one.q = a.q + t * a.ld;
+            one.d = a.d + t * a.cp / 32;
+            one.ns32 = a.ns32 + t * a.cp / 32;
+            one.ns4 = a.ns4 + t * a.cp / 4;
+            one.d4 = a.d4 + t * a.cp / 4;
+            gv(w, &one, twin + t * ldy, ldy, r0, r1);
+        }
+        if (memcmp(y, twin, cnt * sizeof(float)) != 0)
+            fail_msg("%s %s: gemm over %zu tokens differs from gemv token by token", di->name,
+                     kern_isa_name(g_isa), n);
     }
     {
         const enum kern_isa isa = g_isa;
