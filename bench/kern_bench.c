@@ -19,6 +19,7 @@
  */
 #include "bench_util.h"
 #include "dtype.h"
+#include "half.h"
 #include "kern_variants.h"
 #include "matmul.h"
 #include "pool.h"
@@ -46,7 +47,8 @@ static int g_hot; /* --hot: one weight copy, so small matrices stay in cache (co
 
 static const enum dtype all_types[] = {DT_F32,     DT_F16,     DT_BF16,    DT_Q8_0,
                                        DT_Q4_0,    DT_Q4_G64,  DT_Q4_G128, DT_Q4Z_G32,
-                                       DT_Q4Z_G64, DT_Q4Z_G128};
+                                       DT_Q4Z_G64, DT_Q4Z_G128, DT_Q4_K,   DT_Q5_K,
+                                       DT_Q6_K};
 #define N_TYPES (sizeof all_types / sizeof all_types[0])
 
 static size_t matrix_bytes(enum dtype dt, size_t rows, size_t cols)
@@ -134,6 +136,24 @@ static double time_variant(kern_mm_fn *fn, enum dtype dt, void **w, int copies, 
     return best;
 }
 
+/* The k-quants' scales where bench_random_matrix's generic block fill does not put them
+ * (q4_K/q5_K: f16 d and dmin first; q6_K: f16 d last): 0.01, as the other block types'. */
+static void kq_scales(enum dtype dt, uint8_t *w, size_t rows, size_t cols)
+{
+    if (!dtype_is_kq(dt))
+        return;
+    const size_t bb = dtype_info(dt)->block_bytes, blocks = rows * cols / 256;
+    const uint16_t d = half_f32_to_f16(0.01f);
+    for (size_t b = 0; b < blocks; b++) {
+        if (dt == DT_Q6_K) {
+            memcpy(w + b * bb + 208, &d, 2);
+        } else {
+            memcpy(w + b * bb, &d, 2);
+            memcpy(w + b * bb + 2, &d, 2);
+        }
+    }
+}
+
 /* Weight copies totalling >= 256 MiB (at least one). */
 static int make_ring(enum dtype dt, size_t rows, size_t cols, void ***out)
 {
@@ -146,6 +166,7 @@ static int make_ring(enum dtype dt, size_t rows, size_t cols, void ***out)
             fprintf(stderr, "kern_bench: out of memory\n");
             exit(1);
         }
+        kq_scales(dt, w[i], rows, cols);
     }
     *out = w;
     return copies;
@@ -223,6 +244,8 @@ static void bench_gemm(void)
         if (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0)
             continue;
         void *w = bench_random_matrix(dt, rows, cols, 7);
+        if (w)
+            kq_scales(dt, w, rows, cols);
         float *x = random_x(512, cols), *y = malloc(512 * rows * sizeof(float));
         /* the scalar path's rate does not depend on n: measure it once, at n = 8 */
         kern_force_isa(KERN_ISA_REF);
@@ -280,6 +303,12 @@ static void bench_variants(double bw)
         {"kern_gemm_q4_0_q8_0_avx512", kern_gemm_q4_0_q8_0_avx512, DT_Q4_0},
         {"kern_gemv_mxfp4_q8_0_avx512", kern_gemv_mxfp4_q8_0_avx512, DT_MXFP4},
         {"kern_gemm_mxfp4_q8_0_avx512", kern_gemm_mxfp4_q8_0_avx512, DT_MXFP4},
+        {"kern_gemv_q4_k_q8_0_avx512", kern_gemv_q4_k_q8_0_avx512, DT_Q4_K},
+        {"kern_gemm_q4_k_q8_0_avx512", kern_gemm_q4_k_q8_0_avx512, DT_Q4_K},
+        {"kern_gemv_q5_k_q8_0_avx512", kern_gemv_q5_k_q8_0_avx512, DT_Q5_K},
+        {"kern_gemm_q5_k_q8_0_avx512", kern_gemm_q5_k_q8_0_avx512, DT_Q5_K},
+        {"kern_gemv_q6_k_q8_0_avx512", kern_gemv_q6_k_q8_0_avx512, DT_Q6_K},
+        {"kern_gemm_q6_k_q8_0_avx512", kern_gemm_q6_k_q8_0_avx512, DT_Q6_K},
         {"kern_gemv_f16_f32_avx512", kern_gemv_f16_f32_avx512, DT_F16},
         {"kern_gemm_f16_f32_avx512", kern_gemm_f16_f32_avx512, DT_F16},
         {"kern_gemv_f32_f32_avx512", kern_gemv_f32_f32_avx512, DT_F32},
@@ -292,6 +321,10 @@ static void bench_variants(double bw)
         {"kern_gemm_q4_0_q8_0_avx2", kern_gemm_q4_0_q8_0_avx2, DT_Q4_0},
         {"kern_gemv_mxfp4_q8_0_avx2", kern_gemv_mxfp4_q8_0_avx2, DT_MXFP4},
         {"kern_gemm_mxfp4_q8_0_avx2", kern_gemm_mxfp4_q8_0_avx2, DT_MXFP4},
+        {"kern_gemv_q4_k_q8_0_avx2", kern_gemv_q4_k_q8_0_avx2, DT_Q4_K},
+        {"kern_gemm_q4_k_q8_0_avx2", kern_gemm_q4_k_q8_0_avx2, DT_Q4_K},
+        {"kern_gemv_q6_k_q8_0_avx2", kern_gemv_q6_k_q8_0_avx2, DT_Q6_K},
+        {"kern_gemm_q6_k_q8_0_avx2", kern_gemm_q6_k_q8_0_avx2, DT_Q6_K},
     };
     static const size_t ns[] = {1, 2, 3, 4, 6, 8, 16, 64};
     if (!isa_ok(KERN_ISA_AVX2))

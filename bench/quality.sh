@@ -11,7 +11,9 @@
 # as llama.cpp does), ref = the scalar path (f32 activations: the weights' own error).
 # dtypes: int8 = q8_0, int4 = q4_0 and the int4 group types (docs/IEBIN.md): q4_g64/q4_g128
 # (scale only), q4z_g32/q4z_g64/q4z_g128 (scale + offset per group). stories260K's rows are 64
-# wide, so it has no g128 rows (every matrix would stay f32); TinyLlama has them.
+# wide, so it has no g128 rows (every matrix would stay f32); TinyLlama has them. The GGUF
+# k-quants q4_k/q5_k/q6_k (super-blocks of 256; convert's k-quant search, kern.h) need rows of
+# 256: TinyLlama only.
 # Row selection: S260_DTYPES, S260_REF_DTYPES, TINY_DTYPES (space-separated lists; empty: none;
 # DTYPE+search converts with --rounding search; DTYPE@E gives the token embedding and the
 # classifier dtype E (--embd-dtype E), e.g. int8@f16).
@@ -71,11 +73,11 @@ if [ "$tiny_positions" -gt 0 ]; then
   hf=$models/tinyllama-1.1b-hf
   [ -f "$hf/config.json" ] || "$clocher" synth --preset tinyllama-1.1b --seed 1 "$hf" >/dev/null
   awk -v n="$tiny_positions" 'BEGIN{srand(7); printf "1"; for(i=1;i<n;i++) printf " %d", 3+int(rand()*31990); print ""}' >"$tmp/tiny.ids"
-  for dt in ${TINY_DTYPES-bf16 int8 int4 q4_g64 q4_g128 q4z_g32 q4z_g64 q4z_g128}; do
+  for dt in ${TINY_DTYPES-bf16 int8 int4 q4_g64 q4_g128 q4z_g32 q4z_g64 q4z_g128 q4_k q5_k q6_k}; do
     row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids"
   done
   # the scalar path on a 1.1B model takes tens of minutes per row: only on request
   if [ "${TINY_REF:-0}" = 1 ]; then
-    for dt in int8 int4; do row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids" ref; done
+    for dt in int8 int4 q4_k; do row "TinyLlama-1.1B (synthetic)" "$hf" "$dt" "$tmp/tiny.ids" ref; done
   fi
 fi

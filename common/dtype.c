@@ -19,6 +19,10 @@ static const struct dtype_info infos[DT_COUNT_] = {
     [DT_Q4Z_G128] = {"q4z_g128", 128, 68},
     /* E8M0 exponent + 16 bytes of E2M1 nibbles: kernels/include/quant.h asserts it */
     [DT_MXFP4] = {"mxfp4", 32, 17},
+    /* GGUF k-quant super-blocks: kernels/include/quant.h asserts these */
+    [DT_Q4_K] = {"q4_k", 256, 144},
+    [DT_Q5_K] = {"q5_k", 256, 176},
+    [DT_Q6_K] = {"q6_k", 256, 210},
 };
 
 const struct dtype_info *dtype_info(enum dtype dt)

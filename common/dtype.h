@@ -15,6 +15,9 @@
  * high nibbles 16..31 (split halves, as Q4_0); each nibble an E2M1 code c (bit 3 the sign),
  * x = FP4[c] * 2^(e-127), FP4 = {0, .5, 1, 1.5, 2, 3, 4, 6, -0, -.5, ..., -6}. e = 255 (NaN in
  * the OCP spec) is refused by the converters (docs/IEBIN.md).
+ * The k-quants Q4_K, Q5_K, Q6_K are GGUF's block_q4_K / block_q5_K / block_q6_K: super-blocks
+ * of 256 elements with 6-bit (q4_K, q5_K: scale and min per 32) or int8 (q6_K: scale per 16)
+ * sub-block scales under f16 super-block scales (kernels/include/quant.h has the bytes).
  * All size arithmetic is overflow-checked: sizes come from untrusted files.
  */
 #ifndef CLOCHER_COMMON_DTYPE_H
@@ -37,6 +40,9 @@ enum dtype {
     DT_Q4Z_G64 = 8,  /* int4, group 64, f16 scale + f16 offset */
     DT_Q4Z_G128 = 9, /* int4, group 128, f16 scale + f16 offset */
     DT_MXFP4 = 10,   /* OCP MX FP4 (E2M1), blocks of 32 with an E8M0 scale: GGUF's MXFP4 */
+    DT_Q4_K = 11,    /* GGUF Q4_K: super-blocks of 256, 144 bytes */
+    DT_Q5_K = 12,    /* GGUF Q5_K: super-blocks of 256, 176 bytes */
+    DT_Q6_K = 13,    /* GGUF Q6_K: super-blocks of 256, 210 bytes */
     DT_COUNT_
 };
 
@@ -60,6 +66,8 @@ static inline uint32_t dtype_q4g_group(enum dtype dt)
     return dtype_is_q4g(dt) ? g[dt - DT_Q4_G64] : 0;
 }
 static inline int dtype_q4g_has_min(enum dtype dt) { return dt >= DT_Q4Z_G32 && dt <= DT_Q4Z_G128; }
+/* true for the GGUF k-quants (q4_k, q5_k, q6_k): kernels/ref_kq.c. */
+static inline int dtype_is_kq(enum dtype dt) { return dt >= DT_Q4_K && dt <= DT_Q6_K; }
 
 /* Bytes of one row of `n` elements; ERR_FORMAT when n is not a whole number of blocks. */
 int dtype_row_bytes(enum dtype dt, uint64_t n, uint64_t *out);

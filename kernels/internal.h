@@ -143,10 +143,11 @@ kern_mm_fn kern__panels_via_rows;
 kern__pack_fn kern__panels_pack_q4_0_ref, kern__panels_pack_q8_0_ref;
 kern__pack_fn kern__q4p_pack_avx512, kern__q8p_pack_avx512; /* x86/avx512_q.c */
 
-/* Row converters (ref.c, ref_q4g.c). */
+/* Row converters (ref.c, ref_q4g.c, ref_kq.c). */
 kern__row_fn kern__row_f32, kern__row_f16, kern__row_bf16, kern__row_q8_0, kern__row_q4_0,
     kern__row_mxfp4;
 kern__row_fn kern__row_q4_g64, kern__row_q4_g128, kern__row_q4z_g32, kern__row_q4z_g64,
     kern__row_q4z_g128;
+kern__row_fn kern__row_q4_k, kern__row_q5_k, kern__row_q6_k; /* ref_kq.c */
 
 #endif

@@ -88,7 +88,7 @@ size_t kern__row_bytes(enum dtype wt, size_t cols)
  * it is read, DOT_CHUNK columns at a time (a whole number of blocks of every type: the
  * conversion is exact, so the chunking does not change a bit).
  */
-#define DOT_CHUNK 128
+#define DOT_CHUNK 256 /* the k-quants' super-block */
 static float dot_row_ref(const struct kern_type_traits *tt, const void *wrow, const float *x,
                          size_t cols)
 {

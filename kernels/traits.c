@@ -43,6 +43,11 @@ static const struct kern__panel_layout q8_0_panels = {QUANT_Q8P_ROWS, 0x80, quan
             .act_offset = 8, /* q4_gN: q4_0's correction; q4z_gN recovers sums from it */    \
             .isa = {{REF_MM_}, {MM_(wty, q8_0, avx2, 4)}, {MM_(wty, q8_0, avx512, 6)}}}
 
+#define KQ_(wty, DT)                                                                         \
+    [DT] = {.block = QUANT_K, .block_bytes = sizeof(struct quant_##wty),                      \
+            .to_f32 = kern__row_##wty, .act = KERN__ACT_Q8, .act_offset = 8,                  \
+            .isa = {{REF_MM_}, {MM_(wty, q8_0, avx2, 2)}, {MM_(wty, q8_0, avx512, 2)}}}
+
 const struct kern_type_traits kern__traits[DT_COUNT_] = {
     [DT_F32] = {.block = 1, .block_bytes = 4,
  .to_f32 = kern__row_f32,
@@ -104,4 +109,10 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                   .act = KERN__ACT_Q8,
                   .act_offset = 128,
                   .isa = {{REF_MM_}, {MM_(mxfp4, q8_0, avx2, 4)}, {MM_(mxfp4, q8_0, avx512, 4)}}},
+    /* GGUF k-quants (ref_kq.c, x86/avx*_kq.c): q8_0 activations, ns32 giving the block sums
+     * (q4_K/q5_K mins) and ns4 the q6_K -32 correction; the gemm reuses an unpacked
+     * super-block over 4 tokens, so it wins from 2 tokens on. */
+    KQ_(q4_k, DT_Q4_K),
+    KQ_(q5_k, DT_Q5_K),
+    KQ_(q6_k, DT_Q6_K),
 };

@@ -181,6 +181,11 @@ static int convert_row(enum dtype from, const void *src, enum dtype to, void *ds
     case DT_Q4Z_G128:
         /* the int4 group types: round to nearest per group (kern.h states the rule) */
         return kern_quantize_row_q4g(to, tmp, dst, n);
+    case DT_Q4_K:
+    case DT_Q5_K:
+    case DT_Q6_K:
+        /* GGUF's k-quant layouts, with a scale/min search per sub-block (kern.h states it) */
+        return kern_quantize_row_kq(to, tmp, dst, n);
     default:
         LOG_ERR("conversion to %s is not supported here",
                 dtype_info(to)->name);

@@ -13,7 +13,7 @@
  *  - bf16 weights: the decode GEMV widens to f32 exactly; the prefill GEMM on AVX-512-BF16
  *    rounds activations to bf16 and uses vdpbf16ps (relative error <= 2^-8 per product, see
  *    tests/kern for the bound asserted).
- *  - q8_0/q4_0/mxfp4 weights: the SIMD paths quantize activations per block of 32 to int8 with
+ *  - q8_0/q4_0/mxfp4/q4_k/q5_k/q6_k weights: the SIMD paths quantize activations per block of 32 to int8 with
  *    an f32 scale (kernels/include/quant.h states the resulting error bound) and use integer dot
  *    products (mxfp4: the doubled E2M1 values, |w| <= 12, exact; its block scale 2^(e-128)
  *    applied to the block's sum); the scalar ISA computes in f32 with unquantized activations.
@@ -157,6 +157,17 @@ int kern_quantize_row_q4g(enum dtype dt, const float *x, void *dst, size_t n);
  * by least squares for its codes (kernels/ref_q4g.c); never worse than round to nearest.
  */
 int kern_quantize_row_q4_search(enum dtype dt, const float *x, void *dst, size_t n);
+
+/*
+ * One row of n f32 values (n a multiple of 256) to a GGUF k-quant (dtype_is_kq: q4_k, q5_k,
+ * q6_k) in ggml's block layout, with a search in the spirit of ggml's make_qkx2_quants
+ * (q4_k, q5_k: per sub-block of 32 the scale and min of least weighted squared error over a
+ * grid of candidates, each refitted by least squares) and make_qx_quants (q6_k: per 16, a
+ * signed scale), the sub-block scales then rounded to 6 bits (int8 for q6_k) under an f16
+ * super-block scale (kernels/ref_kq.c). 0, ERR_RANGE for a non-finite input, ERR_FORMAT for
+ * a ragged n (both logged).
+ */
+int kern_quantize_row_kq(enum dtype dt, const float *x, void *dst, size_t n);
 
 /* ---- LoRA shrink and expand (worker/model/matmul_lora.c's serving path) ------------------------------ */
 

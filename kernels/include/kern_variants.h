@@ -75,6 +75,26 @@ KERN_Q4G_VARIANTS_(KERN_DECLARE_, avx2)
 KERN_Q4G_VARIANTS_(KERN_DECLARE_, avx512)
 #undef KERN_DECLARE_
 
+/*
+ * GGUF k-quants (common/dtype.h q4_k, q5_k, q6_k; kernels/ref_kq.c, x86/avx*_kq.c): the same
+ * contract on activations prepared as for q4_0 (int8 blocks of 32, kernels/include/quant.h
+ * bound). Per block of 32 columns: q4_K/q5_K (d sc_j) dx sum(q xq) - (dmin m_j) dx sum(xq);
+ * q6_K d dx (sc sum_lo((q-32) xq) + sc' sum_hi((q-32) xq)), ref_kq.c states it exactly.
+ * Integer sums are exact: SIMD variants differ from _ref only in the order and grouping of the
+ * f32 products and sums (tests/kern/test_kern_kq.c states the tolerance). gemv: one token per
+ * pass over a row; gemm: up to 4 tokens per unpacked super-block (AVX-512: vpdpbusd). Both
+ * run one token's sums in the same order, so they are batch invariant like mxfp4's: a token's
+ * outputs are the same bits whatever n and its neighbours (the test asserts it).
+ */
+#define KERN_KQ_VARIANTS_(X, isa)                                                            \
+    X(gemv, q4_k, q8_0, isa) X(gemv, q5_k, q8_0, isa) X(gemv, q6_k, q8_0, isa)               \
+    X(gemm, q4_k, q8_0, isa) X(gemm, q5_k, q8_0, isa) X(gemm, q6_k, q8_0, isa)
+#define KERN_DECLARE_(op, wty, aty, isa) kern_mm_fn kern_##op##_##wty##_##aty##_##isa;
+KERN_KQ_VARIANTS_(KERN_DECLARE_, ref)
+KERN_KQ_VARIANTS_(KERN_DECLARE_, avx2)
+KERN_KQ_VARIANTS_(KERN_DECLARE_, avx512)
+#undef KERN_DECLARE_
+
 /* ---- LoRA shrink and expand (kern.h, kern_lora_shrink / kern_lora_expand) ----------------- */
 
 typedef void kern_lora_shrink_fn(const void *a, size_t in, size_t rank, const float *x,

@@ -169,6 +169,89 @@ static_assert(QUANT_Q8P_ROWS * sizeof(struct quant_q8_0) ==
               "a q8_0 panel block holds exactly its 16 stored blocks' bytes");
 
 /*
+ * GGUF k-quants (common/dtype.h DT_Q4_K, DT_Q5_K, DT_Q6_K): super-blocks of 256 elements
+ * (QUANT_K), byte for byte ggml's block_q4_K / block_q5_K / block_q6_K.
+ *  q4_K: 8 sub-blocks of 32, each with a 6-bit scale sc_j and a 6-bit min m_j packed in
+ *        scales[12] (quant_kq_scale_min); x = d * sc_j * q - dmin * m_j, q in 0..15. qs holds
+ *        4 chunks of 64 elements: byte l of chunk c (qs[32c + l]) has element 64c + l in its
+ *        low nibble and 64c + 32 + l in its high nibble.
+ *  q5_K: q4_K plus a fifth bit: element 64c + l has bit 2c of qh[l], 64c + 32 + l bit 2c + 1;
+ *        q in 0..31.
+ *  q6_K: 16 sub-blocks of 16 with int8 scales: x = d * scales[e / 16] * (q - 32), q in 0..63.
+ *        Half h (elements 128h..128h+127) uses ql[64h..64h+63] and qh[32h..32h+31]: for
+ *        l < 32, element 128h + l is ql[64h + l] low nibble | (qh[32h + l] bits 0-1) << 4,
+ *        + 32 + l: ql[64h + 32 + l] low | bits 2-3, + 64 + l: ql[64h + l] high | bits 4-5,
+ *        + 96 + l: ql[64h + 32 + l] high | bits 6-7.
+ * The reference dequantization (kernels/ref_kq.c) computes in f32 as ggml does:
+ * q4_K/q5_K (d * sc) * q - (dmin * m), q6_K (d * sc) * (q - 32).
+ */
+#define QUANT_K 256
+
+struct quant_q4_k {
+    uint16_t d, dmin;   /* f16 super-block scales of the sub-block scales and mins */
+    uint8_t scales[12]; /* 6-bit sc_j, m_j, j < 8 (quant_kq_scale_min) */
+    uint8_t qs[128];
+};
+struct quant_q5_k {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[32];     /* the fifth bits */
+    uint8_t qs[128];
+};
+struct quant_q6_k {
+    uint8_t ql[128];    /* low 4 bits */
+    uint8_t qh[64];     /* high 2 bits */
+    int8_t scales[16];  /* one per 16 elements */
+    uint16_t d;         /* f16 */
+};
+static_assert(sizeof(struct quant_q4_k) == 144, "q4_K block must be 144 bytes (GGUF)");
+static_assert(sizeof(struct quant_q5_k) == 176, "q5_K block must be 176 bytes (GGUF)");
+static_assert(sizeof(struct quant_q6_k) == 210, "q6_K block must be 210 bytes (GGUF)");
+static_assert(_Alignof(struct quant_q4_k) == 2 && _Alignof(struct quant_q6_k) == 2,
+              "block arrays are packed back to back");
+
+/* Sub-block j's (j < 8) 6-bit scale and min out of a q4_K/q5_K scales[12]: j < 4 in the low 6
+ * bits of bytes j and j + 4; j >= 4 in byte j + 4's nibbles with their top 2 bits in the top
+ * bits of bytes j - 4 (scale) and j (min). ggml's get_scale_min_k4. */
+static inline void quant_kq_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+/* All 8 scales and mins at once, as two little-endian words (byte j of *sc is sc_j, of *m
+ * m_j): the packed form's 12 bytes rearranged with ggml's kmask trick, in registers (a SIMD
+ * kernel loads them with one movq; going through 4-byte stores would stall the load). */
+static inline void quant_kq_scales_mins64(const uint8_t *s, uint64_t *sc, uint64_t *m)
+{
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    const uint32_t k1 = 0x3f3f3f3fu, k2 = 0x0f0f0f0fu, k3 = 0x03030303u;
+    const uint32_t sc_hi = (u2 & k2) | (((u0 >> 6) & k3) << 4);
+    const uint32_t m_hi = ((u2 >> 4) & k2) | (((u1 >> 6) & k3) << 4);
+    *sc = (uint64_t)(u0 & k1) | (uint64_t)sc_hi << 32;
+    *m = (uint64_t)(u1 & k1) | (uint64_t)m_hi << 32;
+}
+
+/* The same as bytes: sc[0..7], m[0..7]. */
+static inline void quant_kq_scales_mins(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
+{
+    uint64_t a, b;
+    quant_kq_scales_mins64(s, &a, &b);
+    for (int j = 0; j < 8; j++) {
+        sc[j] = (uint8_t)(a >> (8 * j));
+        m[j] = (uint8_t)(b >> (8 * j));
+    }
+}
+
+/*
  * Activations are quantized per block of 32 to int8 with an f32 scale (q8_0 style but f32, so
  * the scale itself adds no error): d = max|x| / 127, q = round-half-even(x / d) in [-127, 127].
  * Per element |x - d*q| <= d/2, hence for a dot product with weights w:

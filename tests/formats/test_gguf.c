@@ -371,8 +371,8 @@ static void test_writer_misuse(void **state)
     tu_assert_log_contains("tensor 'u': size 31", "32 bytes", NULL);
     assert_int_equal(gguf_writer_add_tensor(w, "v", GGUF_GGML_Q8_0, ne, 2, x, 34), ERR_USAGE);
     tu_assert_log_contains("tensor 'v'", "q8_0", NULL);
-    assert_int_equal(gguf_writer_add_tensor(w, "w", 12 /* q4_K */, ne, 2, x, 32), ERR_USAGE);
-    tu_assert_log_contains("tensor 'w'", "q4_K", NULL);
+    assert_int_equal(gguf_writer_add_tensor(w, "w", 11 /* q3_K */, ne, 2, x, 32), ERR_USAGE);
+    tu_assert_log_contains("tensor 'w'", "q3_K", NULL);
     assert_int_equal(gguf_writer_add_tensor(w, "x", GGUF_GGML_F32, ne, 0, x, 32), ERR_USAGE);
     assert_int_equal(gguf_writer_add_tensor(w, "y", GGUF_GGML_F32, ne, 5, x, 32), ERR_USAGE);
     assert_int_equal(gguf_writer_add_tensor(w,
@@ -936,17 +936,17 @@ static void test_tensor_types(void **state)
 
     /* a real ggml type we do not read: listed, sized, range-checked, but without data */
     bytes_gguf_header(&b, 3, 2, 0);
-    bytes_gguf_tensor(&b, "k", 2, ne, 12 /* q4_K */, 0);
-    bytes_gguf_tensor(&b, "f", 1, ne, GGUF_GGML_F32, 288);
+    bytes_gguf_tensor(&b, "k", 2, ne, 11 /* q3_K */, 0);
+    bytes_gguf_tensor(&b, "f", 1, ne, GGUF_GGML_F32, 224); /* 2 x 110 bytes, aligned */
     bytes_pad(&b, 32);
     uint8_t blob[288 + 1024] = {0};
     bytes_put(&b, blob, sizeof blob);
     struct gguf_file *f = expect_open(&b);
     const struct gguf_tensor *t = gguf_find_tensor(f, "k");
     assert_non_null(t);
-    assert_int_equal(t->size, 2 * 144);
+    assert_int_equal(t->size, 2 * 110);
     assert_null(t->data);
-    assert_string_equal(gguf_ggml_type_name(t->type), "q4_K");
+    assert_string_equal(gguf_ggml_type_name(t->type), "q3_K");
     assert_false(gguf_ggml_type_supported(t->type));
     assert_non_null(gguf_find_tensor(f, "f")->data);
     gguf_close(f);
@@ -967,8 +967,24 @@ static void test_tensor_types(void **state)
         assert_int_equal(tensor_bytes_for_test(g[i], 64, &gbytes), 0);
         assert_int_equal(bytes, gbytes);
     }
+    /* the k-quants (super-blocks of 256): q4_K, q5_K, q6_K */
+    static const uint32_t gk[] = {GGUF_GGML_Q4_K, GGUF_GGML_Q5_K, GGUF_GGML_Q6_K};
+    static const enum dtype wantk[] = {DT_Q4_K, DT_Q5_K, DT_Q6_K};
+    static const char *const namek[] = {"q4_K", "q5_K", "q6_K"};
+    for (int i = 0; i < 3; i++) {
+        enum dtype dt;
+        assert_true(gguf_ggml_type_supported(gk[i]));
+        assert_string_equal(gguf_ggml_type_name(gk[i]), namek[i]);
+        assert_int_equal(gguf_ggml_type_to_dtype(gk[i], &dt), 0);
+        assert_int_equal(dt, wantk[i]);
+        uint64_t bytes = 0, gbytes = 0;
+        assert_int_equal(dtype_row_bytes(dt, 512, &bytes), 0);
+        assert_int_equal(tensor_bytes_for_test(gk[i], 512, &gbytes), 0);
+        assert_int_equal(bytes, gbytes);
+    }
     enum dtype dt;
-    assert_int_equal(gguf_ggml_type_to_dtype(12, &dt), ERR_NOT_FOUND);
+    assert_int_equal(gguf_ggml_type_to_dtype(11 /* q3_K */, &dt), ERR_NOT_FOUND);
+    assert_int_equal(gguf_ggml_type_to_dtype(15 /* q8_K */, &dt), ERR_NOT_FOUND);
 }
 
 static void test_unknown_value_type(void **state)

@@ -98,7 +98,8 @@ const char *gguf_ggml_type_name(uint32_t ggml_type)
 bool gguf_ggml_type_supported(uint32_t t)
 {
     return t == GGUF_GGML_F32 || t == GGUF_GGML_F16 || t == GGUF_GGML_BF16 ||
-           t == GGUF_GGML_Q8_0 || t == GGUF_GGML_Q4_0 || t == GGUF_GGML_MXFP4;
+           t == GGUF_GGML_Q8_0 || t == GGUF_GGML_Q4_0 || t == GGUF_GGML_MXFP4 ||
+           t == GGUF_GGML_Q4_K || t == GGUF_GGML_Q5_K || t == GGUF_GGML_Q6_K;
 }
 
 int gguf_ggml_type_to_dtype(uint32_t ggml_type, enum dtype *out)
@@ -110,6 +111,9 @@ int gguf_ggml_type_to_dtype(uint32_t ggml_type, enum dtype *out)
     case GGUF_GGML_Q8_0: *out = DT_Q8_0; return 0;
     case GGUF_GGML_Q4_0: *out = DT_Q4_0; return 0;
     case GGUF_GGML_MXFP4: *out = DT_MXFP4; return 0;
+    case GGUF_GGML_Q4_K: *out = DT_Q4_K; return 0; /* the same bytes (kernels/include/quant.h) */
+    case GGUF_GGML_Q5_K: *out = DT_Q5_K; return 0;
+    case GGUF_GGML_Q6_K: *out = DT_Q6_K; return 0;
     default: return ERR_NOT_FOUND;
     }
 }

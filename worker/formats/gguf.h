@@ -46,6 +46,9 @@ enum gguf_ggml_type {
     GGUF_GGML_F16 = 1,
     GGUF_GGML_Q4_0 = 2,
     GGUF_GGML_Q8_0 = 8,
+    GGUF_GGML_Q4_K = 12, /* k-quants: block_q4_K / q5_K / q6_K = DT_Q4_K / DT_Q5_K / DT_Q6_K */
+    GGUF_GGML_Q5_K = 13,
+    GGUF_GGML_Q6_K = 14,
     GGUF_GGML_BF16 = 30,
     GGUF_GGML_MXFP4 = 39, /* gpt-oss experts: block_mxfp4 = DT_MXFP4 */
 };

@@ -1,0 +1,377 @@
+/*
+ * ref_kq.c — the GGUF k-quants (q4_K, q5_K, q6_K; layouts in kernels/include/quant.h):
+ * dequantization, the converter's quantizer, and the scalar `_ref` twins of their GEMV/GEMM
+ * kernels (the specification x86/avx2_kq.c and x86/avx512_kq.c are tested against).
+ *
+ * Products read the q8_0 activations every block type shares (kern.h struct kern_act: int8
+ * blocks of 32 with an f32 scale dx_b, and ns32 = -8 * the block's quant sum, act_offset 8):
+ * a q4_K/q5_K sub-block is one activation block, a q6_K activation block holds two 16-element
+ * sub-blocks. Keeping ggml's q8_K (one activation scale per 256) would save a float multiply
+ * per 32 products but quantize activations 8x more coarsely around an outlier; per-32 scales
+ * keep kernels/include/quant.h's activation bound.
+ */
+#include "internal.h"
+#include "quant.h"
+
+#include "check.h"
+#include "err.h"
+#include "half.h"
+#include "log.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- dequantization (each type's kern__traits to_f32) ------------------------------------ */
+
+/* Code of element e (0..255) of a super-block, unsigned as stored: q4_K 0..15, q5_K 0..31,
+ * q6_K 0..63 (the value subtracts 32). */
+static int kq_code(enum dtype dt, const uint8_t *blk, int e)
+{
+    const int c = e / 64, l = e % 32, hi = e % 64 >= 32;
+    if (dt == DT_Q4_K) {
+        const struct quant_q4_k *b = (const void *)blk;
+        return hi ? b->qs[32 * c + l] >> 4 : b->qs[32 * c + l] & 15;
+    }
+    if (dt == DT_Q5_K) {
+        const struct quant_q5_k *b = (const void *)blk;
+        int lo4 = hi ? b->qs[32 * c + l] >> 4 : b->qs[32 * c + l] & 15;
+        return lo4 | ((b->qh[l] >> (2 * c + hi)) & 1) << 4;
+    }
+    const struct quant_q6_k *b = (const void *)blk;
+    const int h = e / 128, k = e % 128 / 32; /* quarter k of half h */
+    int ql = b->ql[64 * h + 32 * (k & 1) + l];
+    return (k >= 2 ? ql >> 4 : ql & 15) | ((b->qh[32 * h + l] >> (2 * k)) & 3) << 4;
+}
+
+static float f16_at(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return half_f16_to_f32(v);
+}
+
+/* q4_K / q5_K: x = (d * sc) * q - (dmin * m) in f32, as ggml's dequantize_row_q4_K. */
+static void row_q45k(enum dtype dt, const void *row, float *out, size_t n)
+{
+    const size_t bb = dtype_info(dt)->block_bytes;
+    const uint8_t *blk = row;
+    for (size_t i = 0; i < n; i += QUANT_K, blk += bb) {
+        const float d = f16_at(blk), dmin = f16_at(blk + 2);
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            quant_kq_scale_min(blk + 4, j, &sc, &m);
+            const float d1 = d * (float)sc, m1 = dmin * (float)m;
+            for (int l = 0; l < 32; l++) {
+                float p = d1 * (float)kq_code(dt, blk, 32 * j + l); /* no fused multiply-add */
+                out[i + 32 * (size_t)j + (size_t)l] = p - m1;
+            }
+        }
+    }
+}
+
+void kern__row_q4_k(const void *row, float *out, size_t n) { row_q45k(DT_Q4_K, row, out, n); }
+void kern__row_q5_k(const void *row, float *out, size_t n) { row_q45k(DT_Q5_K, row, out, n); }
+
+/* q6_K: x = (d * sc) * (q - 32) in f32, as ggml's dequantize_row_q6_K. */
+void kern__row_q6_k(const void *row, float *out, size_t n)
+{
+    const struct quant_q6_k *b = row;
+    for (size_t i = 0; i < n; i += QUANT_K, b++) {
+        const float d = half_f16_to_f32(b->d);
+        for (int e = 0; e < QUANT_K; e++)
+            out[i + (size_t)e] =
+                d * (float)b->scales[e / 16] * (float)(kq_code(DT_Q6_K, (const void *)b, e) - 32);
+    }
+}
+
+/* ---- quantization (clocher convert --dtype q4_k | q5_k | q6_k) --------------------------- */
+
+static int nearest(float v) { return (int)lrintf(v); }
+
+/*
+ * One q4_K/q5_K sub-block of 32: the scale s >= 0 and offset -mn (mn >= 0) of least weighted
+ * squared error for codes 0..nmax, searched like ggml's make_qkx2_quants: the min/max grid,
+ * then 21 grid steps around it, each code set refitted by weighted least squares (an offset
+ * above 0 is clamped to 0, since the format stores a subtracted min).
+ */
+static float fit_affine(const float *x, const float *w, int nmax, float *mn_out)
+{
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < 32; i++) {
+        lo = fminf(lo, x[i]);
+        hi = fmaxf(hi, x[i]);
+    }
+    if (lo > 0.0f)
+        lo = 0.0f;
+    if (hi == lo) {
+        *mn_out = -lo;
+        return 0.0f;
+    }
+    float sw = 0.0f, sx = 0.0f;
+    for (int i = 0; i < 32; i++) {
+        sw += w[i];
+        sx += w[i] * x[i];
+    }
+    float best_s = (hi - lo) / (float)nmax, best_m = lo, best = INFINITY;
+    for (int step = -1; step <= 20; step++) {
+        /* step -1: the plain grid; then iscale = (nmax - 1 + 0.1 step) / (hi - lo) */
+        float is = step < 0 ? (float)nmax / (hi - lo) : ((float)nmax - 1.0f + 0.1f * (float)step) / (hi - lo);
+        float sl = 0.0f, sl2 = 0.0f, sxl = 0.0f;
+        int L[32];
+        for (int i = 0; i < 32; i++) {
+            int l = nearest(is * (x[i] - lo));
+            L[i] = l < 0 ? 0 : l > nmax ? nmax : l;
+            sl += w[i] * (float)L[i];
+            sl2 += w[i] * (float)L[i] * (float)L[i];
+            sxl += w[i] * (float)L[i] * x[i];
+        }
+        float s, m;
+        if (step < 0) {
+            s = 1.0f / is;
+            m = lo;
+        } else {
+            float D = sw * sl2 - sl * sl;
+            if (D <= 0.0f)
+                continue;
+            s = (sw * sxl - sx * sl) / D;
+            m = (sl2 * sx - sl * sxl) / D;
+            if (m > 0.0f) {
+                m = 0.0f;
+                s = sl2 > 0.0f ? sxl / sl2 : 0.0f;
+            }
+            if (s < 0.0f)
+                continue;
+        }
+        float err = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            float dif = s * (float)L[i] + m - x[i];
+            err += w[i] * dif * dif;
+        }
+        if (err < best) {
+            best = err;
+            best_s = s;
+            best_m = m;
+        }
+    }
+    *mn_out = -best_m;
+    return best_s;
+}
+
+/*
+ * One q6_K sub-block of 16: a signed scale s for codes -32..31, the grid set by the element of
+ * largest magnitude (it maps to -32), then 19 grids around it refitted by least squares with
+ * weights x^2 (ggml's make_qx_quants, rmse_type 1); the best fit wins.
+ */
+static float fit_symmetric(const float *x)
+{
+    float amax = 0.0f, big = 0.0f;
+    for (int i = 0; i < 16; i++)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            big = x[i];
+        }
+    if (amax < 1e-30f)
+        return 0.0f;
+    float best_s = big / -32.0f, best = -1.0f;
+    for (int step = -10; step <= 9; step++) {
+        float is = step < -9 ? -32.0f / big : -(32.0f + 0.1f * (float)step) / big;
+        float sxl = 0.0f, sl2 = 0.0f;
+        for (int i = 0; i < 16; i++) {
+            int l = nearest(is * x[i]);
+            l = l < -32 ? -32 : l > 31 ? 31 : l;
+            float w = x[i] * x[i];
+            sxl += w * x[i] * (float)l;
+            sl2 += w * (float)l * (float)l;
+        }
+        /* least squares s = sxl / sl2 reduces the weighted error by sxl^2 / sl2 */
+        if (sl2 > 0.0f && sxl * sxl > best * sl2) {
+            best = sxl * sxl / sl2;
+            best_s = sxl / sl2;
+        }
+    }
+    return best_s;
+}
+
+static int check_finite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            LOG_ERR("cannot quantize a non-finite value (%g) at element %zu", (double)x[i], i);
+            return ERR_RANGE;
+        }
+    return 0;
+}
+
+static void quantize_q45k(enum dtype dt, const float *x, uint8_t *blk)
+{
+    const int nmax = dt == DT_Q4_K ? 15 : 31;
+    float s2 = 0.0f;
+    for (int i = 0; i < QUANT_K; i++)
+        s2 += x[i] * x[i];
+    const float av = sqrtf(s2 / (float)QUANT_K);
+    float sc[8], mn[8], w[32], smax = 0.0f, mmax = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        for (int i = 0; i < 32; i++)
+            w[i] = av + fabsf(x[32 * j + i]); /* ggml's weighting: large values matter more */
+        sc[j] = fit_affine(x + 32 * j, w, nmax, &mn[j]);
+        smax = fmaxf(smax, sc[j]);
+        mmax = fmaxf(mmax, mn[j]);
+    }
+    const uint16_t d16 = half_f32_to_f16(smax / 63.0f), m16 = half_f32_to_f16(mmax / 63.0f);
+    const float d = half_f16_to_f32(d16), dmin = half_f16_to_f32(m16);
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; j++) {
+        int a = d > 0.0f ? nearest(sc[j] / d) : 0, b = dmin > 0.0f ? nearest(mn[j] / dmin) : 0;
+        ls[j] = (uint8_t)(a < 0 ? 0 : a > 63 ? 63 : a);
+        lm[j] = (uint8_t)(b < 0 ? 0 : b > 63 ? 63 : b);
+    }
+    memset(blk, 0, dtype_info(dt)->block_bytes);
+    memcpy(blk, &d16, 2);
+    memcpy(blk + 2, &m16, 2);
+    uint8_t *s = blk + 4; /* the inverse of quant_kq_scale_min */
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            s[j] = ls[j];
+            s[j + 4] = lm[j];
+        } else {
+            s[j + 4] = (uint8_t)((ls[j] & 15) | (lm[j] & 15) << 4);
+            s[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            s[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+    uint8_t *qs = blk + (dt == DT_Q4_K ? 16 : 48), *qh = blk + 16;
+    for (int j = 0; j < 8; j++) {
+        const float dj = d * (float)ls[j], mj = dmin * (float)lm[j];
+        for (int l = 0; l < 32; l++) {
+            int q = dj > 0.0f ? nearest((x[32 * j + l] + mj) / dj) : 0;
+            q = q < 0 ? 0 : q > nmax ? nmax : q;
+            const int c = j / 2, hi = j & 1;
+            qs[32 * c + l] |= (uint8_t)((q & 15) << (4 * hi));
+            if (dt == DT_Q5_K)
+                qh[l] |= (uint8_t)((q >> 4) << (2 * c + hi));
+        }
+    }
+}
+
+static void quantize_q6k(const float *x, struct quant_q6_k *b)
+{
+    float sc[16], smax = 0.0f, big = 0.0f;
+    for (int k = 0; k < 16; k++) {
+        sc[k] = fit_symmetric(x + 16 * k);
+        if (fabsf(sc[k]) > smax) {
+            smax = fabsf(sc[k]);
+            big = sc[k];
+        }
+    }
+    memset(b, 0, sizeof *b);
+    if (smax == 0.0f) {
+        memset(b->ql, 0, sizeof b->ql);
+        for (int e = 0; e < QUANT_K; e++) /* code 32: zero */
+            b->qh[32 * (e / 128) + e % 32] |= (uint8_t)(2 << (2 * (e % 128 / 32)));
+        return;
+    }
+    /* the largest scale maps to -128 (int8's full range), as ggml does */
+    const uint16_t d16 = half_f32_to_f16(big / -128.0f);
+    const float d = half_f16_to_f32(d16);
+    b->d = d16;
+    for (int k = 0; k < 16; k++) {
+        int l = d != 0.0f ? nearest(sc[k] / d) : 0;
+        b->scales[k] = (int8_t)(l < -128 ? -128 : l > 127 ? 127 : l);
+    }
+    for (int e = 0; e < QUANT_K; e++) {
+        const float de = d * (float)b->scales[e / 16];
+        int q = de != 0.0f ? nearest(x[e] / de) : 0;
+        q = (q < -32 ? -32 : q > 31 ? 31 : q) + 32;
+        const int h = e / 128, k = e % 128 / 32, l = e % 32;
+        b->ql[64 * h + 32 * (k & 1) + l] |= (uint8_t)((q & 15) << (k >= 2 ? 4 : 0));
+        b->qh[32 * h + l] |= (uint8_t)((q >> 4) << (2 * k));
+    }
+}
+
+int kern_quantize_row_kq(enum dtype dt, const float *x, void *dst, size_t n)
+{
+    CHECK(dtype_is_kq(dt));
+    if (n % QUANT_K != 0) {
+        LOG_ERR("%s: a row of %zu elements is not whole super-blocks of %d", dtype_info(dt)->name,
+                n, QUANT_K);
+        return ERR_FORMAT;
+    }
+    int rc = check_finite(x, n);
+    if (rc)
+        return rc;
+    uint8_t *b = dst;
+    const size_t bb = dtype_info(dt)->block_bytes;
+    for (size_t i = 0; i < n; i += QUANT_K, b += bb) {
+        if (dt == DT_Q6_K)
+            quantize_q6k(x + i, (void *)b);
+        else
+            quantize_q45k(dt, x + i, b);
+    }
+    return 0;
+}
+
+/* ---- the _ref twins ---------------------------------------------------------------------- */
+
+/*
+ * The specification of the SIMD variants, per activation block b of 32 (dx_b its scale, xq its
+ * int8 quants) in column order with f32 accumulation; integer sums are exact:
+ *   q4_K, q5_K (sub-block j = b % 8): acc += (d * sc_j) * dx_b * sum q xq
+ *                                     acc -= (dmin * m_j) * dx_b * sum xq
+ *   q6_K: acc += d * dx_b * (sc_2j' * sum_lo (q - 32) xq + sc_2j'+1 * sum_hi (q - 32) xq),
+ *         j' = b % 8, lo/hi the block's two 16-element halves.
+ */
+static void mm_kq_ref(enum dtype wt, const void *w, const struct kern_act *a, float *y,
+                      size_t ldy, size_t r0, size_t r1)
+{
+    CHECK(a->wt == wt && a->q && dtype_is_kq(wt));
+    const size_t row_bytes = kern__row_bytes(wt, a->cols), nb = a->cols / 32;
+    const size_t bb = dtype_info(wt)->block_bytes;
+    for (size_t t = 0; t < a->n; t++) {
+        const int8_t *q = a->q + t * a->ld;     /* [cols] */
+        const float *dx = a->d + t * a->cp / 32; /* [cp/32] */
+        for (size_t r = r0; r < r1; r++) {
+            const uint8_t *row = (const uint8_t *)w + r * row_bytes;
+            float acc = 0.0f;
+            for (size_t b = 0; b < nb; b++) {
+                const uint8_t *blk = row + b / 8 * bb;
+                const int j = (int)(b % 8);
+                const int8_t *xq = q + b * 32;
+                if (wt == DT_Q6_K) {
+                    const struct quant_q6_k *k6 = (const void *)blk;
+                    int32_t lo = 0, hi = 0;
+                    for (int l = 0; l < 16; l++) {
+                        lo += (kq_code(wt, blk, 32 * j + l) - 32) * xq[l];
+                        hi += (kq_code(wt, blk, 32 * j + 16 + l) - 32) * xq[16 + l];
+                    }
+                    int32_t dot = k6->scales[2 * j] * lo + k6->scales[2 * j + 1] * hi;
+                    acc += half_f16_to_f32(k6->d) * dx[b] * (float)dot;
+                } else {
+                    int32_t dot = 0, sum = 0;
+                    for (int l = 0; l < 32; l++) {
+                        dot += kq_code(wt, blk, 32 * j + l) * xq[l];
+                        sum += xq[l];
+                    }
+                    uint8_t sc, m;
+                    quant_kq_scale_min(blk + 4, j, &sc, &m);
+                    acc += f16_at(blk) * (float)sc * dx[b] * (float)dot;
+                    acc -= f16_at(blk + 2) * (float)m * dx[b] * (float)sum;
+                }
+            }
+            y[t * ldy + r] = acc;
+        }
+    }
+}
+
+#define KQ_TWIN_(op, wty, DT)                                                                \
+    void kern_##op##_##wty##_q8_0_ref(const void *w, const struct kern_act *a, float *y,     \
+                                      size_t ldy, size_t r0, size_t r1)                      \
+    {                                                                                        \
+        mm_kq_ref(DT, w, a, y, ldy, r0, r1);                                                 \
+    }
+KQ_TWIN_(gemv, q4_k, DT_Q4_K)
+KQ_TWIN_(gemm, q4_k, DT_Q4_K)
+KQ_TWIN_(gemv, q5_k, DT_Q5_K)
+KQ_TWIN_(gemm, q5_k, DT_Q5_K)
+KQ_TWIN_(gemv, q6_k, DT_Q6_K)
+KQ_TWIN_(gemm, q6_k, DT_Q6_K)
