@@ -212,7 +212,7 @@ EXPRESSIONS = [
     "{{ {'a': 1}.get('a') }}{{ {'a': 1}.get('b', 5) }}{{ {'a': 1}.keys()|list }}{{ {'a':1}|items|list|length }}{{ 'x'.replace('x', 'yy') }}",
     "{{ 1 is number }}{{ 'a' is string }}{{ {} is mapping }}{{ [] is iterable }}{{ u is defined }}{{ none is none }}{{ 3 is divisibleby 3 }}",
     "{{ 'a\\tb\\u00e9\\x41' }}{{ \"q'uote\" }}{{ [\"it's\"] }}{{ 'x' 'y' }}",
-    "{{ -(3) }}{{ +3 }}{{ not 0 }}{{ (1, 2) }}{{ [] or 'e' }}{{ 'a' and 'b' }}{{ 10 - 2 - 3 }}",
+    "{{ -(3) }}{{ +3 }}{{ not 0 }}{{ (1, 2)|length }}{{ [] or 'e' }}{{ 'a' and 'b' }}{{ 10 - 2 - 3 }}",
     "{{ strftime_now('%Y-%m-%d %H:%M %b %d') }}",
     "{{ raise_exception('boom') }}",
     "{{ u.attr }}",
