@@ -7,7 +7,9 @@
 #ifndef CLOCHER_CLIENT_OFFLINE_CHAT_META_H
 #define CLOCHER_CLIENT_OFFLINE_CHAT_META_H
 
+#ifndef CHAT_META_FILE /* the same name in worker/process/chat.h and client/offline/chat_meta.h */
 #define CHAT_META_FILE "chat.ie.json"
+#endif
 
 /*
  * Writes <out_dir>/chat.ie.json from the conversion source src:
