@@ -16,6 +16,8 @@
 #include "chat.h"
 #include "chat_meta.h"
 #include "err.h"
+#include "harmony.h"
+#include "jinja.h"
 #include "msg.h"
 #include "testutil.h"
 #include "tok.h"
@@ -226,6 +228,78 @@ static void test_bad_metadata_named(void **state)
     free(out2);
 }
 
+/* tools with every parameter shape gpt-oss's template knows */
+static const char TOOLS[] =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+    "\"Weather in a city\", \"parameters\": {\"type\": \"object\", \"properties\": {"
+    "\"location\": {\"type\": \"string\", \"description\": \"The city, e.g. Paris\"},"
+    "\"unit\": {\"type\": \"string\", \"enum\": [\"celsius\", \"fahrenheit\"], \"default\": \"celsius\"},"
+    "\"days\": {\"type\": \"integer\", \"default\": 1}, \"ratio\": {\"type\": \"number\", \"default\": 0.1},"
+    "\"hourly\": {\"type\": \"boolean\", \"nullable\": true}, \"note\": {\"type\": \"string\", \"nullable\": true},"
+    "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}},"
+    "\"any_list\": {\"type\": \"array\"},"
+    "\"points\": {\"type\": \"array\", \"items\": {\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"number\"}}}, \"nullable\": true},"
+    "\"kinds\": {\"type\": [\"string\", \"number\"]},"
+    "\"mode\": {\"oneOf\": [{\"type\": \"string\", \"description\": \"by name\"}, {\"type\": \"integer\", \"default\": 3}], \"default\": \"auto\"},"
+    "\"where\": {\"type\": \"object\", \"properties\": {\"lat\": {\"type\": \"number\"}, \"lon\": {\"type\": \"number\"}}, \"required\": [\"lat\"]},"
+    "\"blob\": {\"type\": \"object\"}, \"other\": {\"description\": \"untyped\"}},"
+    "\"required\": [\"location\"]}}},"
+    " {\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time\", "
+    "\"parameters\": {\"type\": \"object\", \"properties\": {}}}}]";
+
+/* harmony's "# Tools" block is what gpt-oss's own chat template writes (rendered here by the
+ * interpreter that test_chat_templates.py holds to python3-jinja2) */
+static void test_harmony_tools_as_template(void **state)
+{
+    (void)state;
+    size_t len;
+    char *src = tu_read_file(tu_fixture("chat-templates/openai-gpt-oss-120b.jinja"), &len);
+    char err[256];
+    struct jinja_tpl *t;
+    assert_int_equal(jinja_parse(src, len, &t, err, sizeof err), 0);
+    json_t *vars = json_pack("{s:[{s:s,s:s},{s:s,s:s}], s:o, s:b}", "messages", "role", "system",
+                             "content", "Be brief.", "role", "user", "content", "hi", "tools",
+                             json_loads(TOOLS, 0, NULL), "add_generation_prompt", 1);
+    assert_non_null(vars);
+    char *out;
+    size_t n;
+    struct jinja_limits lim = {.now = 1785000000};
+    if (jinja_render(t, vars, &lim, &out, &n, err, sizeof err))
+        fail_msg("%s", err);
+    const char *dev = strstr(out, "<|start|>developer<|message|>");
+    assert_non_null(dev);
+    dev += strlen("<|start|>developer<|message|>");
+    const char *end = strstr(dev, "<|end|>");
+    assert_non_null(end);
+    char *tools;
+    assert_int_equal(harmony_tools_text(TOOLS, &tools), 0);
+    char want[8192];
+    snprintf(want, sizeof want, "# Instructions\n\nBe brief.\n\n%s", tools);
+    assert_int_equal((size_t)(end - dev), strlen(want));
+    assert_memory_equal(dev, want, strlen(want));
+    /* and the system message announces the functions */
+    assert_non_null(strstr(out, "Calls to these tools must go to the commentary channel: 'functions'."));
+    free(tools);
+    free(out);
+    json_decref(vars);
+    jinja_free(t);
+    free(src);
+    /* no tools: nothing */
+    assert_int_equal(harmony_tools_text("[]", &tools), 0);
+    assert_string_equal(tools, "");
+    free(tools);
+    /* malformed tools are named */
+    tu_log_capture_begin();
+    assert_int_equal(harmony_tools_text("{}", &tools), ERR_FORMAT);
+    tu_assert_log_contains("not a list of tools", NULL);
+    assert_int_equal(harmony_tools_text("[{\"function\": {\"name\": \"f\"}}]", &tools), ERR_FORMAT);
+    tu_assert_log_contains("tools[0] (f): no description", NULL);
+    assert_int_equal(harmony_tools_text("[{\"type\": \"function\"}]", &tools), ERR_FORMAT);
+    tu_assert_log_contains("tools[0]: not", NULL);
+    assert_int_equal(harmony_tools_text("[1", &tools), ERR_FORMAT);
+    tu_log_capture_end();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -233,6 +307,7 @@ int main(void)
         cmocka_unit_test(test_named_templates_and_raise),
         cmocka_unit_test(test_refused_template_refuses_chats),
         cmocka_unit_test(test_bad_metadata_named),
+        cmocka_unit_test(test_harmony_tools_as_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

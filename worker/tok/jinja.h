@@ -42,4 +42,9 @@ void jinja_free(struct jinja_tpl *t);
 int jinja_render(const struct jinja_tpl *t, json_t *ctx, const struct jinja_limits *lim,
                  char **out, size_t *out_len, char *err, size_t cap);
 
+/* json.dumps(v) as Python writes it with HF's tojson defaults (", " and ": " separators, keys
+ * in their order, UTF-8 as is, floats in their shortest repr): the text `v|tojson` renders.
+ * 0 with *out (malloc'd, NUL-terminated), or -ENOMEM / ERR_RANGE (nested deeper than 200). */
+int jinja_json_dumps(json_t *v, char **out);
+
 #endif

@@ -19,6 +19,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2692,5 +2693,20 @@ int jinja_render(const struct jinja_tpl *t, json_t *ctx, const struct jinja_limi
     }
     *out = b.p;
     *out_len = b.n;
+    return 0;
+}
+
+int jinja_json_dumps(json_t *v, char **out)
+{
+    char err[128];
+    struct buf b = {0};
+    struct ev e = {.max_output = SIZE_MAX, .err = err, .errcap = sizeof err};
+    struct dumpopt o = {.indent = -1, .item_sep = ", ", .key_sep = ": "};
+    *out = NULL;
+    if (dump(&e, &b, v, &o, 0, NULL) || (!b.p && buf_add(&e, &b, "", 0, NULL))) {
+        free(b.p);
+        return e.rc;
+    }
+    *out = b.p;
     return 0;
 }
