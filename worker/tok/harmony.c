@@ -13,9 +13,11 @@
 #include "tok_internal.h"
 
 #include "err.h"
+#include "jinja.h"
 #include "log.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +43,273 @@ static int specials(const struct tok *t, int32_t *ids[7])
         }
         *ids[i] = id;
     }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* tool definitions                                                                         */
+
+/* The TypeScript of a JSON-schema parameter, as gpt-oss's chat template's
+ * render_typescript_type writes it — its whitespace included (a nested object's members and a
+ * oneOf variant's default carry the template's indentation, which the model saw in training). */
+static int ts_type(FILE *f, json_t *spec, int depth)
+{
+    if (depth > 32) {
+        LOG_ERR("harmony: a tool parameter schema nested deeper than 32");
+        return ERR_FORMAT;
+    }
+    json_t *type = json_object_get(spec, "type");
+    const char *ts = json_string_value(type); /* NULL unless a string */
+    bool nullable = json_is_true(json_object_get(spec, "nullable"));
+    if (ts && !strcmp(ts, "array")) {
+        json_t *items = json_object_get(spec, "items");
+        if (items && json_is_object(items) && json_object_size(items)) {
+            const char *it = json_string_value(json_object_get(items, "type"));
+            if (it && (!strcmp(it, "string") || !strcmp(it, "boolean")))
+                fprintf(f, "%s[]", it);
+            else if (it && (!strcmp(it, "number") || !strcmp(it, "integer")))
+                fputs("number[]", f);
+            else {
+                char *inner = NULL;
+                size_t len = 0;
+                FILE *g = open_memstream(&inner, &len);
+                if (!g)
+                    return -ENOMEM;
+                int rc = ts_type(g, items, depth + 1);
+                if (fclose(g) != 0 && rc == 0)
+                    rc = -ENOMEM;
+                if (rc == 0) {
+                    /* the template measures characters; a UTF-8 count of the bytes */
+                    size_t chars = 0;
+                    for (size_t i = 0; i < len; i++)
+                        chars += ((unsigned char)inner[i] & 0xC0) != 0x80;
+                    if (!strcmp(inner, "object | object") || chars > 50)
+                        fputs("any[]", f);
+                    else
+                        fprintf(f, "%s[]", inner);
+                }
+                free(inner);
+                if (rc)
+                    return rc;
+            }
+        } else if (items && !json_is_object(items) && !json_is_array(items) &&
+                   !json_is_null(items) && !json_is_false(items)) {
+            LOG_ERR("harmony: a tool parameter's \"items\" is not a schema");
+            return ERR_FORMAT;
+        } else {
+            fputs("any[]", f);
+        }
+        if (nullable)
+            fputs(" | null", f);
+        return 0;
+    }
+    if (json_is_array(type) && json_array_size(type) > 0) {
+        for (size_t i = 0; i < json_array_size(type); i++) {
+            json_t *t = json_array_get(type, i);
+            if (!json_is_string(t)) {
+                LOG_ERR("harmony: a tool parameter's type list holds a non-string");
+                return ERR_FORMAT;
+            }
+            fprintf(f, "%s%s", i ? " | " : "", json_string_value(t));
+        }
+        return 0;
+    }
+    json_t *one = json_object_get(spec, "oneOf");
+    if (one && (!json_is_array(one) || json_array_size(one) > 0) && !json_is_false(one) &&
+        !json_is_null(one)) {
+        if (!json_is_array(one)) {
+            LOG_ERR("harmony: a tool parameter's \"oneOf\" is not a list");
+            return ERR_FORMAT;
+        }
+        /* the template's "any" for object unions never fires (its flag is set inside a for
+         * loop, which Jinja scopes away): every variant is written */
+        for (size_t i = 0; i < json_array_size(one); i++) {
+            json_t *v = json_array_get(one, i);
+            int rc = ts_type(f, v, depth + 1);
+            if (rc)
+                return rc;
+            const char *d = json_string_value(json_object_get(v, "description"));
+            if (d && *d)
+                fprintf(f, "// %s", d);
+            json_t *def = json_object_get(v, "default");
+            if (def) {
+                char *js;
+                if ((rc = jinja_json_dumps(def, &js)) != 0)
+                    return rc;
+                fprintf(f, "                    // default: %s", js);
+                free(js);
+            }
+            if (i + 1 < json_array_size(one))
+                fputs(" | \n", f); /* the template's line break after its " | " */
+        }
+        return 0;
+    }
+    if (ts && !strcmp(ts, "string")) {
+        json_t *en = json_object_get(spec, "enum");
+        if (en && !json_is_array(en) && !json_is_null(en) && !json_is_false(en)) {
+            LOG_ERR("harmony: a string parameter's enum is not a list");
+            return ERR_FORMAT;
+        }
+        if (json_is_array(en) && json_array_size(en)) {
+            fputc('"', f);
+            for (size_t i = 0; i < json_array_size(en); i++) {
+                json_t *x = json_array_get(en, i);
+                if (!json_is_string(x)) {
+                    LOG_ERR("harmony: a string parameter's enum holds a non-string");
+                    return ERR_FORMAT;
+                }
+                fprintf(f, "%s%s", i ? "\" | \"" : "", json_string_value(x));
+            }
+            fputc('"', f);
+        } else {
+            fputs(nullable ? "string | null" : "string", f);
+        }
+        return 0;
+    }
+    if (ts && (!strcmp(ts, "number") || !strcmp(ts, "integer"))) {
+        fputs("number", f);
+        return 0;
+    }
+    if (ts && !strcmp(ts, "boolean")) {
+        fputs("boolean", f);
+        return 0;
+    }
+    if (ts && !strcmp(ts, "object")) {
+        json_t *props = json_object_get(spec, "properties");
+        if (!json_is_object(props) || json_object_size(props) == 0) {
+            fputs("object", f);
+            return 0;
+        }
+        json_t *req = json_object_get(spec, "required");
+        fputs("{\n", f);
+        const char *name;
+        json_t *p;
+        size_t i = 0, n = json_object_size(props);
+        json_object_foreach(props, name, p) {
+            bool required = false;
+            for (size_t k = 0; json_is_array(req) && k < json_array_size(req); k++)
+                required |= json_is_string(json_array_get(req, k)) &&
+                            !strcmp(json_string_value(json_array_get(req, k)), name);
+            /* the template's own line break and indentation before the member's type */
+            fprintf(f, "%s%s: \n                ", name, required ? "" : "?");
+            int rc = ts_type(f, p, depth + 1);
+            if (rc)
+                return rc;
+            if (++i < n)
+                fputs(", ", f);
+        }
+        fputs("}", f);
+        return 0;
+    }
+    fputs("any", f);
+    return 0;
+}
+
+static const char *str_field(json_t *o, const char *key) { return json_string_value(json_object_get(o, key)); }
+
+int harmony_tools_text(const char *tools_json, char **out)
+{
+    *out = NULL;
+    json_error_t je;
+    json_t *tools = tools_json ? json_loads(tools_json, 0, &je) : json_array();
+    if (!tools) {
+        LOG_ERR("harmony: tools: %s (line %d)", je.text, je.line);
+        return ERR_FORMAT;
+    }
+    if (!json_is_array(tools)) {
+        LOG_ERR("harmony: tools: not a list of tools");
+        json_decref(tools);
+        return ERR_FORMAT;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) {
+        json_decref(tools);
+        LOG_ERR("harmony: out of memory");
+        return -ENOMEM;
+    }
+    int rc = 0;
+    if (json_array_size(tools))
+        fputs("# Tools\n\n## functions\n\nnamespace functions {\n\n", f);
+    for (size_t i = 0; rc == 0 && i < json_array_size(tools); i++) {
+        json_t *fn = json_object_get(json_array_get(tools, i), "function");
+        const char *name = str_field(fn, "name"), *desc = str_field(fn, "description");
+        if (!json_is_object(fn) || !name || !*name) {
+            LOG_ERR("harmony: tools[%zu]: not {\"type\": \"function\", \"function\": "
+                    "{\"name\": ...}}", i);
+            rc = ERR_FORMAT;
+            break;
+        }
+        if (!desc) {
+            /* the template concatenates it: a tool without one fails to render there */
+            LOG_ERR("harmony: tools[%zu] (%s): no description", i, name);
+            rc = ERR_FORMAT;
+            break;
+        }
+        fprintf(f, "// %s\ntype %s = ", desc, name);
+        json_t *params = json_object_get(fn, "parameters");
+        json_t *props = json_object_get(params, "properties");
+        if (!json_is_object(props) || json_object_size(props) == 0) {
+            fputs("() => any;\n\n", f);
+            continue;
+        }
+        json_t *req = json_object_get(params, "required");
+        fputs("(_: {\n", f);
+        const char *pname;
+        json_t *p;
+        json_object_foreach(props, pname, p) {
+            const char *pd = str_field(p, "description");
+            if (pd && *pd)
+                fprintf(f, "// %s\n", pd);
+            bool required = false;
+            for (size_t k = 0; json_is_array(req) && k < json_array_size(req); k++)
+                required |= json_is_string(json_array_get(req, k)) &&
+                            !strcmp(json_string_value(json_array_get(req, k)), pname);
+            fprintf(f, "%s%s: ", pname, required ? "" : "?");
+            if ((rc = ts_type(f, p, 0)) != 0)
+                break;
+            json_t *def = json_object_get(p, "default");
+            if (def) {
+                json_t *en = json_object_get(p, "enum"), *one = json_object_get(p, "oneOf");
+                bool en_t = en && !json_is_false(en) && !json_is_null(en) &&
+                            !(json_is_array(en) && !json_array_size(en));
+                bool one_t = one && !json_is_false(one) && !json_is_null(one) &&
+                             !(json_is_array(one) && !json_array_size(one));
+                if (en_t || one_t) {
+                    /* the template concatenates the default as a string */
+                    if (!json_is_string(def)) {
+                        LOG_ERR("harmony: tools[%zu] (%s): parameter %s: a non-string default "
+                                "beside enum/oneOf", i, name, pname);
+                        rc = ERR_FORMAT;
+                        break;
+                    }
+                    fprintf(f, "%s// default: %s", en_t ? ", " : "", json_string_value(def));
+                } else {
+                    char *js;
+                    if ((rc = jinja_json_dumps(def, &js)) != 0)
+                        break;
+                    fprintf(f, ", // default: %s", js);
+                    free(js);
+                }
+            }
+            fputs(",\n", f);
+        }
+        if (rc == 0)
+            fputs("}) => any;\n\n", f);
+    }
+    if (rc == 0 && json_array_size(tools))
+        fputs("} // namespace functions", f);
+    json_decref(tools);
+    if (fclose(f) != 0 && rc == 0)
+        rc = -ENOMEM;
+    if (rc) {
+        if (rc == -ENOMEM)
+            LOG_ERR("harmony: out of memory");
+        free(text);
+        return rc;
+    }
+    *out = text;
     return 0;
 }
 
@@ -146,10 +415,14 @@ int harmony_render(const struct tok *t, const struct harmony_msg *msgs, size_t n
             (!msgs[i].channel || strcmp(msgs[i].channel, "final") == 0))
             last_final = i, any_final = true;
 
+    char *tools = NULL;
+    if (o->tools_json && (rc = harmony_tools_text(o->tools_json, &tools)) != 0)
+        return rc;
     char *sys = NULL;
     size_t sys_len = 0;
     FILE *f = open_memstream(&sys, &sys_len);
     if (!f) {
+        free(tools);
         LOG_ERR("harmony: out of memory");
         return -ENOMEM;
     }
@@ -158,25 +431,29 @@ int harmony_render(const struct tok *t, const struct harmony_msg *msgs, size_t n
     if (o->current_date)
         fprintf(f, "Current date: %s\n", o->current_date);
     fprintf(f, "\nReasoning: %s\n\n" VALID_CHANNELS "%s", effort_name(o->effort),
-            o->functions ? "\n" FUNCTIONS_LINE : "");
+            o->functions || (tools && *tools) ? "\n" FUNCTIONS_LINE : "");
     if (fclose(f) != 0 || !sys) {
         free(sys);
+        free(tools);
         LOG_ERR("harmony: out of memory");
         return -ENOMEM;
     }
     rc = put_message(&r, "system", NULL, NULL, NULL, sys, r.end);
     free(sys);
-    if (rc == 0 && instr) {
-        size_t il = strlen(instr);
-        char *dev = malloc(il + 32);
+    if (rc == 0 && (instr || (tools && *tools))) {
+        /* "# Instructions\n\n{instr}", then "\n\n# Tools..." when tools are defined */
+        size_t il = instr ? strlen(instr) : 0, tl = tools ? strlen(tools) : 0;
+        char *dev = malloc(il + tl + 32);
         if (!dev) {
             rc = -ENOMEM;
         } else {
-            snprintf(dev, il + 32, "# Instructions\n\n%s", instr);
+            int k = instr ? snprintf(dev, il + 32, "# Instructions\n\n%s", instr) : 0;
+            snprintf(dev + k, tl + 8, "%s%s", k && tl ? "\n\n" : "", tl ? tools : "");
             rc = put_message(&r, "developer", NULL, NULL, NULL, dev, r.end);
             free(dev);
         }
     }
+    free(tools);
     for (size_t i = first; rc == 0 && i < n; i++) {
         const struct harmony_msg *m = &msgs[i];
         switch (m->role) {

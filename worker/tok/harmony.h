@@ -51,7 +51,11 @@ struct harmony_opts {
     const char *instructions;      /* developer instructions; NULL: those of the first
                                     * system/developer message, if any */
     bool functions;                /* tools are defined: the system message says where their
-                                    * calls go */
+                                    * calls go (implied by tools_json) */
+    const char *tools_json;        /* the function tools, as JSON text of an OpenAI-style array
+                                    * [{"type": "function", "function": {"name", "description",
+                                    * "parameters"}}]: the developer message gets its "# Tools"
+                                    * block (harmony_tools_text); NULL or []: none */
     bool no_generation_prompt;     /* leave out the final <|start|>assistant */
 };
 
@@ -61,6 +65,14 @@ struct harmony_opts {
  * (a tool without a name, a NULL content). */
 int harmony_render(const struct tok *t, const struct harmony_msg *msgs, size_t n,
                    const struct harmony_opts *opts, int32_t **ids, size_t *n_ids);
+
+/* The "# Tools" section of the developer message for the function tools tools_json (as in
+ * harmony_opts): "# Tools\n\n## functions\n\nnamespace functions {\n\n// {description}\n
+ * type {name} = (_: {\n{params as TypeScript},\n}) => any;\n\n...} // namespace functions",
+ * written as gpt-oss's own chat template writes it (docs/TOKENIZER.md "Harmony"). *out is
+ * malloc'd ("" when there are no tools). ERR_FORMAT (logged, naming the tool and field) for
+ * tools that are not such an array. */
+int harmony_tools_text(const char *tools_json, char **out);
 
 enum harmony_channel {
     HARMONY_CH_NONE = 0,   /* no message open */
