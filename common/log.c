@@ -163,18 +163,32 @@ static void put_json_string(struct out *o, const char *s)
     put(o, "\"", 1);
 }
 
+/* ,"key":"value" whole, or nothing when it does not fit (the value is cut first). */
 static void put_field(struct out *o, const char *key, const char *value)
 {
+    size_t start = o->len, k = strlen(key);
+    if (o->cap - o->len < k * 6 + 6) /* key escaped at worst, quotes, comma, colon */
+        return;
     put(o, ",", 1);
     put_json_string(o, key);
     put(o, ":", 1);
+    if (o->cap - o->len < 2) {
+        o->len = start;
+        return;
+    }
     put_json_string(o, value);
 }
 
-/* One JSON object (no newline) into buf[cap]. */
+/* One JSON object (no newline) into buf[cap]. The per-thread fields are rendered first and
+ * kept: a message too long for the line is cut, the request id it belongs to is not. */
 static void render_json(enum log_level level, const char *msg, char *buf, size_t cap)
 {
-    struct out o = {.p = buf, .cap = cap - 2};
+    char fbuf[LOG_MAX_FIELDS * 1024];
+    struct out f = {.p = fbuf, .cap = sizeof fbuf};
+    for (int i = 0; i < t_n_fields; i++)
+        put_field(&f, t_fields[i].key, t_fields[i].value);
+
+    struct out o = {.p = buf, .cap = cap - 2 - f.len}; /* "}", NUL and the fields after msg */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
@@ -189,8 +203,8 @@ static void render_json(enum log_level level, const char *msg, char *buf, size_t
     n = snprintf(head, sizeof head, ",\"pid\":%ld", (long)getpid());
     put(&o, head, (size_t)n);
     put_field(&o, "msg", msg);
-    for (int i = 0; i < t_n_fields; i++)
-        put_field(&o, t_fields[i].key, t_fields[i].value);
+    memcpy(buf + o.len, fbuf, f.len);
+    o.len += f.len;
     buf[o.len++] = '}';
     buf[o.len] = '\0';
 }
@@ -207,7 +221,7 @@ void log_msg(enum log_level level, const char *fmt, ...)
     if (!g_sink && (int)level > (int)log_get_level())
         return;
     if (log_get_format() == LOG_FORMAT_JSON) {
-        char line[4096];
+        char line[8192];
         render_json(level, buf, line, sizeof line);
         if (g_sink)
             g_sink(level, line, g_sink_ud);
