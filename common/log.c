@@ -71,6 +71,15 @@ enum log_format log_get_format(void)
     return (enum log_format)g_format;
 }
 
+/* stderr is systemd's journal stream (it sets $JOURNAL_STREAM for the unit's processes) */
+static bool under_journal(void)
+{
+    static int yes = -1;
+    if (yes < 0)
+        yes = getenv("JOURNAL_STREAM") != NULL;
+    return yes;
+}
+
 void log_set_sink(log_sink_fn *fn, void *ud)
 {
     g_sink = fn;
@@ -223,10 +232,17 @@ void log_msg(enum log_level level, const char *fmt, ...)
     if (log_get_format() == LOG_FORMAT_JSON) {
         char line[8192];
         render_json(level, buf, line, sizeof line);
-        if (g_sink)
+        if (under_journal()) {
+            /* a journal sink would decorate the object ("name: {...}"): the priority prefix,
+             * which journald strips, and the object alone */
+            static const int prio[] = {3 /* err */, 4 /* warning */, 6 /* info */, 7 /* debug */};
+            if ((int)level <= (int)log_get_level())
+                fprintf(stderr, "<%d>%s\n", prio[level], line);
+        } else if (g_sink) {
             g_sink(level, line, g_sink_ud);
-        else
+        } else {
             fprintf(stderr, "%s\n", line);
+        }
         return;
     }
     char fields[LOG_MAX_FIELDS * 164] = "";

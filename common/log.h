@@ -12,9 +12,11 @@
  *      "msg":"...", "request_id":"42"}
  * JSON is chosen by log_set_format() or by CLOCHER_LOG_FORMAT=json in the environment (which
  * is how clocherd's workers, started with clocherd's environment, follow `--log-format json`).
- * A sink then receives the rendered JSON object as its message. The per-thread fields set with
- * log_field_set() (a request id while a thread works on that request) are added to each JSON
- * line and, in text, after the message as " [key=value]".
+ * A sink then receives the rendered JSON object as its message, except under systemd
+ * ($JOURNAL_STREAM set): there the line is written to stderr as "<priority>{...}" whatever the
+ * sink (journald strips the prefix), so no sink's decoration breaks the object. The
+ * per-thread fields set with log_field_set() (a request id while a thread works on that
+ * request) are added to each JSON line and, in text, after the message as " [key=value]".
  *
  * NOTES: log_set_sink()/log_set_level()/log_set_format() are meant to be called at start-up
  * before threads exist; log_msg() itself is thread-safe (one fprintf per message, thread-local

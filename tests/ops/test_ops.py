@@ -195,6 +195,18 @@ def test_log_format_json_reaches_the_workers():
     assert any("ready" in json.loads(ln)["msg"] for ln in lines if ln.startswith("{"))
 
 
+def test_log_format_json_under_the_journal_is_prefixed_json():
+    """Under systemd ($JOURNAL_STREAM): "<priority>{...}", the object undecorated."""
+    env = dict(os.environ, JOURNAL_STREAM="8:1234", CLOCHER_LOG_FORMAT="json")
+    p = subprocess.run([T.CLOCHERD, "--model-dir", "/nonexistent/model", "--check-config"],
+                       capture_output=True, text=True, timeout=30, env=env)
+    assert p.returncode == 2, p.stderr
+    m = re.fullmatch(r"<3>(\{.*\})\n", p.stderr)
+    assert m, p.stderr
+    j = json.loads(m.group(1))
+    assert j["level"] == "error" and "/nonexistent/model" in j["msg"], j
+
+
 def test_log_format_refuses_an_unknown_format():
     p = subprocess.run([T.CLOCHERD, "--log-format", "xml", "--model-dir", "/nonexistent"],
                        capture_output=True, text=True, timeout=30)
