@@ -83,16 +83,23 @@ static void journal_sink(enum log_level level, const char *msg, void *ud)
 }
 
 /*
- * The model the configuration names: an IEBIN folder (modelsrc_check: a Hugging Face folder
- * or a GGUF is refused with the `clocher convert` command to run) whose manifest is JSON
- * saying "format": "iebin". The workers validate the rest when they load it. 0 or a negative
- * code (logged).
+ * The model the configuration names. Always: not a source `clocher convert` reads (a Hugging
+ * Face folder, a GGUF or another file: refused with the command to run, modelsrc.h). With
+ * `full` (--check-config): also an existing IEBIN folder whose manifest is JSON saying
+ * "format": "iebin". A start leaves a missing or broken folder to the workers, which say what
+ * is wrong with it as they load it (and the supervisor then that no worker could start).
+ * 0 or a negative code (logged).
  */
-static int check_model(const struct config *c, bool from_option)
+static int check_model(const struct config *c, bool from_option, bool full)
 {
     const char *what = from_option ? "--model-dir" : "model_dir";
+    int e;
+    enum modelsrc_kind k = modelsrc_kind(c->model_dir, &e);
+    bool convertible = k == MODELSRC_HF || k == MODELSRC_GGUF || k == MODELSRC_FILE;
+    if (!full && !convertible)
+        return 0;
     int rc = modelsrc_check(c->model_dir, what);
-    if (rc < 0)
+    if (rc < 0 || !full)
         return rc;
     char p[PATH_MAX + 32];
     snprintf(p, sizeof p, "%s/model.ie.json", c->model_dir);
@@ -248,7 +255,7 @@ int main(int argc, char **argv)
     if (rc < 0)
         return SUP_EXIT_FATAL; /* the reason was logged where it was found */
     /* --print-plan alone is about placement: it may name a model that is not here */
-    if ((check_only || !plan_only) && check_model(cfg, model_dir != NULL) < 0) {
+    if ((check_only || !plan_only) && check_model(cfg, model_dir != NULL, check_only) < 0) {
         config_unref(cfg);
         return SUP_EXIT_FATAL;
     }
