@@ -5,6 +5,7 @@
  */
 #include "cmds.h"
 
+#include "clocher_version.h"
 #include "log.h"
 #include "slice.h"
 
@@ -33,7 +34,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: clocher COMMAND [ARGS...]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n`clocher COMMAND --help` describes each command.\n");
+    fprintf(f, "\n`clocher COMMAND --help` describes each command; `clocher --version` the "
+               "version.\n");
 }
 
 int main(int argc, char **argv)
@@ -47,6 +49,10 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         usage(stdout);
+        return CMD_EXIT_OK;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("clocher %s\n", CLOCHER_VERSION);
         return CMD_EXIT_OK;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

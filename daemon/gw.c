@@ -12,6 +12,8 @@
  *     gw_conn.c      connections: our Unix listener, rapid-reset accounting (beside gw_cq.c)
  *     gw_quota.c     per-tenant quotas (token buckets, queued generations; a leaf)
  *     gw_callobj.c   a call object's references and freeing
+ * Beside them, a leaf of its own: gw_reflect.c, gRPC server reflection (its own call objects
+ * on the same completion queue).
  *
  * NOTES
  *  - gRPC C core has no generated service code for C: each method is registered by its path
@@ -25,6 +27,7 @@
 
 #include "err.h"
 #include "gw_internal.h"
+#include "gw_reflect.h"
 #include "log.h"
 
 #include <errno.h>
@@ -48,6 +51,14 @@ static const char *const method_paths[GW_METHODS] = {
     [GW_HEALTH_CHECK] = "/grpc.health.v1.Health/Check",
     [GW_HEALTH_WATCH] = "/grpc.health.v1.Health/Watch",
 };
+
+/* The gateway with what only this file holds (struct gw is gw_internal.h's, shared). */
+struct gw_own {
+    struct gw g; /* first: a struct gw * is a struct gw_own * */
+    struct gw_reflect *reflect;
+};
+
+static struct gw_own *own_of(struct gw *g) { return (struct gw_own *)(void *)g; }
 
 static void on_arrival(struct gw_tag *t, bool ok);
 
@@ -177,9 +188,10 @@ static int add_port(struct gw *g, const char *addr, grpc_server_credentials *cr)
 int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
 {
     *out = NULL;
-    struct gw *g = calloc(1, sizeof *g);
-    if (!g)
+    struct gw_own *own = calloc(1, sizeof *own);
+    if (!own)
         return -ENOMEM;
+    struct gw *g = &own->g;
     g->magic = GW_MAGIC;
     g->w = w;
     g->loop = loop;
@@ -195,7 +207,7 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     gw__tag_set(&g->t_shutdown, gw__cq_on_shutdown, g);
     g->n_slots = w->n;
     if (!(g->slots = calloc(w->n, sizeof *g->slots))) {
-        free(g);
+        free(own);
         return -ENOMEM;
     }
     for (size_t i = 0; i < w->n; i++) {
@@ -231,9 +243,11 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     for (int m = 0; m < GW_METHODS; m++)
         g->methods[m] = grpc_server_register_method(g->server, method_paths[m], NULL,
                                                     GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-    int rc = 0;
-    grpc_server_credentials *cr = server_creds(c);
-    if (!cr) {
+    int rc = gw_reflect_create(g->server, g->cq, &own->reflect);
+    grpc_server_credentials *cr = rc < 0 ? NULL : server_creds(c);
+    if (rc < 0) {
+        /* logged by gw_reflect_create */
+    } else if (!cr) {
         rc = ERR_FORMAT;
     } else {
         if (c->listen_tcp)
@@ -266,6 +280,7 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
         for (int k = 0; k < ahead; k++)
             request_call(g, (enum gw_method)m);
     }
+    gw_reflect_start(own->reflect);
     /* GW_CQ_THREADS of them: a thread waiting on the queue also does gRPC's reading, and one
      * alone falls behind a flood of streams it reads (rapid reset is then seen seconds late) */
     int e = 0;
@@ -301,6 +316,7 @@ void gw_destroy(struct gw *g)
         return;
     atomic_store(&g->stopping, true);
     atomic_store(&g->accepting, false);
+    gw_reflect_stop(own_of(g)->reflect);
     if (g->w->hooks == &g->hooks)
         g->w->hooks = NULL;
     gw__conn_stop(g); /* before the server goes: it adds connections to it */
@@ -346,6 +362,7 @@ void gw_destroy(struct gw *g)
     pthread_mutex_destroy(&g->adapters_mu);
     pthread_mutex_destroy(&g->conn_mu);
     pthread_mutex_destroy(&g->quota_mu);
+    gw_reflect_destroy(own_of(g)->reflect); /* its calls ended with the queue */
     g->magic = 0;
-    free(g);
+    free(own_of(g));
 }

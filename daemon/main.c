@@ -12,12 +12,14 @@
  * fast); at the end the supervisor stops the loop once every worker has exited, then the
  * gateway and metrics close their handles and the loop runs once more to release them.
  */
+#include "clocher_version.h"
 #include "config.h"
 #include "err.h"
 #include "gw.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "modelsrc.h"
 #include "slice.h"
 #include "stats.h"
 #include "sup.h"
@@ -26,6 +28,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -52,17 +55,21 @@ static void usage(FILE *f)
             "      --worker-binary PATH the worker program (default: beside clocherd)\n"
             "      --topology-root DIR  read the NUMA topology from a directory shaped like\n"
             "                           /sys/devices/system/node (also $%s)\n"
-            "      --check-config       validate the configuration and exit\n"
+            "      --check-config       validate the configuration and the model it names,\n"
+            "                           and exit\n"
             "      --print-plan         print where each worker would run and exit\n"
             "      --http HOST:PORT     serve the OpenAI-compatible HTTP API there (overrides\n"
             "                           http.listen; docs/HTTP.md)\n"
+            "      --log-format FMT     text (default) or json: one JSON object per line (ts,\n"
+            "                           level, prog, pid, msg, fields); the workers follow\n"
+            "                           (also $%s; docs/OPERATIONS.md)\n"
             "  -h, --help               this text\n"
             "      --version            the version\n"
             "\n"
             "Signals: SIGTERM/SIGINT drain and stop (twice: stop without draining), SIGHUP\n"
             "re-reads the configuration. Exit status: 0 clean stop, 1 failure, 2 configuration\n"
             "error or no worker could start.\n",
-            TOPO_ENV_ROOT);
+            TOPO_ENV_ROOT, LOG_ENV_FORMAT);
 }
 
 /* Under systemd, stderr is a journal stream: a "<N>" prefix sets each line's priority. */
@@ -73,6 +80,44 @@ static void journal_sink(enum log_level level, const char *msg, void *ud)
     if ((int)level > (int)log_get_level())
         return;
     fprintf(stderr, "<%d>%s\n", prio[level], msg);
+}
+
+/*
+ * The model the configuration names. Always: not a source `clocher convert` reads (a Hugging
+ * Face folder, a GGUF or another file: refused with the command to run, modelsrc.h). With
+ * `full` (--check-config): also an existing IEBIN folder whose manifest is JSON saying
+ * "format": "iebin". A start leaves a missing or broken folder to the workers, which say what
+ * is wrong with it as they load it (and the supervisor then that no worker could start).
+ * 0 or a negative code (logged).
+ */
+static int check_model(const struct config *c, bool from_option, bool full)
+{
+    const char *what = from_option ? "--model-dir" : "model_dir";
+    int e;
+    enum modelsrc_kind k = modelsrc_kind(c->model_dir, &e);
+    bool convertible = k == MODELSRC_HF || k == MODELSRC_GGUF || k == MODELSRC_FILE;
+    if (!full && !convertible)
+        return 0;
+    int rc = modelsrc_check(c->model_dir, what);
+    if (rc < 0 || !full)
+        return rc;
+    char p[PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/model.ie.json", c->model_dir);
+    json_error_t je;
+    json_t *m = json_load_file(p, 0, &je);
+    if (!m) {
+        LOG_ERR("model %s (%s): model.ie.json: line %d: %s", c->model_dir, what, je.line,
+                je.text);
+        return ERR_FORMAT;
+    }
+    const char *fmt = json_string_value(json_object_get(m, "format"));
+    rc = fmt && strcmp(fmt, "iebin") == 0 ? 0 : ERR_FORMAT;
+    if (rc < 0)
+        LOG_ERR("model %s (%s): model.ie.json is not an IEBIN manifest (\"format\": \"iebin\" "
+                "missing; docs/IEBIN.md)",
+                c->model_dir, what);
+    json_decref(m);
+    return rc;
 }
 
 /* The worker program: the option, the configuration, then beside us (installed: libexec). */
@@ -112,7 +157,8 @@ static int find_worker(const char *opt, const struct config *c, char *out, size_
 
 int main(int argc, char **argv)
 {
-    enum { OPT_WORKER_BIN = 256, OPT_TOPO, OPT_CHECK, OPT_PLAN, OPT_VERSION, OPT_HTTP };
+    enum { OPT_WORKER_BIN = 256, OPT_TOPO, OPT_CHECK, OPT_PLAN, OPT_VERSION, OPT_HTTP,
+           OPT_LOG_FORMAT };
     (void)slice_request(SLICE_LATENCY_NS); /* before gRPC and libuv start their threads */
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -125,6 +171,7 @@ int main(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         {"http", required_argument, NULL, OPT_HTTP},
+        {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
         {NULL, 0, NULL, 0},
     };
     const char *config_path = NULL, *model_dir = NULL, *worker_opt = NULL, *http_opt = NULL;
@@ -160,6 +207,22 @@ int main(int argc, char **argv)
         case 'h': usage(stdout); return 0;
         case OPT_HTTP: http_opt = optarg; break;
         case OPT_VERSION: printf("clocherd %s\n", CLOCHER_VERSION); return 0;
+        case OPT_LOG_FORMAT: {
+            enum log_format f;
+            if (log_format_parse(optarg, &f) < 0) {
+                fprintf(stderr, "clocherd: --log-format: want text or json, got \"%s\"\n",
+                        optarg);
+                return SUP_EXIT_FATAL;
+            }
+            log_set_format(f);
+            /* the workers, started with our environment, log the same way */
+            if (setenv(LOG_ENV_FORMAT, optarg, 1) != 0) {
+                int e = errno;
+                fprintf(stderr, "clocherd: setenv(%s): %s\n", LOG_ENV_FORMAT, strerror(e));
+                return SUP_EXIT_FAILURE;
+            }
+            break;
+        }
         default: usage(stderr); return SUP_EXIT_FATAL;
         }
     }
@@ -191,6 +254,11 @@ int main(int argc, char **argv)
     }
     if (rc < 0)
         return SUP_EXIT_FATAL; /* the reason was logged where it was found */
+    /* --print-plan alone is about placement: it may name a model that is not here */
+    if ((check_only || !plan_only) && check_model(cfg, model_dir != NULL, check_only) < 0) {
+        config_unref(cfg);
+        return SUP_EXIT_FATAL;
+    }
     if (http_opt) {
         char *l = strdup(http_opt);
         if (!l)

@@ -3,6 +3,12 @@
  * (grpc.health.v1.Health/Check) and prints the serving status; with --wait, polls until the
  * daemon is SERVING (what scripts/run.sh does after starting it).
  *
+ * With --json, one JSON object on stdout instead of the word, for scripts and probes:
+ *     {"service": "", "status": "SERVING"}
+ *     {"service": "", "status": "UNREACHABLE", "error": "..."}
+ *     {"service": "x", "status": "ERROR", "code": 5, "code_name": "NOT_FOUND", "error": "..."}
+ * (the exit status is the same as without it).
+ *
  * Exit codes (cmds.h): 0 SERVING; 1 answered but not serving (NOT_SERVING, UNKNOWN); 2 usage;
  * 5 unreachable (with --wait: still unreachable when the time ran out); 6 the daemon refused
  * the call (e.g. NOT_FOUND for an unknown --service).
@@ -11,10 +17,13 @@
 
 #include "err.h"
 #include "health.pb-c.h"
+#include "log.h"
 #include "mono.h"
 #include "rpc.h"
 
+#include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -27,7 +36,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: clocher health [--service NAME] [--wait SECONDS] [-q] [connection flags]\n"
+            "usage: clocher health [--service NAME] [--wait SECONDS] [-q] [--json] [connection flags]\n"
             "\n"
             "Asks clocherd's gRPC health service (grpc.health.v1.Health/Check) and prints the\n"
             "status: SERVING, NOT_SERVING or UNKNOWN.\n"
@@ -37,6 +46,9 @@ static void usage(FILE *f)
             "  --wait SECONDS     poll until SERVING, for at most SECONDS (an unreachable or\n"
             "                     not-yet-serving daemon is asked again every %g s)\n"
             "  -q, --quiet        print nothing (the exit status says it)\n"
+            "      --json         print one JSON object: service, status (SERVING,\n"
+            "                     NOT_SERVING, UNKNOWN, SERVICE_UNKNOWN, UNREACHABLE or\n"
+            "                     ERROR) and, when it failed, error (and code, code_name)\n"
             "  -h, --help         this help\n"
             "\n%s\n"
             "exit status: 0 SERVING, 1 not serving, 2 usage, 5 daemon unreachable,\n"
@@ -79,6 +91,32 @@ static int check_once(const struct rpc_opts *o, const char *service, int *servin
     return rc;
 }
 
+/* --json's line: status, and for a failure its reason (st: a refusal; err: any other). 0, or
+ * -ENOMEM. */
+static int print_json(const char *service, const char *status, const struct rpc_status *st,
+                      const char *err)
+{
+    json_t *j = json_object();
+    int bad = !j || json_object_set_new(j, "service", json_string(service)) ||
+              json_object_set_new(j, "status", json_string(status));
+    if (!bad && st) {
+        bad = json_object_set_new(j, "code", json_integer(st->code)) ||
+              json_object_set_new(j, "code_name", json_string(rpc_status_name(st->code))) ||
+              json_object_set_new(j, "error", json_string(st->message));
+    } else if (!bad && err) {
+        bad = json_object_set_new(j, "error", json_string(err));
+    }
+    char *text = bad ? NULL : json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!text) {
+        fprintf(stderr, "clocher health: out of memory\n");
+        return -ENOMEM;
+    }
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}
+
 static void sleep_s(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
@@ -91,12 +129,14 @@ int cmd_health(int argc, char **argv)
     rpc_opts_init(&o, 10);
     const char *service = "";
     double wait_s = -1;
-    bool quiet = false;
+    bool quiet = false, as_json = false;
+    enum { O_JSON = 256 + 64 }; /* above RPC_LONG_OPTIONS' values */
     static const struct option longopts[] = {
         RPC_LONG_OPTIONS,
         {"service", required_argument, NULL, 's'},
         {"wait", required_argument, NULL, 'w'},
         {"quiet", no_argument, NULL, 'q'},
+        {"json", no_argument, NULL, O_JSON},
         {"help", no_argument, NULL, 'h'},
         {0, 0, 0, 0},
     };
@@ -125,6 +165,9 @@ int cmd_health(int argc, char **argv)
         case 'q':
             quiet = true;
             break;
+        case O_JSON:
+            as_json = true;
+            break;
         case 'h':
             usage(stdout);
             return CMD_EXIT_OK;
@@ -140,6 +183,9 @@ int cmd_health(int argc, char **argv)
 
     struct rpc_status st = {0};
     int serving = 0, rc;
+    log_clear_error();
+    if (as_json)
+        quiet = true; /* the JSON line says it all; stderr stays quiet */
     if (wait_s < 0) {
         struct rpc_opts q = o;
         q.quiet = quiet;
@@ -164,6 +210,19 @@ int cmd_health(int argc, char **argv)
         }
         if (rc == RPC_ERR_UNREACHABLE && !quiet) /* once, with the reason */
             rc = check_once(&o, service, &serving, &st);
+    }
+    if (as_json) {
+        const char *status = rc == RPC_ERR_STATUS        ? "ERROR"
+                             : rc == RPC_ERR_UNREACHABLE ? "UNREACHABLE"
+                             : rc < 0                    ? "ERROR"
+                                                         : serving_name(serving);
+        char err[600] = "";
+        if (rc == RPC_ERR_UNREACHABLE)
+            snprintf(err, sizeof err, "cannot reach clocherd at %s", o.addr);
+        else if (rc < 0 && rc != RPC_ERR_STATUS)
+            snprintf(err, sizeof err, "%s", *log_last_error() ? log_last_error() : err_str(rc));
+        if (print_json(service, status, rc == RPC_ERR_STATUS ? &st : NULL, err[0] ? err : NULL) < 0)
+            return CMD_EXIT_FAIL;
     }
     if (rc == RPC_ERR_STATUS) {
         if (!quiet)

@@ -18,7 +18,9 @@
  * sampled. ttft = start -> first token sampled (prefill + one sample); inter-token latencies
  * are the gaps between consecutive sampled tokens (one decode forward + one sample each).
  */
+#include "clocher_version.h"
 #include "engine.h"
+#include "modelsrc.h"
 #include "mono.h"
 #include "err.h"
 #include "forward.h"
@@ -131,6 +133,7 @@ static void usage(FILE *f)
 "                         how the adapter's weights are packed for the update (docs/LORA.md;\n"
 "                         default auto: as the file stores them)\n"
 "  -h, --help             this help\n"
+"      --version          the version\n"
 "\n"
 "JSON keys: model, prompt_tokens, generated_tokens, finish (eos|length|stop|context),\n"
 "rounds, wall_s and ttft_ms (medians over rounds), tps (generated tokens / wall time of a\n"
@@ -175,14 +178,14 @@ static bool parse_float(const char *flag, const char *s, float *out)
     return true;
 }
 
-/* 0, EXIT_USAGE (message logged), or -1 for --help. */
+/* 0, EXIT_USAGE (message logged), -1 for --help or -2 for --version. */
 static int parse_args(int argc, char **argv, struct opts *o)
 {
     enum {
         O_MODEL = 256, O_PROMPT, O_PROMPTS_FILE, O_PROMPT_IDS, O_MAX_NEW, O_CTX, O_THREADS,
         O_GREEDY, O_TEMP, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_REPEAT_WINDOW, O_SEED, O_STOP,
         O_ROUNDS, O_WARMUP, O_PRINT_IDS, O_DUMP, O_NO_BOS, O_IGNORE_EOS, O_QUIET,
-        O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE, O_LORA_WEIGHTS,
+        O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE, O_LORA_WEIGHTS, O_VERSION,
     };
     static const struct option lopts[] = {
         {"model-dir", required_argument, NULL, O_MODEL},
@@ -213,6 +216,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"adapter-scale", required_argument, NULL, O_ADAPTER_SCALE},
         {"lora-weights", required_argument, NULL, O_LORA_WEIGHTS},
         {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
     };
     memset(o, 0, sizeof *o);
@@ -229,6 +233,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     while ((c = getopt_long(argc, argv, ":h", lopts, NULL)) != -1) {
         switch (c) {
         case 'h': return -1;
+        case O_VERSION: return -2;
         case O_MODEL: o->model_dir = optarg; break;
         case O_PROMPT: o->prompt = optarg; break;
         case O_PROMPTS_FILE: o->prompts_file = optarg; break;
@@ -1133,8 +1138,16 @@ int main(int argc, char **argv)
         usage(stdout);
         return EXIT_OK;
     }
+    if (rc == -2) {
+        printf("inference-engine %s\n", CLOCHER_VERSION);
+        return EXIT_OK;
+    }
     if (rc)
         return rc;
+    /* a Hugging Face folder or a GGUF: the `clocher convert` command, not "cannot open the
+     * manifest" */
+    if (modelsrc_check(o.model_dir, "--model-dir") < 0)
+        return EXIT_MODEL;
 
     struct engine_ctx E = {.o = &o, .eos = -1};
     struct prompts ps = {0};
