@@ -15,6 +15,9 @@
  *    (not 1..63 of [A-Za-z0-9_.-]), a real tenant called "_other" and every name beyond
  *    STATS_MAX_TENANTS share the overflow series "_other". Methods likewise: at most
  *    STATS_MAX_METHODS distinct names, then "_other".
+ *  - The inter-token table (struct track) has one writer per slot, that slot's reader thread
+ *    (stats_track), so an entry's id and time need no lock; the metrics thread only reads ids
+ *    (stats_started), and a stale answer is harmless in a gauge's label.
  *  - Histograms keep per-bucket counts (not cumulative) and render the cumulative form; the
  *    rendered _count is the +Inf bucket, so a scrape's count always equals its last bucket.
  */
