@@ -129,7 +129,8 @@ def main():
         print("test_metrics_live: ok (%d panels' PromQL checked)" % len(exprs))
         return 0
     finally:
-        d.stop()
+        rc = d.stop()
+        assert rc == 0, "clocherd exited with %s (its log is above)" % rc
 
 
 if __name__ == "__main__":
