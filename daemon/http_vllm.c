@@ -9,6 +9,7 @@
 #include "http_vllm.h"
 
 #include "gw_internal.h"
+#include "stats.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -118,7 +119,7 @@ struct hist {
 
 struct totals {
     double running, waiting, queue, kv_used, kv_all, prompt, generation;
-    struct hist h[3];
+    struct hist h[5];
 };
 
 static void add_hist(struct hist *h, const struct sample *s)
@@ -170,7 +171,7 @@ static void scan(const char *text, size_t len, struct totals *t)
                 if (label(&s, "state", state, sizeof state) && strcmp(state, "used") == 0)
                     t->kv_used += s.value;
             }
-            for (size_t i = 0; i < 3; i++)
+            for (size_t i = 0; i < sizeof t->h / sizeof t->h[0]; i++)
                 add_hist(&t->h[i], &s);
         }
         at += n + 1;
@@ -204,12 +205,36 @@ static void gauge(struct buf *b, const char *model, const char *name, const char
     put(b, "\"} %.12g\n", v);
 }
 
-/* Adapters with a generation in flight (the slots' request tables), comma-separated. */
-static void running_adapters(struct gw *g, char *out, size_t cap, size_t *n_loaded)
+/* A list of distinct adapter names, rendered comma-separated. */
+struct names {
+    char name[VLLM_MAX_ADAPTERS][SHM_MAX_NAME + 1];
+    size_t n;
+};
+
+static void names_add(struct names *l, const char *name)
 {
-    char names[VLLM_MAX_ADAPTERS][SHM_MAX_NAME + 1];
-    size_t n = 0;
+    size_t j = 0;
+    while (j < l->n && strcmp(l->name[j], name) != 0)
+        j++;
+    if (j == l->n && l->n < VLLM_MAX_ADAPTERS)
+        snprintf(l->name[l->n++], sizeof l->name[0], "%s", name);
+}
+
+static void names_join(const struct names *l, char *out, size_t cap)
+{
+    size_t at = 0;
     out[0] = '\0';
+    for (size_t j = 0; j < l->n && at < cap; j++)
+        at += (size_t)snprintf(out + at, cap - at, "%s%s", j ? "," : "", l->name[j]);
+}
+
+/* Adapters of the generations in flight (the slots' request tables), split into running (a
+ * token came: stats_started) and waiting (none yet); every one counts as running when the
+ * gateway's readers do not feed stats_track. */
+static void lora_adapters(struct gw *g, struct names *running, struct names *waiting,
+                          size_t *n_loaded)
+{
+    running->n = waiting->n = 0;
     *n_loaded = 0;
     if (!g)
         return;
@@ -220,20 +245,36 @@ static void running_adapters(struct gw *g, char *out, size_t cap, size_t *n_load
             for (const struct gw_entry *e = s->buckets[k]; e; e = e->next) {
                 if (!e->adapter[0])
                     continue;
-                size_t j = 0;
-                while (j < n && strcmp(names[j], e->adapter) != 0)
-                    j++;
-                if (j == n && n < VLLM_MAX_ADAPTERS)
-                    snprintf(names[n++], sizeof names[0], "%s", e->adapter);
+                int started = g->stats ? stats_started(g->stats, s->index, e->req_id) : -1;
+                names_add(started == 0 ? waiting : running, e->adapter);
             }
         pthread_mutex_unlock(&s->mu);
     }
-    size_t at = 0;
-    for (size_t j = 0; j < n && at < cap; j++)
-        at += (size_t)snprintf(out + at, cap - at, "%s%s", j ? "," : "", names[j]);
     pthread_mutex_lock(&g->adapters_mu);
     for (size_t i = 0; i < g->n_adapters; i++)
         *n_loaded += !g->adapters[i].unloaded;
+    pthread_mutex_unlock(&g->adapters_mu);
+}
+
+/* clocher_adapter_info{adapter, source}: every adapter this host serves, with where it comes
+ * from: "config" (declared in the configuration: every host of a fleet reading it has it) or
+ * "runtime" (LoadAdapter on this host only: host-local, docs/DEPLOY.md). */
+static void adapter_info(struct buf *b, struct gw *g)
+{
+    family(b, "clocher_adapter_info", "gauge",
+           "1 for each adapter served, labelled with its source: config (fleet-wide) or runtime "
+           "(loaded on this host only).");
+    if (!g)
+        return;
+    pthread_mutex_lock(&g->adapters_mu);
+    for (size_t i = 0; i < g->n_adapters; i++) {
+        const struct gw_adapter *a = &g->adapters[i];
+        if (a->unloaded)
+            continue;
+        put(b, "clocher_adapter_info{adapter=\"");
+        put_escaped(b, a->name);
+        put(b, "\",source=\"%s\"} 1\n", a->from_config ? "config" : "runtime");
+    }
     pthread_mutex_unlock(&g->adapters_mu);
 }
 
@@ -285,7 +326,11 @@ int http_vllm_render(struct gw *g, const char *text, size_t len, char **out, siz
               {.from = "clocher_e2e_seconds", .to = "vllm:e2e_request_latency_seconds",
                .help = "Histogram of end to end request latency in seconds."},
               {.from = "clocher_tpot_seconds", .to = "vllm:request_time_per_output_token_seconds",
-               .help = "Histogram of each request's mean time per output token in seconds."}}};
+               .help = "Histogram of each request's mean time per output token in seconds."},
+              {.from = "clocher_itl_seconds", .to = "vllm:inter_token_latency_seconds",
+               .help = "Histogram of inter-token latency in seconds (one observation per token)."},
+              {.from = "clocher_queue_seconds", .to = "vllm:request_queue_time_seconds",
+               .help = "Histogram of time spent in WAITING phase for request."}}};
     scan(text, len, &t);
     struct gw_model_info mi;
     const char *model = g && gw__model(g, &mi) ? mi.name : "unknown";
@@ -307,13 +352,17 @@ int http_vllm_render(struct gw *g, const char *text, size_t len, char **out, siz
           "counter", t.prompt);
     gauge(&b, model, "vllm:generation_tokens_total", "Number of generation tokens processed.",
           "counter", t.generation);
-    char running[VLLM_MAX_ADAPTERS * (SHM_MAX_NAME + 1)];
+    struct names run, wait;
+    char run_s[VLLM_MAX_ADAPTERS * (SHM_MAX_NAME + 1)], wait_s[sizeof run_s];
     size_t n_loaded;
-    running_adapters(g, running, sizeof running, &n_loaded);
+    lora_adapters(g, &run, &wait, &n_loaded);
+    names_join(&run, run_s, sizeof run_s);
+    names_join(&wait, wait_s, sizeof wait_s);
     family(&b, "vllm:lora_requests_info", "gauge", "Running stats on lora requests.");
     put(&b, "vllm:lora_requests_info{max_lora=\"%zu\",running_lora_adapters=\"%s\","
-            "waiting_lora_adapters=\"\"} %.12g\n", n_loaded, running, (double)time(NULL));
-    for (size_t i = 0; i < 3; i++) {
+            "waiting_lora_adapters=\"%s\"} %.12g\n", n_loaded, run_s, wait_s, (double)time(NULL));
+    adapter_info(&b, g);
+    for (size_t i = 0; i < sizeof t.h / sizeof t.h[0]; i++) {
         const struct hist *h = &t.h[i];
         family(&b, h->to, "histogram", h->help);
         for (size_t k = 0; k < h->n_le; k++) {

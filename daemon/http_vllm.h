@@ -3,7 +3,9 @@
  * (the Gateway API inference extension's model-server protocol, vLLM's Grafana boards), made
  * from the clocher_* series the daemon already keeps: the text stats_render produced, summed
  * over tenants and workers, plus what only the gateway knows (the model's name, the adapters
- * in flight). docs/HTTP.md, "Metrics", lists each name and its source.
+ * in flight, split into running and waiting by stats_started, and clocher_adapter_info with
+ * each served adapter's source: "config" or "runtime", docs/DEPLOY.md). docs/HTTP.md,
+ * "Metrics", lists each name and its source.
  */
 #ifndef CLOCHER_DAEMON_HTTP_VLLM_H
 #define CLOCHER_DAEMON_HTTP_VLLM_H

@@ -15,11 +15,15 @@
  *    (not 1..63 of [A-Za-z0-9_.-]), a real tenant called "_other" and every name beyond
  *    STATS_MAX_TENANTS share the overflow series "_other". Methods likewise: at most
  *    STATS_MAX_METHODS distinct names, then "_other".
+ *  - The inter-token table (struct track) has one writer per slot, that slot's reader thread
+ *    (stats_track), so an entry's id and time need no lock; the metrics thread only reads ids
+ *    (stats_started), and a stale answer is harmless in a gauge's label.
  *  - Histograms keep per-bucket counts (not cumulative) and render the cumulative form; the
  *    rendered _count is the +Inf bucket, so a scrape's count always equals its last bucket.
  */
 #include "stats.h"
 
+#include "accesslog.h"
 #include "check.h"
 #include "err.h"
 #include "log.h"
@@ -43,6 +47,7 @@
 #define STATS_CODE_UNKNOWN 2
 #define STATS_OVERFLOW "_other"
 #define STATS_ANONYMOUS "anonymous"
+#define STATS_BASE "_base"     /* the adapter label of the base model */
 
 /* Upper bounds of the histogram buckets, inclusive (Prometheus "le"), in nanoseconds, and the
  * same as rendered. The last bucket is +Inf. */
@@ -79,7 +84,7 @@ struct tenant_series {
     _Atomic uint64_t prompt_tokens, completion_tokens, cached_tokens;
     _Atomic int64_t active_streams;
     _Atomic uint64_t throttled[STATS_N_LIMITS];
-    struct hist ttft, tpot, e2e;
+    struct hist ttft, tpot, e2e, queue;
     _Atomic uint64_t requests[STATS_MAX_METHODS + 1][STATS_N_CODES]; /* [method][code] */
 };
 
@@ -91,6 +96,19 @@ struct worker_series {
     _Atomic uint64_t prefix_hit, prefix_miss, preemptions;
     _Atomic uint64_t requests_finished, tokens_generated, tokens_prefilled;
     _Atomic uint64_t rss_bytes;
+};
+
+/* One adapter's finished generations ("_base": the base model): clocher_adapter_*_total. */
+struct adapter_series {
+    char label[STATS_NAME_MAX]; /* immutable once published (see NOTES) */
+    _Atomic uint64_t generations, prompt_tokens, completion_tokens;
+};
+
+/* A request a worker is generating for, as its slot's reader saw it: the last token's time.
+ * Written only by that slot's reader thread; `id` is read by the metrics thread too. */
+struct track {
+    _Atomic uint64_t id; /* 0 = free */
+    _Atomic uint64_t last_ns;
 };
 
 /* A table of interned labels: the first `n` entries are published (see NOTES). */
@@ -109,6 +127,16 @@ struct stats {
     struct names method_names;
     char methods[STATS_MAX_METHODS + 1][STATS_NAME_MAX]; /* the last one: "_other" */
 
+    struct names adapter_names;
+    struct adapter_series adapters[STATS_MAX_ADAPTERS + 1]; /* the last one: "_other" */
+
+    struct hist itl;               /* per-token gaps, every tenant (stats_track) */
+    _Atomic bool tracking;         /* stats_track has seen a token */
+    struct track *track;           /* [n_workers][STATS_TRACK_PER_SLOT] */
+
+    pthread_mutex_t log_mu;        /* serialises access-log swaps against writers */
+    struct accesslog *log;         /* NULL = no access log */
+
     _Atomic int64_t queue_depth;
     _Atomic uint64_t early_resets, conns_closed; /* the rapid-reset guard (daemon/gw_conn.c) */
 
@@ -120,16 +148,23 @@ int stats_create(size_t n_workers, struct stats **out)
 {
     *out = NULL;
     struct stats *s = calloc(1, sizeof *s);
-    if (!s || !(s->workers = calloc(n_workers ? n_workers : 1, sizeof *s->workers))) {
+    if (!s || !(s->workers = calloc(n_workers ? n_workers : 1, sizeof *s->workers)) ||
+        !(s->track = calloc((n_workers ? n_workers : 1) * STATS_TRACK_PER_SLOT,
+                            sizeof *s->track))) {
+        if (s)
+            free(s->workers);
         free(s);
         LOG_ERR("stats: out of memory");
         return -ENOMEM;
     }
     s->magic = STATS_MAGIC;
     CHECK(pthread_mutex_init(&s->mu, NULL) == 0);
+    CHECK(pthread_mutex_init(&s->log_mu, NULL) == 0);
     /* calloc's zero bytes are every atomic's zero value on the platforms we build for */
     s->tenant_names.cap = STATS_MAX_TENANTS;
     s->method_names.cap = STATS_MAX_METHODS;
+    s->adapter_names.cap = STATS_MAX_ADAPTERS;
+    snprintf(s->adapters[STATS_MAX_ADAPTERS].label, STATS_NAME_MAX, "%s", STATS_OVERFLOW);
     snprintf(s->tenants[STATS_MAX_TENANTS].label, STATS_NAME_MAX, "%s", STATS_OVERFLOW);
     snprintf(s->methods[STATS_MAX_METHODS], STATS_NAME_MAX, "%s", STATS_OVERFLOW);
     s->n_workers = n_workers;
@@ -143,7 +178,10 @@ void stats_destroy(struct stats *s)
         return;
     CHECK(s->magic == STATS_MAGIC);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->log_mu);
+    accesslog_close(s->log);
     free(s->workers);
+    free(s->track);
     s->magic = 0;
     free(s);
 }
@@ -220,6 +258,22 @@ static size_t method(struct stats *s, const char *name)
     return intern(s, &s->method_names, s->methods[0], sizeof s->methods[0], name);
 }
 
+/* An adapter's series: "" is the base model ("_base"); a name config.c would refuse, a real
+ * adapter called "_base" or "_other" and every name beyond STATS_MAX_ADAPTERS share "_other". */
+static struct adapter_series *adapter(struct stats *s, const char *name)
+{
+    const char *label;
+    if (!name || !*name)
+        label = STATS_BASE;
+    else if (!tenant_name_ok(name) || strcmp(name, STATS_OVERFLOW) == 0 ||
+             strcmp(name, STATS_BASE) == 0)
+        return &s->adapters[STATS_MAX_ADAPTERS];
+    else
+        label = name;
+    size_t i = intern(s, &s->adapter_names, s->adapters[0].label, sizeof s->adapters[0], label);
+    return &s->adapters[i];
+}
+
 /* ---- recording ---- */
 
 static void add(_Atomic uint64_t *c, uint64_t v)
@@ -259,6 +313,114 @@ void stats_generation(struct stats *s, const char *tenant_name, uint64_t prompt_
         hist_observe(&t->tpot, tpot_ns);
     if (e2e_ns)
         hist_observe(&t->e2e, e2e_ns);
+}
+
+static const char *finish_reason_name(int reason)
+{
+    switch (reason) {
+    case SHM_FINISH_EOS: return "eos";
+    case SHM_FINISH_LENGTH: return "length";
+    case SHM_FINISH_STOP: return "stop";
+    case SHM_FINISH_CANCELLED: return "cancelled";
+    case SHM_FINISH_DEADLINE: return "deadline";
+    case SHM_FINISH_CONTEXT: return "context";
+    default: return "unknown";
+    }
+}
+
+void stats_finish(struct stats *s, const char *tenant_name, const char *adapter_name,
+                  const struct shm_msg_finish *f)
+{
+    stats_generation(s, tenant_name, f->prompt_tokens, f->completion_tokens, f->cached_tokens,
+                     f->ttft_ns, f->tpot_ns, f->e2e_ns);
+    /* the queue wait is observed even when 0: a request that never waited is a sample too */
+    hist_observe(&tenant(s, tenant_name)->queue, f->queue_ns);
+    struct adapter_series *a = adapter(s, adapter_name);
+    add(&a->generations, 1);
+    add(&a->prompt_tokens, f->prompt_tokens);
+    add(&a->completion_tokens, f->completion_tokens);
+    pthread_mutex_lock(&s->log_mu);
+    if (s->log) {
+        const char *reason = finish_reason_name((int)f->reason);
+        struct accesslog_entry e = {
+            .tenant = tenant_name, .adapter = adapter_name, .request_id = f->request_id,
+            .status = f->reason == SHM_FINISH_CANCELLED  ? "cancelled"
+                      : f->reason == SHM_FINISH_DEADLINE ? "deadline"
+                                                         : "ok",
+            .finish_reason = reason, .prompt_tokens = f->prompt_tokens,
+            .completion_tokens = f->completion_tokens, .cached_tokens = f->cached_tokens,
+            .queue_ns = f->queue_ns, .ttft_ns = f->ttft_ns, .e2e_ns = f->e2e_ns};
+        (void)accesslog_write(s->log, &e); /* logged there; never fails the request */
+    }
+    pthread_mutex_unlock(&s->log_mu);
+}
+
+int stats_open_access_log(struct stats *s, const char *path)
+{
+    struct accesslog *a = NULL;
+    if (path) {
+        int rc = accesslog_open(path, &a);
+        if (rc < 0)
+            return rc; /* the log open before (if any) stays */
+    }
+    pthread_mutex_lock(&s->log_mu);
+    struct accesslog *old = s->log;
+    s->log = a;
+    pthread_mutex_unlock(&s->log_mu);
+    accesslog_close(old);
+    return 0;
+}
+
+/* The tracking entry of request `id` in slot `slot` (direct-mapped: ids are handed out in
+ * sequence, so only requests STATS_TRACK_PER_SLOT ids apart share an entry). */
+static struct track *track_at(const struct stats *s, unsigned slot, uint64_t id)
+{
+    return &s->track[(size_t)slot * STATS_TRACK_PER_SLOT + (size_t)(id % STATS_TRACK_PER_SLOT)];
+}
+
+void stats_track(struct stats *s, unsigned slot, const struct shm_msg *m, uint64_t now_ns)
+{
+    if (slot >= s->n_workers)
+        return;
+    uint64_t id;
+    switch (m->type) {
+    case SHM_MSG_TOKEN: id = m->token.request_id; break;
+    case SHM_MSG_FINISH: id = m->finish.request_id; break;
+    case SHM_MSG_ERROR: id = m->error.request_id; break;
+    case SHM_MSG_DONE: id = m->request_id; break;
+    default: return;
+    }
+    if (id == 0)
+        return;
+    struct track *t = track_at(s, slot, id);
+    uint64_t had = atomic_load_explicit(&t->id, memory_order_relaxed);
+    if (m->type != SHM_MSG_TOKEN) {
+        if (had == id) /* the request ended: its entry is free */
+            atomic_store_explicit(&t->id, 0, memory_order_relaxed);
+        return;
+    }
+    if (m->token.token < 0)
+        return; /* a text-only piece: no token was generated */
+    if (had == id) {
+        uint64_t last = atomic_load_explicit(&t->last_ns, memory_order_relaxed);
+        hist_observe(&s->itl, now_ns > last ? now_ns - last : 0);
+    } else {
+        /* its first token (TTFT, not a gap); an entry left by a request that ended without
+         * a record here (its worker died) is taken over */
+        atomic_store_explicit(&t->id, id, memory_order_relaxed);
+        atomic_store_explicit(&s->tracking, true, memory_order_relaxed);
+    }
+    atomic_store_explicit(&t->last_ns, now_ns, memory_order_relaxed);
+}
+
+int stats_started(const struct stats *s, unsigned slot, uint64_t request_id)
+{
+    if (!atomic_load_explicit(&s->tracking, memory_order_relaxed))
+        return -1;
+    if (slot >= s->n_workers || request_id == 0)
+        return 0;
+    return atomic_load_explicit(&track_at(s, slot, request_id)->id, memory_order_relaxed) ==
+           request_id;
 }
 
 void stats_queue_depth_add(struct stats *s, int64_t delta)
@@ -403,7 +565,8 @@ static bool tenant_used(const struct tenant_series *t)
         if (get(&t->throttled[i]))
             return true;
     for (size_t b = 0; b < STATS_HIST_BUCKETS; b++)
-        if (get(&t->ttft.bucket[b]) || get(&t->tpot.bucket[b]) || get(&t->e2e.bucket[b]))
+        if (get(&t->ttft.bucket[b]) || get(&t->tpot.bucket[b]) || get(&t->e2e.bucket[b]) ||
+            get(&t->queue.bucket[b]))
             return true;
     for (size_t m = 0; m <= STATS_MAX_METHODS; m++)
         for (size_t c = 0; c < STATS_N_CODES; c++)
@@ -438,27 +601,66 @@ static bool tenant_visible(const struct tenant_series *t, size_t i, const char *
         }                                                                                     \
     } while (0)
 
+/* The bucket, sum and count lines of one histogram series; `labels` ("tenant=\"x\"" or "")
+ * is already escaped. */
+static void hist_lines(struct out *o, const char *name, const char *labels, const struct hist *h)
+{
+    uint64_t cum = 0;
+    const char *sep = labels[0] ? "," : "";
+    for (size_t b = 0; b < STATS_HIST_BUCKETS; b++) {
+        cum += get(&h->bucket[b]);
+        outf(o, "%s_bucket{%s%sle=\"%s\"} %" PRIu64 "\n", name, labels, sep, hist_le[b], cum);
+    }
+    outf(o, "%s_sum%s%s%s %.9f\n", name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "",
+         (double)get(&h->sum_ns) / 1e9);
+    outf(o, "%s_count%s%s%s %" PRIu64 "\n", name, labels[0] ? "{" : "", labels,
+         labels[0] ? "}" : "", cum);
+}
+
+/* One histogram family, a series per tenant (tenant labels are [A-Za-z0-9_.-] or "_other":
+ * nothing to escape). */
 static void render_hist(struct out *o, const struct stats *s, const char *only,
                         const char *name, size_t off, const char *help)
 {
-    char n_bucket[96], n_sum[96], n_count[96];
-    snprintf(n_bucket, sizeof n_bucket, "%s_bucket", name);
-    snprintf(n_sum, sizeof n_sum, "%s_sum", name);
-    snprintf(n_count, sizeof n_count, "%s_count", name);
     family(o, name, "histogram", help);
     FOR_TENANTS_(s, only, t, {
         const struct hist *h = (const struct hist *)((const char *)t + off);
-        uint64_t cum = 0;
-        for (size_t b = 0; b < STATS_HIST_BUCKETS; b++) {
-            cum += get(&h->bucket[b]);
-            tenant_open(o, n_bucket, t);
-            outf(o, ",le=\"%s\"} %" PRIu64 "\n", hist_le[b], cum);
-        }
-        tenant_open(o, n_sum, t);
-        outf(o, "} %.9f\n", (double)get(&h->sum_ns) / 1e9);
-        tenant_open(o, n_count, t);
-        outf(o, "} %" PRIu64 "\n", cum);
+        char labels[STATS_NAME_MAX + 16];
+        snprintf(labels, sizeof labels, "tenant=\"%s\"", t->label);
+        hist_lines(o, name, labels, h);
     });
+}
+
+/* clocher_adapter_*_total{adapter}: only adapters that finished a generation. */
+static void render_adapters(struct out *o, const struct stats *s)
+{
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } c[] = {
+        {"clocher_adapter_generations_total", "Finished generations by adapter (_base: the base model).",
+         offsetof(struct adapter_series, generations)},
+        {"clocher_adapter_prompt_tokens_total", "Prompt tokens of finished generations by adapter.",
+         offsetof(struct adapter_series, prompt_tokens)},
+        {"clocher_adapter_completion_tokens_total",
+         "Tokens generated by finished generations by adapter.",
+         offsetof(struct adapter_series, completion_tokens)},
+    };
+    size_t n = atomic_load_explicit(&s->adapter_names.n, memory_order_acquire); /* A0 */
+    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+        family(o, c[k].name, "counter", c[k].help);
+        for (size_t i = 0; i <= STATS_MAX_ADAPTERS; i++) {
+            if (i >= n && i < STATS_MAX_ADAPTERS)
+                continue;
+            const struct adapter_series *a = &s->adapters[i];
+            if (i == STATS_MAX_ADAPTERS && !get(&a->generations))
+                continue;
+            outf(o, "%s{adapter=\"", c[k].name);
+            out_label(o, a->label);
+            outf(o, "\"} %" PRIu64 "\n",
+                 get((const _Atomic uint64_t *)((const char *)a + c[k].off)));
+        }
+    }
 }
 
 static void render_tenant_counter(struct out *o, const struct stats *s, const char *only,
@@ -651,6 +853,14 @@ int stats_render_for(const struct stats *s, const struct workers *w, const char 
                 "Mean time per output token after the first, per finished generation.");
     render_hist(&o, s, only, "clocher_e2e_seconds", offsetof(struct tenant_series, e2e),
                 "End-to-end duration of finished generations.");
+    render_hist(&o, s, only, "clocher_queue_seconds", offsetof(struct tenant_series, queue),
+                "Time finished generations waited in their worker's queue before prefill.");
+    family(&o, "clocher_itl_seconds", "histogram",
+           "Gap between consecutive generated tokens of a request, per token, as the gateway "
+           "receives them (every tenant).");
+    hist_lines(&o, "clocher_itl_seconds", "", &s->itl);
+    if (!only)
+        render_adapters(&o, s); /* adapters mix tenants: only those who see everything */
 
     family(&o, "clocher_queue_depth", "gauge",
            "Generations waiting in the gateway's queue for a worker slot.");

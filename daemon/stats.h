@@ -21,6 +21,10 @@
  *  - Ownership: clocherd's main.c creates the struct stats (one per daemon) and lends it to
  *    the gateway and the metrics endpoint as w->stats. This module reads struct workers and
  *    calls nothing that calls it back (daemon/workers.c does not know it).
+ *  - Adapters are labels too (clocher_adapter_*_total{adapter}), interned like tenants into
+ *    STATS_MAX_ADAPTERS; they mix tenants, so stats_render_for a single tenant omits them.
+ *  - Inter-token gaps (stats_track) are kept per worker request in a direct-mapped table of
+ *    STATS_TRACK_PER_SLOT entries per slot, written only by the slot's reader thread.
  *  - Histogram buckets are fixed (seconds): 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 5 10 30
  *    60 +Inf; one set per (series, tenant).
  */
@@ -32,11 +36,15 @@
 #include <stdint.h>
 
 #define STATS_MAX_TENANTS 64
+#define STATS_MAX_ADAPTERS 64     /* adapter labels; beyond, "_other" */
+#define STATS_TRACK_PER_SLOT 4096 /* requests tracked per worker slot for inter-token gaps */
 #define STATS_HIST_BUCKETS 14 /* including +Inf */
 
 struct stats;
 struct workers;
 struct shm_msg_stats; /* shm/msg.h */
+struct shm_msg_finish;
+struct shm_msg;
 
 /* n_workers: the size of the worker table (per-worker series). */
 int stats_create(size_t n_workers, struct stats **out);
@@ -54,6 +62,35 @@ void stats_request(struct stats *s, const char *tenant, const char *method, int 
 void stats_generation(struct stats *s, const char *tenant, uint64_t prompt_tokens,
                       uint64_t completion_tokens, uint64_t cached_tokens, uint64_t ttft_ns,
                       uint64_t tpot_ns, uint64_t e2e_ns);
+
+/* One finished generation with what the gateway knows of it (its call's tenant, its adapter,
+ * "" = base): stats_generation's series, plus clocher_queue_seconds{tenant} (FINISH's
+ * queue_ns), clocher_adapter_{generations,prompt_tokens,completion_tokens}_total{adapter}
+ * ("_base" for the base model; "_other" past STATS_MAX_ADAPTERS) and a line of the access log
+ * when one is open. Called instead of stats_generation by the gateway on each FINISH. */
+void stats_finish(struct stats *s, const char *tenant, const char *adapter,
+                  const struct shm_msg_finish *f);
+
+/* Opens the access log at `path` (daemon/accesslog.h; the config key `access_log`), closing
+ * the one open before; NULL closes it. 0, or the open's negative code (logged) and the old log
+ * stays. Safe while requests finish (a SIGHUP reopens a rotated file this way). */
+int stats_open_access_log(struct stats *s, const char *path);
+
+/*
+ * One record of worker slot `slot`'s event ring, seen by the slot's gateway reader at now_ns
+ * (mono_ns): a TOKEN carrying a generated id observes the gap since the request's previous
+ * token into clocher_itl_seconds (vllm:inter_token_latency_seconds: per token, not a
+ * per-request mean; the first token is TTFT and observes nothing); FINISH, ERROR and DONE
+ * forget the request. Other records are ignored. Only the slot's reader thread calls it for
+ * that slot (its requests' entries have one writer). Gaps are measured where the gateway
+ * receives tokens, so they include the ring's hand-over, as a client would see them.
+ */
+void stats_track(struct stats *s, unsigned slot, const struct shm_msg *m, uint64_t now_ns);
+
+/* Whether worker request `request_id` of slot `slot` has produced a token (running) or not
+ * yet (waiting): 1 or 0; -1 when stats_track never saw a token (no reader feeds it), so the
+ * caller cannot tell. Racy by nature (a gauge): the answer may be a moment old. */
+int stats_started(const struct stats *s, unsigned slot, uint64_t request_id);
 
 /* Gauges kept by the gateway: generations waiting for a worker slot in the gateway's bounded
  * queue (clocher_queue_depth) and streams in flight (clocher_active_streams{tenant}). */
