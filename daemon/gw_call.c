@@ -67,13 +67,13 @@ static grpc_byte_buffer *pack(const ProtobufCMessage *m)
     return bb;
 }
 
-/* The message in bb as a `d`; NULL if it is not one. *nul is set when the
- * text field the method's requests carry (text_field, text_sub: gw_req_text_nul) holds a NUL
- * byte, which the unpacked C string would have silently cut. */
-static void *unpack_text(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb,
-                         uint32_t text_field, uint32_t text_sub, bool *nul)
+/* The message in bb as a `d`; NULL if it is not one. nul_at[cap] is set (non-empty) to the
+ * first string field, at any depth, that holds a NUL byte, which the unpacked C string would
+ * have silently cut (gw_req_strings_nul). */
+static void *unpack_checked(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb,
+                            char *nul_at, size_t cap)
 {
-    *nul = false;
+    nul_at[0] = 0;
     if (!bb)
         return NULL;
     grpc_byte_buffer_reader r;
@@ -82,13 +82,12 @@ static void *unpack_text(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *
     grpc_slice sl = grpc_byte_buffer_reader_readall(&r);
     grpc_byte_buffer_reader_destroy(&r);
     void *m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(sl), GRPC_SLICE_START_PTR(sl));
-    if (m && text_field)
-        *nul = gw_req_text_nul(GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl), text_field,
-                               text_sub) == 1;
+    if (m && gw_req_strings_nul(GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl), d, nul_at,
+                                cap) != 1)
+        nul_at[0] = 0;
     grpc_slice_unref(sl);
     return m;
 }
-
 
 /* Appends bytes to a NUL-terminated buffer, dropping NULs (protobuf-c strings are C strings;
  * a U+0000 in model output is not worth a truncated reply). */
@@ -797,26 +796,16 @@ static void ctx_init(struct gw_call *c, struct gw_req_ctx *ctx, struct gw_model_
  * are not one (the call is ended INVALID_ARGUMENT). */
 static void *request_of(struct gw_call *c, const ProtobufCMessageDescriptor *d)
 {
-    /* the text fields: GenerateRequest.prompt (2), BatchGenerateRequest.requests (1) .prompt,
-     * TokenizeRequest.text (2) */
-    uint32_t field = 0, sub = 0;
-    const char *what = "";
-    if (d == &clocher__v1__generate_request__descriptor)
-        field = 2, what = "prompt";
-    else if (d == &clocher__v1__batch_generate_request__descriptor)
-        field = 1, sub = 2, what = "requests[].prompt";
-    else if (d == &clocher__v1__tokenize_request__descriptor)
-        field = 2, what = "text";
-    bool nul = false;
-    void *r = unpack_text(d, c->payload, field, sub, &nul);
+    char nul_at[256];
+    void *r = unpack_checked(d, c->payload, nul_at, sizeof nul_at);
     if (!r) {
         end_call(c, GRPC_STATUS_INVALID_ARGUMENT, "request: not a valid %s", d->name);
         return NULL;
     }
     c->req = r;
-    if (nul) {
+    if (nul_at[0]) {
         end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
-                 "%s: holds a NUL byte (text may not: it would be cut there)", what);
+                 "%s: holds a NUL byte (text may not: it would be cut there)", nul_at);
         return NULL;
     }
     return r;
@@ -1276,6 +1265,23 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         gw__call_unref(c);
     }
 
+    /* the global caps: a connection over limits.max_connections, a call beyond
+     * limits.max_calls open at once (health checks pass: probes must see a busy daemon) */
+    c->live = true;
+    size_t open = atomic_fetch_add(&g->live_calls, 1) + 1;
+    if (gw__conn_over(g, c->peer)) {
+        end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                 "limits.max_connections: %" PRIu32 " connections are open already; this one "
+                 "is closed, retry later", c->cfg->limits.max_connections);
+        goto out;
+    }
+    if (open > c->cfg->limits.max_calls && c->method != GW_HEALTH_CHECK) {
+        end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                 "limits.max_calls: %" PRIu32 " calls are open across all connections; retry "
+                 "later", c->cfg->limits.max_calls);
+        goto out;
+    }
+
     switch (c->method) {
     case GW_UNKNOWN: {
         char path[160];
@@ -1361,6 +1367,7 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         pump(c);
         pthread_mutex_unlock(&c->mu);
     }
+out:
     gw__call_unref(c); /* the arrival's */
 }
 

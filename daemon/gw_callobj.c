@@ -42,6 +42,8 @@ void gw__call_unref(struct gw_call *c)
 {
     if (atomic_fetch_sub(&c->refs, 1) != 1)
         return;
+    if (c->live)
+        atomic_fetch_sub(&c->g->live_calls, 1);
     if (c->call)
         grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->md);

@@ -44,6 +44,7 @@
 #define GW_PEERS 256u             /* connections whose early resets are counted at once */
 #define GW_QUOTA_TENANTS 256u     /* tenants whose quotas are tracked (config.c caps lower) */
 #define GW_CQ_THREADS 2           /* completion-queue threads (gw.c says why two) */
+#define GW_OVER 64u               /* connections over limits.max_connections awaiting their close */
 
 enum gw_method {
     GW_GENERATE = 0,
@@ -151,6 +152,7 @@ struct gw_call {
     bool sending, md_sent, status_sent, closed, counted;
     bool msg_sent;                 /* a response message went out (not an early reset) */
     bool close_seen;               /* on_close ran (RECV_CLOSE_ON_SERVER came back) */
+    bool live;                     /* counted in g->live_calls until freed */
     char peer[80];                 /* its connection as gRPC names it ("fd:12", "ipv4:a:p") */
     struct config *cfg;            /* the snapshot the call runs with */
     char tenant[CONFIG_NAME_MAX];  /* "" = anonymous */
@@ -283,7 +285,15 @@ struct gw {
     bool conn_started;
     pthread_mutex_t conn_mu;       /* guards peers */
     struct gw_peer peers[GW_PEERS];
+    /* connections accepted over limits.max_connections: their calls are refused, naming the
+     * limit, and the connection thread closes them at close_ns */
+    struct gw_over {
+        int fd;
+        uint64_t close_ns;
+    } over[GW_OVER];
+    size_t n_over;
     _Atomic uint64_t trim_until_ns;
+    atomic_size_t live_calls;      /* gRPC calls arrived and not yet freed (limits.max_calls) */
 
     pthread_mutex_t quota_mu;      /* guards quotas (a leaf lock) */
     struct gw_quota quotas[GW_QUOTA_TENANTS];
@@ -309,6 +319,9 @@ void gw__conn_stop(struct gw *g);
  * gRPC's name of it, read when the call arrived); past limit in 10 s the connection is sent
  * GOAWAY and closed. */
 void gw__conn_early_reset(struct gw *g, const char *peer, uint32_t limit);
+/* Whether a call's connection (peer) was accepted over limits.max_connections: its calls are
+ * refused (RESOURCE_EXHAUSTED) until the connection thread closes it. */
+bool gw__conn_over(struct gw *g, const char *peer);
 
 /* ---- gw_quota.c: per-tenant quotas ---- */
 /* Admits n_requests worker requests of which n_generations are generations (counted queued

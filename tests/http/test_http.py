@@ -437,14 +437,18 @@ def test_zz_503_while_draining(d):
         d.sigterm()
         seen = []  # the statuses answered meanwhile, for the failure message
 
+        t0 = time.time()
+
         def draining():
-            seen.append(ht.post(d, "/v1/completions", {"model": d.model_name, "prompt": "x"})[0])
-            return seen[-1] == 503
+            st = ht.post(d, "/v1/completions", {"model": d.model_name, "prompt": "x"})[0]
+            seen.append((st, round(time.time() - t0, 2)))
+            return st == 503
 
         try:
             ht.wait_for(draining, what="503 while draining")
         except AssertionError as e:
-            raise AssertionError("%s; answers seen: %s" % (e, sorted(set(seen)))) from None
+            raise AssertionError("%s; answers seen: %s; the daemon's log ends: %s" % (
+                e, seen, d.read_log()[-4000:])) from None
         r = ht.post(d, "/v1/completions", {"model": d.model_name, "prompt": "x"})
         assert "draining" in ht.error_of(r)["message"]
         st, body, _ = ht.get(d, "/healthz", key=None)
