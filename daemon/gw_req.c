@@ -182,6 +182,14 @@ int gw_req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_c
     case CLOCHER__V1__PRIORITY__PRIORITY_LOW: out->priority = SHM_PRIO_LOW; break;
     default: return INVALID("priority: %d is not a Priority value", (int)r->priority);
     }
+    /* ---- log-probabilities (OpenAI's bounds) ---- */
+    if (r->has_top_logprobs && r->top_logprobs > SHM_MAX_TOP_LOGPROBS)
+        return INVALID("top_logprobs: %" PRIu32 " exceeds %u", r->top_logprobs,
+                       SHM_MAX_TOP_LOGPROBS);
+    out->logprobs = r->has_logprobs && r->logprobs;
+    if (r->has_top_logprobs && r->top_logprobs && !out->logprobs)
+        return INVALID("top_logprobs: %" PRIu32 " needs logprobs: true", r->top_logprobs);
+    out->top_logprobs = out->logprobs && r->has_top_logprobs ? r->top_logprobs : 0;
     out->tenant_id = ctx->tenant_id;
     out->deadline_ns = ctx->deadline_ns;
     return GRPC_STATUS_OK;

@@ -4,6 +4,13 @@
  *
  * Life of a generation request (struct hreq, MHD's per-connection closure):
  *   BODY: the handler accumulates the upload (at most http.max_body_bytes, else 413);
+ *   ADMIT: the whole body came: the connection waits for the loop's next whole turn
+ *         (http_srv_defer) before the request is checked and admitted. A SIGTERM delivered
+ *         before the request was read has written libuv's signal pipe, but libuv may run
+ *         MHD's watcher first (the same turn) or the pipe's event may only come in the next
+ *         turn: admitting at once took a generation after the drain began, which then ran
+ *         to its end while its client was owed a 503 (tests/http's draining test, under
+ *         ASan). After the next whole turn the signal's watcher has run;
  *   WAIT: the call is submitted (gw_ext_generate) and the connection suspended; each wake-up
  *         from the gateway resumes it and the handler looks again: an error becomes the error
  *         object, a finished non-streamed call its reply, a streamed one's first output starts
@@ -50,7 +57,7 @@ struct http {
 };
 
 enum hreq_route { R_NONE, R_COMPLETIONS, R_CHAT };
-enum hreq_phase { P_BODY, P_WAIT, P_STREAM };
+enum hreq_phase { P_BODY, P_ADMIT, P_WAIT, P_STREAM };
 
 /* One choice of a reply: the text taken from the gateway so far. */
 struct choice {
@@ -686,8 +693,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (r->too_big)
             return reply_error(conn, 413, NULL, NULL, "the body is larger than %" PRIu32
                                " bytes (http.max_body_bytes)", h->max_body);
-        return start_generation(r, conn);
+        r->phase = P_ADMIT; /* after the loop's next whole turn (the top of this file) */
+        http_srv_defer(h->srv, &r->susp);
+        return MHD_YES;
     }
+    if (r->phase == P_ADMIT)
+        return r->gone ? MHD_NO : start_generation(r, conn);
     if (r->phase == P_WAIT)
         return advance(r, conn);
     return MHD_YES;

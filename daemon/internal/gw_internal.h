@@ -86,6 +86,20 @@ static inline void gw__tag_run(struct gw_tag *t, bool ok)
 
 struct gw_call;
 
+/* One generated token's log-probabilities as a TOKEN record brought them (logprobs requests):
+ * the token's own and its alternatives', each with its piece (bytes at the item's lp_bytes +
+ * off, len of them). */
+struct gw_lp_ent {
+    int32_t id;
+    float logprob;
+    uint32_t off, len;
+};
+struct gw_lp {
+    struct gw_lp_ent own;
+    uint32_t n_top;
+    struct gw_lp_ent top[SHM_MAX_TOP_LOGPROBS];
+};
+
 /* One worker request of a call (a Generate, one prompt of a batch, one worker's adapter load,
  * a tokenization). Guarded by its call's mutex. */
 struct gw_item {
@@ -109,6 +123,12 @@ struct gw_item {
     size_t n_segs;
     bool tool_call;            /* chat: the reply ended on harmony's <|call|> (SHM_TOKEN_CALL) */
     uint64_t sent_tokens;      /* tokens already handed to gRPC */
+    /* logprobs requests: one entry per pending id (gRPC sends them with their ids; an
+     * external caller takes them apart, gw_ext_take_logprobs), their pieces in lp_bytes */
+    struct gw_lp *lps;
+    size_t n_lps, cap_lps;
+    char *lp_bytes;
+    size_t lp_len, lp_cap;
     /* the ending */
     bool finished;             /* FINISH came */
     struct shm_msg_finish fin;
@@ -413,6 +433,11 @@ int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
  * says how it stands; the call's own status (a refusal) shows as every item's. 0 / -ENOMEM. */
 int gw_ext_take(struct gw_call *c, size_t i, char **buf, size_t *len, size_t *cap,
                 struct gw_ext_state *st);
+/* The logprobs of item i's tokens that came since the last call (a request with logprobs):
+ * *lps[*n] and the bytes their pieces point into (*bytes) move to the caller, who frees both
+ * (NULL and 0 when none). Independent of gw_ext_take. 0 / -ENOMEM never (a move). */
+void gw_ext_take_logprobs(struct gw_call *c, size_t i, struct gw_lp **lps, size_t *n,
+                          char **bytes);
 /* The owner is done with c (any time, any thread): changed() is never run again, work still
  * running is cancelled (counted as CANCELLED), and the owner's reference is dropped. */
 void gw_ext_release(struct gw_call *c);
