@@ -526,6 +526,16 @@ static int parse_tls(struct walk *w, json_t *root, struct config *c)
         goto out;
 out:
     pop(w, s);
+    if (rc == 0 && c->tls_cert && c->listen_unix) {
+        /* gRPC 1.51 hands a socket of ours to a connection without TLS only: TLS on a Unix
+         * socket would be gRPC's own listener, whose connections all share one peer name, so
+         * the rapid-reset guard (gw_conn.c) could not close the one abusing it */
+        s = push_key(w, "listen.unix");
+        rc = fail(w, ERR_FORMAT, "TLS (tls.cert) is not served on a Unix socket (it could not be "
+                  "guarded against HTTP/2 rapid reset): serve TLS on listen.tcp only "
+                  "(listen.unix: null)");
+        pop(w, s);
+    }
     return rc;
 }
 
@@ -603,7 +613,8 @@ static int parse_limits(struct walk *w, json_t *root, struct config *c)
 {
     static const char *const keys[] = {"max_message_bytes", "max_prompt_tokens", "max_tokens",
                                        "max_streams_per_connection", "max_queue",
-                                       "max_prompt_bytes", "max_early_resets", NULL};
+                                       "max_prompt_bytes", "max_early_resets", "max_connections",
+                                       "max_calls", NULL};
     json_t *o;
     int rc = get_object(w, root, "limits", &o);
     if (rc < 0)
@@ -620,7 +631,9 @@ static int parse_limits(struct walk *w, json_t *root, struct config *c)
         (rc = get_u32(w, o, "max_queue", 1, 1u << 20, 256, &l->max_queue)) < 0 ||
         (rc = get_u32(w, o, "max_prompt_bytes", 1, 256u << 20, 1u << 20,
                       &l->max_prompt_bytes)) < 0 ||
-        (rc = get_u32(w, o, "max_early_resets", 1, 1u << 20, 200, &l->max_early_resets)) < 0)
+        (rc = get_u32(w, o, "max_early_resets", 1, 1u << 20, 200, &l->max_early_resets)) < 0 ||
+        (rc = get_u32(w, o, "max_connections", 1, 65536, 1024, &l->max_connections)) < 0 ||
+        (rc = get_u32(w, o, "max_calls", 1, 1u << 20, 4096, &l->max_calls)) < 0)
         goto out;
 out:
     pop(w, s);

@@ -73,6 +73,8 @@ struct config_limits {
     uint32_t max_prompt_bytes;       /* a request's text (prompt, Tokenize) before tokenizing */
     uint32_t max_early_resets;       /* streams a connection may reset before any answer, in
                                       * 10 s, before the gateway closes it (rapid reset) */
+    uint32_t max_connections;        /* gRPC connections open at once on the Unix listener */
+    uint32_t max_calls;              /* gRPC calls open at once, every connection together */
 };
 
 /* Worker lifecycle policy (daemon/backoff.h, daemon/sup.c). */

@@ -67,13 +67,13 @@ static grpc_byte_buffer *pack(const ProtobufCMessage *m)
     return bb;
 }
 
-/* The message in bb as a `d`; NULL if it is not one. *nul is set when the
- * text field the method's requests carry (text_field, text_sub: gw_req_text_nul) holds a NUL
- * byte, which the unpacked C string would have silently cut. */
-static void *unpack_text(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb,
-                         uint32_t text_field, uint32_t text_sub, bool *nul)
+/* The message in bb as a `d`; NULL if it is not one. nul_at[cap] is set (non-empty) to the
+ * first string field, at any depth, that holds a NUL byte, which the unpacked C string would
+ * have silently cut (gw_req_strings_nul). */
+static void *unpack_checked(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *bb,
+                            char *nul_at, size_t cap)
 {
-    *nul = false;
+    nul_at[0] = 0;
     if (!bb)
         return NULL;
     grpc_byte_buffer_reader r;
@@ -82,13 +82,12 @@ static void *unpack_text(const ProtobufCMessageDescriptor *d, grpc_byte_buffer *
     grpc_slice sl = grpc_byte_buffer_reader_readall(&r);
     grpc_byte_buffer_reader_destroy(&r);
     void *m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(sl), GRPC_SLICE_START_PTR(sl));
-    if (m && text_field)
-        *nul = gw_req_text_nul(GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl), text_field,
-                               text_sub) == 1;
+    if (m && gw_req_strings_nul(GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl), d, nul_at,
+                                cap) != 1)
+        nul_at[0] = 0;
     grpc_slice_unref(sl);
     return m;
 }
-
 
 /* Appends bytes to a NUL-terminated buffer, dropping NULs (protobuf-c strings are C strings;
  * a U+0000 in model output is not worth a truncated reply). */
@@ -121,6 +120,96 @@ static int append_id(struct gw_item *it, int32_t id)
     }
     it->ids[it->n_ids++] = id;
     return 0;
+}
+
+/* A TOKEN's logprobs appended to the item's pending ones. */
+static int lp_piece(struct gw_item *it, const struct shm_msg_logprob *x, struct gw_lp_ent *e)
+{
+    if (it->lp_len + x->piece_len > it->lp_cap) {
+        size_t nc = it->lp_cap ? 2 * it->lp_cap : 1024;
+        while (nc < it->lp_len + x->piece_len)
+            nc *= 2;
+        char *p = realloc(it->lp_bytes, nc);
+        if (!p)
+            return -ENOMEM;
+        it->lp_bytes = p, it->lp_cap = nc;
+    }
+    *e = (struct gw_lp_ent){.id = x->id, .logprob = x->logprob, .off = (uint32_t)it->lp_len,
+                            .len = x->piece_len};
+    if (x->piece_len)
+        memcpy(it->lp_bytes + it->lp_len, x->piece, x->piece_len);
+    it->lp_len += x->piece_len;
+    return 0;
+}
+
+static int append_logprobs(struct gw_item *it, const struct shm_msg_token *t)
+{
+    if (it->n_lps == it->cap_lps) {
+        size_t nc = it->cap_lps ? 2 * it->cap_lps : 16;
+        struct gw_lp *p = realloc(it->lps, nc * sizeof *p);
+        if (!p)
+            return -ENOMEM;
+        it->lps = p, it->cap_lps = nc;
+    }
+    struct gw_lp *l = &it->lps[it->n_lps];
+    l->n_top = t->n_top;
+    if (lp_piece(it, &t->own, &l->own) < 0)
+        return -ENOMEM;
+    for (uint32_t k = 0; k < t->n_top; k++)
+        if (lp_piece(it, &t->top[k], &l->top[k]) < 0)
+            return -ENOMEM;
+    it->n_lps++;
+    return 0;
+}
+
+/* GenerateResponse.logprobs of the first n pending ids (each of which has its entry); the
+ * messages live in *mem (free it after packing). 0 / -ENOMEM. */
+static int fill_logprobs(const struct gw_item *it, size_t n, Clocher__V1__GenerateResponse *r,
+                         void **mem)
+{
+    *mem = NULL;
+    n = n < it->n_lps ? n : it->n_lps;
+    if (n == 0)
+        return 0;
+    size_t tops = 0;
+    for (size_t i = 0; i < n; i++)
+        tops += it->lps[i].n_top;
+    char *m = malloc(n * (sizeof(Clocher__V1__TokenLogprob) + sizeof(void *)) +
+                     tops * (sizeof(Clocher__V1__TopLogprob) + sizeof(void *)));
+    if (!m)
+        return -ENOMEM;
+    Clocher__V1__TokenLogprob *tl = (void *)m, **tlp = (void *)(tl + n);
+    Clocher__V1__TopLogprob *tp = (void *)(tlp + n), **tpp = (void *)(tp + tops);
+    for (size_t i = 0; i < n; i++) {
+        const struct gw_lp *l = &it->lps[i];
+        Clocher__V1__TokenLogprob t0 = CLOCHER__V1__TOKEN_LOGPROB__INIT;
+        tl[i] = t0, tlp[i] = &tl[i];
+        tl[i].has_id = tl[i].has_logprob = 1;
+        tl[i].id = l->own.id, tl[i].logprob = l->own.logprob;
+        tl[i].n_top = l->n_top, tl[i].top = tpp;
+        for (uint32_t k = 0; k < l->n_top; k++) {
+            Clocher__V1__TopLogprob p0 = CLOCHER__V1__TOP_LOGPROB__INIT;
+            *tp = p0;
+            tp->has_id = tp->has_logprob = 1;
+            tp->id = l->top[k].id, tp->logprob = l->top[k].logprob;
+            *tpp++ = tp++;
+        }
+    }
+    r->n_logprobs = n;
+    r->logprobs = tlp;
+    *mem = m;
+    return 0;
+}
+
+/* Drops the first n pending logprob entries (sent with their ids). */
+static void consume_logprobs(struct gw_item *it, size_t n)
+{
+    n = n < it->n_lps ? n : it->n_lps;
+    if (it->lps)
+        memmove(it->lps, it->lps + n, (it->n_lps - n) * sizeof *it->lps);
+    it->n_lps -= n;
+    if (it->n_lps == 0)
+        it->lp_len = 0; /* their pieces are all gone: the bytes start over */
 }
 
 /* ---- the end of a call ---- */
@@ -258,6 +347,7 @@ static void consume_run(struct gw_item *it, char saved)
     if (text_len < it->text_len)
         it->text[text_len] = saved;
     it->sent_tokens += n_ids;
+    consume_logprobs(it, n_ids); /* gRPC's path: the entries go with their ids */
     if (it->ids) /* NULL until the first id (an item that failed before any: memmove's
                     arguments must not be NULL even for 0 bytes) */
         memmove(it->ids, it->ids + n_ids, (it->n_ids - n_ids) * sizeof *it->ids);
@@ -317,8 +407,11 @@ static grpc_byte_buffer *next_generate(struct gw_call *c, bool *end, int *st, co
         Clocher__V1__Usage u = CLOCHER__V1__USAGE__INIT;
         Clocher__V1__Timings t = CLOCHER__V1__TIMINGS__INIT;
         char saved;
+        void *lpmem = NULL;
         fill_response(it, final, &r, &u, &t, &saved);
-        bb = pack(&r.base);
+        if (fill_logprobs(it, r.n_token_ids, &r, &lpmem) == 0)
+            bb = pack(&r.base);
+        free(lpmem);
         consume_run(it, saved);
         if (it->n_segs && bb)
             return bb; /* more runs wait: the end comes with the last */
@@ -355,7 +448,10 @@ static grpc_byte_buffer *next_batch(struct gw_call *c, bool *end)
             br.error_code = it->status;
             br.error_message = it->error;
         }
-        bb = pack(&br.base);
+        void *lpmem = NULL;
+        if (fill_logprobs(it, r.n_token_ids, &r, &lpmem) == 0)
+            bb = pack(&br.base);
+        free(lpmem);
         consume_run(it, saved);
         if (it->done && !more)
             it->final_sent = true;
@@ -611,6 +707,7 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
         note_run(it, &m->token);
         it->tool_call |= m->token.call;
         if ((m->token.token >= 0 && append_id(it, m->token.token) < 0) ||
+            (m->token.has_logprob && append_logprobs(it, &m->token) < 0) ||
             append_text(&it->text, &it->text_len, &it->text_cap, m->token.text,
                         m->token.text_len) < 0)
             item_fail(c, it, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
@@ -797,26 +894,16 @@ static void ctx_init(struct gw_call *c, struct gw_req_ctx *ctx, struct gw_model_
  * are not one (the call is ended INVALID_ARGUMENT). */
 static void *request_of(struct gw_call *c, const ProtobufCMessageDescriptor *d)
 {
-    /* the text fields: GenerateRequest.prompt (2), BatchGenerateRequest.requests (1) .prompt,
-     * TokenizeRequest.text (2) */
-    uint32_t field = 0, sub = 0;
-    const char *what = "";
-    if (d == &clocher__v1__generate_request__descriptor)
-        field = 2, what = "prompt";
-    else if (d == &clocher__v1__batch_generate_request__descriptor)
-        field = 1, sub = 2, what = "requests[].prompt";
-    else if (d == &clocher__v1__tokenize_request__descriptor)
-        field = 2, what = "text";
-    bool nul = false;
-    void *r = unpack_text(d, c->payload, field, sub, &nul);
+    char nul_at[256];
+    void *r = unpack_checked(d, c->payload, nul_at, sizeof nul_at);
     if (!r) {
         end_call(c, GRPC_STATUS_INVALID_ARGUMENT, "request: not a valid %s", d->name);
         return NULL;
     }
     c->req = r;
-    if (nul) {
+    if (nul_at[0]) {
         end_call(c, GRPC_STATUS_INVALID_ARGUMENT,
-                 "%s: holds a NUL byte (text may not: it would be cut there)", what);
+                 "%s: holds a NUL byte (text may not: it would be cut there)", nul_at);
         return NULL;
     }
     return r;
@@ -1276,6 +1363,23 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         gw__call_unref(c);
     }
 
+    /* the global caps: a connection over limits.max_connections, a call beyond
+     * limits.max_calls open at once (health checks pass: probes must see a busy daemon) */
+    c->live = true;
+    size_t open = atomic_fetch_add(&g->live_calls, 1) + 1;
+    if (gw__conn_over(g, c->peer)) {
+        end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                 "limits.max_connections: %" PRIu32 " connections are open already; this one "
+                 "is closed, retry later", c->cfg->limits.max_connections);
+        goto out;
+    }
+    if (open > c->cfg->limits.max_calls && c->method != GW_HEALTH_CHECK) {
+        end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                 "limits.max_calls: %" PRIu32 " calls are open across all connections; retry "
+                 "later", c->cfg->limits.max_calls);
+        goto out;
+    }
+
     switch (c->method) {
     case GW_UNKNOWN: {
         char path[160];
@@ -1361,6 +1465,7 @@ void gw__call_arrived(struct gw_call *c, bool ok)
         pump(c);
         pthread_mutex_unlock(&c->mu);
     }
+out:
     gw__call_unref(c); /* the arrival's */
 }
 
@@ -1488,6 +1593,17 @@ int gw_ext_take(struct gw_call *c, size_t i, char **buf, size_t *len, size_t *ca
     st->tokens = it->sent_tokens + it->n_ids;
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+void gw_ext_take_logprobs(struct gw_call *c, size_t i, struct gw_lp **lps, size_t *n,
+                          char **bytes)
+{
+    pthread_mutex_lock(&c->mu);
+    struct gw_item *it = &c->items[i];
+    *lps = it->lps, *n = it->n_lps, *bytes = it->lp_bytes;
+    it->lps = NULL, it->n_lps = it->cap_lps = 0;
+    it->lp_bytes = NULL, it->lp_len = it->lp_cap = 0;
+    pthread_mutex_unlock(&c->mu);
 }
 
 void gw_ext_release(struct gw_call *c)

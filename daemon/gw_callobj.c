@@ -36,12 +36,15 @@ void gw__call_ref(struct gw_call *c) { atomic_fetch_add(&c->refs, 1); }
 static void item_free(struct gw_item *it)
 {
     free(it->ids), free(it->text), free(it->error), free(it->ans_ids), free(it->ans_text);
+    free(it->lps), free(it->lp_bytes);
 }
 
 void gw__call_unref(struct gw_call *c)
 {
     if (atomic_fetch_sub(&c->refs, 1) != 1)
         return;
+    if (c->live)
+        atomic_fetch_sub(&c->g->live_calls, 1);
     if (c->call)
         grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->md);

@@ -11,6 +11,10 @@
  *  - the memory those streams took goes back to the system (malloc_trim) once they are freed:
  *    glibc keeps freed arena memory otherwise, and the supervisor is shielded from the OOM
  *    killer.
+ *  - limits.max_connections bounds the connections open at once on the Unix listener: one
+ *    accepted beyond it is still handed to gRPC, so that its calls can be refused with a
+ *    status naming the limit (RESOURCE_EXHAUSTED) rather than a bare reset, and is closed
+ *    (GOAWAY) OVER_GRACE_NS later; the connections already open are served as before.
  * TCP connections stay on gRPC's own listener (TLS needs it): their peer names are
  * "ipv4:a.b.c.d:port" / "ipv6:[..]:port", and the socket to close is found by its peer
  * address among this process's descriptors.
@@ -44,6 +48,7 @@
 #define RESET_WINDOW_NS 10000000000ull /* the early-reset count's window */
 #define TRIM_FOR_NS 5000000000ull      /* malloc_trim every second for this long after a close */
 #define TRIM_AFTER_NS 2000000000ull    /* ... and after the last of its queued streams came */
+#define OVER_GRACE_NS 2000000000ull    /* a connection over the cap: time to refuse its calls */
 
 /* ---- the Unix socket listener ---- */
 
@@ -192,7 +197,16 @@ static int fd_of(struct gw *g, const char *peer)
     return fd;
 }
 
-/* GOAWAY, last stream 0, ENHANCE_YOUR_CALM (RFC 9113 6.8, 7), then shutdown: gRPC sees the
+/* GOAWAY, last stream 0, ENHANCE_YOUR_CALM (RFC 9113 6.8, 7), then shutdown. */
+static void goaway_shut(int fd)
+{
+    static const unsigned char goaway[17] = {0, 0, 8, 0x7, 0, 0, 0, 0, 0,
+                                             0, 0, 0, 0, 0, 0, 0, 0xb};
+    (void)!send(fd, goaway, sizeof goaway, MSG_DONTWAIT | MSG_NOSIGNAL);
+    shutdown(fd, SHUT_RDWR);
+}
+
+/* Closes an abusive connection: GOAWAY then shutdown; gRPC sees the
  * socket end and drops the connection with every stream it still holds. The GOAWAY is written
  * beside gRPC's own writes and may land inside one of its frames; the connection ends anyway. */
 static bool close_abuser(struct gw *g, const char *peer, uint32_t resets)
@@ -203,10 +217,7 @@ static bool close_abuser(struct gw *g, const char *peer, uint32_t resets)
                  "(limits.max_early_resets): its socket is gone already", peer, resets);
         return false;
     }
-    static const unsigned char goaway[17] = {0, 0, 8, 0x7, 0, 0, 0, 0, 0,
-                                             0, 0, 0, 0, 0, 0, 0, 0xb};
-    (void)!send(fd, goaway, sizeof goaway, MSG_DONTWAIT | MSG_NOSIGNAL);
-    shutdown(fd, SHUT_RDWR);
+    goaway_shut(fd);
     atomic_store(&g->trim_until_ns, mono_ns() + TRIM_FOR_NS);
     LOG_WARN("gateway: connection %s reset %" PRIu32 " streams before any answer in 10 s "
              "(limits.max_early_resets): GOAWAY, closed", peer, resets);
@@ -258,6 +269,82 @@ static void forget_peer(struct gw *g, int fd)
     pthread_mutex_unlock(&g->conn_mu);
 }
 
+/* ---- limits.max_connections ---- */
+
+/* Connections open now on our Unix socket (the listener excluded): every socket of this
+ * process bound to its path. Counted afresh, so a connection gRPC closed is never counted. */
+static size_t unix_connections(struct gw *g)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return 0;
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int fd = atoi(de->d_name);
+        if (de->d_name[0] < '0' || de->d_name[0] > '9' || fd == dirfd(d) || fd == g->unix_fd)
+            continue;
+        struct sockaddr_un a;
+        socklen_t len = sizeof a;
+        if (getsockname(fd, (struct sockaddr *)&a, &len) == 0 && a.sun_family == AF_UNIX &&
+            len > offsetof(struct sockaddr_un, sun_path) && strcmp(a.sun_path, g->unix_path) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+bool gw__conn_over(struct gw *g, const char *peer)
+{
+    if (strncmp(peer, "fd:", 3) != 0)
+        return false;
+    int fd = atoi(peer + 3);
+    bool over = false;
+    pthread_mutex_lock(&g->conn_mu);
+    for (size_t i = 0; i < g->n_over && !over; i++)
+        over = g->over[i].fd == fd;
+    pthread_mutex_unlock(&g->conn_mu);
+    return over;
+}
+
+/* A connection just accepted (fd): 0 if it is within limits.max_connections; 1 if it is over
+ * (noted for refusal and a later close); -1 if over and closed at once (too many wait). */
+static int admit_over(struct gw *g, int fd)
+{
+    struct config *c = config_ptr_get(g->w->config);
+    uint32_t cap = c->limits.max_connections;
+    config_unref(c);
+    size_t open = unix_connections(g); /* this one included */
+    if (open <= cap)
+        return 0;
+    pthread_mutex_lock(&g->conn_mu);
+    bool noted = g->n_over < GW_OVER;
+    if (noted)
+        g->over[g->n_over++] = (struct gw_over){.fd = fd, .close_ns = mono_ns() + OVER_GRACE_NS};
+    pthread_mutex_unlock(&g->conn_mu);
+    LOG_WARN("gateway: connection fd:%d is over limits.max_connections (%zu open, the limit is "
+             "%" PRIu32 "): %s", fd, open, cap,
+             noted ? "its calls are refused, then it is closed" : "closed");
+    if (!noted)
+        close(fd);
+    return noted ? 1 : -1;
+}
+
+/* Closes the over-cap connections whose grace has passed (connection thread). */
+static void close_over(struct gw *g, uint64_t now)
+{
+    pthread_mutex_lock(&g->conn_mu);
+    for (size_t i = 0; i < g->n_over;) {
+        if (now >= g->over[i].close_ns) {
+            goaway_shut(g->over[i].fd); /* gRPC closes the descriptor itself */
+            g->over[i] = g->over[--g->n_over];
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&g->conn_mu);
+}
+
 /* ---- the connection thread: accepts on the Unix socket, gives memory back ---- */
 
 static void *conn_main(void *arg)
@@ -267,7 +354,7 @@ static void *conn_main(void *arg)
     while (!atomic_load(&g->stopping)) {
         struct pollfd p[2] = {{.fd = g->wake[0], .events = POLLIN},
                               {.fd = g->unix_fd, .events = POLLIN}};
-        int n = poll(p, g->unix_fd >= 0 ? 2 : 1, 1000);
+        int n = poll(p, g->unix_fd >= 0 ? 2 : 1, g->n_over ? 200 : 1000);
         if (n < 0 && errno != EINTR) {
             int e = errno;
             LOG_ERR("gateway: poll: %s", strerror(e));
@@ -275,9 +362,10 @@ static void *conn_main(void *arg)
         }
         if (atomic_load(&g->stopping))
             break;
-        uint64_t until = atomic_load(&g->trim_until_ns);
-        if (until && mono_ns() < until)
+        uint64_t until = atomic_load(&g->trim_until_ns), now = mono_ns();
+        if (until && now < until)
             malloc_trim(0);
+        close_over(g, now);
         if (n <= 0 || !(p[1].revents & POLLIN))
             continue;
         for (;;) {
@@ -289,6 +377,8 @@ static void *conn_main(void *arg)
                 break;
             }
             forget_peer(g, fd);
+            if (admit_over(g, fd) < 0)
+                continue; /* over the cap with too many waiting already: closed */
             /* gRPC owns fd from here (non-blocking, as its endpoints expect) */
             grpc_server_add_channel_from_fd(g->server, fd, insecure);
         }

@@ -182,6 +182,14 @@ int gw_req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_c
     case CLOCHER__V1__PRIORITY__PRIORITY_LOW: out->priority = SHM_PRIO_LOW; break;
     default: return INVALID("priority: %d is not a Priority value", (int)r->priority);
     }
+    /* ---- log-probabilities (OpenAI's bounds) ---- */
+    if (r->has_top_logprobs && r->top_logprobs > SHM_MAX_TOP_LOGPROBS)
+        return INVALID("top_logprobs: %" PRIu32 " exceeds %u", r->top_logprobs,
+                       SHM_MAX_TOP_LOGPROBS);
+    out->logprobs = r->has_logprobs && r->logprobs;
+    if (r->has_top_logprobs && r->top_logprobs && !out->logprobs)
+        return INVALID("top_logprobs: %" PRIu32 " needs logprobs: true", r->top_logprobs);
+    out->top_logprobs = out->logprobs && r->has_top_logprobs ? r->top_logprobs : 0;
     out->tenant_id = ctx->tenant_id;
     out->deadline_ns = ctx->deadline_ns;
     return GRPC_STATUS_OK;
@@ -204,41 +212,103 @@ static int varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
     return ERR_FORMAT;
 }
 
+/* The next field of a message at *p (< end): its number, wire type and, for a length-delimited
+ * one, its bytes (*data, *n). 0 and *p past it, or ERR_FORMAT. */
+static int next_field(const uint8_t **p, const uint8_t *end, uint32_t *num, unsigned *wire,
+                      const uint8_t **data, size_t *n)
+{
+    uint64_t key, v;
+    if (varint(p, end, &key) < 0 || (key >> 3) == 0 || (key >> 3) > UINT32_MAX)
+        return ERR_FORMAT;
+    *num = (uint32_t)(key >> 3), *wire = (unsigned)(key & 7), *data = NULL, *n = 0;
+    switch (*wire) {
+    case 0: return varint(p, end, &v);
+    case 1:
+        if (end - *p < 8)
+            return ERR_FORMAT;
+        *p += 8;
+        return 0;
+    case 5:
+        if (end - *p < 4)
+            return ERR_FORMAT;
+        *p += 4;
+        return 0;
+    case 2:
+        if (varint(p, end, &v) < 0 || v > (uint64_t)(end - *p))
+            return ERR_FORMAT;
+        *data = *p, *n = (size_t)v;
+        *p += v;
+        return 0;
+    default: return ERR_FORMAT; /* groups (3, 4) are not in our messages */
+    }
+}
+
 int gw_req_text_nul(const uint8_t *buf, size_t len, uint32_t field, uint32_t sub)
 {
     const uint8_t *p = buf, *end = buf + len;
     while (p < end) {
-        uint64_t key, n;
-        if (varint(&p, end, &key) < 0)
+        uint32_t num;
+        unsigned wire;
+        const uint8_t *data;
+        size_t n;
+        if (next_field(&p, end, &num, &wire, &data, &n) < 0)
             return ERR_FORMAT;
-        switch (key & 7) {
-        case 0:
-            if (varint(&p, end, &n) < 0)
-                return ERR_FORMAT;
-            break;
-        case 1:
-            if (end - p < 8)
-                return ERR_FORMAT;
-            p += 8;
-            break;
-        case 5:
-            if (end - p < 4)
-                return ERR_FORMAT;
-            p += 4;
-            break;
-        case 2:
-            if (varint(&p, end, &n) < 0 || n > (uint64_t)(end - p))
-                return ERR_FORMAT;
-            if ((key >> 3) == field) {
-                int rc = sub ? gw_req_text_nul(p, (size_t)n, sub, 0)
-                             : memchr(p, 0, (size_t)n) != NULL;
-                if (rc != 0)
-                    return rc;
-            }
-            p += n;
-            break;
-        default: return ERR_FORMAT; /* groups (3, 4) are not in our messages */
+        if (wire == 2 && num == field) {
+            int rc = sub ? gw_req_text_nul(data, n, sub, 0) : memchr(data, 0, n) != NULL;
+            if (rc != 0)
+                return rc;
         }
     }
     return 0;
+}
+
+#define STRINGS_MAX_DEPTH 16 /* our messages nest 3 deep; a recursive type would stop here */
+
+static int strings_nul(const uint8_t *buf, size_t len, const ProtobufCMessageDescriptor *d,
+                       unsigned depth, char *where, size_t cap)
+{
+    if (depth > STRINGS_MAX_DEPTH)
+        return ERR_FORMAT;
+    unsigned seen[64] = {0}; /* occurrences per field index: a repeated field's element index */
+    const uint8_t *p = buf, *end = buf + len;
+    while (p < end) {
+        uint32_t num;
+        unsigned wire;
+        const uint8_t *data;
+        size_t n;
+        if (next_field(&p, end, &num, &wire, &data, &n) < 0)
+            return ERR_FORMAT;
+        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(d, num);
+        if (wire != 2 || !f ||
+            (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE))
+            continue; /* unknown fields and packed numbers hold no C string */
+        size_t fi = (size_t)(f - d->fields);
+        unsigned idx = fi < 64 ? seen[fi]++ : 0;
+        char here[96];
+        if (f->label == PROTOBUF_C_LABEL_REPEATED)
+            snprintf(here, sizeof here, "%s[%u]", f->name, idx);
+        else
+            snprintf(here, sizeof here, "%s", f->name);
+        int rc = f->type == PROTOBUF_C_TYPE_STRING
+                     ? memchr(data, 0, n) != NULL
+                     : strings_nul(data, n, f->descriptor, depth + 1, where, cap);
+        if (rc != 0) {
+            if (rc == 1 && cap) {
+                /* prefix this level's name to what the deeper level wrote */
+                char tail[256];
+                snprintf(tail, sizeof tail, "%s", f->type == PROTOBUF_C_TYPE_STRING ? "" : where);
+                snprintf(where, cap, "%s%s%s", here, tail[0] ? "." : "", tail);
+            }
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int gw_req_strings_nul(const uint8_t *buf, size_t len, const ProtobufCMessageDescriptor *d,
+                       char *where, size_t cap)
+{
+    if (cap)
+        where[0] = 0;
+    return strings_nul(buf, len, d, 0, where, cap);
 }

@@ -58,6 +58,16 @@ int gw_req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_c
  */
 int gw_req_text_nul(const uint8_t *buf, size_t len, uint32_t field, uint32_t sub);
 
+/*
+ * Whether any string field of the serialized message d in buf[len] holds a NUL byte, at any
+ * depth (sub-messages by their descriptors, each element of a repeated one): a chat's content,
+ * role, channel, recipient as much as a prompt. 1 with where[cap] naming the field
+ * ("chat.messages[2].content"); 0: none; ERR_FORMAT: the bytes are not a protobuf message
+ * (nesting deeper than 16 included). Reads only within buf; unknown fields are skipped.
+ */
+int gw_req_strings_nul(const uint8_t *buf, size_t len, const ProtobufCMessageDescriptor *d,
+                       char *where, size_t cap);
+
 /* Whether s is an adapter or tenant name the wire accepts: 1..63 bytes of [A-Za-z0-9._-]. */
 bool gw_req_name_ok(const char *s);
 

@@ -4,6 +4,13 @@
  *
  * Life of a generation request (struct hreq, MHD's per-connection closure):
  *   BODY: the handler accumulates the upload (at most http.max_body_bytes, else 413);
+ *   ADMIT: the whole body came: the connection waits for the loop's next whole turn
+ *         (http_srv_defer) before the request is checked and admitted. A SIGTERM delivered
+ *         before the request was read has written libuv's signal pipe, but libuv may run
+ *         MHD's watcher first (the same turn) or the pipe's event may only come in the next
+ *         turn: admitting at once took a generation after the drain began, which then ran
+ *         to its end while its client was owed a 503 (tests/http's draining test, under
+ *         ASan). After the next whole turn the signal's watcher has run;
  *   WAIT: the call is submitted (gw_ext_generate) and the connection suspended; each wake-up
  *         from the gateway resumes it and the handler looks again: an error becomes the error
  *         object, a finished non-streamed call its reply, a streamed one's first output starts
@@ -50,7 +57,7 @@ struct http {
 };
 
 enum hreq_route { R_NONE, R_COMPLETIONS, R_CHAT };
-enum hreq_phase { P_BODY, P_WAIT, P_STREAM };
+enum hreq_phase { P_BODY, P_ADMIT, P_WAIT, P_STREAM };
 
 /* One choice of a reply: the text taken from the gateway so far. */
 struct choice {
@@ -61,6 +68,11 @@ struct choice {
     size_t rlen, rcap, rsent;
     struct gw_ext_state st;
     bool role_sent, final_sent;
+    /* logprobs requests: the entries not yet sent, in the reply's own shape (chat:
+     * {"content": [...]}; completions: {"tokens", "token_logprobs", "top_logprobs",
+     * "text_offset"}), and the completion's bytes so far (text_offset) */
+    json_t *lp;
+    size_t lp_off;
 };
 
 struct hreq {
@@ -273,6 +285,106 @@ static json_t *envelope(const struct hreq *r, bool chunk)
                      (json_int_t)r->created, "model", r->model, "choices");
 }
 
+/* ---- logprobs ---- */
+
+/* A token's piece as a JSON string: its text when it is UTF-8, else OpenAI's spelling of raw
+ * bytes ("bytes:\\xe2\\x80"; chat's `bytes` array carries them exactly). */
+static json_t *piece_string(const char *p, size_t n)
+{
+    json_t *v = json_stringn(p, n);
+    if (v)
+        return v;
+    char buf[6 + 4 * 256 + 1];
+    size_t k = (size_t)snprintf(buf, sizeof buf, "bytes:");
+    for (size_t i = 0; i < n && k + 5 < sizeof buf; i++) {
+        unsigned char b = (unsigned char)p[i];
+        k += (size_t)snprintf(buf + k, sizeof buf - k, b < 0x80 && b >= 0x20 ? "%c" : "\\x%02x",
+                              b);
+    }
+    return json_string(buf);
+}
+
+static json_t *piece_bytes(const char *p, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)p[i]));
+    return a;
+}
+
+/* An empty entry list in the reply's shape. */
+static json_t *lp_new(const struct hreq *r)
+{
+    return r->route == R_CHAT ? json_pack("{s:[]}", "content")
+                              : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                                          "top_logprobs", "text_offset");
+}
+
+/* Appends the logprobs item i took (lps[n], pieces in bytes) to its choice's entries. */
+static int lp_add(struct hreq *r, struct choice *c, const struct gw_lp *lps, size_t n,
+                  const char *bytes)
+{
+    if (!c->lp && !(c->lp = lp_new(r)))
+        return -ENOMEM;
+    for (size_t k = 0; k < n; k++) {
+        const struct gw_lp *l = &lps[k];
+        const char *own = bytes + l->own.off;
+        if (r->route == R_CHAT) {
+            json_t *tops = json_array();
+            for (uint32_t j = 0; tops && j < l->n_top; j++) {
+                const char *tp = bytes + l->top[j].off;
+                json_array_append_new(tops, json_pack("{s:o, s:f, s:o}", "token",
+                                                      piece_string(tp, l->top[j].len), "logprob",
+                                                      (double)l->top[j].logprob, "bytes",
+                                                      piece_bytes(tp, l->top[j].len)));
+            }
+            json_t *e = json_pack("{s:o, s:f, s:o, s:o}", "token",
+                                  piece_string(own, l->own.len), "logprob",
+                                  (double)l->own.logprob, "bytes", piece_bytes(own, l->own.len),
+                                  "top_logprobs", tops ? tops : json_array());
+            if (!e || json_array_append_new(json_object_get(c->lp, "content"), e) < 0)
+                return -ENOMEM;
+            continue;
+        }
+        json_t *top = json_object();
+        for (uint32_t j = 0; top && j < l->n_top; j++) {
+            json_t *key = piece_string(bytes + l->top[j].off, l->top[j].len);
+            if (key && !json_object_get(top, json_string_value(key))) /* pieces may repeat */
+                json_object_set_new(top, json_string_value(key),
+                                    json_real((double)l->top[j].logprob));
+            json_decref(key);
+        }
+        if (!top || json_array_append_new(json_object_get(c->lp, "tokens"),
+                                          piece_string(own, l->own.len)) < 0 ||
+            json_array_append_new(json_object_get(c->lp, "token_logprobs"),
+                                  json_real((double)l->own.logprob)) < 0 ||
+            json_array_append_new(json_object_get(c->lp, "top_logprobs"), top) < 0 ||
+            json_array_append_new(json_object_get(c->lp, "text_offset"),
+                                  json_integer((json_int_t)c->lp_off)) < 0)
+            return -ENOMEM;
+        c->lp_off += l->own.len;
+    }
+    return 0;
+}
+
+/* Whether a choice's entry list holds entries. */
+static bool lp_pending(const struct hreq *r, const struct choice *c)
+{
+    return c->lp && json_array_size(json_object_get(c->lp, r->route == R_CHAT ? "content"
+                                                                             : "tokens")) > 0;
+}
+
+/* The "logprobs" value of a reply or chunk: the pending entries (moved out), null when the
+ * request did not ask, an empty list when it did and none are pending. */
+static json_t *lp_take(const struct hreq *r, struct choice *c)
+{
+    if (!r->req.logprobs)
+        return json_null();
+    json_t *v = c->lp ? c->lp : lp_new(r);
+    c->lp = NULL;
+    return v;
+}
+
 static enum MHD_Result reply_complete(struct hreq *r, struct MHD_Connection *conn)
 {
     json_t *root = envelope(r, false);
@@ -281,8 +393,8 @@ static enum MHD_Result reply_complete(struct hreq *r, struct MHD_Connection *con
     json_t *choices = json_object_get(root, "choices");
     for (size_t i = 0; i < r->req.n; i++) {
         struct choice *c = &r->choices[i];
-        json_t *ch = json_pack("{s:I, s:s?, s:n}", "index", (json_int_t)i, "finish_reason",
-                               finish_reason(&c->st), "logprobs");
+        json_t *ch = json_pack("{s:I, s:s?, s:o}", "index", (json_int_t)i, "finish_reason",
+                               finish_reason(&c->st), "logprobs", lp_take(r, c));
         if (r->route == R_CHAT) {
             json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content",
                                   text_value(c->text ? c->text : "", c->len));
@@ -308,6 +420,16 @@ static int take_all(struct hreq *r)
                                                    &c->rtext, &c->rlen, &c->rcap, &c->st)
                                 : gw_ext_take(r->call, i, &c->text, &c->len, &c->cap, &c->st)) < 0)
             return -ENOMEM;
+        if (r->req.logprobs) {
+            struct gw_lp *lps;
+            size_t n;
+            char *bytes;
+            gw_ext_take_logprobs(r->call, i, &lps, &n, &bytes);
+            int rc = n ? lp_add(r, c, lps, n, bytes) : 0;
+            free(lps), free(bytes);
+            if (rc < 0)
+                return rc;
+        }
     }
     return 0;
 }
@@ -347,11 +469,11 @@ static int out_event(struct hreq *r, json_t *j)
 
 /* One chunk of choice i: its new text and/or its finish reason. */
 static json_t *chunk_of(struct hreq *r, size_t i, const char *text, size_t n, bool role,
-                        const char *finish, const char *rtext, size_t rn)
+                        const char *finish, const char *rtext, size_t rn, json_t *logprobs)
 {
     json_t *root = envelope(r, true);
-    json_t *ch = json_pack("{s:I, s:s?, s:n}", "index", (json_int_t)i, "finish_reason", finish,
-                           "logprobs");
+    json_t *ch = json_pack("{s:I, s:s?, s:o}", "index", (json_int_t)i, "finish_reason", finish,
+                           "logprobs", logprobs ? logprobs : json_null());
     if (!root || !ch) {
         json_decref(root), json_decref(ch);
         return NULL;
@@ -382,11 +504,11 @@ static int sse_fill(struct hreq *r)
         if (c->final_sent)
             continue;
         bool role = r->route == R_CHAT && !c->role_sent;
-        if (c->len > c->sent || c->rlen > c->rsent || role) {
+        if (c->len > c->sent || c->rlen > c->rsent || role || lp_pending(r, c)) {
             /* no text yet is "" (a chat's first pieces may all be reasoning or headers) */
             rc = out_event(r, chunk_of(r, i, c->text ? c->text + c->sent : "", c->len - c->sent,
                                        role, NULL, c->rtext ? c->rtext + c->rsent : "",
-                                       c->rlen - c->rsent));
+                                       c->rlen - c->rsent, lp_take(r, c)));
             c->sent = c->len;
             c->rsent = c->rlen;
             c->role_sent = true;
@@ -396,7 +518,8 @@ static int sse_fill(struct hreq *r)
                 rc = out_event(r, error_object(c->st.status == GRPC_STATUS_UNAVAILABLE ? 503 : 500,
                                                NULL, NULL, c->st.error));
             else
-                rc = out_event(r, chunk_of(r, i, "", 0, false, finish_reason(&c->st), "", 0));
+                rc = out_event(r, chunk_of(r, i, "", 0, false, finish_reason(&c->st), "", 0,
+                                           NULL));
             c->final_sent = true;
         }
         all_final &= c->final_sent;
@@ -537,6 +660,9 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
         gr[i].max_tokens = r->req.max_tokens;
         gr[i].n_stop = r->req.n_stop;
         gr[i].stop = r->req.stop;
+        gr[i].has_logprobs = gr[i].logprobs = r->req.logprobs;
+        gr[i].has_top_logprobs = r->req.logprobs;
+        gr[i].top_logprobs = r->req.top_logprobs;
     }
     const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                    MHD_HTTP_HEADER_AUTHORIZATION);
@@ -686,8 +812,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (r->too_big)
             return reply_error(conn, 413, NULL, NULL, "the body is larger than %" PRIu32
                                " bytes (http.max_body_bytes)", h->max_body);
-        return start_generation(r, conn);
+        r->phase = P_ADMIT; /* after the loop's next whole turn (the top of this file) */
+        http_srv_defer(h->srv, &r->susp);
+        return MHD_YES;
     }
+    if (r->phase == P_ADMIT)
+        return r->gone ? MHD_NO : start_generation(r, conn);
     if (r->phase == P_WAIT)
         return advance(r, conn);
     return MHD_YES;
@@ -707,7 +837,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         gw_ext_release(r->call);
     if (r->choices)
         for (size_t i = 0; i < r->req.n; i++)
-            free(r->choices[i].text), free(r->choices[i].rtext);
+            free(r->choices[i].text), free(r->choices[i].rtext), json_decref(r->choices[i].lp);
     free(r->choices);
     http_oai_free(&r->req);
     free(r->body);

@@ -191,16 +191,10 @@ static int get_stop(json_t *v, struct http_oai_req *r, char *param, size_t pcap,
 }
 
 /* Parameters a client may send that this server does not implement: refused by name rather
- * than silently ignored (a caller asking for logprobs must not get a reply without them). */
+ * than silently ignored (a caller asking for tools must not get a reply without them). */
 static int check_unsupported(json_t *root, char *param, size_t pcap, char *msg, size_t cap)
 {
     json_t *v;
-    if ((v = json_object_get(root, "logprobs")) && !json_is_null(v) && !json_is_false(v) &&
-        !(json_is_integer(v) && json_integer_value(v) == 0))
-        return UNSUPPORTED("logprobs");
-    if ((v = json_object_get(root, "top_logprobs")) && !json_is_null(v) &&
-        !(json_is_integer(v) && json_integer_value(v) == 0))
-        return UNSUPPORTED("top_logprobs");
     if ((v = json_object_get(root, "tools")) && !json_is_null(v) &&
         !(json_is_array(v) && json_array_size(v) == 0))
         return UNSUPPORTED("tools");
@@ -221,6 +215,48 @@ static int check_unsupported(json_t *root, char *param, size_t pcap, char *msg, 
     return 0;
 }
 
+/* An integer 0..HTTP_OAI_MAX_LOGPROBS (logprobs of a completion, top_logprobs of a chat). */
+static int logprob_count(json_t *v, const char *name, uint32_t *out, char *param, size_t pcap,
+                         char *msg, size_t cap)
+{
+    if (!json_is_integer(v))
+        return BAD(name, "%s: must be an integer 0..%d", name, HTTP_OAI_MAX_LOGPROBS);
+    if (json_integer_value(v) < 0 || json_integer_value(v) > HTTP_OAI_MAX_LOGPROBS)
+        return refuse(ERR_RANGE, param, pcap, name, msg, cap, "%s: %lld is outside 0..%d", name,
+                      (long long)json_integer_value(v), HTTP_OAI_MAX_LOGPROBS);
+    *out = (uint32_t)json_integer_value(v);
+    return 0;
+}
+
+/* completions: logprobs N; chat: logprobs (a boolean) and top_logprobs N, which needs it */
+static int get_logprobs(json_t *root, bool chat, struct http_oai_req *r, char *param,
+                        size_t pcap, char *msg, size_t cap)
+{
+    json_t *v = json_object_get(root, "logprobs"), *t = json_object_get(root, "top_logprobs");
+    int rc;
+    if (!chat) {
+        if (t && !json_is_null(t))
+            return BAD("top_logprobs", "top_logprobs: a chat parameter; completions take "
+                       "logprobs: N");
+        if (!v || json_is_null(v))
+            return 0;
+        r->logprobs = true;
+        return logprob_count(v, "logprobs", &r->top_logprobs, param, pcap, msg, cap);
+    }
+    if (v && !json_is_null(v)) {
+        if (!json_is_boolean(v))
+            return BAD("logprobs", "logprobs: must be a boolean (top_logprobs gives the count)");
+        r->logprobs = json_is_true(v);
+    }
+    if (t && !json_is_null(t)) {
+        if ((rc = logprob_count(t, "top_logprobs", &r->top_logprobs, param, pcap, msg, cap)) < 0)
+            return rc;
+        if (!r->logprobs)
+            return BAD("top_logprobs", "top_logprobs: needs logprobs: true");
+    }
+    return 0;
+}
+
 static int parse_root(json_t *root, bool chat, struct http_oai_req *r, char *param, size_t pcap,
                       char *msg, size_t cap)
 {
@@ -228,7 +264,8 @@ static int parse_root(json_t *root, bool chat, struct http_oai_req *r, char *par
     int rc;
     if (!json_is_object(root))
         return BAD("", "the body must be a JSON object");
-    if ((rc = check_unsupported(root, param, pcap, msg, cap)) < 0)
+    if ((rc = check_unsupported(root, param, pcap, msg, cap)) < 0 ||
+        (rc = get_logprobs(root, chat, r, param, pcap, msg, cap)) < 0)
         return rc;
     v = json_object_get(root, "model");
     if (!v)

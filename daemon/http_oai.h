@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define HTTP_OAI_MAX_LOGPROBS 20 /* OpenAI's bound on logprobs / top_logprobs */
 #define HTTP_OAI_MAX_N 16u      /* choices per request ("n") */
 #define HTTP_OAI_MAX_STOP 16u   /* stop strings (SHM_MAX_STOP) */
 #define HTTP_OAI_MAX_MSGS 4096u /* chat messages */
@@ -43,13 +44,18 @@ struct http_oai_req {
     uint64_t seed;
     size_t n_stop;
     char *stop[HTTP_OAI_MAX_STOP];
+    /* completions: logprobs N (0..20: the chosen token's and N alternatives'); chat:
+     * logprobs true, top_logprobs N (0..20) */
+    bool logprobs;
+    uint32_t top_logprobs;
 };
 
 /*
  * Reads body[len] (a JSON object) into *out (owned: http_oai_free). 0, or a negative code with
  * param[pcap] the offending parameter ("" for the body itself) and msg[cap] saying what is
  * wrong: ERR_FORMAT (not JSON, wrong type, missing), ERR_UNSUPPORTED (a parameter this server
- * does not implement: logprobs, top_logprobs, tools, ...), ERR_RANGE (n, a count out of range).
+ * does not implement: tools, echo, ...), ERR_RANGE (n, logprobs, top_logprobs: a count out of
+ * range).
  */
 int http_oai_parse(const char *body, size_t len, bool chat, struct http_oai_req *out,
                    char *param, size_t pcap, char *msg, size_t cap);

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #define HTTP_SRV_MAGIC 0x48535256u /* "HSRV" */
-#define HTTP_SRV_HANDLES 4
+#define HTTP_SRV_HANDLES 6
 
 struct http_srv {
     uint32_t magic;
@@ -31,6 +31,10 @@ struct http_srv {
     uv_timer_t timer; /* MHD_get_timeout */
     uv_timer_t watch; /* hang-ups of suspended connections */
     uv_async_t async; /* http_srv_wake */
+    uv_check_t check; /* http_srv_defer: after each turn's I/O */
+    uv_idle_t idle;   /* ... which must not block in poll while a request waits for it */
+    uint64_t turn;    /* check callbacks so far */
+    size_t n_deferred;
     int open_handles;
     bool running;     /* MHD_run may be called */
     int port;
@@ -60,6 +64,10 @@ static void on_timer(uv_timer_t *t) { run(t->data); }
 
 static void unlist(struct http_srv *s, struct http_srv_susp *x)
 {
+    if (x->deferred) {
+        x->deferred = false;
+        s->n_deferred--;
+    }
     if (!x->listed)
         return;
     if (x->prev)
@@ -93,6 +101,43 @@ static void on_async(uv_async_t *a)
             resume(s, x);
     }
     run(s);
+}
+
+static void on_idle(uv_idle_t *i) { (void)i; }
+
+/* After the turn's I/O: the deferred requests whose turn came are resumed. */
+static void on_check(uv_check_t *c)
+{
+    struct http_srv *s = c->data;
+    s->turn++;
+    bool any = false;
+    for (struct http_srv_susp *x = s->susp, *next; x && s->running; x = next) {
+        next = x->next;
+        if (x->deferred && x->defer_turn <= s->turn) {
+            resume(s, x);
+            any = true;
+        }
+    }
+    if (s->n_deferred == 0) {
+        uv_check_stop(&s->check);
+        uv_idle_stop(&s->idle);
+    }
+    if (any)
+        run(s);
+}
+
+void http_srv_defer(struct http_srv *s, struct http_srv_susp *x)
+{
+    http_srv_suspend(s, x);
+    if (!x->deferred) {
+        x->deferred = true;
+        s->n_deferred++;
+    }
+    /* handlers run in a turn's I/O phase, whose check comes next (turn + 1): the next whole
+     * turn ends at turn + 2 */
+    x->defer_turn = s->turn + 2;
+    uv_check_start(&s->check, on_check);
+    uv_idle_start(&s->idle, on_idle);
 }
 
 /* A suspended connection whose client closed (or reset) it. */
@@ -295,7 +340,10 @@ int http_srv_create(uv_loop_t *loop, const struct http_srv_opts *o, struct http_
     uv_timer_init(loop, &s->timer);
     uv_timer_init(loop, &s->watch);
     uv_async_init(loop, &s->async, on_async);
-    s->poll.data = s->timer.data = s->watch.data = s->async.data = s;
+    uv_check_init(loop, &s->check);
+    uv_idle_init(loop, &s->idle);
+    s->poll.data = s->timer.data = s->watch.data = s->async.data = s->check.data =
+        s->idle.data = s;
     s->open_handles = HTTP_SRV_HANDLES;
     s->running = true;
     uv_poll_start(&s->poll, UV_READABLE, on_poll);
@@ -325,4 +373,6 @@ void http_srv_destroy(struct http_srv *s)
     uv_close((uv_handle_t *)&s->timer, on_handle_closed);
     uv_close((uv_handle_t *)&s->watch, on_handle_closed);
     uv_close((uv_handle_t *)&s->async, on_handle_closed);
+    uv_close((uv_handle_t *)&s->check, on_handle_closed);
+    uv_close((uv_handle_t *)&s->idle, on_handle_closed);
 }

@@ -32,6 +32,8 @@ struct http_srv_susp {
     bool suspended;
     bool listed;
     _Atomic bool wake;                 /* set by http_srv_wake (any thread) */
+    bool deferred;                     /* http_srv_defer: resumed at turn defer_turn */
+    uint64_t defer_turn;
     void (*gone)(struct http_srv_susp *s); /* its client hung up while suspended */
 };
 
@@ -63,6 +65,11 @@ int http_srv_port(const struct http_srv *s);
  * http_srv_wake or a hang-up. A wake that came since s->wake was last cleared resumes it at
  * once (next loop turn). */
 void http_srv_suspend(struct http_srv *srv, struct http_srv_susp *s);
+/* Loop thread, from s's handler: suspends s->conn until the loop has finished its next whole
+ * turn, so that every event already pending when the handler ran (a signal's included, which
+ * libuv may order after MHD's in the same turn) has been handled when the handler runs again.
+ * Suspended like http_srv_suspend (a hang-up meanwhile runs gone()). */
+void http_srv_defer(struct http_srv *srv, struct http_srv_susp *s);
 /* Any thread: resume s soon (the loop thread does it). */
 void http_srv_wake(struct http_srv *srv, struct http_srv_susp *s);
 /* Loop thread: s is going away (its request completed): no wake or watch touches it again. */

@@ -309,6 +309,9 @@ static int check_generate(const struct ctx *c, const struct shm_msg_generate *g)
                       SHM_MAX_REPEAT_WINDOW);
     if (g->max_tokens == 0)
         return REFUSE(c, "max_tokens is 0 (the gateway resolves the default)");
+    if (g->top_logprobs > SHM_MAX_TOP_LOGPROBS || (g->top_logprobs && !g->logprobs))
+        return REFUSE(c, "top_logprobs %" PRIu32 " %s %u", g->top_logprobs,
+                      g->logprobs ? "exceeds" : "without logprobs; at most", SHM_MAX_TOP_LOGPROBS);
     if ((unsigned)g->priority > SHM_PRIO_LOW)
         return REFUSE(c, "priority %u is not a priority", (unsigned)g->priority);
     if (g->flags & ~SHM_GEN_FLAGS)
@@ -339,6 +342,59 @@ static int check_generate(const struct ctx *c, const struct shm_msg_generate *g)
             return rc;
     }
     return 0;
+}
+
+/* A TOKEN's logprobs (nothing in shared memory is trusted: NaN, a positive logprob or an
+ * unordered list would reach the client's JSON). */
+static int check_logprob(struct ctx *c, const char *which, uint32_t i,
+                         const struct shm_msg_logprob *x)
+{
+    if (x->id < 0)
+        return REFUSE(c, "logprob %s %" PRIu32 ": token %" PRId32 " is negative", which, i,
+                      x->id);
+    if (!(x->logprob >= SHM_LOGPROB_FLOOR && x->logprob <= 0.0f))
+        return REFUSE(c, "logprob %s %" PRIu32 ": %g is outside [%g, 0]", which, i,
+                      (double)x->logprob, (double)SHM_LOGPROB_FLOOR);
+    if (x->piece_len > SHM_MAX_LOGPROB_PIECE)
+        return REFUSE(c, "logprob %s %" PRIu32 ": a piece of %" PRIu32 " bytes exceeds %u",
+                      which, i, x->piece_len, SHM_MAX_LOGPROB_PIECE);
+    CHECK(x->piece_len == 0 || x->piece);
+    return 0;
+}
+
+static int check_logprobs(struct ctx *c, const struct shm_msg_token *t)
+{
+    if (!t->has_logprob)
+        return t->n_top ? REFUSE(c, "%" PRIu32 " logprob alternatives without a logprob",
+                                 t->n_top)
+                        : 0;
+    if (t->token < 0)
+        return REFUSE(c, "a text-only piece carries a logprob");
+    if (t->own.id != t->token)
+        return REFUSE(c, "the logprob is of token %" PRId32 ", not %" PRId32, t->own.id,
+                      t->token);
+    if (t->n_top > SHM_MAX_TOP_LOGPROBS)
+        return REFUSE(c, "%" PRIu32 " logprob alternatives, at most %u", t->n_top,
+                      SHM_MAX_TOP_LOGPROBS);
+    int rc = check_logprob(c, "of the token", 0, &t->own);
+    for (uint32_t i = 0; rc == 0 && i < t->n_top; i++) {
+        rc = check_logprob(c, "alternative", i, &t->top[i]);
+        if (rc == 0 && i && t->top[i].logprob > t->top[i - 1].logprob)
+            rc = REFUSE(c, "logprob alternative %" PRIu32 " is more likely than the one before "
+                        "it", i);
+    }
+    return rc;
+}
+
+/* Bytes of a TOKEN's logprob section (after validate). */
+static uint64_t logprobs_bytes(const struct shm_msg_token *t)
+{
+    if (!t->has_logprob)
+        return 0;
+    uint64_t n = sizeof(struct shm_wire_logprob) + t->own.piece_len;
+    for (uint32_t i = 0; i < t->n_top; i++)
+        n += sizeof(struct shm_wire_logprob) + t->top[i].piece_len;
+    return n;
 }
 
 static int validate(const char *what, const struct shm_msg *m)
@@ -392,6 +448,8 @@ static int validate(const char *what, const struct shm_msg *m)
             return REFUSE(&c, "channel %u is not a channel", (unsigned)m->token.channel);
         if (m->token.call && m->token.token < 0)
             return REFUSE(&c, "a text-only piece marked as a tool call");
+        if ((rc = check_logprobs(&c, &m->token)) < 0)
+            return rc;
         if (m->token.text_len > SHM_MAX_PIECE)
             return REFUSE(&c, "text of %" PRIu32 " bytes exceeds %u", m->token.text_len,
                           SHM_MAX_PIECE);
@@ -490,7 +548,7 @@ static uint64_t encoded_size(const struct shm_msg *m)
     case SHM_MSG_ADAPTER_UNLOAD:
         return sizeof(struct shm_wire_name) + wlen(m->name.name);
     case SHM_MSG_TOKEN:
-        return sizeof(struct shm_wire_token) + m->token.text_len;
+        return sizeof(struct shm_wire_token) + m->token.text_len + logprobs_bytes(&m->token);
     case SHM_MSG_FINISH:
         return sizeof(struct shm_wire_finish);
     case SHM_MSG_ERROR:
@@ -558,7 +616,8 @@ void shm_msg_encode(const struct shm_msg *m, void *buf, uint32_t len)
             .priority = (uint32_t)g->priority, .flags = g->flags,
             .n_prompt_ids = g->n_prompt_ids, .prompt_text_len = g->prompt_text_len,
             .adapter_len = (uint32_t)wlen(g->adapter), .n_stop = g->n_stop,
-            .stop_bytes = (uint32_t)stop_bytes(g)};
+            .stop_bytes = (uint32_t)stop_bytes(g),
+            .logprobs = g->logprobs ? 1 + g->top_logprobs : 0};
         put(&o, &w, sizeof w);
         put(&o, g->prompt_ids, 4ull * g->n_prompt_ids);
         put_str(&o, g->adapter);
@@ -610,9 +669,19 @@ void shm_msg_encode(const struct shm_msg *m, void *buf, uint32_t len)
                                    .text_len = m->token.text_len |
                                                (uint32_t)m->token.channel
                                                    << SHM_TOKEN_CHANNEL_SHIFT |
-                                               (m->token.call ? SHM_TOKEN_CALL : 0)};
+                                               (m->token.call ? SHM_TOKEN_CALL : 0) |
+                                               (m->token.has_logprob
+                                                    ? SHM_TOKEN_LOGPROBS |
+                                                          m->token.n_top << SHM_TOKEN_TOP_SHIFT
+                                                    : 0)};
         put(&o, &w, sizeof w);
         put(&o, m->token.text, m->token.text_len);
+        for (uint32_t i = 0; m->token.has_logprob && i <= m->token.n_top; i++) {
+            const struct shm_msg_logprob *x = i ? &m->token.top[i - 1] : &m->token.own;
+            struct shm_wire_logprob wl = {x->id, x->logprob, x->piece_len};
+            put(&o, &wl, sizeof wl);
+            put(&o, x->piece, x->piece_len);
+        }
         break;
     }
     case SHM_MSG_FINISH: {
@@ -707,6 +776,16 @@ static int expect_total(struct in *in, uint64_t sections)
     return 0;
 }
 
+/* At least `sections` more bytes (sections that carry their own lengths, read one by one). */
+static int expect_min(struct in *in, uint64_t sections)
+{
+    uint64_t want = (uint64_t)in->off + sections;
+    if (want > in->len)
+        return REFUSE(in->c, "%" PRIu32 " bytes, but its fixed part and counts make at least %"
+                      PRIu64, in->len, want);
+    return 0;
+}
+
 static const void *take(struct in *in, uint64_t n)
 {
     CHECK(n <= (uint64_t)in->len - in->off); /* expect_total() came first */
@@ -776,8 +855,10 @@ static int decode_generate(struct in *in, struct ctx *c, struct shm_msg_generate
     if (rc < 0)
         return rc;
     c->id = w.request_id;
-    if ((rc = reserved_zero(in, w.reserved)) < 0 ||
-        (rc = expect_total(in, 4ull * w.n_prompt_ids + w.adapter_len + (uint64_t)w.stop_bytes +
+    if (w.logprobs > 1 + SHM_MAX_TOP_LOGPROBS)
+        return REFUSE(c, "logprobs %" PRIu32 " exceeds %u (1 + the alternatives)", w.logprobs,
+                      1 + SHM_MAX_TOP_LOGPROBS);
+    if ((rc = expect_total(in, 4ull * w.n_prompt_ids + w.adapter_len + (uint64_t)w.stop_bytes +
                                    w.prompt_text_len)) < 0)
         return rc;
     *g = (struct shm_msg_generate){
@@ -786,7 +867,8 @@ static int decode_generate(struct in *in, struct ctx *c, struct shm_msg_generate
         .repeat_penalty = w.repeat_penalty, .adapter_scale = w.adapter_scale, .top_k = w.top_k,
         .repeat_window = w.repeat_window, .max_tokens = w.max_tokens,
         .priority = (enum shm_priority)w.priority, .flags = w.flags,
-        .n_prompt_ids = w.n_prompt_ids, .prompt_text_len = w.prompt_text_len};
+        .n_prompt_ids = w.n_prompt_ids, .prompt_text_len = w.prompt_text_len,
+        .logprobs = w.logprobs != 0, .top_logprobs = w.logprobs ? w.logprobs - 1 : 0};
     if (w.priority > SHM_PRIO_LOW) /* before it becomes an enum value anyone switches on */
         return REFUSE(c, "priority %" PRIu32 " is not a priority", w.priority);
     if ((rc = take_ids(in, w.n_prompt_ids, &g->prompt_ids)) < 0 ||
@@ -876,14 +958,45 @@ int shm_msg_decode(const char *what, uint32_t type, const void *buf, uint32_t le
             break;
         c.id = w.request_id;
         uint32_t tlen = w.text_len & SHM_TOKEN_LEN_MASK;
-        if ((rc = expect_total(&in, tlen)) < 0)
+        bool lp = (w.text_len & SHM_TOKEN_LOGPROBS) != 0;
+        uint32_t n_top = w.text_len >> SHM_TOKEN_TOP_SHIFT & SHM_TOKEN_TOP_MASK;
+        if (!lp && n_top) {
+            rc = REFUSE(&c, "%" PRIu32 " logprob alternatives without the logprob flag", n_top);
+            break;
+        }
+        if (n_top > SHM_MAX_TOP_LOGPROBS) {
+            rc = REFUSE(&c, "%" PRIu32 " logprob alternatives, at most %u", n_top,
+                        SHM_MAX_TOP_LOGPROBS);
+            break;
+        }
+        if ((rc = lp ? expect_min(&in, tlen) : expect_total(&in, tlen)) < 0)
             break;
         out->token = (struct shm_msg_token){
             .request_id = w.request_id, .token = w.token, .text_len = tlen,
             .channel = (enum shm_channel)(w.text_len >> SHM_TOKEN_CHANNEL_SHIFT &
                                           SHM_TOKEN_CHANNEL_MASK),
             .call = (w.text_len & SHM_TOKEN_CALL) != 0,
-            .text = tlen ? take(&in, tlen) : NULL};
+            .text = tlen ? take(&in, tlen) : NULL, .has_logprob = lp, .n_top = n_top};
+        /* the entries, each a fixed part (unaligned after the text: copied) and its piece */
+        for (uint32_t i = 0; lp && rc == 0 && i <= n_top; i++) {
+            struct shm_msg_logprob *x = i ? &out->token.top[i - 1] : &out->token.own;
+            struct shm_wire_logprob wl;
+            if ((rc = expect_min(&in, sizeof wl)) < 0)
+                break;
+            memcpy(&wl, take(&in, sizeof wl), sizeof wl);
+            if (wl.piece_len > SHM_MAX_LOGPROB_PIECE) {
+                rc = REFUSE(&c, "logprob entry %" PRIu32 ": a piece of %" PRIu32 " bytes "
+                            "exceeds %u", i, wl.piece_len, SHM_MAX_LOGPROB_PIECE);
+                break;
+            }
+            if ((rc = expect_min(&in, wl.piece_len)) < 0)
+                break;
+            *x = (struct shm_msg_logprob){.id = wl.id, .logprob = wl.logprob,
+                                          .piece_len = wl.piece_len,
+                                          .piece = wl.piece_len ? take(&in, wl.piece_len) : NULL};
+        }
+        if (rc == 0)
+            rc = expect_total(&in, 0);
         break;
     }
     case SHM_MSG_FINISH: {

@@ -42,6 +42,8 @@ struct shm_msg_generate {
     const char *adapter;            /* NULL = base model */
     const char *stop[SHM_MAX_STOP]; /* [n_stop] non-empty C strings */
     uint32_t n_stop;
+    bool logprobs;                  /* each TOKEN carries its logprob ... */
+    uint32_t top_logprobs;          /* ... and this many alternatives' (<= SHM_MAX_TOP_LOGPROBS) */
 };
 
 struct shm_msg_tokenize {
@@ -68,6 +70,13 @@ struct shm_msg_name {               /* ADAPTER_UNLOAD */
     const char *name;
 };
 
+struct shm_msg_logprob {
+    int32_t id;
+    float logprob;
+    const char *piece;              /* [piece_len] bytes: the token's own */
+    uint32_t piece_len;
+};
+
 struct shm_msg_token {
     uint64_t request_id;
     enum shm_channel channel;       /* chat requests: the piece's channel; else SHM_CH_NONE */
@@ -75,6 +84,13 @@ struct shm_msg_token {
     int32_t token;                  /* -1: a text-only piece, not a generated token */
     const char *text;               /* [text_len] bytes, text_len <= SHM_MAX_PIECE */
     uint32_t text_len;
+    /* a generation that asked for logprobs (a generated token, not text only), each checked:
+     * ids >= 0, logprobs finite in [SHM_LOGPROB_FLOOR, 0], pieces <= SHM_MAX_LOGPROB_PIECE
+     * bytes, the alternatives most likely first */
+    bool has_logprob;
+    struct shm_msg_logprob own;     /* the token's own (own.id = token) */
+    uint32_t n_top;
+    struct shm_msg_logprob top[SHM_MAX_TOP_LOGPROBS];
 };
 
 struct shm_msg_finish {

@@ -69,7 +69,7 @@
 #include <stdint.h>
 
 #define SHM_MAGIC 0x48534c43u      /* "CLSH" */
-#define SHM_ABI_VERSION 1u
+#define SHM_ABI_VERSION 2u
 #define SHM_LINE 64u               /* cache line: no two writers share one */
 #define SHM_PAGE 4096u
 #define SHM_HDR_SIZE 4096u         /* the header page; ring data follows, page-aligned */
@@ -253,7 +253,8 @@ struct shm_wire_generate {
     uint32_t adapter_len;
     uint32_t n_stop;                /* <= SHM_MAX_STOP */
     uint32_t stop_bytes;
-    uint32_t reserved;              /* 0 */
+    uint32_t logprobs;              /* 0 = none; else 1 + the alternatives each TOKEN carries
+                                     * (0..SHM_MAX_TOP_LOGPROBS) */
 };
 
 /* CANCEL, STATS_QUERY, DONE */
@@ -289,19 +290,38 @@ struct shm_wire_name {
     uint32_t reserved;              /* 0 */
 };
 
-/* TOKEN, then uint8 text[text_len] (the completed UTF-8 text this token adds; may be empty) */
+/* TOKEN, then uint8 text[text_len] (the completed UTF-8 text this token adds; may be empty),
+ * then, when text_len has SHM_TOKEN_LOGPROBS (a GENERATE that asked for logprobs, a generated
+ * token), 1 + n_top entries, each a struct shm_wire_logprob then uint8 piece[piece_len] (the
+ * token's own bytes, possibly a partial UTF-8 character): the token's own (its id = token),
+ * then its n_top most likely alternatives, most likely first. Log-probabilities are natural
+ * logs, finite, in [SHM_LOGPROB_FLOOR, 0] (an impossible token's is the floor). */
 struct shm_wire_token {
     uint64_t request_id;
     int32_t token;                  /* >= 0; -1 = text only (held back until the end, with text) */
-    uint32_t text_len;              /* bits 0..23: the length, <= SHM_MAX_PIECE; bits 24..30:
-                                     * the piece's enum shm_channel (chat requests), else 0;
-                                     * bit 31 (SHM_TOKEN_CALL): the id is harmony's <|call|>,
-                                     * the reply ends with a tool call (its FINISH says EOS) */
+    uint32_t text_len;              /* bits 0..15: the length, <= SHM_MAX_PIECE;
+                                     * bits 16..22: n_top (<= SHM_MAX_TOP_LOGPROBS);
+                                     * bit 23 (SHM_TOKEN_LOGPROBS): the logprob section follows;
+                                     * bits 24..30: the piece's enum shm_channel (chat requests),
+                                     * else 0; bit 31 (SHM_TOKEN_CALL): the id is harmony's
+                                     * <|call|>, the reply ends with a tool call (FINISH: EOS) */
 };
-#define SHM_TOKEN_LEN_MASK 0xffffffu
+#define SHM_TOKEN_LEN_MASK 0xffffu
+#define SHM_TOKEN_TOP_SHIFT 16
+#define SHM_TOKEN_TOP_MASK 0x7fu
+#define SHM_TOKEN_LOGPROBS 0x800000u
 #define SHM_TOKEN_CHANNEL_SHIFT 24
 #define SHM_TOKEN_CHANNEL_MASK 0x7fu
 #define SHM_TOKEN_CALL 0x80000000u
+#define SHM_MAX_TOP_LOGPROBS 20u
+#define SHM_LOGPROB_FLOOR -9999.0f
+
+#define SHM_MAX_LOGPROB_PIECE 256u   /* bytes of one token's piece in a logprob entry */
+struct shm_wire_logprob {
+    int32_t id;                     /* >= 0 */
+    float logprob;
+    uint32_t piece_len;             /* <= SHM_MAX_LOGPROB_PIECE */
+};
 
 enum shm_finish {
     SHM_FINISH_EOS = 1,             /* the model ended the sequence */
@@ -458,7 +478,7 @@ SHM_PIN(shm_wire_generate, prompt_text_len, 76);
 SHM_PIN(shm_wire_generate, adapter_len, 80);
 SHM_PIN(shm_wire_generate, n_stop, 84);
 SHM_PIN(shm_wire_generate, stop_bytes, 88);
-SHM_PIN(shm_wire_generate, reserved, 92);
+SHM_PIN(shm_wire_generate, logprobs, 92);
 static_assert(sizeof(struct shm_wire_id) == 8, "abi");
 SHM_PIN(shm_wire_id, request_id, 0);
 static_assert(sizeof(struct shm_wire_tokenize) == 16, "abi");
@@ -478,6 +498,9 @@ SHM_PIN(shm_wire_name, request_id, 0);
 SHM_PIN(shm_wire_name, name_len, 8);
 SHM_PIN(shm_wire_name, reserved, 12);
 static_assert(sizeof(struct shm_wire_token) == 16, "abi");
+static_assert(sizeof(struct shm_wire_logprob) == 12, "abi");
+static_assert(SHM_MAX_PIECE <= SHM_TOKEN_LEN_MASK, "abi");
+static_assert(SHM_MAX_TOP_LOGPROBS <= SHM_TOKEN_TOP_MASK, "abi");
 SHM_PIN(shm_wire_token, request_id, 0);
 SHM_PIN(shm_wire_token, token, 8);
 SHM_PIN(shm_wire_token, text_len, 12);

@@ -44,6 +44,7 @@
 #define GW_PEERS 256u             /* connections whose early resets are counted at once */
 #define GW_QUOTA_TENANTS 256u     /* tenants whose quotas are tracked (config.c caps lower) */
 #define GW_CQ_THREADS 2           /* completion-queue threads (gw.c says why two) */
+#define GW_OVER 64u               /* connections over limits.max_connections awaiting their close */
 
 enum gw_method {
     GW_GENERATE = 0,
@@ -85,6 +86,20 @@ static inline void gw__tag_run(struct gw_tag *t, bool ok)
 
 struct gw_call;
 
+/* One generated token's log-probabilities as a TOKEN record brought them (logprobs requests):
+ * the token's own and its alternatives', each with its piece (bytes at the item's lp_bytes +
+ * off, len of them). */
+struct gw_lp_ent {
+    int32_t id;
+    float logprob;
+    uint32_t off, len;
+};
+struct gw_lp {
+    struct gw_lp_ent own;
+    uint32_t n_top;
+    struct gw_lp_ent top[SHM_MAX_TOP_LOGPROBS];
+};
+
 /* One worker request of a call (a Generate, one prompt of a batch, one worker's adapter load,
  * a tokenization). Guarded by its call's mutex. */
 struct gw_item {
@@ -108,6 +123,12 @@ struct gw_item {
     size_t n_segs;
     bool tool_call;            /* chat: the reply ended on harmony's <|call|> (SHM_TOKEN_CALL) */
     uint64_t sent_tokens;      /* tokens already handed to gRPC */
+    /* logprobs requests: one entry per pending id (gRPC sends them with their ids; an
+     * external caller takes them apart, gw_ext_take_logprobs), their pieces in lp_bytes */
+    struct gw_lp *lps;
+    size_t n_lps, cap_lps;
+    char *lp_bytes;
+    size_t lp_len, lp_cap;
     /* the ending */
     bool finished;             /* FINISH came */
     struct shm_msg_finish fin;
@@ -151,6 +172,7 @@ struct gw_call {
     bool sending, md_sent, status_sent, closed, counted;
     bool msg_sent;                 /* a response message went out (not an early reset) */
     bool close_seen;               /* on_close ran (RECV_CLOSE_ON_SERVER came back) */
+    bool live;                     /* counted in g->live_calls until freed */
     char peer[80];                 /* its connection as gRPC names it ("fd:12", "ipv4:a:p") */
     struct config *cfg;            /* the snapshot the call runs with */
     char tenant[CONFIG_NAME_MAX];  /* "" = anonymous */
@@ -283,7 +305,15 @@ struct gw {
     bool conn_started;
     pthread_mutex_t conn_mu;       /* guards peers */
     struct gw_peer peers[GW_PEERS];
+    /* connections accepted over limits.max_connections: their calls are refused, naming the
+     * limit, and the connection thread closes them at close_ns */
+    struct gw_over {
+        int fd;
+        uint64_t close_ns;
+    } over[GW_OVER];
+    size_t n_over;
     _Atomic uint64_t trim_until_ns;
+    atomic_size_t live_calls;      /* gRPC calls arrived and not yet freed (limits.max_calls) */
 
     pthread_mutex_t quota_mu;      /* guards quotas (a leaf lock) */
     struct gw_quota quotas[GW_QUOTA_TENANTS];
@@ -309,6 +339,9 @@ void gw__conn_stop(struct gw *g);
  * gRPC's name of it, read when the call arrived); past limit in 10 s the connection is sent
  * GOAWAY and closed. */
 void gw__conn_early_reset(struct gw *g, const char *peer, uint32_t limit);
+/* Whether a call's connection (peer) was accepted over limits.max_connections: its calls are
+ * refused (RESOURCE_EXHAUSTED) until the connection thread closes it. */
+bool gw__conn_over(struct gw *g, const char *peer);
 
 /* ---- gw_quota.c: per-tenant quotas ---- */
 /* Admits n_requests worker requests of which n_generations are generations (counted queued
@@ -400,6 +433,11 @@ int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
  * says how it stands; the call's own status (a refusal) shows as every item's. 0 / -ENOMEM. */
 int gw_ext_take(struct gw_call *c, size_t i, char **buf, size_t *len, size_t *cap,
                 struct gw_ext_state *st);
+/* The logprobs of item i's tokens that came since the last call (a request with logprobs):
+ * *lps[*n] and the bytes their pieces point into (*bytes) move to the caller, who frees both
+ * (NULL and 0 when none). Independent of gw_ext_take. 0 / -ENOMEM never (a move). */
+void gw_ext_take_logprobs(struct gw_call *c, size_t i, struct gw_lp **lps, size_t *n,
+                          char **bytes);
 /* The owner is done with c (any time, any thread): changed() is never run again, work still
  * running is cancelled (counted as CANCELLED), and the owner's reference is dropped. */
 void gw_ext_release(struct gw_call *c);

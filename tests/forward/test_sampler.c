@@ -12,6 +12,7 @@
 #include "sampler.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -553,6 +554,93 @@ static void test_stop_strings(void **state)
     tu_log_capture_end();
 }
 
+
+/* ---- log-probabilities ------------------------------------------------------------------- */
+
+/* log-softmax of x / t in long double, the plain way: the reference */
+static void ref_log_softmax(const float *x, uint32_t n, double t, long double *out)
+{
+    long double m = -INFINITY, sum = 0.0L;
+    for (uint32_t i = 0; i < n; i++)
+        m = (long double)x[i] / t > m ? (long double)x[i] / t : m;
+    for (uint32_t i = 0; i < n; i++)
+        sum += expl((long double)x[i] / t - m);
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = (long double)x[i] / t - m - logl(sum);
+}
+
+static void test_logprobs(void **state)
+{
+    (void)state;
+    enum { V = 5000 };
+    float *x = malloc(V * sizeof *x);
+    long double *ref = malloc(V * sizeof *ref);
+    assert_non_null(x);
+    assert_non_null(ref);
+    uint64_t r = 7;
+    for (uint32_t i = 0; i < V; i++)
+        x[i] = (float)(rng_unit_f64(rng_splitmix64(&r)) * 40.0 - 20.0);
+    x[123] = x[4000] = 25.0f; /* a tie for first: the lower id ranks first */
+    const float temps[] = {0.0f, 0.7f, 1.0f, 1.5f};
+    for (size_t k = 0; k < sizeof temps / sizeof temps[0]; k++) {
+        struct sampler_params p = params(temps[k]);
+        p.top_k = 3, p.top_p = 0.5f; /* cuts do not change the reported distribution */
+        struct sampler *s = make(&p, V);
+        int32_t id = sampler_sample(s, x, NULL, 0);
+        assert_true(id >= 0);
+        struct sampler_logprob top[SAMPLER_MAX_TOP_LOGPROBS];
+        uint32_t n = 0;
+        float lp = 1.0f;
+        sampler_logprobs(s, id, 25, &lp, top, &n); /* 25: capped at 20 */
+        assert_int_equal(n, SAMPLER_MAX_TOP_LOGPROBS);
+        /* greedy reports the model's own (temperature 1) distribution */
+        ref_log_softmax(x, V, temps[k] > 0.0f ? temps[k] : 1.0, ref);
+        assert_true(fabsl((long double)lp - ref[id]) < 1e-5L);
+        assert_int_equal(top[0].id, 123);
+        assert_int_equal(top[1].id, 4000);
+        for (uint32_t j = 0; j < n; j++) {
+            assert_true(fabsl((long double)top[j].logprob - ref[top[j].id]) < 1e-5L);
+            if (j)
+                assert_true(top[j].logprob <= top[j - 1].logprob);
+            /* no token outside the list is more likely than its last */
+        }
+        for (uint32_t i = 0; i < V; i++) {
+            bool listed = false;
+            for (uint32_t j = 0; j < n; j++)
+                listed |= top[j].id == (int32_t)i;
+            if (!listed)
+                assert_true(ref[i] <= (long double)top[n - 1].logprob + 1e-6L);
+        }
+        sampler_logprobs(s, id, 0, &lp, top, &n); /* the chosen token's only */
+        assert_int_equal(n, 0);
+        sampler_destroy(s);
+    }
+    /* the repetition penalty is part of the distribution drawn from; an impossible token's
+     * logprob is the floor, never -inf */
+    float y[4] = {2.0f, 1.0f, -INFINITY, 0.5f};
+    struct sampler_params p = params(1.0f);
+    p.repeat_penalty = 2.0f;
+    struct sampler *s = make(&p, 4);
+    int32_t hist[1] = {0};
+    int32_t id = sampler_sample(s, y, hist, 1);
+    float lp;
+    struct sampler_logprob top[4];
+    uint32_t n;
+    sampler_logprobs(s, 2, 4, &lp, top, &n);
+    assert_true(lp == SAMPLER_LOGPROB_FLOOR);
+    assert_int_equal(n, 4);
+    float pen[4] = {1.0f, 1.0f, -INFINITY, 0.5f};
+    ref_log_softmax(pen, 4, 1.0, ref);
+    assert_int_equal(top[0].id, 0); /* 2 / 2 = 1, tied with id 1: the lower id first */
+    assert_int_equal(top[1].id, 1);
+    assert_true(fabsl((long double)top[0].logprob - ref[0]) < 1e-6L);
+    assert_true(top[3].logprob == SAMPLER_LOGPROB_FLOOR && top[3].id == 2);
+    (void)id;
+    sampler_destroy(s);
+    free(x);
+    free(ref);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -566,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_top_p_brute_force),
         cmocka_unit_test(test_repeat_penalty),
         cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -248,3 +248,34 @@ def test_sighup_loads_changes_and_drops_adapters(env):
     assert "hup" not in names
     # the configured adapters are untouched by all this
     assert _outputs(d, md, "a2", n=4) == [refs[(0, "a2")]] * 4
+
+
+def test_logprobs(env):
+    """Issue 14: GenerateRequest.logprobs/top_logprobs come back as one TokenLogprob per id,
+    each with its alternatives, most likely first; greedy draws the most likely token, so its
+    own logprob is the first alternative's; bad counts are INVALID_ARGUMENT naming the field."""
+    d, _, refs = env
+    md = T.key("alice-key-0001")
+    req = T.pb.GenerateRequest(max_tokens=MAX_NEW, logprobs=True, top_logprobs=3,
+                               sampling=T.pb.SamplingParams(temperature=0.0))
+    req.prompt_ids.ids.extend(PROMPTS[0])
+    ids, lps = [], []
+    for r in d.stub.Generate(req, metadata=md, timeout=60):
+        assert len(r.logprobs) == len(r.token_ids)
+        ids += list(r.token_ids)
+        lps += list(r.logprobs)
+    assert ids == refs[(0, None)]  # asking for logprobs changes nothing drawn
+    for tid, lp in zip(ids, lps):
+        assert lp.id == tid and -9999 <= lp.logprob <= 0
+        assert len(lp.top) == 3
+        assert [t.logprob for t in lp.top] == sorted((t.logprob for t in lp.top), reverse=True)
+        assert lp.top[0].id == tid and abs(lp.top[0].logprob - lp.logprob) < 1e-6
+    # without logprobs: none
+    _, last = T.generate(d.stub, md, PROMPTS[0], max_tokens=2)
+    assert len(last.logprobs) == 0
+    for kw, needle in [(dict(logprobs=True, top_logprobs=21), "top_logprobs: 21 exceeds 20"),
+                       (dict(top_logprobs=2), "top_logprobs: 2 needs logprobs")]:
+        with pytest.raises(grpc.RpcError) as e:
+            T.generate(d.stub, md, PROMPTS[0], max_tokens=2, **kw)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert needle in e.value.details(), e.value.details()

@@ -67,6 +67,25 @@ const tests = {
     for await (const ch of s) text += ch.choices[0].text;
     assert.equal(text, r.choices[0].text);
   },
+  async logprobs() {
+    const r = await client.chat.completions.create({ model, messages, max_tokens: 4,
+                                                     temperature: 0, logprobs: true,
+                                                     top_logprobs: 2 });
+    const content = r.choices[0].logprobs.content;
+    assert.equal(content.length, r.usage.completion_tokens);
+    for (const e of content) {
+      assert.ok(e.logprob <= 0 && Array.isArray(e.bytes) && e.top_logprobs.length === 2);
+      assert.ok(Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-5); // greedy
+    }
+    const c = await client.completions.create({ model, prompt: "Once upon", max_tokens: 3,
+                                                temperature: 0, logprobs: 1, stream: true });
+    let n = 0;
+    for await (const ch of c) {
+      const lp = ch.choices[0].logprobs;
+      if (lp) n += lp.tokens.length, assert.equal(lp.token_logprobs.length, lp.tokens.length);
+    }
+    assert.ok(n >= 1 && n <= 3);
+  },
   async adapterByName() {
     const r = await client.chat.completions.create({ model: "ad1", messages, max_tokens: 4 });
     assert.equal(r.model, "ad1");
@@ -74,8 +93,9 @@ const tests = {
   async errors() {
     await rejects(client.chat.completions.create({ model, messages, top_p: 7 }),
                   OpenAI.BadRequestError, 400, "top_p");
-    await rejects(client.chat.completions.create({ model, messages, logprobs: true }),
-                  OpenAI.BadRequestError, 400, "logprobs");
+    await rejects(client.chat.completions.create({ model, messages, logprobs: true,
+                                                   top_logprobs: 21 }),
+                  OpenAI.BadRequestError, 400, "top_logprobs");
     const nokey = new OpenAI({ baseURL, apiKey: "wrong-key", maxRetries: 0 });
     await rejects(nokey.chat.completions.create({ model, messages }),
                   OpenAI.AuthenticationError, 401);

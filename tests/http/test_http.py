@@ -208,7 +208,11 @@ def test_404_model_and_path(d):
     ({"model": "M", "prompt": "x", "stop": ["a"] * 17}, "stop"),
     ({"model": "M", "prompt": "x", "stream": "yes"}, "stream"),
     ({"model": "M", "prompt": "x", "stream_options": 1}, "stream_options"),
-    ({"model": "M", "prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"model": "M", "prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"model": "M", "prompt": "x", "logprobs": -1}, "logprobs"),
+    ({"model": "M", "prompt": "x", "logprobs": "x"}, "logprobs"),
+    ({"model": "M", "prompt": "x", "logprobs": True}, "logprobs"),
+    ({"model": "M", "prompt": "x", "top_logprobs": 2}, "top_logprobs"),
     ({"model": "M", "prompt": "x", "echo": True}, "echo"),
     ({"model": "M", "prompt": "x", "best_of": 3}, "best_of"),
 ])
@@ -231,10 +235,14 @@ def test_400_completions(d, body, param):
     ({"model": "M", "messages": [{"role": "user", "content": 5}]}, "messages"),
     ({"model": "M", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages"),
-    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "logprobs": True},
+    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "logprobs": 1},
      "logprobs"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 3},
      "top_logprobs"),
+    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "logprobs": True,
+      "top_logprobs": 21}, "top_logprobs"),
+    ({"model": "M", "messages": [{"role": "user", "content": "x"}], "logprobs": True,
+      "top_logprobs": -2}, "top_logprobs"),
     ({"model": "M", "messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "function"}]}, "tools"),
 ])
@@ -431,20 +439,97 @@ def test_vllm_metrics(d):
     assert count == inf == ht.metric(d, "clocher_ttft_seconds_count") and count > 0
 
 
+# ---- logprobs (issue 14) ----
+
+def _sse(d, path, body):
+    """The parsed data events of a streamed request (up to [DONE])."""
+    c = ht.conn(d)
+    c.request("POST", path, body=json.dumps(dict(body, stream=True)).encode(),
+              headers={"Authorization": "Bearer " + ALICE, "Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200
+    text = r.read().decode()
+    c.close()
+    assert text.endswith("data: [DONE]\n\n"), text[-200:]
+    return [json.loads(l[6:]) for l in text.splitlines() if l.startswith("data: {")]
+
+
+def _check_completion_lp(lp, n_tokens, top):
+    assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}, lp
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) \
+        == len(lp["text_offset"]) == n_tokens
+    assert all(isinstance(t, str) for t in lp["tokens"])
+    assert all(-9999 <= x <= 0 for x in lp["token_logprobs"])
+    assert lp["text_offset"] == sorted(lp["text_offset"])
+    for x, alts in zip(lp["token_logprobs"], lp["top_logprobs"]):
+        assert 1 <= len(alts) <= top and all(v <= 0 for v in alts.values())
+        # greedy: the drawn token is the most likely one
+        assert abs(max(alts.values()) - x) < 1e-5
+
+
+def test_completion_logprobs(d):
+    body = {"model": d.model_name, "prompt": "Once upon a time", "max_tokens": 6,
+            "temperature": 0, "logprobs": 3}
+    st, b, _ = ht.post(d, "/v1/completions", body)
+    assert st == 200, b
+    _check_completion_lp(b["choices"][0]["logprobs"], b["usage"]["completion_tokens"], 3)
+    # the same, streamed: the chunks' entries add up to the same tokens and values
+    ev = _sse(d, "/v1/completions", dict(body, stream_options={"include_usage": True}))
+    parts = [c["choices"][0]["logprobs"] for c in ev if c["choices"] and
+             c["choices"][0]["logprobs"]]
+    joined = {k: sum((p[k] for p in parts), []) for k in ("tokens", "token_logprobs")}
+    assert joined["tokens"] == b["choices"][0]["logprobs"]["tokens"]
+    assert joined["token_logprobs"] == pytest.approx(
+        b["choices"][0]["logprobs"]["token_logprobs"], abs=1e-6)
+    # logprobs 0: the drawn token's only; none asked: null
+    st, b0, _ = ht.post(d, "/v1/completions", dict(body, logprobs=0))
+    assert st == 200 and all(a == {} for a in b0["choices"][0]["logprobs"]["top_logprobs"])
+    st, bn, _ = ht.post(d, "/v1/completions", {k: v for k, v in body.items() if k != "logprobs"})
+    assert st == 200 and bn["choices"][0]["logprobs"] is None
+
+
+def test_chat_logprobs(d):
+    body = {"model": d.model_name, "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 5, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    st, b, _ = ht.post(d, "/v1/chat/completions", body)
+    assert st == 200, b
+    content = b["choices"][0]["logprobs"]["content"]
+    assert len(content) == b["usage"]["completion_tokens"]
+    for e in content:
+        assert set(e) == {"token", "logprob", "bytes", "top_logprobs"}, e
+        assert -9999 <= e["logprob"] <= 0 and all(0 <= x < 256 for x in e["bytes"])
+        assert len(e["top_logprobs"]) == 2
+        assert e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"]
+        assert abs(e["top_logprobs"][0]["logprob"] - e["logprob"]) < 1e-5
+        if not e["token"].startswith("bytes:"):
+            assert bytes(e["bytes"]) == e["token"].encode()
+    ev = _sse(d, "/v1/chat/completions", body)
+    streamed = sum((c["choices"][0]["logprobs"]["content"] for c in ev
+                    if c["choices"] and c["choices"][0]["logprobs"]), [])
+    assert [e["token"] for e in streamed] == [e["token"] for e in content]
+    # logprobs false (or absent): null
+    st, bn, _ = ht.post(d, "/v1/chat/completions", dict(body, logprobs=False, top_logprobs=None))
+    assert st == 200 and bn["choices"][0]["logprobs"] is None
+
+
 def test_zz_503_while_draining(d):
     s, _ = long_stream(d, ALICE, n=4)
     try:
         d.sigterm()
         seen = []  # the statuses answered meanwhile, for the failure message
 
+        t0 = time.time()
+
         def draining():
-            seen.append(ht.post(d, "/v1/completions", {"model": d.model_name, "prompt": "x"})[0])
-            return seen[-1] == 503
+            st = ht.post(d, "/v1/completions", {"model": d.model_name, "prompt": "x"})[0]
+            seen.append((st, round(time.time() - t0, 2)))
+            return st == 503
 
         try:
             ht.wait_for(draining, what="503 while draining")
         except AssertionError as e:
-            raise AssertionError("%s; answers seen: %s" % (e, sorted(set(seen)))) from None
+            raise AssertionError("%s; answers seen: %s; the daemon's log ends: %s" % (
+                e, seen, d.read_log()[-4000:])) from None
         r = ht.post(d, "/v1/completions", {"model": d.model_name, "prompt": "x"})
         assert "draining" in ht.error_of(r)["message"]
         st, body, _ = ht.get(d, "/healthz", key=None)

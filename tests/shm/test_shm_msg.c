@@ -429,8 +429,8 @@ static void test_invalid_wire(void **state)
     g->n_prompt_ids = 0xffffffffu; /* a count that would have us read 16 GiB */
     expect_refused(SHM_MSG_GENERATE, w, len, "but its fixed part and counts make 17179869293");
     memcpy(w, wire, len);
-    g->reserved = 1;
-    expect_refused(SHM_MSG_GENERATE, w, len, "reserved field holds 1, expected 0");
+    g->logprobs = 22; /* 1 + 21 alternatives: one more than the ABI allows */
+    expect_refused(SHM_MSG_GENERATE, w, len, "logprobs 22 exceeds 21 (1 + the alternatives)");
     memcpy(w, wire, len);
     g->priority = 0xdeadbeef;
     expect_refused(SHM_MSG_GENERATE, w, len, "priority 3735928559 is not a priority");
@@ -558,6 +558,89 @@ static void test_over_ring(void **state)
     assert_int_equal(shm_msg_type_ring(0), -1);
 }
 
+
+/* TOKEN with logprobs: round trip, and every way a worker could get it wrong refused */
+static void test_token_logprobs(void **state)
+{
+    (void)state;
+    struct shm_msg m = {.type = SHM_MSG_TOKEN,
+                        .token = {.request_id = 9, .token = 42, .text = "ab", .text_len = 2,
+                                  .has_logprob = true, .n_top = 2}};
+    m.token.own = (struct shm_msg_logprob){42, -0.25f, " the", 4};
+    m.token.top[0] = (struct shm_msg_logprob){42, -0.25f, " the", 4};
+    m.token.top[1] = (struct shm_msg_logprob){7, -3.5f, NULL, 0};
+    struct shm_msg d;
+    roundtrip(&m, 16 + 2 + 3 * 12 + 4 + 4, &d);
+    assert_true(d.token.has_logprob);
+    assert_int_equal(d.token.n_top, 2);
+    assert_true(d.token.own.logprob == -0.25f && d.token.own.id == 42);
+    assert_memory_equal(d.token.own.piece, " the", 4);
+    assert_true(d.token.top[1].id == 7 && d.token.top[1].logprob == -3.5f);
+    /* the encoder refuses what the decoder would: */
+    uint32_t len;
+    struct shm_msg x = m;
+    x.token.own.logprob = 0.5f;
+    tu_log_capture_begin();
+    assert_int_equal(shm_msg_size("t", &x, &len), ERR_FORMAT);
+    tu_assert_log_contains("logprob of the token 0: 0.5 is outside [-9999, 0]", NULL);
+    x = m, x.token.top[1].logprob = NAN;
+    assert_int_equal(shm_msg_size("t", &x, &len), ERR_FORMAT);
+    tu_assert_log_contains("alternative 1: nan is outside", NULL);
+    x = m, x.token.top[1].logprob = -0.1f;
+    assert_int_equal(shm_msg_size("t", &x, &len), ERR_FORMAT);
+    tu_assert_log_contains("alternative 1 is more likely than the one before it", NULL);
+    x = m, x.token.own.id = 41;
+    assert_int_equal(shm_msg_size("t", &x, &len), ERR_FORMAT);
+    tu_assert_log_contains("the logprob is of token 41, not 42", NULL);
+    x = m, x.token.top[0].piece_len = SHM_MAX_LOGPROB_PIECE + 1;
+    assert_int_equal(shm_msg_size("t", &x, &len), ERR_FORMAT);
+    tu_assert_log_contains("a piece of 257 bytes exceeds 256", NULL);
+    x = m, x.token.token = -1, x.token.own.id = -1;
+    assert_int_equal(shm_msg_size("t", &x, &len), ERR_FORMAT);
+    tu_assert_log_contains("a text-only piece carries a logprob", NULL);
+    x = m, x.token.n_top = SHM_MAX_TOP_LOGPROBS + 1;
+    assert_int_equal(shm_msg_size("t", &x, &len), ERR_FORMAT);
+    tu_assert_log_contains("21 logprob alternatives, at most 20", NULL);
+    tu_log_capture_end();
+
+    /* the wire: a count of alternatives without the flag, a section cut short, trailing bytes */
+    len = encode(&m);
+    static _Alignas(16) uint8_t w[4096];
+    memcpy(w, wire, len);
+    struct shm_wire_token *wt = (struct shm_wire_token *)w;
+    wt->text_len &= ~SHM_TOKEN_LOGPROBS;
+    expect_refused(SHM_MSG_TOKEN, w, len, "2 logprob alternatives without the logprob flag");
+    memcpy(w, wire, len);
+    expect_refused(SHM_MSG_TOKEN, w, len - 1, "but its fixed part and counts make at least");
+    memcpy(w, wire, len);
+    w[len] = 0;
+    expect_refused(SHM_MSG_TOKEN, w, len + 1, "but its fixed part and counts make");
+    memcpy(w, wire, len);
+    wt->text_len = (wt->text_len & ~(SHM_TOKEN_TOP_MASK << SHM_TOKEN_TOP_SHIFT)) |
+                   30u << SHM_TOKEN_TOP_SHIFT;
+    expect_refused(SHM_MSG_TOKEN, w, len, "30 logprob alternatives, at most 20");
+    memcpy(w, wire, len);
+    /* the first entry's piece_len (after the 16-byte fixed part and the 2 text bytes) */
+    uint32_t huge = 1u << 30;
+    memcpy(w + 16 + 2 + 8, &huge, 4);
+    expect_refused(SHM_MSG_TOKEN, w, len, "a piece of 1073741824 bytes exceeds 256");
+
+    /* GENERATE carries the request: top_logprobs only with logprobs, at most 20 */
+    struct shm_msg g = generate();
+    g.generate.logprobs = true;
+    g.generate.top_logprobs = 5;
+    roundtrip(&g, 96 + 16 + 9 + 8, &d);
+    assert_true(d.generate.logprobs && d.generate.top_logprobs == 5);
+    tu_log_capture_begin();
+    g.generate.top_logprobs = 21;
+    assert_int_equal(shm_msg_size("t", &g, &len), ERR_FORMAT);
+    tu_assert_log_contains("top_logprobs 21 exceeds 20", NULL);
+    g.generate.logprobs = false, g.generate.top_logprobs = 2;
+    assert_int_equal(shm_msg_size("t", &g, &len), ERR_FORMAT);
+    tu_assert_log_contains("top_logprobs 2 without logprobs", NULL);
+    tu_log_capture_end();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -566,6 +649,7 @@ int main(void)
         cmocka_unit_test(test_invalid_messages),
         cmocka_unit_test(test_invalid_wire),
         cmocka_unit_test(test_over_ring),
+        cmocka_unit_test(test_token_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -72,6 +72,10 @@ struct ereq {
     struct kv_seq *kv;         /* NULL while waiting */
     struct kv_seq *kvw;        /* the sliding layers' sequence (e->split), else NULL */
     struct sampler *smp;
+    /* the last token's log-probabilities (engine_request.logprobs) */
+    float lp;
+    uint32_t lp_n;
+    struct sampler_logprob lp_top[SAMPLER_MAX_TOP_LOGPROBS];
     struct sampler_stop stop;
     bool has_stop;
     struct tok_stream ts;
@@ -220,6 +224,8 @@ static void emit_text(struct engine *e, struct ereq *r, int32_t token, const cha
 {
     struct engine_event ev = {.kind = ENGINE_EV_TOKEN, .token = token, .text = text ? text : "",
                               .text_len = text ? len : 0};
+    if (r->r.logprobs && token >= 0) /* a generated token: sample_and_emit set r->lp */
+        ev.has_logprob = true, ev.logprob = r->lp, ev.n_top = r->lp_n, ev.top = r->lp_top;
     emit(e, r, &ev);
 }
 
@@ -824,6 +830,8 @@ static void sample_and_emit(struct engine *e, struct ereq *r, const float *logit
         fail(e, r, id, "non-finite logits: the model's weights or activations hold NaN/Inf");
         return;
     }
+    if (r->r.logprobs) /* right after the draw: the sampler still holds its logits */
+        sampler_logprobs(r->smp, id, r->r.top_logprobs, &r->lp, r->lp_top, &r->lp_n);
     if (r->n_gen == 0)
         r->t_first = t;
     r->t_last = t;

@@ -72,6 +72,9 @@ struct engine_request {
     uint64_t deadline_ns;       /* CLOCK_MONOTONIC; 0 = none */
     void *user;                 /* returned in events */
     bool ignore_eos;            /* keep generating after the end-of-sequence token */
+    bool logprobs;              /* each TOKEN event carries its log-probability ... */
+    uint32_t top_logprobs;      /* ... and this many alternatives' (sampler_logprobs: capped
+                                 * at SAMPLER_MAX_TOP_LOGPROBS) */
 };
 
 enum engine_event_kind { ENGINE_EV_TOKEN = 1, ENGINE_EV_FINISH, ENGINE_EV_ERROR };
@@ -83,6 +86,11 @@ struct engine_event {
     int32_t token;              /* TOKEN */
     const char *text;           /* TOKEN: completed UTF-8 text (may be ""), not NUL-owned */
     size_t text_len;
+    /* TOKEN of a request with logprobs (a generated token, not the text-only one) */
+    bool has_logprob;
+    float logprob;
+    uint32_t n_top;
+    const struct sampler_logprob *top; /* [n_top], most likely first (sampler.h) */
     enum engine_finish reason;  /* FINISH */
     int code;                   /* ERROR: negative code */
     const char *message;        /* ERROR */
@@ -91,6 +99,7 @@ struct engine_event {
     double ttft_ms, tpot_ms, e2e_ms;
 };
 
+struct sampler_logprob;
 typedef void engine_event_fn(const struct engine_event *ev, void *ud);
 
 struct engine;

@@ -450,3 +450,51 @@ void sampler_stop_flush(struct sampler_stop *st, const char **emit, size_t *n_em
     *n_emit = st->len;
     st->len = 0;
 }
+
+/* ---- log-probabilities ---- */
+
+static float lp_clamp(double x)
+{
+    return x > 0.0 ? 0.0f : x < (double)SAMPLER_LOGPROB_FLOOR ? SAMPLER_LOGPROB_FLOOR : (float)x;
+}
+
+void sampler_logprobs(const struct sampler *s, int32_t chosen, uint32_t n_top, float *chosen_lp,
+                      struct sampler_logprob *top, uint32_t *n_out)
+{
+    const uint32_t V = s->vocab;
+    const double t = s->p.temperature > 0.0f ? (double)s->p.temperature : 1.0;
+    /* log-sum-exp around the largest: every term <= 1, the sum >= 1 */
+    int32_t am = sampler_argmax(s->logits, V);
+    double max = (double)s->logits[am] / t, sum = 0.0;
+    if (isinf(max)) { /* every logit -inf (sampler_sample drew the lowest id) */
+        *chosen_lp = chosen == am ? 0.0f : SAMPLER_LOGPROB_FLOOR;
+        *n_out = 0;
+        if (n_top && top)
+            top[0] = (struct sampler_logprob){am, 0.0f}, *n_out = 1;
+        return;
+    }
+    for (uint32_t i = 0; i < V; i++)
+        sum += exp((double)s->logits[i] / t - max);
+    const double lse = max + log(sum);
+    *chosen_lp = chosen >= 0 && (uint32_t)chosen < V
+                     ? lp_clamp((double)s->logits[chosen] / t - lse)
+                     : SAMPLER_LOGPROB_FLOOR;
+    /* the n best by insertion into a sorted list: n <= 20, and after the first few tokens
+     * almost none enters it */
+    uint32_t n = n_top < SAMPLER_MAX_TOP_LOGPROBS ? n_top : SAMPLER_MAX_TOP_LOGPROBS, k = 0;
+    n = n < V ? n : V;
+    for (uint32_t i = 0; i < V && n; i++) {
+        float x = s->logits[i];
+        if (k == n && !(x > top[k - 1].logprob))
+            continue; /* logprob holds the raw logit until the end; a tie keeps the lower id */
+        uint32_t j = k < n ? k++ : n - 1;
+        while (j > 0 && x > top[j - 1].logprob) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j] = (struct sampler_logprob){(int32_t)i, x};
+    }
+    for (uint32_t j = 0; j < k; j++)
+        top[j].logprob = lp_clamp((double)top[j].logprob / t - lse);
+    *n_out = k;
+}

@@ -61,6 +61,29 @@ void sampler_reset(struct sampler *s);
 int32_t sampler_sample(struct sampler *s, const float *logits, const int32_t *history,
                        size_t n_history);
 
+/* ---- log-probabilities (GenerateRequest.logprobs, docs/DAEMON.md) ---- */
+
+#define SAMPLER_MAX_TOP_LOGPROBS 20u  /* OpenAI's and vLLM's bound on top_logprobs */
+#define SAMPLER_LOGPROB_FLOOR -9999.0f /* an impossible token's (-inf) log-probability, as vLLM
+                                        * writes it: JSON has no infinity */
+
+struct sampler_logprob {
+    int32_t id;
+    float logprob;          /* natural log, in [SAMPLER_LOGPROB_FLOOR, 0] */
+};
+
+/*
+ * The log-probabilities of the step sampler_sample just took (call it right after, before
+ * anything else uses s): log-softmax, in double precision, of the logits after the
+ * repetition penalty divided by the temperature, before top-k/top-p/min-p cut anything
+ * (OpenAI's convention: the distribution the token was drawn from, untruncated). Greedy
+ * (temperature 0) reports the temperature-1 distribution, the model's own, as OpenAI and
+ * vLLM do. *chosen_lp: token `chosen`'s; top[0..*n_out): the min(n_top,
+ * SAMPLER_MAX_TOP_LOGPROBS, vocab) most likely tokens, most likely first (ties: lower id).
+ */
+void sampler_logprobs(const struct sampler *s, int32_t chosen, uint32_t n_top, float *chosen_lp,
+                      struct sampler_logprob *top, uint32_t *n_out);
+
 /*
  * The candidates sampler_sample would draw from (steps 1-3, no draw): *n_out tokens in ids
  * with their renormalized probabilities in probs (summing to 1), ordered by decreasing

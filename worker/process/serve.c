@@ -26,6 +26,7 @@
 #include "lora.h"
 #include "msg.h"
 #include "region.h"
+#include "sampler.h"
 #include "tok.h"
 #include "tokq.h"
 
@@ -336,6 +337,29 @@ static int chat_piece(struct req *r, const struct engine_event *ev, struct shm_m
     return 0;
 }
 
+/* A token event's logprobs as the TOKEN record carries them: the sampler's values (sampler.h
+ * and shm_abi.h share the bound and the floor) with each token's own bytes. */
+static void logprob_entry(const struct serve *s, int32_t id, float lp, struct shm_msg_logprob *x)
+{
+    const char *b = NULL;
+    size_t n = 0;
+    if (!s->tok || tok_piece(s->tok, id, &b, &n) < 0)
+        b = NULL, n = 0;
+    *x = (struct shm_msg_logprob){.id = id, .logprob = lp, .piece = b,
+                                  .piece_len = (uint32_t)(n < SHM_MAX_LOGPROB_PIECE
+                                                              ? n : SHM_MAX_LOGPROB_PIECE)};
+}
+
+static void logprobs_of(const struct serve *s, const struct engine_event *ev,
+                        struct shm_msg_token *t)
+{
+    t->has_logprob = true;
+    logprob_entry(s, ev->token, ev->logprob, &t->own);
+    t->n_top = ev->n_top < SHM_MAX_TOP_LOGPROBS ? ev->n_top : SHM_MAX_TOP_LOGPROBS;
+    for (uint32_t i = 0; i < t->n_top; i++)
+        logprob_entry(s, ev->top[i].id, ev->top[i].logprob, &t->top[i]);
+}
+
 static void on_event(const struct engine_event *ev, void *ud)
 {
     struct serve *s = ud;
@@ -365,6 +389,8 @@ static void on_event(const struct engine_event *ev, void *ud)
                                       .channel = r->chat ? SHM_CH_FINAL : SHM_CH_NONE,
                                       .text = ev->text_len ? ev->text : "",
                                       .text_len = (uint32_t)ev->text_len}};
+        if (ev->has_logprob && ev->token >= 0)
+            logprobs_of(s, ev, &m.token);
         if (r->hp && chat_piece(r, ev, &m.token) < 0)
             return;
         send_event(s, &m);
@@ -471,6 +497,8 @@ static void submit_generate(struct serve *s, const struct shm_msg_generate *g,
                                                   : ENGINE_PRIO_NORMAL,
         .deadline_ns = g->deadline_ns,
         .user = (void *)(uintptr_t)g->request_id,
+        .logprobs = g->logprobs,
+        .top_logprobs = g->top_logprobs,
     };
     /* in the table before the submit: the engine may emit events from inside it */
     struct req entry = {.key = g->request_id, .chat = (g->flags & SHM_GEN_CHAT) != 0};
