@@ -8,7 +8,7 @@ pkgs=(
   libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler-grpc
   libuv1-dev libnuma-dev libzstd-dev libjansson-dev libcmocka-dev libsystemd-dev
   libpcre2-dev libmicrohttpd-dev libcurl4-openssl-dev curl
-  python3-jinja2 nginx-light prometheus
+  python3-jinja2 python3-yaml nginx-light prometheus
   openssl python3 python3-grpcio python3-grpc-tools python3-numpy python3-pytest python3-prometheus-client
   systemd
 )
