@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_NEST 200 /* expression/statement nesting: the parser recurses */
+#define MAX_NEST 100 /* syntax tree height: the parser, evaluator and free recurse on it */
 
 enum tk_type {
     TK_EOF, TK_TEXT, TK_VAR_BEGIN, TK_VAR_END, TK_BLOCK_BEGIN, TK_BLOCK_END, TK_NAME,
@@ -504,6 +504,17 @@ static int add_name(struct parser *p, struct jn *n, const char *nm)
 static struct jn *expr(struct parser *p);
 static struct jn *unary(struct parser *p, bool with_filter);
 
+/* One more level of the tree: `a + b + c`, `x.a.b` and `x|f|g` grow it in loops, not by
+ * recursion, so each step counts too (the caller restores p->depth when done). */
+static bool deeper(struct parser *p)
+{
+    if (++p->depth > MAX_NEST) {
+        fail(p, ERR_RANGE, cur(p)->line, "expressions nested deeper than %d", MAX_NEST);
+        return false;
+    }
+    return true;
+}
+
 static const char *const GLOBALS[] = {"namespace", "raise_exception", "strftime_now", "range",
                                       "loop", NULL};
 
@@ -676,7 +687,8 @@ bad:
 /* Subscripts, attributes and calls after a primary. */
 static struct jn *postfix(struct parser *p, struct jn *n)
 {
-    while (n && p->rc == 0) {
+    int d0 = p->depth;
+    while (n && p->rc == 0 && deeper(p)) {
         if (is_op(p, ".")) {
             adv(p);
             if (cur(p)->type != TK_NAME && cur(p)->type != TK_INT) {
@@ -755,16 +767,18 @@ static struct jn *postfix(struct parser *p, struct jn *n)
             if (call_args(p, c))
                 break;
         } else {
-            return n;
+            return p->depth = d0, n;
         }
     }
     jinja__node_free(n);
+    p->depth = d0;
     return NULL;
 }
 
 static struct jn *filter_or_test(struct parser *p, struct jn *n)
 {
-    while (n && p->rc == 0) {
+    int d0 = p->depth;
+    while (n && p->rc == 0 && deeper(p)) {
         if (is_op(p, "|")) {
             adv(p);
             if (cur(p)->type != TK_NAME) {
@@ -842,10 +856,11 @@ static struct jn *filter_or_test(struct parser *p, struct jn *n)
             if (call_args(p, c))
                 break;
         } else {
-            return n;
+            return p->depth = d0, n;
         }
     }
     jinja__node_free(n);
+    p->depth = d0;
     return NULL;
 }
 
@@ -898,22 +913,33 @@ static struct jn *binop(struct parser *p, struct jn *l, enum jn_kind k, int op, 
 
 static struct jn *power(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = unary(p, true);
     while (l && is_op(p, "**")) {
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            l = NULL;
+            break;
+        }
         adv(p);
         l = binop(p, l, JN_BIN, JN_OP_POW, unary(p, true));
     }
-    return l;
+    return p->depth = d0, l;
 }
 
 static struct jn *math2(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = power(p);
     for (;;) {
         int op = is_op(p, "*") ? JN_OP_MUL : is_op(p, "/") ? JN_OP_DIV
                  : is_op(p, "//") ? JN_OP_FLOORDIV : is_op(p, "%") ? JN_OP_MOD : 0;
         if (!l || !op)
-            return l;
+            return p->depth = d0, l;
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            return p->depth = d0, NULL;
+        }
         adv(p);
         l = binop(p, l, JN_BIN, op, power(p));
     }
@@ -921,21 +947,32 @@ static struct jn *math2(struct parser *p)
 
 static struct jn *concat(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = math2(p);
     while (l && is_op(p, "~")) {
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            l = NULL;
+            break;
+        }
         adv(p);
         l = binop(p, l, JN_BIN, JN_OP_CONCAT, math2(p));
     }
-    return l;
+    return p->depth = d0, l;
 }
 
 static struct jn *math1(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = concat(p);
     for (;;) {
         int op = is_op(p, "+") ? JN_OP_ADD : is_op(p, "-") ? JN_OP_SUB : 0;
         if (!l || !op)
-            return l;
+            return p->depth = d0, l;
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            return p->depth = d0, NULL;
+        }
         adv(p);
         l = binop(p, l, JN_BIN, op, concat(p));
     }
@@ -943,6 +980,7 @@ static struct jn *math1(struct parser *p)
 
 static struct jn *compare(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = math1(p);
     bool compared = false;
     for (;;) {
@@ -960,7 +998,7 @@ static struct jn *compare(struct parser *p)
             adv(p);
         }
         if (!l || !op)
-            return l;
+            return p->depth = d0, l;
         /* a < b < c chains in Python; templates do not, and a wrong reading is worse */
         if (compared) {
             fail(p, ERR_UNSUPPORTED, cur(p)->line, "chained comparisons");
@@ -996,22 +1034,34 @@ static struct jn *not_expr(struct parser *p)
 
 static struct jn *and_expr(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = not_expr(p);
     while (l && is_name(p, "and")) {
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            l = NULL;
+            break;
+        }
         adv(p);
         l = binop(p, l, JN_AND, 0, not_expr(p));
     }
-    return l;
+    return p->depth = d0, l;
 }
 
 static struct jn *or_expr(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = and_expr(p);
     while (l && is_name(p, "or")) {
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            l = NULL;
+            break;
+        }
         adv(p);
         l = binop(p, l, JN_OR, 0, and_expr(p));
     }
-    return l;
+    return p->depth = d0, l;
 }
 
 /* `a if cond else b` (jinja2's parse_condexpr) */
@@ -1021,8 +1071,14 @@ static struct jn *expr(struct parser *p)
         fail(p, ERR_RANGE, cur(p)->line, "expressions nested deeper than %d", MAX_NEST);
         return NULL;
     }
+    int d0 = p->depth;
     struct jn *l = or_expr(p);
     while (l && is_name(p, "if")) {
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            l = NULL;
+            break;
+        }
         adv(p);
         struct jn *c = or_expr(p);
         struct jn *e = NULL;
@@ -1047,7 +1103,7 @@ static struct jn *expr(struct parser *p)
         n->c = e;
         l = n;
     }
-    p->depth--;
+    p->depth = d0 - 1;
     return l;
 }
 
