@@ -279,6 +279,51 @@ static void test_gguf_and_iebin_sources(void **state)
     free(out2);
 }
 
+/* a tool call and its answer reach a template as HF's messages do: the assistant's recipient
+ * becomes tool_calls[0].function (name without "functions.", arguments parsed), the tool
+ * message answers it (Qwen2.5's template; expected text from python3-jinja2) */
+static void test_tool_call_messages(void **state)
+{
+    (void)state;
+    size_t len;
+    char *src = tu_read_file(tu_fixture("chat-templates/Qwen-Qwen2.5-7B-Instruct.jinja"), &len);
+    char *out = tu_mkdtemp();
+    write_json(out, CHAT_META_FILE, json_pack("{s:s%}", "chat_template", src, len));
+    free(src);
+    assert_int_equal(chat_model_load(out), 0);
+    struct tok *t = llama_tok();
+    char why[256], err[256];
+    assert_int_equal(chat_template_of("qwen2", t, why, sizeof why), CHAT_TPL_JINJA);
+    struct shm_chat_msg msgs[] = {
+        MSG(SHM_CHAT_USER, "Weather?"),
+        {.role = SHM_CHAT_ASSISTANT, .recipient = "functions.get_weather", .recipient_len = 21,
+         .content = "{\"location\": \"Paris\"}", .content_len = 21},
+        {.role = SHM_CHAT_TOOL, .recipient = "functions.get_weather", .recipient_len = 21,
+         .content = "21C", .content_len = 3},
+    };
+    uint32_t elen;
+    char *enc = encode(msgs, 3, &elen);
+    int32_t *ids, *wids;
+    size_t n, wn;
+    assert_int_equal(chat_render(t, CHAT_TPL_JINJA, enc, elen, 0, &ids, &n, err, sizeof err), 0);
+    static const char want[] =
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}\n"
+        "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n21C\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n";
+    assert_int_equal(tok_encode_ex(t, want, strlen(want), TOK_ENC_SPECIAL, &wids, &wn), 0);
+    assert_int_equal(n, wn);
+    assert_memory_equal(ids, wids, n * sizeof *ids);
+    free(ids);
+    free(wids);
+    free(enc);
+    chat_model_unload();
+    tok_free(t);
+    tu_rmtree(out);
+    free(out);
+}
+
 /* tools with every parameter shape gpt-oss's template knows */
 static const char TOOLS[] =
     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
@@ -360,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_bad_metadata_named),
         cmocka_unit_test(test_harmony_tools_as_template),
         cmocka_unit_test(test_gguf_and_iebin_sources),
+        cmocka_unit_test(test_tool_call_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
