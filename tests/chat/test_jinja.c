@@ -89,6 +89,10 @@ static void test_unsupported_refused_by_name(void **state)
     refused("{% for x in y recursive %}{% endfor %}", ERR_UNSUPPORTED, "recursive");
     refused("{{ f(*a) }}", ERR_UNSUPPORTED, "*args");
     refused("{{ 1 < x < 3 }}", ERR_UNSUPPORTED, "chained comparisons");
+    refused("{{ cycler('a', 'b').next() }}", ERR_UNSUPPORTED, "the method 'next()'");
+    refused("{{ cycler('a', 'b') }}", ERR_UNSUPPORTED, "the function 'cycler()'");
+    refused("{% macro m() %}{% endmacro %}{{ m() }}{{ lipsum() }}", ERR_UNSUPPORTED,
+            "the function 'lipsum()'");
 }
 
 static void test_malformed_named(void **state)

@@ -515,8 +515,9 @@ static bool deeper(struct parser *p)
     return true;
 }
 
+/* the functions a template may call by name besides its own macros */
 static const char *const GLOBALS[] = {"namespace", "raise_exception", "strftime_now", "range",
-                                      "loop", NULL};
+                                      "dict", NULL};
 
 /* (args...) of a call, filter or test into n->v / n->names. */
 static int call_args(struct parser *p, struct jn *n)
@@ -758,12 +759,6 @@ static struct jn *postfix(struct parser *p, struct jn *n)
                 break;
             c->a = n;
             n = c;
-            if (n->a->kind == JN_NAME) {
-                bool known = false;
-                for (int k = 0; GLOBALS[k]; k++)
-                    known |= !strcmp(GLOBALS[k], n->a->name);
-                (void)known; /* a macro of the template is called by name too: checked at run */
-            }
             if (call_args(p, c))
                 break;
         } else {
@@ -1435,6 +1430,42 @@ static struct jn *body(struct parser *p, const char *const *ends)
     return NULL;
 }
 
+static void collect_macros(const struct jn *n, const char **names, size_t *k, size_t cap)
+{
+    if (!n)
+        return;
+    if (n->kind == JN_MACRO && *k < cap)
+        names[(*k)++] = n->name;
+    const struct jn *kids[] = {n->a, n->b, n->c, n->d};
+    for (int i = 0; i < 4; i++)
+        collect_macros(kids[i], names, k, cap);
+    for (size_t i = 0; i < n->nv; i++)
+        collect_macros(n->v[i], names, k, cap);
+}
+
+/* A call by name must reach a global or one of the template's macros: anything else (cycler,
+ * joiner, lipsum, a callable variable) is refused at load, not at some render. */
+static int check_calls(struct parser *p, const struct jn *n, const char **macros, size_t nm)
+{
+    if (!n || p->rc)
+        return p->rc;
+    if (n->kind == JN_CALL && n->a->kind == JN_NAME) {
+        bool known = false;
+        for (int k = 0; GLOBALS[k]; k++)
+            known |= !strcmp(GLOBALS[k], n->a->name);
+        for (size_t k = 0; k < nm; k++)
+            known |= !strcmp(macros[k], n->a->name);
+        if (!known)
+            return fail(p, ERR_UNSUPPORTED, n->line, "the function '%s()'", n->a->name);
+    }
+    const struct jn *kids[] = {n->a, n->b, n->c, n->d};
+    for (int i = 0; i < 4; i++)
+        check_calls(p, kids[i], macros, nm);
+    for (size_t i = 0; i < n->nv; i++)
+        check_calls(p, n->v[i], macros, nm);
+    return p->rc;
+}
+
 int jinja_parse(const char *src, size_t len, struct jinja_tpl **out, char *err, size_t cap)
 {
     struct parser p = {.err = err, .errcap = cap};
@@ -1444,6 +1475,20 @@ int jinja_parse(const char *src, size_t len, struct jinja_tpl **out, char *err, 
     struct jn *root = NULL;
     if (lex(&p, src, len) == 0)
         root = body(&p, NULL);
+    if (root) {
+        const char *macros[256];
+        size_t nm = 0;
+        collect_macros(root, macros, &nm, 256);
+        if (nm == 256) {
+            fail(&p, ERR_UNSUPPORTED, 1, "more than 255 macros");
+        } else {
+            check_calls(&p, root, macros, nm);
+        }
+        if (p.rc) {
+            jinja__node_free(root);
+            root = NULL;
+        }
+    }
     for (size_t i = 0; i < p.n; i++)
         free(p.t[i].s);
     free(p.t);
