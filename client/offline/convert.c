@@ -5,6 +5,7 @@
  * find the source tensor, check its shape, and stream its rows through a dtype conversion
  * (and, for HF q/k, a row permutation) into the IEBIN writer.
  */
+#include "chat_meta.h"
 #include "convert.h"
 
 #include "err.h"
@@ -1792,16 +1793,21 @@ static int run(const char *src, const char *out_dir, const struct convert_opts *
         return rc;
     switch (from) {
     case CONVERT_HF:
-        return convert_hf(src, out_dir, o, pg);
+        rc = convert_hf(src, out_dir, o, pg);
+        break;
     case CONVERT_GGUF:
-        return convert_gguf(src, out_dir, o, pg);
-    case CONVERT_LLAMA2C:
+        rc = convert_gguf(src, out_dir, o, pg);
+        break;
+    case CONVERT_LLAMA2C: /* a llama2.c checkpoint carries no chat template */
         return convert_llama2c(src, out_dir, o, pg);
     case CONVERT_IEBIN:
-        return convert_iebin(src, out_dir, o, pg);
+        rc = convert_iebin(src, out_dir, o, pg);
+        break;
     default:
         return ERR_USAGE;
     }
+    /* the chat template and generation defaults travel beside the weights (docs/CHAT.md) */
+    return rc ? rc : chat_meta_write(src, out_dir);
 }
 
 int convert_model(const char *src, const char *out_dir, const struct convert_opts *o,
