@@ -1253,7 +1253,7 @@ static int gguf_lookup(void *p, const char *kind, int layer, struct src_tensor *
         return ERR_NOT_FOUND;
     }
     if (!t->data || gguf_ggml_type_to_dtype(t->type, &out->dtype) != 0) {
-        LOG_ERR("%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0 and MXFP4 are "
+        LOG_ERR("%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, MXFP4, Q4_K, Q5_K and Q6_K are "
                 "supported",
                 s->path, name, gguf_ggml_type_name(t->type));
         return ERR_UNSUPPORTED;
