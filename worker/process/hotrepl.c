@@ -124,15 +124,31 @@ static bool covered(const struct vma *v, size_t n, uintptr_t base, uintptr_t a, 
     return true;
 }
 
-/* Copies [addr, addr+len) into fresh anonymous memory on `node` and moves it over addr. */
-static int replicate_range(uintptr_t addr, size_t len, int node)
+#define HUGE_2M ((uintptr_t)2 << 20)
+#define COPY_CHUNK ((uintptr_t)64 << 20) /* a multiple of 2 MiB: the most memory a copy adds */
+
+/*
+ * Copies [addr, addr+len) (addr < end <= addr + COPY_CHUNK) into fresh anonymous memory on
+ * `node` and moves it over addr. The copy starts at the same offset within 2 MiB as addr and
+ * asks for transparent huge pages, so its 2 MiB-aligned parts keep 2 MiB entries when mremap
+ * moves them (decode through 4 KiB entries ran several times slower: hotrepl_hugify).
+ */
+static int replicate_chunk(uintptr_t addr, size_t len, int node)
 {
-    void *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (copy == MAP_FAILED) {
+    const size_t span = len + HUGE_2M;
+    char *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) {
         int e = errno;
-        LOG_ERR("hot replication: mmap of %zu bytes: %s", len, strerror(e));
+        LOG_ERR("hot replication: mmap of %zu bytes: %s", span, strerror(e));
         return -e;
     }
+    /* copy = raw + d, copy = addr (mod 2 MiB); the rest of the span is given back */
+    const size_t d = (addr - (uintptr_t)raw) & (HUGE_2M - 1);
+    char *copy = raw + d;
+    if (d)
+        munmap(raw, d);
+    munmap(copy + len, span - d - len);
+    (void)madvise(copy, len, MADV_HUGEPAGE); /* a hint: 4 KiB pages still work */
     if (node >= 0) {
         /* bind before the first touch: memcpy's page faults allocate on the node */
         unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {0};
@@ -151,6 +167,25 @@ static int replicate_range(uintptr_t addr, size_t len, int node)
         LOG_ERR("hot replication: moving %zu bytes over %p: %s", len, (void *)addr, strerror(e));
         munmap(copy, len);
         return -e;
+    }
+    return 0;
+}
+
+/*
+ * [addr, addr+len) replicated chunk by chunk (chunks end on 2 MiB boundaries), so that the
+ * copies never hold more than one chunk beside the pages they replace: replicating a whole
+ * model stays within its size plus COPY_CHUNK.
+ */
+static int replicate_range(uintptr_t addr, size_t len, int node)
+{
+    const uintptr_t end = addr + len;
+    for (uintptr_t c = addr; c < end;) {
+        uintptr_t e = (c + COPY_CHUNK) & ~(HUGE_2M - 1);
+        e = e > end || e <= c ? end : e;
+        int rc = replicate_chunk(c, (size_t)(e - c), node);
+        if (rc < 0)
+            return rc;
+        c = e;
     }
     return 0;
 }

@@ -7,7 +7,11 @@
  * workers of the other nodes stream their weights across the interconnect on every token.
  * Replication copies chosen tensors into anonymous memory on the worker's node and moves the
  * copy over the original pages of the worker's own mapping (mremap MREMAP_FIXED), so every
- * pointer the engine already holds keeps working and now reads local memory. Pages are
+ * pointer the engine already holds keeps working and now reads local memory. The copies go in
+ * chunks of 64 MiB, so memory grows by one chunk at most (replicating a whole 13 GB model
+ * stays within the 16 GB of issue 13, instead of holding a second 13 GB beside the mapping),
+ * and in transparent huge pages placed at the same offset within 2 MiB as the pages they
+ * replace, so they keep 2 MiB page-table entries (see hotrepl_hugify for why). Pages are
  * replicated whole (tensors are 64-byte aligned, not page aligned: a boundary page shared by
  * two tensors is copied with both).
  *
