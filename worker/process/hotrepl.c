@@ -1,6 +1,6 @@
 /*
- * hotrepl.c — node-local copies of hot tensors moved over the shared model mapping
- * (see hotrepl.h).
+ * hotrepl.c — node-local copies of hot tensors moved over the shared model mapping, and the
+ * model's page cache re-read in 2 MiB folios (see hotrepl.h).
  */
 #include "hotrepl.h"
 
@@ -10,6 +10,7 @@
 #include "model.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <linux/mempolicy.h>
 #include <stdio.h>
@@ -123,15 +124,31 @@ static bool covered(const struct vma *v, size_t n, uintptr_t base, uintptr_t a, 
     return true;
 }
 
-/* Copies [addr, addr+len) into fresh anonymous memory on `node` and moves it over addr. */
-static int replicate_range(uintptr_t addr, size_t len, int node)
+#define HUGE_2M ((uintptr_t)2 << 20)
+#define COPY_CHUNK ((uintptr_t)64 << 20) /* a multiple of 2 MiB: the most memory a copy adds */
+
+/*
+ * Copies [addr, addr+len) (addr < end <= addr + COPY_CHUNK) into fresh anonymous memory on
+ * `node` and moves it over addr. The copy starts at the same offset within 2 MiB as addr and
+ * asks for transparent huge pages, so its 2 MiB-aligned parts keep 2 MiB entries when mremap
+ * moves them (decode through 4 KiB entries ran several times slower: hotrepl_hugify).
+ */
+static int replicate_chunk(uintptr_t addr, size_t len, int node)
 {
-    void *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (copy == MAP_FAILED) {
+    const size_t span = len + HUGE_2M;
+    char *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) {
         int e = errno;
-        LOG_ERR("hot replication: mmap of %zu bytes: %s", len, strerror(e));
+        LOG_ERR("hot replication: mmap of %zu bytes: %s", span, strerror(e));
         return -e;
     }
+    /* copy = raw + d, copy = addr (mod 2 MiB); the rest of the span is given back */
+    const size_t d = (addr - (uintptr_t)raw) & (HUGE_2M - 1);
+    char *copy = raw + d;
+    if (d)
+        munmap(raw, d);
+    munmap(copy + len, span - d - len);
+    (void)madvise(copy, len, MADV_HUGEPAGE); /* a hint: 4 KiB pages still work */
     if (node >= 0) {
         /* bind before the first touch: memcpy's page faults allocate on the node */
         unsigned long mask[1024 / (8 * sizeof(unsigned long))] = {0};
@@ -150,6 +167,25 @@ static int replicate_range(uintptr_t addr, size_t len, int node)
         LOG_ERR("hot replication: moving %zu bytes over %p: %s", len, (void *)addr, strerror(e));
         munmap(copy, len);
         return -e;
+    }
+    return 0;
+}
+
+/*
+ * [addr, addr+len) replicated chunk by chunk (chunks end on 2 MiB boundaries), so that the
+ * copies never hold more than one chunk beside the pages they replace: replicating a whole
+ * model stays within its size plus COPY_CHUNK.
+ */
+static int replicate_range(uintptr_t addr, size_t len, int node)
+{
+    const uintptr_t end = addr + len;
+    for (uintptr_t c = addr; c < end;) {
+        uintptr_t e = (c + COPY_CHUNK) & ~(HUGE_2M - 1);
+        e = e > end || e <= c ? end : e;
+        int rc = replicate_chunk(c, (size_t)(e - c), node);
+        if (rc < 0)
+            return rc;
+        c = e;
     }
     return 0;
 }
@@ -261,6 +297,132 @@ int hotrepl_apply(const char *model_dir, const struct model *model, int node,
 out:
     free(v);
     free(sp);
+    free(blob);
+    return rc;
+}
+
+/* ---- 2 MiB folios for the file mapping -------------------------------------------------- */
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
+
+#define HUGIFY_CHUNK ((uint64_t)64 << 20) /* a multiple of 2 MiB: the most memory it adds */
+
+/* madvise, logged with what it was for. */
+static int advise(void *addr, uint64_t len, int advice, const char *what)
+{
+    if (madvise(addr, (size_t)len, advice) == 0)
+        return 0;
+    int e = errno;
+    LOG_ERR("2 MiB folios: madvise(%s) of %" PRIu64 " bytes at %p: %s", what, len, addr,
+            strerror(e));
+    return -e;
+}
+
+/* FilePmdMapped of this process in bytes (0 if /proc says nothing). */
+static uint64_t pmd_mapped(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "re");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+int hotrepl_hugify(const char *model_dir, struct hotrepl_huge_report *rep)
+{
+    memset(rep, 0, sizeof *rep);
+    struct iebin_model *m = NULL;
+    int rc = iebin_open_ex(model_dir, IEBIN_OPEN_LAZY, &m);
+    if (rc < 0)
+        return rc;
+    char *blob = malloc(strlen(m->dir) + sizeof "/" IEBIN_BLOB);
+    if (blob)
+        sprintf(blob, "%s/%s", m->dir, IEBIN_BLOB);
+    iebin_close(m); /* before looking for the engine's mappings: ours is not one */
+    if (!blob)
+        return -ENOMEM;
+    struct vma *v = NULL;
+    size_t nv = 0;
+    uintptr_t *base = NULL;
+    size_t nb = 0;
+    void *own = MAP_FAILED;
+    int fd = open(blob, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        rc = -errno;
+        LOG_ERR("2 MiB folios: %s: %s", blob, strerror(errno));
+        goto out;
+    }
+    rep->file_bytes = (uint64_t)st.st_size;
+    if ((rc = find_vmas(st.st_dev, st.st_ino, &v, &nv)) < 0)
+        goto out;
+    base = calloc(nv ? nv : 1, sizeof *base);
+    if (!base) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t k = 0; k < nv; k++) { /* one entry per mapping, not per VMA */
+        uintptr_t b = v[k].start - v[k].off;
+        bool seen = false;
+        for (size_t j = 0; j < nb; j++)
+            seen |= base[j] == b;
+        if (!seen)
+            base[nb++] = b;
+    }
+    rep->n_mappings = nb;
+    if (st.st_size == 0)
+        goto done;
+    /* our own mapping reads the file (the kernel aligns a file mapping this large on 2 MiB) */
+    own = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (own == MAP_FAILED) {
+        rc = -errno;
+        LOG_ERR("2 MiB folios: mmap of %s: %s", blob, strerror(errno));
+        goto out;
+    }
+    for (uint64_t off = 0; off < (uint64_t)st.st_size; off += HUGIFY_CHUNK) {
+        const uint64_t n = (uint64_t)st.st_size - off < HUGIFY_CHUNK ? (uint64_t)st.st_size - off
+                                                                      : HUGIFY_CHUNK;
+        /* the chunk's pages unmapped here, then dropped from the cache (if nobody maps them) */
+        for (size_t j = 0; j < nb; j++)
+            if (covered(v, nv, base[j], base[j] + off, base[j] + off + n) &&
+                (rc = advise((void *)(base[j] + off), n, MADV_DONTNEED, "DONTNEED")) < 0)
+                goto out;
+        if ((rc = posix_fadvise(fd, (off_t)off, (off_t)n, POSIX_FADV_DONTNEED)) != 0) {
+            LOG_ERR("2 MiB folios: posix_fadvise(DONTNEED) of %s: %s", blob, strerror(rc));
+            rc = -rc;
+            goto out;
+        }
+        /* read again in PMD-sized folios, then mapped whole by the engine's mappings */
+        char *p = (char *)own + off;
+        if ((rc = advise(p, n, MADV_HUGEPAGE, "HUGEPAGE")) < 0 ||
+            (rc = advise(p, n, MADV_POPULATE_READ, "POPULATE_READ")) < 0 ||
+            (rc = advise(p, n, MADV_DONTNEED, "DONTNEED")) < 0)
+            goto out;
+        for (size_t j = 0; j < nb; j++) {
+            void *q = (void *)(base[j] + off);
+            if (covered(v, nv, base[j], base[j] + off, base[j] + off + n) &&
+                ((rc = advise(q, n, MADV_HUGEPAGE, "HUGEPAGE")) < 0 ||
+                 (rc = advise(q, n, MADV_POPULATE_READ, "POPULATE_READ")) < 0))
+                goto out;
+        }
+    }
+done:
+    rep->pmd_bytes = pmd_mapped();
+    rc = 0;
+out:
+    if (own != MAP_FAILED)
+        munmap(own, (size_t)st.st_size);
+    if (fd >= 0)
+        close(fd);
+    free(base);
+    free(v);
     free(blob);
     return rc;
 }

@@ -7,7 +7,11 @@
  * workers of the other nodes stream their weights across the interconnect on every token.
  * Replication copies chosen tensors into anonymous memory on the worker's node and moves the
  * copy over the original pages of the worker's own mapping (mremap MREMAP_FIXED), so every
- * pointer the engine already holds keeps working and now reads local memory. Pages are
+ * pointer the engine already holds keeps working and now reads local memory. The copies go in
+ * chunks of 64 MiB, so memory grows by one chunk at most (replicating a whole 13 GB model
+ * stays within the 16 GB of issue 13, instead of holding a second 13 GB beside the mapping),
+ * and in transparent huge pages placed at the same offset within 2 MiB as the pages they
+ * replace, so they keep 2 MiB page-table entries (see hotrepl_hugify for why). Pages are
  * replicated whole (tensors are 64-byte aligned, not page aligned: a boundary page shared by
  * two tensors is copied with both).
  *
@@ -61,5 +65,36 @@ struct hotrepl_report {
  */
 int hotrepl_apply(const char *model_dir, const struct model *m, int node, uint64_t limit_bytes,
                   struct hotrepl_report *rep);
+
+struct hotrepl_huge_report {
+    size_t n_mappings;     /* mappings of model.ie.bin found in this process */
+    uint64_t file_bytes;   /* the file's size */
+    uint64_t pmd_bytes;    /* bytes this process maps with 2 MiB entries afterwards (all files) */
+};
+
+/*
+ * Re-reads the page cache of the model in `model_dir` in 2 MiB folios, so that this process's
+ * mappings of model.ie.bin (and every later one, while the pages stay cached) map the weights
+ * with 2 MiB page-table entries instead of 4 KiB ones. Nothing is copied: per 64 MiB chunk,
+ * this process's mappings drop their entries (MADV_DONTNEED: the file's bytes, read again on
+ * the next touch), the chunk's cached pages are dropped (POSIX_FADV_DONTNEED: clean pages that
+ * no other process maps), and the chunk is read again through MADV_HUGEPAGE mappings
+ * (MADV_POPULATE_READ: readahead allocates PMD-sized folios and maps them whole), so memory
+ * grows by one chunk at most and the mappings end populated as MAP_POPULATE left them.
+ *
+ * Why: decode reads every weight once per token; on a virtual machine each 4 KiB TLB miss is a
+ * two-dimensional page walk, and gpt-oss-20b decoded 2.4-6.8x slower through 4 KiB entries
+ * than through 2 MiB ones (docs/PERFORMANCE.md "gpt-oss-20b"). A file read without
+ * MADV_HUGEPAGE is cached in small folios, and a mapping of small folios cannot use 2 MiB
+ * entries (MADV_COLLAPSE answers EINVAL for file pages without CONFIG_READ_ONLY_THP_FOR_FS).
+ *
+ * Safe against concurrent readers (a dropped entry faults the same bytes back in). Pages that
+ * another process maps stay cached as they are (4 KiB entries there); a mapping that does not
+ * start on a 2 MiB boundary gets 4 KiB entries. 0 with *rep filled (n_mappings 0: the model
+ * is not mapped by this process; its page cache is re-read all the same), or a negative code,
+ * logged: the manifest's errors (iebin_open), -errno from open, mmap, madvise (-EINVAL:
+ * a kernel before 5.14, without MADV_POPULATE_READ).
+ */
+int hotrepl_hugify(const char *model_dir, struct hotrepl_huge_report *rep);
 
 #endif
