@@ -7,6 +7,7 @@
  * buckets (stats.h) under the vLLM names.
  */
 #include "http_vllm.h"
+#include "clocher_version.h"
 
 #include "gw_internal.h"
 #include "stats.h"
@@ -382,5 +383,11 @@ int http_vllm_render(struct gw *g, const char *text, size_t len, char **out, siz
         put(&b, "\"} %.12g\n", h->count);
     }
     process_metrics(&b);
+    /* the build a scrape came from, as Prometheus exporters conventionally say it: a constant 1
+     * whose labels carry the version (dashboards join on it to mark upgrades) */
+    family(&b, "clocher_build_info", "gauge", "Clocher's version and git description; always 1.");
+    put(&b, "clocher_build_info{version=\"%s\",git=\"", CLOCHER_VERSION_NUMBER);
+    put_escaped(&b, CLOCHER_VERSION_GIT);
+    put(&b, "\"} 1\n");
     return b.oom ? -ENOMEM : 0;
 }

@@ -111,7 +111,10 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                   .isa = {{REF_MM_}, {MM_(mxfp4, q8_0, avx2, 4)}, {MM_(mxfp4, q8_0, avx512, 4)}}},
     /* GGUF k-quants (ref_kq.c, x86/avx*_kq.c): q8_0 activations, ns32 giving the block sums
      * (q4_K/q5_K mins) and ns4 the q6_K -32 correction; the gemm reuses an unpacked
-     * super-block over 4 tokens, so it wins from 2 tokens on. */
+     * super-block over 4 tokens, so it wins from 2 tokens on: bench/kern_bench --only
+     * variants --dtype q4_k --quick --hot --threads 1 (5632 x 2048, busy machine), GFLOP/s
+     * gemv vs gemm, AVX-512: n = 1 45 vs 41, n = 2 34 vs 53. Batch invariant (kern_variants.h),
+     * so the crossover is only speed. */
     KQ_(q4_k, DT_Q4_K),
     KQ_(q5_k, DT_Q5_K),
     KQ_(q6_k, DT_Q6_K),

@@ -37,6 +37,7 @@ static void usage(FILE *f)
             "int8 = q8_0 (blocks of 32, f16 scale), int4 = q4_0 (groups of 32, f16 scale).\n"
             "Other int4 layouts (docs/IEBIN.md): q4_g64, q4_g128 (f16 scale per group of\n"
             "64/128), q4z_g32, q4z_g64, q4z_g128 (f16 scale + f16 offset per group).\n"
+            "k-quants (GGUF's layouts, super-blocks of 256): q4_k, q5_k, q6_k.\n"
             "--embd-dtype D gives the token embedding and the classifier their own dtype.\n"
             "--tokenizer takes a tokenizer.model, tokenizer.json, tokenizer.bin or .gguf.\n"
             "Nothing under OUT_DIR loads unless the conversion completed.\n\n"
@@ -189,8 +190,8 @@ int cmd_convert(int argc, char **argv)
                 d = "q4_0"; /* int4 weights: groups of 32 with an f16 scale (GGML Q4_0) */
             if (dtype_from_name(d, &o.dtype) != 0) {
                 fprintf(stderr, "clocher convert: --dtype %s: expected f32, f16, bf16, int8 "
-                                "(q8_0), int4 (q4_0), q4_g64, q4_g128, q4z_g32, q4z_g64 or "
-                                "q4z_g128\n", d);
+                                "(q8_0), int4 (q4_0), q4_g64, q4_g128, q4z_g32, q4z_g64, "
+                                "q4z_g128, q4_k, q5_k or q6_k\n", d);
                 return CMD_EXIT_USAGE;
             }
         } else if (!strcmp(a, "--embd-dtype") && i + 1 < argc) {

@@ -5,6 +5,7 @@
  * find the source tensor, check its shape, and stream its rows through a dtype conversion
  * (and, for HF q/k, a row permutation) into the IEBIN writer.
  */
+#include "chat_meta.h"
 #include "convert.h"
 
 #include "err.h"
@@ -1252,7 +1253,7 @@ static int gguf_lookup(void *p, const char *kind, int layer, struct src_tensor *
         return ERR_NOT_FOUND;
     }
     if (!t->data || gguf_ggml_type_to_dtype(t->type, &out->dtype) != 0) {
-        LOG_ERR("%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0 and MXFP4 are "
+        LOG_ERR("%s: tensor '%s' has type %s; F32, F16, BF16, Q8_0, Q4_0, MXFP4, Q4_K, Q5_K and Q6_K are "
                 "supported",
                 s->path, name, gguf_ggml_type_name(t->type));
         return ERR_UNSUPPORTED;
@@ -1792,16 +1793,21 @@ static int run(const char *src, const char *out_dir, const struct convert_opts *
         return rc;
     switch (from) {
     case CONVERT_HF:
-        return convert_hf(src, out_dir, o, pg);
+        rc = convert_hf(src, out_dir, o, pg);
+        break;
     case CONVERT_GGUF:
-        return convert_gguf(src, out_dir, o, pg);
-    case CONVERT_LLAMA2C:
+        rc = convert_gguf(src, out_dir, o, pg);
+        break;
+    case CONVERT_LLAMA2C: /* a llama2.c checkpoint carries no chat template */
         return convert_llama2c(src, out_dir, o, pg);
     case CONVERT_IEBIN:
-        return convert_iebin(src, out_dir, o, pg);
+        rc = convert_iebin(src, out_dir, o, pg);
+        break;
     default:
         return ERR_USAGE;
     }
+    /* the chat template and generation defaults travel beside the weights (docs/CHAT.md) */
+    return rc ? rc : chat_meta_write(src, out_dir);
 }
 
 int convert_model(const char *src, const char *out_dir, const struct convert_opts *o,

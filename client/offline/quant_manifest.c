@@ -41,6 +41,9 @@ static const struct {
 } qm_dtypes[] = {
     {"int4w", DT_Q4_0, 32}, {"int8w", DT_Q8_0, 32}, {"bf16", DT_BF16, 0},
     {"f16", DT_F16, 0},     {"f32", DT_F32, 0},
+    /* GGUF's k-quants: super-blocks of 256 with their own packed sub-block scales, so a
+     * manifest can write a Q4_K_M-style mix (q4_k, with q6_k where precision matters) */
+    {"q4_k", DT_Q4_K, 256}, {"q5_k", DT_Q5_K, 256}, {"q6_k", DT_Q6_K, 256},
 };
 
 static int rule_field_str(json_t *rule, size_t i, const char *what, const char *key,
@@ -144,7 +147,7 @@ static int parse_rule(json_t *rule, size_t i, const char *what, struct qm_rule *
     while (d < sizeof qm_dtypes / sizeof qm_dtypes[0] && strcmp(qm_dtypes[d].name, dtype))
         d++;
     if (d == sizeof qm_dtypes / sizeof qm_dtypes[0]) {
-        LOG_ERR("%s: rules[%zu].dtype: '%s' is not one of int4w, int8w, bf16, f16, f32", what, i,
+        LOG_ERR("%s: rules[%zu].dtype: '%s' is not one of int4w, int8w, q4_k, q5_k, q6_k, bf16, f16, f32", what, i,
                 dtype);
         return ERR_FORMAT;
     }
@@ -166,7 +169,8 @@ static int parse_rule(json_t *rule, size_t i, const char *what, struct qm_rule *
         long long gv = g ? (long long)json_integer_value(g) : (long long)qm_dtypes[d].group;
         if (gv != (long long)qm_dtypes[d].group && !(int4 && (gv == 64 || gv == 128))) {
             LOG_ERR("%s: rules[%zu].group: %s with groups of %lld is not supported (the engine "
-                    "runs groups of %s)", what, i, dtype, gv, int4 ? "32, 64 or 128" : "32");
+                    "runs groups of %s)", what, i, dtype, gv,
+                    int4 ? "32, 64 or 128" : qm_dtypes[d].group == 256 ? "256" : "32");
             return ERR_UNSUPPORTED;
         }
         if (scale && strcmp(scale, "per-group")) {

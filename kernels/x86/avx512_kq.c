@@ -67,10 +67,10 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 sv[4], _
         #pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
-            __m256i qh = _mm256_loadu_si256((const void *)(b->qh + 32 * h));
+            __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const void *)(b->qh + 32 * h)));
             /* [qh | qh >> 2]: bits 4-5 of A are the high bits of quarters 2, 3 and of A << 4
              * those of quarters 0, 1 (byte-crossing bits of the 16-bit shifts are masked) */
-            __m512i A = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+            __m512i A = _mm512_mask_srli_epi16(qh, 0xffff0000u, qh, 2);
             w[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, lo4),
                                        _mm512_and_si512(_mm512_slli_epi16(A, 4), hb));
             w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), lo4),
@@ -93,14 +93,14 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 sv[4], _
     const uint8_t *qs = blk + (wt == DT_Q4_K ? 16 : 48);
     __m512i A = _mm512_setzero_si512();
     if (wt == DT_Q5_K) {
-        __m256i qh = _mm256_loadu_si256((const void *)(blk + 16));
-        A = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 1), 1);
+        /* broadcast loads and masked shifts build [x | x >> s] without a lane-crossing op */
+        __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const void *)(blk + 16)));
+        A = _mm512_mask_srli_epi16(qh, 0xffff0000u, qh, 1);
     }
     #pragma GCC unroll 8
     for (int c = 0; c < 4; c++) {
-        __m256i q = _mm256_loadu_si256((const void *)(qs + 32 * c));
-        w[c] = _mm512_and_si512(
-            _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1), lo4);
+        __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const void *)(qs + 32 * c)));
+        w[c] = _mm512_and_si512(_mm512_mask_srli_epi16(q, 0xffff0000u, q, 4), lo4);
         if (wt == DT_Q5_K) {
             /* bit 2c of A's low half and (qh >> 1)'s high half -> bit 4 */
             __m512i h = _mm512_srl_epi16(A, _mm_cvtsi32_si128(2 * c));

@@ -16,6 +16,7 @@
 #include "chat.h"
 #include "chat_meta.h"
 #include "err.h"
+#include "gguf.h"
 #include "harmony.h"
 #include "jinja.h"
 #include "msg.h"
@@ -228,6 +229,101 @@ static void test_bad_metadata_named(void **state)
     free(out2);
 }
 
+static void write_gguf(const char *path, bool template_is_string)
+{
+    struct gguf_writer *w;
+    assert_int_equal(gguf_writer_create(path, &w), 0);
+    assert_int_equal(gguf_writer_kv_str(w, "general.architecture", "llama"), 0);
+    if (template_is_string)
+        assert_int_equal(gguf_writer_kv_str(w, "tokenizer.chat_template", ZEPHYR), 0);
+    else
+        assert_int_equal(gguf_writer_kv_u32(w, "tokenizer.chat_template", 7), 0);
+    assert_int_equal(gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", 2), 0);
+    assert_int_equal(gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", 1), 0);
+    assert_int_equal(gguf_writer_finish(w), 0);
+}
+
+/* GGUF's tokenizer.chat_template and special ids; a model directory's chat.ie.json carried
+ * through re-quantization */
+static void test_gguf_and_iebin_sources(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp(), *out = tu_mkdtemp(), *out2 = tu_mkdtemp();
+    char gg[4200];
+    snprintf(gg, sizeof gg, "%s/m.gguf", dir);
+    write_gguf(gg, true);
+    assert_int_equal(chat_meta_write(gg, out), 0);
+    json_t *meta = json_load_file(tu_path(out, CHAT_META_FILE), 0, NULL);
+    assert_non_null(meta);
+    assert_string_equal(json_string_value(json_object_get(meta, "chat_template")), ZEPHYR);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(meta, "eos_token_ids"), 0)), 2);
+    assert_int_equal(json_integer_value(json_object_get(meta, "bos_token_id")), 1);
+    /* re-quantizing that model directory keeps it */
+    assert_int_equal(chat_meta_write(out, out2), 0);
+    json_t *again = json_load_file(tu_path(out2, CHAT_META_FILE), 0, NULL);
+    assert_non_null(again);
+    assert_true(json_equal(meta, again));
+    json_decref(again);
+    json_decref(meta);
+    /* a chat_template key that is not a string is named */
+    write_gguf(gg, false);
+    tu_log_capture_begin();
+    assert_int_equal(chat_meta_write(gg, out), ERR_FORMAT);
+    tu_assert_log_contains("tokenizer.chat_template is not a string", NULL);
+    tu_log_capture_end();
+    tu_rmtree(dir);
+    tu_rmtree(out);
+    tu_rmtree(out2);
+    free(dir);
+    free(out);
+    free(out2);
+}
+
+/* a tool call and its answer reach a template as HF's messages do: the assistant's recipient
+ * becomes tool_calls[0].function (name without "functions.", arguments parsed), the tool
+ * message answers it (Qwen2.5's template; expected text from python3-jinja2) */
+static void test_tool_call_messages(void **state)
+{
+    (void)state;
+    size_t len;
+    char *src = tu_read_file(tu_fixture("chat-templates/Qwen-Qwen2.5-7B-Instruct.jinja"), &len);
+    char *out = tu_mkdtemp();
+    write_json(out, CHAT_META_FILE, json_pack("{s:s%}", "chat_template", src, len));
+    free(src);
+    assert_int_equal(chat_model_load(out), 0);
+    struct tok *t = llama_tok();
+    char why[256], err[256];
+    assert_int_equal(chat_template_of("qwen2", t, why, sizeof why), CHAT_TPL_JINJA);
+    struct shm_chat_msg msgs[] = {
+        MSG(SHM_CHAT_USER, "Weather?"),
+        {.role = SHM_CHAT_ASSISTANT, .recipient = "functions.get_weather", .recipient_len = 21,
+         .content = "{\"location\": \"Paris\"}", .content_len = 21},
+        {.role = SHM_CHAT_TOOL, .recipient = "functions.get_weather", .recipient_len = 21,
+         .content = "21C", .content_len = 3},
+    };
+    uint32_t elen;
+    char *enc = encode(msgs, 3, &elen);
+    int32_t *ids, *wids;
+    size_t n, wn;
+    assert_int_equal(chat_render(t, CHAT_TPL_JINJA, enc, elen, 0, &ids, &n, err, sizeof err), 0);
+    static const char want[] =
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n"
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}\n"
+        "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n21C\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n";
+    assert_int_equal(tok_encode_ex(t, want, strlen(want), TOK_ENC_SPECIAL, &wids, &wn), 0);
+    assert_int_equal(n, wn);
+    assert_memory_equal(ids, wids, n * sizeof *ids);
+    free(ids);
+    free(wids);
+    free(enc);
+    chat_model_unload();
+    tok_free(t);
+    tu_rmtree(out);
+    free(out);
+}
+
 /* tools with every parameter shape gpt-oss's template knows */
 static const char TOOLS[] =
     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
@@ -308,6 +404,8 @@ int main(void)
         cmocka_unit_test(test_refused_template_refuses_chats),
         cmocka_unit_test(test_bad_metadata_named),
         cmocka_unit_test(test_harmony_tools_as_template),
+        cmocka_unit_test(test_gguf_and_iebin_sources),
+        cmocka_unit_test(test_tool_call_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -214,6 +214,7 @@ EXPRESSIONS = [
     "{{ 'a\\tb\\u00e9\\x41' }}{{ \"q'uote\" }}{{ [\"it's\"] }}{{ 'x' 'y' }}",
     "{{ -(3) }}{{ +3 }}{{ not 0 }}{{ (1, 2)|length }}{{ [] or 'e' }}{{ 'a' and 'b' }}{{ 10 - 2 - 3 }}",
     "{{ strftime_now('%Y-%m-%d %H:%M %b %d') }}",
+    "{{ dict(a=1, b=[2]) }}{{ dict(a=1).a }}{% macro later() %}L{% endmacro %}{{ later() }}",
     "{{ raise_exception('boom') }}",
     "{{ u.attr }}",
 ]

@@ -15,6 +15,7 @@
 #include "jinja.h"
 #include "testutil.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static int parse(const char *src, struct jinja_tpl **t, char *err, size_t cap)
@@ -88,6 +89,10 @@ static void test_unsupported_refused_by_name(void **state)
     refused("{% for x in y recursive %}{% endfor %}", ERR_UNSUPPORTED, "recursive");
     refused("{{ f(*a) }}", ERR_UNSUPPORTED, "*args");
     refused("{{ 1 < x < 3 }}", ERR_UNSUPPORTED, "chained comparisons");
+    refused("{{ cycler('a', 'b').next() }}", ERR_UNSUPPORTED, "the method 'next()'");
+    refused("{{ cycler('a', 'b') }}", ERR_UNSUPPORTED, "the function 'cycler()'");
+    refused("{% macro m() %}{% endmacro %}{{ m() }}{{ lipsum() }}", ERR_UNSUPPORTED,
+            "the function 'lipsum()'");
 }
 
 static void test_malformed_named(void **state)
@@ -118,6 +123,32 @@ static void test_nesting_bounded(void **state)
         strcat(src, ")");
     strcat(src, " }}");
     refused(src, ERR_RANGE, "nested deeper");
+    /* long chains build deep trees without recursion in the parser: bounded too */
+    static const char *const chains[] = {"1 + ", "'a' ~ ", "x and ", "x or ", "2 ** ", "x if y else ",
+                                         "x * "};
+    for (size_t c = 0; c < sizeof chains / sizeof chains[0]; c++) {
+        size_t cl = strlen(chains[c]), o = 3;
+        char *big = malloc(20000 * cl + 16);
+        assert_non_null(big);
+        memcpy(big, "{{ ", 3);
+        for (int i = 0; i < 20000; i++, o += cl)
+            memcpy(big + o, chains[c], cl);
+        strcpy(big + o, "1 }}");
+        refused(big, ERR_RANGE, "nested deeper");
+        free(big);
+    }
+    static const char *const posts[] = {".a", "|trim", "[0]", "(1)"};
+    for (size_t c = 0; c < sizeof posts / sizeof posts[0]; c++) {
+        size_t cl = strlen(posts[c]), o = 4;
+        char *big = malloc(5000 * cl + 16);
+        assert_non_null(big);
+        memcpy(big, "{{ x", 4);
+        for (int i = 0; i < 5000; i++, o += cl)
+            memcpy(big + o, posts[c], cl);
+        strcpy(big + o, " }}");
+        refused(big, ERR_RANGE, "nested deeper");
+        free(big);
+    }
     char blk[8192] = "";
     for (int i = 0; i < 500; i++)
         strcat(blk, "{% if 1 %}");

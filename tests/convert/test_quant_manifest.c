@@ -78,6 +78,13 @@ static void test_malformed(void **state)
     expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"int8w\", "
                    "\"group\": 64}]}",
                    ERR_UNSUPPORTED, "rules[0].group: int8w with groups of 64");
+    expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"q4_k\", "
+                   "\"group\": 32}]}",
+                   ERR_UNSUPPORTED, "q4_k with groups of 32 is not supported (the engine runs "
+                                    "groups of 256)");
+    expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"q6_k\", "
+                   "\"zero\": \"per-group\"}]}",
+                   ERR_UNSUPPORTED, "per-group zero points are not supported for q6_k");
     expect_refused("{\"version\": 1, \"rules\": [{\"pattern\": \".\", \"dtype\": \"int8w\", "
                    "\"scale\": \"per-channel\"}]}",
                    ERR_UNSUPPORTED, "rules[0].scale: per-channel");
@@ -170,6 +177,20 @@ static void test_int4_layouts(void **state)
         assert_int_equal(d, DT_Q8_0);
         qm_free(m);
     }
+    /* a Q4_K_M-style mix: q4_k, the classifier and ffn_down in q6_k */
+    const char *kj = "{\"version\": 1, \"rules\": [{\"pattern\": \"(output|ffn_down)\", "
+                     "\"dtype\": \"q6_k\"}, {\"pattern\": \".\", \"dtype\": \"q4_k\", "
+                     "\"group\": 256}]}";
+    struct quant_manifest *km;
+    assert_int_equal(qm_parse(kj, strlen(kj), "m", &km), 0);
+    enum dtype kd;
+    assert_int_equal(qm_match(km, "output", &kd), 0);
+    assert_int_equal(kd, DT_Q6_K);
+    assert_int_equal(qm_match(km, "blk.3.ffn_down", &kd), 0);
+    assert_int_equal(kd, DT_Q6_K);
+    assert_int_equal(qm_match(km, "blk.3.attn_q", &kd), 0);
+    assert_int_equal(kd, DT_Q4_K);
+    qm_free(km);
 }
 
 static enum dtype stored(const struct iebin_model *im, const char *name)

@@ -429,7 +429,7 @@ def test_vllm_metrics(d):
     for name in ("vllm:num_requests_waiting", "vllm:time_to_first_token_seconds",
                  "vllm:e2e_request_latency_seconds", "vllm:request_time_per_output_token_seconds",
                  "vllm:prompt_tokens", "vllm:generation_tokens", "process_cpu_seconds",
-                 "process_resident_memory_bytes", "process_start_time_seconds"):
+                 "process_resident_memory_bytes", "process_start_time_seconds", "clocher_build_info"):
         assert name in fams, name
     gen = fams["vllm:generation_tokens"].samples[0].value
     assert gen == ht.metric(d, "clocher_completion_tokens_total") and gen > 0

@@ -123,7 +123,7 @@ static void test_json_truncated_line_is_still_json(void **state)
     memset(v, '\x01', sizeof v - 1);
     v[sizeof v - 1] = '\0';
     for (int i = 0; i < LOG_MAX_FIELDS; i++) {
-        char k[40];
+        char k[48];
         snprintf(k, sizeof k, "field-%d-with-a-long-name-xxxxxx", i);
         assert_int_equal(log_field_set(k, v), 0);
     }
@@ -132,7 +132,7 @@ static void test_json_truncated_line_is_still_json(void **state)
     assert_non_null(m);
     assert_true(strlen(m) > 100 && strlen(m) < strlen(big));
     for (int i = 0; i < LOG_MAX_FIELDS; i++) {
-        char k[40];
+        char k[48];
         snprintf(k, sizeof k, "field-%d-with-a-long-name-xxxxxx", i);
         assert_non_null(json_object_get(j, k));
     }

@@ -73,7 +73,7 @@ static const char *const LIST_ATTRS[] = {"append", "clear", "copy", "count", "ex
 /* ---- values ------------------------------------------------------------------------------- */
 
 enum jv_kind { JV_UNDEF, JV_JSON, JV_NS, JV_MACRO, JV_FUNC, JV_METHOD, JV_LOOP };
-enum jv_func { FN_NAMESPACE = 1, FN_RAISE, FN_STRFTIME, FN_RANGE };
+enum jv_func { FN_NAMESPACE = 1, FN_RAISE, FN_STRFTIME, FN_RANGE, FN_DICT };
 
 struct jv;
 struct ns {
@@ -266,6 +266,8 @@ static struct jv lookup(struct ev *e, struct frame *f, const char *name)
         g.fn = FN_STRFTIME;
     else if (!strcmp(name, "range"))
         g.fn = FN_RANGE;
+    else if (!strcmp(name, "dict"))
+        g.fn = FN_DICT;
     else {
         g = UNDEF;
         g.name = name;
@@ -2253,6 +2255,22 @@ static int call(struct ev *e, struct frame *f, const struct jn *n, struct jv *ou
                 ns->keys[ns->n] = a.kw[i];
                 ns->vals[ns->n++] = jv_copy(&a.v[i]);
             }
+        } else if (callee.fn == FN_DICT) {
+            json_t *d = json_object();
+            for (size_t i = 0; d && i < a.n && !e->rc; i++) {
+                if (!a.kw[i])
+                    ev_fail(e, ERR_UNSUPPORTED, n, "dict() with a positional argument");
+                else if (a.v[i].k != JV_JSON)
+                    ev_fail(e, ERR_UNSUPPORTED, n, "a %s inside a dict", type_name(&a.v[i]));
+                else if (json_object_set(d, a.kw[i], a.v[i].j))
+                    oom(e, n);
+            }
+            if (!d)
+                oom(e, n);
+            else if (e->rc)
+                json_decref(d);
+            else
+                *out = jv_json(d);
         } else if (callee.fn == FN_RANGE) {
             long long b3[3] = {0, 0, 1};
             size_t np = 0;

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_NEST 200 /* expression/statement nesting: the parser recurses */
+#define MAX_NEST 100 /* syntax tree height: the parser, evaluator and free recurse on it */
 
 enum tk_type {
     TK_EOF, TK_TEXT, TK_VAR_BEGIN, TK_VAR_END, TK_BLOCK_BEGIN, TK_BLOCK_END, TK_NAME,
@@ -504,8 +504,20 @@ static int add_name(struct parser *p, struct jn *n, const char *nm)
 static struct jn *expr(struct parser *p);
 static struct jn *unary(struct parser *p, bool with_filter);
 
+/* One more level of the tree: `a + b + c`, `x.a.b` and `x|f|g` grow it in loops, not by
+ * recursion, so each step counts too (the caller restores p->depth when done). */
+static bool deeper(struct parser *p)
+{
+    if (++p->depth > MAX_NEST) {
+        fail(p, ERR_RANGE, cur(p)->line, "expressions nested deeper than %d", MAX_NEST);
+        return false;
+    }
+    return true;
+}
+
+/* the functions a template may call by name besides its own macros */
 static const char *const GLOBALS[] = {"namespace", "raise_exception", "strftime_now", "range",
-                                      "loop", NULL};
+                                      "dict", NULL};
 
 /* (args...) of a call, filter or test into n->v / n->names. */
 static int call_args(struct parser *p, struct jn *n)
@@ -676,7 +688,8 @@ bad:
 /* Subscripts, attributes and calls after a primary. */
 static struct jn *postfix(struct parser *p, struct jn *n)
 {
-    while (n && p->rc == 0) {
+    int d0 = p->depth;
+    while (n && p->rc == 0 && deeper(p)) {
         if (is_op(p, ".")) {
             adv(p);
             if (cur(p)->type != TK_NAME && cur(p)->type != TK_INT) {
@@ -746,25 +759,21 @@ static struct jn *postfix(struct parser *p, struct jn *n)
                 break;
             c->a = n;
             n = c;
-            if (n->a->kind == JN_NAME) {
-                bool known = false;
-                for (int k = 0; GLOBALS[k]; k++)
-                    known |= !strcmp(GLOBALS[k], n->a->name);
-                (void)known; /* a macro of the template is called by name too: checked at run */
-            }
             if (call_args(p, c))
                 break;
         } else {
-            return n;
+            return p->depth = d0, n;
         }
     }
     jinja__node_free(n);
+    p->depth = d0;
     return NULL;
 }
 
 static struct jn *filter_or_test(struct parser *p, struct jn *n)
 {
-    while (n && p->rc == 0) {
+    int d0 = p->depth;
+    while (n && p->rc == 0 && deeper(p)) {
         if (is_op(p, "|")) {
             adv(p);
             if (cur(p)->type != TK_NAME) {
@@ -842,10 +851,11 @@ static struct jn *filter_or_test(struct parser *p, struct jn *n)
             if (call_args(p, c))
                 break;
         } else {
-            return n;
+            return p->depth = d0, n;
         }
     }
     jinja__node_free(n);
+    p->depth = d0;
     return NULL;
 }
 
@@ -898,22 +908,33 @@ static struct jn *binop(struct parser *p, struct jn *l, enum jn_kind k, int op, 
 
 static struct jn *power(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = unary(p, true);
     while (l && is_op(p, "**")) {
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            l = NULL;
+            break;
+        }
         adv(p);
         l = binop(p, l, JN_BIN, JN_OP_POW, unary(p, true));
     }
-    return l;
+    return p->depth = d0, l;
 }
 
 static struct jn *math2(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = power(p);
     for (;;) {
         int op = is_op(p, "*") ? JN_OP_MUL : is_op(p, "/") ? JN_OP_DIV
                  : is_op(p, "//") ? JN_OP_FLOORDIV : is_op(p, "%") ? JN_OP_MOD : 0;
         if (!l || !op)
-            return l;
+            return p->depth = d0, l;
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            return p->depth = d0, NULL;
+        }
         adv(p);
         l = binop(p, l, JN_BIN, op, power(p));
     }
@@ -921,21 +942,32 @@ static struct jn *math2(struct parser *p)
 
 static struct jn *concat(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = math2(p);
     while (l && is_op(p, "~")) {
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            l = NULL;
+            break;
+        }
         adv(p);
         l = binop(p, l, JN_BIN, JN_OP_CONCAT, math2(p));
     }
-    return l;
+    return p->depth = d0, l;
 }
 
 static struct jn *math1(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = concat(p);
     for (;;) {
         int op = is_op(p, "+") ? JN_OP_ADD : is_op(p, "-") ? JN_OP_SUB : 0;
         if (!l || !op)
-            return l;
+            return p->depth = d0, l;
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            return p->depth = d0, NULL;
+        }
         adv(p);
         l = binop(p, l, JN_BIN, op, concat(p));
     }
@@ -943,6 +975,7 @@ static struct jn *math1(struct parser *p)
 
 static struct jn *compare(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = math1(p);
     bool compared = false;
     for (;;) {
@@ -960,7 +993,7 @@ static struct jn *compare(struct parser *p)
             adv(p);
         }
         if (!l || !op)
-            return l;
+            return p->depth = d0, l;
         /* a < b < c chains in Python; templates do not, and a wrong reading is worse */
         if (compared) {
             fail(p, ERR_UNSUPPORTED, cur(p)->line, "chained comparisons");
@@ -996,22 +1029,34 @@ static struct jn *not_expr(struct parser *p)
 
 static struct jn *and_expr(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = not_expr(p);
     while (l && is_name(p, "and")) {
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            l = NULL;
+            break;
+        }
         adv(p);
         l = binop(p, l, JN_AND, 0, not_expr(p));
     }
-    return l;
+    return p->depth = d0, l;
 }
 
 static struct jn *or_expr(struct parser *p)
 {
+    int d0 = p->depth;
     struct jn *l = and_expr(p);
     while (l && is_name(p, "or")) {
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            l = NULL;
+            break;
+        }
         adv(p);
         l = binop(p, l, JN_OR, 0, and_expr(p));
     }
-    return l;
+    return p->depth = d0, l;
 }
 
 /* `a if cond else b` (jinja2's parse_condexpr) */
@@ -1021,8 +1066,14 @@ static struct jn *expr(struct parser *p)
         fail(p, ERR_RANGE, cur(p)->line, "expressions nested deeper than %d", MAX_NEST);
         return NULL;
     }
+    int d0 = p->depth;
     struct jn *l = or_expr(p);
     while (l && is_name(p, "if")) {
+        if (!deeper(p)) {
+            jinja__node_free(l);
+            l = NULL;
+            break;
+        }
         adv(p);
         struct jn *c = or_expr(p);
         struct jn *e = NULL;
@@ -1047,7 +1098,7 @@ static struct jn *expr(struct parser *p)
         n->c = e;
         l = n;
     }
-    p->depth--;
+    p->depth = d0 - 1;
     return l;
 }
 
@@ -1379,6 +1430,42 @@ static struct jn *body(struct parser *p, const char *const *ends)
     return NULL;
 }
 
+static void collect_macros(const struct jn *n, const char **names, size_t *k, size_t cap)
+{
+    if (!n)
+        return;
+    if (n->kind == JN_MACRO && *k < cap)
+        names[(*k)++] = n->name;
+    const struct jn *kids[] = {n->a, n->b, n->c, n->d};
+    for (int i = 0; i < 4; i++)
+        collect_macros(kids[i], names, k, cap);
+    for (size_t i = 0; i < n->nv; i++)
+        collect_macros(n->v[i], names, k, cap);
+}
+
+/* A call by name must reach a global or one of the template's macros: anything else (cycler,
+ * joiner, lipsum, a callable variable) is refused at load, not at some render. */
+static int check_calls(struct parser *p, const struct jn *n, const char **macros, size_t nm)
+{
+    if (!n || p->rc)
+        return p->rc;
+    if (n->kind == JN_CALL && n->a->kind == JN_NAME) {
+        bool known = false;
+        for (int k = 0; GLOBALS[k]; k++)
+            known |= !strcmp(GLOBALS[k], n->a->name);
+        for (size_t k = 0; k < nm; k++)
+            known |= !strcmp(macros[k], n->a->name);
+        if (!known)
+            return fail(p, ERR_UNSUPPORTED, n->line, "the function '%s()'", n->a->name);
+    }
+    const struct jn *kids[] = {n->a, n->b, n->c, n->d};
+    for (int i = 0; i < 4; i++)
+        check_calls(p, kids[i], macros, nm);
+    for (size_t i = 0; i < n->nv; i++)
+        check_calls(p, n->v[i], macros, nm);
+    return p->rc;
+}
+
 int jinja_parse(const char *src, size_t len, struct jinja_tpl **out, char *err, size_t cap)
 {
     struct parser p = {.err = err, .errcap = cap};
@@ -1388,6 +1475,20 @@ int jinja_parse(const char *src, size_t len, struct jinja_tpl **out, char *err, 
     struct jn *root = NULL;
     if (lex(&p, src, len) == 0)
         root = body(&p, NULL);
+    if (root) {
+        const char *macros[256];
+        size_t nm = 0;
+        collect_macros(root, macros, &nm, 256);
+        if (nm == 256) {
+            fail(&p, ERR_UNSUPPORTED, 1, "more than 255 macros");
+        } else {
+            check_calls(&p, root, macros, nm);
+        }
+        if (p.rc) {
+            jinja__node_free(root);
+            root = NULL;
+        }
+    }
     for (size_t i = 0; i < p.n; i++)
         free(p.t[i].s);
     free(p.t);
