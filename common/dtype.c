@@ -43,6 +43,31 @@ int dtype_from_name(const char *name, enum dtype *out)
     return ERR_NOT_FOUND;
 }
 
+static const struct {
+    const char *name;
+    enum dtype dt;
+} kv_names[] = {{"f32", DT_F32}, {"f16", DT_F16}, {"bf16", DT_BF16}, {"int8", DT_KV_I8},
+                {"fp8", DT_KV_E4M3}};
+
+const char *dtype_kv_name(enum dtype dt)
+{
+    for (size_t i = 0; i < sizeof kv_names / sizeof kv_names[0]; i++)
+        if (kv_names[i].dt == dt)
+            return kv_names[i].name;
+    return NULL;
+}
+
+int dtype_kv_from_name(const char *name, enum dtype *out)
+{
+    for (size_t i = 0; i < sizeof kv_names / sizeof kv_names[0]; i++) {
+        if (strcmp(kv_names[i].name, name) == 0) {
+            *out = kv_names[i].dt;
+            return 0;
+        }
+    }
+    return ERR_NOT_FOUND;
+}
+
 int dtype_row_bytes(enum dtype dt, uint64_t n, uint64_t *out)
 {
     const struct dtype_info *di = dtype_info(dt);

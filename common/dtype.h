@@ -43,7 +43,16 @@ enum dtype {
     DT_Q4_K = 11,    /* GGUF Q4_K: super-blocks of 256, 144 bytes */
     DT_Q5_K = 12,    /* GGUF Q5_K: super-blocks of 256, 176 bytes */
     DT_Q6_K = 13,    /* GGUF Q6_K: super-blocks of 256, 210 bytes */
-    DT_COUNT_
+    DT_COUNT_,
+    /*
+     * KV-cache-only element types (worker/engine/kv.h, docs/KV.md "8-bit KV"): per head and
+     * position, head_dim 8-bit codes then one f32 scale (x = scale * code), written after a
+     * Walsh-Hadamard rotation of the head. Numbered past DT_COUNT_ on purpose: they are not
+     * tensor types, so no model file, converter or weight table can name them (dtype_info()
+     * is NULL); dtype_kv_name() / dtype_kv_from_name() name every KV element type.
+     */
+    DT_KV_I8 = 64,   /* int8 codes -127..127 */
+    DT_KV_E4M3 = 65, /* OCP FP8 E4M3 (e4m3fn: bias 7, max 448, no infinities) */
 };
 
 struct dtype_info {
@@ -68,6 +77,13 @@ static inline uint32_t dtype_q4g_group(enum dtype dt)
 static inline int dtype_q4g_has_min(enum dtype dt) { return dt >= DT_Q4Z_G32 && dt <= DT_Q4Z_G128; }
 /* true for the GGUF k-quants (q4_k, q5_k, q6_k): kernels/ref_kq.c. */
 static inline int dtype_is_kq(enum dtype dt) { return dt >= DT_Q4_K && dt <= DT_Q6_K; }
+
+/* true for the 8-bit KV-cache types (DT_KV_I8, DT_KV_E4M3). */
+static inline int dtype_is_kv8(enum dtype dt) { return dt == DT_KV_I8 || dt == DT_KV_E4M3; }
+/* The KV cache's element types by name: "f32", "f16", "bf16", "int8" (DT_KV_I8), "fp8"
+ * (DT_KV_E4M3). NULL / ERR_NOT_FOUND for anything else (e.g. a weight-only type). */
+const char *dtype_kv_name(enum dtype dt);
+int dtype_kv_from_name(const char *name, enum dtype *out);
 
 /* Bytes of one row of `n` elements; ERR_FORMAT when n is not a whole number of blocks. */
 int dtype_row_bytes(enum dtype dt, uint64_t n, uint64_t *out);

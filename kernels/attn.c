@@ -1,5 +1,6 @@
 /*
- * attn.c — the attention tile kernel's scalar specification (kern_attn_<kvt>_f32_ref), the
+ * attn.c — the attention tile kernel's scalar specification (kern_attn_<kvt>_f32_ref, kvt
+ * also the 8-bit KV head rows of kv8.c), the
  * online-softmax state helpers (with gpt-oss's sinks), the entries kern_attn / kern_attn_span
  * (through kern__ops) and kern_attn_causal / kern_attn_causal_swa, the contiguous-cache
  * driver with an optional sliding window (kern.h states the contracts; docs/adr/0004
@@ -52,6 +53,15 @@ void kern_attn_end(float *const *o, const float *l, size_t nq, size_t hd)
 
 /* ---- scalar specification ---------------------------------------------------------------- */
 
+/* One K or V row of hd elements to f32: a plain row, or an 8-bit KV head row (codes, scale). */
+static void widen_row(enum dtype kvt, const void *src, float *out, size_t hd)
+{
+    if (dtype_is_kv8(kvt))
+        kern_kv8_dequant(kvt, src, out, hd);
+    else
+        kern_row_to_f32(kvt, src, out, hd);
+}
+
 /*
  * The tile for one row at a time, positions in order: the specification the SIMD variants
  * reorder (they batch scores over the tile before the exp; the arithmetic per score, the
@@ -75,7 +85,7 @@ static void attn_ref(enum dtype kvt, const float *const *q, float *const *o, flo
                 continue;
             float mx = -INFINITY;
             for (size_t j = a; j < nv; j++) {
-                kern_row_to_f32(kvt, (const char *)k + (j0 + j) * ld, kr, hd);
+                widen_row(kvt, (const char *)k + (j0 + j) * ld, kr, hd);
                 float dot = 0.0f;
                 for (size_t d = 0; d < hd; d++)
                     dot += q[r][d] * kr[d];
@@ -95,7 +105,7 @@ static void attn_ref(enum dtype kvt, const float *const *q, float *const *o, flo
             for (size_t d = 0; d < hd; d++)
                 o[r][d] *= corr;
             for (size_t j = a; j < nv; j++) {
-                kern_row_to_f32(kvt, (const char *)v + (j0 + j) * ld, vr, hd);
+                widen_row(kvt, (const char *)v + (j0 + j) * ld, vr, hd);
                 for (size_t d = 0; d < hd; d++)
                     o[r][d] += s[j] * vr[d];
             }
@@ -114,6 +124,8 @@ static void attn_ref(enum dtype kvt, const float *const *q, float *const *o, flo
 ATTN_REF_(f32, DT_F32)
 ATTN_REF_(f16, DT_F16)
 ATTN_REF_(bf16, DT_BF16)
+ATTN_REF_(kvi8, DT_KV_I8)
+ATTN_REF_(kvf8, DT_KV_E4M3)
 #undef ATTN_REF_
 
 /* ---- entries ------------------------------------------------------------------------------ */
@@ -121,8 +133,10 @@ ATTN_REF_(bf16, DT_BF16)
 /* The tile kernel of the active ISA for K/V caches of type kvt (its traits' attn). */
 static kern_attn_fn *attn_fn(enum dtype kvt)
 {
-    kern_attn_fn *fn = (unsigned)kvt < DT_COUNT_ ? kern__ops.type[kvt].attn : NULL;
-    CHECK(fn != NULL && "kern_attn: K/V must be f32, f16 or bf16");
+    kern_attn_fn *fn = dtype_is_kv8(kvt)           ? kern_attn_kv8_variant(kvt)
+                       : (unsigned)kvt < DT_COUNT_ ? kern__ops.type[kvt].attn
+                                                   : NULL;
+    CHECK(fn != NULL && "kern_attn: K/V must be f32, f16, bf16, int8 or fp8 KV");
     return fn;
 }
 

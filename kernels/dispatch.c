@@ -272,3 +272,19 @@ void kern_matmul(enum dtype wt, const void *w, size_t cols, const float *x, size
         return;
     kern__ops.matmul(wt, w, cols, x, n, y, ldy, r0, r1);
 }
+
+/* ---- 8-bit KV attention (kern_variants.h, kern_attn_kv8_variant) ------------------------ */
+
+/* Not in the per-dtype traits: the 8-bit KV types are cache formats, not tensor types
+ * (common/dtype.h numbers them past DT_COUNT_). Indexed by enum kern_isa, then kvi8 / kvf8. */
+static kern_attn_fn *const attn_kv8[KERN__ISA_COUNT][2] = {
+    {kern_attn_kvi8_f32_ref, kern_attn_kvf8_f32_ref},
+    {kern_attn_kvi8_f32_avx2, kern_attn_kvf8_f32_avx2},
+    {kern_attn_kvi8_f32_avx512, kern_attn_kvf8_f32_avx512}};
+
+kern_attn_fn *kern_attn_kv8_variant(enum dtype kvt)
+{
+    if (!dtype_is_kv8(kvt))
+        return NULL;
+    return attn_kv8[kern__ops.isa][kvt == DT_KV_E4M3];
+}

@@ -345,4 +345,29 @@ void kern_attn_causal_swa(enum dtype kvt, size_t nt, size_t group, size_t hd, co
                           size_t ldq, const void *k, const void *v, size_t ld, uint32_t pos0,
                           uint32_t window, const float *sinks, float *out, size_t ldo);
 
+/* ---- 8-bit KV cache rows (kernels/kv8.c, x86/avx*_attn.c; docs/KV.md "8-bit KV") -------
+ *
+ * A KV8 head row (dtype DT_KV_I8 or DT_KV_E4M3, common/dtype.h) is hd 8-bit codes then one f32
+ * scale: kern_kv8_head_bytes(hd) bytes, x[d] = scale * value(code[d]), value = the int8 code
+ * (scale = max|x| / 127) or the FP8 E4M3 code's value (scale = max|x| / 448). kern_attn and
+ * kern_attn_span accept these two dtypes with k/v pointing at head rows (row j at k + j*ld):
+ * the kernels decode each row once per sub-tile, inside the tile walk. Rows are written
+ * rotated (kern_kv_rotate), so the caller rotates q the same way and unrotates the output.
+ * Error of one stored value, |x - decoded| (tests/kern/test_kern_kv8.c): int8 <= max|x| / 254;
+ * E4M3 <= max|x| * 2^-4 (half an ulp of a 3-bit mantissa, relative), and <= max|x| * 2^-10
+ * near zero (the subnormal quantum 2^-9 of the scaled value, halved).
+ */
+#define KERN_KV8_SCALE_BYTES 4
+static inline size_t kern_kv8_head_bytes(size_t hd) { return hd + KERN_KV8_SCALE_BYTES; }
+/* x [hd] f32 (already rotated) -> dst [kern_kv8_head_bytes(hd)]; a row with a NaN or an
+ * infinity stores a NaN scale (it reads back NaN, as an f32 cache would). */
+void kern_kv8_quant(enum dtype kvt, const float *x, void *dst, size_t hd);
+/* src [kern_kv8_head_bytes(hd)] -> out [hd] f32 (still rotated). */
+void kern_kv8_dequant(enum dtype kvt, const void *src, float *out, size_t hd);
+/* x [hd] <- R x with R = H D orthonormal (D fixed random signs, H the normalized
+ * Walsh-Hadamard matrix, block-diagonal in power-of-two chunks when hd is not one);
+ * kern_kv_unrotate applies R^T. hd <= KERN_ATTN_HD_MAX. */
+void kern_kv_rotate(float *x, size_t hd);
+void kern_kv_unrotate(float *x, size_t hd);
+
 #endif

@@ -150,4 +150,16 @@ KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, avx2)
 KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, avx512)
 #undef KERN_ATTN_DECLARE_
 
+/* ---- 8-bit KV attention tiles (kern.h "8-bit KV cache rows"; kernels/kv8.c) ------------------ */
+
+/* kvi8: DT_KV_I8 head rows, kvf8: DT_KV_E4M3 head rows; kern_attn_fn's contract otherwise. */
+#define KERN_ATTN_KV8_VARIANTS_(X, isa) X(kvi8, isa) X(kvf8, isa)
+#define KERN_ATTN_DECLARE_KV8_(kvt, isa) kern_attn_fn kern_attn_##kvt##_f32_##isa;
+KERN_ATTN_KV8_VARIANTS_(KERN_ATTN_DECLARE_KV8_, ref)
+KERN_ATTN_KV8_VARIANTS_(KERN_ATTN_DECLARE_KV8_, avx2)
+KERN_ATTN_KV8_VARIANTS_(KERN_ATTN_DECLARE_KV8_, avx512)
+/* The active ISA's tile kernel for an 8-bit KV dtype (dispatch.c); NULL for other dtypes. */
+kern_attn_fn *kern_attn_kv8_variant(enum dtype kvt);
+#undef KERN_ATTN_DECLARE_KV8_
+
 #endif

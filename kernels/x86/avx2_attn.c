@@ -8,6 +8,9 @@
  * query row; scores four positions at a time; exp 8 scores at a time (avx2_exp.h, the scalar
  * fm_expf's algorithm); o = o*corr + sum_j e_j v_j one 8-float slice of o at a time.
  *
+ * 8-bit KV head rows (int8, fp8 E4M3 with an f32 scale; kern.h) are decoded into the same
+ * widened tiles by widen_kvi8 / widen_kvf8, bit for bit kern_kv8_dequant.
+ *
  * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack.
  */
 #include "avx2_exp.h"
@@ -164,6 +167,54 @@ static void widen_bf16(float *dst, const void *src, size_t ld, size_t n, size_t 
     }
 }
 
+/* 8 bytes at c (only the first n < 8 exist: copied to a zeroed buffer, never read past). */
+static inline __m128i load8_u8(const uint8_t *c, size_t n)
+{
+    uint8_t t[8] = {0};
+    memcpy(t, c, n < 8 ? n : 8);
+    return _mm_loadl_epi64((const __m128i *)(const void *)t);
+}
+
+/* n 8-bit KV head rows (kern.h: hd codes then an f32 scale; row j at src + j*ld bytes) ->
+ * dst [n][hd] f32, bit for bit kern_kv8_dequant: one product per value in both. */
+static void widen_kvi8(float *dst, const void *src, size_t ld, size_t n, size_t hd)
+{
+    for (size_t j = 0; j < n; j++) {
+        const uint8_t *c = (const uint8_t *)src + j * ld;
+        float sc;
+        memcpy(&sc, c + hd, sizeof sc);
+        const __m256 vs = _mm256_set1_ps(sc);
+        for (size_t d = 0; d < hd; d += 8) {
+            const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load8_u8(c + d, hd - d)));
+            _mm256_maskstore_ps(dst + j * hd + d, lanes(hd, d), _mm256_mul_ps(x, vs));
+        }
+    }
+}
+
+/* E4M3 as f16 bits: the sign to bit 15, exponent and mantissa (7 bits) to bits 13..7, which
+ * is the value / 2^8 exactly (subnormals too: F16C converts f16 subnormals exactly); the
+ * 2^8 goes into the scale, a power of two, so the product rounds as the reference's. */
+static inline __m256 e4m3x8(__m128i b)
+{
+    const __m128i w = _mm_cvtepu8_epi16(b);
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7),
+                                   _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
+    return _mm256_cvtph_ps(h);
+}
+
+static void widen_kvf8(float *dst, const void *src, size_t ld, size_t n, size_t hd)
+{
+    for (size_t j = 0; j < n; j++) {
+        const uint8_t *c = (const uint8_t *)src + j * ld;
+        float sc;
+        memcpy(&sc, c + hd, sizeof sc);
+        const __m256 vs = _mm256_set1_ps(sc * 256.0f);
+        for (size_t d = 0; d < hd; d += 8)
+            _mm256_maskstore_ps(dst + j * hd + d, lanes(hd, d),
+                                _mm256_mul_ps(e4m3x8(load8_u8(c + d, hd - d)), vs));
+    }
+}
+
 #include "attn_drivers.h"
 
 void kern_attn_f32_f32_avx2(const float *const *q, float *const *o, float *m, float *l,
@@ -185,4 +236,18 @@ void kern_attn_bf16_f32_avx2(const float *const *q, float *const *o, float *m, f
                              const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
     attn_widened(widen_bf16, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
+}
+
+void kern_attn_kvi8_f32_avx2(const float *const *q, float *const *o, float *m, float *l,
+                             const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                             const void *v, size_t ld, size_t n, size_t hd, float scale)
+{
+    attn_widened(widen_kvi8, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
+}
+
+void kern_attn_kvf8_f32_avx2(const float *const *q, float *const *o, float *m, float *l,
+                             const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                             const void *v, size_t ld, size_t n, size_t hd, float scale)
+{
+    attn_widened(widen_kvf8, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }

@@ -10,6 +10,9 @@
  * fm_expf's algorithm), then o = o*corr + sum_j e_j v_j with each 16-float slice of o held in
  * a register across the tile's rows.
  *
+ * 8-bit KV head rows (int8, fp8 E4M3 with an f32 scale; kern.h) are decoded into the same
+ * widened tiles by widen_kvi8 / widen_kvf8, bit for bit kern_kv8_dequant.
+ *
  * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack.
  */
 #include "avx512_exp.h"
@@ -19,6 +22,7 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define ATTN_BUF 8192 /* floats per widened K (or V) sub-tile: rows = ATTN_BUF / hd */
 
@@ -144,6 +148,42 @@ static void widen_bf16(float *dst, const void *src, size_t ld, size_t n, size_t 
     }
 }
 
+/* n 8-bit KV head rows (kern.h: hd codes then an f32 scale; row j at src + j*ld bytes) ->
+ * dst [n][hd] f32, bit for bit kern_kv8_dequant (as avx2_attn.c's). */
+static void widen_kvi8(float *dst, const void *src, size_t ld, size_t n, size_t hd)
+{
+    for (size_t j = 0; j < n; j++) {
+        const uint8_t *c = (const uint8_t *)src + j * ld;
+        float sc;
+        memcpy(&sc, c + hd, sizeof sc);
+        const __m512 vs = _mm512_set1_ps(sc);
+        for (size_t d = 0; d < hd; d += 16) {
+            const __mmask16 mk = lanes(hd, d);
+            const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, c + d)));
+            _mm512_mask_storeu_ps(dst + j * hd + d, mk, _mm512_mul_ps(x, vs));
+        }
+    }
+}
+
+/* E4M3 through f16 bits, value / 2^8 exactly (avx2_attn.c's e4m3x8 explains). */
+static void widen_kvf8(float *dst, const void *src, size_t ld, size_t n, size_t hd)
+{
+    for (size_t j = 0; j < n; j++) {
+        const uint8_t *c = (const uint8_t *)src + j * ld;
+        float sc;
+        memcpy(&sc, c + hd, sizeof sc);
+        const __m512 vs = _mm512_set1_ps(sc * 256.0f);
+        for (size_t d = 0; d < hd; d += 16) {
+            const __mmask16 mk = lanes(hd, d);
+            const __m256i w = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mk, c + d));
+            const __m256i h =
+                _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
+                                _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+            _mm512_mask_storeu_ps(dst + j * hd + d, mk, _mm512_mul_ps(_mm512_cvtph_ps(h), vs));
+        }
+    }
+}
+
 #include "attn_drivers.h"
 
 void kern_attn_f32_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
@@ -165,4 +205,18 @@ void kern_attn_bf16_f32_avx512(const float *const *q, float *const *o, float *m,
                                const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
     attn_widened(widen_bf16, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
+}
+
+void kern_attn_kvi8_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
+                               const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                               const void *v, size_t ld, size_t n, size_t hd, float scale)
+{
+    attn_widened(widen_kvi8, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
+}
+
+void kern_attn_kvf8_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
+                               const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
+                               const void *v, size_t ld, size_t n, size_t hd, float scale)
+{
+    attn_widened(widen_kvf8, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }

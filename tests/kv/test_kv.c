@@ -60,8 +60,8 @@ static void test_config_rejected(void **state)
 static void test_alloc_append_free(void **state)
 {
     (void)state;
-    enum dtype dts[] = {DT_F32, DT_F16, DT_BF16};
-    for (size_t d = 0; d < 3; d++) {
+    enum dtype dts[] = {DT_F32, DT_F16, DT_BF16, DT_KV_I8, DT_KV_E4M3};
+    for (size_t d = 0; d < 5; d++) {
         struct kv_config c = kt_config(16, dts[d], 8, false);
         struct kv_pool *p = kt_pool(&c);
         struct kv_seq *s;
@@ -213,8 +213,8 @@ static void test_fork_refcounts(void **state)
 static void test_cow_partial_block(void **state)
 {
     (void)state;
-    enum dtype dts[] = {DT_F32, DT_BF16};
-    for (size_t di = 0; di < 2; di++) {
+    enum dtype dts[] = {DT_F32, DT_BF16, DT_KV_I8, DT_KV_E4M3};
+    for (size_t di = 0; di < 4; di++) {
         struct kv_config c = kt_config(8, dts[di], 16, false);
         struct kv_pool *p = kt_pool(&c);
         struct kv_seq *a, *b;

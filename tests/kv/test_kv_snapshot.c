@@ -108,8 +108,8 @@ static void test_round_trip(void **state)
 {
     (void)state;
     char *dir = tu_mkdtemp();
-    enum dtype dts[] = {DT_F32, DT_F16, DT_BF16};
-    for (size_t d = 0; d < 3; d++) {
+    enum dtype dts[] = {DT_F32, DT_F16, DT_BF16, DT_KV_I8, DT_KV_E4M3};
+    for (size_t d = 0; d < 5; d++) {
         struct kv_config c = kt_config(4, dts[d], 64, true);
         struct kv_pool *a = kt_pool(&c), *b = kt_pool(&c);
         struct prefix px[8];
@@ -275,6 +275,73 @@ static void test_mismatch_rejected(void **state)
         kv_pool_destroy(p);
     }
     free(file);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* 8-bit caches: a round trip restores the stored bytes exactly (every row reads back bit for
+ * bit), and a snapshot of rotated rows is refused by an unrotated pool and vice versa, as is
+ * one of the other 8-bit type. */
+static void test_kv8_exact_and_mismatch(void **state)
+{
+    (void)state;
+    char *dir = tu_mkdtemp();
+    const enum dtype dts[2] = {DT_KV_I8, DT_KV_E4M3};
+    for (int d = 0; d < 2; d++) {
+        for (int unrot = 0; unrot < 2; unrot++) {
+            struct kv_config c = kt_config(4, dts[d], 64, true);
+            c.kv8_no_rotate = unrot;
+            struct kv_pool *a = kt_pool(&c), *b = kt_pool(&c);
+            struct prefix px[8];
+            size_t n_px;
+            make_prefixes(px, &n_px);
+            for (size_t i = 0; i < n_px; i++)
+                cache(a, &px[i]);
+            uint32_t n_saved, n_restored;
+            const char *path = tu_path(dir, "kv8.snap");
+            assert_int_equal(kv_snapshot_save(a, path, FP, 1000, &n_saved), 0);
+            assert_int_equal(kv_snapshot_restore(b, path, FP, &n_restored), 0);
+            assert_int_equal(n_restored, n_saved);
+            struct kv_seq *sa, *sb;
+            uint32_t ga, gb;
+            assert_int_equal(kv_seq_create(a, 1, 0, &sa), 0);
+            assert_int_equal(kv_seq_create(b, 1, 0, &sb), 0);
+            assert_int_equal(kv_seq_attach_prefix(sa, px[0].tok, 20, &ga), 0);
+            assert_int_equal(kv_seq_attach_prefix(sb, px[0].tok, 20, &gb), 0);
+            assert_int_equal(ga, 20);
+            assert_int_equal(gb, 20);
+            for (uint32_t l = 0; l < c.n_layers; l++)
+                for (uint32_t pos = 0; pos < 20; pos++) {
+                    float ka[16], va[16], kb[16], vb[16];
+                    assert_int_equal(kv_seq_read(sa, l, pos, ka, va), 0);
+                    assert_int_equal(kv_seq_read(sb, l, pos, kb, vb), 0);
+                    assert_memory_equal(ka, kb, sizeof ka);
+                    assert_memory_equal(va, vb, sizeof va);
+                }
+            kv_seq_destroy(sa);
+            kv_seq_destroy(sb);
+            kv_pool_destroy(a);
+            kv_pool_destroy(b);
+
+            size_t len;
+            uint8_t *file = (uint8_t *)tu_read_file(path, &len);
+            struct kv_config o = c;
+            o.kv8_no_rotate = !unrot;
+            struct kv_pool *p = kt_pool(&o);
+            expect_rejected(p, file, len, ERR_MISMATCH,
+                            unrot    ? "(unrotated), this cache uses"
+                            : d == 0 ? "this cache uses int8 (unrotated)"
+                                     : "this cache uses fp8 (unrotated)");
+            kv_pool_destroy(p);
+            o = c;
+            o.dtype = dts[1 - d];
+            p = kt_pool(&o);
+            expect_rejected(p, file, len, ERR_MISMATCH,
+                            d == 0 ? "dtype is int8" : "dtype is fp8");
+            kv_pool_destroy(p);
+            free(file);
+        }
+    }
     tu_rmtree(dir);
     free(dir);
 }
@@ -694,6 +761,7 @@ int main(void)
         cmocka_unit_test(test_hottest_with_ancestors),
         cmocka_unit_test(test_restore_into_smaller_pool),
         cmocka_unit_test(test_mismatch_rejected),
+        cmocka_unit_test(test_kv8_exact_and_mismatch),
         cmocka_unit_test(test_truncated_rejected),
         cmocka_unit_test(test_corruption_rejected),
         cmocka_unit_test(test_crafted_records_rejected),

@@ -19,6 +19,7 @@
 #include "check.h"
 #include "err.h"
 #include "half.h"
+#include "kern.h"
 #include "log.h"
 
 #include <errno.h>
@@ -266,17 +267,19 @@ int kv_pool_create(const struct kv_config *cfg, struct kv_pool **out)
         (rc = check_field("block_tokens", c.block_tokens, 1, KV_BLOCK_TOKENS_MAX)) ||
         (rc = check_field("test_hash_bits", c.test_hash_bits, 0, 63)))
         return rc;
-    if (c.dtype != DT_F32 && c.dtype != DT_F16 && c.dtype != DT_BF16) {
+    if (!dtype_kv_name(c.dtype)) {
         const struct dtype_info *di = dtype_info(c.dtype);
-        LOG_ERR("kv config: dtype %s is not a KV element type (f32, f16 or bf16)",
+        LOG_ERR("kv config: dtype %s is not a KV element type (f32, f16, bf16, int8 or fp8)",
                 di ? di->name : "(invalid)");
         return ERR_RANGE;
     }
 
-    size_t esize = c.dtype == DT_F32 ? 4 : 2;
+    const int kv8 = dtype_is_kv8(c.dtype);
+    size_t esize = c.dtype == DT_F32 ? 4 : kv8 ? 1 : 2;
     /* each factor is bounded above, so these products fit comfortably in 64 bits */
     size_t kv_dim = (size_t)c.n_kv_heads * c.head_dim;
-    size_t row_bytes = kv_dim * esize;
+    size_t head_bytes = kv8 ? kern_kv8_head_bytes(c.head_dim) : c.head_dim * esize;
+    size_t row_bytes = c.n_kv_heads * head_bytes;
     size_t layer_bytes = 2 * (size_t)c.block_tokens * row_bytes;
     size_t data_bytes = (size_t)c.n_layers * layer_bytes;
     size_t stride = (data_bytes + 63) & ~(size_t)63;
@@ -300,7 +303,9 @@ int kv_pool_create(const struct kv_config *cfg, struct kv_pool **out)
     p->kv_dim = (uint32_t)kv_dim;
     p->n_blocks = (uint32_t)n_blocks;
     p->esize = esize;
+    p->head_bytes = head_bytes;
     p->row_bytes = row_bytes;
+    p->rotate = kv8 && !c.kv8_no_rotate;
     p->layer_bytes = layer_bytes;
     p->data_bytes = data_bytes;
     p->block_stride = stride;
@@ -741,9 +746,22 @@ int kv_seq_reserve(struct kv_seq *s, uint32_t n)
     return 0;
 }
 
-static void store_row(enum dtype dt, uint8_t *dst, const float *src, uint32_t n)
+/* One K or V row of the pool's dtype from src [kv_dim] f32; 8-bit: per head, rotated (unless
+ * kv8_no_rotate) then quantized with its own scale. */
+static void store_row(const struct kv_pool *p, uint8_t *dst, const float *src)
 {
-    switch (dt) {
+    const uint32_t n = p->kv_dim, hd = p->cfg.head_dim;
+    if (dtype_is_kv8(p->cfg.dtype)) {
+        float x[KV_HEAD_DIM_MAX]; /* [hd] one head, rotated */
+        for (uint32_t g = 0; g < p->cfg.n_kv_heads; g++) {
+            memcpy(x, src + (size_t)g * hd, hd * sizeof(float));
+            if (p->rotate)
+                kern_kv_rotate(x, hd);
+            kern_kv8_quant(p->cfg.dtype, x, dst + g * p->head_bytes, hd);
+        }
+        return;
+    }
+    switch (p->cfg.dtype) {
     case DT_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
@@ -787,8 +805,8 @@ int kv_seq_write(struct kv_seq *s, uint32_t layer, const float *k, const float *
         uint32_t id = s->table[pos / p->B];
         CHECK(p->blocks[id].ref == 1 && !p->blocks[id].indexed);
         uint8_t *kd = kv__layer_k(p, id, layer) + (size_t)(pos % p->B) * p->row_bytes;
-        store_row(p->cfg.dtype, kd, k + (size_t)i * p->kv_dim, p->kv_dim);
-        store_row(p->cfg.dtype, kd + v_off, v + (size_t)i * p->kv_dim, p->kv_dim);
+        store_row(p, kd, k + (size_t)i * p->kv_dim);
+        store_row(p, kd + v_off, v + (size_t)i * p->kv_dim);
     }
     s->written[layer] = pos;
     return 0;
@@ -886,6 +904,8 @@ uint32_t kv_seq_block(const struct kv_seq *s, uint32_t i)
     return i < s->n_table ? s->table[i] : KV_NONE;
 }
 
+const struct kv_pool *kv_seq_pool(const struct kv_seq *s) { return s->pool; }
+
 int kv_seq_read(const struct kv_seq *s, uint32_t layer, uint32_t pos, float *k, float *v)
 {
     const struct kv_pool *p = s->pool;
@@ -900,6 +920,19 @@ int kv_seq_read(const struct kv_seq *s, uint32_t layer, uint32_t pos, float *k, 
     const uint8_t *kd = kv__layer_k(p, s->table[pos / p->B], layer) +
                         (size_t)(pos % p->B) * p->row_bytes;
     const uint8_t *vd = kd + (size_t)p->B * p->row_bytes;
+    if (dtype_is_kv8(p->cfg.dtype)) {
+        const uint32_t hd = p->cfg.head_dim;
+        for (uint32_t g = 0; g < p->cfg.n_kv_heads; g++) {
+            float *kr = k + (size_t)g * hd, *vr = v + (size_t)g * hd;
+            kern_kv8_dequant(p->cfg.dtype, kd + g * p->head_bytes, kr, hd);
+            kern_kv8_dequant(p->cfg.dtype, vd + g * p->head_bytes, vr, hd);
+            if (p->rotate) {
+                kern_kv_unrotate(kr, hd);
+                kern_kv_unrotate(vr, hd);
+            }
+        }
+        return 0;
+    }
     for (uint32_t i = 0; i < p->kv_dim; i++) {
         uint16_t h;
         switch (p->cfg.dtype) {

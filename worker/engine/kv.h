@@ -7,7 +7,9 @@
  * Storage. The pool is one arena of equal blocks. A block holds B consecutive positions
  * (block_tokens, default 16) of ONE sequence for EVERY layer, both K and V:
  *     block: [n_layers][2][B][n_kv_heads*head_dim]     (index 0 = K, 1 = V)
- * in the pool's element type (f32, f16 or bf16), so the rows attention reads for one layer of
+ * in the pool's element type (f32, f16, bf16, or 8-bit: each head's slice of a row is then
+ * head_dim int8/E4M3 codes and an f32 scale, written after a Walsh-Hadamard rotation of the
+ * head that attention undoes; kern.h "8-bit KV cache rows"), so the rows attention reads for one layer of
  * one block are one contiguous span, and prefix sharing, reference counts and eviction act on
  * one unit per B tokens (not per layer).
  *
@@ -58,12 +60,15 @@ struct kv_config {
     uint32_t n_kv_heads;     /* 1..KV_HEADS_MAX */
     uint32_t head_dim;       /* 1..KV_HEAD_DIM_MAX */
     uint32_t block_tokens;   /* B, 1..KV_BLOCK_TOKENS_MAX; 0 = KV_BLOCK_TOKENS_DEFAULT */
-    enum dtype dtype;        /* DT_F32, DT_F16 or DT_BF16 */
+    enum dtype dtype;        /* DT_F32, DT_F16, DT_BF16, DT_KV_I8 or DT_KV_E4M3 (docs/KV.md) */
     uint64_t budget_bytes;   /* block storage; the pool holds floor(budget / block bytes) */
     bool prefix_cache;       /* index full blocks for reuse; off: blocks are freed at once */
     /* Tests only: keep this many low bits of every chain hash (1..63) so that distinct
      * prefixes collide and exact verification is exercised; 0 = full 64-bit hashes. */
     uint32_t test_hash_bits;
+    /* Tests and benchmarks only: store 8-bit rows without the Walsh-Hadamard rotation, to
+     * measure what the rotation earns (docs/PERFORMANCE.md). Ignored for f32/f16/bf16. */
+    bool kv8_no_rotate;
 };
 
 /*
@@ -136,7 +141,8 @@ int kv_seq_attach_prefix(struct kv_seq *s, const int32_t *tokens, size_t n_token
 int kv_seq_reserve(struct kv_seq *s, uint32_t n);
 /*
  * Appends n rows of layer `layer` after the rows already written for it:
- * k, v: [n][n_kv_heads*head_dim] f32, converted to the pool dtype. ERR_RANGE if the layer is
+ * k, v: [n][n_kv_heads*head_dim] f32, converted to the pool dtype (8-bit: each head rotated,
+ * then quantized with one scale per head and position). ERR_RANGE if the layer is
  * out of range or the rows exceed the reservation (nothing written then).
  */
 int kv_seq_write(struct kv_seq *s, uint32_t layer, const float *k, const float *v, uint32_t n);
@@ -166,13 +172,15 @@ uint32_t kv_seq_n_released(const struct kv_seq *s);
 uint32_t kv_seq_blocks_needed(const struct kv_seq *s, uint32_t n);
 
 uint32_t kv_seq_len(const struct kv_seq *s);
+/* The pool the sequence lives in. */
+const struct kv_pool *kv_seq_pool(const struct kv_seq *s);
 /* Rows written for a layer: len <= written <= len + reserved. */
 uint32_t kv_seq_written(const struct kv_seq *s, uint32_t layer);
 uint32_t kv_seq_n_blocks(const struct kv_seq *s);
 /* Block id of the sequence's i-th block, KV_NONE past the end. */
 uint32_t kv_seq_block(const struct kv_seq *s, uint32_t i);
-/* Reads one position of one layer back as f32: k, v [n_kv_heads*head_dim]. ERR_RANGE if the
- * row was not written. Read-only. */
+/* Reads one position of one layer back as f32: k, v [n_kv_heads*head_dim] (8-bit: decoded
+ * and rotated back). ERR_RANGE if the row was not written. Read-only. */
 int kv_seq_read(const struct kv_seq *s, uint32_t layer, uint32_t pos, float *k, float *v);
 
 /* ---- attention over the paged cache (kv_attn.c) ------------------------------------------ */

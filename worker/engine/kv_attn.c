@@ -13,7 +13,10 @@
  * its own (kern_attn_span's per-row start) and the walk begins at the block holding the
  * earliest one, so blocks wholly older than every row's window are never read; learned sinks
  * start each row's online softmax (kern_attn_begin_sinks).
- * Stack use is fixed (the state of ATT_QROWS rows here, the kernel's widened tile there).
+ * 8-bit caches (docs/KV.md "8-bit KV") hold rotated rows: each query row is rotated into a
+ * stack copy first and each output row rotated back last; the tile kernel decodes the codes.
+ * Stack use is fixed (the state and rotated queries of ATT_QROWS rows here, 64 KiB, the
+ * kernel's widened tile there).
  *
  * NOTES: read-only on the pool and sequence; safe to run from several threads at once for
  * disjoint outputs while the owner thread makes no mutating kv_* call.
@@ -44,6 +47,18 @@ static void attend(const struct kv_seq *s, uint32_t layer, uint32_t g, const flo
     const struct kv_pool *p = s->pool;
     const uint32_t hd = p->cfg.head_dim;
     float m[ATT_QROWS], l[ATT_QROWS];
+    /* 8-bit rows are stored rotated (kern_kv_rotate): q is rotated the same way, so q.k is
+     * unchanged, and the output, a sum of rotated V rows, is rotated back at the end */
+    float qrot[ATT_QROWS][KV_HEAD_DIM_MAX]; /* [nr][hd] rotated queries, when p->rotate */
+    const float *qr[ATT_QROWS];
+    for (uint32_t r = 0; r < nr; r++) {
+        qr[r] = q[r];
+        if (p->rotate) {
+            memcpy(qrot[r], q[r], hd * sizeof(float));
+            kern_kv_rotate(qrot[r], hd);
+            qr[r] = qrot[r];
+        }
+    }
     uint32_t vis[ATT_QROWS], lo[ATT_QROWS], first[ATT_QROWS];
     uint32_t end = 0, start = UINT32_MAX;
     for (uint32_t r = 0; r < nr; r++) {
@@ -67,20 +82,23 @@ static void attend(const struct kv_seq *s, uint32_t layer, uint32_t g, const flo
             all &= vis[r] >= n;
             cut |= lo[r] > 0;
         }
-        const uint8_t *kb = kv__layer_k(p, s->table[pos / p->B], layer) + (size_t)g * hd * p->esize;
+        const uint8_t *kb = kv__layer_k(p, s->table[pos / p->B], layer) + g * p->head_bytes;
         const uint8_t *vb = kb + (size_t)p->B * p->row_bytes; /* V rows follow the block's K */
         if (cut) { /* some row's window starts inside this block */
             for (uint32_t r = 0; r < nr; r++)
                 vis[r] = vis[r] < n ? vis[r] : n;
-            kern_attn_span(p->cfg.dtype, q, o, m, l, lo, vis, nr, kb, vb, p->row_bytes, n, hd,
+            kern_attn_span(p->cfg.dtype, qr, o, m, l, lo, vis, nr, kb, vb, p->row_bytes, n, hd,
                            scale);
         } else {
-            kern_attn(p->cfg.dtype, q, o, m, l, all ? NULL : vis, nr, kb, vb, p->row_bytes, n,
+            kern_attn(p->cfg.dtype, qr, o, m, l, all ? NULL : vis, nr, kb, vb, p->row_bytes, n,
                       hd, scale);
         }
         pos += n;
     }
     kern_attn_end(o, l, nr, hd);
+    if (p->rotate)
+        for (uint32_t r = 0; r < nr; r++)
+            kern_kv_unrotate(o[r], hd);
 }
 
 /* end: one past the last position read; first: the first one (a window's start, else 0). */

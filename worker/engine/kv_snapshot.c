@@ -4,8 +4,8 @@
  * File (little-endian; docs/KV.md has the full description):
  *   header, 64 bytes, uncompressed so a mismatch is seen before decompressing anything:
  *     0 "CLKVSNAP" | 8 u32 version (1) | 12 u32 header bytes (64) | 16 u64 model fingerprint
- *     24 u32 dtype | 28 u32 block_tokens | 32 u32 n_layers | 36 u32 n_kv_heads
- *     40 u32 head_dim | 44 u32 n_records | 48 u64 record bytes | 56 u64 checksum of bytes 0..55
+ *     24 u32 dtype (+0x100: 8-bit, unrotated) | 28 u32 block_tokens | 32 u32 n_layers
+ *     36 u32 n_kv_heads | 40 u32 head_dim | 44 u32 n_records | 48 u64 record bytes | 56 u64 checksum of bytes 0..55
  *   then one zstd frame (content checksum on) of n_records records, parents before children:
  *     0 u64 tenant | 8 u64 adapter set | 16 u32 depth | 20 u32 parent record (UINT32_MAX at
  *     depth 0) | 24 u64 checksum of the rest of the record, seeded by bytes 0..23
@@ -191,7 +191,7 @@ int kv_snapshot_save(const struct kv_pool *p, const char *path, uint64_t model_f
     put32(h + 8, KV__SNAP_VERSION);
     put32(h + 12, KV__SNAP_HEADER_BYTES);
     put64(h + 16, model_fingerprint);
-    put32(h + 24, (uint32_t)p->cfg.dtype);
+    put32(h + 24, kv__snap_dtype(p));
     put32(h + 28, p->B);
     put32(h + 32, p->cfg.n_layers);
     put32(h + 36, p->cfg.n_kv_heads);
@@ -401,10 +401,12 @@ static int check_header(const struct kv_pool *p, const uint8_t *h, const char *n
         return ERR_MISMATCH;
     }
     uint32_t dt = get32(h + 24);
-    if (dt != (uint32_t)p->cfg.dtype) {
-        const struct dtype_info *a = dt < DT_COUNT_ ? dtype_info((enum dtype)dt) : NULL;
-        LOG_WARN("kv snapshot %s ignored: dtype is %s, this cache uses %s", name,
-                 a ? a->name : "(invalid)", dtype_info(p->cfg.dtype)->name);
+    if (dt != kv__snap_dtype(p)) {
+        const char *a = dtype_kv_name((enum dtype)(dt & ~KV__SNAP_UNROTATED));
+        LOG_WARN("kv snapshot %s ignored: dtype is %s%s, this cache uses %s%s", name,
+                 a ? a : "(invalid)", dt & KV__SNAP_UNROTATED ? " (unrotated)" : "",
+                 dtype_kv_name(p->cfg.dtype),
+                 kv__snap_dtype(p) & KV__SNAP_UNROTATED ? " (unrotated)" : "");
         return ERR_MISMATCH;
     }
     if ((rc = check_dim(name, "block_tokens", get32(h + 28), p->B)) ||

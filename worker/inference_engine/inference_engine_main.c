@@ -76,6 +76,8 @@ struct opts {
     const char *adapter;      /* --adapter NAME=DIR (engine path) */
     float adapter_scale;
     enum lora_pack lora_weights; /* --lora-weights */
+    enum dtype kv_dtype;      /* --kv-dtype (engine path; DT_F32 = 0 by default) */
+    bool kv_dtype_set;
 };
 
 static void usage(FILE *f)
@@ -132,6 +134,9 @@ static void usage(FILE *f)
 "  --lora-weights auto|bf16\n"
 "                         how the adapter's weights are packed for the update (docs/LORA.md;\n"
 "                         default auto: as the file stores them)\n"
+"  --kv-dtype T           the engine's KV cache: f32 (default), f16, bf16, int8 or fp8\n"
+"                         (8-bit: Hadamard-rotated rows, docs/KV.md; implies\n"
+"                         --concurrency 1 unless given)\n"
 "  -h, --help             this help\n"
 "      --version          the version\n"
 "\n"
@@ -185,7 +190,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         O_MODEL = 256, O_PROMPT, O_PROMPTS_FILE, O_PROMPT_IDS, O_MAX_NEW, O_CTX, O_THREADS,
         O_GREEDY, O_TEMP, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_REPEAT_WINDOW, O_SEED, O_STOP,
         O_ROUNDS, O_WARMUP, O_PRINT_IDS, O_DUMP, O_NO_BOS, O_IGNORE_EOS, O_QUIET,
-        O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE, O_LORA_WEIGHTS, O_VERSION,
+        O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE, O_LORA_WEIGHTS, O_VERSION, O_KV_DTYPE,
     };
     static const struct option lopts[] = {
         {"model-dir", required_argument, NULL, O_MODEL},
@@ -215,6 +220,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"adapter", required_argument, NULL, O_ADAPTER},
         {"adapter-scale", required_argument, NULL, O_ADAPTER_SCALE},
         {"lora-weights", required_argument, NULL, O_LORA_WEIGHTS},
+        {"kv-dtype", required_argument, NULL, O_KV_DTYPE},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
@@ -298,6 +304,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
             }
             o->stops[o->n_stops++] = optarg;
             break;
+        case O_KV_DTYPE:
+            if (dtype_kv_from_name(optarg, &o->kv_dtype) != 0) {
+                LOG_ERR("--kv-dtype: '%s' is not one of f32, f16, bf16, int8, fp8", optarg);
+                return EXIT_USAGE;
+            }
+            o->kv_dtype_set = true;
+            break;
         case O_ROUNDS:
             if (!parse_u32("--rounds", optarg, 1, 1000, &o->rounds))
                 return EXIT_USAGE;
@@ -342,7 +355,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         LOG_ERR("unexpected argument '%s' (see --help)", argv[optind]);
         return EXIT_USAGE;
     }
-    if (o->adapter && !o->concurrency)
+    if ((o->adapter || o->kv_dtype_set) && !o->concurrency)
         o->concurrency = 1;
     if (o->concurrency && o->dump_logits) {
         LOG_ERR("--dump-logits works on the reference path only: not with --concurrency or "
@@ -839,7 +852,7 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
     struct engine_config ec = {
         .model_dir = o->model_dir,
         .n_threads = o->threads,
-        .kv_dtype = DT_F32,
+        .kv_dtype = o->kv_dtype,
         .max_step_tokens = N > 256 ? N : 256,
         .max_running = N,
         .max_queue = N,

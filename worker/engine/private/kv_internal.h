@@ -41,8 +41,11 @@ struct kv_pool {
     uint32_t B;            /* tokens per block */
     uint32_t kv_dim;       /* n_kv_heads * head_dim */
     uint32_t n_blocks;
-    size_t esize;          /* bytes per element */
-    size_t row_bytes;      /* kv_dim * esize: one position of K (or V) of one layer */
+    size_t esize;          /* bytes per element (8-bit types: 1, plus a scale per head) */
+    size_t head_bytes;     /* one head's slice of a row: head_dim * esize, or 8-bit codes
+                              + scale (kern_kv8_head_bytes) */
+    size_t row_bytes;      /* n_kv_heads * head_bytes: one position of K (or V) of one layer */
+    int rotate;            /* 8-bit rows are stored rotated (kern_kv_rotate): not kv8_no_rotate */
     size_t layer_bytes;    /* 2 * B * row_bytes: K rows then V rows of one layer */
     size_t data_bytes;     /* n_layers * layer_bytes: a block's payload */
     size_t block_stride;   /* data_bytes rounded up to 64 */
@@ -117,6 +120,14 @@ static inline uint8_t *kv__block_data(const struct kv_pool *p, uint32_t id)
 static inline uint8_t *kv__layer_k(const struct kv_pool *p, uint32_t id, uint32_t layer)
 {
     return kv__block_data(p, id) + (size_t)layer * p->layer_bytes;
+}
+
+/* The snapshot header's dtype word: the dtype, plus KV__SNAP_UNROTATED for 8-bit rows stored
+ * without the rotation (they cannot be read by a rotating pool, nor the reverse). */
+#define KV__SNAP_UNROTATED 0x100u
+static inline uint32_t kv__snap_dtype(const struct kv_pool *p)
+{
+    return (uint32_t)p->cfg.dtype | (dtype_is_kv8(p->cfg.dtype) && !p->rotate ? KV__SNAP_UNROTATED : 0);
 }
 
 static inline int32_t *kv__block_tokens(const struct kv_pool *p, uint32_t id)
