@@ -2,8 +2,8 @@
  * tok_hfjson.c — Hugging Face tokenizer.json importer, for the two kinds of BPE this project
  * implements:
  *
- *  - byte-level BPE (GPT-2, Llama 3, o200k_harmony, ...): no normalizer; vocab + merges by
- *    rank;
+ *  - byte-level BPE (GPT-2, Llama 3, Qwen2, o200k_harmony, ...): vocab + merges by rank,
+ *    and the normalizer as declared (compiled by tok_norm.c: NFC, Lowercase, Replace, ...);
  *  - Llama's SentencePiece BPE: byte_fallback, with either the legacy normalizer
  *    Sequence[Prepend "▁", Replace " " -> "▁"] or a Metaspace pre-tokenizer that does not
  *    split (prepend_scheme first/always). Hugging Face expresses SentencePiece's merges as a
@@ -12,12 +12,13 @@
  *    merges in rank order (docs/TOKENIZER.md discusses the equivalence).
  *
  * added_tokens are folded into the vocabulary: "special" ones become control tokens (never
- * produced from text), the others user-defined tokens (matched literally). A byte-level BPE's
+ * produced from text), the others user-defined tokens (matched literally); their lstrip,
+ * rstrip and single_word flags are kept (tok.c applies them). A byte-level BPE's
  * pre_tokenizer may be ByteLevel, Split (Regex or String pattern, any behavior, invert),
  * Digits, or a Sequence of them: GPT-2's ByteLevel alone uses the hand-written splitter, the
  * rest become PCRE2 steps (tok_pre.c); model.ignore_merges is honoured. Anything that would
- * change how text is split and that we do not implement (other pre-tokenizers, normalizers,
- * Metaspace splitting, subword prefixes) is refused with ERR_UNSUPPORTED rather than silently
+ * change how text is split and that we do not implement (other pre-tokenizers, other
+ * normalizers, Metaspace splitting, subword prefixes) is refused with ERR_UNSUPPORTED rather than silently
  * giving different tokens.
  */
 #include "tok_internal.h"

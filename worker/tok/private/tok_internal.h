@@ -11,6 +11,7 @@
  *   tok_pre.c     the regex pre-tokenizers (PCRE2): compiled steps, splitting, GGUF names
  *   tok_tiktoken.c tiktoken rank files (*.tiktoken) and the specials of known encodings
  *   tok_load.c    tok_load/tok_load_mem dispatch; tokenizer.model, tokenizer.bin, GGUF
+ *   tok_norm.c    tokenizer.json normalizers (utf8proc), applied before a byte-level BPE
  *   tok_hfjson.c  Hugging Face tokenizer.json
  *   tok_iejson.c  tokenizer.ie.json (load and save)
  */
