@@ -18,8 +18,8 @@
  * Digits, or a Sequence of them: GPT-2's ByteLevel alone uses the hand-written splitter, the
  * rest become PCRE2 steps (tok_pre.c); model.ignore_merges is honoured. Anything that would
  * change how text is split and that we do not implement (other pre-tokenizers, other
- * normalizers, Metaspace splitting, subword prefixes) is refused with ERR_UNSUPPORTED rather than silently
- * giving different tokens.
+ * normalizers, Metaspace splitting, subword prefixes) is refused with ERR_UNSUPPORTED rather
+ * than silently giving different tokens.
  */
 #include "tok_internal.h"
 
