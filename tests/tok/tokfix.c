@@ -20,12 +20,19 @@
 
 void tokfix_load(const char *name, struct tokfix *fx)
 {
-    char rel[256];
+    char inp[256], outp[256];
+    snprintf(inp, sizeof inp, "tokenizer/%s.inp", name);
+    snprintf(outp, sizeof outp, "tokenizer/%s.out", name);
+    char *ip = strdup(tu_fixture(inp));
+    tokfix_load_paths(ip, tu_fixture(outp), name, fx);
+    free(ip);
+}
+
+void tokfix_load_paths(const char *inp, const char *outp, const char *name, struct tokfix *fx)
+{
     size_t in_len, out_len;
-    snprintf(rel, sizeof rel, "tokenizer/%s.inp", name);
-    char *in = tu_read_file(tu_fixture(rel), &in_len);
-    snprintf(rel, sizeof rel, "tokenizer/%s.out", name);
-    char *out = tu_read_file(tu_fixture(rel), &out_len);
+    char *in = tu_read_file(inp, &in_len);
+    char *out = tu_read_file(outp, &out_len);
     memset(fx, 0, sizeof *fx);
 
     size_t cap = 0, sep_len = strlen(SEP);

@@ -26,6 +26,9 @@ struct tokfix {
 /* Reads tokenizer/<name>.inp and .out ("ggml-vocab-llama-spm.gguf"); fails the test on any
  * inconsistency (the number of strings and of id lines must agree). */
 void tokfix_load(const char *name, struct tokfix *fx);
+/* The same from two paths (an .inp of the fixtures with an .out kept elsewhere); name labels
+ * messages. */
+void tokfix_load_paths(const char *inp, const char *outp, const char *name, struct tokfix *fx);
 void tokfix_free(struct tokfix *fx);
 
 /* Asserts that every case encodes (no BOS) to exactly its ids and decodes back to its text;

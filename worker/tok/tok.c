@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #define SPACE_MARK "\xE2\x96\x81" /* U+2581 LOWER ONE EIGHTH BLOCK, SentencePiece's space */
 #define UNK_SURFACE " \xE2\x81\x87 " /* SentencePiece decodes <unk> to " U+2047 " */
@@ -191,11 +192,11 @@ int64_t tok__merge_rank(const struct tok *t, int32_t left, int32_t right)
         return -1;
     uint64_t key = ((uint64_t)(uint32_t)left << 32 | (uint32_t)right) + 1;
     for (uint64_t h = hash_u64(key);; h++) {
-        uint64_t k = t->merge_keys[h & t->merge_mask];
-        if (k == 0)
+        const struct tok__merge_slot *m = &t->merge_slots[h & t->merge_mask];
+        if (m->key == 0)
             return -1;
-        if (k == key)
-            return t->merge_rank[h & t->merge_mask];
+        if (m->key == key)
+            return m->rank;
     }
 }
 
@@ -331,8 +332,7 @@ void tok_free(struct tok *t)
     free(t->text);
     free(t->piece_slots);
     free(t->merges);
-    free(t->merge_keys);
-    free(t->merge_rank);
+    free(t->merge_slots);
     free(t->user.keys);
     free(t->user.child);
     free(t->user.node_id);
@@ -340,6 +340,7 @@ void tok_free(struct tok *t)
     free(t->special.child);
     free(t->special.node_id);
     tok__pre_free(t->rx);
+    tok__norm_free(t->norm);
     free(t);
 }
 
@@ -447,9 +448,8 @@ static int build_merges(const struct tok__spec *s, struct tok *t)
     uint32_t n = s->n_merges;
     t->merges = malloc((n ? n : 1) * sizeof *t->merges);
     uint64_t cap = table_capacity(n);
-    t->merge_keys = calloc(cap, sizeof *t->merge_keys);
-    t->merge_rank = calloc(cap, sizeof *t->merge_rank);
-    if (!t->merges || !t->merge_keys || !t->merge_rank) {
+    t->merge_slots = calloc(cap, sizeof *t->merge_slots);
+    if (!t->merges || !t->merge_slots) {
         LOG_ERR("%s: out of memory for %u merges", s->what, n);
         return -ENOMEM;
     }
@@ -488,18 +488,19 @@ static int build_merges(const struct tok__spec *s, struct tok *t)
         memcpy(cat + a->str_len, t->strs + b->str_off, b->str_len);
         size_t cat_len = (size_t)a->str_len + b->str_len;
         int32_t res = cat_len <= TOK_MAX_PIECE ? tok__find(t, cat, cat_len) : -1;
-        const char *ls = quote(t->strs + a->str_off, a->str_len, q1, sizeof q1);
-        const char *rs = quote(t->strs + b->str_off, b->str_len, q2, sizeof q2);
+        /* quoted only for a message: 400k merges (o200k) would pay for it at every load */
+#define LS quote(t->strs + a->str_off, a->str_len, q1, sizeof q1)
+#define RS quote(t->strs + b->str_off, b->str_len, q2, sizeof q2)
         if (res < 0) {
             LOG_ERR("%s: merge %u ('%s', '%s'): the merged token is not in the vocabulary",
-                    s->what, r, ls, rs);
+                    s->what, r, LS, RS);
             rc = ERR_FORMAT;
             goto out;
         }
         if (a->type != TOK_NORMAL || b->type != TOK_NORMAL ||
             t->tokens[res].type != TOK_NORMAL) {
             LOG_ERR("%s: merge %u ('%s', '%s') involves a %s token; merges join normal tokens",
-                    s->what, r, ls, rs,
+                    s->what, r, LS, RS,
                     tok__type_name(a->type != TOK_NORMAL   ? a->type
                                    : b->type != TOK_NORMAL ? b->type
                                                            : t->tokens[res].type));
@@ -508,19 +509,20 @@ static int build_merges(const struct tok__spec *s, struct tok *t)
         }
         uint64_t key = ((uint64_t)(uint32_t)ids[0] << 32 | (uint32_t)ids[1]) + 1;
         uint64_t h = hash_u64(key);
-        while (t->merge_keys[h & t->merge_mask] != 0) {
-            if (t->merge_keys[h & t->merge_mask] == key) {
-                LOG_ERR("%s: merge %u ('%s', '%s') repeats merge %u", s->what, r, ls, rs,
-                        t->merge_rank[h & t->merge_mask]);
+        while (t->merge_slots[h & t->merge_mask].key != 0) {
+            if (t->merge_slots[h & t->merge_mask].key == key) {
+                LOG_ERR("%s: merge %u ('%s', '%s') repeats merge %u", s->what, r, LS, RS,
+                        t->merge_slots[h & t->merge_mask].rank);
                 rc = ERR_FORMAT;
                 goto out;
             }
             h++;
         }
-        t->merge_keys[h & t->merge_mask] = key;
-        t->merge_rank[h & t->merge_mask] = r;
+        t->merge_slots[h & t->merge_mask] = (struct tok__merge_slot){key, r};
         t->merges[r] = (struct tok__merge){ids[0], ids[1], res};
         t->n_merges = r + 1;
+#undef LS
+#undef RS
     }
 out:
     free(cat);
@@ -593,6 +595,9 @@ int tok__build(const struct tok__spec *s, struct tok **out)
     for (uint32_t i = 0; i < s->n; i++) {
         struct tok__token *k = &t->tokens[i];
         k->type = s->type[i];
+        k->added = s->added && (k->type == TOK_USER_DEFINED || k->type == TOK_CONTROL)
+                       ? s->added[i] & (TOK_ADDED_LSTRIP | TOK_ADDED_RSTRIP | TOK_ADDED_SINGLE_WORD)
+                       : 0;
         k->score = s->kind == TOK_SPM ? s->score[i] : 0.0f;
         k->str_off = str_off;
         k->str_len = s->piece_len[i];
@@ -674,6 +679,15 @@ int tok__build(const struct tok__spec *s, struct tok **out)
             t->byte_char_id[b] = id;
         }
         if ((rc = build_merges(s, t)) != 0)
+            goto fail;
+    }
+    if (s->normalizer) {
+        if (s->kind != TOK_BPE) {
+            LOG_ERR("%s: a normalizer is supported for byte-level BPE only", what);
+            rc = ERR_UNSUPPORTED;
+            goto fail;
+        }
+        if ((rc = tok__norm_parse(what, s->normalizer, &t->norm)) != 0)
             goto fail;
     }
     if ((rc = trie_build(t, &t->user, TOK_USER_DEFINED)) != 0 ||
@@ -780,13 +794,87 @@ int tok_piece(const struct tok *t, int32_t id, const char **bytes, size_t *len)
 /* ---------------------------------------------------------------------------------------- */
 /* encoding                                                                                 */
 
-/* Text without control tokens through the vocabulary's encoder. */
-static int encode_text(const struct tok *t, const char *text, size_t len, struct tok__ids *a)
+/* Rust's \w, as Hugging Face's single_word tests it: letters, marks, digits, connectors. */
+static bool word_char(uint32_t cp)
 {
+    switch (utf8proc_category((utf8proc_int32_t)cp)) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* single_word: no word character touches [start, end) of valid UTF-8 text[0..len). */
+static bool single_word_ok(const char *text, size_t len, size_t start, size_t end)
+{
+    const unsigned char *p = (const unsigned char *)text;
+    if (start > 0) {
+        size_t k = start - 1;
+        while (k > 0 && (p[k] & 0xC0) == 0x80)
+            k--;
+        if (word_char(tok__utf8_decode(p + k, start - k)))
+            return false;
+    }
+    return end == len || !word_char(tok__utf8_decode(p + end, tok__utf8_len(p + end, len - end)));
+}
+
+int tok__cut_added(const struct tok *t, bool special, const char *text, size_t len,
+                   tok__piece_fn seg_fn, void *arg, struct tok__ids *out)
+{
+    size_t seg = 0;
+    int rc = 0;
+    for (size_t i = 0; i < len && rc == 0;) {
+        size_t mlen = 0;
+        int32_t id = special ? tok__match_special(t, text + i, len - i, &mlen)
+                             : tok__match_user(t, text + i, len - i, &mlen);
+        uint8_t f = id >= 0 ? t->tokens[id].added : 0;
+        if (id >= 0 && (f & TOK_ADDED_SINGLE_WORD) && !single_word_ok(text, len, i, i + mlen))
+            id = -1;
+        if (id < 0) {
+            i += tok__utf8_len((const unsigned char *)text + i, len - i);
+            continue;
+        }
+        /* lstrip / rstrip: the white space beside the token belongs to its match (never
+         * reaching back into the previous match) */
+        size_t start = i, end = i + mlen;
+        if (f & TOK_ADDED_LSTRIP)
+            start -= tok__trailing_space(text + seg, i - seg);
+        if (f & TOK_ADDED_RSTRIP)
+            end += tok__leading_space(text + end, len - end);
+        if ((rc = seg_fn(arg, text + seg, start - seg)) == 0)
+            rc = tok__ids_push(out, id);
+        i = seg = end;
+    }
+    return rc != 0 ? rc : seg_fn(arg, text + seg, len - seg);
+}
+
+struct text_sink {
+    const struct tok *t;
+    struct tok__ids *out;
+};
+
+/* Text without control tokens through the vocabulary's normalizer and encoder. */
+static int encode_text(void *arg, const char *text, size_t len)
+{
+    const struct text_sink *k = arg;
+    const struct tok *t = k->t;
     if (len == 0)
         return 0;
-    return t->kind == TOK_SPM ? tok__spm_encode(t, text, len, a)
-                              : tok__bpe_encode(t, text, len, a);
+    if (t->kind == TOK_SPM)
+        return tok__spm_encode(t, text, len, k->out);
+    if (!t->norm)
+        return tok__bpe_encode(t, text, len, k->out);
+    char *norm;
+    size_t norm_len;
+    int rc = tok__norm_apply(t->norm, text, len, &norm, &norm_len);
+    if (rc == 0)
+        rc = norm_len ? tok__bpe_encode(t, norm, norm_len, k->out) : 0;
+    free(norm);
+    return rc;
 }
 
 int tok_encode_ex(const struct tok *t, const char *text, size_t len, unsigned flags,
@@ -805,27 +893,18 @@ int tok_encode_ex(const struct tok *t, const char *text, size_t len, unsigned fl
         return ERR_FORMAT;
     }
     struct tok__ids a = {0};
+    struct text_sink k = {t, &a};
     int rc = 0;
     if ((flags & TOK_ENC_BOS) && t->bos >= 0)
         rc = tok__ids_push(&a, t->bos);
-    size_t seg = 0;
-    if ((flags & TOK_ENC_SPECIAL) && t->special.n_nodes > 0) {
-        /* control tokens spelled in the text are cut out first, longest match */
-        for (size_t i = 0; i < len && rc == 0;) {
-            size_t mlen = 0;
-            int32_t id = tok__match_special(t, text + i, len - i, &mlen);
-            if (id < 0) {
-                i += tok__utf8_len((const unsigned char *)text + i, len - i);
-                continue;
-            }
-            if ((rc = encode_text(t, text + seg, i - seg, &a)) == 0)
-                rc = tok__ids_push(&a, id);
-            i += mlen;
-            seg = i;
-        }
+    if (rc == 0) {
+        /* control tokens spelled in the text are cut out first, longest match, on the text
+         * as written (Hugging Face does not normalize them) */
+        if ((flags & TOK_ENC_SPECIAL) && t->special.n_nodes > 0)
+            rc = tok__cut_added(t, true, text, len, encode_text, &k, &a);
+        else
+            rc = encode_text(&k, text, len);
     }
-    if (rc == 0)
-        rc = encode_text(t, text + seg, len - seg, &a);
     if (rc == 0 && !a.v)
         rc = (a.v = malloc(sizeof *a.v)) ? 0 : -ENOMEM; /* a valid pointer even when empty */
     if (rc != 0) {

@@ -246,30 +246,24 @@ static int encode_segment(struct bpe *w, const unsigned char *p, size_t n, struc
     return 0;
 }
 
+struct seg_sink {
+    struct bpe *w;
+    struct tok__ids *out;
+};
+
+static int segment_piece(void *arg, const char *p, size_t n)
+{
+    struct seg_sink *k = arg;
+    return encode_segment(k->w, (const unsigned char *)p, n, k->out);
+}
+
 int tok__bpe_encode(const struct tok *t, const char *text, size_t len, struct tok__ids *out)
 {
-    const unsigned char *p = (const unsigned char *)text;
     struct bpe w = {.t = t};
     heap_init(&w.heap, sizeof(struct cand), 64, before);
-    int rc = 0;
-    size_t seg = 0;
-    if (t->user.n_nodes > 0) { /* step 1 */
-        for (size_t i = 0; i < len;) {
-            size_t mlen = 0;
-            int32_t id = tok__match_user(t, text + i, len - i, &mlen);
-            if (id < 0) {
-                i += tok__utf8_len(p + i, len - i);
-                continue;
-            }
-            if ((rc = encode_segment(&w, p + seg, i - seg, out)) != 0 ||
-                (rc = tok__ids_push(out, id)) != 0)
-                goto out;
-            i += mlen;
-            seg = i;
-        }
-    }
-    rc = encode_segment(&w, p + seg, len - seg, out);
-out:
+    struct seg_sink k = {&w, out};
+    int rc = t->user.n_nodes > 0 ? tok__cut_added(t, false, text, len, segment_piece, &k, out)
+                                 : segment_piece(&k, text, len); /* step 1 */
     free(w.syms);
     free(w.spell);
     heap_fini(&w.heap);

@@ -2,8 +2,8 @@
  * tok_hfjson.c — Hugging Face tokenizer.json importer, for the two kinds of BPE this project
  * implements:
  *
- *  - byte-level BPE (GPT-2, Llama 3, o200k_harmony, ...): no normalizer; vocab + merges by
- *    rank;
+ *  - byte-level BPE (GPT-2, Llama 3, Qwen2, o200k_harmony, ...): vocab + merges by rank,
+ *    and the normalizer as declared (compiled by tok_norm.c: NFC, Lowercase, Replace, ...);
  *  - Llama's SentencePiece BPE: byte_fallback, with either the legacy normalizer
  *    Sequence[Prepend "▁", Replace " " -> "▁"] or a Metaspace pre-tokenizer that does not
  *    split (prepend_scheme first/always). Hugging Face expresses SentencePiece's merges as a
@@ -12,13 +12,14 @@
  *    merges in rank order (docs/TOKENIZER.md discusses the equivalence).
  *
  * added_tokens are folded into the vocabulary: "special" ones become control tokens (never
- * produced from text), the others user-defined tokens (matched literally). A byte-level BPE's
+ * produced from text), the others user-defined tokens (matched literally); their lstrip,
+ * rstrip and single_word flags are kept (tok.c applies them). A byte-level BPE's
  * pre_tokenizer may be ByteLevel, Split (Regex or String pattern, any behavior, invert),
  * Digits, or a Sequence of them: GPT-2's ByteLevel alone uses the hand-written splitter, the
  * rest become PCRE2 steps (tok_pre.c); model.ignore_merges is honoured. Anything that would
- * change how text is split and that we do not implement (other pre-tokenizers, normalizers,
- * Metaspace splitting, subword prefixes) is refused with ERR_UNSUPPORTED rather than silently
- * giving different tokens.
+ * change how text is split and that we do not implement (other pre-tokenizers, other
+ * normalizers, Metaspace splitting, subword prefixes) is refused with ERR_UNSUPPORTED rather
+ * than silently giving different tokens.
  */
 #include "tok_internal.h"
 
@@ -137,13 +138,7 @@ static int detect_kind(const char *what, const json_t *root, enum tok_kind *kind
     int rc;
     if (strcmp(ts, "ByteLevel") == 0 || strcmp(ts, "Sequence") == 0 ||
         strcmp(ts, "Split") == 0 || strcmp(ts, "Digits") == 0) {
-        if (has_norm) {
-            const json_t *nt = json_object_get(norm, "type");
-            LOG_ERR("%s: normalizer %s before a byte-level BPE is not supported", what,
-                    json_is_string(nt) ? json_string_value(nt) : "(untyped)");
-            return ERR_UNSUPPORTED;
-        }
-        *kind = TOK_BPE; /* bpe_pre() reads the steps */
+        *kind = TOK_BPE; /* bpe_pre() reads the steps, tok__build compiles the normalizer */
         return 0;
     }
     if (strcmp(ts, "Metaspace") == 0) {
@@ -520,6 +515,13 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
     struct tok__spec s;
     if ((rc = tok__spec_init(&s, what, kind, n)) != 0)
         return rc;
+    uint8_t *added_flags = calloc(n, 1);
+    if (!added_flags) {
+        LOG_ERR("%s: out of memory", what);
+        rc = -ENOMEM;
+        goto out;
+    }
+    s.added = added_flags;
     json_object_foreach((json_t *)vocab, key, v) {
         id = (uint32_t)json_integer_value(v);
         if (s.piece[id]) {
@@ -538,9 +540,21 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
         const char *c = json_string_value(content);
         size_t clen = json_string_length(content);
         id = (uint32_t)json_integer_value(json_object_get(a, "id"));
-        bool special;
+        bool special, fl[3];
+        static const char *const flag_names[3] = {"lstrip", "rstrip", "single_word"};
         if ((rc = opt_bool(what, a, "special", false, &special)) != 0)
             goto out;
+        for (int f = 0; f < 3; f++)
+            if ((rc = opt_bool(what, a, flag_names[f], false, &fl[f])) != 0)
+                goto out;
+        if (kind == TOK_SPM && !special && (fl[0] || fl[1] || fl[2])) {
+            LOG_ERR("%s: added_tokens[%zu] '%.64s': lstrip/rstrip/single_word are not supported "
+                    "on a SentencePiece BPE's user-defined tokens", what, i, c);
+            rc = ERR_UNSUPPORTED;
+            goto out;
+        }
+        s.added[id] = (uint8_t)((fl[0] ? TOK_ADDED_LSTRIP : 0) | (fl[1] ? TOK_ADDED_RSTRIP : 0) |
+                                (fl[2] ? TOK_ADDED_SINGLE_WORD : 0));
         if (s.piece[id] && (s.piece_len[id] != clen || memcmp(s.piece[id], c, clen) != 0 ||
                             s.type[id] != TOK_NORMAL)) {
             LOG_ERR("%s: added_tokens[%zu] '%.64s' has id %u, already token '%.64s'", what, i, c,
@@ -600,6 +614,8 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
         }
         if ((rc = bpe_pre(what, json_object_get(root, "pre_tokenizer"), &s)) != 0)
             goto out;
+        const json_t *norm = json_object_get(root, "normalizer");
+        s.normalizer = json_is_null(norm) ? NULL : norm; /* detect_kind: an object */
         s.ignore_merges = ignore_merges;
         s.n_merges = (uint32_t)nm;
         s.merge_str = malloc((nm ? 2 * nm : 1) * sizeof *s.merge_str);
@@ -627,6 +643,7 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
     }
     rc = tok__build(&s, out);
 out:
+    free(s.added);
     free((void *)s.merge_str);
     free(s.merge_str_len);
     tok__spec_fini(&s);

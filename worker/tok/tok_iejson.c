@@ -130,6 +130,41 @@ static int read_pre(const char *what, const json_t *root, struct tok__spec *s)
     return 0;
 }
 
+/* The keys of the added-token flags: each an optional array of the ids that have it. */
+static const char *const added_keys[] = {"lstrip", "rstrip", "single_word"};
+static const uint8_t added_bits[] = {TOK_ADDED_LSTRIP, TOK_ADDED_RSTRIP, TOK_ADDED_SINGLE_WORD};
+
+static int read_added_flags(const char *what, const json_t *root, size_t n, uint8_t **out)
+{
+    *out = NULL;
+    for (int f = 0; f < 3; f++) {
+        const json_t *list = json_object_get(root, added_keys[f]);
+        if (!list)
+            continue;
+        if (!json_is_array(list)) {
+            LOG_ERR("%s: %s is %s, not an array of token ids", what, added_keys[f],
+                    jfield_type(list));
+            return ERR_FORMAT;
+        }
+        if (!*out && !(*out = calloc(n, 1))) {
+            LOG_ERR("%s: out of memory", what);
+            return -ENOMEM;
+        }
+        size_t i;
+        const json_t *v;
+        json_array_foreach(list, i, v) {
+            json_int_t id = json_integer_value(v);
+            if (!json_is_integer(v) || id < 0 || id >= (json_int_t)n) {
+                LOG_ERR("%s: %s[%zu] is not a token id of the vocabulary", what, added_keys[f],
+                        i);
+                return ERR_FORMAT;
+            }
+            (*out)[id] |= added_bits[f];
+        }
+    }
+    return 0;
+}
+
 int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
 {
     if (!tok__json_is_ie(root)) {
@@ -208,6 +243,7 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
     if ((rc = tok__spec_init(&s, what, kind, (uint32_t)n)) != 0)
         return rc;
     int32_t *merge_ids = NULL;
+    uint8_t *added = NULL;
     for (size_t i = 0; i < n; i++) {
         const json_t *p = json_array_get(tokens, i), *ty = json_array_get(types, i);
         if (!json_is_string(p)) {
@@ -282,9 +318,22 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
         }
         s.n_merges = (uint32_t)nm;
         s.merge_ids = merge_ids;
+        const json_t *norm = json_object_get(root, "normalizer");
+        if (norm && !json_is_null(norm)) {
+            if (!json_is_object(norm)) {
+                LOG_ERR("%s: normalizer is %s, not an object", what, jfield_type(norm));
+                rc = ERR_FORMAT;
+                goto out;
+            }
+            s.normalizer = norm; /* Hugging Face's form, compiled by tok__build */
+        }
     }
+    if ((rc = read_added_flags(what, root, n, &added)) != 0)
+        goto out;
+    s.added = added;
     rc = tok__build(&s, out);
 out:
+    free(added);
     free(merge_ids);
     tok__spec_fini(&s);
     return rc;
@@ -357,6 +406,17 @@ int tok_save_json(const struct tok *t, char **json, size_t *len)
         put(root, "ranked", json_boolean(t->ranked), &ok);
         if (t->pre == TOK_PRE_REGEX)
             put(root, "pre_steps", pre_steps_json(t), &ok);
+        if (t->norm)
+            put(root, "normalizer", json_deep_copy(tok__norm_json(t->norm)), &ok);
+    }
+    for (int f = 0; f < 3 && ok; f++) { /* written only when some token has the flag */
+        json_t *ids = NULL;
+        for (uint32_t i = 0; i < t->n && ok; i++)
+            if (t->tokens[i].added & added_bits[f])
+                ok = (ids || (ids = json_array())) &&
+                     json_array_append_new(ids, json_integer(i)) == 0;
+        if (ids)
+            put(root, added_keys[f], ids, &ok);
     }
     for (uint32_t i = 0; i < t->n && ok; i++) {
         const struct tok__token *k = &t->tokens[i];

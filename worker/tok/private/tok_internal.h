@@ -11,6 +11,7 @@
  *   tok_pre.c     the regex pre-tokenizers (PCRE2): compiled steps, splitting, GGUF names
  *   tok_tiktoken.c tiktoken rank files (*.tiktoken) and the specials of known encodings
  *   tok_load.c    tok_load/tok_load_mem dispatch; tokenizer.model, tokenizer.bin, GGUF
+ *   tok_norm.c    tokenizer.json normalizers (utf8proc), applied before a byte-level BPE
  *   tok_hfjson.c  Hugging Face tokenizer.json
  *   tok_iejson.c  tokenizer.ie.json (load and save)
  */
@@ -50,6 +51,11 @@ struct tok__pre_step {
 };
 struct tok__pre_rx; /* compiled steps (tok_pre.c) */
 
+/* How an added token (tokenizer.json added_tokens) matches in text, as Hugging Face's
+ * AddedToken: lstrip/rstrip take the white space before/after it into the match (it
+ * disappears), single_word matches only between non-word characters. */
+enum tok_added_flag { TOK_ADDED_LSTRIP = 1, TOK_ADDED_RSTRIP = 2, TOK_ADDED_SINGLE_WORD = 4 };
+
 struct tok__token {
     uint32_t str_off;  /* vocabulary string in tok.strs, NUL-terminated */
     uint32_t str_len;
@@ -57,11 +63,19 @@ struct tok__token {
     uint32_t text_len;
     float score;       /* SPM merge priority of this piece (higher merges first) */
     uint8_t type;      /* enum tok_type */
+    uint8_t added;     /* user-defined and control tokens: enum tok_added_flag bits */
 };
 
 /* A byte-level BPE merge, in rank order: left + right -> result (ids). */
 struct tok__merge {
     int32_t left, right, result;
+};
+
+/* One slot of the pair -> rank hash: key and rank side by side, so a probe (every merge at
+ * load, every candidate pair at encode) touches one cache line. */
+struct tok__merge_slot {
+    uint64_t key;  /* (left << 32 | right) + 1, 0 = empty */
+    uint32_t rank;
 };
 
 /* Longest-match of user-defined pieces: a byte trie whose edges live in one hash table. */
@@ -97,10 +111,11 @@ struct tok {
     bool ranked;               /* tiktoken: a pair's rank is the id of its concatenation */
     uint32_t n_merges;
     struct tok__merge *merges; /* [n_merges] by rank */
-    uint64_t *merge_keys;      /* (left << 32 | right) + 1, 0 = empty; [merge_mask + 1] */
-    uint32_t *merge_rank;      /* parallel to merge_keys */
+    struct tok__merge_slot *merge_slots; /* pair -> rank hash; [merge_mask + 1] */
     uint64_t merge_mask;
     int32_t byte_char_id[256]; /* the token spelling each byte (one byte-level character) */
+
+    struct tok__norm *norm;    /* byte-level BPE: the normalizer applied before splitting */
 
     struct tok__trie user;     /* user-defined tokens, when any */
     struct tok__trie special;  /* control tokens, matched in text only when asked */
@@ -132,6 +147,8 @@ struct tok__spec {
     const char **merge_str;    /* [2 * n_merges]: left, right */
     uint32_t *merge_str_len;   /* [2 * n_merges] */
     const int32_t *merge_ids;  /* [2 * n_merges]: left, right */
+    uint8_t *added;            /* [n] enum tok_added_flag bits, or NULL (none) */
+    const json_t *normalizer;  /* BPE: Hugging Face normalizer JSON (tok_norm.c), or NULL */
 };
 
 /* Allocates the per-token arrays of a spec (piece, piece_len, score, type; zeroed) and sets
@@ -200,6 +217,32 @@ int tok__split_from_name(const char *name, bool hf);
 const char *tok__split_name(int behavior, bool hf);
 /* GPT-2's pattern (ByteLevel's use_regex), for a regex step list. */
 extern const char tok__gpt2_pattern[];
+
+/* ---- normalizers (tok_norm.c, utf8proc) ---- */
+#define TOK_NORM_MAX_STEPS 16
+struct tok__norm;
+/* Compiles a Hugging Face normalizer object (a type or a Sequence of them), keeping a copy of
+ * it. ERR_FORMAT (malformed), ERR_UNSUPPORTED (a type not implemented, named), ERR_RANGE,
+ * -ENOMEM; logged naming the normalizer. */
+int tok__norm_parse(const char *what, const json_t *hf, struct tok__norm **out);
+void tok__norm_free(struct tok__norm *nm);
+/* The JSON it was compiled from (owned by nm). */
+const json_t *tok__norm_json(const struct tok__norm *nm);
+/* Normalizes valid UTF-8 p[0..n) into a new malloc'd buffer (valid UTF-8; a valid pointer
+ * even when empty). 0 or -ENOMEM (not logged). */
+int tok__norm_apply(const struct tok__norm *nm, const char *p, size_t n, char **out,
+                    size_t *out_len);
+/* Bytes of White_Space at the end / start of valid UTF-8 p[0..n) (lstrip/rstrip, Strip). */
+size_t tok__trailing_space(const char *p, size_t n);
+size_t tok__leading_space(const char *p, size_t n);
+
+struct tok__ids;
+/* Cuts the added tokens (control ones when special, else user-defined ones) out of valid
+ * UTF-8 text, longest match first, honouring their lstrip/rstrip/single_word: seg_fn gets
+ * the text between them (possibly empty), each token's id is pushed to out. 0, -ENOMEM or
+ * seg_fn's code. */
+int tok__cut_added(const struct tok *t, bool special, const char *text, size_t len,
+                   tok__piece_fn seg_fn, void *arg, struct tok__ids *out);
 
 /* ---- tiktoken rank files (tok_tiktoken.c) ---- */
 int tok__load_tiktoken(const void *buf, size_t len, const char *what, struct tok **out);
