@@ -223,7 +223,9 @@ static void set_rid(struct gw_call *c, const char *id)
     for (size_t i = 0; i < n; i++)
         if (id[i] < 0x21 || id[i] > 0x7e)
             return;
+    pthread_mutex_lock(&c->mu); /* its client going away may log it meanwhile (gw_route.c) */
     memcpy(c->rid, id, n + 1);
+    pthread_mutex_unlock(&c->mu);
 }
 
 static void default_rid(struct gw_call *c)
