@@ -212,6 +212,28 @@ static void consume_logprobs(struct gw_item *it, size_t n)
         it->lp_len = 0; /* their pieces are all gone: the bytes start over */
 }
 
+/* ---- the request id of the logs ---- */
+
+/* c->rid = id when it is printable ASCII (a client's bytes go into log lines), else kept. */
+static void set_rid(struct gw_call *c, const char *id)
+{
+    size_t n = id ? strlen(id) : 0;
+    if (n == 0 || n >= sizeof c->rid)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (id[i] < 0x21 || id[i] > 0x7e)
+            return;
+    pthread_mutex_lock(&c->mu); /* its client going away may log it meanwhile (gw_route.c) */
+    memcpy(c->rid, id, n + 1);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void default_rid(struct gw_call *c)
+{
+    static _Atomic uint64_t next = 1;
+    snprintf(c->rid, sizeof c->rid, "call-%" PRIu64, atomic_fetch_add(&next, 1));
+}
+
 /* ---- the end of a call ---- */
 
 static void end_stream(struct gw_call *c)
@@ -515,7 +537,8 @@ static grpc_byte_buffer *unary_answer(struct gw_call *c, int *st, const char **d
             if (c->items[i].has_adapter)
                 best = &c->items[i];
         gw__adapter_add(c->g, q->name, q->path, best->has_adapter ? &best->ans_adapter : NULL);
-        LOG_INFO("adapter %s loaded from %s by tenant \"%s\" on %zu workers", q->name, q->path,
+        LOG_INFO("request %s: adapter %s loaded from %s by tenant \"%s\" on %zu workers", c->rid,
+                 q->name, q->path,
                  c->tenant, c->n_items);
         Clocher__V1__LoadAdapterResponse r = CLOCHER__V1__LOAD_ADAPTER_RESPONSE__INIT;
         Clocher__V1__AdapterInfo a = CLOCHER__V1__ADAPTER_INFO__INIT;
@@ -527,7 +550,7 @@ static grpc_byte_buffer *unary_answer(struct gw_call *c, int *st, const char **d
     case GW_UNLOAD_ADAPTER: {
         const Clocher__V1__UnloadAdapterRequest *q = c->req;
         gw__adapter_remove(c->g, q->name);
-        LOG_INFO("adapter %s unloaded by tenant \"%s\"", q->name, c->tenant);
+        LOG_INFO("request %s: adapter %s unloaded by tenant \"%s\"", c->rid, q->name, c->tenant);
         Clocher__V1__UnloadAdapterResponse r = CLOCHER__V1__UNLOAD_ADAPTER_RESPONSE__INIT;
         return pack(&r.base);
     }
@@ -623,8 +646,8 @@ static void pump(struct gw_call *c)
     gw__call_ref(c);
     grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->t_send, NULL);
     if (e != GRPC_CALL_OK) {
-        LOG_ERR("gateway: %s call: starting a send: gRPC error %d", method_names[c->method],
-                (int)e);
+        LOG_ERR("gateway: request %s (%s): starting a send: gRPC error %d", c->rid,
+                method_names[c->method], (int)e);
         c->sending = false;
         if (c->out)
             grpc_byte_buffer_destroy(c->out);
@@ -1006,6 +1029,7 @@ static void start_generate(struct gw_call *c)
     Clocher__V1__GenerateRequest *r = request_of(c, &clocher__v1__generate_request__descriptor);
     if (!r)
         return;
+    set_rid(c, r->request_id);
     if (items_alloc(c, 1) < 0)
         return end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "gateway out of memory");
     if (begin_stream(c) < 0)
@@ -1074,6 +1098,7 @@ static void start_batch(struct gw_call *c)
         return;
     if (r->n_requests == 0)
         return end_call(c, GRPC_STATUS_INVALID_ARGUMENT, "requests: empty");
+    set_rid(c, r->requests[0]->request_id);
     if (r->n_requests > GW_MAX_BATCH)
         return end_call(c, GRPC_STATUS_INVALID_ARGUMENT, "requests: %zu, the limit is %u",
                         r->n_requests, GW_MAX_BATCH);
@@ -1345,6 +1370,7 @@ void gw__call_arrived(struct gw_call *c, bool ok)
     /* the connection, read now: once a client has reset the stream gRPC answers "unknown" */
     char *peer = grpc_call_get_peer(c->call);
     snprintf(c->peer, sizeof c->peer, "%s", peer ? peer : "unknown");
+    default_rid(c);
     gpr_free(peer);
     c->start_ns = mono_ns();
     c->cfg = config_ptr_get(g->w->config);
@@ -1359,7 +1385,7 @@ void gw__call_arrived(struct gw_call *c, bool ok)
                   .data.recv_close_on_server.cancelled = &c->close_cancelled};
     gw__call_ref(c);
     if (grpc_call_start_batch(c->call, &op, 1, &c->t_close, NULL) != GRPC_CALL_OK) {
-        LOG_ERR("gateway: cannot watch a call for its end");
+        LOG_ERR("gateway: request %s: cannot watch the call for its end", c->rid);
         gw__call_unref(c);
     }
 
@@ -1471,7 +1497,7 @@ out:
 
 /* ---- generations on behalf of a caller that is not gRPC (gw_internal.h) ---- */
 
-int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
+int gw_ext_generate(struct gw *g, const char *rid, const char *authorization, size_t auth_len,
                     Clocher__V1__GenerateRequest *const *reqs, size_t n,
                     void (*changed)(void *ud), void *ud, struct gw_call **out)
 {
@@ -1480,9 +1506,11 @@ int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
     if (!c || items_alloc(c, n) < 0) {
         if (c)
             gw__call_unref(c);
-        LOG_ERR("gateway: out of memory for an HTTP request");
+        LOG_ERR("gateway: request %s: out of memory for the HTTP request", rid);
         return -ENOMEM;
     }
+    default_rid(c);
+    set_rid(c, rid);
     c->sink = changed;
     c->sink_ud = ud;
     c->start_ns = mono_ns();

@@ -256,8 +256,8 @@ void gw__conn_early_reset(struct gw *g, const char *peer, uint32_t limit)
         stats_early_reset(g->stats, closed);
 }
 
-/* A connection accepted on our socket: it starts with a clean count (its fd number may have
- * served an earlier connection). */
+/* A connection accepted on our socket: it starts with a clean count and is not over the cap
+ * (its fd number may have served an earlier connection). */
 static void forget_peer(struct gw *g, int fd)
 {
     char name[32];
@@ -266,6 +266,12 @@ static void forget_peer(struct gw *g, int fd)
     for (size_t i = 0; i < GW_PEERS; i++)
         if (strcmp(g->peers[i].name, name) == 0)
             g->peers[i].name[0] = '\0', g->peers[i].resets = 0;
+    /* an over-cap connection gRPC closed before its grace ended: the number is another's now */
+    for (size_t i = 0; i < g->n_over;)
+        if (g->over[i].fd == fd)
+            g->over[i] = g->over[--g->n_over];
+        else
+            i++;
     pthread_mutex_unlock(&g->conn_mu);
 }
 
@@ -336,7 +342,12 @@ static void close_over(struct gw *g, uint64_t now)
     pthread_mutex_lock(&g->conn_mu);
     for (size_t i = 0; i < g->n_over;) {
         if (now >= g->over[i].close_ns) {
-            goaway_shut(g->over[i].fd); /* gRPC closes the descriptor itself */
+            /* still one of our socket's connections (gRPC may have closed it and the number
+             * gone to another descriptor; one of ours would have cleared it, forget_peer) */
+            char peer[32];
+            snprintf(peer, sizeof peer, "fd:%d", g->over[i].fd);
+            if (fd_of(g, peer) >= 0)
+                goaway_shut(g->over[i].fd); /* gRPC closes the descriptor itself */
             g->over[i] = g->over[--g->n_over];
         } else {
             i++;

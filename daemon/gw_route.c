@@ -210,6 +210,8 @@ void gw__cancel_item(struct gw *g, struct gw_call *c, size_t item)
     uint64_t id = c->items[item].req_id;
     int slot = c->items[item].slot;
     c->items[item].req_id = 0;
+    char rid[sizeof c->rid];
+    memcpy(rid, c->rid, sizeof rid);
     pthread_mutex_unlock(&c->mu);
     if (!id || slot < 0)
         return;
@@ -221,8 +223,8 @@ void gw__cancel_item(struct gw *g, struct gw_call *c, size_t item)
         /* never wait under the slot lock: a full ring means the worker is swamped, and the
          * request ends at its deadline or max_tokens anyway */
         if (shm_msg_send(shm_region_tx(s->region->shm), &m) < 0)
-            LOG_WARN("worker %d: could not send the cancel of request %" PRIu64 " (ring full)",
-                     slot, id);
+            LOG_WARN("worker %d: request %s: could not send the cancel of its worker request %"
+                     PRIu64 " (ring full)", slot, rid, id);
     }
     pthread_mutex_unlock(&s->mu);
     if (e) {

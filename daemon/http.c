@@ -575,6 +575,8 @@ static void on_gone(struct http_srv_susp *s)
 {
     struct hreq *r = (struct hreq *)s;
     r->gone = true;
+    LOG_INFO("HTTP API: request %s: the client went away%s", r->id,
+             r->call ? ": its generation is cancelled" : "");
     if (r->call) {
         gw_ext_release(r->call); /* cancels what the workers still run */
         r->call = NULL;
@@ -666,8 +668,8 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
     }
     const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                    MHD_HTTP_HEADER_AUTHORIZATION);
-    rc = gw_ext_generate(h->g, auth, auth ? strlen(auth) : 0, grp, r->req.n, on_changed, r,
-                         &r->call);
+    rc = gw_ext_generate(h->g, r->id, auth, auth ? strlen(auth) : 0, grp, r->req.n, on_changed,
+                         r, &r->call);
     if (rc < 0)
         return reply_error(conn, 500, NULL, NULL, "out of memory");
     r->phase = P_WAIT;
@@ -826,13 +828,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)conn, (void)toe;
+    (void)conn;
     struct http *h = cls;
     struct hreq *r = *con_cls;
     if (!r)
         return;
     *con_cls = NULL;
     http_srv_forget(h->srv, &r->susp);
+    if (r->call && toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !r->done_sent)
+        LOG_INFO("HTTP API: request %s: the client went away: its generation is cancelled",
+                 r->id);
     if (r->call)
         gw_ext_release(r->call);
     if (r->choices)

@@ -15,6 +15,7 @@
 #include "rpc.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -286,6 +287,23 @@ int cmd_generate(int argc, char **argv)
                 log_last_error()[0] ? log_last_error() : err_str(rc));
         ret = CMD_EXIT_FAIL;
         goto out;
+    }
+    if (!json && res.logprobs) {
+        /* after the text: one line per token, "ID LOGPROB" then its alternatives' */
+        printf("logprobs (token id, log-probability; the likeliest alternatives):\n");
+        json_t *e;
+        size_t k;
+        json_array_foreach((json_t *)res.logprobs, k, e) {
+            printf("%6lld %10.5f", (long long)json_integer_value(json_object_get(e, "id")),
+                   json_real_value(json_object_get(e, "logprob")));
+            json_t *t;
+            size_t j;
+            json_array_foreach(json_object_get(e, "top"), j, t)
+                printf("%s%lld:%.5f", j ? " " : "   ", (long long)json_integer_value(
+                                                            json_array_get(t, 0)),
+                       json_real_value(json_array_get(t, 1)));
+            putchar('\n');
+        }
     }
     if (!json && !print_ids && res.n_ids && res.text_len == 0)
         fprintf(stderr, "clocher generate: %zu tokens and no text (a model without a tokenizer?); "

@@ -229,6 +229,12 @@ static int set_field(genreq_t *r, enum genreq_field f, const struct value *v)
         sp->has_seed = true;
         sp->seed = v->u;
         return 0;
+    case GENREQ_LOGPROBS:
+        /* the daemon bounds the count (INVALID_ARGUMENT above 20, naming top_logprobs) */
+        r->has_logprobs = r->logprobs = true;
+        r->has_top_logprobs = true;
+        r->top_logprobs = (uint32_t)v->u;
+        return 0;
     case GENREQ_PROMPT_IDS:
     case GENREQ_N_FIELDS:
         break;
@@ -260,6 +266,7 @@ static const struct {
     [GENREQ_MIN_P] = {"min_p", "--min-p", K_F32},
     [GENREQ_REPETITION_PENALTY] = {"repetition_penalty", "--repetition-penalty", K_F32},
     [GENREQ_SEED] = {"seed", "--seed", K_U64},
+    [GENREQ_LOGPROBS] = {"logprobs", "--logprobs", K_U32},
 };
 
 int genreq_parse_ids(const char *s, int32_t **ids, size_t *n, char *err, size_t cap)
@@ -569,6 +576,7 @@ void genreq_result_init(struct genreq_result *r)
 
 void genreq_result_fini(struct genreq_result *r)
 {
+    json_decref(r->logprobs);
     free(r->text);
     free(r->ids);
     free(r->error_message);
@@ -601,6 +609,19 @@ int genreq_result_add(struct genreq_result *r, const Clocher__V1__GenerateRespon
     if (m->n_token_ids)
         memcpy(r->ids + r->n_ids, m->token_ids, m->n_token_ids * sizeof *r->ids);
     r->n_ids += m->n_token_ids;
+    for (size_t i = 0; i < m->n_logprobs; i++) {
+        const Clocher__V1__TokenLogprob *l = m->logprobs[i];
+        if (!r->logprobs && !(r->logprobs = json_array()))
+            return -ENOMEM;
+        json_t *top = json_array();
+        for (size_t k = 0; top && k < l->n_top; k++)
+            json_array_append_new(top, json_pack("[i, f]", (int)l->top[k]->id,
+                                                 (double)l->top[k]->logprob));
+        json_t *e = json_pack("{s:i, s:f, s:o}", "id", (int)l->id, "logprob", (double)l->logprob,
+                              "top", top ? top : json_array());
+        if (!e || json_array_append_new(r->logprobs, e) < 0)
+            return -ENOMEM;
+    }
     if (m->has_finish_reason) {
         r->has_finish = true;
         r->finish_reason = (int)m->finish_reason;
@@ -724,6 +745,8 @@ char *genreq_result_json(const struct genreq_result *r, long index)
             json_object_set_new(t, "e2e_ms", json_real(r->e2e_ms));
             json_object_set_new(o, "timings", t);
         }
+        if (r->logprobs)
+            json_object_set(o, "logprobs", r->logprobs);
     }
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);

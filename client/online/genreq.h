@@ -40,6 +40,7 @@ enum genreq_field {
     GENREQ_MIN_P,
     GENREQ_REPETITION_PENALTY,
     GENREQ_SEED,
+    GENREQ_LOGPROBS,
     GENREQ_N_FIELDS
 };
 
@@ -63,7 +64,8 @@ enum genreq_field {
         {"min-p", required_argument, NULL, GENREQ_OPT_BASE + GENREQ_MIN_P},                     \
         {"repetition-penalty", required_argument, NULL,                                         \
          GENREQ_OPT_BASE + GENREQ_REPETITION_PENALTY},                                          \
-        {"seed", required_argument, NULL, GENREQ_OPT_BASE + GENREQ_SEED}
+        {"seed", required_argument, NULL, GENREQ_OPT_BASE + GENREQ_SEED},                       \
+        {"logprobs", required_argument, NULL, GENREQ_OPT_BASE + GENREQ_LOGPROBS}
 
 #define GENREQ_OPTIONS_HELP                                                                     \
     "request (unset fields take the daemon's defaults):\n"                                      \
@@ -77,6 +79,8 @@ enum genreq_field {
     "  --min-p P            in [0, 1); 0 = off\n"                                               \
     "  --repetition-penalty R  > 0; 1 = off\n"                                                  \
     "  --seed N             same seed, same output\n"                                           \
+    "  --logprobs N         each token's log-probability and its N (0..20) likeliest\n"         \
+    "                       alternatives'\n"                                                     \
     "  --stop TEXT          stop before TEXT (repeatable)\n"                                    \
     "  --adapter NAME       a LoRA adapter loaded in the daemon\n"                              \
     "  --adapter-scale S    its scale (default 1)\n"                                            \
@@ -108,7 +112,8 @@ int genreq_parse_ids(const char *s, int32_t **ids, size_t *n, char *err, size_t 
 /*
  * One batch input line: a JSON object whose keys are the request's fields (prompt or
  * prompt_ids, model, add_bos, adapter, adapter_scale, max_tokens, stop (a string or a list),
- * priority, request_id, temperature, top_k, top_p, min_p, repetition_penalty, seed), applied
+ * priority, request_id, temperature, top_k, top_p, min_p, repetition_penalty, seed, logprobs
+ * (the alternatives wanted, 0..20)), applied
  * over a copy of `defaults` (NULL = none). 0 and *out; ERR_FORMAT (not JSON, not an object,
  * an unknown key, a wrong type, no prompt) or ERR_RANGE with the reason in err; -ENOMEM.
  */
@@ -132,6 +137,8 @@ struct genreq_result {
     uint32_t prompt_tokens, completion_tokens, cached_prompt_tokens;
     bool has_timings;
     double queue_ms, ttft_ms, tpot_ms, e2e_ms;
+    void *logprobs;      /* json_t array of {"id", "logprob", "top": [[id, logprob], ...]} for
+                          * each token of a logprobs request; NULL = none came */
     int error_code;      /* 0 = none: a gRPC status code */
     char *error_message; /* malloc'd, with error_code */
 };
@@ -146,7 +153,7 @@ int genreq_result_set_error(struct genreq_result *r, int code, const char *messa
 /*
  * The result as one JSON object without a newline (malloc'd; NULL when out of memory):
  * {"index":I,"text":...,"token_ids":[...],"finish_reason":"length","usage":{...},
- *  "timings":{...}} or {"index":I,"error":{"code":"NOT_FOUND","message":"..."}}.
+ *  "timings":{...}} (and "logprobs":[...] when they came) or {"index":I,"error":{"code":"NOT_FOUND","message":"..."}}.
  * index < 0 leaves "index" out. Text bytes that are not UTF-8 become U+FFFD.
  */
 char *genreq_result_json(const struct genreq_result *r, long index);

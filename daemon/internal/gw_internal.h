@@ -174,6 +174,9 @@ struct gw_call {
     bool close_seen;               /* on_close ran (RECV_CLOSE_ON_SERVER came back) */
     bool live;                     /* counted in g->live_calls until freed */
     char peer[80];                 /* its connection as gRPC names it ("fd:12", "ipv4:a:p") */
+    char rid[136];                 /* its request id in every log line about it: the client's
+                                    * request_id (printable ASCII), the HTTP door's
+                                    * ("chatcmpl-..."), else "call-N" */
     struct config *cfg;            /* the snapshot the call runs with */
     char tenant[CONFIG_NAME_MAX];  /* "" = anonymous */
     const struct config_tenant *tcfg; /* in cfg; NULL = anonymous */
@@ -423,10 +426,11 @@ struct gw_ext_state {
     uint64_t tokens;               /* tokens produced so far (taken or not) */
 };
 
-/* Authenticates `authorization` (the header's bytes, NULL = none) as gRPC's metadata is, then
+/* Authenticates `authorization` (the header's bytes, NULL = none) as gRPC's metadata is (rid:
+ * the caller's id of the request, for the logs), then
  * submits reqs[0..n) as one call's items (n > 1: like BatchGenerate). Refusals come through
  * the call (gw_ext_take reports them), so the only failure here is -ENOMEM. */
-int gw_ext_generate(struct gw *g, const char *authorization, size_t auth_len,
+int gw_ext_generate(struct gw *g, const char *rid, const char *authorization, size_t auth_len,
                     Clocher__V1__GenerateRequest *const *reqs, size_t n,
                     void (*changed)(void *ud), void *ud, struct gw_call **out);
 /* Appends item i's text since the last take to buf (len/cap, realloc'd, NUL-terminated) and

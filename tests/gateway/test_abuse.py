@@ -481,3 +481,120 @@ def test_refusals_do_not_wait_for_a_long_prefill():
         assert refused_in < step_s / 3 * (1.5 if SANITIZED else 1), (refused_in, step_s)
     finally:
         assert dm.stop() == 0
+
+
+def test_global_caps_on_connections_and_calls():
+    """Issue 15: beside the per-connection reset count, a cap on the calls open at once across
+    every connection (limits.max_calls) and on the connections open at once
+    (limits.max_connections). Over either a client gets RESOURCE_EXHAUSTED naming the limit;
+    health checks still answer; the connections and calls within the caps are served."""
+    dm = T.Daemon(T.stories_model(), workers=1,
+                  limits={"max_calls": 4, "max_connections": 3})
+    opts = [("grpc.use_local_subchannel_pool", 1)]  # one connection per channel
+    try:
+        # 4 Health.Watch calls stay open: the 5th call of any kind is refused, by name
+        watches = [dm.health.Watch(T.health_pb2.HealthCheckRequest(), timeout=60)
+                   for _ in range(4)]
+        for w in watches:
+            next(w)
+        with pytest.raises(grpc.RpcError) as e:
+            dm.stub.ListModels(T.pb.ListModelsRequest(), metadata=ALICE, timeout=10)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "limits.max_calls: 4 calls are open" in e.value.details(), e.value.details()
+        # probes see the daemon all the same
+        assert dm.health.Check(T.health_pb2.HealthCheckRequest(), timeout=10).status == 1
+        for w in watches:
+            w.cancel()
+        end = time.time() + 10 * SLOW
+        while True:
+            try:
+                dm.stub.ListModels(T.pb.ListModelsRequest(), metadata=ALICE, timeout=10)
+                break
+            except grpc.RpcError as x:
+                assert x.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.time() < end
+                time.sleep(0.05)
+        # 3 connections (the daemon's own channel and two more) are served; a 4th is refused
+        chans = [grpc.insecure_channel("unix:" + dm.sock, options=opts) for _ in range(3)]
+        stubs = [T.pb_grpc.InferenceStub(c) for c in chans]
+        for s in stubs[:2]:
+            s.ListModels(T.pb.ListModelsRequest(), metadata=ALICE, timeout=10)
+        with pytest.raises(grpc.RpcError) as e:
+            stubs[2].ListModels(T.pb.ListModelsRequest(), metadata=ALICE, timeout=10)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "limits.max_connections: 3 connections are open" in e.value.details()
+        # the others go on being served; once the refused one is closed, a new one is served
+        dm.stub.ListModels(T.pb.ListModelsRequest(), metadata=ALICE, timeout=10)
+        stubs[0].ListModels(T.pb.ListModelsRequest(), metadata=ALICE, timeout=10)
+        chans[2].close()
+        assert "over limits.max_connections" in dm.read_log()
+        chans[1].close()
+        end = time.time() + 10 * SLOW
+        fresh = grpc.insecure_channel("unix:" + dm.sock, options=opts)
+        while True:
+            try:
+                T.pb_grpc.InferenceStub(fresh).ListModels(T.pb.ListModelsRequest(),
+                                                          metadata=ALICE, timeout=10)
+                break
+            except grpc.RpcError as x:
+                assert time.time() < end, x.details()
+                fresh.close()
+                time.sleep(0.2)
+                fresh = grpc.insecure_channel("unix:" + dm.sock, options=opts)
+        fresh.close()
+        chans[0].close()
+    finally:
+        assert dm.stop() == 0, dm.read_log()
+
+
+def test_tls_on_a_unix_socket_is_refused_at_config_time(d):
+    """gRPC serves TLS on a Unix socket only from its own listener, where the rapid-reset guard
+    cannot tell one connection from another: the configuration is refused, naming the key,
+    with exit 2 (--check-config and a start alike)."""
+    cert, key = os.path.join(d.dir, "c.pem"), os.path.join(d.dir, "k.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", cert,
+                    "-subj", "/CN=localhost", "-days", "1"], check=True, capture_output=True)
+    cfg = dict(d.cfg, tls={"cert": cert, "key": key},
+               listen={"tcp": "127.0.0.1:%d" % T.free_port(),
+                       "unix": os.path.join(d.dir, "tls.sock")})
+    path = os.path.join(d.dir, "tls-unix.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    for extra in (["--check-config"], []):
+        p = subprocess.run([T.CLOCHERD, "--config", path] + extra, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2, (p.returncode, p.stderr)
+        assert "listen.unix" in p.stderr and "rapid reset" in p.stderr, p.stderr
+    # the same files on TCP only pass the check
+    cfg["listen"] = {"tcp": "127.0.0.1:%d" % T.free_port(), "unix": None}
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    p = subprocess.run([T.CLOCHERD, "--config", path, "--check-config"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+
+def test_a_nul_in_any_string_of_a_chat_is_refused(d):
+    """protobuf-c cuts a C string at a NUL byte and the check looked one level deep: every
+    string of a request, at any depth, is checked now, and the refusal names it."""
+    for msgs, where in [
+        ([T.pb.ChatMessage(role="user", content="hi"),
+          T.pb.ChatMessage(role="user", content="a\x00b")], "chat.messages[1].content"),
+        ([T.pb.ChatMessage(role="us\x00er", content="hi")], "chat.messages[0].role"),
+        ([T.pb.ChatMessage(role="assistant", content="x", channel="final\x00")],
+         "chat.messages[0].channel"),
+        ([T.pb.ChatMessage(role="tool", content="x", recipient="f\x00")],
+         "chat.messages[0].recipient"),
+    ]:
+        req = T.pb.GenerateRequest(chat=T.pb.Chat(messages=msgs), max_tokens=1)
+        with pytest.raises(grpc.RpcError) as e:
+            list(d.stub.Generate(req, metadata=ALICE, timeout=20))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert where + ": holds a NUL byte" in e.value.details(), e.value.details()
+    # a batch's items and the adapter name too
+    with pytest.raises(grpc.RpcError) as e:
+        list(d.stub.BatchGenerate(T.pb.BatchGenerateRequest(requests=[
+            T.pb.GenerateRequest(prompt="ok", max_tokens=1),
+            T.pb.GenerateRequest(prompt="ok", adapter="a\x00", max_tokens=1)]),
+            metadata=ALICE, timeout=20))
+    assert "requests[1].adapter: holds a NUL byte" in e.value.details(), e.value.details()

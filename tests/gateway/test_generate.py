@@ -3,6 +3,8 @@ over several LoRA adapters equal the in-process engine's output, BatchGenerate w
 tenants and adapters, Tokenize/Detokenize, ListModels/ListAdapters, health, and the metrics
 text agreeing with the calls made."""
 import concurrent.futures as cf
+import json
+import subprocess
 import signal
 import time
 import urllib.request
@@ -270,6 +272,19 @@ def test_logprobs(env):
         assert len(lp.top) == 3
         assert [t.logprob for t in lp.top] == sorted((t.logprob for t in lp.top), reverse=True)
         assert lp.top[0].id == tid and abs(lp.top[0].logprob - lp.logprob) < 1e-6
+    # `clocher generate --logprobs N` shows them (--json: one entry per token)
+    p = subprocess.run([T.CLOCHER, "generate", "--addr", "unix:" + d.sock, "--api-key",
+                        "alice-key-0001", "--prompt-ids", " ".join(map(str, PROMPTS[0])),
+                        "--max-tokens", "4", "--temperature", "0", "--logprobs", "2", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert [e["id"] for e in out["logprobs"]] == out["token_ids"] == ids[:4]
+    assert all(len(e["top"]) == 2 and e["top"][0][0] == e["id"] for e in out["logprobs"])
+    p = subprocess.run([T.CLOCHER, "generate", "--addr", "unix:" + d.sock, "--api-key",
+                        "alice-key-0001", "--prompt-ids", "1 2", "--max-tokens", "2",
+                        "--logprobs", "21"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "top_logprobs: 21 exceeds 20" in p.stderr, p.stderr
     # without logprobs: none
     _, last = T.generate(d.stub, md, PROMPTS[0], max_tokens=2)
     assert len(last.logprobs) == 0

@@ -3,6 +3,7 @@ curl), every error status, bad bodies, a client that hangs up, idle connections,
 One clocherd for the module; the draining test stops it, so it runs last."""
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -348,6 +349,9 @@ def test_disconnect_cancels(d, stream):
                 what="the worker idle again")
     # 16 x 1000 tokens take far longer than this on one thread
     assert time.time() - t0 < 5
+    # the log line about it carries the request's id (issue 14)
+    assert re.search(r"HTTP API: request cmpl-[0-9a-f]{16}: the client went away",
+                     d.read_log()), d.read_log()[-2000:]
 
 
 def test_idle_connections_leave_health_answerable(d):
