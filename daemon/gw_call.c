@@ -278,6 +278,7 @@ static void item_fail(struct gw_call *c, struct gw_item *it, int status, const c
 }
 
 /* Ends the call with a status of its own (mu held): every item still open fails with it. */
+__attribute__((format(printf, 3, 4)))
 static void fail_call(struct gw_call *c, int status, const char *fmt, ...)
 {
     if (c->status)
@@ -292,6 +293,7 @@ static void fail_call(struct gw_call *c, int status, const char *fmt, ...)
 }
 
 /* fail_call + pump, for code not holding mu */
+__attribute__((format(printf, 3, 4)))
 static void end_call(struct gw_call *c, int status, const char *fmt, ...)
 {
     char msg[sizeof c->status_msg];
