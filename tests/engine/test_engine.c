@@ -890,6 +890,61 @@ static void test_nan_weights(void **state)
     free(dir);
 }
 
+/* chat.ie.json's eos_token_ids end a request like the tokenizer's EOS (docs/CHAT.md: Llama 3
+ * Instruct ends a turn with <|eot_id|>): with the id of greedy step k of a golden case listed,
+ * generation stops there (FINISH_EOS, k tokens), ignore_eos goes on past it; a malformed list
+ * fails engine_create naming the file. */
+static void test_model_stop_ids(void **state)
+{
+    (void)state;
+    const struct golden_case *gc = &g_gold.cases[0];
+    size_t k = 3; /* a step whose id does not occur before it, inside the reliable prefix */
+    for (;; k++) {
+        assert_true(k < gc->cutoff && k < 40);
+        bool seen = false;
+        for (size_t j = 0; j < k; j++)
+            seen |= gc->greedy[j] == gc->greedy[k];
+        if (!seen)
+            break;
+    }
+    char meta[128], path[4200];
+    snprintf(path, sizeof path, "%s/chat.ie.json", g_dir);
+    snprintf(meta, sizeof meta, "{\"eos_token_ids\": [0, %d]}", (int)gc->greedy[k]);
+    tu_write_file(path, meta, strlen(meta));
+    struct engine *e = make_engine(0, 0, 0, 0, false, NULL);
+    struct engine_request r = greedy_req(gc->prompt, gc->n_prompt, 40, 0, NULL);
+    int32_t *ids;
+    size_t n;
+    struct engine_event fin;
+    assert_int_equal(engine_generate(e, &r, &ids, &n, &fin), 0);
+    assert_int_equal(fin.reason, ENGINE_FINISH_EOS);
+    assert_int_equal(n, k);
+    assert_memory_equal(ids, gc->greedy, k * sizeof *ids);
+    free(ids);
+    r.ignore_eos = true;
+    assert_int_equal(engine_generate(e, &r, &ids, &n, &fin), 0);
+    assert_int_equal(fin.reason, ENGINE_FINISH_LENGTH);
+    assert_int_equal(n, 40);
+    assert_int_equal(ids[k], gc->greedy[k]);
+    free(ids);
+    engine_destroy(e);
+
+    static const char *const bad[] = {
+        "{\"eos_token_ids\": 5}",        "{\"eos_token_ids\": [1, -2]}",
+        "{\"eos_token_ids\": [\"2\"]}", "{\"eos_token_ids\": [1000000]}",
+        "[1]",                          "{\"eos_token_ids\": [1,",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tu_write_file(path, bad[i], strlen(bad[i]));
+        struct engine_config cfg = {.model_dir = g_dir, .n_threads = 1, .kv_dtype = DT_F32};
+        tu_log_capture_begin();
+        assert_int_equal(engine_create(&cfg, on_event, NULL, &e), ERR_FORMAT);
+        tu_assert_log_contains("chat.ie.json", NULL);
+        tu_log_capture_end();
+    }
+    assert_int_equal(remove(path), 0);
+}
+
 static void test_snapshot(void **state)
 {
     (void)state;
@@ -962,6 +1017,7 @@ int main(void)
         cmocka_unit_test(test_mixed_adapters),
         cmocka_unit_test(test_snapshot),
         cmocka_unit_test(test_nan_weights),
+        cmocka_unit_test(test_model_stop_ids),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -44,7 +44,9 @@
 #include "tok.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -55,6 +57,12 @@
 #define DEFAULT_QUEUE 256u
 #define STATS_RING 1024u   /* finished requests the latency percentiles cover */
 #define TPS_WINDOW_NS 2000000000ull
+#define MAX_STOP_IDS 16u   /* end-of-sequence ids (Llama 3: 128001, 128008, 128009) */
+
+/* The chat metadata conversion writes beside the IEBIN (docs/CHAT.md). */
+#ifndef CHAT_META_FILE /* the same name in worker/process/chat.h and client/offline/chat_meta.h */
+#define CHAT_META_FILE "chat.ie.json"
+#endif
 
 struct collect; /* engine_generate's capture */
 
@@ -102,7 +110,8 @@ struct engine {
     void *ud;
     struct model *m;
     struct tok *tok;
-    int32_t eos;               /* -1: none (no tokenizer) */
+    int32_t stop_ids[MAX_STOP_IDS]; /* [n_stop_ids] end-of-sequence ids (load_stop_ids) */
+    uint32_t n_stop_ids;
     struct pool *pool;
     struct kv_pool *kv;
     bool split;                /* sliding layers in their own sequences (docs/KV.md) */
@@ -348,6 +357,74 @@ static uint64_t default_budget(const struct model *m, uint32_t max_running, enum
     return want < ram / 4 ? want : ram / 4;
 }
 
+/* Adds id (a negative one: none) to the end-of-sequence set, once. */
+static void add_stop_id(struct engine *e, int32_t id)
+{
+    if (id < 0)
+        return;
+    for (uint32_t i = 0; i < e->n_stop_ids; i++)
+        if (e->stop_ids[i] == id)
+            return;
+    if (e->n_stop_ids < MAX_STOP_IDS)
+        e->stop_ids[e->n_stop_ids++] = id;
+}
+
+static bool is_stop_id(const struct engine *e, int32_t id)
+{
+    for (uint32_t i = 0; i < e->n_stop_ids; i++)
+        if (e->stop_ids[i] == id)
+            return true;
+    return false;
+}
+
+/* The model's own end-of-sequence ids: <model_dir>/chat.ie.json "eos_token_ids", what its
+ * generation config lists (Llama 3 Instruct ends a turn with <|eot_id|>, which is not the
+ * tokenizer's EOS). No file or no key: the tokenizer's EOS alone. A malformed file, a list
+ * that is not of ids in [0, vocab) or longer than MAX_STOP_IDS: ERR_FORMAT naming the file. */
+static int load_stop_ids(struct engine *e, const char *model_dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", model_dir, CHAT_META_FILE);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int err = errno;
+        if (err == ENOENT)
+            return 0;
+        LOG_ERR("engine: open(%s) failed: %s", path, strerror(err));
+        return -err;
+    }
+    json_error_t je;
+    json_t *meta = json_loadf(f, 0, &je);
+    fclose(f);
+    int rc = 0;
+    json_t *ids = meta ? json_object_get(meta, "eos_token_ids") : NULL;
+    if (!meta || !json_is_object(meta)) {
+        LOG_ERR("engine: %s:%d: %s", path, meta ? 1 : je.line,
+                meta ? "not a JSON object" : je.text);
+        rc = ERR_FORMAT;
+    } else if (ids && (!json_is_array(ids) || json_array_size(ids) > MAX_STOP_IDS)) {
+        LOG_ERR("engine: %s: eos_token_ids is not a list of at most %u token ids", path,
+                MAX_STOP_IDS);
+        rc = ERR_FORMAT;
+    } else if (ids) {
+        const uint32_t V = e->m->hp.vocab_size;
+        size_t i;
+        json_t *v;
+        json_array_foreach(ids, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) >= (json_int_t)V) {
+                LOG_ERR("engine: %s: eos_token_ids[%zu] is not a token id in [0, %u)", path, i,
+                        V);
+                rc = ERR_FORMAT;
+                break;
+            }
+            add_stop_id(e, (int32_t)json_integer_value(v));
+        }
+    }
+    json_decref(meta);
+    return rc;
+}
+
 int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, void *ud,
                   struct engine **out)
 {
@@ -362,7 +439,6 @@ int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, vo
     e->cfg = *cfg;
     e->on_event = on_event;
     e->ud = ud;
-    e->eos = -1;
     e->next_id = 1;
     struct engine_config *c = &e->cfg;
     if (!c->max_step_tokens)
@@ -398,8 +474,10 @@ int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, vo
     if (e->m->im->tokenizer_path) {
         if ((rc = tok_load(e->m->im->tokenizer_path, &e->tok)))
             goto fail;
-        e->eos = tok_eos(e->tok);
+        add_stop_id(e, tok_eos(e->tok));
     }
+    if ((rc = load_stop_ids(e, cfg->model_dir)) < 0)
+        goto fail;
     enum pool_pin pin = POOL_PIN_NONE;
     if (cfg->pin && !strcmp(cfg->pin, "compact"))
         pin = POOL_PIN_COMPACT;
@@ -835,7 +913,7 @@ static void sample_and_emit(struct engine *e, struct ereq *r, const float *logit
     if (r->n_gen == 0)
         r->t_first = t;
     r->t_last = t;
-    if (id == e->eos && !r->r.ignore_eos) {
+    if (!r->r.ignore_eos && is_stop_id(e, id)) {
         finish(e, r, ENGINE_FINISH_EOS);
         return;
     }

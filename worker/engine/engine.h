@@ -28,7 +28,8 @@
 enum engine_priority { ENGINE_PRIO_HIGH = 0, ENGINE_PRIO_NORMAL = 1, ENGINE_PRIO_LOW = 2 };
 
 enum engine_finish {
-    ENGINE_FINISH_EOS = 1,      /* the model produced end-of-sequence */
+    ENGINE_FINISH_EOS = 1,      /* the model produced an end-of-sequence id: the tokenizer's
+                                 * EOS or one of chat.ie.json's eos_token_ids (docs/CHAT.md) */
     ENGINE_FINISH_LENGTH,       /* max_new tokens reached */
     ENGINE_FINISH_STOP,         /* a stop string matched */
     ENGINE_FINISH_CANCELLED,    /* engine_cancel() */
@@ -71,7 +72,7 @@ struct engine_request {
     enum engine_priority priority;
     uint64_t deadline_ns;       /* CLOCK_MONOTONIC; 0 = none */
     void *user;                 /* returned in events */
-    bool ignore_eos;            /* keep generating after the end-of-sequence token */
+    bool ignore_eos;            /* keep generating after an end-of-sequence id */
     bool logprobs;              /* each TOKEN event carries its log-probability ... */
     uint32_t top_logprobs;      /* ... and this many alternatives' (sampler_logprobs: capped
                                  * at SAMPLER_MAX_TOP_LOGPROBS) */

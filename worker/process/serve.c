@@ -919,6 +919,10 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
         goto fail;
     if (s->tok && (rc = tokq_create(s->tok, &s->tokq)) < 0)
         goto fail;
+    /* The model's own chat_template (chat.ie.json), read before chat_template_of asks for it
+     * and before the tokq threads render with it (docs/CHAT.md). */
+    if ((rc = chat_model_load(o->model_dir)) < 0)
+        goto fail;
     s->chat = chat_template_of(arch, s->tok, s->chat_why, sizeof s->chat_why);
     if (s->tokq)
         tokq_set_chat(s->tokq, s->chat, s->chat_why);
@@ -1175,6 +1179,7 @@ void serve_close(struct serve *s)
         return;
     CHECK(s->magic == SERVE_MAGIC);
     tokq_destroy(s->tokq); /* before the tokenizer it reads */
+    chat_model_unload();   /* after the tokq threads that render with it */
     while (s->deferred) {
         struct tokq_job *j = s->deferred;
         s->deferred = j->next;
