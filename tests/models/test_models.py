@@ -28,6 +28,7 @@ Checks, per preset (each a failure of the test when it does not hold):
     tokens (mistral: past the window, through the paged attention's window).
  6. Llama 3's 128256-token vocabulary (llama3-tiny --vocab 128256, tied): HF = GGUF, and f32
     logits within REL_TOL at every position of a prompt of ids above 2^16, the last id included.
+ 7. Mistral's window frees paged KV blocks (window_checks).
  5. int8 (q8_0 matrices, the machine's best ISA with int8 activations): the HF and GGUF
     conversions are bit-identical, and mean KL(ref || engine) over positions <= KLD_INT8.
 
@@ -50,6 +51,7 @@ PRESETS = {
 }
 N_PROMPT = 24       # > mistral-tiny's window of 8
 N_GEN = 24          # positions scored through the serving engine
+SWA_GEN = 64        # mistral-tiny in the paged engine: 8x its window
 REL_TOL = 1e-4      # max |dlogit| / max |logit|
 NEG_FACTOR = 10     # a negative control must miss by at least 10x the tolerance
 KLD_INT8 = 5e-3     # mean KL(ref || engine) per position, q8_0 + int8 activations (5e-4)
@@ -185,6 +187,32 @@ def paged_logits(model_dir, token, n, vocab):
     return ids, np.fromfile(out, dtype="<f4").reshape(-1, vocab).astype(np.float64)
 
 
+def window_checks(check, cfg, W, model_dir, token, vocab):
+    """7. Mistral (every layer slides) in the paged engine with 4-token blocks (swa_window.c):
+    a SWA_GEN-token request keeps at most ceil((W - 1) / 4) + 2 blocks (the window's, the
+    block being written and the one kept until its successor is indexed), lets blocks go, and
+    its logits still match the reference; two requests at once on its first half (their leading
+    blocks taken from the prefix cache, shared by both) continue with its second half."""
+    out = os.path.join(model_dir, "swa.f32")
+    lines = run([build("tests", "models", "swa_window"), model_dir, str(token), str(SWA_GEN),
+                 out], env=dict(os.environ, CLOCHER_ISA="ref")).strip().split("\n")
+    ids = [int(t) for t in lines[0].split(",")]
+    _, used, released = lines[1].split()
+    w, B = cfg["sliding_window"], 4
+    bound = -(-(w - 1) // B) + 2
+    check("mistral-tiny: window bounds the paged KV", int(used) <= bound and int(released) > 0,
+          f"{SWA_GEN} tokens: at most {used} blocks in use (bound {bound}), {released} released")
+    eng = np.fromfile(out, dtype="<f4").reshape(-1, vocab).astype(np.float64)
+    ref = reference(cfg, W, [token] + ids[:-1])
+    e = np.abs(eng - ref).max() / np.abs(ref).max()
+    check("mistral-tiny: logits with released blocks", bool(len(ids) == SWA_GEN and e <= REL_TOL),
+          f"{len(ids)} positions, relative error {e:.3g} (tolerance {REL_TOL})")
+    want = ",".join(map(str, ids[SWA_GEN // 2:]))
+    check("mistral-tiny: shared prefix blocks survive the window",
+          lines[2] == want and lines[3] == want,
+          f"continuations {lines[2]} / {lines[3]}, expected {want}")
+
+
 def log_softmax(z):
     z = z - z.max(axis=-1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
@@ -276,6 +304,8 @@ def main():
             check(f"{preset}: serving engine (paged KV, f32) at every position",
                   bool(len(ids) == N_GEN and e <= REL_TOL),
                   f"{len(ids)} positions, relative error {e:.3g} (tolerance {REL_TOL})")
+            if preset == "mistral-tiny":
+                window_checks(check, cfg, W, f"{hf}.hf.ie", tokens[0], V)
         # 6. a 128k vocabulary, tied
         big = os.path.join(tmp, "llama3-128k")
         run([clocher, "synth", "--preset", "llama3-tiny", big, "--vocab", "128256", "--gguf",

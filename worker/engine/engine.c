@@ -115,7 +115,8 @@ struct engine {
     struct pool *pool;
     struct kv_pool *kv;
     bool split;                /* sliding layers in their own sequences (docs/KV.md) */
-    uint32_t window;           /* their window (split only) */
+    bool slide_all;            /* every layer slides (Mistral): r->kv itself releases */
+    uint32_t window;           /* the sliding layers' window (split or slide_all), else 0 */
     struct engine__fwd *fwd;
     struct lora_registry *loras;
     uint64_t fingerprint;
@@ -495,7 +496,10 @@ int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, vo
     /* sliding layers apart (each request: two sequences of one pool, docs/KV.md "Sliding
      * layers") when they are as many as the full ones, so that one block size serves both */
     e->split = e->m->n_sliding > 0 && 2 * e->m->n_sliding == hp->n_layers;
-    e->window = e->split ? hp->sliding_window : 0;
+    /* every layer sliding (Mistral v0.1): the one sequence lets go of what no layer sees */
+    e->slide_all = e->m->n_sliding > 0 && e->m->n_sliding == hp->n_layers &&
+                   hp->sliding_window > 0;
+    e->window = e->split || e->slide_all ? hp->sliding_window : 0;
     struct kv_config kc = {
         .n_layers = e->split ? e->m->n_sliding : hp->n_layers,
         .n_kv_heads = hp->n_kv_heads,
@@ -768,12 +772,17 @@ static size_t pick_waiting(const struct engine *e)
 /* The sliding sequence's prefix key: the request's, in a namespace of its own. */
 #define KVW_KEY UINT64_C(0x736c6964696e6777)
 
-/* Lets the sliding sequence go of the blocks no later query of r can see. */
+/* Lets r's sliding sequence (the split one, or the only one when every layer slides) go of
+ * the blocks no later query of r can see. A block shared with the prefix cache or another
+ * sequence only loses r's reference (kv_seq_release_before). */
 static void release_window(const struct engine *e, struct ereq *r)
 {
-    uint32_t len = kv_seq_len(r->kvw);
+    struct kv_seq *s = e->split ? r->kvw : e->slide_all ? r->kv : NULL;
+    if (!s)
+        return;
+    uint32_t len = kv_seq_len(s);
     if (len + 1 > e->window)
-        (void)kv_seq_release_before(r->kvw, len + 1 - e->window);
+        (void)kv_seq_release_before(s, len + 1 - e->window);
 }
 
 /*
@@ -802,8 +811,7 @@ static int attach(struct engine *e, struct ereq *r, uint32_t *n_cached)
             req_kv_drop(r);
             return rc;
         }
-        if (e->split)
-            release_window(e, r);
+        release_window(e, r);
         return 0;
     }
     CHECK(!"the second attach finds the prefix the first one did");
@@ -1115,8 +1123,7 @@ int engine_step(struct engine *e, size_t *active)
             if ((rc = kv_seq_commit(r->kv, r->tokens + b->pos0, b->n)) ||
                 (r->kvw && (rc = kv_seq_commit(r->kvw, r->tokens + b->pos0, b->n))))
                 goto out;
-            if (r->kvw)
-                release_window(e, r);
+            release_window(e, r);
             r->n_done += b->n;
             bool decode = b->n == 1 && b->logits && b->pos0 >= r->n_prompt;
             if (!decode)
