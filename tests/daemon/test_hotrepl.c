@@ -3,7 +3,7 @@
  * the copies hold the same bytes at the same addresses, are no longer backed by the shared
  * file, live on the requested node, honour the byte limit in hotness order, tensors the forward
  * pass no longer reads (q4_0 matrices repacked into panels) are left shared, and a model that
- * is not mapped is left alone.
+ * is not mapped is left alone; hotrepl_hugify re-reads the cache keeping bytes and mappings.
  */
 #include "testutil.h"
 
@@ -295,6 +295,87 @@ static void test_skips_real_panels(void **state)
     free(qdir);
 }
 
+/* hotrepl_hugify re-reads the page cache under a live mapping: same bytes at the same
+ * addresses, still the file's pages (nothing copied); the default entry point honours
+ * IE_HUGE_PAGES (0: nothing, not 0/1: ERR_RANGE naming it); bad directories are errors. */
+static void test_hugify(void **state)
+{
+    (void)state;
+    struct iebin_model *m;
+    assert_int_equal(iebin_open(g_dir, &m), 0);
+    uint8_t **ref = calloc(m->n_tensors, sizeof *ref);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        ref[i] = malloc(m->tensors[i].size);
+        memcpy(ref[i], m->tensors[i].data, m->tensors[i].size);
+        sum += m->tensors[i].size;
+    }
+    char blob[4096];
+    snprintf(blob, sizeof blob, "%s/%s", g_dir, IEBIN_BLOB);
+    struct stat st;
+    assert_int_equal(stat(blob, &st), 0);
+
+    struct hotrepl_huge_report rep;
+    assert_int_equal(hotrepl_hugify(g_dir, &rep), 0);
+    assert_int_equal(rep.n_mappings, 1);
+    assert_int_equal(rep.file_bytes, (uint64_t)st.st_size);
+    assert_false(rep.skipped); /* 4 KiB-mapped (the file is smaller than 2 MiB) */
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (memcmp(ref[i], m->tensors[i].data, m->tensors[i].size) != 0)
+            fail_msg("tensor %s changed by hugify", m->tensors[i].name);
+    assert_true(file_backed_bytes(g_dir) >= sum);
+
+    const char *old = getenv("IE_HUGE_PAGES");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("IE_HUGE_PAGES", "1", 1);
+    assert_int_equal(hotrepl_hugify_default(g_dir, &rep), 0);
+    assert_int_equal(rep.n_mappings, 1);
+    assert_int_equal(rep.file_bytes, (uint64_t)st.st_size);
+    setenv("IE_HUGE_PAGES", "0", 1);
+    assert_int_equal(hotrepl_hugify_default(g_dir, &rep), 0);
+    assert_int_equal(rep.n_mappings, 0);
+    assert_int_equal(rep.file_bytes, 0);
+    setenv("IE_HUGE_PAGES", "yes", 1);
+    tu_log_capture_begin();
+    assert_int_equal(hotrepl_hugify_default(g_dir, &rep), ERR_RANGE);
+    tu_assert_log_contains("IE_HUGE_PAGES=yes", NULL);
+    tu_log_capture_end();
+    if (saved)
+        setenv("IE_HUGE_PAGES", saved, 1);
+    else
+        unsetenv("IE_HUGE_PAGES");
+    free(saved);
+    for (size_t i = 0; i < m->n_tensors; i++)
+        if (memcmp(ref[i], m->tensors[i].data, m->tensors[i].size) != 0)
+            fail_msg("tensor %s changed by hugify", m->tensors[i].name);
+    for (size_t i = 0; i < m->n_tensors; i++)
+        free(ref[i]);
+    free(ref);
+    iebin_close(m);
+
+    /* not mapped: the page cache is re-read all the same */
+    assert_int_equal(hotrepl_hugify(g_dir, &rep), 0);
+    assert_int_equal(rep.n_mappings, 0);
+    assert_int_equal(rep.file_bytes, (uint64_t)st.st_size);
+
+    /* a directory that is no model: a negative code naming it (the default only warns) */
+    tu_log_capture_begin();
+    assert_true(hotrepl_hugify("/nonexistent/model", &rep) < 0);
+    tu_assert_log_contains("/nonexistent/model", NULL);
+    tu_log_capture_end();
+    char *empty = tu_mkdtemp();
+    tu_log_capture_begin();
+    assert_true(hotrepl_hugify(empty, &rep) < 0);
+    tu_log_capture_end();
+    tu_log_capture_begin();
+    assert_int_equal(hotrepl_hugify_default(empty, &rep), 0);
+    tu_assert_log_contains("2 MiB folios: not done", NULL);
+    tu_log_capture_end();
+    assert_int_equal(rep.n_mappings, 0);
+    tu_rmtree(empty);
+    free(empty);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -318,6 +399,7 @@ int main(void)
         cmocka_unit_test(test_skips_repacked),
         cmocka_unit_test(test_skips_real_panels),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_hugify),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

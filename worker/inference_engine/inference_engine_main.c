@@ -24,6 +24,7 @@
 #include "mono.h"
 #include "err.h"
 #include "forward.h"
+#include "hotrepl.h"
 #include "kern.h"
 #include "log.h"
 #include "lora.h"
@@ -149,6 +150,9 @@ static void usage(FILE *f)
 "active_expert_bytes_per_token (expert weights one token reads); with --print-ids\n"
 "generated_ids and text (null without tokenizer); with --concurrency,\n"
 "--print-ids adds generated_ids as one array of token ids per request.\n"
+"\n"
+"environment: IE_HUGE_PAGES=0 leaves the model's page cache as it is; by default (1) a\n"
+"model cached in 4 KiB folios is re-read once in 2 MiB folios (2 MiB page-table entries)\n"
 "\n"
 "exit status: 0 ok, 1 run-time failure, 2 usage, 3 model missing or invalid,\n"
 "             5 engine creation failed, 6 out of memory\n",
@@ -1174,6 +1178,14 @@ int main(int argc, char **argv)
     const double t_load = mono_sec();
     if ((rc = model_open(o.model_dir, 0, &E.model))) {
         code = exit_for(rc, EXIT_MODEL);
+        goto out;
+    }
+    /* 2 MiB page-table entries for the weights (IE_HUGE_PAGES=0: off; hotrepl.h): a cache
+     * warmed in 4 KiB folios is re-read once, here; the engine's own mapping (--concurrency)
+     * then maps the same 2 MiB folios */
+    struct hotrepl_huge_report huge;
+    if ((rc = hotrepl_hugify_default(o.model_dir, &huge))) {
+        code = EXIT_USAGE;
         goto out;
     }
     const struct iebin_hparams *hp = &E.model->hp;

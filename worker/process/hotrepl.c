@@ -379,6 +379,12 @@ int hotrepl_hugify(const char *model_dir, struct hotrepl_huge_report *rep)
     rep->n_mappings = nb;
     if (st.st_size == 0)
         goto done;
+    /* already 2 MiB entries for nearly all of every mapping: nothing to gain */
+    if (nb && (rep->pmd_bytes = pmd_mapped()) * 10 >= (uint64_t)st.st_size * nb * 9) {
+        rep->skipped = true;
+        rc = 0;
+        goto out;
+    }
     /* our own mapping reads the file (the kernel aligns a file mapping this large on 2 MiB) */
     own = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (own == MAP_FAILED) {
@@ -425,4 +431,30 @@ out:
     free(v);
     free(blob);
     return rc;
+}
+
+int hotrepl_hugify_default(const char *model_dir, struct hotrepl_huge_report *rep)
+{
+    memset(rep, 0, sizeof *rep);
+    const char *env = getenv("IE_HUGE_PAGES");
+    if (env && !strcmp(env, "0")) {
+        LOG_INFO("2 MiB folios: off (IE_HUGE_PAGES=0)");
+        return 0;
+    }
+    if (env && *env && strcmp(env, "1")) {
+        LOG_ERR("IE_HUGE_PAGES=%s: expected 0 (off) or 1 (on, the default)", env);
+        return ERR_RANGE;
+    }
+    int rc = hotrepl_hugify(model_dir, rep);
+    if (rc < 0) { /* a speed-up, not a need: the mappings still read the file in 4 KiB pages */
+        LOG_WARN("2 MiB folios: not done (%d, logged above); the model is read in 4 KiB pages",
+                 rc);
+        memset(rep, 0, sizeof *rep);
+    } else if (rep->skipped)
+        LOG_INFO("2 MiB folios: the model is already mapped in 2 MiB pages (%.1f of %.1f MiB)",
+                 (double)rep->pmd_bytes / 1048576.0, (double)rep->file_bytes / 1048576.0);
+    else
+        LOG_INFO("2 MiB folios: %.1f MiB re-read; %.1f MiB mapped in 2 MiB pages",
+                 (double)rep->file_bytes / 1048576.0, (double)rep->pmd_bytes / 1048576.0);
+    return 0;
 }

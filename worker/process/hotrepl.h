@@ -38,6 +38,7 @@
 #ifndef CLOCHER_WORKER_HOTREPL_H
 #define CLOCHER_WORKER_HOTREPL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,6 +71,7 @@ struct hotrepl_huge_report {
     size_t n_mappings;     /* mappings of model.ie.bin found in this process */
     uint64_t file_bytes;   /* the file's size */
     uint64_t pmd_bytes;    /* bytes this process maps with 2 MiB entries afterwards (all files) */
+    bool skipped;          /* nothing done: the mappings were already >= 90% 2 MiB entries */
 };
 
 /*
@@ -96,5 +98,17 @@ struct hotrepl_huge_report {
  * a kernel before 5.14, without MADV_POPULATE_READ).
  */
 int hotrepl_hugify(const char *model_dir, struct hotrepl_huge_report *rep);
+
+/*
+ * The default at start (clocher-worker before hot replication, inference-engine after loading):
+ * hotrepl_hugify unless IE_HUGE_PAGES=0, skipped (rep->skipped) when this process's mappings of
+ * model.ie.bin are already mapped with 2 MiB entries for >= 90% of the file, FilePmdMapped of
+ * /proc/self/smaps_rollup (the usual case: iebin.c maps with MADV_HUGEPAGE and
+ * MADV_POPULATE_READ, so a file read cold comes in as 2 MiB folios; hugify is for a page cache
+ * warmed in small folios by a reader without MADV_HUGEPAGE). Logs what it did; a failure of
+ * hotrepl_hugify is a warning (the mappings still work, in 4 KiB pages). 0 with *rep (zeroed
+ * when turned off or failed), or ERR_RANGE naming IE_HUGE_PAGES when it is not 0 or 1.
+ */
+int hotrepl_hugify_default(const char *model_dir, struct hotrepl_huge_report *rep);
 
 #endif

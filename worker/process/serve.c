@@ -956,6 +956,10 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
         }
         served_add(s, o->adapter_names[i], o->adapter_dirs[i]);
     }
+    /* 2 MiB page-table entries for the weights before the copies (which keep them) */
+    struct hotrepl_huge_report huge;
+    if ((rc = hotrepl_hugify_default(o->model_dir, &huge)) < 0)
+        goto fail;
     if (o->hot_replicate) {
         struct hotrepl_report rep;
         if ((rc = hotrepl_apply(o->model_dir, engine_model(s->e), o->mem_node,

@@ -9,8 +9,9 @@
  *      anything is allocated, so the model's private pages, the KV cache and the engine's
  *      threads are all local;
  *   3. attach the shared-memory region inherited as --region-fd and check its generation;
- *   4. create the engine on the model, load the configured adapters, replicate hot tensors
- *      into node-local memory if IE_HOT_REPLICATE=1;
+ *   4. create the engine on the model, load the configured adapters, re-read a model cached
+ *      in 4 KiB folios in 2 MiB ones unless IE_HUGE_PAGES=0 (hotrepl_hugify_default),
+ *      replicate hot tensors into node-local memory if IE_HOT_REPLICATE=1;
  *   5. say READY=1 on the control socket (--control-fd; HERITAGE_CTL_KEYS in shm/heritage.h:
  *      text datagrams READY=1, WATCHDOG=1, HOT_BYTES=n, STATUS=text), then loop (serve.c):
  *      request records → engine_submit/engine_cancel, engine_step, engine events → event
