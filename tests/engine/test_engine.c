@@ -945,6 +945,30 @@ static void test_model_stop_ids(void **state)
     assert_int_equal(remove(path), 0);
 }
 
+/* The default KV budget (every running request at full context) sizes 8-bit rows as kv.c
+ * stores them (codes plus an f32 scale per head), not as f32 rows: int8 and fp8 pools hold as
+ * many blocks as an f32 one (the stride's 64-byte rounding aside), not ~4x as many. */
+static void test_default_budget_kv8(void **state)
+{
+    (void)state;
+    static const enum dtype dts[] = {DT_F32, DT_BF16, DT_KV_I8, DT_KV_E4M3};
+    uint64_t blocks[4];
+    for (size_t i = 0; i < 4; i++) {
+        struct engine_config cfg = {.model_dir = g_dir, .n_threads = 1, .kv_dtype = dts[i],
+                                    .max_running = 4};
+        struct engine *e;
+        assert_int_equal(engine_create(&cfg, on_event, NULL, &e), 0);
+        struct engine_metrics m;
+        engine_get_metrics(e, &m);
+        blocks[i] = m.kv_blocks_total;
+        engine_destroy(e);
+    }
+    for (size_t i = 1; i < 4; i++)
+        if (blocks[i] * 10 < blocks[0] * 9 || blocks[i] * 10 > blocks[0] * 11)
+            fail_msg("kv dtype %d: %llu blocks by default, f32 has %llu", (int)dts[i],
+                     (unsigned long long)blocks[i], (unsigned long long)blocks[0]);
+}
+
 static void test_snapshot(void **state)
 {
     (void)state;
@@ -1018,6 +1042,7 @@ int main(void)
         cmocka_unit_test(test_snapshot),
         cmocka_unit_test(test_nan_weights),
         cmocka_unit_test(test_model_stop_ids),
+        cmocka_unit_test(test_default_budget_kv8),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

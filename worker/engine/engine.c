@@ -349,7 +349,9 @@ static uint64_t default_budget(const struct model *m, uint32_t max_running, enum
 {
     /* every running request at the full context, capped at a quarter of RAM */
     uint64_t row = 0;
-    if (dtype_row_bytes(dt, m->kv_dim, &row))
+    if (dtype_is_kv8(dt)) /* codes plus a scale per head: what kv.c stores (not a dtype row) */
+        row = (uint64_t)m->hp.n_kv_heads * kern_kv8_head_bytes(m->hp.head_dim);
+    else if (dtype_row_bytes(dt, m->kv_dim, &row))
         row = (uint64_t)m->kv_dim * 4;
     uint64_t per_pos = (uint64_t)m->hp.n_layers * 2 * row;
     uint64_t want = per_pos * m->hp.max_seq_len * max_running;

@@ -43,7 +43,9 @@ struct engine_config {
     int n_threads;              /* 0 = all online CPUs */
     const char *pin;            /* NULL, "compact" or "scatter" */
     uint64_t kv_budget_bytes;   /* 0 = a default fraction of RAM */
-    enum dtype kv_dtype;        /* DT_F32, DT_F16 or DT_BF16 */
+    enum dtype kv_dtype;        /* the KV cache's elements (dtype_kv_from_name): DT_F32, DT_F16,
+                                 * DT_BF16, DT_KV_I8 (int8 codes) or DT_KV_E4M3 (fp8), the 8-bit
+                                 * ones with an f32 scale per head and row (docs/KV.md) */
     uint32_t kv_block_tokens;   /* 0 = 16 */
     uint32_t max_step_tokens;   /* per-iteration token budget (decode + prefill chunks); 0 = 256 */
     uint32_t max_running;       /* sequences in the running batch (<= max_step_tokens); 0 = 16 */
