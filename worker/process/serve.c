@@ -932,7 +932,7 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
         .n_threads = (int)o->threads,
         .pin = NULL, /* the threads inherit this thread's affinity: the slot's CPUs */
         .kv_budget_bytes = o->kv_budget_bytes,
-        .kv_dtype = DT_F32,
+        .kv_dtype = o->kv_dtype,
         .kv_block_tokens = 0,
         .max_step_tokens = 512,
         .max_running = SHM_MAX_RUNNING,

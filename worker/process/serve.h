@@ -27,6 +27,8 @@
 #ifndef CLOCHER_WORKER_SERVE_H
 #define CLOCHER_WORKER_SERVE_H
 
+#include "dtype.h"
+
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,6 +39,8 @@ struct serve_options {
     const char *model_dir;
     unsigned threads;             /* 0 = every CPU this thread may run on */
     uint64_t kv_budget_bytes;     /* 0 = the engine's default */
+    enum dtype kv_dtype;          /* the KV cache's elements (engine_config.kv_dtype; the
+                                   * heritage's --kv-dtype); 0 = DT_F32 */
     uint32_t max_queue;
     uint32_t max_prompt_tokens;
     size_t n_adapters;            /* loaded at start; a failure is fatal */
