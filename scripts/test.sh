@@ -46,4 +46,4 @@ if ctest --test-dir build/ci-fuzz -N -L fuzz | grep -q 'Total Tests: 0'; then
 else
   ctest --test-dir build/ci-fuzz --output-on-failure -j"$jobs" -L fuzz
 fi
-section "done: the whole suite passed in $SECONDSs"
+printf '\n==== the whole suite passed in %ss ====\n' "$SECONDS"
