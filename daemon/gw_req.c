@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+__attribute__((format(printf, 4, 5)))
 static int refuse(char *msg, size_t cap, int status, const char *fmt, ...)
 {
     va_list ap;
