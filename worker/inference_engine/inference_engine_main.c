@@ -122,7 +122,7 @@ static void usage(FILE *f)
 "                         generated token fed back: prompt_tokens + generated_tokens - 1\n"
 "                         rows, or prompt_tokens with --max-new 0), row-major\n"
 "                         [position][vocab], all prompts in order (first measured round)\n"
-"  --quiet                do not stream the text to stderr\n"
+"  --quiet                do not stream the text to stderr (nor log information)\n"
 "serving engine (worker/engine/engine.h, docs/ENGINE.md):\n"
 "  --concurrency N        run N requests at once through the continuous-batching engine:\n"
 "                         N copies of the prompt (or the prompts round-robin) per round;\n"
@@ -1184,7 +1184,12 @@ int main(int argc, char **argv)
      * warmed in 4 KiB folios is re-read once, here; the engine's own mapping (--concurrency)
      * then maps the same 2 MiB folios */
     struct hotrepl_huge_report huge;
-    if ((rc = hotrepl_hugify_default(o.model_dir, &huge))) {
+    const enum log_level lv = log_get_level();
+    if (o.quiet && lv > LOG_LEVEL_WARN) /* --quiet: stderr holds warnings and errors only */
+        log_set_level(LOG_LEVEL_WARN);
+    rc = hotrepl_hugify_default(o.model_dir, &huge);
+    log_set_level(lv);
+    if (rc) {
         code = EXIT_USAGE;
         goto out;
     }
