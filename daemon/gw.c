@@ -252,14 +252,10 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     } else {
         if (c->listen_tcp)
             rc = add_port(g, c->listen_tcp, cr);
-        if (rc == 0 && c->listen_unix && !c->tls_cert) {
-            /* ours: gRPC's would take a live socket over (gw_conn.c) */
+        /* ours, plaintext only: gRPC's would take a live socket over (gw_conn.c); TLS with
+         * listen.unix is refused at config time (config.c) */
+        if (rc == 0 && c->listen_unix)
             rc = gw__conn_listen_unix(g, c->listen_unix);
-        } else if (rc == 0 && c->listen_unix && (rc = gw__conn_unix_free(c->listen_unix)) == 0) {
-            char addr[4200];
-            snprintf(addr, sizeof addr, "unix:%s", c->listen_unix);
-            rc = add_port(g, addr, cr);
-        }
         grpc_server_credentials_release(cr);
     }
     config_unref(c);

@@ -332,8 +332,6 @@ void gw__call_unref(struct gw_call *c);
 /* ---- gw_conn.c: connections (the Unix listener, rapid-reset accounting) ---- */
 /* Listens on path, refusing a live socket of another process and removing a stale one. */
 int gw__conn_listen_unix(struct gw *g, const char *path);
-/* Only that check (for gRPC's own Unix listener, used with TLS): 0 or -EADDRINUSE. */
-int gw__conn_unix_free(const char *path);
 /* Starts the connection thread (accepts on the Unix socket; gives memory back). */
 int gw__conn_start(struct gw *g);
 /* Stops it, closes and removes our Unix socket. Before the server is destroyed. */
@@ -375,6 +373,8 @@ bool gw__adapter_known(void *gw, const char *name);
 void gw__adapter_add(struct gw *g, const char *name, const char *dir,
                      const struct shm_msg_adapter *info);
 void gw__adapter_remove(struct gw *g, const char *name);
+/* Where a served adapter comes from (AdapterInfo.source): "config" or "runtime". */
+const char *gw__adapter_source(struct gw *g, const char *name);
 /* Makes what a fresh worker serves match the registry (slot->mu held, reader thread). */
 void gw__adapters_replay(struct gw *g, struct gw_slot *s, uint32_t generation);
 /* A reload: the registry follows fresh's adapters and tells the serving workers (supervisor's
