@@ -875,6 +875,7 @@ static void free_config(struct config *c)
     free(c->metrics_listen);
     free(c->http_listen);
     free(c->model_dir);
+    free(c->access_log);
     free(c->worker_binary);
     for (size_t i = 0; i < c->n_tenants; i++) {
         struct config_tenant *t = &c->tenants[i];
@@ -938,7 +939,7 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
     static const char *const keys[] = {
         "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
         "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
-        "supervisor", "lora_weights", "http", NULL};
+        "supervisor", "lora_weights", "http", "access_log", NULL};
     struct walk w = {.label = label ? label : "config", .base_dir = base_dir ? base_dir : "/"};
     json_error_t jerr;
     int rc;
@@ -965,6 +966,7 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         (rc = parse_tls(&w, root, c)) < 0 || (rc = parse_metrics(&w, root, c)) < 0 ||
         (rc = parse_http(&w, root, c)) < 0 ||
         (rc = get_path(&w, root, "worker_binary", &c->worker_binary)) < 0 ||
+        (rc = get_path(&w, root, "access_log", &c->access_log)) < 0 ||
         (rc = get_u32(&w, root, "workers", 0, CONFIG_MAX_WORKERS, 0, &c->workers)) < 0 ||
         (rc = get_u32(&w, root, "threads_per_worker", 0, 1024, 0, &c->threads_per_worker)) < 0 ||
         (rc = get_uint(&w, root, "kv_budget_mb", 0, 1u << 24, 0, &c->kv_budget_mb)) < 0 ||

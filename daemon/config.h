@@ -108,6 +108,9 @@ struct config {
 
     char *model_dir;                 /* absolute IEBIN model directory */
     char *worker_binary;             /* NULL = found beside clocherd (docs/DAEMON.md) */
+    char *access_log;                /* absolute path of the access log (one JSON line per
+                                      * finished request, daemon/stats.h); NULL = none.
+                                      * Reopened on reload (log rotation) */
     uint32_t workers;                /* 0 = one per NUMA node with CPUs */
     uint32_t threads_per_worker;     /* 0 = every CPU of the worker's share */
     uint64_t kv_budget_mb;           /* per worker; 0 = the engine's default */

@@ -546,6 +546,7 @@ static grpc_byte_buffer *unary_answer(struct gw_call *c, int *st, const char **d
         Clocher__V1__AdapterInfo a = CLOCHER__V1__ADAPTER_INFO__INIT;
         char *mods[7];
         adapter_info(best, q->name, &a, mods);
+        a.source = (char *)gw__adapter_source(c->g, q->name);
         r.adapter = &a;
         return pack(&r.base);
     }
@@ -760,9 +761,7 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
             it->error = strdup(why);
         }
         if (g->stats)
-            stats_generation(g->stats, c->tenant, m->finish.prompt_tokens,
-                             m->finish.completion_tokens, m->finish.cached_tokens,
-                             m->finish.ttft_ns, m->finish.tpot_ns, m->finish.e2e_ns);
+            stats_finish(g->stats, c->tenant, it->adapter, &m->finish);
         break;
     }
     case SHM_MSG_ERROR:
@@ -1283,6 +1282,7 @@ static void start_list_adapters(struct gw_call *c)
         infos[k] = init;
         adapter_info(&tmp, a->name, &infos[k], mods[k]);
         infos[k].has_active_requests = 0;
+        infos[k].source = (char *)(a->from_config ? "config" : "runtime");
         ptrs[k] = &infos[k];
         k++;
     }

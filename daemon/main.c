@@ -330,6 +330,8 @@ int main(int argc, char **argv)
     if (stats_create(w->n, &stats) < 0)
         goto out_workers;
     w->stats = stats;
+    if (cptr.cur->access_log && stats_open_access_log(stats, cptr.cur->access_log) < 0)
+        goto out_workers;
     if (gw_create(w, &loop, &gw) < 0)
         goto out_workers;
     if (metrics_create(w, &loop, &metrics) < 0)
