@@ -933,13 +933,50 @@ static int parse_lora_weights(struct walk *w, json_t *root, struct config *c)
     return rc;
 }
 
+/* "kv_dtype": the KV cache element type, one of dtype_kv_name()'s names (docs/KV.md) */
+static int parse_kv_dtype(struct walk *w, json_t *root, struct config *c)
+{
+    const char *s;
+    c->kv_dtype = DT_BF16;
+    int rc = get_string(w, root, "kv_dtype", 16, false, &s);
+    if (rc < 0 || !s || dtype_kv_from_name(s, &c->kv_dtype) == 0)
+        return rc;
+    size_t k = push_key(w, "kv_dtype");
+    char q[64];
+    rc = fail(w, ERR_FORMAT, "must be one of f32, f16, bf16, int8, fp8, got %s",
+              quote(s, strlen(s), q, sizeof q));
+    pop(w, k);
+    return rc;
+}
+
+/* "log_format": "text" or "json" (common/log.h); the daemon applies it at start (main.c) */
+static int parse_log_format(struct walk *w, json_t *root, struct config *c)
+{
+    const char *s;
+    c->log_format = -1;
+    int rc = get_string(w, root, "log_format", 16, false, &s);
+    if (rc < 0 || !s)
+        return rc;
+    enum log_format f;
+    if (log_format_parse(s, &f) == 0) {
+        c->log_format = (int)f;
+        return 0;
+    }
+    size_t k = push_key(w, "log_format");
+    char q[64];
+    rc = fail(w, ERR_FORMAT, "must be \"text\" or \"json\", got %s",
+              quote(s, strlen(s), q, sizeof q));
+    pop(w, k);
+    return rc;
+}
+
 int config_parse(const char *label, const char *base_dir, const char *json, size_t len,
                  const char *model_dir_override, struct config **out)
 {
     static const char *const keys[] = {
         "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
         "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
-        "supervisor", "lora_weights", "http", "access_log", NULL};
+        "supervisor", "lora_weights", "http", "access_log", "log_format", "kv_dtype", NULL};
     struct walk w = {.label = label ? label : "config", .base_dir = base_dir ? base_dir : "/"};
     json_error_t jerr;
     int rc;
@@ -974,7 +1011,8 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         (rc = get_seconds(&w, root, "drain_timeout_s", 0, 86400, 30, &c->drain_timeout_s)) < 0 ||
         (rc = parse_supervisor(&w, root, c)) < 0 || (rc = parse_hot(&w, root, c)) < 0 ||
         (rc = parse_adapters(&w, root, c)) < 0 || (rc = parse_tenants(&w, root, c)) < 0 ||
-        (rc = parse_lora_weights(&w, root, c)) < 0)
+        (rc = parse_lora_weights(&w, root, c)) < 0 || (rc = parse_log_format(&w, root, c)) < 0 ||
+        (rc = parse_kv_dtype(&w, root, c)) < 0)
         goto fail;
 
     if (model_dir_override) {
@@ -1138,6 +1176,8 @@ int config_keep_restart_fields(struct config *fresh, const struct config *runnin
     KEEP_NUM(threads_per_worker, "threads_per_worker");
     KEEP_NUM(kv_budget_mb, "kv_budget_mb");
     KEEP_NUM(lora_weights_bf16, "lora_weights");
+    KEEP_NUM(log_format, "log_format");
+    KEEP_NUM(kv_dtype, "kv_dtype");
     KEEP_NUM(hot_replicate, "hot_replication.enabled");
     KEEP_NUM(hot_repl_limit_mb, "hot_replication.limit_mb");
     KEEP_NUM(limits.max_message_bytes, "limits.max_message_bytes");

@@ -267,6 +267,8 @@ struct gw_peer {
     uint32_t resets;
 };
 
+struct gw_reflect;
+
 struct gw {
     uint32_t magic;
     struct workers *w;
@@ -280,6 +282,7 @@ struct gw {
     bool cq_started;
     void *methods[GW_METHODS];
     struct gw_tag t_shutdown;
+    struct gw_reflect *reflect;    /* gRPC server reflection (gw_reflect.c), gw.c's alone */
     atomic_bool shutdown_seen;
 
     atomic_bool accepting;         /* false once the supervisor drains */
