@@ -398,16 +398,24 @@ static void consume_pending(struct gw_item *it)
         it->text[0] = '\0';
 }
 
-/* A chat piece's run: a new one when its text opens another channel. */
-static void note_run(struct gw_item *it, const struct shm_msg_token *t)
+/* A chat piece's run: a new one when its text opens another channel. 0, or -ENOMEM when the
+ * run table cannot grow (the caller fails the item). */
+static int note_run(struct gw_item *it, const struct shm_msg_token *t)
 {
     if (!t->channel && !it->n_segs)
-        return; /* not a chat */
-    if (it->n_segs == 0 || (t->text_len && it->segs[it->n_segs - 1].channel != t->channel &&
-                            it->n_segs < GW_MAX_SEGS)) {
+        return 0; /* not a chat */
+    if (it->n_segs == 0 ||
+        (t->text_len && it->segs[it->n_segs - 1].channel != t->channel)) {
         if (it->n_segs && it->segs[it->n_segs - 1].text_end == 0 &&
             it->segs[it->n_segs - 1].ids_end == 0)
             it->n_segs--; /* empty */
+        if (it->n_segs == it->cap_segs) {
+            size_t cap = it->cap_segs ? 2 * it->cap_segs : 4;
+            struct gw_seg *p = realloc(it->segs, cap * sizeof *p);
+            if (!p)
+                return -ENOMEM;
+            it->segs = p, it->cap_segs = cap;
+        }
         it->segs[it->n_segs++] = (struct gw_seg){.channel = (uint32_t)t->channel,
                                                  .text_end = it->text_len,
                                                  .ids_end = it->n_ids};
@@ -417,6 +425,7 @@ static void note_run(struct gw_item *it, const struct shm_msg_token *t)
         sg->channel = (uint32_t)t->channel; /* a run without text yet takes the text's channel */
     sg->text_end = it->text_len + t->text_len;
     sg->ids_end = it->n_ids + (t->token >= 0);
+    return 0;
 }
 
 /* Generate: the next message; *end when the call ends with it (status in *st, *detail). */
@@ -730,9 +739,8 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
     switch (m->type) {
     case SHM_MSG_TOKEN:
         unqueue(c, it);
-        note_run(it, &m->token);
         it->tool_call |= m->token.call;
-        if ((m->token.token >= 0 && append_id(it, m->token.token) < 0) ||
+        if (note_run(it, &m->token) < 0 || (m->token.token >= 0 && append_id(it, m->token.token) < 0) ||
             (m->token.has_logprob && append_logprobs(it, &m->token) < 0) ||
             append_text(&it->text, &it->text_len, &it->text_cap, m->token.text,
                         m->token.text_len) < 0)

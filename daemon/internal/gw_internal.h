@@ -114,13 +114,13 @@ struct gw_item {
     char *text;
     size_t text_len, text_cap;
     /* chat: the pending output's channel runs in order (each ends at text_end/ids_end); a
-     * piece without text joins the last run. At most GW_MAX_SEGS wait: beyond, the sender is
-     * that far behind and a new run joins the last (its channel then is the last's). */
+     * piece without text joins the last run. Grown as a slow client lets runs pile up (like
+     * the text they delimit), so every run keeps its own channel. */
     struct gw_seg {
         uint32_t channel;      /* enum shm_channel */
         size_t text_end, ids_end;
-    } segs[16];
-    size_t n_segs;
+    } *segs;                   /* [n_segs] of cap_segs */
+    size_t n_segs, cap_segs;
     bool tool_call;            /* chat: the reply ended on harmony's <|call|> (SHM_TOKEN_CALL) */
     uint64_t sent_tokens;      /* tokens already handed to gRPC */
     /* logprobs requests: one entry per pending id (gRPC sends them with their ids; an
@@ -144,7 +144,6 @@ struct gw_item {
     bool queued;                   /* counted in its tenant's max_queued until a token or its end */
 };
 
-#define GW_MAX_SEGS 16u
 /* The finish reason gw_ext_take_chat reports for a reply that ended with a tool call (an EOS
  * whose last id was <|call|>): the gateway's own value, never on the shm wire. */
 #define GW_FINISH_TOOL_CALL 64
