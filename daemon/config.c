@@ -1149,6 +1149,24 @@ static void keep_str(char **fresh, char *const *running, const char *field, int 
     (*n)++;
 }
 
+/* A restart-only field whose values have names: *fresh gets running back, the warning names
+ * both values. */
+static void keep_named(int *fresh, int running, const char *field, const char *fresh_name,
+                       const char *running_name, int *n)
+{
+    if (*fresh == running)
+        return;
+    LOG_WARN("config reload: %s changed (\"%s\" -> \"%s\"); it takes effect at restart", field,
+             running_name, fresh_name);
+    *fresh = running;
+    (*n)++;
+}
+
+static const char *log_format_name(int f)
+{
+    return f < 0 ? "(not set)" : f == LOG_FORMAT_JSON ? "json" : "text";
+}
+
 #define KEEP_NUM(field, name)                                                                 \
     do {                                                                                      \
         if (fresh->field != running->field) {                                                 \
@@ -1176,8 +1194,12 @@ int config_keep_restart_fields(struct config *fresh, const struct config *runnin
     KEEP_NUM(threads_per_worker, "threads_per_worker");
     KEEP_NUM(kv_budget_mb, "kv_budget_mb");
     KEEP_NUM(lora_weights_bf16, "lora_weights");
-    KEEP_NUM(log_format, "log_format");
-    KEEP_NUM(kv_dtype, "kv_dtype");
+    keep_named(&fresh->log_format, running->log_format, "log_format",
+               log_format_name(fresh->log_format), log_format_name(running->log_format), &n);
+    int kv = (int)fresh->kv_dtype;
+    keep_named(&kv, (int)running->kv_dtype, "kv_dtype", dtype_kv_name(fresh->kv_dtype),
+               dtype_kv_name(running->kv_dtype), &n);
+    fresh->kv_dtype = (enum dtype)kv;
     KEEP_NUM(hot_replicate, "hot_replication.enabled");
     KEEP_NUM(hot_repl_limit_mb, "hot_replication.limit_mb");
     KEEP_NUM(limits.max_message_bytes, "limits.max_message_bytes");

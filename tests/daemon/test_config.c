@@ -446,8 +446,9 @@ static void test_keep_kv_dtype_log_format(void **state)
     tu_log_capture_begin();
     assert_int_equal(config_keep_restart_fields(fresh, run), 2);
     tu_log_capture_end();
-    tu_assert_log_contains("kv_dtype changed", "log_format changed", "takes effect at restart",
-                           NULL);
+    tu_assert_log_contains("kv_dtype changed (\"bf16\" -> \"fp8\")",
+                           "log_format changed (\"(not set)\" -> \"json\")",
+                           "takes effect at restart", NULL);
     assert_int_equal(fresh->kv_dtype, DT_BF16);
     assert_int_equal(fresh->log_format, -1);
     config_unref(run);
