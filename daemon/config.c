@@ -875,6 +875,7 @@ static void free_config(struct config *c)
     free(c->metrics_listen);
     free(c->http_listen);
     free(c->model_dir);
+    free(c->access_log);
     free(c->worker_binary);
     for (size_t i = 0; i < c->n_tenants; i++) {
         struct config_tenant *t = &c->tenants[i];
@@ -932,13 +933,50 @@ static int parse_lora_weights(struct walk *w, json_t *root, struct config *c)
     return rc;
 }
 
+/* "kv_dtype": the KV cache element type, one of dtype_kv_name()'s names (docs/KV.md) */
+static int parse_kv_dtype(struct walk *w, json_t *root, struct config *c)
+{
+    const char *s;
+    c->kv_dtype = DT_BF16;
+    int rc = get_string(w, root, "kv_dtype", 16, false, &s);
+    if (rc < 0 || !s || dtype_kv_from_name(s, &c->kv_dtype) == 0)
+        return rc;
+    size_t k = push_key(w, "kv_dtype");
+    char q[64];
+    rc = fail(w, ERR_FORMAT, "must be one of f32, f16, bf16, int8, fp8, got %s",
+              quote(s, strlen(s), q, sizeof q));
+    pop(w, k);
+    return rc;
+}
+
+/* "log_format": "text" or "json" (common/log.h); the daemon applies it at start (main.c) */
+static int parse_log_format(struct walk *w, json_t *root, struct config *c)
+{
+    const char *s;
+    c->log_format = -1;
+    int rc = get_string(w, root, "log_format", 16, false, &s);
+    if (rc < 0 || !s)
+        return rc;
+    enum log_format f;
+    if (log_format_parse(s, &f) == 0) {
+        c->log_format = (int)f;
+        return 0;
+    }
+    size_t k = push_key(w, "log_format");
+    char q[64];
+    rc = fail(w, ERR_FORMAT, "must be \"text\" or \"json\", got %s",
+              quote(s, strlen(s), q, sizeof q));
+    pop(w, k);
+    return rc;
+}
+
 int config_parse(const char *label, const char *base_dir, const char *json, size_t len,
                  const char *model_dir_override, struct config **out)
 {
     static const char *const keys[] = {
         "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
         "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
-        "supervisor", "lora_weights", "http", NULL};
+        "supervisor", "lora_weights", "http", "access_log", "log_format", "kv_dtype", NULL};
     struct walk w = {.label = label ? label : "config", .base_dir = base_dir ? base_dir : "/"};
     json_error_t jerr;
     int rc;
@@ -965,6 +1003,7 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         (rc = parse_tls(&w, root, c)) < 0 || (rc = parse_metrics(&w, root, c)) < 0 ||
         (rc = parse_http(&w, root, c)) < 0 ||
         (rc = get_path(&w, root, "worker_binary", &c->worker_binary)) < 0 ||
+        (rc = get_path(&w, root, "access_log", &c->access_log)) < 0 ||
         (rc = get_u32(&w, root, "workers", 0, CONFIG_MAX_WORKERS, 0, &c->workers)) < 0 ||
         (rc = get_u32(&w, root, "threads_per_worker", 0, 1024, 0, &c->threads_per_worker)) < 0 ||
         (rc = get_uint(&w, root, "kv_budget_mb", 0, 1u << 24, 0, &c->kv_budget_mb)) < 0 ||
@@ -972,7 +1011,8 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         (rc = get_seconds(&w, root, "drain_timeout_s", 0, 86400, 30, &c->drain_timeout_s)) < 0 ||
         (rc = parse_supervisor(&w, root, c)) < 0 || (rc = parse_hot(&w, root, c)) < 0 ||
         (rc = parse_adapters(&w, root, c)) < 0 || (rc = parse_tenants(&w, root, c)) < 0 ||
-        (rc = parse_lora_weights(&w, root, c)) < 0)
+        (rc = parse_lora_weights(&w, root, c)) < 0 || (rc = parse_log_format(&w, root, c)) < 0 ||
+        (rc = parse_kv_dtype(&w, root, c)) < 0)
         goto fail;
 
     if (model_dir_override) {
@@ -1109,6 +1149,24 @@ static void keep_str(char **fresh, char *const *running, const char *field, int 
     (*n)++;
 }
 
+/* A restart-only field whose values have names: *fresh gets running back, the warning names
+ * both values. */
+static void keep_named(int *fresh, int running, const char *field, const char *fresh_name,
+                       const char *running_name, int *n)
+{
+    if (*fresh == running)
+        return;
+    LOG_WARN("config reload: %s changed (\"%s\" -> \"%s\"); it takes effect at restart", field,
+             running_name, fresh_name);
+    *fresh = running;
+    (*n)++;
+}
+
+static const char *log_format_name(int f)
+{
+    return f < 0 ? "(not set)" : f == LOG_FORMAT_JSON ? "json" : "text";
+}
+
 #define KEEP_NUM(field, name)                                                                 \
     do {                                                                                      \
         if (fresh->field != running->field) {                                                 \
@@ -1136,6 +1194,12 @@ int config_keep_restart_fields(struct config *fresh, const struct config *runnin
     KEEP_NUM(threads_per_worker, "threads_per_worker");
     KEEP_NUM(kv_budget_mb, "kv_budget_mb");
     KEEP_NUM(lora_weights_bf16, "lora_weights");
+    keep_named(&fresh->log_format, running->log_format, "log_format",
+               log_format_name(fresh->log_format), log_format_name(running->log_format), &n);
+    int kv = (int)fresh->kv_dtype;
+    keep_named(&kv, (int)running->kv_dtype, "kv_dtype", dtype_kv_name(fresh->kv_dtype),
+               dtype_kv_name(running->kv_dtype), &n);
+    fresh->kv_dtype = (enum dtype)kv;
     KEEP_NUM(hot_replicate, "hot_replication.enabled");
     KEEP_NUM(hot_repl_limit_mb, "hot_replication.limit_mb");
     KEEP_NUM(limits.max_message_bytes, "limits.max_message_bytes");

@@ -22,6 +22,8 @@
 #ifndef CLOCHER_DAEMON_CONFIG_H
 #define CLOCHER_DAEMON_CONFIG_H
 
+#include "dtype.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -108,9 +110,16 @@ struct config {
 
     char *model_dir;                 /* absolute IEBIN model directory */
     char *worker_binary;             /* NULL = found beside clocherd (docs/DAEMON.md) */
+    char *access_log;                /* absolute path of the access log (one JSON line per
+                                      * finished request, daemon/stats.h); NULL = none.
+                                      * Reopened on reload (log rotation) */
     uint32_t workers;                /* 0 = one per NUMA node with CPUs */
     uint32_t threads_per_worker;     /* 0 = every CPU of the worker's share */
     uint64_t kv_budget_mb;           /* per worker; 0 = the engine's default */
+    enum dtype kv_dtype;             /* "kv_dtype": the workers' KV cache element type
+                                      * (--kv-dtype, docs/KV.md); default DT_BF16 */
+    int log_format;                  /* "log_format": enum log_format (common/log.h), -1 = not
+                                      * given (then $CLOCHER_LOG_FORMAT, else text) */
     bool lora_weights_bf16;          /* "lora_weights": "bf16" (workers round adapters to bf16,
                                       * --lora-weights bf16) or "auto" (default) */
     bool hot_replicate;              /* IE_HOT_REPLICATE for workers */

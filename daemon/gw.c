@@ -52,14 +52,6 @@ static const char *const method_paths[GW_METHODS] = {
     [GW_HEALTH_WATCH] = "/grpc.health.v1.Health/Watch",
 };
 
-/* The gateway with what only this file holds (struct gw is gw_internal.h's, shared). */
-struct gw_own {
-    struct gw g; /* first: a struct gw * is a struct gw_own * */
-    struct gw_reflect *reflect;
-};
-
-static struct gw_own *own_of(struct gw *g) { return (struct gw_own *)(void *)g; }
-
 static void on_arrival(struct gw_tag *t, bool ok);
 
 /* ---- new calls ---- */
@@ -188,10 +180,9 @@ static int add_port(struct gw *g, const char *addr, grpc_server_credentials *cr)
 int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
 {
     *out = NULL;
-    struct gw_own *own = calloc(1, sizeof *own);
-    if (!own)
+    struct gw *g = calloc(1, sizeof *g);
+    if (!g)
         return -ENOMEM;
-    struct gw *g = &own->g;
     g->magic = GW_MAGIC;
     g->w = w;
     g->loop = loop;
@@ -207,7 +198,7 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     gw__tag_set(&g->t_shutdown, gw__cq_on_shutdown, g);
     g->n_slots = w->n;
     if (!(g->slots = calloc(w->n, sizeof *g->slots))) {
-        free(own);
+        free(g);
         return -ENOMEM;
     }
     for (size_t i = 0; i < w->n; i++) {
@@ -243,7 +234,7 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     for (int m = 0; m < GW_METHODS; m++)
         g->methods[m] = grpc_server_register_method(g->server, method_paths[m], NULL,
                                                     GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-    int rc = gw_reflect_create(g->server, g->cq, &own->reflect);
+    int rc = gw_reflect_create(g->server, g->cq, &g->reflect);
     grpc_server_credentials *cr = rc < 0 ? NULL : server_creds(c);
     if (rc < 0) {
         /* logged by gw_reflect_create */
@@ -252,14 +243,10 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
     } else {
         if (c->listen_tcp)
             rc = add_port(g, c->listen_tcp, cr);
-        if (rc == 0 && c->listen_unix && !c->tls_cert) {
-            /* ours: gRPC's would take a live socket over (gw_conn.c) */
+        /* ours, plaintext only: gRPC's would take a live socket over (gw_conn.c); TLS with
+         * listen.unix is refused at config time (config.c) */
+        if (rc == 0 && c->listen_unix)
             rc = gw__conn_listen_unix(g, c->listen_unix);
-        } else if (rc == 0 && c->listen_unix && (rc = gw__conn_unix_free(c->listen_unix)) == 0) {
-            char addr[4200];
-            snprintf(addr, sizeof addr, "unix:%s", c->listen_unix);
-            rc = add_port(g, addr, cr);
-        }
         grpc_server_credentials_release(cr);
     }
     config_unref(c);
@@ -280,7 +267,7 @@ int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out)
         for (int k = 0; k < ahead; k++)
             request_call(g, (enum gw_method)m);
     }
-    gw_reflect_start(own->reflect);
+    gw_reflect_start(g->reflect);
     /* GW_CQ_THREADS of them: a thread waiting on the queue also does gRPC's reading, and one
      * alone falls behind a flood of streams it reads (rapid reset is then seen seconds late) */
     int e = 0;
@@ -316,7 +303,7 @@ void gw_destroy(struct gw *g)
         return;
     atomic_store(&g->stopping, true);
     atomic_store(&g->accepting, false);
-    gw_reflect_stop(own_of(g)->reflect);
+    gw_reflect_stop(g->reflect);
     if (g->w->hooks == &g->hooks)
         g->w->hooks = NULL;
     gw__conn_stop(g); /* before the server goes: it adds connections to it */
@@ -362,7 +349,7 @@ void gw_destroy(struct gw *g)
     pthread_mutex_destroy(&g->adapters_mu);
     pthread_mutex_destroy(&g->conn_mu);
     pthread_mutex_destroy(&g->quota_mu);
-    gw_reflect_destroy(own_of(g)->reflect); /* its calls ended with the queue */
+    gw_reflect_destroy(g->reflect); /* its calls ended with the queue */
     g->magic = 0;
-    free(own_of(g));
+    free(g);
 }

@@ -118,6 +118,15 @@ void gw__adapter_remove(struct gw *g, const char *name)
     pthread_mutex_unlock(&g->adapters_mu);
 }
 
+const char *gw__adapter_source(struct gw *g, const char *name)
+{
+    pthread_mutex_lock(&g->adapters_mu);
+    struct gw_adapter *a = adapter_find(g, name);
+    bool from_config = a && a->from_config;
+    pthread_mutex_unlock(&g->adapters_mu);
+    return from_config ? "config" : "runtime";
+}
+
 /* Its command line held the configuration's adapters as they were when the worker was
  * spawned, so it gets LOADs for run-time loads and UNLOADs for run-time unloads, and, when a
  * reload changed an adapter after the spawn, the adapter's new state (a LOAD it already has is

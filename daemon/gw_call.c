@@ -398,16 +398,24 @@ static void consume_pending(struct gw_item *it)
         it->text[0] = '\0';
 }
 
-/* A chat piece's run: a new one when its text opens another channel. */
-static void note_run(struct gw_item *it, const struct shm_msg_token *t)
+/* A chat piece's run: a new one when its text opens another channel. 0, or -ENOMEM when the
+ * run table cannot grow (the caller fails the item). */
+static int note_run(struct gw_item *it, const struct shm_msg_token *t)
 {
     if (!t->channel && !it->n_segs)
-        return; /* not a chat */
-    if (it->n_segs == 0 || (t->text_len && it->segs[it->n_segs - 1].channel != t->channel &&
-                            it->n_segs < GW_MAX_SEGS)) {
+        return 0; /* not a chat */
+    if (it->n_segs == 0 ||
+        (t->text_len && it->segs[it->n_segs - 1].channel != t->channel)) {
         if (it->n_segs && it->segs[it->n_segs - 1].text_end == 0 &&
             it->segs[it->n_segs - 1].ids_end == 0)
             it->n_segs--; /* empty */
+        if (it->n_segs == it->cap_segs) {
+            size_t cap = it->cap_segs ? 2 * it->cap_segs : 4;
+            struct gw_seg *p = realloc(it->segs, cap * sizeof *p);
+            if (!p)
+                return -ENOMEM;
+            it->segs = p, it->cap_segs = cap;
+        }
         it->segs[it->n_segs++] = (struct gw_seg){.channel = (uint32_t)t->channel,
                                                  .text_end = it->text_len,
                                                  .ids_end = it->n_ids};
@@ -417,6 +425,7 @@ static void note_run(struct gw_item *it, const struct shm_msg_token *t)
         sg->channel = (uint32_t)t->channel; /* a run without text yet takes the text's channel */
     sg->text_end = it->text_len + t->text_len;
     sg->ids_end = it->n_ids + (t->token >= 0);
+    return 0;
 }
 
 /* Generate: the next message; *end when the call ends with it (status in *st, *detail). */
@@ -546,6 +555,7 @@ static grpc_byte_buffer *unary_answer(struct gw_call *c, int *st, const char **d
         Clocher__V1__AdapterInfo a = CLOCHER__V1__ADAPTER_INFO__INIT;
         char *mods[7];
         adapter_info(best, q->name, &a, mods);
+        a.source = (char *)gw__adapter_source(c->g, q->name);
         r.adapter = &a;
         return pack(&r.base);
     }
@@ -729,9 +739,8 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
     switch (m->type) {
     case SHM_MSG_TOKEN:
         unqueue(c, it);
-        note_run(it, &m->token);
         it->tool_call |= m->token.call;
-        if ((m->token.token >= 0 && append_id(it, m->token.token) < 0) ||
+        if (note_run(it, &m->token) < 0 || (m->token.token >= 0 && append_id(it, m->token.token) < 0) ||
             (m->token.has_logprob && append_logprobs(it, &m->token) < 0) ||
             append_text(&it->text, &it->text_len, &it->text_cap, m->token.text,
                         m->token.text_len) < 0)
@@ -760,9 +769,7 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
             it->error = strdup(why);
         }
         if (g->stats)
-            stats_generation(g->stats, c->tenant, m->finish.prompt_tokens,
-                             m->finish.completion_tokens, m->finish.cached_tokens,
-                             m->finish.ttft_ns, m->finish.tpot_ns, m->finish.e2e_ns);
+            stats_finish(g->stats, c->tenant, it->adapter, &m->finish);
         break;
     }
     case SHM_MSG_ERROR:
@@ -1283,6 +1290,7 @@ static void start_list_adapters(struct gw_call *c)
         infos[k] = init;
         adapter_info(&tmp, a->name, &infos[k], mods[k]);
         infos[k].has_active_requests = 0;
+        infos[k].source = (char *)(a->from_config ? "config" : "runtime");
         ptrs[k] = &infos[k];
         k++;
     }

@@ -36,7 +36,7 @@ void gw__call_ref(struct gw_call *c) { atomic_fetch_add(&c->refs, 1); }
 static void item_free(struct gw_item *it)
 {
     free(it->ids), free(it->text), free(it->error), free(it->ans_ids), free(it->ans_text);
-    free(it->lps), free(it->lp_bytes);
+    free(it->lps), free(it->lp_bytes), free(it->segs);
 }
 
 void gw__call_unref(struct gw_call *c)

@@ -98,7 +98,8 @@ static int unix_live(const char *path, const struct sockaddr_un *a)
     return -e;
 }
 
-int gw__conn_unix_free(const char *path)
+/* 0 if no other process serves path, -EADDRINUSE if one does (logged). */
+static int unix_free(const char *path)
 {
     struct sockaddr_un a;
     int rc = unix_addr(path, &a);
@@ -117,7 +118,7 @@ int gw__conn_listen_unix(struct gw *g, const char *path)
 {
     struct sockaddr_un a;
     int rc = unix_addr(path, &a);
-    if (rc < 0 || (rc = gw__conn_unix_free(path)) < 0)
+    if (rc < 0 || (rc = unix_free(path)) < 0)
         return rc;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {

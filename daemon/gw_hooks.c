@@ -5,6 +5,7 @@
  */
 #include "gw_internal.h"
 #include "log.h"
+#include "stats.h"
 
 #include <stdio.h>
 
@@ -45,6 +46,9 @@ static void hook_config(void *ud, const struct config *fresh)
     struct gw *g = ud;
     size_t added, changed, dropped;
     gw__adapters_reload(g, fresh, &added, &changed, &dropped);
+    /* reopened (log rotation: the old file was moved away), started or stopped; a file that
+     * cannot be opened is logged there and the log open before stays */
+    (void)stats_open_access_log(g->stats, fresh->access_log);
     LOG_INFO("gateway: configuration reloaded: %zu tenants; adapters %zu added, %zu changed, "
              "%zu dropped",
              fresh->n_tenants, added, changed, dropped);

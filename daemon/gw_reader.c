@@ -113,6 +113,8 @@ static void dispatch(struct gw_slot *s, const struct shm_msg *m)
             LOG_WARN("worker %u: %s", s->index, m->error.message);
         return;
     }
+    if (g->stats)
+        stats_track(g->stats, s->index, m, mono_ns()); /* vllm:inter_token_latency_seconds */
     pthread_mutex_lock(&s->mu);
     struct gw_entry *e = final ? gw__table_take(s, id) : gw__table_find(s, id);
     struct gw_call *c = e ? e->call : NULL;

@@ -62,7 +62,8 @@ static void usage(FILE *f)
             "                           http.listen; docs/HTTP.md)\n"
             "      --log-format FMT     text (default) or json: one JSON object per line (ts,\n"
             "                           level, prog, pid, msg, fields); the workers follow\n"
-            "                           (also $%s; docs/OPERATIONS.md)\n"
+            "                           (overrides log_format, itself over $%s;\n"
+            "                           docs/OPERATIONS.md)\n"
             "  -h, --help               this text\n"
             "      --version            the version\n"
             "\n"
@@ -155,6 +156,19 @@ static int find_worker(const char *opt, const struct config *c, char *out, size_
     return -ENOENT;
 }
 
+/* Logs in format f from now on, and so do the workers (started with our environment). */
+static int use_log_format(enum log_format f)
+{
+    log_set_format(f);
+    const char *name = f == LOG_FORMAT_JSON ? "json" : "text";
+    if (setenv(LOG_ENV_FORMAT, name, 1) != 0) {
+        int e = errno;
+        LOG_ERR("setenv(%s): %s", LOG_ENV_FORMAT, strerror(e));
+        return -e;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     enum { OPT_WORKER_BIN = 256, OPT_TOPO, OPT_CHECK, OPT_PLAN, OPT_VERSION, OPT_HTTP,
@@ -176,7 +190,7 @@ int main(int argc, char **argv)
     };
     const char *config_path = NULL, *model_dir = NULL, *worker_opt = NULL, *http_opt = NULL;
     const char *topo_root = getenv(TOPO_ENV_ROOT);
-    bool check_only = false, plan_only = false;
+    bool check_only = false, plan_only = false, log_format_given = false;
     int workers_override = -1;
 
     log_set_ident("clocherd");
@@ -214,13 +228,9 @@ int main(int argc, char **argv)
                         optarg);
                 return SUP_EXIT_FATAL;
             }
-            log_set_format(f);
-            /* the workers, started with our environment, log the same way */
-            if (setenv(LOG_ENV_FORMAT, optarg, 1) != 0) {
-                int e = errno;
-                fprintf(stderr, "clocherd: setenv(%s): %s\n", LOG_ENV_FORMAT, strerror(e));
+            if (use_log_format(f) < 0)
                 return SUP_EXIT_FAILURE;
-            }
+            log_format_given = true;
             break;
         }
         default: usage(stderr); return SUP_EXIT_FATAL;
@@ -254,6 +264,12 @@ int main(int argc, char **argv)
     }
     if (rc < 0)
         return SUP_EXIT_FATAL; /* the reason was logged where it was found */
+    /* the key: unless --log-format said otherwise (the flag wins) */
+    if (!log_format_given && cfg->log_format >= 0 &&
+        use_log_format((enum log_format)cfg->log_format) < 0) {
+        config_unref(cfg);
+        return SUP_EXIT_FAILURE;
+    }
     /* --print-plan alone is about placement: it may name a model that is not here */
     if ((check_only || !plan_only) && check_model(cfg, model_dir != NULL, check_only) < 0) {
         config_unref(cfg);
@@ -330,6 +346,8 @@ int main(int argc, char **argv)
     if (stats_create(w->n, &stats) < 0)
         goto out_workers;
     w->stats = stats;
+    if (cptr.cur->access_log && stats_open_access_log(stats, cptr.cur->access_log) < 0)
+        goto out_workers;
     if (gw_create(w, &loop, &gw) < 0)
         goto out_workers;
     if (metrics_create(w, &loop, &metrics) < 0)

@@ -244,6 +244,7 @@ static void worker_args(const struct sup *s, const struct workers_slot *ws, uint
     h->parent_pid = getpid();
     if (c->lora_weights_bf16)
         h->lora_weights = HERITAGE_LORA_WEIGHTS_BF16;
+    h->kv_dtype = dtype_kv_name(c->kv_dtype);
     for (size_t i = 0; i < c->n_adapters && i < HERITAGE_MAX_ADAPTERS; i++) {
         h->adapters_name[i] = c->adapters[i].name;
         h->adapters_dir[i] = c->adapters[i].dir;

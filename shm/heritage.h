@@ -72,12 +72,17 @@
       "clocherd's pid: exit at once if it is already gone (0: no check)")                        \
     X(lora_weights, "lora-weights", STR, HERITAGE_LORA_WEIGHTS_CHOICES,                          \
       HERITAGE_LORA_WEIGHTS_AUTO, 0, IF_SET, "LoRA weight packing (docs/LORA.md)")               \
+    X(kv_dtype, "kv-dtype", STR, HERITAGE_KV_DTYPE_CHOICES, HERITAGE_KV_DTYPE_DEFAULT, 0, IF_SET,  \
+      "KV cache element type (docs/KV.md)")                                                      \
     X(adapters, "adapter", LIST, "NAME=DIR", NULL, 0, IF_SET, "load this LoRA adapter at start")
 
 /* --lora-weights values: the worker's lora_pack_parse reads them (it owns their meaning). */
 #define HERITAGE_LORA_WEIGHTS_AUTO "auto"
 #define HERITAGE_LORA_WEIGHTS_BF16 "bf16"
 #define HERITAGE_LORA_WEIGHTS_CHOICES "auto|bf16"
+/* --kv-dtype values: dtype_kv_name()'s names (common/dtype.h); the worker's engine reads them */
+#define HERITAGE_KV_DTYPE_DEFAULT "bf16"
+#define HERITAGE_KV_DTYPE_CHOICES "f32|f16|bf16|int8|fp8"
 
 #define HERITAGE_FIELD_NUM(f) int64_t f;
 #define HERITAGE_FIELD_STR(f) const char *f;

@@ -114,13 +114,13 @@ struct gw_item {
     char *text;
     size_t text_len, text_cap;
     /* chat: the pending output's channel runs in order (each ends at text_end/ids_end); a
-     * piece without text joins the last run. At most GW_MAX_SEGS wait: beyond, the sender is
-     * that far behind and a new run joins the last (its channel then is the last's). */
+     * piece without text joins the last run. Grown as a slow client lets runs pile up (like
+     * the text they delimit), so every run keeps its own channel. */
     struct gw_seg {
         uint32_t channel;      /* enum shm_channel */
         size_t text_end, ids_end;
-    } segs[16];
-    size_t n_segs;
+    } *segs;                   /* [n_segs] of cap_segs */
+    size_t n_segs, cap_segs;
     bool tool_call;            /* chat: the reply ended on harmony's <|call|> (SHM_TOKEN_CALL) */
     uint64_t sent_tokens;      /* tokens already handed to gRPC */
     /* logprobs requests: one entry per pending id (gRPC sends them with their ids; an
@@ -144,7 +144,6 @@ struct gw_item {
     bool queued;                   /* counted in its tenant's max_queued until a token or its end */
 };
 
-#define GW_MAX_SEGS 16u
 /* The finish reason gw_ext_take_chat reports for a reply that ended with a tool call (an EOS
  * whose last id was <|call|>): the gateway's own value, never on the shm wire. */
 #define GW_FINISH_TOOL_CALL 64
@@ -267,6 +266,8 @@ struct gw_peer {
     uint32_t resets;
 };
 
+struct gw_reflect;
+
 struct gw {
     uint32_t magic;
     struct workers *w;
@@ -280,6 +281,7 @@ struct gw {
     bool cq_started;
     void *methods[GW_METHODS];
     struct gw_tag t_shutdown;
+    struct gw_reflect *reflect;    /* gRPC server reflection (gw_reflect.c), gw.c's alone */
     atomic_bool shutdown_seen;
 
     atomic_bool accepting;         /* false once the supervisor drains */
@@ -332,8 +334,6 @@ void gw__call_unref(struct gw_call *c);
 /* ---- gw_conn.c: connections (the Unix listener, rapid-reset accounting) ---- */
 /* Listens on path, refusing a live socket of another process and removing a stale one. */
 int gw__conn_listen_unix(struct gw *g, const char *path);
-/* Only that check (for gRPC's own Unix listener, used with TLS): 0 or -EADDRINUSE. */
-int gw__conn_unix_free(const char *path);
 /* Starts the connection thread (accepts on the Unix socket; gives memory back). */
 int gw__conn_start(struct gw *g);
 /* Stops it, closes and removes our Unix socket. Before the server is destroyed. */
@@ -375,6 +375,8 @@ bool gw__adapter_known(void *gw, const char *name);
 void gw__adapter_add(struct gw *g, const char *name, const char *dir,
                      const struct shm_msg_adapter *info);
 void gw__adapter_remove(struct gw *g, const char *name);
+/* Where a served adapter comes from (AdapterInfo.source): "config" or "runtime". */
+const char *gw__adapter_source(struct gw *g, const char *name);
 /* Makes what a fresh worker serves match the registry (slot->mu held, reader thread). */
 void gw__adapters_replay(struct gw *g, struct gw_slot *s, uint32_t generation);
 /* A reload: the registry follows fresh's adapters and tells the serving workers (supervisor's

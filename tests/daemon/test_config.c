@@ -77,6 +77,9 @@ static void test_defaults(void **state)
     assert_int_equal(c->n_tenants, 0);
     assert_int_equal(c->n_adapters, 0);
     assert_false(c->hot_replicate);
+    assert_int_equal(c->kv_dtype, DT_BF16);
+    assert_int_equal(c->log_format, -1);
+    assert_null(c->access_log);
     config_unref(c);
 }
 
@@ -88,7 +91,8 @@ static void test_full(void **state)
         " \"metrics\": {\"listen\": null},\n"
         " \"model_dir\": \"models/tiny\", \"worker_binary\": \"/usr/libexec/clocher-worker\",\n"
         " \"workers\": 2, \"threads_per_worker\": 4, \"kv_budget_mb\": 512,\n"
-        " \"lora_weights\": \"bf16\",\n"
+        " \"lora_weights\": \"bf16\", \"kv_dtype\": \"int8\", \"log_format\": \"json\",\n"
+        " \"access_log\": \"log/access.log\",\n"
         " \"limits\": {\"max_message_bytes\": 65536, \"max_prompt_tokens\": 100,\n"
         "            \"max_tokens\": 50, \"max_streams_per_connection\": 8, \"max_queue\": 3},\n"
         " \"drain_timeout_s\": 2.5,\n"
@@ -112,6 +116,9 @@ static void test_full(void **state)
     assert_int_equal(c->threads_per_worker, 4);
     assert_int_equal(c->kv_budget_mb, 512);
     assert_true(c->lora_weights_bf16);
+    assert_int_equal(c->kv_dtype, DT_KV_I8);
+    assert_int_equal(c->log_format, LOG_FORMAT_JSON);
+    assert_string_equal(c->access_log, "/etc/clocherd/log/access.log");
     assert_int_equal(c->limits.max_message_bytes, 65536);
     assert_int_equal(c->limits.max_prompt_tokens, 100);
     assert_int_equal(c->limits.max_tokens, 50);
@@ -169,6 +176,13 @@ static const struct bad bads[] = {
      "lora_weights: must be \"auto\" or \"bf16\"", "int3"},
     {"{\"model_dir\": \"/m\", \"lora_weights\": true}", ERR_FORMAT, "lora_weights",
      "must be a string"},
+    {"{\"model_dir\": \"/m\", \"kv_dtype\": \"q4_0\"}", ERR_FORMAT,
+     "kv_dtype: must be one of f32, f16, bf16, int8, fp8", "q4_0"},
+    {"{\"model_dir\": \"/m\", \"kv_dtype\": 8}", ERR_FORMAT, "kv_dtype", "must be a string"},
+    {"{\"model_dir\": \"/m\", \"log_format\": \"xml\"}", ERR_FORMAT,
+     "log_format: must be \"text\" or \"json\"", "xml"},
+    {"{\"model_dir\": \"/m\", \"access_log\": \"\"}", ERR_FORMAT, "access_log",
+     "must not be empty"},
     {"{\"model_dir\": \"/m\", \"limits\": 3}", ERR_FORMAT, "limits", "must be an object"},
     {"{\"model_dir\": \"/m\", \"limits\": {\"max_tokenz\": 3}}", ERR_FORMAT, "limits",
      "unknown key \"max_tokenz\""},
@@ -422,6 +436,25 @@ static void test_example_file(void **state)
     config_unref(c);
 }
 
+/* kv_dtype and log_format are restart-only: a reload keeps the running values, saying so */
+static void test_keep_kv_dtype_log_format(void **state)
+{
+    (void)state;
+    struct config *run = parse_ok("{\"model_dir\": \"/m\"}");
+    struct config *fresh =
+        parse_ok("{\"model_dir\": \"/m\", \"kv_dtype\": \"fp8\", \"log_format\": \"json\"}");
+    tu_log_capture_begin();
+    assert_int_equal(config_keep_restart_fields(fresh, run), 2);
+    tu_log_capture_end();
+    tu_assert_log_contains("kv_dtype changed (\"bf16\" -> \"fp8\")",
+                           "log_format changed (\"(not set)\" -> \"json\")",
+                           "takes effect at restart", NULL);
+    assert_int_equal(fresh->kv_dtype, DT_BF16);
+    assert_int_equal(fresh->log_format, -1);
+    config_unref(run);
+    config_unref(fresh);
+}
+
 static void test_keep_restart_fields(void **state)
 {
     (void)state;
@@ -505,6 +538,7 @@ int main(void)
         cmocka_unit_test(test_load_file),
         cmocka_unit_test(test_example_file),
         cmocka_unit_test(test_keep_restart_fields),
+        cmocka_unit_test(test_keep_kv_dtype_log_format),
         cmocka_unit_test(test_snapshot_swap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

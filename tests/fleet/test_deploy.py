@@ -6,7 +6,8 @@ agrees with clocherd:
     HEALTHCHECK name the ports the container's configuration listens on, which are clocherd's
     defaults (daemon/config.c) on every interface, and the path the metrics endpoint serves;
   - the image runs as a non-root user, the same uid the Deployment asks for;
-  - both configurations pass `clocherd --check-config` (with a model directory of their own);
+  - both configurations pass `clocherd --check-config` (with a model directory of their own,
+    stories260K from CLOCHER_FIXTURES);
   - the InferencePool selects the Deployment's pods on the HTTP port, its InferenceModels name
     the pool and adapters the configuration declares;
   - every dashboard panel has PromQL on the dashboard's data-source variable, ids are unique.
@@ -55,14 +56,19 @@ def defaults():
 
 
 def check_config(cfg, what):
-    """clocherd --check-config on cfg, its model_dir and adapter folders pointed at empty
-    folders of our own (it checks the configuration, not the model)."""
+    """clocherd --check-config on cfg, its model_dir pointed at stories260K converted by
+    `clocher convert` (--check-config checks the model folder too) and its adapter folders at
+    empty folders of our own."""
     clocherd = os.path.join(BUILD, "daemon", "clocherd")
-    if not os.access(clocherd, os.X_OK):
+    clocher = os.path.join(BUILD, "client", "clocher")
+    fx = os.path.join(os.environ.get("CLOCHER_FIXTURES", ""), "stories260K", "stories260K.bin")
+    if not os.access(clocherd, os.X_OK) or not os.access(clocher, os.X_OK):
         return
+    check(os.path.exists(fx), "fixture %s not found (set CLOCHER_FIXTURES)" % fx)
     with tempfile.TemporaryDirectory() as d:
         cfg = dict(cfg, model_dir=os.path.join(d, "model"))
-        os.mkdir(cfg["model_dir"])
+        subprocess.run([clocher, "convert", fx, cfg["model_dir"], "--dtype", "f32"], check=True,
+                       capture_output=True)
         for name in cfg.get("adapters", {}):
             cfg["adapters"][name] = os.path.join(d, name)
             os.mkdir(cfg["adapters"][name])

@@ -7,6 +7,7 @@ gRPC:
   - per-adapter counters, and clocher_adapter_info's source: "config" for ad1, "runtime" for an
     adapter LoadAdapter put on this host only (whose reply, like ListAdapters, says so);
   - vllm:lora_requests_info names ad1 as running while its stream is generating;
+  - the config key access_log: one JSON line per finished generation in that file;
   - `promtool check metrics` accepts the scrape;
   - every panel of deploy/grafana/clocher.json reads only metric names the scrape has, and
     promtool parses every expression.
@@ -16,6 +17,7 @@ import http.client
 import json
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.environ["CLOCHER_SOURCE_DIR"], "tests", "http"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +42,9 @@ def lora_info(text):
 
 
 def main():
-    d = httptest.start_daemon()
+    logdir = tempfile.mkdtemp(prefix="clocher-accesslog-")
+    access_log = os.path.join(logdir, "access.log")
+    d = httptest.start_daemon(access_log=access_log)
     try:
         base = d.model_name
         gens = []  # completion tokens of each generation
@@ -50,6 +54,12 @@ def main():
         ids, _ = gwtest.generate(d.stub, md, prompt="Hello there", max_tokens=7, adapter="ad1")
         gens.append(len(ids))
         assert all(g >= 1 for g in gens), gens
+
+        # the access log (config key access_log): one line per generation, in finishing order
+        with open(access_log) as f:
+            lines = [json.loads(line) for line in f]
+        assert [e["completion_tokens"] for e in lines] == gens, (lines, gens)
+        assert all(e["tenant"] == "alice" and e["status"] == "ok" for e in lines), lines
 
         # a run-time load: host-local, and said so
         ad2 = gwtest.adapter(gwtest.demo_model(), "ad2", seed=5)
@@ -130,6 +140,9 @@ def main():
         return 0
     finally:
         rc = d.stop()
+        for n in os.listdir(logdir):
+            os.unlink(os.path.join(logdir, n))
+        os.rmdir(logdir)
         assert rc == 0, "clocherd exited with %s (its log is above)" % rc
 
 

@@ -213,6 +213,28 @@ def test_log_format_refuses_an_unknown_format():
     assert p.returncode == 2 and "--log-format" in p.stderr and "xml" in p.stderr, p.stderr
 
 
+def test_log_format_key_and_the_flag_over_it(tmp_path):
+    """"log_format": "json" in the file makes the lines after it JSON; --log-format text wins;
+    a value that is neither is refused naming the key."""
+    missing = str(tmp_path / "no-such-model")
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model_dir": missing, "log_format": "json"}))
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOCHER_LOG_FORMAT", "JOURNAL_STREAM")}
+    p = subprocess.run([T.CLOCHERD, "--config", str(cfg), "--check-config"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.splitlines()
+    assert lines and all(json.loads(ln)["prog"] == "clocherd" for ln in lines), p.stderr
+    assert any(missing in json.loads(ln)["msg"] for ln in lines), p.stderr
+    p = subprocess.run([T.CLOCHERD, "--log-format", "text", "--config", str(cfg),
+                        "--check-config"], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and missing in p.stderr and not p.stderr.startswith("{"), p.stderr
+    cfg.write_text(json.dumps({"model_dir": missing, "log_format": "xml"}))
+    p = subprocess.run([T.CLOCHERD, "--config", str(cfg), "--check-config"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "log_format" in p.stderr and "xml" in p.stderr, p.stderr
+
+
 # ---- models users bring (issue 17): refused with the command that converts them ----
 
 def _hf_folder():

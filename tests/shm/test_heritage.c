@@ -117,6 +117,7 @@ static void full_args(struct heritage_args *h)
     h->max_prompt_tokens = 4096;
     h->parent_pid = 812;
     h->lora_weights = HERITAGE_LORA_WEIGHTS_BF16;
+    h->kv_dtype = "int8";
     h->n_adapters = 2;
     h->adapters_name[0] = "sql";
     h->adapters_dir[0] = "/a/sql";
@@ -165,7 +166,7 @@ static void test_roundtrip(void **state)
         "--control-fd", "3", "--region-fd", "4", "--cpus", "8-15", "--mem-node", "1",
         "--model-dir", "/var/lib/clocherd/models/x", "--threads", "8", "--kv-budget-mb", "2048",
         "--max-queue", "256", "--max-prompt-tokens", "4096", "--parent-pid", "812",
-        "--lora-weights", "bf16", "--adapter", "sql=/a/sql", "--adapter", "chat=/a/chat=v2",
+        "--lora-weights", "bf16", "--kv-dtype", "int8", "--adapter", "sql=/a/sql", "--adapter", "chat=/a/chat=v2",
         NULL};
     for (size_t i = 0; want[i] || v[i]; i++) {
         if (!want[i] || !v[i] || strcmp(want[i], v[i]) != 0)
@@ -179,6 +180,7 @@ static void test_roundtrip(void **state)
     /* the optional ones at their defaults are left out, and come back as defaults */
     h.mem_node = -1;
     h.lora_weights = HERITAGE_LORA_WEIGHTS_AUTO;
+    h.kv_dtype = HERITAGE_KV_DTYPE_DEFAULT;
     h.n_adapters = 0;
     h.kv_budget_mb = 0; /* ALWAYS: passed even at its default */
     v = heritage_argv_build("w", &h);
@@ -187,6 +189,7 @@ static void test_roundtrip(void **state)
     for (int i = 0; v[i]; i++) {
         assert_string_not_equal(v[i], "--mem-node");
         assert_string_not_equal(v[i], "--lora-weights");
+        assert_string_not_equal(v[i], "--kv-dtype");
         assert_string_not_equal(v[i], "--adapter");
     }
     assert_int_equal(heritage_args_parse(argc_of(v), v, &back), 0);
