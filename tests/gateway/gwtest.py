@@ -120,6 +120,9 @@ class Daemon:
             "workers": workers,
             "threads_per_worker": 1,
             "kv_budget_mb": 64,
+            # the daemon's default KV cache is bf16; these tests compare token ids with
+            # inference-engine's references, computed with an f32 cache
+            "kv_dtype": "f32",
             "drain_timeout_s": 20,
             "limits": dict({"max_message_bytes": 1 << 20, "max_prompt_tokens": 256,
                             "max_tokens": 1024, "max_streams_per_connection": 256,

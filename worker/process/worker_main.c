@@ -25,6 +25,7 @@
  * NOTES: single-threaded apart from the engine's own pool (serve.h). The SIGTERM handler only
  * sets a flag (nginx's rule); the loop's waits are bounded so the flag is seen promptly.
  */
+#include "dtype.h"
 #include "err.h"
 #include "heritage.h"
 #include "log.h"
@@ -46,6 +47,7 @@
 struct args {
     struct heritage_args h;
     enum lora_pack lora_weights;
+    enum dtype kv_dtype; /* the KV cache's element type (docs/KV.md) */
 };
 
 static volatile sig_atomic_t g_stop;
@@ -65,13 +67,19 @@ static void journal_sink(enum log_level level, const char *msg, void *ud)
     fprintf(stderr, "<%d>%s: %s\n", prio[level], (const char *)ud, msg);
 }
 
-/* heritage_args_parse, then what only the worker knows: the meaning of --lora-weights.
+/* heritage_args_parse, then what only the worker knows: the meaning of --lora-weights and
+ * --kv-dtype.
  * 0, HERITAGE_HELP, or ERR_USAGE (logged). */
 static int parse_args(int argc, char **argv, struct args *a)
 {
     int rc = heritage_args_parse(argc, argv, &a->h);
     if (rc == 0 && lora_pack_parse(a->h.lora_weights, &a->lora_weights) != 0)
         rc = ERR_USAGE;
+    if (rc == 0 && dtype_kv_from_name(a->h.kv_dtype, &a->kv_dtype) != 0) {
+        LOG_ERR("--kv-dtype %s: not a KV element type (f32, f16, bf16, int8 or fp8)",
+                a->h.kv_dtype);
+        rc = ERR_USAGE;
+    }
     return rc;
 }
 
@@ -217,6 +225,7 @@ int main(int argc, char **argv)
         .adapter_names = a.h.adapters_name,
         .adapter_dirs = a.h.adapters_dir,
         .lora_pack = (int)a.lora_weights,
+        .kv_dtype = a.kv_dtype,
         .mem_node = (int)a.h.mem_node,
         .hot_replicate = env.hot_replicate,
         .hot_limit_bytes = env.hot_repl_limit_mb << 20,
