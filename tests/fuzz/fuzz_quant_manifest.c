@@ -40,7 +40,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int r = qm_match(m, names[i], &d);
         bool known = d == DT_F32 || d == DT_F16 || d == DT_BF16 || d == DT_Q8_0 ||
                      d == DT_Q4_0 || d == DT_Q4_G64 || d == DT_Q4_G128 || d == DT_Q4Z_G32 ||
-                     d == DT_Q4Z_G64 || d == DT_Q4Z_G128;
+                     d == DT_Q4Z_G64 || d == DT_Q4Z_G128 || d == DT_Q4_K || d == DT_Q5_K ||
+                     d == DT_Q6_K;
         if (r == 0 ? !known : r != ERR_NOT_FOUND)
             abort();
     }
