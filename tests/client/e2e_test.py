@@ -12,8 +12,10 @@ for one check), with two tenants, then checks:
   client then reports it unreachable (exit 5).
 stories260K has no tokenizer, so prompts are token ids.
 """
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -80,6 +82,8 @@ def main():
     with open(os.path.join(FIXTURES, "stories260K", "golden.json")) as f:
         golden = json.load(f)
     tmp = tempfile.mkdtemp(prefix="clocher-e2e-")
+    if not os.environ.get("CLOCHER_KEEP_TMP"):  # the models it made: gone at exit
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     model, ad1, ad2 = (os.path.join(tmp, x) for x in ("model", "ad1", "ad2"))
     subprocess.run([CLOCHER, "convert", fx, model, "--dtype", "f32"], check=True,
                    capture_output=True)

@@ -9,8 +9,10 @@ Unix socket is refused at config time: exit 2 naming listen.unix, checked too); 
 plaintext client, an unknown CA and a wrong --tls-name are unreachable (exit 5, naming the
 address); mutual TLS works with --cert/--key and fails without (exit 5).
 """
+import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,6 +113,8 @@ def main():
         print(f"FAIL: fixture {fx} not found (set CLOCHER_FIXTURES)")
         return 1
     tmp = tempfile.mkdtemp(prefix="clocher-tls-")
+    if not os.environ.get("CLOCHER_KEEP_TMP"):  # the models it made: gone at exit
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     model = os.path.join(tmp, "model")
     subprocess.run([CLOCHER, "convert", fx, model, "--dtype", "f32"], check=True,
                    capture_output=True)

@@ -3,8 +3,10 @@ test time (Debian's grpc_tools), IEBIN models made by the build's own `clocher`,
 outputs from the in-process engine (`inference-engine`), and a real clocherd started on a Unix
 socket in a temporary directory (no fixed ports), stopped with SIGTERM.
 """
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +30,10 @@ CLOCHERD = os.path.join(BUILD, "daemon", "clocherd")
 ENGINE = os.path.join(BUILD, "worker", "inference-engine")
 
 _work = tempfile.mkdtemp(prefix="clocher-gw-")
+# the models and daemons of one pytest run take up to 0.5 GB: gone when it ends (a CI machine
+# runs the suite three times), kept for a look with CLOCHER_KEEP_TMP=1
+if not os.environ.get("CLOCHER_KEEP_TMP"):
+    atexit.register(shutil.rmtree, _work, ignore_errors=True)
 
 
 def _stubs():
