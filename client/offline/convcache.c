@@ -275,6 +275,24 @@ static void progress_line(void *arg, size_t done, size_t total)
     fflush(stderr);
 }
 
+/* mkdir -p: the default cache folder (~/.cache/clocher) may be the first under ~/.cache. */
+static int make_dirs(const char *dir)
+{
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+        return -ENAMETOOLONG;
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0')
+            continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            return -errno;
+        if (!(*s = c))
+            return 0;
+    }
+}
+
 int convcache_get(const char *cache_dir, const char *src, const struct convert_opts *o,
                   const char *dtype_name, char *out, size_t cap, bool *converted,
                   enum convert_fault *fault)
@@ -282,11 +300,10 @@ int convcache_get(const char *cache_dir, const char *src, const struct convert_o
     *converted = false;
     *fault = CONVERT_FAULT_SOURCE;
     int rc;
-    if (mkdir(cache_dir, 0755) != 0 && errno != EEXIST) {
-        int e = errno;
-        LOG_ERR("cache directory %s: cannot create it: %s", cache_dir, strerror(e));
+    if ((rc = make_dirs(cache_dir)) < 0) {
+        LOG_ERR("cache directory %s: cannot create it: %s", cache_dir, strerror(-rc));
         *fault = CONVERT_FAULT_OUTPUT;
-        return -e;
+        return rc;
     }
     if ((rc = convcache_entry(cache_dir, src, dtype_name, out, cap)) < 0)
         return rc;
