@@ -210,6 +210,25 @@ def test_clocherd_reports_a_failed_conversion(tmp_path):
     assert e.returncode == 3 and "exited with status 3" in e.stderr, e.stderr
 
 
+def test_sigterm_while_converting_stops_the_converter(tmp_path):
+    """clocherd stops its converter and exits 0; nothing half-converted becomes an entry."""
+    cache = str(tmp_path / "cache")
+    log = tmp_path / "clocherd.log"
+    with open(log, "w") as f:
+        p = subprocess.Popen([T.CLOCHERD, "--model-dir", synth_hf("demo", preset="demo"),
+                              "--cache-dir", cache, "--convert-dtype", "int4", "--workers", "1"],
+                             stdout=f, stderr=subprocess.STDOUT)
+    end = time.time() + 60
+    while "tensors (" not in log.read_text() and p.poll() is None and time.time() < end:
+        time.sleep(0.01)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 0, log.read_text()
+    text = log.read_text()
+    assert "SIGTERM while converting the model: stopping the converter" in text, text
+    assert "stopped while converting the model" in text and "worker 0: started" not in text
+    assert entries(cache)[0] == []
+
+
 # ---- the refusal kept (--no-convert, convert.enabled false) ----
 
 @pytest.mark.parametrize("how", ["flag", "config", "engine"])
