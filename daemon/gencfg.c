@@ -26,7 +26,8 @@ static int get_num(const char *path, json_t *s, const char *key, double lo, bool
                 json_is_string(x) ? "a string" : "another type");
         return ERR_FORMAT;
     }
-    double d = json_number_value(x);
+    /* checked as the float the sampler gets: a top_p of 1e-50 is 0 there */
+    double d = strcmp(key, "top_k") == 0 ? json_number_value(x) : (float)json_number_value(x);
     if (!isfinite(d) || d < lo || (lo_open && d == lo) || d > hi) {
         LOG_ERR("%s: sampling.%s: %g is outside %s%g, %g]", path, key, d, lo_open ? "(" : "[",
                 lo, hi);

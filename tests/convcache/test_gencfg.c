@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <setjmp.h>
 #include <string.h>
 
@@ -65,6 +66,10 @@ static void test_load_refusals(void **state)
          ERR_RANGE},
         {"{\"sampling\": {\"top_p\": 0}}", "sampling.top_p: 0 is outside (0, 1]", ERR_RANGE},
         {"{\"sampling\": {\"top_p\": 1.5}}", "sampling.top_p: 1.5 is outside (0, 1]", ERR_RANGE},
+        /* 0 as the float the sampler gets */
+        {"{\"sampling\": {\"top_p\": 1e-50}}", "sampling.top_p: 0 is outside (0, 1]", ERR_RANGE},
+        {"{\"sampling\": {\"temperature\": 1e300}}", "sampling.temperature: inf is outside",
+         ERR_RANGE},
         {"{\"sampling\": {\"top_k\": 2.5}}", "sampling.top_k: 2.5 is not an integer", ERR_FORMAT},
         {"{\"sampling\": {\"top_k\": -3}}", "sampling.top_k: -3 is outside", ERR_RANGE},
         {"{\"sampling\": {\"repetition_penalty\": 0}}", "sampling.repetition_penalty: 0 is outside",
@@ -81,6 +86,41 @@ static void test_load_refusals(void **state)
         /* nothing half-read is kept */
         assert_false(m.has_temperature || m.has_top_p || m.has_top_k || m.has_repetition_penalty);
     }
+    tu_rmtree(dir);
+}
+
+/* chat.ie.json is written by the converter but read from a folder anyone may hand over: every
+ * mutation of a good file is either read (values within range) or refused, never a crash
+ * (under ASan in CI); a cheap fuzz in-process, beside tests/fuzz's harnesses */
+static void test_mutations(void **state)
+{
+    (void)state;
+    static const char good[] = "{\"chat_template\": \"x\", \"sampling\": {\"temperature\": "
+                               "0.6, \"top_p\": 0.9, \"top_k\": 40, \"repetition_penalty\": "
+                               "1.1}}";
+    char *dir = tu_mkdtemp();
+    uint8_t noise[4096];
+    tu_fill_bytes(noise, sizeof noise, 0x9e3779b9u);
+    tu_log_capture_begin();
+    for (int i = 0; i < 1000; i++) {
+        char buf[sizeof good];
+        memcpy(buf, good, sizeof good);
+        size_t n = sizeof good - 1;
+        for (int k = 0; k < 1 + i % 4; k++) {
+            size_t at = noise[(i * 4 + k) % sizeof noise] % n;
+            buf[at] = (char)noise[(i * 4 + k + 7) % sizeof noise];
+        }
+        tu_write_file(tu_path(dir, GENCFG_FILE), buf, n);
+        struct config_model_sampling m;
+        int rc = gencfg_load(dir, &m);
+        assert_true(rc == 0 || rc == ERR_FORMAT || rc == ERR_RANGE);
+        if (rc == 0) {
+            assert_true(!m.has_temperature || (m.temperature >= 0 && m.temperature <= 1e6f));
+            assert_true(!m.has_top_p || (m.top_p > 0 && m.top_p <= 1));
+            assert_true(!m.has_repetition_penalty || m.repetition_penalty > 0);
+        }
+    }
+    tu_log_capture_end();
     tu_rmtree(dir);
 }
 
@@ -141,6 +181,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load),
         cmocka_unit_test(test_load_refusals),
+        cmocka_unit_test(test_mutations),
         cmocka_unit_test(test_precedence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
