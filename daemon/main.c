@@ -394,8 +394,10 @@ int main(int argc, char **argv)
             LOG_INFO("stopped while converting the model");
             exit_code = SUP_EXIT_OK;
         } else {
-            exit_code = rc == ERR_FORMAT || rc == -ENOENT || rc == -EACCES ? SUP_EXIT_FATAL
-                                                                            : SUP_EXIT_FAILURE;
+            /* the source or its sampling defaults refused, the converter not found: a
+             * restart would meet the same */
+            bool fatal = rc == ERR_FORMAT || rc == ERR_RANGE || rc == -ENOENT || rc == -EACCES;
+            exit_code = fatal ? SUP_EXIT_FATAL : SUP_EXIT_FAILURE;
         }
         goto out_plan;
     }

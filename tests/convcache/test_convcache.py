@@ -376,3 +376,15 @@ def test_generation_config_defaults_apply_where_the_request_is_silent(tmp_path):
         assert any(f != greedy for f in free)
     finally:
         assert d.stop() == 0
+
+
+def test_a_sampling_default_out_of_range_is_refused_at_start(tmp_path):
+    hf = str(tmp_path / "hf")
+    shutil.copytree(synth_hf("l3"), hf)
+    with open(os.path.join(hf, "generation_config.json"), "w") as f:
+        json.dump({"top_p": 0}, f)
+    p = subprocess.run([T.CLOCHERD, "--model-dir", hf, "--cache-dir", str(tmp_path / "c"),
+                        "--workers", "1"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "chat.ie.json: sampling.top_p: 0 is outside (0, 1]" in p.stderr, p.stderr
+    assert "worker 0: started" not in p.stderr
