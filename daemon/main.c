@@ -115,7 +115,8 @@ static int check_model(const struct config *c, bool from_option, bool full)
             return ERR_FORMAT;
         if (c->convert_program && access(c->convert_program, X_OK) != 0) {
             int err = errno;
-            LOG_ERR("convert.program %s: %s", c->convert_program, strerror(err));
+            LOG_ERR("the model converter %s (convert.program, --convert-program): %s",
+                    c->convert_program, strerror(err));
             return ERR_FORMAT;
         }
         if (!c->convert_program && modelsrc_find_clocher(prog, sizeof prog) < 0)
@@ -353,7 +354,6 @@ int main(int argc, char **argv)
         free(cfg->http_listen);
         cfg->http_listen = l;
     }
-
 
     struct topo *topo = NULL;
     struct topo_plan *plan = NULL;
