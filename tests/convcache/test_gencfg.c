@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -49,6 +50,7 @@ static void test_load(void **state)
     assert_true(m.has_top_k && m.top_k == 20);
     assert_true(m.has_repetition_penalty && m.repetition_penalty == 1.05f);
     tu_rmtree(dir);
+    free(dir);
 }
 
 static void test_load_refusals(void **state)
@@ -87,6 +89,7 @@ static void test_load_refusals(void **state)
         assert_false(m.has_temperature || m.has_top_p || m.has_top_k || m.has_repetition_penalty);
     }
     tu_rmtree(dir);
+    free(dir);
 }
 
 /* chat.ie.json is written by the converter but read from a folder anyone may hand over: every
@@ -122,6 +125,7 @@ static void test_mutations(void **state)
     }
     tu_log_capture_end();
     tu_rmtree(dir);
+    free(dir);
 }
 
 /* gw_req_generate on a text prompt with the given sampling (NULL = none) and model defaults */
