@@ -877,6 +877,10 @@ static void free_config(struct config *c)
     free(c->model_dir);
     free(c->access_log);
     free(c->worker_binary);
+    free(c->convert_cache_dir);
+    free(c->convert_dtype);
+    free(c->convert_program);
+    free(c->served_model_dir);
     for (size_t i = 0; i < c->n_tenants; i++) {
         struct config_tenant *t = &c->tenants[i];
         free(t->name);
@@ -970,13 +974,57 @@ static int parse_log_format(struct walk *w, json_t *root, struct config *c)
     return rc;
 }
 
+/* "convert": {"enabled", "cache_dir", "dtype", "program"}: a Hugging Face folder or a GGUF
+ * as model_dir, converted once into the cache (docs/DAEMON.md, "Models as downloaded") */
+static int parse_convert(struct walk *w, json_t *root, struct config *c)
+{
+    static const char *const keys[] = {"enabled", "cache_dir", "dtype", "program", NULL};
+    json_t *o;
+    int rc = get_object(w, root, "convert", &o);
+    if (rc < 0 || !o)
+        return rc;
+    size_t s = push_key(w, "convert");
+    bool enabled;
+    const char *d = NULL;
+    if ((rc = check_keys(w, o, keys)) < 0 || (rc = get_bool(w, o, "enabled", true, &enabled)) < 0 ||
+        (rc = get_path(w, o, "cache_dir", &c->convert_cache_dir)) < 0 ||
+        (rc = get_path(w, o, "program", &c->convert_program)) < 0 ||
+        (rc = get_string(w, o, "dtype", 16, false, &d)) < 0)
+        goto out;
+    c->convert_disabled = !enabled;
+    if (d) {
+        enum dtype t;
+        size_t k = push_key(w, "dtype");
+        char q[64];
+        if (!config_convert_dtype_ok(d, &t))
+            rc = fail(w, ERR_FORMAT, "must be a `clocher convert --dtype` (f32, f16, bf16, int8, "
+                      "int4, q4_k, ...), got %s", quote(d, strlen(d), q, sizeof q));
+        else
+            rc = dup_str(d, &c->convert_dtype);
+        pop(w, k);
+    }
+out:
+    pop(w, s);
+    return rc;
+}
+
+bool config_convert_dtype_ok(const char *name, enum dtype *out)
+{
+    if (!strcmp(name, "int8"))
+        name = "q8_0";
+    else if (!strcmp(name, "int4"))
+        name = "q4_0";
+    return dtype_from_name(name, out) == 0;
+}
+
 int config_parse(const char *label, const char *base_dir, const char *json, size_t len,
                  const char *model_dir_override, struct config **out)
 {
     static const char *const keys[] = {
         "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
         "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
-        "supervisor", "lora_weights", "http", "access_log", "log_format", "kv_dtype", NULL};
+        "supervisor", "lora_weights", "http", "access_log", "log_format", "kv_dtype",
+        "convert", NULL};
     struct walk w = {.label = label ? label : "config", .base_dir = base_dir ? base_dir : "/"};
     json_error_t jerr;
     int rc;
@@ -1013,6 +1061,8 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         (rc = parse_adapters(&w, root, c)) < 0 || (rc = parse_tenants(&w, root, c)) < 0 ||
         (rc = parse_lora_weights(&w, root, c)) < 0 || (rc = parse_log_format(&w, root, c)) < 0 ||
         (rc = parse_kv_dtype(&w, root, c)) < 0)
+        goto fail;
+    if ((rc = parse_convert(&w, root, c)) < 0)
         goto fail;
 
     if (model_dir_override) {
@@ -1203,6 +1253,15 @@ int config_keep_restart_fields(struct config *fresh, const struct config *runnin
     KEEP_NUM(hot_replicate, "hot_replication.enabled");
     KEEP_NUM(hot_repl_limit_mb, "hot_replication.limit_mb");
     KEEP_NUM(limits.max_message_bytes, "limits.max_message_bytes");
+    /* the conversion cache: what was converted at start is what is served */
+    KEEP_NUM(convert_disabled, "convert.enabled");
+    keep_str(&fresh->convert_cache_dir, &running->convert_cache_dir, "convert.cache_dir", &n);
+    keep_str(&fresh->convert_dtype, &running->convert_dtype, "convert.dtype", &n);
+    keep_str(&fresh->convert_program, &running->convert_program, "convert.program", &n);
+    free(fresh->served_model_dir);
+    fresh->served_model_dir = running->served_model_dir ? strdup(running->served_model_dir) : NULL;
+    CHECK(!running->served_model_dir || fresh->served_model_dir);
+    fresh->model_sampling = running->model_sampling;
     return n;
 }
 

@@ -91,6 +91,15 @@ struct config_supervisor {
     uint32_t heartbeat_timeout_s;    /* a ready worker whose heartbeat is older is killed */
 };
 
+/* The served model's generation defaults: chat.ie.json's "sampling" (from the source's
+ * generation_config.json), which the gateway applies to a request that leaves a field unset
+ * (daemon/gencfg.h; docs/DAEMON.md, "Sampling defaults"). */
+struct config_model_sampling {
+    bool has_temperature, has_top_p, has_top_k, has_repetition_penalty;
+    float temperature, top_p, repetition_penalty;
+    uint32_t top_k;
+};
+
 struct config {
     uint32_t magic;
     atomic_uint refs;
@@ -125,6 +134,22 @@ struct config {
     bool hot_replicate;              /* IE_HOT_REPLICATE for workers */
     uint64_t hot_repl_limit_mb;      /* IE_HOT_REPL_LIMIT_MB; 0 = no limit */
 
+    /* ---- a Hugging Face folder or a GGUF as model_dir: the conversion cache ("convert";
+     * docs/DAEMON.md, "Models as downloaded"). Restart-only. ---- */
+    bool convert_disabled;           /* "convert.enabled": false (--no-convert): refuse such a
+                                      * model_dir with the `clocher convert` command instead */
+    char *convert_cache_dir;         /* "convert.cache_dir", absolute; NULL = $CACHE_DIRECTORY,
+                                      * $XDG_CACHE_HOME/clocher or ~/.cache/clocher */
+    char *convert_dtype;             /* "convert.dtype" (`clocher convert --dtype`); NULL = the
+                                      * source's own dtypes */
+    char *convert_program;           /* "convert.program": the clocher program, absolute; NULL
+                                      * = found beside clocherd */
+    /* set by clocherd at start, before the snapshot is published, and carried across reloads:
+     * the IEBIN folder the workers load (NULL = model_dir itself; else its cache entry) and
+     * that folder's sampling defaults */
+    char *served_model_dir;
+    struct config_model_sampling model_sampling;
+
     struct config_limits limits;
     double drain_timeout_s;
     struct config_supervisor sup;
@@ -152,6 +177,9 @@ int config_load(const char *path, const char *model_dir_override, struct config 
  */
 int config_parse(const char *label, const char *base_dir, const char *json, size_t len,
                  const char *model_dir_override, struct config **out);
+
+/* Whether name is a dtype `clocher convert --dtype` takes (int8/int4 its aliases), *out it. */
+bool config_convert_dtype_ok(const char *name, enum dtype *out);
 
 /* Whether a "host:port" names a loopback address (where anonymous access is allowed). */
 bool config_hostport_loopback(const char *s);

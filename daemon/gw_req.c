@@ -4,6 +4,8 @@
  */
 #include "gw_req.h"
 
+#include "gencfg.h"
+
 #include "err.h"
 
 #include <errno.h>
@@ -143,6 +145,8 @@ int gw_req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_c
     out->top_k = s && s->has_top_k ? s->top_k : 0;
     out->seed = s && s->has_seed ? s->seed : ctx->seed;
     out->repeat_window = GW_REQ_DEFAULT_REPEAT_WINDOW;
+    if (ctx->cfg) /* the model's generation_config where the request is silent (gencfg.h) */
+        gencfg_apply(&ctx->cfg->model_sampling, s, out);
     /* the sampler's own range (worker/model/sampler.c), checked here where it can be named */
     if (!isfinite(out->temperature) || out->temperature < 0)
         return INVALID("sampling.temperature: %g must be a finite number >= 0",

@@ -57,6 +57,15 @@ static void usage(FILE *f)
             "                           /sys/devices/system/node (also $%s)\n"
             "      --check-config       validate the configuration and the model it names,\n"
             "                           and exit\n"
+            "      --no-convert         refuse a Hugging Face folder or a GGUF as the model\n"
+            "                           (naming the `clocher convert` command) instead of\n"
+            "                           converting it once into the cache (convert.enabled)\n"
+            "      --cache-dir DIR      the conversion cache (convert.cache_dir; default\n"
+            "                           $CACHE_DIRECTORY, $XDG_CACHE_HOME/clocher, ~/.cache/clocher)\n"
+            "      --convert-dtype D    convert with `clocher convert --dtype D` (convert.dtype;\n"
+            "                           default: the source's own dtypes)\n"
+            "      --convert-program P  the clocher program that converts (convert.program;\n"
+            "                           default: beside clocherd)\n"
             "      --print-plan         print where each worker would run and exit\n"
             "      --http HOST:PORT     serve the OpenAI-compatible HTTP API there (overrides\n"
             "                           http.listen; docs/HTTP.md)\n"
@@ -89,13 +98,34 @@ static void journal_sink(enum log_level level, const char *msg, void *ud)
  * `full` (--check-config): also an existing IEBIN folder whose manifest is JSON saying
  * "format": "iebin". A start leaves a missing or broken folder to the workers, which say what
  * is wrong with it as they load it (and the supervisor then that no worker could start).
- * 0 or a negative code (logged).
+ * A Hugging Face folder or a GGUF is converted at start (sup_prepare_model) unless
+ * convert.enabled is false: --check-config then checks that the converter and the cache
+ * folder can be found. 0 or a negative code (logged).
  */
 static int check_model(const struct config *c, bool from_option, bool full)
 {
     const char *what = from_option ? "--model-dir" : "model_dir";
     int e;
     enum modelsrc_kind k = modelsrc_kind(c->model_dir, &e);
+    if (modelsrc_convertible(k) && !c->convert_disabled) {
+        char cache[4096], prog[4096];
+        if (!full)
+            return 0;
+        if (!c->convert_cache_dir && modelsrc_cache_dir_default(cache, sizeof cache) < 0)
+            return ERR_FORMAT;
+        if (c->convert_program && access(c->convert_program, X_OK) != 0) {
+            int err = errno;
+            LOG_ERR("the model converter %s (convert.program, --convert-program): %s",
+                    c->convert_program, strerror(err));
+            return ERR_FORMAT;
+        }
+        if (!c->convert_program && modelsrc_find_clocher(prog, sizeof prog) < 0)
+            return ERR_FORMAT;
+        printf("model %s (%s): %s, converted at start into the cache %s unless already there\n",
+               c->model_dir, what, k == MODELSRC_GGUF ? "a GGUF file" : "a Hugging Face folder",
+               c->convert_cache_dir ? c->convert_cache_dir : cache);
+        return 0;
+    }
     bool convertible = k == MODELSRC_HF || k == MODELSRC_GGUF || k == MODELSRC_FILE;
     if (!full && !convertible)
         return 0;
@@ -172,7 +202,7 @@ static int use_log_format(enum log_format f)
 int main(int argc, char **argv)
 {
     enum { OPT_WORKER_BIN = 256, OPT_TOPO, OPT_CHECK, OPT_PLAN, OPT_VERSION, OPT_HTTP,
-           OPT_LOG_FORMAT };
+           OPT_LOG_FORMAT, OPT_NO_CONVERT, OPT_CACHE_DIR, OPT_CONVERT_DTYPE, OPT_CONVERT_PROG };
     (void)slice_request(SLICE_LATENCY_NS); /* before gRPC and libuv start their threads */
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -186,12 +216,21 @@ int main(int argc, char **argv)
         {"version", no_argument, NULL, OPT_VERSION},
         {"http", required_argument, NULL, OPT_HTTP},
         {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
+        {"no-convert", no_argument, NULL, OPT_NO_CONVERT},
+        {"cache-dir", required_argument, NULL, OPT_CACHE_DIR},
+        {"convert-dtype", required_argument, NULL, OPT_CONVERT_DTYPE},
+        {"convert-program", required_argument, NULL, OPT_CONVERT_PROG},
         {NULL, 0, NULL, 0},
     };
     const char *config_path = NULL, *model_dir = NULL, *worker_opt = NULL, *http_opt = NULL;
     const char *topo_root = getenv(TOPO_ENV_ROOT);
     bool check_only = false, plan_only = false, log_format_given = false;
     int workers_override = -1;
+    /* the conversion cache's overrides; paths made absolute (a reload must not depend on the
+     * working directory) */
+    bool no_convert = false;
+    const char *convert_dtype = NULL;
+    char cache_dir[PATH_MAX] = "", convert_prog[PATH_MAX] = "";
 
     log_set_ident("clocherd");
     if (getenv("JOURNAL_STREAM"))
@@ -233,6 +272,31 @@ int main(int argc, char **argv)
             log_format_given = true;
             break;
         }
+        case OPT_NO_CONVERT: no_convert = true; break;
+        case OPT_CONVERT_DTYPE: {
+            enum dtype t;
+            if (!config_convert_dtype_ok(optarg, &t)) {
+                fprintf(stderr, "clocherd: --convert-dtype: want a `clocher convert --dtype` "
+                                "(f32, f16, bf16, int8, int4, q4_k, ...), got \"%s\"\n", optarg);
+                return SUP_EXIT_FATAL;
+            }
+            convert_dtype = optarg;
+            break;
+        }
+        case OPT_CACHE_DIR:
+        case OPT_CONVERT_PROG: {
+            char *dst = ch == OPT_CACHE_DIR ? cache_dir : convert_prog;
+            char cwd[PATH_MAX];
+            int w = optarg[0] == '/' || !getcwd(cwd, sizeof cwd)
+                        ? snprintf(dst, PATH_MAX, "%s", optarg)
+                        : snprintf(dst, PATH_MAX, "%s/%s", cwd, optarg);
+            if (!*optarg || w >= PATH_MAX) {
+                fprintf(stderr, "clocherd: %s: want a path, got \"%s\"\n",
+                        ch == OPT_CACHE_DIR ? "--cache-dir" : "--convert-program", optarg);
+                return SUP_EXIT_FATAL;
+            }
+            break;
+        }
         default: usage(stderr); return SUP_EXIT_FATAL;
         }
     }
@@ -270,6 +334,14 @@ int main(int argc, char **argv)
         config_unref(cfg);
         return SUP_EXIT_FAILURE;
     }
+    struct sup_options so = {.config_path = cfg->path && *cfg->path ? cfg->path : NULL,
+                             .model_dir_override = model_dir,
+                             .workers_override = workers_override,
+                             .no_convert = no_convert,
+                             .convert_dtype = convert_dtype,
+                             .cache_dir = cache_dir[0] ? cache_dir : NULL,
+                             .convert_program = convert_prog[0] ? convert_prog : NULL};
+    sup_apply_overrides(cfg, &so);
     /* --print-plan alone is about placement: it may name a model that is not here */
     if ((check_only || !plan_only) && check_model(cfg, model_dir != NULL, check_only) < 0) {
         config_unref(cfg);
@@ -282,11 +354,6 @@ int main(int argc, char **argv)
         free(cfg->http_listen);
         cfg->http_listen = l;
     }
-
-    struct sup_options so = {.config_path = cfg->path && *cfg->path ? cfg->path : NULL,
-                             .model_dir_override = model_dir,
-                             .workers_override = workers_override};
-    sup_apply_overrides(cfg, &so);
 
     struct topo *topo = NULL;
     struct topo_plan *plan = NULL;
@@ -320,6 +387,20 @@ int main(int argc, char **argv)
     if (find_worker(worker_opt, cfg, worker_bin, sizeof worker_bin) < 0)
         goto out_plan;
     so.worker_binary = worker_bin;
+
+    /* ---- the model: a Hugging Face folder or a GGUF is converted first (the cache) ---- */
+    if ((rc = sup_prepare_model(cfg)) < 0) {
+        if (rc == ERR_CANCELLED) {
+            LOG_INFO("stopped while converting the model");
+            exit_code = SUP_EXIT_OK;
+        } else {
+            /* the source or its sampling defaults refused, the converter not found: a
+             * restart would meet the same */
+            bool fatal = rc == ERR_FORMAT || rc == ERR_RANGE || rc == -ENOENT || rc == -EACCES;
+            exit_code = fatal ? SUP_EXIT_FATAL : SUP_EXIT_FAILURE;
+        }
+        goto out_plan;
+    }
 
     /* ---- the daemon ---- */
     /* a client gone mid-write must be an error on that socket, not the end of the daemon */

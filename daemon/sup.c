@@ -20,8 +20,10 @@
 #include "check.h"
 #include "config.h"
 #include "err.h"
+#include "gencfg.h"
 #include "log.h"
 #include "ctl.h"
+#include "modelsrc.h"
 #include "region.h"
 #include "workers.h"
 
@@ -236,7 +238,7 @@ static void worker_args(const struct sup *s, const struct workers_slot *ws, uint
     h->cpus = ws->cpulist;
     if (s->opt.numa)
         h->mem_node = ws->node;
-    h->model_dir = c->model_dir;
+    h->model_dir = c->served_model_dir ? c->served_model_dir : c->model_dir;
     h->threads = c->threads_per_worker ? c->threads_per_worker : (unsigned)ws->n_cpus;
     h->kv_budget_mb = (int64_t)c->kv_budget_mb;
     h->max_queue = c->limits.max_queue;
@@ -766,10 +768,73 @@ static void on_signal(uv_signal_t *h, int signum)
 
 /* ---- lifecycle ---- */
 
+/* A string field of c replaced by an override (NULL: kept); false when out of memory. */
+static bool override_str(char **field, const char *v)
+{
+    if (!v)
+        return true;
+    char *d = strdup(v);
+    if (!d)
+        return false;
+    free(*field);
+    *field = d;
+    return true;
+}
+
 void sup_apply_overrides(struct config *c, const struct sup_options *opt)
 {
     if (opt->workers_override >= 0)
         c->workers = (uint32_t)opt->workers_override;
+    if (opt->no_convert)
+        c->convert_disabled = true;
+    CHECK(override_str(&c->convert_dtype, opt->convert_dtype) &&
+          override_str(&c->convert_cache_dir, opt->cache_dir) &&
+          override_str(&c->convert_program, opt->convert_program));
+}
+
+/* ---- the model as downloaded: converted before any worker starts ---- */
+
+/* While the converter runs (about once a second): systemd must neither time the start out
+ * nor the watchdog fire; the status says why the start is long. */
+static void convert_tick(void *ud)
+{
+    uint64_t *t0 = ud;
+    uint64_t usec = 0;
+    bool wd = sd_watchdog_enabled(0, &usec) > 0;
+    notify("EXTEND_TIMEOUT_USEC=30000000\nSTATUS=converting the model into the cache (%" PRIu64
+           " s)%s",
+           (uv_hrtime() - *t0) / 1000000000u, wd ? "\nWATCHDOG=1" : "");
+}
+
+int sup_prepare_model(struct config *c)
+{
+    int e;
+    enum modelsrc_kind k = modelsrc_kind(c->model_dir, &e);
+    if (modelsrc_convertible(k) && !c->convert_disabled) {
+        char cache[4096], prog[4096], served[4096];
+        int rc;
+        if (c->convert_cache_dir)
+            snprintf(cache, sizeof cache, "%s", c->convert_cache_dir);
+        else if ((rc = modelsrc_cache_dir_default(cache, sizeof cache)) < 0)
+            return ERR_FORMAT;
+        if (c->convert_program)
+            snprintf(prog, sizeof prog, "%s", c->convert_program);
+        else if ((rc = modelsrc_find_clocher(prog, sizeof prog)) < 0)
+            return ERR_FORMAT;
+        uint64_t t0 = uv_hrtime();
+        notify("STATUS=converting the model into the cache");
+        struct modelsrc_convert mc = {.program = prog, .src = c->model_dir, .cache_dir = cache,
+                                      .dtype = c->convert_dtype, .tick = convert_tick,
+                                      .ud = &t0};
+        if ((rc = modelsrc_convert(&mc, served, sizeof served)) < 0)
+            return rc;
+        LOG_INFO("model %s: serving its conversion %s", c->model_dir, served);
+        if (!(c->served_model_dir = strdup(served)))
+            return -ENOMEM;
+    }
+    const char *dir = c->served_model_dir ? c->served_model_dir : c->model_dir;
+    /* a folder that is not there is the workers' to report, as they load it */
+    return modelsrc_kind(dir, &e) == MODELSRC_IEBIN ? gencfg_load(dir, &c->model_sampling) : 0;
 }
 
 int sup_create(uv_loop_t *loop, struct workers *w, const struct sup_options *opt,

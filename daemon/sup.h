@@ -34,6 +34,11 @@ struct sup_options {
     int workers_override;           /* --workers; -1 = none */
     const char *worker_binary;      /* resolved, executable */
     bool numa;                      /* bind worker memory to its node (real topology) */
+    /* the conversion cache's command-line overrides (NULL/false = the configuration's) */
+    bool no_convert;                /* --no-convert */
+    const char *convert_dtype;      /* --convert-dtype */
+    const char *cache_dir;          /* --cache-dir (absolute) */
+    const char *convert_program;    /* --convert-program */
 };
 
 struct sup;
@@ -48,6 +53,17 @@ int sup_start(struct sup *s);
 int sup_exit_code(const struct sup *s);
 /* Frees the supervisor; the loop must have stopped (all handles closed). NULL is a no-op. */
 void sup_destroy(struct sup *s);
+
+/*
+ * Before anything else starts: when the configuration's model_dir is a Hugging Face folder or
+ * a GGUF file (and conversion is enabled), runs `clocher convert --cache` on it as a child
+ * (modelsrc.h), keeping systemd informed (STATUS=, EXTEND_TIMEOUT_USEC=, WATCHDOG=1), and sets
+ * c->served_model_dir to the IEBIN folder it printed. Then reads the served folder's sampling
+ * defaults into c->model_sampling (daemon/gencfg.h). c is not yet published. 0, or a
+ * negative code with the cause logged: ERR_FORMAT (the source or its defaults are refused:
+ * exit 2), ERR_CANCELLED (SIGTERM/SIGINT while converting), another (exit 1).
+ */
+int sup_prepare_model(struct config *c);
 
 /*
  * Applies the command-line overrides that also hold across reloads (workers, worker binary)

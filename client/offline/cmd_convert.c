@@ -1,6 +1,7 @@
 /*
  * cmd_convert.c — `clocher convert SRC OUT_DIR [--dtype D] [--quant-manifest FILE]
- * [--calib-ids FILE | --calib FILE] [--gate-* X] ...`.
+ * [--calib-ids FILE | --calib FILE] [--gate-* X] ...`, and `clocher convert --cache DIR SRC`
+ * (the conversion cache clocherd and inference-engine use: convcache.h).
  *
  * With calibration the quantized model is written to a scratch directory beside OUT_DIR and a
  * float32 reference beside it; OUT_DIR is replaced only when the gate passes, so a refused
@@ -9,6 +10,7 @@
 #define _XOPEN_SOURCE 700 /* nftw */
 #include "calib.h"
 #include "cmds.h"
+#include "convcache.h"
 #include "convert.h"
 #include "quant_manifest.h"
 
@@ -29,7 +31,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: clocher convert SRC OUT_DIR [--dtype f32|f16|bf16|int8|int4] [--embd-dtype D]\n                       [--tokenizer FILE]"
-            " [--from llama2c|hf|gguf]\n\n"
+            " [--from llama2c|hf|gguf]\n"
+            "       clocher convert --cache DIR SRC [--dtype D]\n\n"
             "Converts a llama2.c checkpoint, a Hugging Face directory (config.json +\n"
             "safetensors) or a GGUF file into an IEBIN model directory. The format is\n"
             "detected unless --from names it. --dtype converts the weight matrices (norms stay\n"
@@ -51,7 +54,12 @@ static void usage(FILE *f)
             "--gate-kld X           refuse if the mean KL divergence vs f32 exceeds X\n"
             "--gate-top1 Y          refuse if top-1 agreement with f32 is below Y (0..1)\n"
             "--gate-cos Z           refuse if any weight's output cosine vs f32 is below Z\n"
-            "A refused conversion exits with 4 and leaves OUT_DIR untouched.\n");
+            "A refused conversion exits with 4 and leaves OUT_DIR untouched.\n\n"
+            "--cache DIR            convert SRC (a Hugging Face folder or a GGUF) into the\n"
+            "                       conversion cache under DIR, keyed by SRC's content, unless\n"
+            "                       it is there already, and print the IEBIN folder's path on\n"
+            "                       stdout (what clocherd and inference-engine run; progress\n"
+            "                       lines on stderr; docs/CONVERT.md, \"The conversion cache\")\n");
 }
 
 /* The exit code of a finished convert_model (its reason was logged where it was found). */
@@ -167,6 +175,34 @@ out:
     return code;
 }
 
+/* `--cache DIR SRC`: the entry's path on stdout, converted first when missing. Only --dtype
+ * and --from shape a cache entry: the other options (`other`) would need a place in its key. */
+static int convert_into_cache(const char *cache_dir, int n_pos, const char *const *pos,
+                              const struct convert_opts *o, const char *dtype_name, bool other)
+{
+    if (n_pos != 1) {
+        fprintf(stderr, "clocher convert: --cache DIR takes one SRC (a Hugging Face folder or a "
+                        "GGUF file), got %d arguments\n", n_pos);
+        return CMD_EXIT_USAGE;
+    }
+    if (other) {
+        fprintf(stderr, "clocher convert: --cache takes --dtype and --from only; convert "
+                        "with other options into a folder of your own (clocher convert SRC "
+                        "OUT_DIR ...)\n");
+        return CMD_EXIT_USAGE;
+    }
+    char out[4096];
+    bool converted;
+    enum convert_fault fault;
+    int rc = convcache_get(cache_dir, pos[0], o, dtype_name, out, sizeof out, &converted, &fault);
+    if (rc)
+        return convert_exit(rc, fault);
+    if (!converted)
+        fprintf(stderr, "using %s, converted before from %s\n", out, pos[0]);
+    printf("%s\n", out);
+    return fflush(stdout) == 0 ? CMD_EXIT_OK : CMD_EXIT_FAIL;
+}
+
 int cmd_convert(int argc, char **argv)
 {
     struct convert_opts o = {.progress = isatty(2)};
@@ -176,6 +212,7 @@ int cmd_convert(int argc, char **argv)
     unsigned calib_threads = 1;
     struct calib_gate gate = {NAN, NAN, NAN};
     bool gated = false;
+    const char *cache_dir = NULL, *dtype_name = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -188,6 +225,7 @@ int cmd_convert(int argc, char **argv)
                 d = "q8_0"; /* int8 weights: blocks of 32 with an f16 scale (GGML Q8_0) */
             else if (!strcmp(d, "int4"))
                 d = "q4_0"; /* int4 weights: groups of 32 with an f16 scale (GGML Q4_0) */
+            dtype_name = d; /* after the aliases: int8 and q8_0 share a cache entry */
             if (dtype_from_name(d, &o.dtype) != 0) {
                 fprintf(stderr, "clocher convert: --dtype %s: expected f32, f16, bf16, int8 "
                                 "(q8_0), int4 (q4_0), q4_g64, q4_g128, q4z_g32, q4z_g64, "
@@ -245,6 +283,8 @@ int cmd_convert(int argc, char **argv)
             else
                 gate.min_cosine = v;
             gated = true;
+        } else if (!strcmp(a, "--cache") && i + 1 < argc) {
+            cache_dir = argv[++i];
         } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
             o.tokenizer = argv[++i];
         } else if (!strcmp(a, "--from") && i + 1 < argc) {
@@ -270,6 +310,10 @@ int cmd_convert(int argc, char **argv)
             return CMD_EXIT_USAGE;
         }
     }
+    if (cache_dir)
+        return convert_into_cache(cache_dir, n_pos, pos, &o, dtype_name,
+                                  manifest_path || calib_ids || calib_text || gated ||
+                                      calib_report || o.embd_dtype_set || o.tokenizer);
     if (n_pos != 2) {
         usage(stderr);
         return CMD_EXIT_USAGE;

@@ -261,14 +261,16 @@ def _convert_cmd(src):
 def test_a_model_source_is_refused_with_the_convert_command(kind, how, tmp_path):
     src = _hf_folder() if kind == "hf" else _gguf_file()
     cmd, out = _convert_cmd(src)
+    # without --no-convert (convert.enabled false) they convert into the cache (tests/convcache)
     if how == "engine":
-        argv, want_rc = [T.ENGINE, "--model-dir", src, "--prompt", "hi"], 3
+        argv, want_rc = [T.ENGINE, "--no-convert", "--model-dir", src, "--prompt", "hi"], 3
     elif how == "config-file":
         cfg = tmp_path / "c.json"
-        cfg.write_text(json.dumps({"model_dir": src}))
+        cfg.write_text(json.dumps({"model_dir": src, "convert": {"enabled": False}}))
         argv, want_rc = [T.CLOCHERD, "--config", str(cfg), "--check-config"], 2
     else:
-        argv = [T.CLOCHERD, "--model-dir", src] + (["--check-config"] if how != "start" else [])
+        argv = [T.CLOCHERD, "--no-convert", "--model-dir", src] + (
+            ["--check-config"] if how != "start" else [])
         want_rc = 2
     p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert p.returncode == want_rc, (p.returncode, p.stderr)
@@ -311,7 +313,7 @@ def test_check_config_checks_the_model_exists_and_is_iebin(tmp_path):
 def test_a_path_with_spaces_is_quoted_in_the_command(tmp_path):
     g = tmp_path / "my model.gguf"
     g.write_bytes(b"GGUF\x03\x00\x00\x00")
-    p = subprocess.run([T.CLOCHERD, "--model-dir", str(g), "--check-config"],
+    p = subprocess.run([T.CLOCHERD, "--no-convert", "--model-dir", str(g), "--check-config"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stderr
     assert "clocher convert '%s' '%s'" % (g, tmp_path / "my model-iebin") in p.stderr, p.stderr

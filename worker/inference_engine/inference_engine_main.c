@@ -61,6 +61,11 @@ enum {
 
 struct opts {
     const char *model_dir;
+    /* a Hugging Face folder or a GGUF as --model-dir: the conversion cache (modelsrc.h) */
+    bool no_convert;          /* --no-convert: refuse it with the `clocher convert` command */
+    const char *cache_dir;    /* --cache-dir; NULL = modelsrc_cache_dir_default */
+    const char *convert_dtype; /* --convert-dtype; NULL = the source's dtypes */
+    const char *convert_program; /* --convert-program; NULL = beside this program */
     const char *prompt;       /* --prompt */
     const char *prompts_file; /* --prompts-file */
     const char *prompt_ids;   /* --prompt-ids */
@@ -91,7 +96,13 @@ static void usage(FILE *f)
 "prompt on stdout. The generated text is streamed to stderr (first measured round).\n"
 "\n"
 "input:\n"
-"  --model-dir DIR        IEBIN model directory (model.ie.json, model.ie.bin)\n"
+"  --model-dir DIR        IEBIN model directory (model.ie.json, model.ie.bin); a Hugging\n"
+"                         Face folder or a GGUF is converted once into the cache first\n"
+"  --no-convert           refuse a Hugging Face folder or a GGUF (naming the command)\n"
+"  --cache-dir DIR        the conversion cache (default $XDG_CACHE_HOME/clocher or\n"
+"                         ~/.cache/clocher; docs/CONVERT.md)\n"
+"  --convert-dtype D      convert with `clocher convert --dtype D` (default: the source's)\n"
+"  --convert-program P    the clocher program (default: beside inference-engine)\n"
 "  --prompt TEXT          one prompt, tokenized with the model's tokenizer\n"
 "  --prompts-file FILE    one prompt per line (blank lines skipped), one JSON line each\n"
 "  --prompt-ids LIST      token ids separated by commas, used as given (no BOS added);\n"
@@ -187,6 +198,34 @@ static bool parse_float(const char *flag, const char *s, float *out)
     return true;
 }
 
+/*
+ * --model-dir as given when it is an IEBIN folder; a Hugging Face folder or a GGUF converted
+ * into the cache by the clocher program (modelsrc.h), o->model_dir then pointing at served[cap];
+ * anything else (or --no-convert) refused by modelsrc_check. 0 or a negative code (logged).
+ */
+static int resolve_model(struct opts *o, char *served, size_t cap)
+{
+    int e;
+    if (o->no_convert || !modelsrc_convertible(modelsrc_kind(o->model_dir, &e)))
+        return modelsrc_check(o->model_dir, "--model-dir");
+    char cache[4096], prog[4096];
+    int rc;
+    if (o->cache_dir)
+        snprintf(cache, sizeof cache, "%s", o->cache_dir);
+    else if ((rc = modelsrc_cache_dir_default(cache, sizeof cache)) < 0)
+        return rc;
+    if (o->convert_program)
+        snprintf(prog, sizeof prog, "%s", o->convert_program);
+    else if ((rc = modelsrc_find_clocher(prog, sizeof prog)) < 0)
+        return rc;
+    struct modelsrc_convert mc = {.program = prog, .src = o->model_dir, .cache_dir = cache,
+                                  .dtype = o->convert_dtype};
+    if ((rc = modelsrc_convert(&mc, served, cap)) < 0)
+        return rc;
+    o->model_dir = served;
+    return 0;
+}
+
 /* 0, EXIT_USAGE (message logged), -1 for --help or -2 for --version. */
 static int parse_args(int argc, char **argv, struct opts *o)
 {
@@ -195,6 +234,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         O_GREEDY, O_TEMP, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_REPEAT_WINDOW, O_SEED, O_STOP,
         O_ROUNDS, O_WARMUP, O_PRINT_IDS, O_DUMP, O_NO_BOS, O_IGNORE_EOS, O_QUIET,
         O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE, O_LORA_WEIGHTS, O_VERSION, O_KV_DTYPE,
+        O_NO_CONVERT, O_CACHE_DIR, O_CONVERT_DTYPE, O_CONVERT_PROGRAM,
     };
     static const struct option lopts[] = {
         {"model-dir", required_argument, NULL, O_MODEL},
@@ -225,6 +265,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"adapter-scale", required_argument, NULL, O_ADAPTER_SCALE},
         {"lora-weights", required_argument, NULL, O_LORA_WEIGHTS},
         {"kv-dtype", required_argument, NULL, O_KV_DTYPE},
+        {"no-convert", no_argument, NULL, O_NO_CONVERT},
+        {"cache-dir", required_argument, NULL, O_CACHE_DIR},
+        {"convert-dtype", required_argument, NULL, O_CONVERT_DTYPE},
+        {"convert-program", required_argument, NULL, O_CONVERT_PROGRAM},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
@@ -245,6 +289,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case 'h': return -1;
         case O_VERSION: return -2;
         case O_MODEL: o->model_dir = optarg; break;
+        case O_NO_CONVERT: o->no_convert = true; break;
+        case O_CACHE_DIR: o->cache_dir = optarg; break;
+        case O_CONVERT_DTYPE: o->convert_dtype = optarg; break; /* the converter checks it */
+        case O_CONVERT_PROGRAM: o->convert_program = optarg; break;
         case O_PROMPT: o->prompt = optarg; break;
         case O_PROMPTS_FILE: o->prompts_file = optarg; break;
         case O_PROMPT_IDS: o->prompt_ids = optarg; break;
@@ -1161,10 +1209,11 @@ int main(int argc, char **argv)
     }
     if (rc)
         return rc;
-    /* a Hugging Face folder or a GGUF: the `clocher convert` command, not "cannot open the
-     * manifest" */
-    if (modelsrc_check(o.model_dir, "--model-dir") < 0)
-        return EXIT_MODEL;
+    /* a Hugging Face folder or a GGUF: converted once into the cache, or with --no-convert
+     * refused naming the `clocher convert` command (not "cannot open the manifest") */
+    char served[4096];
+    if ((rc = resolve_model(&o, served, sizeof served)) < 0)
+        return rc == ERR_CANCELLED ? EXIT_OK : EXIT_MODEL;
 
     struct engine_ctx E = {.o = &o, .eos = -1};
     struct prompts ps = {0};
