@@ -810,7 +810,7 @@ void chat_out_push(struct chat_out *o, int32_t id, const char *text, size_t len,
 void chat_out_flush(struct chat_out *o, const struct chat_piece **pieces, size_t *n)
 {
     o->n = o->blen = 0;
-    if (!o->hp && o->calls && o->hlen)
+    if (!o->hp && o->calls && (o->hlen || o->mode == J_IN_CALL))
         jinja_step(o, true);
     finish_pieces(o, pieces, n);
 }
