@@ -208,8 +208,9 @@ static void bare_name(const char **name, uint32_t *len)
  * tool_calls arrives split; a tool message answers the call its tool_call_id names (none: the
  * latest call). Calls without an id get "call" and 5 digits (9 alphanumerics: what Mistral's
  * templates insist on). */
-static json_t *jinja_vars(const struct tok *t, const struct shm_chat_msg *m, uint32_t n,
-                          const char *tools, uint32_t tools_len, char *err, size_t cap)
+static json_t *jinja_vars(const char *bos, const char *eos, const struct shm_chat_msg *m,
+                          uint32_t n, const char *tools, uint32_t tools_len, char *err,
+                          size_t cap)
 {
     json_t *msgs = json_array(), *vars = NULL, *jtools = json_null();
     char call_id[SHM_MAX_CHAT_NAME + 1] = "";
@@ -303,13 +304,10 @@ static json_t *jinja_vars(const struct tok *t, const struct shm_chat_msg *m, uin
                      "add_generation_prompt", 1);
     if (!vars)
         goto nomem_vars;
-    static const char *const names[] = {"bos_token", "eos_token"};
-    int32_t ids[] = {tok_bos(t), tok_eos(t)};
-    for (int k = 0; k < 2; k++) {
-        const char *s = ids[k] >= 0 ? tok_token_str(t, ids[k]) : NULL;
-        if (s)
-            json_object_set_new(vars, names[k], json_string(s));
-    }
+    if (bos)
+        json_object_set_new(vars, "bos_token", json_string(bos));
+    if (eos)
+        json_object_set_new(vars, "eos_token", json_string(eos));
     return vars;
 nomem:
     snprintf(err, cap, "worker out of memory");
@@ -322,22 +320,56 @@ nomem_vars: /* json_pack's "o" took both references, even on failure */
     return NULL;
 }
 
-static int render_jinja(const struct tok *t, const struct shm_chat_msg *m, uint32_t n,
-                        const char *tools, uint32_t tools_len, int32_t **ids, size_t *n_ids,
-                        char *err, size_t cap)
+/* A special token's text, or NULL. */
+static const char *special_text(const struct tok *t, int32_t id)
 {
-    json_t *vars = jinja_vars(t, m, n, tools, tools_len, err, cap);
+    return t && id >= 0 ? tok_token_str(t, id) : NULL;
+}
+
+int chat_render_jinja_text(const char *enc, uint32_t len, const char *bos, const char *eos,
+                           char **text, size_t *n, char *err, size_t cap)
+{
+    *text = NULL, *n = 0;
+    uint32_t count = 0;
+    const char *tools = NULL;
+    uint32_t tools_len = 0;
+    if (!g_model.tpl) {
+        snprintf(err, cap, "chat: the model has no chat template");
+        return ERR_UNSUPPORTED;
+    }
+    if (shm_chat_decode(enc, len, NULL, 0, &count, NULL, NULL) < 0) {
+        snprintf(err, cap, "chat: the messages' encoding is malformed");
+        return ERR_FORMAT;
+    }
+    struct shm_chat_msg *m = calloc(count, sizeof *m);
+    if (!m) {
+        snprintf(err, cap, "worker out of memory");
+        return -ENOMEM;
+    }
+    int rc = shm_chat_decode(enc, len, m, count, &count, &tools, &tools_len);
+    json_t *vars = rc ? NULL : jinja_vars(bos, eos, m, count, tools, tools_len, err, cap);
+    free(m);
+    if (rc)
+        return snprintf(err, cap, "chat: the messages' encoding is malformed"), rc;
     if (!vars)
         return strstr(err, "out of memory") ? -ENOMEM : ERR_FORMAT;
-    char *text = NULL, jerr[300];
-    size_t len;
-    int rc = jinja_render(g_model.tpl, vars, NULL, &text, &len, jerr, sizeof jerr);
+    char jerr[300];
+    rc = jinja_render(g_model.tpl, vars, NULL, text, n, jerr, sizeof jerr);
     json_decref(vars);
-    if (rc < 0) {
-        /* the template's own refusal (raise_exception) is the client's to fix */
+    if (rc < 0) /* the template's own refusal (raise_exception) is the client's to fix */
         snprintf(err, cap, "chat: the model's chat template: %s", jerr);
+    return rc;
+}
+
+static int render_jinja(const struct tok *t, const char *enc, uint32_t elen, int32_t **ids,
+                        size_t *n_ids, char *err, size_t cap)
+{
+    char *text = NULL;
+    size_t len;
+    int rc = chat_render_jinja_text(enc, elen, special_text(t, tok_bos(t)),
+                                    special_text(t, tok_eos(t)), &text, &len, err, cap);
+    if (rc < 0)
         return rc;
-    }
     /* the template spells the special tokens; HF tokenizes its text with add_special_tokens
      * off, so no BOS beyond the one the template writes */
     log_clear_error();
@@ -380,7 +412,7 @@ int chat_render(const struct tok *t, enum chat_template tpl, const char *enc, ui
         else if (tpl == CHAT_TPL_PLAIN)
             rc = render_plain(t, m, count, ids, n, err, cap);
         else if (tpl == CHAT_TPL_JINJA && g_model.tpl)
-            rc = render_jinja(t, m, count, tools, tools_len, ids, n, err, cap);
+            rc = render_jinja(t, enc, len, ids, n, err, cap);
         else
             rc = ERR_UNSUPPORTED, snprintf(err, cap, "chat: the model has no chat template");
     }

@@ -60,6 +60,12 @@ enum chat_template chat_template_of(const char *arch, const struct tok *t, char 
 int chat_render(const struct tok *t, enum chat_template tpl, const char *enc, uint32_t len,
                 uint32_t flags, int32_t **ids, size_t *n, char *err, size_t cap);
 
+/* The text the model's Jinja template (chat_model_load) renders for the chat encoding
+ * enc[len], with bos/eos the special tokens' text (NULL: undefined): what chat_render
+ * tokenizes, for drivers and tests that compare it with python3-jinja2. *text malloc'd. */
+int chat_render_jinja_text(const char *enc, uint32_t len, const char *bos, const char *eos,
+                           char **text, size_t *n, char *err, size_t cap);
+
 /* ---- a chat's generated text: channels and tool calls ---- */
 
 /* One piece the worker sends for a chat (a TOKEN record's text, channel and call header). */
