@@ -20,6 +20,8 @@ import os
 import re
 import shutil
 import sys
+import urllib.error
+import urllib.request
 
 import grpc
 import pytest
@@ -180,9 +182,7 @@ def test_harmony_render_with_tools(oss):
 
 
 def test_forced_harmony_tool_call(oss):
-    fd, chain = G.forced_daemon(oss.model, oss, "tools-call",
-                                [G.CHANNEL, "commentary to=functions.get_weather ",
-                                 G.CONSTRAIN, "json", G.MESSAGE, '{"city":"Oslo"}', G.CALL])
+    fd, chain = G.forced_daemon(oss.model, oss, "tools-call", FORCED_CALL)
     try:
         rs = chat(fd, [{"role": "user", "content": "hi"}], TOOLS, max_tokens=40)
         assert [i for r in rs for i in r.token_ids] == chain
@@ -199,3 +199,156 @@ def test_forced_harmony_tool_call(oss):
     finally:
         assert fd.stop() == 0, fd.read_log()
         shutil.rmtree(fd.cfg["model_dir"], ignore_errors=True)  # a 100 MB copy
+
+
+FORCED_CALL = [G.CHANNEL, "commentary to=functions.get_weather ", G.CONSTRAIN, "json", G.MESSAGE,
+               '{"city":"Oslo"}', G.CALL]
+
+
+# ---- HTTP: /v1/chat/completions with tools ----
+# These need daemon/http.c to read bodies with HTTP_OAI_TOOLS and map tool calls back
+# (http_oai.h); until it does, the door refuses `tools` as unsupported and they are skipped
+# with that reason (ctest: http_tools_door, SKIP_REGULAR_EXPRESSION).
+
+DOOR_SKIP = "SKIP-DOOR: the HTTP door does not carry tools yet (daemon/http.c)"
+
+
+def need_door(port, model):
+    st, text = http_post(port, {"model": model, "tools": TOOLS, "max_tokens": 1,
+                                "messages": [{"role": "user", "content": "x"}]})
+    if st == 400 and "not supported by this server" in text and '"tools"' in text:
+        print(DOOR_SKIP)
+        pytest.skip(DOOR_SKIP)
+
+def http_post(port, body, key="alice-key-0001"):
+    req = urllib.request.Request("http://127.0.0.1:%d/v1/chat/completions" % port,
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_http_forced_tool_call(oss):
+    fd, _ = G.forced_daemon(oss.model, oss, "tools-call-http", FORCED_CALL)
+    try:
+        need_door(fd.http_port, json.loads(G.http_models(fd))["data"][0]["id"])
+        check_http_call(fd)
+        check_openai_sdk(fd)
+    finally:
+        assert fd.stop() == 0, fd.read_log()
+        shutil.rmtree(fd.cfg["model_dir"], ignore_errors=True)  # a 100 MB copy
+
+
+def check_http_call(fd):
+    """The forced call through HTTP: message.tool_calls whole, and streamed as OpenAI streams
+    them (index, id, type and name first, then arguments pieces)."""
+    model = json.loads(G.http_models(fd))["data"][0]["id"]
+    body = {"model": model, "max_tokens": 40, "temperature": 0, "tools": TOOLS,
+            "messages": [{"role": "user", "content": "hi"}]}
+    st, text = http_post(fd.http_port, body)
+    assert st == 200, text
+    ch = json.loads(text)["choices"][0]
+    assert ch["finish_reason"] == "tool_calls", ch
+    calls = ch["message"]["tool_calls"]
+    assert len(calls) == 1 and calls[0]["type"] == "function", calls
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": '{"city":"Oslo"}'}
+    assert re.fullmatch(r"call_[A-Za-z0-9]{24}", calls[0]["id"]), calls
+    assert ch["message"]["content"] is None
+    st, text = http_post(fd.http_port, dict(body, stream=True))
+    assert st == 200, text
+    deltas, finish = [], None
+    for line in text.splitlines():
+        if line.startswith("data: {"):
+            c = json.loads(line[6:])["choices"]
+            if c:
+                deltas += c[0].get("delta", {}).get("tool_calls") or []
+                finish = c[0].get("finish_reason") or finish
+    assert finish == "tool_calls"
+    assert deltas and deltas[0]["index"] == 0 and deltas[0]["function"]["name"] == "get_weather"
+    assert re.fullmatch(r"call_[A-Za-z0-9]{24}", deltas[0]["id"]) and deltas[0]["type"] == "function"
+    assert all(d["index"] == 0 and "id" not in d and "name" not in d["function"]
+               for d in deltas[1:]), deltas
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"city":"Oslo"}'
+
+
+@pytest.fixture(scope="module")
+def hq(qwen):
+    """the Qwen-template daemon again, with an HTTP listener"""
+    port = T.free_port()
+    dm = T.Daemon(qwen.cfg["model_dir"], workers=1,
+                  limits={"max_prompt_tokens": 1000, "max_prompt_bytes": 65536},
+                  extra={"http": {"listen": "127.0.0.1:%d" % port, "timeout_s": 30}})
+    dm.http_port = port
+    yield dm
+    assert dm.stop() == 0, dm.read_log()
+
+
+def test_http_round_trip_renders_as_grpc(hq):
+    """OpenAI's round trip (tools, an assistant message with tool_calls, the tool's answer)
+    reaches the worker as the gRPC chat does: the same prompt, the same greedy reply."""
+    model = json.loads(G.http_models(hq))["data"][0]["id"]
+    need_door(hq.http_port, model)
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call00001", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call00001", "content": "21C"}]
+    st, text = http_post(hq.http_port, {"model": model, "messages": msgs, "tools": TOOLS,
+                                        "max_tokens": 8, "temperature": 0})
+    assert st == 200, text
+    one = json.loads(text)
+    rs = chat(hq, CALL_ROUND_TRIP, TOOLS)
+    assert one["usage"]["prompt_tokens"] == rs[-1].usage.prompt_tokens
+    assert one["choices"][0]["message"]["content"] == "".join(r.text for r in rs)
+    assert "tool_calls" not in one["choices"][0]["message"]
+    # tool_choice "none" leaves the tools out of the prompt
+    st, text = http_post(hq.http_port, {"model": model, "messages": msgs[:1], "tools": TOOLS,
+                                        "tool_choice": "none", "max_tokens": 1})
+    assert st == 200 and json.loads(text)["usage"]["prompt_tokens"] == \
+        chat(hq, CALL_ROUND_TRIP[:1], max_tokens=1)[-1].usage.prompt_tokens
+
+
+@pytest.mark.parametrize("extra,param,words", [
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools",
+     'tools[0].function.name: "a b" is not'),
+    ({"tools": {"x": 1}}, "tools", "tools: must be an array"),
+    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice", '"required" is not supported'),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
+     "a named function is not supported"),
+    ({"messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]}, "messages",
+     '"nope" answers no earlier tool call'),
+])
+def test_http_bad_tools_400(hq, extra, param, words):
+    model = json.loads(G.http_models(hq))["data"][0]["id"]
+    need_door(hq.http_port, model)
+    body = dict({"model": model, "messages": [{"role": "user", "content": "x"}]}, **extra)
+    st, text = http_post(hq.http_port, body)
+    err = json.loads(text)["error"]
+    assert st == 400 and err["param"] == param and words in err["message"], (st, text)
+
+
+def check_openai_sdk(fd):
+    """openai_sdk.mjs's toolCalls case (the official `openai` npm package) against the forced
+    daemon; skipped (pytest's skip) without node/npm or the registry."""
+    import subprocess
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import openai_sdk
+    folder = os.path.join(T.BUILD, "tests", "http", "npm")
+    try:
+        openai_sdk.install(folder)
+    except SystemExit:
+        pytest.skip("the openai npm package cannot be installed (node, npm or the registry)")
+    model = json.loads(G.http_models(fd))["data"][0]["id"]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openai_sdk.mjs")
+    shutil.copy(script, os.path.join(folder, "openai_sdk_tools.mjs"))
+    env = dict(os.environ, NODE_PATH=os.path.join(folder, "node_modules"),
+               CLOCHER_HTTP="http://127.0.0.1:%d/v1" % fd.http_port, CLOCHER_MODEL=model,
+               CLOCHER_KEY="alice-key-0001", CLOCHER_KEY_BOB="unused-key-0000",
+               CLOCHER_ONLY="toolCalls")
+    p = subprocess.run(["node", os.path.join(folder, "openai_sdk_tools.mjs")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "ok toolCalls" in p.stdout, p.stdout + p.stderr
