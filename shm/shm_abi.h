@@ -530,9 +530,23 @@ static_assert(SHM_MAX_TOP_LOGPROBS <= SHM_TOKEN_TOP_MASK, "abi");
 SHM_PIN(shm_wire_token, request_id, 0);
 SHM_PIN(shm_wire_token, token, 8);
 SHM_PIN(shm_wire_token, text_len, 12);
+/* chat tools (ABI 3) */
 static_assert(sizeof(struct shm_wire_chat_msg) == 24, "abi");
+SHM_PIN(shm_wire_chat_msg, role, 0);
+SHM_PIN(shm_wire_chat_msg, channel_len, 4);
+SHM_PIN(shm_wire_chat_msg, recipient_len, 8);
+SHM_PIN(shm_wire_chat_msg, content_len, 12);
+SHM_PIN(shm_wire_chat_msg, tool_call_id_len, 16);
+SHM_PIN(shm_wire_chat_msg, reserved, 20);
 static_assert(sizeof(struct shm_wire_chat) == 8, "abi");
+SHM_PIN(shm_wire_chat, tools_len, 0);
+SHM_PIN(shm_wire_chat, reserved, 4);
 static_assert(sizeof(struct shm_wire_call) == 8, "abi");
+SHM_PIN(shm_wire_call, name_len, 0);
+SHM_PIN(shm_wire_call, id_len, 4);
+static_assert((SHM_TOKEN_CALL_OPEN & (SHM_TOKEN_CHANNEL_MASK << SHM_TOKEN_CHANNEL_SHIFT)) == 0 &&
+                  (SHM_TOKEN_CALL_OPEN & SHM_TOKEN_CALL) == 0 && SHM_CH_OTHER <= SHM_TOKEN_CHANNEL_MASK,
+              "abi");
 static_assert(sizeof(struct shm_wire_finish) == 56, "abi");
 SHM_PIN(shm_wire_finish, request_id, 0);
 SHM_PIN(shm_wire_finish, reason, 8);
