@@ -57,7 +57,7 @@ int main(int argc, char **argv)
     char err[512];
     if (shm_chat_size(&ch, &len, err, sizeof err) != 0) {
         fprintf(stderr, "chat_render: %s\n", err);
-        return 3;
+        return 3; /* exits: the OS frees */
     }
     char *enc = malloc(len);
     shm_chat_encode(&ch, enc, len);
@@ -66,16 +66,15 @@ int main(int argc, char **argv)
     int rc = chat_render_jinja_text(enc, len, json_string_value(json_object_get(in, "bos_token")),
                                     json_string_value(json_object_get(in, "eos_token")), &text,
                                     &tl, err, sizeof err);
-    if (rc != 0) {
+    if (rc != 0)
         fprintf(stderr, "%s\n", err);
-        return 3;
-    }
-    fwrite(text, 1, tl, stdout);
+    else
+        fwrite(text, 1, tl, stdout);
     free(text);
     free(enc);
     free(tj);
     free(m);
     json_decref(in);
     chat_model_unload();
-    return 0;
+    return rc != 0 ? 3 : 0;
 }
