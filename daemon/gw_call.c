@@ -22,6 +22,7 @@
 #include "mono.h"
 #include "stats.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -29,6 +30,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -336,6 +338,10 @@ static void fill_response(struct gw_item *it, bool final, Clocher__V1__GenerateR
         r->has_channel = 1;
         r->channel = (Clocher__V1__Channel)channel; /* enum shm_channel = Channel's numbers */
     }
+    if (it->n_segs && it->segs[0].call) { /* chat tools: the run is a call's arguments */
+        r->recipient = it->segs[0].call_name;
+        r->tool_call_id = it->segs[0].call_id;
+    }
     if (!final || !it->finished || it->n_segs > 1)
         return;
     static const Clocher__V1__FinishReason reasons[] = {
@@ -398,14 +404,28 @@ static void consume_pending(struct gw_item *it)
         it->text[0] = '\0';
 }
 
-/* A chat piece's run: a new one when its text opens another channel. 0, or -ENOMEM when the
- * run table cannot grow (the caller fails the item). */
+/* A chat piece's run: a new one when its text opens another channel, or another tool call
+ * (chat tools: a piece with a call header opens one; the pieces of its channel that follow
+ * are its arguments). 0, or -ENOMEM when the run table cannot grow (the caller fails the
+ * item). */
 static int note_run(struct gw_item *it, const struct shm_msg_token *t)
 {
     if (!t->channel && !it->n_segs)
         return 0; /* not a chat */
-    if (it->n_segs == 0 ||
-        (t->text_len && it->segs[it->n_segs - 1].channel != t->channel)) {
+    bool opens = t->call_name_len != 0;
+    if (opens) {
+        it->open_call = ++it->n_calls;
+        it->call_channel = (uint32_t)t->channel;
+        snprintf(it->call_name, sizeof it->call_name, "%.*s", (int)t->call_name_len,
+                 t->call_name);
+        snprintf(it->call_id, sizeof it->call_id, "%.*s", (int)t->call_id_len, t->call_id);
+    } else if (it->open_call && t->text_len && (uint32_t)t->channel != it->call_channel) {
+        it->open_call = 0; /* text elsewhere: the call's arguments are complete */
+    }
+    unsigned call = it->open_call;
+    if (it->n_segs == 0 || opens ||
+        (t->text_len && (it->segs[it->n_segs - 1].channel != t->channel ||
+                         it->segs[it->n_segs - 1].call != call))) {
         if (it->n_segs && it->segs[it->n_segs - 1].text_end == 0 &&
             it->segs[it->n_segs - 1].ids_end == 0)
             it->n_segs--; /* empty */
@@ -416,9 +436,13 @@ static int note_run(struct gw_item *it, const struct shm_msg_token *t)
                 return -ENOMEM;
             it->segs = p, it->cap_segs = cap;
         }
-        it->segs[it->n_segs++] = (struct gw_seg){.channel = (uint32_t)t->channel,
-                                                 .text_end = it->text_len,
-                                                 .ids_end = it->n_ids};
+        struct gw_seg *ns = &it->segs[it->n_segs++];
+        *ns = (struct gw_seg){.channel = (uint32_t)t->channel, .text_end = it->text_len,
+                              .ids_end = it->n_ids, .call = call, .call_opens = opens};
+        if (call) {
+            memcpy(ns->call_name, it->call_name, sizeof ns->call_name);
+            memcpy(ns->call_id, it->call_id, sizeof ns->call_id);
+        }
     }
     struct gw_seg *sg = &it->segs[it->n_segs - 1];
     if (sg->text_end == it->text_len && sg->ids_end == it->n_ids && t->text_len)
@@ -739,7 +763,7 @@ void gw__call_event(struct gw_call *c, size_t item, const struct shm_msg *m)
     switch (m->type) {
     case SHM_MSG_TOKEN:
         unqueue(c, it);
-        it->tool_call |= m->token.call;
+        it->tool_call |= m->token.call || m->token.call_name_len; /* chat tools */
         if (note_run(it, &m->token) < 0 || (m->token.token >= 0 && append_id(it, m->token.token) < 0) ||
             (m->token.has_logprob && append_logprobs(it, &m->token) < 0) ||
             append_text(&it->text, &it->text_len, &it->text_cap, m->token.text,
@@ -943,6 +967,52 @@ static void *request_of(struct gw_call *c, const ProtobufCMessageDescriptor *d)
 
 /* ---- the chat form of Generate ---- */
 
+/* chat tools: tools_json is OpenAI's `tools` array, each {"type": "function", "function":
+ * {"name", "description"?, "parameters"?}} with OpenAI's name rule (1..64 of [A-Za-z0-9_-]).
+ * 0, or why[cap] naming the element and field. */
+static int check_tools(const char *json, char *why, size_t cap)
+{
+    json_error_t je;
+    json_t *a = json_loads(json, JSON_REJECT_DUPLICATES, &je);
+    int rc = -1;
+    if (!a)
+        snprintf(why, cap, "chat.tools_json: not JSON: %s (at %d)", je.text, je.position);
+    else if (!json_is_array(a))
+        snprintf(why, cap, "chat.tools_json: not an array of tools");
+    else
+        rc = 0;
+    for (size_t i = 0; rc == 0 && i < json_array_size(a); i++) {
+        json_t *t = json_array_get(a, i), *fn = json_object_get(t, "function");
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        json_t *desc = json_object_get(fn, "description"), *par = json_object_get(fn, "parameters");
+        size_t nl = name ? strlen(name) : 0, ok = 0;
+        while (ok < nl && (isalnum((unsigned char)name[ok]) || name[ok] == '_' || name[ok] == '-'))
+            ok++;
+        rc = -1;
+        if (!json_is_object(t))
+            snprintf(why, cap, "chat.tools_json[%zu]: not an object", i);
+        else if (!type || strcmp(type, "function") != 0)
+            snprintf(why, cap, "chat.tools_json[%zu].type: must be \"function\"", i);
+        else if (!json_is_object(fn))
+            snprintf(why, cap, "chat.tools_json[%zu].function: missing or not an object", i);
+        else if (!name)
+            snprintf(why, cap, "chat.tools_json[%zu].function.name: missing or not a string", i);
+        else if (nl == 0 || nl > 64 || ok != nl)
+            snprintf(why, cap, "chat.tools_json[%zu].function.name: \"%.70s\" is not 1..64 "
+                     "characters of A-Z a-z 0-9 _ -", i, name);
+        else if (desc && !json_is_string(desc))
+            snprintf(why, cap, "chat.tools_json[%zu].function.description: not a string", i);
+        else if (par && !json_is_object(par))
+            snprintf(why, cap, "chat.tools_json[%zu].function.parameters: not a JSON Schema "
+                     "object", i);
+        else
+            rc = 0;
+    }
+    json_decref(a);
+    return rc;
+}
+
 /* gw_req_generate for every input, the chat form included: gw_req checks all but the input,
  * the messages are checked and encoded here (shm_abi.h's chat encoding, bounded by
  * limits.max_prompt_bytes like a text prompt) into *chat (malloc'd: free it after the submit).
@@ -989,8 +1059,17 @@ static int req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_r
             .channel_len = cm->channel ? (uint32_t)strnlen(cm->channel, SHM_MAX_CHAT_NAME + 1) : 0,
             .recipient = cm->recipient ? cm->recipient : "",
             .recipient_len =
-                cm->recipient ? (uint32_t)strnlen(cm->recipient, SHM_MAX_CHAT_NAME + 1) : 0};
+                cm->recipient ? (uint32_t)strnlen(cm->recipient, SHM_MAX_CHAT_NAME + 1) : 0,
+            /* chat tools */
+            .tool_call_id = cm->tool_call_id ? cm->tool_call_id : "",
+            .tool_call_id_len =
+                cm->tool_call_id ? (uint32_t)strnlen(cm->tool_call_id, SHM_MAX_CHAT_NAME + 1) : 0};
     }
+    /* chat tools: checked here, rendered by the worker */
+    const char *tools = ch->tools_json && *ch->tools_json ? ch->tools_json : NULL;
+    if (tools && check_tools(tools, why, cap) < 0)
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    total += tools ? strlen(tools) : 0;
     if (total > ctx->cfg->limits.max_prompt_bytes)
         return snprintf(why, cap, "chat.messages: %" PRIu64 " bytes of content, the limit is %"
                         PRIu32 " (limits.max_prompt_bytes)", total,
@@ -998,7 +1077,10 @@ static int req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_r
                GRPC_STATUS_INVALID_ARGUMENT;
     uint32_t len = 0;
     char detail[256];
-    if (shm_chat_size(m, (uint32_t)n, &len, detail, sizeof detail) < 0)
+    struct shm_chat sc = {.msgs = m, .n = (uint32_t)n, .tools = tools,
+                          .tools_len = tools ? (uint32_t)strnlen(tools, SHM_MAX_CHAT_TOOLS + 1)
+                                             : 0};
+    if (shm_chat_size(&sc, &len, detail, sizeof detail) < 0)
         return snprintf(why, cap, "chat.%s", detail), GRPC_STATUS_INVALID_ARGUMENT;
     if (len > ctx->cfg->limits.max_prompt_bytes)
         return snprintf(why, cap, "chat.messages: %" PRIu32 " bytes encoded, the limit is %" PRIu32
@@ -1006,7 +1088,7 @@ static int req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_r
                GRPC_STATUS_INVALID_ARGUMENT;
     if (!(*chat = malloc(len)))
         return snprintf(why, cap, "gateway out of memory"), GRPC_STATUS_RESOURCE_EXHAUSTED;
-    shm_chat_encode(m, (uint32_t)n, *chat, len);
+    shm_chat_encode(&sc, *chat, len);
     out->prompt_text = *chat;
     out->prompt_text_len = len;
     out->flags = (out->flags & ~SHM_GEN_ADD_BOS) | SHM_GEN_CHAT |
@@ -1579,26 +1661,55 @@ out:
     return 0;
 }
 
-int gw_ext_take_chat(struct gw_call *c, size_t i, char **content, size_t *len, size_t *cap,
-                     char **reasoning, size_t *rlen, size_t *rcap, struct gw_ext_state *st)
+/* chat tools: a call run's text as one more gw_ext_call piece. */
+static int take_call(const struct gw_seg *sg, const char *text, size_t n, struct gw_ext_call **calls,
+                     size_t *n_calls)
+{
+    struct gw_ext_call *p = realloc(*calls, (*n_calls + 1) * sizeof *p);
+    if (!p)
+        return -ENOMEM;
+    *calls = p;
+    struct gw_ext_call *e = &p[*n_calls];
+    *e = (struct gw_ext_call){.index = sg->call - 1, .opens = sg->call_opens, .args_len = n};
+    memcpy(e->id, sg->call_id, sizeof e->id);
+    memcpy(e->name, sg->call_name, sizeof e->name);
+    if (!(e->args = malloc(n + 1)))
+        return -ENOMEM;
+    memcpy(e->args, text, n);
+    e->args[n] = '\0';
+    (*n_calls)++;
+    return 0;
+}
+
+int gw_ext_take_chat_calls(struct gw_call *c, size_t i, char **content, size_t *len,
+                           size_t *cap, char **reasoning, size_t *rlen, size_t *rcap,
+                           struct gw_ext_call **calls, size_t *n_calls,
+                           struct gw_ext_state *st)
 {
     int rc = 0;
     pthread_mutex_lock(&c->mu);
     struct gw_item *it = &c->items[i];
     size_t start = 0;
     for (size_t k = 0; k < it->n_segs && rc == 0; k++) {
-        bool thinking = it->segs[k].channel == SHM_CH_ANALYSIS;
-        size_t end = it->segs[k].text_end;
-        if (end > start && append_text(thinking ? reasoning : content, thinking ? rlen : len,
-                                       thinking ? rcap : cap, it->text + start, end - start) < 0)
+        const struct gw_seg *sg = &it->segs[k];
+        bool thinking = sg->channel == SHM_CH_ANALYSIS;
+        size_t end = sg->text_end;
+        if (calls && sg->call) {
+            if ((end > start || sg->call_opens) &&
+                take_call(sg, it->text + start, end - start, calls, n_calls) < 0)
+                rc = -ENOMEM;
+        } else if (end > start &&
+                   append_text(thinking ? reasoning : content, thinking ? rlen : len,
+                               thinking ? rcap : cap, it->text + start, end - start) < 0) {
             rc = -ENOMEM;
+        }
         start = end;
     }
     if (rc == 0 && it->text_len > start &&
         append_text(content, len, cap, it->text + start, it->text_len - start) < 0)
         rc = -ENOMEM;
     if (rc == 0)
-        consume_pending(it);
+        consume_pending(it); /* an open call goes on in the next take's runs */
     st->done = it->done;
     st->status = c->status ? c->status : it->status;
     snprintf(st->error, sizeof st->error, "%s",
@@ -1610,6 +1721,12 @@ int gw_ext_take_chat(struct gw_call *c, size_t i, char **content, size_t *len, s
     st->tokens = it->sent_tokens + it->n_ids;
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+int gw_ext_take_chat(struct gw_call *c, size_t i, char **content, size_t *len, size_t *cap,
+                     char **reasoning, size_t *rlen, size_t *rcap, struct gw_ext_state *st)
+{
+    return gw_ext_take_chat_calls(c, i, content, len, cap, reasoning, rlen, rcap, NULL, NULL, st);
 }
 
 int gw_ext_take(struct gw_call *c, size_t i, char **buf, size_t *len, size_t *cap,

@@ -5,6 +5,7 @@
 
 #include "err.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -129,8 +130,171 @@ static int get_content(json_t *v, size_t i, char **out, char *param, size_t pcap
     return 0;
 }
 
-static int get_messages(json_t *v, struct http_oai_req *r, char *param, size_t pcap, char *msg,
-                        size_t cap)
+/* ---- chat tools ---- */
+
+/* OpenAI's function-name rule: 1..64 of [A-Za-z0-9_-]. */
+static bool fn_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!(isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+/* A tool call id as the chat encoding carries it: 1..128 of [A-Za-z0-9._:-]. */
+static bool call_id_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 128)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!(isalnum((unsigned char)s[i]) || strchr("._:-", s[i])))
+            return false;
+    return true;
+}
+
+static int get_tools(json_t *root, struct http_oai_req *r, char *param, size_t pcap, char *msg,
+                     size_t cap)
+{
+    json_t *v = json_object_get(root, "tools"), *tc = json_object_get(root, "tool_choice");
+    json_t *ptc = json_object_get(root, "parallel_tool_calls");
+    r->parallel_tool_calls = true;
+    if (ptc && !json_is_null(ptc)) {
+        if (!json_is_boolean(ptc))
+            return BAD("parallel_tool_calls", "parallel_tool_calls: must be a boolean");
+        r->parallel_tool_calls = json_is_true(ptc);
+    }
+    bool none = false;
+    if (tc && !json_is_null(tc)) {
+        const char *c = json_string_value(tc);
+        if (c && strcmp(c, "none") == 0)
+            none = true;
+        else if (c && strcmp(c, "required") == 0)
+            return refuse(ERR_UNSUPPORTED, param, pcap, "tool_choice", msg, cap,
+                          "tool_choice: \"required\" is not supported by this server (no "
+                          "constrained decoding); use \"auto\"");
+        else if (json_is_object(tc))
+            return refuse(ERR_UNSUPPORTED, param, pcap, "tool_choice", msg, cap,
+                          "tool_choice: a named function is not supported by this server (no "
+                          "constrained decoding); use \"auto\"");
+        else if (!c || strcmp(c, "auto") != 0)
+            return BAD("tool_choice", "tool_choice: must be \"auto\", \"none\", \"required\" or "
+                       "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_array(v))
+        return BAD("tools", "tools: must be an array of {\"type\": \"function\", \"function\": "
+                   "{...}}");
+    if (json_array_size(v) > HTTP_OAI_MAX_TOOLS)
+        return refuse(ERR_RANGE, param, pcap, "tools", msg, cap, "tools: %zu, the limit is %u",
+                      json_array_size(v), HTTP_OAI_MAX_TOOLS);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *t = json_array_get(v, i), *fn = json_object_get(t, "function");
+        const char *type = json_string_value(json_object_get(t, "type"));
+        json_t *name = json_object_get(fn, "name"), *d = json_object_get(fn, "description");
+        json_t *par = json_object_get(fn, "parameters");
+        if (!json_is_object(t))
+            return BAD("tools", "tools[%zu]: must be an object", i);
+        if (!type || strcmp(type, "function") != 0)
+            return BAD("tools", "tools[%zu].type: must be \"function\"", i);
+        if (!json_is_object(fn))
+            return BAD("tools", "tools[%zu].function: missing or not an object", i);
+        if (!json_is_string(name))
+            return BAD("tools", "tools[%zu].function.name: missing or not a string", i);
+        if (!fn_name_ok(json_string_value(name)))
+            return BAD("tools", "tools[%zu].function.name: \"%.70s\" is not 1..64 characters "
+                       "of A-Z a-z 0-9 _ -", i, json_string_value(name));
+        if (d && !json_is_null(d) && !json_is_string(d))
+            return BAD("tools", "tools[%zu].function.description: must be a string", i);
+        if (par && !json_is_null(par) && !json_is_object(par))
+            return BAD("tools", "tools[%zu].function.parameters: must be a JSON Schema object",
+                       i);
+    }
+    if (none || json_array_size(v) == 0)
+        return 0;
+    return (r->tools_json = json_dumps(v, JSON_COMPACT)) ? 0 : -ENOMEM;
+}
+
+/* "functions." + name (malloc'd) */
+static int recipient_of(const char *name, char **out)
+{
+    size_t n = strlen(name) + sizeof "functions.";
+    if (!(*out = malloc(n)))
+        return -ENOMEM;
+    snprintf(*out, n, "functions.%s", name);
+    return 0;
+}
+
+/* An assistant message's tool_calls, each a message of its own from r->msgs[*at]. */
+static int get_tool_calls(json_t *calls, size_t i, struct http_oai_req *r, size_t *at,
+                          char *param, size_t pcap, char *msg, size_t cap)
+{
+    if (!json_is_array(calls))
+        return BAD("messages", "messages[%zu].tool_calls: must be an array", i);
+    for (size_t k = 0; k < json_array_size(calls); k++) {
+        json_t *c = json_array_get(calls, k), *fn = json_object_get(c, "function");
+        const char *id = json_string_value(json_object_get(c, "id"));
+        const char *type = json_string_value(json_object_get(c, "type"));
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        json_t *args = json_object_get(fn, "arguments");
+        if (!json_is_object(c))
+            return BAD("messages", "messages[%zu].tool_calls[%zu]: must be an object", i, k);
+        if (!id || !call_id_ok(id))
+            return BAD("messages", "messages[%zu].tool_calls[%zu].id: missing, or not 1..128 "
+                       "characters of A-Z a-z 0-9 . _ : -", i, k);
+        if (type && strcmp(type, "function") != 0)
+            return BAD("messages", "messages[%zu].tool_calls[%zu].type: must be \"function\"",
+                       i, k);
+        if (!json_is_object(fn) || !name || !fn_name_ok(name))
+            return BAD("messages", "messages[%zu].tool_calls[%zu].function.name: missing, or "
+                       "not 1..64 characters of A-Z a-z 0-9 _ -", i, k);
+        if (args && !json_is_null(args) && !json_is_string(args))
+            return BAD("messages", "messages[%zu].tool_calls[%zu].function.arguments: must be "
+                       "a string (JSON text)", i, k);
+        struct http_oai_msg *m = &r->msgs[(*at)++];
+        r->n_msgs = *at;
+        int rc;
+        if ((rc = dup_to(&m->role, "assistant")) < 0 ||
+            (rc = dup_to(&m->content, args && json_is_string(args) ? json_string_value(args)
+                                                                   : "{}")) < 0 ||
+            (rc = recipient_of(name, &m->recipient)) < 0 || (rc = dup_to(&m->tool_call_id, id)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* A tool message: its call's id and its tool's name (given, or the name of that call). */
+static int get_tool_answer(json_t *m, size_t i, struct http_oai_req *r, struct http_oai_msg *out,
+                           char *param, size_t pcap, char *msg, size_t cap)
+{
+    const char *id = json_string_value(json_object_get(m, "tool_call_id"));
+    const char *name = json_string_value(json_object_get(m, "name"));
+    if (!id || !call_id_ok(id))
+        return BAD("messages", "messages[%zu].tool_call_id: missing, or not 1..128 characters "
+                   "of A-Z a-z 0-9 . _ : -", i);
+    const char *rcpt = NULL;
+    for (size_t k = r->n_msgs; !name && k-- > 0;)
+        if (r->msgs[k].tool_call_id && r->msgs[k].recipient &&
+            strcmp(r->msgs[k].role, "assistant") == 0 && strcmp(r->msgs[k].tool_call_id, id) == 0)
+            rcpt = r->msgs[k].recipient;
+    if (!name && !rcpt)
+        return BAD("messages", "messages[%zu].tool_call_id: \"%.64s\" answers no earlier tool "
+                   "call (and the message has no name)", i, id);
+    if (name && !fn_name_ok(name))
+        return BAD("messages", "messages[%zu].name: not 1..64 characters of A-Z a-z 0-9 _ -",
+                   i);
+    int rc = dup_to(&out->tool_call_id, id);
+    if (rc == 0)
+        rc = name ? recipient_of(name, &out->recipient) : dup_to(&out->recipient, rcpt);
+    return rc;
+}
+
+static int get_messages(json_t *v, struct http_oai_req *r, bool tools, char *param, size_t pcap,
+                        char *msg, size_t cap)
 {
     static const char *const roles[] = {"system", "developer", "user", "assistant", "tool",
                                         NULL};
@@ -138,12 +302,18 @@ static int get_messages(json_t *v, struct http_oai_req *r, char *param, size_t p
         return BAD("messages", "messages: missing");
     if (!json_is_array(v) || json_array_size(v) == 0)
         return BAD("messages", "messages: must be a non-empty array");
-    size_t n = json_array_size(v);
-    if (n > HTTP_OAI_MAX_MSGS)
+    size_t n = json_array_size(v), total = n;
+    for (size_t i = 0; tools && i < n; i++) {
+        json_t *calls = json_object_get(json_array_get(v, i), "tool_calls");
+        total += json_is_array(calls) ? json_array_size(calls) : 0;
+    }
+    if (total > HTTP_OAI_MAX_MSGS)
         return refuse(ERR_RANGE, param, pcap, "messages", msg, cap,
-                      "messages: %zu, the limit is %u", n, HTTP_OAI_MAX_MSGS);
-    if (!(r->msgs = calloc(n, sizeof *r->msgs)))
+                      "messages: %zu%s, the limit is %u", total,
+                      total > n ? " with each tool call one" : "", HTTP_OAI_MAX_MSGS);
+    if (!(r->msgs = calloc(total, sizeof *r->msgs)))
         return -ENOMEM;
+    size_t at = 0;
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(v, i), *role = json_object_get(m, "role");
         if (!json_is_object(m))
@@ -156,10 +326,27 @@ static int get_messages(json_t *v, struct http_oai_req *r, char *param, size_t p
         if (!known)
             return BAD("messages", "messages[%zu].role: \"%.32s\" is not one of system, "
                        "developer, user, assistant, tool", i, json_string_value(role));
-        r->n_msgs = i + 1; /* owned from here: http_oai_free frees what is set */
-        int rc = dup_to(&r->msgs[i].role, json_string_value(role));
-        if (rc < 0 || (rc = get_content(json_object_get(m, "content"), i, &r->msgs[i].content,
-                                        param, pcap, msg, cap)) < 0)
+        const char *rs = json_string_value(role);
+        json_t *calls = json_object_get(m, "tool_calls");
+        bool has_calls = calls && !json_is_null(calls);
+        if (has_calls && (!tools || strcmp(rs, "assistant") != 0))
+            return tools ? BAD("messages", "messages[%zu].tool_calls: only assistant messages "
+                               "have them", i)
+                         : UNSUPPORTED("messages.tool_calls");
+        struct http_oai_msg tmp = {0};
+        int rc = get_content(json_object_get(m, "content"), i, &tmp.content, param, pcap, msg,
+                             cap);
+        if (rc == 0 && strcmp(rs, "tool") == 0)
+            rc = get_tool_answer(m, i, r, &tmp, param, pcap, msg, cap);
+        if (rc == 0 && !(has_calls && !tmp.content[0]) && (rc = dup_to(&tmp.role, rs)) == 0) {
+            r->msgs[at++] = tmp; /* owned from here: http_oai_free frees what is set */
+            r->n_msgs = at;
+            tmp = (struct http_oai_msg){0};
+        }
+        free(tmp.content), free(tmp.recipient), free(tmp.tool_call_id), free(tmp.role);
+        if (rc == 0 && has_calls)
+            rc = get_tool_calls(calls, i, r, &at, param, pcap, msg, cap);
+        if (rc < 0)
             return rc;
     }
     return 0;
@@ -192,10 +379,11 @@ static int get_stop(json_t *v, struct http_oai_req *r, char *param, size_t pcap,
 
 /* Parameters a client may send that this server does not implement: refused by name rather
  * than silently ignored (a caller asking for tools must not get a reply without them). */
-static int check_unsupported(json_t *root, char *param, size_t pcap, char *msg, size_t cap)
+static int check_unsupported(json_t *root, bool tools, char *param, size_t pcap, char *msg,
+                             size_t cap)
 {
     json_t *v;
-    if ((v = json_object_get(root, "tools")) && !json_is_null(v) &&
+    if (!tools && (v = json_object_get(root, "tools")) && !json_is_null(v) &&
         !(json_is_array(v) && json_array_size(v) == 0))
         return UNSUPPORTED("tools");
     if ((v = json_object_get(root, "functions")) && !json_is_null(v))
@@ -257,14 +445,16 @@ static int get_logprobs(json_t *root, bool chat, struct http_oai_req *r, char *p
     return 0;
 }
 
-static int parse_root(json_t *root, bool chat, struct http_oai_req *r, char *param, size_t pcap,
-                      char *msg, size_t cap)
+static int parse_root(json_t *root, bool chat, unsigned flags, struct http_oai_req *r,
+                      char *param, size_t pcap, char *msg, size_t cap)
 {
     json_t *v;
     int rc;
+    bool tools = chat && (flags & HTTP_OAI_TOOLS);
     if (!json_is_object(root))
         return BAD("", "the body must be a JSON object");
-    if ((rc = check_unsupported(root, param, pcap, msg, cap)) < 0 ||
+    if ((rc = check_unsupported(root, tools, param, pcap, msg, cap)) < 0 ||
+        (tools && (rc = get_tools(root, r, param, pcap, msg, cap)) < 0) ||
         (rc = get_logprobs(root, chat, r, param, pcap, msg, cap)) < 0)
         return rc;
     v = json_object_get(root, "model");
@@ -276,7 +466,8 @@ static int parse_root(json_t *root, bool chat, struct http_oai_req *r, char *par
         return rc;
 
     if (chat) {
-        if ((rc = get_messages(json_object_get(root, "messages"), r, param, pcap, msg, cap)) < 0)
+        if ((rc = get_messages(json_object_get(root, "messages"), r, tools, param, pcap, msg,
+                               cap)) < 0)
             return rc;
     } else {
         if (!(v = json_object_get(root, "prompt")))
@@ -343,6 +534,12 @@ static int parse_root(json_t *root, bool chat, struct http_oai_req *r, char *par
 int http_oai_parse(const char *body, size_t len, bool chat, struct http_oai_req *out,
                    char *param, size_t pcap, char *msg, size_t cap)
 {
+    return http_oai_parse_ex(body, len, chat, 0, out, param, pcap, msg, cap);
+}
+
+int http_oai_parse_ex(const char *body, size_t len, bool chat, unsigned flags,
+                      struct http_oai_req *out, char *param, size_t pcap, char *msg, size_t cap)
+{
     memset(out, 0, sizeof *out);
     out->chat = chat;
     param[0] = msg[0] = '\0';
@@ -355,7 +552,7 @@ int http_oai_parse(const char *body, size_t len, bool chat, struct http_oai_req 
     if (!root)
         return BAD("", "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
                    jerr.line, jerr.column);
-    int rc = parse_root(root, chat, out, param, pcap, msg, cap);
+    int rc = parse_root(root, chat, flags, out, param, pcap, msg, cap);
     json_decref(root);
     if (rc == -ENOMEM)
         snprintf(msg, cap, "out of memory");
@@ -370,7 +567,9 @@ void http_oai_free(struct http_oai_req *r)
     free(r->prompt);
     free(r->prompt_ids);
     for (size_t i = 0; i < r->n_msgs; i++)
-        free(r->msgs[i].role), free(r->msgs[i].content);
+        free(r->msgs[i].role), free(r->msgs[i].content), free(r->msgs[i].recipient),
+            free(r->msgs[i].tool_call_id);
+    free(r->tools_json);
     free(r->msgs);
     for (size_t i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
@@ -391,4 +590,22 @@ char *http_oai_render_plain(const struct http_oai_req *r)
         p += sprintf(p, "<|%s|>\n%s\n", r->msgs[i].role, r->msgs[i].content);
     strcpy(p, "<|assistant|>\n");
     return out;
+}
+
+json_t *http_oai_tool_call(unsigned index, bool delta, bool opens, const char *id,
+                           const char *name, const char *args, size_t args_len)
+{
+    if (strncmp(name, "functions.", 10) == 0)
+        name += 10;
+    json_t *fn = opens || !delta ? json_pack("{s:s, s:s%}", "name", name, "arguments", args,
+                                             args_len)
+                                 : json_pack("{s:s%}", "arguments", args, args_len);
+    json_t *c = opens || !delta ? json_pack("{s:s, s:s, s:o}", "id", id, "type", "function",
+                                            "function", fn)
+                                : json_pack("{s:o}", "function", fn);
+    if (c && delta && json_object_set_new(c, "index", json_integer(index)) < 0) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
 }

@@ -24,6 +24,13 @@
 struct http_oai_msg {
     char *role;    /* "system", "developer", "user", "assistant", "tool" */
     char *content; /* the text ("" for none); parts of type "text" joined */
+    /* chat tools (http_oai_parse_ex with HTTP_OAI_TOOLS): an assistant message's tool_calls
+     * each become an assistant message of their own (content: the arguments), after the
+     * message's text if it has any; recipient "functions.NAME", tool_call_id the call's id.
+     * A tool message: recipient "functions.NAME" (its "name", else the name of the call its
+     * tool_call_id answers), tool_call_id. NULL for none. As gRPC's ChatMessage takes them. */
+    char *recipient;
+    char *tool_call_id;
 };
 
 struct http_oai_req {
@@ -48,7 +55,18 @@ struct http_oai_req {
      * logprobs true, top_logprobs N (0..20) */
     bool logprobs;
     uint32_t top_logprobs;
+    /* chat tools (HTTP_OAI_TOOLS): the `tools` array as compact JSON (gRPC's Chat.tools_json;
+     * NULL: none, or tool_choice "none", which leaves them out of the prompt as vLLM does);
+     * parallel_tool_calls as sent (default true; not enforced: a reply may hold several) */
+    char *tools_json;
+    bool parallel_tool_calls;
 };
+
+/* http_oai_parse_ex flags */
+#define HTTP_OAI_TOOLS 0x1u /* the caller carries tools and tool calls (else `tools` is refused
+                             * as unsupported, so a client asking for tools never gets a reply
+                             * made without them) */
+#define HTTP_OAI_MAX_TOOLS 128u
 
 /*
  * Reads body[len] (a JSON object) into *out (owned: http_oai_free). 0, or a negative code with
@@ -59,6 +77,23 @@ struct http_oai_req {
  */
 int http_oai_parse(const char *body, size_t len, bool chat, struct http_oai_req *out,
                    char *param, size_t pcap, char *msg, size_t cap);
+/* http_oai_parse with flags (HTTP_OAI_TOOLS): chat requests take `tools` (each {"type":
+ * "function", "function": {"name" (1..64 of [A-Za-z0-9_-]), "description"?, "parameters"?
+ * (an object)}}), `tool_choice` ("auto", "none"; "required" and a named function are
+ * ERR_UNSUPPORTED naming tool_choice), `parallel_tool_calls` (a boolean), assistant messages
+ * with `tool_calls` and `tool` messages with `tool_call_id`; a malformed one is ERR_FORMAT
+ * with param "tools", "tool_choice" or "messages" and msg naming the element and field. */
+int http_oai_parse_ex(const char *body, size_t len, bool chat, unsigned flags,
+                      struct http_oai_req *out, char *param, size_t pcap, char *msg, size_t cap);
+
+/* One entry of a reply's `tool_calls` (json_t *, owned by the caller; NULL on OOM): whole,
+ * {"id", "type": "function", "function": {"name", "arguments"}}; or, for a stream
+ * (delta true), {"index", ...} with id, type and name only on the piece that opens the call
+ * and each later piece only {"index", "function": {"arguments": piece}}, as OpenAI streams
+ * them. name is the recipient ("functions.get_weather": the "functions." is cut). */
+struct json_t;
+struct json_t *http_oai_tool_call(unsigned index, bool delta, bool opens, const char *id,
+                                  const char *name, const char *args, size_t args_len);
 
 void http_oai_free(struct http_oai_req *r);
 

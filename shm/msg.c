@@ -136,26 +136,32 @@ static int check_ids(const struct ctx *c, const char *field, const int32_t *ids,
 
 static const char *const chat_roles[] = {"system", "developer", "user", "assistant", "tool"};
 
-/* A channel or recipient: 0..SHM_MAX_CHAT_NAME bytes of [A-Za-z0-9._:-]. */
-static int chat_name(const struct ctx *c, uint32_t i, const char *field, const char *s,
-                     uint32_t n, char *msg, size_t cap)
+/* A channel, recipient or call id: 0..SHM_MAX_CHAT_NAME bytes of [A-Za-z0-9._:-]; field is
+ * the whole field name ("messages[3].recipient", "call id"). */
+static int chat_field(const struct ctx *c, const char *field, const char *s, uint32_t n,
+                      char *msg, size_t cap)
 {
     if (n > SHM_MAX_CHAT_NAME) {
         if (msg)
-            snprintf(msg, cap, "messages[%" PRIu32 "].%s: %" PRIu32 " bytes, at most %u", i,
-                     field, n, SHM_MAX_CHAT_NAME);
-        return REFUSE(c, "messages[%" PRIu32 "].%s: %" PRIu32 " bytes, at most %u", i, field, n,
-                      SHM_MAX_CHAT_NAME);
+            snprintf(msg, cap, "%s: %" PRIu32 " bytes, at most %u", field, n, SHM_MAX_CHAT_NAME);
+        return REFUSE(c, "%s: %" PRIu32 " bytes, at most %u", field, n, SHM_MAX_CHAT_NAME);
     }
     for (uint32_t k = 0; k < n; k++)
         if (!name_char(s[k]) && s[k] != ':') {
             if (msg)
-                snprintf(msg, cap, "messages[%" PRIu32 "].%s: byte 0x%02x at %" PRIu32
-                         " (allowed: A-Z a-z 0-9 . _ : -)", i, field, (unsigned char)s[k], k);
-            return REFUSE(c, "messages[%" PRIu32 "].%s: byte 0x%02x at %" PRIu32, i, field,
-                          (unsigned char)s[k], k);
+                snprintf(msg, cap, "%s: byte 0x%02x at %" PRIu32
+                         " (allowed: A-Z a-z 0-9 . _ : -)", field, (unsigned char)s[k], k);
+            return REFUSE(c, "%s: byte 0x%02x at %" PRIu32, field, (unsigned char)s[k], k);
         }
     return 0;
+}
+
+static int chat_name(const struct ctx *c, uint32_t i, const char *field, const char *s,
+                     uint32_t n, char *msg, size_t cap)
+{
+    char f[64];
+    snprintf(f, sizeof f, "messages[%" PRIu32 "].%s", i, field);
+    return chat_field(c, f, s, n, msg, cap);
 }
 
 /* One decoded message's rules (both directions). */
@@ -180,20 +186,60 @@ static int chat_msg_check(const struct ctx *c, uint32_t i, const struct shm_chat
                     "name) messages have one (this is %s)", i, chat_roles[m->role]);
     if (m->role == SHM_CHAT_TOOL && !m->recipient_len)
         CHAT_REFUSE("messages[%" PRIu32 "].recipient: a tool message names its tool", i);
+    /* chat tools (ABI 3) */
+    if (m->tool_call_id_len && m->role != SHM_CHAT_TOOL &&
+        !(m->role == SHM_CHAT_ASSISTANT && m->recipient_len))
+        CHAT_REFUSE("messages[%" PRIu32 "].tool_call_id: only a tool call (an assistant message "
+                    "with a recipient) and a tool's answer have one (this is %s)", i,
+                    chat_roles[m->role]);
 #undef CHAT_REFUSE
     int rc;
     if ((rc = chat_name(c, i, "channel", m->channel, m->channel_len, msg, cap)) < 0 ||
-        (rc = chat_name(c, i, "recipient", m->recipient, m->recipient_len, msg, cap)) < 0)
+        (rc = chat_name(c, i, "recipient", m->recipient, m->recipient_len, msg, cap)) < 0 ||
+        (rc = chat_name(c, i, "tool_call_id", m->tool_call_id, m->tool_call_id_len, msg, cap)) <
+            0)
         return rc;
     return 0;
 }
 
+/* The tools' JSON text: bounded, no NUL (the worker parses it; shm only bounds it). */
+static int chat_tools_check(const struct ctx *c, const char *tools, uint32_t len, char *msg,
+                            size_t cap)
+{
+    const char *why = len > SHM_MAX_CHAT_TOOLS ? "exceeds the limit"
+                      : len && memchr(tools, '\0', len) ? "holds a NUL byte" : NULL;
+    if (!why)
+        return 0;
+    if (msg)
+        snprintf(msg, cap, "tools: %" PRIu32 " bytes %s (at most %u, no NUL)", len, why,
+                 SHM_MAX_CHAT_TOOLS);
+    return REFUSE(c, "chat: tools: %" PRIu32 " bytes %s (at most %u, no NUL)", len, why,
+                  SHM_MAX_CHAT_TOOLS);
+}
+
 /* Validates the encoding buf[len]; decodes into out[cap] when out. */
 static int chat_check(const struct ctx *c, const void *buf, uint32_t len,
-                      struct shm_chat_msg *out, uint32_t cap, uint32_t *n_out)
+                      struct shm_chat_msg *out, uint32_t cap, uint32_t *n_out,
+                      const char **tools, uint32_t *tools_len)
 {
     const unsigned char *p = buf;
-    uint32_t off = 0, n = 0;
+    struct shm_wire_chat h;
+    if (len < sizeof h)
+        return REFUSE(c, "chat: %" PRIu32 " bytes, shorter than its header", len);
+    memcpy(&h, p, sizeof h);
+    uint32_t off = sizeof h;
+    if (h.reserved)
+        return REFUSE(c, "chat: reserved is %" PRIu32 ", not 0", h.reserved);
+    if (h.tools_len > len - off)
+        return REFUSE(c, "chat: tools announce %" PRIu32 " bytes, %" PRIu32 " remain",
+                      h.tools_len, len - off);
+    int rc = chat_tools_check(c, (const char *)p + off, h.tools_len, NULL, 0);
+    if (rc < 0)
+        return rc;
+    if (tools)
+        *tools = h.tools_len ? (const char *)p + off : NULL, *tools_len = h.tools_len;
+    off += h.tools_len;
+    uint32_t n = 0;
     while (off < len) {
         if (n == SHM_MAX_CHAT_MSGS)
             return REFUSE(c, "chat: more than %u messages", SHM_MAX_CHAT_MSGS);
@@ -202,23 +248,29 @@ static int chat_check(const struct ctx *c, const void *buf, uint32_t len,
             return REFUSE(c, "chat: message %" PRIu32 " is cut in its fixed part", n);
         memcpy(&w, p + off, sizeof w);
         off += sizeof w;
-        uint64_t need = (uint64_t)w.channel_len + w.recipient_len + w.content_len;
+        uint64_t need = (uint64_t)w.channel_len + w.recipient_len + w.tool_call_id_len +
+                        w.content_len;
         if (need > len - off)
             return REFUSE(c, "chat: message %" PRIu32 " announces %" PRIu64 " bytes, %" PRIu32
                           " remain", n, need, len - off);
         if (w.role > SHM_CHAT_TOOL)
             return REFUSE(c, "chat: messages[%" PRIu32 "].role: %" PRIu32 " is not a role", n,
                           w.role);
+        if (w.reserved)
+            return REFUSE(c, "chat: messages[%" PRIu32 "].reserved: %" PRIu32 ", not 0", n,
+                          w.reserved);
+        const char *q = (const char *)p + off;
         struct shm_chat_msg m = {.role = (enum shm_chat_role)w.role,
-                                 .channel = (const char *)p + off, .channel_len = w.channel_len,
-                                 .recipient = (const char *)p + off + w.channel_len,
+                                 .channel = q, .channel_len = w.channel_len,
+                                 .recipient = q + w.channel_len,
                                  .recipient_len = w.recipient_len,
-                                 .content = (const char *)p + off + w.channel_len +
-                                            w.recipient_len,
+                                 .tool_call_id = q + w.channel_len + w.recipient_len,
+                                 .tool_call_id_len = w.tool_call_id_len,
+                                 .content = q + w.channel_len + w.recipient_len +
+                                            w.tool_call_id_len,
                                  .content_len = w.content_len};
         off += (uint32_t)need;
-        int rc = chat_msg_check(c, n, &m, NULL, 0);
-        if (rc < 0)
+        if ((rc = chat_msg_check(c, n, &m, NULL, 0)) < 0)
             return rc;
         if (out && n < cap)
             out[n] = m;
@@ -231,22 +283,25 @@ static int chat_check(const struct ctx *c, const void *buf, uint32_t len,
     return 0;
 }
 
-int shm_chat_size(const struct shm_chat_msg *msgs, uint32_t n, uint32_t *len, char *msg,
-                  size_t cap)
+int shm_chat_size(const struct shm_chat *ch, uint32_t *len, char *msg, size_t cap)
 {
     struct ctx c = {.what = "chat", .type = SHM_MSG_GENERATE};
+    uint32_t n = ch->n;
     if (n == 0 || n > SHM_MAX_CHAT_MSGS) {
         if (msg)
             snprintf(msg, cap, "messages: %" PRIu32 ", give 1..%u", n, SHM_MAX_CHAT_MSGS);
         return REFUSE(&c, "messages: %" PRIu32 ", give 1..%u", n, SHM_MAX_CHAT_MSGS);
     }
-    uint64_t total = 0;
+    int rc = chat_tools_check(&c, ch->tools, ch->tools_len, msg, cap);
+    if (rc < 0)
+        return rc;
+    uint64_t total = sizeof(struct shm_wire_chat) + (uint64_t)ch->tools_len;
     for (uint32_t i = 0; i < n; i++) {
-        int rc = chat_msg_check(&c, i, &msgs[i], msg, cap);
-        if (rc < 0)
+        const struct shm_chat_msg *m = &ch->msgs[i];
+        if ((rc = chat_msg_check(&c, i, m, msg, cap)) < 0)
             return rc;
-        total += sizeof(struct shm_wire_chat_msg) + (uint64_t)msgs[i].channel_len +
-                 msgs[i].recipient_len + msgs[i].content_len;
+        total += sizeof(struct shm_wire_chat_msg) + (uint64_t)m->channel_len +
+                 m->recipient_len + m->tool_call_id_len + m->content_len;
     }
     if (total > UINT32_MAX) {
         if (msg)
@@ -257,35 +312,40 @@ int shm_chat_size(const struct shm_chat_msg *msgs, uint32_t n, uint32_t *len, ch
     return 0;
 }
 
-void shm_chat_encode(const struct shm_chat_msg *msgs, uint32_t n, void *buf, uint32_t len)
+static void put_n(unsigned char *p, uint32_t *off, const void *s, uint32_t n)
+{
+    if (n)
+        memcpy(p + *off, s, n);
+    *off += n;
+}
+
+void shm_chat_encode(const struct shm_chat *ch, void *buf, uint32_t len)
 {
     unsigned char *p = buf;
     uint32_t off = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        const struct shm_chat_msg *m = &msgs[i];
+    struct shm_wire_chat h = {.tools_len = ch->tools_len};
+    put_n(p, &off, &h, sizeof h);
+    put_n(p, &off, ch->tools, ch->tools_len);
+    for (uint32_t i = 0; i < ch->n; i++) {
+        const struct shm_chat_msg *m = &ch->msgs[i];
         struct shm_wire_chat_msg w = {.role = (uint32_t)m->role, .channel_len = m->channel_len,
                                       .recipient_len = m->recipient_len,
-                                      .content_len = m->content_len};
-        memcpy(p + off, &w, sizeof w);
-        off += sizeof w;
-        if (m->channel_len)
-            memcpy(p + off, m->channel, m->channel_len);
-        off += m->channel_len;
-        if (m->recipient_len)
-            memcpy(p + off, m->recipient, m->recipient_len);
-        off += m->recipient_len;
-        if (m->content_len)
-            memcpy(p + off, m->content, m->content_len);
-        off += m->content_len;
+                                      .content_len = m->content_len,
+                                      .tool_call_id_len = m->tool_call_id_len};
+        put_n(p, &off, &w, sizeof w);
+        put_n(p, &off, m->channel, m->channel_len);
+        put_n(p, &off, m->recipient, m->recipient_len);
+        put_n(p, &off, m->tool_call_id, m->tool_call_id_len);
+        put_n(p, &off, m->content, m->content_len);
     }
     CHECK(off == len);
 }
 
 int shm_chat_decode(const void *buf, uint32_t len, struct shm_chat_msg *out, uint32_t cap,
-                    uint32_t *n)
+                    uint32_t *n, const char **tools, uint32_t *tools_len)
 {
     struct ctx c = {.what = "chat", .type = SHM_MSG_GENERATE};
-    return chat_check(&c, buf, len, out, cap, n);
+    return chat_check(&c, buf, len, out, cap, n, tools, tools_len);
 }
 
 static int check_generate(const struct ctx *c, const struct shm_msg_generate *g)
@@ -327,7 +387,7 @@ static int check_generate(const struct ctx *c, const struct shm_msg_generate *g)
                                                : "no prompt (neither text nor token ids)");
     CHECK(g->prompt_text_len == 0 || g->prompt_text);
     if ((g->flags & SHM_GEN_CHAT) && chat_check(c, g->prompt_text, g->prompt_text_len, NULL, 0,
-                                                  NULL) < 0)
+                                                  NULL, NULL, NULL) < 0)
         return ERR_FORMAT;
     if ((rc = check_ids(c, "prompt_ids", g->prompt_ids, g->n_prompt_ids)) < 0)
         return rc;
@@ -387,6 +447,22 @@ static int check_logprobs(struct ctx *c, const struct shm_msg_token *t)
 }
 
 /* Bytes of a TOKEN's logprob section (after validate). */
+/* chat tools (ABI 3): a piece's call header, if any */
+static int check_call_open(const struct ctx *c, const struct shm_msg_token *t)
+{
+    if (!t->call_name_len && !t->call_id_len)
+        return 0;
+    if (t->channel == SHM_CH_NONE)
+        return REFUSE(c, "a call header on a piece that is not a chat's");
+    if (!t->call_name_len || !t->call_id_len)
+        return REFUSE(c, "a call header without a %s", t->call_name_len ? "call id" : "name");
+    int rc;
+    if ((rc = chat_field(c, "call name", t->call_name, t->call_name_len, NULL, 0)) < 0 ||
+        (rc = chat_field(c, "call id", t->call_id, t->call_id_len, NULL, 0)) < 0)
+        return rc;
+    return 0;
+}
+
 static uint64_t logprobs_bytes(const struct shm_msg_token *t)
 {
     if (!t->has_logprob)
@@ -448,6 +524,8 @@ static int validate(const char *what, const struct shm_msg *m)
             return REFUSE(&c, "channel %u is not a channel", (unsigned)m->token.channel);
         if (m->token.call && m->token.token < 0)
             return REFUSE(&c, "a text-only piece marked as a tool call");
+        if ((rc = check_call_open(&c, &m->token)) < 0) /* chat tools (ABI 3) */
+            return rc;
         if ((rc = check_logprobs(&c, &m->token)) < 0)
             return rc;
         if (m->token.text_len > SHM_MAX_PIECE)
@@ -548,7 +626,10 @@ static uint64_t encoded_size(const struct shm_msg *m)
     case SHM_MSG_ADAPTER_UNLOAD:
         return sizeof(struct shm_wire_name) + wlen(m->name.name);
     case SHM_MSG_TOKEN:
-        return sizeof(struct shm_wire_token) + m->token.text_len + logprobs_bytes(&m->token);
+        return sizeof(struct shm_wire_token) + m->token.text_len + logprobs_bytes(&m->token) +
+               (m->token.call_name_len ? sizeof(struct shm_wire_call) + m->token.call_name_len +
+                                             m->token.call_id_len
+                                       : 0);
     case SHM_MSG_FINISH:
         return sizeof(struct shm_wire_finish);
     case SHM_MSG_ERROR:
@@ -670,12 +751,20 @@ void shm_msg_encode(const struct shm_msg *m, void *buf, uint32_t len)
                                                (uint32_t)m->token.channel
                                                    << SHM_TOKEN_CHANNEL_SHIFT |
                                                (m->token.call ? SHM_TOKEN_CALL : 0) |
+                                               (m->token.call_name_len ? SHM_TOKEN_CALL_OPEN
+                                                                       : 0) |
                                                (m->token.has_logprob
                                                     ? SHM_TOKEN_LOGPROBS |
                                                           m->token.n_top << SHM_TOKEN_TOP_SHIFT
                                                     : 0)};
         put(&o, &w, sizeof w);
         put(&o, m->token.text, m->token.text_len);
+        if (m->token.call_name_len) { /* chat tools (ABI 3) */
+            struct shm_wire_call wc = {m->token.call_name_len, m->token.call_id_len};
+            put(&o, &wc, sizeof wc);
+            put(&o, m->token.call_name, m->token.call_name_len);
+            put(&o, m->token.call_id, m->token.call_id_len);
+        }
         for (uint32_t i = 0; m->token.has_logprob && i <= m->token.n_top; i++) {
             const struct shm_msg_logprob *x = i ? &m->token.top[i - 1] : &m->token.own;
             struct shm_wire_logprob wl = {x->id, x->logprob, x->piece_len};
@@ -969,7 +1058,8 @@ int shm_msg_decode(const char *what, uint32_t type, const void *buf, uint32_t le
                         SHM_MAX_TOP_LOGPROBS);
             break;
         }
-        if ((rc = lp ? expect_min(&in, tlen) : expect_total(&in, tlen)) < 0)
+        bool open = (w.text_len & SHM_TOKEN_CALL_OPEN) != 0;
+        if ((rc = lp || open ? expect_min(&in, tlen) : expect_total(&in, tlen)) < 0)
             break;
         out->token = (struct shm_msg_token){
             .request_id = w.request_id, .token = w.token, .text_len = tlen,
@@ -977,6 +1067,23 @@ int shm_msg_decode(const char *what, uint32_t type, const void *buf, uint32_t le
                                           SHM_TOKEN_CHANNEL_MASK),
             .call = (w.text_len & SHM_TOKEN_CALL) != 0,
             .text = tlen ? take(&in, tlen) : NULL, .has_logprob = lp, .n_top = n_top};
+        if (open) { /* chat tools (ABI 3): the call header, bounded before it is read */
+            struct shm_wire_call wc;
+            if ((rc = expect_min(&in, sizeof wc)) < 0)
+                break;
+            memcpy(&wc, take(&in, sizeof wc), sizeof wc);
+            if (wc.name_len == 0 || wc.name_len > SHM_MAX_CHAT_NAME || wc.id_len == 0 ||
+                wc.id_len > SHM_MAX_CHAT_NAME) {
+                rc = REFUSE(&c, "call header: name %" PRIu32 " and id %" PRIu32 " bytes (each "
+                            "1..%u)", wc.name_len, wc.id_len, SHM_MAX_CHAT_NAME);
+                break;
+            }
+            if ((rc = expect_min(&in, (uint64_t)wc.name_len + wc.id_len)) < 0)
+                break;
+            out->token.call_name_len = wc.name_len, out->token.call_id_len = wc.id_len;
+            out->token.call_name = take(&in, wc.name_len);
+            out->token.call_id = take(&in, wc.id_len);
+        }
         /* the entries, each a fixed part (unaligned after the text: copied) and its piece */
         for (uint32_t i = 0; lp && rc == 0 && i <= n_top; i++) {
             struct shm_msg_logprob *x = i ? &out->token.top[i - 1] : &out->token.own;

@@ -81,6 +81,10 @@ struct shm_msg_token {
     uint64_t request_id;
     enum shm_channel channel;       /* chat requests: the piece's channel; else SHM_CH_NONE */
     bool call;                      /* the id is harmony's <|call|>: a tool call ends the reply */
+    /* chat tools: a piece that opens a tool call carries its recipient and id ([*_len] bytes,
+     * 1..SHM_MAX_CHAT_NAME of [A-Za-z0-9._:-]; call_name_len 0 = not an opening piece) */
+    const char *call_name, *call_id;
+    uint32_t call_name_len, call_id_len;
     int32_t token;                  /* -1: a text-only piece, not a generated token */
     const char *text;               /* [text_len] bytes, text_len <= SHM_MAX_PIECE */
     uint32_t text_len;
@@ -160,18 +164,29 @@ struct shm_chat_msg {
     enum shm_chat_role role;
     const char *channel, *recipient, *content; /* [*_len] bytes, no NUL */
     uint32_t channel_len, recipient_len, content_len;
+    const char *tool_call_id;                  /* [tool_call_id_len]; 0 = none */
+    uint32_t tool_call_id_len;
 };
 
-/* The size of the chat encoding of msgs[n]: ERR_FORMAT (logged, naming the message index and
- * the field; msg[cap] says it too when msg is not NULL) when one is out of the ABI's bounds. */
-int shm_chat_size(const struct shm_chat_msg *msgs, uint32_t n, uint32_t *len, char *msg,
-                  size_t cap);
+/* A whole chat: the tools the model may call (JSON text, [tools_len] bytes, 0 = none) and its
+ * messages. */
+struct shm_chat {
+    const char *tools;
+    uint32_t tools_len;
+    const struct shm_chat_msg *msgs;
+    uint32_t n;
+};
+
+/* The size of the chat encoding of ch: ERR_FORMAT (logged, naming the message index and the
+ * field; msg[cap] says it too when msg is not NULL) when one is out of the ABI's bounds. */
+int shm_chat_size(const struct shm_chat *ch, uint32_t *len, char *msg, size_t cap);
 /* Writes the encoding shm_chat_size accepted into buf[len]. */
-void shm_chat_encode(const struct shm_chat_msg *msgs, uint32_t n, void *buf, uint32_t len);
+void shm_chat_encode(const struct shm_chat *ch, void *buf, uint32_t len);
 /* Validates the encoding buf[len] and decodes up to cap messages into out (may be NULL to only
- * count): 0 with *n set, ERR_FORMAT (logged, naming the message and the field). */
+ * count): 0 with *n set and, when tools is not NULL, *tools and *tools_len the tools' JSON text
+ * (a view; NULL/0 for none); ERR_FORMAT (logged, naming the message and the field). */
 int shm_chat_decode(const void *buf, uint32_t len, struct shm_chat_msg *out, uint32_t cap,
-                    uint32_t *n);
+                    uint32_t *n, const char **tools, uint32_t *tools_len);
 
 /* "generate", "token", ...; NULL for a value that is not a record type. */
 const char *shm_msg_type_name(uint32_t type);

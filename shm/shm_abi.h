@@ -69,7 +69,7 @@
 #include <stdint.h>
 
 #define SHM_MAGIC 0x48534c43u      /* "CLSH" */
-#define SHM_ABI_VERSION 2u
+#define SHM_ABI_VERSION 3u          /* 3: chat tools, tool_call_id, TOKEN call headers */
 #define SHM_LINE 64u               /* cache line: no two writers share one */
 #define SHM_PAGE 4096u
 #define SHM_HDR_SIZE 4096u         /* the header page; ring data follows, page-aligned */
@@ -205,23 +205,46 @@ enum shm_priority { SHM_PRIO_HIGH = 0, SHM_PRIO_NORMAL = 1, SHM_PRIO_LOW = 2 };
 #define SHM_GEN_EFFORT_HIGH 0x8u    /* chat: reasoning effort high (not with _LOW) */
 #define SHM_GEN_FLAGS 0xfu          /* every defined flag */
 
+/* ---- chat tools (ABI 3): the chat encoding and the TOKEN call header ---- */
 /* The chat encoding (GENERATE with SHM_GEN_CHAT: the prompt_text section, counted against
- * limits.max_prompt_bytes like a text prompt): 1..SHM_MAX_CHAT_MSGS messages back to back,
- * each a struct shm_wire_chat_msg then uint8 channel[channel_len], recipient[recipient_len],
- * content[content_len] (bytes, no NUL in any; channel and recipient <= SHM_MAX_CHAT_NAME
- * bytes of [A-Za-z0-9._:-]). The worker renders them with the model's template. */
+ * limits.max_prompt_bytes like a text prompt): a struct shm_wire_chat, then uint8
+ * tools[tools_len] (the tools the model may call: OpenAI's `tools` array as JSON text, no NUL,
+ * <= SHM_MAX_CHAT_TOOLS bytes; 0 = none; the worker parses it and refuses what is not such an
+ * array), then 1..SHM_MAX_CHAT_MSGS messages back to back, each a struct shm_wire_chat_msg
+ * then uint8 channel[channel_len], recipient[recipient_len], tool_call_id[tool_call_id_len],
+ * content[content_len] (bytes, no NUL in any; channel, recipient and tool_call_id <=
+ * SHM_MAX_CHAT_NAME bytes of [A-Za-z0-9._:-]). The worker renders them with the model's
+ * template. Parallel tool calls are consecutive assistant messages, one recipient each.
+ * docs/SHM.md "The chat encoding". */
 enum shm_chat_role {
     SHM_CHAT_SYSTEM = 0, SHM_CHAT_DEVELOPER = 1, SHM_CHAT_USER = 2, SHM_CHAT_ASSISTANT = 3,
     SHM_CHAT_TOOL = 4, /* recipient = the tool's name (required) */
+};
+struct shm_wire_chat {
+    uint32_t tools_len;             /* <= SHM_MAX_CHAT_TOOLS */
+    uint32_t reserved;              /* 0 */
 };
 struct shm_wire_chat_msg {
     uint32_t role;                  /* enum shm_chat_role */
     uint32_t channel_len;           /* assistant only; 0 = none */
     uint32_t recipient_len;         /* assistant (a tool call) and tool (its name) only */
     uint32_t content_len;
+    uint32_t tool_call_id_len;      /* assistant with a recipient, and tool, only; 0 = none */
+    uint32_t reserved;              /* 0 */
 };
 #define SHM_MAX_CHAT_MSGS 256u
 #define SHM_MAX_CHAT_NAME 128u
+#define SHM_MAX_CHAT_TOOLS (1u << 20)
+/* A TOKEN whose text_len has SHM_TOKEN_CALL_OPEN opens a tool call: after its text comes a
+ * struct shm_wire_call then char name[name_len] (the recipient, "functions.get_weather"),
+ * id[id_len] (the call's id, made by the worker: "call_..."), both 1..SHM_MAX_CHAT_NAME bytes
+ * of [A-Za-z0-9._:-]; only on a chat's piece (channel != NONE). That piece's text and the
+ * following pieces' (up to the next call header or the FINISH) are the call's arguments. */
+struct shm_wire_call {
+    uint32_t name_len;
+    uint32_t id_len;
+};
+/* ---- end chat tools ---- */
 
 /* The channel a chat request's piece belongs to: TOKEN's text_len bits 24..30 (0 for requests
  * that are not chats). */
@@ -291,6 +314,7 @@ struct shm_wire_name {
 };
 
 /* TOKEN, then uint8 text[text_len] (the completed UTF-8 text this token adds; may be empty),
+ * then, when text_len has SHM_TOKEN_CALL_OPEN, the call header (struct shm_wire_call + name + id),
  * then, when text_len has SHM_TOKEN_LOGPROBS (a GENERATE that asked for logprobs, a generated
  * token), 1 + n_top entries, each a struct shm_wire_logprob then uint8 piece[piece_len] (the
  * token's own bytes, possibly a partial UTF-8 character): the token's own (its id = token),
@@ -302,8 +326,9 @@ struct shm_wire_token {
     uint32_t text_len;              /* bits 0..15: the length, <= SHM_MAX_PIECE;
                                      * bits 16..22: n_top (<= SHM_MAX_TOP_LOGPROBS);
                                      * bit 23 (SHM_TOKEN_LOGPROBS): the logprob section follows;
-                                     * bits 24..30: the piece's enum shm_channel (chat requests),
-                                     * else 0; bit 31 (SHM_TOKEN_CALL): the id is harmony's
+                                     * bits 24..29: the piece's enum shm_channel (chat requests),
+                                     * else 0; bit 30 (SHM_TOKEN_CALL_OPEN): a call header
+                                     * follows the text (shm_wire_call); bit 31 (SHM_TOKEN_CALL): the id is harmony's
                                      * <|call|>, the reply ends with a tool call (FINISH: EOS) */
 };
 #define SHM_TOKEN_LEN_MASK 0xffffu
@@ -311,7 +336,8 @@ struct shm_wire_token {
 #define SHM_TOKEN_TOP_MASK 0x7fu
 #define SHM_TOKEN_LOGPROBS 0x800000u
 #define SHM_TOKEN_CHANNEL_SHIFT 24
-#define SHM_TOKEN_CHANNEL_MASK 0x7fu
+#define SHM_TOKEN_CHANNEL_MASK 0x3fu
+#define SHM_TOKEN_CALL_OPEN 0x40000000u
 #define SHM_TOKEN_CALL 0x80000000u
 #define SHM_MAX_TOP_LOGPROBS 20u
 #define SHM_LOGPROB_FLOOR -9999.0f
@@ -504,7 +530,23 @@ static_assert(SHM_MAX_TOP_LOGPROBS <= SHM_TOKEN_TOP_MASK, "abi");
 SHM_PIN(shm_wire_token, request_id, 0);
 SHM_PIN(shm_wire_token, token, 8);
 SHM_PIN(shm_wire_token, text_len, 12);
-static_assert(sizeof(struct shm_wire_chat_msg) == 16, "abi");
+/* chat tools (ABI 3) */
+static_assert(sizeof(struct shm_wire_chat_msg) == 24, "abi");
+SHM_PIN(shm_wire_chat_msg, role, 0);
+SHM_PIN(shm_wire_chat_msg, channel_len, 4);
+SHM_PIN(shm_wire_chat_msg, recipient_len, 8);
+SHM_PIN(shm_wire_chat_msg, content_len, 12);
+SHM_PIN(shm_wire_chat_msg, tool_call_id_len, 16);
+SHM_PIN(shm_wire_chat_msg, reserved, 20);
+static_assert(sizeof(struct shm_wire_chat) == 8, "abi");
+SHM_PIN(shm_wire_chat, tools_len, 0);
+SHM_PIN(shm_wire_chat, reserved, 4);
+static_assert(sizeof(struct shm_wire_call) == 8, "abi");
+SHM_PIN(shm_wire_call, name_len, 0);
+SHM_PIN(shm_wire_call, id_len, 4);
+static_assert((SHM_TOKEN_CALL_OPEN & (SHM_TOKEN_CHANNEL_MASK << SHM_TOKEN_CHANNEL_SHIFT)) == 0 &&
+                  (SHM_TOKEN_CALL_OPEN & SHM_TOKEN_CALL) == 0 && SHM_CH_OTHER <= SHM_TOKEN_CHANNEL_MASK,
+              "abi");
 static_assert(sizeof(struct shm_wire_finish) == 56, "abi");
 SHM_PIN(shm_wire_finish, request_id, 0);
 SHM_PIN(shm_wire_finish, reason, 8);

@@ -119,9 +119,19 @@ struct gw_item {
     struct gw_seg {
         uint32_t channel;      /* enum shm_channel */
         size_t text_end, ids_end;
+        /* chat tools: 0, or 1 + the index in the reply of the tool call whose arguments the
+         * run's text is; its recipient and id ("functions.f", "call_...") */
+        unsigned call;
+        bool call_opens;       /* the run starts the call (its first arguments) */
+        char call_name[SHM_MAX_CHAT_NAME + 1], call_id[SHM_MAX_CHAT_NAME + 1];
     } *segs;                   /* [n_segs] of cap_segs */
     size_t n_segs, cap_segs;
     bool tool_call;            /* chat: the reply ended on harmony's <|call|> (SHM_TOKEN_CALL) */
+    /* chat tools: the calls the reply opened so far; the open one (0 = none, else its
+     * 1 + index) continues with the next pieces of its channel, and its name and id */
+    unsigned n_calls, open_call;
+    uint32_t call_channel;
+    char call_name[SHM_MAX_CHAT_NAME + 1], call_id[SHM_MAX_CHAT_NAME + 1];
     uint64_t sent_tokens;      /* tokens already handed to gRPC */
     /* logprobs requests: one entry per pending id (gRPC sends them with their ids; an
      * external caller takes them apart, gw_ext_take_logprobs), their pieces in lp_bytes */
@@ -153,6 +163,23 @@ struct gw_item {
 struct gw_ext_state;
 int gw_ext_take_chat(struct gw_call *c, size_t i, char **content, size_t *len, size_t *cap,
                      char **reasoning, size_t *rlen, size_t *rcap, struct gw_ext_state *st);
+
+/* chat tools: one piece of a tool call's arguments, as gw_ext_take_chat_calls hands them over
+ * (OpenAI's streamed tool_calls deltas: the first piece of a call opens it with its id and
+ * name). */
+struct gw_ext_call {
+    unsigned index;            /* the call's index in the reply (0, 1, ...) */
+    bool opens;
+    char id[SHM_MAX_CHAT_NAME + 1], name[SHM_MAX_CHAT_NAME + 1]; /* name: "functions.f" */
+    char *args;                /* malloc'd, NUL-terminated [args_len] */
+    size_t args_len;
+};
+/* gw_ext_take_chat with the tool calls apart: their pieces appended to *calls[*n_calls]
+ * (grown with realloc; free each args, then the array) instead of content. */
+int gw_ext_take_chat_calls(struct gw_call *c, size_t i, char **content, size_t *len,
+                           size_t *cap, char **reasoning, size_t *rlen, size_t *rcap,
+                           struct gw_ext_call **calls, size_t *n_calls,
+                           struct gw_ext_state *st);
 
 struct gw_call {
     uint32_t magic;

@@ -49,14 +49,22 @@ static struct tok *llama_tok(void)
     return t;
 }
 
-/* shm chat encoding of msgs[n] (malloc'd) */
-static char *encode(const struct shm_chat_msg *msgs, uint32_t n, uint32_t *len)
+/* shm chat encoding of msgs[n] with the tools' JSON text (NULL: none) (malloc'd) */
+static char *encode_tools(const struct shm_chat_msg *msgs, uint32_t n, const char *tools,
+                          uint32_t *len)
 {
-    assert_int_equal(shm_chat_size(msgs, n, len, NULL, 0), 0);
+    struct shm_chat ch = {.msgs = msgs, .n = n, .tools = tools,
+                          .tools_len = tools ? (uint32_t)strlen(tools) : 0};
+    assert_int_equal(shm_chat_size(&ch, len, NULL, 0), 0);
     char *buf = malloc(*len);
     assert_non_null(buf);
-    shm_chat_encode(msgs, n, buf, *len);
+    shm_chat_encode(&ch, buf, *len);
     return buf;
+}
+
+static char *encode(const struct shm_chat_msg *msgs, uint32_t n, uint32_t *len)
+{
+    return encode_tools(msgs, n, NULL, len);
 }
 
 #define MSG(r, c) {.role = (r), .content = (c), .content_len = sizeof(c) - 1}

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from datetime import datetime
 
 import jinja2
@@ -114,7 +115,7 @@ class RaisedByTemplate(Exception):
     pass
 
 
-def jinja2_render(src, variables):
+def jinja2_render(src, variables, now=NOW):
     """apply_chat_template's rendering (transformers.utils.chat_template_utils)."""
     def raise_exception(message):
         raise RaisedByTemplate(message)
@@ -123,7 +124,7 @@ def jinja2_render(src, variables):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt):
-        return datetime.fromtimestamp(NOW).strftime(fmt)
+        return datetime.fromtimestamp(now).strftime(fmt)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
@@ -233,3 +234,80 @@ def test_constructs_same_as_jinja2(src):
     else:
         assert r.returncode == 0, r.stderr.decode()
         assert r.stdout == want, f"\n--- jinja2\n{want!r}\n--- clocher\n{r.stdout!r}"
+
+
+# ---- the worker's own messages: a chat as gRPC/HTTP carry it (the shm chat encoding) rendered
+# by the worker (chat_render driver: chat_render_jinja_text) must give the bytes
+# apply_chat_template gives for the same conversation in OpenAI's shape ----
+
+CHAT_DRIVER = os.path.join(BUILD, "tests", "chat", "chat_render")
+CALL2 = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call12345", "type": "function",
+     "function": {"name": "get_weather", "arguments": {"location": "Paris"}}},
+    {"id": "call67890", "type": "function",
+     "function": {"name": "get_weather", "arguments": {"location": "Oslo", "days": 2}}}]}
+RES2 = {"role": "tool", "tool_call_id": "call67890", "name": "get_weather", "content": "3C"}
+RES1 = {"role": "tool", "tool_call_id": "call12345", "name": "get_weather", "content": "21C"}
+
+TOOL_CONVERSATIONS = {
+    "call_answer_reply": [SYS, U2, CALL_D, RES, A2],
+    "call_answer": [U2, CALL_D, RES],
+    "parallel_calls": [U2, CALL2, RES1, RES2],
+    "tools_no_calls": [SYS, U1],
+}
+# the templates with tool blocks (gpt-oss renders through harmony in the worker: test_chat_model)
+TOOL_TEMPLATES = ["llama-3.1", "llama-3.2", "qwen2.5", "mistral-nemo"]
+
+
+def to_wire(messages):
+    """OpenAI messages as the HTTP door turns them into gRPC's ChatMessage (daemon/http_oai.c):
+    one assistant message per tool call (recipient functions.NAME, the arguments' JSON text,
+    tool_call_id), a tool answer with its tool's name as recipient."""
+    out = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            if m.get("content"):
+                out.append({"role": "assistant", "content": m["content"]})
+            for c in m["tool_calls"]:
+                args = c["function"]["arguments"]
+                out.append({"role": "assistant", "recipient": "functions." + c["function"]["name"],
+                            "tool_call_id": c["id"],
+                            "content": args if isinstance(args, str) else json.dumps(args)})
+        elif m["role"] == "tool":
+            out.append({"role": "tool", "recipient": "functions." + m["name"],
+                        "tool_call_id": m["tool_call_id"], "content": m["content"]})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+TOOL_CASES = [(t, c) for t in TOOL_TEMPLATES for c in TOOL_CONVERSATIONS]
+
+
+@pytest.mark.parametrize("tpl,conv", TOOL_CASES, ids=[f"{t}-{c}" for t, c in TOOL_CASES])
+def test_worker_tool_messages_same_as_apply_chat_template(tpl, conv):
+    assert os.path.exists(CHAT_DRIVER), f"{CHAT_DRIVER} not built"
+    src = template_text(tpl)
+    _, bos, eos = TEMPLATES[tpl]
+    messages = TOOL_CONVERSATIONS[conv]
+    # the worker passes tool answers' keys in its own order and parses arguments into objects
+    variables = {"messages": messages, "tools": TOOLS, "documents": None,
+                 "add_generation_prompt": True, "bos_token": bos, "eos_token": eos}
+    try:  # the worker renders with the real clock (strftime_now: Llama 3.2's date line)
+        want = jinja2_render(src, json.loads(json.dumps(variables)), time.time()).encode("utf-8")
+    except RaisedByTemplate as ex:
+        want = ("raise", str(ex))
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "chat.ie.json"), "w", encoding="utf-8") as f:
+            json.dump({"chat_template": src}, f)
+        cp = os.path.join(d, "chat.json")
+        with open(cp, "w", encoding="utf-8") as f:
+            json.dump({"tools": TOOLS, "messages": to_wire(messages), "bos_token": bos,
+                       "eos_token": eos}, f, ensure_ascii=False)
+        env = dict(os.environ, CLOCHER_JINJA_NOW=str(NOW), TZ="UTC")
+        r = subprocess.run([CHAT_DRIVER, d, cp], capture_output=True, env=env, timeout=60)
+    if isinstance(want, tuple):
+        assert r.returncode == 3 and want[1] in r.stderr.decode(), (want, r.stderr.decode())
+        return
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout == want, f"differs from apply_chat_template:\n--- jinja2\n{want!r}\n--- worker\n{r.stdout!r}"

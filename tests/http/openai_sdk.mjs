@@ -1,5 +1,7 @@
 // The official `openai` SDK against a running clocherd (tests/http/openai_sdk.py starts it and
 // sets CLOCHER_HTTP, CLOCHER_MODEL, CLOCHER_KEY, CLOCHER_KEY_BOB, CLOCHER_METRICS).
+// CLOCHER_ONLY=toolCalls runs only the tool-calling round trip, against a model forced to call
+// get_weather({"city":"Oslo"}) (tests/http/test_tools.py starts that daemon).
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 
@@ -128,8 +130,56 @@ const tests = {
   },
 };
 
+// Tool calling as SDK users write it: tools in, tool_calls out (whole, and assembled from the
+// stream by the SDK's own helper), the tool's answer sent back with the assistant message.
+const toolTests = {
+  async toolCalls() {
+    const tools = [{ type: "function", function: {
+      name: "get_weather", description: "Weather in a city",
+      parameters: { type: "object", properties: { city: { type: "string" } },
+                    required: ["city"] } } }];
+    const ask = [{ role: "user", content: "Weather in Oslo?" }];
+    const r = await client.chat.completions.create({ model, messages: ask, tools,
+                                                     tool_choice: "auto", max_tokens: 40,
+                                                     temperature: 0 });
+    const m = r.choices[0].message;
+    assert.equal(r.choices[0].finish_reason, "tool_calls");
+    assert.equal(m.role, "assistant");
+    assert.equal(m.content, null);
+    assert.equal(m.tool_calls.length, 1);
+    const call = m.tool_calls[0];
+    assert.match(call.id, /^call_[A-Za-z0-9]{24}$/);
+    assert.equal(call.type, "function");
+    assert.equal(call.function.name, "get_weather");
+    assert.deepEqual(JSON.parse(call.function.arguments), { city: "Oslo" });
+    // streamed: the SDK's helper assembles the deltas (index, id, name, then arguments)
+    const s = client.beta.chat.completions.stream({ model, messages: ask, tools, max_tokens: 40,
+                                                    temperature: 0 });
+    const fin = await s.finalChatCompletion();
+    const sc = fin.choices[0];
+    assert.equal(sc.finish_reason, "tool_calls");
+    assert.equal(sc.message.tool_calls.length, 1);
+    assert.equal(sc.message.tool_calls[0].function.name, "get_weather");
+    assert.equal(sc.message.tool_calls[0].function.arguments, call.function.arguments);
+    assert.match(sc.message.tool_calls[0].id, /^call_/);
+    // the round trip: the assistant message as the SDK returned it, then the tool's answer
+    const back = await client.chat.completions.create({
+      model, tools, max_tokens: 40, temperature: 0,
+      messages: [...ask, m, { role: "tool", tool_call_id: call.id, content: "3C, clear" }],
+    });
+    assert.equal(back.object, "chat.completion");
+    assert.ok(back.usage.prompt_tokens > r.usage.prompt_tokens);
+    // a tool_choice this server cannot honour is a 400 naming it
+    await rejects(client.chat.completions.create({ model, messages: ask, tools,
+                                                   tool_choice: "required" }),
+                  OpenAI.BadRequestError, 400, "tool_choice");
+  },
+};
+
+const only = process.env.CLOCHER_ONLY;
+const run = only ? { [only]: (tests[only] || toolTests[only]) } : tests;
 let failed = 0;
-for (const [name, fn] of Object.entries(tests)) {
+for (const [name, fn] of Object.entries(run)) {
   try {
     await fn();
     console.log(`ok ${name}`);

@@ -18,7 +18,6 @@
 #include "engine.h"
 #include "chat.h"
 #include "err.h"
-#include "harmony.h"
 #include "heritage.h"
 #include "hotrepl.h"
 #include "iebin.h"
@@ -64,7 +63,7 @@ struct req {
     bool chat;                            /* a chat: its pieces carry a channel */
     enum shm_finish chat_stop;            /* harmony <|return|>/<|call|> seen: cancelled after
                                            * the step, finishing with this reason; 0 = none */
-    struct harmony_parser *hp;            /* harmony chats: the generated ids' parser (owned) */
+    struct chat_out *co;                  /* chats: the generated text's parser (chat.h; owned) */
     char adapter[LORA_NAME_MAX];          /* "" = base model (ADAPTER's active_requests) */
 };
 
@@ -129,11 +128,8 @@ static int reqmap_put(struct reqmap *m, const struct req *r)
 /* Removes an entry by backward-shift deletion (no tombstones). */
 static void reqmap_del(struct reqmap *m, struct req *e)
 {
-    if (e->hp) {
-        harmony_parser_fini(e->hp);
-        free(e->hp);
-        e->hp = NULL;
-    }
+    chat_out_free(e->co);
+    e->co = NULL;
     size_t i = (size_t)(e - m->slots), mask = m->cap - 1;
     m->slots[i].key = 0;
     m->n--;
@@ -308,33 +304,42 @@ static enum shm_finish finish_reason(enum engine_finish r)
 
 static uint64_t ms_to_ns(double ms) { return ms > 0 && isfinite(ms) ? (uint64_t)(ms * 1e6) : 0; }
 
-/* A harmony chat's token: the parser's text and channel replace the engine's text (which
- * spells no structure). -1: nothing to send. A stop id marks the request to finish. Ids the
- * format does not allow where they come (a random model's output) are sent with the engine's
- * text on channel OTHER: the reply stays complete, and the channel says it is not harmony. */
-static int chat_piece(struct req *r, const struct engine_event *ev, struct shm_msg_token *t)
+/* A chat's pieces (chat.h's parser: harmony channels, tool calls) as TOKEN records: the first
+ * carries m's id and logprobs, the others go as text-only pieces. */
+static void send_pieces(struct serve *s, struct shm_msg *m, const struct chat_piece *p, size_t n,
+                        bool call)
 {
-    static const enum shm_channel chans[] = {
-        [HARMONY_CH_NONE] = SHM_CH_NONE, [HARMONY_CH_ANALYSIS] = SHM_CH_ANALYSIS,
-        [HARMONY_CH_COMMENTARY] = SHM_CH_COMMENTARY, [HARMONY_CH_FINAL] = SHM_CH_FINAL,
-        [HARMONY_CH_OTHER] = SHM_CH_OTHER};
-    if (r->chat_stop || ev->token < 0)
-        return -1; /* after the stop; or the engine's held-back text (the parser holds its own) */
-    struct harmony_event he = {0};
-    if (harmony_parser_push(r->hp, ev->token, &he) < 0) {
-        t->channel = SHM_CH_OTHER;
-        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 || m->token.token < 0) {
+            if (!p[i].len)
+                continue; /* a text-only piece carries text */
+            m->token.token = -1, m->token.has_logprob = false, m->token.n_top = 0;
+        }
+        m->token.channel = p[i].channel;
+        m->token.text = p[i].text;
+        m->token.text_len = (uint32_t)p[i].len;
+        m->token.call = call && m->token.token >= 0;
+        m->token.call_name = p[i].call_name, m->token.call_id = p[i].call_id;
+        m->token.call_name_len = p[i].call_name ? (uint32_t)strlen(p[i].call_name) : 0;
+        m->token.call_id_len = p[i].call_id ? (uint32_t)strlen(p[i].call_id) : 0;
+        send_event(s, m);
     }
-    t->channel = chans[he.channel];
-    t->text = he.len ? he.text : "";
-    t->text_len = (uint32_t)he.len;
-    if (he.kind == HARMONY_EV_RETURN)
+}
+
+/* A chat's token through its parser; a stop id marks the request to finish. */
+static void send_chat(struct serve *s, struct req *r, const struct engine_event *ev,
+                      struct shm_msg *m)
+{
+    if (r->chat_stop)
+        return; /* after the model's own stop */
+    const struct chat_piece *p;
+    size_t n;
+    bool stop, call;
+    chat_out_push(r->co, ev->token, ev->text_len ? ev->text : "", ev->text_len, &p, &n, &stop,
+                  &call);
+    send_pieces(s, m, p, n, call);
+    if (stop)
         r->chat_stop = SHM_FINISH_EOS;
-    else if (he.kind == HARMONY_EV_CALL)
-        r->chat_stop = SHM_FINISH_EOS, t->call = true; /* the gateway reports a tool call */
-    if (t->text_len > SHM_MAX_PIECE)
-        t->text_len = SHM_MAX_PIECE; /* a header's flushed tail: bounded by the parser anyway */
-    return 0;
 }
 
 /* A token event's logprobs as the TOKEN record carries them: the sampler's values (sampler.h
@@ -391,15 +396,23 @@ static void on_event(const struct engine_event *ev, void *ud)
                                       .text_len = (uint32_t)ev->text_len}};
         if (ev->has_logprob && ev->token >= 0)
             logprobs_of(s, ev, &m.token);
-        if (r->hp && chat_piece(r, ev, &m.token) < 0)
-            return;
-        send_event(s, &m);
+        if (r->co)
+            send_chat(s, r, ev, &m);
+        else
+            send_event(s, &m);
         return;
     }
     case ENGINE_EV_FINISH: {
         enum shm_finish reason = finish_reason(ev->reason);
         if (reason && r->chat_stop)
             reason = r->chat_stop; /* the model's own stop, whatever ended the engine's request */
+        if (reason && r->co) { /* what the parser still holds (a call that never closed) */
+            const struct chat_piece *p;
+            size_t n;
+            chat_out_flush(r->co, &p, &n);
+            struct shm_msg t = {.type = SHM_MSG_TOKEN, .token = {.request_id = id, .token = -1}};
+            send_pieces(s, &t, p, n, false);
+        }
         reqmap_del(&s->reqs, r);
         if (!reason) {
             send_error(s, id, ev->code < 0 ? ev->code : ERR_STATE, "%s",
@@ -502,19 +515,15 @@ static void submit_generate(struct serve *s, const struct shm_msg_generate *g,
     };
     /* in the table before the submit: the engine may emit events from inside it */
     struct req entry = {.key = g->request_id, .chat = (g->flags & SHM_GEN_CHAT) != 0};
-    if (entry.chat && s->chat == CHAT_TPL_HARMONY) {
-        if (!(entry.hp = malloc(sizeof *entry.hp)) || harmony_parser_init(entry.hp, s->tok) < 0) {
-            free(entry.hp);
-            send_error(s, g->request_id, -ENOMEM, "worker out of memory");
-            return;
-        }
+    if (entry.chat && s->chat != CHAT_TPL_NONE &&
+        chat_out_new(s->tok, s->chat, g->prompt_text, g->prompt_text_len, &entry.co) < 0) {
+        send_error(s, g->request_id, -ENOMEM, "worker out of memory");
+        return;
     }
     if (g->adapter)
         snprintf(entry.adapter, sizeof entry.adapter, "%s", g->adapter);
     if (reqmap_put(&s->reqs, &entry) < 0) {
-        if (entry.hp)
-            harmony_parser_fini(entry.hp);
-        free(entry.hp);
+        chat_out_free(entry.co);
         send_error(s, g->request_id, -ENOMEM, "worker out of memory");
         return;
     }

@@ -564,6 +564,14 @@ static void open_message(struct harmony_parser *p)
     take_recipient(p->role, p->recipient);
     take_recipient(p->chan, p->recipient);
     take_recipient(p->ctype, p->recipient);
+    /* "commentary json": the content type without <|constrain|>, as gpt-oss's template writes
+     * past tool calls (and the model then copies) */
+    char *sp = strchr(p->chan, ' ');
+    if (sp) {
+        if (!p->ctype[0])
+            snprintf(p->ctype, sizeof p->ctype, "%s", sp + 1 + strspn(sp + 1, " "));
+        *sp = '\0';
+    }
     p->channel = !p->chan[0]                           ? HARMONY_CH_NONE
                  : strcmp(p->chan, "analysis") == 0    ? HARMONY_CH_ANALYSIS
                  : strcmp(p->chan, "commentary") == 0  ? HARMONY_CH_COMMENTARY
