@@ -100,6 +100,7 @@ struct engine_event {
     /* FINISH: usage and timings */
     uint32_t prompt_tokens, generated_tokens, cached_tokens;
     double ttft_ms, tpot_ms, e2e_ms;
+    double queue_ms;            /* FINISH: submit -> first admission (never admitted: e2e) */
 };
 
 struct sampler_logprob;
