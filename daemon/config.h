@@ -125,6 +125,15 @@ struct config {
     bool hot_replicate;              /* IE_HOT_REPLICATE for workers */
     uint64_t hot_repl_limit_mb;      /* IE_HOT_REPL_LIMIT_MB; 0 = no limit */
 
+    /* "threads_pin": how each worker pins its engine threads within its CPU share,
+     * "compact" (default), "scatter" or "none" (--pin; docs/DAEMON.md) */
+    char threads_pin[8];
+    /* "kv_snapshot": {"path": DIR, "max_mb": N}: each worker restores its prefix cache from
+     * DIR/worker-<slot>.kvsnap at start and saves its hottest blocks there when it stops
+     * (docs/KV.md "Snapshots in clocherd"); NULL path = off */
+    char *kv_snapshot_dir;           /* absolute, an existing directory */
+    uint64_t kv_snapshot_max_mb;     /* 0 = the whole KV pool */
+
     struct config_limits limits;
     double drain_timeout_s;
     struct config_supervisor sup;

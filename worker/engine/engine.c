@@ -564,10 +564,14 @@ void engine_destroy(struct engine *e)
     if (e->kv && e->snapshot_path && e->cfg.prefix_cache) {
         struct kv_metrics km;
         kv_pool_metrics(e->kv, &km);
+        uint64_t max_blocks = km.blocks_total;
+        if (e->cfg.snapshot_max_bytes && km.block_bytes &&
+            e->cfg.snapshot_max_bytes / km.block_bytes < max_blocks)
+            max_blocks = e->cfg.snapshot_max_bytes / km.block_bytes;
         uint32_t n = 0;
-        if (kv_snapshot_save(e->kv, e->snapshot_path, e->fingerprint,
-                             (uint32_t)(km.blocks_total > UINT32_MAX ? UINT32_MAX
-                                                                     : km.blocks_total),
+        if (max_blocks &&
+            kv_snapshot_save(e->kv, e->snapshot_path, e->fingerprint,
+                             (uint32_t)(max_blocks > UINT32_MAX ? UINT32_MAX : max_blocks),
                              &n) == 0)
             LOG_INFO("engine: saved %u KV blocks to %s", n, e->snapshot_path);
     }

@@ -53,6 +53,8 @@ struct engine_config {
                                  * 0 = 256 */
     bool prefix_cache;
     const char *snapshot_path;  /* NULL: no KV snapshot save/restore */
+    uint64_t snapshot_max_bytes; /* KV data the save at engine_destroy keeps at most (its
+                                  * hottest blocks); 0 = the whole pool */
     int lora_pack;              /* enum lora_pack (lora.h): how adapters' weights are packed
                                  * for the update; 0 = auto (as the file stores them) */
 };

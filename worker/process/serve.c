@@ -25,6 +25,7 @@
 #include "log.h"
 #include "lora.h"
 #include "msg.h"
+#include "pool.h"
 #include "region.h"
 #include "sampler.h"
 #include "tok.h"
@@ -35,6 +36,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <numa.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -864,6 +867,45 @@ static void handle(struct serve *s, const struct shm_msg *m)
 
 /* ---- lifecycle ---- */
 
+const char *serve_pin_prepare(unsigned threads, const char *pin)
+{
+    enum pool_pin mode;
+    if (!pin || pool_pin_parse(pin, &mode) < 0 || mode == POOL_PIN_NONE)
+        return "none"; /* callers have refused unknown names (their option's message) */
+    int n_cpus = pool_affinity_count();
+    if (n_cpus < 1)
+        return "none";
+    unsigned want = threads ? threads : (unsigned)n_cpus;
+    if (want > (unsigned)n_cpus) {
+        LOG_WARN("threads not pinned (%s): %u threads, %d CPUs allowed", pin, want, n_cpus);
+        return "none";
+    }
+    if (mode != POOL_PIN_COMPACT || numa_available() < 0 || numa_num_configured_nodes() < 2)
+        return pin;
+    /* compact: the node of the CPU we run on, if it holds them all */
+    int cpu = sched_getcpu();
+    int node = cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
+    struct bitmask *mask = numa_allocate_cpumask(), *on_node = numa_allocate_cpumask();
+    if (node >= 0 && mask && on_node && numa_sched_getaffinity(0, mask) >= 0 &&
+        numa_node_to_cpus(node, on_node) == 0) {
+        unsigned n = 0;
+        for (unsigned c = 0; c < on_node->size; c++) {
+            bool both = numa_bitmask_isbitset(on_node, c) && numa_bitmask_isbitset(mask, c);
+            if (!both && numa_bitmask_isbitset(on_node, c))
+                numa_bitmask_clearbit(on_node, c);
+            n += both;
+        }
+        if (n >= want && n < (unsigned)n_cpus && numa_sched_setaffinity(0, on_node) == 0)
+            LOG_INFO("threads pinned compact within NUMA node %d (%u of %d allowed CPUs)",
+                     node, n, n_cpus);
+    }
+    if (mask)
+        numa_free_cpumask(mask);
+    if (on_node)
+        numa_free_cpumask(on_node);
+    return pin;
+}
+
 /* What HELLO says about the model, read from its manifest (closed again before the engine maps
  * the model, so hot replication sees only the engine's mapping). */
 static int model_info(struct serve *s, struct shm_msg_hello *h, char *name, char *arch,
@@ -966,7 +1008,8 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
     struct engine_config ec = {
         .model_dir = o->model_dir,
         .n_threads = (int)o->threads,
-        .pin = NULL, /* the threads inherit this thread's affinity: the slot's CPUs */
+        /* within this thread's affinity: the slot's CPUs (worker_main sets them) */
+        .pin = serve_pin_prepare(o->threads, o->pin),
         .kv_budget_bytes = o->kv_budget_bytes,
         .kv_dtype = o->kv_dtype,
         .kv_block_tokens = 0,
@@ -974,7 +1017,8 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
         .max_running = SHM_MAX_RUNNING,
         .max_queue = o->max_queue,
         .prefix_cache = true,
-        .snapshot_path = NULL,
+        .snapshot_path = o->kv_snapshot_path,
+        .snapshot_max_bytes = o->kv_snapshot_max_bytes,
         .lora_pack = o->lora_pack,
     };
     log_clear_error();
