@@ -49,8 +49,8 @@ struct engine_config {
     uint32_t kv_block_tokens;   /* 0 = 16 */
     uint32_t max_step_tokens;   /* per-iteration token budget (decode + prefill chunks); 0 = 256 */
     uint32_t max_running;       /* sequences in the running batch (<= max_step_tokens); 0 = 16 */
-    uint32_t max_queue;         /* waiting requests beyond which submit fails: ERR_OVERLOADED;
-                                 * 0 = 256 */
+    uint32_t max_queue;         /* requests waiting beyond the free running slots, beyond
+                                 * which submit fails: ERR_OVERLOADED; 0 = 256 */
     bool prefix_cache;
     const char *snapshot_path;  /* NULL: no KV snapshot save/restore */
     uint64_t snapshot_max_bytes; /* KV data the save at engine_destroy keeps at most (its
