@@ -26,6 +26,7 @@
 #include "config.h"
 #include "err.h"
 #include "gw_internal.h"
+#include "http_lora.h"
 #include "http_oai.h"
 #include "http_srv.h"
 #include "log.h"
@@ -688,38 +689,16 @@ static bool adapter_route(enum hreq_route route)
     return route == R_LOAD_LORA || route == R_UNLOAD_LORA;
 }
 
-/* A string member of the body: 0, or a 400 already queued (*res) naming it. */
-static int body_string(struct MHD_Connection *conn, json_t *body, const char *key,
-                       const char **out, enum MHD_Result *res)
-{
-    json_t *v = json_object_get(body, key);
-    *out = json_string_value(v);
-    if (*out && **out)
-        return 0;
-    *res = reply_error(conn, 400, key, NULL, "%s: %s", key,
-                       !v ? "is required" : json_is_string(v) ? "must not be empty"
-                                                              : "must be a string");
-    return -1;
-}
-
 static enum MHD_Result start_adapter(struct hreq *r, struct MHD_Connection *conn)
 {
     struct http *h = r->h;
     bool load = r->route == R_LOAD_LORA;
-    json_error_t jerr;
-    json_t *body = json_loadb(r->body ? r->body : "", r->body_len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!json_is_object(body)) {
-        json_decref(body);
-        return reply_error(conn, 400, NULL, NULL, "the body is not a JSON object%s%s",
-                           body ? "" : ": ", body ? "" : jerr.text);
-    }
-    const char *name = NULL, *path = NULL;
-    enum MHD_Result res = MHD_YES;
-    if (body_string(conn, body, "lora_name", &name, &res) < 0 ||
-        (load && body_string(conn, body, "lora_path", &path, &res) < 0)) {
-        json_decref(body);
-        return res;
-    }
+    struct http_lora_req q;
+    char param[32], msg[512];
+    if (http_lora_parse(r->body, r->body_len, load, &q, param, sizeof param, msg,
+                        sizeof msg) < 0)
+        return reply_error(conn, 400, param, NULL, "%s", msg);
+    const char *name = q.name, *path = load ? q.path : NULL;
     snprintf(r->model, sizeof r->model, "%s", name);
     uint64_t rnd = 0;
     if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
@@ -729,7 +708,6 @@ static enum MHD_Result start_adapter(struct hreq *r, struct MHD_Connection *conn
                                                    MHD_HTTP_HEADER_AUTHORIZATION);
     int rc = gw_ext_adapter(h->g, r->id, auth, auth ? strlen(auth) : 0, load, name, path,
                             on_changed, r, &r->call);
-    json_decref(body); /* the call packed name and path */
     if (rc < 0)
         return reply_error(conn, 500, NULL, NULL, "out of memory");
     r->phase = P_WAIT;
