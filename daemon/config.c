@@ -881,6 +881,7 @@ static void free_config(struct config *c)
     free(c->convert_dtype);
     free(c->convert_program);
     free(c->served_model_dir);
+    free(c->kv_snapshot_dir);
     for (size_t i = 0; i < c->n_tenants; i++) {
         struct config_tenant *t = &c->tenants[i];
         free(t->name);
@@ -1008,6 +1009,56 @@ out:
     return rc;
 }
 
+/* "threads_pin": the workers' --pin (worker/model/pool.h's modes) */
+static int parse_threads_pin(struct walk *w, json_t *root, struct config *c)
+{
+    const char *s;
+    snprintf(c->threads_pin, sizeof c->threads_pin, "compact");
+    int rc = get_string(w, root, "threads_pin", 16, false, &s);
+    if (rc < 0 || !s)
+        return rc;
+    if (!strcmp(s, "compact") || !strcmp(s, "scatter") || !strcmp(s, "none")) {
+        snprintf(c->threads_pin, sizeof c->threads_pin, "%s", s);
+        return 0;
+    }
+    size_t k = push_key(w, "threads_pin");
+    char q[64];
+    rc = fail(w, ERR_FORMAT, "must be \"compact\", \"scatter\" or \"none\", got %s",
+              quote(s, strlen(s), q, sizeof q));
+    pop(w, k);
+    return rc;
+}
+
+/* "kv_snapshot": {"path": DIR (required, an existing directory), "max_mb": N} */
+static int parse_kv_snapshot(struct walk *w, json_t *root, struct config *c)
+{
+    static const char *const keys[] = {"path", "max_mb", NULL};
+    json_t *o;
+    int rc = get_object(w, root, "kv_snapshot", &o);
+    if (rc < 0 || !o)
+        return rc;
+    size_t s = push_key(w, "kv_snapshot");
+    if ((rc = check_keys(w, o, keys)) < 0 ||
+        (rc = get_path(w, o, "path", &c->kv_snapshot_dir)) < 0 ||
+        (rc = get_uint(w, o, "max_mb", 0, 1u << 24, 0, &c->kv_snapshot_max_mb)) < 0)
+        goto out;
+    size_t k = push_key(w, "path");
+    struct stat st;
+    if (!c->kv_snapshot_dir)
+        rc = fail(w, ERR_FORMAT, "is required (the directory the workers' snapshots go to)");
+    else if (strlen(c->kv_snapshot_dir) > PATH_MAX - 32)
+        rc = fail(w, ERR_RANGE, "is too long for the snapshot files in it");
+    else if (stat(c->kv_snapshot_dir, &st) != 0) {
+        int e = errno;
+        rc = fail(w, -e, "%s: %s", c->kv_snapshot_dir, strerror(e));
+    } else if (!S_ISDIR(st.st_mode))
+        rc = fail(w, ERR_FORMAT, "%s is not a directory", c->kv_snapshot_dir);
+    pop(w, k);
+out:
+    pop(w, s);
+    return rc;
+}
+
 bool config_convert_dtype_ok(const char *name, enum dtype *out)
 {
     if (!strcmp(name, "int8"))
@@ -1024,7 +1075,7 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
         "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
         "supervisor", "lora_weights", "http", "access_log", "log_format", "kv_dtype",
-        "convert", NULL};
+        "convert", "threads_pin", "kv_snapshot", NULL};
     struct walk w = {.label = label ? label : "config", .base_dir = base_dir ? base_dir : "/"};
     json_error_t jerr;
     int rc;
@@ -1062,7 +1113,8 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         (rc = parse_lora_weights(&w, root, c)) < 0 || (rc = parse_log_format(&w, root, c)) < 0 ||
         (rc = parse_kv_dtype(&w, root, c)) < 0)
         goto fail;
-    if ((rc = parse_convert(&w, root, c)) < 0)
+    if ((rc = parse_convert(&w, root, c)) < 0 || (rc = parse_threads_pin(&w, root, c)) < 0 ||
+        (rc = parse_kv_snapshot(&w, root, c)) < 0)
         goto fail;
 
     if (model_dir_override) {
@@ -1262,6 +1314,14 @@ int config_keep_restart_fields(struct config *fresh, const struct config *runnin
     fresh->served_model_dir = running->served_model_dir ? strdup(running->served_model_dir) : NULL;
     CHECK(!running->served_model_dir || fresh->served_model_dir);
     fresh->model_sampling = running->model_sampling;
+    if (strcmp(fresh->threads_pin, running->threads_pin)) {
+        LOG_WARN("config reload: threads_pin changed (\"%s\" -> \"%s\"); it takes effect at "
+                 "restart", running->threads_pin, fresh->threads_pin);
+        memcpy(fresh->threads_pin, running->threads_pin, sizeof fresh->threads_pin);
+        n++;
+    }
+    keep_str(&fresh->kv_snapshot_dir, &running->kv_snapshot_dir, "kv_snapshot.path", &n);
+    KEEP_NUM(kv_snapshot_max_mb, "kv_snapshot.max_mb");
     return n;
 }
 

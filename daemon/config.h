@@ -149,6 +149,14 @@ struct config {
      * that folder's sampling defaults */
     char *served_model_dir;
     struct config_model_sampling model_sampling;
+    /* "threads_pin": how each worker pins its engine threads within its CPU share,
+     * "compact" (default), "scatter" or "none" (--pin; docs/DAEMON.md) */
+    char threads_pin[8];
+    /* "kv_snapshot": {"path": DIR, "max_mb": N}: each worker restores its prefix cache from
+     * DIR/worker-<slot>.kvsnap at start and saves its hottest blocks there when it stops
+     * (docs/KV.md "Snapshots in clocherd"); NULL path = off */
+    char *kv_snapshot_dir;           /* absolute, an existing directory */
+    uint64_t kv_snapshot_max_mb;     /* 0 = the whole KV pool */
 
     struct config_limits limits;
     double drain_timeout_s;

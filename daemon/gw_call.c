@@ -1761,6 +1761,70 @@ void gw_ext_take_logprobs(struct gw_call *c, size_t i, struct gw_lp **lps, size_
     pthread_mutex_unlock(&c->mu);
 }
 
+/* ---- adapter management on behalf of a caller that is not gRPC (gw_internal.h) ---- */
+
+int gw_ext_adapter(struct gw *g, const char *rid, const char *authorization, size_t auth_len,
+                   bool load, const char *name, const char *path, void (*changed)(void *ud),
+                   void *ud, struct gw_call **out)
+{
+    struct gw_call *c = gw__call_new(g, load ? GW_LOAD_ADAPTER : GW_UNLOAD_ADAPTER, NULL);
+    *out = NULL;
+    if (!c) {
+        LOG_ERR("gateway: request %s: out of memory for the HTTP request", rid);
+        return -ENOMEM;
+    }
+    default_rid(c);
+    set_rid(c, rid);
+    c->sink = changed;
+    c->sink_ud = ud;
+    c->start_ns = mono_ns();
+    c->deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    c->cfg = config_ptr_get(g->w->config);
+    *out = c; /* the owner's reference: gw_ext_release drops it */
+    gw__call_ref(c); /* this function's, while it submits */
+    if (authenticate_value(c, authorization, auth_len) == 0) {
+        /* the request as a gRPC client sends it: start_adapter_op reads the payload, so both
+         * doors share every check (ACL, names, paths) and the answer's bookkeeping */
+        if (load) {
+            Clocher__V1__LoadAdapterRequest q = CLOCHER__V1__LOAD_ADAPTER_REQUEST__INIT;
+            q.name = (char *)name, q.path = (char *)path;
+            c->payload = pack(&q.base);
+        } else {
+            Clocher__V1__UnloadAdapterRequest q = CLOCHER__V1__UNLOAD_ADAPTER_REQUEST__INIT;
+            q.name = (char *)name;
+            c->payload = pack(&q.base);
+        }
+        start_adapter_op(c, load);
+    }
+    pthread_mutex_lock(&c->mu);
+    pump(c); /* refusals made at once reach the owner too */
+    pthread_mutex_unlock(&c->mu);
+    gw__call_unref(c);
+    return 0;
+}
+
+bool gw_ext_adapter_result(struct gw_call *c, int *status, char *msg, size_t cap)
+{
+    pthread_mutex_lock(&c->mu);
+    bool done = c->status_sent;
+    if (done) {
+        const char *detail = "";
+        int st = c->status;
+        if (st) {
+            detail = c->status_msg;
+        } else {
+            /* the gRPC answer, built and dropped: it records the adapter (or its removal) */
+            grpc_byte_buffer *bb = unary_answer(c, &st, &detail);
+            if (bb)
+                grpc_byte_buffer_destroy(bb);
+        }
+        *status = st;
+        snprintf(msg, cap, "%s", detail ? detail : "");
+    }
+    pthread_mutex_unlock(&c->mu);
+    return done;
+}
+
 void gw_ext_release(struct gw_call *c)
 {
     size_t n_cancel = 0;

@@ -26,6 +26,7 @@
 #include "config.h"
 #include "err.h"
 #include "gw_internal.h"
+#include "http_lora.h"
 #include "http_oai.h"
 #include "http_srv.h"
 #include "log.h"
@@ -56,8 +57,8 @@ struct http {
     uint32_t max_body;
 };
 
-enum hreq_route { R_NONE, R_COMPLETIONS, R_CHAT };
-enum hreq_phase { P_BODY, P_ADMIT, P_WAIT, P_STREAM };
+enum hreq_route { R_NONE, R_COMPLETIONS, R_CHAT, R_LOAD_LORA, R_UNLOAD_LORA };
+enum hreq_phase { P_BODY, P_ADMIT, P_WAIT, P_STREAM, P_ANSWERED };
 
 /* One choice of a reply: the text taken from the gateway so far. */
 struct choice {
@@ -677,11 +678,86 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
     return MHD_YES;
 }
 
+/* ---- vLLM's runtime adapter endpoints ----
+ * POST /v1/load_lora_adapter {"lora_name", "lora_path"} and POST /v1/unload_lora_adapter
+ * {"lora_name"}: gRPC's LoadAdapter / UnloadAdapter through the gateway (gw_ext_adapter), so
+ * the same tenant ACL (a tenant needs "allowed_adapters": "*": 403 otherwise), checks and
+ * work; success is vLLM's plain-text line, a refusal OpenAI's error object. */
+
+static bool adapter_route(enum hreq_route route)
+{
+    return route == R_LOAD_LORA || route == R_UNLOAD_LORA;
+}
+
+static enum MHD_Result start_adapter(struct hreq *r, struct MHD_Connection *conn)
+{
+    struct http *h = r->h;
+    bool load = r->route == R_LOAD_LORA;
+    struct http_lora_req q;
+    char param[32], msg[512];
+    if (http_lora_parse(r->body, r->body_len, load, &q, param, sizeof param, msg,
+                        sizeof msg) < 0)
+        return reply_error(conn, 400, param, NULL, "%s", msg);
+    const char *name = q.name, *path = load ? q.path : NULL;
+    snprintf(r->model, sizeof r->model, "%s", name);
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd)
+        rnd = mono_ns();
+    snprintf(r->id, sizeof r->id, "lora-%016" PRIx64, rnd);
+    const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                   MHD_HTTP_HEADER_AUTHORIZATION);
+    int rc = gw_ext_adapter(h->g, r->id, auth, auth ? strlen(auth) : 0, load, name, path,
+                            on_changed, r, &r->call);
+    if (rc < 0)
+        return reply_error(conn, 500, NULL, NULL, "out of memory");
+    r->phase = P_WAIT;
+    http_srv_suspend(h->srv, &r->susp);
+    return MHD_YES;
+}
+
+/* The parameter a gateway message about an adapter names ("name: ...", "adapter a: path:"). */
+static const char *adapter_param(const char *msg)
+{
+    return strncmp(msg, "path:", 5) == 0 || strstr(msg, ": path:") ? "lora_path" : "lora_name";
+}
+
+static enum MHD_Result advance_adapter(struct hreq *r, struct MHD_Connection *conn)
+{
+    int st;
+    char msg[512];
+    if (!gw_ext_adapter_result(r->call, &st, msg, sizeof msg)) {
+        http_srv_suspend(r->h->srv, &r->susp);
+        return MHD_YES;
+    }
+    r->phase = P_ANSWERED; /* the result is not asked again */
+    bool load = r->route == R_LOAD_LORA;
+    switch (st) {
+    case GRPC_STATUS_OK: {
+        /* vLLM's reply, word for word */
+        char text[256];
+        int n = snprintf(text, sizeof text, "Success: LoRA adapter '%s' %s successfully.",
+                         r->model, load ? "added" : "removed");
+        char *s = strndup(text, n < 0 ? 0 : (size_t)n);
+        return s ? reply(conn, 200, "text/plain", s, strlen(s), NULL) : MHD_NO;
+    }
+    case GRPC_STATUS_INVALID_ARGUMENT:
+    case GRPC_STATUS_FAILED_PRECONDITION:
+        return reply_error(conn, 400, adapter_param(msg), NULL, "%s", msg);
+    case GRPC_STATUS_NOT_FOUND:
+        return reply_error(conn, 404, adapter_param(msg), NULL, "%s", msg);
+    case GRPC_STATUS_ALREADY_EXISTS:
+        return reply_error(conn, 409, "lora_name", NULL, "%s", msg);
+    default: return reply_status(r, conn, st, msg); /* 401, 403, 429, 503, 500 */
+    }
+}
+
 /* WAIT: a wake-up (or the first look): answer, start streaming, or wait on. */
 static enum MHD_Result advance(struct hreq *r, struct MHD_Connection *conn)
 {
     if (r->gone || !r->call)
         return MHD_NO;
+    if (adapter_route(r->route))
+        return advance_adapter(r, conn);
     if (take_all(r) < 0)
         return reply_error(conn, 500, NULL, NULL, "out of memory");
     bool all_done = true, any_output = false;
@@ -768,9 +844,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         enum hreq_route route = strcmp(url, "/v1/completions") == 0        ? R_COMPLETIONS
                                 : strcmp(url, "/v1/chat/completions") == 0 ? R_CHAT
                                                                            : R_NONE;
+        if (strcmp(url, "/v1/load_lora_adapter") == 0)
+            route = R_LOAD_LORA;
+        else if (strcmp(url, "/v1/unload_lora_adapter") == 0)
+            route = R_UNLOAD_LORA;
         if (route == R_NONE && strcmp(url, "/v1/models") != 0)
             return reply_error(conn, 404, NULL, NULL, "%s: no such endpoint (this server has "
-                               "/v1/models, /v1/completions, /v1/chat/completions)", url);
+                               "/v1/models, /v1/completions, /v1/chat/completions, "
+                               "/v1/load_lora_adapter, /v1/unload_lora_adapter)", url);
         if (route == R_NONE ? !get : !post)
             return reply_error(conn, 405, NULL, NULL, "%s: use %s", url,
                                route == R_NONE ? "GET" : "POST");
@@ -819,7 +900,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (r->phase == P_ADMIT)
-        return r->gone ? MHD_NO : start_generation(r, conn);
+        return r->gone                    ? MHD_NO
+               : adapter_route(r->route) ? start_adapter(r, conn)
+                                          : start_generation(r, conn);
     if (r->phase == P_WAIT)
         return advance(r, conn);
     return MHD_YES;

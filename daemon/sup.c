@@ -28,6 +28,7 @@
 #include "workers.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <signal.h>
@@ -247,6 +248,14 @@ static void worker_args(const struct sup *s, const struct workers_slot *ws, uint
     if (c->lora_weights_bf16)
         h->lora_weights = HERITAGE_LORA_WEIGHTS_BF16;
     h->kv_dtype = dtype_kv_name(c->kv_dtype);
+    h->pin = c->threads_pin;
+    if (c->kv_snapshot_dir) {
+        /* one file per slot: a replaced worker restores what its predecessor saved */
+        static char path[PATH_MAX]; /* single-threaded, as h; argv_build copies it */
+        snprintf(path, sizeof path, "%s/worker-%u.kvsnap", c->kv_snapshot_dir, ws->index);
+        h->kv_snapshot = path;
+        h->kv_snapshot_max_mb = (int64_t)c->kv_snapshot_max_mb;
+    }
     for (size_t i = 0; i < c->n_adapters && i < HERITAGE_MAX_ADAPTERS; i++) {
         h->adapters_name[i] = c->adapters[i].name;
         h->adapters_dir[i] = c->adapters[i].dir;

@@ -74,6 +74,12 @@
       HERITAGE_LORA_WEIGHTS_AUTO, 0, IF_SET, "LoRA weight packing (docs/LORA.md)")               \
     X(kv_dtype, "kv-dtype", STR, HERITAGE_KV_DTYPE_CHOICES, HERITAGE_KV_DTYPE_DEFAULT, 0, IF_SET,  \
       "KV cache element type (docs/KV.md)")                                                      \
+    X(pin, "pin", STR, "none|compact|scatter", "compact", 0, IF_SET,                             \
+      "pin the engine threads within the CPUs above (docs/DAEMON.md)")                           \
+    X(kv_snapshot, "kv-snapshot", STR, "FILE", NULL, 0, IF_SET,                                  \
+      "restore the prefix cache from FILE at start, save it there at stop (docs/KV.md)")         \
+    X(kv_snapshot_max_mb, "kv-snapshot-max-mb", NUM, "MB", 0, INT64_C(1) << 24, IF_SET,          \
+      "bytes of KV blocks a snapshot keeps at most (0: the whole pool)")                         \
     X(adapters, "adapter", LIST, "NAME=DIR", NULL, 0, IF_SET, "load this LoRA adapter at start")
 
 /* --lora-weights values: the worker's lora_pack_parse reads them (it owns their meaning). */

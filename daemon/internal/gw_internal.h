@@ -471,6 +471,17 @@ int gw_ext_take(struct gw_call *c, size_t i, char **buf, size_t *len, size_t *ca
  * (NULL and 0 when none). Independent of gw_ext_take. 0 / -ENOMEM never (a move). */
 void gw_ext_take_logprobs(struct gw_call *c, size_t i, struct gw_lp **lps, size_t *n,
                           char **bytes);
+/* LoadAdapter (load) or UnloadAdapter as a gRPC client would call it, for the HTTP door's
+ * /v1/load_lora_adapter and /v1/unload_lora_adapter: authenticated from `authorization`, then
+ * the same checks (tenant ACL, name, path) and the same work on every ready worker. changed()
+ * as for gw_ext_generate; the owner asks gw_ext_adapter_result. -ENOMEM only (refusals come
+ * through the result). */
+int gw_ext_adapter(struct gw *g, const char *rid, const char *authorization, size_t auth_len,
+                   bool load, const char *name, const char *path, void (*changed)(void *ud),
+                   void *ud, struct gw_call **out);
+/* Whether a gw_ext_adapter call has ended; if so its gRPC status (0 = done: the adapter is
+ * registered or removed, as the gRPC answer does) and message. Once true, call it no more. */
+bool gw_ext_adapter_result(struct gw_call *c, int *status, char *msg, size_t cap);
 /* The owner is done with c (any time, any thread): changed() is never run again, work still
  * running is cancelled (counted as CANCELLED), and the owner's reference is dropped. */
 void gw_ext_release(struct gw_call *c);

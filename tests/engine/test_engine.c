@@ -568,26 +568,38 @@ static void test_deadline(void **state)
 static void test_overloaded(void **state)
 {
     (void)state;
+    /* max_running 2, max_queue 2: max_queue counts the requests waiting beyond the free
+     * running slots, so a burst of 4 before any step is taken (2 will run, 2 wait) and the
+     * 5th is refused, before and after the step that admits 2 */
     struct engine *e = make_engine(16, 2, 2, 0, true, NULL);
     static struct capture cap;
     memset(&cap, 0, sizeof cap);
     const struct golden_case *gc = &g_gold.cases[2];
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < 4; i++) {
         struct engine_request r = greedy_req(gc->prompt, gc->n_prompt, 4, 1, &cap.got[i]);
         assert_int_equal(engine_submit(e, &r, &cap.got[i].id), 0);
     }
-    struct engine_request r = greedy_req(gc->prompt, gc->n_prompt, 4, 1, &cap.got[2]);
+    struct engine_request r = greedy_req(gc->prompt, gc->n_prompt, 4, 1, &cap.got[4]);
     uint64_t id;
     tu_log_capture_begin();
     assert_int_equal(engine_submit(e, &r, &id), ERR_OVERLOADED);
     tu_assert_log_contains("overloaded", "max_queue 2", NULL);
     tu_log_capture_end();
-    /* once admitted (running), the queue has room again */
     size_t active;
     assert_int_equal(engine_step(e, &active), 0);
-    assert_int_equal(engine_submit(e, &r, &cap.got[2].id), 0);
+    struct engine_metrics m;
+    engine_get_metrics(e, &m);
+    assert_int_equal(m.running, 2);
+    assert_int_equal(m.waiting, 2);
+    tu_log_capture_begin();
+    assert_int_equal(engine_submit(e, &r, &id), ERR_OVERLOADED);
+    tu_assert_log_contains("overloaded", "max_queue 2", NULL);
+    tu_log_capture_end();
+    /* once they have finished, the queue has room again */
     run_until_idle(e, 200);
-    for (size_t i = 0; i < 3; i++)
+    assert_int_equal(engine_submit(e, &r, &cap.got[4].id), 0);
+    run_until_idle(e, 200);
+    for (size_t i = 0; i < 5; i++)
         assert_int_equal(cap.got[i].reason, ENGINE_FINISH_LENGTH);
     engine_destroy(e);
 }

@@ -516,6 +516,81 @@ def test_chat_logprobs(d):
     assert st == 200 and bn["choices"][0]["logprobs"] is None
 
 
+# ---- vLLM's runtime adapter endpoints (issue 14: 403 for a tenant that may not manage) ----
+
+def lora_adapter_dir(d, name, seed):
+    import gwtest
+    return gwtest.adapter(d.cfg["model_dir"], name, seed=seed)
+
+
+def test_lora_adapter_load_use_unload(d):
+    path = lora_adapter_dir(d, "rt1", 11)
+    st, body, resp = ht.post(d, "/v1/load_lora_adapter", {"lora_name": "rt1", "lora_path": path})
+    assert st == 200, body
+    assert body == "Success: LoRA adapter 'rt1' added successfully."
+    assert resp.getheader("Content-Type").startswith("text/plain")
+    assert "rt1" in [m["id"] for m in ht.get(d, "/v1/models")[1]["data"]]
+    chat = {"model": "rt1", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            "temperature": 0}
+    st, b, _ = ht.post(d, "/v1/chat/completions", chat)
+    assert st == 200 and b["model"] == "rt1", b
+    # loaded already: 409, as gRPC's ALREADY_EXISTS
+    r = ht.post(d, "/v1/load_lora_adapter", {"lora_name": "rt1", "lora_path": path})
+    e = ht.error_of(r)
+    assert r[0] == 409 and e["param"] == "lora_name" and "already loaded" in e["message"]
+    st, body, _ = ht.post(d, "/v1/unload_lora_adapter", {"lora_name": "rt1"})
+    assert st == 200 and body == "Success: LoRA adapter 'rt1' removed successfully."
+    assert "rt1" not in [m["id"] for m in ht.get(d, "/v1/models")[1]["data"]]
+    r = ht.post(d, "/v1/chat/completions", chat)
+    assert r[0] == 404 and ht.error_of(r)["code"] == "model_not_found"
+    # unloaded already: 404, as gRPC's NOT_FOUND
+    r = ht.post(d, "/v1/unload_lora_adapter", {"lora_name": "rt1"})
+    e = ht.error_of(r)
+    assert r[0] == 404 and e["type"] == "not_found_error" and e["param"] == "lora_name"
+
+
+def test_lora_adapter_403_for_a_tenant_that_may_not_manage(d):
+    path = lora_adapter_dir(d, "rt2", 12)
+    for route, body in (("/v1/load_lora_adapter", {"lora_name": "rt2", "lora_path": path}),
+                        ("/v1/unload_lora_adapter", {"lora_name": "ad1"})):
+        r = ht.post(d, route, body, key=BOB)
+        e = ht.error_of(r)
+        assert r[0] == 403 and e["type"] == "permission_error", r
+        assert "bob" in e["message"] and "allowed_adapters" in e["message"], e
+        r = ht.post(d, route, body, key=None)
+        assert r[0] == 401 and ht.error_of(r)["type"] == "authentication_error"
+    # nothing changed: bob's refusal loaded and unloaded nothing
+    ids = [m["id"] for m in ht.get(d, "/v1/models")[1]["data"]]
+    assert "ad1" in ids and "rt2" not in ids
+
+
+@pytest.mark.parametrize("route,body,status,param", [
+    ("/v1/load_lora_adapter", {}, 400, "lora_name"),
+    ("/v1/load_lora_adapter", {"lora_name": 5, "lora_path": "/tmp"}, 400, "lora_name"),
+    ("/v1/load_lora_adapter", {"lora_name": "", "lora_path": "/tmp"}, 400, "lora_name"),
+    ("/v1/load_lora_adapter", {"lora_name": "x1"}, 400, "lora_path"),
+    ("/v1/load_lora_adapter", {"lora_name": "bad name!", "lora_path": "/tmp"}, 400, "lora_name"),
+    ("/v1/load_lora_adapter", {"lora_name": "x1", "lora_path": "relative/dir"}, 400, "lora_path"),
+    ("/v1/load_lora_adapter", {"lora_name": "x1", "lora_path": "/no/such/dir"}, 404, "lora_path"),
+    ("/v1/load_lora_adapter", {"lora_name": "x1", "lora_path": "/etc/hostname"}, 400,
+     "lora_path"),
+    ("/v1/unload_lora_adapter", {"lora_name": "never-loaded"}, 404, "lora_name"),
+    ("/v1/unload_lora_adapter", {"lora_name": ["ad1"]}, 400, "lora_name"),
+])
+def test_lora_adapter_errors(d, route, body, status, param):
+    r = ht.post(d, route, body)
+    e = ht.error_of(r)
+    assert r[0] == status and e["param"] == param, r[:2]
+
+
+def test_lora_adapter_malformed_requests(d):
+    for raw in (b"", b"{", b"[1]", b'{"lora_name": "a", "lora_name": "b"}'):
+        r = ht.request(d, "POST", "/v1/load_lora_adapter", raw=raw)
+        assert r[0] == 400 and "JSON object" in ht.error_of(r)["message"], r[:2]
+    r = ht.get(d, "/v1/load_lora_adapter")
+    assert r[0] == 405 and ht.error_of(r)
+
+
 def test_zz_503_while_draining(d):
     s, _ = long_stream(d, ALICE, n=4)
     try:

@@ -92,6 +92,7 @@ struct ereq {
     struct lora_adapter *ad;   /* one reference, or NULL */
     uint64_t adapter_key;      /* KV prefix key of (adapter, scale); 0 = base */
     uint64_t t_submit, t_first, t_last;
+    uint64_t t_admit;          /* first admission; 0 = never admitted (queue_ms) */
     bool in_batch;
     struct collect *collect;
 };
@@ -314,6 +315,7 @@ static void finish(struct engine *e, struct ereq *r, enum engine_finish reason)
     ev.generated_tokens = r->n_gen;
     ev.cached_tokens = r->cached_tokens;
     ev.e2e_ms = (double)(t - r->t_submit) / 1e6;
+    ev.queue_ms = (double)((r->t_admit ? r->t_admit : t) - r->t_submit) / 1e6;
     if (r->n_gen > 0) {
         ev.ttft_ms = (double)(r->t_first - r->t_submit) / 1e6;
         ev.tpot_ms = r->n_gen > 1 ? (double)(r->t_last - r->t_first) / 1e6 / (r->n_gen - 1) : 0;
@@ -562,10 +564,14 @@ void engine_destroy(struct engine *e)
     if (e->kv && e->snapshot_path && e->cfg.prefix_cache) {
         struct kv_metrics km;
         kv_pool_metrics(e->kv, &km);
+        uint64_t max_blocks = km.blocks_total;
+        if (e->cfg.snapshot_max_bytes && km.block_bytes &&
+            e->cfg.snapshot_max_bytes / km.block_bytes < max_blocks)
+            max_blocks = e->cfg.snapshot_max_bytes / km.block_bytes;
         uint32_t n = 0;
-        if (kv_snapshot_save(e->kv, e->snapshot_path, e->fingerprint,
-                             (uint32_t)(km.blocks_total > UINT32_MAX ? UINT32_MAX
-                                                                     : km.blocks_total),
+        if (max_blocks &&
+            kv_snapshot_save(e->kv, e->snapshot_path, e->fingerprint,
+                             (uint32_t)(max_blocks > UINT32_MAX ? UINT32_MAX : max_blocks),
                              &n) == 0)
             LOG_INFO("engine: saved %u KV blocks to %s", n, e->snapshot_path);
     }
@@ -650,9 +656,15 @@ int engine_submit(struct engine *e, const struct engine_request *req, uint64_t *
                 (unsigned long long)km.blocks_total);
         return ERR_RANGE;
     }
-    if (e->n_waiting >= e->cfg.max_queue) {
-        LOG_WARN("engine: overloaded: %zu requests are waiting (max_queue %u)", e->n_waiting,
-                 e->cfg.max_queue);
+    /* max_queue bounds the requests waiting beyond the free running slots: a burst that
+     * arrives between two steps sits in waiting until the next admit, yet it will run
+     * (issue 16 "Also found"). n_running + n_waiting <= max_running + max_queue, so waiting
+     * (cap_waiting) holds every preempted request too. */
+    size_t free_running = e->cfg.max_running - e->n_running;
+    if (e->n_waiting >= e->cfg.max_queue + free_running) {
+        LOG_WARN("engine: overloaded: %zu requests are waiting, %zu running (max_queue %u "
+                 "beyond max_running %u)", e->n_waiting, e->n_running, e->cfg.max_queue,
+                 e->cfg.max_running);
         return ERR_OVERLOADED;
     }
     struct sampler_params sp = {
@@ -839,8 +851,10 @@ static int admit(struct engine *e)
         if (rc)
             return rc;
         r->n_done = n_cached;
-        if (!r->admitted_once)
+        if (!r->admitted_once) {
             r->cached_tokens = n_cached;
+            r->t_admit = mono_ns();
+        }
         r->admitted_once = true;
         r->admission = e->next_admission++;
         remove_from(e->waiting, &e->n_waiting, r);

@@ -49,10 +49,12 @@ struct engine_config {
     uint32_t kv_block_tokens;   /* 0 = 16 */
     uint32_t max_step_tokens;   /* per-iteration token budget (decode + prefill chunks); 0 = 256 */
     uint32_t max_running;       /* sequences in the running batch (<= max_step_tokens); 0 = 16 */
-    uint32_t max_queue;         /* waiting requests beyond which submit fails: ERR_OVERLOADED;
-                                 * 0 = 256 */
+    uint32_t max_queue;         /* requests waiting beyond the free running slots, beyond
+                                 * which submit fails: ERR_OVERLOADED; 0 = 256 */
     bool prefix_cache;
     const char *snapshot_path;  /* NULL: no KV snapshot save/restore */
+    uint64_t snapshot_max_bytes; /* KV data the save at engine_destroy keeps at most (its
+                                  * hottest blocks); 0 = the whole pool */
     int lora_pack;              /* enum lora_pack (lora.h): how adapters' weights are packed
                                  * for the update; 0 = auto (as the file stores them) */
 };
@@ -100,6 +102,7 @@ struct engine_event {
     /* FINISH: usage and timings */
     uint32_t prompt_tokens, generated_tokens, cached_tokens;
     double ttft_ms, tpot_ms, e2e_ms;
+    double queue_ms;            /* FINISH: submit -> first admission (never admitted: e2e) */
 };
 
 struct sampler_logprob;

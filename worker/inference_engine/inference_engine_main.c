@@ -31,6 +31,7 @@
 #include "model.h"
 #include "pool.h"
 #include "sampler.h"
+#include "serve.h"
 #include "tok.h"
 
 #include <errno.h>
@@ -84,6 +85,7 @@ struct opts {
     enum lora_pack lora_weights; /* --lora-weights */
     enum dtype kv_dtype;      /* --kv-dtype (engine path; DT_F32 = 0 by default) */
     bool kv_dtype_set;
+    const char *pin;          /* --pin: none, compact (default) or scatter */
 };
 
 static void usage(FILE *f)
@@ -126,6 +128,10 @@ static void usage(FILE *f)
 "  --greedy               argmax (lowest id on ties): temperature 0, filters off\n"
 "measurement:\n"
 "  --threads N            compute threads (default: online CPUs)\n"
+"  --pin MODE             compact (default: thread i on the i-th allowed CPU, within one\n"
+"                         NUMA node when it has enough), scatter (spread over the allowed\n"
+"                         CPUs) or none (the scheduler places them); more threads than\n"
+"                         allowed CPUs are never pinned\n"
 "  --warmup N             unreported runs before measuring (default 0)\n"
 "  --rounds N             measured runs per prompt (default 1)\n"
 "  --print-ids            add generated_ids and text to the JSON\n"
@@ -235,6 +241,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         O_ROUNDS, O_WARMUP, O_PRINT_IDS, O_DUMP, O_NO_BOS, O_IGNORE_EOS, O_QUIET,
         O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE, O_LORA_WEIGHTS, O_VERSION, O_KV_DTYPE,
         O_NO_CONVERT, O_CACHE_DIR, O_CONVERT_DTYPE, O_CONVERT_PROGRAM,
+        O_PIN,
     };
     static const struct option lopts[] = {
         {"model-dir", required_argument, NULL, O_MODEL},
@@ -269,6 +276,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"cache-dir", required_argument, NULL, O_CACHE_DIR},
         {"convert-dtype", required_argument, NULL, O_CONVERT_DTYPE},
         {"convert-program", required_argument, NULL, O_CONVERT_PROGRAM},
+        {"pin", required_argument, NULL, O_PIN},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
@@ -278,6 +286,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     o->max_new = DEFAULT_MAX_NEW;
     o->rounds = 1;
     o->adapter_scale = 1.0f;
+    o->pin = "compact";
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->threads = ncpu < 1 ? 1 : ncpu > POOL_MAX_THREADS ? POOL_MAX_THREADS : (int)ncpu;
     bool greedy = false;
@@ -309,6 +318,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
                 return EXIT_USAGE;
             o->threads = (int)u;
             break;
+        case O_PIN: {
+            enum pool_pin pin;
+            if (pool_pin_parse(optarg, &pin) != 0) {
+                LOG_ERR("--pin: '%s' is not none, compact or scatter", optarg);
+                return EXIT_USAGE;
+            }
+            o->pin = optarg;
+            break;
+        }
         case O_GREEDY: greedy = true; break;
         case O_TEMP:
             if (!parse_float("--temperature", optarg, &o->sp.temperature))
@@ -904,6 +922,7 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
     struct engine_config ec = {
         .model_dir = o->model_dir,
         .n_threads = o->threads,
+        .pin = serve_pin_prepare((unsigned)o->threads, o->pin),
         .kv_dtype = o->kv_dtype,
         .max_step_tokens = N > 256 ? N : 256,
         .max_running = N,
@@ -1285,7 +1304,9 @@ int main(int argc, char **argv)
     }
 
     /* engine */
-    if (o.threads > 1 && (rc = pool_create(o.threads, POOL_PIN_NONE, &pool))) {
+    enum pool_pin pin = POOL_PIN_NONE;
+    (void)pool_pin_parse(serve_pin_prepare((unsigned)o.threads, o.pin), &pin); /* a valid name */
+    if (o.threads > 1 && (rc = pool_create(o.threads, pin, &pool))) {
         code = exit_for(rc, EXIT_ENGINE);
         goto out;
     }

@@ -238,6 +238,28 @@ static int affinity_cpus(int *cpus, int *n)
     return 0;
 }
 
+int pool_pin_parse(const char *s, enum pool_pin *out)
+{
+    static const struct {
+        const char *name;
+        enum pool_pin pin;
+    } modes[] = {{"none", POOL_PIN_NONE}, {"compact", POOL_PIN_COMPACT},
+                 {"scatter", POOL_PIN_SCATTER}};
+    for (size_t i = 0; s && i < sizeof modes / sizeof modes[0]; i++)
+        if (!strcmp(s, modes[i].name)) {
+            *out = modes[i].pin;
+            return 0;
+        }
+    return ERR_RANGE;
+}
+
+int pool_affinity_count(void)
+{
+    int cpus[CPU_SETSIZE], n = 0;
+    int rc = affinity_cpus(cpus, &n);
+    return rc < 0 ? rc : n;
+}
+
 static int pin_thread(pthread_t th, int cpu, int participant)
 {
     cpu_set_t set;

@@ -40,6 +40,12 @@ typedef void pool_range_fn(void *ctx, size_t begin, size_t end, int thread);
  */
 #define POOL_MAX_THREADS 256
 int pool_create(int n_threads, enum pool_pin pin, struct pool **out);
+/* "none", "compact" or "scatter" (a --pin / threads_pin value) into *out; ERR_RANGE for
+ * anything else (not logged: the caller names its option). */
+int pool_pin_parse(const char *s, enum pool_pin *out);
+/* The CPUs of the calling thread's affinity mask: what pinning spreads participants over
+ * (a pin with more threads than this is refused by pool_create); a negative code (logged). */
+int pool_affinity_count(void);
 void pool_destroy(struct pool *p);
 int pool_threads(const struct pool *p);
 

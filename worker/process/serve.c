@@ -24,6 +24,7 @@
 #include "log.h"
 #include "lora.h"
 #include "msg.h"
+#include "pool.h"
 #include "region.h"
 #include "sampler.h"
 #include "tok.h"
@@ -34,6 +35,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <numa.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +68,10 @@ struct req {
                                            * the step, finishing with this reason; 0 = none */
     struct chat_out *co;                  /* chats: the generated text's parser (chat.h; owned) */
     char adapter[LORA_NAME_MAX];          /* "" = base model (ADAPTER's active_requests) */
+    /* FINISH's timings start when the worker read the GENERATE, not at engine_submit: a text
+     * waits for the tokenizer, and a record read during a step for that step's end */
+    uint64_t t_read;                      /* s->arrivals: when its record was read */
+    uint64_t pre_ns;                      /* s->reqs: record read -> engine_submit */
 };
 
 struct reqmap {
@@ -158,6 +165,7 @@ struct served_adapter {
 struct held_rec {
     struct held_rec *next;
     struct shm_msg m;                     /* views into buf */
+    uint64_t t_read;                      /* mono_ns() when it was read */
     void *buf;
 };
 
@@ -178,6 +186,8 @@ struct serve {
     size_t n_held;
     uint32_t vocab_size;
     struct reqmap reqs;
+    struct reqmap arrivals;               /* texts in the tokenizer: id -> t_read */
+    uint64_t rec_read_ns;                 /* when the record being handled was read */
     struct served_adapter *adapters;      /* [n_adapters] what the engine has loaded, by name */
     size_t n_adapters, cap_adapters;
     uint64_t hot_bytes;
@@ -413,6 +423,7 @@ static void on_event(const struct engine_event *ev, void *ud)
             struct shm_msg t = {.type = SHM_MSG_TOKEN, .token = {.request_id = id, .token = -1}};
             send_pieces(s, &t, p, n, false);
         }
+        uint64_t pre_ns = r->pre_ns;
         reqmap_del(&s->reqs, r);
         if (!reason) {
             send_error(s, id, ev->code < 0 ? ev->code : ERR_STATE, "%s",
@@ -425,10 +436,12 @@ static void on_event(const struct engine_event *ev, void *ud)
                             .finish = {.request_id = id, .reason = reason,
                                        .prompt_tokens = ev->prompt_tokens,
                                        .completion_tokens = ev->generated_tokens,
-                                       .cached_tokens = cached, .queue_ns = 0,
-                                       .ttft_ns = ms_to_ns(ev->ttft_ms),
+                                       .cached_tokens = cached,
+                                       .queue_ns = pre_ns + ms_to_ns(ev->queue_ms),
+                                       .ttft_ns = ev->generated_tokens
+                                                      ? pre_ns + ms_to_ns(ev->ttft_ms) : 0,
                                        .tpot_ns = ms_to_ns(ev->tpot_ms),
-                                       .e2e_ns = ms_to_ns(ev->e2e_ms)}};
+                                       .e2e_ns = pre_ns + ms_to_ns(ev->e2e_ms)}};
         send_event(s, &m);
         return;
     }
@@ -483,8 +496,20 @@ static bool prompt_refused(struct serve *s, uint64_t id, const int32_t *ids, siz
 }
 
 /* A Generate whose prompt is token ids (given, or from the tokenizer thread) into the engine. */
+/* When a text Generate's record was read (its entry in s->arrivals, removed); now if it has
+ * none (out of memory when it was read). Every tokenized Generate passes here once. */
+static uint64_t arrival_take(struct serve *s, uint64_t request_id)
+{
+    struct req *a = reqmap_find(&s->arrivals, request_id);
+    if (!a)
+        return mono_ns();
+    uint64_t t = a->t_read;
+    reqmap_del(&s->arrivals, a);
+    return t;
+}
+
 static void submit_generate(struct serve *s, const struct shm_msg_generate *g,
-                            const int32_t *ids, size_t n)
+                            const int32_t *ids, size_t n, uint64_t t_read)
 {
     if (prompt_refused(s, g->request_id, ids, n))
         return;
@@ -514,7 +539,9 @@ static void submit_generate(struct serve *s, const struct shm_msg_generate *g,
         .top_logprobs = g->top_logprobs,
     };
     /* in the table before the submit: the engine may emit events from inside it */
-    struct req entry = {.key = g->request_id, .chat = (g->flags & SHM_GEN_CHAT) != 0};
+    uint64_t now = mono_ns();
+    struct req entry = {.key = g->request_id, .chat = (g->flags & SHM_GEN_CHAT) != 0,
+                        .pre_ns = now > t_read ? now - t_read : 0};
     if (entry.chat && s->chat != CHAT_TPL_NONE &&
         chat_out_new(s->tok, s->chat, g->prompt_text, g->prompt_text_len, &entry.co) < 0) {
         send_error(s, g->request_id, -ENOMEM, "worker out of memory");
@@ -556,7 +583,7 @@ static void do_generate(struct serve *s, const struct shm_msg_generate *g)
         return;
     }
     if (!g->prompt_text_len && g->n_prompt_ids)
-        return submit_generate(s, g, g->prompt_ids, g->n_prompt_ids);
+        return submit_generate(s, g, g->prompt_ids, g->n_prompt_ids, s->rec_read_ns);
     if ((g->flags & SHM_GEN_CHAT) && s->chat == CHAT_TPL_NONE) {
         send_error(s, g->request_id, ERR_UNSUPPORTED, "%s", s->chat_why);
         return;
@@ -571,6 +598,13 @@ static void do_generate(struct serve *s, const struct shm_msg_generate *g)
         send_error(s, g->request_id, -ENOMEM, "worker out of memory");
         return;
     }
+    /* out of memory here only makes its timings start at its submit */
+    struct req *a = reqmap_find(&s->arrivals, g->request_id);
+    if (a)
+        a->t_read = s->rec_read_ns;
+    else
+        (void)reqmap_put(&s->arrivals, &(struct req){.key = g->request_id,
+                                                     .t_read = s->rec_read_ns});
     tokq_push(s->tokq, j);
 }
 
@@ -618,22 +652,27 @@ static void take_tokenized(struct serve *s, bool in_step)
             s->deferred = j->next;
             if (!s->deferred)
                 s->deferred_tail = NULL;
+            uint64_t t_read = arrival_take(s, j->request_id);
             if (!j->cancelled)
-                submit_generate(s, &j->gen, j->ids, j->n_ids);
+                submit_generate(s, &j->gen, j->ids, j->n_ids, t_read);
             tokq_job_free(j);
         }
     }
     struct tokq_job *j;
     while (s->tokq && s->fatal == 0 && (j = tokq_take(s->tokq))) {
         const char *what = j->kind == TOKQ_GENERATE ? "prompt" : "text";
+        /* deferred: its entry stays until it is submitted after the step */
+        bool defer = j->kind == TOKQ_GENERATE && !j->cancelled && j->rc >= 0 && in_step &&
+                     !prompt_refused(s, j->request_id, j->ids, j->n_ids);
+        uint64_t t_read = j->kind == TOKQ_GENERATE && !defer ? arrival_take(s, j->request_id) : 0;
         if (j->cancelled) {
             /* the gateway forgot it with its CANCEL */
         } else if (j->rc < 0) {
             send_error(s, j->request_id, j->rc, "%s: %s", what, j->error);
         } else if (j->kind == TOKQ_GENERATE) {
             if (!in_step) {
-                submit_generate(s, &j->gen, j->ids, j->n_ids);
-            } else if (!prompt_refused(s, j->request_id, j->ids, j->n_ids)) {
+                submit_generate(s, &j->gen, j->ids, j->n_ids, t_read);
+            } else if (defer) {
                 j->next = NULL;
                 if (s->deferred_tail)
                     s->deferred_tail->next = j;
@@ -837,6 +876,45 @@ static void handle(struct serve *s, const struct shm_msg *m)
 
 /* ---- lifecycle ---- */
 
+const char *serve_pin_prepare(unsigned threads, const char *pin)
+{
+    enum pool_pin mode;
+    if (!pin || pool_pin_parse(pin, &mode) < 0 || mode == POOL_PIN_NONE)
+        return "none"; /* callers have refused unknown names (their option's message) */
+    int n_cpus = pool_affinity_count();
+    if (n_cpus < 1)
+        return "none";
+    unsigned want = threads ? threads : (unsigned)n_cpus;
+    if (want > (unsigned)n_cpus) {
+        LOG_WARN("threads not pinned (%s): %u threads, %d CPUs allowed", pin, want, n_cpus);
+        return "none";
+    }
+    if (mode != POOL_PIN_COMPACT || numa_available() < 0 || numa_num_configured_nodes() < 2)
+        return pin;
+    /* compact: the node of the CPU we run on, if it holds them all */
+    int cpu = sched_getcpu();
+    int node = cpu >= 0 ? numa_node_of_cpu(cpu) : -1;
+    struct bitmask *mask = numa_allocate_cpumask(), *on_node = numa_allocate_cpumask();
+    if (node >= 0 && mask && on_node && numa_sched_getaffinity(0, mask) >= 0 &&
+        numa_node_to_cpus(node, on_node) == 0) {
+        unsigned n = 0;
+        for (unsigned c = 0; c < on_node->size; c++) {
+            bool both = numa_bitmask_isbitset(on_node, c) && numa_bitmask_isbitset(mask, c);
+            if (!both && numa_bitmask_isbitset(on_node, c))
+                numa_bitmask_clearbit(on_node, c);
+            n += both;
+        }
+        if (n >= want && n < (unsigned)n_cpus && numa_sched_setaffinity(0, on_node) == 0)
+            LOG_INFO("threads pinned compact within NUMA node %d (%u of %d allowed CPUs)",
+                     node, n, n_cpus);
+    }
+    if (mask)
+        numa_free_cpumask(mask);
+    if (on_node)
+        numa_free_cpumask(on_node);
+    return pin;
+}
+
 /* What HELLO says about the model, read from its manifest (closed again before the engine maps
  * the model, so hot replication sees only the engine's mapping). */
 static int model_info(struct serve *s, struct shm_msg_hello *h, char *name, char *arch,
@@ -939,7 +1017,8 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
     struct engine_config ec = {
         .model_dir = o->model_dir,
         .n_threads = (int)o->threads,
-        .pin = NULL, /* the threads inherit this thread's affinity: the slot's CPUs */
+        /* within this thread's affinity: the slot's CPUs (worker_main sets them) */
+        .pin = serve_pin_prepare(o->threads, o->pin),
         .kv_budget_bytes = o->kv_budget_bytes,
         .kv_dtype = o->kv_dtype,
         .kv_block_tokens = 0,
@@ -947,7 +1026,8 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
         .max_running = SHM_MAX_RUNNING,
         .max_queue = o->max_queue,
         .prefix_cache = true,
-        .snapshot_path = NULL,
+        .snapshot_path = o->kv_snapshot_path,
+        .snapshot_max_bytes = o->kv_snapshot_max_bytes,
         .lora_pack = o->lora_pack,
     };
     log_clear_error();
@@ -1043,6 +1123,7 @@ static void drain_requests_in_step(struct serve *s)
             return; /* read after the step, as always */
         }
         int rc = shm_msg_recv(s->rx, buf, s->buf_cap, &h->m);
+        h->t_read = s->rec_read_ns = mono_ns();
         if (rc < 0) {
             free(buf), free(h);
             if (rc != -EAGAIN) {
@@ -1076,6 +1157,7 @@ static void handle_held(struct serve *s)
         if (!s->held)
             s->held_tail = NULL;
         s->n_held--;
+        s->rec_read_ns = h->t_read;
         if (s->fatal == 0)
             handle(s, &h->m);
         free(h->buf), free(h);
@@ -1090,6 +1172,7 @@ static void drain_requests(struct serve *s)
         int rc = shm_msg_recv(s->rx, s->buf, s->buf_cap, &m);
         if (rc == -EAGAIN)
             return;
+        s->rec_read_ns = mono_ns();
         if (rc < 0) {
             /* a record that does not decode broke the ring: nothing after it is
              * trustworthy, and a fresh region needs a fresh worker */
@@ -1208,6 +1291,7 @@ void serve_close(struct serve *s)
     if (s->tok)
         tok_free(s->tok);
     free(s->reqs.slots);
+    free(s->arrivals.slots);
     for (size_t i = 0; i < s->n_adapters; i++)
         free(s->adapters[i].dir);
     free(s->adapters);

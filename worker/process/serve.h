@@ -38,11 +38,16 @@ struct shm_region;
 struct serve_options {
     const char *model_dir;
     unsigned threads;             /* 0 = every CPU this thread may run on */
+    const char *pin;              /* engine threads: "none", "compact" or "scatter"; NULL =
+                                   * none (serve_pin_prepare's choice is applied) */
     uint64_t kv_budget_bytes;     /* 0 = the engine's default */
     enum dtype kv_dtype;          /* the KV cache's elements (engine_config.kv_dtype; the
                                    * heritage's --kv-dtype); 0 = DT_F32 */
     uint32_t max_queue;
     uint32_t max_prompt_tokens;
+    const char *kv_snapshot_path; /* engine_config.snapshot_path: restored at open, saved at
+                                   * close; NULL = none */
+    uint64_t kv_snapshot_max_bytes; /* KV data a save keeps at most; 0 = the whole pool */
     size_t n_adapters;            /* loaded at start; a failure is fatal */
     const char *const *adapter_names;
     const char *const *adapter_dirs;
@@ -55,6 +60,16 @@ struct serve_options {
 };
 
 struct serve;
+
+/*
+ * Readies this thread for pinning `threads` engine threads (0 = one per CPU of its affinity
+ * mask) the `pin` way, before the engine's pool is made from it: "compact" keeps them within
+ * one NUMA node (libnuma) when that node has enough CPUs of the mask, by narrowing this
+ * thread's mask to the node's CPUs (the pool's threads inherit it). Returns the mode to give
+ * the engine: `pin`, or "none" (logged once) when the threads outnumber the CPUs the thread
+ * may use — pinning them would stack participants on one CPU. NULL pin = "none".
+ */
+const char *serve_pin_prepare(unsigned threads, const char *pin);
 
 /*
  * Creates the engine, loads the adapters, replicates hot tensors, sends HELLO on `region`

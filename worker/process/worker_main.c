@@ -30,6 +30,7 @@
 #include "heritage.h"
 #include "log.h"
 #include "lora.h"
+#include "pool.h"
 #include "region.h"
 #include "serve.h"
 
@@ -78,6 +79,11 @@ static int parse_args(int argc, char **argv, struct args *a)
     if (rc == 0 && dtype_kv_from_name(a->h.kv_dtype, &a->kv_dtype) != 0) {
         LOG_ERR("--kv-dtype %s: not a KV element type (f32, f16, bf16, int8 or fp8)",
                 a->h.kv_dtype);
+        rc = ERR_USAGE;
+    }
+    enum pool_pin pin;
+    if (rc == 0 && pool_pin_parse(a->h.pin, &pin) != 0) {
+        LOG_ERR("--pin %s: not none, compact or scatter", a->h.pin);
         rc = ERR_USAGE;
     }
     return rc;
@@ -226,6 +232,10 @@ int main(int argc, char **argv)
         .adapter_dirs = a.h.adapters_dir,
         .lora_pack = (int)a.lora_weights,
         .kv_dtype = a.kv_dtype,
+        .pin = a.h.pin,
+        .kv_snapshot_path = a.h.kv_snapshot,
+        .kv_snapshot_max_bytes = (uint64_t)(a.h.kv_snapshot_max_mb > 0 ? a.h.kv_snapshot_max_mb
+                                                                        : 0) << 20,
         .mem_node = (int)a.h.mem_node,
         .hot_replicate = env.hot_replicate,
         .hot_limit_bytes = env.hot_repl_limit_mb << 20,
