@@ -132,8 +132,8 @@ static inline void run_shrink(struct job *j, const struct task *tk)
     if (MM_PREFETCH)
         prefetch_l2((const char *)w->fa + lora__fa_offset(s->ad, pr->t, k0),
                     lora__fa_offset(s->ad, pr->t, k1) - lora__fa_offset(s->ad, pr->t, k0));
-    kern_lora_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
-                     j->tmp + tk->prod * j->p->tmp_floats + s->tmp0, k0, k1);
+    lora__shrink(s->ad, w->fa, in, pr->x + s->t0 * in, s->n,
+                 j->tmp + tk->prod * j->p->tmp_floats + s->tmp0, k0, k1);
     atomic_fetch_add_explicit(&j->shrink_done[tk->prod], 1, memory_order_release);
 }
 
@@ -169,9 +169,8 @@ static inline void run_expand(struct job *j, const struct task *tk)
         const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
         if (!w)
             continue;
-        kern_lora_expand(s->ad->fast_dt, w->fbt, s->ad->cfg.rank,
-                         j->tmp + tk->prod * p->tmp_floats + s->tmp0, s->n, p->scale + s->t0,
-                         0.0f, pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
+        lora__expand(s->ad, w->fbt, j->tmp + tk->prod * p->tmp_floats + s->tmp0, s->n,
+                     p->scale + s->t0, pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
     }
 }
 
