@@ -65,7 +65,7 @@ adapter_dir() {
 st_shapes() {
   local f=$1 n
   n=$(od -An -t u8 -N8 "$f" | tr -d ' ')
-  tail -c +9 "$f" | head -c "$n" |
+  head -c "$((n + 8))" "$f" | tail -c +9 |
     jq -r 'to_entries[] | select(.key != "__metadata__") | "\(.key) \(.value.shape[0]) \(.value.shape[1])"'
 }
 
