@@ -4,7 +4,8 @@
  *
  * The job is a list of tasks that the pool's participants claim in order:
  *   PREP    tokens [a, b) of one distinct input (kern_act_prepare);
- *   SHRINK  rank rows [b, b + 8) of T = X_seg A^T, for (product, segment a);
+ *   SHRINK  rank rows [b, b + 8) of T = X_seg A^T, for (product, segment a) (32 rows on
+ *           int8 weights: lora__shrink_kb);
  *   BASE    tile a (MM_TILE rows) of a product's base rows, once its input is prepared;
  *           with b = 1 ("merged") then the tile's expand too, on the rows it just wrote;
  *   EXPAND  y += s_t T B^T on the same tile's columns for every segment, once the tile and
@@ -137,7 +138,7 @@ static inline void run_shrink(struct job *j, const struct task *tk)
     const struct matmul_prod *pr = &j->g[tk->prod];
     const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
     size_t r = s->ad->cfg.rank, k0 = tk->b, in = s->ad->in[pr->t];
-    size_t k1 = k0 + LORA__SHRINK_KB < r ? k0 + LORA__SHRINK_KB : r;
+    size_t kb = lora__shrink_kb(s->ad), k1 = k0 + kb < r ? k0 + kb : r;
     if (MM_PREFETCH)
         prefetch_l2((const char *)w->fa + lora__fa_offset(s->ad, pr->t, k0),
                     lora__fa_offset(s->ad, pr->t, k1) - lora__fa_offset(s->ad, pr->t, k0));
@@ -239,7 +240,8 @@ static struct counts count_tasks(struct job *j, size_t k, size_t n)
         for (size_t si = 0; si < p->n_segs; si++)
             if (lora_weights(p->segs[si].ad, j->layer, j->g[i].t))
                 j->shrink_want[i] +=
-                    (p->segs[si].ad->cfg.rank + LORA__SHRINK_KB - 1) / LORA__SHRINK_KB;
+                    (p->segs[si].ad->cfg.rank + lora__shrink_kb(p->segs[si].ad) - 1) /
+                    lora__shrink_kb(p->segs[si].ad);
         c.shrink += j->shrink_want[i];
         c.expand += j->shrink_want[i] ? tiles : 0; /* no segment adapts it: no expand */
     }
@@ -307,10 +309,10 @@ static void push_shrink(struct job *j, struct task *tasks, struct cursor *cu)
                                     (uint32_t)cu->sh_k};
     j->shrink_total[cu->sh_p]++;
     cu->n_shrink++;
-    size_t rows = ad->cfg.rank - cu->sh_k < LORA__SHRINK_KB ? ad->cfg.rank - cu->sh_k
-                                                            : LORA__SHRINK_KB;
+    const size_t kb = lora__shrink_kb(ad);
+    size_t rows = ad->cfg.rank - cu->sh_k < kb ? ad->cfg.rank - cu->sh_k : kb;
     cu->upd_done += (double)rows * ad->in[j->g[cu->sh_p].t] * lora__fast_elem_bytes(ad);
-    cu->sh_k += LORA__SHRINK_KB;
+    cu->sh_k += kb;
 }
 
 /* The next expand task, if its base tile is MM_LAG base tasks back (or every base task is

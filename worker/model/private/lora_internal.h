@@ -30,6 +30,16 @@ static inline int lora__refs(const struct lora_adapter *ad)
 
 /* Tasks of the fused update (lora_apply_fused, matmul_group_lora). */
 #define LORA__SHRINK_KB 8u   /* a shrink task's rank rows */
+/* ... on int8 weights: every int8 shrink call quantizes its tokens' x first (kern.h), which
+ * costs about what reading 8 rank rows of codes does, so a task takes up to 32 rows
+ * (measured, session 10: 8 made the int8 shrink no faster than bf16's at rank 16). */
+#define LORA__SHRINK_KB_I8 32u
+
+/* A shrink task's rank rows for adapter ad (matmul_group_lora). */
+static inline size_t lora__shrink_kb(const struct lora_adapter *ad)
+{
+    return ad->fast_dt == LORA_DT_I8 ? LORA__SHRINK_KB_I8 : LORA__SHRINK_KB;
+}
 #define LORA__EXPAND_JB 256u /* an expand task's output columns (lora_apply_fused) */
 
 /* ---- lora_config.c ---- */
