@@ -143,34 +143,45 @@ static void test_i8_kernels(void **state)
 }
 
 /*
- * The stated bound for one output (docs/LORA.md "8-bit adapter weights"). With sx, sa_k, su,
- * sb_k the four quantization steps (x per token, A per rank row, u = t * sb per token, B^T
- * per rank row), hats the quantized values and t the f32 shrink:
+ * The stated bound (docs/LORA.md "8-bit adapter weights"). With sx, sa_k, su, sb_k the four
+ * quantization steps (x per token, A per rank row, u = t * sb per token, B^T per rank row),
+ * hats the quantized values and t the f32 shrink:
  *   |t^_k - t_k| <= E_k = sum_c (|x_c| sa_k + |a^_kc| sx) / 2
  *   |y^_j - y_j| <= |s| sum_k (|t_k| sb_k / 2 + |b^_kj| (E_k + su / (2 sb_k)))
- * plus f32 rounding (1e-5 of the terms' magnitude). Returns the bound and *mag the terms'.
+ * plus f32 rounding (1e-5 of the terms' magnitude). bound_prep fills, for one token, E_k and
+ * sb_k; bound_i8 gives output j's bound and *mag the terms' magnitude.
  */
-static double bound_i8(const float *x, const float *a, const float *b, size_t in, size_t out,
-                       size_t r, size_t j, const double *tf, double su, float s, double *mag)
+static void bound_prep(const float *x, const float *a, const float *b, size_t in, size_t out,
+                       size_t r, double *e, double *sbk)
 {
-    double sx = 0, acc = 0, m = 0;
+    double sx = 0;
     for (size_t c = 0; c < in; c++)
         sx = fmax(sx, fabs(x[c]));
     sx /= 127.0;
     for (size_t k = 0; k < r; k++) {
-        double sa = 0, sb = 0, e = 0;
+        double sa = 0, sb = 0, ek = 0;
         for (size_t c = 0; c < in; c++)
             sa = fmax(sa, fabs(a[k * in + c]));
         sa /= 127.0;
         for (size_t o = 0; o < out; o++)
             sb = fmax(sb, fabs(b[o * r + k]));
-        sb /= 127.0;
+        sbk[k] = sb / 127.0;
         for (size_t c = 0; c < in; c++) {
             double ah = sa > 0 ? sa * nearbyint(a[k * in + c] / sa) : 0;
-            e += (fabs(x[c]) * sa + fabs(ah) * sx) / 2;
+            ek += (fabs(x[c]) * sa + fabs(ah) * sx) / 2;
         }
+        e[k] = ek;
+    }
+}
+
+static double bound_i8(const float *b, size_t r, size_t j, const double *tf, const double *e,
+                       const double *sbk, double su, float s, double *mag)
+{
+    double acc = 0, m = 0;
+    for (size_t k = 0; k < r; k++) {
+        double sb = sbk[k];
         double bh = sb > 0 ? sb * nearbyint(b[j * r + k] / sb) : 0;
-        acc += fabs(tf[k]) * sb / 2 + fabs(bh) * (e + (sb > 0 ? su / (2 * sb) : 0));
+        acc += fabs(tf[k]) * sb / 2 + fabs(bh) * (e[k] + (sb > 0 ? su / (2 * sb) : 0));
         m += fabs(tf[k] * b[j * r + k]);
     }
     *mag = fabs(s) * m;
@@ -184,7 +195,8 @@ static double check_bound(size_t in, size_t out, size_t r, int outlier)
     const size_t n = 2;
     float *a = malloc(r * in * 4), *b = malloc(out * r * 4), *x = malloc(n * in * 4);
     float *t = malloc(n * r * 4), *y = calloc(n * out, 4), sc[2] = {2.0f, -0.5f};
-    double *tf = malloc(r * sizeof *tf);
+    double *tf = malloc(r * sizeof *tf), *ebd = malloc(r * sizeof *ebd);
+    double *sbk = malloc(r * sizeof *sbk);
     for (size_t i = 0; i < r * in; i++)
         a[i] = grand() / sqrtf((float)in);
     for (size_t i = 0; i < out * r; i++)
@@ -211,12 +223,13 @@ static double check_bound(size_t in, size_t out, size_t r, int outlier)
             umax = fmax(umax, fabs((double)t[i * r + k] * (float)(sb / 127.0)));
         }
         double su = umax / 127.0;
+        bound_prep(xi, a, b, in, out, r, ebd, sbk);
         for (size_t j = 0; j < out; j++) {
             double want = 0, mag;
             for (size_t k = 0; k < r; k++)
                 want += tf[k] * b[j * r + k];
             want *= sc[i];
-            double bd = bound_i8(xi, a, b, in, out, r, j, tf, su, sc[i], &mag);
+            double bd = bound_i8(b, r, j, tf, ebd, sbk, su, sc[i], &mag);
             double e = fabs(y[i * out + j] - want);
             if (e > bd)
                 fail_msg("in %zu out %zu r %zu: y[%zu][%zu] %.9g, f32 %.9g: error %.3g over "
@@ -228,7 +241,7 @@ static double check_bound(size_t in, size_t out, size_t r, int outlier)
         }
     }
     unpack_free(&p);
-    free(a); free(b); free(x); free(t); free(y); free(tf);
+    free(a); free(b); free(x); free(t); free(y); free(tf); free(ebd); free(sbk);
     double rel = sqrt(se / sd);
     print_message("  int8 in %zu out %zu r %zu%s: relative RMS error %.2f%%, worst error / "
                   "bound %.2f\n",
@@ -306,7 +319,8 @@ static void test_i8_repack(void **state)
             lora_apply_fused(&p8, NULL, layer, &pr8, 1, tmp);
             const struct lora_weights *w = lora_weights(a32, layer, (enum lora_target)tg);
             size_t r = a32->cfg.rank;
-            double *tf = malloc(r * sizeof *tf);
+            double *tf = malloc(r * sizeof *tf), *ebd = malloc(r * sizeof *ebd);
+            double *sbk = malloc(r * sizeof *sbk);
             float *t8 = malloc(r * 4);
             for (int i = 0; i < N; i++) {
                 const float *xi = x + (size_t)i * in;
@@ -322,10 +336,11 @@ static void test_i8_repack(void **state)
                         sb = fmax(sb, fabs(w->b[o * r + k]));
                     umax = fmax(umax, fabs((double)t8[k] * (float)(sb / 127.0)));
                 }
+                bound_prep(xi, w->a, w->b, in, out, r, ebd, sbk);
                 for (uint32_t j = 0; j < out; j++) {
                     double mag, s = scale[i] * a32->cfg.scaling;
-                    double bd = bound_i8(xi, w->a, w->b, in, out, r, j, tf, umax / 127.0,
-                                         (float)s, &mag);
+                    double bd =
+                        bound_i8(w->b, r, j, tf, ebd, sbk, umax / 127.0, (float)s, &mag);
                     /* the f32 path's own rounding too */
                     double e = fabs(y8[(size_t)i * out + j] - y32[(size_t)i * out + j]);
                     if (e > bd + 1e-5 * mag)
@@ -335,7 +350,7 @@ static void test_i8_repack(void **state)
                                  (double)y32[(size_t)i * out + j], bd);
                 }
             }
-            free(tf); free(t8); free(x); free(y32); free(y8);
+            free(tf); free(ebd); free(sbk); free(t8); free(x); free(y32); free(y8);
         }
     lora_plan_fini(&p32);
     lora_plan_fini(&p8);
