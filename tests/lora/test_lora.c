@@ -1360,8 +1360,9 @@ static void test_apply_fused(void **state)
  * tokens (several activation-preparing tasks), f32 and bf16 base weights, an f32 adapter and
  * a BF16 one of ranks 5 (one short shrink block) and 17 (two blocks and a ragged one), an
  * int8-packed one of rank 40 (int8 shrink blocks of 32: one whole, one ragged) on the last two
- * tokens of the larger batches, base tokens and zero scales mixed in; and a batch without
- * adapters (the base products alone).
+ * tokens of the larger batches, a rank-2 one alone in a batch of 6 (every shrink first, every
+ * tile's expand merged into its base task), base tokens and zero scales mixed in; and a batch
+ * without adapters (the base products alone).
  */
 static void test_matmul_fused(void **state)
 {
@@ -1390,6 +1391,14 @@ static void test_matmul_fused(void **state)
     peft_adapter_free(p3);
     assert_int_equal(lora_open(d3, &hp, &a3), 0);
     assert_int_equal(lora_repack(a3, LORA_PACK_INT8), 0);
+    /* rank 2 (a plan of rank <= 4 puts every shrink first: every base tile merged) */
+    struct lora_adapter *a4;
+    struct peft_adapter *p4 = peft_adapter_random(&hp, 2, 4.0, ALL_MASK & ~(1u << LORA_O), 34,
+                                                  0.3f, 0.3f);
+    char *d4 = subdir("mf4");
+    peft_adapter_write(p4, d4, SAFETENSORS_BF16, "");
+    peft_adapter_free(p4);
+    assert_int_equal(lora_open(d4, &hp, &a4), 0);
 
     struct pool *pools[3] = {NULL};
     assert_int_equal(pool_create(2, POOL_PIN_NONE, &pools[1]), 0);
@@ -1397,7 +1406,7 @@ static void test_matmul_fused(void **state)
     const enum lora_target groups[4][3] = {
         {LORA_Q, LORA_K, LORA_V}, {LORA_O, 0, 0}, {LORA_GATE, LORA_UP, 0}, {LORA_DOWN, 0, 0}};
     const size_t group_n[4] = {3, 1, 2, 1};
-    const size_t ns[] = {1, 8, 9, 23, 40}; /* 9: every token on the base model */
+    const size_t ns[] = {1, 6, 8, 9, 23, 40}; /* 9: every token on the base model; 6: rank 2 */
     const enum dtype wts[] = {DT_F32, DT_BF16};
     struct matmul_ctx mcs[3];
     for (int pi = 0; pi < 3; pi++) {
@@ -1412,6 +1421,8 @@ static void test_matmul_fused(void **state)
             who[i] = N == 9 ? NULL : N == 1 ? a2 : i < N / 4 ? a1 : i < N / 3 ? NULL : i < N - 3 ? a2 : a1;
             if (N > 9 && i >= N - 2)
                 who[i] = a3;
+            if (N == 6)
+                who[i] = i == 3 ? NULL : a4;
             scale[i] = i == 5 ? 0.0f : 0.5f + 0.25f * (float)(i % 4);
         }
         struct lora_plan plan;
@@ -1492,9 +1503,11 @@ static void test_matmul_fused(void **state)
     lora_close(a1);
     lora_close(a2);
     lora_close(a3);
+    lora_close(a4);
     free(d1);
     free(d2);
     free(d3);
+    free(d4);
 }
 
 int main(void)

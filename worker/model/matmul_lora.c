@@ -51,6 +51,7 @@
 #define MM_LAG 2u       /* an expand task follows its base tile by this many base tasks (2 to 6
                          * measured alike, session 6) */
 #define MM_MAX MATMUL_LORA_GROUP_MAX
+#define MM_SHRINK_FIRST_RANK 4u /* plans of at most this rank put every shrink first */
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
@@ -374,6 +375,12 @@ static void push_interleaved(struct job *j, struct task *tasks, struct cursor *c
                             lora__fast_elem_bytes(ad);
         }
     }
+    /* rank <= MM_SHRINK_FIRST_RANK: the shrinks are a few KB each; all of them first makes
+     * every base tile merged (no expand task, and by the time a tile is done its shrinks are
+     * too: no spin), where pacing left the first tiles' expands as tasks waiting on flags */
+    if (p->max_rank <= MM_SHRINK_FIRST_RANK)
+        while (cu->n_shrink < c->shrink)
+            push_shrink(j, tasks, cu);
     while (cu->bi < c->tiles || cu->n_shrink < c->shrink || cu->ex_p < k) {
         if (cu->bi < c->tiles)
             push_base(j, tasks, cu);
