@@ -382,7 +382,7 @@ static void usage(FILE *f)
 "  --one-tenant         prefill: every prompt from one tenant (default: one tenant each,\n"
 "                       so the engine shares each step's prefill budget between them)\n"
 "  --kv-mib N           KV pool (default 512)\n"
-"  --lora-weights auto|bf16  how adapters' weights are packed (default auto)\n");
+"  --lora-weights auto|bf16|int8  how adapters' weights are packed (default auto)\n");
 }
 
 static int parse_counts(const char *s, struct opts *o)

@@ -930,9 +930,14 @@ static int parse_lora_weights(struct walk *w, json_t *root, struct config *c)
         c->lora_weights_bf16 = s[0] == 'b';
         return 0;
     }
+    /* 8-bit adapter weights (session 10): a block of its own */
+    if (strcmp(s, "int8") == 0) {
+        c->lora_weights_int8 = true;
+        return 0;
+    }
     size_t k = push_key(w, "lora_weights");
     char q[64];
-    rc = fail(w, ERR_FORMAT, "must be \"auto\" or \"bf16\", got %s",
+    rc = fail(w, ERR_FORMAT, "must be \"auto\" or \"bf16\" (or \"int8\"), got %s",
               quote(s, strlen(s), q, sizeof q));
     pop(w, k);
     return rc;
@@ -1296,6 +1301,7 @@ int config_keep_restart_fields(struct config *fresh, const struct config *runnin
     KEEP_NUM(threads_per_worker, "threads_per_worker");
     KEEP_NUM(kv_budget_mb, "kv_budget_mb");
     KEEP_NUM(lora_weights_bf16, "lora_weights");
+    KEEP_NUM(lora_weights_int8, "lora_weights");
     keep_named(&fresh->log_format, running->log_format, "log_format",
                log_format_name(fresh->log_format), log_format_name(running->log_format), &n);
     int kv = (int)fresh->kv_dtype;

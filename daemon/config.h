@@ -131,6 +131,8 @@ struct config {
                                       * given (then $CLOCHER_LOG_FORMAT, else text) */
     bool lora_weights_bf16;          /* "lora_weights": "bf16" (workers round adapters to bf16,
                                       * --lora-weights bf16) or "auto" (default) */
+    bool lora_weights_int8;          /* "lora_weights": "int8" (8-bit adapter weights,
+                                      * --lora-weights int8; docs/LORA.md) */
     bool hot_replicate;              /* IE_HOT_REPLICATE for workers */
     uint64_t hot_repl_limit_mb;      /* IE_HOT_REPL_LIMIT_MB; 0 = no limit */
 

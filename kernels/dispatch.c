@@ -288,3 +288,27 @@ kern_attn_fn *kern_attn_kv8_variant(enum dtype kvt)
         return NULL;
     return attn_kv8[kern__ops.isa][kvt == DT_KV_E4M3];
 }
+
+/* ---- LoRA int8 adapter weights (kern.h "on int8 adapter weights"): the active ISA's variant.
+ * Not a model dtype, so not a column of kern__traits; indexed by enum kern_isa like isa_ops.
+ * The AVX-512 column needs AVX-512 VNNI, which kern_isa_supported(KERN_ISA_AVX512) requires. */
+
+static kern_lora_shrink_fn *const lora_i8_shrink[KERN__ISA_COUNT] = {
+    kern_lora_shrink_i8_ref, kern_lora_shrink_i8_avx2, kern_lora_shrink_i8_avx512};
+static kern_lora_expand_fn *const lora_i8_expand[KERN__ISA_COUNT] = {
+    kern_lora_expand_i8_ref, kern_lora_expand_i8_avx2, kern_lora_expand_i8_avx512};
+
+void kern_lora_shrink_i8(const void *a, size_t in, size_t rank, const float *x, size_t n,
+                         float *t, size_t k0, size_t k1)
+{
+    CHECK(k0 <= k1 && k1 <= rank);
+    lora_i8_shrink[kern__ops.isa](a, in, rank, x, n, t, k0, k1);
+}
+
+void kern_lora_expand_i8(const void *bt, size_t rank, const float *t, size_t n,
+                         const float *scale, float s, float *y, size_t ldy, size_t j0,
+                         size_t j1)
+{
+    CHECK(j0 <= j1);
+    lora_i8_expand[kern__ops.isa](bt, rank, t, n, scale, s, y, ldy, j0, j1);
+}

@@ -10,6 +10,8 @@
 #include "check.h"
 #include "half.h"
 
+#include <math.h>
+
 static inline float ld_w(enum dtype dt, const void *w, size_t i)
 {
     return dt == DT_BF16 ? half_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
@@ -130,6 +132,66 @@ void kern_lora_expand_bf16_bf16_ref(const void *bt_, size_t rank, const float *t
                 acc += bf16_round(t[i * rank + k]) *
                        half_bf16_to_f32(bt[(j / P) * rank * P + k * P + j % P]);
             y[i * ldy + j] += si * acc;
+        }
+    }
+}
+
+/* ---- int8 adapter weights (kern.h "LoRA shrink and expand on int8 adapter weights") ---- */
+
+float kern_lora_i8_quant(const float *v, size_t n, int8_t *q)
+{
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = v[i] < 0 ? -v[i] : v[i];
+        amax = a > amax ? a : amax;
+    }
+    /* the SIMD kernels compute id and v * id the same way, and cvtps2dq rounds to nearest
+     * even like nearbyintf in the default rounding mode */
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (size_t i = 0; i < n; i++)
+        q[i] = (int8_t)nearbyintf(v[i] * id);
+    return amax / 127.0f;
+}
+
+void kern_lora_shrink_i8_ref(const void *a_, size_t in, size_t rank, const float *x, size_t n,
+                             float *t, size_t k0, size_t k1)
+{
+    CHECK(in <= KERN_LORA_I8_IN_MAX);
+    const float *sa = a_;
+    const uint8_t *q = (const uint8_t *)a_ + KERN_LORA_I8_HDR(rank);
+    int8_t qx[KERN_LORA_I8_IN_MAX];
+    for (size_t i = 0; i < n; i++) {
+        const float sx = kern_lora_i8_quant(x + i * in, in, qx);
+        for (size_t k = k0; k < k1; k++) {
+            int32_t acc = 0;
+            for (size_t c = 0; c < in; c++)
+                acc += ((int32_t)q[k * in + c] - 128) * qx[c];
+            t[i * rank + k] = sa[k] * (sx * (float)acc);
+        }
+    }
+}
+
+void kern_lora_expand_i8_ref(const void *bt_, size_t rank, const float *t, size_t n,
+                             const float *scale, float s, float *y, size_t ldy, size_t j0,
+                             size_t j1)
+{
+    CHECK(rank <= KERN_LORA_RANK_MAX);
+    const float *sb = bt_;
+    const uint8_t *q = (const uint8_t *)bt_ + KERN_LORA_I8_HDR(rank);
+    float u[KERN_LORA_RANK_MAX];
+    int8_t qu[KERN_LORA_RANK_MAX];
+    for (size_t i = 0; i < n; i++) {
+        float si = scale ? scale[i] : s;
+        if (si == 0.0f)
+            continue;
+        for (size_t k = 0; k < rank; k++)
+            u[k] = t[i * rank + k] * sb[k];
+        const float su = kern_lora_i8_quant(u, rank, qu);
+        for (size_t j = j0; j < j1; j++) {
+            int32_t acc = 0;
+            for (size_t k = 0; k < rank; k++)
+                acc += ((int32_t)q[KERN_LORA_I8_BT_INDEX(rank, k, j)] - 128) * qu[k];
+            y[i * ldy + j] += si * (su * (float)acc);
         }
     }
 }

@@ -199,6 +199,59 @@ void kern_lora_shrink(enum dtype wt, const void *a, size_t in, size_t rank, cons
 void kern_lora_expand(enum dtype wt, const void *bt, size_t rank, const float *t, size_t n,
                       const float *scale, float s, float *y, size_t ldy, size_t j0, size_t j1);
 
+/*
+ * LoRA shrink and expand on int8 adapter weights (the serving copy of --lora-weights int8,
+ * worker/model/lora.h LORA_PACK_INT8): the same products as above, on 8-bit codes with one
+ * f32 scale per rank row of A and of B^T, and activations quantized per token:
+ *   a:  f32 sa[rank], padded to KERN_LORA_I8_HDR(rank) bytes, then [rank][in] codes q + 128
+ *       (bytes; q in -127..127): A[k][c] ~= sa[k] * q[k][c].
+ *   bt: f32 sb[rank], padded to KERN_LORA_I8_HDR(rank) bytes, then panels of 32 output
+ *       columns, [ceil(out/32)][ceil(rank/4)][32][4] codes q + 128: rank k = 4g + e of column j
+ *       at panel j/32, group g, byte (j%32)*4 + e (KERN_LORA_I8_BT_INDEX); padding codes are
+ *       128 (zero). B[j][k] ~= sb[k] * q[k][j].
+ *   shrink: x[i] quantized symmetrically (sx_i = max|x[i]| / 127, qx = x * (127 / max|x[i]|)
+ *           rounded to nearest even), t[i][k] = sa[k] * (sx_i * (float)sum_c qx[c] * q[k][c]);
+ *   expand: u[k] = t[i][k] * sb[k] quantized the same way (su_i, qu),
+ *           y[i][j] += s_i * (su_i * (float)sum_k qu[k] * q[k][j]); a zero s_i leaves row i's
+ *           bits alone.
+ * The integer sums are exact (int32: in <= KERN_LORA_I8_IN_MAX), so the SIMD variants
+ * (_avx512: vpdpbusd on the +128 codes with the activations' sums as correction; _avx2:
+ * vpmaddubsw on |q| and the sign-moved activations) equal their _ref twin bit for bit, and a
+ * token's result does not depend on the other tokens. The error against the f32 product is
+ * bounded in tests/lora/test_lora_i8.c (docs/LORA.md "8-bit adapter weights").
+ * kern_lora_*_i8 run the active ISA's variant (kernels/dispatch.c).
+ */
+#define KERN_LORA_I8_IN_MAX 16384u
+#define KERN_LORA_I8_HDR(rank) (((size_t)(rank) * 4 + 63) / 64 * 64)
+#define KERN_LORA_I8_BT_INDEX(rank, k, j)                                                      \
+    (((size_t)(j) / 32) * (((size_t)(rank) + 3) / 4) * 128 + ((size_t)(k) / 4) * 128 +        \
+     ((size_t)(j) % 32) * 4 + (size_t)(k) % 4)
+void kern_lora_shrink_i8(const void *a, size_t in, size_t rank, const float *x, size_t n,
+                         float *t, size_t k0, size_t k1);
+void kern_lora_expand_i8(const void *bt, size_t rank, const float *t, size_t n,
+                         const float *scale, float s, float *y, size_t ldy, size_t j0,
+                         size_t j1);
+/* The variants (tests): _ref, _avx2, _avx512 (AVX-512 VNNI). */
+void kern_lora_shrink_i8_ref(const void *a, size_t in, size_t rank, const float *x, size_t n,
+                             float *t, size_t k0, size_t k1);
+void kern_lora_shrink_i8_avx2(const void *a, size_t in, size_t rank, const float *x, size_t n,
+                              float *t, size_t k0, size_t k1);
+void kern_lora_shrink_i8_avx512(const void *a, size_t in, size_t rank, const float *x,
+                                size_t n, float *t, size_t k0, size_t k1);
+void kern_lora_expand_i8_ref(const void *bt, size_t rank, const float *t, size_t n,
+                             const float *scale, float s, float *y, size_t ldy, size_t j0,
+                             size_t j1);
+void kern_lora_expand_i8_avx2(const void *bt, size_t rank, const float *t, size_t n,
+                              const float *scale, float s, float *y, size_t ldy, size_t j0,
+                              size_t j1);
+void kern_lora_expand_i8_avx512(const void *bt, size_t rank, const float *t, size_t n,
+                                const float *scale, float s, float *y, size_t ldy, size_t j0,
+                                size_t j1);
+/* Symmetric int8 quantization of n values (the activations' rule above): q[i] (int8) and
+ * the scale max|v| / 127 returned (0 for an all-zero v: q all 0). The packer's rule for the
+ * weights too. */
+float kern_lora_i8_quant(const float *v, size_t n, int8_t *q);
+
 /* ---- block-sparse (BSR) GEMV (kernels/sparse.c; the file format is worker/formats/bsr.h) --------- */
 
 /*

@@ -15,13 +15,19 @@
  *   index (rank), so rows k and k+1 are interleaved in registers (vpunpck{l,h}wd: per 128-bit
  *   lane, columns 8L..8L+3 and 8L+4..8L+7) and the two accumulators are put back in column
  *   order once per panel. t's pairs are rounded to bf16 once per token block.
+ * int8 weights (kern.h "on int8 adapter weights"): vpdpbusd on the +128 codes (unsigned) and
+ * the int8 activations (signed); the codes' offset is taken back with 128 * the sum of each
+ * token's activation codes. Integer sums are exact: the same bits as the scalar twin.
  * Every token has its own accumulators over the same sequence of instructions, so its result
  * does not depend on which tokens share the call.
  */
 #include "internal.h"
 
+#include "check.h"
+
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define TGT __attribute__((always_inline)) static inline
 #define UNROLL _Pragma("GCC unroll 4")
@@ -194,6 +200,189 @@ void kern_lora_expand_bf16_bf16_avx512(const void *bt_, size_t rank, const float
         case 3: expand_tokens(bt, rank, tp, kp_n, si, yi, ldy, j0, j1, 3); break;
         case 2: expand_tokens(bt, rank, tp, kp_n, si, yi, ldy, j0, j1, 2); break;
         default: expand_tokens(bt, rank, tp, kp_n, si, yi, ldy, j0, j1, 1); break;
+        }
+    }
+}
+
+/* ---- int8 weights: vpdpbusd ---------------------------------------------------------------- */
+
+/*
+ * kern_lora_i8_quant's rule on n floats of v into q [round_up(n, 64)] (zeros past n), with
+ * the sum of the codes in *sum: the same max, the same 127 / max, the same product rounded by
+ * vcvtps2dq (to nearest even), so the same codes.
+ */
+static float quant_x512(const float *v, size_t n, int8_t *q, int32_t *sum)
+{
+    __m512 mx = _mm512_setzero_ps();
+    for (size_t c = 0; c < n; c += 16) {
+        __mmask16 m = (__mmask16)(n - c >= 16 ? 0xffffu : (1u << (n - c)) - 1u);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, v + c)));
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m512i s = _mm512_setzero_si512();
+    const size_t np = (n + 63) / 64 * 64;
+    for (size_t c = 0; c < np; c += 16) {
+        __mmask16 m = (__mmask16)(c >= n ? 0u : n - c >= 16 ? 0xffffu : (1u << (n - c)) - 1u);
+        __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, v + c), id));
+        s = _mm512_add_epi32(s, qi);
+        _mm_storeu_si128((__m128i *)(q + c), _mm512_cvtsepi32_epi8(qi));
+    }
+    *sum = _mm512_reduce_add_epi32(s);
+    return amax / 127.0f;
+}
+
+/* KR rank rows from k x NT tokens: qx [NT][ldx] codes (zero past in), xsum/xs their code sums
+ * and scales */
+TGT void shrink8_block(const uint8_t *q, size_t in, size_t rank, const float *sa,
+                       const int8_t *qx, size_t ldx, const int32_t *xsum, const float *xs,
+                       float *t, size_t k, const size_t kr, const size_t nt)
+{
+    __m512i acc[4][4];
+    UNROLL for (size_t r = 0; r < kr; r++)
+        UNROLL for (size_t i = 0; i < nt; i++)
+            acc[r][i] = _mm512_setzero_si512();
+    for (size_t c = 0; c < in; c += 64) {
+        /* codes past in read as 0, against activation codes 0: no term */
+        __mmask64 m = in - c >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (in - c)) - 1u;
+        __m512i xv[4];
+        UNROLL for (size_t i = 0; i < nt; i++)
+            xv[i] = _mm512_loadu_si512(qx + i * ldx + c);
+        UNROLL for (size_t r = 0; r < kr; r++) {
+            __m512i av = _mm512_maskz_loadu_epi8(m, q + (k + r) * in + c);
+            UNROLL for (size_t i = 0; i < nt; i++)
+                acc[r][i] = _mm512_dpbusd_epi32(acc[r][i], av, xv[i]);
+        }
+    }
+    UNROLL for (size_t r = 0; r < kr; r++)
+        UNROLL for (size_t i = 0; i < nt; i++) {
+            int32_t d = _mm512_reduce_add_epi32(acc[r][i]) - 128 * xsum[i];
+            t[i * rank + k + r] = sa[k + r] * (xs[i] * (float)d);
+        }
+}
+
+TGT void shrink8_tokens(const uint8_t *q, size_t in, size_t rank, const float *sa,
+                        const int8_t *qx, size_t ldx, const int32_t *xsum, const float *xs,
+                        float *t, size_t k0, size_t k1, const size_t nt)
+{
+    size_t k = k0;
+    for (; k + 4 <= k1; k += 4)
+        shrink8_block(q, in, rank, sa, qx, ldx, xsum, xs, t, k, 4, nt);
+    switch (k1 - k) {
+    case 3: shrink8_block(q, in, rank, sa, qx, ldx, xsum, xs, t, k, 3, nt); break;
+    case 2: shrink8_block(q, in, rank, sa, qx, ldx, xsum, xs, t, k, 2, nt); break;
+    case 1: shrink8_block(q, in, rank, sa, qx, ldx, xsum, xs, t, k, 1, nt); break;
+    default: break;
+    }
+}
+
+void kern_lora_shrink_i8_avx512(const void *a, size_t in, size_t rank, const float *x,
+                                size_t n, float *t, size_t k0, size_t k1)
+{
+    CHECK(in <= KERN_LORA_I8_IN_MAX);
+    const float *sa = a;
+    const uint8_t *q = (const uint8_t *)a + KERN_LORA_I8_HDR(rank);
+    const size_t ldx = (in + 63) / 64 * 64;
+    _Alignas(64) int8_t qx[4 * KERN_LORA_I8_IN_MAX];
+    int32_t xsum[4];
+    float xs[4];
+    for (size_t i0 = 0; i0 < n; i0 += 4) {
+        size_t nt = n - i0 < 4 ? n - i0 : 4;
+        for (size_t i = 0; i < nt; i++)
+            xs[i] = quant_x512(x + (i0 + i) * in, in, qx + i * ldx, &xsum[i]);
+        float *ti = t + i0 * rank;
+        switch (nt) {
+        case 4: shrink8_tokens(q, in, rank, sa, qx, ldx, xsum, xs, ti, k0, k1, 4); break;
+        case 3: shrink8_tokens(q, in, rank, sa, qx, ldx, xsum, xs, ti, k0, k1, 3); break;
+        case 2: shrink8_tokens(q, in, rank, sa, qx, ldx, xsum, xs, ti, k0, k1, 2); break;
+        default: shrink8_tokens(q, in, rank, sa, qx, ldx, xsum, xs, ti, k0, k1, 1); break;
+        }
+    }
+}
+
+/* y_i[a, e) of one panel (G groups of 4 rank rows) += s_i * su_i * its columns, NT tokens */
+TGT void expand8_panel(const uint8_t *pw, size_t g_n, const uint32_t *tq, size_t ldq,
+                       const int32_t *usum, const float *us, const float *si, float *y,
+                       size_t ldy, size_t a, size_t e, const size_t nt)
+{
+    __m512i lo[4], hi[4];
+    UNROLL for (size_t i = 0; i < nt; i++) {
+        lo[i] = _mm512_setzero_si512();
+        hi[i] = _mm512_setzero_si512();
+    }
+    for (size_t g = 0; g < g_n; g++) {
+        __m512i w0 = _mm512_loadu_si512(pw + g * 128), w1 = _mm512_loadu_si512(pw + g * 128 + 64);
+        UNROLL for (size_t i = 0; i < nt; i++) {
+            __m512i tv = _mm512_set1_epi32((int)tq[i * ldq + g]);
+            lo[i] = _mm512_dpbusd_epi32(lo[i], w0, tv);
+            hi[i] = _mm512_dpbusd_epi32(hi[i], w1, tv);
+        }
+    }
+    uint32_t m = (uint32_t)((e >= 32 ? ~0ull : (1ull << e) - 1u) & ~((1ull << a) - 1u));
+    __mmask16 m0 = (__mmask16)(m & 0xffffu), m1 = (__mmask16)(m >> 16);
+    UNROLL for (size_t i = 0; i < nt; i++) {
+        if (si[i] == 0.0f)
+            continue;
+        const __m512i corr = _mm512_set1_epi32(128 * usum[i]);
+        const __m512 sv = _mm512_set1_ps(si[i]), uv = _mm512_set1_ps(us[i]);
+        __m512 c0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(lo[i], corr));
+        __m512 c1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(hi[i], corr));
+        float *yr = y + i * ldy;
+        _mm512_mask_storeu_ps(yr, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, yr),
+                                                    _mm512_mul_ps(sv, _mm512_mul_ps(uv, c0))));
+        _mm512_mask_storeu_ps(yr + 16, m1,
+                              _mm512_add_ps(_mm512_maskz_loadu_ps(m1, yr + 16),
+                                            _mm512_mul_ps(sv, _mm512_mul_ps(uv, c1))));
+    }
+}
+
+TGT void expand8_tokens(const uint8_t *q, size_t g_n, const uint32_t *tq, size_t ldq,
+                        const int32_t *usum, const float *us, const float *si, float *y,
+                        size_t ldy, size_t j0, size_t j1, const size_t nt)
+{
+    const size_t P = KERN_LORA_PANEL, pbytes = g_n * 128;
+    for (size_t pj = j0 / P * P; pj < j1; pj += P) {
+        const uint8_t *pw = q + pj / P * pbytes;
+        if (pj + P < j1)
+            for (size_t o = 0; o < pbytes; o += 64)
+                _mm_prefetch((const char *)pw + pbytes + o, _MM_HINT_T0);
+        size_t a = (pj > j0 ? pj : j0) - pj, e = (pj + P < j1 ? pj + P : j1) - pj;
+        expand8_panel(pw, g_n, tq, ldq, usum, us, si, y + pj, ldy, a, e, nt);
+    }
+}
+
+void kern_lora_expand_i8_avx512(const void *bt, size_t rank, const float *t, size_t n,
+                                const float *scale, float s, float *y, size_t ldy, size_t j0,
+                                size_t j1)
+{
+    CHECK(rank <= KERN_LORA_RANK_MAX);
+    const float *sb = bt;
+    const uint8_t *q = (const uint8_t *)bt + KERN_LORA_I8_HDR(rank);
+    const size_t g_n = (rank + 3) / 4, ldq = KERN_LORA_RANK_MAX / 4;
+    uint32_t tq[4 * (KERN_LORA_RANK_MAX / 4)]; /* [4 tokens][g_n]: 4 codes of u each */
+    int32_t usum[4];
+    float us[4], si[4], u[KERN_LORA_RANK_MAX];
+    for (size_t i0 = 0; i0 < n; i0 += 4) {
+        size_t nt = n - i0 < 4 ? n - i0 : 4;
+        for (size_t i = 0; i < nt; i++) {
+            si[i] = scale ? scale[i0 + i] : s;
+            const float *ti = t + (i0 + i) * rank;
+            for (size_t k = 0; k < rank; k++)
+                u[k] = ti[k] * sb[k];
+            int8_t *qu = (int8_t *)(tq + i * ldq);
+            memset(qu, 0, g_n * 4);
+            us[i] = kern_lora_i8_quant(u, rank, qu);
+            int32_t sum = 0;
+            for (size_t k = 0; k < rank; k++)
+                sum += qu[k];
+            usum[i] = sum;
+        }
+        float *yi = y + i0 * ldy;
+        switch (nt) {
+        case 4: expand8_tokens(q, g_n, tq, ldq, usum, us, si, yi, ldy, j0, j1, 4); break;
+        case 3: expand8_tokens(q, g_n, tq, ldq, usum, us, si, yi, ldy, j0, j1, 3); break;
+        case 2: expand8_tokens(q, g_n, tq, ldq, usum, us, si, yi, ldy, j0, j1, 2); break;
+        default: expand8_tokens(q, g_n, tq, ldq, usum, us, si, yi, ldy, j0, j1, 1); break;
         }
     }
 }

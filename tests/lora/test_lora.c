@@ -1358,8 +1358,11 @@ static void test_apply_fused(void **state)
  * bits; and the same bits on the calling thread alone and on pools of 2 and 3. Ragged shapes:
  * ffn 600 (a 512-row tile and an 88-row one), widths not multiples of 8, batches of 1 to 40
  * tokens (several activation-preparing tasks), f32 and bf16 base weights, an f32 adapter and
- * a BF16 one of ranks 5 (one short shrink block) and 17 (two blocks and a ragged one), base
- * tokens and zero scales mixed in; and a batch without adapters (the base products alone).
+ * a BF16 one of ranks 5 (one short shrink block) and 17 (two blocks and a ragged one), an
+ * int8-packed one of rank 40 (int8 shrink blocks of 32: one whole, one ragged) on the last two
+ * tokens of the larger batches, a rank-2 one alone in a batch of 6 (every shrink first, every
+ * tile's expand merged into its base task), base tokens and zero scales mixed in; and a batch
+ * without adapters (the base products alone).
  */
 static void test_matmul_fused(void **state)
 {
@@ -1379,9 +1382,23 @@ static void test_matmul_fused(void **state)
     peft_adapter_write(p2, d2, SAFETENSORS_BF16, "");
     peft_adapter_free(p1);
     peft_adapter_free(p2);
-    struct lora_adapter *a1, *a2;
+    struct lora_adapter *a1, *a2, *a3;
     assert_int_equal(lora_open(d1, &hp, &a1), 0);
     assert_int_equal(lora_open(d2, &hp, &a2), 0);
+    struct peft_adapter *p3 = peft_adapter_random(&hp, 40, 12.0, ALL_MASK, 33, 0.3f, 0.3f);
+    char *d3 = subdir("mf3");
+    peft_adapter_write(p3, d3, SAFETENSORS_F32, "");
+    peft_adapter_free(p3);
+    assert_int_equal(lora_open(d3, &hp, &a3), 0);
+    assert_int_equal(lora_repack(a3, LORA_PACK_INT8), 0);
+    /* rank 2 (a plan of rank <= 4 puts every shrink first: every base tile merged) */
+    struct lora_adapter *a4;
+    struct peft_adapter *p4 = peft_adapter_random(&hp, 2, 4.0, ALL_MASK & ~(1u << LORA_O), 34,
+                                                  0.3f, 0.3f);
+    char *d4 = subdir("mf4");
+    peft_adapter_write(p4, d4, SAFETENSORS_BF16, "");
+    peft_adapter_free(p4);
+    assert_int_equal(lora_open(d4, &hp, &a4), 0);
 
     struct pool *pools[3] = {NULL};
     assert_int_equal(pool_create(2, POOL_PIN_NONE, &pools[1]), 0);
@@ -1389,7 +1406,7 @@ static void test_matmul_fused(void **state)
     const enum lora_target groups[4][3] = {
         {LORA_Q, LORA_K, LORA_V}, {LORA_O, 0, 0}, {LORA_GATE, LORA_UP, 0}, {LORA_DOWN, 0, 0}};
     const size_t group_n[4] = {3, 1, 2, 1};
-    const size_t ns[] = {1, 8, 9, 23, 40}; /* 9: every token on the base model */
+    const size_t ns[] = {1, 6, 8, 9, 23, 40}; /* 9: every token on the base model; 6: rank 2 */
     const enum dtype wts[] = {DT_F32, DT_BF16};
     struct matmul_ctx mcs[3];
     for (int pi = 0; pi < 3; pi++) {
@@ -1402,6 +1419,10 @@ static void test_matmul_fused(void **state)
         float *scale = malloc(N * 4);
         for (size_t i = 0; i < N; i++) {
             who[i] = N == 9 ? NULL : N == 1 ? a2 : i < N / 4 ? a1 : i < N / 3 ? NULL : i < N - 3 ? a2 : a1;
+            if (N > 9 && i >= N - 2)
+                who[i] = a3;
+            if (N == 6)
+                who[i] = i == 3 ? NULL : a4;
             scale[i] = i == 5 ? 0.0f : 0.5f + 0.25f * (float)(i % 4);
         }
         struct lora_plan plan;
@@ -1481,8 +1502,12 @@ static void test_matmul_fused(void **state)
     pool_destroy(pools[2]);
     lora_close(a1);
     lora_close(a2);
+    lora_close(a3);
+    lora_close(a4);
     free(d1);
     free(d2);
+    free(d3);
+    free(d4);
 }
 
 int main(void)

@@ -149,7 +149,7 @@ static void usage(FILE *f)
 "  --adapter NAME=DIR     load a PEFT LoRA adapter and use it for every request\n"
 "                         (implies --concurrency 1 unless given)\n"
 "  --adapter-scale S      the adapter's request scale (default 1)\n"
-"  --lora-weights auto|bf16\n"
+"  --lora-weights auto|bf16|int8\n"
 "                         how the adapter's weights are packed for the update (docs/LORA.md;\n"
 "                         default auto: as the file stores them)\n"
 "  --kv-dtype T           the engine's KV cache: f32 (default), f16, bf16, int8 or fp8\n"

@@ -119,7 +119,7 @@ struct lora_adapter {
     size_t store_floats;
     enum dtype fast_dt;        /* packed copy's dtype: DT_BF16 when every tensor of the file
                                 * is BF16 (so bf16 is exact), else DT_F32; lora_repack may
-                                * make it DT_BF16 */
+                                * make it DT_BF16 or LORA_DT_I8 */
     void *fast_store;          /* the packed copies (fa unless f32, and fbt) */
     size_t fast_bytes;
     _Atomic int refs_;         /* private: reference count */
@@ -151,11 +151,20 @@ int lora_open_mem(const char *what, const char *config, size_t config_len,
  *         docs/LORA.md). The rounding changes the adapter's digest (prefix reuse and
  *         snapshots never mix the two).
  */
-enum lora_pack { LORA_PACK_AUTO = 0, LORA_PACK_BF16 };
-/* "auto" | "bf16"; ERR_FORMAT (logged, naming the value) otherwise. */
+enum lora_pack { LORA_PACK_AUTO = 0, LORA_PACK_BF16, LORA_PACK_INT8 };
+/*
+ *   int8: 8-bit codes with one f32 scale per rank row of A and of B^T (a quarter of f32's
+ *         bytes, half of bf16's), activations quantized per token inside the kernels
+ *         (kern.h "LoRA shrink and expand on int8 adapter weights"; the error bound is in
+ *         docs/LORA.md "8-bit adapter weights"). Lossy: changes the digest like bf16.
+ * The int8 copy's fast_dt is LORA_DT_I8.
+ */
+#define LORA_DT_I8 DT_KV_I8 /* the int8 serving copy (not a model dtype: never in a file) */
+/* "auto" | "bf16" | "int8"; ERR_FORMAT (logged, naming the value) otherwise. */
 int lora_pack_parse(const char *s, enum lora_pack *out);
-/* Repacks a freshly opened adapter (one reference, not yet shared). 0 or -ENOMEM (the
- * adapter unchanged). */
+/* Repacks a freshly opened adapter (one reference, not yet shared). 0, -ENOMEM, or ERR_RANGE
+ * (int8 for a projection wider than KERN_LORA_I8_IN_MAX; logged); the adapter is then
+ * unchanged. */
 int lora_repack(struct lora_adapter *ad, enum lora_pack pack);
 
 /* Drops the reference lora_open returned; frees the adapter if it was the last. NULL: no-op. */

@@ -168,7 +168,8 @@ void lora_apply_one(const struct lora_adapter *ad, float scale, uint32_t layer,
 /* ---- the serving path: packed weights, fused phases (lora_apply_fused) ----
  * The kernels are kern_lora_shrink / kern_lora_expand (kernels/include/kern.h): bf16 weights on
  * AVX512-BF16 with activations rounded to bf16; f32 weights, and bf16 elsewhere, widened
- * exactly on AVX2; CLOCHER_ISA=ref the scalar ones. */
+ * exactly on AVX2; int8 weights (kern_lora_*_i8) on VNNI / vpmaddubsw; CLOCHER_ISA=ref the
+ * scalar ones. */
 
 struct fused_job {
     const struct lora_plan *p;
@@ -207,8 +208,7 @@ static void fused_a(void *ctx, size_t task, int thread)
     if (!f.w || k0 >= r)
         return;
     size_t k1 = k0 + LORA__SHRINK_KB < r ? k0 + LORA__SHRINK_KB : r, in = f.s->ad->in[f.pr->t];
-    kern_lora_shrink(f.s->ad->fast_dt, f.w->fa, in, r, f.pr->x + f.s->t0 * in, f.s->n, f.t, k0,
-                     k1);
+    lora__shrink(f.s->ad, f.w->fa, in, f.pr->x + f.s->t0 * in, f.s->n, f.t, k0, k1);
 }
 
 /* task = (projection, segment, block of LORA__EXPAND_JB output columns) */
@@ -221,9 +221,8 @@ static void fused_b(void *ctx, size_t task, int thread)
     if (!f.w || c0 >= out)
         return;
     size_t c1 = c0 + LORA__EXPAND_JB < out ? c0 + LORA__EXPAND_JB : out;
-    kern_lora_expand(f.s->ad->fast_dt, f.w->fbt, f.s->ad->cfg.rank, f.t, f.s->n,
-                     j->p->scale + f.s->t0, 0.0f, f.pr->y + f.s->t0 * f.pr->ldy, f.pr->ldy, c0,
-                     c1);
+    lora__expand(f.s->ad, f.w->fbt, f.t, f.s->n, j->p->scale + f.s->t0,
+                 f.pr->y + f.s->t0 * f.pr->ldy, f.pr->ldy, c0, c1);
 }
 
 void lora_apply_fused(const struct lora_plan *p, struct pool *pool, uint32_t layer,

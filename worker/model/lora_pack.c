@@ -105,9 +105,95 @@ uint64_t lora__digest(const struct lora_adapter *ad)
  * bound by those bytes), else f32 (A shared with the canonical copy, B^T copied);
  * lora_repack may ask for bf16 on any file (rounded).
  */
+/*
+ * The int8 serving copy (kern.h "on int8 adapter weights"): A's rank rows and B^T's rank rows
+ * (B's columns) each quantized symmetrically with their own f32 scale, by the rule the
+ * kernels apply to activations (kern_lora_i8_quant). A rank row of B^T spans every output:
+ * its scale is folded into the expand's activations, so the panels carry no scales. Writes
+ * both blocks at p (sizes from lora__fa_offset / lora__fbt_offset); 0 or -ENOMEM (logged).
+ */
+static int pack_i8(const struct lora_adapter *ad, const struct lora_weights *w, uint32_t t,
+                   unsigned char *pa, unsigned char *pb, const char *f_what)
+{
+    const size_t r = ad->cfg.rank, in = ad->in[t], out = ad->out[t];
+    const size_t row = in > out ? in : out;
+    if (in > KERN_LORA_I8_IN_MAX || r > KERN_LORA_RANK_MAX) {
+        LOG_ERR("%s: %s has in %zu and rank %zu: int8 adapter weights need in <= %u and "
+                "rank <= %u",
+                f_what, lora_target_name((enum lora_target)t), in, r, KERN_LORA_I8_IN_MAX,
+                KERN_LORA_RANK_MAX);
+        return ERR_RANGE;
+    }
+    float *col = malloc(row * sizeof *col);
+    int8_t *q = malloc(row);
+    if (!col || !q) {
+        free(col);
+        free(q);
+        LOG_ERR("%s: out of memory packing int8 adapter weights", f_what);
+        return -ENOMEM;
+    }
+    float *sa = (float *)pa, *sb = (float *)pb;
+    memset(pa, 0, KERN_LORA_I8_HDR(r));
+    memset(pb, 0, KERN_LORA_I8_HDR(r));
+    uint8_t *qa = pa + KERN_LORA_I8_HDR(r), *qb = pb + KERN_LORA_I8_HDR(r);
+    memset(qb, 128, lora__fbt_offset(ad, out) - KERN_LORA_I8_HDR(r)); /* padding: zero */
+    for (size_t k = 0; k < r; k++) {
+        sa[k] = kern_lora_i8_quant(w->a + k * in, in, q);
+        for (size_t c = 0; c < in; c++)
+            qa[k * in + c] = (uint8_t)(q[c] + 128);
+        for (size_t j = 0; j < out; j++)
+            col[j] = w->b[j * r + k];
+        sb[k] = kern_lora_i8_quant(col, out, q);
+        for (size_t j = 0; j < out; j++)
+            qb[KERN_LORA_I8_BT_INDEX(r, k, j)] = (uint8_t)(q[j] + 128);
+    }
+    free(col);
+    free(q);
+    return 0;
+}
+
+/* lora__pack for LORA_DT_I8: every adapted (layer, target)'s two blocks in one store. */
+static int lora__pack_i8(struct lora_adapter *ad, const char *f_what)
+{
+    size_t bytes = 0;
+    for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
+        uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
+        if (!ad->w[i].a)
+            continue;
+        bytes += (lora__fa_offset(ad, t, ad->cfg.rank) + 63) / 64 * 64;
+        bytes += (lora__fbt_offset(ad, ad->out[t]) + 63) / 64 * 64;
+    }
+    ad->fast_bytes = bytes;
+    ad->fast_store = bytes ? aligned_alloc(64, bytes) : NULL;
+    if (bytes && !ad->fast_store) {
+        LOG_ERR("%s: out of memory for %zu bytes of packed adapter weights", f_what, bytes);
+        return -ENOMEM;
+    }
+    unsigned char *p = ad->fast_store;
+    for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
+        uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
+        struct lora_weights *w = &ad->w[i];
+        if (!w->a)
+            continue;
+        unsigned char *pa = p, *pb = p + (lora__fa_offset(ad, t, ad->cfg.rank) + 63) / 64 * 64;
+        int rc = pack_i8(ad, w, t, pa, pb, f_what);
+        if (rc) {
+            free(ad->fast_store);
+            ad->fast_store = NULL;
+            return rc;
+        }
+        w->fa = pa;
+        w->fbt = pb;
+        p = pb + (lora__fbt_offset(ad, ad->out[t]) + 63) / 64 * 64;
+    }
+    return 0;
+}
+
 int lora__pack(struct lora_adapter *ad, enum dtype dt, const char *f_what)
 {
     ad->fast_dt = dt;
+    if (dt == LORA_DT_I8)
+        return lora__pack_i8(ad, f_what);
     const bool bf16 = dt == DT_BF16;
     const size_t esz = bf16 ? 2 : 4;
     size_t bytes = 0;
@@ -157,23 +243,25 @@ int lora__pack(struct lora_adapter *ad, enum dtype dt, const char *f_what)
     return 0;
 }
 
-static const char *const pack_names[] = {"auto", "bf16"};
+static const char *const pack_names[] = {"auto", "bf16", "int8"};
 
 int lora_pack_parse(const char *s, enum lora_pack *out)
 {
-    for (unsigned i = 0; i < 2; i++)
+    for (unsigned i = 0; i < 3; i++)
         if (strcmp(s, pack_names[i]) == 0) {
             *out = (enum lora_pack)i;
             return 0;
         }
-    LOG_ERR("LoRA weight packing '%.32s' is unknown: auto or bf16", s);
+    LOG_ERR("LoRA weight packing '%.32s' is unknown: auto, bf16 or int8", s);
     return ERR_FORMAT;
 }
 
 int lora_repack(struct lora_adapter *ad, enum lora_pack pack)
 {
     CHECK(ad->magic == LORA__MAGIC && lora__refs(ad) == 1);
-    enum dtype dt = pack == LORA_PACK_BF16 ? DT_BF16 : ad->fast_dt;
+    enum dtype dt = pack == LORA_PACK_BF16   ? DT_BF16
+                    : pack == LORA_PACK_INT8 ? LORA_DT_I8
+                                             : ad->fast_dt;
     if (dt == ad->fast_dt)
         return 0;
     void *old = ad->fast_store;

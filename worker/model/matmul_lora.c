@@ -4,15 +4,21 @@
  *
  * The job is a list of tasks that the pool's participants claim in order:
  *   PREP    tokens [a, b) of one distinct input (kern_act_prepare);
- *   SHRINK  rank rows [b, b + 8) of T = X_seg A^T, for (product, segment a);
+ *   SHRINK  rank rows [b, b + 8) of T = X_seg A^T, for (product, segment a) (32 rows on
+ *           int8 weights: lora__shrink_kb);
  *   BASE    tile a (MM_TILE rows) of a product's base rows, once its input is prepared;
+ *           with b = 1 ("merged") then the tile's expand too, on the rows it just wrote;
  *   EXPAND  y += s_t T B^T on the same tile's columns for every segment, once the tile and
  *           the product's shrinks are done.
  * Preparation comes first; then base tiles with the update's tasks spread evenly among them
  * by cost (weight elements for the base, adapter bytes for the update), shrinks before
  * expands and each expand MM_LAG base tasks after its tile, so that the participants mostly
  * run one of each kind at a time: the update only reads memory while the base GEMM of a small
- * batch is bound by compute.
+ * batch is bound by compute. A base tile whose product has all its shrinks earlier in the
+ * list does its expand itself (merged): no EXPAND task, no wait for the tile's flag, and the
+ * rows are still in this core's cache (the update's fixed cost at low rank was mostly these
+ * tasks: 2-4 % of an 8-stream int4 step at rank 1, perf, session 10). A product that no
+ * segment adapts gets no expand at all.
  *
  * NOTES: a task waits (spins, yielding now and then) only for tasks that precede it in the
  * list, which running participants are finishing, so claiming in order cannot deadlock.
@@ -45,6 +51,7 @@
 #define MM_LAG 2u       /* an expand task follows its base tile by this many base tasks (2 to 6
                          * measured alike, session 6) */
 #define MM_MAX MATMUL_LORA_GROUP_MAX
+#define MM_SHRINK_FIRST_RANK 4u /* plans of at most this rank put every shrink first */
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
@@ -66,7 +73,11 @@ struct job {
     struct matmul__acts A;           /* the distinct inputs */
     size_t tile0[MM_MAX];            /* product -> its first tile in tile_done */
     size_t prep_total[MM_MAX];       /* input -> its PREP tasks */
-    size_t shrink_total[MM_MAX];     /* product -> its SHRINK tasks */
+    size_t shrink_total[MM_MAX];     /* product -> its SHRINK tasks (pushed so far, while
+                                      * building) */
+    size_t shrink_want[MM_MAX];      /* product -> its SHRINK tasks in all (0: not adapted) */
+    uint8_t *merged;                 /* [every product's tiles] the base task does the expand
+                                      * (written while building, then read-only) */
     atomic_size_t prep_done[MM_MAX], shrink_done[MM_MAX];
     atomic_uint *tile_done;          /* [every product's tiles] */
 };
@@ -128,33 +139,21 @@ static inline void run_shrink(struct job *j, const struct task *tk)
     const struct matmul_prod *pr = &j->g[tk->prod];
     const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
     size_t r = s->ad->cfg.rank, k0 = tk->b, in = s->ad->in[pr->t];
-    size_t k1 = k0 + LORA__SHRINK_KB < r ? k0 + LORA__SHRINK_KB : r;
+    size_t kb = lora__shrink_kb(s->ad), k1 = k0 + kb < r ? k0 + kb : r;
     if (MM_PREFETCH)
         prefetch_l2((const char *)w->fa + lora__fa_offset(s->ad, pr->t, k0),
                     lora__fa_offset(s->ad, pr->t, k1) - lora__fa_offset(s->ad, pr->t, k0));
-    kern_lora_shrink(s->ad->fast_dt, w->fa, in, r, pr->x + s->t0 * in, s->n,
-                     j->tmp + tk->prod * j->p->tmp_floats + s->tmp0, k0, k1);
+    lora__shrink(s->ad, w->fa, in, pr->x + s->t0 * in, s->n,
+                 j->tmp + tk->prod * j->p->tmp_floats + s->tmp0, k0, k1);
     atomic_fetch_add_explicit(&j->shrink_done[tk->prod], 1, memory_order_release);
 }
 
-static inline void run_base(struct job *j, const struct task *tk)
-{
-    size_t ai = j->A.of[tk->prod];
-    wait_at_least(&j->prep_done[ai], j->prep_total[ai]);
-    const struct matmul_prod *pr = &j->g[tk->prod];
-    size_t r0 = (size_t)tk->a * MM_TILE, rows = pr->w->rows;
-    size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
-    matmul__rows(pr, &j->A.a[ai], r0, r1); /* MM_TILE rows are whole panels: tiles start on one */
-    atomic_store_explicit(&j->tile_done[j->tile0[tk->prod] + tk->a], 1, memory_order_release);
-}
-
-static inline void run_expand(struct job *j, const struct task *tk)
+/* y += the update on tile `tile` of product `prod`, for every segment (shrinks done). */
+static void expand_tile(struct job *j, size_t prod, size_t tile)
 {
     const struct lora_plan *p = j->p;
-    wait_at_least(&j->shrink_done[tk->prod], j->shrink_total[tk->prod]);
-    wait_flag(&j->tile_done[j->tile0[tk->prod] + tk->a]);
-    const struct matmul_prod *pr = &j->g[tk->prod];
-    size_t c0 = (size_t)tk->a * MM_TILE, out = pr->w->rows;
+    const struct matmul_prod *pr = &j->g[prod];
+    size_t c0 = tile * MM_TILE, out = pr->w->rows;
     size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
     if (MM_PREFETCH)
         for (size_t si = 0; si < p->n_segs; si++) {
@@ -169,10 +168,33 @@ static inline void run_expand(struct job *j, const struct task *tk)
         const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
         if (!w)
             continue;
-        kern_lora_expand(s->ad->fast_dt, w->fbt, s->ad->cfg.rank,
-                         j->tmp + tk->prod * p->tmp_floats + s->tmp0, s->n, p->scale + s->t0,
-                         0.0f, pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
+        lora__expand(s->ad, w->fbt, j->tmp + prod * p->tmp_floats + s->tmp0, s->n,
+                     p->scale + s->t0, pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
     }
+}
+
+static inline void run_base(struct job *j, const struct task *tk)
+{
+    size_t ai = j->A.of[tk->prod];
+    wait_at_least(&j->prep_done[ai], j->prep_total[ai]);
+    const struct matmul_prod *pr = &j->g[tk->prod];
+    size_t r0 = (size_t)tk->a * MM_TILE, rows = pr->w->rows;
+    size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
+    matmul__rows(pr, &j->A.a[ai], r0, r1); /* MM_TILE rows are whole panels: tiles start on one */
+    if (tk->b) { /* merged: the product's shrinks precede this task */
+        wait_at_least(&j->shrink_done[tk->prod], j->shrink_total[tk->prod]);
+        expand_tile(j, tk->prod, tk->a);
+    } else {
+        atomic_store_explicit(&j->tile_done[j->tile0[tk->prod] + tk->a], 1,
+                              memory_order_release);
+    }
+}
+
+static inline void run_expand(struct job *j, const struct task *tk)
+{
+    wait_at_least(&j->shrink_done[tk->prod], j->shrink_total[tk->prod]);
+    wait_flag(&j->tile_done[j->tile0[tk->prod] + tk->a]);
+    expand_tile(j, tk->prod, tk->a);
 }
 
 static void run_task(void *ctx, size_t task, int thread)
@@ -201,7 +223,7 @@ static void run_task(void *ctx, size_t task, int thread)
 /* ---- building the task list -------------------------------------------------------------- */
 
 struct counts {
-    size_t prep, shrink, tiles, expand; /* tasks of each kind */
+    size_t prep, shrink, tiles, expand; /* tasks of each kind (expand: at most) */
 };
 
 /* Counts the tasks; fills j->tile0. */
@@ -212,24 +234,30 @@ static struct counts count_tasks(struct job *j, size_t k, size_t n)
     for (size_t a = 0; a < j->A.n; a++)
         c.prep += j->A.bytes[a] ? (n + MM_PREP_TOK - 1) / MM_PREP_TOK : 0;
     for (size_t i = 0; i < k; i++) {
+        size_t tiles = (j->g[i].w->rows + MM_TILE - 1) / MM_TILE;
         j->tile0[i] = c.tiles;
-        c.tiles += (j->g[i].w->rows + MM_TILE - 1) / MM_TILE;
+        c.tiles += tiles;
+        j->shrink_want[i] = 0;
         for (size_t si = 0; si < p->n_segs; si++)
             if (lora_weights(p->segs[si].ad, j->layer, j->g[i].t))
-                c.shrink += (p->segs[si].ad->cfg.rank + LORA__SHRINK_KB - 1) / LORA__SHRINK_KB;
+                j->shrink_want[i] +=
+                    (p->segs[si].ad->cfg.rank + lora__shrink_kb(p->segs[si].ad) - 1) /
+                    lora__shrink_kb(p->segs[si].ad);
+        c.shrink += j->shrink_want[i];
+        c.expand += j->shrink_want[i] ? tiles : 0; /* no segment adapts it: no expand */
     }
-    c.expand = p->n_segs ? c.tiles : 0; /* base only (no segment): no expand tasks */
     return c;
 }
 
 /* Where the writer of the task list is. */
 struct cursor {
     size_t nt;                  /* tasks written */
-    size_t bi, ui;              /* base tasks, update tasks written */
+    size_t bi;                  /* base tasks written */
     double base_done, upd_done; /* their cost so far (weight elements; adapter bytes) */
     size_t base_p, base_t;      /* next base task: product, tile */
     size_t sh_p, sh_s, sh_k;    /* next shrink: product, segment, rank row */
     size_t ex_p, ex_t;          /* next expand: product, tile */
+    size_t n_shrink;            /* shrinks written */
 };
 
 /* Every input's PREP tasks, in order. */
@@ -250,7 +278,11 @@ static void push_preps(struct job *j, struct task *tasks, struct cursor *cu, siz
 static void push_base(struct job *j, struct task *tasks, struct cursor *cu)
 {
     const struct matmul_mat *w = j->g[cu->base_p].w;
-    tasks[cu->nt++] = (struct task){TK_BASE, (uint32_t)cu->base_p, (uint32_t)cu->base_t, 0};
+    const size_t want = j->shrink_want[cu->base_p];
+    const uint8_t merged = want && j->shrink_total[cu->base_p] == want;
+    j->merged[cu->bi] = merged; /* bi: the tile's index over every product */
+    tasks[cu->nt++] =
+        (struct task){TK_BASE, (uint32_t)cu->base_p, (uint32_t)cu->base_t, merged};
     cu->base_done += (double)MM_TILE * (double)w->cols;
     cu->bi++;
     if (++cu->base_t * MM_TILE >= w->rows) {
@@ -277,29 +309,50 @@ static void push_shrink(struct job *j, struct task *tasks, struct cursor *cu)
     tasks[cu->nt++] = (struct task){TK_SHRINK, (uint32_t)cu->sh_p, (uint32_t)cu->sh_s,
                                     (uint32_t)cu->sh_k};
     j->shrink_total[cu->sh_p]++;
-    cu->upd_done +=
-        (double)LORA__SHRINK_KB * ad->in[j->g[cu->sh_p].t] * lora__fast_elem_bytes(ad);
-    cu->sh_k += LORA__SHRINK_KB;
+    cu->n_shrink++;
+    const size_t kb = lora__shrink_kb(ad);
+    size_t rows = ad->cfg.rank - cu->sh_k < kb ? ad->cfg.rank - cu->sh_k : kb;
+    cu->upd_done += (double)rows * ad->in[j->g[cu->sh_p].t] * lora__fast_elem_bytes(ad);
+    cu->sh_k += kb;
 }
 
-/* The next expand, if its base tile is MM_LAG base tasks back (or every base task is out). */
-static bool push_expand(struct job *j, struct task *tasks, struct cursor *cu, size_t n_tiles)
+/* The next expand task, if its base tile is MM_LAG base tasks back (or every base task is
+ * out); tiles whose base task does the expand (merged) and products that no segment adapts
+ * are passed over. false: none can be written now (or none is left). */
+static bool push_expand(struct job *j, struct task *tasks, struct cursor *cu, size_t k,
+                        size_t n_tiles)
 {
     const struct lora_plan *p = j->p;
-    size_t need = j->tile0[cu->ex_p] + cu->ex_t + MM_LAG;
-    if (cu->bi < n_tiles && cu->bi < need)
-        return false;
-    tasks[cu->nt++] = (struct task){TK_EXPAND, (uint32_t)cu->ex_p, (uint32_t)cu->ex_t, 0};
-    for (size_t si = 0; si < p->n_segs; si++) {
-        const struct lora_adapter *ad = p->segs[si].ad;
-        if (lora_weights(ad, j->layer, j->g[cu->ex_p].t))
-            cu->upd_done += (double)MM_TILE * ad->cfg.rank * lora__fast_elem_bytes(ad);
+    for (;;) {
+        if (cu->ex_p == k)
+            return false;
+        size_t tile = j->tile0[cu->ex_p] + cu->ex_t;
+        bool skip = !j->shrink_want[cu->ex_p];
+        if (!skip) {
+            if (cu->bi <= tile) /* its base task is not written yet */
+                return false;
+            skip = j->merged[tile];
+        }
+        if (!skip) {
+            if (cu->bi < n_tiles && cu->bi < tile + MM_LAG)
+                return false;
+            tasks[cu->nt++] = (struct task){TK_EXPAND, (uint32_t)cu->ex_p, (uint32_t)cu->ex_t, 0};
+            for (size_t si = 0; si < p->n_segs; si++) {
+                const struct lora_adapter *ad = p->segs[si].ad;
+                if (lora_weights(ad, j->layer, j->g[cu->ex_p].t))
+                    cu->upd_done += (double)MM_TILE * ad->cfg.rank * lora__fast_elem_bytes(ad);
+            }
+        }
+        if (skip && j->shrink_want[cu->ex_p] == 0) {
+            cu->ex_p++;
+            cu->ex_t = 0;
+        } else if (++cu->ex_t * MM_TILE >= j->g[cu->ex_p].w->rows) {
+            cu->ex_p++;
+            cu->ex_t = 0;
+        }
+        if (!skip)
+            return true;
     }
-    if (++cu->ex_t * MM_TILE >= j->g[cu->ex_p].w->rows) {
-        cu->ex_p++;
-        cu->ex_t = 0;
-    }
-    return true;
 }
 
 /*
@@ -322,17 +375,21 @@ static void push_interleaved(struct job *j, struct task *tasks, struct cursor *c
                             lora__fast_elem_bytes(ad);
         }
     }
-    const size_t n_upd = c->shrink + c->expand;
-    while (cu->bi < c->tiles || cu->ui < n_upd) {
+    /* rank <= MM_SHRINK_FIRST_RANK: the shrinks are a few KB each; all of them first makes
+     * every base tile merged (no expand task, and by the time a tile is done its shrinks are
+     * too: no spin), where pacing left the first tiles' expands as tasks waiting on flags */
+    if (p->max_rank <= MM_SHRINK_FIRST_RANK)
+        while (cu->n_shrink < c->shrink)
+            push_shrink(j, tasks, cu);
+    while (cu->bi < c->tiles || cu->n_shrink < c->shrink || cu->ex_p < k) {
         if (cu->bi < c->tiles)
             push_base(j, tasks, cu);
-        while (cu->ui < n_upd &&
+        while ((cu->n_shrink < c->shrink || cu->ex_p < k) &&
                (cu->bi == c->tiles || cu->upd_done * base_cost <= cu->base_done * upd_cost)) {
-            if (cu->ui < c->shrink)
+            if (cu->n_shrink < c->shrink)
                 push_shrink(j, tasks, cu);
-            else if (!push_expand(j, tasks, cu, c->tiles))
+            else if (!push_expand(j, tasks, cu, k, c->tiles))
                 break;
-            cu->ui++;
         }
     }
 }
@@ -353,14 +410,16 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.tmp = tmp;
     matmul__acts_plan(&j.A, g, k);
     const struct counts c = count_tasks(&j, k, n);
-    const size_t n_tasks = c.prep + c.shrink + c.tiles + c.expand;
+    const size_t n_tasks = c.prep + c.shrink + c.tiles + c.expand; /* at most */
     const size_t flag_off = (n_tasks * sizeof(struct task) + 63) / 64 * 64;
+    const size_t merged_off = flag_off + c.tiles * sizeof(atomic_uint);
     if (!matmul__grow(&mc->act_, &mc->act_cap_, j.A.total ? j.A.total : 64) ||
-        !matmul__grow(&mc->tasks_, &mc->tasks_cap_, flag_off + c.tiles * sizeof(atomic_uint)))
+        !matmul__grow(&mc->tasks_, &mc->tasks_cap_, merged_off + c.tiles))
         return -ENOMEM;
     struct task *tasks = mc->tasks_;
     j.tasks = tasks;
     j.tile_done = (atomic_uint *)((unsigned char *)mc->tasks_ + flag_off);
+    j.merged = (uint8_t *)mc->tasks_ + merged_off;
     for (size_t i = 0; i < c.tiles; i++)
         atomic_init(&j.tile_done[i], 0);
     matmul__acts_init(&j.A, g, mc->act_);
@@ -375,11 +434,11 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     memset(&cu, 0, sizeof cu);
     push_preps(&j, tasks, &cu, n);
     push_interleaved(&j, tasks, &cu, k, &c);
-    CHECK(cu.nt == n_tasks);
+    CHECK(cu.nt <= n_tasks && cu.ex_p == k);
     if (mc->pool)
-        pool_run(mc->pool, run_task, &j, n_tasks);
+        pool_run(mc->pool, run_task, &j, cu.nt);
     else
-        for (size_t i = 0; i < n_tasks; i++)
+        for (size_t i = 0; i < cu.nt; i++)
             run_task(&j, i, 0);
     return 0;
 }

@@ -30,6 +30,16 @@ static inline int lora__refs(const struct lora_adapter *ad)
 
 /* Tasks of the fused update (lora_apply_fused, matmul_group_lora). */
 #define LORA__SHRINK_KB 8u   /* a shrink task's rank rows */
+/* ... on int8 weights: every int8 shrink call quantizes its tokens' x first (kern.h), which
+ * costs about what reading 8 rank rows of codes does, so a task takes up to 32 rows
+ * (measured, session 10: 8 made the int8 shrink no faster than bf16's at rank 16). */
+#define LORA__SHRINK_KB_I8 32u
+
+/* A shrink task's rank rows for adapter ad (matmul_group_lora). */
+static inline size_t lora__shrink_kb(const struct lora_adapter *ad)
+{
+    return ad->fast_dt == LORA_DT_I8 ? LORA__SHRINK_KB_I8 : LORA__SHRINK_KB;
+}
 #define LORA__EXPAND_JB 256u /* an expand task's output columns (lora_apply_fused) */
 
 /* ---- lora_config.c ---- */
@@ -60,17 +70,20 @@ void lora__adapter_unref(struct lora_adapter *ad);
 /* ---- lora_pack.c ---- */
 
 /*
- * Writes the serving copy (lora_weights.fa/.fbt) of ad's f32 weights in dt (DT_F32 or
- * DT_BF16) into a new ad->fast_store; `what` names the adapter in messages. 0 or -ENOMEM
+ * Writes the serving copy (lora_weights.fa/.fbt) of ad's f32 weights in dt (DT_F32,
+ * DT_BF16 or LORA_DT_I8) into a new ad->fast_store; `what` names the adapter in messages. 0 or -ENOMEM
  * (logged; ad->fast_store then NULL).
  */
 int lora__pack(struct lora_adapter *ad, enum dtype dt, const char *what);
 /* The content digest of a freshly converted adapter (lora_adapter.digest). */
 uint64_t lora__digest(const struct lora_adapter *ad);
 
-/* Bytes of the serving copy in ad->fast_dt: rank rows [0, k) of A for target t ... */
+/* Bytes of the serving copy in ad->fast_dt: rank rows [0, k) of A for target t (int8: after
+ * the scales' header, kern.h KERN_LORA_I8_HDR) ... */
 static inline size_t lora__fa_offset(const struct lora_adapter *ad, uint32_t t, size_t k)
 {
+    if (ad->fast_dt == LORA_DT_I8)
+        return KERN_LORA_I8_HDR(ad->cfg.rank) + k * ad->in[t];
     return k * ad->in[t] * (ad->fast_dt == DT_BF16 ? 2 : 4);
 }
 
@@ -78,13 +91,35 @@ static inline size_t lora__fa_offset(const struct lora_adapter *ad, uint32_t t, 
 static inline size_t lora__fbt_offset(const struct lora_adapter *ad, size_t c)
 {
     size_t panels = (c + LORA_PANEL - 1) / LORA_PANEL, r = ad->cfg.rank;
+    if (ad->fast_dt == LORA_DT_I8)
+        return KERN_LORA_I8_HDR(r) + panels * ((r + 3) / 4) * 128;
     return panels * LORA_PANEL * r * (ad->fast_dt == DT_BF16 ? 2 : 4);
 }
 
 /* Bytes per weight of the serving copy, for balancing tasks by cost. */
 static inline double lora__fast_elem_bytes(const struct lora_adapter *ad)
 {
-    return ad->fast_dt == DT_BF16 ? 2.0 : 4.0;
+    return ad->fast_dt == LORA_DT_I8 ? 1.0 : ad->fast_dt == DT_BF16 ? 2.0 : 4.0;
+}
+
+/* The shrink and expand kernels of the adapter's serving copy (kern.h). */
+static inline void lora__shrink(const struct lora_adapter *ad, const void *a, size_t in,
+                                const float *x, size_t n, float *t, size_t k0, size_t k1)
+{
+    if (ad->fast_dt == LORA_DT_I8)
+        kern_lora_shrink_i8(a, in, ad->cfg.rank, x, n, t, k0, k1);
+    else
+        kern_lora_shrink(ad->fast_dt, a, in, ad->cfg.rank, x, n, t, k0, k1);
+}
+
+static inline void lora__expand(const struct lora_adapter *ad, const void *bt, const float *t,
+                                size_t n, const float *scale, float *y, size_t ldy, size_t j0,
+                                size_t j1)
+{
+    if (ad->fast_dt == LORA_DT_I8)
+        kern_lora_expand_i8(bt, ad->cfg.rank, t, n, scale, 0.0f, y, ldy, j0, j1);
+    else
+        kern_lora_expand(ad->fast_dt, bt, ad->cfg.rank, t, n, scale, 0.0f, y, ldy, j0, j1);
 }
 
 #endif

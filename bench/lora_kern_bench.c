@@ -1,0 +1,117 @@
+/*
+ * lora_kern_bench.c — the LoRA update's kernels alone, bf16 against int8 serving copies
+ * (docs/PERFORMANCE.md "LoRA at its byte floor"): one decode step's worth of work for
+ * 4 distinct adapters (2 tokens each) on the seven TinyLlama-1.1B projections of 22 layers,
+ * at rank R (argv[1], default 32), on the calling thread. The two packings alternate within
+ * each of 7 repetitions and are timed in thread CPU time (the machine is shared: wall time
+ * measures the neighbours). The weights are synthetic (their values do not change the work)
+ * and 4 x 22 x 7 blocks of them, 25-200 MB, far larger than the caches, as in a step.
+ * Prints one line: bytes per step, best and mean ms of each, the int8 / bf16 time ratios.
+ */
+#include "half.h"
+#include "kern.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define NA 4  /* distinct adapters */
+#define NL 22 /* layers */
+#define NP 7  /* projections */
+#define REPS 7
+
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void *alloc_or_die(size_t bytes)
+{
+    void *p = malloc(bytes);
+    if (!p) {
+        fprintf(stderr, "lora_kern_bench: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    const size_t R = argc > 1 ? strtoul(argv[1], NULL, 10) : 32;
+    if (R < 1 || R > KERN_LORA_RANK_MAX) {
+        fprintf(stderr, "usage: lora_kern_bench [RANK 1..%u]\n", KERN_LORA_RANK_MAX);
+        return 2;
+    }
+    if (kern_init() != 0)
+        return 1;
+    /* q, k, v, o, gate, up, down: [out][in] */
+    const size_t ins[NP] = {2048, 2048, 2048, 2048, 2048, 2048, 5632};
+    const size_t outs[NP] = {2048, 256, 256, 2048, 5632, 5632, 2048};
+    static void *a16[NA][NL][NP], *b16[NA][NL][NP], *a8[NA][NL][NP], *b8[NA][NL][NP];
+    size_t by16 = 0, by8 = 0;
+    uint32_t seed = 1;
+    for (int a = 0; a < NA; a++)
+        for (int l = 0; l < NL; l++)
+            for (int p = 0; p < NP; p++) {
+                size_t in = ins[p], pan = (outs[p] + 31) / 32, hdr = KERN_LORA_I8_HDR(R);
+                size_t na16 = R * in * 2, nb16 = pan * 32 * R * 2;
+                size_t na8 = R * in, nb8 = pan * ((R + 3) / 4) * 128;
+                a16[a][l][p] = alloc_or_die(na16);
+                b16[a][l][p] = alloc_or_die(nb16);
+                a8[a][l][p] = alloc_or_die(hdr + na8);
+                b8[a][l][p] = alloc_or_die(hdr + nb8);
+                uint16_t *w = a16[a][l][p];
+                for (size_t i = 0; i < na16 / 2; i++, seed = seed * 1664525u + 1013904223u)
+                    w[i] = half_f32_to_bf16((float)(seed >> 16) * 1e-7f - 3e-3f);
+                w = b16[a][l][p];
+                for (size_t i = 0; i < nb16 / 2; i++, seed = seed * 1664525u + 1013904223u)
+                    w[i] = half_f32_to_bf16((float)(seed >> 16) * 1e-7f - 3e-3f);
+                float *sa = a8[a][l][p], *sb = b8[a][l][p];
+                for (size_t k = 0; k < R; k++)
+                    sa[k] = sb[k] = 1e-3f;
+                memset((char *)a8[a][l][p] + hdr, 77, na8);
+                memset((char *)b8[a][l][p] + hdr, 99, nb8);
+                by16 += na16 + nb16;
+                by8 += hdr + na8 + hdr + nb8;
+            }
+    float *x = alloc_or_die(2 * 5632 * sizeof(float)), *y = calloc(2 * 5632, sizeof(float));
+    float t[2 * KERN_LORA_RANK_MAX], sc[2] = {1.0f, 0.5f};
+    if (!y)
+        return 1;
+    for (int i = 0; i < 2 * 5632; i++, seed = seed * 1664525u + 1013904223u)
+        x[i] = (float)(seed >> 16) * 3e-5f - 1.0f;
+    double best[2] = {1e30, 1e30}, sum[2] = {0, 0};
+    for (int r = 0; r < REPS; r++)
+        for (int v = 0; v < 2; v++) {
+            const int w8 = (v + r) % 2; /* alternate which goes first */
+            double t0 = cpu_now();
+            for (int l = 0; l < NL; l++)
+                for (int p = 0; p < NP; p++)
+                    for (int a = 0; a < NA; a++) {
+                        if (w8) {
+                            kern_lora_shrink_i8(a8[a][l][p], ins[p], R, x, 2, t, 0, R);
+                            kern_lora_expand_i8(b8[a][l][p], R, t, 2, sc, 0.0f, y, outs[p], 0,
+                                                outs[p]);
+                        } else {
+                            kern_lora_shrink(DT_BF16, a16[a][l][p], ins[p], R, x, 2, t, 0, R);
+                            kern_lora_expand(DT_BF16, b16[a][l][p], R, t, 2, sc, 0.0f, y,
+                                             outs[p], 0, outs[p]);
+                        }
+                    }
+            double d = cpu_now() - t0;
+            sum[w8] += d;
+            best[w8] = d < best[w8] ? d : best[w8];
+        }
+    printf("rank %zu (%s): bf16 %.1f MB/step, best %.2f ms (%.1f GB/s), mean %.2f ms | int8 "
+           "%.1f MB/step, best %.2f ms (%.1f GB/s), mean %.2f ms | int8 / bf16 time: best "
+           "%.2f, mean %.2f\n",
+           R, kern_isa_name(kern_isa()), (double)by16 / 1e6, best[0] * 1e3,
+           (double)by16 / best[0] / 1e9, sum[0] / REPS * 1e3, (double)by8 / 1e6, best[1] * 1e3,
+           (double)by8 / best[1] / 1e9, sum[1] / REPS * 1e3, best[1] / best[0],
+           sum[1] / sum[0]);
+    return 0;
+}
