@@ -247,6 +247,8 @@ static void worker_args(const struct sup *s, const struct workers_slot *ws, uint
     h->parent_pid = getpid();
     if (c->lora_weights_bf16)
         h->lora_weights = HERITAGE_LORA_WEIGHTS_BF16;
+    if (c->lora_weights_int8)
+        h->lora_weights = HERITAGE_LORA_WEIGHTS_INT8;
     h->kv_dtype = dtype_kv_name(c->kv_dtype);
     h->pin = c->threads_pin;
     if (c->kv_snapshot_dir) {

@@ -85,7 +85,8 @@
 /* --lora-weights values: the worker's lora_pack_parse reads them (it owns their meaning). */
 #define HERITAGE_LORA_WEIGHTS_AUTO "auto"
 #define HERITAGE_LORA_WEIGHTS_BF16 "bf16"
-#define HERITAGE_LORA_WEIGHTS_CHOICES "auto|bf16"
+#define HERITAGE_LORA_WEIGHTS_INT8 "int8"
+#define HERITAGE_LORA_WEIGHTS_CHOICES "auto|bf16|int8"
 /* --kv-dtype values: dtype_kv_name()'s names (common/dtype.h); the worker's engine reads them */
 #define HERITAGE_KV_DTYPE_DEFAULT "bf16"
 #define HERITAGE_KV_DTYPE_CHOICES "f32|f16|bf16|int8|fp8"
