@@ -74,6 +74,9 @@ struct choice {
      * "text_offset"}), and the completion's bytes so far (text_offset) */
     json_t *lp;
     size_t lp_off;
+    /* chat tools: the reply's tool_calls so far (whole), and, streamed, the deltas not yet
+     * sent (http_oai_tool_call's shapes) */
+    json_t *calls, *call_deltas;
 };
 
 struct hreq {
@@ -401,6 +404,11 @@ static enum MHD_Result reply_complete(struct hreq *r, struct MHD_Connection *con
                                   text_value(c->text ? c->text : "", c->len));
             if (m && c->rlen) /* vLLM's convention for the analysis channel */
                 json_object_set_new(m, "reasoning_content", text_value(c->rtext, c->rlen));
+            if (m && c->calls && json_array_size(c->calls)) { /* chat tools */
+                json_object_set(m, "tool_calls", c->calls);
+                if (!c->len)
+                    json_object_set_new(m, "content", json_null()); /* OpenAI's shape */
+            }
             json_object_set_new(ch, "message", m);
         }
         else
@@ -411,15 +419,61 @@ static enum MHD_Result reply_complete(struct hreq *r, struct MHD_Connection *con
     return reply_json(conn, 200, root, NULL);
 }
 
+/* chat tools: the pieces of tool calls a take brought, into c's calls (whole: a piece that
+ * does not open its call extends the arguments of the one it continues) and, streamed, deltas */
+static int add_calls(struct hreq *r, struct choice *c, struct gw_ext_call *calls, size_t n)
+{
+    int rc = 0;
+    if (!c->calls && !(c->calls = json_array()))
+        rc = -ENOMEM;
+    if (!rc && r->req.stream && !c->call_deltas && !(c->call_deltas = json_array()))
+        rc = -ENOMEM;
+    for (size_t k = 0; k < n; k++) {
+        struct gw_ext_call *e = &calls[k];
+        json_t *whole = json_array_get(c->calls, e->index);
+        if (!rc && (e->opens || !whole)) {
+            if (json_array_append_new(c->calls, http_oai_tool_call(e->index, false, true, e->id,
+                                                                   e->name, e->args,
+                                                                   e->args_len)) < 0)
+                rc = -ENOMEM;
+        } else if (!rc) {
+            json_t *fn = json_object_get(whole, "function");
+            const char *old = json_string_value(json_object_get(fn, "arguments"));
+            size_t ol = json_string_length(json_object_get(fn, "arguments"));
+            char *cat = malloc(ol + e->args_len + 1);
+            if (!cat) {
+                rc = -ENOMEM;
+            } else {
+                memcpy(cat, old ? old : "", ol);
+                memcpy(cat + ol, e->args, e->args_len + 1);
+                json_object_set_new(fn, "arguments", json_stringn(cat, ol + e->args_len));
+                free(cat);
+            }
+        }
+        if (!rc && r->req.stream &&
+            json_array_append_new(c->call_deltas, http_oai_tool_call(e->index, true, e->opens,
+                                                                     e->id, e->name, e->args,
+                                                                     e->args_len)) < 0)
+            rc = -ENOMEM;
+        free(e->args);
+    }
+    free(calls);
+    return rc;
+}
+
 /* Takes what every choice has produced. */
 static int take_all(struct hreq *r)
 {
     atomic_store(&r->susp.wake, false);
     for (size_t i = 0; i < r->req.n; i++) {
         struct choice *c = &r->choices[i];
-        if ((r->route == R_CHAT ? gw_ext_take_chat(r->call, i, &c->text, &c->len, &c->cap,
-                                                   &c->rtext, &c->rlen, &c->rcap, &c->st)
-                                : gw_ext_take(r->call, i, &c->text, &c->len, &c->cap, &c->st)) < 0)
+        struct gw_ext_call *calls = NULL;
+        size_t n_calls = 0;
+        if ((r->route == R_CHAT ? gw_ext_take_chat_calls(r->call, i, &c->text, &c->len, &c->cap,
+                                                         &c->rtext, &c->rlen, &c->rcap, &calls,
+                                                         &n_calls, &c->st)
+                                : gw_ext_take(r->call, i, &c->text, &c->len, &c->cap, &c->st)) < 0 ||
+            (n_calls && add_calls(r, c, calls, n_calls) < 0))
             return -ENOMEM;
         if (r->req.logprobs) {
             struct gw_lp *lps;
@@ -470,7 +524,8 @@ static int out_event(struct hreq *r, json_t *j)
 
 /* One chunk of choice i: its new text and/or its finish reason. */
 static json_t *chunk_of(struct hreq *r, size_t i, const char *text, size_t n, bool role,
-                        const char *finish, const char *rtext, size_t rn, json_t *logprobs)
+                        const char *finish, const char *rtext, size_t rn, json_t *logprobs,
+                        json_t *tool_calls)
 {
     json_t *root = envelope(r, true);
     json_t *ch = json_pack("{s:I, s:s?, s:o}", "index", (json_int_t)i, "finish_reason", finish,
@@ -487,6 +542,8 @@ static json_t *chunk_of(struct hreq *r, size_t i, const char *text, size_t n, bo
             json_object_set_new(delta, "content", text_value(text, n));
         if (rn)
             json_object_set_new(delta, "reasoning_content", text_value(rtext, rn));
+        if (tool_calls) /* chat tools: OpenAI's streamed tool_calls deltas */
+            json_object_set_new(delta, "tool_calls", tool_calls);
         json_object_set_new(ch, "delta", delta);
     } else {
         json_object_set_new(ch, "text", text_value(text, n));
@@ -505,11 +562,15 @@ static int sse_fill(struct hreq *r)
         if (c->final_sent)
             continue;
         bool role = r->route == R_CHAT && !c->role_sent;
-        if (c->len > c->sent || c->rlen > c->rsent || role || lp_pending(r, c)) {
+        bool calls = c->call_deltas && json_array_size(c->call_deltas);
+        if (c->len > c->sent || c->rlen > c->rsent || role || lp_pending(r, c) || calls) {
             /* no text yet is "" (a chat's first pieces may all be reasoning or headers) */
+            json_t *deltas = calls ? c->call_deltas : NULL;
+            if (calls)
+                c->call_deltas = NULL; /* the chunk takes them */
             rc = out_event(r, chunk_of(r, i, c->text ? c->text + c->sent : "", c->len - c->sent,
                                        role, NULL, c->rtext ? c->rtext + c->rsent : "",
-                                       c->rlen - c->rsent, lp_take(r, c)));
+                                       c->rlen - c->rsent, lp_take(r, c), deltas));
             c->sent = c->len;
             c->rsent = c->rlen;
             c->role_sent = true;
@@ -520,7 +581,7 @@ static int sse_fill(struct hreq *r)
                                                NULL, NULL, c->st.error));
             else
                 rc = out_event(r, chunk_of(r, i, "", 0, false, finish_reason(&c->st), "", 0,
-                                           NULL));
+                                           NULL, NULL));
             c->final_sent = true;
         }
         all_final &= c->final_sent;
@@ -588,8 +649,8 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
 {
     struct http *h = r->h;
     char param[64], msg[512];
-    int rc = http_oai_parse(r->body ? r->body : "", r->body_len, r->route == R_CHAT, &r->req,
-                            param, sizeof param, msg, sizeof msg);
+    int rc = http_oai_parse_ex(r->body ? r->body : "", r->body_len, r->route == R_CHAT,
+                               HTTP_OAI_TOOLS, &r->req, param, sizeof param, msg, sizeof msg);
     if (rc == -ENOMEM)
         return reply_error(conn, 500, NULL, NULL, "out of memory");
     if (rc < 0)
@@ -619,9 +680,12 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
             cms[i] = m0, cmp[i] = &cms[i];
             cms[i].role = r->req.msgs[i].role;
             cms[i].content = r->req.msgs[i].content;
+            cms[i].recipient = r->req.msgs[i].recipient;       /* chat tools */
+            cms[i].tool_call_id = r->req.msgs[i].tool_call_id;
         }
         chat.n_messages = r->req.n_msgs;
         chat.messages = cmp;
+        chat.tools_json = r->req.tools_json;
     }
     if (!(r->choices = calloc(r->req.n, sizeof *r->choices)))
         return reply_error(conn, 500, NULL, NULL, "out of memory");
@@ -925,7 +989,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         gw_ext_release(r->call);
     if (r->choices)
         for (size_t i = 0; i < r->req.n; i++)
-            free(r->choices[i].text), free(r->choices[i].rtext), json_decref(r->choices[i].lp);
+            free(r->choices[i].text), free(r->choices[i].rtext), json_decref(r->choices[i].lp),
+                json_decref(r->choices[i].calls), json_decref(r->choices[i].call_deltas);
     free(r->choices);
     http_oai_free(&r->req);
     free(r->body);
