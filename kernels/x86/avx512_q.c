@@ -860,7 +860,7 @@ void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
  * kern_gemm_q4_0_q8_0_avx512's bit for bit. With at most 8 (panel, token) pairs one
  * accumulator each would be a chain of 8 dependent vpdpbusd per block, too few chains to keep
  * the vpdpbusd pipes busy, so low and high nibbles go to two accumulators (added as integers:
- * still exact); n = 8 measured 1.07-1.14x faster with this than without.
+ * still exact; one panel: up to 2 tokens, as before).
  * pp: the tile's first panel, pstride bytes apart (quant.h: block b's quants at
  * quant_q4p_qoff, scales at quant_q4p_soff); blocks [k0/32, k0/32 + nblk) of its nb.
  */
@@ -873,7 +873,7 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
 {
     const size_t cp = a->cp;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const int split = NP * NT <= 8;
+    const int split = NP == 1 ? NT <= 2 : NP * NT <= 8;
     __m512 facc[Q4P_NP][GEMM_NT];
     const int8_t *xq[GEMM_NT];
     const float *xd[GEMM_NT];
@@ -890,8 +890,14 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
         const uint8_t *qb = pp + quant_q4p_qoff(k0 / 32 + b, nb);
         /* Q4P_PF ahead in each panel's sequential stream (bench/kern_bench --only batch:
          * 4-16 KiB were best, none or 1 KiB ~15-25% slower from DRAM) */
-        UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++)
-            _mm_prefetch((const char *)qb + (size_t)p * pstride + Q4P_PF + 64 * l, _MM_HINT_T0);
+        {
+            /* past a panel's end its stream continues NP panels on (the next tile's), not in
+             * the next panel, which this tile is already reading */
+            size_t o = quant_q4p_qoff(k0 / 32 + b, nb) + Q4P_PF;
+            o += o >= pstride ? (size_t)(NP - 1) * pstride : 0;
+            UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++)
+                _mm_prefetch((const char *)pp + (size_t)p * pstride + o + 64 * l, _MM_HINT_T0);
+        }
         __m512i iacc[Q4P_NP][GEMM_NT], iacc2[Q4P_NP][GEMM_NT];
         UNROLL for (int j = 0; j < NT; j++)
         {
@@ -953,10 +959,15 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
 {
     const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
     const size_t pstride = PANEL * rb; /* bytes of one panel */
-    for (size_t r = r0; r < r1; r += Q4P_NP * PANEL) {
+    /* n < 16 (decode of a few streams, weights from DRAM): one panel, tiles of up to 8 tokens
+     * (n <= 8: one pass); two panels there measured 0.8-0.9x from DRAM at n = 8, 9 (two
+     * streams, tiles of 4-5 tokens), 1.09x at n = 16 (bench/kern_bench_ab.sh) */
+    const int np_max = a->n >= 16 ? Q4P_NP : 1;
+    const size_t tmax = np_max == 1 ? GEMM_NT : Q4P_NT;
+    for (size_t r = r0; r < r1; r += (size_t)np_max * PANEL) {
         __mmask16 rm[Q4P_NP] = {0};
         int np = 0;
-        for (; np < Q4P_NP && r + (size_t)np * PANEL < r1; np++) {
+        for (; np < np_max && r + (size_t)np * PANEL < r1; np++) {
             size_t rr = r + (size_t)np * PANEL, nr = r1 - rr < PANEL ? r1 - rr : PANEL;
             rm[np] = (__mmask16)((1u << nr) - 1u);
         }
@@ -966,7 +977,7 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
         for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
             size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
             /* token tiles of near-equal size (n = 8: 4 + 4, not 6 + 2) */
-            const size_t ntiles = (a->n + Q4P_NT - 1) / Q4P_NT;
+            const size_t ntiles = (a->n + tmax - 1) / tmax;
             size_t nt;
             for (size_t t = 0, ti = 0; t < a->n; t += nt, ti++) {
                 nt = (a->n - t + (ntiles - ti) - 1) / (ntiles - ti);
@@ -976,7 +987,7 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
         gemm_q4p_tile(pp, pstride, P, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);      \
         break;
                     CASE_(1, 1) CASE_(1, 2) CASE_(1, 3) CASE_(1, 4) CASE_(1, 5) CASE_(1, 6)
-                    CASE_(2, 1) CASE_(2, 2) CASE_(2, 3) CASE_(2, 4) CASE_(2, 5) CASE_(2, 6)
+                    CASE_(1, 7) CASE_(1, 8) CASE_(2, 1) CASE_(2, 2) CASE_(2, 3) CASE_(2, 4) CASE_(2, 5) CASE_(2, 6)
 #undef CASE_
                 }
             }
