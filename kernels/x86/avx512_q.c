@@ -145,15 +145,16 @@ static const uint8_t mxfp4_eix[4][64] __attribute__((aligned(64))) = {
 };
 
 /*
- * 2^(e-128) of the exponent bytes of mxfp4 blocks [0, nblk) (nblk 1..16) at 17j, 0 past nblk;
+ * The exponent bytes of mxfp4 blocks [0, nblk) (nblk 1..16) at 17j, as dwords, 0 past nblk;
  * bytes past block nblk are not read. No gather (vpgatherdd is microcoded and slow on Zen 4,
  * where it was 45% of the gemv's cycles): the 64 bytes from 68g hold blocks 4g..4g+3, whose
- * exponents are byte m of 128-bit lane m; vpshufb moves each into dword g of its lane, the
- * four results are merged and one vpermd puts block 4g+m (lane m, dword g) at dword 4g+m.
+ * exponents are byte m of 128-bit lane m; vpshufb moves each into dword g of its lane, and
+ * the four results are merged: mxfp4_exps16 leaves block 4g+m at dword 4m+g (the order the
+ * gemv's block sums have before their last permute). mxfp4_scales16: 2^(e-128) of them, one
+ * vpermd putting block 4g+m at dword 4g+m.
  */
-INLINE __m512 mxfp4_scales16(const uint8_t *blk0, size_t nblk)
+INLINE __m512i mxfp4_exps16(const uint8_t *blk0, size_t nblk)
 {
-    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     const size_t len = nblk * 17;
     __m512i e = _mm512_setzero_si512();
     UNROLL for (size_t g = 0; g < 4; g++)
@@ -166,7 +167,13 @@ INLINE __m512 mxfp4_scales16(const uint8_t *blk0, size_t nblk)
             v = _mm512_maskz_loadu_epi8((__mmask64)((1ull << cnt) - 1), blk0 + lo);
         e = _mm512_or_si512(e, _mm512_shuffle_epi8(v, _mm512_load_si512(mxfp4_eix[g])));
     }
-    e = _mm512_permutexvar_epi32(tr, e);
+    return e;
+}
+
+INLINE __m512 mxfp4_scales16(const uint8_t *blk0, size_t nblk)
+{
+    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    __m512i e = _mm512_permutexvar_epi32(tr, mxfp4_exps16(blk0, nblk));
     return _mm512_maskz_mov_ps((__mmask16)((1u << nblk) - 1u), e8m0_half16(e));
 }
 
@@ -643,18 +650,23 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
  * chunk of 32 blocks facc = fma(float(sum), s * dx, facc) from 0 in block order, lane = row,
  * and the chunks added in order through y. How it stays a gemv: a 16-row panel is contiguous, so
  * it is streamed row by row (one sequential run, as before); each row's 16-block groups are
- * multiplied with vpdpbusd (gv_row) and reduced to their 16 exact block sums (gv_reduce), kept
- * in gv_buf; then the sums and scales of
- * the panel are transposed to lane = row (transpose16) and folded as gemm_tile folds them.
+ * multiplied with vpdpbusd (gv_row) and reduced to their 16 exact block sums (gv_reduce), each
+ * packed with its block's E8M0 byte (sum << 8 | e) in the order the in-lane reduction leaves
+ * them, kept in gv_buf; then the panel's packed sums are transposed to lane = row (one
+ * transpose16 for sums and scales) and folded as gemm_tile folds them, the scales decoded
+ * there for 16 rows at once. (Session 10: before, each row's scales were decoded and both
+ * sums and scales permuted to block order and transposed separately; this is ~1.15x faster at
+ * n = 1, same bits: docs/PERFORMANCE.md "MXFP4 gemv, session 10".)
  * Columns go in windows of GV_WB blocks (a multiple of KC / 32, so chunks never straddle one).
  */
 #define GV_NT 4   /* tokens per pass over a panel (each row's unpacked weights are shared) */
 #define GV_WB 128 /* blocks per column window (4096 columns) */
 
 struct gv_buf {
-    int32_t isum[GV_NT][PANEL][GV_WB]; /* exact block sums [token][row][block] */
-    float ws[PANEL][GV_WB];            /* weight scales 2^(e-128) [row][block] */
-    float wst[GV_WB][PANEL];           /* the same, lane = row (as struct panel's s) */
+    /* per 16 blocks of a row, in gv_reduce's order (dword 4m + v = block 4v + m): the exact
+     * block sum << 8 | the block's E8M0 exponent byte (|sum| <= 32 x 12 x 127 < 2^16, so
+     * exact); [token][row][block slot] */
+    int32_t pk[GV_NT][PANEL][GV_WB];
     int8_t aq[GV_NT][GV_WB * 32];      /* the window's activation quants, gv_arrange's order */
     int32_t ans[GV_NT][GV_WB * 4];     /* their offset corrections, likewise */
 };
@@ -698,23 +710,20 @@ INLINE __m512i gv_merge(__m512i a, __m512i b, __mmask16 m, int swap64)
     return _mm512_add_epi32(u, v);
 }
 
-/* 4 quad vectors (e[v] lane 4m + k: block 4v + m) -> the 16 block sums in block order (exact). */
+/* 4 quad vectors (e[v] lane 4m + k: block 4v + m) -> the 16 block sums (exact), block 4v + m
+ * at dword 4m + v: the order mxfp4_exps16 leaves the exponents in, so no permute. */
 INLINE __m512i gv_reduce(const __m512i e[4])
 {
-    __m512i s = gv_merge(gv_merge(e[0], e[1], 0xaaaa, 0), gv_merge(e[2], e[3], 0xaaaa, 0), 0xcccc,
-                         1);
-    /* lane 4m + v = block 4v + m */
-    return _mm512_permutexvar_epi32(
-        _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), s);
+    return gv_merge(gv_merge(e[0], e[1], 0xaaaa, 0), gv_merge(e[2], e[3], 0xaaaa, 0), 0xcccc, 1);
 }
 
 /*
  * One row's block sums over blocks [0, nbk) of the window (tokens j < NT, activations from
- * gv_arrange) into bf->isum[j][i] and, if want_s, its scales into bf->ws[i]; positions up to
- * nbk rounded up to 16 are written (0 past nbk). The row's bytes past block nbk are never read.
+ * gv_arrange), each packed with its block's exponent byte, into bf->pk[j][i]; positions up to
+ * nbk rounded up to 16 are written (sum and exponent 0 past nbk). The row's bytes past block
+ * nbk are never read.
  */
-INLINE void gv_row(const uint8_t *row, size_t nbk, int NT, struct gv_buf *bf, size_t i,
-                   const int want_s)
+INLINE void gv_row(const uint8_t *row, size_t nbk, int NT, struct gv_buf *bf, size_t i)
 {
     const __m512i ukv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mxfp4_ukv));
     const __m512i m4 = _mm512_set1_epi8(0x0f);
@@ -726,8 +735,7 @@ INLINE void gv_row(const uint8_t *row, size_t nbk, int NT, struct gv_buf *bf, si
             UNROLL for (size_t l = 0; l < 16 * 17; l += 64) _mm_prefetch(
                 (const char *)gb + pf_dist[QK_MXFP4] + l, _MM_HINT_T0);
         }
-        if (want_s)
-            _mm512_storeu_ps(bf->ws[i] + g, mxfp4_scales16(gb, rem < 16 ? rem : 16));
+        const __m512i ex = mxfp4_exps16(gb, rem < 16 ? rem : 16);
         UNROLL for (size_t v = 0; v < 4; v++)
         {
             /* the qs of blocks 4v..4v+3, one per 128-bit lane (absent blocks: 0) */
@@ -753,13 +761,16 @@ INLINE void gv_row(const uint8_t *row, size_t nbk, int NT, struct gv_buf *bf, si
                                                   _mm512_loadu_si512(aq + 128 * v));
                 e[v] = _mm512_dpbusd_epi32(acc, wh[v], _mm512_loadu_si512(aq + 128 * v + 64));
             }
-            _mm512_storeu_si512(bf->isum[j][i] + g, gv_reduce(e));
+            _mm512_storeu_si512(bf->pk[j][i] + g,
+                                _mm512_or_si512(_mm512_slli_epi32(gv_reduce(e), 8), ex));
         }
     }
 }
 
 /* y[t+j][r..r+16) (+)= the panel's window [kb, kb + nbk) for tokens j < NT: gemm_tile's float
- * steps, in its order, on the transposed sums of bf (rows >= nr read row 0 and are not stored). */
+ * steps, in its order, on the transposed packed sums of bf (rows >= nr read row 0 and are not
+ * stored). After the transpose z[4m + v] is block 4v + m, lane = row; its sum is z >> 8
+ * (arithmetic) and its scale 2^(e-128) of e = z & 0xff, the same exact values the gemm reads. */
 INLINE void gv_fold(const struct gv_buf *bf, size_t nbk, const struct kern_act *a, size_t kb,
                     size_t t, int NT, float *y, size_t ldy, size_t r, size_t nr, __mmask16 rm)
 {
@@ -774,15 +785,18 @@ INLINE void gv_fold(const struct gv_buf *bf, size_t nbk, const struct kern_act *
             for (size_t g0 = 0; g0 < cn; g0 += 16) {
                 __m512i z[16];
                 UNROLL for (size_t i = 0; i < PANEL; i++) z[i] =
-                    _mm512_loadu_si512(bf->isum[j][i < nr ? i : 0] + c0 + g0);
+                    _mm512_loadu_si512(bf->pk[j][i < nr ? i : 0] + c0 + g0);
                 transpose16(z);
                 size_t gn = cn - g0 < 16 ? cn - g0 : 16;
-                for (size_t g = 0; g < gn; g++) {
-                    size_t b = c0 + g0 + g;
+                UNROLL for (size_t g = 0; g < 16; g++)
+                {
+                    if (g >= gn)
+                        break;
+                    __m512i zb = z[4 * (g % 4) + g / 4];
+                    __m512 sc = e8m0_half16(_mm512_and_si512(zb, _mm512_set1_epi32(0xff)));
                     facc = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(z[g]),
-                        _mm512_mul_ps(_mm512_loadu_ps(bf->wst[b]), _mm512_set1_ps(xd[g0 + g])),
-                        facc);
+                        _mm512_cvtepi32_ps(_mm512_srai_epi32(zb, 8)),
+                        _mm512_mul_ps(sc, _mm512_set1_ps(xd[g0 + g])), facc);
                 }
             }
             float *yo = y + tj * ldy + r;
@@ -813,21 +827,11 @@ void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
                     switch (nt) {
 #define CASE_(T)                                                                             \
     case T:                                                                                  \
-        gv_row(row, nbk, T, &bf, i, 1);                                                      \
+        gv_row(row, nbk, T, &bf, i);                                                         \
         break;
                         CASE_(1) CASE_(2) CASE_(3) CASE_(4)
 #undef CASE_
                     }
-                }
-                /* the panel's scales, lane = row */
-                for (size_t g = 0; g < nbk; g += 16) {
-                    __m512i z[16];
-                    UNROLL for (size_t i = 0; i < PANEL; i++) z[i] =
-                        _mm512_castps_si512(_mm512_loadu_ps(bf.ws[i < nr ? i : 0] + g));
-                    transpose16(z);
-                    size_t gn = nbk - g < 16 ? nbk - g : 16;
-                    for (size_t b = 0; b < gn; b++)
-                        _mm512_storeu_ps(bf.wst[g + b], _mm512_castsi512_ps(z[b]));
                 }
                 switch (nt) {
 #define CASE_(T)                                                                             \
@@ -847,77 +851,106 @@ void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
 /*
  * The same tile as gemm_tile, reading the panel from the repacked matrix instead of a packed
  * chunk: per block, 4 vectors of nibble pairs (lane = row) are split with one and / one shift
- * + and each, then 8 vpdpbusd per token as before. The integer sums are exact and the float
- * steps are gemm_tile's, in its order, so the outputs equal kern_gemm_q4_0_q8_0_avx512's bit
- * for bit. With 1–2 tokens one accumulator would be a chain of 8 dependent vpdpbusd per block,
- * so low and high nibbles go to two accumulators (added as integers: still exact).
- * pp: the panel (quant.h: block b's quants at quant_q4p_qoff, scales at quant_q4p_soff);
- * blocks [k0/32, k0/32 + nblk) of its nb.
+ * + and each, then 8 vpdpbusd per token as before. Two panels (32 rows) share each tile, so
+ * every activation broadcast feeds two vpdpbusd: with one panel the tile issued about one
+ * vector load per vpdpbusd and reached ~60% of the core's vpdpbusd peak; two panels x 6
+ * tokens (12 int + 12 float accumulators) measured 1.10-1.20x faster at n = 5..512 (one
+ * thread, weights in cache; docs/PERFORMANCE.md "int4 prefill, session 10"). The integer
+ * sums are exact and the float steps are gemm_tile's, in its order, so the outputs equal
+ * kern_gemm_q4_0_q8_0_avx512's bit for bit. With at most 8 (panel, token) pairs one
+ * accumulator each would be a chain of 8 dependent vpdpbusd per block, too few chains to keep
+ * the vpdpbusd pipes busy, so low and high nibbles go to two accumulators (added as integers:
+ * still exact; one panel: up to 2 tokens, as before).
+ * pp: the tile's first panel, pstride bytes apart (quant.h: block b's quants at
+ * quant_q4p_qoff, scales at quant_q4p_soff); blocks [k0/32, k0/32 + nblk) of its nb.
  */
 #define Q4P_PF 8192
-INLINE void gemm_q4p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struct kern_act *a,
-                          size_t k0, size_t t, int NT, float *y, size_t ldy, size_t r,
-                          __mmask16 rm, int add)
+#define Q4P_NP 2 /* panels per register tile: each activation broadcast feeds NP vpdpbusd */
+#define Q4P_NT 6 /* tokens per register tile: NP x NT int + NP x NT float accumulators */
+INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, size_t nblk,
+                          const struct kern_act *a, size_t k0, size_t t, int NT, float *y,
+                          size_t ldy, size_t r, const __mmask16 rm[Q4P_NP], int add)
 {
     const size_t cp = a->cp;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const int split = NT <= 2;
-    __m512 facc[GEMM_NT];
+    const int split = NP == 1 ? NT <= 2 : NP * NT <= 8;
+    __m512 facc[Q4P_NP][GEMM_NT];
     const int8_t *xq[GEMM_NT];
     const float *xd[GEMM_NT];
     const int32_t *xs[GEMM_NT];
     UNROLL for (int j = 0; j < NT; j++)
     {
         size_t tj = t + (size_t)j;
-        facc[j] = _mm512_setzero_ps();
+        UNROLL for (int p = 0; p < NP; p++) facc[p][j] = _mm512_setzero_ps();
         xq[j] = a->q + tj * a->ld + k0;
         xd[j] = a->d + (tj * cp + k0) / 32;
         xs[j] = a->ns32 + (tj * cp + k0) / 32;
     }
     for (size_t b = 0; b < nblk; b++) {
         const uint8_t *qb = pp + quant_q4p_qoff(k0 / 32 + b, nb);
-        /* Q4P_PF ahead in the panel's one sequential stream (bench/kern_bench --only batch:
+        /* Q4P_PF ahead in each panel's sequential stream (bench/kern_bench --only batch:
          * 4-16 KiB were best, none or 1 KiB ~15-25% slower from DRAM) */
-        UNROLL for (int l = 0; l < 5; l++) _mm_prefetch((const char *)qb + Q4P_PF + 64 * l,
-                                                        _MM_HINT_T0);
-        __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
+        {
+            /* past a panel's end its stream continues NP panels on (the next tile's), not in
+             * the next panel, which this tile is already reading */
+            size_t o = quant_q4p_qoff(k0 / 32 + b, nb) + Q4P_PF;
+            o += o >= pstride ? (size_t)(NP - 1) * pstride : 0;
+            UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++)
+                _mm_prefetch((const char *)pp + (size_t)p * pstride + o + 64 * l, _MM_HINT_T0);
+        }
+        __m512i iacc[Q4P_NP][GEMM_NT], iacc2[Q4P_NP][GEMM_NT];
         UNROLL for (int j = 0; j < NT; j++)
         {
-            iacc[j] = _mm512_set1_epi32(xs[j][b]);
-            iacc2[j] = _mm512_setzero_si512();
+            __m512i s0 = _mm512_set1_epi32(xs[j][b]);
+            UNROLL for (int p = 0; p < NP; p++)
+            {
+                iacc[p][j] = s0;
+                iacc2[p][j] = _mm512_setzero_si512();
+            }
         }
         UNROLL for (int g = 0; g < 4; g++)
         {
-            __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
-            __m512i lo = _mm512_and_si512(v, m4);
-            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            __m512i lo[Q4P_NP], hi[Q4P_NP];
+            UNROLL for (int p = 0; p < NP; p++)
+            {
+                __m512i v = _mm512_loadu_si512((const void *)(qb + (size_t)p * pstride + 64 * g));
+                lo[p] = _mm512_and_si512(v, m4);
+                hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
             UNROLL for (int j = 0; j < NT; j++)
             {
                 const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
-                iacc[j] = _mm512_dpbusd_epi32(iacc[j], lo, _mm512_set1_epi32(load_i32(x)));
-                if (split)
-                    iacc2[j] =
-                        _mm512_dpbusd_epi32(iacc2[j], hi, _mm512_set1_epi32(load_i32(x + 16)));
-                else
-                    iacc[j] =
-                        _mm512_dpbusd_epi32(iacc[j], hi, _mm512_set1_epi32(load_i32(x + 16)));
+                __m512i xl = _mm512_set1_epi32(load_i32(x)), xh = _mm512_set1_epi32(load_i32(x + 16));
+                UNROLL for (int p = 0; p < NP; p++)
+                {
+                    iacc[p][j] = _mm512_dpbusd_epi32(iacc[p][j], lo[p], xl);
+                    if (split)
+                        iacc2[p][j] = _mm512_dpbusd_epi32(iacc2[p][j], hi[p], xh);
+                    else
+                        iacc[p][j] = _mm512_dpbusd_epi32(iacc[p][j], hi[p], xh);
+                }
             }
         }
-        __m512 s = _mm512_cvtph_ps(
-            _mm256_loadu_si256((const __m256i *)(pp + quant_q4p_soff(k0 / 32 + b, nb))));
+        __m512 s[Q4P_NP];
+        UNROLL for (int p = 0; p < NP; p++) s[p] = _mm512_cvtph_ps(_mm256_loadu_si256(
+            (const __m256i *)(pp + (size_t)p * pstride + quant_q4p_soff(k0 / 32 + b, nb))));
         UNROLL for (int j = 0; j < NT; j++)
         {
-            __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
-            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd[j][b]));
-            facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
+            __m512 dx = _mm512_set1_ps(xd[j][b]);
+            UNROLL for (int p = 0; p < NP; p++)
+            {
+                __m512i ia = split ? _mm512_add_epi32(iacc[p][j], iacc2[p][j]) : iacc[p][j];
+                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), dx);
+                facc[p][j] = _mm512_fmadd_ps(f, s[p], facc[p][j]);
+            }
         }
     }
-    UNROLL for (int j = 0; j < NT; j++)
+    UNROLL for (int j = 0; j < NT; j++) UNROLL for (int p = 0; p < NP; p++)
     {
-        float *yo = y + (t + (size_t)j) * ldy + r;
+        float *yo = y + (t + (size_t)j) * ldy + r + 16 * (size_t)p;
         if (add)
-            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
-        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+            facc[p][j] = _mm512_add_ps(facc[p][j], _mm512_maskz_loadu_ps(rm[p], yo));
+        _mm512_mask_storeu_ps(yo, rm[p], facc[p][j]);
     }
 }
 
@@ -925,22 +958,36 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
                                  size_t ldy, size_t r0, size_t r1)
 {
     const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
-    for (size_t r = r0; r < r1; r += PANEL) {
-        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
-        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
-        const uint8_t *pp = (const uint8_t *)wp + r / PANEL * PANEL * rb;
-        /* the same K chunks as gemm_q (same sums, and a chunk of the panel stays in L1 while
+    const size_t pstride = PANEL * rb; /* bytes of one panel */
+    /* n < 16 (decode of a few streams, weights from DRAM): one panel, tiles of up to 8 tokens
+     * (n <= 8: one pass); two panels there measured 0.8-0.9x from DRAM at n = 8, 9 (two
+     * streams, tiles of 4-5 tokens), 1.09x at n = 16 (bench/kern_bench_ab.sh) */
+    const int np_max = a->n >= 16 ? Q4P_NP : 1;
+    const size_t tmax = np_max == 1 ? GEMM_NT : Q4P_NT;
+    for (size_t r = r0; r < r1; r += (size_t)np_max * PANEL) {
+        __mmask16 rm[Q4P_NP] = {0};
+        int np = 0;
+        for (; np < np_max && r + (size_t)np * PANEL < r1; np++) {
+            size_t rr = r + (size_t)np * PANEL, nr = r1 - rr < PANEL ? r1 - rr : PANEL;
+            rm[np] = (__mmask16)((1u << nr) - 1u);
+        }
+        const uint8_t *pp = (const uint8_t *)wp + r / PANEL * pstride;
+        /* the same K chunks as gemm_q (same sums, and a chunk of the panels stays in L1 while
          * token tiles pass over it) */
         for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
             size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
-            for (size_t t = 0; t < a->n; t += GEMM_NT) {
-                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
-                switch (nt) {
-#define CASE_(T)                                                                             \
-    case T:                                                                                  \
-        gemm_q4p_tile(pp, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                  \
+            /* token tiles of near-equal size (n = 8: 4 + 4, not 6 + 2) */
+            const size_t ntiles = (a->n + tmax - 1) / tmax;
+            size_t nt;
+            for (size_t t = 0, ti = 0; t < a->n; t += nt, ti++) {
+                nt = (a->n - t + (ntiles - ti) - 1) / (ntiles - ti);
+                switch ((size_t)np * 16 + nt) {
+#define CASE_(P, T)                                                                          \
+    case P * 16 + T:                                                                         \
+        gemm_q4p_tile(pp, pstride, P, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);      \
         break;
-                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+                    CASE_(1, 1) CASE_(1, 2) CASE_(1, 3) CASE_(1, 4) CASE_(1, 5) CASE_(1, 6)
+                    CASE_(1, 7) CASE_(1, 8) CASE_(2, 1) CASE_(2, 2) CASE_(2, 3) CASE_(2, 4) CASE_(2, 5) CASE_(2, 6)
 #undef CASE_
                 }
             }

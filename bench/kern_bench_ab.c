@@ -1,0 +1,143 @@
+/*
+ * kern_bench_ab.c — the A/B driver of bench/kern_bench_ab.sh: two builds of the same AVX-512
+ * product (ab_a_*, ab_b_*: kernels/x86/avx512_q.c at two revisions, symbols renamed by the
+ * script) on the same random weights and activations, one thread. Both outputs are compared
+ * bit for bit (a kernel change that keeps the arithmetic must print 0), then the two are timed
+ * alternately, ROUNDS times each, and each keeps its best: thread CPU time, so time the
+ * scheduler gives other processes on this shared machine is not counted. One markdown row.
+ *   usage: kern_bench_ab KIND ROWS COLS N ROUNDS    (KIND: q4p, q4rows, mxv)
+ * Weights stay in cache for small shapes (the kernels' own speed, not DRAM's) unless
+ * KERN_AB_RING_MIB=M is set: then copies of the weights filling >= M MiB are cycled through,
+ * so each call streams its weights from DRAM, as decode does.
+ */
+#include "dtype.h"
+#include "kern.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef void ab_fn(const void *w, const struct kern_act *a, float *y, size_t ldy, size_t r0,
+                   size_t r1);
+ab_fn ab_a_q4p, ab_b_q4p, ab_a_q4rows, ab_b_q4rows, ab_a_mxv, ab_b_mxv;
+
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static uint64_t g_rng = 88172645463325252ull;
+static uint32_t rnd(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 11);
+}
+
+/* Seconds per call, over >= 0.15 s of thread CPU time, cycling through the ncopies weights. */
+static double time_calls(ab_fn *f, const void *const *w, size_t ncopies,
+                         const struct kern_act *a, float *y, size_t rows)
+{
+    double t0 = cpu_now(), t;
+    size_t k = 0;
+    do {
+        f(w[k % ncopies], a, y, rows, 0, rows);
+        k++;
+        t = cpu_now() - t0;
+    } while (t < 0.15);
+    return t / (double)k;
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "kern_bench_ab: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 6) {
+        fprintf(stderr, "usage: kern_bench_ab q4p|q4rows|mxv ROWS COLS N ROUNDS\n");
+        return 2;
+    }
+    const char *kind = argv[1];
+    const size_t rows = strtoul(argv[2], NULL, 10), cols = strtoul(argv[3], NULL, 10),
+                 n = strtoul(argv[4], NULL, 10);
+    const int rounds = atoi(argv[5]);
+    const int mx = strcmp(kind, "mxv") == 0, panels = strcmp(kind, "q4p") == 0;
+    if ((!mx && !panels && strcmp(kind, "q4rows") != 0) || rows == 0 || n == 0 ||
+        cols == 0 || cols % 32 || rounds < 1) {
+        fprintf(stderr, "kern_bench_ab: expected q4p|q4rows|mxv, rows, n, rounds > 0 and "
+                        "cols a multiple of 32\n");
+        return 2;
+    }
+    if (kern_init() != 0 || kern_isa() != KERN_ISA_AVX512) {
+        fprintf(stderr, "kern_bench_ab: needs AVX-512 (VNNI)\n");
+        return 2;
+    }
+    const enum dtype dt = mx ? DT_MXFP4 : DT_Q4_0;
+    /* random blocks: q4_0 an f16 scale in [2^-15, 2^-14), mxfp4 an exponent near 2^-5 */
+    const size_t bb = mx ? 17 : 18, nb = cols / 32, wbytes = rows * nb * bb;
+    uint8_t *w = xmalloc(wbytes);
+    for (size_t i = 0; i < wbytes; i++)
+        w[i] = (uint8_t)rnd();
+    for (size_t b = 0; b < rows * nb; b++) {
+        if (mx) {
+            w[b * bb] = (uint8_t)(120 + rnd() % 8);
+        } else {
+            uint16_t d = (uint16_t)(0x2000 + (rnd() & 0x3ff));
+            memcpy(w + b * bb, &d, 2);
+        }
+    }
+    const char *ring = getenv("KERN_AB_RING_MIB");
+    const size_t kbytes = panels ? kern_panels_bytes(DT_Q4_0, rows, cols) : wbytes;
+    const size_t ncopies = ring ? (strtoul(ring, NULL, 10) << 20) / kbytes + 1 : 1;
+    const void **wk = xmalloc(ncopies * sizeof *wk);
+    for (size_t c = 0; c < ncopies; c++) {
+        void *wc = xmalloc(kbytes);
+        if (panels)
+            kern_panels_pack(DT_Q4_0, w, cols, wc, rows, 0, (rows + 15) / 16);
+        else
+            memcpy(wc, w, wbytes);
+        wk[c] = wc;
+    }
+    float *x = xmalloc(n * cols * sizeof *x), *ya = xmalloc(n * rows * sizeof *ya),
+          *yb = xmalloc(n * rows * sizeof *yb);
+    for (size_t i = 0; i < n * cols; i++)
+        x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+    size_t abytes;
+    if (kern_act_bytes(dt, cols, n, &abytes) != 0) {
+        fprintf(stderr, "kern_bench_ab: activation size overflows\n");
+        return 2;
+    }
+    struct kern_act a;
+    kern_act_init(&a, dt, x, cols, n, xmalloc(abytes + 64));
+    kern_act_prepare(&a, 0, n);
+    ab_fn *fa = mx ? ab_a_mxv : panels ? ab_a_q4p : ab_a_q4rows;
+    ab_fn *fb = mx ? ab_b_mxv : panels ? ab_b_q4p : ab_b_q4rows;
+    fa(wk[0], &a, ya, rows, 0, rows);
+    fb(wk[0], &a, yb, rows, 0, rows);
+    size_t diff = 0;
+    for (size_t i = 0; i < n * rows; i++)
+        diff += memcmp(&ya[i], &yb[i], sizeof ya[i]) != 0;
+    double ta = 1e30, tb = 1e30;
+    for (int r = 0; r < rounds; r++) {
+        double t = time_calls(fa, wk, ncopies, &a, ya, rows);
+        ta = t < ta ? t : ta;
+        t = time_calls(fb, wk, ncopies, &a, yb, rows);
+        tb = t < tb ? t : tb;
+    }
+    const double ops = 2.0 * (double)rows * (double)cols * (double)n;
+    printf("| %s | %zu x %zu | %zu | %.1f | %.1f | %.3f | %zu |\n", kind, rows, cols, n,
+           ops / ta / 1e9, ops / tb / 1e9, ta / tb, diff);
+    return 0;
+}
