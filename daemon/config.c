@@ -974,6 +974,7 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
                  const char *model_dir_override, struct config **out)
 {
     static const char *const keys[] = {
+        "batch_invariant", /* the default of GenerateRequest.batch_invariant */
         "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
         "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
         "supervisor", "lora_weights", "http", "access_log", "log_format", "kv_dtype", NULL};
@@ -1013,6 +1014,10 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         (rc = parse_adapters(&w, root, c)) < 0 || (rc = parse_tenants(&w, root, c)) < 0 ||
         (rc = parse_lora_weights(&w, root, c)) < 0 || (rc = parse_log_format(&w, root, c)) < 0 ||
         (rc = parse_kv_dtype(&w, root, c)) < 0)
+        goto fail;
+    /* "batch_invariant": requests that do not say run batch invariant (docs/CONFIG.md);
+     * the gateway reads it per request, so a reload applies it to the next ones */
+    if ((rc = get_bool(&w, root, "batch_invariant", false, &c->batch_invariant)) < 0)
         goto fail;
 
     if (model_dir_override) {

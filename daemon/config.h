@@ -123,6 +123,8 @@ struct config {
     bool lora_weights_bf16;          /* "lora_weights": "bf16" (workers round adapters to bf16,
                                       * --lora-weights bf16) or "auto" (default) */
     bool hot_replicate;              /* IE_HOT_REPLICATE for workers */
+    bool batch_invariant;            /* "batch_invariant": the default of a Generate's
+                                      * batch_invariant (docs/DAEMON.md "Batch invariance") */
     uint64_t hot_repl_limit_mb;      /* IE_HOT_REPL_LIMIT_MB; 0 = no limit */
 
     struct config_limits limits;
