@@ -206,8 +206,9 @@ enum shm_priority { SHM_PRIO_HIGH = 0, SHM_PRIO_NORMAL = 1, SHM_PRIO_LOW = 2 };
 #define SHM_GEN_FLAGS (0xfu | SHM_GEN_BATCH_INVARIANT) /* every defined flag */
 /* batchinv: batch-invariant products for this request (engine_request.batch_invariant,
  * docs/DAEMON.md "Batch invariance"); decoders refuse unknown bits, so an older worker
- * refuses the record rather than ignore the flag */
-#define SHM_GEN_BATCH_INVARIANT 0x10u
+ * refuses the record rather than ignore the flag. 0x80, not the next free bit 0x10, which
+ * test_shm_msg uses as its unknown bit */
+#define SHM_GEN_BATCH_INVARIANT 0x80u
 
 /* The chat encoding (GENERATE with SHM_GEN_CHAT: the prompt_text section, counted against
  * limits.max_prompt_bytes like a text prompt): 1..SHM_MAX_CHAT_MSGS messages back to back,
