@@ -27,7 +27,7 @@
 #include <string.h>
 
 #define N_REQ 10
-#define MAX_NEW 24
+#define MAX_NEW 16
 #define MAX_PROMPT 120
 
 struct out {
