@@ -12,7 +12,10 @@
  *     flagged alone runs (the caller decides whether the ISA must show a difference: the
  *     f32/bf16 SIMD products round differently at other batch sizes, which is the point).
  *
- * usage: batch_inv MODEL_DIR. Prints one line per check, then "control: D of N rows differ"
+ * With ADAPTER_DIR (a PEFT LoRA adapter), every other request uses it, so the batch mixes
+ * adapted and base rows (the LoRA update's segments then differ between alone and batched).
+ *
+ * usage: batch_inv MODEL_DIR [ADAPTER_DIR]. Prints one line per check, then "control: D of N rows differ"
  * and "N passed, M failed"; exit 0 when every check passed, 77 (skip) when the CPU lacks the
  * ISA CLOCHER_ISA names.
  */
@@ -64,6 +67,7 @@ static void tap(void *ud, uint64_t id, uint32_t n_gen, const float *logits, size
         o->rows[o->n_rows++] = h;
 }
 
+static const char *g_adapter; /* ADAPTER_DIR, or NULL */
 static int32_t g_prompt[N_REQ][MAX_PROMPT];
 /* mixed lengths: a 1-token prompt, short ones, ones longer than the step budget (chunked) */
 static const size_t g_len[N_REQ] = {1, 37, 9, 100, 18, 64, 3, 77, 120, 29};
@@ -90,6 +94,10 @@ static int run(const char *dir, unsigned mask, const struct spec *sp, bool alone
     if (rc)
         return rc;
     engine__set_logits_tap(e, tap, NULL);
+    if (g_adapter && (rc = engine_load_adapter(e, "a", g_adapter))) {
+        engine_destroy(e);
+        return rc;
+    }
     memset(g_outs, 0, sizeof g_outs);
     size_t active = 0;
     for (int pass = 0; pass < 2 && !rc; pass++) {
@@ -101,7 +109,9 @@ static int run(const char *dir, unsigned mask, const struct spec *sp, bool alone
                                        .max_new = MAX_NEW, .temperature = sp[i].temperature,
                                        .top_p = 0.95f, .repeat_penalty = 1, .seed = sp[i].seed,
                                        .user = &out[i], .ignore_eos = true,
-                                       .batch_invariant = sp[i].invariant};
+                                       .batch_invariant = sp[i].invariant,
+                                       .adapter = g_adapter && i % 2 ? "a" : NULL,
+                                       .adapter_scale = 1.0f};
             uint64_t id;
             if ((rc = engine_submit(e, &r, &id)))
                 break;
@@ -157,10 +167,11 @@ static void same(const char *what, int i, const struct out *a, const struct out 
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: batch_inv MODEL_DIR\n");
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: batch_inv MODEL_DIR [ADAPTER_DIR]\n");
         return 2;
     }
+    g_adapter = argc == 3 ? argv[2] : NULL;
     const char *isa = getenv("CLOCHER_ISA");
     for (int i = 0; isa && i < 3; i++)
         if (!strcmp(isa, kern_isa_name((enum kern_isa)i)) &&

@@ -5,7 +5,8 @@ preset in f32, bf16, int8 and int4; gpt-oss-tiny in f32 and bf16 with its MXFP4 
 tests/engine/batch_inv on each at CLOCHER_ISA=ref, avx2 and avx512 (an ISA the CPU lacks is
 reported as skipped). batch_inv checks that 8 greedy requests of mixed lengths give under load
 (mid-run joins, chunked prefill) the ids and logits bits each gives alone, and that a seeded
-sampled request beside 9 others gives its solo tokens.
+sampled request beside 9 others gives its solo tokens. The Llama f32 model runs once more with
+a LoRA adapter on all 7 projections used by every other request (mixed adapted and base rows).
 
 Its control (the same batch without the flag) must differ on the SIMD ISAs for the float
 models (the gemv/gemm orders the mode exists for): that shows the check can fail.
@@ -46,16 +47,21 @@ def main():
         for dt in ("f32",) if SANITIZED else ("f32", "bf16", "int8", "int4"):
             out = os.path.join(tmp, f"demo-{dt}.ie")
             run([CLOCHER, "convert", llama, out, "--dtype", dt])
-            models.append((f"llama {dt}", out, dt in ("f32", "bf16")))
+            models.append((f"llama {dt}", [out], dt in ("f32", "bf16")))
+            if dt == "f32":
+                ad = os.path.join(tmp, "adapter")
+                run([CLOCHER, "synth-adapter", out, ad, "--rank", "8", "--seed", "3",
+                     "--targets", "q,k,v,o,gate,up,down", "--strength", "0.5"])
+                models.append(("llama f32 + LoRA", [out, ad], True))
         oss = os.path.join(tmp, "oss-hf")
         run([CLOCHER, "synth", "--preset", "gpt-oss-tiny", oss, "--vocab", "1024"])
         for dt in ("f32",) if SANITIZED else ("f32", "bf16"):
             out = os.path.join(tmp, f"oss-{dt}.ie")
             run([CLOCHER, "convert", oss, out, "--dtype", dt])
-            models.append((f"gpt-oss-tiny {dt}", out, True))
+            models.append((f"gpt-oss-tiny {dt}", [out], True))
         for isa in ("ref", "avx2", "avx512"):
-            for name, path, float_model in models:
-                r = subprocess.run([DRIVER, path], capture_output=True, text=True,
+            for name, args, float_model in models:
+                r = subprocess.run([DRIVER] + args, capture_output=True, text=True,
                                    env=dict(os.environ, CLOCHER_ISA=isa))
                 if r.returncode == 77:
                     print(f"skip {name} on {isa}: {r.stdout.strip()}")
