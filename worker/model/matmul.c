@@ -110,7 +110,8 @@ struct rows_job {
  * ISA: the float types' gemv and gemm sum in different orders on AVX2 and AVX-512 (the gemm
  * over transposed panels, bf16's on bf16-rounded activations with AVX512-BF16); the AVX-512
  * quantized gemv reproduces its gemm's order (kern.h, kern_variants.h), the AVX2 q8_0/q4_0
- * ones do not (tests/engine/batch_inv, int8 and int4 models); the scalar ISA runs one
+ * ones do not (tests/engine/batch_inv, int8 and int4 models; the other AVX2 types are taken
+ * one token at a time too rather than trusted type by type); the scalar ISA runs one
  * product, kern_matmul_ref, for every n.
  */
 static bool needs_invariant(enum dtype dt)

@@ -89,12 +89,13 @@ struct matmul_ctx {
                          * knob, docs/LORA.md); false: as matmul_group */
     bool invariant;     /* batch-invariant products (docs/DESIGN.md "Batch invariance"): each
                          * token's outputs are the bits it gets as a product of one token, so
-                         * they do not depend on how many tokens share the call. Only the
-                         * f32/f16/bf16 products need it (the quantized kernels already are,
-                         * kern.h); they then run the one-token gemv per token over blocks of
-                         * MATMUL_INV_ROWS rows (the block stays in cache across the tokens),
-                         * slower than the gemm for many tokens. matmul_group_lora ignores it:
-                         * a caller that wants it runs matmul_group, then lora_apply_fused */
+                         * they do not depend on how many tokens share the call. Products
+                         * not invariant on the ISA (f32/f16/bf16 on AVX2 and AVX-512, every
+                         * type on AVX2; the AVX-512 quantized kernels are, kern.h) then run
+                         * the one-token gemv per token over blocks of MATMUL_INV_ROWS rows
+                         * (the block stays in cache across the tokens): slower than the gemm
+                         * for many tokens. matmul_group_lora ignores it: a caller that wants
+                         * it runs matmul_group, then lora_apply_fused */
     /* private: the scratch, 64-byte aligned, grown on demand */
     void *act_;         /* prepared activations of the distinct inputs */
     size_t act_cap_;
