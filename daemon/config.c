@@ -1000,6 +1000,10 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         rc = fail(&w, ERR_FORMAT, "must be a JSON object, got %s", json_type_name(root));
         goto fail;
     }
+    /* "batch_invariant": requests that do not say run batch invariant (docs/DAEMON.md "Configuration");
+     * the gateway reads it per request, so a reload applies it to the next ones */
+    if ((rc = get_bool(&w, root, "batch_invariant", false, &c->batch_invariant)) < 0)
+        goto fail;
     if ((rc = check_keys(&w, root, keys)) < 0 || (rc = parse_listen(&w, root, c)) < 0 ||
         (rc = parse_tls(&w, root, c)) < 0 || (rc = parse_metrics(&w, root, c)) < 0 ||
         (rc = parse_http(&w, root, c)) < 0 ||
@@ -1014,10 +1018,6 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         (rc = parse_adapters(&w, root, c)) < 0 || (rc = parse_tenants(&w, root, c)) < 0 ||
         (rc = parse_lora_weights(&w, root, c)) < 0 || (rc = parse_log_format(&w, root, c)) < 0 ||
         (rc = parse_kv_dtype(&w, root, c)) < 0)
-        goto fail;
-    /* "batch_invariant": requests that do not say run batch invariant (docs/CONFIG.md);
-     * the gateway reads it per request, so a reload applies it to the next ones */
-    if ((rc = get_bool(&w, root, "batch_invariant", false, &c->batch_invariant)) < 0)
         goto fail;
 
     if (model_dir_override) {

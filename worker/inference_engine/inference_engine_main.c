@@ -197,9 +197,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
     enum {
         O_MODEL = 256, O_PROMPT, O_PROMPTS_FILE, O_PROMPT_IDS, O_MAX_NEW, O_CTX, O_THREADS,
         O_GREEDY, O_TEMP, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_REPEAT_WINDOW, O_SEED, O_STOP,
+        O_BATCH_INVARIANT,
         O_ROUNDS, O_WARMUP, O_PRINT_IDS, O_DUMP, O_NO_BOS, O_IGNORE_EOS, O_QUIET,
         O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE, O_LORA_WEIGHTS, O_VERSION, O_KV_DTYPE,
-        O_BATCH_INVARIANT,
     };
     static const struct option lopts[] = {
         {"model-dir", required_argument, NULL, O_MODEL},
@@ -224,13 +224,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"dump-logits", required_argument, NULL, O_DUMP},
         {"no-bos", no_argument, NULL, O_NO_BOS},
         {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
+        {"batch-invariant", no_argument, NULL, O_BATCH_INVARIANT},
         {"quiet", no_argument, NULL, O_QUIET},
         {"concurrency", required_argument, NULL, O_CONCURRENCY},
         {"adapter", required_argument, NULL, O_ADAPTER},
         {"adapter-scale", required_argument, NULL, O_ADAPTER_SCALE},
         {"lora-weights", required_argument, NULL, O_LORA_WEIGHTS},
         {"kv-dtype", required_argument, NULL, O_KV_DTYPE},
-        {"batch-invariant", no_argument, NULL, O_BATCH_INVARIANT},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
