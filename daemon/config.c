@@ -1077,6 +1077,7 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
                  const char *model_dir_override, struct config **out)
 {
     static const char *const keys[] = {
+        "batch_invariant", /* the default of GenerateRequest.batch_invariant */
         "listen", "tls", "metrics", "model_dir", "worker_binary", "workers", "threads_per_worker",
         "kv_budget_mb", "limits", "drain_timeout_s", "tenants", "adapters", "hot_replication",
         "supervisor", "lora_weights", "http", "access_log", "log_format", "kv_dtype",
@@ -1103,6 +1104,10 @@ int config_parse(const char *label, const char *base_dir, const char *json, size
         rc = fail(&w, ERR_FORMAT, "must be a JSON object, got %s", json_type_name(root));
         goto fail;
     }
+    /* "batch_invariant": requests that do not say run batch invariant (docs/DAEMON.md "Configuration");
+     * the gateway reads it per request, so a reload applies it to the next ones */
+    if ((rc = get_bool(&w, root, "batch_invariant", false, &c->batch_invariant)) < 0)
+        goto fail;
     if ((rc = check_keys(&w, root, keys)) < 0 || (rc = parse_listen(&w, root, c)) < 0 ||
         (rc = parse_tls(&w, root, c)) < 0 || (rc = parse_metrics(&w, root, c)) < 0 ||
         (rc = parse_http(&w, root, c)) < 0 ||

@@ -134,6 +134,8 @@ struct config {
     bool lora_weights_int8;          /* "lora_weights": "int8" (8-bit adapter weights,
                                       * --lora-weights int8; docs/LORA.md) */
     bool hot_replicate;              /* IE_HOT_REPLICATE for workers */
+    bool batch_invariant;            /* "batch_invariant": the default of a Generate's
+                                      * batch_invariant (docs/DAEMON.md "Batch invariance") */
     uint64_t hot_repl_limit_mb;      /* IE_HOT_REPL_LIMIT_MB; 0 = no limit */
 
     /* ---- a Hugging Face folder or a GGUF as model_dir: the conversion cache ("convert";

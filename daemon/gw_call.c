@@ -1017,8 +1017,9 @@ static int check_tools(const char *json, char *why, size_t cap)
  * the messages are checked and encoded here (shm_abi.h's chat encoding, bounded by
  * limits.max_prompt_bytes like a text prompt) into *chat (malloc'd: free it after the submit).
  * The worker renders them with its model's template. */
-static int req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_ctx *ctx,
-                        struct shm_msg_generate *out, char **chat, char *why, size_t cap)
+static int req_generate_input(const Clocher__V1__GenerateRequest *r,
+                              const struct gw_req_ctx *ctx, struct shm_msg_generate *out,
+                              char **chat, char *why, size_t cap)
 {
     *chat = NULL;
     if (r->input_case != CLOCHER__V1__GENERATE_REQUEST__INPUT_CHAT)
@@ -1101,6 +1102,17 @@ static int req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_r
                       ? SHM_GEN_EFFORT_HIGH
                       : 0);
     return 0;
+}
+
+/* req_generate_input, then batch_invariant (the request's, else the daemon's key) as the
+ * record's flag (docs/DAEMON.md "Batch invariance") */
+static int req_generate(const Clocher__V1__GenerateRequest *r, const struct gw_req_ctx *ctx,
+                        struct shm_msg_generate *out, char **chat, char *why, size_t cap)
+{
+    int st = req_generate_input(r, ctx, out, chat, why, cap);
+    if (!st && (r->has_batch_invariant ? r->batch_invariant : ctx->cfg->batch_invariant))
+        out->flags |= SHM_GEN_BATCH_INVARIANT;
+    return st;
 }
 
 /* A call of one worker request (m) to whichever worker is least loaded. */

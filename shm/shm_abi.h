@@ -203,7 +203,12 @@ enum shm_priority { SHM_PRIO_HIGH = 0, SHM_PRIO_NORMAL = 1, SHM_PRIO_LOW = 2 };
 #define SHM_GEN_CHAT 0x2u           /* prompt_text is a chat encoding (below), not text */
 #define SHM_GEN_EFFORT_LOW 0x4u     /* chat: reasoning effort low (neither bit: medium) */
 #define SHM_GEN_EFFORT_HIGH 0x8u    /* chat: reasoning effort high (not with _LOW) */
-#define SHM_GEN_FLAGS 0xfu          /* every defined flag */
+#define SHM_GEN_FLAGS (0xfu | SHM_GEN_BATCH_INVARIANT) /* every defined flag */
+/* batchinv: batch-invariant products for this request (engine_request.batch_invariant,
+ * docs/DAEMON.md "Batch invariance"); decoders refuse unknown bits, so an older worker
+ * refuses the record rather than ignore the flag. 0x80, not the next free bit 0x10, which
+ * test_shm_msg uses as its unknown bit */
+#define SHM_GEN_BATCH_INVARIANT 0x80u
 
 /* ---- chat tools (ABI 3): the chat encoding and the TOKEN call header ---- */
 /* The chat encoding (GENERATE with SHM_GEN_CHAT: the prompt_text section, counted against

@@ -62,6 +62,8 @@
 /* The chat metadata conversion writes beside the IEBIN (docs/CHAT.md). */
 #ifndef CHAT_META_FILE /* the same name in worker/process/chat.h and client/offline/chat_meta.h */
 #define CHAT_META_FILE "chat.ie.json"
+/* The prefix-key namespace of batch-invariant requests (engine_request.batch_invariant) */
+#define INV_KEY UINT64_C(0x62617463682d696e)
 #endif
 
 struct collect; /* engine_generate's capture */
@@ -690,6 +692,10 @@ int engine_submit(struct engine *e, const struct engine_request *req, uint64_t *
         float s = req->adapter_scale;
         r->adapter_key = fnv1a(r->ad->digest, &s, sizeof s) | 1; /* never 0 (the base) */
     }
+    /* KV rows a batch-invariant request writes are the bits it would compute alone; rows of
+     * other requests may not be, so the two kinds never share prefixes */
+    if (req->batch_invariant)
+        r->adapter_key ^= INV_KEY;
     if (req->n_stop) {
         if ((rc = sampler_stop_init(&r->stop, req->stop, req->n_stop)))
             goto fail;
@@ -1064,6 +1070,7 @@ static size_t fill_batch(struct engine *e, size_t n_seq)
         b->logits = r->n_done + b->n == r->n_tok;
         b->ad = r->ad;
         b->scale = r->r.adapter_scale;
+        b->invariant = r->r.batch_invariant;
         memcpy(e->btok + n_tok, r->tokens + r->n_done, b->n * sizeof *e->btok);
         n_tok += b->n;
     }

@@ -80,6 +80,11 @@ struct engine_request {
     bool logprobs;              /* each TOKEN event carries its log-probability ... */
     uint32_t top_logprobs;      /* ... and this many alternatives' (sampler_logprobs: capped
                                  * at SAMPLER_MAX_TOP_LOGPROBS) */
+    bool batch_invariant;       /* the same tokens for the same seed whatever else shares the
+                                 * steps: every step it is in runs batch-invariant products
+                                 * (slower for every sequence of the step), and its prompt
+                                 * reuses only prefixes computed that way (docs/DESIGN.md
+                                 * "Batch invariance") */
 };
 
 enum engine_event_kind { ENGINE_EV_TOKEN = 1, ENGINE_EV_FINISH, ENGINE_EV_ERROR };

@@ -23,6 +23,11 @@
  * base-only step runs the group as a plain matmul_group unless CLOCHER_FWD_ONE_JOB=1 (a
  * measurement knob, docs/LORA.md).
  *
+ * Batch invariance (engine_request.batch_invariant, docs/DESIGN.md "Batch invariance"): a
+ * step with an invariant sequence runs every product of the step invariant (matmul_ctx.
+ * invariant) and its LoRA update as separate jobs; everything else here is per token or per
+ * (sequence, query row) already, so a token's bits do not depend on the batch around it.
+ *
  * NOTES: runs on the engine's owner thread; matmul rows, LoRA rank/output rows and
  * (sequence, KV head) attention tasks are sharded over the pool. Every buffer is allocated
  * once in engine__fwd_create; a run allocates only when the LoRA plan or the products'
@@ -151,6 +156,16 @@ void engine__fwd_destroy(struct engine__fwd *f)
 static void project(struct engine__fwd *f, uint32_t layer, const struct matmul_prod *g, size_t k)
 {
     CHECK(k <= LORA_GROUP_MAX);
+    if (f->mm.invariant) { /* the fused job's base tiles are not batch invariant */
+        matmul_group(&f->mm, g, k);
+        if (f->plan.n_segs) {
+            struct lora_proj pr[LORA_GROUP_MAX];
+            for (size_t i = 0; i < k; i++)
+                pr[i] = (struct lora_proj){g[i].t, g[i].x, g[i].y, g[i].ldy};
+            lora_apply_fused(&f->plan, f->pool, layer, pr, k, f->lora_tmp);
+        }
+        return;
+    }
     /* -ENOMEM: it ran as separate jobs instead, with the same numbers (logged) */
     (void)matmul_group_lora(&f->mm, g, k, &f->plan, layer, f->lora_tmp);
 }
@@ -234,6 +249,11 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
     int rc = build_lora_plan(f, seqs, n_seqs, n_tok);
     if (rc)
         return rc;
+    /* one batch-invariant sequence makes the whole step's products invariant: its rows share
+     * every matmul with the others' (the simplest contract; the others only run slower) */
+    f->mm.invariant = false;
+    for (size_t i = 0; i < n_seqs; i++)
+        f->mm.invariant |= seqs[i].invariant;
 
     /* embedding and each token's RoPE angles at its own position */
     for (size_t i = 0; i < n_seqs; i++)

@@ -86,6 +86,7 @@ struct opts {
     enum dtype kv_dtype;      /* --kv-dtype (engine path; DT_F32 = 0 by default) */
     bool kv_dtype_set;
     const char *pin;          /* --pin: none, compact (default) or scatter */
+    bool batch_invariant;     /* --batch-invariant (engine path) */
 };
 
 static void usage(FILE *f)
@@ -154,6 +155,9 @@ static void usage(FILE *f)
 "                         default auto: as the file stores them)\n"
 "  --kv-dtype T           the engine's KV cache: f32 (default), f16, bf16, int8 or fp8\n"
 "                         (8-bit: Hadamard-rotated rows, docs/KV.md; implies\n"
+"                         --concurrency 1 unless given)\n"
+"  --batch-invariant      every request batch invariant: the same tokens alone or under\n"
+"                         any load, slower (docs/DESIGN.md \"Batch invariance\"; implies\n"
 "                         --concurrency 1 unless given)\n"
 "  -h, --help             this help\n"
 "      --version          the version\n"
@@ -238,6 +242,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     enum {
         O_MODEL = 256, O_PROMPT, O_PROMPTS_FILE, O_PROMPT_IDS, O_MAX_NEW, O_CTX, O_THREADS,
         O_GREEDY, O_TEMP, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_REPEAT_WINDOW, O_SEED, O_STOP,
+        O_BATCH_INVARIANT,
         O_ROUNDS, O_WARMUP, O_PRINT_IDS, O_DUMP, O_NO_BOS, O_IGNORE_EOS, O_QUIET,
         O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE, O_LORA_WEIGHTS, O_VERSION, O_KV_DTYPE,
         O_NO_CONVERT, O_CACHE_DIR, O_CONVERT_DTYPE, O_CONVERT_PROGRAM,
@@ -266,6 +271,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"dump-logits", required_argument, NULL, O_DUMP},
         {"no-bos", no_argument, NULL, O_NO_BOS},
         {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
+        {"batch-invariant", no_argument, NULL, O_BATCH_INVARIANT},
         {"quiet", no_argument, NULL, O_QUIET},
         {"concurrency", required_argument, NULL, O_CONCURRENCY},
         {"adapter", required_argument, NULL, O_ADAPTER},
@@ -393,6 +399,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case O_DUMP: o->dump_logits = optarg; break;
         case O_NO_BOS: o->no_bos = true; break;
         case O_IGNORE_EOS: o->ignore_eos = true; break;
+        case O_BATCH_INVARIANT: o->batch_invariant = true; break;
         case O_QUIET: o->quiet = true; break;
         case O_CONCURRENCY:
             if (!parse_u32("--concurrency", optarg, 1, 4096, &o->concurrency))
@@ -426,6 +433,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
         return EXIT_USAGE;
     }
     if ((o->adapter || o->kv_dtype_set) && !o->concurrency)
+        o->concurrency = 1;
+    if (o->batch_invariant && !o->concurrency) /* the engine's mode: the reference has no batch */
         o->concurrency = 1;
     if (o->concurrency && o->dump_logits) {
         LOG_ERR("--dump-logits works on the reference path only: not with --concurrency or "
@@ -976,6 +985,7 @@ static int run_concurrent(const struct opts *o, const struct prompts *ps, double
                 .stop = stops, .n_stop = o->n_stops, .adapter = aname,
                 .adapter_scale = o->adapter_scale, .priority = ENGINE_PRIO_NORMAL,
                 .user = &reqs[i], .ignore_eos = o->ignore_eos,
+                .batch_invariant = o->batch_invariant,
             };
             uint64_t id;
             if ((rc = engine_submit(e, &r, &id))) {

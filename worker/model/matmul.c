@@ -100,9 +100,71 @@ void matmul__acts_init(struct matmul__acts *A, const struct matmul_prod *g, void
 struct rows_job {
     const struct matmul_prod *g;
     size_t k;
+    bool invariant;                /* matmul_ctx.invariant */
     const size_t *off;             /* [k] first row of each product on the line */
     const struct matmul__acts *A;  /* prepared inputs, or NULL: each shard prepares its own */
 };
+
+/*
+ * Whether a weight type's products may give a token other bits at another n on the kernels'
+ * ISA: the float types' gemv and gemm sum in different orders on AVX2 and AVX-512 (the gemm
+ * over transposed panels, bf16's on bf16-rounded activations with AVX512-BF16); the AVX-512
+ * quantized gemv reproduces its gemm's order (kern.h, kern_variants.h), the AVX2 q8_0/q4_0
+ * ones do not (tests/engine/batch_inv, int8 and int4 models; the other AVX2 types are taken
+ * one token at a time too rather than trusted type by type); the scalar ISA runs one
+ * product, kern_matmul_ref, for every n.
+ */
+static bool needs_invariant(enum dtype dt)
+{
+    switch (kern_isa()) {
+    case KERN_ISA_REF:
+        return false;
+    case KERN_ISA_AVX2:
+        return true;
+    default:
+        return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16;
+    }
+}
+
+/*
+ * Rows [r0, r1) of p, batch invariant: every token through the one-token product (the gemv,
+ * one row at a time), blocks of MATMUL_INV_ROWS rows outermost so that a block read from
+ * memory for the first token is in cache for the others. a: p's prepared input (kern.h gives
+ * each array's per-token stride), or NULL. Panels are not read: the types that have them are
+ * invariant where their panel GEMM exists (AVX-512), and elsewhere it runs on their rows.
+ */
+static void rows_invariant(const struct matmul_prod *p, const struct kern_act *a, size_t r0,
+                           size_t r1)
+{
+    const struct matmul_mat *w = p->w;
+    for (size_t rb = r0; rb < r1; rb += MATMUL_INV_ROWS) {
+        size_t re = r1 - rb < MATMUL_INV_ROWS ? r1 : rb + MATMUL_INV_ROWS;
+        for (size_t t = 0; t < p->n; t++) {
+            float *y = p->y + t * p->ldy;
+            if (!a) {
+                kern_matmul(w->dtype, w->data, w->cols, p->x + t * w->cols, 1, y, p->ldy, rb,
+                            re);
+                continue;
+            }
+            /* token t's slice of every array, at the strides kern.h gives them */
+            struct kern_act one = *a;
+            one.n = 1;
+            one.x = a->x + t * a->cols;
+            if (a->xf)
+                one.xf = a->xf + t * a->ld;
+            if (a->xb)
+                one.xb = a->xb + t * a->ld;
+            if (a->q) {
+                one.q = a->q + t * a->ld;
+                one.d = a->d + t * (a->cp / 32);
+                one.ns32 = a->ns32 + t * (a->cp / 32);
+                one.ns4 = a->ns4 + t * (a->cp / 4);
+                one.d4 = a->d4 + t * (a->cp / 4);
+            }
+            kern_matmul_act(w->data, &one, y, p->ldy, rb, re);
+        }
+    }
+}
 
 static void rows_shard(void *arg, size_t b, size_t e, int thread)
 {
@@ -112,8 +174,13 @@ static void rows_shard(void *arg, size_t b, size_t e, int thread)
         const struct matmul_prod *p = &j->g[i];
         size_t o = j->off[i], end = o + (p->n ? p->w->rows : 0);
         size_t lo = b > o ? b : o, hi = e < end ? e : end;
-        if (lo < hi)
-            matmul__rows(p, j->A ? &j->A->a[j->A->of[i]] : NULL, lo - o, hi - o);
+        if (lo >= hi)
+            continue;
+        const struct kern_act *a = j->A ? &j->A->a[j->A->of[i]] : NULL;
+        if (j->invariant && p->n > 1 && needs_invariant(p->w->dtype))
+            rows_invariant(p, a, lo - o, hi - o);
+        else
+            matmul__rows(p, a, lo - o, hi - o);
     }
 }
 
@@ -160,7 +227,7 @@ static void prepare(struct matmul_ctx *c, const struct matmul__acts *A)
 static void run(struct matmul_ctx *c, const struct matmul_prod *g, size_t k, const size_t *off,
                 size_t r0, size_t r1)
 {
-    struct rows_job j = {g, k, off, NULL};
+    struct rows_job j = {g, k, c->invariant, off, NULL};
     if (!c->pool) { /* the kernels prepare their input themselves: one call per product */
         rows_shard(&j, r0, r1, 0);
         return;

@@ -35,7 +35,9 @@
  *
  * Numbers: every output row is computed by one kernel call on whole 16-row panels, so the
  * results do not depend on the pool's size nor on how products are grouped (tests/pool,
- * tests/lora test_matmul_fused).
+ * tests/lora test_matmul_fused). They may depend on the number of tokens n (a gemv below a
+ * type's crossover, a gemm above, summing in other orders) unless c->invariant is set or the
+ * weight type's kernels are batch invariant (the quantized ones: kern.h).
  *
  * NOTES: a struct matmul_ctx belongs to one thread, the one dispatching on its pool (pool.h:
  * one dispatching thread per pool); its scratch (prepared activations, the fused job's task
@@ -85,6 +87,15 @@ struct matmul_ctx {
     bool base_one_job;  /* matmul_group_lora runs a group of a plan without adapters as its
                          * fused job too (CLOCHER_FWD_ONE_JOB=1 in the engine: a measurement
                          * knob, docs/LORA.md); false: as matmul_group */
+    bool invariant;     /* batch-invariant products (docs/DESIGN.md "Batch invariance"): each
+                         * token's outputs are the bits it gets as a product of one token, so
+                         * they do not depend on how many tokens share the call. Products
+                         * not invariant on the ISA (f32/f16/bf16 on AVX2 and AVX-512, every
+                         * type on AVX2; the AVX-512 quantized kernels are, kern.h) then run
+                         * the one-token gemv per token over blocks of MATMUL_INV_ROWS rows
+                         * (the block stays in cache across the tokens): slower than the gemm
+                         * for many tokens. matmul_group_lora ignores it: a caller that wants
+                         * it runs matmul_group, then lora_apply_fused */
     /* private: the scratch, 64-byte aligned, grown on demand */
     void *act_;         /* prepared activations of the distinct inputs */
     size_t act_cap_;
@@ -112,6 +123,10 @@ static inline void matmul_one(struct matmul_ctx *c, const struct matmul_mat *w, 
 {
     matmul_rows(c, w, x, n, y, ldy, 0, w->rows);
 }
+
+/* Rows per block of the batch-invariant products: 16 rows of 2048 f32 columns are 128 KiB
+ * (L2), the x split of the bf16 gemv is repeated once per block and token. */
+#define MATMUL_INV_ROWS 16
 
 #define MATMUL_GROUP_MAX 64 /* a MoE layer's gate and up products of 32 experts */
 

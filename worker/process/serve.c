@@ -537,6 +537,7 @@ static void submit_generate(struct serve *s, const struct shm_msg_generate *g,
         .user = (void *)(uintptr_t)g->request_id,
         .logprobs = g->logprobs,
         .top_logprobs = g->top_logprobs,
+        .batch_invariant = (g->flags & SHM_GEN_BATCH_INVARIANT) != 0,
     };
     /* in the table before the submit: the engine may emit events from inside it */
     uint64_t now = mono_ns();

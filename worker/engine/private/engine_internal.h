@@ -34,6 +34,8 @@ struct engine__bseq {
     bool logits;         /* wants the logits of its last token */
     const struct lora_adapter *ad; /* NULL = base model */
     float scale;         /* request scale of ad */
+    bool invariant;      /* batch invariant (engine_request.batch_invariant): the whole
+                          * step's products run invariant */
 };
 
 struct engine__fwd;
