@@ -140,6 +140,8 @@ static uint64_t hash_bytes(const char *p, size_t n)
     return hash_final(hash_more(HASH_INIT, p, n));
 }
 
+uint64_t tok__hash_bytes(const char *p, size_t n) { return hash_bytes(p, n); }
+
 static uint64_t hash_u64(uint64_t x)
 {
     x ^= x >> 33;
