@@ -217,12 +217,19 @@ static int64_t trie_child(const struct tok__trie *tr, uint32_t node, unsigned ch
     }
 }
 
-/* Builds the trie of the tokens of one type (none: an empty trie, n_nodes == 0). */
-static int trie_build(struct tok *t, struct tok__trie *tr, uint8_t type)
+/* Whether token k belongs in a trie of tokens of `type` whose RAW flag is `raw` (-1: any). */
+static bool trie_takes(const struct tok__token *k, uint8_t type, int raw)
+{
+    return k->type == type && (raw < 0 || !!(k->added & TOK_ADDED_RAW) == raw);
+}
+
+/* Builds the trie of the tokens of one type, all (raw < 0) or those whose RAW flag is raw
+ * (none: an empty trie, n_nodes == 0). */
+static int trie_build(struct tok *t, struct tok__trie *tr, uint8_t type, int raw)
 {
     uint64_t total = 0;
     for (uint32_t i = 0; i < t->n; i++)
-        if (t->tokens[i].type == type)
+        if (trie_takes(&t->tokens[i], type, raw))
             total += t->tokens[i].str_len;
     if (total == 0)
         return 0;
@@ -237,7 +244,7 @@ static int trie_build(struct tok *t, struct tok__trie *tr, uint8_t type)
     tr->node_id[0] = -1;
     for (uint32_t i = 0; i < t->n; i++) {
         const struct tok__token *k = &t->tokens[i];
-        if (k->type != type)
+        if (!trie_takes(k, type, raw))
             continue;
         uint32_t node = 0;
         for (uint32_t j = 0; j < k->str_len; j++) {
@@ -338,6 +345,9 @@ void tok_free(struct tok *t)
     free(t->user.keys);
     free(t->user.child);
     free(t->user.node_id);
+    free(t->user_raw.keys);
+    free(t->user_raw.child);
+    free(t->user_raw.node_id);
     free(t->special.keys);
     free(t->special.child);
     free(t->special.node_id);
@@ -598,7 +608,9 @@ int tok__build(const struct tok__spec *s, struct tok **out)
         struct tok__token *k = &t->tokens[i];
         k->type = s->type[i];
         k->added = s->added && (k->type == TOK_USER_DEFINED || k->type == TOK_CONTROL)
-                       ? s->added[i] & (TOK_ADDED_LSTRIP | TOK_ADDED_RSTRIP | TOK_ADDED_SINGLE_WORD)
+                       ? s->added[i] & (TOK_ADDED_LSTRIP | TOK_ADDED_RSTRIP |
+                                        TOK_ADDED_SINGLE_WORD |
+                                        (k->type == TOK_USER_DEFINED ? TOK_ADDED_RAW : 0))
                        : 0;
         k->score = s->kind == TOK_SPM ? s->score[i] : 0.0f;
         k->str_off = str_off;
@@ -692,8 +704,11 @@ int tok__build(const struct tok__spec *s, struct tok **out)
         if ((rc = tok__norm_parse(what, s->normalizer, &t->norm)) != 0)
             goto fail;
     }
-    if ((rc = trie_build(t, &t->user, TOK_USER_DEFINED)) != 0 ||
-        (rc = trie_build(t, &t->special, TOK_CONTROL)) != 0) {
+    /* normalized: false matters only where a normalizer runs (byte-level BPE) */
+    bool split_raw = t->norm != NULL;
+    if ((rc = trie_build(t, &t->user, TOK_USER_DEFINED, split_raw ? 0 : -1)) != 0 ||
+        (split_raw && (rc = trie_build(t, &t->user_raw, TOK_USER_DEFINED, 1)) != 0) ||
+        (rc = trie_build(t, &t->special, TOK_CONTROL, -1)) != 0) {
         LOG_ERR("%s: out of memory", what);
         goto fail;
     }
@@ -824,15 +839,14 @@ static bool single_word_ok(const char *text, size_t len, size_t start, size_t en
     return end == len || !word_char(tok__utf8_decode(p + end, tok__utf8_len(p + end, len - end)));
 }
 
-int tok__cut_added(const struct tok *t, bool special, const char *text, size_t len,
+int tok__cut_added(const struct tok *t, const struct tok__trie *tr, const char *text, size_t len,
                    tok__piece_fn seg_fn, void *arg, struct tok__ids *out)
 {
     size_t seg = 0;
     int rc = 0;
     for (size_t i = 0; i < len && rc == 0;) {
         size_t mlen = 0;
-        int32_t id = special ? tok__match_special(t, text + i, len - i, &mlen)
-                             : tok__match_user(t, text + i, len - i, &mlen);
+        int32_t id = trie_match(tr, text + i, len - i, &mlen);
         uint8_t f = id >= 0 ? t->tokens[id].added : 0;
         if (id >= 0 && (f & TOK_ADDED_SINGLE_WORD) && !single_word_ok(text, len, i, i + mlen))
             id = -1;
@@ -859,7 +873,25 @@ struct text_sink {
     struct tok__ids *out;
 };
 
-/* Text without control tokens through the vocabulary's normalizer and encoder. */
+/* Text without added tokens matched raw through the normalizer and the BPE encoder. */
+static int encode_normalized(void *arg, const char *text, size_t len)
+{
+    const struct text_sink *k = arg;
+    const struct tok *t = k->t;
+    if (len == 0)
+        return 0;
+    char *norm;
+    size_t norm_len;
+    int rc = tok__norm_apply(t->norm, text, len, &norm, &norm_len);
+    if (rc == 0)
+        rc = norm_len ? tok__bpe_encode(t, norm, norm_len, k->out) : 0;
+    free(norm);
+    return rc;
+}
+
+/* Text without control tokens through the vocabulary's normalizer and encoder; user-defined
+ * tokens marked normalized: false are cut out first, on the text as written (Hugging Face's
+ * AddedVocabulary does so, then normalizes what is between them). */
 static int encode_text(void *arg, const char *text, size_t len)
 {
     const struct text_sink *k = arg;
@@ -870,13 +902,9 @@ static int encode_text(void *arg, const char *text, size_t len)
         return tok__spm_encode(t, text, len, k->out);
     if (!t->norm)
         return tok__bpe_encode(t, text, len, k->out);
-    char *norm;
-    size_t norm_len;
-    int rc = tok__norm_apply(t->norm, text, len, &norm, &norm_len);
-    if (rc == 0)
-        rc = norm_len ? tok__bpe_encode(t, norm, norm_len, k->out) : 0;
-    free(norm);
-    return rc;
+    if (t->user_raw.n_nodes > 0)
+        return tok__cut_added(t, &t->user_raw, text, len, encode_normalized, arg, k->out);
+    return encode_normalized(arg, text, len);
 }
 
 int tok_encode_ex(const struct tok *t, const char *text, size_t len, unsigned flags,
@@ -903,7 +931,7 @@ int tok_encode_ex(const struct tok *t, const char *text, size_t len, unsigned fl
         /* control tokens spelled in the text are cut out first, longest match, on the text
          * as written (Hugging Face does not normalize them) */
         if ((flags & TOK_ENC_SPECIAL) && t->special.n_nodes > 0)
-            rc = tok__cut_added(t, true, text, len, encode_text, &k, &a);
+            rc = tok__cut_added(t, &t->special, text, len, encode_text, &k, &a);
         else
             rc = encode_text(&k, text, len);
     }

@@ -578,13 +578,16 @@ int tok__load_hf_json(const struct tok__jdoc *doc, const char *what, struct tok 
         const char *c = json_string_value(content);
         size_t clen = json_string_length(content);
         id = (uint32_t)json_integer_value(json_object_get(a, "id"));
-        bool special, fl[3];
+        bool special, fl[3], normalized;
         static const char *const flag_names[3] = {"lstrip", "rstrip", "single_word"};
         if ((rc = opt_bool(what, a, "special", false, &special)) != 0)
             goto out;
         for (int f = 0; f < 3; f++)
             if ((rc = opt_bool(what, a, flag_names[f], false, &fl[f])) != 0)
                 goto out;
+        /* Hugging Face's AddedToken: normalized defaults to !special */
+        if ((rc = opt_bool(what, a, "normalized", !special, &normalized)) != 0)
+            goto out;
         if (kind == TOK_SPM && !special && (fl[0] || fl[1] || fl[2])) {
             LOG_ERR("%s: added_tokens[%zu] '%.64s': lstrip/rstrip/single_word are not supported "
                     "on a SentencePiece BPE's user-defined tokens", what, i, c);
@@ -592,7 +595,8 @@ int tok__load_hf_json(const struct tok__jdoc *doc, const char *what, struct tok 
             goto out;
         }
         s.added[id] = (uint8_t)((fl[0] ? TOK_ADDED_LSTRIP : 0) | (fl[1] ? TOK_ADDED_RSTRIP : 0) |
-                                (fl[2] ? TOK_ADDED_SINGLE_WORD : 0));
+                                (fl[2] ? TOK_ADDED_SINGLE_WORD : 0) |
+                                (kind == TOK_BPE && !special && !normalized ? TOK_ADDED_RAW : 0));
         if (s.piece[id] && (s.piece_len[id] != clen || memcmp(s.piece[id], c, clen) != 0 ||
                             s.type[id] != TOK_NORMAL)) {
             LOG_ERR("%s: added_tokens[%zu] '%.64s' has id %u, already token '%.64s'", what, i, c,

@@ -133,13 +133,15 @@ static int read_pre(const char *what, const json_t *root, struct tok__spec *s)
 }
 
 /* The keys of the added-token flags: each an optional array of the ids that have it. */
-static const char *const added_keys[] = {"lstrip", "rstrip", "single_word"};
-static const uint8_t added_bits[] = {TOK_ADDED_LSTRIP, TOK_ADDED_RSTRIP, TOK_ADDED_SINGLE_WORD};
+static const char *const added_keys[] = {"lstrip", "rstrip", "single_word", "unnormalized"};
+static const uint8_t added_bits[] = {TOK_ADDED_LSTRIP, TOK_ADDED_RSTRIP, TOK_ADDED_SINGLE_WORD,
+                                     TOK_ADDED_RAW};
+#define N_ADDED_KEYS (sizeof added_keys / sizeof added_keys[0])
 
 static int read_added_flags(const char *what, const json_t *root, size_t n, uint8_t **out)
 {
     *out = NULL;
-    for (int f = 0; f < 3; f++) {
+    for (size_t f = 0; f < N_ADDED_KEYS; f++) {
         const json_t *list = json_object_get(root, added_keys[f]);
         if (!list)
             continue;
@@ -410,7 +412,7 @@ int tok_save_json(const struct tok *t, char **json, size_t *len)
         if (t->norm)
             put(root, "normalizer", json_deep_copy(tok__norm_json(t->norm)), &ok);
     }
-    for (int f = 0; f < 3 && ok; f++) { /* written only when some token has the flag */
+    for (size_t f = 0; f < N_ADDED_KEYS && ok; f++) { /* written only when some token has the flag */
         json_t *ids = NULL;
         for (uint32_t i = 0; i < t->n && ok; i++)
             if (t->tokens[i].added & added_bits[f])

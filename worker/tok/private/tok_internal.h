@@ -53,8 +53,15 @@ struct tok__pre_rx; /* compiled steps (tok_pre.c) */
 
 /* How an added token (tokenizer.json added_tokens) matches in text, as Hugging Face's
  * AddedToken: lstrip/rstrip take the white space before/after it into the match (it
- * disappears), single_word matches only between non-word characters. */
-enum tok_added_flag { TOK_ADDED_LSTRIP = 1, TOK_ADDED_RSTRIP = 2, TOK_ADDED_SINGLE_WORD = 4 };
+ * disappears), single_word matches only between non-word characters; a user-defined token
+ * marked normalized: false (RAW) is matched in the text as written, before a byte-level BPE's
+ * normalizer runs, the others in the normalized text. */
+enum tok_added_flag {
+    TOK_ADDED_LSTRIP = 1,
+    TOK_ADDED_RSTRIP = 2,
+    TOK_ADDED_SINGLE_WORD = 4,
+    TOK_ADDED_RAW = 8
+};
 
 struct tok__token {
     uint32_t str_off;  /* vocabulary string in tok.strs, NUL-terminated */
@@ -117,7 +124,9 @@ struct tok {
 
     struct tok__norm *norm;    /* byte-level BPE: the normalizer applied before splitting */
 
-    struct tok__trie user;     /* user-defined tokens, when any */
+    struct tok__trie user;     /* user-defined tokens matched in normalized text, when any */
+    struct tok__trie user_raw; /* user-defined tokens matched before the normalizer (RAW; only
+                                  when there is a normalizer, else all are in user) */
     struct tok__trie special;  /* control tokens, matched in text only when asked */
 };
 
@@ -294,11 +303,11 @@ size_t tok__trailing_space(const char *p, size_t n);
 size_t tok__leading_space(const char *p, size_t n);
 
 struct tok__ids;
-/* Cuts the added tokens (control ones when special, else user-defined ones) out of valid
+/* Cuts the added tokens of trie tr (t->special, t->user or t->user_raw) out of valid
  * UTF-8 text, longest match first, honouring their lstrip/rstrip/single_word: seg_fn gets
  * the text between them (possibly empty), each token's id is pushed to out. 0, -ENOMEM or
  * seg_fn's code. */
-int tok__cut_added(const struct tok *t, bool special, const char *text, size_t len,
+int tok__cut_added(const struct tok *t, const struct tok__trie *tr, const char *text, size_t len,
                    tok__piece_fn seg_fn, void *arg, struct tok__ids *out);
 
 /* ---- tiktoken rank files (tok_tiktoken.c) ---- */
