@@ -308,10 +308,10 @@ int tok__spec_init(struct tok__spec *s, const char *what, enum tok_kind kind, ui
     s->n = n;
     s->bos = s->eos = s->unk = -1;
     size_t m = n ? n : 1;
-    s->piece = calloc(m, sizeof *s->piece);
-    s->piece_len = calloc(m, sizeof *s->piece_len);
-    s->score = calloc(m, sizeof *s->score);
-    s->type = calloc(m, sizeof *s->type);
+    s->piece = tok__big_alloc(m * sizeof *s->piece);
+    s->piece_len = tok__big_alloc(m * sizeof *s->piece_len);
+    s->score = tok__big_alloc(m * sizeof *s->score);
+    s->type = tok__big_alloc(m * sizeof *s->type);
     if (!s->piece || !s->piece_len || !s->score || !s->type) {
         tok__spec_fini(s);
         LOG_ERR("%s: out of memory for %u tokens", what, n);
@@ -322,10 +322,10 @@ int tok__spec_init(struct tok__spec *s, const char *what, enum tok_kind kind, ui
 
 void tok__spec_fini(struct tok__spec *s)
 {
-    free(s->piece);
-    free(s->piece_len);
-    free(s->score);
-    free(s->type);
+    tok__big_free(s->piece);
+    tok__big_free(s->piece_len);
+    tok__big_free(s->score);
+    tok__big_free(s->type);
     s->piece = NULL;
     s->piece_len = NULL;
     s->score = NULL;
@@ -336,12 +336,12 @@ void tok_free(struct tok *t)
 {
     if (!t)
         return;
-    free(t->tokens);
-    free(t->strs);
-    free(t->text);
-    free(t->piece_slots);
-    free(t->merges);
-    free(t->merge_slots);
+    tok__big_free(t->tokens);
+    tok__big_free(t->strs);
+    tok__big_free(t->text);
+    tok__big_free(t->piece_slots);
+    tok__big_free(t->merges);
+    tok__big_free(t->merge_slots);
     free(t->user.keys);
     free(t->user.child);
     free(t->user.node_id);
@@ -458,9 +458,9 @@ static int build_merges(const struct tok__spec *s, struct tok *t)
 {
     char q1[64], q2[64];
     uint32_t n = s->n_merges;
-    t->merges = malloc((n ? n : 1) * sizeof *t->merges);
+    t->merges = tok__big_alloc((n ? n : 1) * sizeof *t->merges);
     uint64_t cap = table_capacity(n);
-    t->merge_slots = calloc(cap, sizeof *t->merge_slots);
+    t->merge_slots = tok__big_alloc(cap * sizeof *t->merge_slots);
     if (!t->merges || !t->merge_slots) {
         LOG_ERR("%s: out of memory for %u merges", s->what, n);
         return -ENOMEM;
@@ -592,10 +592,10 @@ int tok__build(const struct tok__spec *s, struct tok **out)
     for (int b = 0; b < 256; b++)
         t->byte_id[b] = t->byte_char_id[b] = -1;
     uint64_t cap = table_capacity(s->n);
-    t->tokens = calloc(s->n, sizeof *t->tokens);
-    t->strs = malloc(str_total);
-    t->text = malloc(str_total + 5ull * s->n);
-    t->piece_slots = calloc(cap, sizeof *t->piece_slots);
+    t->tokens = tok__big_alloc(s->n * sizeof *t->tokens);
+    t->strs = tok__big_alloc(str_total);
+    t->text = tok__big_alloc(str_total + 5ull * s->n);
+    t->piece_slots = tok__big_alloc(cap * sizeof *t->piece_slots);
     if (!t->tokens || !t->strs || !t->text || !t->piece_slots) {
         LOG_ERR("%s: out of memory for %u tokens", what, s->n);
         rc = -ENOMEM;

@@ -663,8 +663,8 @@ int tok__load_hf_json(const struct tok__jdoc *doc, const char *what, struct tok 
         s.normalizer = json_is_null(norm) ? NULL : norm; /* detect_kind: an object */
         s.ignore_merges = ignore_merges;
         s.n_merges = (uint32_t)nm;
-        s.merge_str = malloc((nm ? 2 * nm : 1) * sizeof *s.merge_str);
-        s.merge_str_len = malloc((nm ? 2 * nm : 1) * sizeof *s.merge_str_len);
+        s.merge_str = tok__big_alloc((nm ? 2 * nm : 1) * sizeof *s.merge_str);
+        s.merge_str_len = tok__big_alloc((nm ? 2 * nm : 1) * sizeof *s.merge_str_len);
         if (!s.merge_str || !s.merge_str_len) {
             LOG_ERR("%s: out of memory for %zu merges", what, nm);
             rc = -ENOMEM;
@@ -689,8 +689,8 @@ int tok__load_hf_json(const struct tok__jdoc *doc, const char *what, struct tok 
 out:
     free(vmap.slot);
     free(s.added);
-    free((void *)s.merge_str);
-    free(s.merge_str_len);
+    tok__big_free((void *)s.merge_str);
+    tok__big_free(s.merge_str_len);
     tok__spec_fini(&s);
     return rc;
 }

@@ -69,7 +69,7 @@ static uint64_t arena_put(struct tok__jdoc *d, const unsigned char *s, size_t le
         size_t cap = d->arena_cap ? d->arena_cap : 1 << 16;
         while (cap < d->arena_len + len + 1)
             cap *= 2;
-        char *p = realloc(d->arena, cap);
+        char *p = tok__big_realloc(d->arena, d->arena_len, cap);
         if (!p)
             return UINT64_MAX;
         d->arena = p;
@@ -104,7 +104,7 @@ static int bulk_value(struct scan *sc, const struct tok__jval *v)
     if (level == 0) {
         if (b->n == sc->cap) {
             size_t cap = sc->cap ? 2 * sc->cap : 1024;
-            struct tok__jelem *e = realloc(b->e, cap * sizeof *e);
+            struct tok__jelem *e = tok__big_realloc(b->e, sc->cap * sizeof *e, cap * sizeof *e);
             if (!e)
                 return stop(sc, -ENOMEM, "out of memory");
             b->e = e;
@@ -339,9 +339,9 @@ static const yajl_callbacks callbacks = {
 void tok__jdoc_free(struct tok__jdoc *d)
 {
     json_decref(d->root);
-    free(d->arena);
+    tok__big_free(d->arena);
     for (int b = 0; b < TOK_JB_COUNT; b++)
-        free(d->bulk[b].e);
+        tok__big_free(d->bulk[b].e);
     memset(d, 0, sizeof *d);
 }
 
@@ -371,6 +371,14 @@ int tok__json_scan(const char *buf, size_t len, const char *what, struct tok__jd
         return -ENOMEM;
     }
     sc->doc = doc;
+    /* every string's bytes and NUL fit in the input (its quotes are two bytes): one block */
+    if (!(doc->arena = tok__big_alloc(len + 1))) {
+        yajl_free(h);
+        free(sc);
+        LOG_ERR("%s: out of memory", what);
+        return -ENOMEM;
+    }
+    doc->arena_cap = len + 1;
     yajl_status st = yajl_parse(h, (const unsigned char *)buf, len);
     bool at_end = false;
     if (st == yajl_status_ok) {

@@ -187,6 +187,11 @@ int tok__type_from_name(const char *name); /* 0 when unknown */
 /* Parses "<0xNN>" (two upper-case hex digits, as SentencePiece writes them); the byte or -1. */
 int tok__parse_byte_piece(const char *p, size_t len);
 
+/* ---- large arrays of the load path (tok_mem.c): zeroed, on transparent huge pages ---- */
+void *tok__big_alloc(size_t n);                          /* NULL when out of memory */
+void *tok__big_realloc(void *p, size_t old_n, size_t n); /* NULL (p kept) when out of memory */
+void tok__big_free(void *p);
+
 /* ---- the JSON reader of tokenizer.json / tokenizer.ie.json (tok_jscan.c, yajl) ---- */
 #define TOK_JSON_MAX_DEPTH 512
 enum tok__jtype { TOK_JT_NULL, TOK_JT_BOOL, TOK_JT_INT, TOK_JT_REAL, TOK_JT_STRING,
