@@ -153,7 +153,7 @@ def run(clocher, ie, tmp):
              f"the Q4_K_M rule, tensor by tensor: {counts}", f"wrong: {wrong[:4]}")
 
     # quantized from the same (bf16) weights as the safetensors: decoded values close to them
-    # (q4_K: within a sixteenth of the row's range; q6_K: a sixtieth), the q/k rows permuted
+    # (q4_K: within a tenth of the tensor's range; q6_K: a sixtieth)
     st = p("hf/model.safetensors")
     for gname, hfname, perm in (("blk.0.attn_v.weight", "model.layers.0.self_attn.v_proj.weight", 0),
                                 ("blk.1.attn_v.weight", "model.layers.1.self_attn.v_proj.weight", 0),
