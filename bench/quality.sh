@@ -16,8 +16,11 @@
 # 256: TinyLlama only.
 # Row selection: S260_DTYPES, S260_REF_DTYPES, TINY_DTYPES (space-separated lists; empty: none;
 # DTYPE+search converts with --rounding search; DTYPE@E gives the token embedding and the
-# classifier dtype E (--embd-dtype E), e.g. int8@f16).
-# Usage: bash bench/quality.sh   (BUILD_DIR, CLOCHER_MODELS, CLOCHER_FIXTURES, THREADS)
+# classifier dtype E (--embd-dtype E), e.g. int8@f16; q4_k_m is llama.cpp's Q4_K_M mix as a
+# quant manifest: q4_k, q6_k for output and for attn_v/ffn_down of the layers llama.cpp's
+# use_more_bits picks — the same rule and quantizer as `clocher synth --ftype q4_k_m`).
+# Usage: bash bench/quality.sh   (BUILD_DIR, CLOCHER_MODELS, CLOCHER_FIXTURES, THREADS;
+# SKIP_BUILD=1 uses BUILD_DIR as it is)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build/release}
@@ -25,17 +28,34 @@ models=${CLOCHER_MODELS:-models}
 fixtures=${CLOCHER_FIXTURES:-../shared/fixtures}
 threads=${THREADS:-$(nproc)}
 tiny_positions=${TINY_POSITIONS:-4096}
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j"$(nproc)" --target clocher inference-engine >/dev/null
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$build" -j"$(nproc)" --target clocher inference-engine >/dev/null
+fi
 clocher=$build/client/clocher ie=$build/worker/inference-engine
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$models"
 
+# q4km_manifest SRC FILE: llama.cpp's Q4_K_M rule (llama-quant.cpp, LLAMA_FTYPE_MOSTLY_Q4_K_M)
+# for SRC's layer count as a quant manifest
+q4km_manifest() {
+  /usr/bin/python3 - "$1/config.json" "$2" <<'PY'
+import json, sys
+n = json.load(open(sys.argv[1]))["num_hidden_layers"]
+more = [i for i in range(n) if i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2]
+rules = [{"pattern": "^output$", "dtype": "q6_k"},
+         {"pattern": "^blk\\.(%s)\\.(attn_v|ffn_down)$" % "|".join(map(str, more)), "dtype": "q6_k"},
+         {"pattern": ".", "dtype": "q4_k"}]
+json.dump({"version": 1, "rules": rules}, open(sys.argv[2], "w"))
+PY
+}
+
 row() { # NAME SRC DTYPE[@EMBD][+search] IDS [ISA]: ISA=ref keeps activations f32 (weight-only error)
   local dt=${3%+search} rounding=nearest embd=()
   [ "$dt" = "$3" ] || rounding=search # DTYPE+search: convert --rounding search
   if [ "${dt#*@}" != "$dt" ]; then embd=(--embd-dtype "${dt#*@}"); dt=${dt%@*}; fi
+  if [ "$dt" = q4_k_m ]; then q4km_manifest "$2" "$tmp/q4km.json"; embd=(--quant-manifest "$tmp/q4km.json"); dt=q4_k; fi
   env ${5:+CLOCHER_ISA=$5} "$clocher" convert "$2" "$tmp/q" --dtype "$dt" "${embd[@]}" --rounding "$rounding" \
     --calib-ids "$4" --calib-threads "$threads" \
     --calib-report "$tmp/rep.json" 2>/dev/null

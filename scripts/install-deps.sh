@@ -8,6 +8,7 @@ pkgs=(
   libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler-grpc
   libuv1-dev libnuma-dev libzstd-dev libjansson-dev libcmocka-dev libsystemd-dev
   libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev curl
+  libyajl-dev
   python3-jinja2 python3-yaml nginx-light prometheus
   openssl python3 python3-grpcio python3-grpc-tools python3-numpy python3-pytest python3-prometheus-client
   systemd

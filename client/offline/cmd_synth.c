@@ -1,5 +1,5 @@
 /* cmd_synth.c — `clocher synth --preset NAME OUT_DIR [--seed N] [--dtype D] [--layers N] [--gguf F]
- * [--tokenizer F] [--vocab N]`. */
+ * [--ftype q4_k_m] [--tokenizer F] [--vocab N]`. */
 #include "cmds.h"
 #include "synth.h"
 
@@ -13,7 +13,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: clocher synth --preset PRESET OUT_DIR\n"
                "                     [--seed N] [--dtype f32|f16|bf16] [--layers N] [--gguf FILE]\n"
-               "                     [--tokenizer FILE] [--vocab N]\n\n"
+               "                     [--ftype q4_k_m] [--tokenizer FILE] [--vocab N]\n\n"
                "Presets: demo, tinyllama-1.1b, llama3-tiny, qwen2-tiny, mistral-tiny, gpt-oss-tiny,\n"
                "gpt-oss-20b.\n\n"
                "Writes a deterministic RANDOM-weight model in Hugging Face form. Its output is not\n"
@@ -23,7 +23,10 @@ static void usage(FILE *f)
                "gpt-oss presets: the release's layout (config.json, sharded safetensors with\n"
                "model.safetensors.index.json, MXFP4 experts), the vocabulary from --tokenizer\n"
                "(copied beside the weights) or --vocab (gpt-oss-tiny needs one). --gguf also\n"
-               "writes the same weights as a GGUF file (llama.cpp's layout). Same seed, same bytes.\n");
+               "writes the same weights as a GGUF file (llama.cpp's layout); with --ftype q4_k_m its\n"
+               "matrices are quantized in llama.cpp's Q4_K_M mix (q4_K; q6_K for output.weight and\n"
+               "for attn_v/ffn_down of the layers llama.cpp's use_more_bits picks; f32 norms)\n"
+               "(Llama presets). Same seed, same bytes.\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -65,6 +68,12 @@ int cmd_synth(int argc, char **argv)
                 fprintf(stderr, "clocher synth: --dtype %s: expected f32, f16 or bf16\n", argv[i]);
                 return CMD_EXIT_USAGE;
             }
+        } else if (!strcmp(a, "--ftype") && i + 1 < argc) {
+            if (strcmp(argv[++i], "q4_k_m") != 0) {
+                fprintf(stderr, "clocher synth: --ftype %s: expected q4_k_m\n", argv[i]);
+                return CMD_EXIT_USAGE;
+            }
+            o.gguf_q4_k_m = 1;
         } else if (!strcmp(a, "--gguf") && i + 1 < argc) {
             o.gguf = argv[++i];
         } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {

@@ -15,6 +15,8 @@
 #include "err.h"
 #include "gguf.h"
 #include "half.h"
+#include "kern.h"
+#include "quant.h"
 #include "log.h"
 #include "model.h"
 #include "path.h"
@@ -458,6 +460,46 @@ static int write_safetensors(const char *dir, const struct stensor *t, size_t nt
     return safetensors_writer_finish(w);
 }
 
+/* llama.cpp's use_more_bits (llama-quant.cpp): the layers of a Q4_K_M mix whose attn_v and
+ * ffn_down get q6_K — the first and last eighth, and every third one between. */
+static bool use_more_bits(uint32_t i, uint32_t n)
+{
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+/*
+ * The GGUF type of tensor t: the float type gt, or under Q4_K_M llama.cpp's choice for
+ * LLAMA_FTYPE_MOSTLY_Q4_K_M (llama_tensor_get_type): 1-D tensors f32; output.weight q6_K;
+ * attn_v.weight and ffn_down.weight q6_K on the layers use_more_bits picks (llama.cpp counts
+ * attn_v over the attention layers, which are all the layers here); every other matrix
+ * (token_embd included) q4_K. A matrix whose rows are not a multiple of 256 stays in gt
+ * (llama.cpp would fall back to q5_0 / q8_0, which this writer does not produce).
+ */
+static uint32_t gguf_type_of(const struct stensor *t, const struct iebin_hparams *hp,
+                             uint32_t gt, bool q4km)
+{
+    if (t->gguf_f32 || (q4km && t->is_vec))
+        return GGUF_GGML_F32;
+    if (!q4km || t->cols % 256 != 0)
+        return gt;
+    uint32_t l;
+    bool more = sscanf(t->gg, "blk.%u.", &l) == 1 && use_more_bits(l, hp->n_layers) &&
+                (strstr(t->gg, ".attn_v.weight") || strstr(t->gg, ".ffn_down.weight"));
+    return more || strcmp(t->gg, "output.weight") == 0 ? GGUF_GGML_Q6_K : GGUF_GGML_Q4_K;
+}
+
+/* Bytes of tensor t stored as GGUF type gtype (es: bytes of the float type). */
+static uint64_t gguf_bytes(const struct stensor *t, uint32_t gtype, size_t es)
+{
+    uint64_t n = t->rows * t->cols;
+    switch (gtype) {
+    case GGUF_GGML_F32: return n * 4;
+    case GGUF_GGML_Q4_K: return n / 256 * sizeof(struct quant_q4_k);
+    case GGUF_GGML_Q6_K: return n / 256 * sizeof(struct quant_q6_k);
+    default: return n * es;
+    }
+}
+
 /* "<arch>.<key>" for the GGUF keys below. */
 static const char *gkey(char *buf, size_t cap, const char *arch, const char *key)
 {
@@ -472,7 +514,7 @@ static const char *gkey(char *buf, size_t cap, const char *arch, const char *key
  * tensor rope_freqs.weight.
  */
 static int write_gguf(const char *path, const struct iebin_hparams *hp, const struct stensor *t,
-                      size_t nt, uint64_t seed, enum dtype dt, const struct vocab *v)
+                      size_t nt, uint64_t seed, enum dtype dt, const struct vocab *v, bool q4km)
 {
     const char *a = hp->attn_qkv_bias ? "qwen2" : "llama";
     char k[10][64];
@@ -510,19 +552,25 @@ static int write_gguf(const char *path, const struct iebin_hparams *hp, const st
         (rc = gguf_writer_kv_i32_arr(w, "tokenizer.ggml.token_type", types, v->n)) ||
         (rc = gguf_writer_kv_u32(w, "tokenizer.ggml.bos_token_id", 1)) ||
         (rc = gguf_writer_kv_u32(w, "tokenizer.ggml.eos_token_id", 2)) ||
-        (rc = gguf_writer_kv_u32(w, "tokenizer.ggml.unknown_token_id", 0)))
+        (rc = gguf_writer_kv_u32(w, "tokenizer.ggml.unknown_token_id", 0)) ||
+        (q4km && (rc = gguf_writer_kv_u32(w, "general.file_type", 15)))) /* MOSTLY_Q4_K_M */
         goto fail;
     for (size_t i = 0; i < nt && rc == 0; i++) {
         uint64_t ne[2] = {t[i].cols, t[i].rows};
-        rc = gguf_writer_add_tensor(w, t[i].gg, t[i].gguf_f32 ? GGUF_GGML_F32 : gt, ne,
-                                    t[i].is_vec ? 1 : 2, NULL,
-                                    t[i].rows * t[i].cols * (t[i].gguf_f32 ? 4 : es));
+        uint32_t ty = gguf_type_of(&t[i], hp, gt, q4km);
+        rc = gguf_writer_add_tensor(w, t[i].gg, ty, ne, t[i].is_vec ? 1 : 2, NULL,
+                                    gguf_bytes(&t[i], ty, es));
     }
     if (rc || (rc = gguf_writer_stream_begin(w)))
         goto fail;
-    uint8_t *buf = NULL;
+    uint8_t *buf = NULL, *row = NULL;
+    float *x = NULL;
     for (size_t i = 0; i < nt && rc == 0; i++) {
-        uint64_t n = t[i].rows * t[i].cols, rb = t[i].cols * es;
+        uint64_t n = t[i].rows * t[i].cols;
+        uint32_t ty = gguf_type_of(&t[i], hp, gt, q4km);
+        size_t ts = ty == gt ? es : 4; /* bytes per value written, float types */
+        uint64_t rb = ty == GGUF_GGML_Q4_K || ty == GGUF_GGML_Q6_K ? gguf_bytes(&t[i], ty, es) / t[i].rows
+                                                               : t[i].cols * ts;
         uint8_t *nb = realloc(buf, n * es);
         if (!nb) {
             rc = -ENOMEM;
@@ -534,15 +582,40 @@ static int write_gguf(const char *path, const struct iebin_hparams *hp, const st
             continue;
         }
         gen_values(seed, (uint32_t)i, t[i].is_norm, t[i].std, dt, buf, n);
-        if (!t[i].perm_heads) {
-            rc = gguf_writer_stream_write(w, buf, n * es);
-            continue;
+        const uint8_t *src = buf; /* rows of the values to write, rb bytes each */
+        if (ty != gt) { /* f32 or a k-quant: the same values (dt-rounded) as f32 first */
+            float *nx = realloc(x, n * sizeof *x);
+            uint8_t *nr = realloc(row, rb);
+            if (!nx || !nr) {
+                x = nx ? nx : x;
+                row = nr ? nr : row;
+                rc = -ENOMEM;
+                break;
+            }
+            x = nx;
+            row = nr;
+            for (uint64_t j = 0; j < n; j++)
+                x[j] = dt == DT_F32   ? ((const float *)buf)[j]
+                       : dt == DT_F16 ? half_f16_to_f32(((const uint16_t *)buf)[j])
+                                      : half_bf16_to_f32(((const uint16_t *)buf)[j]);
+            src = (const uint8_t *)x;
         }
-        /* llama.cpp's HF->GGUF permutation: interleaved row h*hd + 2i + s holds HF row
+        /* llama.cpp's HF->GGUF permutation of q/k: interleaved row h*hd + 2i + s holds HF row
          * h*hd + s*hd/2 + i (HF stores q/k rows in rotate-half order) */
-        for (uint64_t r = 0; r < t[i].rows && rc == 0; r++)
-            rc = gguf_writer_stream_write(w, buf + iebin_rope_hf_row(r, hp->head_dim) * rb, rb);
+        for (uint64_t r = 0; r < t[i].rows && rc == 0; r++) {
+            uint64_t sr = t[i].perm_heads ? iebin_rope_hf_row(r, hp->head_dim) : r;
+            if (ty == GGUF_GGML_Q4_K || ty == GGUF_GGML_Q6_K) {
+                rc = kern_quantize_row_kq(ty == GGUF_GGML_Q4_K ? DT_Q4_K : DT_Q6_K,
+                                          x + sr * t[i].cols, row, t[i].cols);
+                if (rc == 0)
+                    rc = gguf_writer_stream_write(w, row, rb);
+            } else {
+                rc = gguf_writer_stream_write(w, src + sr * rb, rb);
+            }
+        }
     }
+    free(x);
+    free(row);
     free(buf);
     if (rc)
         goto fail;
@@ -570,11 +643,19 @@ int synth_model(const char *out_dir, const struct synth_opts *o)
     if (o->layers)
         hp.n_layers = o->layers;
     if (hp.n_experts) {
+        if (o->gguf_q4_k_m) {
+            LOG_ERR("synth: --ftype q4_k_m is for the Llama presets, not %s", o->preset);
+            return ERR_USAGE;
+        }
         synth_gpt_oss_layers(&hp);
         return synth_gpt_oss(out_dir, o, &hp, dt);
     }
     if (o->tokenizer) {
         LOG_ERR("synth: --tokenizer is for the gpt-oss presets");
+        return ERR_USAGE;
+    }
+    if (o->gguf_q4_k_m && !o->gguf) {
+        LOG_ERR("synth: --ftype q4_k_m is the type of the --gguf file: give --gguf FILE");
         return ERR_USAGE;
     }
     if (o->vocab) /* e.g. Llama 3's 128256 (the synthesized vocabulary grows to it) */
@@ -605,7 +686,7 @@ int synth_model(const char *out_dir, const struct synth_opts *o)
     /* config.json last: a directory without it is not a model */
     snprintf(path, sizeof path, "%s/tokenizer.model", out_dir);
     if ((rc = write_spm_model(path, &v)) || (rc = write_safetensors(out_dir, t, nt, o->seed, dt)) ||
-        (o->gguf && (rc = write_gguf(o->gguf, &hp, t, nt, o->seed, dt, &v))) ||
+        (o->gguf && (rc = write_gguf(o->gguf, &hp, t, nt, o->seed, dt, &v, o->gguf_q4_k_m))) ||
         (rc = write_config(out_dir, &hp, fam, dt)))
         goto out;
 out:

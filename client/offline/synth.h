@@ -26,6 +26,8 @@ struct synth_opts {
     enum dtype dtype;    /* f32, f16 or bf16; preset default otherwise */
     uint32_t layers;     /* 0 = the preset's */
     const char *gguf;    /* also write this GGUF file; NULL = no */
+    int gguf_q4_k_m;     /* Llama presets: the GGUF's matrices in llama.cpp's Q4_K_M mix (q4_K,
+                          * q6_K for output and some attn_v / ffn_down), not the float dtype */
     /* gpt-oss presets: a tokenizer file (tokenizer.json, *.tiktoken: anything tok_load
      * reads) copied beside the weights, and/or the vocabulary size (0: the tokenizer's, or
      * the preset's: 201088 for gpt-oss-20b; gpt-oss-tiny needs one of the two). Llama

@@ -557,6 +557,117 @@ static json_t *ie_doc(const char *kind)
     return d;
 }
 
+/* The JSON reader itself (tok_jscan.c, yajl): malformed documents, and the large containers
+ * it captures flat (model.vocab, model.merges; tokens, types, scores, merges) holding the
+ * wrong things, each refused naming what and where. */
+static void bad_json_scan(void **state)
+{
+    (void)state;
+    expect_fail_str("{}  x", "hf-json", ERR_FORMAT, "invalid JSON at line 1", NULL);
+    expect_fail_str("{\n\"a\": 1,\n}", "hf-json", ERR_FORMAT, "invalid JSON at line 3", NULL);
+    expect_fail_str("{/* c */}", "hf-json", ERR_FORMAT, "invalid JSON", NULL);
+    expect_fail_str("{\"a\": \"\xC3\x28\"}", "hf-json", ERR_FORMAT, "invalid JSON", "UTF8");
+    expect_fail_str("{\"a\": 99999999999999999999}", "hf-json", ERR_FORMAT, "invalid JSON",
+                    "overflow");
+    expect_fail_str("{\"a\": 1e999}", "hf-json", ERR_FORMAT, "invalid JSON", "overflow");
+    expect_fail_str("", "hf-json", ERR_FORMAT, "invalid JSON", NULL);
+    expect_fail_str("\"x\"", "hf-json", ERR_FORMAT, "not a JSON object", NULL);
+    expect_fail_str("7", "ie-json", ERR_FORMAT, "not a JSON object", NULL);
+    expect_fail_str("{\"a\": \"x\\u0000y\"}", "hf-json", ERR_FORMAT, "\\u0000 (NUL)", NULL);
+    expect_fail_str("{\"x\\u0000\": 1}", "hf-json", ERR_FORMAT, "key contains \\u0000", NULL);
+    expect_fail_str("{\"model\": {\"vocab\": {\"a\\u0000\": 1}}}", "hf-json", ERR_FORMAT,
+                    "key contains \\u0000", NULL);
+    expect_fail_str("{\"model\": {\"merges\": [\"a\\u0000 b\"]}}", "hf-json", ERR_FORMAT,
+                    "\\u0000 (NUL)", NULL);
+    expect_fail_str("{\"model\": {\"vocab\": {}, \"vocab\": {}}}", "hf-json", ERR_FORMAT,
+                    "duplicate key", NULL);
+    expect_fail_str("{\"tokens\": 1, \"tokens\": []}", "ie-json", ERR_FORMAT, "duplicate key",
+                    NULL);
+    expect_fail_str("{\"model\": {\"type\": \"BPE\", \"type\": \"BPE\"}}", "hf-json", ERR_FORMAT,
+                    "duplicate key 'type'", NULL);
+    /* nesting: 600 arrays deep, inside and outside a captured container */
+    char deep[1400];
+    int o = snprintf(deep, sizeof deep, "{\"a\": ");
+    for (int i = 0; i < 600; i++)
+        deep[o++] = '[';
+    for (int i = 0; i < 600; i++)
+        deep[o++] = ']';
+    snprintf(deep + o, sizeof deep - (size_t)o, "}");
+    expect_fail_str(deep, "hf-json", ERR_RANGE, "nesting deeper than 512", NULL);
+    memcpy(deep, "{\"tokens\":", 10);
+    expect_fail_str(deep, "ie-json", ERR_RANGE, "nesting deeper than 512", NULL);
+
+    /* the captured containers holding the wrong things */
+    json_t *d = hf_bpe_doc();
+    set_bytelevel(d);
+    json_object_set_new(json_object_get(d, "model"), "vocab", json_integer(5));
+    expect_fail_json(d, "hf-json", ERR_FORMAT, "model.vocab is an integer, not an object", NULL);
+    d = hf_bpe_doc();
+    set_bytelevel(d);
+    json_object_del(json_object_get(d, "model"), "merges");
+    expect_fail_json(d, "hf-json", ERR_FORMAT, "model.merges is missing, not an array", NULL);
+    d = hf_bpe_doc();
+    set_bytelevel(d);
+    json_object_set_new(json_object_get(d, "model"), "merges", json_string("a b"));
+    expect_fail_json(d, "hf-json", ERR_FORMAT, "model.merges is a string, not an array", NULL);
+    d = hf_bpe_doc();
+    set_bytelevel(d);
+    json_object_set_new(json_object_get(d, "model"), "merges", json_pack("[[s[s]]]", "a", "b"));
+    expect_fail_json(d, "hf-json", ERR_FORMAT, "model.merges[0] is an array, not", NULL);
+    d = hf_bpe_doc();
+    set_bytelevel(d);
+    json_object_set_new(json_object_get(d, "model"), "merges", json_pack("[[sss]]", "a", "b",
+                                                                         "c"));
+    expect_fail_json(d, "hf-json", ERR_FORMAT, "model.merges[0] is an array, not", NULL);
+    d = hf_bpe_doc();
+    set_bytelevel(d);
+    json_object_set_new(json_object_get(d, "model"), "merges", json_pack("[{si}]", "a", 1));
+    expect_fail_json(d, "hf-json", ERR_FORMAT, "model.merges[0] is an object, not", NULL);
+    d = hf_bpe_doc();
+    set_bytelevel(d);
+    json_object_set_new(json_object_get(json_object_get(d, "model"), "vocab"), "a",
+                        json_pack("[i]", 3));
+    expect_fail_json(d, "hf-json", ERR_FORMAT, "model.vocab token 'a' has an id that is an array",
+                     NULL);
+    /* escapes in captured strings decode like any other: every non-ASCII byte escaped */
+    d = hf_bpe_doc();
+    set_bytelevel(d);
+    char *plain = json_dumps(d, JSON_COMPACT);
+    char *esc = json_dumps(d, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(d);
+    assert_true(strcmp(plain, esc) != 0);
+    struct tok *a = expect_ok(plain, strlen(plain), "hf-json");
+    struct tok *b = expect_ok(esc, strlen(esc), "hf-json");
+    int32_t *ia, *ib;
+    size_t na, nb;
+    assert_int_equal(tok_encode(a, " a\xC3\xA9", 4, false, &ia, &na), 0);
+    assert_int_equal(tok_encode(b, " a\xC3\xA9", 4, false, &ib, &nb), 0);
+    assert_int_equal(na, 3); /* " a" merged, then é's two bytes */
+    assert_int_equal(nb, na);
+    assert_memory_equal(ia, ib, na * sizeof *ia);
+    free(ia);
+    free(ib);
+    tok_free(a);
+    tok_free(b);
+    free(plain);
+    free(esc);
+
+    d = ie_doc("bpe");
+    json_object_del(d, "scores");
+    json_object_set_new(d, "pre_tokenizer", json_string("gpt2"));
+    json_object_set_new(d, "merges", json_pack("[[i[i]]]", 1, 2));
+    expect_fail_json(d, "ie-json", ERR_FORMAT, "merges[0] is an array, not a pair", NULL);
+    d = ie_doc("spm");
+    json_object_set_new(d, "tokens", json_string("a"));
+    expect_fail_json(d, "ie-json", ERR_FORMAT, "tokens is a string, not an array", NULL);
+    d = ie_doc("spm");
+    json_object_set_new(d, "scores", json_pack("[fbf]", 0.0, 1, -1.0));
+    expect_fail_json(d, "ie-json", ERR_FORMAT, "scores[1] is a boolean, not a number", NULL);
+    d = ie_doc("spm");
+    json_object_set_new(d, "types", json_pack("[s{}s]", "unknown", "normal"));
+    expect_fail_json(d, "ie-json", ERR_FORMAT, "types[1] is an object, not one of", NULL);
+}
+
 static void bad_ie_json(void **state)
 {
     (void)state;
@@ -899,6 +1010,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bad_spm_model), cmocka_unit_test(bad_llama2c_bin),
         cmocka_unit_test(bad_hf_json),   cmocka_unit_test(bad_ie_json),
+        cmocka_unit_test(bad_json_scan),
         cmocka_unit_test(bad_gguf),      cmocka_unit_test(bad_paths),
         cmocka_unit_test(bad_text_and_ids), cmocka_unit_test(bad_tiktoken),
     };

@@ -161,6 +161,76 @@ static void added_tokens_and_normalizer(void **state)
     tok_free(t);
 }
 
+/* A user-defined token marked normalized: false (tokenizer.ie.json "unnormalized") is
+ * matched in the text as written, the text between such tokens normalized piece by piece, as
+ * Hugging Face's AddedVocabulary does; one left normalized is matched in the normalized text. */
+static void unnormalized_added(void **state)
+{
+    (void)state;
+    static const char *const replace_o =
+        "{\"type\": \"Replace\", \"pattern\": {\"String\": \"o\"}, \"content\": \"0\"}";
+    json_error_t e;
+    /* normalized (the default): "<tool>" is gone once o became 0 */
+    struct tok *t = with_norm(replace_o);
+    expect_text(t, 0, "go<tool>", "g0<t00l>");
+    tok_free(t);
+    t = load(bpe_doc(json_pack("{s[i]so}", "unnormalized", 256, "normalizer",
+                               json_loads(replace_o, 0, &e))), "ie-json");
+    expect_text(t, 0, "go<tool>o", "g0<tool>0");
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(tok_encode(t, "o<tool>", 7, false, &ids, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[1], 256);
+    free(ids);
+    tok_free(t);
+    /* Prepend applies to each piece between raw tokens, not once before the whole text */
+    static const char *const prepend = "{\"type\": \"Prepend\", \"prepend\": \"_\"}";
+    t = with_norm(prepend);
+    expect_text(t, 0, "a<tool>b", "_a<tool>b");
+    tok_free(t);
+    t = load(bpe_doc(json_pack("{s[i]so}", "unnormalized", 256, "normalizer",
+                               json_loads(prepend, 0, &e))), "ie-json");
+    expect_text(t, 0, "a<tool>b", "_a<tool>_b");
+    expect_text(t, 0, "<tool>", "<tool>");
+    /* it survives tokenizer.ie.json */
+    char *js;
+    size_t len;
+    assert_int_equal(tok_save_json(t, &js, &len), 0);
+    assert_non_null(strstr(js, "\"unnormalized\":[256]"));
+    struct tok *t2 = NULL;
+    assert_int_equal(tok_load_mem(js, len, "ie-json", &t2), 0);
+    expect_text(t2, 0, "a<tool>b", "_a<tool>_b");
+    free(js);
+    tok_free(t2);
+    tok_free(t);
+    /* from tokenizer.json: normalized false (a user token), Lowercase */
+    json_t *vocab = json_object();
+    for (int b = 0; b < 256; b++) {
+        char c[5] = {0};
+        tok__utf8_encode(tok__byte_to_cp((uint8_t)b), c);
+        json_object_set_new(vocab, c, json_integer(b));
+    }
+    json_t *hf = json_loads(
+        "{\"model\": {\"type\": \"BPE\", \"merges\": []},"
+        " \"added_tokens\": [{\"id\": 256, \"content\": \"<TOOL>\", \"special\": false,"
+        " \"normalized\": false}, {\"id\": 257, \"content\": \"<NORM>\", \"special\": false}],"
+        " \"normalizer\": {\"type\": \"Lowercase\"},"
+        " \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}",
+        0, &e);
+    if (!hf)
+        fail_msg("bad test JSON: %s", e.text);
+    json_object_set_new(json_object_get(hf, "model"), "vocab", vocab);
+    t = load(hf, "hf-json");
+    /* <TOOL> is found as written; <NORM> (normalized) is lowercased before matching: text */
+    expect_text(t, 0, "A<TOOL>B<NORM>", "a<TOOL>b<norm>");
+    assert_int_equal(tok_encode(t, "<TOOL><tool>", 12, false, &ids, &n), 0);
+    assert_int_equal(n, 1 + 6);
+    assert_int_equal(ids[0], 256);
+    free(ids);
+    tok_free(t);
+}
+
 static void added_flags(void **state)
 {
     (void)state;
@@ -301,7 +371,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(normalization_forms), cmocka_unit_test(case_and_accents),
         cmocka_unit_test(strings),             cmocka_unit_test(added_tokens_and_normalizer),
-        cmocka_unit_test(added_flags),         cmocka_unit_test(round_trip_and_hf),
+        cmocka_unit_test(unnormalized_added), cmocka_unit_test(added_flags),         cmocka_unit_test(round_trip_and_hf),
         cmocka_unit_test(refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

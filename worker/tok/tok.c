@@ -140,6 +140,8 @@ static uint64_t hash_bytes(const char *p, size_t n)
     return hash_final(hash_more(HASH_INIT, p, n));
 }
 
+uint64_t tok__hash_bytes(const char *p, size_t n) { return hash_bytes(p, n); }
+
 static uint64_t hash_u64(uint64_t x)
 {
     x ^= x >> 33;
@@ -215,12 +217,19 @@ static int64_t trie_child(const struct tok__trie *tr, uint32_t node, unsigned ch
     }
 }
 
-/* Builds the trie of the tokens of one type (none: an empty trie, n_nodes == 0). */
-static int trie_build(struct tok *t, struct tok__trie *tr, uint8_t type)
+/* Whether token k belongs in a trie of tokens of `type` whose RAW flag is `raw` (-1: any). */
+static bool trie_takes(const struct tok__token *k, uint8_t type, int raw)
+{
+    return k->type == type && (raw < 0 || !!(k->added & TOK_ADDED_RAW) == raw);
+}
+
+/* Builds the trie of the tokens of one type, all (raw < 0) or those whose RAW flag is raw
+ * (none: an empty trie, n_nodes == 0). */
+static int trie_build(struct tok *t, struct tok__trie *tr, uint8_t type, int raw)
 {
     uint64_t total = 0;
     for (uint32_t i = 0; i < t->n; i++)
-        if (t->tokens[i].type == type)
+        if (trie_takes(&t->tokens[i], type, raw))
             total += t->tokens[i].str_len;
     if (total == 0)
         return 0;
@@ -235,7 +244,7 @@ static int trie_build(struct tok *t, struct tok__trie *tr, uint8_t type)
     tr->node_id[0] = -1;
     for (uint32_t i = 0; i < t->n; i++) {
         const struct tok__token *k = &t->tokens[i];
-        if (k->type != type)
+        if (!trie_takes(k, type, raw))
             continue;
         uint32_t node = 0;
         for (uint32_t j = 0; j < k->str_len; j++) {
@@ -299,10 +308,10 @@ int tok__spec_init(struct tok__spec *s, const char *what, enum tok_kind kind, ui
     s->n = n;
     s->bos = s->eos = s->unk = -1;
     size_t m = n ? n : 1;
-    s->piece = calloc(m, sizeof *s->piece);
-    s->piece_len = calloc(m, sizeof *s->piece_len);
-    s->score = calloc(m, sizeof *s->score);
-    s->type = calloc(m, sizeof *s->type);
+    s->piece = tok__big_alloc(m * sizeof *s->piece);
+    s->piece_len = tok__big_alloc(m * sizeof *s->piece_len);
+    s->score = tok__big_alloc(m * sizeof *s->score);
+    s->type = tok__big_alloc(m * sizeof *s->type);
     if (!s->piece || !s->piece_len || !s->score || !s->type) {
         tok__spec_fini(s);
         LOG_ERR("%s: out of memory for %u tokens", what, n);
@@ -313,10 +322,10 @@ int tok__spec_init(struct tok__spec *s, const char *what, enum tok_kind kind, ui
 
 void tok__spec_fini(struct tok__spec *s)
 {
-    free(s->piece);
-    free(s->piece_len);
-    free(s->score);
-    free(s->type);
+    tok__big_free(s->piece);
+    tok__big_free(s->piece_len);
+    tok__big_free(s->score);
+    tok__big_free(s->type);
     s->piece = NULL;
     s->piece_len = NULL;
     s->score = NULL;
@@ -327,15 +336,18 @@ void tok_free(struct tok *t)
 {
     if (!t)
         return;
-    free(t->tokens);
-    free(t->strs);
-    free(t->text);
-    free(t->piece_slots);
-    free(t->merges);
-    free(t->merge_slots);
+    tok__big_free(t->tokens);
+    tok__big_free(t->strs);
+    tok__big_free(t->text);
+    tok__big_free(t->piece_slots);
+    tok__big_free(t->merges);
+    tok__big_free(t->merge_slots);
     free(t->user.keys);
     free(t->user.child);
     free(t->user.node_id);
+    free(t->user_raw.keys);
+    free(t->user_raw.child);
+    free(t->user_raw.node_id);
     free(t->special.keys);
     free(t->special.child);
     free(t->special.node_id);
@@ -446,9 +458,9 @@ static int build_merges(const struct tok__spec *s, struct tok *t)
 {
     char q1[64], q2[64];
     uint32_t n = s->n_merges;
-    t->merges = malloc((n ? n : 1) * sizeof *t->merges);
+    t->merges = tok__big_alloc((n ? n : 1) * sizeof *t->merges);
     uint64_t cap = table_capacity(n);
-    t->merge_slots = calloc(cap, sizeof *t->merge_slots);
+    t->merge_slots = tok__big_alloc(cap * sizeof *t->merge_slots);
     if (!t->merges || !t->merge_slots) {
         LOG_ERR("%s: out of memory for %u merges", s->what, n);
         return -ENOMEM;
@@ -580,10 +592,10 @@ int tok__build(const struct tok__spec *s, struct tok **out)
     for (int b = 0; b < 256; b++)
         t->byte_id[b] = t->byte_char_id[b] = -1;
     uint64_t cap = table_capacity(s->n);
-    t->tokens = calloc(s->n, sizeof *t->tokens);
-    t->strs = malloc(str_total);
-    t->text = malloc(str_total + 5ull * s->n);
-    t->piece_slots = calloc(cap, sizeof *t->piece_slots);
+    t->tokens = tok__big_alloc(s->n * sizeof *t->tokens);
+    t->strs = tok__big_alloc(str_total);
+    t->text = tok__big_alloc(str_total + 5ull * s->n);
+    t->piece_slots = tok__big_alloc(cap * sizeof *t->piece_slots);
     if (!t->tokens || !t->strs || !t->text || !t->piece_slots) {
         LOG_ERR("%s: out of memory for %u tokens", what, s->n);
         rc = -ENOMEM;
@@ -596,7 +608,9 @@ int tok__build(const struct tok__spec *s, struct tok **out)
         struct tok__token *k = &t->tokens[i];
         k->type = s->type[i];
         k->added = s->added && (k->type == TOK_USER_DEFINED || k->type == TOK_CONTROL)
-                       ? s->added[i] & (TOK_ADDED_LSTRIP | TOK_ADDED_RSTRIP | TOK_ADDED_SINGLE_WORD)
+                       ? s->added[i] & (TOK_ADDED_LSTRIP | TOK_ADDED_RSTRIP |
+                                        TOK_ADDED_SINGLE_WORD |
+                                        (k->type == TOK_USER_DEFINED ? TOK_ADDED_RAW : 0))
                        : 0;
         k->score = s->kind == TOK_SPM ? s->score[i] : 0.0f;
         k->str_off = str_off;
@@ -690,8 +704,11 @@ int tok__build(const struct tok__spec *s, struct tok **out)
         if ((rc = tok__norm_parse(what, s->normalizer, &t->norm)) != 0)
             goto fail;
     }
-    if ((rc = trie_build(t, &t->user, TOK_USER_DEFINED)) != 0 ||
-        (rc = trie_build(t, &t->special, TOK_CONTROL)) != 0) {
+    /* normalized: false matters only where a normalizer runs (byte-level BPE) */
+    bool split_raw = t->norm != NULL;
+    if ((rc = trie_build(t, &t->user, TOK_USER_DEFINED, split_raw ? 0 : -1)) != 0 ||
+        (split_raw && (rc = trie_build(t, &t->user_raw, TOK_USER_DEFINED, 1)) != 0) ||
+        (rc = trie_build(t, &t->special, TOK_CONTROL, -1)) != 0) {
         LOG_ERR("%s: out of memory", what);
         goto fail;
     }
@@ -822,15 +839,14 @@ static bool single_word_ok(const char *text, size_t len, size_t start, size_t en
     return end == len || !word_char(tok__utf8_decode(p + end, tok__utf8_len(p + end, len - end)));
 }
 
-int tok__cut_added(const struct tok *t, bool special, const char *text, size_t len,
+int tok__cut_added(const struct tok *t, const struct tok__trie *tr, const char *text, size_t len,
                    tok__piece_fn seg_fn, void *arg, struct tok__ids *out)
 {
     size_t seg = 0;
     int rc = 0;
     for (size_t i = 0; i < len && rc == 0;) {
         size_t mlen = 0;
-        int32_t id = special ? tok__match_special(t, text + i, len - i, &mlen)
-                             : tok__match_user(t, text + i, len - i, &mlen);
+        int32_t id = trie_match(tr, text + i, len - i, &mlen);
         uint8_t f = id >= 0 ? t->tokens[id].added : 0;
         if (id >= 0 && (f & TOK_ADDED_SINGLE_WORD) && !single_word_ok(text, len, i, i + mlen))
             id = -1;
@@ -857,7 +873,25 @@ struct text_sink {
     struct tok__ids *out;
 };
 
-/* Text without control tokens through the vocabulary's normalizer and encoder. */
+/* Text without added tokens matched raw through the normalizer and the BPE encoder. */
+static int encode_normalized(void *arg, const char *text, size_t len)
+{
+    const struct text_sink *k = arg;
+    const struct tok *t = k->t;
+    if (len == 0)
+        return 0;
+    char *norm;
+    size_t norm_len;
+    int rc = tok__norm_apply(t->norm, text, len, &norm, &norm_len);
+    if (rc == 0)
+        rc = norm_len ? tok__bpe_encode(t, norm, norm_len, k->out) : 0;
+    free(norm);
+    return rc;
+}
+
+/* Text without control tokens through the vocabulary's normalizer and encoder; user-defined
+ * tokens marked normalized: false are cut out first, on the text as written (Hugging Face's
+ * AddedVocabulary does so, then normalizes what is between them). */
 static int encode_text(void *arg, const char *text, size_t len)
 {
     const struct text_sink *k = arg;
@@ -868,13 +902,9 @@ static int encode_text(void *arg, const char *text, size_t len)
         return tok__spm_encode(t, text, len, k->out);
     if (!t->norm)
         return tok__bpe_encode(t, text, len, k->out);
-    char *norm;
-    size_t norm_len;
-    int rc = tok__norm_apply(t->norm, text, len, &norm, &norm_len);
-    if (rc == 0)
-        rc = norm_len ? tok__bpe_encode(t, norm, norm_len, k->out) : 0;
-    free(norm);
-    return rc;
+    if (t->user_raw.n_nodes > 0)
+        return tok__cut_added(t, &t->user_raw, text, len, encode_normalized, arg, k->out);
+    return encode_normalized(arg, text, len);
 }
 
 int tok_encode_ex(const struct tok *t, const char *text, size_t len, unsigned flags,
@@ -901,7 +931,7 @@ int tok_encode_ex(const struct tok *t, const char *text, size_t len, unsigned fl
         /* control tokens spelled in the text are cut out first, longest match, on the text
          * as written (Hugging Face does not normalize them) */
         if ((flags & TOK_ENC_SPECIAL) && t->special.n_nodes > 0)
-            rc = tok__cut_added(t, true, text, len, encode_text, &k, &a);
+            rc = tok__cut_added(t, &t->special, text, len, encode_text, &k, &a);
         else
             rc = encode_text(&k, text, len);
     }

@@ -2,7 +2,8 @@
  * tok_bpe.c — byte-level BPE encoding (GPT-2 and its descendants):
  *
  *  1. user-defined tokens (Hugging Face "added tokens" that are not special) are cut out of
- *     the text first, longest match, each becoming its own token;
+ *     the text first, longest match, each becoming its own token (those marked normalized:
+ *     false were cut before the normalizer, by tok.c);
  *  2. the rest is split into pre-tokens by GPT-2's regex
  *        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *     implemented by hand over UTF-8 code points (tok_unicode.c has the classes), or by the
@@ -262,7 +263,7 @@ int tok__bpe_encode(const struct tok *t, const char *text, size_t len, struct to
     struct bpe w = {.t = t};
     heap_init(&w.heap, sizeof(struct cand), 64, before);
     struct seg_sink k = {&w, out};
-    int rc = t->user.n_nodes > 0 ? tok__cut_added(t, false, text, len, segment_piece, &k, out)
+    int rc = t->user.n_nodes > 0 ? tok__cut_added(t, &t->user, text, len, segment_piece, &k, out)
                                  : segment_piece(&k, text, len); /* step 1 */
     free(w.syms);
     free(w.spell);

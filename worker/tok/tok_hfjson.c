@@ -294,17 +294,16 @@ static int bpe_pre(const char *what, const json_t *pre, struct tok__spec *s)
     return 0;
 }
 
-/* The id of an integer JSON value in 0 .. TOK_MAX_VOCAB-1. */
-static int get_id(const char *what, const char *field, const char *name, const json_t *v,
-                  uint32_t *out)
+/* The id of an integer JSON value in 0 .. TOK_MAX_VOCAB-1 (type: jfield_type's words for a
+ * value that is not an integer). */
+static int get_id(const char *what, const char *field, const char *name, const char *type,
+                  int64_t id, uint32_t *out)
 {
-    if (!json_is_integer(v)) {
-        LOG_ERR("%s: %s '%.64s' has an id that is %s, not an integer", what, field, name,
-                jfield_type(v));
+    if (type) {
+        LOG_ERR("%s: %s '%.64s' has an id that is %s, not an integer", what, field, name, type);
         return ERR_FORMAT;
     }
-    json_int_t id = json_integer_value(v);
-    if (id < 0 || id >= (json_int_t)TOK_MAX_VOCAB) {
+    if (id < 0 || id >= (int64_t)TOK_MAX_VOCAB) {
         LOG_ERR("%s: %s '%.64s' has id %lld, outside 0..%u", what, field, name, (long long)id,
                 TOK_MAX_VOCAB - 1);
         return ERR_RANGE;
@@ -314,37 +313,72 @@ static int get_id(const char *what, const char *field, const char *name, const j
 }
 
 /* Left and right strings of merge i: "left right" or ["left", "right"]. */
-static int merge_sides(const char *what, size_t i, const json_t *m, const char **l,
+static int merge_sides(const char *what, const struct tok__jdoc *d, size_t i, const char **l,
                        uint32_t *ll, const char **r, uint32_t *rl)
 {
-    if (json_is_string(m)) {
-        if (tok__split_merge(json_string_value(m), json_string_length(m), l, ll, r, rl))
+    const struct tok__jelem *m = &d->bulk[TOK_JB_HF_MERGES].e[i];
+    if (m->v.type == TOK_JT_STRING) {
+        if (tok__split_merge(tok__jstr(d, &m->v), m->v.len, l, ll, r, rl))
             return 0;
         LOG_ERR("%s: model.merges[%zu] \"%.64s\" is not two tokens separated by a space", what,
-                i, json_string_value(m));
+                i, tok__jstr(d, &m->v));
         return ERR_FORMAT;
     }
-    if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
-        json_is_string(json_array_get(m, 1))) {
-        const json_t *a = json_array_get(m, 0), *b = json_array_get(m, 1);
-        if (json_string_length(a) <= TOK_MAX_PIECE && json_string_length(b) <= TOK_MAX_PIECE) {
-            *l = json_string_value(a);
-            *ll = (uint32_t)json_string_length(a);
-            *r = json_string_value(b);
-            *rl = (uint32_t)json_string_length(b);
-            return 0;
-        }
+    if (m->v.type == TOK_JT_ARRAY && m->n_sub == 2 && m->sub[0].type == TOK_JT_STRING &&
+        m->sub[1].type == TOK_JT_STRING && m->sub[0].len <= TOK_MAX_PIECE &&
+        m->sub[1].len <= TOK_MAX_PIECE) {
+        *l = tok__jstr(d, &m->sub[0]);
+        *ll = m->sub[0].len;
+        *r = tok__jstr(d, &m->sub[1]);
+        *rl = m->sub[1].len;
+        return 0;
     }
     LOG_ERR("%s: model.merges[%zu] is %s, not \"left right\" or [\"left\", \"right\"]", what, i,
-            jfield_type(m));
+            tok__jtype_name(NULL, &m->v));
     return ERR_FORMAT;
 }
 
-/* vocab id of a string (not NUL-terminated), or -1 */
-static int32_t vocab_id(const json_t *vocab, const char *p, size_t len)
+/* model.vocab's string -> id, for the lookups made before tok__build (unk_token, the scores
+ * of a SentencePiece BPE): an open-addressing table of member index + 1. */
+struct vmap {
+    const struct tok__jdoc *d;
+    uint32_t *slot;
+    uint64_t mask;
+};
+
+static int vmap_build(const char *what, const struct tok__jdoc *d, struct vmap *m)
 {
-    const json_t *v = json_object_getn(vocab, p, len);
-    return json_is_integer(v) ? (int32_t)json_integer_value(v) : -1; /* ids checked before */
+    const struct tok__jbulk *v = &d->bulk[TOK_JB_HF_VOCAB];
+    uint64_t cap = 16;
+    while (cap < 2 * (uint64_t)v->n)
+        cap *= 2;
+    m->d = d;
+    m->mask = cap - 1;
+    if (!(m->slot = calloc(cap, sizeof *m->slot))) {
+        LOG_ERR("%s: out of memory", what);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < v->n; i++) {
+        uint64_t h = tok__hash_bytes(d->arena + v->e[i].key_off, v->e[i].key_len);
+        while (m->slot[h & m->mask])
+            h++;
+        m->slot[h & m->mask] = (uint32_t)i + 1;
+    }
+    return 0;
+}
+
+/* vocab id of a string (not NUL-terminated), or -1 (ids were checked before) */
+static int32_t vocab_id(const struct vmap *m, const char *p, size_t len)
+{
+    const struct tok__jbulk *v = &m->d->bulk[TOK_JB_HF_VOCAB];
+    for (uint64_t h = tok__hash_bytes(p, len);; h++) {
+        uint32_t s = m->slot[h & m->mask];
+        if (!s)
+            return -1;
+        const struct tok__jelem *e = &v->e[s - 1];
+        if (e->key_len == len && memcmp(m->d->arena + e->key_off, p, len) == 0)
+            return (int32_t)e->v.u.i;
+    }
 }
 
 /* The id of the control token spelled `name` (BOS/EOS by convention), or -1. tokenizer.json
@@ -361,10 +395,9 @@ static int32_t control_id(const struct tok__spec *s, const char *name)
 }
 
 /* SPM: a piece's score is minus the rank of the first merge producing it. */
-static int scores_from_merges(const char *what, const json_t *vocab, const json_t *merges,
-                              struct tok__spec *s)
+static int scores_from_merges(const char *what, const struct vmap *vocab, struct tok__spec *s)
 {
-    size_t n_merges = json_array_size(merges);
+    size_t n_merges = vocab->d->bulk[TOK_JB_HF_MERGES].n;
     if (n_merges > TOK_MAX_VOCAB) { /* ranks beyond 2^24 are not exact as float scores */
         LOG_ERR("%s: %zu merges, more than the limit of %u for a SentencePiece vocabulary",
                 what, n_merges, TOK_MAX_VOCAB);
@@ -378,12 +411,10 @@ static int scores_from_merges(const char *what, const json_t *vocab, const json_
         rc = -ENOMEM;
         goto out;
     }
-    size_t i;
-    const json_t *m;
-    json_array_foreach(merges, i, m) {
+    for (size_t i = 0; i < n_merges; i++) {
         const char *l, *r;
         uint32_t ll, rl;
-        if ((rc = merge_sides(what, i, m, &l, &ll, &r, &rl)) != 0)
+        if ((rc = merge_sides(what, vocab->d, i, &l, &ll, &r, &rl)) != 0)
             goto out;
         const char *missing = vocab_id(vocab, l, ll) < 0 ? l : vocab_id(vocab, r, rl) < 0 ? r
                                                                                           : NULL;
@@ -418,8 +449,9 @@ out:
     return rc;
 }
 
-int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
+int tok__load_hf_json(const struct tok__jdoc *doc, const char *what, struct tok **out)
 {
+    const json_t *root = doc->root;
     const json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) {
         LOG_ERR("%s: model is %s, not an object", what, jfield_type(model));
@@ -435,15 +467,16 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
                 json_string_value(mtype));
         return ERR_UNSUPPORTED;
     }
-    const json_t *vocab = json_object_get(model, "vocab");
-    const json_t *merges = json_object_get(model, "merges");
+    const struct tok__jbulk *vocab = &doc->bulk[TOK_JB_HF_VOCAB];
+    const struct tok__jbulk *merges = &doc->bulk[TOK_JB_HF_MERGES];
     const json_t *added = json_object_get(root, "added_tokens");
-    if (!json_is_object(vocab)) {
-        LOG_ERR("%s: model.vocab is %s, not an object", what, jfield_type(vocab));
+    if (!vocab->present || vocab->v.type != TOK_JT_OBJECT) {
+        LOG_ERR("%s: model.vocab is %s, not an object", what, tok__jtype_name(vocab, &vocab->v));
         return ERR_FORMAT;
     }
-    if (!json_is_array(merges)) {
-        LOG_ERR("%s: model.merges is %s, not an array", what, jfield_type(merges));
+    if (!merges->present || merges->v.type != TOK_JT_ARRAY) {
+        LOG_ERR("%s: model.merges is %s, not an array", what,
+                tok__jtype_name(merges, &merges->v));
         return ERR_FORMAT;
     }
     if (added && !json_is_null(added) && !json_is_array(added)) {
@@ -481,11 +514,12 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
 
     /* ids: vocab and added tokens together must number 0 .. n-1 */
     uint32_t n = 0, id;
-    size_t entries = json_object_size(vocab);
-    const char *key;
-    const json_t *v;
-    json_object_foreach((json_t *)vocab, key, v) {
-        if ((rc = get_id(what, "model.vocab token", key, v, &id)) != 0)
+    size_t entries = vocab->n;
+    for (size_t k = 0; k < vocab->n; k++) {
+        const struct tok__jelem *e = &vocab->e[k];
+        if ((rc = get_id(what, "model.vocab token", doc->arena + e->key_off,
+                         e->v.type == TOK_JT_INT ? NULL : tok__jtype_name(NULL, &e->v), e->v.u.i,
+                         &id)) != 0)
             return rc;
         n = id + 1 > n ? id + 1 : n;
     }
@@ -497,8 +531,10 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
             LOG_ERR("%s: added_tokens[%zu] is not an object with a string content", what, i);
             return ERR_FORMAT;
         }
+        const json_t *aid = json_object_get(a, "id");
         if ((rc = get_id(what, "added token", json_string_value(content),
-                         json_object_get(a, "id"), &id)) != 0)
+                         json_is_integer(aid) ? NULL : jfield_type(aid),
+                         json_integer_value(aid), &id)) != 0)
             return rc;
         n = id + 1 > n ? id + 1 : n;
         entries++;
@@ -513,6 +549,7 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
         return ERR_FORMAT;
     }
     struct tok__spec s;
+    struct vmap vmap = {0};
     if ((rc = tok__spec_init(&s, what, kind, n)) != 0)
         return rc;
     uint8_t *added_flags = calloc(n, 1);
@@ -522,8 +559,10 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
         goto out;
     }
     s.added = added_flags;
-    json_object_foreach((json_t *)vocab, key, v) {
-        id = (uint32_t)json_integer_value(v);
+    for (size_t k = 0; k < vocab->n; k++) {
+        const struct tok__jelem *e = &vocab->e[k];
+        const char *key = doc->arena + e->key_off;
+        id = (uint32_t)e->v.u.i;
         if (s.piece[id]) {
             LOG_ERR("%s: model.vocab tokens '%.64s' and '%.64s' both have id %u", what,
                     s.piece[id], key, id);
@@ -531,8 +570,7 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
             goto out;
         }
         s.piece[id] = key;
-        s.piece_len[id] = (uint32_t)(strlen(key) > TOK_MAX_PIECE + 1 ? TOK_MAX_PIECE + 1
-                                                                     : strlen(key));
+        s.piece_len[id] = e->key_len > TOK_MAX_PIECE + 1 ? TOK_MAX_PIECE + 1 : e->key_len;
         s.type[id] = TOK_NORMAL;
     }
     json_array_foreach(added, i, a) {
@@ -540,13 +578,16 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
         const char *c = json_string_value(content);
         size_t clen = json_string_length(content);
         id = (uint32_t)json_integer_value(json_object_get(a, "id"));
-        bool special, fl[3];
+        bool special, fl[3], normalized;
         static const char *const flag_names[3] = {"lstrip", "rstrip", "single_word"};
         if ((rc = opt_bool(what, a, "special", false, &special)) != 0)
             goto out;
         for (int f = 0; f < 3; f++)
             if ((rc = opt_bool(what, a, flag_names[f], false, &fl[f])) != 0)
                 goto out;
+        /* Hugging Face's AddedToken: normalized defaults to !special */
+        if ((rc = opt_bool(what, a, "normalized", !special, &normalized)) != 0)
+            goto out;
         if (kind == TOK_SPM && !special && (fl[0] || fl[1] || fl[2])) {
             LOG_ERR("%s: added_tokens[%zu] '%.64s': lstrip/rstrip/single_word are not supported "
                     "on a SentencePiece BPE's user-defined tokens", what, i, c);
@@ -554,7 +595,8 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
             goto out;
         }
         s.added[id] = (uint8_t)((fl[0] ? TOK_ADDED_LSTRIP : 0) | (fl[1] ? TOK_ADDED_RSTRIP : 0) |
-                                (fl[2] ? TOK_ADDED_SINGLE_WORD : 0));
+                                (fl[2] ? TOK_ADDED_SINGLE_WORD : 0) |
+                                (kind == TOK_BPE && !special && !normalized ? TOK_ADDED_RAW : 0));
         if (s.piece[id] && (s.piece_len[id] != clen || memcmp(s.piece[id], c, clen) != 0 ||
                             s.type[id] != TOK_NORMAL)) {
             LOG_ERR("%s: added_tokens[%zu] '%.64s' has id %u, already token '%.64s'", what, i, c,
@@ -575,8 +617,11 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
     }
 
     const json_t *unk = json_object_get(model, "unk_token");
+    bool need_map = kind == TOK_SPM || (unk && !json_is_null(unk));
+    if (need_map && (rc = vmap_build(what, doc, &vmap)) != 0)
+        goto out;
     if (unk && !json_is_null(unk)) {
-        int32_t uid = json_is_string(unk) ? vocab_id(vocab, json_string_value(unk),
+        int32_t uid = json_is_string(unk) ? vocab_id(&vmap, json_string_value(unk),
                                                      json_string_length(unk))
                                           : -1;
         if (uid < 0) {
@@ -603,10 +648,10 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
         s.add_bos = true;
         s.bos = control_id(&s, "<s>");
         s.eos = control_id(&s, "</s>");
-        if ((rc = scores_from_merges(what, vocab, merges, &s)) != 0)
+        if ((rc = scores_from_merges(what, &vmap, &s)) != 0)
             goto out;
     } else {
-        size_t nm = json_array_size(merges);
+        size_t nm = merges->n;
         if (nm > UINT32_MAX / 2) {
             LOG_ERR("%s: too many merges (%zu)", what, nm);
             rc = ERR_RANGE;
@@ -618,16 +663,15 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
         s.normalizer = json_is_null(norm) ? NULL : norm; /* detect_kind: an object */
         s.ignore_merges = ignore_merges;
         s.n_merges = (uint32_t)nm;
-        s.merge_str = malloc((nm ? 2 * nm : 1) * sizeof *s.merge_str);
-        s.merge_str_len = malloc((nm ? 2 * nm : 1) * sizeof *s.merge_str_len);
+        s.merge_str = tok__big_alloc((nm ? 2 * nm : 1) * sizeof *s.merge_str);
+        s.merge_str_len = tok__big_alloc((nm ? 2 * nm : 1) * sizeof *s.merge_str_len);
         if (!s.merge_str || !s.merge_str_len) {
             LOG_ERR("%s: out of memory for %zu merges", what, nm);
             rc = -ENOMEM;
             goto out;
         }
-        const json_t *m;
-        json_array_foreach(merges, i, m) {
-            if ((rc = merge_sides(what, i, m, &s.merge_str[2 * i], &s.merge_str_len[2 * i],
+        for (i = 0; i < nm; i++) {
+            if ((rc = merge_sides(what, doc, i, &s.merge_str[2 * i], &s.merge_str_len[2 * i],
                                   &s.merge_str[2 * i + 1], &s.merge_str_len[2 * i + 1])) != 0)
                 goto out;
         }
@@ -643,9 +687,10 @@ int tok__load_hf_json(const json_t *root, const char *what, struct tok **out)
     }
     rc = tok__build(&s, out);
 out:
+    free(vmap.slot);
     free(s.added);
-    free((void *)s.merge_str);
-    free(s.merge_str_len);
+    tok__big_free((void *)s.merge_str);
+    tok__big_free(s.merge_str_len);
     tok__spec_fini(&s);
     return rc;
 }

@@ -63,21 +63,21 @@ static int req_id(const char *what, const json_t *root, const char *key, int32_t
     return 0;
 }
 
-/* An array of exactly n elements (n == 0: any length, returned in *n). */
-static int req_array(const char *what, const json_t *root, const char *key, size_t *n,
-                     const json_t **out)
+/* A bulk array of exactly n elements (n == 0: any length, returned in *n). */
+static int req_array(const char *what, const struct tok__jdoc *d, enum tok__jbulk_id id,
+                     const char *key, size_t *n, const struct tok__jelem **out)
 {
-    const json_t *v = json_object_get(root, key);
-    if (!json_is_array(v)) {
-        LOG_ERR("%s: %s is %s, not an array", what, key, jfield_type(v));
+    const struct tok__jbulk *v = &d->bulk[id];
+    if (!v->present || v->v.type != TOK_JT_ARRAY) {
+        LOG_ERR("%s: %s is %s, not an array", what, key, tok__jtype_name(v, &v->v));
         return ERR_FORMAT;
     }
-    if (*n != 0 && json_array_size(v) != *n) {
-        LOG_ERR("%s: %s has %zu elements; tokens has %zu", what, key, json_array_size(v), *n);
+    if (*n != 0 && v->n != *n) {
+        LOG_ERR("%s: %s has %zu elements; tokens has %zu", what, key, v->n, *n);
         return ERR_FORMAT;
     }
-    *n = json_array_size(v);
-    *out = v;
+    *n = v->n;
+    *out = v->e;
     return 0;
 }
 
@@ -95,10 +95,12 @@ static int read_pre(const char *what, const json_t *root, struct tok__spec *s)
         return 0;
     }
     s->pre = TOK_PRE_REGEX;
-    size_t n = 0;
-    const json_t *steps;
-    if ((rc = req_array(what, root, "pre_steps", &n, &steps)) != 0)
-        return rc;
+    const json_t *steps = json_object_get(root, "pre_steps");
+    if (!json_is_array(steps)) {
+        LOG_ERR("%s: pre_steps is %s, not an array", what, jfield_type(steps));
+        return ERR_FORMAT;
+    }
+    size_t n = json_array_size(steps);
     if (n == 0 || n > TOK_PRE_MAX_STEPS) {
         LOG_ERR("%s: pre_steps has %zu steps; 1..%d are supported", what, n,
                 TOK_PRE_MAX_STEPS);
@@ -131,13 +133,15 @@ static int read_pre(const char *what, const json_t *root, struct tok__spec *s)
 }
 
 /* The keys of the added-token flags: each an optional array of the ids that have it. */
-static const char *const added_keys[] = {"lstrip", "rstrip", "single_word"};
-static const uint8_t added_bits[] = {TOK_ADDED_LSTRIP, TOK_ADDED_RSTRIP, TOK_ADDED_SINGLE_WORD};
+static const char *const added_keys[] = {"lstrip", "rstrip", "single_word", "unnormalized"};
+static const uint8_t added_bits[] = {TOK_ADDED_LSTRIP, TOK_ADDED_RSTRIP, TOK_ADDED_SINGLE_WORD,
+                                     TOK_ADDED_RAW};
+#define N_ADDED_KEYS (sizeof added_keys / sizeof added_keys[0])
 
 static int read_added_flags(const char *what, const json_t *root, size_t n, uint8_t **out)
 {
     *out = NULL;
-    for (int f = 0; f < 3; f++) {
+    for (size_t f = 0; f < N_ADDED_KEYS; f++) {
         const json_t *list = json_object_get(root, added_keys[f]);
         if (!list)
             continue;
@@ -165,8 +169,9 @@ static int read_added_flags(const char *what, const json_t *root, size_t n, uint
     return 0;
 }
 
-int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
+int tok__load_ie_json(const struct tok__jdoc *doc, const char *what, struct tok **out)
 {
+    const json_t *root = doc->root;
     if (!tok__json_is_ie(root)) {
         const json_t *f = json_object_get(root, "format");
         LOG_ERR("%s: format is %s%.64s%s, not \"" IE_FORMAT "\"", what,
@@ -199,8 +204,9 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
         return ERR_UNSUPPORTED;
     }
     size_t n = 0, nt;
-    const json_t *tokens, *types, *scores = NULL, *merges = NULL;
-    int rc = req_array(what, root, "tokens", &n, &tokens);
+    const struct tok__jelem *tokens, *types, *scores = NULL, *merges = NULL;
+    size_t nm = 0;
+    int rc = req_array(what, doc, TOK_JB_IE_TOKENS, "tokens", &n, &tokens);
     if (rc != 0)
         return rc;
     if (n == 0) {
@@ -212,15 +218,14 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
         return ERR_RANGE;
     }
     nt = n;
-    if ((rc = req_array(what, root, "types", &nt, &types)) != 0)
+    if ((rc = req_array(what, doc, TOK_JB_IE_TYPES, "types", &nt, &types)) != 0)
         return rc;
     if (kind == TOK_SPM) {
         nt = n;
-        if ((rc = req_array(what, root, "scores", &nt, &scores)) != 0)
+        if ((rc = req_array(what, doc, TOK_JB_IE_SCORES, "scores", &nt, &scores)) != 0)
             return rc;
     } else {
-        size_t nm = 0;
-        if ((rc = req_array(what, root, "merges", &nm, &merges)) != 0)
+        if ((rc = req_array(what, doc, TOK_JB_IE_MERGES, "merges", &nm, &merges)) != 0)
             return rc;
         if (nm > UINT32_MAX / 2) {
             LOG_ERR("%s: too many merges (%zu)", what, nm);
@@ -245,31 +250,31 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
     int32_t *merge_ids = NULL;
     uint8_t *added = NULL;
     for (size_t i = 0; i < n; i++) {
-        const json_t *p = json_array_get(tokens, i), *ty = json_array_get(types, i);
-        if (!json_is_string(p)) {
-            LOG_ERR("%s: tokens[%zu] is %s, not a string", what, i, jfield_type(p));
+        const struct tok__jval *p = &tokens[i].v, *ty = &types[i].v;
+        if (p->type != TOK_JT_STRING) {
+            LOG_ERR("%s: tokens[%zu] is %s, not a string", what, i, tok__jtype_name(NULL, p));
             rc = ERR_FORMAT;
             goto out;
         }
-        size_t len = json_string_length(p);
-        s.piece[i] = json_string_value(p);
-        s.piece_len[i] = (uint32_t)(len > TOK_MAX_PIECE + 1 ? TOK_MAX_PIECE + 1 : len);
-        int type = json_is_string(ty) ? tok__type_from_name(json_string_value(ty)) : 0;
+        s.piece[i] = tok__jstr(doc, p);
+        s.piece_len[i] = p->len > TOK_MAX_PIECE + 1 ? TOK_MAX_PIECE + 1 : p->len;
+        bool ty_str = ty->type == TOK_JT_STRING;
+        int type = ty_str ? tok__type_from_name(tok__jstr(doc, ty)) : 0;
         if (type == 0) {
             LOG_ERR("%s: types[%zu] is %s%.32s%s, not one of normal, unknown, control, "
-                    "user_defined, unused, byte", what, i, json_is_string(ty) ? "\"" : "",
-                    json_is_string(ty) ? json_string_value(ty) : jfield_type(ty),
-                    json_is_string(ty) ? "\"" : "");
+                    "user_defined, unused, byte", what, i, ty_str ? "\"" : "",
+                    ty_str ? tok__jstr(doc, ty) : tok__jtype_name(NULL, ty), ty_str ? "\"" : "");
             rc = ERR_FORMAT;
             goto out;
         }
         s.type[i] = (uint8_t)type;
         if (scores) {
-            const json_t *sc = json_array_get(scores, i);
-            double d = json_number_value(sc);
-            if (!json_is_number(sc) || !(d >= -FLT_MAX && d <= FLT_MAX)) {
+            const struct tok__jval *sc = &scores[i].v;
+            double d = sc->type == TOK_JT_INT ? (double)sc->u.i : sc->u.d;
+            if ((sc->type != TOK_JT_INT && sc->type != TOK_JT_REAL) ||
+                !(d >= -FLT_MAX && d <= FLT_MAX)) {
                 LOG_ERR("%s: scores[%zu] is %s, not a number in float range", what, i,
-                        jfield_type(sc));
+                        tok__jtype_name(NULL, sc));
                 rc = ERR_FORMAT;
                 goto out;
             }
@@ -290,24 +295,22 @@ int tok__load_ie_json(const json_t *root, const char *what, struct tok **out)
     } else {
         if ((rc = read_pre(what, root, &s)) != 0)
             goto out;
-        size_t nm = json_array_size(merges);
         if (!(merge_ids = malloc((nm ? 2 * nm : 1) * sizeof *merge_ids))) {
             LOG_ERR("%s: out of memory for %zu merges", what, nm);
             rc = -ENOMEM;
             goto out;
         }
         for (size_t r = 0; r < nm; r++) {
-            const json_t *m = json_array_get(merges, r);
-            const json_t *a = json_array_get(m, 0), *b = json_array_get(m, 1);
-            if (!json_is_array(m) || json_array_size(m) != 2 || !json_is_integer(a) ||
-                !json_is_integer(b)) {
+            const struct tok__jelem *m = &merges[r];
+            if (m->v.type != TOK_JT_ARRAY || m->n_sub != 2 || m->sub[0].type != TOK_JT_INT ||
+                m->sub[1].type != TOK_JT_INT) {
                 LOG_ERR("%s: merges[%zu] is %s, not a pair of token ids [left, right]", what, r,
-                        jfield_type(m));
+                        tok__jtype_name(NULL, &m->v));
                 rc = ERR_FORMAT;
                 goto out;
             }
-            json_int_t l = json_integer_value(a), rr = json_integer_value(b);
-            if (l < 0 || l >= (json_int_t)n || rr < 0 || rr >= (json_int_t)n) {
+            int64_t l = m->sub[0].u.i, rr = m->sub[1].u.i;
+            if (l < 0 || l >= (int64_t)n || rr < 0 || rr >= (int64_t)n) {
                 LOG_ERR("%s: merges[%zu] = [%lld, %lld] names an id outside the vocabulary of "
                         "%zu tokens", what, r, (long long)l, (long long)rr, n);
                 rc = ERR_FORMAT;
@@ -409,7 +412,7 @@ int tok_save_json(const struct tok *t, char **json, size_t *len)
         if (t->norm)
             put(root, "normalizer", json_deep_copy(tok__norm_json(t->norm)), &ok);
     }
-    for (int f = 0; f < 3 && ok; f++) { /* written only when some token has the flag */
+    for (size_t f = 0; f < N_ADDED_KEYS && ok; f++) { /* written only when some token has the flag */
         json_t *ids = NULL;
         for (uint32_t i = 0; i < t->n && ok; i++)
             if (t->tokens[i].added & added_bits[f])

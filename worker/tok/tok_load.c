@@ -2,7 +2,8 @@
  * tok_load.c — tok_load / tok_load_mem: recognizing a tokenizer source, and the importers for
  * the binary ones: SentencePiece's tokenizer.model (protobuf, via protobuf-c), llama2.c's
  * tokenizer.bin, and GGUF metadata (tokenizer.ggml.*, tokenizer.ggml.pre through tok_pre.c's
- * table of llama.cpp's names). The JSON sources are in tok_hfjson.c and tok_iejson.c,
+ * table of llama.cpp's names). The JSON sources are read by tok_jscan.c (yajl) and imported by
+ * tok_hfjson.c and tok_iejson.c,
  * tiktoken rank files in tok_tiktoken.c.
  *
  * Each importer only reads its format and describes the vocabulary in a struct tok__spec;
@@ -481,34 +482,16 @@ out:
 /* ---------------------------------------------------------------------------------------- */
 /* JSON and dispatch                                                                        */
 
-int tok__json_parse(const char *buf, size_t len, const char *what, json_t **root)
-{
-    json_error_t jerr;
-    *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!*root) {
-        LOG_ERR("%s: invalid JSON at line %d column %d: %s", what, jerr.line, jerr.column,
-                jerr.text);
-        return ERR_FORMAT;
-    }
-    if (!json_is_object(*root)) {
-        LOG_ERR("%s: the document is not a JSON object", what);
-        json_decref(*root);
-        *root = NULL;
-        return ERR_FORMAT;
-    }
-    return 0;
-}
-
 static int load_json(const void *buf, size_t len, const char *what, int force_ie,
                      struct tok **out)
 {
-    json_t *root;
-    int rc = tok__json_parse(buf, len, what, &root);
+    struct tok__jdoc doc;
+    int rc = tok__json_scan(buf, len, what, &doc);
     if (rc != 0)
         return rc;
-    bool ie = force_ie < 0 ? tok__json_is_ie(root) : force_ie;
-    rc = ie ? tok__load_ie_json(root, what, out) : tok__load_hf_json(root, what, out);
-    json_decref(root);
+    bool ie = force_ie < 0 ? tok__json_is_ie(doc.root) : force_ie;
+    rc = ie ? tok__load_ie_json(&doc, what, out) : tok__load_hf_json(&doc, what, out);
+    tok__jdoc_free(&doc);
     return rc;
 }
 

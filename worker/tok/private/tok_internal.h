@@ -53,8 +53,15 @@ struct tok__pre_rx; /* compiled steps (tok_pre.c) */
 
 /* How an added token (tokenizer.json added_tokens) matches in text, as Hugging Face's
  * AddedToken: lstrip/rstrip take the white space before/after it into the match (it
- * disappears), single_word matches only between non-word characters. */
-enum tok_added_flag { TOK_ADDED_LSTRIP = 1, TOK_ADDED_RSTRIP = 2, TOK_ADDED_SINGLE_WORD = 4 };
+ * disappears), single_word matches only between non-word characters; a user-defined token
+ * marked normalized: false (RAW) is matched in the text as written, before a byte-level BPE's
+ * normalizer runs, the others in the normalized text. */
+enum tok_added_flag {
+    TOK_ADDED_LSTRIP = 1,
+    TOK_ADDED_RSTRIP = 2,
+    TOK_ADDED_SINGLE_WORD = 4,
+    TOK_ADDED_RAW = 8
+};
 
 struct tok__token {
     uint32_t str_off;  /* vocabulary string in tok.strs, NUL-terminated */
@@ -117,7 +124,9 @@ struct tok {
 
     struct tok__norm *norm;    /* byte-level BPE: the normalizer applied before splitting */
 
-    struct tok__trie user;     /* user-defined tokens, when any */
+    struct tok__trie user;     /* user-defined tokens matched in normalized text, when any */
+    struct tok__trie user_raw; /* user-defined tokens matched before the normalizer (RAW; only
+                                  when there is a normalizer, else all are in user) */
     struct tok__trie special;  /* control tokens, matched in text only when asked */
 };
 
@@ -159,6 +168,8 @@ void tok__spec_fini(struct tok__spec *s);
  * the source, the token or merge and the fault. */
 int tok__build(const struct tok__spec *s, struct tok **out);
 
+/* The hash of a byte string the tokenizer's tables use (FNV-1a, mixed). */
+uint64_t tok__hash_bytes(const char *p, size_t n);
 /* The id of a vocabulary string, or -1. */
 int32_t tok__find(const struct tok *t, const char *p, size_t len);
 /* The rank of merge (left, right), or -1. */
@@ -176,13 +187,73 @@ int tok__type_from_name(const char *name); /* 0 when unknown */
 /* Parses "<0xNN>" (two upper-case hex digits, as SentencePiece writes them); the byte or -1. */
 int tok__parse_byte_piece(const char *p, size_t len);
 
+/* ---- large arrays of the load path (tok_mem.c): zeroed, on transparent huge pages ---- */
+void *tok__big_alloc(size_t n);                          /* NULL when out of memory */
+void *tok__big_realloc(void *p, size_t old_n, size_t n); /* NULL (p kept) when out of memory */
+void tok__big_free(void *p);
+
+/* ---- the JSON reader of tokenizer.json / tokenizer.ie.json (tok_jscan.c, yajl) ---- */
+#define TOK_JSON_MAX_DEPTH 512
+enum tok__jtype { TOK_JT_NULL, TOK_JT_BOOL, TOK_JT_INT, TOK_JT_REAL, TOK_JT_STRING,
+                  TOK_JT_ARRAY, TOK_JT_OBJECT };
+/* One value of a bulk: a scalar, or only the type of a container. */
+struct tok__jval {
+    uint8_t type;       /* enum tok__jtype */
+    uint32_t len;       /* string: bytes */
+    union {
+        uint64_t off;   /* string: offset of its bytes (NUL-terminated) in the arena */
+        int64_t i;      /* integer; boolean 0/1 */
+        double d;       /* real */
+    } u;
+};
+/* One element of a bulk array, or member of a bulk object. */
+struct tok__jelem {
+    struct tok__jval v;      /* the element */
+    struct tok__jval sub[2]; /* an array element's first two elements (deeper: type only) */
+    uint32_t n_sub;          /* an array or object element: how many elements it has */
+    uint32_t key_len;        /* a bulk object's member: its key, in the arena */
+    uint64_t key_off;
+};
+/* The large containers a loader walks in order, captured flat instead of as jansson trees. */
+enum tok__jbulk_id {
+    TOK_JB_HF_VOCAB,   /* tokenizer.json model.vocab */
+    TOK_JB_HF_MERGES,  /* tokenizer.json model.merges */
+    TOK_JB_IE_TOKENS,  /* tokenizer.ie.json tokens, types, scores, merges */
+    TOK_JB_IE_TYPES,
+    TOK_JB_IE_SCORES,
+    TOK_JB_IE_MERGES,
+    TOK_JB_COUNT
+};
+struct tok__jbulk {
+    bool present;            /* the key was in the document */
+    struct tok__jval v;      /* its value: TOK_JT_ARRAY / TOK_JT_OBJECT, or a scalar */
+    size_t n;                /* elements (array) or members (object) */
+    struct tok__jelem *e;    /* [n] */
+};
+struct tok__jdoc {
+    json_t *root;            /* the document without its bulks (an object) */
+    char *arena;             /* the bulks' strings */
+    size_t arena_len, arena_cap;
+    struct tok__jbulk bulk[TOK_JB_COUNT];
+};
+/* Parses a tokenizer JSON document: strict JSON, an object at the top, valid UTF-8, no NUL in
+ * strings, no duplicate keys, nesting <= TOK_JSON_MAX_DEPTH. ERR_FORMAT / ERR_RANGE / -ENOMEM,
+ * logged naming what and where (line, column). On failure *doc is empty. */
+int tok__json_scan(const char *buf, size_t len, const char *what, struct tok__jdoc *doc);
+void tok__jdoc_free(struct tok__jdoc *doc);
+/* A bulk's string bytes. */
+static inline const char *tok__jstr(const struct tok__jdoc *d, const struct tok__jval *v)
+{
+    return d->arena + v->u.off;
+}
+/* jfield_type's words for a value ("an array", ...; "missing" for a bulk not present). */
+const char *tok__jtype_name(const struct tok__jbulk *b, const struct tok__jval *v);
+
 /* ---- importers (tok_load.c, tok_hfjson.c, tok_iejson.c) ---- */
-/* Parses a JSON document (duplicate keys rejected). ERR_FORMAT, logged naming where. */
-int tok__json_parse(const char *buf, size_t len, const char *what, json_t **root);
 /* The document's kind: tokenizer.ie.json when its "format" says so, else Hugging Face's. */
 bool tok__json_is_ie(const json_t *root);
-int tok__load_hf_json(const json_t *root, const char *what, struct tok **out);
-int tok__load_ie_json(const json_t *root, const char *what, struct tok **out);
+int tok__load_hf_json(const struct tok__jdoc *doc, const char *what, struct tok **out);
+int tok__load_ie_json(const struct tok__jdoc *doc, const char *what, struct tok **out);
 /* Splits a merge written "left right" at its first space after the first byte; false when
  * there is none or a side is empty. */
 bool tok__split_merge(const char *s, size_t len, const char **left, uint32_t *left_len,
@@ -237,11 +308,11 @@ size_t tok__trailing_space(const char *p, size_t n);
 size_t tok__leading_space(const char *p, size_t n);
 
 struct tok__ids;
-/* Cuts the added tokens (control ones when special, else user-defined ones) out of valid
+/* Cuts the added tokens of trie tr (t->special, t->user or t->user_raw) out of valid
  * UTF-8 text, longest match first, honouring their lstrip/rstrip/single_word: seg_fn gets
  * the text between them (possibly empty), each token's id is pushed to out. 0, -ENOMEM or
  * seg_fn's code. */
-int tok__cut_added(const struct tok *t, bool special, const char *text, size_t len,
+int tok__cut_added(const struct tok *t, const struct tok__trie *tr, const char *text, size_t len,
                    tok__piece_fn seg_fn, void *arg, struct tok__ids *out);
 
 /* ---- tiktoken rank files (tok_tiktoken.c) ---- */
