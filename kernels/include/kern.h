@@ -20,6 +20,11 @@
  *    mxfp4 is batch invariant on every ISA: a token's outputs are the same bits whatever n and
  *    whichever tokens share the call (its gemv folds in its gemm's order), since a MoE expert's
  *    token count depends on the rest of the batch (tests/kern/test_kern_mxfp4.c).
+ *    The k-quants are too (kern_variants.h), and q8_0/q4_0 where their panel GEMM exists
+ *    (AVX-512). f32/f16/bf16 on SIMD ISAs and q8_0/q4_0 on AVX2 are not: gemv and gemm add
+ *    in different orders, so a token's bits depend on how many share the call. The batch-
+ *    invariant mode (worker/model/matmul.c, matmul_ctx.invariant) runs those products one
+ *    token at a time through the gemv (docs/DAEMON.md "Batch invariance").
  *
  * NOTES: kern_init() is idempotent and must run before threads call kernels (engine creation
  * does it); kernels themselves are reentrant and take row ranges so a thread pool can shard.
