@@ -105,6 +105,13 @@ const tests = {
                   OpenAI.NotFoundError, 404, "model");
     await rejects(bob.chat.completions.create({ model: "ad1", messages }),
                   OpenAI.NotFoundError, 404, "model");
+    // vLLM's run-time adapter endpoint through the SDK's generic post: bob may not manage
+    // adapters (403, OpenAI's permission_error), alice may, and a missing folder is hers to fix
+    await rejects(bob.post("/load_lora_adapter",
+                           { body: { lora_name: "x1", lora_path: "/nonexistent" } }),
+                  OpenAI.PermissionDeniedError, 403);
+    await rejects(client.post("/load_lora_adapter", { body: { lora_name: "x1" } }),
+                  OpenAI.BadRequestError, 400, "lora_path");
     await rejects(client.completions.create({ model, prompt: "word ".repeat(300) }),
                   OpenAI.APIError, 413, "prompt");
     // bob may hold one stream: a second is 429 while the first runs
