@@ -135,6 +135,28 @@ const tests = {
     }
     assert.fail("the aborted stream was not cancelled");
   },
+  // last: SIGTERM makes the daemon drain; while a stream holds the drain open, a new request
+  // is 503 (the SDK's InternalServerError) naming the drain
+  async drain503() {
+    const s = await client.completions.create({ model, prompt: "Once", max_tokens: 1000,
+                                                stream: true });
+    const it = s[Symbol.asyncIterator]();
+    await it.next();
+    process.kill(Number(process.env.CLOCHER_PID), "SIGTERM");
+    let e = null;
+    for (let i = 0; i < 200 && !e; i++) {
+      try {
+        await client.completions.create({ model, prompt: "x", max_tokens: 1 });
+        await new Promise((r) => setTimeout(r, 50));
+      } catch (x) {
+        e = x;
+      }
+    }
+    assert.ok(e instanceof OpenAI.InternalServerError, `${e}`);
+    assert.equal(e.status, 503);
+    assert.match(e.message, /draining/);
+    s.controller.abort();
+  },
 };
 
 // Tool calling as SDK users write it: tools in, tool_calls out (whole, and assembled from the

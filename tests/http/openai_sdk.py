@@ -41,13 +41,16 @@ def main():
         env = dict(os.environ, NODE_PATH=os.path.join(folder, "node_modules"),
                    CLOCHER_HTTP="http://127.0.0.1:%d/v1" % d.http_port,
                    CLOCHER_METRICS="http://127.0.0.1:%d/metrics" % d.metrics_port,
-                   CLOCHER_MODEL=d.model_name, CLOCHER_KEY=ht.ALICE, CLOCHER_KEY_BOB=ht.BOB)
+                   CLOCHER_MODEL=d.model_name, CLOCHER_KEY=ht.ALICE, CLOCHER_KEY_BOB=ht.BOB,
+                   CLOCHER_PID=str(d.proc.pid))
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openai_sdk.mjs")
         # an .mjs resolves packages from its own folder: run a copy beside node_modules
         shutil.copy(script, os.path.join(folder, "openai_sdk.mjs"))
         p = subprocess.run(["node", os.path.join(folder, "openai_sdk.mjs")], env=env,
                            timeout=180)
         rc = p.returncode
+        if rc == 0:
+            d.terminated = True  # the last case (drain503) sent the SIGTERM
     finally:
         if d.stop() != 0:
             rc = 1
