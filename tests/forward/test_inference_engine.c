@@ -520,7 +520,7 @@ static void test_concurrency(void **state)
     expect_exit(a, 2, "expected NAME=DIR");
     snprintf(a, sizeof a, "--model-dir %s --prompt-ids %s --concurrency 2 --lora-weights int3",
              g_s260k, ids);
-    expect_exit(a, 2, "LoRA weight packing 'int3' is unknown: auto or bf16");
+    expect_exit(a, 2, "LoRA weight packing 'int3' is unknown: auto, bf16 or int8");
     free(ids);
 }
 
