@@ -247,6 +247,21 @@ out:
     return rc;
 }
 
+/* No NUMA to use (kernel without it, or the policy calls refused): one pseudo-node holding
+ * the CPUs we may run on. */
+static int one_pseudo_node(struct topo *t, const cpu_set_t *allowed)
+{
+    int *cpus = malloc(CPU_SETSIZE * sizeof *cpus);
+    size_t n = 0;
+    if (!cpus)
+        return -ENOMEM;
+    for (int c = 0; c < CPU_SETSIZE && c < TOPO_MAX_CPUS; c++)
+        if (CPU_ISSET(c, allowed))
+            cpus[n++] = c;
+    t->numa = false;
+    return add_node(t, 0, cpus, n);
+}
+
 static int discover_libnuma(struct topo *t)
 {
     cpu_set_t allowed;
@@ -255,23 +270,23 @@ static int discover_libnuma(struct topo *t)
         LOG_ERR("topology: sched_getaffinity: %s", strerror(e));
         return -e;
     }
-    if (numa_available() < 0) {
-        /* no NUMA support (kernel or container): one pseudo-node with the CPUs we may use */
-        int *cpus = malloc(CPU_SETSIZE * sizeof *cpus);
-        size_t n = 0;
-        if (!cpus)
-            return -ENOMEM;
-        for (int c = 0; c < CPU_SETSIZE && c < TOPO_MAX_CPUS; c++)
-            if (CPU_ISSET(c, &allowed))
-                cpus[n++] = c;
-        t->numa = false;
-        return add_node(t, 0, cpus, n);
-    }
+    if (numa_available() < 0) /* no NUMA support in the kernel */
+        return one_pseudo_node(t, &allowed);
     int rc = 0;
     struct bitmask *mask = numa_allocate_cpumask();
     struct bitmask *mems = numa_get_mems_allowed();
     if (!mask || !mems) {
         rc = -ENOMEM;
+        goto out;
+    }
+    if (numa_bitmask_weight(mems) == 0) {
+        /* get_mempolicy was refused (Docker's default seccomp profile refuses the memory
+         * policy calls without CAP_SYS_NICE): no node's memory can be bound either, so the
+         * workers share one pseudo-node rather than the daemon refusing to start */
+        LOG_WARN("topology: the kernel refused the NUMA memory-policy calls (a container's "
+                 "seccomp profile?): one worker group on every allowed CPU, memory not bound "
+                 "(give the container CAP_SYS_NICE for per-node workers)");
+        rc = one_pseudo_node(t, &allowed);
         goto out;
     }
     int max = numa_max_node();
