@@ -8,6 +8,7 @@
 #include "err.h"
 #include "gw_internal.h"
 #include "log.h"
+#include "mono.h"
 #include "msg.h"
 #include "region.h"
 
@@ -78,7 +79,10 @@ size_t gw__ready_slots(struct gw *g, int *idx, size_t cap)
 static void set_request_id(struct shm_msg *m, uint64_t id)
 {
     switch (m->type) {
-    case SHM_MSG_GENERATE: m->generate.request_id = id; break;
+    case SHM_MSG_GENERATE: /* its queue time starts as it goes onto the ring */
+        m->generate.request_id = id;
+        m->generate.sent_ns = mono_ns();
+        break;
     case SHM_MSG_TOKENIZE: m->tokenize.request_id = id; break;
     case SHM_MSG_DETOKENIZE: m->ids.request_id = id; break;
     case SHM_MSG_ADAPTER_LOAD: m->adapter_load.request_id = id; break;

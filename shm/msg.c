@@ -690,7 +690,8 @@ void shm_msg_encode(const struct shm_msg *m, void *buf, uint32_t len)
         const struct shm_msg_generate *g = &m->generate;
         struct shm_wire_generate w = {
             .request_id = g->request_id, .tenant_id = g->tenant_id,
-            .deadline_ns = g->deadline_ns, .seed = g->seed, .temperature = g->temperature,
+            .deadline_ns = g->deadline_ns, .sent_ns = g->sent_ns, .seed = g->seed,
+            .temperature = g->temperature,
             .top_p = g->top_p, .min_p = g->min_p, .repeat_penalty = g->repeat_penalty,
             .adapter_scale = g->adapter_scale, .top_k = g->top_k,
             .repeat_window = g->repeat_window, .max_tokens = g->max_tokens,
@@ -952,7 +953,7 @@ static int decode_generate(struct in *in, struct ctx *c, struct shm_msg_generate
         return rc;
     *g = (struct shm_msg_generate){
         .request_id = w.request_id, .tenant_id = w.tenant_id, .deadline_ns = w.deadline_ns,
-        .seed = w.seed, .temperature = w.temperature, .top_p = w.top_p, .min_p = w.min_p,
+        .sent_ns = w.sent_ns, .seed = w.seed, .temperature = w.temperature, .top_p = w.top_p, .min_p = w.min_p,
         .repeat_penalty = w.repeat_penalty, .adapter_scale = w.adapter_scale, .top_k = w.top_k,
         .repeat_window = w.repeat_window, .max_tokens = w.max_tokens,
         .priority = (enum shm_priority)w.priority, .flags = w.flags,

@@ -29,6 +29,8 @@
 struct shm_msg_generate {
     uint64_t request_id, tenant_id;
     uint64_t deadline_ns;           /* CLOCK_MONOTONIC; 0 = none */
+    uint64_t sent_ns;               /* CLOCK_MONOTONIC when the gateway sent it; 0 = unknown
+                                     * (untrusted: the worker clamps it, serve.c) */
     uint64_t seed;
     float temperature, top_p, min_p, repeat_penalty;
     float adapter_scale;

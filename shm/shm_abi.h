@@ -69,7 +69,8 @@
 #include <stdint.h>
 
 #define SHM_MAGIC 0x48534c43u      /* "CLSH" */
-#define SHM_ABI_VERSION 3u          /* 3: chat tools, tool_call_id, TOKEN call headers */
+#define SHM_ABI_VERSION 4u          /* 3: chat tools, tool_call_id, TOKEN call headers;
+                                     * 4: GENERATE.sent_ns */
 #define SHM_LINE 64u               /* cache line: no two writers share one */
 #define SHM_PAGE 4096u
 #define SHM_HDR_SIZE 4096u         /* the header page; ring data follows, page-aligned */
@@ -283,6 +284,8 @@ struct shm_wire_generate {
     uint32_t stop_bytes;
     uint32_t logprobs;              /* 0 = none; else 1 + the alternatives each TOKEN carries
                                      * (0..SHM_MAX_TOP_LOGPROBS) */
+    uint64_t sent_ns;               /* CLOCK_MONOTONIC when the gateway put it on the ring
+                                     * (queue_ms starts there); a reader clamps it to now */
 };
 
 /* CANCEL, STATS_QUERY, DONE */
@@ -489,7 +492,7 @@ SHM_PIN(shm_rec_hdr, seq, 8);
 static_assert(sizeof(struct shm_ring_desc) == 16, "abi");
 SHM_PIN(shm_ring_desc, data_offset, 0);
 SHM_PIN(shm_ring_desc, capacity, 8);
-static_assert(sizeof(struct shm_wire_generate) == 96, "abi");
+static_assert(sizeof(struct shm_wire_generate) == 104, "abi");
 SHM_PIN(shm_wire_generate, request_id, 0);
 SHM_PIN(shm_wire_generate, tenant_id, 8);
 SHM_PIN(shm_wire_generate, deadline_ns, 16);
@@ -510,6 +513,7 @@ SHM_PIN(shm_wire_generate, adapter_len, 80);
 SHM_PIN(shm_wire_generate, n_stop, 84);
 SHM_PIN(shm_wire_generate, stop_bytes, 88);
 SHM_PIN(shm_wire_generate, logprobs, 92);
+SHM_PIN(shm_wire_generate, sent_ns, 96);
 static_assert(sizeof(struct shm_wire_id) == 8, "abi");
 SHM_PIN(shm_wire_id, request_id, 0);
 static_assert(sizeof(struct shm_wire_tokenize) == 16, "abi");

@@ -60,6 +60,7 @@ static struct shm_msg generate(void)
     g->top_k = 40;
     g->repeat_window = 64;
     g->max_tokens = 128;
+    g->sent_ns = 123456789012345ull;
     g->priority = SHM_PRIO_HIGH;
     g->flags = SHM_GEN_ADD_BOS;
     g->prompt_ids = ids;
@@ -75,8 +76,8 @@ static void test_roundtrip_requests(void **state)
 {
     (void)state;
     struct shm_msg m = generate(), d;
-    /* 96 + 4*4 ids + "sql-lora\0" 9 + "\n\n\0</s>\0" 8 */
-    roundtrip(&m, 96 + 16 + 9 + 8, &d);
+    /* 104 + 4*4 ids + "sql-lora\0" 9 + "\n\n\0</s>\0" 8 */
+    roundtrip(&m, 104 + 16 + 9 + 8, &d);
     const struct shm_msg_generate *g = &d.generate;
     assert_int_equal(g->request_id, 77);
     assert_int_equal(g->tenant_id, 5);
@@ -104,7 +105,7 @@ static void test_roundtrip_requests(void **state)
     m.generate.prompt_text_len = 16;
     m.generate.adapter = NULL;
     m.generate.n_stop = 0;
-    roundtrip(&m, 96 + 16, &d);
+    roundtrip(&m, 104 + 16, &d);
     assert_null(d.generate.adapter);
     assert_int_equal(d.generate.n_stop, 0);
     assert_int_equal(d.generate.prompt_text_len, 16);
@@ -420,14 +421,14 @@ static void test_invalid_wire(void **state)
     static _Alignas(16) uint8_t w[4096];
     struct shm_wire_generate *g = (struct shm_wire_generate *)w;
 
-    expect_refused(SHM_MSG_GENERATE, wire, 95, "generate record: 95 bytes, shorter than its 96-byte fixed part");
+    expect_refused(SHM_MSG_GENERATE, wire, 103, "generate record: 103 bytes, shorter than its 104-byte fixed part");
     expect_refused(SHM_MSG_GENERATE, wire, 0, "0 bytes, shorter");
     memcpy(w, wire, len);
     w[len] = 0;
-    expect_refused(SHM_MSG_GENERATE, w, len + 1, "generate record (request 77): 130 bytes, but its fixed part and counts make 129");
+    expect_refused(SHM_MSG_GENERATE, w, len + 1, "generate record (request 77): 138 bytes, but its fixed part and counts make 137");
     memcpy(w, wire, len);
     g->n_prompt_ids = 0xffffffffu; /* a count that would have us read 16 GiB */
-    expect_refused(SHM_MSG_GENERATE, w, len, "but its fixed part and counts make 17179869293");
+    expect_refused(SHM_MSG_GENERATE, w, len, "but its fixed part and counts make 17179869301");
     memcpy(w, wire, len);
     g->logprobs = 22; /* 1 + 21 alternatives: one more than the ABI allows */
     expect_refused(SHM_MSG_GENERATE, w, len, "logprobs 22 exceeds 21 (1 + the alternatives)");
@@ -436,10 +437,10 @@ static void test_invalid_wire(void **state)
     expect_refused(SHM_MSG_GENERATE, w, len, "priority 3735928559 is not a priority");
     /* the adapter name without its NUL, with an inner NUL */
     memcpy(w, wire, len);
-    w[96 + 16 + 8] = 'x';
+    w[104 + 16 + 8] = 'x';
     expect_refused(SHM_MSG_GENERATE, w, len, "adapter of 9 bytes does not end with a NUL");
     memcpy(w, wire, len);
-    w[96 + 16 + 3] = 0;
+    w[104 + 16 + 3] = 0;
     expect_refused(SHM_MSG_GENERATE, w, len, "adapter holds a NUL byte at 3");
     /* stop strings section: count mismatches, an empty string, a missing NUL */
     memcpy(w, wire, len);
@@ -458,12 +459,12 @@ static void test_invalid_wire(void **state)
     w[len - 1] = '!';
     expect_refused(SHM_MSG_GENERATE, w, len, "stop strings section does not end with a NUL");
     memcpy(w, wire, len);
-    w[96 + 16 + 9] = 0; /* "\0\n\0</s>\0": three strings, the first empty */
+    w[104 + 16 + 9] = 0; /* "\0\n\0</s>\0": three strings, the first empty */
     g->n_stop = 3;
     expect_refused(SHM_MSG_GENERATE, w, len, "stop[0] must be 1..256 bytes, got none");
     /* a token id below zero on the wire */
     memcpy(w, wire, len);
-    ((int32_t *)(w + 96))[2] = -7;
+    ((int32_t *)(w + 104))[2] = -7;
     expect_refused(SHM_MSG_GENERATE, w, len, "prompt_ids[2] is -7");
 
     /* fixed-size records: exact length */
@@ -629,7 +630,7 @@ static void test_token_logprobs(void **state)
     struct shm_msg g = generate();
     g.generate.logprobs = true;
     g.generate.top_logprobs = 5;
-    roundtrip(&g, 96 + 16 + 9 + 8, &d);
+    roundtrip(&g, 104 + 16 + 9 + 8, &d);
     assert_true(d.generate.logprobs && d.generate.top_logprobs == 5);
     tu_log_capture_begin();
     g.generate.top_logprobs = 21;

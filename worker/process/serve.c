@@ -70,7 +70,7 @@ struct req {
     char adapter[LORA_NAME_MAX];          /* "" = base model (ADAPTER's active_requests) */
     /* FINISH's timings start when the worker read the GENERATE, not at engine_submit: a text
      * waits for the tokenizer, and a record read during a step for that step's end */
-    uint64_t t_read;                      /* s->arrivals: when its record was read */
+    uint64_t t_read;                      /* s->arrivals: when its wait began (arrival_ns) */
     uint64_t pre_ns;                      /* s->reqs: record read -> engine_submit */
 };
 
@@ -574,17 +574,30 @@ static void submit_generate(struct serve *s, const struct shm_msg_generate *g,
     }
 }
 
+/* When g's wait began: the gateway's stamp as it put the record on the ring (the time the
+ * record sat there while a step ran is queueing too), unless that stamp is missing or not
+ * believable (after the read, or an hour before it: shared memory is not trusted), then the
+ * read itself. Both are CLOCK_MONOTONIC, one clock for every process of the machine. */
+static uint64_t arrival_ns(const struct shm_msg_generate *g, uint64_t read_ns)
+{
+    const uint64_t hour_ns = 3600ull * 1000000000ull;
+    if (g->sent_ns && g->sent_ns <= read_ns && read_ns - g->sent_ns < hour_ns)
+        return g->sent_ns;
+    return read_ns;
+}
+
 /* Text goes to the tokenizer thread (tokq.h) and comes back through take_tokenized: the loop
  * keeps stepping the engine meanwhile. */
 static void do_generate(struct serve *s, const struct shm_msg_generate *g)
 {
+    const uint64_t t_arrived = arrival_ns(g, s->rec_read_ns);
     if (reqmap_find(&s->reqs, g->request_id)) {
         send_error(s, g->request_id, ERR_STATE, "request id %" PRIu64 " is already in flight",
                    g->request_id);
         return;
     }
     if (!g->prompt_text_len && g->n_prompt_ids)
-        return submit_generate(s, g, g->prompt_ids, g->n_prompt_ids, s->rec_read_ns);
+        return submit_generate(s, g, g->prompt_ids, g->n_prompt_ids, t_arrived);
     if ((g->flags & SHM_GEN_CHAT) && s->chat == CHAT_TPL_NONE) {
         send_error(s, g->request_id, ERR_UNSUPPORTED, "%s", s->chat_why);
         return;
@@ -602,10 +615,10 @@ static void do_generate(struct serve *s, const struct shm_msg_generate *g)
     /* out of memory here only makes its timings start at its submit */
     struct req *a = reqmap_find(&s->arrivals, g->request_id);
     if (a)
-        a->t_read = s->rec_read_ns;
+        a->t_read = t_arrived;
     else
         (void)reqmap_put(&s->arrivals, &(struct req){.key = g->request_id,
-                                                     .t_read = s->rec_read_ns});
+                                                     .t_read = t_arrived});
     tokq_push(s->tokq, j);
 }
 
