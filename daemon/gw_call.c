@@ -1601,6 +1601,20 @@ out:
 
 /* ---- generations on behalf of a caller that is not gRPC (gw_internal.h) ---- */
 
+/* What a call made for another door (HTTP) starts with: its request id, the owner's wake-up,
+ * the start time, no deadline but the request's own, and the configuration of the moment. */
+static void ext_call_init(struct gw *g, struct gw_call *c, const char *rid,
+                          void (*changed)(void *ud), void *ud)
+{
+    default_rid(c);
+    set_rid(c, rid);
+    c->sink = changed;
+    c->sink_ud = ud;
+    c->start_ns = mono_ns();
+    c->deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    c->cfg = config_ptr_get(g->w->config);
+}
+
 int gw_ext_generate(struct gw *g, const char *rid, const char *authorization, size_t auth_len,
                     Clocher__V1__GenerateRequest *const *reqs, size_t n,
                     void (*changed)(void *ud), void *ud, struct gw_call **out)
@@ -1613,13 +1627,7 @@ int gw_ext_generate(struct gw *g, const char *rid, const char *authorization, si
         LOG_ERR("gateway: request %s: out of memory for the HTTP request", rid);
         return -ENOMEM;
     }
-    default_rid(c);
-    set_rid(c, rid);
-    c->sink = changed;
-    c->sink_ud = ud;
-    c->start_ns = mono_ns();
-    c->deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
-    c->cfg = config_ptr_get(g->w->config);
+    ext_call_init(g, c, rid, changed, ud);
     *out = c; /* the owner's reference: gw_ext_release drops it */
     gw__call_ref(c); /* this function's, while it submits */
     if (authenticate_value(c, authorization, auth_len) < 0)
@@ -1785,13 +1793,7 @@ int gw_ext_adapter(struct gw *g, const char *rid, const char *authorization, siz
         LOG_ERR("gateway: request %s: out of memory for the HTTP request", rid);
         return -ENOMEM;
     }
-    default_rid(c);
-    set_rid(c, rid);
-    c->sink = changed;
-    c->sink_ud = ud;
-    c->start_ns = mono_ns();
-    c->deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
-    c->cfg = config_ptr_get(g->w->config);
+    ext_call_init(g, c, rid, changed, ud);
     *out = c; /* the owner's reference: gw_ext_release drops it */
     gw__call_ref(c); /* this function's, while it submits */
     if (authenticate_value(c, authorization, auth_len) == 0) {
