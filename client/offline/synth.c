@@ -478,7 +478,8 @@ static bool use_more_bits(uint32_t i, uint32_t n)
 static uint32_t gguf_type_of(const struct stensor *t, const struct iebin_hparams *hp,
                              uint32_t gt, bool q4km)
 {
-    if (t->gguf_f32 || (q4km && t->is_vec))
+    if (t->gguf_f32 || t->is_vec) /* 1-D tensors are f32 in GGUF, as llama.cpp writes them:
+                                    * its element-wise ops refuse a bf16 norm weight */
         return GGUF_GGML_F32;
     if (!q4km || t->cols % 256 != 0)
         return gt;
