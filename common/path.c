@@ -4,6 +4,9 @@
 #include "log.h"
 
 #include <errno.h>
+#include <unistd.h>
+#include <ftw.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -63,4 +66,20 @@ int path_mkdir_p(const char *dir)
     }
     free(p);
     return rc;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+void path_rm_tree(const char *dir)
+{
+    if (access(dir, F_OK) == 0 && nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+        int e = errno;
+        LOG_WARN("could not remove scratch folder %s: %s", dir, strerror(e));
+    }
 }

@@ -1,6 +1,7 @@
 /*
  * path.h — file-system path helpers shared by the model loaders, writers and offline tools:
- * joining a directory and a file name, and creating a directory with its missing parents.
+ * joining a directory and a file name, creating a directory with its missing parents, and
+ * removing a scratch tree.
  */
 #ifndef CLOCHER_COMMON_PATH_H
 #define CLOCHER_COMMON_PATH_H
@@ -19,5 +20,12 @@ char *path_join(const char *dir, const char *name);
  * empty path, or -errno of the failing mkdir/stat; logged once at the failing step.
  */
 int path_mkdir_p(const char *dir);
+
+/*
+ * rm -rf for scratch trees: removes `dir` and everything under it, without following
+ * symlinks; a missing `dir` is fine. Best effort: a tree that cannot be removed whole is named
+ * in a warning (a leftover scratch folder must not fail the job that made it).
+ */
+void path_rm_tree(const char *dir);
 
 #endif

@@ -7,7 +7,6 @@
  * float32 reference beside it; OUT_DIR is replaced only when the gate passes, so a refused
  * conversion leaves OUT_DIR exactly as it was (docs/CONVERT.md, "Calibration gate").
  */
-#define _XOPEN_SOURCE 700 /* nftw */
 #include "calib.h"
 #include "cmds.h"
 #include "convcache.h"
@@ -16,9 +15,9 @@
 
 #include "err.h"
 #include "log.h"
+#include "path.h"
 
 #include <errno.h>
-#include <ftw.h>
 #include <stdbool.h>
 #include <sys/stat.h>
 #include <math.h>
@@ -72,21 +71,6 @@ static int convert_exit(int rc, enum convert_fault fault)
     return fault == CONVERT_FAULT_OUTPUT || rc == -ENOMEM ? CMD_EXIT_FAIL : CMD_EXIT_INPUT;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-/* Removes a scratch directory tree (best effort: a leftover is named in a warning). */
-static void rm_tree(const char *dir)
-{
-    if (access(dir, F_OK) == 0 && nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        LOG_WARN("could not remove scratch directory %s: %s", dir, strerror(errno));
-}
-
 /* Moves the finished scratch model into place; an existing OUT_DIR is renamed aside first and
  * removed once the new one is in (a crash between the renames leaves both, never neither). */
 static int install_dir(const char *tmp, const char *out_dir)
@@ -103,7 +87,7 @@ static int install_dir(const char *tmp, const char *out_dir)
         LOG_ERR("%s: cannot replace the previous model: %s", out_dir, strerror(errno));
         return -errno;
     }
-    rm_tree(old);
+    path_rm_tree(old);
     return 0;
 }
 
@@ -170,8 +154,8 @@ static int convert_calibrated(const char *src, const char *out_dir, const struct
 out:
     calib_report_free(&r);
     free(ids);
-    rm_tree(tmpr);
-    rm_tree(tmpq);
+    path_rm_tree(tmpr);
+    path_rm_tree(tmpq);
     return code;
 }
 

@@ -1,6 +1,5 @@
 /* convcache.c — the conversion cache (convcache.h): the content key, the lock, and the
  * convert-into-scratch-then-rename that makes an entry appear only complete. */
-#define _XOPEN_SOURCE 700 /* nftw */
 #define _DEFAULT_SOURCE   /* flock, DT_* */
 #include "convcache.h"
 #include "convcache_md.h"
@@ -8,12 +7,12 @@
 #include "clocher_version.h"
 #include "err.h"
 #include "log.h"
+#include "path.h"
 #include "mono.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,20 +208,6 @@ int convcache_entry(const char *cache_dir, const char *src, const char *dtype_na
 
 /* ---- the entry: lock, reuse or convert into scratch, rename ---- */
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-static void rm_tree(const char *dir)
-{
-    if (access(dir, F_OK) == 0 && nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        LOG_WARN("could not remove scratch folder %s: %s", dir, strerror(errno));
-}
-
 /* Removes <entry>.tmp.* in the entry's folder: with the lock held, nobody else writes them. */
 static void rm_stale(const char *entry)
 {
@@ -244,7 +229,7 @@ static void rm_stale(const char *entry)
         char p[4600];
         snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
         LOG_INFO("removing %s, left by a conversion that did not finish", p);
-        rm_tree(p);
+        path_rm_tree(p);
     }
     closedir(d);
 }
@@ -346,7 +331,7 @@ int convcache_get(const char *cache_dir, const char *src, const struct convert_o
         *fault = CONVERT_FAULT_OUTPUT;
     }
     if (rc != 0)
-        rm_tree(tmp);
+        path_rm_tree(tmp);
     else {
         *converted = true;
         fprintf(stderr, "converted %s in %.1f s\n", src, (double)(mono_ns() - pl.t0) / 1e9);
