@@ -13,6 +13,9 @@ import pytest
 import gwtest as T
 
 MD = T.key("alice-key-0001")
+# a ThreadSanitizer build of the worker (scripts/test.sh's TSan tree runs this file too)
+TSAN = b"libtsan" in subprocess.run(["ldd", os.path.join(T.BUILD, "worker", "clocher-worker")],
+                                    capture_output=True).stdout
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +69,13 @@ def test_workers_pin_their_engine_threads(stories, pin):
         cpus = worker_threads(d, pin)
         # participant 0 (the engine's thread) and the pool's other thread, each on its own
         # CPU of the share; the worker's other threads (tokenizer) are not pinned
-        assert len(cpus) == 2 and len(set(cpus)) == 2, (cpus, allowed(d.worker_pids()[0]))
+        # (under TSan its background thread, started lazily by the first pthread_create, inherits
+        # participant 0's mask: one more single-CPU thread, on a CPU already counted)
+        extra_threads = 1 if TSAN else 0
+        assert len(cpus) in (2, 2 + extra_threads) and len(set(cpus)) == 2, (
+            cpus, allowed(d.worker_pids()[0]))
         if pin != "scatter":
-            assert cpus == sorted(os.sched_getaffinity(0))[:2]
+            assert sorted(set(cpus)) == sorted(os.sched_getaffinity(0))[:2]
     finally:
         assert d.stop() == 0, d.read_log()
 
