@@ -1498,12 +1498,16 @@ void gw__call_arrived(struct gw_call *c, bool ok)
     c->live = true;
     size_t open = atomic_fetch_add(&g->live_calls, 1) + 1;
     if (gw__conn_over(g, c->peer)) {
+        if (g->stats)
+            stats_global_refusal(g->stats, "max_connections");
         end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
                  "limits.max_connections: %" PRIu32 " connections are open already; this one "
                  "is closed, retry later", c->cfg->limits.max_connections);
         goto out;
     }
     if (open > c->cfg->limits.max_calls && c->method != GW_HEALTH_CHECK) {
+        if (g->stats)
+            stats_global_refusal(g->stats, "max_calls");
         end_call(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
                  "limits.max_calls: %" PRIu32 " calls are open across all connections; retry "
                  "later", c->cfg->limits.max_calls);

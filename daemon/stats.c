@@ -79,6 +79,10 @@ static const char *const quota_limit_name[] = {"requests_per_s", "tokens_per_min
                                                "max_prompt_bytes", "max_queued"};
 #define STATS_N_LIMITS (sizeof quota_limit_name / sizeof quota_limit_name[0])
 
+/* The daemon-wide caps a refusal is counted under (clocher_global_refusals_total{limit}). */
+static const char *const global_limit_name[] = {"max_calls", "max_connections"};
+#define STATS_N_GLOBAL (sizeof global_limit_name / sizeof global_limit_name[0])
+
 struct tenant_series {
     char label[STATS_NAME_MAX]; /* immutable once published (see NOTES) */
     _Atomic uint64_t prompt_tokens, completion_tokens, cached_tokens;
@@ -139,6 +143,7 @@ struct stats {
 
     _Atomic int64_t queue_depth;
     _Atomic uint64_t early_resets, conns_closed; /* the rapid-reset guard (daemon/gw_conn.c) */
+    _Atomic uint64_t global_refusals[STATS_N_GLOBAL]; /* limits.max_calls / max_connections */
 
     size_t n_workers;
     struct worker_series *workers; /* [n_workers] */
@@ -440,6 +445,13 @@ void stats_throttled(struct stats *s, const char *tenant_name, const char *limit
     for (size_t i = 0; i < STATS_N_LIMITS; i++)
         if (strcmp(limit, quota_limit_name[i]) == 0)
             atomic_fetch_add_explicit(&t->throttled[i], 1, memory_order_relaxed);
+}
+
+void stats_global_refusal(struct stats *s, const char *limit)
+{
+    for (size_t i = 0; i < STATS_N_GLOBAL; i++)
+        if (strcmp(limit, global_limit_name[i]) == 0)
+            atomic_fetch_add_explicit(&s->global_refusals[i], 1, memory_order_relaxed);
 }
 
 void stats_early_reset(struct stats *s, bool closed)
@@ -887,6 +899,11 @@ int stats_render_for(const struct stats *s, const struct workers *w, const char 
     family(&o, "clocher_connections_closed_total", "counter",
            "Connections closed for too many early resets (limits.max_early_resets).");
     outf(&o, "clocher_connections_closed_total %" PRIu64 "\n", get(&s->conns_closed));
+    family(&o, "clocher_global_refusals_total", "counter",
+           "Calls refused by a daemon-wide cap (limits.max_calls, limits.max_connections).");
+    for (size_t i = 0; i < STATS_N_GLOBAL; i++)
+        outf(&o, "clocher_global_refusals_total{limit=\"%s\"} %" PRIu64 "\n",
+             global_limit_name[i], get(&s->global_refusals[i]));
 
     render_engine(&o, s, w);
     render_supervisor(&o, w);

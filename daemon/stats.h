@@ -103,6 +103,9 @@ void stats_throttled(struct stats *s, const char *tenant, const char *limit);
 /* A stream reset by its client before any answer (clocher_early_resets_total); closed: its
  * connection was closed for it (clocher_connections_closed_total). */
 void stats_early_reset(struct stats *s, bool closed);
+/* A call refused by a daemon-wide cap, before any tenant is known: limit is "max_calls" or
+ * "max_connections" (clocher_global_refusals_total{limit}; any other name is ignored). */
+void stats_global_refusal(struct stats *s, const char *limit);
 
 /* The latest STATS record of worker `slot` (replaces the previous one): clocher_kv_blocks
  * {worker,node,state=used|cached|free}, clocher_prefix_{hit,miss}_tokens_total{worker},

@@ -425,6 +425,10 @@ static void test_scoped_and_throttles(void **state)
     stats_throttled(s, "bob", "no_such_limit"); /* ignored */
     stats_early_reset(s, false);
     stats_early_reset(s, true);
+    stats_global_refusal(s, "max_calls");
+    stats_global_refusal(s, "max_connections");
+    stats_global_refusal(s, "max_connections");
+    stats_global_refusal(s, "no_such_cap"); /* ignored */
     stats_request(s, "", "Generate", 0); /* anonymous access */
     for (int i = 0; i < STATS_MAX_TENANTS + 2; i++) { /* fills the overflow entry */
         char name[32];
@@ -443,6 +447,8 @@ static void test_scoped_and_throttles(void **state)
     assert_int_equal(value(text, "clocher_completion_tokens_total{tenant=\"bob\"}"), 4);
     assert_int_equal(value(text, "clocher_early_resets_total"), 2);
     assert_int_equal(value(text, "clocher_connections_closed_total"), 1);
+    assert_int_equal(value(text, "clocher_global_refusals_total{limit=\"max_calls\"}"), 1);
+    assert_int_equal(value(text, "clocher_global_refusals_total{limit=\"max_connections\"}"), 2);
     free(text);
     char *all = render(s, NULL);
     assert_true(has(all, "tenant=\"alice\""));

@@ -3,6 +3,7 @@ second clocherd on a live socket, and the tenant limits a flood runs into. Bound
 time, on a Unix socket in a temporary directory."""
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -549,6 +550,11 @@ def test_global_caps_on_connections_and_calls():
                 fresh = grpc.insecure_channel("unix:" + dm.sock, options=opts)
         fresh.close()
         chans[0].close()
+        # each refusal is counted by its cap (before any tenant is known: daemon-wide series)
+        text = dm.stub.GetMetrics(T.pb.GetMetricsRequest(), metadata=ALICE, timeout=10).prometheus_text
+        for cap in ("max_calls", "max_connections"):
+            m = re.search(r'^clocher_global_refusals_total\{limit="%s"\} (\d+)$' % cap, text, re.M)
+            assert m and int(m.group(1)) >= 1, (cap, text)
     finally:
         assert dm.stop() == 0, dm.read_log()
 
