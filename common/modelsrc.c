@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -247,7 +248,7 @@ static void pump(int fd, struct line_buf *b, bool log)
 /* Spawns the converter with its stdout and stderr on the pipes' write ends. */
 static int spawn_converter(const struct modelsrc_convert *c, int out_w, int err_w, pid_t *pid)
 {
-    char *argv[8];
+    char *argv[10], gb[32];
     int a = 0;
     argv[a++] = (char *)c->program;
     argv[a++] = (char *)"convert";
@@ -256,6 +257,11 @@ static int spawn_converter(const struct modelsrc_convert *c, int out_w, int err_
     if (c->dtype && *c->dtype) {
         argv[a++] = (char *)"--dtype";
         argv[a++] = (char *)c->dtype;
+    }
+    if (c->cache_max_gb > 0) {
+        snprintf(gb, sizeof gb, "%.17g", c->cache_max_gb);
+        argv[a++] = (char *)"--cache-max-gb";
+        argv[a++] = gb;
     }
     argv[a++] = (char *)c->src;
     argv[a] = NULL;
@@ -287,8 +293,40 @@ static int spawn_converter(const struct modelsrc_convert *c, int out_w, int err_
     return -rc;
 }
 
-int modelsrc_convert(const struct modelsrc_convert *c, char *out, size_t cap)
+/* The shared flock that keeps the entry dir from eviction while this process serves it
+ * (modelsrc.h): the descriptor, or a negative code logged. Blocking is brief: only an eviction
+ * or a conversion holds the lock exclusively, and an entry that exists is never converted. */
+static int hold_entry(const char *dir)
 {
+    char lock[PATH_MAX + 16], manifest[PATH_MAX + 16];
+    snprintf(lock, sizeof lock, "%s" MODELSRC_LOCK_SUFFIX, dir);
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        LOG_ERR("%s: cannot open the cache entry's lock: %s", lock, strerror(e));
+        return -e;
+    }
+    while (flock(fd, LOCK_SH) != 0) {
+        if (errno == EINTR)
+            continue;
+        int e = errno;
+        LOG_ERR("%s: cannot lock it: %s", lock, strerror(e));
+        close(fd);
+        return -e;
+    }
+    snprintf(manifest, sizeof manifest, "%s/model.ie.json", dir);
+    if (access(manifest, F_OK) != 0) { /* evicted between the converter's answer and the lock */
+        LOG_ERR("%s: the cache entry was evicted while this server started; start it again",
+                dir);
+        close(fd);
+        return -EAGAIN;
+    }
+    return fd;
+}
+
+int modelsrc_convert(const struct modelsrc_convert *c, char *out, size_t cap, int *hold_fd)
+{
+    *hold_fd = -1;
     int out_p[2] = {-1, -1}, err_p[2] = {-1, -1}, sfd = -1, rc;
     sigset_t held, old;
     sigemptyset(&held);
@@ -374,7 +412,9 @@ int modelsrc_convert(const struct modelsrc_convert *c, char *out, size_t cap)
         } else if ((size_t)snprintf(out, cap, "%s", ob.buf) >= cap) {
             rc = -ENAMETOOLONG;
         } else {
-            rc = 0;
+            int fd = hold_entry(out);
+            rc = fd < 0 ? fd : 0;
+            *hold_fd = fd;
         }
     } else {
         char how[64];

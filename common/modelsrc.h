@@ -55,17 +55,26 @@ int modelsrc_cache_dir_default(char *out, size_t cap);
  * build tree), into out[cap]. 0, or -ENOENT logged naming the places looked at. */
 int modelsrc_find_clocher(char *out, size_t cap);
 
+/* A cache entry's lock file is the entry's path with this suffix: the converter holds it
+ * exclusively while it writes the entry, eviction exclusively while it removes it, and a
+ * server shared for as long as it serves it (client/offline/convcache.h). */
+#define MODELSRC_LOCK_SUFFIX ".lock"
+
 struct modelsrc_convert {
     const char *program;   /* the `clocher` program (modelsrc_find_clocher, or configured) */
     const char *src;       /* a Hugging Face folder or a GGUF file */
     const char *cache_dir;
     const char *dtype;     /* `--dtype`; NULL: each tensor keeps the source's dtype */
+    double cache_max_gb;   /* `--cache-max-gb`: evict least recently used entries; 0 = never */
     void (*tick)(void *ud); /* about once a second while the converter runs; NULL = none */
     void *ud;
 };
 
 /*
- * Runs `program convert --cache cache_dir [--dtype D] src` and waits for it: each line it
+ * Runs `program convert --cache cache_dir [--dtype D] [--cache-max-gb N] src` and waits for it;
+ * then takes a shared flock on the entry's lock file (MODELSRC_LOCK_SUFFIX) so that no eviction
+ * removes the entry while this process serves it: *hold_fd is that descriptor (close-on-exec),
+ * to keep open for as long as the entry is served. Each line it
  * writes on stderr (progress, its errors) is logged at info level prefixed "convert: ", and
  * the IEBIN folder it prints is copied into out[cap]. SIGTERM and SIGINT are held while it
  * runs: either stops the converter (SIGTERM) and returns ERR_CANCELLED; SIGHUP is ignored.
@@ -73,6 +82,6 @@ struct modelsrc_convert {
  * wrote, and the return is ERR_FORMAT (it refused the source: exit 2 or 3, retrying cannot
  * help), -ENOENT/-EACCES (the program cannot be run) or -EIO (it failed otherwise).
  */
-int modelsrc_convert(const struct modelsrc_convert *c, char *out, size_t cap);
+int modelsrc_convert(const struct modelsrc_convert *c, char *out, size_t cap, int *hold_fd);
 
 #endif

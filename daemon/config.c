@@ -191,8 +191,9 @@ static int get_u32(struct walk *w, json_t *obj, const char *key, uint32_t lo, ui
     return rc;
 }
 
-static int get_seconds(struct walk *w, json_t *obj, const char *key, double lo, double hi,
-                       double def, double *out)
+/* A number in lo..hi of `unit` ("seconds", "gigabytes") at obj.key; def when absent. */
+static int get_number(struct walk *w, json_t *obj, const char *key, double lo, double hi,
+                      double def, const char *unit, double *out)
 {
     json_t *v = obj ? json_object_get(obj, key) : NULL;
     *out = def;
@@ -201,15 +202,21 @@ static int get_seconds(struct walk *w, json_t *obj, const char *key, double lo, 
     size_t s = push_key(w, key);
     int rc = 0;
     if (!json_is_number(v))
-        rc = fail(w, ERR_FORMAT, "must be a number of seconds in %g..%g, got %s", lo, hi,
+        rc = fail(w, ERR_FORMAT, "must be a number of %s in %g..%g, got %s", unit, lo, hi,
                   json_type_name(v));
     else if (!(json_number_value(v) >= lo && json_number_value(v) <= hi))
-        rc = fail(w, ERR_RANGE, "must be a number of seconds in %g..%g, got %g", lo, hi,
+        rc = fail(w, ERR_RANGE, "must be a number of %s in %g..%g, got %g", unit, lo, hi,
                   json_number_value(v));
     else
         *out = json_number_value(v);
     pop(w, s);
     return rc;
+}
+
+static int get_seconds(struct walk *w, json_t *obj, const char *key, double lo, double hi,
+                       double def, double *out)
+{
+    return get_number(w, obj, key, lo, hi, def, "seconds", out);
 }
 
 static int get_bool(struct walk *w, json_t *obj, const char *key, bool def, bool *out)
@@ -980,11 +987,13 @@ static int parse_log_format(struct walk *w, json_t *root, struct config *c)
     return rc;
 }
 
-/* "convert": {"enabled", "cache_dir", "dtype", "program"}: a Hugging Face folder or a GGUF
+/* "convert": {"enabled", "cache_dir", "dtype", "program", "cache_max_gb"}: a Hugging Face
+ * folder or a GGUF
  * as model_dir, converted once into the cache (docs/DAEMON.md, "Models as downloaded") */
 static int parse_convert(struct walk *w, json_t *root, struct config *c)
 {
-    static const char *const keys[] = {"enabled", "cache_dir", "dtype", "program", NULL};
+    static const char *const keys[] = {"enabled", "cache_dir", "dtype", "program",
+                                       "cache_max_gb", NULL};
     json_t *o;
     int rc = get_object(w, root, "convert", &o);
     if (rc < 0 || !o)
@@ -995,6 +1004,8 @@ static int parse_convert(struct walk *w, json_t *root, struct config *c)
     if ((rc = check_keys(w, o, keys)) < 0 || (rc = get_bool(w, o, "enabled", true, &enabled)) < 0 ||
         (rc = get_path(w, o, "cache_dir", &c->convert_cache_dir)) < 0 ||
         (rc = get_path(w, o, "program", &c->convert_program)) < 0 ||
+        (rc = get_number(w, o, "cache_max_gb", 0, 1e6, 0, "gigabytes",
+                         &c->convert_cache_max_gb)) < 0 ||
         (rc = get_string(w, o, "dtype", 16, false, &d)) < 0)
         goto out;
     c->convert_disabled = !enabled;
@@ -1321,6 +1332,7 @@ int config_keep_restart_fields(struct config *fresh, const struct config *runnin
     keep_str(&fresh->convert_cache_dir, &running->convert_cache_dir, "convert.cache_dir", &n);
     keep_str(&fresh->convert_dtype, &running->convert_dtype, "convert.dtype", &n);
     keep_str(&fresh->convert_program, &running->convert_program, "convert.program", &n);
+    KEEP_NUM(convert_cache_max_gb, "convert.cache_max_gb");
     free(fresh->served_model_dir);
     fresh->served_model_dir = running->served_model_dir ? strdup(running->served_model_dir) : NULL;
     CHECK(!running->served_model_dir || fresh->served_model_dir);

@@ -148,6 +148,9 @@ struct config {
                                       * source's own dtypes */
     char *convert_program;           /* "convert.program": the clocher program, absolute; NULL
                                       * = found beside clocherd */
+    double convert_cache_max_gb;     /* "convert.cache_max_gb": after the conversion, least
+                                      * recently used entries are evicted down to this; 0 =
+                                      * never (client/offline/convcache.h) */
     /* set by clocherd at start, before the snapshot is published, and carried across reloads:
      * the IEBIN folder the workers load (NULL = model_dir itself; else its cache entry) and
      * that folder's sampling defaults */

@@ -835,9 +835,12 @@ int sup_prepare_model(struct config *c)
         uint64_t t0 = uv_hrtime();
         notify("STATUS=converting the model into the cache");
         struct modelsrc_convert mc = {.program = prog, .src = c->model_dir, .cache_dir = cache,
-                                      .dtype = c->convert_dtype, .tick = convert_tick,
-                                      .ud = &t0};
-        if ((rc = modelsrc_convert(&mc, served, sizeof served)) < 0)
+                                      .dtype = c->convert_dtype,
+                                      .cache_max_gb = c->convert_cache_max_gb,
+                                      .tick = convert_tick, .ud = &t0};
+        /* held (never closed) while this daemon runs: no eviction removes what it serves */
+        static int served_hold = -1;
+        if ((rc = modelsrc_convert(&mc, served, sizeof served, &served_hold)) < 0)
             return rc;
         LOG_INFO("model %s: serving its conversion %s", c->model_dir, served);
         if (!(c->served_model_dir = strdup(served)))

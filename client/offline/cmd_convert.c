@@ -31,7 +31,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: clocher convert SRC OUT_DIR [--dtype f32|f16|bf16|int8|int4] [--embd-dtype D]\n                       [--tokenizer FILE]"
             " [--from llama2c|hf|gguf]\n"
-            "       clocher convert --cache DIR SRC [--dtype D]\n\n"
+            "       clocher convert --cache DIR SRC [--dtype D] [--cache-max-gb N]\n\n"
             "Converts a llama2.c checkpoint, a Hugging Face directory (config.json +\n"
             "safetensors) or a GGUF file into an IEBIN model directory. The format is\n"
             "detected unless --from names it. --dtype converts the weight matrices (norms stay\n"
@@ -58,7 +58,9 @@ static void usage(FILE *f)
             "                       conversion cache under DIR, keyed by SRC's content, unless\n"
             "                       it is there already, and print the IEBIN folder's path on\n"
             "                       stdout (what clocherd and inference-engine run; progress\n"
-            "                       lines on stderr; docs/CONVERT.md, \"The conversion cache\")\n");
+            "                       lines on stderr; docs/CONVERT.md, \"The conversion cache\")\n"
+            "--cache-max-gb N       then remove the least recently used entries until the\n"
+            "                       cache holds at most N GB (never one in use or just used)\n");
 }
 
 /* The exit code of a finished convert_model (its reason was logged where it was found). */
@@ -161,8 +163,9 @@ out:
 
 /* `--cache DIR SRC`: the entry's path on stdout, converted first when missing. Only --dtype
  * and --from shape a cache entry: the other options (`other`) would need a place in its key. */
-static int convert_into_cache(const char *cache_dir, int n_pos, const char *const *pos,
-                              const struct convert_opts *o, const char *dtype_name, bool other)
+static int convert_into_cache(const char *cache_dir, double max_gb, int n_pos,
+                              const char *const *pos, const struct convert_opts *o,
+                              const char *dtype_name, bool other)
 {
     if (n_pos != 1) {
         fprintf(stderr, "clocher convert: --cache DIR takes one SRC (a Hugging Face folder or a "
@@ -170,9 +173,9 @@ static int convert_into_cache(const char *cache_dir, int n_pos, const char *cons
         return CMD_EXIT_USAGE;
     }
     if (other) {
-        fprintf(stderr, "clocher convert: --cache takes --dtype and --from only; convert "
-                        "with other options into a folder of your own (clocher convert SRC "
-                        "OUT_DIR ...)\n");
+        fprintf(stderr, "clocher convert: --cache takes --dtype, --from and --cache-max-gb "
+                        "only; convert with other options into a folder of your own "
+                        "(clocher convert SRC OUT_DIR ...)\n");
         return CMD_EXIT_USAGE;
     }
     char out[4096];
@@ -183,6 +186,9 @@ static int convert_into_cache(const char *cache_dir, int n_pos, const char *cons
         return convert_exit(rc, fault);
     if (!converted)
         fprintf(stderr, "using %s, converted before from %s\n", out, pos[0]);
+    /* a cache that cannot be trimmed still serves: the entry is there */
+    if (max_gb > 0)
+        (void)convcache_evict(cache_dir, out, (uint64_t)(max_gb * 1e9));
     printf("%s\n", out);
     return fflush(stdout) == 0 ? CMD_EXIT_OK : CMD_EXIT_FAIL;
 }
@@ -197,6 +203,7 @@ int cmd_convert(int argc, char **argv)
     struct calib_gate gate = {NAN, NAN, NAN};
     bool gated = false;
     const char *cache_dir = NULL, *dtype_name = NULL;
+    double cache_max_gb = 0; /* 0: no eviction */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -269,6 +276,14 @@ int cmd_convert(int argc, char **argv)
             gated = true;
         } else if (!strcmp(a, "--cache") && i + 1 < argc) {
             cache_dir = argv[++i];
+        } else if (!strcmp(a, "--cache-max-gb") && i + 1 < argc) {
+            char *e;
+            cache_max_gb = strtod(argv[++i], &e);
+            if (*e || e == argv[i] || !(cache_max_gb > 0) || cache_max_gb > 1e6) {
+                fprintf(stderr, "clocher convert: --cache-max-gb %s: expected a number of "
+                                "gigabytes above 0 (at most 1e6)\n", argv[i]);
+                return CMD_EXIT_USAGE;
+            }
         } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
             o.tokenizer = argv[++i];
         } else if (!strcmp(a, "--from") && i + 1 < argc) {
@@ -294,8 +309,12 @@ int cmd_convert(int argc, char **argv)
             return CMD_EXIT_USAGE;
         }
     }
+    if (cache_max_gb > 0 && !cache_dir) {
+        fprintf(stderr, "clocher convert: --cache-max-gb goes with --cache DIR\n");
+        return CMD_EXIT_USAGE;
+    }
     if (cache_dir)
-        return convert_into_cache(cache_dir, n_pos, pos, &o, dtype_name,
+        return convert_into_cache(cache_dir, cache_max_gb, n_pos, pos, &o, dtype_name,
                                   manifest_path || calib_ids || calib_text || gated ||
                                       calib_report || o.embd_dtype_set || o.tokenizer);
     if (n_pos != 2) {

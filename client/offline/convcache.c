@@ -8,6 +8,7 @@
 #include "err.h"
 #include "log.h"
 #include "path.h"
+#include "modelsrc.h"
 #include "mono.h"
 
 #include <dirent.h>
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define KEY_TAG "clocher-convcache-v1"
@@ -165,8 +167,8 @@ int convcache_key(const char *src, const char *dtype_name, char *hex)
         return -ENOMEM;
     }
     char head[256];
-    int n = snprintf(head, sizeof head, "%s\nconverter %s\ndtype %s\n%s\n", KEY_TAG,
-                     CLOCHER_VERSION, dtype_name && *dtype_name ? dtype_name : "source",
+    int n = snprintf(head, sizeof head, "%s\nconverter %s epoch %d\ndtype %s\n%s\n", KEY_TAG,
+                     CLOCHER_VERSION_NUMBER, CONVCACHE_EPOCH, dtype_name && *dtype_name ? dtype_name : "source",
                      S_ISDIR(st.st_mode) ? "folder" : "file");
     convcache_md_update(md, head, (size_t)n);
     int rc = S_ISDIR(st.st_mode) ? hash_folder(md, src) : hash_file(md, src, "");
@@ -236,9 +238,20 @@ static void rm_stale(const char *entry)
 
 static bool is_iebin(const char *dir)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/model.ie.json", dir);
-    return access(p, F_OK) == 0;
+    char p[4608];
+    int n = snprintf(p, sizeof p, "%s/model.ie.json", dir);
+    return n > 0 && (size_t)n < sizeof p && access(p, F_OK) == 0;
+}
+
+/* Marks an entry used now (its folder's mtime: eviction removes the least recently used). */
+static int stamp_used(const char *entry)
+{
+    if (utimensat(AT_FDCWD, entry, NULL, 0) != 0) {
+        int e = errno;
+        LOG_ERR("%s: cannot mark it used: %s", entry, strerror(e));
+        return -e;
+    }
+    return 0;
 }
 
 /* Progress lines for a log (no \r): about every tenth of the tensors. */
@@ -293,10 +306,10 @@ int convcache_get(const char *cache_dir, const char *src, const struct convert_o
     if ((rc = convcache_entry(cache_dir, src, dtype_name, out, cap)) < 0)
         return rc;
     if (is_iebin(out)) /* the common case needs no lock: an entry exists only complete */
-        return 0;
+        return stamp_used(out);
 
     char lock[4200], tmp[4200];
-    snprintf(lock, sizeof lock, "%s.lock", out);
+    snprintf(lock, sizeof lock, "%s" MODELSRC_LOCK_SUFFIX, out);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)getpid());
     int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -313,7 +326,7 @@ int convcache_get(const char *cache_dir, const char *src, const struct convert_o
     }
     if (is_iebin(out)) { /* the other one finished it */
         close(fd);
-        return 0;
+        return stamp_used(out);
     }
     rm_stale(out);
     fprintf(stderr, "converting %s into %s (dtype %s)\n", src, out,
@@ -335,7 +348,145 @@ int convcache_get(const char *cache_dir, const char *src, const struct convert_o
     else {
         *converted = true;
         fprintf(stderr, "converted %s in %.1f s\n", src, (double)(mono_ns() - pl.t0) / 1e9);
+        rc = stamp_used(out);
     }
     close(fd); /* releases the lock */
     return rc;
+}
+
+/* ---- eviction ---- */
+
+struct cached {
+    char name[256];
+    uint64_t bytes;   /* on disk (st_blocks) */
+    struct timespec used; /* the folder's mtime: stamped at each use */
+};
+
+/* Bytes on disk of everything under dir (st_blocks, so sparse files count what they take). */
+static uint64_t tree_bytes(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    uint64_t sum = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        char p[4600];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (lstat(p, &st) != 0)
+            continue;
+        sum += (uint64_t)st.st_blocks * 512u;
+        if (S_ISDIR(st.st_mode))
+            sum += tree_bytes(p);
+    }
+    closedir(d);
+    return sum;
+}
+
+static int by_use(const void *a, const void *b)
+{
+    const struct cached *x = a, *y = b;
+    if (x->used.tv_sec != y->used.tv_sec)
+        return x->used.tv_sec < y->used.tv_sec ? -1 : 1;
+    if (x->used.tv_nsec != y->used.tv_nsec)
+        return x->used.tv_nsec < y->used.tv_nsec ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Removes one entry if nobody holds its lock: 1 removed, 0 skipped (in use / vanished). */
+static int evict_one(const char *cache_dir, const struct cached *e)
+{
+    char entry[4400], lock[4450], gone[4500];
+    snprintf(entry, sizeof entry, "%s/%s", cache_dir, e->name);
+    snprintf(lock, sizeof lock, "%s" MODELSRC_LOCK_SUFFIX, entry);
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "cache: cannot evict %s: %s: %s\n", entry, lock, strerror(errno));
+        return 0;
+    }
+    int removed = 0;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        fprintf(stderr, "cache: %s is in use: kept\n", entry);
+    } else if (is_iebin(entry)) {
+        snprintf(gone, sizeof gone, "%s.tmp.evict%ld", entry, (long)getpid());
+        if (rename(entry, gone) != 0) {
+            fprintf(stderr, "cache: cannot evict %s: %s\n", entry, strerror(errno));
+        } else {
+            path_rm_tree(gone);
+            unlink(lock); /* with the lock held: a later user creates it afresh */
+            fprintf(stderr, "cache: evicted %s (%.1f MB, least recently used)\n", entry,
+                    (double)e->bytes / 1e6);
+            removed = 1;
+        }
+    }
+    close(fd);
+    return removed;
+}
+
+int convcache_evict(const char *cache_dir, const char *keep, uint64_t max_bytes)
+{
+    DIR *d = opendir(cache_dir);
+    if (!d) {
+        int e = errno;
+        LOG_ERR("cache directory %s: cannot list it: %s", cache_dir, strerror(e));
+        return -e;
+    }
+    const char *keep_name = keep ? strrchr(keep, '/') : NULL;
+    keep_name = keep_name ? keep_name + 1 : keep;
+    struct cached *v = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t total = 0;
+    struct dirent *de;
+    int rc = 0;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.' || strstr(de->d_name, ".tmp.") ||
+            strlen(de->d_name) >= sizeof v->name)
+            continue;
+        char p[4400];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", cache_dir, de->d_name);
+        if (lstat(p, &st) != 0 || !S_ISDIR(st.st_mode) || !is_iebin(p))
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            struct cached *nv = realloc(v, nc * sizeof *v);
+            if (!nv) {
+                rc = -ENOMEM;
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        snprintf(v[n].name, sizeof v[n].name, "%s", de->d_name);
+        v[n].bytes = tree_bytes(p);
+        v[n].used = st.st_mtim;
+        total += v[n].bytes;
+        n++;
+    }
+    closedir(d);
+    if (rc < 0) {
+        free(v);
+        LOG_ERR("cache directory %s: out of memory listing it", cache_dir);
+        return rc;
+    }
+    qsort(v, n, sizeof *v, by_use);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (size_t i = 0; i < n && total > max_bytes; i++) {
+        if (keep_name && !strcmp(v[i].name, keep_name))
+            continue;
+        if (now.tv_sec - v[i].used.tv_sec < CONVCACHE_EVICT_GRACE_S)
+            continue;
+        if (evict_one(cache_dir, &v[i]))
+            total -= v[i].bytes;
+    }
+    if (total > max_bytes)
+        fprintf(stderr, "cache: %s holds %.1f MB, above its limit of %.1f MB: the rest is in use "
+                        "or was used in the last %d s\n", cache_dir, (double)total / 1e6,
+                (double)max_bytes / 1e6, CONVCACHE_EVICT_GRACE_S);
+    free(v);
+    return 0;
 }

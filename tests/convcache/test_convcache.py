@@ -6,6 +6,7 @@ entry; --no-convert keeps the refusal naming `clocher convert`. The acceptance: 
 on a GGUF with a chat template answers a gRPC chat and an HTTP /v1/chat/completions. And the
 model's generation_config sampling defaults apply where a request is silent.
 """
+import fcntl
 import json
 import os
 import shutil
@@ -277,6 +278,17 @@ def test_inference_engine_runs_a_gguf(tmp_path):
     q = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert q.returncode == 0 and "converted before" in q.stderr and "tensors (" not in q.stderr
     assert json.loads(q.stdout.strip().splitlines()[-1])["generated_ids"] == run1["generated_ids"]
+    # --cache-max-gb: another model's run evicts this (old) entry, not its own
+    (mine,), _ = entries(cache)
+    os.utime(os.path.join(cache, mine), (time.time() - 3600,) * 2)
+    other = argv[:2] + [chat_gguf("l3chat-seed2", seed=2)] + argv[3:] + ["--cache-max-gb",
+                                                                         "0.000001"]
+    r = subprocess.run(other, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "evicted %s" % os.path.join(cache, mine) in r.stderr, r.stderr
+    assert len(entries(cache)[0]) == 1 and mine not in entries(cache)[0]
+    bad = subprocess.run(argv + ["--cache-max-gb", "-3"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "--cache-max-gb -3" in bad.stderr, bad.stderr
 
 
 # ---- acceptance: clocherd started on a GGUF serves a chat request ----
@@ -348,6 +360,116 @@ def test_clocherd_started_on_a_gguf_serves_chat(tmp_path):
         assert d.stop() == 0
     done, scratch = entries(cache)
     assert len(done) == 2 and first in done and scratch == []
+
+
+# ---- eviction (--cache-max-gb, convert.cache_max_gb) ----
+
+def _bytes(path):
+    """Bytes on disk under path (st_blocks, as the evictor counts them)."""
+    n = os.lstat(path).st_blocks * 512
+    for root, dirs, files in os.walk(path):
+        for f in dirs + files:
+            n += os.lstat(os.path.join(root, f)).st_blocks * 512
+    return n
+
+
+def test_eviction_removes_the_least_recently_used_but_never_one_in_use(tmp_path):
+    cache = str(tmp_path / "cache")
+    srcs = [chat_gguf(), chat_gguf("l3chat-seed2", seed=2), chat_gguf("l3chat-seed3", seed=3)]
+    paths = []
+    for s_ in srcs:
+        p = convert(cache, s_)
+        assert p.returncode == 0, p.stderr
+        paths.append(p.stdout.strip())
+    size = max(_bytes(p) for p in paths)
+    now = time.time()
+    for age, p in zip((3000, 2000, 1000), paths):  # paths[0] is the least recently used
+        os.utime(p, (now - age, now - age))
+    limit_gb = "%.9f" % (size * 1.5 / 1e9)  # room for one entry, not two
+    # a server holds paths[0] (its shared lock): eviction keeps it and removes paths[1]
+    hold = open(paths[0] + ".lock", "a+")
+    fcntl.flock(hold, fcntl.LOCK_SH)
+    try:
+        r = convert(cache, srcs[2], "--cache-max-gb", limit_gb)
+        assert r.returncode == 0 and r.stdout.strip() == paths[2], r.stderr
+        assert "%s is in use: kept" % paths[0] in r.stderr, r.stderr
+        assert "evicted %s" % paths[1] in r.stderr, r.stderr
+        assert "above its limit" in r.stderr, r.stderr
+        assert entries(cache) == (sorted(os.path.basename(p) for p in (paths[0], paths[2])), [])
+    finally:
+        hold.close()
+    # released: it goes now; the entry just served (and stamped) stays
+    r = convert(cache, srcs[2], "--cache-max-gb", limit_gb)
+    assert r.returncode == 0 and "evicted %s" % paths[0] in r.stderr, r.stderr
+    assert entries(cache) == ([os.path.basename(paths[2])], [])
+    # an entry used within the last minute is not evicted either (a server may be about to
+    # take its lock): paths[1] comes back, then paths[2] is served with room for one only
+    p = convert(cache, srcs[1])
+    assert p.returncode == 0 and p.stdout.strip() == paths[1], p.stderr
+    r = convert(cache, srcs[2], "--cache-max-gb", limit_gb)
+    assert r.returncode == 0 and "evicted" not in r.stderr and "above its limit" in r.stderr
+    assert len(entries(cache)[0]) == 2
+    # what was evicted converts again when asked for, as a miss
+    r = convert(cache, srcs[0])
+    assert r.returncode == 0 and "tensors (100%" in r.stderr and r.stdout.strip() == paths[0]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--cache-max-gb", "0"], "above 0"), (["--cache-max-gb", "-1"], "above 0"),
+    (["--cache-max-gb", "lots"], "expected a number"), (["--cache-max-gb", "1e9"], "at most"),
+    (["--cache-max-gb", "nan"], "expected a number")])
+def test_a_bad_cache_max_gb_is_refused(args, says, tmp_path):
+    p = subprocess.run([T.CLOCHER, "convert", "--cache", str(tmp_path / "c")] + args +
+                       [chat_gguf()], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--cache-max-gb" in p.stderr and says in p.stderr, p.stderr
+    p = subprocess.run([T.CLOCHER, "convert", chat_gguf(), str(tmp_path / "o"),
+                        "--cache-max-gb", "1"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--cache-max-gb goes with --cache" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("value, says", [("10", "number of gigabytes"),
+                                         (-1, "number of gigabytes in 0..")])
+def test_a_bad_convert_cache_max_gb_key_is_refused(value, says, tmp_path):
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps({"model_dir": chat_gguf(), "convert": {"cache_max_gb": value}}))
+    p = subprocess.run([T.CLOCHERD, "--config", str(bad), "--check-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "convert.cache_max_gb" in p.stderr and says in p.stderr, \
+        p.stderr
+
+
+def test_clocherd_holds_its_entry_against_eviction(tmp_path):
+    """clocherd keeps a shared lock on the entry it serves: another program trimming the cache
+    (a second daemon with convert.cache_max_gb, or `clocher convert --cache-max-gb`) keeps it,
+    so a worker respawned later still finds its weights."""
+    cache = str(tmp_path / "cache")
+    src = str(tmp_path / "l3chat.gguf")
+    shutil.copy(chat_gguf(), src)
+    port = T.free_port()
+    d = T.Daemon(src, workers=1, extra={"convert": {"cache_dir": cache, "cache_max_gb": 100},
+                                         "http": {"listen": "127.0.0.1:%d" % port}})
+    try:
+        (served,), _ = entries(cache)
+        served = os.path.join(cache, served)
+        os.utime(served, (time.time() - 3600,) * 2)
+        r = convert(cache, chat_gguf("l3chat-seed2", seed=2), "--cache-max-gb", "0.000001")
+        assert r.returncode == 0, r.stderr
+        assert "%s is in use: kept" % served in r.stderr, r.stderr
+        assert os.path.exists(os.path.join(served, "model.ie.json"))
+        # a worker killed now is replaced from the same entry and serves
+        old = d.worker_pids()[0]
+        os.kill(old, signal.SIGKILL)
+        end = time.time() + 120
+        while d.worker_pids().get(0) in (None, old):
+            assert time.time() < end, d.read_log()
+            time.sleep(0.1)
+        status, body = _http_chat(port, [{"role": "user", "content": "Hi"}])
+        assert status == 200 and body["usage"]["completion_tokens"] > 0
+    finally:
+        assert d.stop() == 0
+    # stopped: nothing holds it any more
+    r = convert(cache, chat_gguf("l3chat-seed2", seed=2), "--cache-max-gb", "0.000001")
+    assert "evicted %s" % served in r.stderr, r.stderr
 
 
 # ---- generation_config's sampling defaults ----

@@ -65,6 +65,7 @@ struct opts {
     /* a Hugging Face folder or a GGUF as --model-dir: the conversion cache (modelsrc.h) */
     bool no_convert;          /* --no-convert: refuse it with the `clocher convert` command */
     const char *cache_dir;    /* --cache-dir; NULL = modelsrc_cache_dir_default */
+    double cache_max_gb;      /* --cache-max-gb: evict down to it after converting; 0 = never */
     const char *convert_dtype; /* --convert-dtype; NULL = the source's dtypes */
     const char *convert_program; /* --convert-program; NULL = beside this program */
     const char *prompt;       /* --prompt */
@@ -104,6 +105,7 @@ static void usage(FILE *f)
 "  --no-convert           refuse a Hugging Face folder or a GGUF (naming the command)\n"
 "  --cache-dir DIR        the conversion cache (default $XDG_CACHE_HOME/clocher or\n"
 "                         ~/.cache/clocher; docs/CONVERT.md)\n"
+"  --cache-max-gb N       then evict least recently used cache entries down to N GB\n"
 "  --convert-dtype D      convert with `clocher convert --dtype D` (default: the source's)\n"
 "  --convert-program P    the clocher program (default: beside inference-engine)\n"
 "  --prompt TEXT          one prompt, tokenized with the model's tokenizer\n"
@@ -229,8 +231,10 @@ static int resolve_model(struct opts *o, char *served, size_t cap)
     else if ((rc = modelsrc_find_clocher(prog, sizeof prog)) < 0)
         return rc;
     struct modelsrc_convert mc = {.program = prog, .src = o->model_dir, .cache_dir = cache,
-                                  .dtype = o->convert_dtype};
-    if ((rc = modelsrc_convert(&mc, served, cap)) < 0)
+                                  .dtype = o->convert_dtype, .cache_max_gb = o->cache_max_gb};
+    /* held until exit (close-on-exec): no eviction removes the entry while this run reads it */
+    static int served_hold = -1;
+    if ((rc = modelsrc_convert(&mc, served, cap, &served_hold)) < 0)
         return rc;
     o->model_dir = served;
     return 0;
@@ -246,7 +250,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         O_ROUNDS, O_WARMUP, O_PRINT_IDS, O_DUMP, O_NO_BOS, O_IGNORE_EOS, O_QUIET,
         O_CONCURRENCY, O_ADAPTER, O_ADAPTER_SCALE, O_LORA_WEIGHTS, O_VERSION, O_KV_DTYPE,
         O_NO_CONVERT, O_CACHE_DIR, O_CONVERT_DTYPE, O_CONVERT_PROGRAM,
-        O_PIN,
+        O_PIN, O_CACHE_MAX_GB,
     };
     static const struct option lopts[] = {
         {"model-dir", required_argument, NULL, O_MODEL},
@@ -280,6 +284,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"kv-dtype", required_argument, NULL, O_KV_DTYPE},
         {"no-convert", no_argument, NULL, O_NO_CONVERT},
         {"cache-dir", required_argument, NULL, O_CACHE_DIR},
+        {"cache-max-gb", required_argument, NULL, O_CACHE_MAX_GB},
         {"convert-dtype", required_argument, NULL, O_CONVERT_DTYPE},
         {"convert-program", required_argument, NULL, O_CONVERT_PROGRAM},
         {"pin", required_argument, NULL, O_PIN},
@@ -306,6 +311,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case O_MODEL: o->model_dir = optarg; break;
         case O_NO_CONVERT: o->no_convert = true; break;
         case O_CACHE_DIR: o->cache_dir = optarg; break;
+        case O_CACHE_MAX_GB: {
+            char *e;
+            o->cache_max_gb = strtod(optarg, &e);
+            if (*e || e == optarg || !(o->cache_max_gb > 0) || o->cache_max_gb > 1e6) {
+                fprintf(stderr, "inference-engine: --cache-max-gb %s: expected a number of "
+                                "gigabytes above 0 (at most 1e6)\n", optarg);
+                return EXIT_USAGE;
+            }
+            break;
+        }
         case O_CONVERT_DTYPE: o->convert_dtype = optarg; break; /* the converter checks it */
         case O_CONVERT_PROGRAM: o->convert_program = optarg; break;
         case O_PROMPT: o->prompt = optarg; break;
