@@ -21,6 +21,10 @@ struct gw;
  */
 int gw_create(struct workers *w, uv_loop_t *loop, struct gw **out);
 
+/* 0 if no other process serves the Unix socket path (a stale one is removed), -EADDRINUSE
+ * if one does (logged): gw_create's own check, run early (before the model's conversion). */
+int gw_unix_free(const char *path);
+
 /* Stops accepting, ends every call still open (UNAVAILABLE), joins the threads, frees.
  * NULL is a no-op. Called after the supervisor's loop has stopped. */
 void gw_destroy(struct gw *g);

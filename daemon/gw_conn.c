@@ -114,6 +114,11 @@ static int unix_free(const char *path)
     return rc;
 }
 
+int gw_unix_free(const char *path)
+{
+    return unix_free(path);
+}
+
 int gw__conn_listen_unix(struct gw *g, const char *path)
 {
     struct sockaddr_un a;

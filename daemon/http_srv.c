@@ -280,6 +280,14 @@ static int probe_bind(const char *what, const char *hostport, const struct socka
     return rc;
 }
 
+int http_srv_probe(const char *what, const char *hostport)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = 0;
+    int rc = resolve(what, hostport, &ss, &len);
+    return rc < 0 ? rc : probe_bind(what, hostport, &ss, len);
+}
+
 /* libmicrohttpd's own messages (mostly clients' mistakes: a connection closed mid-request)
  * go to the daemon's log at debug level rather than straight to stderr. */
 static void mhd_log(void *cls, const char *fmt, va_list ap)

@@ -53,6 +53,11 @@ struct http_srv_opts {
  * daemon must not share it), -errno / uv codes. */
 int http_srv_create(uv_loop_t *loop, const struct http_srv_opts *o, struct http_srv **out);
 
+/* Whether hostport could be listened on now (resolved, bound and released at once): 0, or the
+ * code http_srv_create would meet, logged naming `what` (the config key) and the address. For
+ * a check before a long step (the model's conversion): it proves nothing about later. */
+int http_srv_probe(const char *what, const char *hostport);
+
 /* Stops MHD (closing every connection, which runs `completed` for each) and closes the
  * handles; the memory is freed by their close callbacks, so the loop must run once more.
  * NULL is a no-op. */

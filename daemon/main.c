@@ -16,6 +16,7 @@
 #include "config.h"
 #include "err.h"
 #include "gw.h"
+#include "http_srv.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
@@ -90,6 +91,28 @@ static void journal_sink(enum log_level level, const char *msg, void *ud)
     if ((int)level > (int)log_get_level())
         return;
     fprintf(stderr, "<%d>%s\n", prio[level], msg);
+}
+
+/*
+ * A conversion can take minutes: when one is coming, the listeners are tried first, so that a
+ * port another process holds is reported now rather than after it (the gateway and the HTTP
+ * servers check again when they bind). 0, or the first failure (logged naming the key).
+ */
+static int probe_listeners_before_converting(const struct config *c)
+{
+    int e;
+    if (!modelsrc_convertible(modelsrc_kind(c->model_dir, &e)) || c->convert_disabled)
+        return 0;
+    int rc = 0;
+    if (c->listen_tcp && (rc = http_srv_probe("listen.tcp", c->listen_tcp)) < 0)
+        return rc;
+    if (c->http_listen && (rc = http_srv_probe("http.listen", c->http_listen)) < 0)
+        return rc;
+    if (c->metrics_listen && (rc = http_srv_probe("metrics.listen", c->metrics_listen)) < 0)
+        return rc;
+    if (c->listen_unix && (rc = gw_unix_free(c->listen_unix)) < 0)
+        return rc;
+    return 0;
 }
 
 /*
@@ -389,6 +412,10 @@ int main(int argc, char **argv)
     so.worker_binary = worker_bin;
 
     /* ---- the model: a Hugging Face folder or a GGUF is converted first (the cache) ---- */
+    if ((rc = probe_listeners_before_converting(cfg)) < 0) {
+        exit_code = SUP_EXIT_FAILURE; /* as the listeners' own failure: it may clear later */
+        goto out_plan;
+    }
     if ((rc = sup_prepare_model(cfg)) < 0) {
         if (rc == ERR_CANCELLED) {
             LOG_INFO("stopped while converting the model");

@@ -472,6 +472,36 @@ def test_clocherd_holds_its_entry_against_eviction(tmp_path):
     assert "evicted %s" % served in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("key", ["http", "listen"])
+def test_a_taken_port_is_reported_before_converting(key, tmp_path):
+    """A conversion may take minutes: a port another process holds is reported first, naming
+    the key, and nothing is converted."""
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    cache = tmp_path / "cache"
+    cfg = {"model_dir": chat_gguf(), "workers": 1, "metrics": {"listen": None},
+           "listen": {"unix": str(tmp_path / "gw.sock"), "tcp": None},
+           "convert": {"cache_dir": str(cache)}}
+    if key == "http":
+        cfg["http"] = {"listen": "127.0.0.1:%d" % port}
+    else:
+        cfg["listen"]["tcp"] = "127.0.0.1:%d" % port
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    try:
+        p = subprocess.run([T.CLOCHERD, "--config", str(tmp_path / "c.json")],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        taken.close()
+    name = "http.listen" if key == "http" else "listen.tcp"
+    assert p.returncode == 1, p.stderr
+    assert "%s: cannot listen on 127.0.0.1:%d" % (name, port) in p.stderr, p.stderr
+    assert "another process serves that port" in p.stderr
+    assert "converting" not in p.stderr and entries(str(cache)) == ([], [])
+
+
 # ---- generation_config's sampling defaults ----
 
 def test_generation_config_defaults_apply_where_the_request_is_silent(tmp_path):
