@@ -969,9 +969,11 @@ static void *request_of(struct gw_call *c, const ProtobufCMessageDescriptor *d)
 
 /* chat tools: tools_json is OpenAI's `tools` array, each {"type": "function", "function":
  * {"name", "description"?, "parameters"?}} with OpenAI's name rule (1..64 of [A-Za-z0-9_-]).
- * 0, or why[cap] naming the element and field. */
-static int check_tools(const char *json, char *why, size_t cap)
+ * 0, or why[cap] naming the element and field. With want (tool_choice_function) not NULL,
+ * *at is the index of the tool of that name (-1: none). */
+static int check_tools(const char *json, const char *want, long *at, char *why, size_t cap)
 {
+    *at = -1;
     json_error_t je;
     json_t *a = json_loads(json, JSON_REJECT_DUPLICATES, &je);
     int rc = -1;
@@ -1008,6 +1010,8 @@ static int check_tools(const char *json, char *why, size_t cap)
                      "object", i);
         else
             rc = 0;
+        if (rc == 0 && want && *at < 0 && !strcmp(name, want))
+            *at = (long)i;
     }
     json_decref(a);
     return rc;
@@ -1068,8 +1072,36 @@ static int req_generate_input(const Clocher__V1__GenerateRequest *r,
     }
     /* chat tools: checked here, rendered by the worker */
     const char *tools = ch->tools_json && *ch->tools_json ? ch->tools_json : NULL;
-    if (tools && check_tools(tools, why, cap) < 0)
+    const char *choice = ch->tool_choice && *ch->tool_choice ? ch->tool_choice : "auto";
+    const char *fn = ch->tool_choice_function && *ch->tool_choice_function
+                         ? ch->tool_choice_function : NULL;
+    uint32_t tool_choice = SHM_TOOL_CHOICE_AUTO;
+    long fn_at = -1;
+    if (strcmp(choice, "auto") && strcmp(choice, "none") && strcmp(choice, "required") &&
+        strcmp(choice, "function"))
+        return snprintf(why, cap, "chat.tool_choice: \"%.32s\" is not auto, none, required or "
+                        "function", choice), GRPC_STATUS_INVALID_ARGUMENT;
+    if (!strcmp(choice, "function") != !!fn)
+        return snprintf(why, cap, "chat.tool_choice_function: %s", fn ? "given without "
+                        "tool_choice \"function\"" : "missing: tool_choice \"function\" "
+                        "names the function to call"), GRPC_STATUS_INVALID_ARGUMENT;
+    if (!tools && (!strcmp(choice, "required") || fn))
+        return snprintf(why, cap, "chat.tool_choice: \"%s\" needs chat.tools_json", choice),
+               GRPC_STATUS_INVALID_ARGUMENT;
+    if (tools && check_tools(tools, fn, &fn_at, why, cap) < 0)
         return GRPC_STATUS_INVALID_ARGUMENT;
+    if (fn && fn_at < 0)
+        return snprintf(why, cap, "chat.tool_choice_function: \"%.70s\" is not a function of "
+                        "chat.tools_json", fn), GRPC_STATUS_INVALID_ARGUMENT;
+    if (fn_at > 0xffffff)
+        return snprintf(why, cap, "chat.tool_choice_function: tool %ld, the limit is %u", fn_at,
+                        0xffffffu), GRPC_STATUS_INVALID_ARGUMENT;
+    if (!strcmp(choice, "none"))
+        tools = NULL; /* left out of the prompt, as vLLM does: nothing to call */
+    else if (!strcmp(choice, "required"))
+        tool_choice = SHM_TOOL_CHOICE_REQUIRED;
+    else if (fn)
+        tool_choice = SHM_TOOL_CHOICE_FUNCTION | (uint32_t)fn_at << 8;
     total += tools ? strlen(tools) : 0;
     if (total > ctx->cfg->limits.max_prompt_bytes)
         return snprintf(why, cap, "chat.messages: %" PRIu64 " bytes of content, the limit is %"
@@ -1080,7 +1112,8 @@ static int req_generate_input(const Clocher__V1__GenerateRequest *r,
     char detail[256];
     struct shm_chat sc = {.msgs = m, .n = (uint32_t)n, .tools = tools,
                           .tools_len = tools ? (uint32_t)strnlen(tools, SHM_MAX_CHAT_TOOLS + 1)
-                                             : 0};
+                                             : 0,
+                          .tool_choice = tool_choice};
     if (shm_chat_size(&sc, &len, detail, sizeof detail) < 0)
         return snprintf(why, cap, "chat.%s", detail), GRPC_STATUS_INVALID_ARGUMENT;
     if (len > ctx->cfg->limits.max_prompt_bytes)

@@ -686,6 +686,10 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
         chat.n_messages = r->req.n_msgs;
         chat.messages = cmp;
         chat.tools_json = r->req.tools_json;
+        if (r->req.tool_choice[0]) {
+            chat.tool_choice = r->req.tool_choice;
+            chat.tool_choice_function = r->req.tool_choice_function;
+        }
     }
     if (!(r->choices = calloc(r->req.n, sizeof *r->choices)))
         return reply_error(conn, 500, NULL, NULL, "out of memory");

@@ -168,22 +168,28 @@ static int get_tools(json_t *root, struct http_oai_req *r, char *param, size_t p
         r->parallel_tool_calls = json_is_true(ptc);
     }
     bool none = false;
+    const char *want = NULL; /* a named function */
     if (tc && !json_is_null(tc)) {
         const char *c = json_string_value(tc);
+        json_t *tfn = json_object_get(tc, "function");
+        const char *ttype = json_string_value(json_object_get(tc, "type"));
         if (c && strcmp(c, "none") == 0)
             none = true;
         else if (c && strcmp(c, "required") == 0)
-            return refuse(ERR_UNSUPPORTED, param, pcap, "tool_choice", msg, cap,
-                          "tool_choice: \"required\" is not supported by this server (no "
-                          "constrained decoding); use \"auto\"");
-        else if (json_is_object(tc))
-            return refuse(ERR_UNSUPPORTED, param, pcap, "tool_choice", msg, cap,
-                          "tool_choice: a named function is not supported by this server (no "
-                          "constrained decoding); use \"auto\"");
-        else if (!c || strcmp(c, "auto") != 0)
+            snprintf(r->tool_choice, sizeof r->tool_choice, "required");
+        else if (json_is_object(tc)) {
+            want = json_string_value(json_object_get(tfn, "name"));
+            if (!ttype || strcmp(ttype, "function") != 0 || !want)
+                return BAD("tool_choice", "tool_choice: an object must be {\"type\": "
+                           "\"function\", \"function\": {\"name\": ...}}");
+            snprintf(r->tool_choice, sizeof r->tool_choice, "function");
+        } else if (!c || strcmp(c, "auto") != 0)
             return BAD("tool_choice", "tool_choice: must be \"auto\", \"none\", \"required\" or "
                        "{\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
+    if ((!v || json_is_null(v) || (json_is_array(v) && json_array_size(v) == 0)) &&
+        r->tool_choice[0])
+        return BAD("tool_choice", "tool_choice: \"%s\" needs tools", want ? want : "required");
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_array(v))
@@ -213,6 +219,18 @@ static int get_tools(json_t *root, struct http_oai_req *r, char *param, size_t p
         if (par && !json_is_null(par) && !json_is_object(par))
             return BAD("tools", "tools[%zu].function.parameters: must be a JSON Schema object",
                        i);
+    }
+    if (want) {
+        size_t i = 0;
+        while (i < json_array_size(v) &&
+               strcmp(want, json_string_value(json_object_get(
+                                json_object_get(json_array_get(v, i), "function"), "name"))))
+            i++;
+        if (i == json_array_size(v))
+            return BAD("tool_choice", "tool_choice.function.name: \"%.70s\" is not one of the "
+                       "tools", want);
+        if (!(r->tool_choice_function = strdup(want)))
+            return -ENOMEM;
     }
     if (none || json_array_size(v) == 0)
         return 0;
@@ -570,6 +588,7 @@ void http_oai_free(struct http_oai_req *r)
         free(r->msgs[i].role), free(r->msgs[i].content), free(r->msgs[i].recipient),
             free(r->msgs[i].tool_call_id);
     free(r->tools_json);
+    free(r->tool_choice_function);
     free(r->msgs);
     for (size_t i = 0; i < r->n_stop; i++)
         free(r->stop[i]);

@@ -60,6 +60,10 @@ struct http_oai_req {
      * parallel_tool_calls as sent (default true; not enforced: a reply may hold several) */
     char *tools_json;
     bool parallel_tool_calls;
+    /* tool_choice as gRPC's Chat carries it: "" (auto), "required" or "function" with
+     * tool_choice_function (malloc'd) the name, one of the tools' */
+    char tool_choice[16];
+    char *tool_choice_function;
 };
 
 /* http_oai_parse_ex flags */
@@ -79,8 +83,9 @@ int http_oai_parse(const char *body, size_t len, bool chat, struct http_oai_req 
                    char *param, size_t pcap, char *msg, size_t cap);
 /* http_oai_parse with flags (HTTP_OAI_TOOLS): chat requests take `tools` (each {"type":
  * "function", "function": {"name" (1..64 of [A-Za-z0-9_-]), "description"?, "parameters"?
- * (an object)}}), `tool_choice` ("auto", "none"; "required" and a named function are
- * ERR_UNSUPPORTED naming tool_choice), `parallel_tool_calls` (a boolean), assistant messages
+ * (an object)}}), `tool_choice` ("auto", "none", "required" or {"type": "function",
+ * "function": {"name"}} naming one of the tools; "required" and a name need tools),
+ * `parallel_tool_calls` (a boolean), assistant messages
  * with `tool_calls` and `tool` messages with `tool_call_id`; a malformed one is ERR_FORMAT
  * with param "tools", "tool_choice" or "messages" and msg naming the element and field. */
 int http_oai_parse_ex(const char *body, size_t len, bool chat, unsigned flags,

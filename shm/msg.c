@@ -217,6 +217,26 @@ static int chat_tools_check(const struct ctx *c, const char *tools, uint32_t len
                   SHM_MAX_CHAT_TOOLS);
 }
 
+/* tool_choice (struct shm_wire_chat): a known mode, an index only with FUNCTION, not AUTO only
+ * with tools. */
+static int chat_tool_choice_check(const struct ctx *c, uint32_t v, uint32_t tools_len,
+                                  char *msg, size_t cap)
+{
+    uint32_t mode = SHM_TOOL_CHOICE_MODE(v);
+    const char *why = NULL;
+    if (mode > SHM_TOOL_CHOICE_FUNCTION)
+        why = "is not a choice";
+    else if (mode != SHM_TOOL_CHOICE_FUNCTION && SHM_TOOL_CHOICE_INDEX(v))
+        why = "has an index without FUNCTION";
+    else if (mode != SHM_TOOL_CHOICE_AUTO && !tools_len)
+        why = "asks for a call without tools";
+    if (!why)
+        return 0;
+    if (msg)
+        snprintf(msg, cap, "tool_choice: 0x%" PRIx32 " %s", v, why);
+    return REFUSE(c, "chat: tool_choice 0x%" PRIx32 " %s", v, why);
+}
+
 /* Validates the encoding buf[len]; decodes into out[cap] when out. */
 static int chat_check(const struct ctx *c, const void *buf, uint32_t len,
                       struct shm_chat_msg *out, uint32_t cap, uint32_t *n_out,
@@ -228,11 +248,11 @@ static int chat_check(const struct ctx *c, const void *buf, uint32_t len,
         return REFUSE(c, "chat: %" PRIu32 " bytes, shorter than its header", len);
     memcpy(&h, p, sizeof h);
     uint32_t off = sizeof h;
-    if (h.reserved)
-        return REFUSE(c, "chat: reserved is %" PRIu32 ", not 0", h.reserved);
     if (h.tools_len > len - off)
         return REFUSE(c, "chat: tools announce %" PRIu32 " bytes, %" PRIu32 " remain",
                       h.tools_len, len - off);
+    if (chat_tool_choice_check(c, h.tool_choice, h.tools_len, NULL, 0) < 0)
+        return ERR_FORMAT;
     int rc = chat_tools_check(c, (const char *)p + off, h.tools_len, NULL, 0);
     if (rc < 0)
         return rc;
@@ -293,7 +313,7 @@ int shm_chat_size(const struct shm_chat *ch, uint32_t *len, char *msg, size_t ca
         return REFUSE(&c, "messages: %" PRIu32 ", give 1..%u", n, SHM_MAX_CHAT_MSGS);
     }
     int rc = chat_tools_check(&c, ch->tools, ch->tools_len, msg, cap);
-    if (rc < 0)
+    if (rc < 0 || (rc = chat_tool_choice_check(&c, ch->tool_choice, ch->tools_len, msg, cap)) < 0)
         return rc;
     uint64_t total = sizeof(struct shm_wire_chat) + (uint64_t)ch->tools_len;
     for (uint32_t i = 0; i < n; i++) {
@@ -323,7 +343,7 @@ void shm_chat_encode(const struct shm_chat *ch, void *buf, uint32_t len)
 {
     unsigned char *p = buf;
     uint32_t off = 0;
-    struct shm_wire_chat h = {.tools_len = ch->tools_len};
+    struct shm_wire_chat h = {.tools_len = ch->tools_len, .tool_choice = ch->tool_choice};
     put_n(p, &off, &h, sizeof h);
     put_n(p, &off, ch->tools, ch->tools_len);
     for (uint32_t i = 0; i < ch->n; i++) {
@@ -346,6 +366,13 @@ int shm_chat_decode(const void *buf, uint32_t len, struct shm_chat_msg *out, uin
 {
     struct ctx c = {.what = "chat", .type = SHM_MSG_GENERATE};
     return chat_check(&c, buf, len, out, cap, n, tools, tools_len);
+}
+
+uint32_t shm_chat_tool_choice(const void *buf)
+{
+    struct shm_wire_chat h;
+    memcpy(&h, buf, sizeof h);
+    return h.tool_choice;
 }
 
 static int check_generate(const struct ctx *c, const struct shm_msg_generate *g)

@@ -175,6 +175,7 @@ struct shm_chat_msg {
 struct shm_chat {
     const char *tools;
     uint32_t tools_len;
+    uint32_t tool_choice; /* struct shm_wire_chat's (shm_abi.h); 0 = auto */
     const struct shm_chat_msg *msgs;
     uint32_t n;
 };
@@ -189,6 +190,8 @@ void shm_chat_encode(const struct shm_chat *ch, void *buf, uint32_t len);
  * (a view; NULL/0 for none); ERR_FORMAT (logged, naming the message and the field). */
 int shm_chat_decode(const void *buf, uint32_t len, struct shm_chat_msg *out, uint32_t cap,
                     uint32_t *n, const char **tools, uint32_t *tools_len);
+/* The tool_choice of an encoding shm_chat_decode accepted (shm_abi.h, struct shm_wire_chat). */
+uint32_t shm_chat_tool_choice(const void *buf);
 
 /* "generate", "token", ...; NULL for a value that is not a record type. */
 const char *shm_msg_type_name(uint32_t type);

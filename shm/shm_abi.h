@@ -69,8 +69,8 @@
 #include <stdint.h>
 
 #define SHM_MAGIC 0x48534c43u      /* "CLSH" */
-#define SHM_ABI_VERSION 4u          /* 3: chat tools, tool_call_id, TOKEN call headers;
-                                     * 4: GENERATE.sent_ns */
+#define SHM_ABI_VERSION 5u          /* 3: chat tools, tool_call_id, TOKEN call headers;
+                                     * 4: GENERATE.sent_ns; 5: the chat's tool_choice */
 #define SHM_LINE 64u               /* cache line: no two writers share one */
 #define SHM_PAGE 4096u
 #define SHM_HDR_SIZE 4096u         /* the header page; ring data follows, page-aligned */
@@ -228,8 +228,21 @@ enum shm_chat_role {
 };
 struct shm_wire_chat {
     uint32_t tools_len;             /* <= SHM_MAX_CHAT_TOOLS */
-    uint32_t reserved;              /* 0 */
+    uint32_t tool_choice;           /* (ABI 5) bits 0..7 enum shm_tool_choice; bits 8..31 with
+                                     * SHM_TOOL_CHOICE_FUNCTION the index of the function in
+                                     * the tools array (the worker checks it against the array),
+                                     * else 0. Not AUTO only with tools. */
 };
+/* What the reply must do with the tools (OpenAI's tool_choice; "none" never travels: the
+ * gateway sends no tools then). The worker forces the opening of a call in the model's own
+ * format (docs/CHAT.md "tool_choice"); the model writes the rest. */
+enum shm_tool_choice {
+    SHM_TOOL_CHOICE_AUTO = 0,     /* the model decides */
+    SHM_TOOL_CHOICE_REQUIRED = 1, /* a call; the model picks the tool */
+    SHM_TOOL_CHOICE_FUNCTION = 2, /* a call of the function at index tool_choice >> 8 */
+};
+#define SHM_TOOL_CHOICE_MODE(v) ((v) & 0xffu)
+#define SHM_TOOL_CHOICE_INDEX(v) ((v) >> 8)
 struct shm_wire_chat_msg {
     uint32_t role;                  /* enum shm_chat_role */
     uint32_t channel_len;           /* assistant only; 0 = none */
@@ -549,7 +562,7 @@ SHM_PIN(shm_wire_chat_msg, tool_call_id_len, 16);
 SHM_PIN(shm_wire_chat_msg, reserved, 20);
 static_assert(sizeof(struct shm_wire_chat) == 8, "abi");
 SHM_PIN(shm_wire_chat, tools_len, 0);
-SHM_PIN(shm_wire_chat, reserved, 4);
+SHM_PIN(shm_wire_chat, tool_choice, 4);
 static_assert(sizeof(struct shm_wire_call) == 8, "abi");
 SHM_PIN(shm_wire_call, name_len, 0);
 SHM_PIN(shm_wire_call, id_len, 4);

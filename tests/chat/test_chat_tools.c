@@ -119,7 +119,7 @@ static void shm_chat_malformed_records(void **state)
         const char *want;
     } cases[] = {
         {0, 1000, "tools announce 1000 bytes"},
-        {4, 7, "reserved is 7"},
+        {4, 7, "tool_choice 0x7 is not a choice"}, /* the header's former reserved word */
         {8 + 2 + 16, 100, "announces"},                 /* tool_call_id_len */
         {8 + 2 + 20, 1, "messages[0].reserved: 1"},
         {8 + 2 + 0, 9, "role: 9 is not a role"},
@@ -280,8 +280,16 @@ static void feed_text(struct chat_out *o, const char *const *pieces, struct repl
     take(r, p, n);
 }
 
-/* a chat_out for a Jinja model whose template is the fixture `file`, with tools or without */
+/* a chat_out for a Jinja model whose template is the fixture `file`, with tools or without,
+ * and the chat's tool_choice (shm_abi.h) */
+static struct chat_out *jinja_out_choice(const char *file, bool tools, uint32_t choice);
 static struct chat_out *jinja_out(const char *file, bool tools)
+{
+    return jinja_out_choice(file, tools, SHM_TOOL_CHOICE_AUTO);
+}
+
+/* chat_model_load of a model folder holding only the fixture template `file` */
+static void load_template(const char *file)
 {
     char *src = fixture_template(file);
     char *dir = tu_mkdtemp();
@@ -292,9 +300,15 @@ static struct chat_out *jinja_out(const char *file, bool tools)
     assert_int_equal(chat_model_load(dir), 0);
     tu_rmtree(dir);
     free(dir);
+}
+
+static struct chat_out *jinja_out_choice(const char *file, bool tools, uint32_t choice)
+{
+    load_template(file);
     struct shm_chat_msg m[] = {MSG(SHM_CHAT_USER, "Weather?")};
     struct shm_chat ch = {.msgs = m, .n = 1, .tools = tools ? TOOLS : NULL,
-                          .tools_len = tools ? (uint32_t)strlen(TOOLS) : 0};
+                          .tools_len = tools ? (uint32_t)strlen(TOOLS) : 0,
+                          .tool_choice = choice};
     uint32_t len;
     char *enc = encode(&ch, &len);
     struct tok *t;
@@ -579,6 +593,173 @@ static void parse_harmony(void **state)
     free(ids);
     chat_out_free(o);
     free(enc);
+    /* tool_choice FUNCTION: the render wrote the opening up to <|message|>; the model's first
+     * id already belongs to the call, and its piece carries the header */
+    ch.tool_choice = SHM_TOOL_CHOICE_FUNCTION;
+    enc = encode(&ch, &len);
+    assert_int_equal(chat_out_new(t, CHAT_TPL_HARMONY, enc, len, &o), 0);
+    const char *args = "{\"city\": \"Oslo\"}<|call|>";
+    assert_int_equal(tok_encode_ex(t, args, strlen(args), TOK_ENC_SPECIAL, &ids, &n), 0);
+    char got[128] = "";
+    int headers = 0;
+    bool stop = false, call = false;
+    for (size_t i = 0; i < n; i++) {
+        const struct chat_piece *p;
+        size_t np;
+        chat_out_push(o, ids[i], "", 0, &p, &np, &stop, &call);
+        assert_int_equal(np, 1);
+        if (p[0].call_name) {
+            assert_int_equal(i, 0);
+            assert_string_equal(p[0].call_name, "functions.get_weather");
+            check_call_id(p[0].call_id);
+            headers++;
+        }
+        strncat(got, p[0].text, p[0].len);
+    }
+    assert_int_equal(headers, 1);
+    assert_true(stop && call && chat_out_called(o));
+    assert_string_equal(got, "{\"city\": \"Oslo\"}");
+    free(ids);
+    chat_out_free(o);
+    free(enc);
+    tok_free(t);
+}
+
+/* tool_choice in the chat encoding: round trip, and what the encoder and decoder refuse */
+static void shm_chat_tool_choice_field(void **state)
+{
+    (void)state;
+    struct shm_chat_msg m[] = {MSG(SHM_CHAT_USER, "Weather?")};
+    struct shm_chat ch = {.msgs = m, .n = 1, F(tools, TOOLS),
+                          .tool_choice = SHM_TOOL_CHOICE_FUNCTION | 5u << 8};
+    uint32_t len, n;
+    char *enc = encode(&ch, &len);
+    assert_int_equal(shm_chat_decode(enc, len, NULL, 0, &n, NULL, NULL), 0);
+    assert_int_equal(shm_chat_tool_choice(enc), SHM_TOOL_CHOICE_FUNCTION | 5u << 8);
+    assert_int_equal(SHM_TOOL_CHOICE_INDEX(shm_chat_tool_choice(enc)), 5);
+    static const struct {
+        uint32_t choice;
+        bool tools;
+        const char *says;
+    } bad[] = {
+        {3, true, "is not a choice"},
+        {SHM_TOOL_CHOICE_REQUIRED | 1u << 8, true, "index without FUNCTION"},
+        {SHM_TOOL_CHOICE_AUTO | 2u << 8, true, "index without FUNCTION"},
+        {SHM_TOOL_CHOICE_REQUIRED, false, "without tools"},
+        {SHM_TOOL_CHOICE_FUNCTION, false, "without tools"},
+    };
+    tu_log_capture_begin();
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct shm_chat b = ch;
+        b.tool_choice = bad[i].choice;
+        if (!bad[i].tools)
+            b.tools = NULL, b.tools_len = 0;
+        char msg[160];
+        assert_int_equal(shm_chat_size(&b, &len, msg, sizeof msg), ERR_FORMAT);
+        assert_non_null(strstr(msg, "tool_choice"));
+        assert_non_null(strstr(msg, bad[i].says));
+        /* the same on the wire: a decoder never trusts the header */
+        b.tool_choice = 0;
+        uint32_t blen;
+        char *w = encode(&b, &blen);
+        memcpy(w + 4, &bad[i].choice, 4);
+        assert_int_equal(shm_chat_decode(w, blen, NULL, 0, &n, NULL, NULL), ERR_FORMAT);
+        tu_assert_log_contains(bad[i].says, NULL);
+        free(w);
+    }
+    tu_log_capture_end();
+    free(enc);
+}
+
+/* tool_choice: the render wrote the call's opening after the prompt; the parser takes the
+ * model's continuation as that call (and, for a named tool, keeps it a call of that tool
+ * when the reply ends before its JSON closes) */
+static void parse_forced_calls(void **state)
+{
+    (void)state;
+    const uint32_t fn0 = SHM_TOOL_CHOICE_FUNCTION; /* tools[0]: get_weather */
+    struct reply r;
+    struct chat_out *o = jinja_out_choice("Qwen-Qwen2.5-7B-Instruct.jinja", true, fn0);
+    const char *const whole[] = {"{\"city\": \"Paris\"}", "}\n</tool_call>", NULL};
+    feed_text(o, whole, &r);
+    assert_string_equal(r.content, "");
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "functions.get_weather");
+    check_call_id(r.ids[0]);
+    assert_string_equal(r.args[0], "{\"city\": \"Paris\"}");
+    chat_out_free(o);
+    /* cut short (max_tokens): still the named tool's call, with what arguments there are */
+    o = jinja_out_choice("Qwen-Qwen2.5-7B-Instruct.jinja", true, fn0);
+    const char *const cut[] = {"{\"city\": \"Pa", NULL};
+    feed_text(o, cut, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "functions.get_weather");
+    assert_string_equal(r.args[0], "{\"city\": \"Pa");
+    assert_string_equal(r.content, "");
+    chat_out_free(o);
+    /* required: the model writes the name */
+    o = jinja_out_choice("Qwen-Qwen2.5-7B-Instruct.jinja", true, SHM_TOOL_CHOICE_REQUIRED);
+    const char *const req[] = {"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}",
+                               "\n</tool_call>", NULL};
+    feed_text(o, req, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "functions.get_weather");
+    assert_string_equal(r.args[0], "{\"city\": \"Oslo\"}");
+    chat_out_free(o);
+    /* Mistral and Llama 3.1 */
+    o = jinja_out_choice("mistralai-Mistral-Nemo-Instruct-2407.jinja", true, fn0);
+    const char *const mis[] = {"{\"city\": \"Rome\"}}]", NULL};
+    feed_text(o, mis, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "functions.get_weather");
+    assert_string_equal(r.args[0], "{\"city\": \"Rome\"}");
+    chat_out_free(o);
+    o = jinja_out_choice("meta-llama-Llama-3.1-8B-Instruct.jinja", true, fn0);
+    const char *const lla[] = {"{\"city\": \"Lima\"}}", NULL};
+    feed_text(o, lla, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "functions.get_weather");
+    assert_string_equal(r.args[0], "{\"city\": \"Lima\"}");
+    chat_out_free(o);
+    chat_model_unload();
+}
+
+/* tool_choice in the render: the prompt's ids end with the call's opening, tokenized with the
+ * prompt; a template without a tool-call format is refused naming tool_choice */
+static void render_forced_calls(void **state)
+{
+    (void)state;
+    struct tok *t;
+    assert_int_equal(tok_load(tu_fixture("tokenizer/llama2-tokenizer.model"), &t), 0);
+    struct shm_chat_msg m[] = {MSG(SHM_CHAT_USER, "Weather?")};
+    struct shm_chat ch = {.msgs = m, .n = 1, F(tools, TOOLS),
+                          .tool_choice = SHM_TOOL_CHOICE_FUNCTION};
+    uint32_t len;
+    char *enc = encode(&ch, &len);
+    load_template("Qwen-Qwen2.5-7B-Instruct.jinja");
+    char err[300] = "", *text = NULL;
+    size_t tl;
+    assert_int_equal(chat_render_jinja_text(enc, len, NULL, NULL, &text, &tl, err, sizeof err),
+                     0);
+    char *want_text = malloc(tl + 128);
+    snprintf(want_text, tl + 128, "%s<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ",
+             text);
+    int32_t *want, *got;
+    size_t nw, ng;
+    assert_int_equal(tok_encode_ex(t, want_text, strlen(want_text), TOK_ENC_SPECIAL, &want, &nw),
+                     0);
+    assert_int_equal(chat_render(t, CHAT_TPL_JINJA, enc, len, 0, &got, &ng, err, sizeof err), 0);
+    assert_int_equal(ng, nw);
+    assert_memory_equal(got, want, nw * sizeof *got);
+    free(got), free(want), free(want_text), free(text);
+    /* a template that teaches no call format: refused by name */
+    load_template("google-gemma-2-2b-it.jinja");
+    err[0] = '\0';
+    assert_int_equal(chat_render(t, CHAT_TPL_JINJA, enc, len, 0, &got, &ng, err, sizeof err),
+                     ERR_UNSUPPORTED);
+    assert_non_null(strstr(err, "tool_choice"));
+    chat_model_unload();
+    free(enc);
     tok_free(t);
 }
 
@@ -594,6 +775,9 @@ int main(void)
         cmocka_unit_test(parse_llama_and_mistral),
         cmocka_unit_test(long_text_split),
         cmocka_unit_test(parse_harmony),
+        cmocka_unit_test(shm_chat_tool_choice_field),
+        cmocka_unit_test(parse_forced_calls),
+        cmocka_unit_test(render_forced_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -68,6 +68,21 @@ static void round_trip_messages(void **state)
     assert_string_equal(r.msgs[4].tool_call_id, "call_2");
     assert_string_equal(r.msgs[5].recipient, "functions.get_weather");
     http_oai_free(&r);
+    /* tool_choice "required" and a named function: carried as gRPC's Chat carries them */
+    assert_int_equal(parse("{\"model\": \"m\", \"tools\": " TOOLS ", \"tool_choice\": "
+                           "\"required\", \"messages\": [{\"role\": \"user\", \"content\": "
+                           "\"x\"}]}", &r, param, msg), 0);
+    assert_string_equal(r.tool_choice, "required");
+    assert_null(r.tool_choice_function);
+    assert_non_null(r.tools_json);
+    http_oai_free(&r);
+    assert_int_equal(parse("{\"model\": \"m\", \"tools\": " TOOLS ", \"tool_choice\": "
+                           "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}, "
+                           "\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
+                           &r, param, msg), 0);
+    assert_string_equal(r.tool_choice, "function");
+    assert_string_equal(r.tool_choice_function, "get_weather");
+    http_oai_free(&r);
     /* tool_choice "none": the tools stay out of the prompt (vLLM's default) */
     assert_int_equal(parse("{\"model\": \"m\", \"tools\": " TOOLS ", \"tool_choice\": \"none\", "
                            "\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
@@ -127,11 +142,20 @@ static void malformed_tools(void **state)
         {"{\"model\": \"m\", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
          "\"f\", \"description\": 1}}], \"messages\": []}",
          ERR_FORMAT, "tools", "tools[0].function.description: must be a string"},
-        {"{\"model\": \"m\", \"tool_choice\": \"required\", \"messages\": []}", ERR_UNSUPPORTED,
-         "tool_choice", "\"required\" is not supported"},
+        {"{\"model\": \"m\", \"tool_choice\": \"required\", \"messages\": []}", ERR_FORMAT,
+         "tool_choice", "tool_choice: \"required\" needs tools"},
         {"{\"model\": \"m\", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
          "\"f\"}}, \"messages\": []}",
-         ERR_UNSUPPORTED, "tool_choice", "a named function is not supported"},
+         ERR_FORMAT, "tool_choice", "tool_choice: \"f\" needs tools"},
+        {"{\"model\": \"m\", \"tools\": " TOOLS ", \"tool_choice\": {\"type\": \"function\", "
+         "\"function\": {\"name\": \"get_time\"}}, \"messages\": []}",
+         ERR_FORMAT, "tool_choice", "\"get_time\" is not one of the tools"},
+        {"{\"model\": \"m\", \"tools\": " TOOLS ", \"tool_choice\": {\"type\": \"function\"}, "
+         "\"messages\": []}",
+         ERR_FORMAT, "tool_choice", "an object must be {\"type\": \"function\""},
+        {"{\"model\": \"m\", \"tools\": " TOOLS ", \"tool_choice\": {\"type\": \"code\", "
+         "\"function\": {\"name\": \"get_weather\"}}, \"messages\": []}",
+         ERR_FORMAT, "tool_choice", "an object must be"},
         {"{\"model\": \"m\", \"tool_choice\": \"sometimes\", \"messages\": []}", ERR_FORMAT,
          "tool_choice", "tool_choice: must be"},
         {"{\"model\": \"m\", \"parallel_tool_calls\": 1, \"messages\": []}", ERR_FORMAT,

@@ -57,7 +57,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             inside(m[i].tool_call_id, m[i].tool_call_id_len, buf, len);
             inside(m[i].content, m[i].content_len, buf, len);
         }
-        struct shm_chat ch = {.tools = tools, .tools_len = tools_len, .msgs = m, .n = n};
+        struct shm_chat ch = {.tools = tools, .tools_len = tools_len, .msgs = m, .n = n,
+                              .tool_choice = shm_chat_tool_choice(buf)};
         uint32_t len2;
         if (shm_chat_size(&ch, &len2, NULL, 0) != 0 || len2 != len)
             abort();

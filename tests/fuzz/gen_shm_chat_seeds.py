@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Seeds for fuzz_shm_chat: shm chat encodings (shm/shm_abi.h "The chat encoding", ABI 3).
+"""Seeds for fuzz_shm_chat: shm chat encodings (shm/shm_abi.h "The chat encoding", ABI 5).
 
-Layout: u32 tools_len, u32 reserved, tools JSON; then per message u32 role, channel_len,
+Layout: u32 tools_len, u32 tool_choice (bits 0..7 auto 0 / required 1 / function 2, bits 8..31
+the function's index), tools JSON; then per message u32 role, channel_len,
 recipient_len, content_len, tool_call_id_len, reserved, then channel, recipient, tool_call_id,
 content. Run: python3 gen_shm_chat_seeds.py corpus/shm_chat
 """
@@ -19,8 +20,8 @@ def msg(role, content=b"", channel=b"", recipient=b"", call_id=b"", reserved=0):
                         reserved) + channel + recipient + call_id + content)
 
 
-def chat(msgs, tools=b"", reserved=0):
-    return struct.pack("<II", len(tools), reserved) + tools + b"".join(msgs)
+def chat(msgs, tools=b"", choice=0):
+    return struct.pack("<II", len(tools), choice) + tools + b"".join(msgs)
 
 
 def seeds():
@@ -41,9 +42,14 @@ def seeds():
         msg(TOOL, b"3C", recipient=b"get_weather", call_id=b"b")], TOOLS)
     s["analysis"] = chat([msg(USER, b"2+2"), msg(ASSISTANT, b"think", b"analysis"),
                           msg(DEVELOPER, b"x")])
+    s["choice_required"] = chat([msg(USER, b"Weather?")], TOOLS, 1)
+    s["choice_function"] = chat([msg(USER, b"Weather?")], TOOLS, 2)
+    s["choice_function_far"] = chat([msg(USER, b"Weather?")], TOOLS, 2 | 7 << 8)
     # refusals
     s["bad_empty"] = chat([])
-    s["bad_reserved"] = chat([msg(USER, b"x")], reserved=1)
+    s["bad_choice"] = chat([msg(USER, b"x")], TOOLS, 3)
+    s["bad_choice_no_tools"] = chat([msg(USER, b"x")], choice=1)
+    s["bad_choice_index"] = chat([msg(USER, b"x")], TOOLS, 1 | 1 << 8)
     s["bad_msg_reserved"] = chat([msg(USER, b"x", reserved=2)])
     s["bad_tools_nul"] = chat([msg(USER, b"x")], b"[\0]")
     s["bad_tools_len"] = struct.pack("<II", 1000, 0) + msg(USER, b"x")

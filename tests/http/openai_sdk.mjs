@@ -198,9 +198,16 @@ const toolTests = {
     });
     assert.equal(back.object, "chat.completion");
     assert.ok(back.usage.prompt_tokens > r.usage.prompt_tokens);
-    // a tool_choice this server cannot honour is a 400 naming it
-    await rejects(client.chat.completions.create({ model, messages: ask, tools,
-                                                   tool_choice: "required" }),
+    // a named tool_choice: the reply is that tool's call (the server opens it)
+    const named = await client.chat.completions.create({
+      model, messages: ask, tools, max_tokens: 40, temperature: 0,
+      tool_choice: { type: "function", function: { name: "get_weather" } } });
+    assert.equal(named.choices[0].message.tool_calls.length, 1);
+    assert.equal(named.choices[0].message.tool_calls[0].function.name, "get_weather");
+    // a tool_choice naming no tool of the request is a 400 naming it
+    await rejects(client.chat.completions.create({
+      model, messages: ask, tools,
+      tool_choice: { type: "function", function: { name: "get_time" } } }),
                   OpenAI.BadRequestError, 400, "tool_choice");
   },
 };

@@ -204,6 +204,84 @@ def test_forced_harmony_tool_call(oss):
 FORCED_CALL = [G.CHANNEL, "commentary to=functions.get_weather ", G.CONSTRAIN, "json", G.MESSAGE,
                '{"city":"Oslo"}', G.CALL]
 
+# ---- tool_choice: the server opens the call; random weights then write its arguments ----
+
+TOOLS2 = TOOLS + [{"type": "function", "function": {
+    "name": "get_time", "description": "Time in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+def chat_choice(d, msgs, tools, choice, fn=None, max_tokens=3):
+    req = T.pb.GenerateRequest(max_tokens=max_tokens,
+                               sampling=T.pb.SamplingParams(temperature=0.0))
+    for m in msgs:
+        req.chat.messages.add(**m)
+    if tools is not None:
+        req.chat.tools_json = json.dumps(tools)
+    if choice is not None:
+        req.chat.tool_choice = choice
+    if fn is not None:
+        req.chat.tool_choice_function = fn
+    return list(d.stub.Generate(req, metadata=ALICE, timeout=60))
+
+
+def test_tool_choice_harmony(oss):
+    """A named function: the prompt ends with the call's opening (exactly its ids) and the
+    reply, whatever the random weights write, is a call of that tool; "required" opens the call
+    up to the name, which the model writes."""
+    user = [{"role": "user", "content": "Time in Oslo?"}]
+    auto = chat_choice(oss, user, TOOLS2, None, max_tokens=1)[-1].usage.prompt_tokens
+    rs = chat_choice(oss, user, TOOLS2, "function", "get_time", max_tokens=3)
+    opening = ([G.CHANNEL] + G.tokenize(oss, "commentary to=functions.get_time ") +
+               [G.CONSTRAIN] + G.tokenize(oss, "json") + [G.MESSAGE])
+    assert rs[-1].usage.prompt_tokens == auto + len(opening)
+    calls = [r for r in rs if r.recipient]
+    assert calls and calls[0] is rs[0], rs  # the first piece opens the call
+    assert {r.recipient for r in calls} == {"functions.get_time"}
+    assert re.fullmatch(r"call_[A-Za-z0-9]{24}", calls[0].tool_call_id)
+    assert rs[-1].finish_reason == T.pb.FINISH_REASON_LENGTH
+    req = chat_choice(oss, user, TOOLS2, "required", max_tokens=1)
+    assert req[-1].usage.prompt_tokens == \
+        auto + 1 + len(G.tokenize(oss, "commentary to=functions."))
+    # "auto" and unset are the same; "none" leaves the tools out
+    assert chat_choice(oss, user, TOOLS2, "auto", max_tokens=1)[-1].usage.prompt_tokens == auto
+    assert chat_choice(oss, user, TOOLS2, "none", max_tokens=1)[-1].usage.prompt_tokens == \
+        chat_choice(oss, user, None, None, max_tokens=1)[-1].usage.prompt_tokens
+
+
+@pytest.mark.parametrize("tools,choice,fn,words", [
+    (TOOLS, "sometimes", None, 'chat.tool_choice: "sometimes" is not auto, none, required'),
+    (TOOLS, "function", None, "chat.tool_choice_function: missing"),
+    (TOOLS, "required", "get_weather", "chat.tool_choice_function: given without"),
+    (TOOLS, "function", "get_time", 'chat.tool_choice_function: "get_time" is not a function'),
+    (None, "required", None, 'chat.tool_choice: "required" needs chat.tools_json'),
+    (None, "function", "get_time", 'chat.tool_choice: "function" needs chat.tools_json'),
+])
+def test_tool_choice_refusals_named(qwen, tools, choice, fn, words):
+    c, why = code_of(lambda: chat_choice(qwen, [{"role": "user", "content": "x"}], tools,
+                                         choice, fn))
+    assert c == grpc.StatusCode.INVALID_ARGUMENT and words in why, (c, why)
+
+
+def test_tool_choice_hermes(qwen):
+    """Qwen2.5's template (Hermes calls): the prompt is python3-jinja2's render followed by
+    `<tool_call>\n{"name": "get_time", "arguments": ` and the reply is a call of get_time,
+    its arguments what the model wrote (cut by max_tokens: still that tool's call)."""
+    user = [{"role": "user", "content": "Time in Oslo?"}]
+    text = apply_chat_template(qwen.template, user, TOOLS2)
+    want = list(qwen.stub.Tokenize(T.pb.TokenizeRequest(
+        text=text + '<tool_call>\n{"name": "get_time", "arguments": ', add_bos=False),
+        metadata=ALICE).ids)
+    rs = chat_choice(qwen, user, TOOLS2, "function", "get_time", max_tokens=4)
+    assert rs[-1].usage.prompt_tokens == len(want)
+    ids, _ = T.generate(qwen.stub, ALICE, ids=want, max_tokens=4)
+    assert [i for r in rs for i in r.token_ids] == ids
+    calls = [r for r in rs if r.recipient]
+    assert calls and {r.recipient for r in calls} == {"functions.get_time"}, rs
+    assert "".join(r.text for r in rs if not r.recipient) == ""
+    assert rs[-1].finish_reason == T.pb.FINISH_REASON_LENGTH
+
 
 # ---- HTTP: /v1/chat/completions with tools ----
 # These need daemon/http.c to read bodies with HTTP_OAI_TOOLS and map tool calls back
@@ -316,9 +394,9 @@ def test_http_round_trip_renders_as_grpc(hq):
     ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools",
      'tools[0].function.name: "a b" is not'),
     ({"tools": {"x": 1}}, "tools", "tools: must be an array"),
-    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice", '"required" is not supported'),
-    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
-     "a named function is not supported"),
+    ({"tool_choice": "required"}, "tool_choice", 'tool_choice: "required" needs tools'),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+     "tool_choice", '"get_time" is not one of the tools'),
     ({"messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]}, "messages",
      '"nope" answers no earlier tool call'),
 ])
@@ -329,6 +407,32 @@ def test_http_bad_tools_400(hq, extra, param, words):
     st, text = http_post(hq.http_port, body)
     err = json.loads(text)["error"]
     assert st == 400 and err["param"] == param and words in err["message"], (st, text)
+
+
+def test_http_tool_choice_named(hq):
+    """tool_choice {"type": "function", ...} through /v1/chat/completions: message.tool_calls
+    holds that tool's call (whole and streamed), finish_reason "length" (max_tokens cut it)."""
+    model = json.loads(G.http_models(hq))["data"][0]["id"]
+    need_door(hq.http_port, model)
+    body = {"model": model, "max_tokens": 4, "temperature": 0, "tools": TOOLS2,
+            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+            "messages": [{"role": "user", "content": "Time in Oslo?"}]}
+    st, text = http_post(hq.http_port, body)
+    assert st == 200, text
+    ch = json.loads(text)["choices"][0]
+    calls = ch["message"]["tool_calls"]
+    assert len(calls) == 1 and calls[0]["function"]["name"] == "get_time", ch
+    assert ch["finish_reason"] == "length" and not ch["message"]["content"], ch
+    st, text = http_post(hq.http_port, dict(body, stream=True))
+    assert st == 200, text
+    deltas = []
+    for line in text.splitlines():
+        if line.startswith("data: {"):
+            c = json.loads(line[6:])["choices"]
+            if c:
+                deltas += c[0].get("delta", {}).get("tool_calls") or []
+    assert deltas and deltas[0]["function"]["name"] == "get_time", deltas
+    assert "".join(d["function"]["arguments"] for d in deltas) == calls[0]["function"]["arguments"]
 
 
 def check_openai_sdk(fd):

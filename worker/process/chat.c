@@ -361,15 +361,78 @@ int chat_render_jinja_text(const char *enc, uint32_t len, const char *bos, const
     return rc;
 }
 
+/* ---- tool_choice: the opening of a call, written for the model (shm_abi.h) ---- */
+
+/* The text that opens a call in the format of tpl/calls, for the encoding's tool_choice:
+ * "" when it forces nothing (auto); with FUNCTION the named tool's call up to its arguments,
+ * with REQUIRED up to the name, which the model then writes. *name (FUNCTION) is the tool's
+ * name. 0, or ERR_UNSUPPORTED / ERR_FORMAT with err[cap] naming tool_choice. */
+static int forced_opening(enum chat_template tpl, enum chat_calls calls, const char *enc,
+                          uint32_t len, char *out, size_t ocap, char *name, size_t ncap,
+                          char *err, size_t cap)
+{
+    out[0] = name[0] = '\0';
+    const char *tools = NULL;
+    uint32_t tools_len = 0, count;
+    if (shm_chat_decode(enc, len, NULL, 0, &count, &tools, &tools_len) < 0)
+        return snprintf(err, cap, "chat: the messages' encoding is malformed"), ERR_FORMAT;
+    uint32_t choice = shm_chat_tool_choice(enc);
+    uint32_t mode = SHM_TOOL_CHOICE_MODE(choice);
+    if (mode == SHM_TOOL_CHOICE_AUTO)
+        return 0;
+    if (mode == SHM_TOOL_CHOICE_FUNCTION) {
+        json_t *a = json_loadb(tools, tools_len, 0, NULL);
+        json_t *fn = json_object_get(json_array_get(a, SHM_TOOL_CHOICE_INDEX(choice)), "function");
+        const char *nm = json_string_value(json_object_get(fn, "name"));
+        int w = nm ? snprintf(name, ncap, "%s", nm) : -1;
+        json_decref(a);
+        if (w <= 0 || (size_t)w >= ncap)
+            return snprintf(err, cap, "chat: tool_choice: function %u is not a named tool of "
+                            "the request", SHM_TOOL_CHOICE_INDEX(choice)), ERR_FORMAT;
+    }
+    bool fn = mode == SHM_TOOL_CHOICE_FUNCTION;
+    const char *head = NULL, *tail = NULL;
+    if (tpl == CHAT_TPL_HARMONY)
+        head = "<|channel|>commentary to=functions.", tail = " <|constrain|>json<|message|>";
+    else if (tpl == CHAT_TPL_JINJA && calls == CHAT_CALLS_HERMES)
+        head = "<tool_call>\n{\"name\": \"", tail = "\", \"arguments\": ";
+    else if (tpl == CHAT_TPL_JINJA && calls == CHAT_CALLS_MISTRAL)
+        head = "[TOOL_CALLS][{\"name\": \"", tail = "\", \"arguments\": ";
+    else if (tpl == CHAT_TPL_JINJA && calls == CHAT_CALLS_LLAMA)
+        head = "{\"name\": \"", tail = "\", \"parameters\": ";
+    else
+        return snprintf(err, cap, "chat: tool_choice: this model's chat template has no "
+                        "tool-call format to open a call in (docs/CHAT.md \"Tool calls\")"),
+               ERR_UNSUPPORTED;
+    snprintf(out, ocap, "%s%s%s", head, fn ? name : "", fn ? tail : "");
+    return 0;
+}
+
 static int render_jinja(const struct tok *t, const char *enc, uint32_t elen, int32_t **ids,
                         size_t *n_ids, char *err, size_t cap)
 {
     char *text = NULL;
     size_t len;
-    int rc = chat_render_jinja_text(enc, elen, special_text(t, tok_bos(t)),
-                                    special_text(t, tok_eos(t)), &text, &len, err, cap);
+    char force[SHM_MAX_CHAT_NAME + 96], name[SHM_MAX_CHAT_NAME + 1];
+    int rc = forced_opening(CHAT_TPL_JINJA, g_model.calls, enc, elen, force, sizeof force, name,
+                            sizeof name, err, cap);
     if (rc < 0)
         return rc;
+    rc = chat_render_jinja_text(enc, elen, special_text(t, tok_bos(t)),
+                                special_text(t, tok_eos(t)), &text, &len, err, cap);
+    if (rc < 0)
+        return rc;
+    size_t fl = strlen(force);
+    if (fl) { /* the call's opening, as if the model had begun its reply with it */
+        char *more = realloc(text, len + fl + 1);
+        if (!more) {
+            free(text);
+            return snprintf(err, cap, "worker out of memory"), -ENOMEM;
+        }
+        text = more;
+        memcpy(text + len, force, fl + 1);
+        len += fl;
+    }
     /* the template spells the special tokens; HF tokenizes its text with add_special_tokens
      * off, so no BOS beyond the one the template writes */
     log_clear_error();
@@ -378,6 +441,31 @@ static int render_jinja(const struct tok *t, const char *enc, uint32_t elen, int
         snprintf(err, cap, "%s", log_last_error());
     free(text);
     return rc;
+}
+
+/* Harmony: the ids of the call's opening (forced_opening) after the rendered prompt. */
+static int append_forced_harmony(const struct tok *t, const char *enc, uint32_t len,
+                                 int32_t **ids, size_t *n, char *err, size_t cap)
+{
+    char force[SHM_MAX_CHAT_NAME + 96], name[SHM_MAX_CHAT_NAME + 1];
+    int rc = forced_opening(CHAT_TPL_HARMONY, CHAT_CALLS_NONE, enc, len, force, sizeof force,
+                            name, sizeof name, err, cap);
+    if (rc < 0 || !force[0])
+        return rc;
+    int32_t *more = NULL;
+    size_t k = 0;
+    log_clear_error();
+    if ((rc = tok_encode_ex(t, force, strlen(force), TOK_ENC_SPECIAL, &more, &k)) < 0)
+        return snprintf(err, cap, "%s", log_last_error()), rc;
+    int32_t *all = realloc(*ids, (*n + k) * sizeof *all);
+    if (!all) {
+        free(more);
+        return snprintf(err, cap, "worker out of memory"), -ENOMEM;
+    }
+    memcpy(all + *n, more, k * sizeof *all);
+    *ids = all, *n += k;
+    free(more);
+    return 0;
 }
 
 int chat_render(const struct tok *t, enum chat_template tpl, const char *enc, uint32_t len,
@@ -403,8 +491,11 @@ int chat_render(const struct tok *t, enum chat_template tpl, const char *enc, ui
     if (rc == 0 && tools_len && !(tools_z = strndup(tools, tools_len)))
         rc = -ENOMEM, snprintf(err, cap, "worker out of memory");
     if (rc == 0) {
-        if (tpl == CHAT_TPL_HARMONY)
+        if (tpl == CHAT_TPL_HARMONY) {
             rc = render_harmony(t, m, count, tools_z, flags, ids, n, err, cap);
+            if (rc == 0)
+                rc = append_forced_harmony(t, enc, len, ids, n, err, cap);
+        }
         else if (tpl == CHAT_TPL_PLAIN && tools_len)
             rc = ERR_UNSUPPORTED, snprintf(err, cap, "chat: tools: this model has no chat "
                                            "template that defines tools (the plain template "
@@ -456,6 +547,10 @@ struct chat_out {
     struct chat_piece *pieces;
     size_t n, cap;
     bool called, oom;
+    char forced[SHM_MAX_CHAT_NAME + 1]; /* tool_choice FUNCTION: the tool the reply calls */
+    bool open_pending;                  /* harmony: the forced opening reached <|message|>:
+                                         * the next piece carries the call header */
+    size_t forced_skip;                 /* Jinja: held bytes of the opening before the args */
 };
 
 static void reserve(struct chat_out *o, char **b, size_t *cap, size_t need)
@@ -607,6 +702,23 @@ static bool emit_calls(struct chat_out *o, const char *s, size_t n, bool list)
     return ok;
 }
 
+/* tool_choice FUNCTION: the reply ended before its call parsed whole (max_tokens, a stop):
+ * the call is still the named tool's, its arguments what the model wrote after the opening
+ * (held[0, n) begins with what is left of the opening). false when nothing was forced. */
+static bool emit_forced(struct chat_out *o, const char *held, size_t n)
+{
+    if (!o->forced[0] || o->called || n < o->forced_skip)
+        return false;
+    char full[SHM_MAX_CHAT_NAME + 16], id[32];
+    int fl = snprintf(full, sizeof full, "functions.%s", o->forced);
+    if (fl < 0 || !call_name_ok(full, (size_t)fl))
+        return false;
+    make_call_id(id);
+    emit(o, SHM_CH_COMMENTARY, held + o->forced_skip, n - o->forced_skip, full, id);
+    o->called = true;
+    return true;
+}
+
 static void hold_drop(struct chat_out *o, size_t k)
 {
     memmove(o->hold, o->hold + k, o->hlen - k);
@@ -673,7 +785,8 @@ static void jinja_step(struct chat_out *o, bool at_end)
                 k++;
             bool mistral = o->calls == CHAT_CALLS_MISTRAL;
             size_t skip = k + (mistral ? strlen(MISTRAL_MARK) : 0);
-            if (!emit_calls(o, o->hold + skip, o->hlen - skip, mistral))
+            if (!emit_calls(o, o->hold + skip, o->hlen - skip, mistral) &&
+                !emit_forced(o, o->hold, o->hlen))
                 emit(o, SHM_CH_FINAL, o->hold, o->hlen, NULL, NULL);
             o->hlen = 0;
             return;
@@ -698,7 +811,7 @@ static void jinja_step(struct chat_out *o, bool at_end)
         if (!at && !at_end)
             return;
         size_t k = at ? (size_t)(at - o->hold) : o->hlen;
-        if (!emit_calls(o, o->hold, k, false)) {
+        if (!emit_calls(o, o->hold, k, false) && !emit_forced(o, o->hold, k)) {
             emit(o, SHM_CH_FINAL, CALL_OPEN, strlen(CALL_OPEN), NULL, NULL);
             emit(o, SHM_CH_FINAL, o->hold, at ? k + strlen(CALL_CLOSE) : k, NULL, NULL);
         }
@@ -724,6 +837,39 @@ static void finish_pieces(struct chat_out *o, const struct chat_piece **pieces, 
     *n = o->n;
 }
 
+/* tool_choice: the call's opening the render wrote after the prompt goes through the parser
+ * first, as if the model had written it (nothing comes out yet: a header, or held text), so
+ * the model's first ids continue the call. A render that failed on it never gets here. */
+static void seed_forced(struct chat_out *o, enum chat_template tpl, const char *enc,
+                        uint32_t len)
+{
+    char force[SHM_MAX_CHAT_NAME + 96], err[160];
+    if (forced_opening(tpl, o->calls, enc, len, force, sizeof force, o->forced,
+                       sizeof o->forced, err, sizeof err) < 0 || !force[0])
+        return;
+    if (o->hp) {
+        int32_t *ids = NULL;
+        size_t k = 0;
+        if (tok_encode_ex(o->t, force, strlen(force), TOK_ENC_SPECIAL, &ids, &k) == 0)
+            for (size_t i = 0; i < k; i++) {
+                struct harmony_event he;
+                if (harmony_parser_push(o->hp, ids[i], &he) == 0)
+                    o->open_pending = he.kind == HARMONY_EV_MESSAGE;
+            }
+        free(ids);
+        return;
+    }
+    size_t fl = strlen(force);
+    reserve(o, &o->hold, &o->hcap, fl);
+    if (o->oom)
+        return;
+    memcpy(o->hold, force, fl);
+    o->hlen = fl;
+    jinja_step(o, false);
+    o->forced_skip = o->hlen; /* what is left of the opening in the held text */
+    o->n = o->blen = 0;
+}
+
 int chat_out_new(const struct tok *t, enum chat_template tpl, const char *enc, uint32_t len,
                  struct chat_out **out)
 {
@@ -744,6 +890,7 @@ int chat_out_new(const struct tok *t, enum chat_template tpl, const char *enc, u
         if (shm_chat_decode(enc, len, NULL, 0, &count, &tools, &tools_len) == 0 && tools_len)
             o->calls = g_model.calls;
     }
+    seed_forced(o, tpl, enc, len);
     *out = o;
     return 0;
 }
@@ -783,7 +930,10 @@ static void harmony_push(struct chat_out *o, int32_t id, const char *text, size_
     }
     enum shm_channel ch = harmony_chans[he.channel];
     const char *rcpt = harmony_parser_recipient(o->hp);
-    if (he.kind == HARMONY_EV_MESSAGE && rcpt[0] && call_name_ok(rcpt, strlen(rcpt))) {
+    /* a call opens at its <|message|>, or with the first id after a forced opening */
+    bool opens = he.kind == HARMONY_EV_MESSAGE || o->open_pending;
+    o->open_pending = false;
+    if (opens && rcpt[0] && call_name_ok(rcpt, strlen(rcpt))) {
         char cid[32];
         make_call_id(cid);
         emit(o, ch ? ch : SHM_CH_COMMENTARY, he.text ? he.text : "", he.len, rcpt, cid);
