@@ -230,9 +230,13 @@ static inline void run_base(struct job *j, const struct task *tk)
         /* the expand's panels are requested MM_TAIL rows before the base product ends, so
          * that they arrive while it computes: requested at the expand, each tile waited for
          * a memory latency (the update's fixed cost at rank 1, perf, session 11); the base
-         * rows are the same whichever calls compute them */
-        size_t mid = MM_PREFETCH && r1 - r0 > MM_TAIL ? r1 - MM_TAIL : r0;
-        matmul__rows(pr, &j->A.a[ai], r0, mid);
+         * rows are the same whichever calls compute them; mid starts a panel (of a ragged
+         * last tile too) */
+        size_t mid = r0;
+        if (MM_PREFETCH && r1 - r0 > MM_TAIL)
+            mid += (r1 - r0 - MM_TAIL) / 16 * 16;
+        if (mid > r0)
+            matmul__rows(pr, &j->A.a[ai], r0, mid);
         if (MM_PREFETCH)
             prefetch_tile(j, tk->prod, tk->a);
         matmul__rows(pr, &j->A.a[ai], mid, r1);
