@@ -152,16 +152,30 @@ static int pack_i8(const struct lora_adapter *ad, const struct lora_weights *w, 
     return 0;
 }
 
-/* lora__pack for LORA_DT_I8: every adapted (layer, target)'s two blocks in one store. */
-static int lora__pack_i8(struct lora_adapter *ad, const char *f_what)
+/* Bytes of target t's A block in the serving copy (none on f32: A is shared with the
+ * canonical copy) and of its B^T block, each rounded to 64 so that every block starts on a
+ * cache line. ad->fast_dt is the packing. */
+static size_t a_block(const struct lora_adapter *ad, uint32_t t)
+{
+    if (ad->fast_dt == DT_F32)
+        return 0;
+    return (lora__fa_offset(ad, t, ad->cfg.rank) + 63) / 64 * 64;
+}
+
+static size_t bt_block(const struct lora_adapter *ad, uint32_t t)
+{
+    return (lora__fbt_offset(ad, ad->out[t]) + 63) / 64 * 64;
+}
+
+/* A new ad->fast_store for every adapted (layer, target)'s blocks in ad->fast_dt; 0 or
+ * -ENOMEM (logged). */
+static int store_alloc(struct lora_adapter *ad, const char *f_what)
 {
     size_t bytes = 0;
     for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
         uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
-        if (!ad->w[i].a)
-            continue;
-        bytes += (lora__fa_offset(ad, t, ad->cfg.rank) + 63) / 64 * 64;
-        bytes += (lora__fbt_offset(ad, ad->out[t]) + 63) / 64 * 64;
+        if (ad->w[i].a)
+            bytes += a_block(ad, t) + bt_block(ad, t);
     }
     ad->fast_bytes = bytes;
     ad->fast_store = bytes ? aligned_alloc(64, bytes) : NULL;
@@ -169,14 +183,23 @@ static int lora__pack_i8(struct lora_adapter *ad, const char *f_what)
         LOG_ERR("%s: out of memory for %zu bytes of packed adapter weights", f_what, bytes);
         return -ENOMEM;
     }
+    return 0;
+}
+
+/* lora__pack for LORA_DT_I8: every adapted (layer, target)'s two blocks in one store. */
+static int lora__pack_i8(struct lora_adapter *ad, const char *f_what)
+{
+    int rc = store_alloc(ad, f_what);
+    if (rc)
+        return rc;
     unsigned char *p = ad->fast_store;
     for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
         uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
         struct lora_weights *w = &ad->w[i];
         if (!w->a)
             continue;
-        unsigned char *pa = p, *pb = p + (lora__fa_offset(ad, t, ad->cfg.rank) + 63) / 64 * 64;
-        int rc = pack_i8(ad, w, t, pa, pb, f_what);
+        unsigned char *pa = p, *pb = p + a_block(ad, t);
+        rc = pack_i8(ad, w, t, pa, pb, f_what);
         if (rc) {
             free(ad->fast_store);
             ad->fast_store = NULL;
@@ -184,7 +207,7 @@ static int lora__pack_i8(struct lora_adapter *ad, const char *f_what)
         }
         w->fa = pa;
         w->fbt = pb;
-        p = pb + (lora__fbt_offset(ad, ad->out[t]) + 63) / 64 * 64;
+        p = pb + bt_block(ad, t);
     }
     return 0;
 }
@@ -196,21 +219,9 @@ int lora__pack(struct lora_adapter *ad, enum dtype dt, const char *f_what)
         return lora__pack_i8(ad, f_what);
     const bool bf16 = dt == DT_BF16;
     const size_t esz = bf16 ? 2 : 4;
-    size_t bytes = 0;
-    for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
-        uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
-        if (!ad->w[i].a)
-            continue;
-        if (dt != DT_F32)
-            bytes += (lora__fa_offset(ad, t, ad->cfg.rank) + 63) / 64 * 64;
-        bytes += (lora__fbt_offset(ad, ad->out[t]) + 63) / 64 * 64;
-    }
-    ad->fast_bytes = bytes;
-    ad->fast_store = bytes ? aligned_alloc(64, bytes) : NULL;
-    if (bytes && !ad->fast_store) {
-        LOG_ERR("%s: out of memory for %zu bytes of packed adapter weights", f_what, bytes);
-        return -ENOMEM;
-    }
+    int rc = store_alloc(ad, f_what);
+    if (rc)
+        return rc;
     unsigned char *p = ad->fast_store;
     for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
         uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
@@ -223,7 +234,7 @@ int lora__pack(struct lora_adapter *ad, enum dtype dt, const char *f_what)
             for (size_t k = 0; k < r * in; k++)
                 a16[k] = half_f32_to_bf16(w->a[k]);
             w->fa = a16;
-            p += (r * in * esz + 63) / 64 * 64;
+            p += a_block(ad, t);
         } else {
             w->fa = w->a;
         }
@@ -238,7 +249,7 @@ int lora__pack(struct lora_adapter *ad, enum dtype dt, const char *f_what)
                     ((float *)p)[d] = w->b[j * r + k];
             }
         w->fbt = p;
-        p += (nbt * esz + 63) / 64 * 64;
+        p += bt_block(ad, t);
     }
     return 0;
 }

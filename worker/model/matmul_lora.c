@@ -19,6 +19,12 @@
  * rows are still in this core's cache (the update's fixed cost at low rank was mostly these
  * tasks: 2-4 % of an 8-stream int4 step at rank 1, perf, session 10). A product that no
  * segment adapts gets no expand at all.
+ * The update's weights are requested ahead of use (session 11): a merged tile asks for its
+ * expand's panels MM_TAIL rows before its base product ends, a shrink for the rows of the
+ * task MM_LOOKAHEAD places on. At low rank the update's kernels are bound by memory latency,
+ * not bandwidth: blocks of 1-4 KB requested where they are read left each kernel waiting for
+ * its first lines (perf: 30-80 % of the expand's and the shrink's samples on their first
+ * weight loads).
  *
  * NOTES: a task waits (spins, yielding now and then) only for tasks that precede it in the
  * list, which running participants are finishing, so claiming in order cannot deadlock.
@@ -51,6 +57,9 @@
 #define MM_LAG 2u       /* an expand task follows its base tile by this many base tasks (2 to 6
                          * measured alike, session 6) */
 #define MM_MAX MATMUL_LORA_GROUP_MAX
+#define MM_TAIL 128u    /* a merged tile requests its expand's panels this many base rows
+                         * before its end (a multiple of 16: whole panels) */
+#define MM_LOOKAHEAD 4u /* a shrink task requests the rows of the task this many places on */
 #define MM_SHRINK_FIRST_RANK 4u /* plans of at most this rank put every shrink first */
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
@@ -70,6 +79,7 @@ struct job {
     const struct matmul_prod *g;
     float *tmp;                      /* [k][p->tmp_floats] each product's T */
     const struct task *tasks;
+    size_t n_tasks;
     struct matmul__acts A;           /* the distinct inputs */
     size_t tile0[MM_MAX];            /* product -> its first tile in tile_done */
     size_t prep_total[MM_MAX];       /* input -> its PREP tasks */
@@ -133,36 +143,71 @@ static inline void run_prep(struct job *j, const struct task *tk)
     atomic_fetch_add_explicit(&j->prep_done[tk->prod], 1, memory_order_release);
 }
 
-static inline void run_shrink(struct job *j, const struct task *tk)
+/* Requests the A rows a SHRINK task reads. */
+static void prefetch_shrink(const struct job *j, const struct task *tk)
+{
+    const struct lora_seg *s = &j->p->segs[tk->a];
+    const uint32_t t = j->g[tk->prod].t;
+    const struct lora_weights *w = lora_weights(s->ad, j->layer, t);
+    size_t r = s->ad->cfg.rank, k0 = tk->b, kb = lora__shrink_kb(s->ad);
+    size_t k1 = k0 + kb < r ? k0 + kb : r;
+    prefetch_l2((const char *)w->fa + lora__fa_offset(s->ad, t, k0),
+                lora__fa_offset(s->ad, t, k1) - lora__fa_offset(s->ad, t, k0));
+}
+
+/* Requests the A rows of task i if it is a SHRINK: a shrink that requests only its own rows
+ * first waits a memory latency for them (most of the shrink's time at rank 1, perf, session
+ * 11); a shrink requests those of the task MM_LOOKAHEAD places on, and the job's first
+ * MM_LOOKAHEAD are requested while the pool starts, so that consecutive shrinks (all of them
+ * come first at low rank) find their rows on the way. */
+static void prefetch_if_shrink(const struct job *j, size_t i)
+{
+    if (i < j->n_tasks && j->tasks[i].kind == TK_SHRINK)
+        prefetch_shrink(j, &j->tasks[i]);
+}
+
+static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
 {
     const struct lora_seg *s = &j->p->segs[tk->a];
     const struct matmul_prod *pr = &j->g[tk->prod];
     const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
     size_t r = s->ad->cfg.rank, k0 = tk->b, in = s->ad->in[pr->t];
     size_t kb = lora__shrink_kb(s->ad), k1 = k0 + kb < r ? k0 + kb : r;
-    if (MM_PREFETCH)
-        prefetch_l2((const char *)w->fa + lora__fa_offset(s->ad, pr->t, k0),
-                    lora__fa_offset(s->ad, pr->t, k1) - lora__fa_offset(s->ad, pr->t, k0));
+    if (MM_PREFETCH) {
+        prefetch_shrink(j, tk);
+        prefetch_if_shrink(j, task + MM_LOOKAHEAD);
+    }
     lora__shrink(s->ad, w->fa, in, pr->x + s->t0 * in, s->n,
                  j->tmp + tk->prod * j->p->tmp_floats + s->tmp0, k0, k1);
     atomic_fetch_add_explicit(&j->shrink_done[tk->prod], 1, memory_order_release);
 }
 
-/* y += the update on tile `tile` of product `prod`, for every segment (shrinks done). */
-static void expand_tile(struct job *j, size_t prod, size_t tile)
+/* Requests the B^T panels of tile `tile` of product `prod`, every segment's. */
+static void prefetch_tile(const struct job *j, size_t prod, size_t tile)
 {
     const struct lora_plan *p = j->p;
     const struct matmul_prod *pr = &j->g[prod];
     size_t c0 = tile * MM_TILE, out = pr->w->rows;
     size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
-    if (MM_PREFETCH)
-        for (size_t si = 0; si < p->n_segs; si++) {
-            const struct lora_seg *s = &p->segs[si];
-            const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
-            if (w) /* the tile's panels, from c0 (a multiple of 32) */
-                prefetch_l2((const char *)w->fbt + lora__fbt_offset(s->ad, c0),
-                            lora__fbt_offset(s->ad, c1) - lora__fbt_offset(s->ad, c0));
-        }
+    for (size_t si = 0; si < p->n_segs; si++) {
+        const struct lora_seg *s = &p->segs[si];
+        const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
+        if (w) /* the tile's panels, from c0 (a multiple of 32) */
+            prefetch_l2((const char *)w->fbt + lora__fbt_offset(s->ad, c0),
+                        lora__fbt_offset(s->ad, c1) - lora__fbt_offset(s->ad, c0));
+    }
+}
+
+/* y += the update on tile `tile` of product `prod`, for every segment (shrinks done); fetch:
+ * its panels are not requested yet. */
+static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
+{
+    const struct lora_plan *p = j->p;
+    const struct matmul_prod *pr = &j->g[prod];
+    size_t c0 = tile * MM_TILE, out = pr->w->rows;
+    size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
+    if (MM_PREFETCH && fetch)
+        prefetch_tile(j, prod, tile);
     for (size_t si = 0; si < p->n_segs; si++) {
         const struct lora_seg *s = &p->segs[si];
         const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
@@ -180,11 +225,25 @@ static inline void run_base(struct job *j, const struct task *tk)
     const struct matmul_prod *pr = &j->g[tk->prod];
     size_t r0 = (size_t)tk->a * MM_TILE, rows = pr->w->rows;
     size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
-    matmul__rows(pr, &j->A.a[ai], r0, r1); /* MM_TILE rows are whole panels: tiles start on one */
+    /* MM_TILE rows are whole panels: tiles start on one */
     if (tk->b) { /* merged: the product's shrinks precede this task */
+        /* the expand's panels are requested MM_TAIL rows before the base product ends, so
+         * that they arrive while it computes: requested at the expand, each tile waited for
+         * a memory latency (the update's fixed cost at rank 1, perf, session 11); the base
+         * rows are the same whichever calls compute them; mid starts a panel (of a ragged
+         * last tile too) */
+        size_t mid = r0;
+        if (MM_PREFETCH && r1 - r0 > MM_TAIL)
+            mid += (r1 - r0 - MM_TAIL) / 16 * 16;
+        if (mid > r0)
+            matmul__rows(pr, &j->A.a[ai], r0, mid);
+        if (MM_PREFETCH)
+            prefetch_tile(j, tk->prod, tk->a);
+        matmul__rows(pr, &j->A.a[ai], mid, r1);
         wait_at_least(&j->shrink_done[tk->prod], j->shrink_total[tk->prod]);
-        expand_tile(j, tk->prod, tk->a);
+        expand_tile(j, tk->prod, tk->a, false);
     } else {
+        matmul__rows(pr, &j->A.a[ai], r0, r1);
         atomic_store_explicit(&j->tile_done[j->tile0[tk->prod] + tk->a], 1,
                               memory_order_release);
     }
@@ -194,7 +253,7 @@ static inline void run_expand(struct job *j, const struct task *tk)
 {
     wait_at_least(&j->shrink_done[tk->prod], j->shrink_total[tk->prod]);
     wait_flag(&j->tile_done[j->tile0[tk->prod] + tk->a]);
-    expand_tile(j, tk->prod, tk->a);
+    expand_tile(j, tk->prod, tk->a, true);
 }
 
 static void run_task(void *ctx, size_t task, int thread)
@@ -207,7 +266,7 @@ static void run_task(void *ctx, size_t task, int thread)
         run_prep(j, tk);
         break;
     case TK_SHRINK:
-        run_shrink(j, tk);
+        run_shrink(j, tk, task);
         break;
     case TK_BASE:
         run_base(j, tk);
@@ -435,6 +494,10 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     push_preps(&j, tasks, &cu, n);
     push_interleaved(&j, tasks, &cu, k, &c);
     CHECK(cu.nt <= n_tasks && cu.ex_p == k);
+    j.n_tasks = cu.nt;
+    if (MM_PREFETCH)
+        for (size_t i = 0; i < MM_LOOKAHEAD; i++)
+            prefetch_if_shrink(&j, i);
     if (mc->pool)
         pool_run(mc->pool, run_task, &j, cu.nt);
     else
