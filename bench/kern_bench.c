@@ -7,14 +7,16 @@
  *    gemv/gemm crossover);
  *  - batch: n = 1..16 tokens (decode of n streams) at q4_0/q8_0, the cost per token vs n = 1;
  *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s;
- *  - q4g (only when asked): the int4 group types against q4_0, interleaved rounds.
+ *  - q4g (only when asked): the int4 group types against q4_0, interleaved rounds;
+ *  - gptoss (only when asked): gpt-oss-20b's decode products (MXFP4 experts, old and new
+ *    gemv, n = 1..8; bf16 unembedding and attention), GB/s against a probe per row.
  * GEMV weights rotate through copies totalling >= 256 MiB so they stream from DRAM, as in
  * decode, rather than from the 32 MiB L3. Each row ends with the CPU share other processes
  * used meanwhile (bench_load_end): on a shared machine, a row with more than a few percent
  * was measured beside a busy neighbour and understates the kernels.
  *
  *   usage: kern_bench [--threads N] [--quick] [--hot]
- *                     [--only gemv|gemm|variants|batch|model|q4g] [--dtype T]
+ *                     [--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu] [--dtype T]
  * --hot: one copy of each matrix instead of the 256 MiB ring (the kernels' compute rate).
  */
 #include "bench_util.h"
@@ -28,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static struct pool *g_pool;
 static struct matmul_ctx g_mm; /* the products' scratch, on g_pool */
@@ -539,6 +542,156 @@ static void bench_model(double bw)
     }
 }
 
+/* ---- gpt-oss decode shapes (issue 13: decode toward the read roofline) -------------------- */
+
+static double thread_cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/*
+ * The MXFP4 gemvs on this thread alone, in thread CPU time (time the scheduler gives other
+ * processes is not counted: on a loaded machine the wall-clock rows above mostly measure the
+ * neighbours): GB/s of weights per core, weights from a > 256 MiB ring (DRAM) and from one
+ * copy (cache: the kernel's compute rate). A kernel is load-bound when its cache rate is
+ * above what one core's share of the DRAM bandwidth delivers. 5 alternations, best of each.
+ */
+static void gptoss_mxfp4_cpu(kern_mm_fn *old, kern_mm_fn *bl, kern_mm_fn *plain)
+{
+    static const size_t shapes[][2] = {{5760, 2880}, {2880, 2880}};
+    static const size_t ns[] = {1, 2, 4, 8};
+    kern_mm_fn *fns[3] = {old, bl, plain};
+    printf("\n1 thread, thread CPU time, GB/s of weights per core (s10 / s11 bl / s11 plain; "
+           "bl / s10):\n\n| rows x cols | n | DRAM ring | bl / s10 | cache | bl / s10 |\n"
+           "|---|---|---|---|---|---|\n");
+    for (size_t s = 0; s < 2; s++) {
+        size_t rows = shapes[s][0], cols = shapes[s][1];
+        void **w;
+        int copies = make_ring(DT_MXFP4, rows, cols, &w);
+        const double mb = (double)matrix_bytes(DT_MXFP4, rows, cols);
+        float *x = random_x(8, cols), *y = malloc(8 * rows * sizeof(float));
+        size_t bytes;
+        kern_act_bytes(DT_MXFP4, cols, 8, &bytes);
+        void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            struct kern_act a;
+            kern_act_init(&a, DT_MXFP4, x, cols, ns[i], buf);
+            kern_act_prepare(&a, 0, ns[i]);
+            double best[2][3] = {{0}};
+            for (int hot = 0; hot < 2; hot++)
+                for (int r = 0; r < 5; r++)
+                    for (int v = 0; v < 3; v++) {
+                        int calls = 0;
+                        fns[v](w[0], &a, y, rows, 0, rows); /* warm (hot: into the cache) */
+                        double t0 = thread_cpu_now(), t;
+                        do {
+                            fns[v](w[hot ? 0 : (size_t)calls % (size_t)copies], &a, y, rows, 0,
+                                   rows);
+                            calls++;
+                            t = thread_cpu_now() - t0;
+                        } while (t < g_min_time / 10);
+                        double gbs = mb * calls / t / 1e9;
+                        best[hot][v] = gbs > best[hot][v] ? gbs : best[hot][v];
+                    }
+            printf("| %zu x %zu | %zu | %.1f / %.1f / %.1f | %.2f | %.1f / %.1f / %.1f | %.2f |\n",
+                   rows, cols, ns[i], best[0][0], best[0][1], best[0][2], best[0][1] / best[0][0],
+                   best[1][0], best[1][1], best[1][2], best[1][1] / best[1][0]);
+            fflush(stdout);
+        }
+        free(buf);
+        free(y);
+        free(x);
+        free_ring(w, copies);
+    }
+}
+
+/*
+ * --only gptoss: the decode path's products at gpt-oss-20b's shapes, weights from DRAM, in
+ * GB/s against a read-bandwidth probe taken right before each row (the machine is shared, so
+ * each row carries its own roofline). MXFP4 experts (5760 x 2880 gate/up interleaved, 2880 x
+ * 2880 down; a ring of > 256 MiB of experts) at n = 1..8 tokens per expert (the MoE group
+ * sizes of 1..8 streams): the session-10 gemv (kern_gemv_mxfp4_q8_0_avx512), the session-11
+ * one with and without VBMI (x86/avx512_mxfp4.c) and the gemm (dispatched from n = 4),
+ * interleaved in 3 rounds, best of each. bf16 at n = 1 through the routed product: the
+ * unembedding (201088 x 2880, 1.16 GB: one copy is already DRAM-sized) and attention (q
+ * 4096 x 2880, k or v 512 x 2880, o 2880 x 4096).
+ */
+static void bench_gptoss(void)
+{
+    if (!isa_ok(KERN_ISA_AVX512)) {
+        printf("\n### gpt-oss shapes: skipped (no AVX-512)\n");
+        return;
+    }
+    static const size_t mx_shapes[][2] = {{5760, 2880}, {2880, 2880}};
+    static const size_t ns[] = {1, 2, 4, 8};
+    struct {
+        const char *name;
+        kern_mm_fn *fn;
+    } vs[] = {
+        {"gemv s10", kern_gemv_mxfp4_q8_0_avx512},
+        {"gemv s11 (bl)", kern_gemv_mxfp4_q8_0_avx512_bl},
+        {"gemv s11 plain", kern_gemv_mxfp4_q8_0_avx512_bl_plain},
+        {"gemm", kern_gemm_mxfp4_q8_0_avx512},
+    };
+    enum { NV = sizeof vs / sizeof vs[0], ROUNDS = 3 };
+    printf("\n### gpt-oss decode shapes, %d thread(s): GB/s of weights from DRAM (%% of the "
+           "probe before the row)\n\n",
+           g_threads);
+    printf("| dtype | rows x cols | n | probe GB/s |");
+    for (size_t v = 0; v < NV; v++)
+        printf(" %s |", vs[v].name);
+    printf(" other CPU |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t s = 0; s < 2; s++) {
+        size_t rows = mx_shapes[s][0], cols = mx_shapes[s][1];
+        void **w;
+        int copies = make_ring(DT_MXFP4, rows, cols, &w);
+        float *x = random_x(8, cols), *y = malloc(8 * rows * sizeof(float));
+        const double mb = (double)matrix_bytes(DT_MXFP4, rows, cols);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            double probe = bench_bandwidth(g_pool, (size_t)256 << 20, 4), best[NV] = {0};
+            struct bench_load ld;
+            bench_load_begin(&ld);
+            for (int r = 0; r < ROUNDS; r++)
+                for (size_t v = 0; v < NV; v++) {
+                    double gbs = mb / time_variant(vs[v].fn, DT_MXFP4, w, copies, rows, cols, x,
+                                                   ns[i], y) / 1e9;
+                    best[v] = gbs > best[v] ? gbs : best[v];
+                }
+            printf("| mxfp4 | %zu x %zu | %zu | %.1f |", rows, cols, ns[i], probe);
+            for (size_t v = 0; v < NV; v++)
+                printf(" %.1f (%.0f%%) |", best[v], 100 * best[v] / probe);
+            printf(" %.0f%% |\n", 100 * bench_load_end(&ld));
+            fflush(stdout);
+        }
+        free(y);
+        free(x);
+        free_ring(w, copies);
+    }
+    gptoss_mxfp4_cpu(vs[0].fn, vs[1].fn, vs[2].fn);
+    static const size_t bf_shapes[][2] = {{201088, 2880}, {4096, 2880}, {512, 2880}, {2880, 4096}};
+    printf("\n| dtype | rows x cols | n | probe GB/s | routed product | other CPU |\n"
+           "|---|---|---|---|---|---|\n");
+    for (size_t s = 0; s < sizeof bf_shapes / sizeof bf_shapes[0]; s++) {
+        size_t rows = bf_shapes[s][0], cols = bf_shapes[s][1];
+        void **w;
+        int copies = make_ring(DT_BF16, rows, cols, &w);
+        float *x = random_x(1, cols), *y = malloc(rows * sizeof(float));
+        double probe = bench_bandwidth(g_pool, (size_t)256 << 20, 4);
+        struct bench_load ld;
+        bench_load_begin(&ld);
+        double gbs = (double)matrix_bytes(DT_BF16, rows, cols) /
+                     time_matmul(DT_BF16, w, copies, rows, cols, x, 1, y) / 1e9;
+        printf("| bf16 | %zu x %zu | 1 | %.1f | %.1f (%.0f%%) | %.0f%% |\n", rows, cols, probe,
+               gbs, 100 * gbs / probe, 100 * bench_load_end(&ld));
+        fflush(stdout);
+        free(y);
+        free(x);
+        free_ring(w, copies);
+    }
+}
+
 int main(int argc, char **argv)
 {
     cpu_set_t set;
@@ -558,7 +711,7 @@ int main(int argc, char **argv)
             g_dtype = argv[++i];
         else {
             fprintf(stderr, "usage: kern_bench [--threads N] [--quick] [--hot] "
-                            "[--only gemv|gemm|variants|batch|model|q4g] [--dtype NAME]\n");
+                            "[--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu] [--dtype NAME]\n");
             return 2;
         }
     }
@@ -581,6 +734,11 @@ int main(int argc, char **argv)
         bench_batch();
     if (only && strcmp(only, "q4g") == 0)
         bench_q4g(); /* only on request: its own comparison, not part of the default run */
+    if (only && strcmp(only, "gptoss") == 0)
+        bench_gptoss(); /* only on request: gpt-oss's decode shapes, old and new MXFP4 gemv */
+    if (only && strcmp(only, "gptoss-cpu") == 0 && isa_ok(KERN_ISA_AVX512))
+        gptoss_mxfp4_cpu(kern_gemv_mxfp4_q8_0_avx512, kern_gemv_mxfp4_q8_0_avx512_bl,
+                         kern_gemv_mxfp4_q8_0_avx512_bl_plain); /* its 1-thread part alone */
     if (!only || strcmp(only, "model") == 0)
         bench_model(bw);
     matmul_ctx_fini(&g_mm);
