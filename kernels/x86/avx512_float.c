@@ -184,10 +184,12 @@ INLINE void mm_float(enum wk k, int bf16a, const void *w, const struct kern_act 
 #define BKC 512    /* bf16 panel chunk: 512 columns x 16 rows = 16 KiB */
 #define GEMM_NT 12 /* tokens per register tile */
 /* bf16 register tiles (gemm_tile_bf16): BF_NP panels x 6 tokens, or BF_SMALL_NP panels x up
- * to 8 tokens when the call has no more (decode of a few streams, where 4 interleaved panels
- * x 512 columns, 64 KiB, outgrow L1 between their packing and their only use) */
+ * to 12 tokens when the call has at most BF_SMALL_N (decode of a few streams: 4 interleaved
+ * panels x 512 columns, 64 KiB, outgrow L1 between their packing and their few uses, and the
+ * 1-panel tile measured as fast or faster at n = 8; docs/PERFORMANCE.md "bf16 prefill tiles") */
 #define BF_NP 4
-#define BF_SMALL_NP 2
+#define BF_SMALL_NP 1
+#define BF_SMALL_N 8
 #define BF_NT 12 /* tokens per bf16 tile, at most (the array bound) */
 
 /* Rows [r, r+nr) x columns [k0, k0+kc) as f32, transposed: p[c] = column k0+c of 16 rows. */
@@ -352,8 +354,7 @@ static void gemm_bf16(const void *w, const struct kern_act *a, float *y, size_t 
 {
     size_t rb = kern__row_bytes(DT_BF16, a->cols);
     __m512i p[BF_NP * BKC / 2] __attribute__((aligned(64)));
-    /* up to 8 tokens (decode of a few streams): one tile of BF_SMALL_NP panels for them all */
-    const size_t gnp = a->n <= 8 ? BF_SMALL_NP : BF_NP;
+    const size_t gnp = a->n <= BF_SMALL_N ? BF_SMALL_NP : BF_NP;
     for (size_t r = r0; r < r1; r += gnp * PANEL) {
         size_t np = (r1 - r + PANEL - 1) / PANEL < gnp ? (r1 - r + PANEL - 1) / PANEL : gnp;
         size_t nr_last = r1 - (r + PANEL * (np - 1));

@@ -621,7 +621,7 @@ static void test_act_prepare_isas_identical(void **state)
 
 /*
  * The bf16 x bf16 GEMM's register tiles (x86/avx512_float.c): up to 4 panels (64 rows) share a
- * tile, their column pairs interleaved, and calls of <= 8 tokens use 2-panel tiles. Each
+ * tile, their column pairs interleaved (calls of <= 8 tokens keep 1-panel tiles). Each
  * output's lane sums its pairs in the 1-panel tile's order, so the outputs of a call over
  * many rows must equal, bit for bit, those of one call per 16-row panel (which tiles 1
  * panel at a time), for ragged row ranges (r0 anywhere, a partial last panel), every token
