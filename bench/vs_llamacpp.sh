@@ -25,6 +25,8 @@
 # Prints one line per measurement and per round, then the per-round ratios and their median.
 set -euo pipefail
 dtype=${DTYPE:-int4}
+only=${ONLY:-} # ONLY=prefill or ONLY=decode measures that alone (a busy machine's short run)
+case $only in "" | prefill | decode) ;; *) echo "vs_llamacpp.sh: ONLY must be prefill or decode" >&2; exit 2 ;; esac
 case $dtype in
   int4) ggml_type=q4_0 ;;
   int8) ggml_type=q8_0 ;;
@@ -90,8 +92,9 @@ echo "# threads $threads, rounds $rounds; wall-clock tokens/s"
 for r in $(seq 1 "$rounds"); do
   if [ $((r % 2)) -eq 1 ]; then order="llama clocher"; else order="clocher llama"; fi
   for who in $order; do
-    p=$(${who}_prefill)
-    read -r d1 d8 < <(${who}_decode)
+    p=nan d1=nan d8=nan
+    [ "$only" = decode ] || p=$(${who}_prefill)
+    [ "$only" = prefill ] || read -r d1 d8 < <(${who}_decode)
     echo "round $r $who prefill $p decode1 $d1 decode8 $d8" | tee -a "$out/rows"
   done
 done
@@ -104,6 +107,8 @@ for line in open(sys.argv[1]):
                                             "decode8": float(f[8])}
 for what in ("prefill", "decode1", "decode8"):
     ratios = [v["clocher"][what] / v["llama"][what] for v in rows.values()]
+    if any(r != r for r in ratios):  # not measured (ONLY)
+        continue
     print("clocher/llama.cpp %-8s per round %s  median %.2f" % (
         what, " ".join("%.2f" % x for x in ratios), statistics.median(ratios)))
 EOF
