@@ -3,20 +3,36 @@
 #
 # The only comparison that counts on a machine whose speed drifts 1.5-2x between minutes:
 # both engines in the same rounds, the order swapped each round, the ratio taken per round.
-# Measures int4 (q4_0 = ggml's Q4_0) prefill of 512 tokens and decode at 1 and 8 streams,
-# 2 threads, with llama.cpp's own tools (llama-bench, llama-batched-bench) and Clocher's
-# engine_bench (bench/engine_bench.c).
+# Measures prefill of 512 tokens and decode at 1 and 8 streams, 2 threads, with llama.cpp's
+# own tools (llama-bench, llama-batched-bench) and Clocher's engine_bench
+# (bench/engine_bench.c), for the weight type DTYPE names: int4 (the default: q4_0 = ggml's
+# Q4_0), int8 (q8_0 = ggml's Q8_0) or bf16 (ggml's BF16). The measurements are the same for
+# every DTYPE; it names the pair of files the run is for (printed in the header) and, for
+# int8 and bf16, is checked against the GGUF's file name when that names a type.
 #
 # Same weights: `clocher synth --gguf` writes the Hugging Face folder's tensors in llama.cpp's
-# layout; `llama-quantize --pure` makes every matrix Q4_0, as `clocher convert --dtype int4`
-# does (same rounding):
+# layout (1-D tensors in f32, as llama.cpp wants them); `llama-quantize --pure` makes every
+# matrix Q4_0 (Q8_0), as `clocher convert --dtype int4` (int8) does (same rounding):
 #   clocher synth --preset tinyllama-1.1b --seed 1 --dtype bf16 HF --gguf T.gguf
 #   llama-quantize --pure T.gguf T-q4_0.gguf Q4_0
 #   clocher convert HF IE4 --dtype int4
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin bash bench/vs_llamacpp.sh T-q4_0.gguf IE4 [ROUNDS]
+# int8: `llama-quantize --pure T.gguf T-q8_0.gguf Q8_0`, `clocher convert HF IE8 --dtype int8`,
+#   DTYPE=int8 ... vs_llamacpp.sh T-q8_0.gguf IE8.
+# bf16: the synth's GGUF as it is, `clocher convert HF IE16 --dtype bf16`,
+#   DTYPE=bf16 ... vs_llamacpp.sh T.gguf IE16.
 #
 # Prints one line per measurement and per round, then the per-round ratios and their median.
 set -euo pipefail
+dtype=${DTYPE:-int4}
+only=${ONLY:-} # ONLY=prefill or ONLY=decode measures that alone (a busy machine's short run)
+case $only in "" | prefill | decode) ;; *) echo "vs_llamacpp.sh: ONLY must be prefill or decode" >&2; exit 2 ;; esac
+case $dtype in
+  int4) ggml_type=q4_0 ;;
+  int8) ggml_type=q8_0 ;;
+  bf16) ggml_type=bf16 ;;
+  *) echo "vs_llamacpp.sh: DTYPE must be int4, int8 or bf16, not '$dtype'" >&2; exit 2 ;;
+esac
 gguf=${1:?usage: vs_llamacpp.sh Q4_0.gguf IEBIN_DIR [ROUNDS]}
 ie=${2:?usage: vs_llamacpp.sh Q4_0.gguf IEBIN_DIR [ROUNDS]}
 rounds=${3:-3}
@@ -24,6 +40,16 @@ bin=${LLAMA_BIN:?set LLAMA_BIN to the bin folder of a llama.cpp build}
 build=${CLOCHER_BUILD:-$(cd "$(dirname "$0")/.." && pwd)/build/release}
 eb="$build/bench/engine_bench"
 threads=${THREADS:-2}
+# a GGUF whose name says another type is the wrong file for this DTYPE (int4 runs unchecked,
+# as before the switch existed)
+gguf_name=$(basename "$gguf" | tr 'A-Z' 'a-z')
+gguf_name=${gguf_name//$ggml_type/}
+for t in q4_0 q8_0 bf16 f16 f32; do
+  if [ "$dtype" != int4 ] && [[ $gguf_name == *"$t"* ]]; then
+    echo "vs_llamacpp.sh: DTYPE=$dtype wants $ggml_type weights, but $gguf is named $t" >&2
+    exit 2
+  fi
+done
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -62,11 +88,13 @@ print(r[1], r[8])'
 echo "# $(date -u +%FT%TZ) $(nproc) cpus, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 echo "# clocher $(git -C "$(dirname "$0")" rev-parse --short HEAD), llama.cpp $(git -C "$bin/../.." rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "# threads $threads, rounds $rounds; wall-clock tokens/s"
+[ "$dtype" = int4 ] || echo "# dtype $dtype ($ggml_type)"
 for r in $(seq 1 "$rounds"); do
   if [ $((r % 2)) -eq 1 ]; then order="llama clocher"; else order="clocher llama"; fi
   for who in $order; do
-    p=$(${who}_prefill)
-    read -r d1 d8 < <(${who}_decode)
+    p=nan d1=nan d8=nan
+    [ "$only" = decode ] || p=$(${who}_prefill)
+    [ "$only" = prefill ] || read -r d1 d8 < <(${who}_decode)
     echo "round $r $who prefill $p decode1 $d1 decode8 $d8" | tee -a "$out/rows"
   done
 done
@@ -79,6 +107,8 @@ for line in open(sys.argv[1]):
                                             "decode8": float(f[8])}
 for what in ("prefill", "decode1", "decode8"):
     ratios = [v["clocher"][what] / v["llama"][what] for v in rows.values()]
+    if any(r != r for r in ratios):  # not measured (ONLY)
+        continue
     print("clocher/llama.cpp %-8s per round %s  median %.2f" % (
         what, " ".join("%.2f" % x for x in ratios), statistics.median(ratios)))
 EOF

@@ -10,7 +10,8 @@
  *   transposed so one zmm holds one column (two for bf16) of all 16 rows; each step is then
  *   one FMA (vdpbf16ps) per token with the activation broadcast from memory, and a chunk of
  *   the panel plus the tile's activations stay in L1 while all tokens pass over it. Partial
- *   sums of later chunks are added into y.
+ *   sums of later chunks are added into y. bf16 tiles span up to 4 panels (64 rows) x 6 tokens,
+ *   the panels' pairs interleaved, so each broadcast activation feeds 4 vdpbf16ps.
  *
  * bf16 x bf16 (vdpbf16ps, 32 products per instruction) is the prefill path when the CPU has
  * AVX512-BF16: activations rounded to bf16 (kern_act.xb), f32 accumulation; the bf16 x f32
@@ -182,6 +183,14 @@ INLINE void mm_float(enum wk k, int bf16a, const void *w, const struct kern_act 
 #define FKC 256    /* f32 panel chunk: 256 columns x 16 rows = 16 KiB */
 #define BKC 512    /* bf16 panel chunk: 512 columns x 16 rows = 16 KiB */
 #define GEMM_NT 12 /* tokens per register tile */
+/* bf16 register tiles (gemm_tile_bf16): BF_NP panels x 6 tokens, or BF_SMALL_NP panels x up
+ * to 12 tokens when the call has at most BF_SMALL_N (decode of a few streams: 4 interleaved
+ * panels x 512 columns, 64 KiB, outgrow L1 between their packing and their few uses, and the
+ * 1-panel tile measured as fast or faster at n = 8; docs/PERFORMANCE.md "bf16 prefill tiles") */
+#define BF_NP 4
+#define BF_SMALL_NP 1
+#define BF_SMALL_N 8
+#define BF_NT 12 /* tokens per bf16 tile, at most (the array bound) */
 
 /* Rows [r, r+nr) x columns [k0, k0+kc) as f32, transposed: p[c] = column k0+c of 16 rows. */
 INLINE void pack_f32(enum wk k, const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0,
@@ -198,9 +207,10 @@ INLINE void pack_f32(enum wk k, const uint8_t *w, size_t rb, size_t r, size_t nr
     }
 }
 
-/* bf16 rows as pairs: p[c/2] = columns k0+c, k0+c+1 of 16 rows (one dword per row). */
+/* bf16 rows as pairs: p[(c/2) * np] = columns k0+c, k0+c+1 of 16 rows (one dword per row);
+ * np > 1 interleaves the panels of a register tile (gemm_tile_bf16). */
 INLINE void pack_bf16(const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k0, size_t kc,
-                      __m512i *p)
+                      __m512i *p, size_t np)
 {
     for (size_t c = 0; c < kc; c += 32) {
         __mmask32 m = kc - c >= 32 ? 0xffffffffu : (__mmask32)((1u << (kc - c)) - 1u);
@@ -210,7 +220,7 @@ INLINE void pack_bf16(const uint8_t *w, size_t rb, size_t r, size_t nr, size_t k
                                  m, (const uint16_t *)(const void *)(w + (r + (size_t)i) * rb) + k0 + c)
                            : _mm512_setzero_si512();
         transpose16(z);
-        UNROLL for (int g = 0; g < 16; g++) p[c / 2 + (size_t)g] = z[g];
+        UNROLL for (int g = 0; g < 16; g++) p[(c / 2 + (size_t)g) * np] = z[g];
     }
 }
 
@@ -240,27 +250,42 @@ INLINE void gemm_tile_f32(const __m512 *p, size_t kc, const float *x, size_t ldx
     UNROLL for (int j = 0; j < NT; j++) put_rows(y + (t + (size_t)j) * ldy + r, acc[j], rm, add);
 }
 
-INLINE void gemm_tile_bf16(const __m512i *p, size_t kc, const uint16_t *xb, size_t ldx,
-                           size_t t, int NT, float *y, size_t ldy, size_t r, __mmask16 rm,
+/*
+ * bf16 register tile: NP panels (16 rows each) x NT tokens, NP * NT <= 24 accumulators plus NP
+ * weight registers. p interleaves the panels' column pairs (p[(c/2) * NP + q] = pair c of
+ * panel q), so the tile reads one sequential stream; each step loads NP weight vectors and
+ * broadcasts each token's pair once, for NP * NT vdpbf16ps: the 1-panel tile did NT + 1 loads
+ * for NT of them and had too few independent chains to fill both pipes (docs/PERFORMANCE.md,
+ * "bf16 prefill tiles"). Each output's lane still sums its column pairs in order, so the
+ * result is the 1-panel tile's, bit for bit.
+ */
+INLINE void gemm_tile_bf16(const __m512i *p, int NP, size_t kc, const uint16_t *xb, size_t ldx,
+                           size_t t, int NT, float *y, size_t ldy, size_t r, __mmask16 rm_last,
                            int add)
 {
-    __m512 acc[GEMM_NT];
-    const uint16_t *xs[GEMM_NT];
+    __m512 acc[BF_NP][BF_NT];
+    const uint16_t *xs[BF_NT];
     UNROLL for (int j = 0; j < NT; j++)
     {
-        acc[j] = _mm512_setzero_ps();
+        UNROLL for (int q = 0; q < NP; q++) acc[q][j] = _mm512_setzero_ps();
         xs[j] = xb + (t + (size_t)j) * ldx;
     }
     for (size_t c = 0; c < kc; c += 2) {
-        __m512bh wv = (__m512bh)p[c / 2];
+        __m512bh wv[BF_NP];
+        UNROLL for (int q = 0; q < NP; q++) wv[q] =
+            (__m512bh)p[(c / 2) * (size_t)NP + (size_t)q];
         UNROLL for (int j = 0; j < NT; j++)
         {
             uint32_t pair;
             memcpy(&pair, xs[j] + c, 4);
-            acc[j] = _mm512_dpbf16_ps(acc[j], wv, (__m512bh)_mm512_set1_epi32((int)pair));
+            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)pair);
+            UNROLL for (int q = 0; q < NP; q++) acc[q][j] =
+                _mm512_dpbf16_ps(acc[q][j], wv[q], xv);
         }
     }
-    UNROLL for (int j = 0; j < NT; j++) put_rows(y + (t + (size_t)j) * ldy + r, acc[j], rm, add);
+    UNROLL for (int j = 0; j < NT; j++) UNROLL for (int q = 0; q < NP; q++)
+        put_rows(y + (t + (size_t)j) * ldy + r + 16 * (size_t)q, acc[q][j],
+                 q == NP - 1 ? rm_last : (__mmask16)0xffff, add);
 }
 
 #define NT_CASES_(CALL)                                                                      \
@@ -294,27 +319,63 @@ INLINE void gemm_float(enum wk k, const void *w, const struct kern_act *a, float
     }
 }
 
+/* Panels [r, r + 16 * np) x columns [k0, k0 + kc) packed for gemm_tile_bf16 (np <= BF_NP). */
+static void pack_bf16_group(const void *w, size_t rb, size_t r, size_t r1, size_t np, size_t k0,
+                            size_t kc, __m512i *p)
+{
+    for (size_t q = 0; q < np; q++) {
+        size_t rq = r + PANEL * q, nr = r1 - rq < PANEL ? r1 - rq : PANEL;
+        pack_bf16(w, rb, rq, nr, k0, kc, p + q, np);
+    }
+}
+
+/* All tokens over one packed group of NP panels, in tiles of NTMAX tokens (constants after
+ * inlining; every (NP, nt) pair is its own unrolled instance). */
+INLINE void gemm_group_bf16(const __m512i *p, int NP, int NTMAX, size_t kc,
+                            const struct kern_act *a, size_t k0, float *y, size_t ldy, size_t r,
+                            __mmask16 rm_last)
+{
+    for (size_t t = 0; t < a->n; t += (size_t)NTMAX) {
+        size_t nt = a->n - t < (size_t)NTMAX ? a->n - t : (size_t)NTMAX;
+        switch (nt) {
+#define CALL_(T)                                                                             \
+    case T:                                                                                  \
+        if (T <= NTMAX)                                                                      \
+            gemm_tile_bf16(p, NP, kc, a->xb + k0, a->ld, t, T, y, ldy, r, rm_last, k0 > 0);  \
+        break;
+            NT_CASES_(CALL_)
+#undef CALL_
+        }
+    }
+}
+
 static void gemm_bf16(const void *w, const struct kern_act *a, float *y, size_t ldy, size_t r0,
                       size_t r1)
 {
     size_t rb = kern__row_bytes(DT_BF16, a->cols);
-    __m512i p[BKC / 2] __attribute__((aligned(64)));
-    for (size_t r = r0; r < r1; r += PANEL) {
-        size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
-        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+    __m512i p[BF_NP * BKC / 2] __attribute__((aligned(64)));
+    const size_t gnp = a->n <= BF_SMALL_N ? BF_SMALL_NP : BF_NP;
+    for (size_t r = r0; r < r1; r += gnp * PANEL) {
+        size_t np = (r1 - r + PANEL - 1) / PANEL < gnp ? (r1 - r + PANEL - 1) / PANEL : gnp;
+        size_t nr_last = r1 - (r + PANEL * (np - 1));
+        __mmask16 rm = (__mmask16)((1u << (nr_last < PANEL ? nr_last : PANEL)) - 1u);
         for (size_t k0 = 0; k0 < a->cols; k0 += BKC) {
             size_t kc = a->cols - k0 < BKC ? a->cols - k0 : BKC;
-            pack_bf16(w, rb, r, nr, k0, kc, p);
-            for (size_t t = 0; t < a->n; t += GEMM_NT) {
-                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
-                switch (nt) {
-#define CALL_(T)                                                                             \
-    case T:                                                                                  \
-        gemm_tile_bf16(p, kc, a->xb + k0, a->ld, t, T, y, ldy, r, rm, k0 > 0);               \
-        break;
-                    NT_CASES_(CALL_)
-#undef CALL_
-                }
+            pack_bf16_group(w, rb, r, r1, np, k0, kc, p);
+            /* tile shapes: as many accumulators as the registers allow (NP * NT <= 24) */
+            switch (np) {
+            case 1:
+                gemm_group_bf16(p, 1, 12, kc, a, k0, y, ldy, r, rm);
+                break;
+            case 2:
+                gemm_group_bf16(p, 2, 12, kc, a, k0, y, ldy, r, rm);
+                break;
+            case 3:
+                gemm_group_bf16(p, 3, 8, kc, a, k0, y, ldy, r, rm);
+                break;
+            default:
+                gemm_group_bf16(p, 4, 6, kc, a, k0, y, ldy, r, rm);
+                break;
             }
         }
     }

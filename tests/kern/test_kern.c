@@ -619,6 +619,69 @@ static void test_act_prepare_isas_identical(void **state)
         }
 }
 
+/*
+ * The bf16 x bf16 GEMM's register tiles (x86/avx512_float.c): up to 4 panels (64 rows) share a
+ * tile, their column pairs interleaved (calls of <= 8 tokens keep 1-panel tiles). Each
+ * output's lane sums its pairs in the 1-panel tile's order, so the outputs of a call over
+ * many rows must equal, bit for bit, those of one call per 16-row panel (which tiles 1
+ * panel at a time), for ragged row ranges (r0 anywhere, a partial last panel), every token
+ * remainder of the 6-, 8- and 12-token tiles and column counts spanning several 512-column
+ * chunks with a ragged tail; and be within the twin's tolerance of kern_gemm_bf16_bf16_ref.
+ */
+static void test_bf16_gemm_tiles(void **state)
+{
+    g_case = isa_case_begin(state);
+    static const size_t rowss[] = {16, 40, 64, 65, 100, 130};
+    static const size_t colss[] = {33, 512, 1030};
+    static const size_t nss[] = {1, 2, 3, 5, 7, 8, 9, 11, 12, 13, 17, 25, 31};
+    for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++)
+        for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++)
+            for (size_t ni = 0; ni < sizeof nss / sizeof nss[0]; ni++) {
+                const size_t rows = rowss[ri], cols = colss[ci], n = nss[ni];
+                const size_t r0 = (ri + ni) % 3 == 0 ? 0 : rndz(0, rows - 1), r1 = rows;
+                const size_t ldy = rows + 3;
+                void *w = make_weights(DT_BF16, rows, cols);
+                float *x = make_x(n, cols);
+                size_t bytes;
+                assert_int_equal(kern_act_bytes(DT_BF16, cols, n, &bytes), 0);
+                void *buf = aligned_alloc(64, bytes);
+                assert_non_null(buf);
+                struct kern_act a;
+                kern_act_init(&a, DT_BF16, x, cols, n, buf);
+                kern_act_prepare(&a, 0, n);
+                float *y = filled(n * ldy), *per = filled(n * ldy), *twin = filled(n * ldy);
+                float *tol = filled(n * ldy);
+                kern_gemm_bf16_bf16_avx512(w, &a, y, ldy, r0, r1);
+                for (size_t r = r0; r < r1; r += 16)
+                    kern_gemm_bf16_bf16_avx512(w, &a, per, ldy, r, r + 16 < r1 ? r + 16 : r1);
+                char what[160];
+                snprintf(what, sizeof what, "kern_gemm_bf16_bf16_avx512, %zu rows, per panel",
+                         rows);
+                for (size_t i = 0; i < n * ldy; i++)
+                    tol[i] = 0.0f;
+                check_close(what, y, per, tol, n, ldy, r0, r1, cols);
+                kern_gemm_bf16_bf16_ref(w, &a, twin, ldy, r0, r1);
+                for (size_t t = 0; t < n; t++)
+                    for (size_t r = r0; r < r1; r++) {
+                        double s = 0;
+                        for (size_t c = 0; c < cols; c++)
+                            s += fabs((double)half_bf16_to_f32(((const uint16_t *)w)[r * cols + c]) *
+                                      half_bf16_to_f32(a.xb[t * a.ld + c]));
+                        tol[t * ldy + r] = 1e-5f * (float)s + 1e-30f;
+                    }
+                snprintf(what, sizeof what, "kern_gemm_bf16_bf16_avx512, %zu rows, vs its twin",
+                         rows);
+                check_close(what, y, twin, tol, n, ldy, r0, r1, cols);
+                free(tol);
+                free(twin);
+                free(per);
+                free(y);
+                free(buf);
+                free(x);
+                free(w);
+            }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -636,6 +699,7 @@ int main(void)
         ISA_CASE_TEST(test_matmul_large, isa_case_avx512bf16),
         ISA_CASE_TESTS(test_matmul_bf16_decode),
         ISA_CASE_TEST(test_matmul_bf16_decode, isa_case_avx512bf16),
+        ISA_CASE_TEST(test_bf16_gemm_tiles, isa_case_avx512bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
