@@ -954,6 +954,98 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
     }
 }
 
+/*
+ * The wide tile: two panels (32 rows) x up to 8 tokens, for n = 8 decode steps. Register
+ * accumulators for 2 x 8 (panel, token) pairs of both int sums and float sums would need all
+ * 32 zmm, so the float sums live in an L1 buffer (fs, 1 KiB) instead: one load and one store
+ * per (panel, token) and block beside 8 vpdpbusd. What this buys: every activation broadcast
+ * feeds two vpdpbusd, where the one-panel tile issued a broadcast load per vpdpbusd and was
+ * bound by the load pipes (~60% of the vpdpbusd peak). The float steps are gemm_q4p_tile's,
+ * in its order, on the same exact integer sums, so each output's bits are the same whatever
+ * tile computed it (batch invariance holds: a token's order does not depend on n).
+ */
+#define Q4W_NT 8 /* tokens per wide tile: 2 x 8 int accumulators in registers */
+/* A token's block scale and offset correction (kern_act.d, .ns32), gathered per token tile as
+ * [block][token] so the tile reads them through one pointer (8 tokens' own pointers into
+ * kern_act would not fit the general registers beside the quants' 8). */
+struct q4w_sc {
+    float d;
+    int32_t ns;
+};
+INLINE void gemm_q4p_wide(const uint8_t *pp, size_t pstride, int NP, size_t nb, size_t nblk,
+                          const struct kern_act *a, const struct q4w_sc *sc, size_t k0,
+                          size_t t, int NT, float *y, size_t ldy, size_t r,
+                          const __mmask16 rm[Q4P_NP], int add)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    /* float sums [NP][NT][16 rows], in memory (L1) */
+    float fs[Q4P_NP * Q4W_NT * 16] __attribute__((aligned(64)));
+    const int8_t *xq[Q4W_NT];
+    sc += t * nb + k0 / 32 * (size_t)NT; /* the tile's [block][token] pairs, from block k0/32 */
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        UNROLL for (int p = 0; p < NP; p++) _mm512_store_ps(fs + (p * Q4W_NT + j) * 16,
+                                                          _mm512_setzero_ps());
+        xq[j] = a->q + (t + (size_t)j) * a->ld + k0;
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        const uint8_t *qb = pp + quant_q4p_qoff(k0 / 32 + b, nb);
+        {   /* as gemm_q4p_tile */
+            size_t o = quant_q4p_qoff(k0 / 32 + b, nb) + Q4P_PF;
+            o += o >= pstride ? (size_t)(NP - 1) * pstride : 0;
+            UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++)
+                _mm_prefetch((const char *)pp + (size_t)p * pstride + o + 64 * l, _MM_HINT_T0);
+        }
+        __m512i iacc[Q4P_NP][Q4W_NT];
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512i s0 = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
+            UNROLL for (int p = 0; p < NP; p++) iacc[p][j] = s0;
+        }
+        UNROLL for (int g = 0; g < 4; g++)
+        {
+            __m512i lo[Q4P_NP], hi[Q4P_NP];
+            UNROLL for (int p = 0; p < NP; p++)
+            {
+                __m512i v = _mm512_loadu_si512((const void *)(qb + (size_t)p * pstride + 64 * g));
+                lo[p] = _mm512_and_si512(v, m4);
+                hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
+                __m512i xl = _mm512_set1_epi32(load_i32(x)), xh = _mm512_set1_epi32(load_i32(x + 16));
+                UNROLL for (int p = 0; p < NP; p++)
+                {
+                    iacc[p][j] = _mm512_dpbusd_epi32(iacc[p][j], lo[p], xl);
+                    iacc[p][j] = _mm512_dpbusd_epi32(iacc[p][j], hi[p], xh);
+                }
+            }
+        }
+        __m512 s[Q4P_NP];
+        UNROLL for (int p = 0; p < NP; p++) s[p] = _mm512_cvtph_ps(_mm256_loadu_si256(
+            (const __m256i *)(pp + (size_t)p * pstride + quant_q4p_soff(k0 / 32 + b, nb))));
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512 dx = _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d);
+            UNROLL for (int p = 0; p < NP; p++)
+            {
+                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(iacc[p][j]), dx);
+                float *fo = fs + (p * Q4W_NT + j) * 16;
+                _mm512_store_ps(fo, _mm512_fmadd_ps(f, s[p], _mm512_load_ps(fo)));
+            }
+        }
+    }
+    UNROLL for (int j = 0; j < NT; j++) UNROLL for (int p = 0; p < NP; p++)
+    {
+        float *yo = y + (t + (size_t)j) * ldy + r + 16 * (size_t)p;
+        __m512 o = _mm512_load_ps(fs + (p * Q4W_NT + j) * 16);
+        if (add)
+            o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(rm[p], yo));
+        _mm512_mask_storeu_ps(yo, rm[p], o);
+    }
+}
+
 void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
                                  size_t ldy, size_t r0, size_t r1)
 {
@@ -962,8 +1054,27 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
     /* n < 16 (decode of a few streams, weights from DRAM): one panel, tiles of up to 8 tokens
      * (n <= 8: one pass); two panels there measured 0.8-0.9x from DRAM at n = 8, 9 (two
      * streams, tiles of 4-5 tokens), 1.09x at n = 16 (bench/kern_bench_ab.sh) */
-    const int np_max = a->n >= 16 ? Q4P_NP : 1;
-    const size_t tmax = np_max == 1 ? GEMM_NT : Q4P_NT;
+#ifndef Q4W_MIN
+#define Q4W_MIN 3
+#endif
+    /* the wide tiles' scales, [token tile][block][token of the tile] (struct q4w_sc): slot 1,
+     * free under a panel product (panels.c uses it only on ISAs without this kernel) */
+    struct q4w_sc *sc = a->n >= Q4W_MIN ? kern__scratch_slot(1, a->n * nb * sizeof *sc) : NULL;
+    const int wide = sc != NULL;
+    if (wide) {
+        const size_t ntiles = (a->n + Q4W_NT - 1) / Q4W_NT;
+        size_t nt;
+        for (size_t t = 0, ti = 0; t < a->n; t += nt, ti++) {
+            nt = (a->n - t + (ntiles - ti) - 1) / (ntiles - ti);
+            for (size_t b = 0; b < nb; b++)
+                for (size_t j = 0; j < nt; j++) {
+                    size_t o = (t + j) * a->cp / 32 + b;
+                    sc[t * nb + b * nt + j] = (struct q4w_sc){a->d[o], a->ns32[o]};
+                }
+        }
+    }
+    const int np_max = wide || a->n >= 16 ? Q4P_NP : 1;
+    const size_t tmax = wide ? Q4W_NT : np_max == 1 ? GEMM_NT : Q4P_NT;
     for (size_t r = r0; r < r1; r += (size_t)np_max * PANEL) {
         __mmask16 rm[Q4P_NP] = {0};
         int np = 0;
@@ -981,13 +1092,23 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
             size_t nt;
             for (size_t t = 0, ti = 0; t < a->n; t += nt, ti++) {
                 nt = (a->n - t + (ntiles - ti) - 1) / (ntiles - ti);
-                switch ((size_t)np * 16 + nt) {
+                switch ((size_t)wide * 32 + (size_t)np * 16 + nt) {
 #define CASE_(P, T)                                                                          \
     case P * 16 + T:                                                                         \
         gemm_q4p_tile(pp, pstride, P, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);      \
         break;
                     CASE_(1, 1) CASE_(1, 2) CASE_(1, 3) CASE_(1, 4) CASE_(1, 5) CASE_(1, 6)
                     CASE_(1, 7) CASE_(1, 8) CASE_(2, 1) CASE_(2, 2) CASE_(2, 3) CASE_(2, 4) CASE_(2, 5) CASE_(2, 6)
+#undef CASE_
+                /* the wide tiles (case 32 + 16 * np + nt); an odd last panel: one-panel tiles */
+#define CASE_(T)                                                                             \
+    case 48 + T:                                                                             \
+        gemm_q4p_tile(pp, pstride, 1, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);      \
+        break;                                                                               \
+    case 64 + T:                                                                             \
+        gemm_q4p_wide(pp, pstride, 2, nb, kc / 32, a, sc, k0, t, T, y, ldy, r, rm, k0 > 0);  \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
 #undef CASE_
                 }
             }
