@@ -999,9 +999,11 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
     struct q4p_sc *sc = kern__scratch_slot(1, a->n * nb * sizeof *sc);
     CHECK(sc != NULL);
     q4p_gather(a, nb, sc);
-    /* n <= 2 (decode of one or two streams, weights from DRAM): one panel per tile, which
-     * measured 1.0x of two at n = 2 and is the session-10 choice at n = 1 */
-    const int np_max = a->n >= 3 ? Q4P_NP : 1;
+    /* n < 16 (decode of a few streams, weights from DRAM): one panel per tile. Two measured
+     * faster at n = 8 with the weights in cache (1.03-1.10x) but slower in engine_bench's
+     * 8-stream decode (0.75-1.07x, 7 alternations under load; session 10 saw 0.8-0.9x from
+     * DRAM at n = 8, 9): docs/PERFORMANCE.md "int4 wide tile, session 11" */
+    const int np_max = a->n >= 16 ? Q4P_NP : 1;
     const size_t ntiles = (a->n + Q4P_NT - 1) / Q4P_NT;
     for (size_t r = r0; r < r1; r += (size_t)np_max * PANEL) {
         __mmask16 rm[Q4P_NP] = {0};
