@@ -31,6 +31,7 @@
 #include "quant.h"
 
 #include "avx512_common.h"
+#include "check.h"
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -849,42 +850,52 @@ void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
 /* ---- gemm on q4_0 panels repacked at load time (quant.h, "q4_0 panels") ------------------ */
 
 /*
- * The same tile as gemm_tile, reading the panel from the repacked matrix instead of a packed
- * chunk: per block, 4 vectors of nibble pairs (lane = row) are split with one and / one shift
- * + and each, then 8 vpdpbusd per token as before. Two panels (32 rows) share each tile, so
- * every activation broadcast feeds two vpdpbusd: with one panel the tile issued about one
- * vector load per vpdpbusd and reached ~60% of the core's vpdpbusd peak; two panels x 6
- * tokens (12 int + 12 float accumulators) measured 1.10-1.20x faster at n = 5..512 (one
- * thread, weights in cache; docs/PERFORMANCE.md "int4 prefill, session 10"). The integer
- * sums are exact and the float steps are gemm_tile's, in its order, so the outputs equal
- * kern_gemm_q4_0_q8_0_avx512's bit for bit. With at most 8 (panel, token) pairs one
- * accumulator each would be a chain of 8 dependent vpdpbusd per block, too few chains to keep
- * the vpdpbusd pipes busy, so low and high nibbles go to two accumulators (added as integers:
- * still exact; one panel: up to 2 tokens, as before).
+ * The same arithmetic as gemm_tile, reading the panels from the repacked matrix instead of a
+ * packed chunk: per block, 4 vectors of nibble pairs (lane = row) are split with one and / one
+ * shift + and each, then 8 vpdpbusd per token. The integer sums are exact and the float steps
+ * are gemm_tile's, in its order, so the outputs equal kern_gemm_q4_0_q8_0_avx512's bit for bit
+ * whatever tile computed them (and a token's sums do not depend on n: batch-invariant).
+ *
+ * Two panels (32 rows) share each tile, so every activation broadcast feeds two vpdpbusd: with
+ * one panel the tile issued a broadcast load per vpdpbusd and reached ~60% of the vpdpbusd
+ * peak. 2 panels x 8 tokens of int accumulators take 16 zmm; the float sums of the 16 (panel,
+ * token) pairs would take 16 more, so they live in an L1 buffer (one load and one store per
+ * pair and block, beside 8 vpdpbusd), and each token's block scale and offset correction are
+ * read from a [block][token] copy made once per call (struct q4p_sc: one pointer instead of
+ * two per token, which with the 8 quant pointers overflowed the general registers). Against
+ * the session-10 tiles (registers only; one panel x 8 tokens below n = 16, two panels x 6 from
+ * n = 16), bench/kern_bench_ab.sh: docs/PERFORMANCE.md "int4 wide tile, session 11".
+ * With at most 8 (panel, token) pairs one accumulator each would be a chain of 8 dependent
+ * vpdpbusd per block, too few chains to keep the vpdpbusd pipes busy, so low and high nibbles
+ * go to two accumulators (added as integers: still exact).
  * pp: the tile's first panel, pstride bytes apart (quant.h: block b's quants at
- * quant_q4p_qoff, scales at quant_q4p_soff); blocks [k0/32, k0/32 + nblk) of its nb.
+ * quant_q4p_qoff, scales at quant_q4p_soff); blocks [k0/32, k0/32 + nblk) of its nb; sc: the
+ * token tile's copy (q4p_gather).
  */
 #define Q4P_PF 8192
 #define Q4P_NP 2 /* panels per register tile: each activation broadcast feeds NP vpdpbusd */
-#define Q4P_NT 6 /* tokens per register tile: NP x NT int + NP x NT float accumulators */
+#define Q4P_NT 8 /* tokens per register tile: NP x NT int accumulators */
+/* A token's block scale and offset correction (kern_act.d, .ns32). */
+struct q4p_sc {
+    float d;
+    int32_t ns;
+};
 INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, size_t nblk,
-                          const struct kern_act *a, size_t k0, size_t t, int NT, float *y,
-                          size_t ldy, size_t r, const __mmask16 rm[Q4P_NP], int add)
+                          const struct kern_act *a, const struct q4p_sc *sc, size_t k0,
+                          size_t t, int NT, float *y, size_t ldy, size_t r,
+                          const __mmask16 rm[Q4P_NP], int add)
 {
-    const size_t cp = a->cp;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const int split = NP == 1 ? NT <= 2 : NP * NT <= 8;
-    __m512 facc[Q4P_NP][GEMM_NT];
-    const int8_t *xq[GEMM_NT];
-    const float *xd[GEMM_NT];
-    const int32_t *xs[GEMM_NT];
+    /* float sums [NP][NT][16 rows], in memory (L1) */
+    float fs[Q4P_NP * Q4P_NT * 16] __attribute__((aligned(64)));
+    const int8_t *xq[Q4P_NT];
+    sc += k0 / 32 * (size_t)NT; /* the tile's [block][token] pairs, from block k0/32 */
     UNROLL for (int j = 0; j < NT; j++)
     {
-        size_t tj = t + (size_t)j;
-        UNROLL for (int p = 0; p < NP; p++) facc[p][j] = _mm512_setzero_ps();
-        xq[j] = a->q + tj * a->ld + k0;
-        xd[j] = a->d + (tj * cp + k0) / 32;
-        xs[j] = a->ns32 + (tj * cp + k0) / 32;
+        UNROLL for (int p = 0; p < NP; p++) _mm512_store_ps(fs + (p * Q4P_NT + j) * 16,
+                                                          _mm512_setzero_ps());
+        xq[j] = a->q + (t + (size_t)j) * a->ld + k0;
     }
     for (size_t b = 0; b < nblk; b++) {
         const uint8_t *qb = pp + quant_q4p_qoff(k0 / 32 + b, nb);
@@ -898,10 +909,10 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
             UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++)
                 _mm_prefetch((const char *)pp + (size_t)p * pstride + o + 64 * l, _MM_HINT_T0);
         }
-        __m512i iacc[Q4P_NP][GEMM_NT], iacc2[Q4P_NP][GEMM_NT];
+        __m512i iacc[Q4P_NP][Q4P_NT], iacc2[Q4P_NP][Q4P_NT];
         UNROLL for (int j = 0; j < NT; j++)
         {
-            __m512i s0 = _mm512_set1_epi32(xs[j][b]);
+            __m512i s0 = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
             UNROLL for (int p = 0; p < NP; p++)
             {
                 iacc[p][j] = s0;
@@ -936,21 +947,45 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
             (const __m256i *)(pp + (size_t)p * pstride + quant_q4p_soff(k0 / 32 + b, nb))));
         UNROLL for (int j = 0; j < NT; j++)
         {
-            __m512 dx = _mm512_set1_ps(xd[j][b]);
+            __m512 dx = _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d);
             UNROLL for (int p = 0; p < NP; p++)
             {
                 __m512i ia = split ? _mm512_add_epi32(iacc[p][j], iacc2[p][j]) : iacc[p][j];
                 __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), dx);
-                facc[p][j] = _mm512_fmadd_ps(f, s[p], facc[p][j]);
+                float *fo = fs + (p * Q4P_NT + j) * 16;
+                _mm512_store_ps(fo, _mm512_fmadd_ps(f, s[p], _mm512_load_ps(fo)));
             }
         }
     }
     UNROLL for (int j = 0; j < NT; j++) UNROLL for (int p = 0; p < NP; p++)
     {
         float *yo = y + (t + (size_t)j) * ldy + r + 16 * (size_t)p;
+        __m512 o = _mm512_load_ps(fs + (p * Q4P_NT + j) * 16);
         if (add)
-            facc[p][j] = _mm512_add_ps(facc[p][j], _mm512_maskz_loadu_ps(rm[p], yo));
-        _mm512_mask_storeu_ps(yo, rm[p], facc[p][j]);
+            o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(rm[p], yo));
+        _mm512_mask_storeu_ps(yo, rm[p], o);
+    }
+}
+
+/* Token tiles of near-equal size (n = 12: 6 + 6, not 8 + 4): tile ti of ntiles starts at t. */
+INLINE size_t q4p_tile_tokens(size_t n, size_t t, size_t ti, size_t ntiles)
+{
+    return (n - t + (ntiles - ti) - 1) / (ntiles - ti);
+}
+
+/* The tiles' copy of the scales, [token tile][block][token of the tile]: the tile of tokens
+ * [t, t + nt) at sc + t * nb. */
+static void q4p_gather(const struct kern_act *a, size_t nb, struct q4p_sc *sc)
+{
+    const size_t ntiles = (a->n + Q4P_NT - 1) / Q4P_NT;
+    size_t nt;
+    for (size_t t = 0, ti = 0; t < a->n; t += nt, ti++) {
+        nt = q4p_tile_tokens(a->n, t, ti, ntiles);
+        for (size_t b = 0; b < nb; b++)
+            for (size_t j = 0; j < nt; j++) {
+                size_t o = (t + j) * a->cp / 32 + b;
+                sc[t * nb + b * nt + j] = (struct q4p_sc){a->d[o], a->ns32[o]};
+            }
     }
 }
 
@@ -959,11 +994,17 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
 {
     const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
     const size_t pstride = PANEL * rb; /* bytes of one panel */
-    /* n < 16 (decode of a few streams, weights from DRAM): one panel, tiles of up to 8 tokens
-     * (n <= 8: one pass); two panels there measured 0.8-0.9x from DRAM at n = 8, 9 (two
-     * streams, tiles of 4-5 tokens), 1.09x at n = 16 (bench/kern_bench_ab.sh) */
+    /* slot 1 is free under a panel product (panels.c uses it only on ISAs without this
+     * kernel); kernels have no error path, so failing to get n x nb x 8 bytes aborts */
+    struct q4p_sc *sc = kern__scratch_slot(1, a->n * nb * sizeof *sc);
+    CHECK(sc != NULL);
+    q4p_gather(a, nb, sc);
+    /* n < 16 (decode of a few streams, weights from DRAM): one panel per tile. Two measured
+     * faster at n = 8 with the weights in cache (1.03-1.10x) but slower in engine_bench's
+     * 8-stream decode (0.75-1.07x, 7 alternations under load; session 10 saw 0.8-0.9x from
+     * DRAM at n = 8, 9): docs/PERFORMANCE.md "int4 wide tile, session 11" */
     const int np_max = a->n >= 16 ? Q4P_NP : 1;
-    const size_t tmax = np_max == 1 ? GEMM_NT : Q4P_NT;
+    const size_t ntiles = (a->n + Q4P_NT - 1) / Q4P_NT;
     for (size_t r = r0; r < r1; r += (size_t)np_max * PANEL) {
         __mmask16 rm[Q4P_NP] = {0};
         int np = 0;
@@ -976,18 +1017,18 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
          * token tiles pass over it) */
         for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
             size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
-            /* token tiles of near-equal size (n = 8: 4 + 4, not 6 + 2) */
-            const size_t ntiles = (a->n + tmax - 1) / tmax;
             size_t nt;
             for (size_t t = 0, ti = 0; t < a->n; t += nt, ti++) {
-                nt = (a->n - t + (ntiles - ti) - 1) / (ntiles - ti);
+                nt = q4p_tile_tokens(a->n, t, ti, ntiles);
                 switch ((size_t)np * 16 + nt) {
 #define CASE_(P, T)                                                                          \
     case P * 16 + T:                                                                         \
-        gemm_q4p_tile(pp, pstride, P, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);      \
+        gemm_q4p_tile(pp, pstride, P, nb, kc / 32, a, sc + t * nb, k0, t, T, y, ldy, r, rm,  \
+                      k0 > 0);                                                               \
         break;
                     CASE_(1, 1) CASE_(1, 2) CASE_(1, 3) CASE_(1, 4) CASE_(1, 5) CASE_(1, 6)
-                    CASE_(1, 7) CASE_(1, 8) CASE_(2, 1) CASE_(2, 2) CASE_(2, 3) CASE_(2, 4) CASE_(2, 5) CASE_(2, 6)
+                    CASE_(1, 7) CASE_(1, 8) CASE_(2, 1) CASE_(2, 2) CASE_(2, 3) CASE_(2, 4)
+                    CASE_(2, 5) CASE_(2, 6) CASE_(2, 7) CASE_(2, 8)
 #undef CASE_
                 }
             }

@@ -460,6 +460,20 @@ static void test_q8p_every_n(void **state)
         run_case(DT_Q8_0, cols[n % 4], n);
 }
 
+/*
+ * q4_0 panels at every token count 1..19 (the one-panel tiles of 1..8 tokens, the two-panel
+ * wide tiles of 1..8 tokens with an odd last panel, and two and three token tiles): ragged rows,
+ * odd block counts and more than one KC chunk; run_case checks that the panel GEMM's bits equal
+ * the stored-row GEMM's for every case (check_panels).
+ */
+static void test_q4p_every_n(void **state)
+{
+    g_case = isa_case_begin(state);
+    static const size_t cols[] = {32, 96, 1056, 2080};
+    for (size_t n = 1; n <= 19; n++)
+        run_case(DT_Q4_0, cols[n % 4], n);
+}
+
 /* Larger shapes: full 16-row panels, several KC chunks, many tokens. */
 static void test_matmul_large(void **state)
 {
@@ -695,6 +709,7 @@ int main(void)
         ISA_CASE_TESTS(test_matmul_q8_0),
         ISA_CASE_TESTS(test_matmul_q4_0),
         ISA_CASE_TESTS(test_q8p_every_n),
+        ISA_CASE_TESTS(test_q4p_every_n),
         ISA_CASE_TESTS(test_matmul_large),
         ISA_CASE_TEST(test_matmul_large, isa_case_avx512bf16),
         ISA_CASE_TESTS(test_matmul_bf16_decode),
