@@ -16,6 +16,7 @@
 
 #define HTTP_OAI_MAX_DEPTH 64 /* jansson parses recursively: a body nested deeper is refused */
 
+__attribute__((format(printf, 7, 8)))
 static int refuse(int rc, char *param, size_t pcap, const char *p, char *msg, size_t cap,
                   const char *fmt, ...)
 {
