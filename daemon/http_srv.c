@@ -290,6 +290,7 @@ int http_srv_probe(const char *what, const char *hostport)
 
 /* libmicrohttpd's own messages (mostly clients' mistakes: a connection closed mid-request)
  * go to the daemon's log at debug level rather than straight to stderr. */
+__attribute__((format(printf, 2, 0)))
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     char msg[512];
