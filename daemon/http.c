@@ -156,6 +156,7 @@ static json_t *error_object(unsigned status, const char *param, const char *code
 }
 
 /* OpenAI's error object: {"error": {"message", "type", "param", "code"}}. */
+__attribute__((format(printf, 5, 6)))
 static enum MHD_Result reply_error(struct MHD_Connection *conn, unsigned status,
                                    const char *param, const char *code, const char *fmt, ...)
 {
