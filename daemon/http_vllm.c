@@ -29,6 +29,7 @@ struct buf {
     bool oom;
 };
 
+__attribute__((format(printf, 2, 3)))
 static void put(struct buf *b, const char *fmt, ...)
 {
     if (b->oom)
