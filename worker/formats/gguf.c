@@ -171,6 +171,7 @@ struct cursor {
     const char *what;
 };
 
+__attribute__((format(printf, 4, 0)))
 static int vtake(struct cursor *c, uint64_t n, const uint8_t **out, const char *fmt,
                  va_list ap)
 {
