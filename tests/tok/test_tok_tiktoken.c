@@ -24,6 +24,7 @@
 
 static int failures;
 
+__attribute__((format(printf, 1, 2)))
 static void fail(const char *fmt, ...)
 {
     va_list ap;
