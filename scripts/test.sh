@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (README's second command).
-#  1. release build with -Werror: every test (unit, integration);
-#  2. ASan+UBSan build: the unit tests and those labelled asan (the gateway end to end: a real
-#     clocherd and its workers, sanitized, leak-checked at exit);
-#  3. TSan build: the tests labelled tsan (rings, thread pool, registries, stats, and the
-#     gateway end to end with gRPC core's own code suppressed: tests/gateway/tsan.supp);
+#  1. release build with -Werror: every test but those labelled asan (unit, integration); the
+#     release tree still builds everything;
+#  2. ASan+UBSan build: the unit tests and those labelled asan (the gateway end to end, one
+#     ctest per pytest file: a real clocherd and its workers, sanitized, leak-checked at exit;
+#     they run here only, the same behaviour checked harder than in release);
+#  3. TSan build: the tests labelled tsan (rings, thread pool, registries, stats, and
+#     gateway_tsan: the gateway cases that drive its threads, tests/gateway/CMakeLists.txt,
+#     with gRPC core's own code suppressed: tests/gateway/tsan.supp);
 #  4. clang libFuzzer build: each fuzzer for a bounded time (CLOCHER_FUZZ_SECONDS,
-#     6 s by default, two at a time).
+#     6 s by default, two at a time); its SIMD kernel files without ASan/UBSan
+#     (kernels/CMakeLists.txt says why).
 # The sanitizer trees build only what their tests run (targets tests_sanitized, tests_tsan,
 # tests_fuzz: tests/CMakeLists.txt records each test's programs per label), and every tree keeps
 # line tables only (-g1): a sanitizer report still names file and line, and the builds, about
@@ -24,7 +28,7 @@ section "release build (-Werror)"
 cmake -S . -B build/ci-release -DCLOCHER_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
 cmake --build build/ci-release -j"$jobs"
-ctest --test-dir build/ci-release --output-on-failure -j"$jobs" -LE fuzz
+ctest --test-dir build/ci-release --output-on-failure -j"$jobs" -LE 'fuzz|asan'
 
 section "ASan+UBSan build: unit tests and the gateway end to end"
 cmake -S . -B build/ci-asan -DCLOCHER_WERROR=ON -DCLOCHER_SANITIZE=address,undefined \
