@@ -11,7 +11,7 @@
 #            weights quantized by llama.cpp (`llama-quantize F.gguf out.gguf Q4_K_M` of a
 #            `clocher synth --gguf F` of the same seed), then `clocher convert`ed.
 # Models: CLOCHER_MODELS/tinyllama-1.1b-{f32,int4,q4_k,q4_k_m} when there, else made in KQ_DIR
-# (default CLOCHER_MODELS; the k-quant search runs on every CPU, about 3 minutes per model on a
+# (default CLOCHER_MODELS; the k-quant search runs on every CPU: 2 to 11 minutes per model on a
 # busy 2-core machine: keep KQ_DIR between runs).
 # Speed: REPS repetitions, each running every model back to back (interleaved, so all see the
 # same minute of a shared machine); medians. KLD: KL(p_f32 || p_q) of the next-token
