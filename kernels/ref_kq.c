@@ -94,19 +94,18 @@ void kern__row_q6_k(const void *row, float *out, size_t n)
 static int nearest(float v) { return (int)lrintf(v); }
 
 /*
- * The searches below run on GCC/Clang vector extensions of 4 floats: one portable source the
- * compiler maps to SSE2 (x86-64's baseline) or NEON, so the bytes a row quantizes to are the
- * same on every x86-64 machine and never depend on which kernel ISA the process would pick.
- * Element-wise IEEE operations in a fixed order (lane j sums elements j, j+4, ...; lanes are
- * then added as (0+1)+(2+3)); -std=c11 keeps the compiler from contracting them into FMAs.
- * This replaced a scalar loop calling lrintf per candidate and element (profiled: 92% of a
- * q4_k conversion), about 8x faster per thread.
+ * The searches below run on GCC/Clang vector extensions of 4 floats whose lanes are 4
+ * candidate grids: each lane adds its sums over the elements in element order, the very
+ * operations of the scalar search they replaced (session 10's), so the bytes are unchanged
+ * (a q4_k TinyLlama converts byte-identically) and never depend on the ISA the compiler maps
+ * the vectors to (SSE2, x86-64's baseline); -std=c11 keeps it from contracting them into
+ * FMAs. The scalar loop called lrintf per candidate and element (profiled: 92% of a q4_k
+ * conversion); rounding here is the 1.5 x 2^23 trick, ties to even like lrintf.
  */
 typedef float v4f __attribute__((vector_size(16)));
 typedef int32_t v4i __attribute__((vector_size(16)));
 
 static inline v4f v4_set1(float a) { return (v4f){a, a, a, a}; }
-static inline float v4_hsum(v4f v) { return (v[0] + v[1]) + (v[2] + v[3]); }
 /* round to nearest, ties to even (lrintf's default mode) for |v| < 2^22 */
 static inline v4f v4_round(v4f v)
 {
@@ -120,6 +119,9 @@ static inline v4f v4_clamp(v4f v, v4f lo, v4f hi)
     return (v4f)((r & ~above) | ((v4i)hi & above));
 }
 
+#define AFF_STEPS 22 /* candidates of fit_affine: the plain grid, then 21 steps */
+#define AFF_VECS ((AFF_STEPS + 3) / 4)
+
 /*
  * One q4_K/q5_K sub-block of 32: the scale s >= 0 and offset -mn (mn >= 0) of least weighted
  * squared error for codes 0..nmax, the bounded search ggml's make_qkx2_quants is known for:
@@ -132,8 +134,8 @@ static float fit_affine(const float *x, const float *w, int nmax, float *mn_out)
 {
     float lo = x[0], hi = x[0];
     for (int i = 1; i < 32; i++) {
-        lo = x[i] < lo ? x[i] : lo;
-        hi = x[i] > hi ? x[i] : hi;
+        lo = fminf(lo, x[i]);
+        hi = fmaxf(hi, x[i]);
     }
     if (lo > 0.0f)
         lo = 0.0f;
@@ -141,62 +143,79 @@ static float fit_affine(const float *x, const float *w, int nmax, float *mn_out)
         *mn_out = -lo;
         return 0.0f;
     }
-    v4f X[8], W[8], vsw = v4_set1(0.0f), vsx = v4_set1(0.0f);
-    for (int k = 0; k < 8; k++) {
-        memcpy(&X[k], x + 4 * k, sizeof X[k]);
-        memcpy(&W[k], w + 4 * k, sizeof W[k]);
-        vsw += W[k];
-        vsx += W[k] * X[k];
+    float sw = 0.0f, sx = 0.0f;
+    for (int i = 0; i < 32; i++) {
+        sw += w[i];
+        sx += w[i] * x[i];
     }
-    const float sw = v4_hsum(vsw), sx = v4_hsum(vsx);
-    const v4f vlo = v4_set1(lo), zero = v4_set1(0.0f), vmax = v4_set1((float)nmax);
+    /* candidate c: c = 0 the plain grid, else step c - 1 */
+    float is[AFF_VECS * 4], sl[AFF_VECS * 4], sl2[AFF_VECS * 4], sxl[AFF_VECS * 4];
+    for (int c = 0; c < AFF_VECS * 4; c++) {
+        int step = c < AFF_STEPS ? c - 1 : 20; /* padding lanes repeat the last step */
+        is[c] = step < 0 ? (float)nmax / (hi - lo)
+                         : ((float)nmax - 1.0f + 0.1f * (float)step) / (hi - lo);
+    }
+    const v4f zero = v4_set1(0.0f), vmax = v4_set1((float)nmax);
+    v4f vis[AFF_VECS];
+    for (int v = 0; v < AFF_VECS; v++) {
+        memcpy(&vis[v], is + 4 * v, sizeof vis[v]);
+        v4f a = zero, b = zero, d = zero;
+        for (int i = 0; i < 32; i++) {
+            const v4f L = v4_clamp(v4_round(vis[v] * v4_set1(x[i] - lo)), zero, vmax);
+            const v4f wl = v4_set1(w[i]) * L;
+            a += wl;
+            b += wl * L;
+            d += wl * v4_set1(x[i]);
+        }
+        memcpy(sl + 4 * v, &a, sizeof a);
+        memcpy(sl2 + 4 * v, &b, sizeof b);
+        memcpy(sxl + 4 * v, &d, sizeof d);
+    }
+    float s[AFF_VECS * 4], m[AFF_VECS * 4];
+    int ok[AFF_VECS * 4];
+    for (int c = 0; c < AFF_VECS * 4; c++) {
+        ok[c] = c < AFF_STEPS;
+        s[c] = m[c] = 0.0f;
+        if (!ok[c])
+            continue;
+        if (c == 0) {
+            s[c] = 1.0f / is[c];
+            m[c] = lo;
+            continue;
+        }
+        float D = sw * sl2[c] - sl[c] * sl[c];
+        if (D <= 0.0f) {
+            ok[c] = 0;
+            continue;
+        }
+        s[c] = (sw * sxl[c] - sx * sl[c]) / D;
+        m[c] = (sl2[c] * sx - sl[c] * sxl[c]) / D;
+        if (m[c] > 0.0f) {
+            m[c] = 0.0f;
+            s[c] = sl2[c] > 0.0f ? sxl[c] / sl2[c] : 0.0f;
+        }
+        if (s[c] < 0.0f)
+            ok[c] = 0;
+    }
+    float err[AFF_VECS * 4];
+    for (int v = 0; v < AFF_VECS; v++) { /* the codes again, for sum w (s L + m - x)^2 */
+        v4f vs, vm, e = zero;
+        memcpy(&vs, s + 4 * v, sizeof vs);
+        memcpy(&vm, m + 4 * v, sizeof vm);
+        for (int i = 0; i < 32; i++) {
+            const v4f L = v4_clamp(v4_round(vis[v] * v4_set1(x[i] - lo)), zero, vmax);
+            const v4f dif = vs * L + vm - v4_set1(x[i]);
+            e += v4_set1(w[i]) * dif * dif;
+        }
+        memcpy(err + 4 * v, &e, sizeof e);
+    }
     float best_s = (hi - lo) / (float)nmax, best_m = lo, best = INFINITY;
-    for (int step = -1; step <= 20; step++) {
-        /* step -1: the plain grid; then iscale = (nmax - 1 + 0.1 step) / (hi - lo) */
-        float is = step < 0 ? (float)nmax / (hi - lo) : ((float)nmax - 1.0f + 0.1f * (float)step) / (hi - lo);
-        const v4f vis = v4_set1(is);
-        v4f L[8], vsl = zero, vsl2 = zero, vsxl = zero;
-        for (int k = 0; k < 8; k++) {
-            L[k] = v4_clamp(v4_round(vis * (X[k] - vlo)), zero, vmax);
-            const v4f wl = W[k] * L[k];
-            vsl += wl;
-            vsl2 += wl * L[k];
-            vsxl += wl * X[k];
+    for (int c = 0; c < AFF_STEPS; c++)
+        if (ok[c] && err[c] < best) {
+            best = err[c];
+            best_s = s[c];
+            best_m = m[c];
         }
-        const float sl = v4_hsum(vsl), sl2 = v4_hsum(vsl2), sxl = v4_hsum(vsxl);
-        float s, m;
-        if (step < 0) {
-            s = 1.0f / is;
-            m = lo;
-        } else {
-            float D = sw * sl2 - sl * sl;
-            if (D <= 0.0f)
-                continue;
-            s = (sw * sxl - sx * sl) / D;
-            m = (sl2 * sx - sl * sxl) / D;
-            if (m > 0.0f) {
-                m = 0.0f;
-                s = sl2 > 0.0f ? sxl / sl2 : 0.0f;
-            }
-            if (s < 0.0f)
-                continue;
-        }
-        /* sum w (s L + m - x)^2 over the codes: the closed form from the sums at hand
-         * (s^2 sl2 + 2 s m sl - ...) cancels to ~1e-5 of the error and measured a worse
-         * KLD (0.09318 vs 0.09293, bench/kquant.sh), so a second pass it is */
-        const v4f vs = v4_set1(s), vm = v4_set1(m);
-        v4f ve = zero;
-        for (int k = 0; k < 8; k++) {
-            const v4f dif = vs * L[k] + vm - X[k];
-            ve += W[k] * dif * dif;
-        }
-        const float err = v4_hsum(ve);
-        if (err < best) {
-            best = err;
-            best_s = s;
-            best_m = m;
-        }
-    }
     *mn_out = -best_m;
     return best_s;
 }
@@ -216,29 +235,31 @@ static float fit_symmetric(const float *x)
         }
     if (amax < 1e-30f)
         return 0.0f;
-    v4f X[4], W[4];
-    for (int k = 0; k < 4; k++) {
-        memcpy(&X[k], x + 4 * k, sizeof X[k]);
-        W[k] = X[k] * X[k];
+    float is[20], sxl[20], sl2[20]; /* candidate c: step c - 10 */
+    for (int c = 0; c < 20; c++) {
+        int step = c - 10;
+        is[c] = step < -9 ? -32.0f / big : -(32.0f + 0.1f * (float)step) / big;
     }
     const v4f lo = v4_set1(-32.0f), hi = v4_set1(31.0f), zero = v4_set1(0.0f);
-    float best_s = big / -32.0f, best = -1.0f;
-    for (int step = -10; step <= 9; step++) {
-        float is = step < -9 ? -32.0f / big : -(32.0f + 0.1f * (float)step) / big;
-        const v4f vis = v4_set1(is);
-        v4f vsxl = zero, vsl2 = zero;
-        for (int k = 0; k < 4; k++) {
-            v4f l = v4_clamp(v4_round(vis * X[k]), lo, hi), wl = W[k] * l;
-            vsxl += wl * X[k];
-            vsl2 += wl * l;
+    for (int v = 0; v < 5; v++) {
+        v4f vis, a = zero, b = zero;
+        memcpy(&vis, is + 4 * v, sizeof vis);
+        for (int i = 0; i < 16; i++) {
+            const v4f l = v4_clamp(v4_round(vis * v4_set1(x[i])), lo, hi);
+            const float w = x[i] * x[i];
+            a += v4_set1(w * x[i]) * l;
+            b += v4_set1(w) * l * l;
         }
-        const float sxl = v4_hsum(vsxl), sl2 = v4_hsum(vsl2);
-        /* least squares s = sxl / sl2 reduces the weighted error by sxl^2 / sl2 */
-        if (sl2 > 0.0f && sxl * sxl > best * sl2) {
-            best = sxl * sxl / sl2;
-            best_s = sxl / sl2;
-        }
+        memcpy(sxl + 4 * v, &a, sizeof a);
+        memcpy(sl2 + 4 * v, &b, sizeof b);
     }
+    float best_s = big / -32.0f, best = -1.0f;
+    for (int c = 0; c < 20; c++)
+        /* least squares s = sxl / sl2 reduces the weighted error by sxl^2 / sl2 */
+        if (sl2[c] > 0.0f && sxl[c] * sxl[c] > best * sl2[c]) {
+            best = sxl[c] * sxl[c] / sl2[c];
+            best_s = sxl[c] / sl2[c];
+        }
     return best_s;
 }
 
