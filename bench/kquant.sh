@@ -6,10 +6,13 @@
 #  - q4_k    `clocher convert --dtype q4_k` (every matrix GGUF Q4_K);
 #  - Q4_K_M  a GGUF written by `clocher synth --gguf F --ftype q4_k_m` (llama.cpp's Q4_K_M mix:
 #            q4_K, q6_K for output and attn_v/ffn_down of the layers use_more_bits picks, f32
-#            norms; client/offline/synth.c) from the same seed, converted natively.
+#            norms; client/offline/synth.c) from the same seed, converted natively;
+#  - llama.cpp's Q4_K_M, a row only when KQ_DIR/tinyllama-1.1b-llama_q4_k_m is there: the same
+#            weights quantized by llama.cpp (`llama-quantize F.gguf out.gguf Q4_K_M` of a
+#            `clocher synth --gguf F` of the same seed), then `clocher convert`ed.
 # Models: CLOCHER_MODELS/tinyllama-1.1b-{f32,int4,q4_k,q4_k_m} when there, else made in KQ_DIR
-# (default CLOCHER_MODELS; the k-quant search takes tens of minutes per model on a busy 2-core
-# machine: keep KQ_DIR between runs).
+# (default CLOCHER_MODELS; the k-quant search runs on every CPU: 2 to 11 minutes per model on a
+# busy 2-core machine: keep KQ_DIR between runs).
 # Speed: REPS repetitions, each running every model back to back (interleaved, so all see the
 # same minute of a shared machine); medians. KLD: KL(p_f32 || p_q) of the next-token
 # distributions, mean and max over TINY_POSITIONS teacher-forced random ids (bench/quality.sh's
@@ -35,7 +38,7 @@ trap 'rm -rf "$tmp"' EXIT
 hf=$models/tinyllama-1.1b-hf
 # dir NAME: CLOCHER_MODELS/tinyllama-1.1b-NAME when it is there, else the one in KQ_DIR
 dir() {
-  local n=$1; [ "$n" = Q4_K_M ] && n=q4_k_m
+  local n=$1; [ "$n" = Q4_K_M ] && n=q4_k_m; [ "$n" = llama.cpp-Q4_K_M ] && n=llama_q4_k_m
   if [ -f "$models/tinyllama-1.1b-$n/model.ie.json" ]; then echo "$models/tinyllama-1.1b-$n"
   else echo "$kq/tinyllama-1.1b-$n"; fi
 }
@@ -53,6 +56,10 @@ if [ ! -f "$(dir Q4_K_M)/model.ie.json" ]; then
   rm -f "$tmp/q4km.gguf"
 fi
 
+rows="int4 q4_k Q4_K_M"
+[ -f "$(dir llama.cpp-Q4_K_M)/model.ie.json" ] && rows="$rows llama.cpp-Q4_K_M"
+# a q4_k made by an older quantizer, kept as KQ_DIR/tinyllama-1.1b-q4_k-old: compared in one run
+[ -f "$kq/tinyllama-1.1b-q4_k-old/model.ie.json" ] && rows="$rows q4_k-old"
 echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg), commit $(git rev-parse --short HEAD)"
 echo
 vocab=$(sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' "$(dir f32)/model.ie.json")
@@ -60,7 +67,7 @@ prompt=$(seq -s, 1000 $((999 + pre)))
 short=1$(for i in 2 3 4 5 6 7 8; do printf ',%d' $((vocab * i / 9)); done) # 8 ids: the decode prompt
 : >"$tmp/speed"
 for r in $(seq "$reps"); do
-  for m in int4 q4_k Q4_K_M; do
+  for m in $rows; do
     "$ie" --model-dir "$(dir $m)" --prompt-ids "$short" \
       --max-new "$dec" --ignore-eos --threads "$threads" --quiet |
       sed -n "s/.*\"decode_tps\":\([0-9.]*\).*/$m decode \1/p" >>"$tmp/speed"
@@ -68,11 +75,11 @@ for r in $(seq "$reps"); do
       sed -n "s/.*\"prefill_tps\":\([0-9.]*\).*/$m prefill \1/p" >>"$tmp/speed"
   done
 done
-/usr/bin/python3 - "$tmp/speed" "$threads" "$reps" "$dec" "$pre" "$(dir int4)" "$(dir q4_k)" \
-  "$(dir Q4_K_M)" <<'PY'
+/usr/bin/python3 - "$tmp/speed" "$threads" "$reps" "$dec" "$pre" \
+  $(for m in $rows; do echo "$m=$(dir $m)"; done) <<'PY'
 import json, os, statistics, sys
 path, threads, reps, dec, pre = sys.argv[1:6]
-dirs = dict(zip(("int4", "q4_k", "Q4_K_M"), sys.argv[6:9]))
+dirs = dict(a.split("=", 1) for a in sys.argv[6:])
 v = {}
 for line in open(path):
     m, kind, x = line.split()
@@ -102,11 +109,11 @@ calib)
 logits)
   # quality.sh's TinyLlama ids (the same seed), teacher-forced in one prompt
   awk -v n="$positions" -v r=$((vocab - 10)) 'BEGIN{srand(7); printf "1"; for(i=1;i<n;i++) printf ",%d", 3+int(rand()*r); print ""}' >"$tmp/ids"
-  for m in f32 int4 q4_k Q4_K_M; do
+  for m in f32 $rows; do
     "$ie" --model-dir "$(dir $m)" --prompt-ids "$(cat "$tmp/ids")" --max-new 0 --quiet --threads "$threads" \
       --dump-logits "$tmp/L-$m.f32" >/dev/null
   done
-  /usr/bin/python3 - "$tmp" "$positions" <<'PY'
+  /usr/bin/python3 - "$tmp" "$positions" $rows <<'PY'
 import sys
 import numpy as np
 tmp, n = sys.argv[1], int(sys.argv[2])
@@ -118,7 +125,7 @@ ref = logp("f32")
 p = np.exp(ref)
 print(f"| model | positions | KLD mean (nats) | KLD max | top-1 agreement |")
 print("|---|---|---|---|---|")
-for m in ("int4", "q4_k", "Q4_K_M"):
+for m in sys.argv[3:]:
     q = logp(m)
     kl = (p * (ref - q)).sum(axis=1)
     top = (ref.argmax(axis=1) == q.argmax(axis=1)).mean()

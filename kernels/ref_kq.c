@@ -19,8 +19,12 @@
 #include "log.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
+
+#define KQ_MAX_THREADS 16 /* kern_quantize_rows_kq's cap */
 
 /* ---- dequantization (each type's kern__traits to_f32) ------------------------------------ */
 
@@ -90,10 +94,41 @@ void kern__row_q6_k(const void *row, float *out, size_t n)
 static int nearest(float v) { return (int)lrintf(v); }
 
 /*
+ * The searches below run on GCC/Clang vector extensions of 4 floats whose lanes are 4
+ * candidate grids: each lane adds its sums over the elements in element order, the very
+ * operations of the scalar search they replaced (session 10's), so the bytes are unchanged
+ * (a q4_k TinyLlama converts byte-identically) and never depend on the ISA the compiler maps
+ * the vectors to (SSE2, x86-64's baseline); -std=c11 keeps it from contracting them into
+ * FMAs. The scalar loop called lrintf per candidate and element (profiled: 92% of a q4_k
+ * conversion); rounding here is the 1.5 x 2^23 trick, ties to even like lrintf.
+ */
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+static inline v4f v4_set1(float a) { return (v4f){a, a, a, a}; }
+/* round to nearest, ties to even (lrintf's default mode) for |v| < 2^22 */
+static inline v4f v4_round(v4f v)
+{
+    const v4f magic = v4_set1(12582912.0f); /* 1.5 * 2^23 */
+    return (v + magic) - magic;
+}
+static inline v4f v4_clamp(v4f v, v4f lo, v4f hi)
+{
+    v4i below = v < lo, above = v > hi;
+    v4i r = ((v4i)v & ~below) | ((v4i)lo & below);
+    return (v4f)((r & ~above) | ((v4i)hi & above));
+}
+
+#define AFF_STEPS 22 /* candidates of fit_affine: the plain grid, then 21 steps */
+#define AFF_VECS ((AFF_STEPS + 3) / 4)
+
+/*
  * One q4_K/q5_K sub-block of 32: the scale s >= 0 and offset -mn (mn >= 0) of least weighted
- * squared error for codes 0..nmax, searched like ggml's make_qkx2_quants: the min/max grid,
- * then 21 grid steps around it, each code set refitted by weighted least squares (an offset
- * above 0 is clamped to 0, since the format stores a subtracted min).
+ * squared error for codes 0..nmax, the bounded search ggml's make_qkx2_quants is known for:
+ * the min/max grid, then 21 grid steps around it (iscale = (nmax - 1 + 0.1 step) / (hi - lo)),
+ * each code set refitted by weighted least squares (an offset above 0 is clamped to 0, since
+ * the format stores a subtracted min). 22 candidates x 32 elements: O(n * 22) per row.
+ * x, w: [32].
  */
 static float fit_affine(const float *x, const float *w, int nmax, float *mn_out)
 {
@@ -113,47 +148,74 @@ static float fit_affine(const float *x, const float *w, int nmax, float *mn_out)
         sw += w[i];
         sx += w[i] * x[i];
     }
-    float best_s = (hi - lo) / (float)nmax, best_m = lo, best = INFINITY;
-    for (int step = -1; step <= 20; step++) {
-        /* step -1: the plain grid; then iscale = (nmax - 1 + 0.1 step) / (hi - lo) */
-        float is = step < 0 ? (float)nmax / (hi - lo) : ((float)nmax - 1.0f + 0.1f * (float)step) / (hi - lo);
-        float sl = 0.0f, sl2 = 0.0f, sxl = 0.0f;
-        int L[32];
-        for (int i = 0; i < 32; i++) {
-            int l = nearest(is * (x[i] - lo));
-            L[i] = l < 0 ? 0 : l > nmax ? nmax : l;
-            sl += w[i] * (float)L[i];
-            sl2 += w[i] * (float)L[i] * (float)L[i];
-            sxl += w[i] * (float)L[i] * x[i];
-        }
-        float s, m;
-        if (step < 0) {
-            s = 1.0f / is;
-            m = lo;
-        } else {
-            float D = sw * sl2 - sl * sl;
-            if (D <= 0.0f)
-                continue;
-            s = (sw * sxl - sx * sl) / D;
-            m = (sl2 * sx - sl * sxl) / D;
-            if (m > 0.0f) {
-                m = 0.0f;
-                s = sl2 > 0.0f ? sxl / sl2 : 0.0f;
-            }
-            if (s < 0.0f)
-                continue;
-        }
-        float err = 0.0f;
-        for (int i = 0; i < 32; i++) {
-            float dif = s * (float)L[i] + m - x[i];
-            err += w[i] * dif * dif;
-        }
-        if (err < best) {
-            best = err;
-            best_s = s;
-            best_m = m;
-        }
+    /* candidate c: c = 0 the plain grid, else step c - 1 */
+    float is[AFF_VECS * 4], sl[AFF_VECS * 4], sl2[AFF_VECS * 4], sxl[AFF_VECS * 4];
+    for (int c = 0; c < AFF_VECS * 4; c++) {
+        int step = c < AFF_STEPS ? c - 1 : 20; /* padding lanes repeat the last step */
+        is[c] = step < 0 ? (float)nmax / (hi - lo)
+                         : ((float)nmax - 1.0f + 0.1f * (float)step) / (hi - lo);
     }
+    const v4f zero = v4_set1(0.0f), vmax = v4_set1((float)nmax);
+    v4f vis[AFF_VECS];
+    for (int v = 0; v < AFF_VECS; v++) {
+        memcpy(&vis[v], is + 4 * v, sizeof vis[v]);
+        v4f a = zero, b = zero, d = zero;
+        for (int i = 0; i < 32; i++) {
+            const v4f L = v4_clamp(v4_round(vis[v] * v4_set1(x[i] - lo)), zero, vmax);
+            const v4f wl = v4_set1(w[i]) * L;
+            a += wl;
+            b += wl * L;
+            d += wl * v4_set1(x[i]);
+        }
+        memcpy(sl + 4 * v, &a, sizeof a);
+        memcpy(sl2 + 4 * v, &b, sizeof b);
+        memcpy(sxl + 4 * v, &d, sizeof d);
+    }
+    float s[AFF_VECS * 4], m[AFF_VECS * 4];
+    int ok[AFF_VECS * 4];
+    for (int c = 0; c < AFF_VECS * 4; c++) {
+        ok[c] = c < AFF_STEPS;
+        s[c] = m[c] = 0.0f;
+        if (!ok[c])
+            continue;
+        if (c == 0) {
+            s[c] = 1.0f / is[c];
+            m[c] = lo;
+            continue;
+        }
+        float D = sw * sl2[c] - sl[c] * sl[c];
+        if (D <= 0.0f) {
+            ok[c] = 0;
+            continue;
+        }
+        s[c] = (sw * sxl[c] - sx * sl[c]) / D;
+        m[c] = (sl2[c] * sx - sl[c] * sxl[c]) / D;
+        if (m[c] > 0.0f) {
+            m[c] = 0.0f;
+            s[c] = sl2[c] > 0.0f ? sxl[c] / sl2[c] : 0.0f;
+        }
+        if (s[c] < 0.0f)
+            ok[c] = 0;
+    }
+    float err[AFF_VECS * 4];
+    for (int v = 0; v < AFF_VECS; v++) { /* the codes again, for sum w (s L + m - x)^2 */
+        v4f vs, vm, e = zero;
+        memcpy(&vs, s + 4 * v, sizeof vs);
+        memcpy(&vm, m + 4 * v, sizeof vm);
+        for (int i = 0; i < 32; i++) {
+            const v4f L = v4_clamp(v4_round(vis[v] * v4_set1(x[i] - lo)), zero, vmax);
+            const v4f dif = vs * L + vm - v4_set1(x[i]);
+            e += v4_set1(w[i]) * dif * dif;
+        }
+        memcpy(err + 4 * v, &e, sizeof e);
+    }
+    float best_s = (hi - lo) / (float)nmax, best_m = lo, best = INFINITY;
+    for (int c = 0; c < AFF_STEPS; c++)
+        if (ok[c] && err[c] < best) {
+            best = err[c];
+            best_s = s[c];
+            best_m = m[c];
+        }
     *mn_out = -best_m;
     return best_s;
 }
@@ -161,7 +223,7 @@ static float fit_affine(const float *x, const float *w, int nmax, float *mn_out)
 /*
  * One q6_K sub-block of 16: a signed scale s for codes -32..31, the grid set by the element of
  * largest magnitude (it maps to -32), then 19 grids around it refitted by least squares with
- * weights x^2 (ggml's make_qx_quants, rmse_type 1); the best fit wins.
+ * weights x^2 (ggml's make_qx_quants, rmse_type 1); the best fit wins. x: [16].
  */
 static float fit_symmetric(const float *x)
 {
@@ -173,23 +235,31 @@ static float fit_symmetric(const float *x)
         }
     if (amax < 1e-30f)
         return 0.0f;
-    float best_s = big / -32.0f, best = -1.0f;
-    for (int step = -10; step <= 9; step++) {
-        float is = step < -9 ? -32.0f / big : -(32.0f + 0.1f * (float)step) / big;
-        float sxl = 0.0f, sl2 = 0.0f;
-        for (int i = 0; i < 16; i++) {
-            int l = nearest(is * x[i]);
-            l = l < -32 ? -32 : l > 31 ? 31 : l;
-            float w = x[i] * x[i];
-            sxl += w * x[i] * (float)l;
-            sl2 += w * (float)l * (float)l;
-        }
-        /* least squares s = sxl / sl2 reduces the weighted error by sxl^2 / sl2 */
-        if (sl2 > 0.0f && sxl * sxl > best * sl2) {
-            best = sxl * sxl / sl2;
-            best_s = sxl / sl2;
-        }
+    float is[20], sxl[20], sl2[20]; /* candidate c: step c - 10 */
+    for (int c = 0; c < 20; c++) {
+        int step = c - 10;
+        is[c] = step < -9 ? -32.0f / big : -(32.0f + 0.1f * (float)step) / big;
     }
+    const v4f lo = v4_set1(-32.0f), hi = v4_set1(31.0f), zero = v4_set1(0.0f);
+    for (int v = 0; v < 5; v++) {
+        v4f vis, a = zero, b = zero;
+        memcpy(&vis, is + 4 * v, sizeof vis);
+        for (int i = 0; i < 16; i++) {
+            const v4f l = v4_clamp(v4_round(vis * v4_set1(x[i])), lo, hi);
+            const float w = x[i] * x[i];
+            a += v4_set1(w * x[i]) * l;
+            b += v4_set1(w) * l * l;
+        }
+        memcpy(sxl + 4 * v, &a, sizeof a);
+        memcpy(sl2 + 4 * v, &b, sizeof b);
+    }
+    float best_s = big / -32.0f, best = -1.0f;
+    for (int c = 0; c < 20; c++)
+        /* least squares s = sxl / sl2 reduces the weighted error by sxl^2 / sl2 */
+        if (sl2[c] > 0.0f && sxl[c] * sxl[c] > best * sl2[c]) {
+            best = sxl[c] * sxl[c] / sl2[c];
+            best_s = sxl[c] / sl2[c];
+        }
     return best_s;
 }
 
@@ -309,6 +379,70 @@ int kern_quantize_row_kq(enum dtype dt, const float *x, void *dst, size_t n)
             quantize_q45k(dt, x + i, b);
     }
     return 0;
+}
+
+/* One thread's share of kern_quantize_rows_kq: rows [r0, r1). */
+struct kq_rows_job {
+    enum dtype dt;
+    const float *x; /* [rows][n] */
+    uint8_t *dst;   /* [rows][row bytes] */
+    size_t n, r0, r1;
+    int rc;
+    pthread_t th;
+};
+
+static void *kq_rows_run(void *arg)
+{
+    struct kq_rows_job *j = arg;
+    const size_t rb = kern__row_bytes(j->dt, j->n);
+    for (size_t r = j->r0; r < j->r1 && j->rc == 0; r++)
+        j->rc = kern_quantize_row_kq(j->dt, j->x + r * j->n, j->dst + r * rb, j->n);
+    return NULL;
+}
+
+int kern_quantize_rows_kq(enum dtype dt, const float *x, size_t rows, size_t n, void *dst,
+                          int threads)
+{
+    CHECK(dtype_is_kq(dt));
+    if (n % QUANT_K != 0) {
+        LOG_ERR("%s: a row of %zu elements is not whole super-blocks of %d", dtype_info(dt)->name,
+                n, QUANT_K);
+        return ERR_FORMAT;
+    }
+    if (threads <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = c > 0 ? (int)c : 1;
+    }
+    if (threads > KQ_MAX_THREADS)
+        threads = KQ_MAX_THREADS;
+    if ((size_t)threads > rows)
+        threads = rows ? (int)rows : 1;
+    struct kq_rows_job job[KQ_MAX_THREADS];
+    int started = 0;
+    for (int t = 0; t < threads; t++) {
+        /* contiguous shares: row r's bytes depend on row r alone, never on the split */
+        job[t] = (struct kq_rows_job){dt, x, dst, n, rows * (size_t)t / (size_t)threads,
+                                      rows * (size_t)(t + 1) / (size_t)threads, 0, 0};
+        if (t == 0)
+            continue;
+        int e = pthread_create(&job[t].th, NULL, kq_rows_run, &job[t]);
+        if (e) { /* run the share here instead: slower, same bytes */
+            LOG_WARN("quantize: pthread_create: %s; quantizing on fewer threads", strerror(e));
+            kq_rows_run(&job[t]);
+            job[t].th = 0;
+            continue;
+        }
+        started |= 1 << t;
+    }
+    kq_rows_run(&job[0]);
+    int rc = 0;
+    for (int t = 0; t < threads; t++) {
+        if (started >> t & 1)
+            pthread_join(job[t].th, NULL);
+        if (rc == 0)
+            rc = job[t].rc; /* the first failing row's error, whatever the split */
+    }
+    return rc;
 }
 
 /* ---- the _ref twins ---------------------------------------------------------------------- */

@@ -253,6 +253,19 @@ static void release_source(const void *p, uint64_t n)
         madvise((void *)a, e - a, MADV_DONTNEED); /* advisory: a failure changes nothing */
 }
 
+/* The source row of IEBIN row r (emit's comment gives the three rules). */
+static uint64_t source_row(const struct src_tensor *st, uint64_t r, uint32_t perm_heads,
+                           uint32_t head_dim, uint64_t group)
+{
+    if (perm_heads)
+        return iebin_rope_hf_row(r, head_dim);
+    if (st->deint == 1 || st->deint == 2)
+        return (r / group) * 2 * group + 2 * (r % group) + (uint64_t)(st->deint - 1);
+    if (st->deint)
+        return (r / group) * 2 * group + r % group + (uint64_t)(st->deint - 3) * group;
+    return r;
+}
+
 /*
  * Writes one IEBIN tensor from a source tensor. Row r of the IEBIN tensor (or element r, when
  * `elementwise`: a bias whose elements move) comes from source row:
@@ -301,21 +314,28 @@ static int emit(struct iebin_writer *w, const char *what, const char *name,
     uint8_t *buf = malloc(chunk_rows * dst_rb);
     uint8_t *mx = st->scales && to != DT_MXFP4 ? malloc(src_rb) : NULL; /* a repacked row */
     float *tmp = malloc(cols * sizeof(float));
-    if (!buf || !tmp || (st->scales && to != DT_MXFP4 && !mx)) {
+    /* [chunk_rows][cols]: a k-quant target's chunk in f32, quantized row-parallel (the search
+     * costs far more than reading the source; the other targets stay one row at a time) */
+    bool par = dtype_is_kq(to) && to != st->dtype && !st->scales && st->dtype != DT_MXFP4;
+    float *xf = par ? malloc(chunk_rows * cols * sizeof(float)) : NULL;
+    if (!buf || !tmp || (st->scales && to != DT_MXFP4 && !mx) || (par && !xf)) {
         LOG_ERR("out of memory converting '%s'", name);
         rc = -ENOMEM;
         goto out;
     }
     for (uint64_t r0 = 0; r0 < rows && rc == 0; r0 += chunk_rows) {
         uint64_t nr = rows - r0 < chunk_rows ? rows - r0 : chunk_rows;
-        for (uint64_t j = 0; j < nr && rc == 0; j++) {
-            uint64_t r = r0 + j, sr = r;
-            if (perm_heads)
-                sr = iebin_rope_hf_row(r, head_dim);
-            else if (st->deint == 1 || st->deint == 2)
-                sr = (r / group) * 2 * group + 2 * (r % group) + (uint64_t)(st->deint - 1);
-            else if (st->deint)
-                sr = (r / group) * 2 * group + r % group + (uint64_t)(st->deint - 3) * group;
+        if (xf) { /* a k-quant: widen the chunk, then quantize its rows on every CPU */
+            for (uint64_t j = 0; j < nr && rc == 0; j++) {
+                uint64_t sr = source_row(st, r0 + j, perm_heads, head_dim, group);
+                kern_row_to_f32(st->dtype, st->data + sr * src_rb, xf + j * cols, cols);
+                rc = check_finite_row(what, st->name, sr, xf + j * cols, cols);
+            }
+            if (rc == 0)
+                rc = kern_quantize_rows_kq(to, xf, nr, cols, buf, 0);
+        }
+        for (uint64_t j = 0; j < nr && rc == 0 && !xf; j++) {
+            uint64_t sr = source_row(st, r0 + j, perm_heads, head_dim, group);
             uint8_t *d = buf + j * dst_rb;
             if (st->scales) { /* HF MXFP4: repack, then convert like any mxfp4 row */
                 if ((rc = hf_mxfp4_row(what, st, sr, mx ? mx : d)) == 0 && mx)
@@ -354,6 +374,7 @@ out:
     free(buf);
     free(mx);
     free(tmp);
+    free(xf);
     return rc;
 }
 

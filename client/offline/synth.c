@@ -603,16 +603,36 @@ static int write_gguf(const char *path, const struct iebin_hparams *hp, const st
         }
         /* llama.cpp's HF->GGUF permutation of q/k: interleaved row h*hd + 2i + s holds HF row
          * h*hd + s*hd/2 + i (HF stores q/k rows in rotate-half order) */
+        if (ty == GGUF_GGML_Q4_K || ty == GGUF_GGML_Q6_K) {
+            /* the whole tensor at once, its rows quantized on every CPU (the bytes do not
+             * depend on how many): a permuted tensor's rows are put in file order first */
+            if (t[i].perm_heads) {
+                float *px = malloc(n * sizeof *px); /* [rows][cols] permuted */
+                if (!px) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                for (uint64_t r = 0; r < t[i].rows; r++)
+                    memcpy(px + r * t[i].cols, x + iebin_rope_hf_row(r, hp->head_dim) * t[i].cols,
+                           t[i].cols * sizeof *px);
+                memcpy(x, px, n * sizeof *px);
+                free(px);
+            }
+            uint8_t *nr = realloc(row, t[i].rows * rb); /* [rows][rb] */
+            if (!nr) {
+                rc = -ENOMEM;
+                break;
+            }
+            row = nr;
+            rc = kern_quantize_rows_kq(ty == GGUF_GGML_Q4_K ? DT_Q4_K : DT_Q6_K, x, t[i].rows,
+                                       t[i].cols, row, 0);
+            if (rc == 0)
+                rc = gguf_writer_stream_write(w, row, t[i].rows * rb);
+            continue;
+        }
         for (uint64_t r = 0; r < t[i].rows && rc == 0; r++) {
             uint64_t sr = t[i].perm_heads ? iebin_rope_hf_row(r, hp->head_dim) : r;
-            if (ty == GGUF_GGML_Q4_K || ty == GGUF_GGML_Q6_K) {
-                rc = kern_quantize_row_kq(ty == GGUF_GGML_Q4_K ? DT_Q4_K : DT_Q6_K,
-                                          x + sr * t[i].cols, row, t[i].cols);
-                if (rc == 0)
-                    rc = gguf_writer_stream_write(w, row, rb);
-            } else {
-                rc = gguf_writer_stream_write(w, src + sr * rb, rb);
-            }
+            rc = gguf_writer_stream_write(w, src + sr * rb, rb);
         }
     }
     free(x);

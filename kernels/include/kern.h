@@ -174,6 +174,15 @@ int kern_quantize_row_q4_search(enum dtype dt, const float *x, void *dst, size_t
  */
 int kern_quantize_row_kq(enum dtype dt, const float *x, void *dst, size_t n);
 
+/*
+ * kern_quantize_row_kq over rows rows of n: x [rows][n] to dst [rows][row bytes], split over
+ * `threads` threads (<= 0: the online CPUs; at most 16) in contiguous shares. Each row's bytes
+ * depend on that row alone, so the output never depends on the thread count. 0, or the error
+ * of the first failing row (ERR_FORMAT for a ragged n, ERR_RANGE for a non-finite value).
+ */
+int kern_quantize_rows_kq(enum dtype dt, const float *x, size_t rows, size_t n, void *dst,
+                          int threads);
+
 /* ---- LoRA shrink and expand (worker/model/matmul_lora.c's serving path) ------------------------------ */
 
 /*

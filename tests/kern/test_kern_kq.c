@@ -8,7 +8,7 @@
  *  - kern_quantize_row_kq: relative RMS error per super-block on Gaussian rows below a stated
  *    bound (q4_k 0.12, q5_k 0.06, q6_k 0.03: about 1.5x what it measures), q4_k below q4_0
  *    round-to-nearest's on the same rows (the point of the format), ragged and non-finite
- *    rows refused;
+ *    rows refused; kern_quantize_rows_kq gives those bytes whatever its thread count;
  *  - every GEMV/GEMM variant of every ISA against its scalar `_ref` twin and against the f32
  *    product of the dequantized weights, on random shapes (1..23 rows, ragged row ranges,
  *    1..9 super-blocks, 1..17 tokens), with the bounds of test_kern_q4g.c:
@@ -265,6 +265,43 @@ static void test_quantize(void **state)
     }
 }
 
+/* kern_quantize_rows_kq: the bytes of kern_quantize_row_kq row by row, whatever the thread
+ * count (1, 2, 3, more threads than rows, the CPUs); the first failing row's error. */
+static void test_quantize_rows(void **state)
+{
+    (void)state;
+    const size_t rows = 7, n = 512;
+    float *x = malloc(rows * n * sizeof(float));
+    assert_non_null(x);
+    for (size_t i = 0; i < rows * n; i++)
+        x[i] = gauss() * (rnd() % 32 == 0 ? 5.0f : 1.0f);
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const enum dtype dt = types[k];
+        const size_t rb = n / 256 * dtype_info(dt)->block_bytes;
+        uint8_t *one = malloc(rows * rb), *par = malloc(rows * rb);
+        assert_true(one && par);
+        for (size_t r = 0; r < rows; r++)
+            assert_int_equal(kern_quantize_row_kq(dt, x + r * n, one + r * rb, n), 0);
+        static const int threads[] = {1, 2, 3, 16, 0};
+        for (size_t t = 0; t < sizeof threads / sizeof threads[0]; t++) {
+            memset(par, 0xa5, rows * rb);
+            assert_int_equal(kern_quantize_rows_kq(dt, x, rows, n, par, threads[t]), 0);
+            assert_memory_equal(one, par, rows * rb);
+        }
+        free(one);
+        free(par);
+    }
+    uint8_t out[7 * 2 * 210];
+    assert_int_equal(kern_quantize_rows_kq(DT_Q4_K, x, 2, 300, out, 2), ERR_FORMAT);
+    x[5 * n + 3] = NAN; /* a bad row in the second thread's share */
+    assert_int_equal(kern_quantize_rows_kq(DT_Q6_K, x, rows, n, out, 2), ERR_RANGE);
+    x[5 * n + 3] = 0.0f;
+    x[6 * n + 9] = INFINITY;
+    assert_int_equal(kern_quantize_rows_kq(DT_Q4_K, x, rows, n, out, 3), ERR_RANGE);
+    assert_int_equal(kern_quantize_rows_kq(DT_Q4_K, x, 0, n, out, 2), 0); /* no rows */
+    free(x);
+}
+
 struct variant {
     const char *name;
     enum dtype wt;
@@ -462,6 +499,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_independent),
         cmocka_unit_test(test_quantize),
+        cmocka_unit_test(test_quantize_rows),
         ISA_CASE_TESTS(test_matmul),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
