@@ -208,8 +208,9 @@ INLINE void mx_row_plain(const uint8_t *row, size_t nbk, int NT, struct mx_buf *
 
 /* ---- the same with AVX512-VBMI ------------------------------------------------------------ */
 
-#pragma GCC push_options
-#pragma GCC target("avx512vbmi")
+/* The VBMI functions carry the ISA as a function attribute (gcc and clang both honour it; clang
+ * ignores `#pragma GCC target`), so the rest of the file never uses VBMI instructions. */
+#define MX_VBMI __attribute__((target("avx512vbmi")))
 
 /*
  * vpermt2b indices. Quad v (bytes 68v .. 68v + 67 of the group) lies in the 64-byte loads v
@@ -244,7 +245,7 @@ static const uint8_t mx_xix[64] __attribute__((aligned(64))) = {
 #define MX_EXMASK_LO 0x0011001100110011ull
 #define MX_EXMASK_HI 0x1100110011001100ull
 
-INLINE void mx_load_vbmi(const uint8_t *gb, size_t nblk, __m512i q[4], __m512i *ex)
+INLINE MX_VBMI void mx_load_vbmi(const uint8_t *gb, size_t nblk, __m512i q[4], __m512i *ex)
 {
     const size_t len = nblk * MX_BB;
     __m512i l[5];
@@ -262,7 +263,7 @@ INLINE void mx_load_vbmi(const uint8_t *gb, size_t nblk, __m512i q[4], __m512i *
                           _mm512_maskz_permutex2var_epi8(MX_EXMASK_HI, l[2], xi, l[3]));
 }
 
-INLINE void mx_weights_vbmi(const __m512i x[4], __m512i w[8])
+INLINE MX_VBMI void mx_weights_vbmi(const __m512i x[4], __m512i w[8])
 {
     const __m512i ukv = _mm512_load_si512(mx_ukv);
     UNROLL for (int k = 0; k < 4; k++)
@@ -272,7 +273,7 @@ INLINE void mx_weights_vbmi(const __m512i x[4], __m512i w[8])
     }
 }
 
-INLINE void mx_row_vbmi(const uint8_t *row, size_t nbk, int NT, struct mx_buf *bf, size_t i)
+INLINE MX_VBMI void mx_row_vbmi(const uint8_t *row, size_t nbk, int NT, struct mx_buf *bf, size_t i)
 {
     for (size_t g = 0; g < nbk; g += 16) {
         const uint8_t *gb = row + g * MX_BB;
@@ -289,24 +290,21 @@ INLINE void mx_row_vbmi(const uint8_t *row, size_t nbk, int NT, struct mx_buf *b
 
 /* The rows [0, nr) of a panel (rows rb bytes apart, from the window's first block) for NT
  * tokens: one function per (ISA flavour, NT), called through mx_panel_fns. */
-#define MX_PANEL_FN_(flavour, T)                                                             \
-    static void mx_panel_##flavour##_##T(const uint8_t *p, size_t rb, size_t nr, size_t nbk, \
-                                         struct mx_buf *bf)                                  \
+#define MX_PANEL_FN_(flavour, T, ATTR)                                                       \
+    static ATTR void mx_panel_##flavour##_##T(const uint8_t *p, size_t rb, size_t nr,        \
+                                              size_t nbk, struct mx_buf *bf)                 \
     {                                                                                        \
         for (size_t i = 0; i < nr; i++)                                                      \
             mx_row_##flavour(p + i * rb, nbk, T, bf, i);                                     \
     }
-MX_PANEL_FN_(vbmi, 1)
-MX_PANEL_FN_(vbmi, 2)
-MX_PANEL_FN_(vbmi, 3)
-MX_PANEL_FN_(vbmi, 4)
-
-#pragma GCC pop_options
-
-MX_PANEL_FN_(plain, 1)
-MX_PANEL_FN_(plain, 2)
-MX_PANEL_FN_(plain, 3)
-MX_PANEL_FN_(plain, 4)
+MX_PANEL_FN_(vbmi, 1, MX_VBMI)
+MX_PANEL_FN_(vbmi, 2, MX_VBMI)
+MX_PANEL_FN_(vbmi, 3, MX_VBMI)
+MX_PANEL_FN_(vbmi, 4, MX_VBMI)
+MX_PANEL_FN_(plain, 1, )
+MX_PANEL_FN_(plain, 2, )
+MX_PANEL_FN_(plain, 3, )
+MX_PANEL_FN_(plain, 4, )
 #undef MX_PANEL_FN_
 
 typedef void mx_panel_fn(const uint8_t *p, size_t rb, size_t nr, size_t nbk, struct mx_buf *bf);
