@@ -1102,6 +1102,8 @@ static int req_generate_input(const Clocher__V1__GenerateRequest *r,
         tool_choice = SHM_TOOL_CHOICE_REQUIRED;
     else if (fn)
         tool_choice = SHM_TOOL_CHOICE_FUNCTION | (uint32_t)fn_at << 8;
+    if (tools && ch->has_parallel_tool_calls && !ch->parallel_tool_calls)
+        tool_choice |= SHM_TOOL_CHOICE_ONE_CALL; /* without tools there is nothing to limit */
     total += tools ? strlen(tools) : 0;
     if (total > ctx->cfg->limits.max_prompt_bytes)
         return snprintf(why, cap, "chat.messages: %" PRIu64 " bytes of content, the limit is %"
