@@ -132,11 +132,13 @@ static inline v4f v4_clamp(v4f v, v4f lo, v4f hi)
  * (each lane summing in element order, the scalar search's operations) from the current
  * origin; when lane k's fit is kept, the lanes after it are discarded and the next 4 start at
  * step k + 1 from the new origin. The result is the sequential search's, bit for bit.
- * x, w: [32]; O(32 x (nstep + 1 + kept fits)) per sub-block.
+ * x, w: [32]; O(32 x (nstep + 1 + kept fits)) per sub-block. grid: the kept fit's grid
+ * (iscale, origin), whose codes a sub-block keeps when its 6-bit scale rounds to 0.
  */
 static float fit_affine(const float *x, const float *w, int nmax, float rmin, int nstep,
-                        float *mn_out)
+                        float *mn_out, float grid[2])
 {
+    grid[0] = grid[1] = 0.0f;
     float lo = x[0], hi = x[0], sw = w[0], sx = w[0] * x[0];
     for (int i = 1; i < 32; i++) {
         lo = fminf(lo, x[i]);
@@ -154,6 +156,8 @@ static float fit_affine(const float *x, const float *w, int nmax, float rmin, in
     {
         const float is = (float)nmax / (hi - lo);
         scale = 1.0f / is;
+        grid[0] = is;
+        grid[1] = lo;
         for (int i = 0; i < 32; i++) { /* the plain grid's error */
             int l = nearest(is * (x[i] - lo));
             l = l < 0 ? 0 : l > nmax ? nmax : l;
@@ -203,6 +207,8 @@ static float fit_affine(const float *x, const float *w, int nmax, float rmin, in
         for (int k = 0; k < 4 && step + k <= nstep; k++) {
             if (sw * sl2[k] - sl[k] * sl[k] > 0.0f && err[k] < best) {
                 best = err[k];
+                grid[0] = is[k];
+                grid[1] = min;
                 scale = ts[k];
                 min = tm[k];
                 next = step + k + 1; /* later lanes used the old origin */
@@ -222,11 +228,13 @@ static float fit_affine(const float *x, const float *w, int nmax, float rmin, in
  * squares with weights x^2, s = sum w x l / sum w l^2, which lowers the weighted error by
  * (sum w x l)^2 / sum w l^2; in that order, a grid is kept when it lowers it further. The
  * grids do not depend on the kept fit, so they run 4 at a time in v4f lanes. x: [16].
+ * grid: the kept grid's iscale (0: an all-zero sub-block), for a scale that rounds to 0.
  */
 #define SYM_GRIDS 19 /* the plain grid, then steps -9..-1, 1..9 */
 #define KQ_GROUP_EPS 1e-15f /* ggml's GROUP_MAX_EPS: a smaller maximum is all zero */
-static float fit_symmetric(const float *x)
+static float fit_symmetric(const float *x, float *grid)
 {
+    *grid = 0.0f;
     float amax = 0.0f, big = 0.0f;
     for (int i = 0; i < 16; i++)
         if (fabsf(x[i]) > amax) {
@@ -254,8 +262,10 @@ static float fit_symmetric(const float *x)
         memcpy(sl2 + 4 * v, &b, sizeof b);
     }
     float scale = sl2[0] != 0.0f ? sxl[0] / sl2[0] : 0.0f, best = scale * sxl[0];
+    *grid = is[0];
     for (int c = 1; c < SYM_GRIDS; c++)
         if (sl2[c] > 0.0f && sxl[c] * sxl[c] > best * sl2[c]) {
+            *grid = is[c];
             scale = sxl[c] / sl2[c];
             best = scale * sxl[c];
         }
@@ -277,7 +287,7 @@ static void quantize_q45k(enum dtype dt, const float *x, uint8_t *blk)
     /* ggml's grids: q4_K steps 0..20 from iscale (nmax - 1) / range, q5_K 0..15 from - 0.5 */
     const int nmax = dt == DT_Q4_K ? 15 : 31, nstep = dt == DT_Q4_K ? 20 : 15;
     const float rmin = dt == DT_Q4_K ? -1.0f : -0.5f;
-    float sc[8], mn[8], w[32], smax = 0.0f, mmax = 0.0f;
+    float sc[8], mn[8], w[32], grid[8][2], smax = 0.0f, mmax = 0.0f;
     for (int j = 0; j < 8; j++) {
         float s2 = 0.0f;
         for (int i = 0; i < 32; i++)
@@ -285,9 +295,11 @@ static void quantize_q45k(enum dtype dt, const float *x, uint8_t *blk)
         const float av = sqrtf(s2 / 32.0f); /* the sub-block's rms, not the super-block's */
         for (int i = 0; i < 32; i++)
             w[i] = av + fabsf(x[32 * j + i]); /* ggml's weighting: large values matter more */
-        sc[j] = fit_affine(x + 32 * j, w, nmax, rmin, nstep, &mn[j]);
-        smax = fmaxf(smax, sc[j]);
-        mmax = fmaxf(mmax, mn[j]);
+        sc[j] = fit_affine(x + 32 * j, w, nmax, rmin, nstep, &mn[j], grid[j]);
+        if (sc[j] > smax) /* not fmaxf: a -0 min (-lo, lo = 0) must leave +0, so dmin's */
+            smax = sc[j]; /* f16 is 0x0000 as ggml writes it */
+        if (mn[j] > mmax)
+            mmax = mn[j];
     }
     /* 6-bit scales and mins against their maxima (ggml's rounding: nearest(63 / max * v),
      * not v over the f16-rounded d; the same squared error within 0.01% on TinyLlama, and
@@ -319,7 +331,10 @@ static void quantize_q45k(enum dtype dt, const float *x, uint8_t *blk)
     for (int j = 0; j < 8; j++) {
         const float dj = d * (float)ls[j], mj = dmin * (float)lm[j];
         for (int l = 0; l < 32; l++) {
-            int q = dj > 0.0f ? nearest((x[32 * j + l] + mj) / dj) : 0;
+            /* a scale that rounded to 0 keeps the search's codes (they decode to -mj all
+             * the same; ggml keeps them, and so the bytes stay equal) */
+            int q = dj > 0.0f ? nearest((x[32 * j + l] + mj) / dj)
+                              : nearest(grid[j][0] * (x[32 * j + l] - grid[j][1]));
             q = q < 0 ? 0 : q > nmax ? nmax : q;
             const int c = j / 2, hi = j & 1;
             qs[32 * c + l] |= (uint8_t)((q & 15) << (4 * hi));
@@ -331,9 +346,9 @@ static void quantize_q45k(enum dtype dt, const float *x, uint8_t *blk)
 
 static void quantize_q6k(const float *x, struct quant_q6_k *b)
 {
-    float sc[16], smax = 0.0f, big = 0.0f;
+    float sc[16], grid[16], smax = 0.0f, big = 0.0f;
     for (int k = 0; k < 16; k++) {
-        sc[k] = fit_symmetric(x + 16 * k);
+        sc[k] = fit_symmetric(x + 16 * k, &grid[k]);
         if (fabsf(sc[k]) > smax) {
             smax = fabsf(sc[k]);
             big = sc[k];
@@ -352,8 +367,12 @@ static void quantize_q6k(const float *x, struct quant_q6_k *b)
     }
     for (int e = 0; e < QUANT_K; e++) {
         const float de = d * (float)b->scales[e / 16];
-        int q = de != 0.0f ? nearest(x[e] / de) : 0;
+        /* a scale that rounded to 0 keeps the search's codes, and an all-zero sub-block
+         * code 0, as ggml does (they decode to 0 all the same) */
+        int q = de != 0.0f ? nearest(x[e] / de) : nearest(grid[e / 16] * x[e]);
         q = (q < -32 ? -32 : q > 31 ? 31 : q) + 32;
+        if (de == 0.0f && grid[e / 16] == 0.0f)
+            q = 0;
         const int h = e / 128, k = e % 128 / 32, l = e % 32;
         b->ql[64 * h + 32 * (k & 1) + l] |= (uint8_t)((q & 15) << (k >= 2 ? 4 : 0));
         b->qh[32 * h + l] |= (uint8_t)((q >> 4) << (2 * k));
