@@ -110,10 +110,7 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                   .act_offset = 128,
                   .isa = {{REF_MM_},
                           {MM_(mxfp4, q8_0, avx2, 4)},
-                          /* the session-11 gemv (x86/avx512_mxfp4.c): same bits, fewer
-                           * instructions per byte */
-                          {.gemv = kern_gemv_mxfp4_q8_0_avx512_bl,
-                           .gemm = kern_gemm_mxfp4_q8_0_avx512, .gemm_min_n = 4}}},
+                          {MM_(mxfp4, q8_0, avx512, 4)}}},
     /* GGUF k-quants (ref_kq.c, x86/avx*_kq.c): q8_0 activations, ns32 giving the block sums
      * (q4_K/q5_K mins) and ns4 the q6_K -32 correction; the gemm reuses an unpacked
      * super-block over 4 tokens, so it wins from 2 tokens on: bench/kern_bench --only
