@@ -437,16 +437,4 @@ void kern_kv8_dequant(enum dtype kvt, const void *src, float *out, size_t hd);
 void kern_kv_rotate(float *x, size_t hd);
 void kern_kv_unrotate(float *x, size_t hd);
 
-/* ---- the MXFP4 gemv of session 11 (x86/avx512_mxfp4.c) ---------------------------------
- *
- * Variants of kern_matmul_act for DT_MXFP4 weights on AVX-512, for tests and benchmarks
- * (their place is kern_variants.h, beside kern_gemv_mxfp4_q8_0_avx512, which they replace in
- * the dispatch and equal bit for bit): _bl uses AVX512-VBMI when the CPU has it, _bl_plain
- * never does. Same contract as kern_matmul_act; run only when kern_isa_supported(AVX512).
- */
-void kern_gemv_mxfp4_q8_0_avx512_bl(const void *w, const struct kern_act *a, float *y,
-                                    size_t ldy, size_t r0, size_t r1);
-void kern_gemv_mxfp4_q8_0_avx512_bl_plain(const void *w, const struct kern_act *a, float *y,
-                                          size_t ldy, size_t r0, size_t r1);
-
 #endif
