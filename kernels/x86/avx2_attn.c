@@ -4,14 +4,17 @@
  * dims with vmaskmovps (masked lanes are neither read nor written). No AVX-512 here: this
  * file is compiled with -mavx2 -mfma -mf16c only.
  *
- * The same shape as avx512_attn.c: f16/bf16 K/V sub-tiles widened once and shared by every
- * query row; scores four positions at a time; exp 8 scores at a time (avx2_exp.h, the scalar
- * fm_expf's algorithm); o = o*corr + sum_j e_j v_j one 8-float slice of o at a time.
+ * The same shape as avx512_attn.c (session 12's register-blocked tile) with 8 lanes: f16/bf16
+ * K/V sub-tiles widened once and shared by every query row; K transposed 8 positions at a
+ * time (8x8 in registers), the scores of 8 rows x 8 positions one broadcast-q FMA chain per
+ * row; exp 8 scores at a time (avx2_exp.h, the scalar fm_expf's algorithm); o += w v for 4
+ * rows x 16 lanes per V row loaded. Each row's arithmetic does not depend on the rows beside it.
  *
  * 8-bit KV head rows (int8, fp8 E4M3 with an f32 scale; kern.h) are decoded into the same
  * widened tiles by widen_kvi8 / widen_kvf8, bit for bit kern_kv8_dequant.
  *
- * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack.
+ * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack in the widening driver,
+ * and 24 KiB in the tile.
  */
 #include "avx2_exp.h"
 #include "fastmath.h"

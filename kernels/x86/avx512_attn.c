@@ -5,15 +5,23 @@
  *
  * Per call: f16/bf16 K and V rows are widened to f32 once per sub-tile into stack buffers
  * and then read by every query row (the GQA group / prefill rows share them); f32 rows are
- * read in place. Per query row: scores four positions at a time (one q load feeds four
- * FMAs), the tile's maximum, the exp of the scores 16 at a time (avx512_exp.h, the scalar
- * fm_expf's algorithm), then o = o*corr + sum_j e_j v_j with each 16-float slice of o held in
- * a register across the tile's rows.
+ * read in place. The tile (session 12) is register-blocked like a small GEMM:
+ *  - q.k: 16 positions of K are transposed in registers (16x16, 64 shuffles per 16 head-dim
+ *    elements) once for all rows; then 8 rows' scores over those 16 positions are 8 vectors,
+ *    one broadcast-q FMA per element (two chains per row: even and odd d), so the scores
+ *    need no horizontal sums and the softmax works on 16 scores per vector;
+ *  - softmax per row: the tile maximum, exp16 (avx512_exp.h, the scalar fm_expf's
+ *    algorithm), weights 0 outside the row's [lo, vis);
+ *  - o = o*corr + sum_j w_j v_j: 4 rows x 64 lanes of o in 16 registers per V row loaded.
+ * Every row's arithmetic is its own sequence of operations, whatever rows share the call, so
+ * a query gives the same bits in a decode and in any prefill chunk (the engine's batch
+ * invariance relies on it; weights outside a row's range add exact zeros).
  *
  * 8-bit KV head rows (int8, fp8 E4M3 with an f32 scale; kern.h) are decoded into the same
  * widened tiles by widen_kvi8 / widen_kvf8, bit for bit kern_kv8_dequant.
  *
- * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack.
+ * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack in the widening driver,
+ * and 36 KiB in the tile (the transposed K, the scores of 64 rows).
  */
 #include "avx512_exp.h"
 #include "fastmath.h"
