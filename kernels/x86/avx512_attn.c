@@ -169,8 +169,10 @@ SCORES_ROWS_(1)
     _mm512_mask_storeu_ps(o[r] + d0 + 48, m3, a##r##3);
 #define PV_FULL_(p, c) _mm512_loadu_ps((p) + 16 * (c))
 #define PV_MASKED_(p, c) _mm512_maskz_loadu_ps(m##c, (p) + 16 * (c))
-static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr, const float *const *w, size_t ja,
-                    size_t jb, const float *vf, size_t ldf, size_t hd)
+/* noinline: inlined into tile_rows, its 16 accumulators were spilled to the stack (GCC 12) */
+static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr,
+                                              const float *const *w, size_t ja, size_t jb,
+                                              const float *vf, size_t ldf, size_t hd)
 {
     const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
     size_t d0 = 0;
