@@ -363,6 +363,10 @@ void kern_rope_table(float *cs, uint32_t pos, const float *inv_freq, size_t half
  * differ from _ref only by summation order and FMA contraction. hd <= KERN_ATTN_HD_MAX.
  * Bound asserted by tests/kern/test_kern_attn.c against softmax(q K^T / sqrt(hd)) V in double
  * on the stored values: |err| <= KERN_ATTN_MAX_ERR * max|v|.
+ * Batch invariance (docs/DESIGN.md): a row's result depends only on its own q, state, window
+ * [lo, vis) and the tile's K/V rows, never on the other rows of the call, their number, or
+ * whether vis/lo are NULL; so a query computed in a decode and inside any prefill chunk over
+ * the same block spans gives the same bits. Attention never depends on the thread count.
  */
 #define KERN_ATTN_HD_MAX 256
 #define KERN_ATTN_TILE 64 /* positions widened at once; kern_attn_causal's tile */
