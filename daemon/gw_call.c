@@ -730,11 +730,12 @@ static void on_close(struct gw_tag *t, bool ok)
             }
     }
     bool closed = c->closed;
+    size_t n_items = c->n_items; /* read under mu: items_alloc grows it on the other CQ thread */
     pthread_mutex_unlock(&c->mu);
     if (early_reset)
         gw__conn_early_reset(g, c->peer, c->cfg->limits.max_early_resets);
     if (closed)
-        for (size_t i = 0; i < c->n_items && n_cancel; i++)
+        for (size_t i = 0; i < n_items && n_cancel; i++)
             gw__cancel_item(g, c, i);
     if (c->method == GW_HEALTH_WATCH) {
         pthread_mutex_lock(&g->adapters_mu);
