@@ -79,7 +79,10 @@ clocher_prefill() {
     2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["wall_tps"])'
 }
 clocher_decode() {
-  "$eb" --model-dir "$ie" --threads "$threads" --mode scale --streams 1,8 --reps 1 2>/dev/null |
+  # 3 x 48 timed steps: 1 x 16 (the default) swung 27-68 tok/s between runs of one binary on a
+  # quiet machine (session 12); llama-batched-bench times 32 generated tokens per stream
+  "$eb" --model-dir "$ie" --threads "$threads" --mode scale --streams 1,8 --reps 3 --steps 48 \
+    2>/dev/null |
     python3 -c '
 import json, sys
 r = {}
