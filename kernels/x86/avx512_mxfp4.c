@@ -45,6 +45,7 @@
 #define MX_WB 128   /* blocks per column window (a multiple of MX_KC / 32) */
 #define MX_PF 4096  /* software prefetch distance in the row stream (x86/avx512_q.c's pf_dist) */
 #define MX_BB 17    /* bytes per block: the E8M0 byte, 16 bytes of split-half nibbles */
+#define MX_F2P23 0x4b000000 /* the bits of the float 2^23: its ulp is 1 */
 
 /* quant_mxfp4_kvalues + 128 (doubled E2M1 values as unsigned bytes for vpdpbusd), four times:
  * vpshufb reads the first 16 per 128-bit lane, vpermb all 64 (index bits 4-5 ignored).
@@ -321,7 +322,10 @@ static mx_panel_fn *const mx_panel_fns[2][MX_NT] = {
  * to y (chunks after the first), as gemm_tile does. 2^(e-128) * dx is vscalefps(dx, e - 128):
  * both it and the gemm's product of the exact power of two 2^(e-128) (quant_e8m0_half) by dx
  * are the one correctly rounded value of dx x 2^(e-128), subnormal and overflowing results
- * included (no FTZ/DAZ anywhere), so the bits are the same, in 4 instructions instead of 7.
+ * included (no FTZ/DAZ anywhere), so the bits are the same, in 4 instructions instead of 7;
+ * e - 128 is 3 of them: ((z & 0xff) | bits of 2^23) read as a float is 2^23 + e exactly, minus
+ * 2^23 + 128 (session 13: a vpternlogd in place of an and and a vcvtdq2ps, ~4% of the gemv's
+ * time at n = 1).
  * The window's chunks (up to 4) are independent sums until they are added to y in order, so
  * they are interleaved: each a chain of 32 dependent FMAs, one alone left the core waiting on
  * FMA latency. After the transpose z[4m + v] is block 4v + m; rows >= nr read row 0 and are
@@ -355,9 +359,11 @@ static void mx_fold(const struct mx_buf *bf, size_t nbk, const struct kern_act *
                     if (g >= gn)
                         break;
                     __m512i zb = z[4 * (g % 4) + g / 4];
+                    /* (zb & 0xff) | bits of 2^23 is the float 2^23 + e: one vpternlogd */
                     __m512 e = _mm512_sub_ps(
-                        _mm512_cvtepi32_ps(_mm512_and_si512(zb, _mm512_set1_epi32(0xff))),
-                        _mm512_set1_ps(128.0f));
+                        _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
+                            zb, _mm512_set1_epi32(0xff), _mm512_set1_epi32(MX_F2P23), 0xea)),
+                        _mm512_set1_ps(8388608.0f + 128.0f));
                     f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(zb, 8)),
                                         _mm512_scalef_ps(_mm512_set1_ps(xd[b0 + g]), e), f);
                 }
