@@ -322,10 +322,10 @@ static mx_panel_fn *const mx_panel_fns[2][MX_NT] = {
  * to y (chunks after the first), as gemm_tile does. 2^(e-128) * dx is vscalefps(dx, e - 128):
  * both it and the gemm's product of the exact power of two 2^(e-128) (quant_e8m0_half) by dx
  * are the one correctly rounded value of dx x 2^(e-128), subnormal and overflowing results
- * included (no FTZ/DAZ anywhere), so the bits are the same, in 4 instructions instead of 7;
- * e - 128 is 3 of them: ((z & 0xff) | bits of 2^23) read as a float is 2^23 + e exactly, minus
- * 2^23 + 128 (session 13: a vpternlogd in place of an and and a vcvtdq2ps, ~4% of the gemv's
- * time at n = 1).
+ * included (no FTZ/DAZ anywhere), so the bits are the same, in 3 instructions instead of 7:
+ * e - 128 is a vpternlogd and a subtraction, as (z & 0xff) | the bits of 2^23, read as a
+ * float, is 2^23 + e exactly (session 13: in place of an and and a vcvtdq2ps; 0.96-1.00x of
+ * the n = 1 gemv's cycles, docs/PERFORMANCE.md "gpt-oss decode, session 13").
  * The window's chunks (up to 4) are independent sums until they are added to y in order, so
  * they are interleaved: each a chain of 32 dependent FMAs, one alone left the core waiting on
  * FMA latency. After the transpose z[4m + v] is block 4v + m; rows >= nr read row 0 and are
