@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (README's second command).
 #  1. release build with -Werror: every test but those labelled asan (unit, integration); the
-#     release tree still builds everything;
+#     release tree still builds everything; two ctest slots a core, as in the ASan tree below;
 #  2. ASan+UBSan build: the unit tests and those labelled asan (the gateway end to end, one
 #     ctest per pytest file: a real clocherd and its workers, sanitized, leak-checked at exit;
 #     they run here only, the same behaviour checked harder than in release); two ctest slots
@@ -37,7 +37,8 @@ section "release build (-Werror)"
 cmake "${generator[@]}" -S . -B build/ci-release -DCLOCHER_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
 cmake --build build/ci-release -j"$jobs"
-ctest --test-dir build/ci-release --output-on-failure -j"$jobs" -LE 'fuzz|asan'
+# two slots a core here too: the tests that wait (daemons, npm, the network) take one
+ctest --test-dir build/ci-release --output-on-failure -j"$((2 * jobs))" -LE 'fuzz|asan'
 
 section "ASan+UBSan build: unit tests and the gateway end to end"
 cmake "${generator[@]}" -S . -B build/ci-asan -DCLOCHER_WERROR=ON -DCLOCHER_SANITIZE=address,undefined \
