@@ -162,6 +162,11 @@ class Daemon:
             "report_signal_unsafe=0"]))
         self.proc = subprocess.Popen([CLOCHERD, "--config", self.cfg_path], stdout=self.log,
                                      stderr=subprocess.STDOUT, env=env)
+        # The test's channel is made once clocherd serves: one made before it listens fails its
+        # first connects and then waits out gRPC's reconnect backoff (1 s, 1.6x a try), which
+        # noticed SERVING about 4 s after a fresh channel did (session 13). Until then each
+        # probe is a fresh channel.
+        self._probe_serving()
         self.channel = grpc.insecure_channel("unix:" + self.sock)
         self.stub = pb_grpc.InferenceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
@@ -177,6 +182,21 @@ class Daemon:
             return self.health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
         except grpc.RpcError:
             return None
+
+    def _probe_serving(self, timeout=60):
+        end = time.time() + timeout
+        while time.time() < end:
+            assert self.proc.poll() is None, "clocherd exited (%s): %s" % (
+                self.proc.returncode, self.read_log())
+            with grpc.insecure_channel("unix:" + self.sock) as ch:
+                try:
+                    if health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                            timeout=2).status == SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+            time.sleep(0.1)
+        raise AssertionError("clocherd not SERVING after %d s: %s" % (timeout, self.read_log()))
 
     def wait_serving(self, timeout=60):
         end = time.time() + timeout
