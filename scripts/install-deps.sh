@@ -4,7 +4,7 @@
 set -euo pipefail
 
 pkgs=(
-  build-essential cmake pkg-config clang libclang-rt-14-dev
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   libgrpc-dev protobuf-c-compiler libprotobuf-c-dev protobuf-compiler-grpc
   libuv1-dev libnuma-dev libzstd-dev libjansson-dev libcmocka-dev libsystemd-dev
   libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev curl
