@@ -14,7 +14,8 @@
 # (default CLOCHER_MODELS; the k-quant search runs on every CPU: 2 to 11 minutes per model on a
 # busy 2-core machine: keep KQ_DIR between runs).
 # Speed: REPS repetitions, each running every model back to back (interleaved, so all see the
-# same minute of a shared machine); medians. KLD: KL(p_f32 || p_q) of the next-token
+# same minute of a shared machine); medians. Each model.ie.bin is flushed and dropped from the
+# page cache first, so every model is read in 2 MiB folios as on a cold start (see below). KLD: KL(p_f32 || p_q) of the next-token
 # distributions, mean and max over TINY_POSITIONS teacher-forced random ids (bench/quality.sh's
 # definition and ids), from the logits inference-engine dumps for each model and for
 # tinyllama-1.1b-f32. KLD=calib instead runs bench/quality.sh's calibration rows (int4, q4_k,
@@ -57,15 +58,22 @@ if [ ! -f "$(dir Q4_K_M)/model.ie.json" ]; then
 fi
 
 rows="int4 q4_k Q4_K_M"
-# Page cache as a user's model at rest has it: a model.ie.bin just written (convert above) has
-# dirty pages, which the engine's 2 MiB re-read (hotrepl_hugify) cannot drop, so the engine would
-# read it through 4 KiB entries (0 MiB in 2 MiB pages; session 13 measured q4_k at 0.71x of int4
-# that way, whose weights are copied to anonymous 2 MiB pages at load). Flush them first; the
-# table then shows each model's "2 MiB folios" line (MiB of the file mapped in 2 MiB pages).
+# Page cache as a user's first start reads it: int4's weights are copied to anonymous 2 MiB pages
+# at load (q4_0 panels) whatever the cache holds, while the k-quants are read from the file's
+# page cache, so their speed depended on its history (docs/PERFORMANCE.md "k-quant decode,
+# session 13"): a model.ie.bin just written (convert above) has dirty pages, which the engine's
+# 2 MiB re-read (hotrepl_hugify) cannot drop, and it was read through 4 KiB entries (0 MiB in
+# 2 MiB pages); a cache that has aged keeps some 2 MiB chunks in small folios, which the engine
+# accepts from 90% on (558 of 590 MiB). So each model is flushed (sync) and dropped from the
+# cache before the timed runs, and its first run reads it in 2 MiB folios as a cold start does;
+# the table shows each model's "2 MiB folios" line (MiB of the file mapped in 2 MiB pages).
 [ -f "$(dir llama.cpp-Q4_K_M)/model.ie.json" ] && rows="$rows llama.cpp-Q4_K_M"
 # a q4_k made by an older quantizer, kept as KQ_DIR/tinyllama-1.1b-q4_k-old: compared in one run
 [ -f "$kq/tinyllama-1.1b-q4_k-old/model.ie.json" ] && rows="$rows q4_k-old"
-for m in $rows; do sync "$(dir $m)/model.ie.bin"; done
+for m in $rows; do
+  sync "$(dir $m)/model.ie.bin"
+  dd if="$(dir $m)/model.ie.bin" iflag=nocache count=0 status=none # POSIX_FADV_DONTNEED, whole file
+done
 # Since session 12 our quantizer writes llama.cpp's bytes (kernels/ref_kq.c): say whether the two
 # Q4_K_M models are the same file, which makes their KLD rows equal by construction
 if [ -f "$(dir llama.cpp-Q4_K_M)/model.ie.bin" ]; then
