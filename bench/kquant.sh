@@ -14,7 +14,8 @@
 # (default CLOCHER_MODELS; the k-quant search runs on every CPU: 2 to 11 minutes per model on a
 # busy 2-core machine: keep KQ_DIR between runs).
 # Speed: REPS repetitions, each running every model back to back (interleaved, so all see the
-# same minute of a shared machine); medians. KLD: KL(p_f32 || p_q) of the next-token
+# same minute of a shared machine); medians. Each model.ie.bin is flushed and dropped from the
+# page cache first, so every model is read in 2 MiB folios as on a cold start (see below). KLD: KL(p_f32 || p_q) of the next-token
 # distributions, mean and max over TINY_POSITIONS teacher-forced random ids (bench/quality.sh's
 # definition and ids), from the logits inference-engine dumps for each model and for
 # tinyllama-1.1b-f32. KLD=calib instead runs bench/quality.sh's calibration rows (int4, q4_k,
@@ -57,9 +58,22 @@ if [ ! -f "$(dir Q4_K_M)/model.ie.json" ]; then
 fi
 
 rows="int4 q4_k Q4_K_M"
+# Page cache as a user's first start reads it: int4's weights are copied to anonymous 2 MiB pages
+# at load (q4_0 panels) whatever the cache holds, while the k-quants are read from the file's
+# page cache, so their speed depended on its history (docs/PERFORMANCE.md "k-quant decode,
+# session 13"): a model.ie.bin just written (convert above) has dirty pages, which the engine's
+# 2 MiB re-read (hotrepl_hugify) cannot drop, and it was read through 4 KiB entries (0 MiB in
+# 2 MiB pages); a cache that has aged keeps some 2 MiB chunks in small folios, which the engine
+# accepts from 90% on (558 of 590 MiB). So each model is flushed (sync) and dropped from the
+# cache before the timed runs, and its first run reads it in 2 MiB folios as a cold start does;
+# the table shows each model's "2 MiB folios" line (MiB of the file mapped in 2 MiB pages).
 [ -f "$(dir llama.cpp-Q4_K_M)/model.ie.json" ] && rows="$rows llama.cpp-Q4_K_M"
 # a q4_k made by an older quantizer, kept as KQ_DIR/tinyllama-1.1b-q4_k-old: compared in one run
 [ -f "$kq/tinyllama-1.1b-q4_k-old/model.ie.json" ] && rows="$rows q4_k-old"
+for m in $rows; do
+  sync "$(dir $m)/model.ie.bin"
+  dd if="$(dir $m)/model.ie.bin" iflag=nocache count=0 status=none # POSIX_FADV_DONTNEED, whole file
+done
 # Since session 12 our quantizer writes llama.cpp's bytes (kernels/ref_kq.c): say whether the two
 # Q4_K_M models are the same file, which makes their KLD rows equal by construction
 if [ -f "$(dir llama.cpp-Q4_K_M)/model.ie.bin" ]; then
@@ -77,9 +91,13 @@ short=1$(for i in 2 3 4 5 6 7 8; do printf ',%d' $((vocab * i / 9)); done) # 8 i
 : >"$tmp/speed"
 for r in $(seq "$reps"); do
   for m in $rows; do
+    # not --quiet: stderr (the streamed text and the log) keeps the 2 MiB folios line
     "$ie" --model-dir "$(dir $m)" --prompt-ids "$short" \
-      --max-new "$dec" --ignore-eos --threads "$threads" --quiet |
+      --max-new "$dec" --ignore-eos --threads "$threads" 2>"$tmp/err" |
       sed -n "s/.*\"decode_tps\":\([0-9.]*\).*/$m decode \1/p" >>"$tmp/speed"
+    sed -n "s/.*2 MiB folios: .*[ (]\([0-9.]*\) of [0-9.]* MiB).*/$m huge \1/p;
+            s/.*2 MiB folios: .*; \([0-9.]*\) MiB mapped in 2 MiB pages.*/$m huge \1/p" \
+      "$tmp/err" >>"$tmp/speed"
     "$ie" --model-dir "$(dir $m)" --prompt-ids "$prompt" --max-new 0 --threads "$threads" --quiet |
       sed -n "s/.*\"prefill_tps\":\([0-9.]*\).*/$m prefill \1/p" >>"$tmp/speed"
   done
@@ -94,8 +112,8 @@ for line in open(path):
     m, kind, x = line.split()
     v.setdefault((m, kind), []).append(float(x))
 print(f"| model | tensors | weights MB | decode tok/s ({threads} threads, {dec} tokens, median of {reps}) "
-      f"| prefill tok/s ({threads} threads, {pre} tokens, median of {reps}) |")
-print("|---|---|---|---|---|")
+      f"| prefill tok/s ({threads} threads, {pre} tokens, median of {reps}) | MiB in 2 MiB pages (min) |")
+print("|---|---|---|---|---|---|")
 for m, d in dirs.items():
     man = json.load(open(os.path.join(d, "model.ie.json")))
     kinds = {}
@@ -104,7 +122,8 @@ for m, d in dirs.items():
     mb = os.path.getsize(os.path.join(d, "model.ie.bin")) / 1e6
     dd, pp = v.get((m, "decode"), [0]), v.get((m, "prefill"), [0])
     print(f"| {m} | {', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))} | {mb:.0f} | "
-          f"{statistics.median(dd):.2f} | {statistics.median(pp):.1f} |")
+          f"{statistics.median(dd):.2f} | {statistics.median(pp):.1f} | "
+          f"{min(v.get((m, 'huge'), [float('nan')])):.0f} |")
 PY
 echo
 

@@ -8,12 +8,18 @@
  * activations into 16 lanes of 4 products. Lanes keep their own f32 sums: lane scale =
  * (d * sub-block scale) x (activation block scale, kern_act d), formed once per sub-block
  * and permuted to the lanes, so no horizontal work until the row is done. The q4_K/q5_K mins
- * go to a separate 8-lane sum, (dmin m_j / 8) x dx_b x ns32_b (ns32 = -8 x the block's quant
- * sum); q6_K's -32 offset starts each dot product at 4 x ns4 (= -32 x the lane's quant sum),
- * so the integer sums are those of the _ref twin.
+ * go to a separate sum, (dmin m_j / 8) x (dx_b x ns32_b) (ns32 = -8 x the block's quant sum;
+ * the second factor computed once per token, not per row); q6_K's -32 offset starts each dot
+ * product at 4 x ns4 (= -32 x the lane's quant sum), so the integer sums are those of the
+ * _ref twin.
+ * Instructions per super-block decide the n = 1 speed (2 threads decode at ~18 GB/s each,
+ * this loop's hot rate is ~35): the q4_K/q5_K scale/min decode is SSE (12 instead of ~30
+ * scalar and conversion steps), 59 instructions per 144-byte q4_K super-block instead of ~100
+ * (docs/PERFORMANCE.md "k-quant decode, session 13").
  * gemv runs one token per row pass (two accumulators to hide the FMA latency); gemm runs tiles
  * of up to 4 tokens over each unpacked super-block.
  */
+#include "check.h"
 #include "internal.h"
 #include "quant.h"
 
@@ -40,12 +46,23 @@ static const int32_t idx6[4][16] = {
 /* q6_K: sub-block k (16 elements) -> its activation block k / 2 */
 static const int32_t idx_half[16] = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
 
-/* F16C's conversion (exact, like half_f16_to_f32, without its branches). */
-static inline float f16_at(const uint8_t *p)
+/* q4_K/q5_K 12 scale bytes s -> 16 bytes [sc 0..7 | m 0..7] (quant_kq_scales_mins64's layout):
+ * sc_j = s_j & 63, m_j = s_(4+j) & 63 (j < 4); sc_(4+j) = (s_(8+j) & 15) | (s_j >> 6) << 4,
+ * m_(4+j) = (s_(8+j) >> 4) | (s_(4+j) >> 6) << 4. v1 gathers the low bits' bytes, v2 the
+ * top-bit bytes (-1: zero). */
+static const int8_t kq_v1[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11};
+static const int8_t kq_v2[16] = {-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7};
+static const uint8_t kq_mlo[16] = {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0};
+static const uint8_t kq_mhi[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15};
+/* [d, dmin] -> [d x 8 | dmin / 8 x 8] (a power of two: exact, the _ref's dmin m_j / 8) */
+static const int32_t idx_ddm[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1};
+static const float kq_ddm_mul[4] = {1.0f, 0.125f, 0.0f, 0.0f};
+
+static inline int32_t load_i32(const uint8_t *p)
 {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return _cvtsh_ss(v);
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
 /* Per-token pointers of a tile. */
@@ -54,12 +71,13 @@ struct tok {
     const float *d;      /* [cp/32] block scales */
     const int32_t *ns4;  /* [cp/4] */
     const int32_t *ns32; /* [cp/32] */
+    const float *sb;     /* q4_K/q5_K: [cols/256][16], lanes 8..15 dx_b x ns32_b, 0..7 zero */
 };
 
 /* Unpacks super-block blk into w[4] (64 codes each) and the sub-block scales *scs (q4_K/q5_K:
- * d sc_j in lanes 0..7; q6_K: d sc_k in 16 lanes); msc gets q4_K/q5_K's 8 min factors
- * dmin m_j / 8. */
-AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 *scs, __m256 *msc)
+ * d sc_j in lanes 0..7 and the min factors dmin m_j / 8 in lanes 8..15; q6_K: d sc_k in 16
+ * lanes). */
+AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 *scs)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0f);
     if (wt == DT_Q6_K) {
@@ -83,15 +101,21 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 *scs, __
         *scs = sc;
         return;
     }
-    uint64_t s8, m8;
-    quant_kq_scales_mins64(blk + 4, &s8, &m8);
-    const __m256 sc = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)s8))),
-        _mm256_set1_ps(f16_at(blk)));
-    *msc = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
-        _mm256_set1_ps(f16_at(blk + 2) * 0.125f));
-    *scs = _mm512_castps256_ps512(sc); /* the indices read lanes 0..7 only */
+    /* the 6-bit scales and mins in SSE (the scalar decode was a fifth of the gemv's
+     * instructions); 16 bytes from blk + 4 stay inside the block (its quants follow) */
+    const __m128i s = _mm_loadu_si128((const void *)(blk + 4));
+    const __m128i v1 = _mm_shuffle_epi8(s, _mm_loadu_si128((const void *)kq_v1));
+    const __m128i v2 = _mm_shuffle_epi8(s, _mm_loadu_si128((const void *)kq_v2));
+    const __m128i sm = _mm_or_si128(
+        _mm_or_si128(_mm_and_si128(v1, _mm_loadu_si128((const void *)kq_mlo)),
+                     _mm_and_si128(_mm_srli_epi16(v1, 4), _mm_loadu_si128((const void *)kq_mhi))),
+        _mm_and_si128(_mm_srli_epi16(v2, 2), _mm_set1_epi8(0x30)));
+    /* [d, dmin] of the block's two f16, dmin scaled by 1/8, spread to the two halves */
+    const __m128 ddm = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(load_i32(blk))),
+                                  _mm_loadu_ps(kq_ddm_mul));
+    *scs = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)),
+                         _mm512_permutexvar_ps(_mm512_loadu_si512(idx_ddm),
+                                               _mm512_castps128_ps512(ddm)));
     const uint8_t *qs = blk + (wt == DT_Q4_K ? 16 : 48);
     __m512i A = _mm512_setzero_si512();
     if (wt == DT_Q5_K) {
@@ -116,18 +140,14 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 *scs, __
 AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, const struct tok *tk,
                   int nt, float *out)
 {
-    __m512 acc[TILE][2];
-    __m256 macc[TILE];
+    __m512 acc[TILE][2], macc[TILE];
     #pragma GCC unroll 8
-    for (int u = 0; u < nt; u++) {
-        acc[u][0] = acc[u][1] = _mm512_setzero_ps();
-        macc[u] = _mm256_setzero_ps();
-    }
+    for (int u = 0; u < nt; u++)
+        acc[u][0] = acc[u][1] = macc[u] = _mm512_setzero_ps();
     for (size_t s = 0; s < nsb; s++) {
         __m512i w[4];
         __m512 scs;
-        __m256 msc = _mm256_setzero_ps();
-        unpack(wt, row + s * bb, w, &scs, &msc);
+        unpack(wt, row + s * bb, w, &scs);
         #pragma GCC unroll 8
         for (int u = 0; u < nt; u++) {
             const size_t e = s * QUANT_K;
@@ -150,18 +170,16 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
                     _mm512_loadu_si512(wt == DT_Q6_K ? idx6[c] : idx45[c]), cs);
                 acc[u][c & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), ls, acc[u][c & 1]);
             }
-            if (wt != DT_Q6_K) {
-                const __m256i ns8 = _mm256_loadu_si256((const void *)(tk[u].ns32 + s * 8));
-                __m256 sb = _mm256_mul_ps(dx8, _mm256_cvtepi32_ps(ns8));
-                macc[u] = _mm256_fmadd_ps(msc, sb, macc[u]);
-            }
+            if (wt != DT_Q6_K) /* lanes 8..15: (dmin m_j / 8) x (dx_j ns32_j); 0..7 add 0 */
+                macc[u] = _mm512_fmadd_ps(scs, _mm512_loadu_ps(tk[u].sb + s * 16), macc[u]);
         }
     }
     #pragma GCC unroll 8
     for (int u = 0; u < nt; u++) {
         float v = _mm512_reduce_add_ps(_mm512_add_ps(acc[u][0], acc[u][1]));
         if (wt != DT_Q6_K) {
-            __m128 m = _mm_add_ps(_mm256_castps256_ps128(macc[u]), _mm256_extractf128_ps(macc[u], 1));
+            const __m256 mh = _mm512_extractf32x8_ps(macc[u], 1);
+            __m128 m = _mm_add_ps(_mm256_castps256_ps128(mh), _mm256_extractf128_ps(mh, 1));
             m = _mm_add_ps(m, _mm_movehl_ps(m, m));
             m = _mm_add_ss(m, _mm_movehdup_ps(m));
             v += _mm_cvtss_f32(m);
@@ -170,10 +188,19 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
     }
 }
 
-static struct tok tok_of(const struct kern_act *a, size_t t)
+/* Token t's pointers; q4_K/q5_K (sb != NULL) also fill sb [nsb][16] with the min term's
+ * activation factors dx_b x ns32_b (lanes 8..15; 0..7 zero), the same for every row, so a row
+ * pass does one fma per super-block for them. */
+static struct tok tok_of(const struct kern_act *a, size_t t, size_t nsb, float *sb)
 {
     struct tok k = {a->q + t * a->ld, a->d + t * a->cp / 32, a->ns4 + t * a->cp / 4,
-                    a->ns32 + t * a->cp / 32};
+                    a->ns32 + t * a->cp / 32, sb};
+    for (size_t s = 0; sb && s < nsb; s++) {
+        const __m256 dx8 = _mm256_loadu_ps(k.d + s * 8);
+        const __m256i ns8 = _mm256_loadu_si256((const void *)(k.ns32 + s * 8));
+        _mm256_storeu_ps(sb + s * 16, _mm256_setzero_ps());
+        _mm256_storeu_ps(sb + s * 16 + 8, _mm256_mul_ps(dx8, _mm256_cvtepi32_ps(ns8)));
+    }
     return k;
 }
 
@@ -184,12 +211,19 @@ AI_ void mm_kq(enum dtype wt, int tile, const void *w, const struct kern_act *a,
                       sizeof(struct quant_q5_k) * (wt == DT_Q5_K) +
                       sizeof(struct quant_q6_k) * (wt == DT_Q6_K);
     const size_t nsb = a->cols / QUANT_K, rb = nsb * bb;
+    /* the tile's min-term factors [TILE][nsb][16]; slot 1 is free under a k-quant product (as
+     * under avx512_q.c's panel one); kernels have no error path, so failing to get them aborts */
+    float *sb = NULL;
+    if (wt != DT_Q6_K) {
+        sb = kern__scratch_slot(1, (size_t)tile * nsb * 16 * sizeof *sb);
+        CHECK(sb != NULL);
+    }
     for (size_t t0 = 0; t0 < a->n; t0 += (size_t)tile) {
         const int nt = a->n - t0 < (size_t)tile ? (int)(a->n - t0) : tile;
-        struct tok tk[TILE] = {{NULL, NULL, NULL, NULL}};
+        struct tok tk[TILE] = {{NULL, NULL, NULL, NULL, NULL}};
         #pragma GCC unroll 8
         for (int u = 0; u < nt; u++)
-            tk[u] = tok_of(a, t0 + (size_t)u);
+            tk[u] = tok_of(a, t0 + (size_t)u, nsb, sb ? sb + (size_t)u * nsb * 16 : NULL);
         for (size_t r = r0; r < r1; r++) {
             const uint8_t *row = (const uint8_t *)w + r * rb;
             float out[TILE];
