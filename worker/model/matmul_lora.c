@@ -7,18 +7,18 @@
  *   SHRINK  rank rows [b, b + 8) of T = X_seg A^T, for (product, segment a) (32 rows on
  *           int8 weights: lora__shrink_kb);
  *   BASE    tile a (MM_TILE rows) of a product's base rows, once its input is prepared;
- *           with b = 1 (a product some segment adapts) then the tile's expand too,
- *           y += s_t T B^T on the rows it just wrote, for every segment, once the product's
- *           shrinks are done.
- * Preparation comes first; then base tiles with the shrinks spread among them by cost (weight
- * elements for the base, adapter bytes for the update, a tile's expand counted with it), every
- * shrink of a product before the product's first tile, so that the participants mostly run one
- * of each kind at a time: the update only reads memory while the base GEMM of a small batch is
- * bound by compute. Each tile does its own expand: the rows are still in this core's cache, and
- * no task waits on another's tile (separate EXPAND tasks were the update's fixed cost at low
- * rank: 2-4 % of an 8-stream int4 step at rank 1, perf, session 10; at rank 16 on the int8
- * base their spins on the tile's flag were still ~2.5 % of an adapted step, session 13). A
- * product that no segment adapts gets no expand at all.
+ *           with b = 1 ("merged") then the tile's expand too, on the rows it just wrote;
+ *   EXPAND  y += s_t T B^T on the same tile's columns for every segment, once the tile and
+ *           the product's shrinks are done.
+ * Preparation comes first; then base tiles with the update's tasks spread evenly among them
+ * by cost (weight elements for the base, adapter bytes for the update), shrinks before
+ * expands and each expand MM_LAG base tasks after its tile, so that the participants mostly
+ * run one of each kind at a time: the update only reads memory while the base GEMM of a small
+ * batch is bound by compute. A base tile whose product has all its shrinks earlier in the
+ * list does its expand itself (merged): no EXPAND task, no wait for the tile's flag, and the
+ * rows are still in this core's cache (the update's fixed cost at low rank was mostly these
+ * tasks: 2-4 % of an 8-stream int4 step at rank 1, perf, session 10). A product that no
+ * segment adapts gets no expand at all.
  * The update's weights are requested ahead of use (session 11): a merged tile asks for its
  * expand's panels MM_TAIL rows before its base product ends, a shrink for the rows of the
  * task MM_LOOKAHEAD places on. At low rank the update's kernels are bound by memory latency,
@@ -29,8 +29,8 @@
  * NOTES: a task waits (spins, yielding now and then) only for tasks that precede it in the
  * list, which running participants are finishing, so claiming in order cannot deadlock.
  * Completion counters are release/acquire pairs: a PREP's release publishes its activations
- * to the BASE tasks that acquire prep_done, a SHRINK's counter its T rows to the BASE tasks
- * that expand.
+ * to the BASE tasks that acquire prep_done, a BASE's tile flag its rows to the EXPAND, a
+ * SHRINK's counter its T rows to the EXPANDs.
  */
 #include "matmul.h"
 
@@ -54,6 +54,8 @@
                          * 32-column B panels (measured, int4, 8 streams: 256 cost +2-5% at
                          * rank 1 against matmul_group's longer shards, 512 ~0%) */
 #define MM_PREP_TOK 16u /* tokens per activation-preparing task */
+#define MM_LAG 2u       /* an expand task follows its base tile by this many base tasks (2 to 6
+                         * measured alike, session 6) */
 #define MM_MAX MATMUL_LORA_GROUP_MAX
 #define MM_TAIL 128u    /* a merged tile requests its expand's panels this many base rows
                          * before its end (a multiple of 16: whole panels) */
@@ -63,12 +65,12 @@
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
 
-enum { TK_PREP, TK_SHRINK, TK_BASE };
+enum { TK_PREP, TK_SHRINK, TK_BASE, TK_EXPAND };
 
 struct task {
     uint32_t kind, prod; /* prod: the input's index for TK_PREP */
     uint32_t a, b;       /* PREP: tokens [a, b); SHRINK: segment a, rank rows from b;
-                          * BASE: tile a, b = 1: expand it */
+                          * BASE, EXPAND: tile a */
 };
 
 struct job {
@@ -79,11 +81,15 @@ struct job {
     const struct task *tasks;
     size_t n_tasks;
     struct matmul__acts A;           /* the distinct inputs */
+    size_t tile0[MM_MAX];            /* product -> its first tile in tile_done */
     size_t prep_total[MM_MAX];       /* input -> its PREP tasks */
     size_t shrink_total[MM_MAX];     /* product -> its SHRINK tasks (pushed so far, while
                                       * building) */
     size_t shrink_want[MM_MAX];      /* product -> its SHRINK tasks in all (0: not adapted) */
+    uint8_t *merged;                 /* [every product's tiles] the base task does the expand
+                                      * (written while building, then read-only) */
     atomic_size_t prep_done[MM_MAX], shrink_done[MM_MAX];
+    atomic_uint *tile_done;          /* [every product's tiles] */
 };
 
 /* ---- running a task ---------------------------------------------------------------------- */
@@ -100,6 +106,15 @@ static inline void cpu_relax(void)
 static void wait_at_least(atomic_size_t *v, size_t want)
 {
     for (unsigned i = 1; atomic_load_explicit(v, memory_order_acquire) < want; i++) {
+        cpu_relax();
+        if ((i & 1023) == 0)
+            sched_yield();
+    }
+}
+
+static void wait_flag(atomic_uint *v)
+{
+    for (unsigned i = 1; !atomic_load_explicit(v, memory_order_acquire); i++) {
         cpu_relax();
         if ((i & 1023) == 0)
             sched_yield();
@@ -183,13 +198,16 @@ static void prefetch_tile(const struct job *j, size_t prod, size_t tile)
     }
 }
 
-/* y += the update on tile `tile` of product `prod`, for every segment (shrinks done). */
-static void expand_tile(struct job *j, size_t prod, size_t tile)
+/* y += the update on tile `tile` of product `prod`, for every segment (shrinks done); fetch:
+ * its panels are not requested yet. */
+static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
 {
     const struct lora_plan *p = j->p;
     const struct matmul_prod *pr = &j->g[prod];
     size_t c0 = tile * MM_TILE, out = pr->w->rows;
     size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
+    if (MM_PREFETCH && fetch)
+        prefetch_tile(j, prod, tile);
     for (size_t si = 0; si < p->n_segs; si++) {
         const struct lora_seg *s = &p->segs[si];
         const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
@@ -208,7 +226,7 @@ static inline void run_base(struct job *j, const struct task *tk)
     size_t r0 = (size_t)tk->a * MM_TILE, rows = pr->w->rows;
     size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
     /* MM_TILE rows are whole panels: tiles start on one */
-    if (tk->b) { /* adapted: the product's shrinks precede this task */
+    if (tk->b) { /* merged: the product's shrinks precede this task */
         /* the expand's panels are requested MM_TAIL rows before the base product ends, so
          * that they arrive while it computes: requested at the expand, each tile waited for
          * a memory latency (the update's fixed cost at rank 1, perf, session 11); the base
@@ -223,10 +241,19 @@ static inline void run_base(struct job *j, const struct task *tk)
             prefetch_tile(j, tk->prod, tk->a);
         matmul__rows(pr, &j->A.a[ai], mid, r1);
         wait_at_least(&j->shrink_done[tk->prod], j->shrink_total[tk->prod]);
-        expand_tile(j, tk->prod, tk->a);
+        expand_tile(j, tk->prod, tk->a, false);
     } else {
         matmul__rows(pr, &j->A.a[ai], r0, r1);
+        atomic_store_explicit(&j->tile_done[j->tile0[tk->prod] + tk->a], 1,
+                              memory_order_release);
     }
+}
+
+static inline void run_expand(struct job *j, const struct task *tk)
+{
+    wait_at_least(&j->shrink_done[tk->prod], j->shrink_total[tk->prod]);
+    wait_flag(&j->tile_done[j->tile0[tk->prod] + tk->a]);
+    expand_tile(j, tk->prod, tk->a, true);
 }
 
 static void run_task(void *ctx, size_t task, int thread)
@@ -244,6 +271,9 @@ static void run_task(void *ctx, size_t task, int thread)
     case TK_BASE:
         run_base(j, tk);
         break;
+    case TK_EXPAND:
+        run_expand(j, tk);
+        break;
     default:
         CHECK(0);
     }
@@ -252,18 +282,20 @@ static void run_task(void *ctx, size_t task, int thread)
 /* ---- building the task list -------------------------------------------------------------- */
 
 struct counts {
-    size_t prep, shrink, tiles; /* tasks of each kind */
+    size_t prep, shrink, tiles, expand; /* tasks of each kind (expand: at most) */
 };
 
-/* Counts the tasks; fills j->shrink_want. */
+/* Counts the tasks; fills j->tile0. */
 static struct counts count_tasks(struct job *j, size_t k, size_t n)
 {
     const struct lora_plan *p = j->p;
-    struct counts c = {0, 0, 0};
+    struct counts c = {0, 0, 0, 0};
     for (size_t a = 0; a < j->A.n; a++)
         c.prep += j->A.bytes[a] ? (n + MM_PREP_TOK - 1) / MM_PREP_TOK : 0;
     for (size_t i = 0; i < k; i++) {
-        c.tiles += (j->g[i].w->rows + MM_TILE - 1) / MM_TILE;
+        size_t tiles = (j->g[i].w->rows + MM_TILE - 1) / MM_TILE;
+        j->tile0[i] = c.tiles;
+        c.tiles += tiles;
         j->shrink_want[i] = 0;
         for (size_t si = 0; si < p->n_segs; si++)
             if (lora_weights(p->segs[si].ad, j->layer, j->g[i].t))
@@ -271,6 +303,7 @@ static struct counts count_tasks(struct job *j, size_t k, size_t n)
                     (p->segs[si].ad->cfg.rank + lora__shrink_kb(p->segs[si].ad) - 1) /
                     lora__shrink_kb(p->segs[si].ad);
         c.shrink += j->shrink_want[i];
+        c.expand += j->shrink_want[i] ? tiles : 0; /* no segment adapts it: no expand */
     }
     return c;
 }
@@ -282,6 +315,7 @@ struct cursor {
     double base_done, upd_done; /* their cost so far (weight elements; adapter bytes) */
     size_t base_p, base_t;      /* next base task: product, tile */
     size_t sh_p, sh_s, sh_k;    /* next shrink: product, segment, rank row */
+    size_t ex_p, ex_t;          /* next expand: product, tile */
     size_t n_shrink;            /* shrinks written */
 };
 
@@ -304,17 +338,11 @@ static void push_base(struct job *j, struct task *tasks, struct cursor *cu)
 {
     const struct matmul_mat *w = j->g[cu->base_p].w;
     const size_t want = j->shrink_want[cu->base_p];
-    CHECK(j->shrink_total[cu->base_p] == want); /* every shrink of the product is out */
-    const uint8_t adapted = want != 0; /* no segment adapts it: no expand */
+    const uint8_t merged = want && j->shrink_total[cu->base_p] == want;
+    j->merged[cu->bi] = merged; /* bi: the tile's index over every product */
     tasks[cu->nt++] =
-        (struct task){TK_BASE, (uint32_t)cu->base_p, (uint32_t)cu->base_t, adapted};
+        (struct task){TK_BASE, (uint32_t)cu->base_p, (uint32_t)cu->base_t, merged};
     cu->base_done += (double)MM_TILE * (double)w->cols;
-    if (adapted) /* the tile's expand rides in it: the update's pace counts it */
-        for (size_t si = 0; si < j->p->n_segs; si++) {
-            const struct lora_adapter *ad = j->p->segs[si].ad;
-            if (lora_weights(ad, j->layer, j->g[cu->base_p].t))
-                cu->upd_done += (double)MM_TILE * ad->cfg.rank * lora__fast_elem_bytes(ad);
-        }
     cu->bi++;
     if (++cu->base_t * MM_TILE >= w->rows) {
         cu->base_p++;
@@ -347,9 +375,49 @@ static void push_shrink(struct job *j, struct task *tasks, struct cursor *cu)
     cu->sh_k += kb;
 }
 
+/* The next expand task, if its base tile is MM_LAG base tasks back (or every base task is
+ * out); tiles whose base task does the expand (merged) and products that no segment adapts
+ * are passed over. false: none can be written now (or none is left). */
+static bool push_expand(struct job *j, struct task *tasks, struct cursor *cu, size_t k,
+                        size_t n_tiles)
+{
+    const struct lora_plan *p = j->p;
+    for (;;) {
+        if (cu->ex_p == k)
+            return false;
+        size_t tile = j->tile0[cu->ex_p] + cu->ex_t;
+        bool skip = !j->shrink_want[cu->ex_p];
+        if (!skip) {
+            if (cu->bi <= tile) /* its base task is not written yet */
+                return false;
+            skip = j->merged[tile];
+        }
+        if (!skip) {
+            if (cu->bi < n_tiles && cu->bi < tile + MM_LAG)
+                return false;
+            tasks[cu->nt++] = (struct task){TK_EXPAND, (uint32_t)cu->ex_p, (uint32_t)cu->ex_t, 0};
+            for (size_t si = 0; si < p->n_segs; si++) {
+                const struct lora_adapter *ad = p->segs[si].ad;
+                if (lora_weights(ad, j->layer, j->g[cu->ex_p].t))
+                    cu->upd_done += (double)MM_TILE * ad->cfg.rank * lora__fast_elem_bytes(ad);
+            }
+        }
+        if (skip && j->shrink_want[cu->ex_p] == 0) {
+            cu->ex_p++;
+            cu->ex_t = 0;
+        } else if (++cu->ex_t * MM_TILE >= j->g[cu->ex_p].w->rows) {
+            cu->ex_p++;
+            cu->ex_t = 0;
+        }
+        if (!skip)
+            return true;
+    }
+}
+
 /*
- * Base tiles with the shrinks between them: after each base task, shrinks while the update
- * (shrinks and the tiles' expands) is behind the base in proportion to their costs.
+ * Base tiles with the update's tasks between them: after each base task, update tasks while
+ * the update is behind the base in proportion to their costs (every shrink, then every
+ * expand).
  */
 static void push_interleaved(struct job *j, struct task *tasks, struct cursor *cu, size_t k,
                              const struct counts *c)
@@ -366,22 +434,23 @@ static void push_interleaved(struct job *j, struct task *tasks, struct cursor *c
                             lora__fast_elem_bytes(ad);
         }
     }
-    /* rank <= MM_SHRINK_FIRST_RANK: the shrinks are a few KB each; all of them first means
-     * that by the time a tile is done its product's shrinks are too (no spin) */
+    /* rank <= MM_SHRINK_FIRST_RANK: the shrinks are a few KB each; all of them first makes
+     * every base tile merged (no expand task, and by the time a tile is done its shrinks are
+     * too: no spin), where pacing left the first tiles' expands as tasks waiting on flags */
     if (p->max_rank <= MM_SHRINK_FIRST_RANK)
         while (cu->n_shrink < c->shrink)
             push_shrink(j, tasks, cu);
-    while (cu->bi < c->tiles) {
-        /* a product's shrinks all precede its first tile: every tile expands itself (an
-         * EXPAND task waited on its tile's flag: 84 % of run_task's samples, ~2.5 % of an
-         * adapted step, perf, session 13, int8 base, 4 x r16 int8 on all projections) */
-        while (j->shrink_total[cu->base_p] < j->shrink_want[cu->base_p])
-            push_shrink(j, tasks, cu);
-        push_base(j, tasks, cu);
-        while (cu->n_shrink < c->shrink && cu->upd_done * base_cost <= cu->base_done * upd_cost)
-            push_shrink(j, tasks, cu);
+    while (cu->bi < c->tiles || cu->n_shrink < c->shrink || cu->ex_p < k) {
+        if (cu->bi < c->tiles)
+            push_base(j, tasks, cu);
+        while ((cu->n_shrink < c->shrink || cu->ex_p < k) &&
+               (cu->bi == c->tiles || cu->upd_done * base_cost <= cu->base_done * upd_cost)) {
+            if (cu->n_shrink < c->shrink)
+                push_shrink(j, tasks, cu);
+            else if (!push_expand(j, tasks, cu, k, c->tiles))
+                break;
+        }
     }
-    CHECK(cu->n_shrink == c->shrink);
 }
 
 /* The fused job; -ENOMEM (nothing computed) when the scratch cannot grow. */
@@ -400,12 +469,18 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.tmp = tmp;
     matmul__acts_plan(&j.A, g, k);
     const struct counts c = count_tasks(&j, k, n);
-    const size_t n_tasks = c.prep + c.shrink + c.tiles;
+    const size_t n_tasks = c.prep + c.shrink + c.tiles + c.expand; /* at most */
+    const size_t flag_off = (n_tasks * sizeof(struct task) + 63) / 64 * 64;
+    const size_t merged_off = flag_off + c.tiles * sizeof(atomic_uint);
     if (!matmul__grow(&mc->act_, &mc->act_cap_, j.A.total ? j.A.total : 64) ||
-        !matmul__grow(&mc->tasks_, &mc->tasks_cap_, n_tasks * sizeof(struct task)))
+        !matmul__grow(&mc->tasks_, &mc->tasks_cap_, merged_off + c.tiles))
         return -ENOMEM;
     struct task *tasks = mc->tasks_;
     j.tasks = tasks;
+    j.tile_done = (atomic_uint *)((unsigned char *)mc->tasks_ + flag_off);
+    j.merged = (uint8_t *)mc->tasks_ + merged_off;
+    for (size_t i = 0; i < c.tiles; i++)
+        atomic_init(&j.tile_done[i], 0);
     matmul__acts_init(&j.A, g, mc->act_);
     for (size_t a = 0; a < j.A.n; a++)
         atomic_init(&j.prep_done[a], 0);
@@ -418,7 +493,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     memset(&cu, 0, sizeof cu);
     push_preps(&j, tasks, &cu, n);
     push_interleaved(&j, tasks, &cu, k, &c);
-    CHECK(cu.nt == n_tasks);
+    CHECK(cu.nt <= n_tasks && cu.ex_p == k);
     j.n_tasks = cu.nt;
     if (MM_PREFETCH)
         for (size_t i = 0; i < MM_LOOKAHEAD; i++)
