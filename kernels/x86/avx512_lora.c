@@ -56,9 +56,11 @@ TGT __m512bh a32(const uint16_t *a, size_t c, size_t in)
     return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1u << m) - 1u), a + c);
 }
 
-/* KR rank rows from k x NT tokens (constants after inlining) */
-TGT void shrink_block(const uint16_t *a, size_t in, size_t rank, const float *x, float *t,
-                      size_t k, const size_t kr, const size_t nt)
+/* KR rank rows from k x NT tokens (constants after inlining); xb: x already as bf16, [NT][ldx]
+ * (zeros past in), or NULL: convert x here */
+TGT void shrink_block(const uint16_t *a, size_t in, size_t rank, const float *x,
+                      const uint16_t *xb, size_t ldx, float *t, size_t k, const size_t kr,
+                      const size_t nt)
 {
     __m512 acc[4][4];
     UNROLL for (size_t q = 0; q < kr; q++)
@@ -67,7 +69,7 @@ TGT void shrink_block(const uint16_t *a, size_t in, size_t rank, const float *x,
     for (size_t c = 0; c < in; c += 32) {
         __m512bh xv[4];
         UNROLL for (size_t i = 0; i < nt; i++)
-            xv[i] = x32(x + i * in, c, in);
+            xv[i] = xb ? (__m512bh)_mm512_load_si512(xb + i * ldx + c) : x32(x + i * in, c, in);
         UNROLL for (size_t q = 0; q < kr; q++) {
             __m512bh av = a32(a + (k + q) * in, c, in);
             UNROLL for (size_t i = 0; i < nt; i++)
@@ -79,32 +81,47 @@ TGT void shrink_block(const uint16_t *a, size_t in, size_t rank, const float *x,
             t[i * rank + k + q] = _mm512_reduce_add_ps(acc[q][i]);
 }
 
-TGT void shrink_tokens(const uint16_t *a, size_t in, size_t rank, const float *x, float *t,
-                       size_t k0, size_t k1, const size_t nt)
+TGT void shrink_tokens(const uint16_t *a, size_t in, size_t rank, const float *x,
+                       const uint16_t *xb, size_t ldx, float *t, size_t k0, size_t k1,
+                       const size_t nt)
 {
     size_t k = k0;
     for (; k + 4 <= k1; k += 4)
-        shrink_block(a, in, rank, x, t, k, 4, nt);
+        shrink_block(a, in, rank, x, xb, ldx, t, k, 4, nt);
     switch (k1 - k) {
-    case 3: shrink_block(a, in, rank, x, t, k, 3, nt); break;
-    case 2: shrink_block(a, in, rank, x, t, k, 2, nt); break;
-    case 1: shrink_block(a, in, rank, x, t, k, 1, nt); break;
+    case 3: shrink_block(a, in, rank, x, xb, ldx, t, k, 3, nt); break;
+    case 2: shrink_block(a, in, rank, x, xb, ldx, t, k, 2, nt); break;
+    case 1: shrink_block(a, in, rank, x, xb, ldx, t, k, 1, nt); break;
     default: break;
     }
 }
+
+/* x's columns converted to bf16 once per call, for in up to this (stack: 4 tokens x 8192 x
+ * 2 bytes = 64 KB, as the int8 shrink's codes); wider inputs convert per block of 4 rank
+ * rows. Converting per block redid the conversion rank / 4 times per token (perf, session 13,
+ * int8 base, 4 x r16 bf16 on all projections: the shrink was 8 % of the samples) */
+#define SHRINK_XB_MAX 8192u
 
 void kern_lora_shrink_bf16_bf16_avx512(const void *a_, size_t in, size_t rank,
                                        const float *x, size_t n, float *t, size_t k0, size_t k1)
 {
     const uint16_t *a = a_;
+    const size_t ldx = (in + 31) / 32 * 32;
+    _Alignas(64) uint16_t xbuf[4 * SHRINK_XB_MAX];
+    const uint16_t *xb = in <= SHRINK_XB_MAX && k1 - k0 > 4 ? xbuf : NULL;
     for (size_t i0 = 0; i0 < n; i0 += 4) {
         const float *xi = x + i0 * in;
         float *ti = t + i0 * rank;
-        switch (n - i0 < 4 ? n - i0 : 4) {
-        case 4: shrink_tokens(a, in, rank, xi, ti, k0, k1, 4); break;
-        case 3: shrink_tokens(a, in, rank, xi, ti, k0, k1, 3); break;
-        case 2: shrink_tokens(a, in, rank, xi, ti, k0, k1, 2); break;
-        default: shrink_tokens(a, in, rank, xi, ti, k0, k1, 1); break;
+        const size_t nt = n - i0 < 4 ? n - i0 : 4;
+        if (xb) /* the same rounding as x32's, once */
+            for (size_t i = 0; i < nt; i++)
+                for (size_t c = 0; c < in; c += 32)
+                    _mm512_store_si512(xbuf + i * ldx + c, (__m512i)x32(xi + i * in, c, in));
+        switch (nt) {
+        case 4: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 4); break;
+        case 3: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 3); break;
+        case 2: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 2); break;
+        default: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 1); break;
         }
     }
 }
