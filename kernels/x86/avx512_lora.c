@@ -27,7 +27,6 @@
 
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
 
 #define TGT __attribute__((always_inline)) static inline
 #define UNROLL _Pragma("GCC unroll 4")
@@ -57,9 +56,11 @@ TGT __m512bh a32(const uint16_t *a, size_t c, size_t in)
     return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1u << m) - 1u), a + c);
 }
 
-/* KR rank rows from k x NT tokens (constants after inlining) */
-TGT void shrink_block(const uint16_t *a, size_t in, size_t rank, const float *x, float *t,
-                      size_t k, const size_t kr, const size_t nt)
+/* KR rank rows from k x NT tokens (constants after inlining); xb: x already as bf16, [NT][ldx]
+ * (zeros past in), or NULL: convert x here */
+TGT void shrink_block(const uint16_t *a, size_t in, size_t rank, const float *x,
+                      const uint16_t *xb, size_t ldx, float *t, size_t k, const size_t kr,
+                      const size_t nt)
 {
     __m512 acc[4][4];
     UNROLL for (size_t q = 0; q < kr; q++)
@@ -68,7 +69,7 @@ TGT void shrink_block(const uint16_t *a, size_t in, size_t rank, const float *x,
     for (size_t c = 0; c < in; c += 32) {
         __m512bh xv[4];
         UNROLL for (size_t i = 0; i < nt; i++)
-            xv[i] = x32(x + i * in, c, in);
+            xv[i] = xb ? (__m512bh)_mm512_load_si512(xb + i * ldx + c) : x32(x + i * in, c, in);
         UNROLL for (size_t q = 0; q < kr; q++) {
             __m512bh av = a32(a + (k + q) * in, c, in);
             UNROLL for (size_t i = 0; i < nt; i++)
@@ -80,32 +81,47 @@ TGT void shrink_block(const uint16_t *a, size_t in, size_t rank, const float *x,
             t[i * rank + k + q] = _mm512_reduce_add_ps(acc[q][i]);
 }
 
-TGT void shrink_tokens(const uint16_t *a, size_t in, size_t rank, const float *x, float *t,
-                       size_t k0, size_t k1, const size_t nt)
+TGT void shrink_tokens(const uint16_t *a, size_t in, size_t rank, const float *x,
+                       const uint16_t *xb, size_t ldx, float *t, size_t k0, size_t k1,
+                       const size_t nt)
 {
     size_t k = k0;
     for (; k + 4 <= k1; k += 4)
-        shrink_block(a, in, rank, x, t, k, 4, nt);
+        shrink_block(a, in, rank, x, xb, ldx, t, k, 4, nt);
     switch (k1 - k) {
-    case 3: shrink_block(a, in, rank, x, t, k, 3, nt); break;
-    case 2: shrink_block(a, in, rank, x, t, k, 2, nt); break;
-    case 1: shrink_block(a, in, rank, x, t, k, 1, nt); break;
+    case 3: shrink_block(a, in, rank, x, xb, ldx, t, k, 3, nt); break;
+    case 2: shrink_block(a, in, rank, x, xb, ldx, t, k, 2, nt); break;
+    case 1: shrink_block(a, in, rank, x, xb, ldx, t, k, 1, nt); break;
     default: break;
     }
 }
+
+/* x's columns converted to bf16 once per call, for in up to this (stack: 4 tokens x 8192 x
+ * 2 bytes = 64 KB, as the int8 shrink's codes); wider inputs convert per block of 4 rank
+ * rows. Converting per block redid the conversion rank / 4 times per token (perf, session 13,
+ * int8 base, 4 x r16 bf16 on all projections: the shrink was 8 % of the samples) */
+#define SHRINK_XB_MAX 8192u
 
 void kern_lora_shrink_bf16_bf16_avx512(const void *a_, size_t in, size_t rank,
                                        const float *x, size_t n, float *t, size_t k0, size_t k1)
 {
     const uint16_t *a = a_;
+    const size_t ldx = (in + 31) / 32 * 32;
+    _Alignas(64) uint16_t xbuf[4 * SHRINK_XB_MAX];
+    const uint16_t *xb = in <= SHRINK_XB_MAX && k1 - k0 > 4 ? xbuf : NULL;
     for (size_t i0 = 0; i0 < n; i0 += 4) {
         const float *xi = x + i0 * in;
         float *ti = t + i0 * rank;
-        switch (n - i0 < 4 ? n - i0 : 4) {
-        case 4: shrink_tokens(a, in, rank, xi, ti, k0, k1, 4); break;
-        case 3: shrink_tokens(a, in, rank, xi, ti, k0, k1, 3); break;
-        case 2: shrink_tokens(a, in, rank, xi, ti, k0, k1, 2); break;
-        default: shrink_tokens(a, in, rank, xi, ti, k0, k1, 1); break;
+        const size_t nt = n - i0 < 4 ? n - i0 : 4;
+        if (xb) /* the same rounding as x32's, once */
+            for (size_t i = 0; i < nt; i++)
+                for (size_t c = 0; c < in; c += 32)
+                    _mm512_store_si512(xbuf + i * ldx + c, (__m512i)x32(xi + i * in, c, in));
+        switch (nt) {
+        case 4: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 4); break;
+        case 3: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 3); break;
+        case 2: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 2); break;
+        default: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 1); break;
         }
     }
 }
@@ -361,21 +377,23 @@ void kern_lora_expand_i8_avx512(const void *bt, size_t rank, const float *t, siz
     const size_t g_n = (rank + 3) / 4, ldq = KERN_LORA_RANK_MAX / 4;
     uint32_t tq[4 * (KERN_LORA_RANK_MAX / 4)]; /* [4 tokens][g_n]: 4 codes of u each */
     int32_t usum[4];
-    float us[4], si[4], u[KERN_LORA_RANK_MAX];
+    float us[4], si[4];
+    _Alignas(64) float u[KERN_LORA_RANK_MAX];
     for (size_t i0 = 0; i0 < n; i0 += 4) {
         size_t nt = n - i0 < 4 ? n - i0 : 4;
         for (size_t i = 0; i < nt; i++) {
             si[i] = scale ? scale[i0 + i] : s;
             const float *ti = t + (i0 + i) * rank;
-            for (size_t k = 0; k < rank; k++)
-                u[k] = ti[k] * sb[k];
-            int8_t *qu = (int8_t *)(tq + i * ldq);
-            memset(qu, 0, g_n * 4);
-            us[i] = kern_lora_i8_quant(u, rank, qu);
-            int32_t sum = 0;
-            for (size_t k = 0; k < rank; k++)
-                sum += qu[k];
-            usum[i] = sum;
+            /* u = t * sb and its codes in SIMD: called per tile of 512 columns, the scalar
+             * rule (nearbyintf per rank row) was a fifth of the expand's time at rank 16
+             * (perf, session 13); quant_x512 gives the same codes, zeros past rank up to a
+             * multiple of 64 (<= ldq * 4 = KERN_LORA_RANK_MAX bytes) */
+            for (size_t k = 0; k < rank; k += 16) {
+                __mmask16 m = (__mmask16)(rank - k >= 16 ? 0xffffu : (1u << (rank - k)) - 1u);
+                _mm512_store_ps(u + k, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, ti + k),
+                                                     _mm512_maskz_loadu_ps(m, sb + k)));
+            }
+            us[i] = quant_x512(u, rank, (int8_t *)(tq + i * ldq), &usum[i]);
         }
         float *yi = y + i0 * ldy;
         switch (nt) {
