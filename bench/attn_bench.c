@@ -8,6 +8,8 @@
  *   paged   — the same decode as the paged cache runs it (worker/engine/kv_attn.c):
  *             kern_attn over 16-position block spans, begin/end around them; also over
  *             8-bit KV head rows (int8, fp8: kern_kv8_quant of the same values);
+ *   paged1  — paged with one query row per KV head (a model without GQA: the decode
+ *             attention's one-row path, docs/PERFORMANCE.md "Decode attention at 8k");
  *   prefill — 512 tokens x 8 heads causal from position 0 (kern_attn_causal).
  * K/V rows are strided as in a cache row of 4 KV heads. The "inline" column exists for f32
  * only (the inline code read f32 rows). Time per call in microseconds of the thread's own CPU
@@ -71,6 +73,7 @@ struct job {
     enum dtype kvt;
     int use_inline;
     int paged;         /* kern_attn over SPAN-position spans (decode, nt = 1) */
+    size_t rows;       /* paged: query rows per KV head (GROUP, or 1 without GQA) */
     size_t pos0, nt;   /* tokens [pos0, pos0+nt) attend causally */
     const void *k, *v; /* [pos0+nt][NKV][HD] of kvt */
     size_t ld;         /* bytes per position */
@@ -88,12 +91,12 @@ static void run_paged(const struct job *j)
         orow[h] = j->o + h * HD;
     }
     const size_t n = j->pos0 + 1;
-    kern_attn_begin(orow, m, l, GROUP, HD);
+    kern_attn_begin(orow, m, l, j->rows, HD);
     for (size_t p = 0; p < n; p += SPAN)
-        kern_attn(j->kvt, qr, orow, m, l, NULL, GROUP, (const char *)j->k + p * j->ld,
+        kern_attn(j->kvt, qr, orow, m, l, NULL, j->rows, (const char *)j->k + p * j->ld,
                   (const char *)j->v + p * j->ld, j->ld, n - p < SPAN ? n - p : SPAN, HD,
                   1.0f / sqrtf((float)HD));
-    kern_attn_end(orow, l, GROUP, HD);
+    kern_attn_end(orow, l, j->rows, HD);
 }
 
 static void run(const struct job *j)
@@ -195,10 +198,10 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         size_t pos0, nt;
-        int paged;
-    } cases[] = {{"decode 512", 511, 1, 0},   {"decode 2048", 2047, 1, 0},
-                 {"decode 4096", 4095, 1, 0}, {"paged 4096", 4095, 1, 1},
-                 {"prefill 512", 0, 512, 0}};
+        int paged; /* 0, or the query rows per KV head of a paged decode */
+    } cases[] = {{"decode 512", 511, 1, 0},        {"decode 2048", 2047, 1, 0},
+                 {"decode 4096", 4095, 1, 0},      {"paged 4096", 4095, 1, GROUP},
+                 {"paged1 4096", 4095, 1, 1},      {"prefill 512", 0, 512, 0}};
     printf("attention, one KV head: head_dim %d, %d query heads per KV head; us per call\n", HD,
            GROUP);
     printf("%-12s %-4s %9s %9s %9s %9s | %8s %8s | %8s %8s | %6s %6s | %5s\n", "case", "kv",
@@ -220,8 +223,8 @@ int main(int argc, char **argv)
                      t < 3 ? dtype_info(kvt)->name : dtype_kv_name(kvt));
             if (only && !strstr(label, only))
                 continue;
-            struct job j = {kvt, 0, cases[c].paged, cases[c].pos0, cases[c].nt, kc, vc, ld,
-                            q, o, score};
+            struct job j = {kvt,          0,   cases[c].paged != 0, (size_t)cases[c].paged,
+                            cases[c].pos0, cases[c].nt, kc, vc, ld, q, o, score};
             struct bench_load ldg;
             bench_load_begin(&ldg);
             double us[4] = {NAN, NAN, NAN, NAN}; /* inline, ref, avx2, avx512 */
@@ -237,7 +240,7 @@ int main(int argc, char **argv)
             /* positions seen summed over the tokens: (pos0+1) + ... + (pos0+nt) */
             const double seen = (double)cases[c].nt * (double)cases[c].pos0 +
                                 (double)cases[c].nt * (double)(cases[c].nt + 1) / 2.0;
-            const double mac = 2.0 * GROUP * seen * HD;
+            const double mac = 2.0 * (cases[c].paged ? cases[c].paged : GROUP) * seen * HD;
             printf("%-12s %-4s %9.1f %9.1f %9.1f %9.1f | %8.1f %8.1f | %8.1f %8.1f | %6.1f %6.1f "
                    "| %4.0f%%\n",
                    cases[c].name, t < 3 ? dtype_info(kvt)->name : dtype_kv_name(kvt), us[0],

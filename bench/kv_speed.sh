@@ -12,7 +12,10 @@
 #   inference-engine --model-dir M --prompt-ids IDS --kv-dtype DT --max-new NEW --greedy
 #     --ignore-eos --quiet --threads THREADS --concurrency 1 --rounds 1
 # Usage: bash bench/kv_speed.sh   (BUILD_DIR, CLOCHER_MODELS, THREADS (2), PROMPTS
-#        ("4096 8192"), KV_DTYPES ("f32 bf16 int8 fp8"), NEW (64), ROUNDS (3), IE_B)
+#        ("4096 8192"), KV_DTYPES ("f32 bf16 int8 fp8"), NEW (64), ROUNDS (3), IE_B, MODEL_DIR)
+# MODEL_DIR: a converted model directory to run instead of the TinyLlama above (its context
+# must hold PROMPTS + NEW), e.g. the model without GQA of docs/PERFORMANCE.md "Decode
+# attention at 8k, session 13" (TinyLlama's shapes with 32 KV heads).
 # IE_B: a second inference-engine binary (e.g. main's) run interleaved with this build's,
 # rounds alternating A, B / B, A; the table then has one row per (prompt, dtype, binary) and
 # the ratio B/A of the decode times.
@@ -36,7 +39,11 @@ clocher=$build/client/clocher ie=$build/worker/inference-engine
 hf=$models/tinyllama-1.1b-hf
 mkdir -p "$models"
 [ -f "$hf/config.json" ] || "$clocher" synth --preset tinyllama-1.1b --seed 1 "$hf" >/dev/null
-long=$models/tinyllama-1.1b-int4-ctx16k
+long=${MODEL_DIR:-$models/tinyllama-1.1b-int4-ctx16k}
+if [ -n "${MODEL_DIR:-}" ] && [ ! -f "$long/model.ie.json" ]; then
+  echo "kv_speed: MODEL_DIR $long has no model.ie.json" >&2
+  exit 2
+fi
 if [ ! -f "$long/model.ie.json" ]; then
   src=$(mktemp -d)
   for f in "$hf"/*; do ln -s "$(realpath "$f")" "$src/$(basename "$f")"; done

@@ -3,8 +3,9 @@
  * kern_attn_<kvt>_f32_ref in kernels/attn.c): 16 lanes over the head dimension, ragged head
  * dims with masked loads and stores.
  *
- * Per call: f16/bf16 K and V rows are widened to f32 once per sub-tile into stack buffers
- * and then read by every query row (the GQA group / prefill rows share them); f32 rows are
+ * Per call: f16/bf16/8-bit V rows are widened to f32 once per sub-tile into a stack buffer
+ * and then read by every query row (the GQA group / prefill rows share them); K rows of any
+ * dtype are widened inside the transpose below (session 13: no widened K copy); f32 rows are
  * read in place. The tile (session 12) is register-blocked like a small GEMM:
  *  - q.k: 16 positions of K are transposed in registers (16x16, 64 shuffles per 16 head-dim
  *    elements) once for all rows; then 8 rows' scores over those 16 positions are 8 vectors,
@@ -12,15 +13,18 @@
  *    need no horizontal sums and the softmax works on 16 scores per vector;
  *  - softmax per row: the tile maximum, exp16 (avx512_exp.h, the scalar fm_expf's
  *    algorithm), weights 0 outside the row's [lo, vis);
- *  - o = o*corr + sum_j w_j v_j: 4 rows x 64 lanes of o in 16 registers per V row loaded.
+ *  - o = o*corr + sum_j w_j v_j: 4 rows x 64 lanes of o in 16 registers per V row loaded;
+ *    rows past the last group of 4 one at a time (pv_row1: a decode without GQA has one row,
+ *    which used to pay for 3 zero-weight padding rows).
  * Every row's arithmetic is its own sequence of operations, whatever rows share the call, so
  * a query gives the same bits in a decode and in any prefill chunk (the engine's batch
  * invariance relies on it; weights outside a row's range add exact zeros).
  *
- * 8-bit KV head rows (int8, fp8 E4M3 with an f32 scale; kern.h) are decoded into the same
- * widened tiles by widen_kvi8 / widen_kvf8, bit for bit kern_kv8_dequant.
+ * 8-bit KV head rows (int8, fp8 E4M3 with an f32 scale; kern.h) are decoded (V: into the
+ * widened tile by widen_kvi8 / widen_kvf8; K: by load_k) bit for bit as kern_kv8_dequant, so
+ * the widened values, and every result, are those of the session-12 kernel.
  *
- * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack in the widening driver,
+ * NOTES: reentrant; at most ATTN_BUF floats (32 KiB) of stack in the widening driver,
  * and 36 KiB in the tile (the transposed K, the scores of 64 rows).
  */
 #include "avx512_exp.h"
@@ -80,19 +84,78 @@ static inline void tr16x16(__m512 r[16])
     }
 }
 
-/* K rows [i0, nb) (nb <= 16, row i at k + i*ldf floats) transposed into kt [hd][16]: kt[d][i]
- * = K[i][d], lanes outside [i0, nb) zero (those rows are not read). */
-static void transpose_k(float *kt, const float *k, size_t ldf, size_t i0, size_t nb, size_t hd)
+/* How K rows are stored (kern.h): the dtype transpose_k widens as it loads. */
+enum kform { KF_F32, KF_F16, KF_BF16, KF_I8, KF_F8 };
+
+/* Lanes d .. d+15 (masked by mk) of one K row at p, widened to f32 bit for bit as the
+ * widen_* functions below (and kern_kv8_dequant) do: 8-bit rows end in their f32 scale. */
+static inline __attribute__((always_inline)) __m512 load_k(enum kform f, const uint8_t *p,
+                                                           size_t d, size_t hd, __mmask16 mk)
+{
+    switch (f) {
+    case KF_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)(const void *)p + d));
+    case KF_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)(const void *)p + d)),
+            16));
+    case KF_I8: {
+        float sc;
+        memcpy(&sc, p + hd, sizeof sc);
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, p + d))),
+                             _mm512_set1_ps(sc));
+    }
+    case KF_F8: {
+        float sc;
+        memcpy(&sc, p + hd, sizeof sc);
+        const __m256i w = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mk, p + d));
+        const __m256i h =
+            _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
+                            _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+        return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(sc * 256.0f));
+    }
+    case KF_F32:
+    default:
+        return _mm512_maskz_loadu_ps(mk, (const float *)(const void *)p + d);
+    }
+}
+
+/* K rows [i0, nb) (nb <= 16, row i at k + i*ldk bytes, stored as f) widened and transposed
+ * into kt [hd][16]: kt[d][i] = K[i][d], lanes outside [i0, nb) zero (those rows are not
+ * read). Why widen here: a 16-bit or 8-bit K row goes from memory to the transpose in
+ * registers, with no widened copy of the tile written and read back (session 13). */
+static inline __attribute__((always_inline)) void transpose_k(float *kt, const uint8_t *k,
+                                                              size_t ldk, size_t i0, size_t nb,
+                                                              size_t hd, enum kform f)
 {
     for (size_t d = 0; d < hd; d += 16) {
         const __mmask16 mk = lanes(hd, d);
         __m512 r[16];
         _Pragma("GCC unroll 16") for (size_t i = 0; i < 16; i++)
-            r[i] = i >= i0 && i < nb ? _mm512_maskz_loadu_ps(mk, k + i * ldf + d) : _mm512_setzero_ps();
+            r[i] = i >= i0 && i < nb ? load_k(f, k + i * ldk, d, hd, mk) : _mm512_setzero_ps();
         tr16x16(r);
-        const size_t nd = hd - d < 16 ? hd - d : 16;
-        for (size_t i = 0; i < nd; i++)
-            _mm512_store_ps(kt + (d + i) * 16, r[i]);
+        if (hd - d >= 16) { /* constant indices: r stays in registers (a variable count made
+                               GCC spill r and copy it with rep movsq, 6% of the tile) */
+            _Pragma("GCC unroll 16") for (size_t i = 0; i < 16; i++)
+                _mm512_store_ps(kt + (d + i) * 16, r[i]);
+        } else {
+            for (size_t i = 0; i < hd - d; i++)
+                _mm512_store_ps(kt + (d + i) * 16, r[i]);
+        }
+    }
+}
+
+/* transpose_k with the form a runtime value: one inlined copy per form. */
+static void transpose_k_any(float *kt, const uint8_t *k, size_t ldk, size_t i0, size_t nb,
+                            size_t hd, enum kform f)
+{
+    switch (f) {
+    case KF_F16: transpose_k(kt, k, ldk, i0, nb, hd, KF_F16); break;
+    case KF_BF16: transpose_k(kt, k, ldk, i0, nb, hd, KF_BF16); break;
+    case KF_I8: transpose_k(kt, k, ldk, i0, nb, hd, KF_I8); break;
+    case KF_F8: transpose_k(kt, k, ldk, i0, nb, hd, KF_F8); break;
+    case KF_F32:
+    default: transpose_k(kt, k, ldk, i0, nb, hd, KF_F32); break;
     }
 }
 
@@ -187,6 +250,36 @@ static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr
         PV_BODY_(PV_MASKED_)
     }
 }
+/* pv_rows for one row: the rows of a call past the last whole PV_ROWS group (a decode
+ * without GQA has one) no longer pay for three zero-weight padding rows. Row 0's sequence of
+ * operations is pv_rows' for any of its rows, so the bits do not depend on the grouping. */
+#define PV1_BODY_(LD)                                                                         \
+    {                                                                                         \
+        PV_LOAD_(0)                                                                           \
+        const float *vp = vf + ja * ldf + d0;                                                 \
+        for (size_t j = ja; j < jb; j++, vp += ldf) {                                         \
+            const __m512 v0 = LD(vp, 0), v1 = LD(vp, 1), v2 = LD(vp, 2), v3 = LD(vp, 3);      \
+            PV_FMA_(0)                                                                        \
+        }                                                                                     \
+        PV_STORE_(0)                                                                          \
+    }
+static void pv_row1(float *const *o, const float *corr, const float *const *w, size_t ja,
+                    size_t jb, const float *vf, size_t ldf, size_t hd)
+{
+    const float *w0 = w[0];
+    size_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) {
+        const __mmask16 m0 = 0xffff, m1 = 0xffff, m2 = 0xffff, m3 = 0xffff;
+        PV1_BODY_(PV_FULL_)
+    }
+    if (d0 < hd) {
+        const __mmask16 m0 = lanes(hd, d0), m1 = d0 + 16 < hd ? lanes(hd, d0 + 16) : 0,
+                        m2 = d0 + 32 < hd ? lanes(hd, d0 + 32) : 0,
+                        m3 = d0 + 48 < hd ? lanes(hd, d0 + 48) : 0;
+        PV1_BODY_(PV_MASKED_)
+    }
+}
+#undef PV1_BODY_
 #undef PV_BODY_
 #undef PV_LOAD_
 #undef PV_FMA_
@@ -195,8 +288,8 @@ static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr
 #undef PV_MASKED_
 
 /*
- * The online-softmax update of nq rows over n positions of f32 rows: K row j at kf + j*ldf,
- * V row j at vf + j*ldf (floats). n <= KERN_ATTN_TILE. Row r sees tile positions
+ * The online-softmax update of nq rows over n positions: K row j at k + j*ldk bytes, stored
+ * as kf (widened to f32 by transpose_k), V row j at vf + j*ldvf (f32). n <= KERN_ATTN_TILE. Row r sees tile positions
  * [lo[r] - j0, vis[r] - j0) clipped to [0, n) (lo/vis are relative to the kernel call, j0 is
  * this tile's offset in it; NULL: unclipped).
  *
@@ -207,8 +300,8 @@ static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr
 #define ROWS_MAX 64 /* query rows of one pass (their scores live on the stack) */
 static void tile_rows(const float *const *q, float *const *o, float *m, float *l,
                       const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
-                      const float *kf, const float *vf, size_t ldf, size_t n, size_t hd,
-                      float scale)
+                      const void *k, size_t ldk, enum kform kf, const float *vf, size_t ldvf,
+                      size_t n, size_t hd, float scale)
 {
     float kt[KERN_ATTN_HD_MAX * 16] __attribute__((aligned(64)));      /* [hd][16] K^T */
     float s[ROWS_MAX][KERN_ATTN_TILE] __attribute__((aligned(64))); /* [nq][n] */
@@ -237,7 +330,7 @@ static void tile_rows(const float *const *q, float *const *o, float *m, float *l
     for (size_t b = jlo; b < jb; b += 16) {
         const size_t first = b < ja ? ja : b; /* rows [first, last) of this block are read */
         const size_t nb = jb - b < 16 ? jb - b : 16;
-        transpose_k(kt, kf + b * ldf, ldf, first - b, nb, hd);
+        transpose_k_any(kt, (const uint8_t *)k + b * ldk, ldk, first - b, nb, hd, kf);
         size_t i = 0;
         for (; i + 8 <= na; i += 8)
             scores_rows8(qa + i, kt, hd, scale, &s[i][b], KERN_ATTN_TILE);
@@ -268,39 +361,47 @@ static void tile_rows(const float *const *q, float *const *o, float *m, float *l
         m[r] = mn;
     }
     /* o = o*corr + sum_j w_j v_j, PV_ROWS rows at a time over the rows' union [ja', jb') */
-    static const float zero_w[KERN_ATTN_TILE] __attribute__((aligned(64)));
-    float dummy[KERN_ATTN_HD_MAX] __attribute__((aligned(64)));
-    for (size_t i0 = 0; i0 < na; i0 += PV_ROWS) {
+    size_t i0 = 0;
+    for (; i0 + PV_ROWS <= na; i0 += PV_ROWS) {
         float *orow[PV_ROWS];
         const float *w[PV_ROWS];
         float c[PV_ROWS];
         size_t pa = n, pb = 0;
         for (size_t t = 0; t < PV_ROWS; t++) {
-            if (i0 + t < na) {
-                orow[t] = o[act[i0 + t]];
-                w[t] = s[i0 + t];
-                c[t] = corr[i0 + t];
-                pa = ra[i0 + t] < pa ? ra[i0 + t] : pa;
-                pb = rb[i0 + t] > pb ? rb[i0 + t] : pb;
-            } else { /* padding: zero weights into a scratch row */
-                orow[t] = dummy;
-                w[t] = zero_w;
-                c[t] = 0.0f;
-            }
+            orow[t] = o[act[i0 + t]];
+            w[t] = s[i0 + t];
+            c[t] = corr[i0 + t];
+            pa = ra[i0 + t] < pa ? ra[i0 + t] : pa;
+            pb = rb[i0 + t] > pb ? rb[i0 + t] : pb;
         }
-        pv_rows(orow, c, w, pa, pb, vf, ldf, hd);
+        pv_rows(orow, c, w, pa, pb, vf, ldvf, hd);
+    }
+    for (; i0 < na; i0++) { /* the rest one at a time, each over its own range */
+        float *orow = o[act[i0]];
+        const float *w = s[i0];
+        pv_row1(&orow, &corr[i0], &w, ra[i0], rb[i0], vf, ldvf, hd);
     }
 }
 
 /* tile_rows over any number of rows, ROWS_MAX at a time (rows are independent). */
+static void tile_any(const float *const *q, float *const *o, float *m, float *l,
+                     const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
+                     const void *k, size_t ldk, enum kform kf, const float *vf, size_t ldvf,
+                     size_t n, size_t hd, float scale)
+{
+    for (size_t r0 = 0; r0 < nq; r0 += ROWS_MAX)
+        tile_rows(q + r0, o + r0, m + r0, l + r0, lo ? lo + r0 : NULL, vis ? vis + r0 : NULL, j0,
+                  nq - r0 < ROWS_MAX ? nq - r0 : ROWS_MAX, k, ldk, kf, vf, ldvf, n, hd, scale);
+}
+
+/* attn_drivers.h's tile: f32 K and V, row j at j*ldf floats. */
 static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
                      const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
                      const float *kf, const float *vf, size_t ldf, size_t n, size_t hd,
                      float scale)
 {
-    for (size_t r0 = 0; r0 < nq; r0 += ROWS_MAX)
-        tile_rows(q + r0, o + r0, m + r0, l + r0, lo ? lo + r0 : NULL, vis ? vis + r0 : NULL, j0,
-                  nq - r0 < ROWS_MAX ? nq - r0 : ROWS_MAX, kf, vf, ldf, n, hd, scale);
+    tile_any(q, o, m, l, lo, vis, j0, nq, kf, ldf * sizeof(float), KF_F32, vf, ldf, n, hd,
+             scale);
 }
 
 /* n rows of hd f16 / bf16 elements (row j at src + j*ld bytes) -> dst [n][hd] f32. */
@@ -365,7 +466,33 @@ static void widen_kvf8(float *dst, const void *src, size_t ld, size_t n, size_t 
     }
 }
 
+#define ATTN_NO_WIDENED /* attn_widened_v below replaces it */
 #include "attn_drivers.h"
+
+/*
+ * attn_widened for this ISA: V rows are widened into a stack sub-tile once for all rows (the
+ * PV loop reads each V row once per 4 query rows), K rows go raw to the tile, which widens
+ * them inside its transpose (transpose_k), so no widened K is written and read back.
+ */
+static void attn_widened_v(attn_widen_fn *widen_v, enum kform kf, const float *const *q,
+                           float *const *o, float *m, float *l, const uint32_t *lo,
+                           const uint32_t *vis, size_t nq, const void *k, const void *v,
+                           size_t ld, size_t n, size_t hd, float scale)
+{
+    float vb[ATTN_BUF] __attribute__((aligned(64))); /* [rows][hd] widened V sub-tile */
+    size_t rows = ATTN_BUF / hd;
+    if (rows > KERN_ATTN_TILE)
+        rows = KERN_ATTN_TILE;
+    for (size_t j0 = 0; j0 < n; j0 += rows) {
+        const size_t nt = n - j0 < rows ? n - j0 : rows;
+        size_t from, need;
+        if (!attn_rows_seen(lo, vis, nq, j0, nt, &from, &need))
+            continue;
+        widen_v(vb + from * hd, (const char *)v + (j0 + from) * ld, ld, need - from, hd);
+        tile_any(q, o, m, l, lo, vis, j0, nq, (const char *)k + j0 * ld, ld, kf, vb, hd, need,
+                 hd, scale);
+    }
+}
 
 void kern_attn_f32_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
                               const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
@@ -378,26 +505,26 @@ void kern_attn_f16_f32_avx512(const float *const *q, float *const *o, float *m, 
                               const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
                               const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
-    attn_widened(widen_f16, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
+    attn_widened_v(widen_f16, KF_F16, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }
 
 void kern_attn_bf16_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
                                const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
                                const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
-    attn_widened(widen_bf16, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
+    attn_widened_v(widen_bf16, KF_BF16, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }
 
 void kern_attn_kvi8_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
                                const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
                                const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
-    attn_widened(widen_kvi8, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
+    attn_widened_v(widen_kvi8, KF_I8, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }
 
 void kern_attn_kvf8_f32_avx512(const float *const *q, float *const *o, float *m, float *l,
                                const uint32_t *lo, const uint32_t *vis, size_t nq, const void *k,
                                const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
-    attn_widened(widen_kvf8, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
+    attn_widened_v(widen_kvf8, KF_F8, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }
