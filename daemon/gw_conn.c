@@ -287,9 +287,10 @@ static void forget_peer(struct gw *g, int fd)
  * process bound to its path. Counted afresh, so a connection gRPC closed is never counted. */
 static size_t unix_connections(struct gw *g)
 {
-    DIR *d = opendir("/proc/self/fd");
+    DIR *d = g->fd_dir;
     if (!d)
         return 0;
+    rewinddir(d); /* procfs lists the descriptors open now on each read from the start */
     size_t n = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
@@ -302,7 +303,6 @@ static size_t unix_connections(struct gw *g)
             len > offsetof(struct sockaddr_un, sun_path) && strcmp(a.sun_path, g->unix_path) == 0)
             n++;
     }
-    closedir(d);
     return n;
 }
 
@@ -411,11 +411,19 @@ int gw__conn_start(struct gw *g)
         LOG_ERR("gateway: pipe2: %s", strerror(e));
         return -e;
     }
+    g->fd_dir = opendir("/proc/self/fd"); /* happens-before the thread that reads it */
+    if (!g->fd_dir) {
+        int e = errno;
+        LOG_WARN("gateway: /proc/self/fd: %s; limits.max_connections is not enforced",
+                 strerror(e));
+    }
     int e = pthread_create(&g->conn_thread, NULL, conn_main, g);
     if (e != 0) {
         LOG_ERR("gateway: pthread_create: %s", strerror(e));
         close(g->wake[0]), close(g->wake[1]);
         g->wake[0] = g->wake[1] = -1;
+        if (g->fd_dir)
+            closedir(g->fd_dir), g->fd_dir = NULL;
         return -e;
     }
     g->conn_started = true;
@@ -432,6 +440,8 @@ void gw__conn_stop(struct gw *g)
     for (int i = 0; i < 2; i++)
         if (g->wake[i] >= 0)
             close(g->wake[i]), g->wake[i] = -1;
+    if (g->fd_dir) /* the connection thread, its only reader, has joined */
+        closedir(g->fd_dir), g->fd_dir = NULL;
     if (g->unix_fd >= 0) {
         close(g->unix_fd);
         g->unix_fd = -1;

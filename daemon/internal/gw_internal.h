@@ -31,6 +31,7 @@
 
 #include "clocher/v1/inference.pb-c.h"
 
+#include <dirent.h>
 #include <grpc/grpc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -335,6 +336,11 @@ struct gw {
     int wake[2];                   /* wakes the connection thread to stop */
     pthread_t conn_thread;
     bool conn_started;
+    /* /proc/self/fd, opened once before the connection thread starts and read only by it
+     * (rewound per count): a directory opened and closed per accept in that thread reused fd
+     * numbers libuv's main thread had closed by a raw close syscall, which TSan, not seeing
+     * the close, reported as a race on every daemon start (session 13) */
+    DIR *fd_dir;
     pthread_mutex_t conn_mu;       /* guards peers */
     struct gw_peer peers[GW_PEERS];
     /* connections accepted over limits.max_connections: their calls are refused, naming the
