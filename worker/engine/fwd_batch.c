@@ -28,8 +28,10 @@
  * invariant) and its LoRA update as separate jobs; everything else here is per token or per
  * (sequence, query row) already, so a token's bits do not depend on the batch around it.
  *
- * NOTES: runs on the engine's owner thread; matmul rows, LoRA rank/output rows and
- * (sequence, KV head) attention tasks are sharded over the pool. Every buffer is allocated
+ * NOTES: runs on the engine's owner thread; matmul rows, LoRA rank/output rows, (sequence, KV
+ * head) attention tasks and, with enough rows, the per-token work between them (norms with the
+ * deferred residual add, biases + RoPE + KV writes per sequence, SwiGLU) are sharded over the
+ * pool. Every buffer is allocated
  * once in engine__fwd_create; a run allocates only when the LoRA plan or the products'
  * scratch grows.
  */
