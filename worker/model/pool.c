@@ -6,8 +6,9 @@
  *  - claim: the job's generation (high 32 bits) and its next unclaimed task (low 32 bits). A
  *    participant claims task i by a compare-and-swap from (g, i) to (g, i + 1); the job's
  *    fields (fn, ctx, n_tasks) are read before that swap, and the swap succeeding proves they
- *    were job g's: the caller rewrites them only after job g's last task completed, which comes
- *    after every successful claim of g. A slow participant simply claims fewer tasks.
+ *    were job g's: the caller closes the word, (g + 1, CLAIM_CLOSED), before it writes the next
+ *    job's fields (a fence between), so a swap from (g, i) fails once any field of g + 1 was
+ *    read. A slow participant simply claims fewer tasks.
  *  - done: tasks of the current job completed. The caller waits for done == n_tasks (acquire;
  *    each task's increment is a release), so all task effects happen-before pool_run returns.
  *    It waits for TASKS, not for workers: a worker that has not come by yet (descheduled on a
@@ -51,6 +52,7 @@
 #define POOL_MAGIC 0x504f4f4cu /* "POOL" */
 #define SPIN_NS 200000         /* spin 200 us before sleeping: back-to-back jobs never sleep */
 #define CACHE_LINE 64
+#define CLAIM_CLOSED 0xffffffffu /* claim's index while a job's fields are being written */
 
 struct pool;
 
@@ -120,6 +122,8 @@ static void run_tasks(struct pool *p, int thread)
         pool_task_fn *fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
         void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
         size_t n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+        /* pairs with pool_run's fence: fields of a newer job mean the claim was closed */
+        atomic_thread_fence(memory_order_acquire);
         size_t i = (size_t)(uint32_t)c;
         if (i >= n)
             return; /* all claimed (or fields of a newer job: it is ours to find next time) */
@@ -189,14 +193,20 @@ void pool_run(struct pool *p, pool_task_fn *fn, void *ctx, size_t n_tasks)
             fn(ctx, i, 0);
         return;
     }
-    CHECK(n_tasks < UINT32_MAX); /* claim's low half */
-    /* the previous job is complete (its last pool_run waited for done): no participant can
-     * claim in it any more, so its fields are free */
+    CHECK(n_tasks < CLAIM_CLOSED); /* claim's low half */
+    /* The previous job is complete (its pool_run waited for done), but its claim word still
+     * reads (g, n): a participant holding that value and reading the NEW n could claim task n
+     * of the new job under the old generation. So the claim is closed first, (g + 1, CLAIM_
+     * CLOSED), and the release fence orders that before the new fields: a participant that
+     * reads any new field (then its acquire fence) fails its swap against the closed word. */
+    p->job++;
+    atomic_store_explicit(&p->claim, (uint64_t)p->job << 32 | CLAIM_CLOSED,
+                          memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
     atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    p->job++;
     atomic_store_explicit(&p->claim, (uint64_t)p->job << 32, memory_order_release);
     publish(p);
     run_tasks(p, 0);
