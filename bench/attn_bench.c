@@ -5,12 +5,18 @@
  * layer (head_dim 64, 8 query heads per KV head):
  *   decode  — the 8 query rows of one KV head over 512 / 2048 / 4096 cached positions
  *             (kern_attn_causal with one token: the tile kernel over 64-position tiles);
+ *   paged   — the same decode as the paged cache runs it (worker/engine/kv_attn.c):
+ *             kern_attn over 16-position block spans, begin/end around them; also over
+ *             8-bit KV head rows (int8, fp8: kern_kv8_quant of the same values);
  *   prefill — 512 tokens x 8 heads causal from position 0 (kern_attn_causal).
  * K/V rows are strided as in a cache row of 4 KV heads. The "inline" column exists for f32
- * only (the inline code read f32 rows). Time per call in microseconds; one thread. Each row
- * ends with the CPU share other processes used meanwhile (bench_load_end).
+ * only (the inline code read f32 rows). Time per call in microseconds of the thread's own CPU
+ * time (CLOCK_THREAD_CPUTIME_ID: time spent descheduled by other processes on a shared
+ * machine is not counted; cache sharing still is); one thread. GMAC/s: multiply-adds of q.k
+ * and w v (2 x rows x positions seen x head_dim) per second of the best ISA column. Each
+ * row ends with the CPU share other processes used meanwhile (bench_load_end).
  *
- *   usage: attn_bench [--quick]
+ *   usage: attn_bench [--quick] [--only SUBSTRING]   (SUBSTRING of "case kv", e.g. "paged")
  */
 #include "bench_util.h"
 #include "half.h"
@@ -21,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define HD 64
 #define GROUP 8
@@ -58,9 +65,12 @@ static void inline_head(const float *q, const float *key, const float *value, si
     }
 }
 
+#define SPAN 16 /* the paged cache's default block_tokens */
+
 struct job {
     enum dtype kvt;
     int use_inline;
+    int paged;         /* kern_attn over SPAN-position spans (decode, nt = 1) */
     size_t pos0, nt;   /* tokens [pos0, pos0+nt) attend causally */
     const void *k, *v; /* [pos0+nt][NKV][HD] of kvt */
     size_t ld;         /* bytes per position */
@@ -68,8 +78,30 @@ struct job {
     float *score;      /* [pos0+nt] */
 };
 
+/* One decode of the GROUP rows as kv_attn.c walks the paged cache: block spans of SPAN. */
+static void run_paged(const struct job *j)
+{
+    const float *qr[GROUP];
+    float *orow[GROUP], m[GROUP], l[GROUP];
+    for (size_t h = 0; h < GROUP; h++) {
+        qr[h] = j->q + h * HD;
+        orow[h] = j->o + h * HD;
+    }
+    const size_t n = j->pos0 + 1;
+    kern_attn_begin(orow, m, l, GROUP, HD);
+    for (size_t p = 0; p < n; p += SPAN)
+        kern_attn(j->kvt, qr, orow, m, l, NULL, GROUP, (const char *)j->k + p * j->ld,
+                  (const char *)j->v + p * j->ld, j->ld, n - p < SPAN ? n - p : SPAN, HD,
+                  1.0f / sqrtf((float)HD));
+    kern_attn_end(orow, l, GROUP, HD);
+}
+
 static void run(const struct job *j)
 {
+    if (j->paged) {
+        run_paged(j);
+        return;
+    }
     if (!j->use_inline) {
         kern_attn_causal(j->kvt, j->nt, GROUP, HD, j->q, GROUP * HD, j->k, j->v, j->ld,
                          (uint32_t)j->pos0, j->o, GROUP * HD);
@@ -81,17 +113,25 @@ static void run(const struct job *j)
                         j->score, j->o + (t * GROUP + h) * HD);
 }
 
-/* Microseconds per call, averaged over as many calls as fit in g_min_time (best of 3). */
+/* This thread's CPU seconds (descheduled time excluded). */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Microseconds of CPU per call, averaged over as many calls as fit in g_min_time (best of 3). */
 static double time_us(const struct job *j)
 {
     double best = INFINITY;
     for (int rep = 0; rep < 3; rep++) {
         size_t calls = 0;
-        double t0 = bench_now(), t;
+        double t0 = cpu_now(), t;
         do {
             run(j);
             calls++;
-            t = bench_now();
+            t = cpu_now();
         } while (t - t0 < g_min_time / 3);
         double us = (t - t0) * 1e6 / (double)calls;
         if (us < best)
@@ -102,8 +142,17 @@ static double time_us(const struct job *j)
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && strcmp(argv[1], "--quick") == 0)
-        g_min_time = 0.06;
+    const char *only = NULL;
+    for (int a = 1; a < argc; a++) {
+        if (strcmp(argv[a], "--quick") == 0) {
+            g_min_time = 0.06;
+        } else if (strcmp(argv[a], "--only") == 0 && a + 1 < argc) {
+            only = argv[++a];
+        } else {
+            fprintf(stderr, "usage: attn_bench [--quick] [--only SUBSTRING]\n");
+            return 2;
+        }
+    }
     if (kern_init())
         return 1;
     const enum kern_isa best = kern_isa();
@@ -114,7 +163,14 @@ int main(int argc, char **argv)
     uint16_t *kb = malloc(maxpos * NKV * HD * 2), *vb = malloc(maxpos * NKV * HD * 2);
     float *q = malloc(512 * GROUP * HD * sizeof *q), *o = malloc(512 * GROUP * HD * sizeof *o);
     float *score = malloc(maxpos * sizeof *score);
-    if (!kf || !vf || !kh || !vh || !kb || !vb || !q || !o || !score) {
+    const size_t hb = kern_kv8_head_bytes(HD); /* 8-bit head row: HD codes and a scale */
+    unsigned char *k8[2], *v8[2];               /* [maxpos][NKV][hb] int8, fp8 */
+    for (int t = 0; t < 2; t++) {
+        k8[t] = malloc(maxpos * NKV * hb);
+        v8[t] = malloc(maxpos * NKV * hb);
+    }
+    if (!kf || !vf || !kh || !vh || !kb || !vb || !q || !o || !score || !k8[0] || !v8[0] ||
+        !k8[1] || !v8[1]) {
         fprintf(stderr, "attn_bench: out of memory\n");
         return 1;
     }
@@ -128,31 +184,48 @@ int main(int argc, char **argv)
         kb[i] = half_f32_to_bf16(kf[i]);
         vb[i] = half_f32_to_bf16(vf[i]);
     }
+    for (size_t r = 0; r < maxpos * NKV; r++)
+        for (int t = 0; t < 2; t++) {
+            kern_kv8_quant(t ? DT_KV_E4M3 : DT_KV_I8, kf + r * HD, k8[t] + r * hb, HD);
+            kern_kv8_quant(t ? DT_KV_E4M3 : DT_KV_I8, vf + r * HD, v8[t] + r * hb, HD);
+        }
     for (size_t i = 0; i < 512 * GROUP * HD; i++)
         q[i] = (float)((i * 2654435761u) % 1000) / 250.0f - 2.0f;
 
     static const struct {
         const char *name;
         size_t pos0, nt;
-    } cases[] = {{"decode 512", 511, 1},
-                 {"decode 2048", 2047, 1},
-                 {"decode 4096", 4095, 1},
-                 {"prefill 512", 0, 512}};
+        int paged;
+    } cases[] = {{"decode 512", 511, 1, 0},   {"decode 2048", 2047, 1, 0},
+                 {"decode 4096", 4095, 1, 0}, {"paged 4096", 4095, 1, 1},
+                 {"prefill 512", 0, 512, 0}};
     printf("attention, one KV head: head_dim %d, %d query heads per KV head; us per call\n", HD,
            GROUP);
-    printf("%-12s %-4s %9s %9s %9s %9s | %8s %8s | %8s %8s | %5s\n", "case", "kv", "inline",
-           "ref", "avx2", "avx512", "2 vs ref", "512/ref", "2 vs inl", "512/inl", "load");
+    printf("%-12s %-4s %9s %9s %9s %9s | %8s %8s | %8s %8s | %6s %6s | %5s\n", "case", "kv",
+           "inline", "ref", "avx2", "avx512", "2 vs ref", "512/ref", "2 vs inl", "512/inl",
+           "GMAC/s", "2 GMAC", "load");
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
-        for (int t = 0; t < 3; t++) {
-            const enum dtype kvt = t == 0 ? DT_F32 : t == 1 ? DT_F16 : DT_BF16;
-            const void *kc = t == 0 ? (const void *)kf : t == 1 ? (const void *)kh : (void *)kb;
-            const void *vc = t == 0 ? (const void *)vf : t == 1 ? (const void *)vh : (void *)vb;
-            struct job j = {kvt,   0, cases[c].pos0, cases[c].nt, kc, vc,
-                            NKV * HD * (t == 0 ? 4u : 2u), q, o, score};
-            struct bench_load ld;
-            bench_load_begin(&ld);
+        for (int t = 0; t < 5; t++) {
+            static const enum dtype kvts[5] = {DT_F32, DT_F16, DT_BF16, DT_KV_I8, DT_KV_E4M3};
+            const enum dtype kvt = kvts[t];
+            if (t >= 3 && !cases[c].paged)
+                continue; /* 8-bit rows: as the paged cache reads them */
+            const void *kc = t == 0 ? (const void *)kf : t == 1 ? (const void *)kh
+                             : t == 2 ? (const void *)kb : (const void *)k8[t - 3];
+            const void *vc = t == 0 ? (const void *)vf : t == 1 ? (const void *)vh
+                             : t == 2 ? (const void *)vb : (const void *)v8[t - 3];
+            const size_t ld = t == 0 ? NKV * HD * 4u : t < 3 ? NKV * HD * 2u : NKV * hb;
+            char label[48];
+            snprintf(label, sizeof label, "%s %s", cases[c].name,
+                     t < 3 ? dtype_info(kvt)->name : dtype_kv_name(kvt));
+            if (only && !strstr(label, only))
+                continue;
+            struct job j = {kvt, 0, cases[c].paged, cases[c].pos0, cases[c].nt, kc, vc, ld,
+                            q, o, score};
+            struct bench_load ldg;
+            bench_load_begin(&ldg);
             double us[4] = {NAN, NAN, NAN, NAN}; /* inline, ref, avx2, avx512 */
-            if (t == 0) {
+            if (t == 0 && !cases[c].paged) {
                 j.use_inline = 1;
                 us[0] = time_us(&j);
                 j.use_inline = 0;
@@ -160,12 +233,20 @@ int main(int argc, char **argv)
             for (int isa = 0; isa < 3; isa++)
                 if (kern_isa_supported((enum kern_isa)isa) && !kern_force_isa((enum kern_isa)isa))
                     us[1 + isa] = time_us(&j);
-            double load = bench_load_end(&ld);
-            printf("%-12s %-4s %9.1f %9.1f %9.1f %9.1f | %8.1f %8.1f | %8.1f %8.1f | %4.0f%%\n",
-                   cases[c].name, dtype_info(kvt)->name, us[0], us[1], us[2], us[3],
-                   us[1] / us[2], us[1] / us[3], us[0] / us[2], us[0] / us[3], load * 100);
+            double load = bench_load_end(&ldg);
+            /* positions seen summed over the tokens: (pos0+1) + ... + (pos0+nt) */
+            const double seen = (double)cases[c].nt * (double)cases[c].pos0 +
+                                (double)cases[c].nt * (double)(cases[c].nt + 1) / 2.0;
+            const double mac = 2.0 * GROUP * seen * HD;
+            printf("%-12s %-4s %9.1f %9.1f %9.1f %9.1f | %8.1f %8.1f | %8.1f %8.1f | %6.1f %6.1f "
+                   "| %4.0f%%\n",
+                   cases[c].name, t < 3 ? dtype_info(kvt)->name : dtype_kv_name(kvt), us[0],
+                   us[1], us[2], us[3], us[1] / us[2], us[1] / us[3], us[0] / us[2],
+                   us[0] / us[3], mac / us[3] * 1e-3, mac / us[2] * 1e-3, load * 100);
         }
     kern_force_isa(best);
     free(kf), free(vf), free(kh), free(vh), free(kb), free(vb), free(q), free(o), free(score);
+    for (int t = 0; t < 2; t++)
+        free(k8[t]), free(v8[t]);
     return 0;
 }

@@ -9,7 +9,8 @@
 #     against (only a ratio measured in one run counts: the machine's speed swings 1.5-2x);
 #   - decode tok/s after a short prompt (8 tokens, DECODE_TOKENS new);
 #   - prefill tok/s (PREFILL_TOKENS prompt tokens, nothing generated);
-#   - aggregate decode of STREAMS concurrent requests through the serving engine;
+#   - aggregate decode of STREAMS concurrent requests through the serving engine, each with its
+#     own prompt (so their tokens route to different experts, as independent users' do);
 # and once per dtype when LONG=1: decode after a LONG_TOKENS prompt (slow: prefill first).
 # Bytes read per decoded token are computed from the manifest (bytes_per_token below): every
 # non-expert matrix, bias and norm, n_experts_used/n_experts of the expert tensors, one
@@ -111,8 +112,14 @@ evict_others() { # dtype: drops the page cache of the other dtypes' model files
   done
 }
 
-ids() { python3 -c "import sys; print(','.join(str(1000 + (i * 7919) % 190000) for i in range(int(sys.argv[1]))))" "$1"; }
+ids() { # N [K]: N token ids, the K-th such list (K = 0 by default); lists differ from the first id
+  python3 -c "import sys; n, k = map(int, sys.argv[1:]); print(','.join(str(1000 + ((i + 37 * k) * 7919) % 190000) for i in range(n)))" "$1" "${2:-0}"
+}
 short=$(ids 8) prefill=$(ids "$pre")
+# the streams' prompts: one list each, so each stream's tokens route to their own experts (the
+# same prompt 8 times would send every token of a step to the same 4 experts per layer)
+stream_args=()
+for k in $(seq 0 $((streams - 1))); do stream_args+=(--prompt-ids "$(ids 8 "$k")"); done
 json() { python3 -c "import json,sys; d=json.loads(sys.stdin.readline()); print(d[sys.argv[1]])" "$1"; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
@@ -130,7 +137,7 @@ for dt in $dtypes; do # dtype outermost: two 13 GB models do not both stay in th
       --greedy --threads "$threads" --quiet | json decode_tps)
     pre_tps=$("$ie" --model-dir "$d" --prompt-ids "$prefill" --max-new 0 --threads "$threads" \
       --quiet | json prefill_tps)
-    agg=$("$ie" --model-dir "$d" --prompt-ids "$short" --max-new "$dec" --ignore-eos --greedy \
+    agg=$("$ie" --model-dir "$d" "${stream_args[@]}" --max-new "$dec" --ignore-eos --greedy \
       --threads "$threads" --concurrency "$streams" --quiet | json tps)
     rss=$(/usr/bin/time -f '%M' "$ie" --model-dir "$d" --prompt-ids "$short" --max-new 4 \
       --threads "$threads" --quiet 2>&1 >/dev/null | tail -1)

@@ -8,8 +8,9 @@
  *  - batch: n = 1..16 tokens (decode of n streams) at q4_0/q8_0, the cost per token vs n = 1;
  *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s;
  *  - q4g (only when asked): the int4 group types against q4_0, interleaved rounds;
- *  - gptoss (only when asked): gpt-oss-20b's decode products (MXFP4 experts, old and new
- *    gemv, n = 1..8; bf16 unembedding and attention), GB/s against a probe per row.
+ *  - gptoss (only when asked): gpt-oss-20b's decode products (MXFP4 experts: gemv with and
+ *    without VBMI and gemm, n = 1..8; bf16 unembedding and attention), GB/s against a probe
+ *    per row.
  * GEMV weights rotate through copies totalling >= 256 MiB so they stream from DRAM, as in
  * decode, rather than from the 32 MiB L3. Each row ends with the CPU share other processes
  * used meanwhile (bench_load_end): on a shared machine, a row with more than a few percent
@@ -30,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static struct pool *g_pool;
@@ -157,18 +159,26 @@ static void kq_scales(enum dtype dt, uint8_t *w, size_t rows, size_t cols)
     }
 }
 
-/* Weight copies totalling >= 256 MiB (at least one). */
+/* Weight copies totalling >= 256 MiB (at least one), each on 2 MiB pages where the kernel
+ * grants them (2 MiB aligned, MADV_HUGEPAGE before the first touch), as the engine maps its
+ * weights (hotrepl_hugify): through 4 KiB entries this VM reads them up to 2x slower
+ * (docs/PERFORMANCE.md, session 9). */
 static int make_ring(enum dtype dt, size_t rows, size_t cols, void ***out)
 {
-    size_t mb = matrix_bytes(dt, rows, cols);
+    const size_t mb = matrix_bytes(dt, rows, cols), hp = (size_t)2 << 20;
+    const size_t len = (mb + hp - 1) / hp * hp;
     int copies = g_hot ? 1 : (int)((256u << 20) / mb) + 1;
     void **w = calloc((size_t)copies, sizeof *w);
     for (int i = 0; i < copies; i++) {
-        w[i] = bench_random_matrix(dt, rows, cols, (uint64_t)i + 1);
-        if (!w[i]) {
+        void *m = bench_random_matrix(dt, rows, cols, (uint64_t)i + 1);
+        w[i] = aligned_alloc(hp, len);
+        if (!m || !w[i]) {
             fprintf(stderr, "kern_bench: out of memory\n");
             exit(1);
         }
+        (void)madvise(w[i], len, MADV_HUGEPAGE);
+        memcpy(w[i], m, mb);
+        free(m);
         kq_scales(dt, w[i], rows, cols);
     }
     *out = w;
@@ -552,20 +562,20 @@ static double thread_cpu_now(void)
 }
 
 /*
- * The MXFP4 gemvs on this thread alone, in thread CPU time (time the scheduler gives other
- * processes is not counted: on a loaded machine the wall-clock rows above mostly measure the
- * neighbours): GB/s of weights per core, weights from a > 256 MiB ring (DRAM) and from one
- * copy (cache: the kernel's compute rate). A kernel is load-bound when its cache rate is
- * above what one core's share of the DRAM bandwidth delivers. 5 alternations, best of each.
+ * The MXFP4 gemv (with and without VBMI) on this thread alone, in thread CPU time (time the
+ * scheduler gives other processes is not counted: on a loaded machine the wall-clock rows
+ * above mostly measure the neighbours): GB/s of weights per core, weights from a > 256 MiB
+ * ring (DRAM) and from one copy (cache: the kernel's compute rate). A kernel is load-bound
+ * when its cache rate is above what one core's share of the DRAM bandwidth delivers.
+ * 5 alternations, best of each.
  */
-static void gptoss_mxfp4_cpu(kern_mm_fn *old, kern_mm_fn *bl, kern_mm_fn *plain)
+static void gptoss_mxfp4_cpu(kern_mm_fn *vbmi, kern_mm_fn *plain)
 {
     static const size_t shapes[][2] = {{5760, 2880}, {2880, 2880}};
     static const size_t ns[] = {1, 2, 4, 8};
-    kern_mm_fn *fns[3] = {old, bl, plain};
-    printf("\n1 thread, thread CPU time, GB/s of weights per core (s10 / s11 bl / s11 plain; "
-           "bl / s10):\n\n| rows x cols | n | DRAM ring | bl / s10 | cache | bl / s10 |\n"
-           "|---|---|---|---|---|---|\n");
+    kern_mm_fn *fns[2] = {vbmi, plain};
+    printf("\n1 thread, thread CPU time, GB/s of weights per core (gemv / gemv without VBMI):"
+           "\n\n| rows x cols | n | DRAM ring | cache |\n|---|---|---|---|\n");
     for (size_t s = 0; s < 2; s++) {
         size_t rows = shapes[s][0], cols = shapes[s][1];
         void **w;
@@ -579,10 +589,10 @@ static void gptoss_mxfp4_cpu(kern_mm_fn *old, kern_mm_fn *bl, kern_mm_fn *plain)
             struct kern_act a;
             kern_act_init(&a, DT_MXFP4, x, cols, ns[i], buf);
             kern_act_prepare(&a, 0, ns[i]);
-            double best[2][3] = {{0}};
+            double best[2][2] = {{0}};
             for (int hot = 0; hot < 2; hot++)
                 for (int r = 0; r < 5; r++)
-                    for (int v = 0; v < 3; v++) {
+                    for (int v = 0; v < 2; v++) {
                         int calls = 0;
                         fns[v](w[0], &a, y, rows, 0, rows); /* warm (hot: into the cache) */
                         double t0 = thread_cpu_now(), t;
@@ -595,9 +605,8 @@ static void gptoss_mxfp4_cpu(kern_mm_fn *old, kern_mm_fn *bl, kern_mm_fn *plain)
                         double gbs = mb * calls / t / 1e9;
                         best[hot][v] = gbs > best[hot][v] ? gbs : best[hot][v];
                     }
-            printf("| %zu x %zu | %zu | %.1f / %.1f / %.1f | %.2f | %.1f / %.1f / %.1f | %.2f |\n",
-                   rows, cols, ns[i], best[0][0], best[0][1], best[0][2], best[0][1] / best[0][0],
-                   best[1][0], best[1][1], best[1][2], best[1][1] / best[1][0]);
+            printf("| %zu x %zu | %zu | %.1f / %.1f | %.1f / %.1f |\n", rows, cols, ns[i],
+                   best[0][0], best[0][1], best[1][0], best[1][1]);
             fflush(stdout);
         }
         free(buf);
@@ -612,8 +621,7 @@ static void gptoss_mxfp4_cpu(kern_mm_fn *old, kern_mm_fn *bl, kern_mm_fn *plain)
  * GB/s against a read-bandwidth probe taken right before each row (the machine is shared, so
  * each row carries its own roofline). MXFP4 experts (5760 x 2880 gate/up interleaved, 2880 x
  * 2880 down; a ring of > 256 MiB of experts) at n = 1..8 tokens per expert (the MoE group
- * sizes of 1..8 streams): the session-10 gemv (kern_gemv_mxfp4_q8_0_avx512), the session-11
- * one with and without VBMI (x86/avx512_mxfp4.c) and the gemm (dispatched from n = 4),
+ * sizes of 1..8 streams): the gemv with and without VBMI (x86/avx512_mxfp4.c) and the gemm,
  * interleaved in 3 rounds, best of each. bf16 at n = 1 through the routed product: the
  * unembedding (201088 x 2880, 1.16 GB: one copy is already DRAM-sized) and attention (q
  * 4096 x 2880, k or v 512 x 2880, o 2880 x 4096).
@@ -630,9 +638,8 @@ static void bench_gptoss(void)
         const char *name;
         kern_mm_fn *fn;
     } vs[] = {
-        {"gemv s10", kern_gemv_mxfp4_q8_0_avx512},
-        {"gemv s11 (bl)", kern_gemv_mxfp4_q8_0_avx512_bl},
-        {"gemv s11 plain", kern_gemv_mxfp4_q8_0_avx512_bl_plain},
+        {"gemv", kern_gemv_mxfp4_q8_0_avx512},
+        {"gemv plain", kern_gemv_mxfp4_q8_0_avx512_plain},
         {"gemm", kern_gemm_mxfp4_q8_0_avx512},
     };
     enum { NV = sizeof vs / sizeof vs[0], ROUNDS = 3 };
@@ -642,7 +649,7 @@ static void bench_gptoss(void)
     printf("| dtype | rows x cols | n | probe GB/s |");
     for (size_t v = 0; v < NV; v++)
         printf(" %s |", vs[v].name);
-    printf(" other CPU |\n|---|---|---|---|---|---|---|---|---|\n");
+    printf(" other CPU |\n|---|---|---|---|---|---|---|---|\n");
     for (size_t s = 0; s < 2; s++) {
         size_t rows = mx_shapes[s][0], cols = mx_shapes[s][1];
         void **w;
@@ -669,7 +676,7 @@ static void bench_gptoss(void)
         free(x);
         free_ring(w, copies);
     }
-    gptoss_mxfp4_cpu(vs[0].fn, vs[1].fn, vs[2].fn);
+    gptoss_mxfp4_cpu(vs[0].fn, vs[1].fn);
     static const size_t bf_shapes[][2] = {{201088, 2880}, {4096, 2880}, {512, 2880}, {2880, 4096}};
     printf("\n| dtype | rows x cols | n | probe GB/s | routed product | other CPU |\n"
            "|---|---|---|---|---|---|\n");
@@ -735,10 +742,10 @@ int main(int argc, char **argv)
     if (only && strcmp(only, "q4g") == 0)
         bench_q4g(); /* only on request: its own comparison, not part of the default run */
     if (only && strcmp(only, "gptoss") == 0)
-        bench_gptoss(); /* only on request: gpt-oss's decode shapes, old and new MXFP4 gemv */
+        bench_gptoss(); /* only on request: gpt-oss's decode shapes */
     if (only && strcmp(only, "gptoss-cpu") == 0 && isa_ok(KERN_ISA_AVX512))
-        gptoss_mxfp4_cpu(kern_gemv_mxfp4_q8_0_avx512, kern_gemv_mxfp4_q8_0_avx512_bl,
-                         kern_gemv_mxfp4_q8_0_avx512_bl_plain); /* its 1-thread part alone */
+        gptoss_mxfp4_cpu(kern_gemv_mxfp4_q8_0_avx512,
+                         kern_gemv_mxfp4_q8_0_avx512_plain); /* its 1-thread part alone */
     if (!only || strcmp(only, "model") == 0)
         bench_model(bw);
     matmul_ctx_fini(&g_mm);

@@ -60,6 +60,15 @@ rows="int4 q4_k Q4_K_M"
 [ -f "$(dir llama.cpp-Q4_K_M)/model.ie.json" ] && rows="$rows llama.cpp-Q4_K_M"
 # a q4_k made by an older quantizer, kept as KQ_DIR/tinyllama-1.1b-q4_k-old: compared in one run
 [ -f "$kq/tinyllama-1.1b-q4_k-old/model.ie.json" ] && rows="$rows q4_k-old"
+# Since session 12 our quantizer writes llama.cpp's bytes (kernels/ref_kq.c): say whether the two
+# Q4_K_M models are the same file, which makes their KLD rows equal by construction
+if [ -f "$(dir llama.cpp-Q4_K_M)/model.ie.bin" ]; then
+  if cmp -s "$(dir Q4_K_M)/model.ie.bin" "$(dir llama.cpp-Q4_K_M)/model.ie.bin"; then
+    echo "Q4_K_M and llama.cpp-Q4_K_M: model.ie.bin byte-identical"
+  else
+    echo "Q4_K_M and llama.cpp-Q4_K_M: model.ie.bin differ"
+  fi
+fi
 echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg), commit $(git rev-parse --short HEAD)"
 echo
 vocab=$(sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' "$(dir f32)/model.ie.json")

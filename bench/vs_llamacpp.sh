@@ -23,6 +23,10 @@
 #   DTYPE=bf16 ... vs_llamacpp.sh T.gguf IE16.
 #
 # Prints one line per measurement and per round, then the per-round ratios and their median.
+# PEAK=1 also measures, each round, the machine's multiply-add peak with every thread at once
+# (bench/bw_probe --peak: bf16 dot for bf16, int8 dot for int4/int8) and sets each engine's
+# prefill FLOP/s against it (FLOPs per token: 2 x the matrices' elements from model.ie.json,
+# plus the causal attention of a 512-token prompt): how far the ratio target is from the roof.
 set -euo pipefail
 dtype=${DTYPE:-int4}
 only=${ONLY:-} # ONLY=prefill or ONLY=decode measures that alone (a busy machine's short run)
@@ -75,7 +79,10 @@ clocher_prefill() {
     2>/dev/null | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["wall_tps"])'
 }
 clocher_decode() {
-  "$eb" --model-dir "$ie" --threads "$threads" --mode scale --streams 1,8 --reps 1 2>/dev/null |
+  # 3 x 48 timed steps: 1 x 16 (the default) swung 27-68 tok/s between runs of one binary on a
+  # quiet machine (session 12); llama-batched-bench times 32 generated tokens per stream
+  "$eb" --model-dir "$ie" --threads "$threads" --mode scale --streams 1,8 --reps 3 --steps 48 \
+    2>/dev/null |
     python3 -c '
 import json, sys
 r = {}
@@ -97,7 +104,48 @@ for r in $(seq 1 "$rounds"); do
     [ "$only" = prefill ] || read -r d1 d8 < <(${who}_decode)
     echo "round $r $who prefill $p decode1 $d1 decode8 $d8" | tee -a "$out/rows"
   done
+  if [ "${PEAK:-0}" = 1 ]; then
+    "$build/bench/bw_probe" --peak | sed -n "s/^peak threads=[0-9]*: /round $r peak /p" |
+      tee -a "$out/peaks"
+  fi
 done
+if [ "${PEAK:-0}" = 1 ] && [ "$only" != decode ]; then
+  python3 - "$out/rows" "$out/peaks" "$ie/model.ie.json" "$dtype" <<'PEAKS'
+import json, re, statistics, sys
+m = json.load(open(sys.argv[3]))
+hp = m["hparams"]
+mat = sum(t["shape"][0] * t["shape"][1] for t in m["tensors"]
+          if len(t["shape"]) == 2 and (t["name"] != "tok_embd" or hp.get("tied_embeddings")))
+n = 512  # causal: position i attends to i + 1 keys, QK and PV, 2 FLOPs each
+attn = hp["n_layers"] * hp["n_heads"] * hp["head_dim"] * 2 * 2 * (n + 1) / 2
+flops = 2 * mat + attn
+key = "bf16 dot" if sys.argv[4] == "bf16" else "int8 dot"
+peaks = {}
+for line in open(sys.argv[2]):
+    peaks[int(line.split()[1])] = float(re.search(key + r" ([0-9.]+)", line).group(1))
+pre = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    pre.setdefault(int(f[1]), {})[f[2]] = float(f[4])
+print("prefill FLOPs/token %.3f G; peak = %s, every thread at once, measured each round" %
+      (flops / 1e9, key))
+fr = {"llama": [], "clocher": []}
+for r in sorted(pre):
+    pk = peaks.get(r)
+    if not pk:
+        continue
+    cells = []
+    for who in ("llama", "clocher"):
+        g = pre[r][who] * flops / 1e9
+        fr[who].append(g / pk)
+        cells.append("%s %.0f GFLOP/s = %.0f%%" % (who, g, 100 * g / pk))
+    print("round %d peak %.0f: %s; 2x llama = %.0f%% of the peak" %
+          (r, pk, ", ".join(cells), 200 * pre[r]["llama"] * flops / 1e9 / pk))
+if fr["llama"]:
+    print("median share of the peak: llama %.0f%%, clocher %.0f%%" %
+          (100 * statistics.median(fr["llama"]), 100 * statistics.median(fr["clocher"])))
+PEAKS
+fi
 python3 - "$out/rows" <<'EOF'
 import statistics, sys
 rows = {}

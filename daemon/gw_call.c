@@ -730,11 +730,12 @@ static void on_close(struct gw_tag *t, bool ok)
             }
     }
     bool closed = c->closed;
+    size_t n_items = c->n_items; /* read under mu: items_alloc grows it on the other CQ thread */
     pthread_mutex_unlock(&c->mu);
     if (early_reset)
         gw__conn_early_reset(g, c->peer, c->cfg->limits.max_early_resets);
     if (closed)
-        for (size_t i = 0; i < c->n_items && n_cancel; i++)
+        for (size_t i = 0; i < n_items && n_cancel; i++)
             gw__cancel_item(g, c, i);
     if (c->method == GW_HEALTH_WATCH) {
         pthread_mutex_lock(&g->adapters_mu);
@@ -1102,6 +1103,8 @@ static int req_generate_input(const Clocher__V1__GenerateRequest *r,
         tool_choice = SHM_TOOL_CHOICE_REQUIRED;
     else if (fn)
         tool_choice = SHM_TOOL_CHOICE_FUNCTION | (uint32_t)fn_at << 8;
+    if (tools && ch->has_parallel_tool_calls && !ch->parallel_tool_calls)
+        tool_choice |= SHM_TOOL_CHOICE_ONE_CALL; /* without tools there is nothing to limit */
     total += tools ? strlen(tools) : 0;
     if (total > ctx->cfg->limits.max_prompt_bytes)
         return snprintf(why, cap, "chat.messages: %" PRIu64 " bytes of content, the limit is %"

@@ -691,6 +691,8 @@ static enum MHD_Result start_generation(struct hreq *r, struct MHD_Connection *c
             chat.tool_choice = r->req.tool_choice;
             chat.tool_choice_function = r->req.tool_choice_function;
         }
+        if (!r->req.parallel_tool_calls) /* OpenAI's parallel_tool_calls false: one call */
+            chat.has_parallel_tool_calls = true, chat.parallel_tool_calls = false;
     }
     if (!(r->choices = calloc(r->req.n, sizeof *r->choices)))
         return reply_error(conn, 500, NULL, NULL, "out of memory");

@@ -57,7 +57,7 @@ struct http_oai_req {
     uint32_t top_logprobs;
     /* chat tools (HTTP_OAI_TOOLS): the `tools` array as compact JSON (gRPC's Chat.tools_json;
      * NULL: none, or tool_choice "none", which leaves them out of the prompt as vLLM does);
-     * parallel_tool_calls as sent (default true; not enforced: a reply may hold several) */
+     * parallel_tool_calls as sent (default true; false: the reply holds at most one call) */
     char *tools_json;
     bool parallel_tool_calls;
     /* tool_choice as gRPC's Chat carries it: "" (auto), "required" or "function" with

@@ -119,23 +119,32 @@ static inline v4f v4_clamp(v4f v, v4f lo, v4f hi)
     return (v4f)((r & ~above) | ((v4i)hi & above));
 }
 
-#define AFF_STEPS 22 /* candidates of fit_affine: the plain grid, then 21 steps */
-#define AFF_VECS ((AFF_STEPS + 3) / 4)
-
 /*
  * One q4_K/q5_K sub-block of 32: the scale s >= 0 and offset -mn (mn >= 0) of least weighted
- * squared error for codes 0..nmax, the bounded search ggml's make_qkx2_quants is known for:
- * the min/max grid, then 21 grid steps around it (iscale = (nmax - 1 + 0.1 step) / (hi - lo)),
- * each code set refitted by weighted least squares (an offset above 0 is clamped to 0, since
- * the format stores a subtracted min). 22 candidates x 32 elements: O(n * 22) per row.
- * x, w: [32].
+ * squared error for codes 0..nmax, the bounded search ggml's make_qkx2_quants is known for.
+ * It starts from the min/max grid (origin lo = min(x, 0), iscale nmax / (hi - lo)), then
+ * tries nstep + 1 grids iscale = (rmin + 0.1 step + nmax) / (hi - origin), each code set
+ * refitted by weighted least squares (an offset above 0 clamped to 0: the format stores a
+ * subtracted min), keeping a fit that lowers the error. A kept fit moves the origin of the
+ * later grids to its offset: the search walks, it is not a fixed fan of grids around lo
+ * (session 11's fan, origin always lo, cost 2.4% more squared error on TinyLlama's q4_K).
+ * Since step k depends on the fits before it, 4 steps run at once in the lanes of a v4f
+ * (each lane summing in element order, the scalar search's operations) from the current
+ * origin; when lane k's fit is kept, the lanes after it are discarded and the next 4 start at
+ * step k + 1 from the new origin. The result is the sequential search's, bit for bit.
+ * x, w: [32]; O(32 x (nstep + 1 + kept fits)) per sub-block. grid: the kept fit's grid
+ * (iscale, origin), whose codes a sub-block keeps when its 6-bit scale rounds to 0.
  */
-static float fit_affine(const float *x, const float *w, int nmax, float *mn_out)
+static float fit_affine(const float *x, const float *w, int nmax, float rmin, int nstep,
+                        float *mn_out, float grid[2])
 {
-    float lo = x[0], hi = x[0];
+    grid[0] = grid[1] = 0.0f;
+    float lo = x[0], hi = x[0], sw = w[0], sx = w[0] * x[0];
     for (int i = 1; i < 32; i++) {
         lo = fminf(lo, x[i]);
         hi = fmaxf(hi, x[i]);
+        sw += w[i];
+        sx += w[i] * x[i];
     }
     if (lo > 0.0f)
         lo = 0.0f;
@@ -143,102 +152,101 @@ static float fit_affine(const float *x, const float *w, int nmax, float *mn_out)
         *mn_out = -lo;
         return 0.0f;
     }
-    float sw = 0.0f, sx = 0.0f;
-    for (int i = 0; i < 32; i++) {
-        sw += w[i];
-        sx += w[i] * x[i];
-    }
-    /* candidate c: c = 0 the plain grid, else step c - 1 */
-    float is[AFF_VECS * 4], sl[AFF_VECS * 4], sl2[AFF_VECS * 4], sxl[AFF_VECS * 4];
-    for (int c = 0; c < AFF_VECS * 4; c++) {
-        int step = c < AFF_STEPS ? c - 1 : 20; /* padding lanes repeat the last step */
-        is[c] = step < 0 ? (float)nmax / (hi - lo)
-                         : ((float)nmax - 1.0f + 0.1f * (float)step) / (hi - lo);
+    float min = lo, scale = (hi - lo) / (float)nmax, best = 0.0f;
+    {
+        const float is = (float)nmax / (hi - lo);
+        scale = 1.0f / is;
+        grid[0] = is;
+        grid[1] = lo;
+        for (int i = 0; i < 32; i++) { /* the plain grid's error */
+            int l = nearest(is * (x[i] - lo));
+            l = l < 0 ? 0 : l > nmax ? nmax : l;
+            const float dif = scale * (float)l + lo - x[i];
+            best += w[i] * (dif * dif);
+        }
     }
     const v4f zero = v4_set1(0.0f), vmax = v4_set1((float)nmax);
-    v4f vis[AFF_VECS];
-    for (int v = 0; v < AFF_VECS; v++) {
-        memcpy(&vis[v], is + 4 * v, sizeof vis[v]);
-        v4f a = zero, b = zero, d = zero;
+    v4f L[32]; /* the 4 lanes' codes */
+    for (int step = 0; step <= nstep;) {
+        float is[4];
+        for (int k = 0; k < 4; k++) /* lanes past nstep repeat it and are never read */
+            is[k] = (rmin + 0.1f * (float)(step + k <= nstep ? step + k : nstep) + (float)nmax) /
+                    (hi - min);
+        v4f vis, a = zero, b = zero, d = zero;
+        memcpy(&vis, is, sizeof vis);
         for (int i = 0; i < 32; i++) {
-            const v4f L = v4_clamp(v4_round(vis[v] * v4_set1(x[i] - lo)), zero, vmax);
-            const v4f wl = v4_set1(w[i]) * L;
+            L[i] = v4_clamp(v4_round(vis * v4_set1(x[i] - min)), zero, vmax);
+            const v4f wl = v4_set1(w[i]) * L[i];
             a += wl;
-            b += wl * L;
+            b += wl * L[i];
             d += wl * v4_set1(x[i]);
         }
-        memcpy(sl + 4 * v, &a, sizeof a);
-        memcpy(sl2 + 4 * v, &b, sizeof b);
-        memcpy(sxl + 4 * v, &d, sizeof d);
-    }
-    float s[AFF_VECS * 4], m[AFF_VECS * 4];
-    int ok[AFF_VECS * 4];
-    for (int c = 0; c < AFF_VECS * 4; c++) {
-        ok[c] = c < AFF_STEPS;
-        s[c] = m[c] = 0.0f;
-        if (!ok[c])
-            continue;
-        if (c == 0) {
-            s[c] = 1.0f / is[c];
-            m[c] = lo;
-            continue;
+        float sl[4], sl2[4], sxl[4], ts[4], tm[4];
+        memcpy(sl, &a, sizeof a);
+        memcpy(sl2, &b, sizeof b);
+        memcpy(sxl, &d, sizeof d);
+        for (int k = 0; k < 4; k++) {
+            const float D = sw * sl2[k] - sl[k] * sl[k];
+            ts[k] = D > 0.0f ? (sw * sxl[k] - sx * sl[k]) / D : 0.0f;
+            tm[k] = D > 0.0f ? (sl2[k] * sx - sl[k] * sxl[k]) / D : 0.0f;
+            if (D > 0.0f && tm[k] > 0.0f) {
+                tm[k] = 0.0f;
+                ts[k] = sxl[k] / sl2[k];
+            }
         }
-        float D = sw * sl2[c] - sl[c] * sl[c];
-        if (D <= 0.0f) {
-            ok[c] = 0;
-            continue;
-        }
-        s[c] = (sw * sxl[c] - sx * sl[c]) / D;
-        m[c] = (sl2[c] * sx - sl[c] * sxl[c]) / D;
-        if (m[c] > 0.0f) {
-            m[c] = 0.0f;
-            s[c] = sl2[c] > 0.0f ? sxl[c] / sl2[c] : 0.0f;
-        }
-        if (s[c] < 0.0f)
-            ok[c] = 0;
-    }
-    float err[AFF_VECS * 4];
-    for (int v = 0; v < AFF_VECS; v++) { /* the codes again, for sum w (s L + m - x)^2 */
         v4f vs, vm, e = zero;
-        memcpy(&vs, s + 4 * v, sizeof vs);
-        memcpy(&vm, m + 4 * v, sizeof vm);
-        for (int i = 0; i < 32; i++) {
-            const v4f L = v4_clamp(v4_round(vis[v] * v4_set1(x[i] - lo)), zero, vmax);
-            const v4f dif = vs * L + vm - v4_set1(x[i]);
-            e += v4_set1(w[i]) * dif * dif;
+        memcpy(&vs, ts, sizeof vs);
+        memcpy(&vm, tm, sizeof vm);
+        for (int i = 0; i < 32; i++) { /* sum w (s L + m - x)^2 */
+            const v4f dif = vs * L[i] + vm - v4_set1(x[i]);
+            e += v4_set1(w[i]) * (dif * dif);
         }
-        memcpy(err + 4 * v, &e, sizeof e);
+        float err[4];
+        memcpy(err, &e, sizeof e);
+        int next = step + 4;
+        for (int k = 0; k < 4 && step + k <= nstep; k++) {
+            if (sw * sl2[k] - sl[k] * sl[k] > 0.0f && err[k] < best) {
+                best = err[k];
+                grid[0] = is[k];
+                grid[1] = min;
+                scale = ts[k];
+                min = tm[k];
+                next = step + k + 1; /* later lanes used the old origin */
+                break;
+            }
+        }
+        step = next;
     }
-    float best_s = (hi - lo) / (float)nmax, best_m = lo, best = INFINITY;
-    for (int c = 0; c < AFF_STEPS; c++)
-        if (ok[c] && err[c] < best) {
-            best = err[c];
-            best_s = s[c];
-            best_m = m[c];
-        }
-    *mn_out = -best_m;
-    return best_s;
+    *mn_out = -min;
+    return scale;
 }
 
 /*
- * One q6_K sub-block of 16: a signed scale s for codes -32..31, the grid set by the element of
- * largest magnitude (it maps to -32), then 19 grids around it refitted by least squares with
- * weights x^2 (ggml's make_qx_quants, rmse_type 1); the best fit wins. x: [16].
+ * One q6_K sub-block of 16: a signed scale s for codes -32..31, ggml's make_qx_quants with
+ * rmse_type 1: the grid set by the element of largest magnitude (it maps to -32), then the
+ * grids -(32 + 0.1 step) / that element for steps -9..9 (0 excepted), each refitted by least
+ * squares with weights x^2, s = sum w x l / sum w l^2, which lowers the weighted error by
+ * (sum w x l)^2 / sum w l^2; in that order, a grid is kept when it lowers it further. The
+ * grids do not depend on the kept fit, so they run 4 at a time in v4f lanes. x: [16].
+ * grid: the kept grid's iscale (0: an all-zero sub-block), for a scale that rounds to 0.
  */
-static float fit_symmetric(const float *x)
+#define SYM_GRIDS 19 /* the plain grid, then steps -9..-1, 1..9 */
+#define KQ_GROUP_EPS 1e-15f /* ggml's GROUP_MAX_EPS: a smaller maximum is all zero */
+static float fit_symmetric(const float *x, float *grid)
 {
+    *grid = 0.0f;
     float amax = 0.0f, big = 0.0f;
     for (int i = 0; i < 16; i++)
         if (fabsf(x[i]) > amax) {
             amax = fabsf(x[i]);
             big = x[i];
         }
-    if (amax < 1e-30f)
+    if (amax < KQ_GROUP_EPS)
         return 0.0f;
-    float is[20], sxl[20], sl2[20]; /* candidate c: step c - 10 */
+    float is[20], sxl[20], sl2[20];
     for (int c = 0; c < 20; c++) {
-        int step = c - 10;
-        is[c] = step < -9 ? -32.0f / big : -(32.0f + 0.1f * (float)step) / big;
+        const int step = c == 0 ? 0 : c <= 9 ? c - 10 : c < SYM_GRIDS ? c - 9 : 9;
+        is[c] = c == 0 ? -32.0f / big : -(32.0f + 0.1f * (float)step) / big;
     }
     const v4f lo = v4_set1(-32.0f), hi = v4_set1(31.0f), zero = v4_set1(0.0f);
     for (int v = 0; v < 5; v++) {
@@ -253,14 +261,15 @@ static float fit_symmetric(const float *x)
         memcpy(sxl + 4 * v, &a, sizeof a);
         memcpy(sl2 + 4 * v, &b, sizeof b);
     }
-    float best_s = big / -32.0f, best = -1.0f;
-    for (int c = 0; c < 20; c++)
-        /* least squares s = sxl / sl2 reduces the weighted error by sxl^2 / sl2 */
+    float scale = sl2[0] != 0.0f ? sxl[0] / sl2[0] : 0.0f, best = scale * sxl[0];
+    *grid = is[0];
+    for (int c = 1; c < SYM_GRIDS; c++)
         if (sl2[c] > 0.0f && sxl[c] * sxl[c] > best * sl2[c]) {
-            best = sxl[c] * sxl[c] / sl2[c];
-            best_s = sxl[c] / sl2[c];
+            *grid = is[c];
+            scale = sxl[c] / sl2[c];
+            best = scale * sxl[c];
         }
-    return best_s;
+    return scale;
 }
 
 static int check_finite(const float *x, size_t n)
@@ -275,24 +284,32 @@ static int check_finite(const float *x, size_t n)
 
 static void quantize_q45k(enum dtype dt, const float *x, uint8_t *blk)
 {
-    const int nmax = dt == DT_Q4_K ? 15 : 31;
-    float s2 = 0.0f;
-    for (int i = 0; i < QUANT_K; i++)
-        s2 += x[i] * x[i];
-    const float av = sqrtf(s2 / (float)QUANT_K);
-    float sc[8], mn[8], w[32], smax = 0.0f, mmax = 0.0f;
+    /* ggml's grids: q4_K steps 0..20 from iscale (nmax - 1) / range, q5_K 0..15 from - 0.5 */
+    const int nmax = dt == DT_Q4_K ? 15 : 31, nstep = dt == DT_Q4_K ? 20 : 15;
+    const float rmin = dt == DT_Q4_K ? -1.0f : -0.5f;
+    float sc[8], mn[8], w[32], grid[8][2], smax = 0.0f, mmax = 0.0f;
     for (int j = 0; j < 8; j++) {
+        float s2 = 0.0f;
+        for (int i = 0; i < 32; i++)
+            s2 += x[32 * j + i] * x[32 * j + i];
+        const float av = sqrtf(s2 / 32.0f); /* the sub-block's rms, not the super-block's */
         for (int i = 0; i < 32; i++)
             w[i] = av + fabsf(x[32 * j + i]); /* ggml's weighting: large values matter more */
-        sc[j] = fit_affine(x + 32 * j, w, nmax, &mn[j]);
-        smax = fmaxf(smax, sc[j]);
-        mmax = fmaxf(mmax, mn[j]);
+        sc[j] = fit_affine(x + 32 * j, w, nmax, rmin, nstep, &mn[j], grid[j]);
+        if (sc[j] > smax) /* not fmaxf: a -0 min (-lo, lo = 0) must leave +0, so dmin's */
+            smax = sc[j]; /* f16 is 0x0000 as ggml writes it */
+        if (mn[j] > mmax)
+            mmax = mn[j];
     }
+    /* 6-bit scales and mins against their maxima (ggml's rounding: nearest(63 / max * v),
+     * not v over the f16-rounded d; the same squared error within 0.01% on TinyLlama, and
+     * it keeps our bytes equal to quantize_row_q4_K_ref's); codes refitted to them below */
     const uint16_t d16 = half_f32_to_f16(smax / 63.0f), m16 = half_f32_to_f16(mmax / 63.0f);
     const float d = half_f16_to_f32(d16), dmin = half_f16_to_f32(m16);
+    const float is = smax > 0.0f ? 63.0f / smax : 0.0f, im = mmax > 0.0f ? 63.0f / mmax : 0.0f;
     uint8_t ls[8], lm[8];
     for (int j = 0; j < 8; j++) {
-        int a = d > 0.0f ? nearest(sc[j] / d) : 0, b = dmin > 0.0f ? nearest(mn[j] / dmin) : 0;
+        const int a = nearest(is * sc[j]), b = nearest(im * mn[j]);
         ls[j] = (uint8_t)(a < 0 ? 0 : a > 63 ? 63 : a);
         lm[j] = (uint8_t)(b < 0 ? 0 : b > 63 ? 63 : b);
     }
@@ -314,7 +331,10 @@ static void quantize_q45k(enum dtype dt, const float *x, uint8_t *blk)
     for (int j = 0; j < 8; j++) {
         const float dj = d * (float)ls[j], mj = dmin * (float)lm[j];
         for (int l = 0; l < 32; l++) {
-            int q = dj > 0.0f ? nearest((x[32 * j + l] + mj) / dj) : 0;
+            /* a scale that rounded to 0 keeps the search's codes (they decode to -mj all
+             * the same; ggml keeps them, and so the bytes stay equal) */
+            int q = dj > 0.0f ? nearest((x[32 * j + l] + mj) / dj)
+                              : nearest(grid[j][0] * (x[32 * j + l] - grid[j][1]));
             q = q < 0 ? 0 : q > nmax ? nmax : q;
             const int c = j / 2, hi = j & 1;
             qs[32 * c + l] |= (uint8_t)((q & 15) << (4 * hi));
@@ -326,33 +346,33 @@ static void quantize_q45k(enum dtype dt, const float *x, uint8_t *blk)
 
 static void quantize_q6k(const float *x, struct quant_q6_k *b)
 {
-    float sc[16], smax = 0.0f, big = 0.0f;
+    float sc[16], grid[16], smax = 0.0f, big = 0.0f;
     for (int k = 0; k < 16; k++) {
-        sc[k] = fit_symmetric(x + 16 * k);
+        sc[k] = fit_symmetric(x + 16 * k, &grid[k]);
         if (fabsf(sc[k]) > smax) {
             smax = fabsf(sc[k]);
             big = sc[k];
         }
     }
     memset(b, 0, sizeof *b);
-    if (smax == 0.0f) {
-        memset(b->ql, 0, sizeof b->ql);
-        for (int e = 0; e < QUANT_K; e++) /* code 32: zero */
-            b->qh[32 * (e / 128) + e % 32] |= (uint8_t)(2 << (2 * (e % 128 / 32)));
+    if (smax < KQ_GROUP_EPS) /* d = 0: every element decodes to 0 */
         return;
-    }
-    /* the largest scale maps to -128 (int8's full range), as ggml does */
-    const uint16_t d16 = half_f32_to_f16(big / -128.0f);
-    const float d = half_f16_to_f32(d16);
-    b->d = d16;
+    /* the largest scale maps to -128 (int8's full range), as ggml rounds it */
+    const float is = -128.0f / big;
+    b->d = half_f32_to_f16(1.0f / is);
+    const float d = half_f16_to_f32(b->d);
     for (int k = 0; k < 16; k++) {
-        int l = d != 0.0f ? nearest(sc[k] / d) : 0;
+        int l = nearest(is * sc[k]);
         b->scales[k] = (int8_t)(l < -128 ? -128 : l > 127 ? 127 : l);
     }
     for (int e = 0; e < QUANT_K; e++) {
         const float de = d * (float)b->scales[e / 16];
-        int q = de != 0.0f ? nearest(x[e] / de) : 0;
+        /* a scale that rounded to 0 keeps the search's codes, and an all-zero sub-block
+         * code 0, as ggml does (they decode to 0 all the same) */
+        int q = de != 0.0f ? nearest(x[e] / de) : nearest(grid[e / 16] * x[e]);
         q = (q < -32 ? -32 : q > 31 ? 31 : q) + 32;
+        if (de == 0.0f && grid[e / 16] == 0.0f)
+            q = 0;
         const int h = e / 128, k = e % 128 / 32, l = e % 32;
         b->ql[64 * h + 32 * (k & 1) + l] |= (uint8_t)((q & 15) << (k >= 2 ? 4 : 0));
         b->qh[32 * h + l] |= (uint8_t)((q >> 4) << (2 * k));

@@ -102,18 +102,18 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
      * signed weights, stored + 128 for vpdpbusd on AVX-512 (x86/avx*_q.c), hence the offset.
      * Both give a token the same bits (the gemv folds in the gemm's order: batch invariance),
      * so gemm_min_n is only speed: bench/kern_bench --only variants --dtype mxfp4 --quick
-     * --threads 1 (5632 x 2048, quiet machine), GFLOP/s gemv vs gemm: AVX-512 n = 3 90 vs 82,
-     * n = 4 106 vs 109, n = 6 98 vs 144; AVX2 n = 3 43 vs 38, n = 4 40 vs 44. */
+     * --threads 1 (5632 x 2048, quiet machine), GFLOP/s gemv vs gemm: AVX2 n = 3 43 vs 38,
+     * n = 4 40 vs 44. AVX-512 since the session-11 gemv (x86/avx512_mxfp4.c), 2880 x 2880 (an
+     * expert), 1 thread, thread CPU time, gemv / gemm from DRAM: n = 4 1.48, n = 6 1.05,
+     * n = 8 0.98 (from cache 1.67, 1.17, 1.00): the gemm from 8 tokens on
+     * (docs/PERFORMANCE.md "gpt-oss decode, session 12"). */
     [DT_MXFP4] = {.block = 32, .block_bytes = sizeof(struct quant_mxfp4),
                   .to_f32 = kern__row_mxfp4,
                   .act = KERN__ACT_Q8,
                   .act_offset = 128,
                   .isa = {{REF_MM_},
                           {MM_(mxfp4, q8_0, avx2, 4)},
-                          /* the session-11 gemv (x86/avx512_mxfp4.c): same bits, fewer
-                           * instructions per byte */
-                          {.gemv = kern_gemv_mxfp4_q8_0_avx512_bl,
-                           .gemm = kern_gemm_mxfp4_q8_0_avx512, .gemm_min_n = 4}}},
+                          {MM_(mxfp4, q8_0, avx512, 8)}}},
     /* GGUF k-quants (ref_kq.c, x86/avx*_kq.c): q8_0 activations, ns32 giving the block sums
      * (q4_K/q5_K mins) and ns4 the q6_K -32 correction; the gemm reuses an unpacked
      * super-block over 4 tokens, so it wins from 2 tokens on: bench/kern_bench --only

@@ -4,10 +4,12 @@
 #     release tree still builds everything;
 #  2. ASan+UBSan build: the unit tests and those labelled asan (the gateway end to end, one
 #     ctest per pytest file: a real clocherd and its workers, sanitized, leak-checked at exit;
-#     they run here only, the same behaviour checked harder than in release);
+#     they run here only, the same behaviour checked harder than in release); two ctest slots
+#     a core, the tests that mostly wait taking one (tests/CMakeLists.txt, CLOCHER_TEST_WAITS);
 #  3. TSan build: the tests labelled tsan (rings, thread pool, registries, stats, and
-#     gateway_tsan: the gateway cases that drive its threads, tests/gateway/CMakeLists.txt,
-#     with gRPC core's own code suppressed: tests/gateway/tsan.supp);
+#     gateway_tsan_streams and gateway_tsan_faults: the gateway cases that drive its threads,
+#     tests/gateway/CMakeLists.txt, two ctests so the two cores run them side by side, with gRPC
+#     core's own code suppressed: tests/gateway/tsan.supp);
 #  4. clang libFuzzer build: each fuzzer for a bounded time (CLOCHER_FUZZ_SECONDS,
 #     6 s by default, two at a time); its SIMD kernel files without ASan/UBSan
 #     (kernels/CMakeLists.txt says why).
@@ -34,8 +36,10 @@ section "ASan+UBSan build: unit tests and the gateway end to end"
 cmake -S . -B build/ci-asan -DCLOCHER_WERROR=ON -DCLOCHER_SANITIZE=address,undefined \
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-O1 -g1" >/dev/null
 cmake --build build/ci-asan -j"$jobs" --target tests_sanitized
+# two slots a core: a test that computes takes two, one that mostly waits on a sanitized
+# daemon takes one, so the waiting ones overlap (tests/CMakeLists.txt, CLOCHER_TEST_WAITS)
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build/ci-asan --output-on-failure -j"$jobs" -L 'unit|asan'
+  ctest --test-dir build/ci-asan --output-on-failure -j"$((2 * jobs))" -L 'unit|asan'
 
 section "TSan build: shared-memory and thread tests (label tsan)"
 cmake -S . -B build/ci-tsan -DCLOCHER_WERROR=ON -DCLOCHER_SANITIZE=thread \

@@ -217,8 +217,8 @@ static int chat_tools_check(const struct ctx *c, const char *tools, uint32_t len
                   SHM_MAX_CHAT_TOOLS);
 }
 
-/* tool_choice (struct shm_wire_chat): a known mode, an index only with FUNCTION, not AUTO only
- * with tools. */
+/* tool_choice (struct shm_wire_chat): a known mode, an index only with FUNCTION, a mode other
+ * than AUTO or the ONE_CALL bit only with tools. */
 static int chat_tool_choice_check(const struct ctx *c, uint32_t v, uint32_t tools_len,
                                   char *msg, size_t cap)
 {
@@ -230,6 +230,8 @@ static int chat_tool_choice_check(const struct ctx *c, uint32_t v, uint32_t tool
         why = "has an index without FUNCTION";
     else if (mode != SHM_TOOL_CHOICE_AUTO && !tools_len)
         why = "asks for a call without tools";
+    else if ((v & SHM_TOOL_CHOICE_ONE_CALL) && !tools_len)
+        why = "limits calls without tools";
     if (!why)
         return 0;
     if (msg)

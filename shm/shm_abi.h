@@ -69,8 +69,9 @@
 #include <stdint.h>
 
 #define SHM_MAGIC 0x48534c43u      /* "CLSH" */
-#define SHM_ABI_VERSION 5u          /* 3: chat tools, tool_call_id, TOKEN call headers;
-                                     * 4: GENERATE.sent_ns; 5: the chat's tool_choice */
+#define SHM_ABI_VERSION 6u          /* 3: chat tools, tool_call_id, TOKEN call headers;
+                                     * 4: GENERATE.sent_ns; 5: the chat's tool_choice;
+                                     * 6: tool_choice's SHM_TOOL_CHOICE_ONE_CALL bit */
 #define SHM_LINE 64u               /* cache line: no two writers share one */
 #define SHM_PAGE 4096u
 #define SHM_HDR_SIZE 4096u         /* the header page; ring data follows, page-aligned */
@@ -228,10 +229,11 @@ enum shm_chat_role {
 };
 struct shm_wire_chat {
     uint32_t tools_len;             /* <= SHM_MAX_CHAT_TOOLS */
-    uint32_t tool_choice;           /* (ABI 5) bits 0..7 enum shm_tool_choice; bits 8..31 with
+    uint32_t tool_choice;           /* (ABI 5) bits 0..6 enum shm_tool_choice; bit 7 (ABI 6)
+                                     * SHM_TOOL_CHOICE_ONE_CALL; bits 8..31 with
                                      * SHM_TOOL_CHOICE_FUNCTION the index of the function in
                                      * the tools array (the worker checks it against the array),
-                                     * else 0. Not AUTO only with tools. */
+                                     * else 0. Not 0 only with tools. */
 };
 /* What the reply must do with the tools (OpenAI's tool_choice; "none" never travels: the
  * gateway sends no tools then). The worker forces the opening of a call in the model's own
@@ -241,7 +243,10 @@ enum shm_tool_choice {
     SHM_TOOL_CHOICE_REQUIRED = 1, /* a call; the model picks the tool */
     SHM_TOOL_CHOICE_FUNCTION = 2, /* a call of the function at index tool_choice >> 8 */
 };
-#define SHM_TOOL_CHOICE_MODE(v) ((v) & 0xffu)
+/* OpenAI's parallel_tool_calls false: the reply holds at most one call; the worker ends it
+ * when that call closes and drops any further call of a list (docs/CHAT.md). */
+#define SHM_TOOL_CHOICE_ONE_CALL 0x80u
+#define SHM_TOOL_CHOICE_MODE(v) ((v) & 0x7fu)
 #define SHM_TOOL_CHOICE_INDEX(v) ((v) >> 8)
 struct shm_wire_chat_msg {
     uint32_t role;                  /* enum shm_chat_role */

@@ -36,7 +36,7 @@
 /* Bump whenever `clocher convert` writes different bytes for the same source and dtype (a
  * changed quantizer, layout or manifest field): every entry made before is then missed and
  * converted again, as it must be. A release (CLOCHER_VERSION_NUMBER) does that too. */
-#define CONVCACHE_EPOCH 1
+#define CONVCACHE_EPOCH 2 /* 2: k-quant bytes as llama.cpp's quantizer (session 12) */
 
 /* Entries used in the last CONVCACHE_EVICT_GRACE_S seconds are never evicted: a server that
  * just got an entry's path from the converter takes its shared lock right after. */

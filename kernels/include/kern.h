@@ -363,6 +363,10 @@ void kern_rope_table(float *cs, uint32_t pos, const float *inv_freq, size_t half
  * differ from _ref only by summation order and FMA contraction. hd <= KERN_ATTN_HD_MAX.
  * Bound asserted by tests/kern/test_kern_attn.c against softmax(q K^T / sqrt(hd)) V in double
  * on the stored values: |err| <= KERN_ATTN_MAX_ERR * max|v|.
+ * Batch invariance (docs/DESIGN.md): a row's result depends only on its own q, state, window
+ * [lo, vis) and the tile's K/V rows, never on the other rows of the call, their number, or
+ * whether vis/lo are NULL; so a query computed in a decode and inside any prefill chunk over
+ * the same block spans gives the same bits. Attention never depends on the thread count.
  */
 #define KERN_ATTN_HD_MAX 256
 #define KERN_ATTN_TILE 64 /* positions widened at once; kern_attn_causal's tile */
@@ -436,17 +440,5 @@ void kern_kv8_dequant(enum dtype kvt, const void *src, float *out, size_t hd);
  * kern_kv_unrotate applies R^T. hd <= KERN_ATTN_HD_MAX. */
 void kern_kv_rotate(float *x, size_t hd);
 void kern_kv_unrotate(float *x, size_t hd);
-
-/* ---- the MXFP4 gemv of session 11 (x86/avx512_mxfp4.c) ---------------------------------
- *
- * Variants of kern_matmul_act for DT_MXFP4 weights on AVX-512, for tests and benchmarks
- * (their place is kern_variants.h, beside kern_gemv_mxfp4_q8_0_avx512, which they replace in
- * the dispatch and equal bit for bit): _bl uses AVX512-VBMI when the CPU has it, _bl_plain
- * never does. Same contract as kern_matmul_act; run only when kern_isa_supported(AVX512).
- */
-void kern_gemv_mxfp4_q8_0_avx512_bl(const void *w, const struct kern_act *a, float *y,
-                                    size_t ldy, size_t r0, size_t r1);
-void kern_gemv_mxfp4_q8_0_avx512_bl_plain(const void *w, const struct kern_act *a, float *y,
-                                          size_t ldy, size_t r0, size_t r1);
 
 #endif

@@ -47,6 +47,10 @@ KERN_VARIANTS_(KERN_DECLARE_, avx512)
 kern_mm_fn kern_gemv_bf16_bf16_ref, kern_gemm_bf16_bf16_ref;
 kern_mm_fn kern_gemv_bf16_bf16_avx512, kern_gemm_bf16_bf16_avx512;
 #undef KERN_DECLARE_
+/* kern_gemv_mxfp4_q8_0_avx512 (x86/avx512_mxfp4.c) uses AVX512-VBMI when the CPU has it;
+ * _plain is the same kernel never using it (the path of AVX-512 CPUs without VBMI), for
+ * tests and benchmarks on CPUs that have it. Both give the gemm's bits. */
+kern_mm_fn kern_gemv_mxfp4_q8_0_avx512_plain;
 
 /*
  * Panel GEMMs (kern.h, kern_panels_*): same contract on a repacked matrix wp, r0 on a panel.

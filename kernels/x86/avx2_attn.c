@@ -4,14 +4,17 @@
  * dims with vmaskmovps (masked lanes are neither read nor written). No AVX-512 here: this
  * file is compiled with -mavx2 -mfma -mf16c only.
  *
- * The same shape as avx512_attn.c: f16/bf16 K/V sub-tiles widened once and shared by every
- * query row; scores four positions at a time; exp 8 scores at a time (avx2_exp.h, the scalar
- * fm_expf's algorithm); o = o*corr + sum_j e_j v_j one 8-float slice of o at a time.
+ * The same shape as avx512_attn.c (session 12's register-blocked tile) with 8 lanes: f16/bf16
+ * K/V sub-tiles widened once and shared by every query row; K transposed 8 positions at a
+ * time (8x8 in registers), the scores of 8 rows x 8 positions one broadcast-q FMA chain per
+ * row; exp 8 scores at a time (avx2_exp.h, the scalar fm_expf's algorithm); o += w v for 4
+ * rows x 16 lanes per V row loaded. Each row's arithmetic does not depend on the rows beside it.
  *
  * 8-bit KV head rows (int8, fp8 E4M3 with an f32 scale; kern.h) are decoded into the same
  * widened tiles by widen_kvi8 / widen_kvf8, bit for bit kern_kv8_dequant.
  *
- * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack.
+ * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack in the widening driver,
+ * and 24 KiB in the tile.
  */
 #include "avx2_exp.h"
 #include "fastmath.h"
@@ -47,14 +50,125 @@ static inline float hmax8(__m256 v)
     return _mm_cvtss_f32(x);
 }
 
-/* As avx512_attn.c's tile_f32: nq rows over n <= KERN_ATTN_TILE positions of f32 rows, row r
- * clipped to [lo[r] - j0, vis[r] - j0). */
-static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
-                     const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
-                     const float *kf, const float *vf, size_t ldf, size_t n, size_t hd,
-                     float scale)
+/* Lanes j .. j+7 that lie in [a, b), as an all-ones / zero lane mask. */
+static inline __m256 span_lanes(size_t j, size_t a, size_t b)
 {
-    float s[KERN_ATTN_TILE] __attribute__((aligned(32))); /* [n] scores, then weights */
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)j),
+                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i ge = _mm256_cmpgt_epi32(idx, _mm256_set1_epi32((int)a - 1));
+    const __m256i lt = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)b), idx);
+    return _mm256_castsi256_ps(_mm256_and_si256(ge, lt));
+}
+
+/* One 8x8 transpose: r[i] (row i) -> r[i] (column i). */
+static inline void tr8x8(__m256 r[8])
+{
+    __m256 t[8];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i += 4) {
+        r[i + 0] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < 4; i++) {
+        t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) r[i] = t[i];
+}
+
+/* K rows [i0, nb) (nb <= 8, row i at k + i*ldf floats) transposed into kt [hd][8], lanes
+ * outside [i0, nb) zero (those rows are not read). */
+static void transpose_k(float *kt, const float *k, size_t ldf, size_t i0, size_t nb, size_t hd)
+{
+    for (size_t d = 0; d < hd; d += 8) {
+        const __m256i mk = lanes(hd, d);
+        __m256 r[8];
+        _Pragma("GCC unroll 8") for (size_t i = 0; i < 8; i++)
+            r[i] = i >= i0 && i < nb ? _mm256_maskload_ps(k + i * ldf + d, mk) : _mm256_setzero_ps();
+        tr8x8(r);
+        const size_t nd = hd - d < 8 ? hd - d : 8;
+        for (size_t i = 0; i < nd; i++)
+            _mm256_store_ps(kt + (d + i) * 8, r[i]);
+    }
+}
+
+/* Scores of R query rows against 8 transposed positions: s[r][0..8) = scale * q[r] . K[i].
+ * One FMA chain per row over d, so a row's bits do not depend on R (batch invariance). */
+#define SCORES_ROWS_(R)                                                                      \
+    static void scores_rows##R(const float *const *q, const float *kt, size_t hd,          \
+                               float scale, float *s, size_t lds)                           \
+    {                                                                                        \
+        __m256 a[R];                                                                         \
+        _Pragma("GCC unroll 8") for (size_t r = 0; r < R; r++) a[r] = _mm256_setzero_ps();  \
+        for (size_t d = 0; d < hd; d++) {                                                    \
+            const __m256 k0 = _mm256_load_ps(kt + d * 8);                                    \
+            _Pragma("GCC unroll 8") for (size_t r = 0; r < R; r++) a[r] =                    \
+                _mm256_fmadd_ps(_mm256_broadcast_ss(q[r] + d), k0, a[r]);                    \
+        }                                                                                    \
+        const __m256 vs = _mm256_set1_ps(scale);                                             \
+        _Pragma("GCC unroll 8") for (size_t r = 0; r < R; r++)                               \
+            _mm256_store_ps(s + r * lds, _mm256_mul_ps(a[r], vs));                           \
+    }
+SCORES_ROWS_(8)
+SCORES_ROWS_(1)
+#undef SCORES_ROWS_
+
+/* o[r] = o[r]*corr[r] + sum_{j in [ja, jb)} w[r][j] v_j for 4 rows, 16 floats of o per pass
+ * (avx512_attn.c's pv_rows with 8 lanes: one FMA chain per (row, 8 lanes), j in order). */
+#define PV_ROWS 4
+static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr,
+                                              const float *const *w, size_t ja, size_t jb,
+                                              const float *vf, size_t ldf, size_t hd)
+{
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    for (size_t d0 = 0; d0 < hd; d0 += 16) {
+        const __m256i m0 = lanes(hd, d0);
+        const __m256i m1 = d0 + 8 < hd ? lanes(hd, d0 + 8) : _mm256_setzero_si256();
+#define PV_LOAD_(r)                                                                          \
+    const __m256 c##r = _mm256_set1_ps(corr[r]);                                             \
+    __m256 a##r##0 = _mm256_mul_ps(_mm256_maskload_ps(o[r] + d0, m0), c##r);                 \
+    __m256 a##r##1 = _mm256_mul_ps(_mm256_maskload_ps(o[r] + d0 + 8, m1), c##r);
+        PV_LOAD_(0) PV_LOAD_(1) PV_LOAD_(2) PV_LOAD_(3)
+#undef PV_LOAD_
+        const float *vp = vf + ja * ldf + d0;
+        for (size_t j = ja; j < jb; j++, vp += ldf) {
+            const __m256 v0 = _mm256_maskload_ps(vp, m0), v1 = _mm256_maskload_ps(vp + 8, m1);
+#define PV_FMA_(r)                                                                           \
+    {                                                                                        \
+        const __m256 wr = _mm256_broadcast_ss(w##r + j);                                     \
+        a##r##0 = _mm256_fmadd_ps(wr, v0, a##r##0);                                          \
+        a##r##1 = _mm256_fmadd_ps(wr, v1, a##r##1);                                          \
+    }
+            PV_FMA_(0) PV_FMA_(1) PV_FMA_(2) PV_FMA_(3)
+#undef PV_FMA_
+        }
+#define PV_STORE_(r)                                                                         \
+    _mm256_maskstore_ps(o[r] + d0, m0, a##r##0);                                             \
+    _mm256_maskstore_ps(o[r] + d0 + 8, m1, a##r##1);
+        PV_STORE_(0) PV_STORE_(1) PV_STORE_(2) PV_STORE_(3)
+#undef PV_STORE_
+    }
+}
+
+/*
+ * As avx512_attn.c's tile_rows (the same blocking with 8 lanes): nq <= ROWS_MAX rows over
+ * n <= KERN_ATTN_TILE positions of f32 rows, row r clipped to [lo[r] - j0, vis[r] - j0).
+ */
+#define ROWS_MAX 64
+static void tile_rows(const float *const *q, float *const *o, float *m, float *l,
+                      const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
+                      const float *kf, const float *vf, size_t ldf, size_t n, size_t hd,
+                      float scale)
+{
+    float kt[KERN_ATTN_HD_MAX * 8] __attribute__((aligned(32)));          /* [hd][8] K^T */
+    float s[ROWS_MAX][KERN_ATTN_TILE] __attribute__((aligned(32)));       /* [nq][n] */
+    size_t ra[ROWS_MAX], rb[ROWS_MAX], act[ROWS_MAX], na = 0;
+    size_t ja = n, jb = 0;
     for (size_t r = 0; r < nq; r++) {
         size_t nv = vis ? (vis[r] > j0 ? vis[r] - j0 : 0) : n;
         if (nv > n)
@@ -62,76 +176,81 @@ static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
         const size_t a = lo && lo[r] > j0 ? lo[r] - j0 : 0; /* the window's start */
         if (a >= nv)
             continue;
-        nv -= a; /* positions [a, a+nv) of the tile, as rows [0, nv) from kr / vr */
-        const float *qr = q[r], *kr = kf + a * ldf, *vr = vf + a * ldf;
-        size_t j = 0;
-        for (; j + 4 <= nv; j += 4) {
-            const float *k0 = kr + j * ldf, *k1 = k0 + ldf, *k2 = k1 + ldf, *k3 = k2 + ldf;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (size_t d = 0; d < hd; d += 8) {
-                const __m256i mk = lanes(hd, d);
-                const __m256 x = _mm256_maskload_ps(qr + d, mk);
-                a0 = _mm256_fmadd_ps(x, _mm256_maskload_ps(k0 + d, mk), a0);
-                a1 = _mm256_fmadd_ps(x, _mm256_maskload_ps(k1 + d, mk), a1);
-                a2 = _mm256_fmadd_ps(x, _mm256_maskload_ps(k2 + d, mk), a2);
-                a3 = _mm256_fmadd_ps(x, _mm256_maskload_ps(k3 + d, mk), a3);
-            }
-            s[j + 0] = hsum8(a0);
-            s[j + 1] = hsum8(a1);
-            s[j + 2] = hsum8(a2);
-            s[j + 3] = hsum8(a3);
-        }
-        for (; j < nv; j++) {
-            const float *k0 = kr + j * ldf;
-            __m256 a0 = _mm256_setzero_ps();
-            for (size_t d = 0; d < hd; d += 8) {
-                const __m256i mk = lanes(hd, d);
-                a0 = _mm256_fmadd_ps(_mm256_maskload_ps(qr + d, mk),
-                                     _mm256_maskload_ps(k0 + d, mk), a0);
-            }
-            s[j] = hsum8(a0);
-        }
-        /* scale, tile maximum, weights e^(s - m') and their sum, 8 scores at a time */
-        const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+        ra[na] = a, rb[na] = nv, act[na++] = r;
+        ja = a < ja ? a : ja;
+        jb = nv > jb ? nv : jb;
+    }
+    if (na == 0)
+        return;
+    const float *qa[ROWS_MAX];
+    for (size_t i = 0; i < na; i++)
+        qa[i] = q[act[i]];
+    /* scores over [ja, jb), 8 positions at a time from ja rounded down */
+    const size_t jlo = ja / 8 * 8;
+    for (size_t b = jlo; b < jb; b += 8) {
+        const size_t first = b < ja ? ja : b;
+        const size_t nb = jb - b < 8 ? jb - b : 8;
+        transpose_k(kt, kf + b * ldf, ldf, first - b, nb, hd);
+        size_t i = 0;
+        for (; i + 8 <= na; i += 8)
+            scores_rows8(qa + i, kt, hd, scale, &s[i][b], KERN_ATTN_TILE);
+        for (; i < na; i++)
+            scores_rows1(qa + i, kt, hd, scale, &s[i][b], KERN_ATTN_TILE);
+    }
+    float corr[ROWS_MAX];
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
+    for (size_t i = 0; i < na; i++) {
+        const size_t r = act[i];
         __m256 vmx = ninf;
-        for (j = 0; j < nv; j += 8) {
-            const __m256i mk = lanes(nv, j);
-            __m256 x = _mm256_mul_ps(_mm256_maskload_ps(s + j, mk), vs);
-            _mm256_maskstore_ps(s + j, mk, x);
-            vmx = _mm256_max_ps(vmx, _mm256_blendv_ps(ninf, x, _mm256_castsi256_ps(mk)));
-        }
+        for (size_t j = jlo; j < jb; j += 8)
+            vmx = _mm256_max_ps(vmx, _mm256_blendv_ps(ninf, _mm256_load_ps(&s[i][j]),
+                                                      span_lanes(j, ra[i], rb[i])));
         const float mx = hmax8(vmx);
         const float mn = m[r] > mx ? m[r] : mx;
-        const float corr = fm_expf(m[r] - mn); /* 0 on the first tile (m = -inf) */
-        __m256 vsum = _mm256_setzero_ps();
+        corr[i] = fm_expf(m[r] - mn); /* 0 on the first tile (m = -inf) */
+        __m256 vsum = zero;
         const __m256 vmn = _mm256_set1_ps(mn);
-        for (j = 0; j < nv; j += 8) {
-            const __m256i mk = lanes(nv, j);
-            __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(s + j, mk), vmn));
-            e = _mm256_and_ps(e, _mm256_castsi256_ps(mk));
-            _mm256_maskstore_ps(s + j, mk, e);
+        for (size_t j = jlo; j < jb; j += 8) {
+            const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_load_ps(&s[i][j]), vmn)),
+                                           span_lanes(j, ra[i], rb[i]));
+            _mm256_store_ps(&s[i][j], e);
             vsum = _mm256_add_ps(vsum, e);
         }
-        l[r] = l[r] * corr + hsum8(vsum);
+        l[r] = l[r] * corr[i] + hsum8(vsum);
         m[r] = mn;
-        /* o = o*corr + sum_j e_j v_j, one 8-float slice of o in a register at a time */
-        float *orow = o[r];
-        const __m256 vc = _mm256_set1_ps(corr);
-        for (size_t d = 0; d < hd; d += 8) {
-            const __m256i mk = lanes(hd, d);
-            __m256 acc = _mm256_mul_ps(_mm256_maskload_ps(orow + d, mk), vc);
-            __m256 acc2 = _mm256_setzero_ps();
-            const float *vp = vr + d;
-            for (j = 0; j + 2 <= nv; j += 2, vp += 2 * ldf) {
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_maskload_ps(vp, mk), acc);
-                acc2 = _mm256_fmadd_ps(_mm256_set1_ps(s[j + 1]),
-                                       _mm256_maskload_ps(vp + ldf, mk), acc2);
-            }
-            if (j < nv)
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_maskload_ps(vp, mk), acc);
-            _mm256_maskstore_ps(orow + d, mk, _mm256_add_ps(acc, acc2));
-        }
     }
+    static const float zero_w[KERN_ATTN_TILE] __attribute__((aligned(32)));
+    float dummy[KERN_ATTN_HD_MAX] __attribute__((aligned(32)));
+    for (size_t i0 = 0; i0 < na; i0 += PV_ROWS) {
+        float *orow[PV_ROWS];
+        const float *w[PV_ROWS];
+        float c[PV_ROWS];
+        size_t pa = n, pb = 0;
+        for (size_t t = 0; t < PV_ROWS; t++) {
+            if (i0 + t < na) {
+                orow[t] = o[act[i0 + t]];
+                w[t] = s[i0 + t];
+                c[t] = corr[i0 + t];
+                pa = ra[i0 + t] < pa ? ra[i0 + t] : pa;
+                pb = rb[i0 + t] > pb ? rb[i0 + t] : pb;
+            } else { /* padding: zero weights into a scratch row */
+                orow[t] = dummy;
+                w[t] = zero_w;
+                c[t] = 0.0f;
+            }
+        }
+        pv_rows(orow, c, w, pa, pb, vf, ldf, hd);
+    }
+}
+
+static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
+                     const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
+                     const float *kf, const float *vf, size_t ldf, size_t n, size_t hd,
+                     float scale)
+{
+    for (size_t r0 = 0; r0 < nq; r0 += ROWS_MAX)
+        tile_rows(q + r0, o + r0, m + r0, l + r0, lo ? lo + r0 : NULL, vis ? vis + r0 : NULL, j0,
+                  nq - r0 < ROWS_MAX ? nq - r0 : ROWS_MAX, kf, vf, ldf, n, hd, scale);
 }
 
 /* 8 halves at h (only the first c < 8 exist: copied to a zeroed buffer, never read past). */

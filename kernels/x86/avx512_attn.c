@@ -5,15 +5,23 @@
  *
  * Per call: f16/bf16 K and V rows are widened to f32 once per sub-tile into stack buffers
  * and then read by every query row (the GQA group / prefill rows share them); f32 rows are
- * read in place. Per query row: scores four positions at a time (one q load feeds four
- * FMAs), the tile's maximum, the exp of the scores 16 at a time (avx512_exp.h, the scalar
- * fm_expf's algorithm), then o = o*corr + sum_j e_j v_j with each 16-float slice of o held in
- * a register across the tile's rows.
+ * read in place. The tile (session 12) is register-blocked like a small GEMM:
+ *  - q.k: 16 positions of K are transposed in registers (16x16, 64 shuffles per 16 head-dim
+ *    elements) once for all rows; then 8 rows' scores over those 16 positions are 8 vectors,
+ *    one broadcast-q FMA per element (two chains per row: even and odd d), so the scores
+ *    need no horizontal sums and the softmax works on 16 scores per vector;
+ *  - softmax per row: the tile maximum, exp16 (avx512_exp.h, the scalar fm_expf's
+ *    algorithm), weights 0 outside the row's [lo, vis);
+ *  - o = o*corr + sum_j w_j v_j: 4 rows x 64 lanes of o in 16 registers per V row loaded.
+ * Every row's arithmetic is its own sequence of operations, whatever rows share the call, so
+ * a query gives the same bits in a decode and in any prefill chunk (the engine's batch
+ * invariance relies on it; weights outside a row's range add exact zeros).
  *
  * 8-bit KV head rows (int8, fp8 E4M3 with an f32 scale; kern.h) are decoded into the same
  * widened tiles by widen_kvi8 / widen_kvf8, bit for bit kern_kv8_dequant.
  *
- * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack.
+ * NOTES: reentrant; at most 2 x ATTN_BUF floats (64 KiB) of stack in the widening driver,
+ * and 36 KiB in the tile (the transposed K, the scores of 64 rows).
  */
 #include "avx512_exp.h"
 #include "fastmath.h"
@@ -31,18 +39,182 @@ static inline __mmask16 lanes(size_t hd, size_t d)
     return hd - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - d)) - 1u);
 }
 
+/* Lanes j .. j+15 that lie in [a, b). */
+static inline __mmask16 span_lanes(size_t j, size_t a, size_t b)
+{
+    if (b <= j || a >= j + 16)
+        return 0;
+    uint32_t mk = 0xffffu;
+    if (b - j < 16)
+        mk &= (1u << (b - j)) - 1u;
+    if (a > j)
+        mk &= ~((1u << (a - j)) - 1u);
+    return (__mmask16)mk;
+}
+
+/*
+ * One 16x16 transpose: r[i] (row i, 16 floats) -> r[i] (column i). 64 shuffles.
+ */
+static inline void tr16x16(__m512 r[16])
+{
+    __m512 t[16];
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    _Pragma("GCC unroll 16") for (int i = 0; i < 16; i += 4) {
+        r[i + 0] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    _Pragma("GCC unroll 16") for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    _Pragma("GCC unroll 16") for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* K rows [i0, nb) (nb <= 16, row i at k + i*ldf floats) transposed into kt [hd][16]: kt[d][i]
+ * = K[i][d], lanes outside [i0, nb) zero (those rows are not read). */
+static void transpose_k(float *kt, const float *k, size_t ldf, size_t i0, size_t nb, size_t hd)
+{
+    for (size_t d = 0; d < hd; d += 16) {
+        const __mmask16 mk = lanes(hd, d);
+        __m512 r[16];
+        _Pragma("GCC unroll 16") for (size_t i = 0; i < 16; i++)
+            r[i] = i >= i0 && i < nb ? _mm512_maskz_loadu_ps(mk, k + i * ldf + d) : _mm512_setzero_ps();
+        tr16x16(r);
+        const size_t nd = hd - d < 16 ? hd - d : 16;
+        for (size_t i = 0; i < nd; i++)
+            _mm512_store_ps(kt + (d + i) * 16, r[i]);
+    }
+}
+
+/*
+ * Scores of R query rows against 16 transposed positions: s[r][0..16) = scale * q[r] . K[i],
+ * lanes = positions. Each row's sum is its own pair of FMA chains (even and odd d, added at
+ * the end), so a row's bits do not depend on R or on the rows beside it (batch invariance:
+ * the same query gives the same score in a decode and inside any prefill chunk).
+ */
+#define SCORES_ROWS_(R)                                                                          \
+    static void scores_rows##R(const float *const *q, const float *kt, size_t hd, float scale,  \
+                               float *s, size_t lds)                                            \
+    {                                                                                            \
+        __m512 a0[R], a1[R];                                                                     \
+        _Pragma("GCC unroll 8") for (size_t r = 0; r < R; r++) a0[r] = a1[r] =                   \
+            _mm512_setzero_ps();                                                                 \
+        size_t d = 0;                                                                            \
+        for (; d + 2 <= hd; d += 2) {                                                            \
+            const __m512 k0 = _mm512_load_ps(kt + d * 16);                                       \
+            const __m512 k1 = _mm512_load_ps(kt + (d + 1) * 16);                                 \
+            _Pragma("GCC unroll 8") for (size_t r = 0; r < R; r++)                               \
+            {                                                                                    \
+                a0[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), k0, a0[r]);                     \
+                a1[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[r][d + 1]), k1, a1[r]);                 \
+            }                                                                                    \
+        }                                                                                        \
+        if (d < hd) {                                                                            \
+            const __m512 k0 = _mm512_load_ps(kt + d * 16);                                       \
+            _Pragma("GCC unroll 8") for (size_t r = 0; r < R; r++) a0[r] =                       \
+                _mm512_fmadd_ps(_mm512_set1_ps(q[r][d]), k0, a0[r]);                             \
+        }                                                                                        \
+        const __m512 vs = _mm512_set1_ps(scale);                                                 \
+        _Pragma("GCC unroll 8") for (size_t r = 0; r < R; r++)                                   \
+            _mm512_store_ps(s + r * lds, _mm512_mul_ps(_mm512_add_ps(a0[r], a1[r]), vs));        \
+    }
+SCORES_ROWS_(8)
+SCORES_ROWS_(1)
+#undef SCORES_ROWS_
+
+/* o[r] = o[r]*corr[r] + sum_{j in [ja, jb)} w[r][j] v_j for PV_ROWS rows, 64 floats of o
+ * (d0 .. d0+63, masked at hd) per pass. One FMA chain per (row, 16 lanes), j in order, so a
+ * row's bits do not depend on the rows beside it; weights outside a row's range are 0 and add
+ * exactly nothing (v rows in [ja, jb) are rows some row of the call sees: finite). */
+#define PV_ROWS 4
+/* 64 lanes of o from d0: LD(p, c) loads lanes 16c .. 16c+15 at p (masked or not) */
+#define PV_BODY_(LD)                                                                          \
+    {                                                                                         \
+        PV_LOAD_(0) PV_LOAD_(1) PV_LOAD_(2) PV_LOAD_(3)                                       \
+        const float *vp = vf + ja * ldf + d0;                                                 \
+        for (size_t j = ja; j < jb; j++, vp += ldf) {                                         \
+            const __m512 v0 = LD(vp, 0), v1 = LD(vp, 1), v2 = LD(vp, 2), v3 = LD(vp, 3);      \
+            PV_FMA_(0) PV_FMA_(1) PV_FMA_(2) PV_FMA_(3)                                       \
+        }                                                                                     \
+        PV_STORE_(0) PV_STORE_(1) PV_STORE_(2) PV_STORE_(3)                                   \
+    }
+#define PV_LOAD_(r)                                                                           \
+    const __m512 c##r = _mm512_set1_ps(corr[r]);                                              \
+    __m512 a##r##0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, o[r] + d0), c##r);               \
+    __m512 a##r##1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, o[r] + d0 + 16), c##r);          \
+    __m512 a##r##2 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m2, o[r] + d0 + 32), c##r);          \
+    __m512 a##r##3 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m3, o[r] + d0 + 48), c##r);
+#define PV_FMA_(r)                                                                            \
+    {                                                                                         \
+        const __m512 wr = _mm512_set1_ps(w##r[j]);                                            \
+        a##r##0 = _mm512_fmadd_ps(wr, v0, a##r##0);                                           \
+        a##r##1 = _mm512_fmadd_ps(wr, v1, a##r##1);                                           \
+        a##r##2 = _mm512_fmadd_ps(wr, v2, a##r##2);                                           \
+        a##r##3 = _mm512_fmadd_ps(wr, v3, a##r##3);                                           \
+    }
+#define PV_STORE_(r)                                                                          \
+    _mm512_mask_storeu_ps(o[r] + d0, m0, a##r##0);                                            \
+    _mm512_mask_storeu_ps(o[r] + d0 + 16, m1, a##r##1);                                       \
+    _mm512_mask_storeu_ps(o[r] + d0 + 32, m2, a##r##2);                                       \
+    _mm512_mask_storeu_ps(o[r] + d0 + 48, m3, a##r##3);
+#define PV_FULL_(p, c) _mm512_loadu_ps((p) + 16 * (c))
+#define PV_MASKED_(p, c) _mm512_maskz_loadu_ps(m##c, (p) + 16 * (c))
+/* noinline: inlined into tile_rows, its 16 accumulators were spilled to the stack (GCC 12) */
+static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr,
+                                              const float *const *w, size_t ja, size_t jb,
+                                              const float *vf, size_t ldf, size_t hd)
+{
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    size_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) { /* whole 64-lane slices: plain loads */
+        const __mmask16 m0 = 0xffff, m1 = 0xffff, m2 = 0xffff, m3 = 0xffff;
+        PV_BODY_(PV_FULL_)
+    }
+    if (d0 < hd) { /* the ragged end: lanes past hd neither read nor written */
+        const __mmask16 m0 = lanes(hd, d0), m1 = d0 + 16 < hd ? lanes(hd, d0 + 16) : 0,
+                        m2 = d0 + 32 < hd ? lanes(hd, d0 + 32) : 0,
+                        m3 = d0 + 48 < hd ? lanes(hd, d0 + 48) : 0;
+        PV_BODY_(PV_MASKED_)
+    }
+}
+#undef PV_BODY_
+#undef PV_LOAD_
+#undef PV_FMA_
+#undef PV_STORE_
+#undef PV_FULL_
+#undef PV_MASKED_
+
 /*
  * The online-softmax update of nq rows over n positions of f32 rows: K row j at kf + j*ldf,
  * V row j at vf + j*ldf (floats). n <= KERN_ATTN_TILE. Row r sees tile positions
  * [lo[r] - j0, vis[r] - j0) clipped to [0, n) (lo/vis are relative to the kernel call, j0 is
  * this tile's offset in it; NULL: unclipped).
+ *
+ * Register-blocked: K is transposed 16 positions at a time (once for all rows), the scores of
+ * 8 rows x 16 positions are 8 vectors (q broadcast, one FMA per element), the softmax of a
+ * row is 16 scores per vector, and o += w v runs 4 rows x 64 lanes per V row loaded.
  */
-static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
-                     const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
-                     const float *kf, const float *vf, size_t ldf, size_t n, size_t hd,
-                     float scale)
+#define ROWS_MAX 64 /* query rows of one pass (their scores live on the stack) */
+static void tile_rows(const float *const *q, float *const *o, float *m, float *l,
+                      const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
+                      const float *kf, const float *vf, size_t ldf, size_t n, size_t hd,
+                      float scale)
 {
-    float s[KERN_ATTN_TILE] __attribute__((aligned(64))); /* [n] scores, then weights */
+    float kt[KERN_ATTN_HD_MAX * 16] __attribute__((aligned(64)));      /* [hd][16] K^T */
+    float s[ROWS_MAX][KERN_ATTN_TILE] __attribute__((aligned(64))); /* [nq][n] */
+    size_t ra[ROWS_MAX], rb[ROWS_MAX]; /* row r sees [ra, rb) */
+    size_t act[ROWS_MAX], na = 0;                  /* rows that see something */
+    size_t ja = n, jb = 0;
     for (size_t r = 0; r < nq; r++) {
         size_t nv = vis ? (vis[r] > j0 ? vis[r] - j0 : 0) : n;
         if (nv > n)
@@ -50,76 +222,85 @@ static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
         const size_t a = lo && lo[r] > j0 ? lo[r] - j0 : 0; /* the window's start */
         if (a >= nv)
             continue;
-        nv -= a; /* positions [a, a+nv) of the tile, as rows [0, nv) from kr / vr */
-        const float *qr = q[r], *kr = kf + a * ldf, *vr = vf + a * ldf;
-        size_t j = 0;
-        for (; j + 4 <= nv; j += 4) {
-            const float *k0 = kr + j * ldf, *k1 = k0 + ldf, *k2 = k1 + ldf, *k3 = k2 + ldf;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (size_t d = 0; d < hd; d += 16) {
-                const __mmask16 mk = lanes(hd, d);
-                const __m512 x = _mm512_maskz_loadu_ps(mk, qr + d);
-                a0 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(mk, k0 + d), a0);
-                a1 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(mk, k1 + d), a1);
-                a2 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(mk, k2 + d), a2);
-                a3 = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(mk, k3 + d), a3);
-            }
-            s[j + 0] = _mm512_reduce_add_ps(a0);
-            s[j + 1] = _mm512_reduce_add_ps(a1);
-            s[j + 2] = _mm512_reduce_add_ps(a2);
-            s[j + 3] = _mm512_reduce_add_ps(a3);
-        }
-        for (; j < nv; j++) {
-            const float *k0 = kr + j * ldf;
-            __m512 a0 = _mm512_setzero_ps();
-            for (size_t d = 0; d < hd; d += 16) {
-                const __mmask16 mk = lanes(hd, d);
-                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, qr + d),
-                                     _mm512_maskz_loadu_ps(mk, k0 + d), a0);
-            }
-            s[j] = _mm512_reduce_add_ps(a0);
-        }
-        /* scale, tile maximum, weights e^(s - m') and their sum, 16 scores at a time */
-        const __m512 vs = _mm512_set1_ps(scale);
+        ra[na] = a, rb[na] = nv, act[na++] = r;
+        ja = a < ja ? a : ja;
+        jb = nv > jb ? nv : jb;
+    }
+    if (na == 0)
+        return;
+    /* scores of the active rows over [ja, jb), 16 positions at a time from ja rounded down
+     * (K rows below ja or from jb on are not read: zero lanes, masked below) */
+    const float *qa[ROWS_MAX];
+    for (size_t i = 0; i < na; i++)
+        qa[i] = q[act[i]];
+    const size_t jlo = ja / 16 * 16;
+    for (size_t b = jlo; b < jb; b += 16) {
+        const size_t first = b < ja ? ja : b; /* rows [first, last) of this block are read */
+        const size_t nb = jb - b < 16 ? jb - b : 16;
+        transpose_k(kt, kf + b * ldf, ldf, first - b, nb, hd);
+        size_t i = 0;
+        for (; i + 8 <= na; i += 8)
+            scores_rows8(qa + i, kt, hd, scale, &s[i][b], KERN_ATTN_TILE);
+        for (; i < na; i++)
+            scores_rows1(qa + i, kt, hd, scale, &s[i][b], KERN_ATTN_TILE);
+    }
+    /* per row: tile maximum, weights e^(s - m') (0 outside [ra, rb)) and their sum */
+    float corr[ROWS_MAX];
+    for (size_t i = 0; i < na; i++) {
+        const size_t r = act[i];
         __m512 vmx = _mm512_set1_ps(-INFINITY);
-        for (j = 0; j < nv; j += 16) {
-            const __mmask16 mk = lanes(nv, j);
-            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, s + j), vs);
-            _mm512_mask_storeu_ps(s + j, mk, x);
-            vmx = _mm512_mask_max_ps(vmx, mk, vmx, x);
+        for (size_t j = jlo; j < jb; j += 16) {
+            const __mmask16 mk = span_lanes(j, ra[i], rb[i]);
+            vmx = _mm512_mask_max_ps(vmx, mk, vmx, _mm512_load_ps(&s[i][j]));
         }
         const float mx = _mm512_reduce_max_ps(vmx);
         const float mn = m[r] > mx ? m[r] : mx;
-        const float corr = fm_expf(m[r] - mn); /* 0 on the first tile (m = -inf) */
+        corr[i] = fm_expf(m[r] - mn); /* 0 on the first tile (m = -inf) */
         __m512 vsum = _mm512_setzero_ps();
         const __m512 vmn = _mm512_set1_ps(mn);
-        for (j = 0; j < nv; j += 16) {
-            const __mmask16 mk = lanes(nv, j);
-            __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), vmn));
-            e = _mm512_maskz_mov_ps(mk, e);
-            _mm512_mask_storeu_ps(s + j, mk, e);
+        for (size_t j = jlo; j < jb; j += 16) {
+            const __mmask16 mk = span_lanes(j, ra[i], rb[i]);
+            const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_load_ps(&s[i][j]), vmn)));
+            _mm512_store_ps(&s[i][j], e);
             vsum = _mm512_add_ps(vsum, e);
         }
-        l[r] = l[r] * corr + _mm512_reduce_add_ps(vsum);
+        l[r] = l[r] * corr[i] + _mm512_reduce_add_ps(vsum);
         m[r] = mn;
-        /* o = o*corr + sum_j e_j v_j, one 16-float slice of o in a register at a time */
-        float *orow = o[r];
-        const __m512 vc = _mm512_set1_ps(corr);
-        for (size_t d = 0; d < hd; d += 16) {
-            const __mmask16 mk = lanes(hd, d);
-            __m512 acc = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, orow + d), vc);
-            __m512 acc2 = _mm512_setzero_ps();
-            const float *vp = vr + d;
-            for (j = 0; j + 2 <= nv; j += 2, vp += 2 * ldf) {
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_maskz_loadu_ps(mk, vp), acc);
-                acc2 = _mm512_fmadd_ps(_mm512_set1_ps(s[j + 1]),
-                                       _mm512_maskz_loadu_ps(mk, vp + ldf), acc2);
-            }
-            if (j < nv)
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_maskz_loadu_ps(mk, vp), acc);
-            _mm512_mask_storeu_ps(orow + d, mk, _mm512_add_ps(acc, acc2));
-        }
     }
+    /* o = o*corr + sum_j w_j v_j, PV_ROWS rows at a time over the rows' union [ja', jb') */
+    static const float zero_w[KERN_ATTN_TILE] __attribute__((aligned(64)));
+    float dummy[KERN_ATTN_HD_MAX] __attribute__((aligned(64)));
+    for (size_t i0 = 0; i0 < na; i0 += PV_ROWS) {
+        float *orow[PV_ROWS];
+        const float *w[PV_ROWS];
+        float c[PV_ROWS];
+        size_t pa = n, pb = 0;
+        for (size_t t = 0; t < PV_ROWS; t++) {
+            if (i0 + t < na) {
+                orow[t] = o[act[i0 + t]];
+                w[t] = s[i0 + t];
+                c[t] = corr[i0 + t];
+                pa = ra[i0 + t] < pa ? ra[i0 + t] : pa;
+                pb = rb[i0 + t] > pb ? rb[i0 + t] : pb;
+            } else { /* padding: zero weights into a scratch row */
+                orow[t] = dummy;
+                w[t] = zero_w;
+                c[t] = 0.0f;
+            }
+        }
+        pv_rows(orow, c, w, pa, pb, vf, ldf, hd);
+    }
+}
+
+/* tile_rows over any number of rows, ROWS_MAX at a time (rows are independent). */
+static void tile_f32(const float *const *q, float *const *o, float *m, float *l,
+                     const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
+                     const float *kf, const float *vf, size_t ldf, size_t n, size_t hd,
+                     float scale)
+{
+    for (size_t r0 = 0; r0 < nq; r0 += ROWS_MAX)
+        tile_rows(q + r0, o + r0, m + r0, l + r0, lo ? lo + r0 : NULL, vis ? vis + r0 : NULL, j0,
+                  nq - r0 < ROWS_MAX ? nq - r0 : ROWS_MAX, kf, vf, ldf, n, hd, scale);
 }
 
 /* n rows of hd f16 / bf16 elements (row j at src + j*ld bytes) -> dst [n][hd] f32. */

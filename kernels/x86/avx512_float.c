@@ -3,8 +3,9 @@
  *
  * gemv: dot products, one row at a time (a single sequential stream), up to 2 tokens sharing
  *   each widened weight vector, several accumulators per output to hide the FMA latency.
- *   bf16 x f32 at n = 1 (decode) has its own loop: shift/AND instead of widening loads, and a
- *   software prefetch ahead of the stream (kern_gemv_bf16_f32_avx512 below).
+ *   bf16 x f32 at n = 1 (decode) has its own loop: shift/AND instead of widening loads, two
+ *   row streams (the range's halves) and a software prefetch ahead of each
+ *   (kern_gemv_bf16_f32_avx512 below).
  *   Ragged column tails use masked loads (masked-off lanes are never read).
  * gemm: panels of 16 rows x a chunk of columns are widened to f32 (or kept as bf16 pairs) and
  *   transposed so one zmm holds one column (two for bf16) of all 16 rows; each step is then
@@ -410,34 +411,44 @@ GEMM_ONLY_(bf16, WK_BF16)
  * against x split once per call into its even and odd columns: 2 FMAs per 32 weights and no
  * widening loads. Exact like the widening path (bf16 -> f32 is exact; only the order of the
  * f32 additions differs), so the bf16 _ref twin and its tolerance are unchanged.
- * One row at a time keeps a single sequential stream per thread (ADR 0004); on top of the
- * hardware prefetchers, which stop at each 4 KiB page, a software prefetch GEMV1_PFD bytes
- * ahead in the same stream keeps misses in flight across the page (= row, for 2048 columns)
- * boundaries. It may touch up to GEMV1_PFD bytes past the range: prefetches never fault.
+ * Two sequential streams per thread (session 12): row i of the range's first half and row i
+ * of its second half share one loop, as bw_probe's 2-stream variant reads. Each row keeps its
+ * own accumulators in the one-row order (same bits), so the loop has 8 independent FMA chains
+ * and two streams of misses in flight; with 2 MiB pages, 1 thread, thread CPU time from DRAM
+ * this read ~1.15x faster than one row at a time (docs/PERFORMANCE.md "gpt-oss decode, session
+ * 12"). Adjacent rows as the pair (one stream twice as wide) measured ~0.7x: the pair must be
+ * two distant streams. On top of the hardware prefetchers, which stop at each 4 KiB page, a
+ * software prefetch GEMV1_PFD bytes ahead in each stream keeps misses in flight across page
+ * boundaries. It may touch up to GEMV1_PFD bytes past a row: prefetches never fault.
  */
 #define GEMV1_MAXC 8192 /* x split on the stack: 2 x 16 KiB */
 #define GEMV1_PFD 4096
 
-static void gemv1_bf16_row(const uint16_t *row, const float *xe, const float *xo, size_t cols,
-                           float *y)
+/* S (1 or 2) rows dotted with x, one loop: each row keeps its own four f32 accumulators and
+ * reduces them in the same order whatever S is, so a row's bits do not depend on which row
+ * shares its loop (the bits are those of the one-row loop before session 12). */
+INLINE void gemv1_bf16_rows(int S, const uint16_t *const *rw, const float *xe, const float *xo,
+                            size_t cols, float *const *ys)
 {
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    __m512 acc[2][2];
-    UNROLL for (int u = 0; u < 2; u++) acc[u][0] = acc[u][1] = _mm512_setzero_ps();
+    __m512 acc[2][2][2];
+    UNROLL for (int s = 0; s < S; s++) UNROLL for (int u = 0; u < 2; u++) acc[s][u][0] =
+        acc[s][u][1] = _mm512_setzero_ps();
     for (size_t c = 0; c < cols; c += 64) {
-        UNROLL for (int u = 0; u < 2; u++)
+        UNROLL for (int s = 0; s < S; s++) UNROLL for (int u = 0; u < 2; u++)
         {
             size_t cu = c + 32 * (size_t)u;
-            _mm_prefetch((const char *)(row + cu) + GEMV1_PFD, _MM_HINT_T0);
-            __m512i v = _mm512_loadu_si512(row + cu);
+            _mm_prefetch((const char *)(rw[s] + cu) + GEMV1_PFD, _MM_HINT_T0);
+            __m512i v = _mm512_loadu_si512(rw[s] + cu);
             __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
             __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
-            acc[u][0] = _mm512_fmadd_ps(we, _mm512_load_ps(xe + cu / 2), acc[u][0]);
-            acc[u][1] = _mm512_fmadd_ps(wo, _mm512_load_ps(xo + cu / 2), acc[u][1]);
+            acc[s][u][0] = _mm512_fmadd_ps(we, _mm512_load_ps(xe + cu / 2), acc[s][u][0]);
+            acc[s][u][1] = _mm512_fmadd_ps(wo, _mm512_load_ps(xo + cu / 2), acc[s][u][1]);
         }
     }
-    *y = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][0], acc[0][1]),
-                                            _mm512_add_ps(acc[1][0], acc[1][1])));
+    UNROLL for (int s = 0; s < S; s++) *ys[s] = _mm512_reduce_add_ps(
+        _mm512_add_ps(_mm512_add_ps(acc[s][0][0], acc[s][0][1]),
+                      _mm512_add_ps(acc[s][1][0], acc[s][1][1])));
 }
 
 void kern_gemv_bf16_f32_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
@@ -457,9 +468,20 @@ void kern_gemv_bf16_f32_avx512(const void *w, const struct kern_act *a, float *y
         _mm512_store_ps(xe + c / 2, _mm512_permutex2var_ps(lo, ie, hi));
         _mm512_store_ps(xo + c / 2, _mm512_permutex2var_ps(lo, io, hi));
     }
+    /* two streams: row i of the range's first half beside row i of its second half */
     const uint16_t *rows = w;
-    for (size_t r = r0; r < r1; r++)
-        gemv1_bf16_row(rows + r * cols, xe, xo, cols, y + r);
+    const size_t half = (r1 - r0) / 2;
+    for (size_t i = 0; i < half; i++) {
+        const size_t ra = r0 + i, rb = r0 + half + i;
+        const uint16_t *rw[2] = {rows + ra * cols, rows + rb * cols};
+        float *ys[2] = {y + ra, y + rb};
+        gemv1_bf16_rows(2, rw, xe, xo, cols, ys);
+    }
+    if ((r1 - r0) % 2) {
+        const uint16_t *rw[1] = {rows + (r1 - 1) * cols};
+        float *ys[1] = {y + r1 - 1};
+        gemv1_bf16_rows(1, rw, xe, xo, cols, ys);
+    }
 }
 
 void kern_gemv_bf16_bf16_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,

@@ -6,10 +6,11 @@
  * A super-block is unpacked once per row and token tile into 4 vectors of 64 unsigned codes
  * (q4_K 0..15, q5_K 0..31, q6_K 0..63) in element order; vpdpbusd multiplies them by 64 int8
  * activations into 16 lanes of 4 products. Lanes keep their own f32 sums: lane scale =
- * (d * sub-block scale) x (activation block scale, kern_act d4), so no horizontal work until
- * the row is done. The q4_K/q5_K mins go to a separate 8-lane sum, (dmin m_j / 8) x dx_b x
- * ns32_b (ns32 = -8 x the block's quant sum); q6_K's -32 offset starts each dot product at
- * 4 x ns4 (= -32 x the lane's quant sum), so the integer sums are those of the _ref twin.
+ * (d * sub-block scale) x (activation block scale, kern_act d), formed once per sub-block
+ * and permuted to the lanes, so no horizontal work until the row is done. The q4_K/q5_K mins
+ * go to a separate 8-lane sum, (dmin m_j / 8) x dx_b x ns32_b (ns32 = -8 x the block's quant
+ * sum); q6_K's -32 offset starts each dot product at 4 x ns4 (= -32 x the lane's quant sum),
+ * so the integer sums are those of the _ref twin.
  * gemv runs one token per row pass (two accumulators to hide the FMA latency); gemm runs tiles
  * of up to 4 tokens over each unpacked super-block.
  */
@@ -36,6 +37,9 @@ static const int32_t idx6[4][16] = {
     {8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11},
     {12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15}};
 
+/* q6_K: sub-block k (16 elements) -> its activation block k / 2 */
+static const int32_t idx_half[16] = {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7};
+
 /* F16C's conversion (exact, like half_f16_to_f32, without its branches). */
 static inline float f16_at(const uint8_t *p)
 {
@@ -48,14 +52,14 @@ static inline float f16_at(const uint8_t *p)
 struct tok {
     const int8_t *q;     /* [cp] quants */
     const float *d;      /* [cp/32] block scales */
-    const float *d4;     /* [cp/4] lane scales */
     const int32_t *ns4;  /* [cp/4] */
     const int32_t *ns32; /* [cp/32] */
 };
 
-/* Unpacks super-block blk into w[4] (64 codes each) and the lane scales sv[4]; msc gets
- * q4_K/q5_K's 8 min factors dmin m_j / 8. */
-AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 sv[4], __m256 *msc)
+/* Unpacks super-block blk into w[4] (64 codes each) and the sub-block scales *scs (q4_K/q5_K:
+ * d sc_j in lanes 0..7; q6_K: d sc_k in 16 lanes); msc gets q4_K/q5_K's 8 min factors
+ * dmin m_j / 8. */
+AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 *scs, __m256 *msc)
 {
     const __m512i lo4 = _mm512_set1_epi8(0x0f);
     if (wt == DT_Q6_K) {
@@ -76,9 +80,7 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 sv[4], _
             w[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), lo4),
                                            _mm512_and_si512(A, hb));
         }
-        #pragma GCC unroll 8
-        for (int c = 0; c < 4; c++)
-            sv[c] = _mm512_permutexvar_ps(_mm512_loadu_si512(idx6[c]), sc);
+        *scs = sc;
         return;
     }
     uint64_t s8, m8;
@@ -89,7 +91,7 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 sv[4], _
     *msc = _mm256_mul_ps(
         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m8))),
         _mm256_set1_ps(f16_at(blk + 2) * 0.125f));
-    const __m512 scz = _mm512_castps256_ps512(sc); /* the indices read lanes 0..7 only */
+    *scs = _mm512_castps256_ps512(sc); /* the indices read lanes 0..7 only */
     const uint8_t *qs = blk + (wt == DT_Q4_K ? 16 : 48);
     __m512i A = _mm512_setzero_si512();
     if (wt == DT_Q5_K) {
@@ -107,7 +109,6 @@ AI_ void unpack(enum dtype wt, const uint8_t *blk, __m512i w[4], __m512 sv[4], _
             w[c] = _mm512_or_si512(w[c], _mm512_and_si512(_mm512_slli_epi16(h, 4),
                                                           _mm512_set1_epi8(0x10)));
         }
-        sv[c] = _mm512_permutexvar_ps(_mm512_loadu_si512(idx45[c]), scz);
     }
 }
 
@@ -124,12 +125,20 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
     }
     for (size_t s = 0; s < nsb; s++) {
         __m512i w[4];
-        __m512 sv[4];
+        __m512 scs;
         __m256 msc = _mm256_setzero_ps();
-        unpack(wt, row + s * bb, w, sv, &msc);
+        unpack(wt, row + s * bb, w, &scs, &msc);
         #pragma GCC unroll 8
         for (int u = 0; u < nt; u++) {
             const size_t e = s * QUANT_K;
+            /* (d sc) x dx_b once per sub-block, then spread over the lanes: the products the
+             * lanes had from sv x d4 (one multiply per super-block instead of 4 + 4 loads) */
+            const __m256 dx8 = _mm256_loadu_ps(tk[u].d + s * 8); /* [8] activation blocks */
+            const __m512 cs =
+                wt == DT_Q6_K
+                    ? _mm512_mul_ps(scs, _mm512_permutexvar_ps(_mm512_loadu_si512(idx_half),
+                                                               _mm512_castps256_ps512(dx8)))
+                    : _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(scs), dx8));
             #pragma GCC unroll 8
             for (int c = 0; c < 4; c++) {
                 __m512i x = _mm512_loadu_si512(tk[u].q + e + 64 * (size_t)c);
@@ -137,12 +146,13 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
                                    ? _mm512_slli_epi32(_mm512_loadu_si512(tk[u].ns4 + e / 4 + 16 * (size_t)c), 2)
                                    : _mm512_setzero_si512();
                 __m512i dot = _mm512_dpbusd_epi32(init, w[c], x);
-                __m512 ls = _mm512_mul_ps(sv[c], _mm512_loadu_ps(tk[u].d4 + e / 4 + 16 * (size_t)c));
+                __m512 ls = _mm512_permutexvar_ps(
+                    _mm512_loadu_si512(wt == DT_Q6_K ? idx6[c] : idx45[c]), cs);
                 acc[u][c & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), ls, acc[u][c & 1]);
             }
             if (wt != DT_Q6_K) {
-                __m256 sb = _mm256_mul_ps(_mm256_loadu_ps(tk[u].d + s * 8),
-                                          _mm256_cvtepi32_ps(_mm256_loadu_si256((const void *)(tk[u].ns32 + s * 8))));
+                const __m256i ns8 = _mm256_loadu_si256((const void *)(tk[u].ns32 + s * 8));
+                __m256 sb = _mm256_mul_ps(dx8, _mm256_cvtepi32_ps(ns8));
                 macc[u] = _mm256_fmadd_ps(msc, sb, macc[u]);
             }
         }
@@ -162,8 +172,8 @@ AI_ void row_tile(enum dtype wt, const uint8_t *row, size_t nsb, size_t bb, cons
 
 static struct tok tok_of(const struct kern_act *a, size_t t)
 {
-    struct tok k = {a->q + t * a->ld, a->d + t * a->cp / 32, a->d4 + t * a->cp / 4,
-                    a->ns4 + t * a->cp / 4, a->ns32 + t * a->cp / 32};
+    struct tok k = {a->q + t * a->ld, a->d + t * a->cp / 32, a->ns4 + t * a->cp / 4,
+                    a->ns32 + t * a->cp / 32};
     return k;
 }
 
@@ -176,7 +186,7 @@ AI_ void mm_kq(enum dtype wt, int tile, const void *w, const struct kern_act *a,
     const size_t nsb = a->cols / QUANT_K, rb = nsb * bb;
     for (size_t t0 = 0; t0 < a->n; t0 += (size_t)tile) {
         const int nt = a->n - t0 < (size_t)tile ? (int)(a->n - t0) : tile;
-        struct tok tk[TILE] = {{NULL, NULL, NULL, NULL, NULL}};
+        struct tok tk[TILE] = {{NULL, NULL, NULL, NULL}};
         #pragma GCC unroll 8
         for (int u = 0; u < nt; u++)
             tk[u] = tok_of(a, t0 + (size_t)u);

@@ -3,13 +3,14 @@
  * expert), rewritten in session 11 to need fewer instructions per weight byte so that it is
  * bound by DRAM rather than by the core (issue 13: decode at >= 80% of the read roofline).
  *
- * Same arithmetic as x86/avx512_q.c's kern_gemv_mxfp4_q8_0_avx512, bit for bit (and so as the
- * gemm: batch invariance, tests/kern/test_kern_mxfp4.c): each block's exact integer sum
+ * The same arithmetic as x86/avx512_q.c's gemm, bit for bit (batch invariance: a token's bits
+ * do not depend on n, nor on whether the gemv or the gemm ran; tests/kern/test_kern_mxfp4.c):
+ * each block's exact integer sum
  * (doubled E2M1 weight + 128 times the int8 activation quant, vpdpbusd, plus the offset
  * correction ns32), packed with its E8M0 byte as sum << 8 | e, one transpose16 per 16 rows x
  * 16 blocks to lane = row, then per KC chunk facc = fma(float(sum), 2^(e-128) * dx, facc) in
  * block order, the chunks added in order through y. Only how the integer sums are formed
- * changed (any exact method gives the same integers):
+ * changed from session 10's gemv (any exact method gives the same integers):
  *
  *  - the weights are transposed, not the sums: the 4 quads of a 16-block group (quad v:
  *    128-bit lane m = the 16 qs bytes of block 4v + m) go through one 4x4 dword transpose
@@ -24,7 +25,7 @@
  *    broadcasts, the exponents with two vpermt2b instead of 4 loads + 4 vpshufb, and the
  *    nibble -> weight lookup is one vpermb on a 4x replicated 16-entry table (its index's bits
  *    4-5 are ignored by the table), so no and-mask per nibble vector.
- *    kern_gemv_mxfp4_q8_0_avx512_bl_plain is the same kernel without VBMI (Cascade Lake).
+ *    kern_gemv_mxfp4_q8_0_avx512_plain is the same kernel without VBMI (Cascade Lake).
  *
  * docs/PERFORMANCE.md "MXFP4 gemv, session 11" has the measurements.
  */
@@ -47,7 +48,7 @@
 
 /* quant_mxfp4_kvalues + 128 (doubled E2M1 values as unsigned bytes for vpdpbusd), four times:
  * vpshufb reads the first 16 per 128-bit lane, vpermb all 64 (index bits 4-5 ignored).
- * (Copied from avx512_q.c's mxfp4_ukv until the old gemv there is deleted.) */
+ * (avx512_q.c's gemm has the 16-entry table as mxfp4_ukv.) */
 static const uint8_t mx_ukv[64] __attribute__((aligned(64))) = {
     128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116,
     128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116,
@@ -410,14 +411,14 @@ static int mx_has_vbmi(void)
     return v;
 }
 
-void kern_gemv_mxfp4_q8_0_avx512_bl(const void *w, const struct kern_act *a, float *y,
-                                    size_t ldy, size_t r0, size_t r1)
+void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                                 size_t r0, size_t r1)
 {
     mx_gemv(mx_has_vbmi(), w, a, y, ldy, r0, r1);
 }
 
-void kern_gemv_mxfp4_q8_0_avx512_bl_plain(const void *w, const struct kern_act *a, float *y,
-                                          size_t ldy, size_t r0, size_t r1)
+void kern_gemv_mxfp4_q8_0_avx512_plain(const void *w, const struct kern_act *a, float *y,
+                                       size_t ldy, size_t r0, size_t r1)
 {
     mx_gemv(0, w, a, y, ldy, r0, r1);
 }

@@ -17,8 +17,8 @@
  *   times the signed activation quants. Lane l then holds sum(wu*q) over 4 elements; the
  *   accumulator starts at kern_act.ns4 = -offset * (sum of those 4 quants), offset = 8 (q4_0)
  *   or 128 (q8_0), giving the exact signed dot. Each lane is converted and scaled by its
- *   block's weight scale x activation scale. (mxfp4's gemv instead reproduces the gemm's sums
- *   and order, for batch invariance: "mxfp4 gemv" below.)
+ *   block's weight scale x activation scale (q8_0, q4_0). mxfp4's gemv is x86/avx512_mxfp4.c:
+ *   it reproduces this file's gemm's sums and order, for batch invariance.
  *
  * gemm (prefill): a panel of 16 rows x KC columns is unpacked to the same unsigned bytes and
  *   transposed so that one zmm holds 4 consecutive columns of all 16 rows (lane = row);
@@ -45,7 +45,7 @@ enum qk { QK_Q8_0, QK_Q4_0, QK_MXFP4 };
  * gains ~25% from prefetching 4 KiB ahead; q8_0 streams faster with the hardware prefetcher
  * alone (the extra prefetches cost ~15%).
  */
-static const size_t pf_dist[] = {[QK_Q8_0] = 0, [QK_Q4_0] = 4096, [QK_MXFP4] = 4096};
+static const size_t pf_dist[] = {[QK_Q8_0] = 0, [QK_Q4_0] = 4096};
 
 static const size_t blk_bytes[] = {[QK_Q8_0] = 34, [QK_Q4_0] = 18, [QK_MXFP4] = 17};
 static const enum dtype qk_dtype[] = {[QK_Q8_0] = DT_Q8_0, [QK_Q4_0] = DT_Q4_0,
@@ -128,61 +128,9 @@ static const uint16_t idx_q8[32] = {0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51,
 
 INLINE __m512i load512(const uint8_t *p) { return _mm512_loadu_si512((const void *)p); }
 
-/* 2^(e-128) of 16 E8M0 bytes (dword lanes), exactly: quant_e8m0_half, lane-wise. */
-INLINE __m512 e8m0_half16(__m512i e)
-{
-    __m512i norm = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-    __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    __mmask16 small = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, norm, sub));
-}
-
-/* mxfp4_scales16's vpshufb indices for load g: lane m, byte m -> byte 4g, the rest 0 */
-static const uint8_t mxfp4_eix[4][64] __attribute__((aligned(64))) = {
-    {0, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 1, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 2, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 3, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128},
-    {128, 128, 128, 128, 0, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 1, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 2, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 3, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128},
-    {128, 128, 128, 128, 128, 128, 128, 128, 0, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 1, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 2, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 3, 128, 128, 128, 128, 128, 128, 128},
-    {128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 0, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 1, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 2, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 128, 3, 128, 128, 128},
-};
-
-/*
- * The exponent bytes of mxfp4 blocks [0, nblk) (nblk 1..16) at 17j, as dwords, 0 past nblk;
- * bytes past block nblk are not read. No gather (vpgatherdd is microcoded and slow on Zen 4,
- * where it was 45% of the gemv's cycles): the 64 bytes from 68g hold blocks 4g..4g+3, whose
- * exponents are byte m of 128-bit lane m; vpshufb moves each into dword g of its lane, and
- * the four results are merged: mxfp4_exps16 leaves block 4g+m at dword 4m+g (the order the
- * gemv's block sums have before their last permute). mxfp4_scales16: 2^(e-128) of them, one
- * vpermd putting block 4g+m at dword 4g+m.
- */
-INLINE __m512i mxfp4_exps16(const uint8_t *blk0, size_t nblk)
-{
-    const size_t len = nblk * 17;
-    __m512i e = _mm512_setzero_si512();
-    UNROLL for (size_t g = 0; g < 4; g++)
-    {
-        size_t lo = 68 * g, cnt = len > lo ? len - lo : 0;
-        __m512i v;
-        if (cnt >= 64)
-            v = _mm512_loadu_si512((const void *)(blk0 + lo));
-        else
-            v = _mm512_maskz_loadu_epi8((__mmask64)((1ull << cnt) - 1), blk0 + lo);
-        e = _mm512_or_si512(e, _mm512_shuffle_epi8(v, _mm512_load_si512(mxfp4_eix[g])));
-    }
-    return e;
-}
-
-INLINE __m512 mxfp4_scales16(const uint8_t *blk0, size_t nblk)
-{
-    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    __m512i e = _mm512_permutexvar_epi32(tr, mxfp4_exps16(blk0, nblk));
-    return _mm512_maskz_mov_ps((__mmask16)((1u << nblk) - 1u), e8m0_half16(e));
-}
-
 INLINE __m512 scales16(enum qk k, const uint8_t *blk0)
 {
     __m512i h;
-    if (k == QK_MXFP4)
-        return mxfp4_scales16(blk0, 16);
     if (k == QK_Q4_0) {
         __m512i idx = _mm512_loadu_si512(idx_q4);
         h = _mm512_or_si512(
@@ -343,8 +291,6 @@ void kern_gemv_q4_0_q8_0_avx512(const void *w, const struct kern_act *a, float *
 {
     gemv_q(QK_Q4_0, w, a, y, ldy, r0, r1);
 }
-
-/* kern_gemv_mxfp4_q8_0_avx512 is below the gemm, whose order it reproduces. */
 
 /* ---- gemm -------------------------------------------------------------------------------- */
 
@@ -639,212 +585,6 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
                                  size_t ldy, size_t r0, size_t r1)
 {
     gemm_q(QK_MXFP4, w, a, y, ldy, r0, r1);
-}
-
-/* ---- mxfp4 gemv: the gemm's sums in the gemm's order (batch invariance) -------------------- */
-
-/*
- * In a mixture-of-experts layer the number of tokens that reach an expert depends on the other
- * sequences in the batch, so whether the gemv (n < gemm_min_n) or the gemm runs must not change
- * a token's bits (issue 13: batched = alone). This gemv therefore computes exactly what
- * gemm_tile computes for each (row, token): the exact integer sum of each block, then per KC
- * chunk of 32 blocks facc = fma(float(sum), s * dx, facc) from 0 in block order, lane = row,
- * and the chunks added in order through y. How it stays a gemv: a 16-row panel is contiguous, so
- * it is streamed row by row (one sequential run, as before); each row's 16-block groups are
- * multiplied with vpdpbusd (gv_row) and reduced to their 16 exact block sums (gv_reduce), each
- * packed with its block's E8M0 byte (sum << 8 | e) in the order the in-lane reduction leaves
- * them, kept in gv_buf; then the panel's packed sums are transposed to lane = row (one
- * transpose16 for sums and scales) and folded as gemm_tile folds them, the scales decoded
- * there for 16 rows at once. (Session 10: before, each row's scales were decoded and both
- * sums and scales permuted to block order and transposed separately; this is ~1.15x faster at
- * n = 1, same bits: docs/PERFORMANCE.md "MXFP4 gemv, session 10".)
- * Columns go in windows of GV_WB blocks (a multiple of KC / 32, so chunks never straddle one).
- */
-#define GV_NT 4   /* tokens per pass over a panel (each row's unpacked weights are shared) */
-#define GV_WB 128 /* blocks per column window (4096 columns) */
-
-struct gv_buf {
-    /* per 16 blocks of a row, in gv_reduce's order (dword 4m + v = block 4v + m): the exact
-     * block sum << 8 | the block's E8M0 exponent byte (|sum| <= 32 x 12 x 127 < 2^16, so
-     * exact); [token][row][block slot] */
-    int32_t pk[GV_NT][PANEL][GV_WB];
-    int8_t aq[GV_NT][GV_WB * 32];      /* the window's activation quants, gv_arrange's order */
-    int32_t ans[GV_NT][GV_WB * 4];     /* their offset corrections, likewise */
-};
-
-/*
- * The products go 4 blocks (a quad) per vector so that few shuffles remain: lane 4m + k holds
- * block m's element groups k and k + 4 (4 elements each; low nibbles of qs dwords k, then the
- * high ones), two vpdpbusd per quad. The activations are laid out to match once per window
- * and token tile, for all panels (gv_arrange): aq = per quad [4 x 16 low elements][4 x 16
- * high ones], ans = per quad the offset corrections ns4[k] + ns4[k + 4] of lane 4m + k.
- */
-static void gv_arrange(const struct kern_act *a, size_t kb, size_t nbk, size_t t, size_t nt,
-                       struct gv_buf *bf)
-{
-    size_t nb16 = (nbk + 15) / 16 * 16;
-    for (size_t j = 0; j < nt; j++) {
-        const int8_t *q = a->q + (t + j) * a->ld + kb * 32;
-        const int32_t *ns = a->ns4 + (t + j) * a->cp / 4 + kb * 8;
-        for (size_t b = 0; b < nb16; b++) {
-            int8_t *lo = bf->aq[j] + b / 4 * 128 + b % 4 * 16;
-            int32_t *c = bf->ans[j] + b / 4 * 16 + b % 4 * 4;
-            if (b < nbk) {
-                memcpy(lo, q + b * 32, 16);
-                memcpy(lo + 64, q + b * 32 + 16, 16);
-                for (size_t k = 0; k < 4; k++)
-                    c[k] = ns[b * 8 + k] + ns[b * 8 + k + 4];
-            } else {
-                memset(lo, 0, 16);
-                memset(lo + 64, 0, 16);
-                memset(c, 0, 4 * sizeof *c);
-            }
-        }
-    }
-}
-
-/* Lanes (a, b) -> adjacent pairs summed: even lanes from a, odd from b (1 shuffle). */
-INLINE __m512i gv_merge(__m512i a, __m512i b, __mmask16 m, int swap64)
-{
-    __m512i u = _mm512_mask_blend_epi32(m, a, b), v = _mm512_mask_blend_epi32(m, b, a);
-    v = swap64 ? _mm512_shuffle_epi32(v, _MM_PERM_BADC) : _mm512_shuffle_epi32(v, _MM_PERM_CDAB);
-    return _mm512_add_epi32(u, v);
-}
-
-/* 4 quad vectors (e[v] lane 4m + k: block 4v + m) -> the 16 block sums (exact), block 4v + m
- * at dword 4m + v: the order mxfp4_exps16 leaves the exponents in, so no permute. */
-INLINE __m512i gv_reduce(const __m512i e[4])
-{
-    return gv_merge(gv_merge(e[0], e[1], 0xaaaa, 0), gv_merge(e[2], e[3], 0xaaaa, 0), 0xcccc, 1);
-}
-
-/*
- * One row's block sums over blocks [0, nbk) of the window (tokens j < NT, activations from
- * gv_arrange), each packed with its block's exponent byte, into bf->pk[j][i]; positions up to
- * nbk rounded up to 16 are written (sum and exponent 0 past nbk). The row's bytes past block
- * nbk are never read.
- */
-INLINE void gv_row(const uint8_t *row, size_t nbk, int NT, struct gv_buf *bf, size_t i)
-{
-    const __m512i ukv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mxfp4_ukv));
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    for (size_t g = 0; g < nbk; g += 16) {
-        const uint8_t *gb = row + g * 17;
-        size_t rem = nbk - g;
-        __m512i wl[4], wh[4];
-        if (rem >= 16) {
-            UNROLL for (size_t l = 0; l < 16 * 17; l += 64) _mm_prefetch(
-                (const char *)gb + pf_dist[QK_MXFP4] + l, _MM_HINT_T0);
-        }
-        const __m512i ex = mxfp4_exps16(gb, rem < 16 ? rem : 16);
-        UNROLL for (size_t v = 0; v < 4; v++)
-        {
-            /* the qs of blocks 4v..4v+3, one per 128-bit lane (absent blocks: 0) */
-            __m512i z = _mm512_setzero_si512();
-            UNROLL for (size_t m = 0; m < 4; m++)
-            {
-                if (rem >= 16 || 4 * v + m < rem)
-                    z = _mm512_mask_broadcast_i32x4(
-                        z, (__mmask16)(0xfu << (4 * m)),
-                        _mm_loadu_si128((const __m128i *)(gb + 17 * (4 * v + m) + 1)));
-            }
-            wl[v] = _mm512_shuffle_epi8(ukv, _mm512_and_si512(z, m4));
-            wh[v] = _mm512_shuffle_epi8(ukv, _mm512_and_si512(_mm512_srli_epi16(z, 4), m4));
-        }
-        UNROLL for (int j = 0; j < NT; j++)
-        {
-            const int8_t *aq = bf->aq[j] + g * 32;
-            const int32_t *an = bf->ans[j] + g * 4;
-            __m512i e[4];
-            UNROLL for (size_t v = 0; v < 4; v++)
-            {
-                __m512i acc = _mm512_dpbusd_epi32(_mm512_loadu_si512(an + 16 * v), wl[v],
-                                                  _mm512_loadu_si512(aq + 128 * v));
-                e[v] = _mm512_dpbusd_epi32(acc, wh[v], _mm512_loadu_si512(aq + 128 * v + 64));
-            }
-            _mm512_storeu_si512(bf->pk[j][i] + g,
-                                _mm512_or_si512(_mm512_slli_epi32(gv_reduce(e), 8), ex));
-        }
-    }
-}
-
-/* y[t+j][r..r+16) (+)= the panel's window [kb, kb + nbk) for tokens j < NT: gemm_tile's float
- * steps, in its order, on the transposed packed sums of bf (rows >= nr read row 0 and are not
- * stored). After the transpose z[4m + v] is block 4v + m, lane = row; its sum is z >> 8
- * (arithmetic) and its scale 2^(e-128) of e = z & 0xff, the same exact values the gemm reads. */
-INLINE void gv_fold(const struct gv_buf *bf, size_t nbk, const struct kern_act *a, size_t kb,
-                    size_t t, int NT, float *y, size_t ldy, size_t r, size_t nr, __mmask16 rm)
-{
-    for (size_t c0 = 0; c0 < nbk; c0 += KC / 32) {
-        size_t cn = nbk - c0 < KC / 32 ? nbk - c0 : KC / 32;
-        size_t k0 = (kb + c0) * 32;
-        UNROLL for (int j = 0; j < NT; j++)
-        {
-            size_t tj = t + (size_t)j;
-            const float *xd = a->d + (tj * a->cp + k0) / 32;
-            __m512 facc = _mm512_setzero_ps();
-            for (size_t g0 = 0; g0 < cn; g0 += 16) {
-                __m512i z[16];
-                UNROLL for (size_t i = 0; i < PANEL; i++) z[i] =
-                    _mm512_loadu_si512(bf->pk[j][i < nr ? i : 0] + c0 + g0);
-                transpose16(z);
-                size_t gn = cn - g0 < 16 ? cn - g0 : 16;
-                UNROLL for (size_t g = 0; g < 16; g++)
-                {
-                    if (g >= gn)
-                        break;
-                    __m512i zb = z[4 * (g % 4) + g / 4];
-                    __m512 sc = e8m0_half16(_mm512_and_si512(zb, _mm512_set1_epi32(0xff)));
-                    facc = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(_mm512_srai_epi32(zb, 8)),
-                        _mm512_mul_ps(sc, _mm512_set1_ps(xd[g0 + g])), facc);
-                }
-            }
-            float *yo = y + tj * ldy + r;
-            if (k0 > 0)
-                facc = _mm512_add_ps(facc, _mm512_maskz_loadu_ps(rm, yo));
-            _mm512_mask_storeu_ps(yo, rm, facc);
-        }
-    }
-}
-
-void kern_gemv_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float *y,
-                                 size_t ldy, size_t r0, size_t r1)
-{
-    const size_t rb = kern__row_bytes(DT_MXFP4, a->cols), nb = a->cols / 32;
-    struct gv_buf bf __attribute__((aligned(64)));
-    /* windows in order (each output's chunks are added in column order), the activations
-     * arranged once per window and token tile for all panels */
-    for (size_t kb = 0; kb < nb; kb += GV_WB) {
-        size_t nbk = nb - kb < GV_WB ? nb - kb : GV_WB;
-        for (size_t t = 0; t < a->n; t += GV_NT) {
-            size_t nt = a->n - t < GV_NT ? a->n - t : GV_NT;
-            gv_arrange(a, kb, nbk, t, nt, &bf);
-            for (size_t r = r0; r < r1; r += PANEL) {
-                size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
-                __mmask16 rm = (__mmask16)((1u << nr) - 1u);
-                for (size_t i = 0; i < nr; i++) {
-                    const uint8_t *row = (const uint8_t *)w + (r + i) * rb + kb * 17;
-                    switch (nt) {
-#define CASE_(T)                                                                             \
-    case T:                                                                                  \
-        gv_row(row, nbk, T, &bf, i);                                                         \
-        break;
-                        CASE_(1) CASE_(2) CASE_(3) CASE_(4)
-#undef CASE_
-                    }
-                }
-                switch (nt) {
-#define CASE_(T)                                                                             \
-    case T:                                                                                  \
-        gv_fold(&bf, nbk, a, kb, t, T, y, ldy, r, nr, rm);                                   \
-        break;
-                    CASE_(1) CASE_(2) CASE_(3) CASE_(4)
-#undef CASE_
-                }
-            }
-        }
-    }
 }
 
 /* ---- gemm on q4_0 panels repacked at load time (quant.h, "q4_0 panels") ------------------ */

@@ -443,6 +443,77 @@ static void parse_llama_and_mistral(void **state)
     chat_model_unload();
 }
 
+/* Feeds pieces as serve.c does: nothing after the parser says stop; r->stop/call say whether
+ * it did, and *fed how many pieces went in. */
+static void feed_until_stop(struct chat_out *o, const char *const *pieces, struct reply *r,
+                            size_t *fed)
+{
+    memset(r, 0, sizeof *r);
+    const struct chat_piece *p;
+    size_t n, i = 0;
+    while (pieces[i] && !r->stop) {
+        chat_out_push(o, -1, pieces[i], strlen(pieces[i]), &p, &n, &r->stop, &r->call);
+        take(r, p, n);
+        i++;
+    }
+    *fed = i;
+    chat_out_flush(o, &p, &n);
+    take(r, p, n);
+}
+
+/* parallel_tool_calls false (SHM_TOOL_CHOICE_ONE_CALL): Hermes ends the reply as its first call
+ * closes, a list keeps its first call; without the bit the same text gives every call */
+static void parse_one_call(void **state)
+{
+    (void)state;
+    const char *const h[] = {"Checking. <tool_call>\n{\"name\": \"get_weather\", ",
+                             "\"arguments\": {\"city\": \"Paris\"}}\n</tool_",
+                             "call> and then", "<tool_call>{\"name\": \"now\", \"arguments\": {}}",
+                             "</tool_call>", NULL};
+    struct chat_out *o = jinja_out_choice("Qwen-Qwen2.5-7B-Instruct.jinja", true,
+                                          SHM_TOOL_CHOICE_ONE_CALL);
+    struct reply r;
+    size_t fed;
+    feed_until_stop(o, h, &r, &fed);
+    assert_true(r.stop);
+    assert_true(r.call);
+    assert_int_equal(fed, 3); /* the piece that closed the call ended the reply */
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "functions.get_weather");
+    assert_string_equal(r.args[0], "{\"city\": \"Paris\"}");
+    assert_string_equal(r.content, "Checking. ");
+    chat_out_free(o);
+    o = jinja_out_choice("Qwen-Qwen2.5-7B-Instruct.jinja", true, SHM_TOOL_CHOICE_AUTO);
+    feed_until_stop(o, h, &r, &fed);
+    assert_false(r.stop);
+    assert_int_equal(r.n_calls, 2);
+    chat_out_free(o);
+    /* with a forced named call too: the bit combines with the mode */
+    const char *const f[] = {"{\"city\": \"Oslo\"}}</tool_call>", "<tool_call>", NULL};
+    o = jinja_out_choice("Qwen-Qwen2.5-7B-Instruct.jinja", true,
+                         SHM_TOOL_CHOICE_FUNCTION | SHM_TOOL_CHOICE_ONE_CALL);
+    feed_until_stop(o, f, &r, &fed);
+    assert_true(r.stop);
+    assert_int_equal(fed, 1);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "functions.get_weather");
+    assert_string_equal(r.args[0], "{\"city\": \"Oslo\"}");
+    chat_out_free(o);
+
+    const char *const m[] = {"[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                             "\"Bern\"}}, {\"name\": \"now\", \"arguments\": {}}]",
+                             NULL};
+    o = jinja_out_choice("mistralai-Mistral-Nemo-Instruct-2407.jinja", true,
+                         SHM_TOOL_CHOICE_ONE_CALL);
+    feed_text(o, m, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "functions.get_weather");
+    assert_string_equal(r.args[0], "{\"city\": \"Bern\"}");
+    assert_string_equal(r.content, "");
+    chat_out_free(o);
+    chat_model_unload();
+}
+
 /* a long reply that turns out not to be a call comes out in pieces of at most SHM_MAX_PIECE
  * bytes, cut between UTF-8 characters */
 static void long_text_split(void **state)
@@ -637,6 +708,12 @@ static void shm_chat_tool_choice_field(void **state)
     assert_int_equal(shm_chat_decode(enc, len, NULL, 0, &n, NULL, NULL), 0);
     assert_int_equal(shm_chat_tool_choice(enc), SHM_TOOL_CHOICE_FUNCTION | 5u << 8);
     assert_int_equal(SHM_TOOL_CHOICE_INDEX(shm_chat_tool_choice(enc)), 5);
+    free(enc);
+    ch.tool_choice = SHM_TOOL_CHOICE_FUNCTION | SHM_TOOL_CHOICE_ONE_CALL | 5u << 8;
+    enc = encode(&ch, &len);
+    assert_int_equal(shm_chat_decode(enc, len, NULL, 0, &n, NULL, NULL), 0);
+    assert_int_equal(SHM_TOOL_CHOICE_MODE(shm_chat_tool_choice(enc)), SHM_TOOL_CHOICE_FUNCTION);
+    assert_int_equal(SHM_TOOL_CHOICE_INDEX(shm_chat_tool_choice(enc)), 5);
     static const struct {
         uint32_t choice;
         bool tools;
@@ -647,6 +724,8 @@ static void shm_chat_tool_choice_field(void **state)
         {SHM_TOOL_CHOICE_AUTO | 2u << 8, true, "index without FUNCTION"},
         {SHM_TOOL_CHOICE_REQUIRED, false, "without tools"},
         {SHM_TOOL_CHOICE_FUNCTION, false, "without tools"},
+        {SHM_TOOL_CHOICE_ONE_CALL, false, "limits calls without tools"},
+        {SHM_TOOL_CHOICE_ONE_CALL | 3, true, "is not a choice"},
     };
     tu_log_capture_begin();
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -773,6 +852,7 @@ int main(void)
         cmocka_unit_test(calls_format_of_templates),
         cmocka_unit_test(parse_hermes),
         cmocka_unit_test(parse_llama_and_mistral),
+        cmocka_unit_test(parse_one_call),
         cmocka_unit_test(long_text_split),
         cmocka_unit_test(parse_harmony),
         cmocka_unit_test(shm_chat_tool_choice_field),

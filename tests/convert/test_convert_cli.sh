@@ -68,6 +68,17 @@ ls -d "$tmp"/s-q8.import.* >/dev/null 2>&1 && bad "scratch import left behind" |
 ids() { "$ie" --model-dir "$1" --prompt-ids 1 --max-new 10 --greedy --print-ids --quiet 2>/dev/null | grep -o '"generated_ids":\[[^]]*\]'; }
 [ "$(ids "$tmp/s-q8")" = "$(ids "$tmp/s-f32")" ] && ok "stories260K int8 greedy = f32" || bad "int8 greedy differs: $(ids "$tmp/s-q8") vs $(ids "$tmp/s-f32")"
 "$clocher" convert "$tmp/s-f32" "$tmp/s-q4" --dtype int4 && ok "IEBIN -> int4 requantization" || bad "IEBIN requantization"
+# --prompt-ids repeated: one prompt each, round-robin over --concurrency's requests; each
+# request's greedy ids are its prompt's alone (bench/gptoss.sh gives every stream its own prompt)
+solo() { "$ie" --model-dir "$tmp/s-f32" --prompt-ids "$1" --max-new 6 --greedy --print-ids --quiet 2>/dev/null; }
+conc=$("$ie" --model-dir "$tmp/s-f32" --prompt-ids 1,50 --prompt-ids 1,300,7 --max-new 6 --greedy \
+  --print-ids --concurrency 2 --quiet 2>/dev/null)
+/usr/bin/python3 - "$conc" "$(solo 1,50)" "$(solo 1,300,7)" <<'PY' && ok "--prompt-ids twice: each request its own prompt" || bad "--prompt-ids twice: $conc"
+import json, sys
+c = json.loads(sys.argv[1])["generated_ids"]
+a, b = (json.loads(x)["generated_ids"] for x in sys.argv[2:])
+sys.exit(0 if c == [a, b] and a != b else 1)
+PY
 
 # --- issue 3's acceptance: greedy ids vs llama2.c's golden ones (tests/convert/golden_greedy.py)
 # Per case up to the first step whose golden margin is < 0.01. f32 must agree. int8 (Q8_0) and

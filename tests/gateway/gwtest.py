@@ -203,6 +203,14 @@ class Daemon:
             pids[int(m.group(1))] = int(m.group(2))
         return pids
 
+    def ready_workers(self, timeout=60):
+        """{slot: pid} once every configured worker is ready: clocherd says SERVING as soon as
+        the first one is, and on a loaded machine the others may take seconds more."""
+        end = time.time() + timeout
+        while len(self.worker_pids()) < self.cfg["workers"] and time.time() < end:
+            time.sleep(0.05)
+        return self.worker_pids()
+
     def rss_kb(self, pid=None):
         with open("/proc/%d/status" % (pid or self.proc.pid)) as f:
             for line in f:

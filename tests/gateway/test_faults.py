@@ -56,7 +56,7 @@ def start_streams(d, n, max_tokens=900):
 def test_sigkill_of_a_worker_under_load(model):
     d = T.Daemon(model, workers=2)
     try:
-        pids = d.worker_pids()
+        pids = d.ready_workers()
         assert sorted(pids) == [0, 1], d.read_log()
         ss = start_streams(d, 12)
         t_kill = time.time()

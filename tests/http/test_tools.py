@@ -212,7 +212,7 @@ TOOLS2 = TOOLS + [{"type": "function", "function": {
                    "required": ["city"]}}}]
 
 
-def chat_choice(d, msgs, tools, choice, fn=None, max_tokens=3):
+def chat_choice(d, msgs, tools, choice, fn=None, max_tokens=3, parallel=None):
     req = T.pb.GenerateRequest(max_tokens=max_tokens,
                                sampling=T.pb.SamplingParams(temperature=0.0))
     for m in msgs:
@@ -223,6 +223,8 @@ def chat_choice(d, msgs, tools, choice, fn=None, max_tokens=3):
         req.chat.tool_choice = choice
     if fn is not None:
         req.chat.tool_choice_function = fn
+    if parallel is not None:
+        req.chat.parallel_tool_calls = parallel
     return list(d.stub.Generate(req, metadata=ALICE, timeout=60))
 
 
@@ -281,6 +283,21 @@ def test_tool_choice_hermes(qwen):
     assert calls and {r.recipient for r in calls} == {"functions.get_time"}, rs
     assert "".join(r.text for r in rs if not r.recipient) == ""
     assert rs[-1].finish_reason == T.pb.FINISH_REASON_LENGTH
+
+
+def test_parallel_tool_calls_false(qwen):
+    """parallel_tool_calls false travels to the worker (shm's ONE_CALL bit) and changes nothing
+    while no call has closed: the same ids as without it, one call of the named tool; without
+    tools it is accepted and ignored. (Ending the reply at the call's close, and keeping a
+    list's first call, are test_chat_tools' parse_one_call.)"""
+    user = [{"role": "user", "content": "Time in Oslo?"}]
+    free = chat_choice(qwen, user, TOOLS2, "function", "get_time", max_tokens=4)
+    one = chat_choice(qwen, user, TOOLS2, "function", "get_time", max_tokens=4, parallel=False)
+    assert [i for r in one for i in r.token_ids] == [i for r in free for i in r.token_ids]
+    assert {r.recipient for r in one if r.recipient} == {"functions.get_time"}, one
+    assert len({r.tool_call_id for r in one if r.tool_call_id}) == 1, one
+    plain = chat_choice(qwen, user, None, None, max_tokens=2, parallel=False)
+    assert plain[-1].finish_reason == T.pb.FINISH_REASON_LENGTH
 
 
 # ---- HTTP: /v1/chat/completions with tools ----

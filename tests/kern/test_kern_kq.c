@@ -9,6 +9,8 @@
  *    bound (q4_k 0.12, q5_k 0.06, q6_k 0.03: about 1.5x what it measures), q4_k below q4_0
  *    round-to-nearest's on the same rows (the point of the format), ragged and non-finite
  *    rows refused; kern_quantize_rows_kq gives those bytes whatever its thread count;
+ *  - kern_quantize_row_kq's bytes equal llama.cpp's quantize_row_q{4,5,6}_K_ref's on data with
+ *    the search's corner cases (hashes of llama.cpp's output, computed with its library);
  *  - every GEMV/GEMM variant of every ISA against its scalar `_ref` twin and against the f32
  *    product of the dequantized weights, on random shapes (1..23 rows, ragged row ranges,
  *    1..9 super-blocks, 1..17 tokens), with the bounds of test_kern_q4g.c:
@@ -265,6 +267,82 @@ static void test_quantize(void **state)
     }
 }
 
+/* ---- llama.cpp's bytes ----------------------------------------------------------------------- */
+
+/*
+ * 48 super-blocks of data exact in binary (xorshift, powers of two: no libm, so the same
+ * floats everywhere), with the search's corner cases: shifted blocks, outliers, a constant, an
+ * all-zero, a positive (its min clamps to 0) and a tiny (its 6-bit scale rounds to 0)
+ * sub-block, and an all-zero super-block. x: [48 * 256].
+ */
+static void llama_case_data(float *x) /* [48 * 256] */
+{
+    uint64_t s = 0x243f6a8885a308d3ull;
+    for (int b = 0; b < 48; b++) {
+        const float mag = ldexpf(1.0f, b % 7 - 8), shift = b % 3 == 0 ? 0.375f * mag : 0.0f;
+        for (int i = 0; i < 256; i++) {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            float u = (float)(int32_t)(s >> 40 & 0xffffff) / 8388608.0f - 1.0f; /* [-1, 1) */
+            if ((s >> 8) % 61 == 0)
+                u *= 6.0f; /* an outlier */
+            x[256 * b + i] = u * mag + shift;
+        }
+        float *sb = x + 256 * b;
+        if (b % 8 == 5) /* a constant sub-block */
+            for (int i = 32; i < 64; i++)
+                sb[i] = shift + mag;
+        if (b % 11 == 4) /* an all-zero sub-block */
+            for (int i = 64; i < 96; i++)
+                sb[i] = 0.0f;
+        if (b % 13 == 6) /* a positive sub-block (its min clamps to 0) */
+            for (int i = 96; i < 128; i++)
+                sb[i] = fabsf(sb[i]) + mag;
+        if (b % 9 == 7) /* a tiny sub-block: its scale rounds to 0 */
+            for (int i = 128; i < 160; i++)
+                sb[i] *= 1.0f / 4096.0f;
+        if (b == 47) /* an all-zero super-block */
+            for (int i = 0; i < 256; i++)
+                sb[i] = 0.0f;
+    }
+}
+static uint64_t fnv1a(const uint8_t *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/*
+ * kern_quantize_row_kq writes llama.cpp's bytes: the FNV-1a hashes below are of what
+ * llama.cpp's own quantize_row_q4_K_ref, quantize_row_q5_K_ref and quantize_row_q6_K_ref
+ * (ggml/src/ggml-quants.c, the llama.cpp build of session 12; no imatrix) wrote for
+ * llama_case_data, computed once with that library, not with our code. The issue's quality
+ * bar is llama.cpp's Q4_K_M: equal bytes give its KLD (docs/PERFORMANCE.md "k-quants, session
+ * 12" checks the whole synthetic TinyLlama the same way).
+ */
+static void test_quantize_llama_bytes(void **state)
+{
+    (void)state;
+    static const uint64_t want[] = {0xe1c90b14283c4ba1ull, 0xf29f9095939dd52aull,
+                                    0x22b30495bae2b29cull};
+    float *x = malloc(48 * 256 * sizeof(float));
+    uint8_t *q = malloc(48 * 210);
+    assert_true(x && q);
+    llama_case_data(x);
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        const size_t bytes = 48 * dtype_info(types[k])->block_bytes;
+        assert_int_equal(kern_quantize_row_kq(types[k], x, q, 48 * 256), 0);
+        if (fnv1a(q, bytes) != want[k])
+            fail_msg("%s: bytes hash 0x%016llx, llama.cpp's 0x%016llx", dtype_info(types[k])->name,
+                     (unsigned long long)fnv1a(q, bytes), (unsigned long long)want[k]);
+    }
+    free(q);
+    free(x);
+}
+
 /* kern_quantize_rows_kq: the bytes of kern_quantize_row_kq row by row, whatever the thread
  * count (1, 2, 3, more threads than rows, the CPUs); the first failing row's error. */
 static void test_quantize_rows(void **state)
@@ -499,6 +577,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_independent),
         cmocka_unit_test(test_quantize),
+        cmocka_unit_test(test_quantize_llama_bytes),
         cmocka_unit_test(test_quantize_rows),
         ISA_CASE_TESTS(test_matmul),
     };

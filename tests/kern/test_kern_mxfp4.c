@@ -13,8 +13,8 @@
  *  - expert slices: kern_matmul_act on rows starting at any byte (an expert of a 3D tensor
  *    [experts][rows][cols] is a pointer offset of a multiple of 17 bytes) gives the same bits as
  *    on a 64-byte aligned copy, on every ISA;
- *  - the session-11 AVX-512 gemvs (x86/avx512_mxfp4.c, with and without VBMI) give the bits of
- *    kern_gemv_mxfp4_q8_0_avx512 on every case above, extreme exponents included;
+ *  - the AVX-512 gemv (x86/avx512_mxfp4.c, with and without VBMI) gives the bits of the
+ *    AVX-512 gemm on every case above, extreme exponents included;
  *  - batch invariance: every token's row, for n = 1..33 tokens drawn at random, equals its
  *    n = 1 bits through kern_matmul, kern_matmul_act and each gemv and gemm variant, on every
  *    ISA (a MoE expert's token count depends on the rest of the batch).
@@ -123,11 +123,9 @@ static const struct variant variants[] = {
      kern_gemv_mxfp4_q8_0_ref},
     {"kern_gemm_mxfp4_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_mxfp4_q8_0_avx512,
      kern_gemm_mxfp4_q8_0_ref},
-    /* the session-11 gemv (x86/avx512_mxfp4.c), with and without VBMI */
-    {"kern_gemv_mxfp4_q8_0_avx512_bl", KERN_ISA_AVX512, kern_gemv_mxfp4_q8_0_avx512_bl,
+    /* the AVX-512 gemv without VBMI (x86/avx512_mxfp4.c) */
+    {"kern_gemv_mxfp4_q8_0_avx512_plain", KERN_ISA_AVX512, kern_gemv_mxfp4_q8_0_avx512_plain,
      kern_gemv_mxfp4_q8_0_ref},
-    {"kern_gemv_mxfp4_q8_0_avx512_bl_plain", KERN_ISA_AVX512,
-     kern_gemv_mxfp4_q8_0_avx512_bl_plain, kern_gemv_mxfp4_q8_0_ref},
 };
 
 
@@ -221,27 +219,28 @@ static void check_close(const char *what, const struct mcase *c, const float *y,
         }
 }
 
-/* The session-11 gemvs give the bits of the one they replace (so the gemm's: batch
- * invariance), on the case's rows [r0, r1), and write nothing outside them. */
-static void check_gemv_bl_bits(const struct kern_act *a, const uint8_t *w, size_t rows,
-                               size_t ldy, size_t r0, size_t r1)
+/* The AVX-512 gemv, with and without VBMI, gives the AVX-512 gemm's bits (batch invariance:
+ * which of the two runs depends on the expert's token count), on the case's rows [r0, r1),
+ * and writes nothing outside them. */
+static void check_gemv_gemm_bits(const struct kern_act *a, const uint8_t *w, size_t rows,
+                                 size_t ldy, size_t r0, size_t r1)
 {
-    static kern_mm_fn *const bl[] = {kern_gemv_mxfp4_q8_0_avx512_bl,
-                                     kern_gemv_mxfp4_q8_0_avx512_bl_plain};
-    static const char *const names[] = {"kern_gemv_mxfp4_q8_0_avx512_bl",
-                                        "kern_gemv_mxfp4_q8_0_avx512_bl_plain"};
+    static kern_mm_fn *const gv[] = {kern_gemv_mxfp4_q8_0_avx512,
+                                     kern_gemv_mxfp4_q8_0_avx512_plain};
+    static const char *const names[] = {"kern_gemv_mxfp4_q8_0_avx512",
+                                        "kern_gemv_mxfp4_q8_0_avx512_plain"};
     const size_t count = a->n * ldy;
     float *want = filled(count), *y = malloc(count * sizeof(float));
     assert_non_null(y);
-    kern_gemv_mxfp4_q8_0_avx512(w, a, want, ldy, r0, r1);
+    kern_gemm_mxfp4_q8_0_avx512(w, a, want, ldy, r0, r1);
     for (size_t v = 0; v < 2; v++) {
         for (size_t i = 0; i < count; i++)
             y[i] = SENTINEL;
-        bl[v](w, a, y, ldy, r0, r1);
+        gv[v](w, a, y, ldy, r0, r1);
         for (size_t i = 0; i < count; i++)
             if (memcmp(&y[i], &want[i], sizeof y[i]) != 0)
                 fail_msg("%s: rows %zu cols %zu n %zu rows [%zu,%zu): y[%zu][%zu] = %.9g, "
-                         "kern_gemv_mxfp4_q8_0_avx512 gives %.9g",
+                         "kern_gemm_mxfp4_q8_0_avx512 gives %.9g",
                          names[v], rows, a->cols, a->n, r0, r1, i / ldy, i % ldy, y[i],
                          want[i]);
     }
@@ -319,7 +318,7 @@ static void run_case(size_t rows, size_t cols, size_t n, int extreme)
     }
 
     if (g_case->isa == KERN_ISA_AVX512)
-        check_gemv_bl_bits(&a, c.w, rows, ldy, r0, r1);
+        check_gemv_gemm_bits(&a, c.w, rows, ldy, r0, r1);
 
     /* the entries of the test's ISA (the scalar one is the spec: bit for bit) */
     for (size_t i = 0; i < n * ldy; i++)

@@ -183,11 +183,11 @@ static void p_events_tail(struct shm_hdr *h) { atomic_store(&h->ctl[SHM_RING_EVE
 static void p_broken(struct shm_hdr *h) { atomic_store(&h->ctl[SHM_RING_EVENTS].broken, 1); }
 
 /* the version case below names this build's ABI: a bump updates both */
-_Static_assert(SHM_ABI_VERSION == 5, "the \"version\" case expects ABI 5");
+_Static_assert(SHM_ABI_VERSION == 6, "the \"version\" case expects ABI 6");
 
 static const struct bad_case bad_cases[] = {
     {"magic", p_magic, 0, ERR_FORMAT, "magic 0x12345678, expected 0x48534c43 (not a clocher region)"},
-    {"version", p_version, 0, ERR_UNSUPPORTED, "ABI version 99, this build speaks 5"},
+    {"version", p_version, 0, ERR_UNSUPPORTED, "ABI version 99, this build speaks 6"},
     {"hdr_size", p_hdr_size, 0, ERR_FORMAT, "hdr_size 128, this build's header is 640 bytes"},
     {"generation", p_none, 8, ERR_MISMATCH, "generation 7, expected 8"},
     {"region_size", p_size, 0, ERR_FORMAT, "region_size 139264 but the memfd holds 135168 bytes"},

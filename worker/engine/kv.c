@@ -317,9 +317,14 @@ int kv_pool_create(const struct kv_config *cfg, struct kv_pool **out)
     p->bucket_mask = n_buckets - 1;
 
     /* Anonymous mapping: pages are committed on first write, so a large budget costs memory
-     * only as blocks are used. */
-    p->data_map_bytes = (size_t)n_blocks * stride;
-    void *m = mmap(NULL, p->data_map_bytes, PROT_READ | PROT_WRITE,
+     * only as blocks are used (at 2 MiB grain where huge pages are granted). The arena starts
+     * on a 2 MiB boundary and asks for transparent huge pages (this kernel grants them on
+     * madvise only): a long context's decode walks every block of every layer, and through
+     * 4 KiB entries each block costs TLB misses (a two-dimensional walk on a VM; the weights
+     * measured 2.4-6.8x slower that way, docs/PERFORMANCE.md "Session 9"). */
+    const size_t huge = (size_t)2 << 20;
+    p->data_map_bytes = ((size_t)n_blocks * stride + huge - 1) / huge * huge;
+    void *m = mmap(NULL, p->data_map_bytes + huge, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) {
         rc = -errno;
@@ -328,6 +333,14 @@ int kv_pool_create(const struct kv_config *cfg, struct kv_pool **out)
         p->data = NULL;
         goto fail;
     }
+    uintptr_t at = ((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1);
+    size_t head = at - (uintptr_t)m, tail = huge - head; /* trimmed off: the arena stays */
+    if (head)
+        munmap(m, head);
+    if (tail)
+        munmap((char *)at + p->data_map_bytes, tail);
+    m = (void *)at;
+    (void)madvise(m, p->data_map_bytes, MADV_HUGEPAGE); /* advice: without it, 4 KiB pages */
     p->data = m;
     p->blocks = calloc(n_blocks, sizeof *p->blocks);
     p->tokens = calloc(n_blocks * p->B, sizeof *p->tokens);

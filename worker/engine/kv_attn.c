@@ -36,6 +36,28 @@
 static_assert(KV_HEAD_DIM_MAX <= KERN_ATTN_HD_MAX, "the attention kernel bounds head_dim");
 
 /*
+ * Requests the K and V rows of one head in a block (kb: its first K row; up to `n` rows) into
+ * the cache. Why: the rows of a head are head_bytes pieces at row_bytes strides inside blocks
+ * that lie far apart in the arena, a pattern the hardware prefetchers do not follow across
+ * blocks; a decode step over a long context otherwise waits on memory at every block.
+ */
+static void prefetch_head(const struct kv_pool *p, const uint8_t *kb, uint32_t n)
+{
+    const uint32_t rows = n < p->B ? n : p->B;
+    const uint8_t *vb = kb + (size_t)p->B * p->row_bytes;
+    for (uint32_t j = 0; j < rows; j++) {
+        const size_t at = (size_t)j * p->row_bytes;
+        for (size_t off = 0; off < p->head_bytes; off += 64) {
+            __builtin_prefetch(kb + at + off, 0, 3);
+            __builtin_prefetch(vb + at + off, 0, 3);
+        }
+        /* a row not aligned to lines (8-bit rows: hd + 4 bytes) ends in one more line */
+        __builtin_prefetch(kb + at + p->head_bytes - 1, 0, 3);
+        __builtin_prefetch(vb + at + p->head_bytes - 1, 0, 3);
+    }
+}
+
+/*
  * nr (<= ATT_QROWS) query rows reading KV head g of `layer`: row r is q[r] [head_dim], sees
  * positions [lim[r] - window, lim[r]) (from 0 when window is 0 or larger; lim >= 1) and writes
  * o[r] [head_dim]. sk: [nr] each row's sink logit, or NULL.
@@ -84,6 +106,9 @@ static void attend(const struct kv_seq *s, uint32_t layer, uint32_t g, const flo
         }
         const uint8_t *kb = kv__layer_k(p, s->table[pos / p->B], layer) + g * p->head_bytes;
         const uint8_t *vb = kb + (size_t)p->B * p->row_bytes; /* V rows follow the block's K */
+        if (pos + n < end) /* the next block's rows of head g, while this one is computed */
+            prefetch_head(p, kv__layer_k(p, s->table[pos / p->B + 1], layer) + g * p->head_bytes,
+                          end - pos - n);
         if (cut) { /* some row's window starts inside this block */
             for (uint32_t r = 0; r < nr; r++)
                 vis[r] = vis[r] < n ? vis[r] : n;

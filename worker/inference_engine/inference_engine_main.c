@@ -58,6 +58,7 @@ enum {
 
 #define DEFAULT_MAX_NEW 128u
 #define MAX_STOPS 64
+#define MAX_PROMPT_IDS 4096 /* --prompt-ids given this often at most (as --concurrency) */
 #define PROMPTS_FILE_MAX (256u << 20)
 
 struct opts {
@@ -70,7 +71,8 @@ struct opts {
     const char *convert_program; /* --convert-program; NULL = beside this program */
     const char *prompt;       /* --prompt */
     const char *prompts_file; /* --prompts-file */
-    const char *prompt_ids;   /* --prompt-ids */
+    const char *prompt_ids[MAX_PROMPT_IDS]; /* --prompt-ids, each one prompt */
+    size_t n_prompt_ids;
     uint32_t max_new;
     uint32_t ctx;             /* 0 = the model's context */
     int threads;
@@ -111,7 +113,8 @@ static void usage(FILE *f)
 "  --prompt TEXT          one prompt, tokenized with the model's tokenizer\n"
 "  --prompts-file FILE    one prompt per line (blank lines skipped), one JSON line each\n"
 "  --prompt-ids LIST      token ids separated by commas, used as given (no BOS added);\n"
-"                         the only form a model without tokenizer accepts\n"
+"                         the only form a model without tokenizer accepts; repeatable:\n"
+"                         one prompt each (with --concurrency, round-robin)\n"
 "  --no-bos               do not prepend BOS to text prompts (default: as the tokenizer's\n"
 "                         source asks: Llama yes, GPT-2 no)\n"
 "generation:\n"
@@ -325,7 +328,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
         case O_CONVERT_PROGRAM: o->convert_program = optarg; break;
         case O_PROMPT: o->prompt = optarg; break;
         case O_PROMPTS_FILE: o->prompts_file = optarg; break;
-        case O_PROMPT_IDS: o->prompt_ids = optarg; break;
+        case O_PROMPT_IDS:
+            if (o->n_prompt_ids == MAX_PROMPT_IDS) {
+                LOG_ERR("--prompt-ids: given more than %d times", MAX_PROMPT_IDS);
+                return EXIT_USAGE;
+            }
+            o->prompt_ids[o->n_prompt_ids++] = optarg;
+            break;
         case O_MAX_NEW:
             if (!parse_u32("--max-new", optarg, 0, 1u << 24, &o->max_new))
                 return EXIT_USAGE;
@@ -460,7 +469,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         LOG_ERR("--model-dir DIR is required (see --help)");
         return EXIT_USAGE;
     }
-    int n_inputs = !!o->prompt + !!o->prompts_file + !!o->prompt_ids;
+    int n_inputs = !!o->prompt + !!o->prompts_file + !!o->n_prompt_ids;
     if (n_inputs != 1) {
         LOG_ERR("give exactly one of --prompt, --prompts-file, --prompt-ids (got %d)",
                 n_inputs);
@@ -1311,8 +1320,10 @@ int main(int argc, char **argv)
         goto out;
     }
     bool bos = E.tok && !o.no_bos && tok_add_bos(E.tok);
-    if (o.prompt_ids)
-        rc = parse_ids(o.prompt_ids, &ps);
+    rc = 0;
+    if (o.n_prompt_ids)
+        for (size_t i = 0; i < o.n_prompt_ids && !rc; i++)
+            rc = parse_ids(o.prompt_ids[i], &ps);
     else if (o.prompt)
         rc = encode_text(E.tok, o.prompt, strlen(o.prompt), bos, &ps, "--prompt");
     else

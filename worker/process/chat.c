@@ -551,6 +551,8 @@ struct chat_out {
     bool open_pending;                  /* harmony: the forced opening reached <|message|>:
                                          * the next piece carries the call header */
     size_t forced_skip;                 /* Jinja: held bytes of the opening before the args */
+    bool one_call;                      /* SHM_TOOL_CHOICE_ONE_CALL: at most one call */
+    bool ended;                         /* one_call: that call closed; the reply is over */
 };
 
 static void reserve(struct chat_out *o, char **b, size_t *cap, size_t need)
@@ -660,6 +662,8 @@ static bool call_name_ok(const char *s, size_t n)
  * not one (the caller sends the text instead). */
 static bool emit_call_obj(struct chat_out *o, json_t *obj)
 {
+    if (o->one_call && o->called)
+        return true; /* parallel_tool_calls false: a list's further calls are dropped */
     const char *name = json_string_value(json_object_get(obj, "name"));
     json_t *args = json_object_get(obj, "arguments");
     if (!args)
@@ -814,6 +818,10 @@ static void jinja_step(struct chat_out *o, bool at_end)
         if (!emit_calls(o, o->hold, k, false) && !emit_forced(o, o->hold, k)) {
             emit(o, SHM_CH_FINAL, CALL_OPEN, strlen(CALL_OPEN), NULL, NULL);
             emit(o, SHM_CH_FINAL, o->hold, at ? k + strlen(CALL_CLOSE) : k, NULL, NULL);
+        } else if (o->one_call) { /* the one call closed: nothing after it is sent */
+            o->ended = true;
+            o->hlen = 0;
+            return;
         }
         hold_drop(o, at ? k + strlen(CALL_CLOSE) : k);
         o->mode = J_TEXT;
@@ -890,6 +898,9 @@ int chat_out_new(const struct tok *t, enum chat_template tpl, const char *enc, u
         if (shm_chat_decode(enc, len, NULL, 0, &count, &tools, &tools_len) == 0 && tools_len)
             o->calls = g_model.calls;
     }
+    uint32_t n_msgs;
+    if (shm_chat_decode(enc, len, NULL, 0, &n_msgs, NULL, NULL) == 0)
+        o->one_call = (shm_chat_tool_choice(enc) & SHM_TOOL_CHOICE_ONE_CALL) != 0;
     seed_forced(o, tpl, enc, len);
     *out = o;
     return 0;
@@ -981,6 +992,8 @@ void chat_out_push(struct chat_out *o, int32_t id, const char *text, size_t len,
             o->hlen += len;
         }
         jinja_step(o, false);
+        if (o->ended) /* parallel_tool_calls false: the reply ends with its one call */
+            *stop = *call = true;
     }
     if (id >= 0 && o->n == 0)
         new_pend(o); /* the id travels with an empty piece */
@@ -992,7 +1005,7 @@ void chat_out_push(struct chat_out *o, int32_t id, const char *text, size_t len,
 void chat_out_flush(struct chat_out *o, const struct chat_piece **pieces, size_t *n)
 {
     o->n = o->blen = 0;
-    if (!o->hp && o->calls && (o->hlen || o->mode == J_IN_CALL))
+    if (!o->hp && o->calls && !o->ended && (o->hlen || o->mode == J_IN_CALL))
         jinja_step(o, true);
     finish_pieces(o, pieces, n);
 }
