@@ -227,14 +227,18 @@ static int mode_scale(struct engine *e, struct counter *c, const struct opts *o)
             cpu_tps[r] = (double)smp[k][r].tokens / (smp[k][r].cpu / o->threads);
             other[r] = smp[k][r].other;
         }
-        double mw = median(wall_tps, o->reps), mc = median(cpu_tps, o->reps);
+        double mw = median(wall_tps, o->reps), mc = median(cpu_tps, o->reps), best = 0;
+        /* the best repetition: on a shared machine, the one least disturbed by neighbours */
+        for (uint32_t r = 0; r < o->reps; r++)
+            best = wall_tps[r] > best ? wall_tps[r] : best;
         if (k == 0) {
             base_wall = mw;
             base_cpu = mc;
         }
-        json_t *j = json_pack("{s:s, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f}", "mode", "scale",
-                              "streams", (json_int_t)o->counts[k], "threads", o->threads,
-                              "steps", (json_int_t)o->steps, "wall_tps", mw, "cpu_tps", mc,
+        json_t *j = json_pack("{s:s, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "mode",
+                              "scale", "streams", (json_int_t)o->counts[k], "threads",
+                              o->threads, "steps", (json_int_t)o->steps, "wall_tps", mw,
+                              "wall_tps_best", best, "cpu_tps", mc,
                               "ratio_cpu", mc / base_cpu, "ratio_wall", mw / base_wall,
                               "neighbour_load", median(other, o->reps));
         emit(j);
