@@ -15,10 +15,12 @@
 #include "pool.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_TASKS 40
 #define RUN_NS 700000000ull /* per configuration */
@@ -58,6 +60,23 @@ static void stress_task(void *arg, size_t task, int thread)
     j->thread[task] = thread;
 }
 
+/* A pool_run that never returns (a task lost, or counted for the wrong job so that done
+ * passes n_tasks) fails the test with its name instead of running into ctest's timeout. */
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "test_pool_stress: a pool_run did not return within 30 s\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    _exit(1);
+}
+
+static void watchdog(unsigned seconds)
+{
+    signal(SIGALRM, on_alarm);
+    alarm(seconds);
+}
+
 /* xorshift: the job mix is random but the same every run */
 static uint32_t rnd(uint32_t *s)
 {
@@ -71,6 +90,7 @@ static void stress(int n_threads, uint32_t seed)
 {
     struct pool *p;
     assert_int_equal(pool_create(n_threads, POOL_PIN_NONE, &p), 0);
+    watchdog(30);
     /* two job records used in turn: a late worker of the previous job that read its ctx
      * pointer must not touch the next one's slots */
     static struct job jobs[2];
@@ -103,6 +123,7 @@ static void stress(int n_threads, uint32_t seed)
         }
     }
     pool_destroy(p);
+    alarm(0);
     assert_int_equal(atomic_load(&bad_call), 0);
     print_message("threads %d: %ld jobs, %ld gaps past the spin\n", n_threads, n_jobs, n_sleeps);
 }
@@ -138,6 +159,7 @@ static void test_stress_for(void **state)
     (void)state;
     struct pool *p;
     assert_int_equal(pool_create(3, POOL_PIN_NONE, &p), 0);
+    watchdog(30);
     static struct for_job j;
     uint32_t seed = 12345;
     uint64_t t0 = now_ns();
@@ -151,6 +173,7 @@ static void test_stress_for(void **state)
                          j.hits[i]);
     }
     pool_destroy(p);
+    alarm(0);
 }
 
 int main(void)
