@@ -5,7 +5,8 @@
  *   scale    aggregate decode tok/s at each stream count of --streams: N greedy requests
  *            (8-token prompts, distinct per stream) are brought into decode, then --steps
  *            engine steps are timed; the stream counts are interleaved within each of --reps
- *            repetitions and the median is reported, with the ratio to the first count.
+ *            repetitions and the median is reported, with the ratio to the first count, and
+ *            the best repetition (wall_tps_best: on a loaded machine, the least disturbed).
  *   lora     the same N-stream decode batch base-only and with adapter sets (--set
  *            LABEL=a,b,c,d: stream i uses adapter i mod 4), interleaved within each
  *            repetition (rotating the order); the median over repetitions of the per-repetition
