@@ -5,7 +5,8 @@
  *   scale    aggregate decode tok/s at each stream count of --streams: N greedy requests
  *            (8-token prompts, distinct per stream) are brought into decode, then --steps
  *            engine steps are timed; the stream counts are interleaved within each of --reps
- *            repetitions and the median is reported, with the ratio to the first count.
+ *            repetitions and the median is reported, with the ratio to the first count, and
+ *            the best repetition (wall_tps_best: on a loaded machine, the least disturbed).
  *   lora     the same N-stream decode batch base-only and with adapter sets (--set
  *            LABEL=a,b,c,d: stream i uses adapter i mod 4), interleaved within each
  *            repetition (rotating the order); the median over repetitions of the per-repetition
@@ -227,14 +228,18 @@ static int mode_scale(struct engine *e, struct counter *c, const struct opts *o)
             cpu_tps[r] = (double)smp[k][r].tokens / (smp[k][r].cpu / o->threads);
             other[r] = smp[k][r].other;
         }
-        double mw = median(wall_tps, o->reps), mc = median(cpu_tps, o->reps);
+        double mw = median(wall_tps, o->reps), mc = median(cpu_tps, o->reps), best = 0;
+        /* the best repetition: on a shared machine, the one least disturbed by neighbours */
+        for (uint32_t r = 0; r < o->reps; r++)
+            best = wall_tps[r] > best ? wall_tps[r] : best;
         if (k == 0) {
             base_wall = mw;
             base_cpu = mc;
         }
-        json_t *j = json_pack("{s:s, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f}", "mode", "scale",
-                              "streams", (json_int_t)o->counts[k], "threads", o->threads,
-                              "steps", (json_int_t)o->steps, "wall_tps", mw, "cpu_tps", mc,
+        json_t *j = json_pack("{s:s, s:I, s:i, s:I, s:f, s:f, s:f, s:f, s:f, s:f}", "mode",
+                              "scale", "streams", (json_int_t)o->counts[k], "threads",
+                              o->threads, "steps", (json_int_t)o->steps, "wall_tps", mw,
+                              "wall_tps_best", best, "cpu_tps", mc,
                               "ratio_cpu", mc / base_cpu, "ratio_wall", mw / base_wall,
                               "neighbour_load", median(other, o->reps));
         emit(j);

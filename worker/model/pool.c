@@ -1,22 +1,31 @@
 /*
  * pool.c — the persistent thread pool (pool.h).
  *
- * NOTES on the protocol. Three counters, each on its own cache line so that spinning readers
- * of one do not slow down writers of another:
- *  - gen: the job generation. The caller writes the job (fn, ctx, n_tasks, next = 0,
- *    active = workers), then increments gen (seq_cst, which includes release); a worker that
- *    loads a new gen (acquire) sees the whole job. Workers spin on gen for SPIN_NS, then sleep
- *    in futex_wait(gen). A sleeper first increments `sleepers` and re-checks gen; the caller
- *    increments gen and then reads `sleepers`: with both seq_cst, either the worker sees the
- *    new gen or the caller sees the sleeper and calls futex_wake (the Dekker pattern), and
- *    futex_wait itself refuses to sleep if gen already moved. No wake-up is lost and no
- *    syscall is made while workers are spinning.
- *  - next: tasks are claimed with fetch_add, so a slow participant takes fewer.
- *  - active: workers still in the job. Each decrements it (release) after its last task; the
- *    caller waits for 0 (acquire) — spinning, then sleeping on it with the same protocol
- *    (caller_sleeping / futex) — so all task effects happen-before pool_run returns.
+ * NOTES on the protocol. The counters each sit on their own cache line so that spinning
+ * readers of one do not slow down writers of another:
+ *  - claim: the job's generation (high 32 bits) and its next unclaimed task (low 32 bits). A
+ *    participant claims task i by a compare-and-swap from (g, i) to (g, i + 1); the job's
+ *    fields (fn, ctx, n_tasks) are read before that swap, and the swap succeeding proves they
+ *    were job g's: the caller closes the word, (g + 1, CLAIM_CLOSED), before it writes the next
+ *    job's fields (a fence between), so a swap from (g, i) fails once any field of g + 1 was
+ *    read. A slow participant simply claims fewer tasks.
+ *  - done: tasks of the current job completed. The caller waits for done == n_tasks (acquire;
+ *    each task's increment is a release), so all task effects happen-before pool_run returns.
+ *    It waits for TASKS, not for workers: a worker that has not come by yet (descheduled on a
+ *    loaded machine, still waking) is not waited for, since it has claimed nothing; when it
+ *    comes by it finds every task of its job claimed, or claims in the next job. Waiting for
+ *    every worker to check in cost a scheduler slice per job whenever a worker was off its
+ *    CPU, and a forward pass runs hundreds of jobs per step.
+ *  - gen: the wake-up counter. The caller publishes a job by writing its fields, done = 0 and
+ *    claim = (g, 0) (release), then incrementing gen (seq_cst); workers spin on gen for
+ *    SPIN_NS, then sleep in futex_wait(gen). A sleeper first increments `sleepers` and
+ *    re-checks gen; the caller increments gen and then reads `sleepers`: with both seq_cst,
+ *    either the worker sees the new gen or the caller sees the sleeper and calls futex_wake
+ *    (the Dekker pattern), and futex_wait itself refuses to sleep if gen already moved. The
+ *    caller waiting for done sleeps with the same protocol (caller_sleeping / futex on done).
  * futex only puts threads to sleep; all ordering is carried by the C11 atomics, which keeps
- * ThreadSanitizer's model exact.
+ * ThreadSanitizer's model exact (the job's fields are atomics too: a late worker may read them
+ * while the caller writes the next job's, then fail its claim).
  */
 #include "pool.h"
 #include "mono.h"
@@ -43,6 +52,7 @@
 #define POOL_MAGIC 0x504f4f4cu /* "POOL" */
 #define SPIN_NS 200000         /* spin 200 us before sleeping: back-to-back jobs never sleep */
 #define CACHE_LINE 64
+#define CLAIM_CLOSED 0xffffffffu /* claim's index while a job's fields are being written */
 
 struct pool;
 
@@ -59,17 +69,19 @@ struct pool {
     struct worker *workers;
     int caller_pinned;     /* the creating thread was pinned: restore caller_mask at destroy */
     cpu_set_t caller_mask;
+    uint32_t job;          /* the caller's job counter, claim's high half (a worker would have to
+                            * stall for 2^32 jobs to mistake an old claim for a new one) */
 
-    /* the job, written by the caller before it publishes gen */
-    pool_task_fn *fn;
-    void *ctx;
-    size_t n_tasks;
-    int stop;
+    /* the job, written by the caller before it publishes claim; read by any participant */
+    _Atomic(pool_task_fn *) fn;
+    _Atomic(void *) ctx;
+    atomic_size_t n_tasks;
+    atomic_int stop;
 
     alignas(CACHE_LINE) atomic_uint gen;
     atomic_int sleepers;
-    alignas(CACHE_LINE) atomic_size_t next;
-    alignas(CACHE_LINE) atomic_uint active;
+    alignas(CACHE_LINE) _Atomic uint64_t claim;
+    alignas(CACHE_LINE) atomic_uint done;
     atomic_int caller_sleeping;
 };
 
@@ -102,13 +114,28 @@ static int spin_while_equal(atomic_uint *v, unsigned old)
     }
 }
 
+/* Claims and runs tasks of the current job until none is left (or the job moved on). */
 static void run_tasks(struct pool *p, int thread)
 {
+    uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
     for (;;) {
-        size_t i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (i >= p->n_tasks)
-            return;
-        p->fn(p->ctx, i, thread);
+        pool_task_fn *fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+        size_t n = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+        /* pairs with pool_run's fence: fields of a newer job mean the claim was closed */
+        atomic_thread_fence(memory_order_acquire);
+        size_t i = (size_t)(uint32_t)c;
+        if (i >= n)
+            return; /* all claimed (or fields of a newer job: it is ours to find next time) */
+        /* on failure c is reloaded (acquire): the next task, or a newer job */
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        fn(ctx, i, thread);
+        unsigned d = atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel) + 1;
+        if (d == n && atomic_load(&p->caller_sleeping))
+            futex_wake_all(&p->done);
+        c++;
     }
 }
 
@@ -125,16 +152,13 @@ static void *worker_main(void *arg)
             atomic_fetch_sub(&p->sleepers, 1);
         }
         seen = atomic_load_explicit(&p->gen, memory_order_acquire);
-        if (p->stop)
+        if (atomic_load_explicit(&p->stop, memory_order_relaxed))
             return NULL;
         run_tasks(p, wk->index);
-        if (atomic_fetch_sub_explicit(&p->active, 1, memory_order_acq_rel) == 1 &&
-            atomic_load(&p->caller_sleeping))
-            futex_wake_all(&p->active);
     }
 }
 
-/* Publishes the prepared job to the workers. */
+/* Wakes the workers: spinning ones see gen move, sleeping ones get a futex wake. */
 static void publish(struct pool *p)
 {
     atomic_fetch_add(&p->gen, 1);
@@ -142,18 +166,19 @@ static void publish(struct pool *p)
         futex_wake_all(&p->gen);
 }
 
-static void wait_workers(struct pool *p)
+/* Returns when all n tasks of the current job are done. */
+static void wait_done(struct pool *p, unsigned n)
 {
     for (;;) {
-        unsigned a = atomic_load_explicit(&p->active, memory_order_acquire);
-        if (a == 0)
+        unsigned d = atomic_load_explicit(&p->done, memory_order_acquire);
+        if (d == n)
             return;
-        if (spin_while_equal(&p->active, a))
+        if (spin_while_equal(&p->done, d))
             continue;
         atomic_store(&p->caller_sleeping, 1);
-        a = atomic_load(&p->active);
-        if (a != 0)
-            futex_wait(&p->active, a);
+        d = atomic_load(&p->done);
+        if (d != n)
+            futex_wait(&p->done, d);
         atomic_store(&p->caller_sleeping, 0);
     }
 }
@@ -168,15 +193,24 @@ void pool_run(struct pool *p, pool_task_fn *fn, void *ctx, size_t n_tasks)
             fn(ctx, i, 0);
         return;
     }
-    wait_workers(p); /* a pool_wake's empty job may still be running: its fields are in use */
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->active, (unsigned)(p->n - 1), memory_order_relaxed);
+    CHECK(n_tasks < CLAIM_CLOSED); /* claim's low half */
+    /* The previous job is complete (its pool_run waited for done), but its claim word still
+     * reads (g, n): a participant holding that value and reading the NEW n could claim task n
+     * of the new job under the old generation. So the claim is closed first, (g + 1, CLAIM_
+     * CLOSED), and the release fence orders that before the new fields: a participant that
+     * reads any new field (then its acquire fence) fails its swap against the closed word. */
+    p->job++;
+    atomic_store_explicit(&p->claim, (uint64_t)p->job << 32 | CLAIM_CLOSED,
+                          memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->claim, (uint64_t)p->job << 32, memory_order_release);
     publish(p);
     run_tasks(p, 0);
-    wait_workers(p);
+    wait_done(p, (unsigned)n_tasks);
 }
 
 void pool_wake(struct pool *p)
@@ -184,13 +218,7 @@ void pool_wake(struct pool *p)
     CHECK(p && p->magic == POOL_MAGIC);
     if (p->n == 1 || atomic_load(&p->sleepers) == 0)
         return; /* every worker is still spinning: the next job reaches them at once */
-    wait_workers(p);
-    p->fn = NULL;
-    p->ctx = NULL;
-    p->n_tasks = 0; /* run_tasks claims nothing: the workers only wake and spin again */
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->active, (unsigned)(p->n - 1), memory_order_relaxed);
-    publish(p);
+    publish(p); /* the last job's tasks are all claimed: the workers find nothing and spin */
 }
 
 struct for_ctx {
@@ -311,8 +339,12 @@ int pool_create(int n_threads, enum pool_pin pin, struct pool **out)
     p->n = n_threads;
     atomic_init(&p->gen, 0);
     atomic_init(&p->sleepers, 0);
-    atomic_init(&p->next, 0);
-    atomic_init(&p->active, 0);
+    atomic_init(&p->fn, NULL);
+    atomic_init(&p->ctx, NULL);
+    atomic_init(&p->n_tasks, 0);
+    atomic_init(&p->stop, 0);
+    atomic_init(&p->claim, 0);
+    atomic_init(&p->done, 0);
     atomic_init(&p->caller_sleeping, 0);
     if (n_threads > 1) {
         p->workers = calloc((size_t)n_threads - 1, sizeof *p->workers);
@@ -367,8 +399,7 @@ void pool_destroy(struct pool *p)
         return;
     CHECK(p->magic == POOL_MAGIC);
     if (p->n_started > 0) {
-        wait_workers(p); /* a pool_wake's empty job reads the fields stop shares a line with */
-        p->stop = 1;
+        atomic_store(&p->stop, 1);
         publish(p);
         for (int i = 0; i < p->n_started; i++)
             pthread_join(p->workers[i].thread, NULL);
