@@ -67,13 +67,17 @@ typedef void kern__matmul_fn(enum dtype wt, const void *w, size_t cols, const fl
                              size_t n, float *y, size_t ldy, size_t r0, size_t r1);
 
 /*
- * A panel layout (bytes: kernels/include/quant.h): panels of `rows` rows; block b of a panel keeps the
- * 4-byte groups of its rows' quants interleaved at qoff(b, nb) (group g of row i at
- * + g*64 + i*4, each byte XORed with xor_mask) and the rows' f16 scales at soff(b, nb) + i*2.
- * The stored block is an f16 scale then block_bytes - 2 quant bytes.
+ * A panel layout (bytes: kernels/include/quant.h): panels of `rows` rows, block_bytes bytes
+ * per row and block (the stored block's, or more where the panel decodes something at load).
+ * q4_0/q8_0 (qoff != NULL): block b of a panel keeps the 4-byte groups of its rows' quants
+ * interleaved at qoff(b, nb) (group g of row i at + g*64 + i*4, each byte XORed with
+ * xor_mask) and the rows' f16 scales at soff(b, nb) + i*2; the stored block is an f16 scale
+ * then block_bytes - 2 quant bytes. qoff == NULL: a k-quant layout (quant.h "q4_K panels"),
+ * which panels.c packs and unpacks by its dtype.
  */
 struct kern__panel_layout {
     size_t rows;
+    size_t block_bytes;
     uint8_t xor_mask;
     size_t (*qoff)(size_t b, size_t nb);
     size_t (*soff)(size_t b, size_t nb);
@@ -142,6 +146,9 @@ kern_mm_fn kern__panels_via_rows;
  * bytes). */
 kern__pack_fn kern__panels_pack_q4_0_ref, kern__panels_pack_q8_0_ref;
 kern__pack_fn kern__q4p_pack_avx512, kern__q8p_pack_avx512; /* x86/avx512_q.c */
+/* q4_K panels (quant.h "q4_K panels"): the repack every ISA runs (panels.c; it is a byte
+ * transpose, no ISA has its own). */
+kern__pack_fn kern__panels_pack_q4_k;
 
 /* Row converters (ref.c, ref_q4g.c, ref_kq.c). */
 kern__row_fn kern__row_f32, kern__row_f16, kern__row_bf16, kern__row_q8_0, kern__row_q4_0,

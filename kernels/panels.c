@@ -16,6 +16,7 @@
 #include "internal.h"
 
 #include "check.h"
+#include "quant.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -34,8 +35,75 @@ int kern_panels_supported(enum dtype wt)
 
 size_t kern_panels_bytes(enum dtype wt, size_t rows, size_t cols)
 {
-    const size_t pr = layout(wt)->rows;
-    return (rows + pr - 1) / pr * pr * kern__row_bytes(wt, cols);
+    const struct kern__panel_layout *pl = layout(wt);
+    return (rows + pl->rows - 1) / pl->rows * pl->rows * (cols / kern__traits[wt].block) *
+           pl->block_bytes;
+}
+
+/* ---- q4_K panels (quant.h "q4_K panels") ------------------------------------------------- */
+
+/* Row i's super-block blk (stored, 144 bytes; NULL: a row past the matrix, zeros) into the
+ * panel super-block ps. */
+static void q4kp_put(uint8_t *ps, size_t i, const uint8_t *blk)
+{
+    if (!blk) {
+        memset(ps + QUANT_Q4KP_D + 2 * i, 0, 2);
+        memset(ps + QUANT_Q4KP_DMIN + 2 * i, 0, 2);
+        for (size_t j = 0; j < 8; j++)
+            ps[QUANT_Q4KP_SC + 16 * j + i] = ps[QUANT_Q4KP_M + 16 * j + i] = 0;
+        for (size_t g = 0; g < 32; g++) /* [c][g] as one index: 32 groups of 4 bytes */
+            memset(ps + QUANT_Q4KP_QS + 64 * g + 4 * i, 0, 4);
+        return;
+    }
+    const struct quant_q4_k *b = (const void *)blk;
+    memcpy(ps + QUANT_Q4KP_D + 2 * i, blk, 2);
+    memcpy(ps + QUANT_Q4KP_DMIN + 2 * i, blk + 2, 2);
+    uint8_t sc[8], m[8];
+    quant_kq_scales_mins(b->scales, sc, m);
+    for (size_t j = 0; j < 8; j++) {
+        ps[QUANT_Q4KP_SC + 16 * j + i] = sc[j];
+        ps[QUANT_Q4KP_M + 16 * j + i] = m[j];
+    }
+    for (size_t g = 0; g < 32; g++) /* qs[4g..4g+3]: chunk g / 8, group g % 8 */
+        memcpy(ps + QUANT_Q4KP_QS + 64 * g + 4 * i, b->qs + 4 * g, 4);
+}
+
+/* The stored super-block of row i back out of the panel super-block ps: the 12 scale bytes
+ * re-encoded from the decoded ones (quant.h quant_kq_scale_min's packing, every bit of it
+ * covered, so these are the file's bytes). */
+static void q4kp_get(const uint8_t *ps, size_t i, uint8_t *blk)
+{
+    struct quant_q4_k *b = (void *)blk;
+    memcpy(blk, ps + QUANT_Q4KP_D + 2 * i, 2);
+    memcpy(blk + 2, ps + QUANT_Q4KP_DMIN + 2 * i, 2);
+    uint8_t sc[8], m[8];
+    for (size_t j = 0; j < 8; j++) {
+        sc[j] = ps[QUANT_Q4KP_SC + 16 * j + i];
+        m[j] = ps[QUANT_Q4KP_M + 16 * j + i];
+    }
+    for (size_t j = 0; j < 4; j++) {
+        b->scales[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);
+        b->scales[j + 4] = (uint8_t)((m[j] & 63) | (m[j + 4] >> 4) << 6);
+        b->scales[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+    }
+    for (size_t g = 0; g < 32; g++)
+        memcpy(b->qs + 4 * g, ps + QUANT_Q4KP_QS + 64 * g + 4 * i, 4);
+}
+
+void kern__panels_pack_q4_k(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                            size_t p1)
+{
+    const size_t nsb = cols / QUANT_K, rb = kern__row_bytes(DT_Q4_K, cols);
+    for (size_t p = p0; p < p1; p++) {
+        uint8_t *pp = (uint8_t *)dst + p * QUANT_Q4KP_ROWS * nsb * QUANT_Q4KP_ROW_BYTES;
+        for (size_t s = 0; s < nsb; s++)
+            for (size_t i = 0; i < QUANT_Q4KP_ROWS; i++) {
+                size_t r = p * QUANT_Q4KP_ROWS + i;
+                const uint8_t *blk =
+                    r < rows ? (const uint8_t *)w + r * rb + s * sizeof(struct quant_q4_k) : NULL;
+                q4kp_put(pp + quant_q4kp_off(s), i, blk);
+            }
+    }
 }
 
 /* The scalar repack: block b of row i goes to its panel as the layout (internal.h) says. */
@@ -91,6 +159,17 @@ void kern_panels_rows(enum dtype wt, const void *wp, size_t cols, size_t r0, siz
                       void *out)
 {
     const struct kern__panel_layout *pl = layout(wt);
+    if (!pl->qoff) { /* q4_K, the only k-quant layout */
+        const size_t nsb = cols / QUANT_K, rb = kern__row_bytes(wt, cols);
+        for (size_t r = r0; r < r1; r++) {
+            const uint8_t *pp = (const uint8_t *)wp +
+                                r / pl->rows * pl->rows * nsb * pl->block_bytes;
+            for (size_t s = 0; s < nsb; s++)
+                q4kp_get(pp + quant_q4kp_off(s), r % pl->rows,
+                         (uint8_t *)out + (r - r0) * rb + s * sizeof(struct quant_q4_k));
+        }
+        return;
+    }
     const size_t pr = pl->rows, bb = kern__traits[wt].block_bytes, groups = (bb - 2) / 4;
     const size_t nb = cols / kern__traits[wt].block, rb = kern__row_bytes(wt, cols);
     for (size_t r = r0; r < r1; r++) {
@@ -150,6 +229,8 @@ VIA_ROWS_(q4_0, DT_Q4_0, ref)
 VIA_ROWS_(q4_0, DT_Q4_0, avx2)
 VIA_ROWS_(q8_0, DT_Q8_0, ref)
 VIA_ROWS_(q8_0, DT_Q8_0, avx2)
+VIA_ROWS_(q4_k, DT_Q4_K, ref)
+VIA_ROWS_(q4_k, DT_Q4_K, avx2)
 #undef VIA_ROWS_
 
 void kern_matmul_act_panels(enum dtype wt, const void *wp, const struct kern_act *a, float *y,

@@ -252,6 +252,36 @@ static inline void quant_kq_scales_mins(const uint8_t *s, uint8_t sc[8], uint8_t
 }
 
 /*
+ * q4_K panels (kern_panels_*, ADR 0004 addendum "k-quant panels"): a q4_K matrix [rows][cols]
+ * repacked once at load so that one 64-byte vector holds 4 bytes (8 codes, nibble-packed) of
+ * each of 16 rows, as the q4_0 panels do, and the 6-bit scales and mins are bytes. With
+ * nsb = cols / 256, panel p holds rows 16p..16p+15 (rows past the matrix are zero bytes) in
+ * [p * 16 * nsb * 148, (p + 1) * 16 * nsb * 148): 148 bytes per row and super-block against the
+ * stored 144 (+2.8%: the 12 packed scale bytes become 16). Super-block s of a panel is one
+ * 2368-byte piece (37 cache lines) at s * 2368:
+ *   [0, 32)      d of the 16 rows (f16, [i] = row i's d);
+ *   [32, 64)     dmin of the 16 rows (f16);
+ *   [64, 192)    sc [8][16]: [j][i] = row i's 6-bit scale of sub-block j, one byte;
+ *   [192, 320)   m [8][16]: the mins the same way;
+ *   [320, 2368)  quants [4][8][16][4]: [c][g][i][k] = qs[32c + 4g + k] of row i, the stored byte
+ *                unchanged (low nibble: element 64c + 4g + k, sub-block 2c; high nibble:
+ *                element 64c + 32 + 4g + k, sub-block 2c + 1).
+ * quant_q4kp_off gives super-block s's offset inside its panel.
+ */
+#define QUANT_Q4KP_ROWS 16
+#define QUANT_Q4KP_ROW_BYTES 148 /* bytes of one row's super-block in a panel */
+#define QUANT_Q4KP_D 0
+#define QUANT_Q4KP_DMIN 32
+#define QUANT_Q4KP_SC 64
+#define QUANT_Q4KP_M 192
+#define QUANT_Q4KP_QS 320
+#define QUANT_Q4KP_SB_BYTES (QUANT_Q4KP_ROWS * QUANT_Q4KP_ROW_BYTES) /* 2368 */
+
+static inline size_t quant_q4kp_off(size_t s) { return s * QUANT_Q4KP_SB_BYTES; }
+static_assert(QUANT_Q4KP_QS + 4 * 8 * 64 == QUANT_Q4KP_SB_BYTES,
+              "a q4_K panel super-block is its header then 16 rows x 128 quant bytes");
+
+/*
  * Activations are quantized per block of 32 to int8 with an f32 scale (q8_0 style but f32, so
  * the scale itself adds no error): d = max|x| / 127, q = round-half-even(x / d) in [-127, 127].
  * Per element |x - d*q| <= d/2, hence for a dot product with weights w:
