@@ -378,17 +378,23 @@ static void bench_batch(void)
 {
     static const size_t shapes[][2] = {{2048, 2048}, {5632, 2048}};
     static const size_t ns[] = {1, 2, 4, 8, 16};
-    static const enum dtype types[] = {DT_Q4_0, DT_Q8_0};
+    /* q4_k: gemv / gemm the stored-row kernels, panels the load-time q4_K panels */
+    static const enum dtype types[] = {DT_Q4_0, DT_Q8_0, DT_Q4_K};
     printf("\n### Small batches (decode of n streams), %d thread(s), kernels %s\n\n", g_threads,
            kern_isa_name(kern_isa()));
     printf("| dtype | rows x cols | n | ms | GOP/s | t(n) / n t(1) | t(n) / t(1) | gemv ms | "
            "gemm ms | panels ms | other CPU |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (size_t ti = 0; ti < 2; ti++) {
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         enum dtype dt = types[ti];
         if (g_dtype && strcmp(g_dtype, dtype_info(dt)->name) != 0)
             continue;
         kern_mm_fn *gemv = NULL, *gemm = NULL;
-        if (kern_isa() == KERN_ISA_AVX512) {
+        if (dt == DT_Q4_K) {
+            gemv = kern_isa() == KERN_ISA_AVX512 ? kern_gemv_q4_k_q8_0_avx512
+                   : kern_isa() == KERN_ISA_AVX2 ? kern_gemv_q4_k_q8_0_avx2 : NULL;
+            gemm = kern_isa() == KERN_ISA_AVX512 ? kern_gemm_q4_k_q8_0_avx512
+                   : kern_isa() == KERN_ISA_AVX2 ? kern_gemm_q4_k_q8_0_avx2 : NULL;
+        } else if (kern_isa() == KERN_ISA_AVX512) {
             gemv = dt == DT_Q4_0 ? kern_gemv_q4_0_q8_0_avx512 : kern_gemv_q8_0_q8_0_avx512;
             gemm = dt == DT_Q4_0 ? kern_gemm_q4_0_q8_0_avx512 : kern_gemm_q8_0_q8_0_avx512;
         } else if (kern_isa() == KERN_ISA_AVX2) {
@@ -422,8 +428,9 @@ static void bench_batch(void)
                 double sec = time_matmul(dt, w, copies, rows, cols, x, n, y);
                 double sv = gemv ? time_variant(gemv, dt, w, copies, rows, cols, x, n, y) : 0;
                 double sm = gemm ? time_variant(gemm, dt, w, copies, rows, cols, x, n, y) : 0;
-                kern_mm_fn *panel = dt == DT_Q4_0 ? kern_gemm_q4_0p_q8_0_avx512
-                                                  : kern_gemm_q8_0p_q8_0_avx512;
+                kern_mm_fn *panel = dt == DT_Q4_0   ? kern_gemm_q4_0p_q8_0_avx512
+                                    : dt == DT_Q8_0 ? kern_gemm_q8_0p_q8_0_avx512
+                                                    : kern_gemm_q4_kp_q8_0_avx512;
                 double sp = wp ? time_variant(panel, dt, wp, copies, rows, cols, x, n, y) : 0;
                 if (n == 1)
                     t1 = sec;

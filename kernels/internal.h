@@ -146,9 +146,9 @@ kern_mm_fn kern__panels_via_rows;
  * bytes). */
 kern__pack_fn kern__panels_pack_q4_0_ref, kern__panels_pack_q8_0_ref;
 kern__pack_fn kern__q4p_pack_avx512, kern__q8p_pack_avx512; /* x86/avx512_q.c */
-/* q4_K panels (quant.h "q4_K panels"): the repack every ISA runs (panels.c; it is a byte
- * transpose, no ISA has its own). */
-kern__pack_fn kern__panels_pack_q4_k;
+/* k-quant panels (quant.h "q4_K panels", "q6_K panels"): the repack every ISA runs (panels.c;
+ * byte moves, no ISA has its own). */
+kern__pack_fn kern__panels_pack_q4_k, kern__panels_pack_q6_k;
 
 /* Row converters (ref.c, ref_q4g.c, ref_kq.c). */
 kern__row_fn kern__row_f32, kern__row_f16, kern__row_bf16, kern__row_q8_0, kern__row_q4_0,

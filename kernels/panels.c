@@ -90,20 +90,79 @@ static void q4kp_get(const uint8_t *ps, size_t i, uint8_t *blk)
         memcpy(b->qs + 4 * g, ps + QUANT_Q4KP_QS + 64 * g + 4 * i, 4);
 }
 
+/* ---- q6_K panels (quant.h "q6_K panels"): bytes moved, none changed ---------------------- */
+
+/* Byte o of row i's stored super-block <-> its place in the panel super-block (o < 210). */
+static size_t q6kp_at(size_t i, size_t o)
+{
+    if (o < 128) { /* ql: half o / 64, then vector (o % 64) / 32, group o % 32 / 4 */
+        size_t h = o / 64, v = o % 64 / 32, g = o % 32 / 4;
+        return QUANT_Q6KP_QS + ((h * 8 + g) * 3 + v) * 64 + 4 * i + o % 4;
+    }
+    if (o < 192) { /* qh: half (o - 128) / 32 */
+        size_t h = (o - 128) / 32, g = (o - 128) % 32 / 4;
+        return QUANT_Q6KP_QS + ((h * 8 + g) * 3 + 2) * 64 + 4 * i + o % 4;
+    }
+    if (o < 208)
+        return QUANT_Q6KP_SC + 16 * (o - 192) + i;
+    return QUANT_Q6KP_D + 2 * i + (o - 208);
+}
+
+static void q6kp_put(uint8_t *ps, size_t i, const uint8_t *blk)
+{
+    for (size_t o = 0; o < sizeof(struct quant_q6_k); o++)
+        ps[q6kp_at(i, o)] = blk ? blk[o] : 0;
+}
+
+static void q6kp_get(const uint8_t *ps, size_t i, uint8_t *blk)
+{
+    for (size_t o = 0; o < sizeof(struct quant_q6_k); o++)
+        blk[o] = ps[q6kp_at(i, o)];
+}
+
+/* The k-quant panel layouts: bytes per row and super-block, and the per-row movers. */
+struct kqp_kind {
+    size_t row_bytes, blk_bytes;
+    void (*put)(uint8_t *ps, size_t i, const uint8_t *blk);
+    void (*get)(const uint8_t *ps, size_t i, uint8_t *blk);
+};
+
+static const struct kqp_kind *kqp_kind(enum dtype wt)
+{
+    static const struct kqp_kind q4k = {QUANT_Q4KP_ROW_BYTES, sizeof(struct quant_q4_k),
+                                        q4kp_put, q4kp_get};
+    static const struct kqp_kind q6k = {QUANT_Q6KP_ROW_BYTES, sizeof(struct quant_q6_k),
+                                        q6kp_put, q6kp_get};
+    CHECK(wt == DT_Q4_K || wt == DT_Q6_K);
+    return wt == DT_Q4_K ? &q4k : &q6k;
+}
+
+static void pack_kq(enum dtype wt, const void *w, size_t cols, void *dst, size_t rows,
+                    size_t p0, size_t p1)
+{
+    const struct kqp_kind *k = kqp_kind(wt);
+    const size_t nsb = cols / QUANT_K, rb = nsb * k->blk_bytes, sbb = 16 * k->row_bytes;
+    for (size_t p = p0; p < p1; p++) {
+        uint8_t *pp = (uint8_t *)dst + p * nsb * sbb;
+        for (size_t s = 0; s < nsb; s++)
+            for (size_t i = 0; i < 16; i++) {
+                size_t r = p * 16 + i;
+                const uint8_t *blk = r < rows ? (const uint8_t *)w + r * rb + s * k->blk_bytes : NULL;
+                k->put(pp + s * sbb, i, blk);
+            }
+    }
+}
+
 void kern__panels_pack_q4_k(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
                             size_t p1)
 {
-    const size_t nsb = cols / QUANT_K, rb = kern__row_bytes(DT_Q4_K, cols);
-    for (size_t p = p0; p < p1; p++) {
-        uint8_t *pp = (uint8_t *)dst + p * QUANT_Q4KP_ROWS * nsb * QUANT_Q4KP_ROW_BYTES;
-        for (size_t s = 0; s < nsb; s++)
-            for (size_t i = 0; i < QUANT_Q4KP_ROWS; i++) {
-                size_t r = p * QUANT_Q4KP_ROWS + i;
-                const uint8_t *blk =
-                    r < rows ? (const uint8_t *)w + r * rb + s * sizeof(struct quant_q4_k) : NULL;
-                q4kp_put(pp + quant_q4kp_off(s), i, blk);
-            }
-    }
+    pack_kq(DT_Q4_K, w, cols, dst, rows, p0, p1);
+}
+
+void kern__panels_pack_q6_k(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                            size_t p1)
+{
+    pack_kq(DT_Q6_K, w, cols, dst, rows, p0, p1);
 }
 
 /* The scalar repack: block b of row i goes to its panel as the layout (internal.h) says. */
@@ -159,14 +218,13 @@ void kern_panels_rows(enum dtype wt, const void *wp, size_t cols, size_t r0, siz
                       void *out)
 {
     const struct kern__panel_layout *pl = layout(wt);
-    if (!pl->qoff) { /* q4_K, the only k-quant layout */
-        const size_t nsb = cols / QUANT_K, rb = kern__row_bytes(wt, cols);
+    if (!pl->qoff) { /* a k-quant layout */
+        const struct kqp_kind *k = kqp_kind(wt);
+        const size_t nsb = cols / QUANT_K, rb = nsb * k->blk_bytes, sbb = 16 * k->row_bytes;
         for (size_t r = r0; r < r1; r++) {
-            const uint8_t *pp = (const uint8_t *)wp +
-                                r / pl->rows * pl->rows * nsb * pl->block_bytes;
+            const uint8_t *pp = (const uint8_t *)wp + r / 16 * nsb * sbb;
             for (size_t s = 0; s < nsb; s++)
-                q4kp_get(pp + quant_q4kp_off(s), r % pl->rows,
-                         (uint8_t *)out + (r - r0) * rb + s * sizeof(struct quant_q4_k));
+                k->get(pp + s * sbb, r % 16, (uint8_t *)out + (r - r0) * rb + s * k->blk_bytes);
         }
         return;
     }
@@ -231,6 +289,8 @@ VIA_ROWS_(q8_0, DT_Q8_0, ref)
 VIA_ROWS_(q8_0, DT_Q8_0, avx2)
 VIA_ROWS_(q4_k, DT_Q4_K, ref)
 VIA_ROWS_(q4_k, DT_Q4_K, avx2)
+VIA_ROWS_(q6_k, DT_Q6_K, ref)
+VIA_ROWS_(q6_k, DT_Q6_K, avx2)
 #undef VIA_ROWS_
 
 void kern_matmul_act_panels(enum dtype wt, const void *wp, const struct kern_act *a, float *y,

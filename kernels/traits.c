@@ -22,8 +22,10 @@ static const struct kern__panel_layout q4_0_panels = {
 /* q8_0 quants are stored offset by +128 (unsigned bytes for vpdpbusd; quant.h) */
 static const struct kern__panel_layout q8_0_panels = {
     QUANT_Q8P_ROWS, sizeof(struct quant_q8_0), 0x80, quant_q8p_qoff, quant_q8p_soff};
-/* q4_K: scales and mins decoded to bytes at load (quant.h "q4_K panels") */
+/* q4_K: scales and mins decoded to bytes at load (quant.h "q4_K panels"); q6_K: bytes moved */
 static const struct kern__panel_layout q4_k_panels = {QUANT_Q4KP_ROWS, QUANT_Q4KP_ROW_BYTES,
+                                                      0x00, NULL, NULL};
+static const struct kern__panel_layout q6_k_panels = {QUANT_Q6KP_ROWS, QUANT_Q6KP_ROW_BYTES,
                                                       0x00, NULL, NULL};
 
 /* The scalar ISA's column, the same for every type: the f32 specification. */
@@ -123,7 +125,7 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
      * variants --dtype q4_k --quick --hot --threads 1 (5632 x 2048, busy machine), GFLOP/s
      * gemv vs gemm, AVX-512: n = 1 45 vs 41, n = 2 34 vs 53. Batch invariant (kern_variants.h),
      * so the crossover is only speed.
-     * q4_K also has panels (ADR 0004 addendum "k-quant panels"): the loader repacks it, and
+     * q4_K and q6_K also have panels (ADR 0004 addendum "k-quant panels"): the loader repacks them, and
      * on AVX-512 every n then runs the panel gemm (x86/avx512_kqp.c); the other ISAs unpack
      * each panel's rows and run their stored-row gemm. */
     [DT_Q4_K] = {.block = QUANT_K, .block_bytes = sizeof(struct quant_q4_k),
@@ -136,5 +138,13 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                          {MM_(q4_k, q8_0, avx512, 2), .panel_gemm = kern_gemm_q4_kp_q8_0_avx512,
                           .panel_pack = kern__panels_pack_q4_k}}},
     KQ_(q5_k, DT_Q5_K),
-    KQ_(q6_k, DT_Q6_K),
+    [DT_Q6_K] = {.block = QUANT_K, .block_bytes = sizeof(struct quant_q6_k),
+                 .to_f32 = kern__row_q6_k, .act = KERN__ACT_Q8, .act_offset = 8,
+                 .panels = &q6_k_panels,
+                 .isa = {{REF_MM_, .panel_gemm = kern__panels_via_rows,
+                          .panel_pack = kern__panels_pack_q6_k},
+                         {MM_(q6_k, q8_0, avx2, 2), .panel_gemm = kern__panels_via_rows,
+                          .panel_pack = kern__panels_pack_q6_k},
+                         {MM_(q6_k, q8_0, avx512, 2), .panel_gemm = kern_gemm_q6_kp_q8_0_avx512,
+                          .panel_pack = kern__panels_pack_q6_k}}},
 };

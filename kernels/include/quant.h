@@ -282,6 +282,33 @@ static_assert(QUANT_Q4KP_QS + 4 * 8 * 64 == QUANT_Q4KP_SB_BYTES,
               "a q4_K panel super-block is its header then 16 rows x 128 quant bytes");
 
 /*
+ * q6_K panels (the same addendum): a q6_K matrix [rows][cols] repacked so that one 64-byte
+ * vector holds 4 bytes of each of 16 rows. With nsb = cols / 256, panel p holds rows
+ * 16p..16p+15 (rows past the matrix are zero bytes) in [p * 16 * nsb * 210, (p + 1) * 16 * nsb
+ * * 210): exactly the stored bytes (the scales are bytes already). Super-block s of a panel is
+ * one 3360-byte piece at s * 3360:
+ *   [0, 32)      d of the 16 rows (f16);
+ *   [32, 288)    scales [16][16]: [k][i] = row i's int8 scale of sub-block k (16 elements);
+ *   [288, 3360)  quants [2][8][3][16][4]: half h, group g, then three vectors of [i][k]:
+ *                ql[64h + 4g + k], ql[64h + 32 + 4g + k], qh[32h + 4g + k] of row i, the
+ *                stored bytes unchanged (quant.h's q6_K element rule: the first vector's low
+ *                nibbles are elements 128h + 4g + k, its high ones 128h + 64 + 4g + k; the
+ *                second's 128h + 32 + 4g + k and 128h + 96 + 4g + k; the third holds their
+ *                top two bits in bits 0-1, 2-3, 4-5, 6-7 in that order).
+ * quant_q6kp_off gives super-block s's offset inside its panel.
+ */
+#define QUANT_Q6KP_ROWS 16
+#define QUANT_Q6KP_ROW_BYTES 210
+#define QUANT_Q6KP_D 0
+#define QUANT_Q6KP_SC 32
+#define QUANT_Q6KP_QS 288
+#define QUANT_Q6KP_SB_BYTES (QUANT_Q6KP_ROWS * QUANT_Q6KP_ROW_BYTES) /* 3360 */
+
+static inline size_t quant_q6kp_off(size_t s) { return s * QUANT_Q6KP_SB_BYTES; }
+static_assert(QUANT_Q6KP_QS + 2 * 8 * 3 * 64 == QUANT_Q6KP_SB_BYTES,
+              "a q6_K panel super-block holds exactly its 16 stored super-blocks' bytes");
+
+/*
  * Activations are quantized per block of 32 to int8 with an f32 scale (q8_0 style but f32, so
  * the scale itself adds no error): d = max|x| / 127, q = round-half-even(x / d) in [-127, 127].
  * Per element |x - d*q| <= d/2, hence for a dot product with weights w:

@@ -20,7 +20,7 @@
  *      sum_b dx_b / 2 * sum_{i in b} |w_i|, plus 2e-5 * S';
  *    and on AVX2 / AVX-512 batch invariance: the gemm over n tokens gives each token the bits
  *    the gemv gives it alone (a MoE expert's token count depends on the rest of the batch);
- *  - q4_K panels (check_panels_q4k): the repack's round trip and padding, the panel gemm
+ *  - q4_K and q6_K panels (check_panels_kq): the repack's round trip and padding, the panel gemm
  *    against the twin, batch invariant, and equal to the stored-row gemm where it is one.
  */
 #include "testutil.h"
@@ -439,46 +439,41 @@ static float min_term(enum dtype wt, const uint8_t *row, size_t c)
 }
 
 /*
- * q4_K panels (quant.h "q4_K panels"): the repacked matrix gives back the stored rows byte for
- * byte (from any row), rows past the matrix are zero bytes; the panel gemm of the test's ISA:
- * AVX-512's own kernel within the variant-vs-twin bound of the _ref twin and batch invariant
- * (n tokens give each token the bits it gets alone), the other ISAs' exactly their stored-row
- * gemm; kern_matmul_act_panels within kern_matmul's bound. Row ranges start on a panel.
+ * k-quant panels (quant.h "q4_K panels", "q6_K panels"): the repacked matrix gives back the
+ * stored rows byte for byte (from any row), rows past the matrix are zero bytes; the panel
+ * gemm of the test's ISA: AVX-512's own kernel within the variant-vs-twin bound of the _ref
+ * twin and batch invariant (n tokens give each token the bits it gets alone), the other ISAs'
+ * exactly their stored-row gemm; kern_matmul_act_panels within kern_matmul's bound. Row
+ * ranges start on a panel.
  */
-static void check_panels_q4k(const uint8_t *w, size_t rows, size_t cols, size_t rb,
-                             const struct kern_act *a, size_t ldy, size_t r0, size_t r1,
-                             const float *s, const float *qb, const float *want)
+static void check_panels_kq(enum dtype wt, const uint8_t *w, size_t rows, size_t cols,
+                            size_t rb, const struct kern_act *a, size_t ldy, size_t r0,
+                            size_t r1, const float *s, const float *qb, const float *want)
 {
     r0 = r0 / 16 * 16;
     const size_t n = a->n, cnt = n * ldy, np = (rows + 15) / 16, nsb = cols / QUANT_K;
-    const size_t bytes = kern_panels_bytes(DT_Q4_K, rows, cols);
-    assert_true(kern_panels_supported(DT_Q4_K));
-    assert_int_equal(bytes, np * 16 * nsb * QUANT_Q4KP_ROW_BYTES);
-    uint8_t *wp = aligned_alloc(64, (bytes + 63) / 64 * 64), *back = malloc(rows * rb);
+    const size_t bytes = kern_panels_bytes(wt, rows, cols);
+    assert_true(kern_panels_supported(wt));
+    assert_int_equal(bytes, np * 16 * nsb *
+                                (wt == DT_Q4_K ? QUANT_Q4KP_ROW_BYTES : QUANT_Q6KP_ROW_BYTES));
+    uint8_t *wp = aligned_alloc(64, (bytes + 63) / 64 * 64), *back = malloc(np * 16 * rb);
     assert_true(wp && back);
     memset(wp, 0xa5, bytes); /* rows past the matrix must be written (as zeros) */
-    kern_panels_pack(DT_Q4_K, w, cols, wp, rows, 0, np / 2); /* in two ranges, as threads may */
-    kern_panels_pack(DT_Q4_K, w, cols, wp, rows, np / 2, np);
-    kern_panels_rows(DT_Q4_K, wp, cols, 0, rows, back);
+    kern_panels_pack(wt, w, cols, wp, rows, 0, np / 2); /* in two ranges, as threads may */
+    kern_panels_pack(wt, w, cols, wp, rows, np / 2, np);
+    kern_panels_rows(wt, wp, cols, 0, rows, back);
     assert_memory_equal(back, w, rows * rb);
     if (rows > 1) {
-        kern_panels_rows(DT_Q4_K, wp, cols, 1, rows, back);
+        kern_panels_rows(wt, wp, cols, 1, rows, back);
         assert_memory_equal(back, w + rb, (rows - 1) * rb);
     }
-    for (size_t i = rows % 16 ? rows % 16 : 16; i < 16; i++)
-        for (size_t sb = 0; sb < nsb; sb++) {
-            const uint8_t *ps = wp + (np - 1) * 16 * nsb * QUANT_Q4KP_ROW_BYTES +
-                                quant_q4kp_off(sb);
-            for (size_t k = 0; k < 2; k++)
-                assert_true(ps[QUANT_Q4KP_D + 2 * i + k] == 0 &&
-                            ps[QUANT_Q4KP_DMIN + 2 * i + k] == 0);
-            for (size_t j = 0; j < 8; j++)
-                assert_true(ps[QUANT_Q4KP_SC + 16 * j + i] == 0 &&
-                            ps[QUANT_Q4KP_M + 16 * j + i] == 0);
-            for (size_t g = 0; g < 32; g++)
-                for (size_t k = 0; k < 4; k++)
-                    assert_int_equal(ps[QUANT_Q4KP_QS + 64 * g + 4 * i + k], 0);
-        }
+    if (rows % 16) { /* the padding rows unpack to zero bytes (every panel byte is some row's) */
+        kern_panels_rows(wt, wp, cols, rows, np * 16, back);
+        for (size_t i = 0; i < (np * 16 - rows) * rb; i++)
+            if (back[i] != 0)
+                fail_msg("%s panels: byte %zu of the padding rows is %u", dtype_info(wt)->name,
+                         i, back[i]);
+    }
 
     float *y = malloc(cnt * sizeof(float)), *z = malloc(cnt * sizeof(float));
     float *tol = malloc(cnt * sizeof(float));
@@ -487,11 +482,12 @@ static void check_panels_q4k(const uint8_t *w, size_t rows, size_t cols, size_t 
     fill(y, cnt, SENTINEL);
     fill(z, cnt, SENTINEL);
     if (g_isa == KERN_ISA_AVX512) {
-        kern_gemm_q4_kp_q8_0_avx512(wp, a, y, ldy, r0, r1);
-        kern_gemm_q4_k_q8_0_ref(w, a, z, ldy, r0, r1);
+        kern_mm_fn *pv = wt == DT_Q4_K ? kern_gemm_q4_kp_q8_0_avx512 : kern_gemm_q6_kp_q8_0_avx512;
+        pv(wp, a, y, ldy, r0, r1);
+        (wt == DT_Q4_K ? kern_gemm_q4_k_q8_0_ref : kern_gemm_q6_k_q8_0_ref)(w, a, z, ldy, r0, r1);
         for (size_t i = 0; i < cnt; i++)
             tol[i] = 1e-5f * s[i] + 1e-30f;
-        snprintf(what, sizeof what, "kern_gemm_q4_kp_q8_0_avx512 vs its twin");
+        snprintf(what, sizeof what, "kern_gemm_%sp_q8_0_avx512 vs its twin", dtype_info(wt)->name);
         check_close(what, y, z, tol, n, ldy, r0, r1, cols);
         fill(z, cnt, SENTINEL);
         for (size_t t = 0; t < n; t++) {
@@ -503,25 +499,29 @@ static void check_panels_q4k(const uint8_t *w, size_t rows, size_t cols, size_t 
             one.ns32 = a->ns32 + t * a->cp / 32;
             one.ns4 = a->ns4 + t * a->cp / 4;
             one.d4 = a->d4 + t * a->cp / 4;
-            kern_gemm_q4_kp_q8_0_avx512(wp, &one, z + t * ldy, ldy, r0, r1);
+            pv(wp, &one, z + t * ldy, ldy, r0, r1);
         }
         if (memcmp(y, z, cnt * sizeof(float)) != 0)
-            fail_msg("q4_K panels avx512: %zu tokens differ from one token at a time", n);
+            fail_msg("%s panels avx512: %zu tokens differ from one token at a time",
+                     dtype_info(wt)->name, n);
     } else {
-        kern_mm_fn *pv = g_isa == KERN_ISA_REF ? kern_gemm_q4_kp_q8_0_ref
-                                               : kern_gemm_q4_kp_q8_0_avx2;
-        kern_mm_fn *rv = g_isa == KERN_ISA_REF ? kern_gemm_q4_k_q8_0_ref
-                                               : kern_gemm_q4_k_q8_0_avx2;
+        const int q4 = wt == DT_Q4_K, ref = g_isa == KERN_ISA_REF;
+        kern_mm_fn *pv = q4 ? (ref ? kern_gemm_q4_kp_q8_0_ref : kern_gemm_q4_kp_q8_0_avx2)
+                            : (ref ? kern_gemm_q6_kp_q8_0_ref : kern_gemm_q6_kp_q8_0_avx2);
+        kern_mm_fn *rv = q4 ? (ref ? kern_gemm_q4_k_q8_0_ref : kern_gemm_q4_k_q8_0_avx2)
+                            : (ref ? kern_gemm_q6_k_q8_0_ref : kern_gemm_q6_k_q8_0_avx2);
         pv(wp, a, y, ldy, r0, r1);
         rv(w, a, z, ldy, r0, r1);
         if (memcmp(y, z, cnt * sizeof(float)) != 0)
-            fail_msg("q4_K panels %s: not the stored-row gemm's bits", kern_isa_name(g_isa));
+            fail_msg("%s panels %s: not the stored-row gemm's bits", dtype_info(wt)->name,
+                     kern_isa_name(g_isa));
     }
     fill(y, cnt, SENTINEL);
     for (size_t i = 0; i < cnt; i++)
         tol[i] = (g_isa != KERN_ISA_REF ? qb[i] : 0.0f) + 2e-5f * s[i] + 1e-30f;
-    kern_matmul_act_panels(DT_Q4_K, wp, a, y, ldy, r0, r1);
-    snprintf(what, sizeof what, "kern_matmul_act_panels(q4_k, %s)", kern_isa_name(g_isa));
+    kern_matmul_act_panels(wt, wp, a, y, ldy, r0, r1);
+    snprintf(what, sizeof what, "kern_matmul_act_panels(%s, %s)", dtype_info(wt)->name,
+             kern_isa_name(g_isa));
     check_close(what, y, want, tol, n, ldy, r0, r1, cols);
     free(tol);
     free(z);
@@ -626,11 +626,11 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
             fail_msg("%s %s: gemm over %zu tokens differs from gemv token by token", di->name,
                      kern_isa_name(g_isa), n);
     }
-    if (wt == DT_Q4_K) {
+    if (wt == DT_Q4_K || wt == DT_Q6_K) {
         /* the panels' row range starts on a panel: want for the rows below r0 too */
         fill(want, cnt, SENTINEL);
         kern_matmul_ref(wt, w, cols, x, n, want, ldy, r0 / 16 * 16, r1);
-        check_panels_q4k(w, rows, cols, rb, &a, ldy, r0, r1, s, qb, want);
+        check_panels_kq(wt, w, rows, cols, rb, &a, ldy, r0, r1, s, qb, want);
         fill(want, cnt, SENTINEL);
         kern_matmul_ref(wt, w, cols, x, n, want, ldy, r0, r1);
     }
