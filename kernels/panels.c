@@ -1,14 +1,15 @@
 /*
  * panels.c — quantized matrices repacked at load time into panels of rows (kern.h,
- * kern_panels_*; layouts: quant.h "q4_0 panels" / "q8_0 panels"; the why: ADR 0004, "load-time
- * q4_0 panels" and addendum "q8_0 panels"): the repacking, the way back to stored rows, the
+ * kern_panels_*; layouts: quant.h "q4_0 panels" / "q8_0 panels" / "q4_K panels" / "q6_K
+ * panels"; the why: ADR 0004, "load-time q4_0 panels" and addenda "q8_0 panels", "k-quant
+ * panels"): the repacking, the way back to stored rows, the
  * products' entry points and the fallback of ISAs without a panel kernel, for every type whose
  * traits have a panel layout (kern__traits[wt].panels).
  *
- * The AVX-512 GEMMs (x86/avx512_q.c) read panels directly. Every other ISA has no panel
- * kernel: its variant unpacks one panel's rows back into the stored layout (exactly the bytes
- * of the file) and runs that ISA's stored-row kernel on them, so a repacked model computes
- * there what the stored one did.
+ * The AVX-512 GEMMs (x86/avx512_q.c, x86/avx512_kqp.c) read panels directly. Every other ISA
+ * has no panel kernel: its variant unpacks one panel's rows back into the stored layout
+ * (exactly the bytes of the file) and runs that ISA's stored-row kernel on them, so a
+ * repacked model computes there what the stored one did.
  *
  * NOTES: reentrant; the unpacked rows live in the calling thread's scratch slot 1 (slot 0 may
  * hold the activations kern_matmul_panels prepared).
@@ -147,7 +148,8 @@ static void pack_kq(enum dtype wt, const void *w, size_t cols, void *dst, size_t
         for (size_t s = 0; s < nsb; s++)
             for (size_t i = 0; i < 16; i++) {
                 size_t r = p * 16 + i;
-                const uint8_t *blk = r < rows ? (const uint8_t *)w + r * rb + s * k->blk_bytes : NULL;
+                const uint8_t *blk =
+                    r < rows ? (const uint8_t *)w + r * rb + s * k->blk_bytes : NULL;
                 k->put(pp + s * sbb, i, blk);
             }
     }

@@ -125,9 +125,9 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
      * variants --dtype q4_k --quick --hot --threads 1 (5632 x 2048, busy machine), GFLOP/s
      * gemv vs gemm, AVX-512: n = 1 45 vs 41, n = 2 34 vs 53. Batch invariant (kern_variants.h),
      * so the crossover is only speed.
-     * q4_K and q6_K also have panels (ADR 0004 addendum "k-quant panels"): the loader repacks them, and
-     * on AVX-512 every n then runs the panel gemm (x86/avx512_kqp.c); the other ISAs unpack
-     * each panel's rows and run their stored-row gemm. */
+     * q4_K and q6_K also have panels (ADR 0004 addendum "k-quant panels"): the loader repacks
+     * them, and on AVX-512 every n then runs the panel gemm (x86/avx512_kqp.c); the other
+     * ISAs unpack each panel's rows and run their stored-row gemm. */
     [DT_Q4_K] = {.block = QUANT_K, .block_bytes = sizeof(struct quant_q4_k),
                  .to_f32 = kern__row_q4_k, .act = KERN__ACT_Q8, .act_offset = 8,
                  .panels = &q4_k_panels,

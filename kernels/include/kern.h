@@ -118,22 +118,25 @@ void kern_matmul_act(const void *w, const struct kern_act *a, float *y, size_t l
                      size_t r1);
 
 /*
- * Quantized matrices repacked at load time into panels of rows (q4_0 and q8_0 today: 16-row
- * panels, layouts in kernels/include/quant.h "q4_0 panels" / "q8_0 panels"; why: ADR 0004, "load-time
- * q4_0 panels" and addendum "q8_0 panels"), by the matrix's stored dtype wt. `wp` points to a
+ * Quantized matrices repacked at load time into panels of rows (q4_0, q8_0, q4_K and q6_K: 16-row
+ * panels, layouts in kernels/include/quant.h "q4_0 panels" / "q8_0 panels" / "q4_K panels" /
+ * "q6_K panels"; why: ADR 0004, "load-time q4_0 panels" and addenda "q8_0 panels", "k-quant
+ * panels"), by the matrix's stored dtype wt. `wp` points to a
  * repacked matrix, never to stored rows, and row ranges start on a panel (r0 % 16 == 0; r1
  * may be the matrix's last row). Same contract as kern_matmul / kern_matmul_act otherwise,
  * with activations prepared for wt (a->wt == wt). A wt without panels aborts.
  *   kern_panels_supported: whether wt has a panel layout (the loader repacks only those);
- *   kern_panels_bytes:     bytes of the repacked [rows][cols] matrix (cols a multiple of 32);
+ *   kern_panels_bytes:     bytes of the repacked [rows][cols] matrix (cols a multiple of the
+ *                          block; q4_K's panels are 148/144 of its stored rows, the others equal);
  *   kern_panels_pack:      writes panels [p0, p1) of dst from the stored rows w (panels are
  *                          independent, so threads may pack disjoint ranges);
  *   kern_panels_rows:      stored rows [r0, r1) back out of the panels, into out [r1-r0][rb];
  *   kern_matmul_panels / kern_matmul_act_panels: the products. On AVX-512 the panel GEMM,
  *     whose outputs equal the stored-row kern_gemm_<wt>_q8_0_avx512's bit for bit for any n
- *     (each token's sums do not depend on the others); on the other ISAs each panel's rows
- *     are unpacked to the stored layout and run through kern_matmul_act, so a repacked model
- *     computes there what the stored one did.
+ *     (each token's sums do not depend on the others; the k-quants' panel GEMMs have their own
+ *     f32 order, within the k-quant tolerance and equally batch invariant); on the other ISAs
+ *     each panel's rows are unpacked to the stored layout and run through kern_matmul_act,
+ *     so a repacked model computes there what the stored one did.
  */
 int kern_panels_supported(enum dtype wt);
 size_t kern_panels_bytes(enum dtype wt, size_t rows, size_t cols);

@@ -60,10 +60,12 @@ kern_mm_fn kern_gemv_mxfp4_q8_0_avx512_plain;
  */
 kern_mm_fn kern_gemm_q4_0p_q8_0_ref, kern_gemm_q4_0p_q8_0_avx2, kern_gemm_q4_0p_q8_0_avx512;
 kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_q8_0_avx512;
-/* q4_K and q6_K panels (quant.h "q4_K panels", "q6_K panels"): _avx512 (x86/avx512_kqp.c) is its own arithmetic, not
- * the stored-row kernel's (its lanes are 4-element groups, here rows), within the k-quant
- * tolerance of the _ref twin and batch invariant: a token's outputs are the same bits
- * whatever n and its neighbours. _ref and _avx2 are their ISA's stored-row gemm. */
+/*
+ * q4_K and q6_K panels (quant.h "q4_K panels", "q6_K panels"): _avx512 (x86/avx512_kqp.c) is
+ * its own arithmetic, not the stored-row kernel's (its lanes are 4-element groups, here rows),
+ * within the k-quant tolerance of the _ref twin and batch invariant: a token's outputs are the
+ * same bits whatever n and its neighbours. _ref and _avx2 are their ISA's stored-row gemm.
+ */
 kern_mm_fn kern_gemm_q4_kp_q8_0_ref, kern_gemm_q4_kp_q8_0_avx2, kern_gemm_q4_kp_q8_0_avx512;
 kern_mm_fn kern_gemm_q6_kp_q8_0_ref, kern_gemm_q6_kp_q8_0_avx2, kern_gemm_q6_kp_q8_0_avx512;
 

@@ -183,9 +183,10 @@ AI_ void q6kp_tile(const uint8_t *pp, size_t nsb, const struct kern_act *a, cons
                         _mm_loadu_si128((const void *)(ps + QUANT_Q6KP_SC + 16 * k)))),
                     d);
                 UNROLL for (int u = 0; u < NT; u++)
-                    acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[u][v]),
-                                             _mm512_mul_ps(dsc, _mm512_set1_ps(dx[u][s * 8 + k / 2])),
-                                             acc[u]);
+                {
+                    const __m512 ls = _mm512_mul_ps(dsc, _mm512_set1_ps(dx[u][s * 8 + k / 2]));
+                    acc[u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[u][v]), ls, acc[u]);
+                }
             }
         }
     }
