@@ -109,15 +109,25 @@ static size_t q6kp_at(size_t i, size_t o)
     return QUANT_Q6KP_D + 2 * i + (o - 208);
 }
 
+/* The quants move in groups of 4 bytes (q6kp_at(i, o + k) = q6kp_at(i, o) + k for o % 4 == 0,
+ * o < 192), the scales and d byte by byte. */
 static void q6kp_put(uint8_t *ps, size_t i, const uint8_t *blk)
 {
-    for (size_t o = 0; o < sizeof(struct quant_q6_k); o++)
-        ps[q6kp_at(i, o)] = blk ? blk[o] : 0;
+    static const uint8_t zero[sizeof(struct quant_q6_k)];
+    const uint8_t *b = blk ? blk : zero;
+    size_t o = 0;
+    for (; o < 192; o += 4)
+        memcpy(ps + q6kp_at(i, o), b + o, 4);
+    for (; o < sizeof(struct quant_q6_k); o++)
+        ps[q6kp_at(i, o)] = b[o];
 }
 
 static void q6kp_get(const uint8_t *ps, size_t i, uint8_t *blk)
 {
-    for (size_t o = 0; o < sizeof(struct quant_q6_k); o++)
+    size_t o = 0;
+    for (; o < 192; o += 4)
+        memcpy(blk + o, ps + q6kp_at(i, o), 4);
+    for (; o < sizeof(struct quant_q6_k); o++)
         blk[o] = ps[q6kp_at(i, o)];
 }
 
