@@ -623,9 +623,10 @@ struct q4p_sc {
 /*
  * acc + w . (x[0..3] in every lane): vpdpbusd with an embedded {1to16} broadcast operand. GCC
  * issues _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(load)) as a separate vpbroadcastd, one
- * per vpdpbusd in the one-panel tile; folded, the tile read ~5-15% faster with the weights in
- * cache (docs/PERFORMANCE.md "The 8-stream step, session 14"). The same instruction, the same
- * sums.
+ * per vpdpbusd in the one-panel tile; folded, the tile read up to ~15% faster with the weights
+ * in cache in one round of a kernel bench and equal in the next, and no difference showed in
+ * the engine (docs/PERFORMANCE.md "The 8-stream step, session 14"). The same instruction, the
+ * same sums.
  */
 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *x)
 {
