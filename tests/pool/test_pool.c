@@ -399,6 +399,30 @@ static void test_matmul_group(void **state)
                     fail_msg("matmul_group, %d threads: product %zu y[%zu][%zu] = %.9g, want %.9g",
                              th, i, j / rows[i], j % rows[i], (double)y[i][j],
                              (double)want[i][j]);
+        /* the same group with its inputs prepared by the caller, in two token ranges (the
+         * inputs have 3 and 5 tokens: each range is clipped to its input's) */
+        const struct matmul_prep *h = matmul_group_begin(&mc, g, K);
+        if (!p) {
+            assert_null(h); /* without a pool the kernels prepare their own inputs */
+        } else {
+            assert_non_null(h);
+            for (size_t i = 0; i < K; i++)
+                for (size_t j = 0; j < ns[i] * rows[i]; j++)
+                    y[i][j] = NAN;
+            matmul_prep_rows(h, 2, 5);
+            matmul_prep_rows(h, 0, 2);
+            matmul_group_end(&mc, g, K);
+            for (size_t i = 0; i < K; i++)
+                for (size_t j = 0; j < ns[i] * rows[i]; j++)
+                    if (memcmp(&y[i][j], &want[i][j], sizeof(float)))
+                        fail_msg("matmul_group_end, %d threads: product %zu y[%zu][%zu] = %.9g, "
+                                 "want %.9g",
+                                 th, i, j / rows[i], j % rows[i], (double)y[i][j],
+                                 (double)want[i][j]);
+            mc.invariant = true; /* invariant products take their inputs as floats */
+            assert_null(matmul_group_begin(&mc, g, K));
+            mc.invariant = false;
+        }
         matmul_ctx_fini(&mc);
         pool_destroy(p);
     }

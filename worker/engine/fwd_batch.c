@@ -46,6 +46,7 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -221,12 +222,14 @@ static void rows_over_pool(struct engine__fwd *f, size_t n, size_t grain, size_t
 }
 
 /* x[t] += proj[t] (+ bias first, as model_add_bias then the add did) when add, then
- * out[t] = RMSNorm(x[t]) * w, for the rows t of [b, e). */
+ * out[t] = RMSNorm(x[t]) * w, for the rows t of [b, e), then those rows of the next products'
+ * inputs prepared (matmul_group_begin) when prep is set. */
 struct norm_job {
     const struct engine__fwd *f;
     float *add;         /* [T][dim] proj (the bias is added into it), or NULL: x as it is */
     const float *bias;  /* [dim] added to proj first, or NULL */
     const float *w;     /* [dim] the norm's weight */
+    const struct matmul_prep *prep; /* the group reading xb, or NULL */
 };
 
 static void norm_rows(void *ctx, size_t b, size_t e, int thread)
@@ -246,13 +249,37 @@ static void norm_rows(void *ctx, size_t b, size_t e, int thread)
         }
         kern_rmsnorm(f->xb + t * dim, x, j->w, dim, f->m->hp.rms_eps);
     }
+    if (j->prep)
+        matmul_prep_rows(j->prep, b, e);
 }
 
 static void add_norm(struct engine__fwd *f, size_t n_tok, float *add, const float *bias,
-                     const float *w)
+                     const float *w, const struct matmul_prep *prep)
 {
-    struct norm_job j = {f, add, bias, w};
+    struct norm_job j = {f, add, bias, w, prep};
     rows_over_pool(f, n_tok, 1, NORM_PAR_MIN, norm_rows, &j);
+}
+
+/*
+ * A group reading xb, its inputs prepared by the norm job that writes xb (matmul.h,
+ * matmul_group_begin): only where project() would run a plain matmul_group (no adapter in the
+ * step, no one-job knob; matmul_group_begin declines invariant products). NULL: project().
+ */
+static const struct matmul_prep *fused_begin(struct engine__fwd *f, const struct matmul_prod *g,
+                                             size_t k)
+{
+    if (f->plan.n_segs || f->mm.base_one_job)
+        return NULL;
+    return matmul_group_begin(&f->mm, g, k);
+}
+
+static void project_fused(struct engine__fwd *f, uint32_t layer, const struct matmul_prod *g,
+                          size_t k, const struct matmul_prep *prep)
+{
+    if (prep)
+        matmul_group_end(&f->mm, g, k);
+    else
+        project(f, layer, g, k);
 }
 
 /* Sequence i's new rows: q/k/v biases (qwen2, gpt_oss), RoPE of q and k at each token's
@@ -303,6 +330,24 @@ static void swiglu_range(void *ctx, size_t b, size_t e, int thread)
     (void)thread;
     const struct swiglu_job *j = ctx;
     kern_swiglu(j->gate + b, j->gate + b, j->up + b, e - b);
+}
+
+/* The same over whole rows [b, e) of ffn floats (ffn a multiple of 16: the same lanes as the
+ * flat split), each row then prepared for the down product (matmul_group_begin). */
+struct swiglu_rows_job {
+    float *gate;
+    const float *up;
+    size_t ffn;
+    const struct matmul_prep *prep;
+};
+
+static void swiglu_rows(void *ctx, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    const struct swiglu_rows_job *j = ctx;
+    kern_swiglu(j->gate + b * j->ffn, j->gate + b * j->ffn, j->up + b * j->ffn,
+                (e - b) * j->ffn);
+    matmul_prep_rows(j->prep, b, e);
 }
 
 /* ---- the pass ------------------------------------------------------------------------------ */
@@ -380,12 +425,12 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         if (f->progress)
             f->progress(f->progress_ud);
 
-        add_norm(f, n_tok, pending, NULL, L->attn_norm);
-        project(f, l,
-                (const struct matmul_prod[]){{&L->wq, f->xb, n_tok, f->q, qd, LORA_Q},
-                                             {&L->wk, f->xb, n_tok, f->k, kvd, LORA_K},
-                                             {&L->wv, f->xb, n_tok, f->v, kvd, LORA_V}},
-                3);
+        const struct matmul_prod qkv[] = {{&L->wq, f->xb, n_tok, f->q, qd, LORA_Q},
+                                          {&L->wk, f->xb, n_tok, f->k, kvd, LORA_K},
+                                          {&L->wv, f->xb, n_tok, f->v, kvd, LORA_V}};
+        const struct matmul_prep *prep = fused_begin(f, qkv, 3);
+        add_norm(f, n_tok, pending, NULL, L->attn_norm, prep);
+        project_fused(f, l, qkv, 3, prep);
         struct rope_kv_job rj = {f, seqs, l};
         rows_over_pool(f, n_seqs, 1, ROPE_KV_PAR_MIN, rope_kv_seqs, &rj);
         struct attn_job aj = {f, seqs, l};
@@ -397,21 +442,29 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
                 attn_task(&aj, i, 0);
         project(f, l, &(const struct matmul_prod){&L->wo, f->att, n_tok, f->proj, dim, LORA_O},
                 1);
-        add_norm(f, n_tok, f->proj, L->bo, L->ffn_norm);
+        const struct matmul_prod gu[] = {{&L->w_gate, f->xb, n_tok, f->gate, ffn, LORA_GATE},
+                                         {&L->w_up, f->xb, n_tok, f->up, ffn, LORA_UP}};
+        prep = m->moe ? NULL : fused_begin(f, gu, 2);
+        add_norm(f, n_tok, f->proj, L->bo, L->ffn_norm, prep);
         pending = f->proj;
         if (m->moe) {
             moe_ffn(f->moe, &f->mm, L, f->xb, n_tok, f->proj);
             continue;
         }
-        project(f, l,
-                (const struct matmul_prod[]){{&L->w_gate, f->xb, n_tok, f->gate, ffn, LORA_GATE},
-                                             {&L->w_up, f->xb, n_tok, f->up, ffn, LORA_UP}},
-                2);
-        struct swiglu_job sj = {f->gate, f->up}; /* silu(gate) * up, in place */
-        rows_over_pool(f, n_tok * ffn, 16, SWIGLU_PAR_MIN, swiglu_range, &sj);
-        project(f, l,
-                &(const struct matmul_prod){&L->w_down, f->gate, n_tok, f->proj, dim, LORA_DOWN},
-                1);
+        project_fused(f, l, gu, 2, prep);
+        /* silu(gate) * up, in place; by rows with the down product's input prepared in the
+         * same job when it can be */
+        const struct matmul_prod down = {&L->w_down, f->gate, n_tok, f->proj, dim, LORA_DOWN};
+        prep = ffn % 16 == 0 ? fused_begin(f, &down, 1) : NULL;
+        if (prep) {
+            struct swiglu_rows_job sj = {f->gate, f->up, ffn, prep};
+            rows_over_pool(f, n_tok, 1, n_tok * ffn >= SWIGLU_PAR_MIN ? 1 : SIZE_MAX,
+                           swiglu_rows, &sj);
+        } else {
+            struct swiglu_job sj = {f->gate, f->up};
+            rows_over_pool(f, n_tok * ffn, 16, SWIGLU_PAR_MIN, swiglu_range, &sj);
+        }
+        project_fused(f, l, &down, 1, prep);
     }
 
     /* classifier: one matmul over the last rows of the sequences that sample; only their

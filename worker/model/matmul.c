@@ -40,7 +40,9 @@ void matmul_ctx_fini(struct matmul_ctx *c)
 {
     free(c->act_);
     free(c->tasks_);
-    c->act_ = c->tasks_ = NULL;
+    free(c->prep_);
+    c->act_ = c->tasks_ = c->prep_ = NULL;
+    c->prep_open_ = false;
     c->act_cap_ = c->tasks_cap_ = 0;
 }
 
@@ -222,12 +224,17 @@ static void prepare(struct matmul_ctx *c, const struct matmul__acts *A)
 
 /*
  * Rows [r0, r1) of the line of products g[0..k) (product i at off[i]): on the calling thread
- * without a pool; else inputs prepared once and one pool_for.
+ * without a pool; else inputs prepared once (or by the caller: prepared, from
+ * matmul_group_begin) and one pool_for.
  */
 static void run(struct matmul_ctx *c, const struct matmul_prod *g, size_t k, const size_t *off,
-                size_t r0, size_t r1)
+                size_t r0, size_t r1, const struct matmul__acts *prepared)
 {
-    struct rows_job j = {g, k, c->invariant, off, NULL};
+    struct rows_job j = {g, k, c->invariant, off, prepared};
+    if (prepared) {
+        pool_for(c->pool, r0, r1, ROW_GRAIN, rows_shard, &j);
+        return;
+    }
     if (!c->pool) { /* the kernels prepare their input themselves: one call per product */
         rows_shard(&j, r0, r1, 0);
         return;
@@ -257,18 +264,66 @@ void matmul_rows(struct matmul_ctx *c, const struct matmul_mat *w, const float *
         return;
     const struct matmul_prod p = {w, x, n, y, ldy, 0};
     const size_t off = 0;
-    run(c, &p, 1, &off, r0, r1);
+    run(c, &p, 1, &off, r0, r1, NULL);
 }
 
-void matmul_group(struct matmul_ctx *c, const struct matmul_prod *g, size_t k)
+/* The products of g laid end to end, each from a panel boundary; returns the line's end. */
+static size_t group_line(const struct matmul_prod *g, size_t k, size_t *off)
 {
     CHECK(k <= MATMUL_GROUP_MAX);
-    size_t off[MATMUL_GROUP_MAX], end = 0;
+    size_t end = 0;
     for (size_t i = 0; i < k; i++) {
         off[i] = end;
         if (g[i].n)
             end += (g[i].w->rows + ROW_GRAIN - 1) / ROW_GRAIN * ROW_GRAIN;
     }
+    return end;
+}
+
+void matmul_group(struct matmul_ctx *c, const struct matmul_prod *g, size_t k)
+{
+    size_t off[MATMUL_GROUP_MAX], end = group_line(g, k, off);
     if (end)
-        run(c, g, k, off, 0, end);
+        run(c, g, k, off, 0, end, NULL);
+}
+
+/* ---- inputs prepared by the caller (matmul.h, matmul_group_begin) ------------------------- */
+
+struct matmul_prep {
+    struct matmul__acts A; /* laid out over the ctx's act_ scratch */
+};
+
+const struct matmul_prep *matmul_group_begin(struct matmul_ctx *c, const struct matmul_prod *g,
+                                             size_t k)
+{
+    CHECK(!c->prep_open_);
+    if (!c->pool || c->invariant)
+        return NULL;
+    if (!c->prep_ && !(c->prep_ = malloc(sizeof(struct matmul_prep))))
+        return NULL; /* the caller runs matmul_group, which logs if it too finds no memory */
+    struct matmul_prep *h = c->prep_;
+    matmul__acts_plan(&h->A, g, k);
+    if (!matmul__grow(&c->act_, &c->act_cap_, h->A.total ? h->A.total : 64))
+        return NULL;
+    matmul__acts_init(&h->A, g, c->act_);
+    c->prep_open_ = true;
+    return h;
+}
+
+void matmul_prep_rows(const struct matmul_prep *h, size_t t0, size_t t1)
+{
+    for (size_t a = 0; a < h->A.n; a++) {
+        size_t e = t1 < h->A.a[a].n ? t1 : h->A.a[a].n;
+        if (h->A.bytes[a] && t0 < e)
+            kern_act_prepare(&h->A.a[a], t0, e);
+    }
+}
+
+void matmul_group_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t k)
+{
+    CHECK(c->prep_open_);
+    c->prep_open_ = false;
+    size_t off[MATMUL_GROUP_MAX], end = group_line(g, k, off);
+    if (end)
+        run(c, g, k, off, 0, end, &((const struct matmul_prep *)c->prep_)->A);
 }

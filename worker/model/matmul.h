@@ -101,6 +101,8 @@ struct matmul_ctx {
     size_t act_cap_;
     void *tasks_;       /* matmul_group_lora's task list and tile flags */
     size_t tasks_cap_;
+    void *prep_;        /* matmul_group_begin's plan of the inputs (struct matmul_prep) */
+    bool prep_open_;    /* between matmul_group_begin and matmul_group_end */
 };
 
 /* Binds c to pool (NULL = the calling thread alone); nothing is allocated yet. */
@@ -137,6 +139,26 @@ static inline void matmul_one(struct matmul_ctx *c, const struct matmul_mat *w, 
  * kernels on the same rows as k matmul_one calls, so the same results.
  */
 void matmul_group(struct matmul_ctx *c, const struct matmul_prod *g, size_t k);
+
+/*
+ * A group whose inputs are prepared by the caller, row by row, inside the job that writes
+ * them (the engine's RMSNorm job writes xb and quantizes each row it wrote: no serial
+ * preparation between that job and the products, and one pass over the rows while they are
+ * in cache). Three calls, on the ctx's thread:
+ *  - matmul_group_begin(c, g, k): plans and lays out the distinct inputs of g[0..k) in c's
+ *    scratch; returns a handle, or NULL when the group takes its inputs as floats (no pool,
+ *    c->invariant, no memory): then run matmul_group (or whatever the caller runs) instead;
+ *  - matmul_prep_rows(h, t0, t1): prepares tokens [t0, t1) of every input from their floats,
+ *    which must be written by then; any thread, disjoint ranges, all tokens before the end;
+ *  - matmul_group_end(c, g, k): the products of matmul_group(c, g, k) on those inputs (g the
+ *    same array as begin's). The same kernels on the same prepared bytes: the same numbers.
+ * No other product may run on c between begin and end (they share the scratch).
+ */
+struct matmul_prep;
+const struct matmul_prep *matmul_group_begin(struct matmul_ctx *c, const struct matmul_prod *g,
+                                             size_t k);
+void matmul_prep_rows(const struct matmul_prep *h, size_t t0, size_t t1);
+void matmul_group_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t k);
 
 #define MATMUL_LORA_GROUP_MAX 4 /* q, k, v: the largest group that shares a LoRA plan */
 

@@ -62,7 +62,9 @@ void pool_run(struct pool *p, pool_task_fn *fn, void *ctx, size_t n_tasks);
 
 /*
  * Parallel for over [begin, end) in contiguous shards of whole multiples of `grain` (the last
- * may be shorter); at most about 4 shards per participant so each shard is long.
+ * may be shorter); at most 4 shards per participant so each shard is long. From 32 grains per
+ * participant on, the shards shrink towards the end of the range (pool.c: 4 rounds taking
+ * 44/32/18/6% of it), so the participants finish close together.
  */
 void pool_for(struct pool *p, size_t begin, size_t end, size_t grain, pool_range_fn *fn,
               void *ctx);
