@@ -17,7 +17,8 @@
  * was measured beside a busy neighbour and understates the kernels.
  *
  *   usage: kern_bench [--threads N] [--quick] [--hot]
- *                     [--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu|gptoss-q8p] [--dtype T]
+ *                     [--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu|gptoss-q8p]
+ *                     [--dtype T]
  * --hot: one copy of each matrix instead of the 256 MiB ring (the kernels' compute rate).
  */
 #include "bench_util.h"
@@ -787,7 +788,8 @@ int main(int argc, char **argv)
             g_dtype = argv[++i];
         else {
             fprintf(stderr, "usage: kern_bench [--threads N] [--quick] [--hot] "
-                            "[--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu|gptoss-q8p] [--dtype NAME]\n");
+                            "[--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu|"
+                            "gptoss-q8p] [--dtype NAME]\n");
             return 2;
         }
     }
