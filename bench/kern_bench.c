@@ -9,15 +9,16 @@
  *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s;
  *  - q4g (only when asked): the int4 group types against q4_0, interleaved rounds;
  *  - gptoss (only when asked): gpt-oss-20b's decode products (MXFP4 experts: gemv with and
- *    without VBMI and gemm, n = 1..8; bf16 unembedding and attention), GB/s against a probe
- *    per row.
+ *    without VBMI and gemm, n = 1..8; bf16 unembedding and attention; the int8 model's q8_0
+ *    panels at the same shapes), GB/s against a probe per row.
  * GEMV weights rotate through copies totalling >= 256 MiB so they stream from DRAM, as in
  * decode, rather than from the 32 MiB L3. Each row ends with the CPU share other processes
  * used meanwhile (bench_load_end): on a shared machine, a row with more than a few percent
  * was measured beside a busy neighbour and understates the kernels.
  *
  *   usage: kern_bench [--threads N] [--quick] [--hot]
- *                     [--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu] [--dtype T]
+ *                     [--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu|gptoss-q8p]
+ *                     [--dtype T]
  * --hot: one copy of each matrix instead of the 256 MiB ring (the kernels' compute rate).
  */
 #include "bench_util.h"
@@ -706,6 +707,75 @@ static void bench_gptoss(void)
     }
 }
 
+/*
+ * Seconds per routed product (matmul_one) of n = 1 token over q8_0 panels, cycling through
+ * `copies` panel matrices: the best of 5 batches, as time_matmul.
+ */
+static double time_panels(void **wp, int copies, size_t rows, size_t cols, const float *x,
+                          float *y)
+{
+    uint64_t rb;
+    dtype_row_bytes(DT_Q8_0, cols, &rb);
+    struct matmul_mat m = {DT_Q8_0, NULL, (uint32_t)rows, (uint32_t)cols, (size_t)rb, wp[0]};
+    matmul_one(&g_mm, &m, x, 1, y, rows); /* warm-up */
+    double best = 1e30;
+    int calls = 0;
+    for (int batch = 0; batch < 5; batch++) {
+        int k = 0;
+        double t0 = bench_now(), t;
+        do {
+            m.panels = wp[calls++ % copies];
+            matmul_one(&g_mm, &m, x, 1, y, rows);
+            k++;
+            t = bench_now() - t0;
+        } while (t < g_min_time / 5 || k < 2);
+        best = t / k < best ? t / k : best;
+    }
+    return best;
+}
+
+/*
+ * --only gptoss, the int8 model's other half: the q8_0 panel products of a decode token
+ * (x86/avx512_q.c's kern_gemm_q8_0p_q8_0_avx512 through the routed product, as the engine
+ * reads q8_0 weights repacked at load) at n = 1, weights from DRAM on 2 MiB pages: the
+ * unembedding (201088 x 2880, 0.62 GB: one copy is DRAM-sized) and attention (q 4096 x 2880,
+ * k or v 512 x 2880, o 2880 x 4096), GB/s against a probe taken before each row.
+ */
+static void bench_gptoss_q8p(void)
+{
+    static const size_t shapes[][2] = {{201088, 2880}, {4096, 2880}, {512, 2880}, {2880, 4096}};
+    printf("\n| dtype | rows x cols | n | probe GB/s | routed product over panels | other CPU |\n"
+           "|---|---|---|---|---|---|\n");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        size_t rows = shapes[s][0], cols = shapes[s][1];
+        void **w;
+        int copies = make_ring(DT_Q8_0, rows, cols, &w);
+        const size_t pb = kern_panels_bytes(DT_Q8_0, rows, cols), hp = (size_t)2 << 20;
+        for (int i = 0; i < copies; i++) { /* each copy replaced by its panels */
+            void *p = aligned_alloc(hp, (pb + hp - 1) / hp * hp);
+            if (!p) {
+                fprintf(stderr, "kern_bench: out of memory\n");
+                exit(1);
+            }
+            (void)madvise(p, (pb + hp - 1) / hp * hp, MADV_HUGEPAGE);
+            kern_panels_pack(DT_Q8_0, w[i], cols, p, rows, 0, (rows + 15) / 16);
+            free(w[i]);
+            w[i] = p;
+        }
+        float *x = random_x(1, cols), *y = malloc(rows * sizeof(float));
+        double probe = bench_bandwidth(g_pool, (size_t)256 << 20, 4);
+        struct bench_load ld;
+        bench_load_begin(&ld);
+        double gbs = (double)pb / time_panels(w, copies, rows, cols, x, y) / 1e9;
+        printf("| q8_0 panels | %zu x %zu | 1 | %.1f | %.1f (%.0f%%) | %.0f%% |\n", rows, cols,
+               probe, gbs, 100 * gbs / probe, 100 * bench_load_end(&ld));
+        fflush(stdout);
+        free(y);
+        free(x);
+        free_ring(w, copies);
+    }
+}
+
 int main(int argc, char **argv)
 {
     cpu_set_t set;
@@ -725,7 +795,8 @@ int main(int argc, char **argv)
             g_dtype = argv[++i];
         else {
             fprintf(stderr, "usage: kern_bench [--threads N] [--quick] [--hot] "
-                            "[--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu] [--dtype NAME]\n");
+                            "[--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu|"
+                            "gptoss-q8p] [--dtype NAME]\n");
             return 2;
         }
     }
@@ -750,6 +821,9 @@ int main(int argc, char **argv)
         bench_q4g(); /* only on request: its own comparison, not part of the default run */
     if (only && strcmp(only, "gptoss") == 0)
         bench_gptoss(); /* only on request: gpt-oss's decode shapes */
+    if (only && (strcmp(only, "gptoss") == 0 || strcmp(only, "gptoss-q8p") == 0) &&
+        isa_ok(KERN_ISA_AVX512))
+        bench_gptoss_q8p(); /* the int8 model's q8_0 panels (gptoss-q8p: that table alone) */
     if (only && strcmp(only, "gptoss-cpu") == 0 && isa_ok(KERN_ISA_AVX512))
         gptoss_mxfp4_cpu(kern_gemv_mxfp4_q8_0_avx512,
                          kern_gemv_mxfp4_q8_0_avx512_plain); /* its 1-thread part alone */

@@ -840,7 +840,6 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
  * pp: the panel (quant.h: block b's quants at quant_q8p_qoff, scales at quant_q8p_soff);
  * blocks [k0/32, k0/32 + nblk) of its nb.
  */
-#define Q8P_PF 8192
 INLINE void gemm_q8p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struct kern_act *a,
                           size_t k0, size_t t, int NT, float *y, size_t ldy, size_t r,
                           __mmask16 rm, int add)
@@ -860,10 +859,11 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struc
         xs[j] = a->ns32 + (tj * cp + k0) / 32;
     }
     for (size_t b = 0; b < nblk; b++) {
+        /* no software prefetch: the panel is one sequential stream, which the hardware
+         * prefetchers follow; 9 prefetches per block 2-16 KiB ahead cost 1.3x the time at
+         * n = 1, on 2 MiB and 4 KiB pages, 1 and 2 threads (docs/PERFORMANCE.md "gpt-oss
+         * decode, session 14") */
         const uint8_t *qb = pp + quant_q8p_qoff(k0 / 32 + b, nb);
-        /* Q8P_PF ahead in the panel's one sequential stream: 544 bytes per block, 9 lines */
-        UNROLL for (int l = 0; l < 9; l++) _mm_prefetch((const char *)qb + Q8P_PF + 64 * l,
-                                                        _MM_HINT_T0);
         __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
         UNROLL for (int j = 0; j < NT; j++)
         {

@@ -7,6 +7,7 @@
 #include "check.h"
 #include "err.h"
 #include "log.h"
+#include "pool.h"
 
 #include <errno.h>
 #include <math.h>
@@ -112,6 +113,42 @@ static void route(const float *logits, uint32_t ne, uint32_t k, uint32_t *sel, f
         w[i] /= sum;
 }
 
+/*
+ * The biases and the clamped SwiGLU of gathered rows [b, e) (row r belongs to the expert e
+ * with off[e] <= r < off[e + 1]), into g. One element's steps are the same whichever thread
+ * runs it, so sharing the rows over the pool keeps the bits.
+ */
+struct swiglu_job {
+    const struct moe *s;
+    const struct model_layer *L;
+    size_t ffn;
+    float limit, alpha;
+};
+
+static void swiglu_rows(void *arg, size_t b, size_t e, int thread)
+{
+    (void)thread;
+    const struct swiglu_job *j = arg;
+    const struct moe *s = j->s;
+    const size_t ffn = j->ffn;
+    size_t ex = 0;
+    while (s->off[ex + 1] <= b) /* the expert of row b: off[] is non-decreasing */
+        ex++;
+    for (size_t r = b; r < e; r++) {
+        while (s->off[ex + 1] <= r)
+            ex++;
+        const float *bg = j->L->gate_exps_bias + ex * ffn, *bu = j->L->up_exps_bias + ex * ffn;
+        float *g = s->g + r * ffn;
+        const float *u = s->u + r * ffn;
+        for (size_t i = 0; i < ffn; i++) {
+            float gv = g[i] + bg[i], uv = u[i] + bu[i];
+            gv = fminf(gv, j->limit);
+            uv = fminf(fmaxf(uv, -j->limit), j->limit);
+            g[i] = gv / (1.0f + expf(-j->alpha * gv)) * (uv + 1.0f);
+        }
+    }
+}
+
 /* Runs prods [n] as groups of at most MATMUL_GROUP_MAX products. */
 static void run_groups(struct matmul_ctx *mm, const struct matmul_prod *p, size_t n)
 {
@@ -165,20 +202,15 @@ void moe_ffn(struct moe *s, struct matmul_ctx *mm, const struct model_layer *L, 
     }
     run_groups(mm, s->prods, np);
 
-    /* biases and the clamped SwiGLU, a [T*k][ffn] into g */
-    for (size_t e = 0; e < ne; e++) {
-        const float *bg = L->gate_exps_bias + e * ffn, *bu = L->up_exps_bias + e * ffn;
-        for (size_t r = s->off[e]; r < s->off[e + 1]; r++) {
-            float *g = s->g + r * ffn;
-            const float *u = s->u + r * ffn;
-            for (size_t j = 0; j < ffn; j++) {
-                float gv = g[j] + bg[j], uv = u[j] + bu[j];
-                gv = fminf(gv, limit);
-                uv = fminf(fmaxf(uv, -limit), limit);
-                g[j] = gv / (1.0f + expf(-alpha * gv)) * (uv + 1.0f);
-            }
-        }
-    }
+    /* biases and the clamped SwiGLU, a [T*k][ffn] into g: over the pool, whose workers are
+     * still spinning from the products (one stream's 4 rows are ~11.5k expf, tens of µs that
+     * the other thread otherwise spends waiting; docs/PERFORMANCE.md "gpt-oss decode, session
+     * 14") */
+    struct swiglu_job sj = {s, L, ffn, limit, alpha};
+    if (mm->pool && pool_threads(mm->pool) > 1 && n * k > 1)
+        pool_for(mm->pool, 0, n * k, 1, swiglu_rows, &sj);
+    else
+        swiglu_rows(&sj, 0, n * k, 0);
 
     /* down of every chosen expert */
     np = 0;
