@@ -70,6 +70,9 @@
                                         * (whole units): long streams, yet enough tasks for
                                         * both threads to share a segment's */
 #endif
+#ifndef MM_SHRINK_BY_PROJECTION
+#define MM_SHRINK_BY_PROJECTION 0 /* 1: shrink tasks projection-major (push_shrink) */
+#endif
 #define MM_SHRINK_PF_ROWS 4u /* a shrink task's first rank rows requested ahead (the kernels
                               * request each block's next rows themselves) */
 #ifndef MM_PREFETCH
@@ -415,6 +418,7 @@ struct cursor {
     double base_done, upd_done; /* their cost so far (weight elements; adapter bytes) */
     size_t base_p, base_t;      /* next base task: product, tile */
     size_t sh_s, sh_u;          /* next shrink: segment, unit (shrink_unit) */
+    size_t sh_p;                /* ... and product (MM_SHRINK_BY_PROJECTION only) */
     double sh_target;           /* the current segment's bytes per SHRINK task */
     size_t ex_p, ex_t;          /* next expand: product, tile */
     size_t n_shrink;            /* shrink units written */
@@ -460,40 +464,93 @@ static double unit_bytes(const struct job *j, const struct lora_adapter *ad, siz
     return (double)rows * ad->in[j->g[prod].t] * lora__fast_elem_bytes(ad);
 }
 
-/* The next SHRINK task: the following units of the current segment, as many as make its share
- * of the segment's stream (the stream split into near-equal tasks of at most about
- * MM_SHRINK_BYTES). Called only while units remain. */
-static void push_shrink(struct job *j, struct task *tasks, struct cursor *cu, size_t k)
+/* Bytes of segment seg's units [u0, u1) (u1 may pass its last). */
+static double units_bytes(const struct job *j, size_t k, size_t seg, size_t u0, size_t u1)
 {
-    const struct lora_plan *p = j->p;
+    const struct lora_adapter *ad = j->p->segs[seg].ad;
+    double total = 0;
     size_t prod, k0;
-    while (!shrink_unit(j, k, cu->sh_s, cu->sh_u, &prod, &k0)) { /* the next segment */
-        cu->sh_s++;
-        cu->sh_u = 0;
-        CHECK(cu->sh_s < p->n_segs);
-    }
-    const struct lora_adapter *ad = p->segs[cu->sh_s].ad;
-    if (cu->sh_u == 0) { /* a new segment: its tasks' size */
-        double total = 0;
-        size_t pp, kk;
-        for (size_t u = 0; shrink_unit(j, k, cu->sh_s, u, &pp, &kk); u++)
-            total += unit_bytes(j, ad, pp, kk);
-        double parts = total / MM_SHRINK_BYTES;
-        parts = parts > 1 ? (double)(size_t)(parts + 0.999) : 1;
-        cu->sh_target = total / parts;
-    }
+    for (size_t u = u0; u < u1 && shrink_unit(j, k, seg, u, &prod, &k0); u++)
+        total += unit_bytes(j, ad, prod, k0);
+    return total;
+}
+
+/* Sets cu->sh_target: the stretch of `total` bytes split into near-equal tasks of at most
+ * about MM_SHRINK_BYTES. */
+static void split_stretch(struct cursor *cu, double total)
+{
+    double parts = total / MM_SHRINK_BYTES;
+    parts = parts > 1 ? (double)(size_t)(parts + 0.999) : 1;
+    cu->sh_target = total / parts;
+}
+
+/* Writes a SHRINK task of the current segment's units from cu->sh_u (before u_end): about
+ * cu->sh_target bytes of whole units, at least one. */
+static void take_units(struct job *j, struct task *tasks, struct cursor *cu, size_t k,
+                       size_t u_end)
+{
+    const struct lora_adapter *ad = j->p->segs[cu->sh_s].ad;
     const size_t u0 = cu->sh_u;
+    size_t prod, k0;
     double bytes = 0;
-    do {
+    while (cu->sh_u < u_end && (cu->sh_u == u0 || bytes < cu->sh_target * 0.999) &&
+           shrink_unit(j, k, cu->sh_s, cu->sh_u, &prod, &k0)) {
         const double b = unit_bytes(j, ad, prod, k0);
         j->shrink_total[prod]++;
         cu->n_shrink++;
         cu->upd_done += b;
         bytes += b;
         cu->sh_u++;
-    } while (bytes < cu->sh_target * 0.999 && shrink_unit(j, k, cu->sh_s, cu->sh_u, &prod, &k0));
+    }
     tasks[cu->nt++] = (struct task){TK_SHRINK, 0, (uint32_t)cu->sh_s, (uint32_t)u0,
                                     (uint32_t)cu->sh_u};
+}
+
+/* The next SHRINK task. Called only while units remain. By default segment-major: the
+ * following units of the current segment, every projection of the job in turn (one stream
+ * per adapter and job). With MM_SHRINK_BY_PROJECTION, projection-major as until session 13
+ * (every segment's units of q, then of k, ...: a projection's shrinks end earlier in the job,
+ * so more base tiles expand themselves), each (segment, projection) still one stretch. */
+static void push_shrink(struct job *j, struct task *tasks, struct cursor *cu, size_t k)
+{
+    const struct lora_plan *p = j->p;
+    size_t prod, k0;
+    if (!MM_SHRINK_BY_PROJECTION) {
+        while (!shrink_unit(j, k, cu->sh_s, cu->sh_u, &prod, &k0)) { /* the next segment */
+            cu->sh_s++;
+            cu->sh_u = 0;
+            CHECK(cu->sh_s < p->n_segs);
+        }
+        if (cu->sh_u == 0)
+            split_stretch(cu, units_bytes(j, k, cu->sh_s, 0, SIZE_MAX));
+        take_units(j, tasks, cu, k, SIZE_MAX);
+        return;
+    }
+    for (;;) { /* segment sh_s's units of product sh_p: [u0, u0 + per) */
+        const struct lora_adapter *ad = p->segs[cu->sh_s].ad;
+        const size_t kb = lora__shrink_kb(ad), per = (ad->cfg.rank + kb - 1) / kb;
+        size_t u0 = 0;
+        bool here = false;
+        for (size_t i = 0; i <= cu->sh_p; i++)
+            if (lora_weights(ad, j->layer, j->g[i].t)) {
+                here = i == cu->sh_p;
+                u0 += here ? 0 : per;
+            }
+        if (here && cu->sh_u <= u0) { /* entering it (a task takes one unit at least) */
+            cu->sh_u = u0;
+            split_stretch(cu, units_bytes(j, k, cu->sh_s, u0, u0 + per));
+        }
+        if (here && cu->sh_u < u0 + per) {
+            take_units(j, tasks, cu, k, u0 + per);
+            return;
+        }
+        cu->sh_u = 0;
+        if (++cu->sh_s == p->n_segs) {
+            cu->sh_s = 0;
+            cu->sh_p++;
+            CHECK(cu->sh_p < k);
+        }
+    }
 }
 
 /* The next expand task, if its base tile is MM_LAG base tasks back (or every base task is
