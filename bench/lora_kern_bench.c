@@ -7,6 +7,16 @@
  * measures the neighbours). The weights are synthetic (their values do not change the work)
  * and 4 x 22 x 7 blocks of them, 25-200 MB, far larger than the caches, as in a step.
  * Prints one line: bytes per step, best and mean ms of each, the int8 / bf16 time ratios.
+ *
+ * `lora_kern_bench RANK streams` (session 14) times the shrinks alone, two ways alternating
+ * within each repetition, in one packing (bf16, then int8):
+ *   blocks:  each (adapter, layer, projection)'s A in its own allocation, called as the
+ *            fused job's tasks were until session 13: per job (q k v; o; gate up; down),
+ *            projection-major, 8 rank rows a call (32 on int8, each call quantizing x);
+ *   streams: each (adapter, layer)'s A blocks back to back in one allocation (lora_pack.c's
+ *            layout), per job adapter-major, one call per projection over the whole rank
+ *            (int8: x quantized once per job, kern_lora_shrink_i8q).
+ * Same kernels, same bytes: the difference is the streams' length and the call pattern.
  */
 #include "half.h"
 #include "kern.h"
@@ -39,18 +49,109 @@ static void *alloc_or_die(size_t bytes)
     return p;
 }
 
+/* q, k, v, o, gate, up, down: [out][in] */
+static const size_t ins[NP] = {2048, 2048, 2048, 2048, 2048, 2048, 5632};
+static const size_t outs[NP] = {2048, 256, 256, 2048, 5632, 5632, 2048};
+static const int job_end[4] = {3, 4, 6, 7}; /* the projections of one fused job */
+
+/* The shrinks of one step, blocks against streams (see the top); returns 0. */
+static int bench_streams(size_t R)
+{
+    static void *blk[2][NA][NL][NP];     /* [int8][adapter][layer][proj] */
+    static unsigned char *str[2][NA][NL]; /* the same blocks back to back */
+    static size_t off[2][NP];             /* a block's offset in its stream */
+    size_t bytes[2] = {0, 0};
+    for (int w8 = 0; w8 < 2; w8++) {
+        size_t o = 0;
+        for (int p = 0; p < NP; p++) {
+            off[w8][p] = o;
+            o += ((w8 ? KERN_LORA_I8_HDR(R) + R * ins[p] : R * ins[p] * 2) + 63) / 64 * 64;
+        }
+        for (int a = 0; a < NA; a++)
+            for (int l = 0; l < NL; l++) {
+                str[w8][a][l] = alloc_or_die(o);
+                memset(str[w8][a][l], 0x11, o);
+                for (int p = 0; p < NP; p++) {
+                    size_t n = (p + 1 < NP ? off[w8][p + 1] : o) - off[w8][p];
+                    blk[w8][a][l][p] = alloc_or_die(n);
+                    memset(blk[w8][a][l][p], 0x11, n);
+                    if (w8) /* scales */
+                        for (size_t k = 0; k < R; k++) {
+                            ((float *)blk[1][a][l][p])[k] = 1e-3f;
+                            ((float *)(str[1][a][l] + off[1][p]))[k] = 1e-3f;
+                        }
+                }
+                bytes[w8] += o;
+            }
+    }
+    float *x = alloc_or_die(2 * 5632 * sizeof(float));
+    for (int i = 0; i < 2 * 5632; i++)
+        x[i] = (float)((i * 2654435761u) >> 16) * 3e-5f - 1.0f;
+    float t[2 * KERN_LORA_RANK_MAX];
+    static int8_t qx[2 * KERN_LORA_I8_LDX(5632)];
+    float xs[2];
+    int32_t xsum[2];
+    for (int w8 = 0; w8 < 2; w8++) {
+        const size_t kb = w8 ? 32 : 8;
+        double best[2] = {1e30, 1e30}, sum[2] = {0, 0};
+        for (int r = 0; r < REPS; r++)
+            for (int v = 0; v < 2; v++) {
+                const int st = (v + r) % 2; /* alternate which goes first */
+                double t0 = cpu_now();
+                for (int l = 0; l < NL; l++)
+                    for (int j = 0, p0 = 0; j < 4; p0 = job_end[j++]) {
+                        if (!st) {
+                            for (int p = p0; p < job_end[j]; p++)
+                                for (int a = 0; a < NA; a++)
+                                    for (size_t k = 0; k < R; k += kb) {
+                                        size_t k1 = k + kb < R ? k + kb : R;
+                                        if (w8)
+                                            kern_lora_shrink_i8(blk[1][a][l][p], ins[p], R, x,
+                                                                2, t, k, k1);
+                                        else
+                                            kern_lora_shrink(DT_BF16, blk[0][a][l][p], ins[p],
+                                                             R, x, 2, t, k, k1);
+                                    }
+                            continue;
+                        }
+                        for (int a = 0; a < NA; a++) {
+                            if (w8) /* the job's projections share x */
+                                kern_lora_i8_quant_x(x, ins[p0], 2, qx, xs, xsum);
+                            for (int p = p0; p < job_end[j]; p++) {
+                                const void *ap = str[w8][a][l] + off[w8][p];
+                                if (w8)
+                                    kern_lora_shrink_i8q(ap, ins[p], R, qx, xs, xsum, 2, t, 0, R);
+                                else
+                                    kern_lora_shrink(DT_BF16, ap, ins[p], R, x, 2, t, 0, R);
+                            }
+                        }
+                    }
+                double d = cpu_now() - t0;
+                sum[st] += d;
+                best[st] = d < best[st] ? d : best[st];
+            }
+        printf("rank %zu %s shrinks (%s): %.1f MB/step | blocks best %.2f ms (%.1f GB/s), mean "
+               "%.2f | streams best %.2f ms (%.1f GB/s), mean %.2f | streams / blocks: best "
+               "%.2f, mean %.2f\n",
+               R, w8 ? "int8" : "bf16", kern_isa_name(kern_isa()), (double)bytes[w8] / 1e6,
+               best[0] * 1e3, (double)bytes[w8] / best[0] / 1e9, sum[0] / REPS * 1e3,
+               best[1] * 1e3, (double)bytes[w8] / best[1] / 1e9, sum[1] / REPS * 1e3,
+               best[1] / best[0], sum[1] / sum[0]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const size_t R = argc > 1 ? strtoul(argv[1], NULL, 10) : 32;
     if (R < 1 || R > KERN_LORA_RANK_MAX) {
-        fprintf(stderr, "usage: lora_kern_bench [RANK 1..%u]\n", KERN_LORA_RANK_MAX);
+        fprintf(stderr, "usage: lora_kern_bench [RANK 1..%u [streams]]\n", KERN_LORA_RANK_MAX);
         return 2;
     }
     if (kern_init() != 0)
         return 1;
-    /* q, k, v, o, gate, up, down: [out][in] */
-    const size_t ins[NP] = {2048, 2048, 2048, 2048, 2048, 2048, 5632};
-    const size_t outs[NP] = {2048, 256, 256, 2048, 5632, 5632, 2048};
+    if (argc > 2 && strcmp(argv[2], "streams") == 0)
+        return bench_streams(R);
     static void *a16[NA][NL][NP], *b16[NA][NL][NP], *a8[NA][NL][NP], *b8[NA][NL][NP];
     size_t by16 = 0, by8 = 0;
     uint32_t seed = 1;

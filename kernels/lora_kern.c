@@ -153,21 +153,50 @@ float kern_lora_i8_quant(const float *v, size_t n, int8_t *q)
     return amax / 127.0f;
 }
 
-void kern_lora_shrink_i8_ref(const void *a_, size_t in, size_t rank, const float *x, size_t n,
-                             float *t, size_t k0, size_t k1)
+void kern_lora_i8_quant_x_ref(const float *x, size_t in, size_t n, int8_t *qx, float *xs,
+                              int32_t *xsum)
 {
     CHECK(in <= KERN_LORA_I8_IN_MAX);
+    const size_t ldx = KERN_LORA_I8_LDX(in);
+    for (size_t i = 0; i < n; i++) {
+        int8_t *q = qx + i * ldx;
+        xs[i] = kern_lora_i8_quant(x + i * in, in, q);
+        int32_t sum = 0;
+        for (size_t c = 0; c < in; c++)
+            sum += q[c];
+        for (size_t c = in; c < ldx; c++)
+            q[c] = 0;
+        xsum[i] = sum;
+    }
+}
+
+void kern_lora_shrink_i8q_ref(const void *a_, size_t in, size_t rank, const int8_t *qx,
+                              const float *xs, const int32_t *xsum, size_t n, float *t,
+                              size_t k0, size_t k1)
+{
+    (void)xsum;
     const float *sa = a_;
     const uint8_t *q = (const uint8_t *)a_ + KERN_LORA_I8_HDR(rank);
-    int8_t qx[KERN_LORA_I8_IN_MAX];
-    for (size_t i = 0; i < n; i++) {
-        const float sx = kern_lora_i8_quant(x + i * in, in, qx);
+    const size_t ldx = KERN_LORA_I8_LDX(in);
+    for (size_t i = 0; i < n; i++)
         for (size_t k = k0; k < k1; k++) {
             int32_t acc = 0;
             for (size_t c = 0; c < in; c++)
-                acc += ((int32_t)q[k * in + c] - 128) * qx[c];
-            t[i * rank + k] = sa[k] * (sx * (float)acc);
+                acc += ((int32_t)q[k * in + c] - 128) * qx[i * ldx + c];
+            t[i * rank + k] = sa[k] * (xs[i] * (float)acc);
         }
+}
+
+void kern_lora_shrink_i8_ref(const void *a, size_t in, size_t rank, const float *x, size_t n,
+                             float *t, size_t k0, size_t k1)
+{
+    CHECK(in <= KERN_LORA_I8_IN_MAX);
+    int8_t qx[KERN_LORA_I8_LDX(KERN_LORA_I8_IN_MAX)];
+    float xs;
+    int32_t xsum;
+    for (size_t i = 0; i < n; i++) { /* one token at a time: its result is its own */
+        kern_lora_i8_quant_x_ref(x + i * in, in, 1, qx, &xs, &xsum);
+        kern_lora_shrink_i8q_ref(a, in, rank, qx, &xs, &xsum, 1, t + i * rank, k0, k1);
     }
 }
 
@@ -194,4 +223,26 @@ void kern_lora_expand_i8_ref(const void *bt_, size_t rank, const float *t, size_
             y[i * ldy + j] += si * (su * (float)acc);
         }
     }
+}
+
+/* The pre-quantized int8 shrink's entries (kern.h kern_lora_i8_quant_x): the active ISA's
+ * variant, indexed by enum kern_isa like kern_lora_shrink_i8's table in dispatch.c. */
+static kern_lora_quant_x_fn *const lora_quant_x[KERN__ISA_COUNT] = {
+    kern_lora_i8_quant_x_ref, kern_lora_i8_quant_x_avx2, kern_lora_i8_quant_x_avx512};
+static kern_lora_shrink_i8q_fn *const lora_shrink_i8q[KERN__ISA_COUNT] = {
+    kern_lora_shrink_i8q_ref, kern_lora_shrink_i8q_avx2, kern_lora_shrink_i8q_avx512};
+
+void kern_lora_i8_quant_x(const float *x, size_t in, size_t n, int8_t *qx, float *xs,
+                          int32_t *xsum)
+{
+    CHECK(in <= KERN_LORA_I8_IN_MAX);
+    lora_quant_x[kern__ops.isa](x, in, n, qx, xs, xsum);
+}
+
+void kern_lora_shrink_i8q(const void *a, size_t in, size_t rank, const int8_t *qx,
+                          const float *xs, const int32_t *xsum, size_t n, float *t, size_t k0,
+                          size_t k1)
+{
+    CHECK(k0 <= k1 && k1 <= rank && in <= KERN_LORA_I8_IN_MAX);
+    lora_shrink_i8q[kern__ops.isa](a, in, rank, qx, xs, xsum, n, t, k0, k1);
 }

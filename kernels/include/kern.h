@@ -268,6 +268,22 @@ void kern_lora_expand_i8_avx512(const void *bt, size_t rank, const float *t, siz
  * the scale max|v| / 127 returned (0 for an all-zero v: q all 0). The packer's rule for the
  * weights too. */
 float kern_lora_i8_quant(const float *v, size_t n, int8_t *q);
+/*
+ * The int8 shrink on x already quantized: a segment's tokens meet every product of a job that
+ * shares their input (q, k, v; gate, up), so the caller quantizes them once per job, not once
+ * per product (worker/model/matmul_lora.c, session 14).
+ *   kern_lora_i8_quant_x: x [n][in] -> qx [n][KERN_LORA_I8_LDX(in)] codes (zeros past in),
+ *     xs[n] scales and xsum[n] sums of each token's codes, by kern_lora_i8_quant's rule (the
+ *     same codes); in <= KERN_LORA_I8_IN_MAX.
+ *   kern_lora_shrink_i8q: t as kern_lora_shrink_i8 computes it from those (the same bits).
+ * Both run the active ISA's variant (_ref, _avx2, _avx512, kernels/lora_kern.c).
+ */
+#define KERN_LORA_I8_LDX(in) (((size_t)(in) + 63) / 64 * 64)
+void kern_lora_i8_quant_x(const float *x, size_t in, size_t n, int8_t *qx, float *xs,
+                          int32_t *xsum);
+void kern_lora_shrink_i8q(const void *a, size_t in, size_t rank, const int8_t *qx,
+                          const float *xs, const int32_t *xsum, size_t n, float *t, size_t k0,
+                          size_t k1);
 
 /* ---- block-sparse (BSR) GEMV (kernels/sparse.c; the file format is worker/formats/bsr.h) --------- */
 

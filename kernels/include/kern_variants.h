@@ -120,6 +120,16 @@ kern_lora_shrink_fn kern_lora_shrink_f32_f32_ref, kern_lora_shrink_bf16_f32_ref,
 kern_lora_expand_fn kern_lora_expand_f32_f32_ref, kern_lora_expand_bf16_f32_ref,
     kern_lora_expand_f32_f32_avx2, kern_lora_expand_bf16_f32_avx2,
     kern_lora_expand_bf16_bf16_ref, kern_lora_expand_bf16_bf16_avx512;
+/* x quantized once, then the int8 shrink on the codes (kern.h kern_lora_i8_quant_x) */
+typedef void kern_lora_quant_x_fn(const float *x, size_t in, size_t n, int8_t *qx, float *xs,
+                                  int32_t *xsum);
+typedef void kern_lora_shrink_i8q_fn(const void *a, size_t in, size_t rank, const int8_t *qx,
+                                     const float *xs, const int32_t *xsum, size_t n, float *t,
+                                     size_t k0, size_t k1);
+kern_lora_quant_x_fn kern_lora_i8_quant_x_ref, kern_lora_i8_quant_x_avx2,
+    kern_lora_i8_quant_x_avx512;
+kern_lora_shrink_i8q_fn kern_lora_shrink_i8q_ref, kern_lora_shrink_i8q_avx2,
+    kern_lora_shrink_i8q_avx512;
 
 /* ---- block-sparse GEMV (kern.h, kern_bsr_gemv) -------------------------------------------- */
 

@@ -286,27 +286,49 @@ static inline __m256i codes32(const uint8_t *row, size_t c, size_t in)
     return _mm256_loadu_si256((const __m256i *)b);
 }
 
-void kern_lora_shrink_i8_avx2(const void *a, size_t in, size_t rank, const float *x, size_t n,
-                              float *t, size_t k0, size_t k1)
+void kern_lora_i8_quant_x_avx2(const float *x, size_t in, size_t n, int8_t *qx, float *xs,
+                               int32_t *xsum)
 {
-    CHECK(in <= KERN_LORA_I8_IN_MAX);
+    const size_t ldx = KERN_LORA_I8_LDX(in);
+    for (size_t i = 0; i < n; i++) {
+        int8_t *q = qx + i * ldx;
+        xs[i] = quant_x256(x + i * in, in, q); /* zeros to a multiple of 32 */
+        for (size_t c = (in + 31) / 32 * 32; c < ldx; c++)
+            q[c] = 0;
+        /* the codes' sum (the AVX-512 shrink's correction; kern.h asks for it) */
+        __m256i s = _mm256_setzero_si256();
+        for (size_t c = 0; c < ldx; c += 32)
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(
+                                        _mm256_maddubs_epi16(_mm256_set1_epi8(1),
+                                                             _mm256_loadu_si256((const __m256i *)(q + c))),
+                                        _mm256_set1_epi16(1)));
+        xsum[i] = hsum_i32(s);
+    }
+}
+
+void kern_lora_shrink_i8q_avx2(const void *a, size_t in, size_t rank, const int8_t *qx,
+                               const float *xs, const int32_t *xsum, size_t n, float *t,
+                               size_t k0, size_t k1)
+{
+    (void)xsum;
     const float *sa = a;
     const uint8_t *q = (const uint8_t *)a + KERN_LORA_I8_HDR(rank);
-    const size_t ldx = (in + 31) / 32 * 32;
-    _Alignas(32) int8_t qx[2 * KERN_LORA_I8_IN_MAX];
+    const size_t ldx = KERN_LORA_I8_LDX(in);
     for (size_t i0 = 0; i0 < n; i0 += 2) {
         const size_t nt = n - i0 < 2 ? n - i0 : 2;
-        float xs[2];
-        for (size_t i = 0; i < nt; i++)
-            xs[i] = quant_x256(x + (i0 + i) * in, in, qx + i * ldx);
+        const int8_t *qi = qx + i0 * ldx;
         for (size_t k = k0; k < k1; k += 4) {
             const size_t kr = k1 - k < 4 ? k1 - k : 4;
             __m256i acc[4][2];
             for (size_t r = 0; r < 4; r++)
                 acc[r][0] = acc[r][1] = _mm256_setzero_si256();
             for (size_t c = 0; c < in; c += 32) {
-                __m256i x0 = _mm256_load_si256((const __m256i *)(qx + c));
-                __m256i x1 = nt > 1 ? _mm256_load_si256((const __m256i *)(qx + ldx + c)) : x0;
+                __m256i x0 = _mm256_loadu_si256((const __m256i *)(qi + c));
+                __m256i x1 = nt > 1 ? _mm256_loadu_si256((const __m256i *)(qi + ldx + c)) : x0;
+                /* the next block's rows (as avx512_lora.c's shrinks): a long stream */
+                if ((c & 63) == 0)
+                    for (size_t r = 0; r < kr; r++)
+                        _mm_prefetch((const char *)(q + (k + 4 + r) * in + c), _MM_HINT_T0);
                 UNROLL4 for (size_t r = 0; r < 4; r++) {
                     if (r >= kr)
                         break;
@@ -319,8 +341,22 @@ void kern_lora_shrink_i8_avx2(const void *a, size_t in, size_t rank, const float
             for (size_t r = 0; r < kr; r++)
                 for (size_t i = 0; i < nt; i++)
                     t[(i0 + i) * rank + k + r] =
-                        sa[k + r] * (xs[i] * (float)hsum_i32(acc[r][i]));
+                        sa[k + r] * (xs[i0 + i] * (float)hsum_i32(acc[r][i]));
         }
+    }
+}
+
+void kern_lora_shrink_i8_avx2(const void *a, size_t in, size_t rank, const float *x, size_t n,
+                              float *t, size_t k0, size_t k1)
+{
+    CHECK(in <= KERN_LORA_I8_IN_MAX);
+    _Alignas(32) int8_t qx[2 * KERN_LORA_I8_IN_MAX];
+    float xs[2];
+    int32_t xsum[2];
+    for (size_t i0 = 0; i0 < n; i0 += 2) {
+        const size_t nt = n - i0 < 2 ? n - i0 : 2;
+        kern_lora_i8_quant_x_avx2(x + i0 * in, in, nt, qx, xs, xsum);
+        kern_lora_shrink_i8q_avx2(a, in, rank, qx, xs, xsum, nt, t + i0 * rank, k0, k1);
     }
 }
 

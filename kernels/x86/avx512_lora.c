@@ -29,6 +29,10 @@
 #include <stdint.h>
 
 #define TGT __attribute__((always_inline)) static inline
+/* The shrinks request the rank rows this far ahead (the next block of 4) as they read a
+ * block: past the call's last rows these are the next product's or adapter's first rows
+ * (worker/model/lora_pack.c lays a job's A blocks back to back); a prefetch never faults. */
+#define SHRINK_PF 4u
 #define UNROLL _Pragma("GCC unroll 4")
 
 /* 32 columns of x from c as bf16 (lanes past `in` are 0 and never read) */
@@ -70,6 +74,10 @@ TGT void shrink_block(const uint16_t *a, size_t in, size_t rank, const float *x,
         __m512bh xv[4];
         UNROLL for (size_t i = 0; i < nt; i++)
             xv[i] = xb ? (__m512bh)_mm512_load_si512(xb + i * ldx + c) : x32(x + i * in, c, in);
+        /* the next block's rows, the same columns: a shrink's rows are a long stream
+         * (lora_pack.c), which the hardware prefetchers lose at each row's (4 KB) page */
+        UNROLL for (size_t q = 0; q < kr; q++)
+            _mm_prefetch((const char *)(a + (k + SHRINK_PF + q) * in + c), _MM_HINT_T0);
         UNROLL for (size_t q = 0; q < kr; q++) {
             __m512bh av = a32(a + (k + q) * in, c, in);
             UNROLL for (size_t i = 0; i < nt; i++)
@@ -264,6 +272,8 @@ TGT void shrink8_block(const uint8_t *q, size_t in, size_t rank, const float *sa
         __m512i xv[4];
         UNROLL for (size_t i = 0; i < nt; i++)
             xv[i] = _mm512_loadu_si512(qx + i * ldx + c);
+        UNROLL for (size_t r = 0; r < kr; r++) /* as shrink_block */
+            _mm_prefetch((const char *)(q + (k + SHRINK_PF + r) * in + c), _MM_HINT_T0);
         UNROLL for (size_t r = 0; r < kr; r++) {
             __m512i av = _mm512_maskz_loadu_epi8(m, q + (k + r) * in + c);
             UNROLL for (size_t i = 0; i < nt; i++)
@@ -292,27 +302,45 @@ TGT void shrink8_tokens(const uint8_t *q, size_t in, size_t rank, const float *s
     }
 }
 
+void kern_lora_i8_quant_x_avx512(const float *x, size_t in, size_t n, int8_t *qx, float *xs,
+                                 int32_t *xsum)
+{
+    const size_t ldx = KERN_LORA_I8_LDX(in);
+    for (size_t i = 0; i < n; i++)
+        xs[i] = quant_x512(x + i * in, in, qx + i * ldx, &xsum[i]);
+}
+
+void kern_lora_shrink_i8q_avx512(const void *a, size_t in, size_t rank, const int8_t *qx,
+                                 const float *xs, const int32_t *xsum, size_t n, float *t,
+                                 size_t k0, size_t k1)
+{
+    const float *sa = a;
+    const uint8_t *q = (const uint8_t *)a + KERN_LORA_I8_HDR(rank);
+    const size_t ldx = KERN_LORA_I8_LDX(in);
+    for (size_t i0 = 0; i0 < n; i0 += 4) {
+        const size_t nt = n - i0 < 4 ? n - i0 : 4;
+        const int8_t *qi = qx + i0 * ldx;
+        float *ti = t + i0 * rank;
+        switch (nt) {
+        case 4: shrink8_tokens(q, in, rank, sa, qi, ldx, xsum + i0, xs + i0, ti, k0, k1, 4); break;
+        case 3: shrink8_tokens(q, in, rank, sa, qi, ldx, xsum + i0, xs + i0, ti, k0, k1, 3); break;
+        case 2: shrink8_tokens(q, in, rank, sa, qi, ldx, xsum + i0, xs + i0, ti, k0, k1, 2); break;
+        default: shrink8_tokens(q, in, rank, sa, qi, ldx, xsum + i0, xs + i0, ti, k0, k1, 1); break;
+        }
+    }
+}
+
 void kern_lora_shrink_i8_avx512(const void *a, size_t in, size_t rank, const float *x,
                                 size_t n, float *t, size_t k0, size_t k1)
 {
     CHECK(in <= KERN_LORA_I8_IN_MAX);
-    const float *sa = a;
-    const uint8_t *q = (const uint8_t *)a + KERN_LORA_I8_HDR(rank);
-    const size_t ldx = (in + 63) / 64 * 64;
     _Alignas(64) int8_t qx[4 * KERN_LORA_I8_IN_MAX];
     int32_t xsum[4];
     float xs[4];
     for (size_t i0 = 0; i0 < n; i0 += 4) {
         size_t nt = n - i0 < 4 ? n - i0 : 4;
-        for (size_t i = 0; i < nt; i++)
-            xs[i] = quant_x512(x + (i0 + i) * in, in, qx + i * ldx, &xsum[i]);
-        float *ti = t + i0 * rank;
-        switch (nt) {
-        case 4: shrink8_tokens(q, in, rank, sa, qx, ldx, xsum, xs, ti, k0, k1, 4); break;
-        case 3: shrink8_tokens(q, in, rank, sa, qx, ldx, xsum, xs, ti, k0, k1, 3); break;
-        case 2: shrink8_tokens(q, in, rank, sa, qx, ldx, xsum, xs, ti, k0, k1, 2); break;
-        default: shrink8_tokens(q, in, rank, sa, qx, ldx, xsum, xs, ti, k0, k1, 1); break;
-        }
+        kern_lora_i8_quant_x_avx512(x + i0 * in, in, nt, qx, xs, xsum);
+        kern_lora_shrink_i8q_avx512(a, in, rank, qx, xs, xsum, nt, t + i0 * rank, k0, k1);
     }
 }
 

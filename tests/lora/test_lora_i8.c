@@ -117,6 +117,38 @@ static void test_i8_kernels(void **state)
         if (memcmp(t, t2, n * r * 4) != 0)
             fail_msg("%s shrink in %zu r %zu n %zu: bits differ from the twin", c->name, in, r,
                      n);
+        /* x quantized once (kern_lora_i8_quant_x, as matmul_group_lora does per job), then the
+         * shrink on the codes: the same codes, sums and scales as the twin's, the same bits */
+        {
+            kern_lora_quant_x_fn *quant = c->isa == KERN_ISA_AVX2 ? kern_lora_i8_quant_x_avx2
+                                                                  : kern_lora_i8_quant_x_avx512;
+            kern_lora_shrink_i8q_fn *shrinkq = c->isa == KERN_ISA_AVX2
+                                                   ? kern_lora_shrink_i8q_avx2
+                                                   : kern_lora_shrink_i8q_avx512;
+            const size_t ldx = KERN_LORA_I8_LDX(in);
+            int8_t *qr = malloc(n * ldx), *qs = malloc(n * ldx);
+            float xr[16], xq[16];
+            int32_t sr[16], sq[16];
+            assert_true(n <= 16);
+            memset(qs, 0x55, n * ldx); /* the padding must be written */
+            kern_lora_i8_quant_x_ref(x, in, n, qr, xr, sr);
+            quant(x, in, n, qs, xq, sq);
+            if (memcmp(qr, qs, n * ldx) != 0)
+                fail_msg("%s quant_x in %zu n %zu: codes differ from the twin", c->name, in, n);
+            assert_memory_equal(xr, xq, n * 4);
+            assert_memory_equal(sr, sq, n * 4);
+            memset(t2, 0xff, n * r * 4);
+            kern_lora_shrink_i8q_ref(p.a, in, r, qr, xr, sr, n, t2, 0, r);
+            assert_memory_equal(t, t2, n * r * 4);
+            memset(t2, 0xff, n * r * 4);
+            shrinkq(p.a, in, r, qs, xq, sq, n, t2, r / 2, r);
+            shrinkq(p.a, in, r, qs, xq, sq, n, t2, 0, r / 2);
+            if (memcmp(t, t2, n * r * 4) != 0)
+                fail_msg("%s shrink_i8q in %zu r %zu n %zu: bits differ from the twin", c->name,
+                         in, r, n);
+            free(qr);
+            free(qs);
+        }
         memcpy(y, y0, n * ldy * 4);
         memcpy(y2, y0, n * ldy * 4);
         kern_lora_expand_i8_ref(p.bt, r, t, n, sc, 0.0f, y, ldy, j0, j1);

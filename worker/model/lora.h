@@ -120,7 +120,8 @@ struct lora_adapter {
     enum dtype fast_dt;        /* packed copy's dtype: DT_BF16 when every tensor of the file
                                 * is BF16 (so bf16 is exact), else DT_F32; lora_repack may
                                 * make it DT_BF16 or LORA_DT_I8 */
-    void *fast_store;          /* the packed copies (fa unless f32, and fbt) */
+    void *fast_store;          /* the packed copies (fa unless f32, and fbt), per layer
+                                * in the order a step reads them (lora_pack.c) */
     size_t fast_bytes;
     _Atomic int refs_;         /* private: reference count */
 };

@@ -3,7 +3,8 @@
  *
  * The serving copy (lora_weights.fa/.fbt, what the fused update reads) is A as is and B
  * transposed into panels of 32 output columns (lora_bt_index), in f32 or bf16 (lora_repack,
- * docs/LORA.md "Weight packing"). The digest (lora_adapter.digest) names what an adapter
+ * docs/LORA.md "Weight packing"), laid out per layer in the order the step reads it
+ * (store_place). The digest (lora_adapter.digest) names what an adapter
  * computes, so that KV prefix reuse and snapshots never mix adapters.
  */
 #include "lora.h"
@@ -186,28 +187,67 @@ static int store_alloc(struct lora_adapter *ad, const char *f_what)
     return 0;
 }
 
+/*
+ * Where each adapted (layer, target)'s blocks go in ad->fast_store (lora_weights.fa/.fbt;
+ * f32: fa is the canonical A). Per layer, the targets that share an input (q, k, v; o;
+ * gate, up; down: the products of one matmul_group_lora job) have their A blocks back to
+ * back, then their B^T blocks: a segment's shrinks of one job read one contiguous stream, and
+ * a whole layer is read front to back in the order the step reads it (session 14: the
+ * update's 2-32 KB blocks, each a fresh stream, made an adapter byte cost 2.5-3.6 base bytes,
+ * docs/PERFORMANCE.md "LoRA over int8, session 13").
+ */
+static void store_place(struct lora_adapter *ad)
+{
+    static const uint32_t group_end[] = {LORA_O, LORA_GATE, LORA_DOWN, LORA_TARGET_COUNT};
+    unsigned char *p = ad->fast_store;
+    if (!p) /* nothing adapted */
+        return;
+    for (size_t l = 0; l < ad->n_layers; l++) {
+        struct lora_weights *lw = &ad->w[l * LORA_TARGET_COUNT];
+        uint32_t t0 = 0;
+        for (size_t g = 0; g < sizeof group_end / sizeof group_end[0]; g++) {
+            const uint32_t t1 = group_end[g];
+            for (uint32_t t = t0; t < t1; t++)
+                if (lw[t].a) {
+                    lw[t].fa = ad->fast_dt == DT_F32 ? (const void *)lw[t].a : p;
+                    p += a_block(ad, t);
+                }
+            for (uint32_t t = t0; t < t1; t++)
+                if (lw[t].a) {
+                    lw[t].fbt = p;
+                    p += bt_block(ad, t);
+                }
+            t0 = t1;
+        }
+    }
+    CHECK((size_t)(p - (unsigned char *)ad->fast_store) == ad->fast_bytes);
+}
+
+/* A block store_place put in the store, to be written (the fields are const for readers). */
+static unsigned char *block(const struct lora_adapter *ad, const void *at)
+{
+    return (unsigned char *)ad->fast_store + ((const unsigned char *)at -
+                                              (const unsigned char *)ad->fast_store);
+}
+
 /* lora__pack for LORA_DT_I8: every adapted (layer, target)'s two blocks in one store. */
 static int lora__pack_i8(struct lora_adapter *ad, const char *f_what)
 {
     int rc = store_alloc(ad, f_what);
     if (rc)
         return rc;
-    unsigned char *p = ad->fast_store;
+    store_place(ad);
     for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
         uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
         struct lora_weights *w = &ad->w[i];
         if (!w->a)
             continue;
-        unsigned char *pa = p, *pb = p + a_block(ad, t);
-        rc = pack_i8(ad, w, t, pa, pb, f_what);
+        rc = pack_i8(ad, w, t, block(ad, w->fa), block(ad, w->fbt), f_what);
         if (rc) {
             free(ad->fast_store);
             ad->fast_store = NULL;
             return rc;
         }
-        w->fa = pa;
-        w->fbt = pb;
-        p = pb + bt_block(ad, t);
     }
     return 0;
 }
@@ -222,7 +262,7 @@ int lora__pack(struct lora_adapter *ad, enum dtype dt, const char *f_what)
     int rc = store_alloc(ad, f_what);
     if (rc)
         return rc;
-    unsigned char *p = ad->fast_store;
+    store_place(ad);
     for (size_t i = 0; i < (size_t)ad->n_layers * LORA_TARGET_COUNT; i++) {
         uint32_t t = (uint32_t)(i % LORA_TARGET_COUNT);
         struct lora_weights *w = &ad->w[i];
@@ -230,14 +270,11 @@ int lora__pack(struct lora_adapter *ad, enum dtype dt, const char *f_what)
             continue;
         size_t r = ad->cfg.rank, in = ad->in[t], out = ad->out[t];
         if (bf16) {
-            uint16_t *a16 = (uint16_t *)p;
+            uint16_t *a16 = (uint16_t *)block(ad, w->fa);
             for (size_t k = 0; k < r * in; k++)
                 a16[k] = half_f32_to_bf16(w->a[k]);
-            w->fa = a16;
-            p += a_block(ad, t);
-        } else {
-            w->fa = w->a;
         }
+        unsigned char *p = block(ad, w->fbt);
         size_t nbt = lora_bt_elems(out, r);
         memset(p, 0, nbt * esz); /* the last panel's padding columns */
         for (size_t k = 0; k < r; k++)
@@ -248,8 +285,6 @@ int lora__pack(struct lora_adapter *ad, enum dtype dt, const char *f_what)
                 else
                     ((float *)p)[d] = w->b[j * r + k];
             }
-        w->fbt = p;
-        p += bt_block(ad, t);
     }
     return 0;
 }

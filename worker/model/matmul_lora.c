@@ -4,8 +4,12 @@
  *
  * The job is a list of tasks that the pool's participants claim in order:
  *   PREP    tokens [a, b) of one distinct input (kern_act_prepare);
- *   SHRINK  rank rows [b, b + 8) of T = X_seg A^T, for (product, segment a) (32 rows on
- *           int8 weights: lora__shrink_kb);
+ *   SHRINK  units [b, c) of segment a's shrinks, T = X_seg A^T: the segment's units are
+ *           blocks of lora__shrink_kb rank rows, for every product its adapter adapts in
+ *           product order, so that a task reads one stretch of the adapter's A blocks,
+ *           which lora_pack.c lays out back to back for the products of one job (q, k, v;
+ *           gate, up): one long stream per (adapter, job), split only into tasks of about
+ *           MM_SHRINK_BYTES (session 14);
  *   BASE    tile a (MM_TILE rows) of a product's base rows, once its input is prepared;
  *           with b = 1 ("merged") then the tile's expand too, on the rows it just wrote;
  *   EXPAND  y += s_t T B^T on the same tile's columns for every segment, once the tile and
@@ -61,6 +65,16 @@
                          * before its end (a multiple of 16: whole panels) */
 #define MM_LOOKAHEAD 4u /* a shrink task requests the rows of the task this many places on */
 #define MM_SHRINK_FIRST_RANK 4u /* plans of at most this rank put every shrink first */
+#ifndef MM_SHRINK_BYTES
+#define MM_SHRINK_BYTES (128u * 1024u) /* a shrink task reads about this many adapter bytes
+                                        * (whole units): long streams, yet enough tasks for
+                                        * both threads to share a segment's */
+#endif
+#ifndef MM_SHRINK_BY_PROJECTION
+#define MM_SHRINK_BY_PROJECTION 0 /* 1: shrink tasks projection-major (push_shrink) */
+#endif
+#define MM_SHRINK_PF_ROWS 4u /* a shrink task's first rank rows requested ahead (the kernels
+                              * request each block's next rows themselves) */
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
@@ -68,8 +82,8 @@
 enum { TK_PREP, TK_SHRINK, TK_BASE, TK_EXPAND };
 
 struct task {
-    uint32_t kind, prod; /* prod: the input's index for TK_PREP */
-    uint32_t a, b;       /* PREP: tokens [a, b); SHRINK: segment a, rank rows from b;
+    uint32_t kind, prod; /* prod: the input's index for TK_PREP (SHRINK: unused) */
+    uint32_t a, b, c;    /* PREP: tokens [a, b); SHRINK: segment a, units [b, c);
                           * BASE, EXPAND: tile a */
 };
 
@@ -77,18 +91,19 @@ struct job {
     const struct lora_plan *p;
     uint32_t layer;
     const struct matmul_prod *g;
+    size_t n_prod;                   /* products in g */
     float *tmp;                      /* [k][p->tmp_floats] each product's T */
     const struct task *tasks;
     size_t n_tasks;
     struct matmul__acts A;           /* the distinct inputs */
     size_t tile0[MM_MAX];            /* product -> its first tile in tile_done */
     size_t prep_total[MM_MAX];       /* input -> its PREP tasks */
-    size_t shrink_total[MM_MAX];     /* product -> its SHRINK tasks (pushed so far, while
-                                      * building) */
-    size_t shrink_want[MM_MAX];      /* product -> its SHRINK tasks in all (0: not adapted) */
+    size_t shrink_total[MM_MAX];     /* product -> its shrink units in SHRINK tasks pushed so
+                                      * far (while building) */
+    size_t shrink_want[MM_MAX];      /* product -> its shrink units in all (0: not adapted) */
     uint8_t *merged;                 /* [every product's tiles] the base task does the expand
                                       * (written while building, then read-only) */
-    atomic_size_t prep_done[MM_MAX], shrink_done[MM_MAX];
+    atomic_size_t prep_done[MM_MAX], shrink_done[MM_MAX]; /* PREP tasks; shrink units */
     atomic_uint *tile_done;          /* [every product's tiles] */
 };
 
@@ -143,43 +158,130 @@ static inline void run_prep(struct job *j, const struct task *tk)
     atomic_fetch_add_explicit(&j->prep_done[tk->prod], 1, memory_order_release);
 }
 
-/* Requests the A rows a SHRINK task reads. */
-static void prefetch_shrink(const struct job *j, const struct task *tk)
+/* Unit u of segment `seg`'s shrinks: the product it belongs to and its first rank row; false
+ * past the segment's last unit. */
+static bool shrink_unit(const struct job *j, size_t k, size_t seg, size_t u, size_t *prod,
+                        size_t *k0)
 {
-    const struct lora_seg *s = &j->p->segs[tk->a];
-    const uint32_t t = j->g[tk->prod].t;
-    const struct lora_weights *w = lora_weights(s->ad, j->layer, t);
-    size_t r = s->ad->cfg.rank, k0 = tk->b, kb = lora__shrink_kb(s->ad);
-    size_t k1 = k0 + kb < r ? k0 + kb : r;
-    prefetch_l2((const char *)w->fa + lora__fa_offset(s->ad, t, k0),
-                lora__fa_offset(s->ad, t, k1) - lora__fa_offset(s->ad, t, k0));
+    const struct lora_adapter *ad = j->p->segs[seg].ad;
+    const size_t kb = lora__shrink_kb(ad), per = (ad->cfg.rank + kb - 1) / kb;
+    for (size_t i = 0; i < k; i++) {
+        if (!lora_weights(ad, j->layer, j->g[i].t))
+            continue;
+        if (u < per) {
+            *prod = i;
+            *k0 = u * kb;
+            return true;
+        }
+        u -= per;
+    }
+    return false;
 }
 
-/* Requests the A rows of task i if it is a SHRINK: a shrink that requests only its own rows
- * first waits a memory latency for them (most of the shrink's time at rank 1, perf, session
- * 11); a shrink requests those of the task MM_LOOKAHEAD places on, and the job's first
- * MM_LOOKAHEAD are requested while the pool starts, so that consecutive shrinks (all of them
- * come first at low rank) find their rows on the way. */
+/* Requests the first MM_SHRINK_PF_ROWS rank rows a SHRINK task reads: the kernels request
+ * each block's next rows as they go (kernels/x86/avx512_lora.c), so only a task's start
+ * would wait a memory latency. */
+static void prefetch_shrink(const struct job *j, const struct task *tk)
+{
+    size_t prod, k0;
+    if (!shrink_unit(j, j->n_prod, tk->a, tk->b, &prod, &k0))
+        return;
+    const struct lora_adapter *ad = j->p->segs[tk->a].ad;
+    const uint32_t t = j->g[prod].t;
+    const struct lora_weights *w = lora_weights(ad, j->layer, t);
+    size_t r = ad->cfg.rank, k1 = k0 + MM_SHRINK_PF_ROWS < r ? k0 + MM_SHRINK_PF_ROWS : r;
+    prefetch_l2((const char *)w->fa + lora__fa_offset(ad, t, k0),
+                lora__fa_offset(ad, t, k1) - lora__fa_offset(ad, t, k0));
+}
+
+/* Requests the first rows of task i if it is a SHRINK: a shrink that requests only its own
+ * rows first waits a memory latency for them (most of the shrink's time at rank 1, perf,
+ * session 11); a shrink requests those of the task MM_LOOKAHEAD places on, and the job's
+ * first MM_LOOKAHEAD are requested while the pool starts. */
 static void prefetch_if_shrink(const struct job *j, size_t i)
 {
     if (i < j->n_tasks && j->tasks[i].kind == TK_SHRINK)
         prefetch_shrink(j, &j->tasks[i]);
 }
 
+/* A SHRINK task's rows of one product. */
+struct piece {
+    size_t prod, k0, k1, units;
+};
+
+/* The pieces of task tk (units [b, c) of segment a), in order; at most one per product. */
+static size_t task_pieces(const struct job *j, const struct task *tk, struct piece *pc)
+{
+    const struct lora_adapter *ad = j->p->segs[tk->a].ad;
+    const size_t kb = lora__shrink_kb(ad), r = ad->cfg.rank;
+    size_t u = tk->b, prod, k0, np = 0;
+    while (u < tk->c && shrink_unit(j, j->n_prod, tk->a, u, &prod, &k0)) {
+        /* this product's units of the task: to the end of its rank or of the task */
+        size_t units = (r - k0 + kb - 1) / kb;
+        if (units > tk->c - u)
+            units = tk->c - u;
+        pc[np++] = (struct piece){prod, k0, k0 + units * kb < r ? k0 + units * kb : r, units};
+        u += units;
+    }
+    return np;
+}
+
+#define MM_Q_TOK 4u /* int8 weights: tokens quantized at a time (64 KB of codes at most) */
+
+/* The int8 pieces of segment s: each block of MM_Q_TOK tokens quantized once per distinct
+ * input (q, k and v share theirs: kern_lora_i8_quant_x), then every piece's rows on the
+ * codes (kern_lora_shrink_i8q; the same bits as kern_lora_shrink_i8). */
+static void shrink_i8(struct job *j, const struct lora_seg *s, const struct piece *pc,
+                      size_t np)
+{
+    const struct lora_adapter *ad = s->ad;
+    _Alignas(64) int8_t qx[MM_Q_TOK * KERN_LORA_I8_LDX(KERN_LORA_I8_IN_MAX)];
+    float xs[MM_Q_TOK];
+    int32_t xsum[MM_Q_TOK];
+    for (size_t i0 = 0; i0 < s->n; i0 += MM_Q_TOK) {
+        const size_t nt = s->n - i0 < MM_Q_TOK ? s->n - i0 : MM_Q_TOK;
+        const float *have = NULL; /* the input whose codes qx holds */
+        for (size_t q = 0; q < np; q++) {
+            const struct matmul_prod *pr = &j->g[pc[q].prod];
+            const struct lora_weights *w = lora_weights(ad, j->layer, pr->t);
+            const size_t in = ad->in[pr->t];
+            if (pr->x != have) {
+                kern_lora_i8_quant_x(pr->x + (s->t0 + i0) * in, in, nt, qx, xs, xsum);
+                have = pr->x;
+            }
+            kern_lora_shrink_i8q(w->fa, in, ad->cfg.rank, qx, xs, xsum, nt,
+                                 j->tmp + pc[q].prod * j->p->tmp_floats + s->tmp0 +
+                                     i0 * ad->cfg.rank,
+                                 pc[q].k0, pc[q].k1);
+        }
+    }
+}
+
+/* Units [b, c) of segment a: one kernel call per product (its rows of the stretch), each
+ * product's counter raised once its rows are done. */
 static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
 {
     const struct lora_seg *s = &j->p->segs[tk->a];
-    const struct matmul_prod *pr = &j->g[tk->prod];
-    const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
-    size_t r = s->ad->cfg.rank, k0 = tk->b, in = s->ad->in[pr->t];
-    size_t kb = lora__shrink_kb(s->ad), k1 = k0 + kb < r ? k0 + kb : r;
+    const struct lora_adapter *ad = s->ad;
     if (MM_PREFETCH) {
         prefetch_shrink(j, tk);
         prefetch_if_shrink(j, task + MM_LOOKAHEAD);
     }
-    lora__shrink(s->ad, w->fa, in, pr->x + s->t0 * in, s->n,
-                 j->tmp + tk->prod * j->p->tmp_floats + s->tmp0, k0, k1);
-    atomic_fetch_add_explicit(&j->shrink_done[tk->prod], 1, memory_order_release);
+    struct piece pc[MM_MAX] = {{0, 0, 0, 0}};
+    const size_t np = task_pieces(j, tk, pc);
+    if (ad->fast_dt == LORA_DT_I8)
+        shrink_i8(j, s, pc, np);
+    for (size_t q = 0; q < np; q++) {
+        const struct matmul_prod *pr = &j->g[pc[q].prod];
+        if (ad->fast_dt != LORA_DT_I8) {
+            const struct lora_weights *w = lora_weights(ad, j->layer, pr->t);
+            const size_t in = ad->in[pr->t];
+            lora__shrink(ad, w->fa, in, pr->x + s->t0 * in, s->n,
+                         j->tmp + pc[q].prod * j->p->tmp_floats + s->tmp0, pc[q].k0, pc[q].k1);
+        }
+        atomic_fetch_add_explicit(&j->shrink_done[pc[q].prod], pc[q].units,
+                                  memory_order_release);
+    }
 }
 
 /* Requests the B^T panels of tile `tile` of product `prod`, every segment's. */
@@ -282,7 +384,8 @@ static void run_task(void *ctx, size_t task, int thread)
 /* ---- building the task list -------------------------------------------------------------- */
 
 struct counts {
-    size_t prep, shrink, tiles, expand; /* tasks of each kind (expand: at most) */
+    size_t prep, shrink, tiles, expand; /* tasks of each kind (shrink: units, so at most;
+                                         * expand: at most) */
 };
 
 /* Counts the tasks; fills j->tile0. */
@@ -314,9 +417,11 @@ struct cursor {
     size_t bi;                  /* base tasks written */
     double base_done, upd_done; /* their cost so far (weight elements; adapter bytes) */
     size_t base_p, base_t;      /* next base task: product, tile */
-    size_t sh_p, sh_s, sh_k;    /* next shrink: product, segment, rank row */
+    size_t sh_s, sh_u;          /* next shrink: segment, unit (shrink_unit) */
+    size_t sh_p;                /* ... and product (MM_SHRINK_BY_PROJECTION only) */
+    double sh_target;           /* the current segment's bytes per SHRINK task */
     size_t ex_p, ex_t;          /* next expand: product, tile */
-    size_t n_shrink;            /* shrinks written */
+    size_t n_shrink;            /* shrink units written */
 };
 
 /* Every input's PREP tasks, in order. */
@@ -328,7 +433,7 @@ static void push_preps(struct job *j, struct task *tasks, struct cursor *cu, siz
             continue;
         for (size_t t0 = 0; t0 < n; t0 += MM_PREP_TOK) {
             tasks[cu->nt++] = (struct task){TK_PREP, (uint32_t)a, (uint32_t)t0,
-                                            (uint32_t)(t0 + MM_PREP_TOK < n ? t0 + MM_PREP_TOK : n)};
+                                            (uint32_t)(t0 + MM_PREP_TOK < n ? t0 + MM_PREP_TOK : n), 0};
             j->prep_total[a]++;
         }
     }
@@ -341,7 +446,7 @@ static void push_base(struct job *j, struct task *tasks, struct cursor *cu)
     const uint8_t merged = want && j->shrink_total[cu->base_p] == want;
     j->merged[cu->bi] = merged; /* bi: the tile's index over every product */
     tasks[cu->nt++] =
-        (struct task){TK_BASE, (uint32_t)cu->base_p, (uint32_t)cu->base_t, merged};
+        (struct task){TK_BASE, (uint32_t)cu->base_p, (uint32_t)cu->base_t, merged, 0};
     cu->base_done += (double)MM_TILE * (double)w->cols;
     cu->bi++;
     if (++cu->base_t * MM_TILE >= w->rows) {
@@ -350,29 +455,102 @@ static void push_base(struct job *j, struct task *tasks, struct cursor *cu)
     }
 }
 
-/* The next (product, segment, rank block) whose adapter adapts the product. */
-static void push_shrink(struct job *j, struct task *tasks, struct cursor *cu)
+/* Bytes of unit (prod, k0) of an adapter's shrinks. */
+static double unit_bytes(const struct job *j, const struct lora_adapter *ad, size_t prod,
+                         size_t k0)
+{
+    const size_t kb = lora__shrink_kb(ad), r = ad->cfg.rank;
+    const size_t rows = r - k0 < kb ? r - k0 : kb;
+    return (double)rows * ad->in[j->g[prod].t] * lora__fast_elem_bytes(ad);
+}
+
+/* Bytes of segment seg's units [u0, u1) (u1 may pass its last). */
+static double units_bytes(const struct job *j, size_t k, size_t seg, size_t u0, size_t u1)
+{
+    const struct lora_adapter *ad = j->p->segs[seg].ad;
+    double total = 0;
+    size_t prod, k0;
+    for (size_t u = u0; u < u1 && shrink_unit(j, k, seg, u, &prod, &k0); u++)
+        total += unit_bytes(j, ad, prod, k0);
+    return total;
+}
+
+/* Sets cu->sh_target: the stretch of `total` bytes split into near-equal tasks of at most
+ * about MM_SHRINK_BYTES. */
+static void split_stretch(struct cursor *cu, double total)
+{
+    double parts = total / MM_SHRINK_BYTES;
+    parts = parts > 1 ? (double)(size_t)(parts + 0.999) : 1;
+    cu->sh_target = total / parts;
+}
+
+/* Writes a SHRINK task of the current segment's units from cu->sh_u (before u_end): about
+ * cu->sh_target bytes of whole units, at least one. */
+static void take_units(struct job *j, struct task *tasks, struct cursor *cu, size_t k,
+                       size_t u_end)
+{
+    const struct lora_adapter *ad = j->p->segs[cu->sh_s].ad;
+    const size_t u0 = cu->sh_u;
+    size_t prod, k0;
+    double bytes = 0;
+    while (cu->sh_u < u_end && (cu->sh_u == u0 || bytes < cu->sh_target * 0.999) &&
+           shrink_unit(j, k, cu->sh_s, cu->sh_u, &prod, &k0)) {
+        const double b = unit_bytes(j, ad, prod, k0);
+        j->shrink_total[prod]++;
+        cu->n_shrink++;
+        cu->upd_done += b;
+        bytes += b;
+        cu->sh_u++;
+    }
+    tasks[cu->nt++] = (struct task){TK_SHRINK, 0, (uint32_t)cu->sh_s, (uint32_t)u0,
+                                    (uint32_t)cu->sh_u};
+}
+
+/* The next SHRINK task. Called only while units remain. By default segment-major: the
+ * following units of the current segment, every projection of the job in turn (one stream
+ * per adapter and job). With MM_SHRINK_BY_PROJECTION, projection-major as until session 13
+ * (every segment's units of q, then of k, ...: a projection's shrinks end earlier in the job,
+ * so more base tiles expand themselves), each (segment, projection) still one stretch. */
+static void push_shrink(struct job *j, struct task *tasks, struct cursor *cu, size_t k)
 {
     const struct lora_plan *p = j->p;
-    for (;;) {
+    size_t prod, k0;
+    if (!MM_SHRINK_BY_PROJECTION) {
+        while (!shrink_unit(j, k, cu->sh_s, cu->sh_u, &prod, &k0)) { /* the next segment */
+            cu->sh_s++;
+            cu->sh_u = 0;
+            CHECK(cu->sh_s < p->n_segs);
+        }
+        if (cu->sh_u == 0)
+            split_stretch(cu, units_bytes(j, k, cu->sh_s, 0, SIZE_MAX));
+        take_units(j, tasks, cu, k, SIZE_MAX);
+        return;
+    }
+    for (;;) { /* segment sh_s's units of product sh_p: [u0, u0 + per) */
         const struct lora_adapter *ad = p->segs[cu->sh_s].ad;
-        if (lora_weights(ad, j->layer, j->g[cu->sh_p].t) && cu->sh_k < ad->cfg.rank)
-            break;
-        cu->sh_k = 0;
+        const size_t kb = lora__shrink_kb(ad), per = (ad->cfg.rank + kb - 1) / kb;
+        size_t u0 = 0;
+        bool here = false;
+        for (size_t i = 0; i <= cu->sh_p; i++)
+            if (lora_weights(ad, j->layer, j->g[i].t)) {
+                here = i == cu->sh_p;
+                u0 += here ? 0 : per;
+            }
+        if (here && cu->sh_u <= u0) { /* entering it (a task takes one unit at least) */
+            cu->sh_u = u0;
+            split_stretch(cu, units_bytes(j, k, cu->sh_s, u0, u0 + per));
+        }
+        if (here && cu->sh_u < u0 + per) {
+            take_units(j, tasks, cu, k, u0 + per);
+            return;
+        }
+        cu->sh_u = 0;
         if (++cu->sh_s == p->n_segs) {
             cu->sh_s = 0;
             cu->sh_p++;
+            CHECK(cu->sh_p < k);
         }
     }
-    const struct lora_adapter *ad = p->segs[cu->sh_s].ad;
-    tasks[cu->nt++] = (struct task){TK_SHRINK, (uint32_t)cu->sh_p, (uint32_t)cu->sh_s,
-                                    (uint32_t)cu->sh_k};
-    j->shrink_total[cu->sh_p]++;
-    cu->n_shrink++;
-    const size_t kb = lora__shrink_kb(ad);
-    size_t rows = ad->cfg.rank - cu->sh_k < kb ? ad->cfg.rank - cu->sh_k : kb;
-    cu->upd_done += (double)rows * ad->in[j->g[cu->sh_p].t] * lora__fast_elem_bytes(ad);
-    cu->sh_k += kb;
 }
 
 /* The next expand task, if its base tile is MM_LAG base tasks back (or every base task is
@@ -395,7 +573,7 @@ static bool push_expand(struct job *j, struct task *tasks, struct cursor *cu, si
         if (!skip) {
             if (cu->bi < n_tiles && cu->bi < tile + MM_LAG)
                 return false;
-            tasks[cu->nt++] = (struct task){TK_EXPAND, (uint32_t)cu->ex_p, (uint32_t)cu->ex_t, 0};
+            tasks[cu->nt++] = (struct task){TK_EXPAND, (uint32_t)cu->ex_p, (uint32_t)cu->ex_t, 0, 0};
             for (size_t si = 0; si < p->n_segs; si++) {
                 const struct lora_adapter *ad = p->segs[si].ad;
                 if (lora_weights(ad, j->layer, j->g[cu->ex_p].t))
@@ -439,14 +617,14 @@ static void push_interleaved(struct job *j, struct task *tasks, struct cursor *c
      * too: no spin), where pacing left the first tiles' expands as tasks waiting on flags */
     if (p->max_rank <= MM_SHRINK_FIRST_RANK)
         while (cu->n_shrink < c->shrink)
-            push_shrink(j, tasks, cu);
+            push_shrink(j, tasks, cu, k);
     while (cu->bi < c->tiles || cu->n_shrink < c->shrink || cu->ex_p < k) {
         if (cu->bi < c->tiles)
             push_base(j, tasks, cu);
         while ((cu->n_shrink < c->shrink || cu->ex_p < k) &&
                (cu->bi == c->tiles || cu->upd_done * base_cost <= cu->base_done * upd_cost)) {
             if (cu->n_shrink < c->shrink)
-                push_shrink(j, tasks, cu);
+                push_shrink(j, tasks, cu, k);
             else if (!push_expand(j, tasks, cu, k, c->tiles))
                 break;
         }
@@ -466,6 +644,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.p = p;
     j.layer = layer;
     j.g = g;
+    j.n_prod = k;
     j.tmp = tmp;
     matmul__acts_plan(&j.A, g, k);
     const struct counts c = count_tasks(&j, k, n);
