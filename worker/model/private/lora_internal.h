@@ -30,9 +30,11 @@ static inline int lora__refs(const struct lora_adapter *ad)
 
 /* Tasks of the fused update (lora_apply_fused, matmul_group_lora). */
 #define LORA__SHRINK_KB 8u   /* a shrink task's rank rows */
-/* ... on int8 weights: every int8 shrink call quantizes its tokens' x first (kern.h), which
- * costs about what reading 8 rank rows of codes does, so a task takes up to 32 rows
- * (measured, session 10: 8 made the int8 shrink no faster than bf16's at rank 16). */
+/* ... on int8 weights: an int8 shrink call of lora_apply_fused quantizes its tokens' x first
+ * (kern.h), which costs about what reading 8 rank rows of codes does, so a task takes up to 32
+ * rows (measured, session 10: 8 made the int8 shrink no faster than bf16's at rank 16).
+ * matmul_group_lora quantizes each token once per job instead (kern_lora_i8_quant_x, then
+ * kern_lora_shrink_i8q; session 14). */
 #define LORA__SHRINK_KB_I8 32u
 
 /* A shrink task's rank rows for adapter ad (matmul_group_lora). */
