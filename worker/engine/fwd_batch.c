@@ -182,7 +182,11 @@ static void project(struct engine__fwd *f, uint32_t layer, const struct matmul_p
  * o product's inputs, matmul_group_begin), the task that finishes a sequence's last head
  * prepares that sequence's rows of att for the o product: no serial preparation on the
  * engine's thread between this job and the product (the other threads spun through it).
+ * Only below ATT_PREP_MAX floats of att: from there on (matmul.c's ACT_PAR_MIN) the product
+ * prepares its input over the pool by tokens, which a prefill chunk's single last task
+ * would not.
  */
+#define ATT_PREP_MAX ((size_t)1 << 16)
 struct attn_job {
     const struct engine__fwd *f;
     const struct engine__bseq *seqs;
@@ -448,7 +452,7 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         struct rope_kv_job rj = {f, seqs, l};
         rows_over_pool(f, n_seqs, 1, ROPE_KV_PAR_MIN, rope_kv_seqs, &rj);
         const struct matmul_prod o = {&L->wo, f->att, n_tok, f->proj, dim, LORA_O};
-        prep = fused_begin(f, &o, 1);
+        prep = n_tok * qd < ATT_PREP_MAX ? fused_begin(f, &o, 1) : NULL;
         for (size_t i = 0; prep && i < n_seqs; i++) /* published by pool_run */
             atomic_store_explicit(&f->heads_left[i], hp->n_kv_heads, memory_order_relaxed);
         struct attn_job aj = {f, seqs, l, prep};
