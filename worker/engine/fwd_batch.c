@@ -121,9 +121,14 @@ int engine__fwd_create(const struct model *m, struct pool *pool, uint32_t max_to
         return rc;
     }
     f->tok_ad = calloc(T ? T : 1, sizeof *f->tok_ad);
-    f->heads_left = calloc(S ? S : 1, sizeof *f->heads_left);
-    if (!f->tok_ad || !f->heads_left) {
+    if (!f->tok_ad) {
         LOG_ERR("engine: out of memory for the step's adapter table");
+        engine__fwd_destroy(f);
+        return -ENOMEM;
+    }
+    f->heads_left = calloc(S ? S : 1, sizeof *f->heads_left);
+    if (!f->heads_left) {
+        LOG_ERR("engine: out of memory for the step's attention counters");
         engine__fwd_destroy(f);
         return -ENOMEM;
     }
