@@ -46,6 +46,7 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,7 @@ struct engine__fwd {
     float *logits;   /* [S][vocab]   */
     float *lnorm;    /* [S][dim]      normalized last rows for the classifier */
     struct moe *moe; /* gpt_oss: the expert block's scratch for T rows */
+    atomic_uint *heads_left; /* [S] a sequence's attention tasks not yet done (attn_task) */
 
     /* LoRA: per-token adapters, the step's plan and its scratch */
     const struct lora_adapter **tok_ad; /* [T] */
@@ -124,6 +126,12 @@ int engine__fwd_create(const struct model *m, struct pool *pool, uint32_t max_to
         engine__fwd_destroy(f);
         return -ENOMEM;
     }
+    f->heads_left = calloc(S ? S : 1, sizeof *f->heads_left);
+    if (!f->heads_left) {
+        LOG_ERR("engine: out of memory for the step's attention counters");
+        engine__fwd_destroy(f);
+        return -ENOMEM;
+    }
     if (m->moe && (rc = moe_create(m, max_tok, &f->moe))) {
         engine__fwd_destroy(f);
         return rc;
@@ -143,6 +151,7 @@ void engine__fwd_destroy(struct engine__fwd *f)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(f->tok_ad);
+    free(f->heads_left);
     moe_destroy(f->moe);
     lora_plan_fini(&f->plan);
     matmul_ctx_fini(&f->mm);
@@ -173,11 +182,21 @@ static void project(struct engine__fwd *f, uint32_t layer, const struct matmul_p
     (void)matmul_group_lora(&f->mm, g, k, &f->plan, layer, f->lora_tmp);
 }
 
-/* One task per (sequence, KV head): paged attention of the sequence's chunk. */
+/*
+ * One task per (sequence, KV head): paged attention of the sequence's chunk. With prep (the
+ * o product's inputs, matmul_group_begin), the task that finishes a sequence's last head
+ * prepares that sequence's rows of att for the o product: no serial preparation on the
+ * engine's thread between this job and the product (the other threads spun through it).
+ * Only below ATT_PREP_MAX floats of att: from there on (matmul.c's ACT_PAR_MIN) the product
+ * prepares its input over the pool by tokens, which a prefill chunk's single last task
+ * would not.
+ */
+#define ATT_PREP_MAX ((size_t)1 << 16)
 struct attn_job {
     const struct engine__fwd *f;
     const struct engine__bseq *seqs;
     uint32_t layer;
+    const struct matmul_prep *prep; /* the o product's, or NULL */
 };
 
 static void attn_task(void *ctx, size_t task, int thread)
@@ -196,6 +215,10 @@ static void attn_task(void *ctx, size_t task, int thread)
                                  j->f->q + s->t0 * m->q_dim, j->f->att + s->t0 * m->q_dim, g,
                                  g + 1, L->window, L->sinks);
     CHECK(rc == 0); /* the engine reserved and wrote these rows: a failure is a bug */
+    /* acq_rel: the last of the sequence's tasks sees the rows the others wrote */
+    if (j->prep && atomic_fetch_sub_explicit(&j->f->heads_left[task / nkv], 1,
+                                             memory_order_acq_rel) == 1)
+        matmul_prep_rows(j->prep, s->t0, s->t0 + s->n);
 }
 
 /* ---- the per-row work between products, over the pool ------------------------------------ */
@@ -433,15 +456,18 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         project_fused(f, l, qkv, 3, prep);
         struct rope_kv_job rj = {f, seqs, l};
         rows_over_pool(f, n_seqs, 1, ROPE_KV_PAR_MIN, rope_kv_seqs, &rj);
-        struct attn_job aj = {f, seqs, l};
+        const struct matmul_prod o = {&L->wo, f->att, n_tok, f->proj, dim, LORA_O};
+        prep = n_tok * qd < ATT_PREP_MAX ? fused_begin(f, &o, 1) : NULL;
+        for (size_t i = 0; prep && i < n_seqs; i++) /* published by pool_run */
+            atomic_store_explicit(&f->heads_left[i], hp->n_kv_heads, memory_order_relaxed);
+        struct attn_job aj = {f, seqs, l, prep};
         size_t n_tasks = n_seqs * hp->n_kv_heads;
         if (f->pool)
             pool_run(f->pool, attn_task, &aj, n_tasks);
         else
             for (size_t i = 0; i < n_tasks; i++)
                 attn_task(&aj, i, 0);
-        project(f, l, &(const struct matmul_prod){&L->wo, f->att, n_tok, f->proj, dim, LORA_O},
-                1);
+        project_fused(f, l, &o, 1, prep);
         const struct matmul_prod gu[] = {{&L->w_gate, f->xb, n_tok, f->gate, ffn, LORA_GATE},
                                          {&L->w_up, f->xb, n_tok, f->up, ffn, LORA_UP}};
         prep = m->moe ? NULL : fused_begin(f, gu, 2);
