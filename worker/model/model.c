@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 static const char *label(const struct iebin_model *im)
 {
@@ -104,12 +105,38 @@ static int want_panels(const struct panel_kinds *k, const struct matmul_mat *w)
 }
 
 /*
+ * Drops the whole pages inside file bytes [a, b) from this process's entries of the model's
+ * mapping (ADR 0004, "weights resident once"): the mapping is read-only MAP_PRIVATE of the
+ * file, so MADV_DONTNEED only unmaps (a later read faults the same bytes back in from the page
+ * cache, which keeps them for other processes). A model without a file mapping
+ * (iebin_open_mem) is left alone: there, DONTNEED could zero anonymous memory. 0 or -errno,
+ * logged.
+ */
+static int drop_pages(const struct iebin_model *im, uint64_t a, uint64_t b)
+{
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    a = (a + page - 1) / page * page;
+    b = b / page * page;
+    if (!im->map || b <= a || b > im->map_size)
+        return 0;
+    if (madvise((char *)im->map + a, (size_t)(b - a), MADV_DONTNEED) == 0)
+        return 0;
+    int e = errno;
+    LOG_ERR("%s: madvise(DONTNEED) of %llu bytes of the mapping: %s", label(im),
+            (unsigned long long)(b - a), strerror(e));
+    return -e;
+}
+
+/*
  * Repacks every q4_0, q8_0, q4_K and q6_K product matrix into panels (ADR 0004, "load-time
  * q4_0 panels" and the addenda "q8_0 panels", "k-quant panels"): one anonymous mapping
  * (transparent huge pages asked for: the products stream it), each matrix's panels 64-byte
  * aligned. With tied embeddings the
  * classifier's panels are a repacked copy of tok_embd, whose stored rows still serve the
- * embedding lookup.
+ * embedding lookup. Matrix by matrix, the panels' pages are populated just before they are
+ * written and the stored rows' pages dropped from the mapping once read (drop_pages), so the
+ * resident size grows by one matrix at most instead of by every panel (addendum "weights
+ * resident once").
  */
 static int repack_panels(struct model *m)
 {
@@ -141,20 +168,32 @@ static int repack_panels(struct model *m)
         free(mats);
         return rc;
     }
-    /* hints: without them, 4 KiB pages faulted one by one while packing */
+    /* a hint: without it, 4 KiB pages faulted one by one while packing */
     (void)madvise(buf, total, MADV_HUGEPAGE);
-#ifdef MADV_POPULATE_WRITE
-    (void)madvise(buf, total, MADV_POPULATE_WRITE);
-#endif
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const char *map = m->im->map;
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         struct matmul_mat *w = mats[i];
         if (!want_panels(&kinds, w))
             continue;
-        void *dst = (char *)buf + off;
+        char *dst = (char *)buf + off;
+        const size_t bytes = kern_panels_bytes(w->dtype, w->rows, w->cols);
+#ifdef MADV_POPULATE_WRITE
+        /* this matrix's pages, huge where the 2 MiB fits (from the page holding dst: the
+         * previous matrix's share of it is already there) */
+        char *from = (char *)((uintptr_t)dst & ~(page - 1));
+        (void)madvise(from, (size_t)(dst + bytes - from), MADV_POPULATE_WRITE);
+#endif
         kern_panels_pack(w->dtype, w->data, w->cols, dst, w->rows, 0, (w->rows + 15) / 16);
         w->panels = dst;
-        off += (kern_panels_bytes(w->dtype, w->rows, w->cols) + 63) / 64 * 64;
+        off += (bytes + 63) / 64 * 64;
+        /* the stored rows nothing reads any more (tok_embd's serve the embedding lookup);
+         * pages shared with a neighbour are model_release_stored_rows's */
+        if (map && w->data != m->tok_embd.data) {
+            const uint64_t a = (uint64_t)((const char *)w->data - map);
+            (void)drop_pages(m->im, a, a + (uint64_t)w->rows * w->row_bytes);
+        }
     }
     free(mats);
     m->panel_buf_ = buf;
@@ -300,7 +339,7 @@ int model_init(struct model *m, const struct iebin_model *im)
         }
     }
 panels:
-    if ((rc = repack_panels(m)))
+    if ((rc = repack_panels(m)) || (rc = model_release_stored_rows(m, NULL)))
         goto fail;
     return 0;
 fail:
@@ -370,6 +409,82 @@ bool model_reads_stored(const struct model *m, const char *name)
                 return !mats[i]->panels;
     }
     return true; /* norms, biases, sinks */
+}
+
+/* A tensor's file bytes and whether a reader still takes them from the mapping. */
+struct stored {
+    uint64_t off, end;
+    bool read;
+};
+
+static int cmp_stored(const void *a, const void *b)
+{
+    const struct stored *x = a, *y = b;
+    return (x->off > y->off) - (x->off < y->off);
+}
+
+int model_unread_ranges(const struct model *m, struct model_range **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    const struct iebin_model *im = m->im;
+    const size_t nt = im->n_tensors;
+    struct stored *t = malloc((nt ? nt : 1) * sizeof *t);
+    struct model_range *r = malloc((nt ? nt : 1) * sizeof *r);
+    if (!t || !r) {
+        free(t);
+        free(r);
+        LOG_ERR("%s: out of memory", label(im));
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < nt; i++)
+        t[i] = (struct stored){im->tensors[i].offset,
+                               im->tensors[i].offset + im->tensors[i].size,
+                               model_reads_stored(m, im->tensors[i].name)};
+    qsort(t, nt, sizeof *t, cmp_stored);
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    size_t k = 0;
+    for (size_t i = 0; i < nt;) {
+        if (t[i].read) {
+            i++;
+            continue;
+        }
+        /* a run of unread tensors, with the padding up to the next read one */
+        size_t j = i;
+        while (j < nt && !t[j].read)
+            j++;
+        const uint64_t a = (t[i].off + page - 1) / page * page;
+        const uint64_t b = (j < nt ? t[j].off : t[j - 1].end) / page * page;
+        if (b > a)
+            r[k++] = (struct model_range){a, b - a};
+        i = j;
+    }
+    free(t);
+    if (k == 0) {
+        free(r);
+        return 0;
+    }
+    *out = r;
+    *n_out = k;
+    return 0;
+}
+
+int model_release_stored_rows(const struct model *m, uint64_t *released)
+{
+    if (released)
+        *released = 0;
+    if (!m->im->map)
+        return 0;
+    struct model_range *r;
+    size_t n;
+    int rc = model_unread_ranges(m, &r, &n);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = drop_pages(m->im, r[i].off, r[i].off + r[i].len);
+        if (rc == 0 && released)
+            *released += r[i].len;
+    }
+    free(r);
+    return rc;
 }
 
 void model_embed_row(const struct model *m, uint32_t r, float *out)
