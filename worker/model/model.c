@@ -108,9 +108,12 @@ static int want_panels(const struct panel_kinds *k, const struct matmul_mat *w)
  * Drops the whole pages inside file bytes [a, b) from this process's entries of the model's
  * mapping (ADR 0004, "weights resident once"): the mapping is read-only MAP_PRIVATE of the
  * file, so MADV_DONTNEED only unmaps (a later read faults the same bytes back in from the page
- * cache, which keeps them for other processes). A model without a file mapping
- * (iebin_open_mem) is left alone: there, DONTNEED could zero anonymous memory. 0 or -errno,
- * logged.
+ * cache, which keeps them for other processes). MADV_NOHUGEPAGE first gives the range a VMA
+ * of its own: a 2 MiB entry can then never span it, else a read of a kept byte sharing a
+ * 2 MiB folio with it (a norm between two matrices) would map the whole folio back with one
+ * entry (and a partial DONTNEED of a 2 MiB entry of a file drops all of it). A model without a
+ * file mapping (iebin_open_mem) is left alone: there, DONTNEED could zero anonymous memory.
+ * 0 or -errno, logged.
  */
 static int drop_pages(const struct iebin_model *im, uint64_t a, uint64_t b)
 {
@@ -119,10 +122,12 @@ static int drop_pages(const struct iebin_model *im, uint64_t a, uint64_t b)
     b = b / page * page;
     if (!im->map || b <= a || b > im->map_size)
         return 0;
-    if (madvise((char *)im->map + a, (size_t)(b - a), MADV_DONTNEED) == 0)
+    char *p = (char *)im->map + a;
+    if (madvise(p, (size_t)(b - a), MADV_NOHUGEPAGE) == 0 &&
+        madvise(p, (size_t)(b - a), MADV_DONTNEED) == 0)
         return 0;
     int e = errno;
-    LOG_ERR("%s: madvise(DONTNEED) of %llu bytes of the mapping: %s", label(im),
+    LOG_ERR("%s: madvise(NOHUGEPAGE, DONTNEED) of %llu bytes of the mapping: %s", label(im),
             (unsigned long long)(b - a), strerror(e));
     return -e;
 }

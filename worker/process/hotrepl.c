@@ -338,15 +338,24 @@ static uint64_t pmd_mapped(void)
 }
 
 /*
- * Populates file bytes [off, off + n) of the mapping at base, less the unread ranges r[0..nr)
- * (sorted, disjoint): those stay out of this process's page tables.
+ * Populates file bytes [off, off + n) of the mapping at base (just emptied by MADV_DONTNEED and
+ * given MADV_HUGEPAGE), less the unread ranges r[0..nr) (sorted, disjoint, page-aligned):
+ * those get MADV_NOHUGEPAGE back first (a VMA of their own, as model_release_stored_rows
+ * leaves them, so no 2 MiB entry maps them with a kept neighbour) and stay unpopulated.
  */
 static int populate_kept(uintptr_t base, uint64_t off, uint64_t n, const struct model_range *r,
                          size_t nr)
 {
     const uint64_t end = off + n;
-    uint64_t a = off; /* the next byte to populate */
     int rc;
+    for (size_t i = 0; i < nr && r[i].off < end; i++) {
+        uint64_t lo = r[i].off > off ? r[i].off : off, hi = r[i].off + r[i].len;
+        hi = hi < end ? hi : end;
+        if (hi > lo && (rc = advise((void *)(base + lo), hi - lo, MADV_NOHUGEPAGE,
+                                    "NOHUGEPAGE")) < 0)
+            return rc;
+    }
+    uint64_t a = off; /* the next byte to populate */
     for (size_t i = 0; i < nr && a < end && r[i].off < end; i++) {
         if (r[i].off + r[i].len <= a)
             continue; /* before the chunk */
@@ -532,8 +541,9 @@ int hotrepl_hugify_default_model(const char *model_dir, const struct model *m,
                  rc);
         memset(rep, 0, sizeof *rep);
     } else if (rep->skipped)
-        LOG_INFO("2 MiB folios: the model is already mapped in 2 MiB pages (%.1f of %.1f MiB)",
-                 (double)rep->pmd_bytes / 1048576.0, (double)rep->file_bytes / 1048576.0);
+        LOG_INFO("2 MiB folios: the model is already mapped in 2 MiB pages (%.1f of the %.1f "
+                 "MiB read through the mapping)", (double)rep->pmd_bytes / 1048576.0,
+                 (double)(rep->file_bytes - rep->unread_bytes) / 1048576.0);
     else
         LOG_INFO("2 MiB folios: %.1f MiB re-read; %.1f MiB mapped in 2 MiB pages",
                  (double)rep->file_bytes / 1048576.0, (double)rep->pmd_bytes / 1048576.0);
