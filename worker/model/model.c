@@ -113,7 +113,7 @@ static int want_panels(const struct panel_kinds *k, const struct matmul_mat *w)
  * 2 MiB folio with it (a norm between two matrices) would map the whole folio back with one
  * entry (and a partial DONTNEED of a 2 MiB entry of a file drops all of it). A model without a
  * file mapping (iebin_open_mem) is left alone: there, DONTNEED could zero anonymous memory.
- * 0 or -errno, logged.
+ * 0 or -errno, logged as a warning.
  */
 static int drop_pages(const struct iebin_model *im, uint64_t a, uint64_t b)
 {
@@ -123,12 +123,14 @@ static int drop_pages(const struct iebin_model *im, uint64_t a, uint64_t b)
     if (!im->map || b <= a || b > im->map_size)
         return 0;
     char *p = (char *)im->map + a;
-    if (madvise(p, (size_t)(b - a), MADV_NOHUGEPAGE) == 0 &&
-        madvise(p, (size_t)(b - a), MADV_DONTNEED) == 0)
+    /* may fail without harm: EINVAL without transparent huge pages (no 2 MiB entries then),
+     * ENOMEM at vm.max_map_count (the release then holds until a neighbour's 2 MiB fault) */
+    (void)madvise(p, (size_t)(b - a), MADV_NOHUGEPAGE);
+    if (madvise(p, (size_t)(b - a), MADV_DONTNEED) == 0)
         return 0;
     int e = errno;
-    LOG_ERR("%s: madvise(NOHUGEPAGE, DONTNEED) of %llu bytes of the mapping: %s", label(im),
-            (unsigned long long)(b - a), strerror(e));
+    LOG_WARN("%s: madvise(DONTNEED) of %llu bytes of the mapping: %s; the repacked weights "
+             "stay resident twice", label(im), (unsigned long long)(b - a), strerror(e));
     return -e;
 }
 
@@ -344,8 +346,9 @@ int model_init(struct model *m, const struct iebin_model *im)
         }
     }
 panels:
-    if ((rc = repack_panels(m)) || (rc = model_release_stored_rows(m, NULL)))
+    if ((rc = repack_panels(m)))
         goto fail;
+    (void)model_release_stored_rows(m, NULL); /* memory, not correctness: logged */
     return 0;
 fail:
     model_fini(m);
