@@ -140,11 +140,13 @@ static int drop_pages(const struct iebin_model *im, uint64_t a, uint64_t b)
  * (transparent huge pages asked for: the products stream it), each matrix's panels 64-byte
  * aligned. With tied embeddings the
  * classifier's panels are a repacked copy of tok_embd, whose stored rows still serve the
- * embedding lookup. Matrix by matrix, the panels' pages are populated just before they are
- * written and the stored rows' pages dropped from the mapping once read (drop_pages), so the
- * resident size grows by one matrix at most instead of by every panel (addendum "weights
+ * embedding lookup. PACK_SLICE by PACK_SLICE, the panels' pages are populated just before they
+ * are written and the stored rows' pages dropped from the mapping once read (drop_pages), so
+ * the resident size grows by one slice at most instead of by every panel (addendum "weights
  * resident once").
  */
+#define PACK_SLICE ((size_t)16 << 20) /* panels packed between two drops of stored rows */
+
 static int repack_panels(struct model *m)
 {
     const struct panel_kinds kinds = {knob_on("CLOCHER_Q4_PANELS"), knob_on("CLOCHER_Q8_PANELS"),
@@ -185,22 +187,33 @@ static int repack_panels(struct model *m)
         if (!want_panels(&kinds, w))
             continue;
         char *dst = (char *)buf + off;
-        const size_t bytes = kern_panels_bytes(w->dtype, w->rows, w->cols);
+        const size_t n_pan = (w->rows + 15) / 16, pan = kern_panels_bytes(w->dtype, 16, w->cols);
+        /* the stored rows nothing reads any more (tok_embd's serve the embedding lookup) go
+         * as they are packed; pages shared with a neighbour are model_release_stored_rows's */
+        const bool drop = map && w->data != m->tok_embd.data;
+        const uint64_t at = drop ? (uint64_t)((const char *)w->data - map) : 0;
+        uint64_t dropped = at; /* file offset up to which this matrix's pages are dropped */
+        for (size_t p0 = 0; p0 < n_pan;) {
+            /* PACK_SLICE bytes of panels at a time: the gpt-oss classifier alone is 0.6 GB */
+            size_t p1 = p0 + (PACK_SLICE / pan ? PACK_SLICE / pan : 1);
+            p1 = p1 < n_pan ? p1 : n_pan;
 #ifdef MADV_POPULATE_WRITE
-        /* this matrix's pages, huge where the 2 MiB fits (from the page holding dst: the
-         * previous matrix's share of it is already there) */
-        char *from = (char *)((uintptr_t)dst & ~(page - 1));
-        (void)madvise(from, (size_t)(dst + bytes - from), MADV_POPULATE_WRITE);
+            /* the slice's pages, huge where the 2 MiB fits (from the page holding its start:
+             * the previous slice's share of it is already there) */
+            char *from = (char *)((uintptr_t)(dst + p0 * pan) & ~(page - 1));
+            (void)madvise(from, (size_t)(dst + p1 * pan - from), MADV_POPULATE_WRITE);
 #endif
-        kern_panels_pack(w->dtype, w->data, w->cols, dst, w->rows, 0, (w->rows + 15) / 16);
-        w->panels = dst;
-        off += (bytes + 63) / 64 * 64;
-        /* the stored rows nothing reads any more (tok_embd's serve the embedding lookup);
-         * pages shared with a neighbour are model_release_stored_rows's */
-        if (map && w->data != m->tok_embd.data) {
-            const uint64_t a = (uint64_t)((const char *)w->data - map);
-            (void)drop_pages(m->im, a, a + (uint64_t)w->rows * w->row_bytes);
+            kern_panels_pack(w->dtype, w->data, w->cols, dst, w->rows, p0, p1);
+            if (drop) {
+                const size_t r1 = 16 * p1 < w->rows ? 16 * p1 : w->rows;
+                const uint64_t end = at + (uint64_t)r1 * w->row_bytes;
+                (void)drop_pages(m->im, dropped, end);
+                dropped = end / page * page > dropped ? end / page * page : dropped;
+            }
+            p0 = p1;
         }
+        w->panels = dst;
+        off += (kern_panels_bytes(w->dtype, w->rows, w->cols) + 63) / 64 * 64;
     }
     free(mats);
     m->panel_buf_ = buf;
