@@ -5,8 +5,9 @@
  * Rss in /proc/self/smaps drops by about their bytes), hotrepl_hugify_default_model does not
  * bring them back (hotrepl_hugify without the model does: the negative control), hot
  * replication neither, and the greedy ids are those of the same model read through its stored
- * rows (CLOCHER_Q4_PANELS=0). On a synth "demo" model converted to int4 (q4_0): ~2 MB, a
- * second of CPU. Panels exist only on AVX-512: elsewhere the test skips, saying so.
+ * rows (CLOCHER_Q4_PANELS=0); a blob that is not a file mapping is never released. On a synth
+ * "demo" model converted to int4 (q4_0): ~2 MB, a second of CPU. Panels exist only on
+ * AVX-512: elsewhere the test skips, saying so.
  */
 #include "testutil.h"
 
@@ -202,10 +203,43 @@ static void test_resident_once(void **state)
     model_close(m);
 }
 
+/*
+ * A model whose blob is not a file mapping (iebin_open_mem's contract: map NULL, the bytes the
+ * caller's) is left alone: DONTNEED there would zero anonymous memory. Here the same bytes,
+ * a shallow copy of an opened model with its map hidden: panels are made, nothing is dropped.
+ */
+static void test_memory_blob_left_alone(void **state)
+{
+    (void)state;
+    if (kern_isa() != KERN_ISA_AVX512) {
+        print_message("  no panels on this machine (ISA %d): nothing to release\n",
+                      (int)kern_isa());
+        skip();
+    }
+    struct iebin_model *im;
+    assert_int_equal(iebin_open(g_dir, &im), 0);
+    const uint64_t before = file_rss();
+    struct iebin_model mem = *im;
+    mem.map = NULL;
+    struct model m;
+    assert_int_equal(model_init(&m, &mem), 0);
+    assert_non_null(m.layers[0].wq.panels);
+    assert_true(sum_ranges(&m) > 0); /* there is something it would release */
+    uint64_t rel = 1;
+    assert_int_equal(model_release_stored_rows(&m, &rel), 0);
+    assert_int_equal(rel, 0);
+    assert_int_equal(file_rss(), before); /* every page still mapped */
+    int32_t ids[N_GEN];
+    greedy(&m, ids);
+    model_fini(&m);
+    iebin_close(im);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resident_once),
+        cmocka_unit_test(test_memory_blob_left_alone),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

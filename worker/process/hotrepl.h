@@ -26,6 +26,9 @@
  * model_reads_stored) are left shared, so the budget goes to tensors that are read. The
  * panels themselves are anonymous memory first touched by the loading worker, so already on
  * its node. A tied tok_embd whose classifier has panels then ranks as an embedding (last).
+ * Those unread tensors are not even resident in this process (model_release_stored_rows):
+ * hotrepl_hugify_model does not re-populate them, and hotrepl_apply releases them again at its
+ * end.
  *
  * clocher-worker applies it when IE_HOT_REPLICATE=1 (IE_HOT_REPL_LIMIT_MB caps the bytes),
  * after the engine has mapped the model and before it serves.
