@@ -515,9 +515,10 @@ int main(int argc, char **argv)
     }
     /* the page cache in 2 MiB folios, as clocherd's workers and inference-engine have it
      * (hotrepl.h; IE_HUGE_PAGES=0 turns it off): a freshly written model read through 4 KiB
-     * entries decoded at half speed here, which is not what a server runs */
+     * entries decoded at half speed here, which is not what a server runs; the repacked
+     * matrices' stored rows stay out of the mapping, as there */
     struct hotrepl_huge_report huge;
-    rc = hotrepl_hugify_default(o.model_dir, &huge);
+    rc = hotrepl_hugify_default_model(o.model_dir, engine_model(e), &huge);
     for (size_t i = 0; i < o.n_ad && !rc; i++)
         rc = engine_load_adapter(e, o.ad_name[i], o.ad_dir[i]);
     if (!rc) {

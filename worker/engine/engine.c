@@ -522,6 +522,10 @@ int engine_create(const struct engine_config *cfg, engine_event_fn *on_event, vo
     if ((rc = kv_pool_create(&kc, &e->kv)))
         goto fail;
     e->fingerprint = model_fingerprint(e->m);
+    /* the fingerprint read both ends of every tensor: the repacked matrices' pages it faulted
+     * back in go out again (model.h; the weights resident once). A failure is logged there and
+     * costs memory, not correctness: the engine still serves */
+    (void)model_release_stored_rows(e->m, NULL);
     if (e->snapshot_path && cfg->prefix_cache) {
         uint32_t n = 0;
         rc = kv_snapshot_restore(e->kv, e->snapshot_path, e->fingerprint, &n);

@@ -1284,12 +1284,13 @@ int main(int argc, char **argv)
     }
     /* 2 MiB page-table entries for the weights (IE_HUGE_PAGES=0: off; hotrepl.h): a cache
      * warmed in 4 KiB folios is re-read once, here; the engine's own mapping (--concurrency)
-     * then maps the same 2 MiB folios */
+     * then maps the same 2 MiB folios. The repacked matrices' stored rows stay out of the
+     * mapping (model_release_stored_rows: the weights resident once) */
     struct hotrepl_huge_report huge;
     const enum log_level lv = log_get_level();
     if (o.quiet && lv > LOG_LEVEL_WARN) /* --quiet: stderr holds warnings and errors only */
         log_set_level(LOG_LEVEL_WARN);
-    rc = hotrepl_hugify_default(o.model_dir, &huge);
+    rc = hotrepl_hugify_default_model(o.model_dir, E.model, &huge);
     log_set_level(lv);
     if (rc) {
         code = EXIT_USAGE;
@@ -1334,6 +1335,9 @@ int main(int argc, char **argv)
     }
 
     if (o.concurrency) {
+        /* the engine opens its own model (and panels): this one would be a second copy */
+        model_close(E.model);
+        E.model = NULL;
         if ((rc = run_concurrent(&o, &ps, load_ms)))
             code = exit_for(rc, EXIT_FAIL);
         goto out;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 static const char *label(const struct iebin_model *im)
 {
@@ -104,13 +105,48 @@ static int want_panels(const struct panel_kinds *k, const struct matmul_mat *w)
 }
 
 /*
+ * Drops the whole pages inside file bytes [a, b) from this process's entries of the model's
+ * mapping (ADR 0004, "weights resident once"): the mapping is read-only MAP_PRIVATE of the
+ * file, so MADV_DONTNEED only unmaps (a later read faults the same bytes back in from the page
+ * cache, which keeps them for other processes). MADV_NOHUGEPAGE first gives the range a VMA
+ * of its own: a 2 MiB entry can then never span it, else a read of a kept byte sharing a
+ * 2 MiB folio with it (a norm between two matrices) would map the whole folio back with one
+ * entry (and a partial DONTNEED of a 2 MiB entry of a file drops all of it). A model without a
+ * file mapping (iebin_open_mem) is left alone: there, DONTNEED could zero anonymous memory.
+ * 0 or -errno, logged as a warning.
+ */
+static int drop_pages(const struct iebin_model *im, uint64_t a, uint64_t b)
+{
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    a = (a + page - 1) / page * page;
+    b = b / page * page;
+    if (!im->map || b <= a || b > im->map_size)
+        return 0;
+    char *p = (char *)im->map + a;
+    /* may fail without harm: EINVAL without transparent huge pages (no 2 MiB entries then),
+     * ENOMEM at vm.max_map_count (the release then holds until a neighbour's 2 MiB fault) */
+    (void)madvise(p, (size_t)(b - a), MADV_NOHUGEPAGE);
+    if (madvise(p, (size_t)(b - a), MADV_DONTNEED) == 0)
+        return 0;
+    int e = errno;
+    LOG_WARN("%s: madvise(DONTNEED) of %llu bytes of the mapping: %s; the repacked weights "
+             "stay resident twice", label(im), (unsigned long long)(b - a), strerror(e));
+    return -e;
+}
+
+/*
  * Repacks every q4_0, q8_0, q4_K and q6_K product matrix into panels (ADR 0004, "load-time
  * q4_0 panels" and the addenda "q8_0 panels", "k-quant panels"): one anonymous mapping
  * (transparent huge pages asked for: the products stream it), each matrix's panels 64-byte
  * aligned. With tied embeddings the
  * classifier's panels are a repacked copy of tok_embd, whose stored rows still serve the
- * embedding lookup.
+ * embedding lookup. PACK_SLICE by PACK_SLICE, the panels' pages are populated just before they
+ * are written and the stored rows' pages dropped from the mapping once read (drop_pages), so
+ * the resident size grows by one slice at most instead of by every panel (addendum "weights
+ * resident once").
  */
+#define PACK_SLICE ((size_t)16 << 20) /* panels packed between two drops of stored rows */
+
 static int repack_panels(struct model *m)
 {
     const struct panel_kinds kinds = {knob_on("CLOCHER_Q4_PANELS"), knob_on("CLOCHER_Q8_PANELS"),
@@ -141,18 +177,41 @@ static int repack_panels(struct model *m)
         free(mats);
         return rc;
     }
-    /* hints: without them, 4 KiB pages faulted one by one while packing */
+    /* a hint: without it, 4 KiB pages faulted one by one while packing */
     (void)madvise(buf, total, MADV_HUGEPAGE);
-#ifdef MADV_POPULATE_WRITE
-    (void)madvise(buf, total, MADV_POPULATE_WRITE);
-#endif
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const char *map = m->im->map;
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         struct matmul_mat *w = mats[i];
         if (!want_panels(&kinds, w))
             continue;
-        void *dst = (char *)buf + off;
-        kern_panels_pack(w->dtype, w->data, w->cols, dst, w->rows, 0, (w->rows + 15) / 16);
+        char *dst = (char *)buf + off;
+        const size_t n_pan = (w->rows + 15) / 16, pan = kern_panels_bytes(w->dtype, 16, w->cols);
+        /* the stored rows nothing reads any more (tok_embd's serve the embedding lookup) go
+         * as they are packed; pages shared with a neighbour are model_release_stored_rows's */
+        const bool drop = map && w->data != m->tok_embd.data;
+        const uint64_t at = drop ? (uint64_t)((const char *)w->data - map) : 0;
+        uint64_t dropped = at; /* file offset up to which this matrix's pages are dropped */
+        for (size_t p0 = 0; p0 < n_pan;) {
+            /* PACK_SLICE bytes of panels at a time: the gpt-oss classifier alone is 0.6 GB */
+            size_t p1 = p0 + (PACK_SLICE / pan ? PACK_SLICE / pan : 1);
+            p1 = p1 < n_pan ? p1 : n_pan;
+#ifdef MADV_POPULATE_WRITE
+            /* the slice's pages, huge where the 2 MiB fits (from the page holding its start:
+             * the previous slice's share of it is already there) */
+            char *from = (char *)((uintptr_t)(dst + p0 * pan) & ~(page - 1));
+            (void)madvise(from, (size_t)(dst + p1 * pan - from), MADV_POPULATE_WRITE);
+#endif
+            kern_panels_pack(w->dtype, w->data, w->cols, dst, w->rows, p0, p1);
+            if (drop) {
+                const size_t r1 = 16 * p1 < w->rows ? 16 * p1 : w->rows;
+                const uint64_t end = at + (uint64_t)r1 * w->row_bytes;
+                (void)drop_pages(m->im, dropped, end);
+                dropped = end / page * page > dropped ? end / page * page : dropped;
+            }
+            p0 = p1;
+        }
         w->panels = dst;
         off += (kern_panels_bytes(w->dtype, w->rows, w->cols) + 63) / 64 * 64;
     }
@@ -302,6 +361,7 @@ int model_init(struct model *m, const struct iebin_model *im)
 panels:
     if ((rc = repack_panels(m)))
         goto fail;
+    (void)model_release_stored_rows(m, NULL); /* memory, not correctness: logged */
     return 0;
 fail:
     model_fini(m);
@@ -370,6 +430,82 @@ bool model_reads_stored(const struct model *m, const char *name)
                 return !mats[i]->panels;
     }
     return true; /* norms, biases, sinks */
+}
+
+/* A tensor's file bytes and whether a reader still takes them from the mapping. */
+struct stored {
+    uint64_t off, end;
+    bool read;
+};
+
+static int cmp_stored(const void *a, const void *b)
+{
+    const struct stored *x = a, *y = b;
+    return (x->off > y->off) - (x->off < y->off);
+}
+
+int model_unread_ranges(const struct model *m, struct model_range **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    const struct iebin_model *im = m->im;
+    const size_t nt = im->n_tensors;
+    struct stored *t = malloc((nt ? nt : 1) * sizeof *t);
+    struct model_range *r = malloc((nt ? nt : 1) * sizeof *r);
+    if (!t || !r) {
+        free(t);
+        free(r);
+        LOG_ERR("%s: out of memory", label(im));
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < nt; i++)
+        t[i] = (struct stored){im->tensors[i].offset,
+                               im->tensors[i].offset + im->tensors[i].size,
+                               model_reads_stored(m, im->tensors[i].name)};
+    qsort(t, nt, sizeof *t, cmp_stored);
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    size_t k = 0;
+    for (size_t i = 0; i < nt;) {
+        if (t[i].read) {
+            i++;
+            continue;
+        }
+        /* a run of unread tensors, with the padding up to the next read one */
+        size_t j = i;
+        while (j < nt && !t[j].read)
+            j++;
+        const uint64_t a = (t[i].off + page - 1) / page * page;
+        const uint64_t b = (j < nt ? t[j].off : t[j - 1].end) / page * page;
+        if (b > a)
+            r[k++] = (struct model_range){a, b - a};
+        i = j;
+    }
+    free(t);
+    if (k == 0) {
+        free(r);
+        return 0;
+    }
+    *out = r;
+    *n_out = k;
+    return 0;
+}
+
+int model_release_stored_rows(const struct model *m, uint64_t *released)
+{
+    if (released)
+        *released = 0;
+    if (!m->im->map)
+        return 0;
+    struct model_range *r;
+    size_t n;
+    int rc = model_unread_ranges(m, &r, &n);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        rc = drop_pages(m->im, r[i].off, r[i].off + r[i].len);
+        if (rc == 0 && released)
+            *released += r[i].len;
+    }
+    free(r);
+    return rc;
 }
 
 void model_embed_row(const struct model *m, uint32_t r, float *out)

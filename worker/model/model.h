@@ -84,14 +84,17 @@ struct model {
  * Binds the tensors of `im` (architecture "llama", "qwen2" or "gpt_oss", as iebin_open
  * validated it)
  * into *m; m->im
- * borrows im. When the kernels run AVX-512 (kern_isa(), so kern_init() first) every q4_0 and
- * q8_0 matrix the products read (layers, and the classifier) is also repacked into panels
- * (matmul_mat.panels): as many bytes again as those matrices, anonymous memory, written once
- * here; CLOCHER_Q4_PANELS=0 in the environment turns it off for q4_0 matrices,
- * CLOCHER_Q8_PANELS=0 for q8_0 ones. 0, or ERR_UNSUPPORTED (another architecture),
- * ERR_NOT_FOUND / ERR_MISMATCH (a tensor missing or of another shape or type: iebin_open
- * rules this out, a hand-built struct iebin_model might not), -ENOMEM; logged once naming
- * the model and the tensor.
+ * borrows im. When the kernels run AVX-512 (kern_isa(), so kern_init() first) every q4_0,
+ * q8_0, q4_K and q6_K matrix the products read (layers, and the classifier) is also repacked
+ * into panels (matmul_mat.panels): as many bytes again as those matrices (q4_K: +2.8%),
+ * anonymous memory, written once here; CLOCHER_Q4_PANELS=0 in the environment turns it off
+ * for q4_0 matrices, CLOCHER_Q8_PANELS=0 for q8_0 ones, CLOCHER_KQ_PANELS=0 for the k-quants.
+ * The repacked matrices' stored rows are then dropped from this process's view of the file
+ * mapping (model_release_stored_rows; matrix by matrix, so the resident size never holds both
+ * copies of the weights): `data` stays valid, a read of it faults the file's bytes back in.
+ * 0, or ERR_UNSUPPORTED (another architecture), ERR_NOT_FOUND / ERR_MISMATCH (a tensor
+ * missing or of another shape or type: iebin_open rules this out, a hand-built struct
+ * iebin_model might not), -ENOMEM; logged once naming the model and the tensor.
  */
 int model_init(struct model *m, const struct iebin_model *im);
 /* Frees what model_init allocated (not the iebin model). Safe on a zeroed struct. */
@@ -110,6 +113,32 @@ void model_close(struct model *m);
  * answer (hot replication) then keep doing what they did without it.
  */
 bool model_reads_stored(const struct model *m, const char *name);
+
+/* Bytes [off, off + len) of model.ie.bin (file offsets). */
+struct model_range {
+    uint64_t off, len;
+};
+
+/*
+ * The whole pages of model.ie.bin that no reader takes from the mapping any more: runs of
+ * tensors for which model_reads_stored is false (with the padding up to the next tensor that
+ * is read), shrunk to whole pages, so a page holding any byte that is read is never among
+ * them. Sorted by offset, disjoint. *out is malloc'd (NULL when *n_out is 0: nothing
+ * repacked). 0 or -ENOMEM, logged.
+ */
+int model_unread_ranges(const struct model *m, struct model_range **out, size_t *n_out);
+
+/*
+ * Drops model_unread_ranges from this process's page tables of m's file mapping
+ * (MADV_DONTNEED of a read-only MAP_PRIVATE file mapping: nothing is lost, a later read faults
+ * the file's bytes back in; the page cache keeps the pages for every other process that maps
+ * them). Makes the weights resident once for a panelled model, where the file's pages would
+ * otherwise stay mapped beside the panels. model_init calls it; call it again after anything
+ * that reads the whole mapping (hotrepl_hugify_default_model and hotrepl_apply do), it is
+ * idempotent and cheap. A model without a file mapping (iebin_open_mem) is left alone.
+ * *released (may be NULL): the bytes of the ranges. 0 or -errno / -ENOMEM, logged.
+ */
+int model_release_stored_rows(const struct model *m, uint64_t *released);
 
 /* Row r of the token embedding as f32 (any stored dtype). out: [dim]. r < vocab_size. */
 void model_embed_row(const struct model *m, uint32_t r, float *out);

@@ -293,6 +293,11 @@ int hotrepl_apply(const char *model_dir, const struct model *model, int node,
     if (rep->n_mappings == 0)
         LOG_INFO("hot replication: %s is not mapped by this process: nothing to replicate",
                  blob);
+    /* the copies read whole pages: a page shared with an unread matrix may have faulted
+     * more of it back in (fault-around); the unread ranges never overlap a copied page.
+     * A failure is memory, not correctness (logged) */
+    if (model)
+        (void)model_release_stored_rows(model, NULL);
     rc = 0;
 out:
     free(v);
@@ -335,19 +340,69 @@ static uint64_t pmd_mapped(void)
     return (uint64_t)kb * 1024;
 }
 
+/*
+ * Populates file bytes [off, off + n) of the mapping at base (just emptied by MADV_DONTNEED and
+ * given MADV_HUGEPAGE), less the unread ranges r[0..nr) (sorted, disjoint, page-aligned):
+ * those get MADV_NOHUGEPAGE back first (a VMA of their own, as model_release_stored_rows
+ * leaves them, so no 2 MiB entry maps them with a kept neighbour) and stay unpopulated.
+ */
+static int populate_kept(uintptr_t base, uint64_t off, uint64_t n, const struct model_range *r,
+                         size_t nr)
+{
+    const uint64_t end = off + n;
+    int rc;
+    for (size_t i = 0; i < nr && r[i].off < end; i++) {
+        uint64_t lo = r[i].off > off ? r[i].off : off, hi = r[i].off + r[i].len;
+        hi = hi < end ? hi : end;
+        if (hi > lo && (rc = advise((void *)(base + lo), hi - lo, MADV_NOHUGEPAGE,
+                                    "NOHUGEPAGE")) < 0)
+            return rc;
+    }
+    uint64_t a = off; /* the next byte to populate */
+    for (size_t i = 0; i < nr && a < end && r[i].off < end; i++) {
+        if (r[i].off + r[i].len <= a)
+            continue; /* before the chunk */
+        if (r[i].off > a &&
+            (rc = advise((void *)(base + a), r[i].off - a, MADV_POPULATE_READ,
+                         "POPULATE_READ")) < 0)
+            return rc;
+        a = r[i].off + r[i].len;
+    }
+    if (a < end && (rc = advise((void *)(base + a), end - a, MADV_POPULATE_READ,
+                                "POPULATE_READ")) < 0)
+        return rc;
+    return 0;
+}
+
 int hotrepl_hugify(const char *model_dir, struct hotrepl_huge_report *rep)
 {
+    return hotrepl_hugify_model(model_dir, NULL, rep);
+}
+
+int hotrepl_hugify_model(const char *model_dir, const struct model *model,
+                         struct hotrepl_huge_report *rep)
+{
     memset(rep, 0, sizeof *rep);
-    struct iebin_model *m = NULL;
-    int rc = iebin_open_ex(model_dir, IEBIN_OPEN_LAZY, &m);
+    struct model_range *unread = NULL;
+    size_t n_unread = 0;
+    int rc = model ? model_unread_ranges(model, &unread, &n_unread) : 0;
     if (rc < 0)
         return rc;
+    for (size_t i = 0; i < n_unread; i++)
+        rep->unread_bytes += unread[i].len;
+    struct iebin_model *m = NULL;
+    if ((rc = iebin_open_ex(model_dir, IEBIN_OPEN_LAZY, &m)) < 0) {
+        free(unread);
+        return rc;
+    }
     char *blob = malloc(strlen(m->dir) + sizeof "/" IEBIN_BLOB);
     if (blob)
         sprintf(blob, "%s/%s", m->dir, IEBIN_BLOB);
     iebin_close(m); /* before looking for the engine's mappings: ours is not one */
-    if (!blob)
+    if (!blob) {
+        free(unread);
         return -ENOMEM;
+    }
     struct vma *v = NULL;
     size_t nv = 0;
     uintptr_t *base = NULL;
@@ -379,8 +434,12 @@ int hotrepl_hugify(const char *model_dir, struct hotrepl_huge_report *rep)
     rep->n_mappings = nb;
     if (st.st_size == 0)
         goto done;
-    /* already 2 MiB entries for nearly all of every mapping: nothing to gain */
-    if (nb && (rep->pmd_bytes = pmd_mapped()) * 10 >= (uint64_t)st.st_size * nb * 9) {
+    /* already 2 MiB entries for nearly all of what every mapping keeps: nothing to gain
+     * (the unread ranges are out of the page tables, or will be: not counted) */
+    const uint64_t kept = (uint64_t)st.st_size > rep->unread_bytes
+                              ? (uint64_t)st.st_size - rep->unread_bytes
+                              : 0;
+    if (nb && (rep->pmd_bytes = pmd_mapped()) * 10 >= kept * nb * 9) {
         rep->skipped = true;
         rc = 0;
         goto out;
@@ -421,11 +480,13 @@ int hotrepl_hugify(const char *model_dir, struct hotrepl_huge_report *rep)
             (rc = advise(p, n, MADV_POPULATE_READ, "POPULATE_READ")) < 0 ||
             (rc = advise(p, n, MADV_DONTNEED, "DONTNEED")) < 0)
             goto out;
+        /* the engine's mappings: what they read (every mapping of this file in the process
+         * is taken to be a model with the same panels: the same file, ISA and knobs) */
         for (size_t j = 0; j < nb; j++) {
             void *q = (void *)(base[j] + off);
             if (covered(v, nv, base[j], base[j] + off, base[j] + off + n) &&
                 ((rc = advise(q, n, MADV_HUGEPAGE, "HUGEPAGE")) < 0 ||
-                 (rc = advise(q, n, MADV_POPULATE_READ, "POPULATE_READ")) < 0))
+                 (rc = populate_kept(base[j], off, n, unread, n_unread)) < 0))
                 goto out;
         }
     }
@@ -440,31 +501,54 @@ out:
     free(base);
     free(v);
     free(blob);
+    free(unread);
     return rc;
 }
 
 int hotrepl_hugify_default(const char *model_dir, struct hotrepl_huge_report *rep)
 {
+    return hotrepl_hugify_default_model(model_dir, NULL, rep);
+}
+
+/* The weights resident once: the unread stored rows out of m's mapping, after hugify. */
+static int release_after(const struct model *m, struct hotrepl_huge_report *rep)
+{
+    if (!m)
+        return 0;
+    int rc = model_release_stored_rows(m, &rep->released_bytes);
+    if (rc < 0) /* memory, not correctness: the products read the panels either way */
+        LOG_WARN("stored rows: not released (%d, logged above); the repacked weights stay "
+                 "resident twice", rc);
+    else if (rep->released_bytes)
+        LOG_INFO("stored rows: %.1f MiB of repacked weights out of the mapping (read through "
+                 "their panels)", (double)rep->released_bytes / 1048576.0);
+    return 0;
+}
+
+int hotrepl_hugify_default_model(const char *model_dir, const struct model *m,
+                                 struct hotrepl_huge_report *rep)
+{
     memset(rep, 0, sizeof *rep);
     const char *env = getenv("IE_HUGE_PAGES");
     if (env && !strcmp(env, "0")) {
         LOG_INFO("2 MiB folios: off (IE_HUGE_PAGES=0)");
-        return 0;
+        return release_after(m, rep);
     }
     if (env && *env && strcmp(env, "1")) {
         LOG_ERR("IE_HUGE_PAGES=%s: expected 0 (off) or 1 (on, the default)", env);
         return ERR_RANGE;
     }
-    int rc = hotrepl_hugify(model_dir, rep);
+    int rc = hotrepl_hugify_model(model_dir, m, rep);
     if (rc < 0) { /* a speed-up, not a need: the mappings still read the file in 4 KiB pages */
         LOG_WARN("2 MiB folios: not done (%d, logged above); the model is read in 4 KiB pages",
                  rc);
         memset(rep, 0, sizeof *rep);
     } else if (rep->skipped)
-        LOG_INFO("2 MiB folios: the model is already mapped in 2 MiB pages (%.1f of %.1f MiB)",
-                 (double)rep->pmd_bytes / 1048576.0, (double)rep->file_bytes / 1048576.0);
+        LOG_INFO("2 MiB folios: the model is already mapped in 2 MiB pages (%.1f of the %.1f "
+                 "MiB read through the mapping)", (double)rep->pmd_bytes / 1048576.0,
+                 (double)(rep->file_bytes - rep->unread_bytes) / 1048576.0);
     else
         LOG_INFO("2 MiB folios: %.1f MiB re-read; %.1f MiB mapped in 2 MiB pages",
                  (double)rep->file_bytes / 1048576.0, (double)rep->pmd_bytes / 1048576.0);
-    return 0;
+    return release_after(m, rep);
 }

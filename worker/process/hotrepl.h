@@ -26,6 +26,9 @@
  * model_reads_stored) are left shared, so the budget goes to tensors that are read. The
  * panels themselves are anonymous memory first touched by the loading worker, so already on
  * its node. A tied tok_embd whose classifier has panels then ranks as an embedding (last).
+ * Those unread tensors are not even resident in this process (model_release_stored_rows):
+ * hotrepl_hugify_model does not re-populate them, and hotrepl_apply releases them again at its
+ * end.
  *
  * clocher-worker applies it when IE_HOT_REPLICATE=1 (IE_HOT_REPL_LIMIT_MB caps the bytes),
  * after the engine has mapped the model and before it serves.
@@ -60,7 +63,8 @@ struct hotrepl_report {
  * (-1 = wherever this thread's memory policy puts it), at most limit_bytes (0 = all), inside
  * every mapping of its model.ie.bin that this process holds. `m`: the loaded model whose
  * readers decide which tensors are read (model_reads_stored), or NULL to treat every tensor
- * as read. 0 with *rep filled (n_mappings 0 when the model is not mapped: nothing to do), or
+ * as read; with m, its unread ranges are released again at the end (model_release_stored_rows:
+ * a copy reads whole pages, and a page fault maps its neighbours too). 0 with *rep filled (n_mappings 0 when the model is not mapped: nothing to do), or
  * a negative code, logged: the model's manifest errors (iebin_open), -errno from
  * /proc/self/maps, mmap, mbind, mremap.
  */
@@ -72,6 +76,9 @@ struct hotrepl_huge_report {
     uint64_t file_bytes;   /* the file's size */
     uint64_t pmd_bytes;    /* bytes this process maps with 2 MiB entries afterwards (all files) */
     bool skipped;          /* nothing done: the mappings were already >= 90% 2 MiB entries */
+    uint64_t unread_bytes; /* hugify_model: the model's unread ranges (model_unread_ranges),
+                            * neither re-populated nor counted in the 90% */
+    uint64_t released_bytes; /* hugify_default_model: dropped from the model's mapping after */
 };
 
 /*
@@ -100,6 +107,18 @@ struct hotrepl_huge_report {
 int hotrepl_hugify(const char *model_dir, struct hotrepl_huge_report *rep);
 
 /*
+ * hotrepl_hugify for a process whose model `m` (NULL: as hotrepl_hugify) reads some tensors
+ * through panels only (model_unread_ranges): those ranges are not re-populated in any mapping
+ * of model.ie.bin in this process (each is taken to be a model with the same panels: the same
+ * file, ISA and knobs), so the repacked weights are not made resident a second time, and the
+ * ">= 90% in 2 MiB entries" of hotrepl_hugify_default counts only the bytes they keep
+ * (rep->unread_bytes). The page cache is still re-read whole: other processes may read those
+ * ranges. Codes as hotrepl_hugify, and model_unread_ranges's -ENOMEM.
+ */
+int hotrepl_hugify_model(const char *model_dir, const struct model *m,
+                         struct hotrepl_huge_report *rep);
+
+/*
  * The default at start (clocher-worker before hot replication, inference-engine after loading):
  * hotrepl_hugify unless IE_HUGE_PAGES=0, skipped (rep->skipped) when this process's mappings of
  * model.ie.bin are already mapped with 2 MiB entries for >= 90% of the file, FilePmdMapped of
@@ -110,5 +129,16 @@ int hotrepl_hugify(const char *model_dir, struct hotrepl_huge_report *rep);
  * when turned off or failed), or ERR_RANGE naming IE_HUGE_PAGES when it is not 0 or 1.
  */
 int hotrepl_hugify_default(const char *model_dir, struct hotrepl_huge_report *rep);
+
+/*
+ * The same for the process's model `m` (NULL: hotrepl_hugify_default): hotrepl_hugify_model,
+ * then, whatever it did (skipped, done, off, failed), model_release_stored_rows(m) (counted in
+ * rep->released_bytes, logged), so the weights are resident once (ADR 0004 addendum "weights
+ * resident once"). What inference-engine, the worker and engine_bench call once the engine's
+ * model is open. A failed release is a warning (memory, not correctness). Codes as
+ * hotrepl_hugify_default.
+ */
+int hotrepl_hugify_default_model(const char *model_dir, const struct model *m,
+                                 struct hotrepl_huge_report *rep);
 
 #endif

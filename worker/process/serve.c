@@ -1059,9 +1059,10 @@ int serve_open(const struct serve_options *o, struct shm_region *region, struct 
         }
         served_add(s, o->adapter_names[i], o->adapter_dirs[i]);
     }
-    /* 2 MiB page-table entries for the weights before the copies (which keep them) */
+    /* 2 MiB page-table entries for the weights before the copies (which keep them); the
+     * stored rows of repacked matrices stay out of the mapping (weights resident once) */
     struct hotrepl_huge_report huge;
-    if ((rc = hotrepl_hugify_default(o->model_dir, &huge)) < 0)
+    if ((rc = hotrepl_hugify_default_model(o->model_dir, engine_model(s->e), &huge)) < 0)
         goto fail;
     if (o->hot_replicate) {
         struct hotrepl_report rep;
