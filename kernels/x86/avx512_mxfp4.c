@@ -118,14 +118,10 @@ INLINE void mx_dots(const __m512i w[8], __m512i ex, int NT, struct mx_buf *bf, s
     UNROLL for (int j = 0; j < NT; j++)
     {
         const int8_t *aq = bf->aq[j] + g * 32;
-        __m512i s0 = _mm512_loadu_si512(bf->ans[j] + g), s1 = _mm512_setzero_si512();
-        UNROLL for (int s = 0; s < 8; s += 2)
-        {
-            s0 = _mm512_dpbusd_epi32(s0, w[s], _mm512_loadu_si512(aq + 64 * s));
-            s1 = _mm512_dpbusd_epi32(s1, w[s + 1], _mm512_loadu_si512(aq + 64 * (s + 1)));
-        }
-        _mm512_storeu_si512(bf->pk[j][i] + g,
-                            _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(s0, s1), 8), ex));
+        __m512i s0 = _mm512_loadu_si512(bf->ans[j] + g);
+        UNROLL for (int s = 0; s < 8; s++) s0 =
+            _mm512_dpbusd_epi32(s0, w[s], _mm512_loadu_si512(aq + 64 * s));
+        _mm512_storeu_si512(bf->pk[j][i] + g, _mm512_or_si512(_mm512_slli_epi32(s0, 8), ex));
     }
 }
 
