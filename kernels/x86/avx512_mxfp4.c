@@ -111,7 +111,9 @@ INLINE void mx_transpose(const __m512i q[4], __m512i x[4])
 }
 
 /* The 16 block sums of tokens j < NT (w[4h + k]: the unsigned weights of X_k's low (h = 0) or
- * high nibbles), packed with the exponents ex, into pk[j][i] + g. Two chains of 4 vpdpbusd. */
+ * high nibbles), packed with the exponents ex, into pk[j][i] + g. One chain of 8 vpdpbusd:
+ * rows are independent, so the core overlaps chains of consecutive rows (two chains of 4 and
+ * their add took 0-7% more cycles from L2, a tie from DRAM; docs/PERFORMANCE.md "gpt-oss decode, session 15"). */
 INLINE void mx_dots(const __m512i w[8], __m512i ex, int NT, struct mx_buf *bf, size_t i,
                     size_t g)
 {
