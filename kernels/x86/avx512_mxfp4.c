@@ -111,21 +111,19 @@ INLINE void mx_transpose(const __m512i q[4], __m512i x[4])
 }
 
 /* The 16 block sums of tokens j < NT (w[4h + k]: the unsigned weights of X_k's low (h = 0) or
- * high nibbles), packed with the exponents ex, into pk[j][i] + g. Two chains of 4 vpdpbusd. */
+ * high nibbles), packed with the exponents ex, into pk[j][i] + g. One chain of 8 vpdpbusd:
+ * rows are independent, so the core overlaps chains of consecutive rows (two chains of 4 and
+ * their add took 0-7% more cycles from L2, a tie from DRAM; docs/PERFORMANCE.md "gpt-oss decode, session 15"). */
 INLINE void mx_dots(const __m512i w[8], __m512i ex, int NT, struct mx_buf *bf, size_t i,
                     size_t g)
 {
     UNROLL for (int j = 0; j < NT; j++)
     {
         const int8_t *aq = bf->aq[j] + g * 32;
-        __m512i s0 = _mm512_loadu_si512(bf->ans[j] + g), s1 = _mm512_setzero_si512();
-        UNROLL for (int s = 0; s < 8; s += 2)
-        {
-            s0 = _mm512_dpbusd_epi32(s0, w[s], _mm512_loadu_si512(aq + 64 * s));
-            s1 = _mm512_dpbusd_epi32(s1, w[s + 1], _mm512_loadu_si512(aq + 64 * (s + 1)));
-        }
-        _mm512_storeu_si512(bf->pk[j][i] + g,
-                            _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(s0, s1), 8), ex));
+        __m512i s0 = _mm512_loadu_si512(bf->ans[j] + g);
+        UNROLL for (int s = 0; s < 8; s++) s0 =
+            _mm512_dpbusd_epi32(s0, w[s], _mm512_loadu_si512(aq + 64 * s));
+        _mm512_storeu_si512(bf->pk[j][i] + g, _mm512_or_si512(_mm512_slli_epi32(s0, 8), ex));
     }
 }
 

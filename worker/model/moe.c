@@ -140,11 +140,17 @@ static void swiglu_rows(void *arg, size_t b, size_t e, int thread)
         const float *bg = j->L->gate_exps_bias + ex * ffn, *bu = j->L->up_exps_bias + ex * ffn;
         float *g = s->g + r * ffn;
         const float *u = s->u + r * ffn;
+        /* the clamps as comparisons: fminf/fmaxf were calls into libm (not inlined without
+         * -ffast-math, for their NaN rule), ~0.2 ms of a token; a comparison gives the same
+         * bits: a NaN operand fails it and takes the limit, as fminf(NaN, l) and
+         * fmaxf(NaN, -l) return the limit, and the limits are not zero (no signed-zero tie) */
+        const float lim = j->limit, alpha = j->alpha;
         for (size_t i = 0; i < ffn; i++) {
             float gv = g[i] + bg[i], uv = u[i] + bu[i];
-            gv = fminf(gv, j->limit);
-            uv = fminf(fmaxf(uv, -j->limit), j->limit);
-            g[i] = gv / (1.0f + expf(-j->alpha * gv)) * (uv + 1.0f);
+            gv = gv < lim ? gv : lim;
+            uv = uv > -lim ? uv : -lim;
+            uv = uv < lim ? uv : lim;
+            g[i] = gv / (1.0f + expf(-alpha * gv)) * (uv + 1.0f);
         }
     }
 }
