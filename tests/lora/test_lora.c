@@ -1353,7 +1353,8 @@ static void test_apply_fused(void **state)
 }
 
 /*
- * matmul_group_lora (base product + update as one job, tasks that wait for each other) against
+ * matmul_group_lora (base product + update as one job; each tile's expand run by whichever of
+ * its base task and its projection's last shrink finishes second) against
  * matmul_one followed by lora_apply_fused: the same kernels on the same blocks, so the same
  * bits; and the same bits on the calling thread alone and on pools of 2 and 3. Ragged shapes:
  * ffn 700 (a 512-row tile and a 188-row one, which a merged base task computes in two calls

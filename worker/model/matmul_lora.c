@@ -10,19 +10,26 @@
  *           which lora_pack.c lays out back to back for the products of one job (q, k, v;
  *           gate, up): one long stream per (adapter, job), split only into tasks of about
  *           MM_SHRINK_BYTES (session 14);
- *   BASE    tile a (MM_TILE rows) of a product's base rows, once its input is prepared;
- *           with b = 1 ("merged") then the tile's expand too, on the rows it just wrote;
- *   EXPAND  y += s_t T B^T on the same tile's columns for every segment, once the tile and
- *           the product's shrinks are done.
- * Preparation comes first; then base tiles with the update's tasks spread evenly among them
- * by cost (weight elements for the base, adapter bytes for the update), shrinks before
- * expands and each expand MM_LAG base tasks after its tile, so that the participants mostly
- * run one of each kind at a time: the update only reads memory while the base GEMM of a small
- * batch is bound by compute. A base tile whose product has all its shrinks earlier in the
- * list does its expand itself (merged): no EXPAND task, no wait for the tile's flag, and the
- * rows are still in this core's cache (the update's fixed cost at low rank was mostly these
- * tasks: 2-4 % of an 8-stream int4 step at rank 1, perf, session 10). A product that no
- * segment adapts gets no expand at all.
+ *   BASE    tile a (MM_TILE rows) of a product's base rows, once its input is prepared
+ *           (b = 1, "merged": every shrink of its product is earlier in the list).
+ * The expand, y += s_t T B^T on a tile's columns for every segment, is no task of its own
+ * (session 15): it needs two events, the tile's base rows written and its product's shrinks
+ * all done, and the participant that completes the second runs it, at once: the base task
+ * of the tile, or the SHRINK task that finished the product's last units (then for every
+ * tile of the product whose rows are already written). Nobody waits for either event. Until
+ * session 14 an EXPAND task waited on its tile's flag, and a merged tile on its product's
+ * shrinks, whenever the other participant was still running them: at 8 streams, rank 8 on
+ * q,k,v,o, those spins were most of the update's time beyond its kernels (counted, session
+ * 15; docs/PERFORMANCE.md "LoRA fixed cost, session 15").
+ * Preparation comes first, then the first shrinks (MM_PREP_COVER: the other participant
+ * reads adapter rows while the activations are prepared, where it waited for them), then
+ * base tiles with the shrinks spread evenly among them by cost (weight elements for the
+ * base, adapter bytes for the update), so that the participants mostly run one of each kind
+ * at a time: the update only reads memory while the base GEMM of a small batch is bound by
+ * compute. A merged tile's expand follows its base rows on the same core, while the rows are
+ * still in its cache (the update's fixed cost at low rank was mostly separate expand tasks:
+ * 2-4 % of an 8-stream int4 step at rank 1, perf, session 10). A product that no segment
+ * adapts gets no expand at all.
  * The update's weights are requested ahead of use (session 11): a merged tile asks for its
  * expand's panels MM_TAIL rows before its base product ends, a shrink for the rows of the
  * task MM_LOOKAHEAD places on. At low rank the update's kernels are bound by memory latency,
@@ -30,11 +37,13 @@
  * its first lines (perf: 30-80 % of the expand's and the shrink's samples on their first
  * weight loads).
  *
- * NOTES: a task waits (spins, yielding now and then) only for tasks that precede it in the
- * list, which running participants are finishing, so claiming in order cannot deadlock.
- * Completion counters are release/acquire pairs: a PREP's release publishes its activations
- * to the BASE tasks that acquire prep_done, a BASE's tile flag its rows to the EXPAND, a
- * SHRINK's counter its T rows to the EXPANDs.
+ * NOTES: a task waits (spins, yielding now and then) only for the PREP tasks, which precede
+ * it in the list and which running participants are finishing, so claiming in order cannot
+ * deadlock. A PREP's release publishes its activations to the BASE tasks that acquire
+ * prep_done. A tile's counter (tile_done) takes one acq_rel increment per event: the base
+ * task's publishes its rows, the last shrinker's the T rows of every shrink of the product
+ * (it acquired them all through the product's shrink counter, whose increments are acq_rel
+ * too), so whoever reads 1 sees both.
  */
 #include "matmul.h"
 
@@ -58,13 +67,15 @@
                          * 32-column B panels (measured, int4, 8 streams: 256 cost +2-5% at
                          * rank 1 against matmul_group's longer shards, 512 ~0%) */
 #define MM_PREP_TOK 16u /* tokens per activation-preparing task */
-#define MM_LAG 2u       /* an expand task follows its base tile by this many base tasks (2 to 6
-                         * measured alike, session 6) */
 #define MM_MAX MATMUL_LORA_GROUP_MAX
 #define MM_TAIL 128u    /* a merged tile requests its expand's panels this many base rows
                          * before its end (a multiple of 16: whole panels) */
 #define MM_LOOKAHEAD 4u /* a shrink task requests the rows of the task this many places on */
 #define MM_SHRINK_FIRST_RANK 4u /* plans of at most this rank put every shrink first */
+#ifndef MM_PREP_COVER
+#define MM_PREP_COVER 65536.0 /* adapter bytes of shrinks put before the first base tile per
+                               * PREP task: what the other participant reads meanwhile */
+#endif
 #ifndef MM_SHRINK_BYTES
 #define MM_SHRINK_BYTES (128u * 1024u) /* a shrink task reads about this many adapter bytes
                                         * (whole units): long streams, yet enough tasks for
@@ -79,12 +90,12 @@
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
 
-enum { TK_PREP, TK_SHRINK, TK_BASE, TK_EXPAND };
+enum { TK_PREP, TK_SHRINK, TK_BASE };
 
 struct task {
     uint32_t kind, prod; /* prod: the input's index for TK_PREP (SHRINK: unused) */
     uint32_t a, b, c;    /* PREP: tokens [a, b); SHRINK: segment a, units [b, c);
-                          * BASE, EXPAND: tile a */
+                          * BASE: tile a, merged b */
 };
 
 struct job {
@@ -101,10 +112,8 @@ struct job {
     size_t shrink_total[MM_MAX];     /* product -> its shrink units in SHRINK tasks pushed so
                                       * far (while building) */
     size_t shrink_want[MM_MAX];      /* product -> its shrink units in all (0: not adapted) */
-    uint8_t *merged;                 /* [every product's tiles] the base task does the expand
-                                      * (written while building, then read-only) */
     atomic_size_t prep_done[MM_MAX], shrink_done[MM_MAX]; /* PREP tasks; shrink units */
-    atomic_uint *tile_done;          /* [every product's tiles] */
+    atomic_uint *tile_done;          /* [every product's tiles] events of its expand (0-2) */
 };
 
 /* ---- running a task ---------------------------------------------------------------------- */
@@ -127,14 +136,16 @@ static void wait_at_least(atomic_size_t *v, size_t want)
     }
 }
 
-static void wait_flag(atomic_uint *v)
+/* One of the two events tile `tile` of product `prod` waits for has happened (its base rows
+ * are written, or its product's shrinks are all done); true for the second, whose caller
+ * then runs the tile's expand. */
+static inline bool tile_arrive(struct job *j, size_t prod, size_t tile)
 {
-    for (unsigned i = 1; !atomic_load_explicit(v, memory_order_acquire); i++) {
-        cpu_relax();
-        if ((i & 1023) == 0)
-            sched_yield();
-    }
+    return atomic_fetch_add_explicit(&j->tile_done[j->tile0[prod] + tile], 1,
+                                     memory_order_acq_rel) == 1;
 }
+
+static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch);
 
 /* Requests [p, p + bytes) into L2 at once. An update task's weights are a few contiguous
  * blocks of 8-90 KB read once: asking for all of them up front keeps many misses in flight,
@@ -258,7 +269,8 @@ static void shrink_i8(struct job *j, const struct lora_seg *s, const struct piec
 }
 
 /* Units [b, c) of segment a: one kernel call per product (its rows of the stretch), each
- * product's counter raised once its rows are done. */
+ * product's counter raised once its rows are done; the task that completes a product's
+ * shrinks expands every tile of it whose base rows are written. */
 static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
 {
     const struct lora_seg *s = &j->p->segs[tk->a];
@@ -279,8 +291,15 @@ static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
             lora__shrink(ad, w->fa, in, pr->x + s->t0 * in, s->n,
                          j->tmp + pc[q].prod * j->p->tmp_floats + s->tmp0, pc[q].k0, pc[q].k1);
         }
-        atomic_fetch_add_explicit(&j->shrink_done[pc[q].prod], pc[q].units,
-                                  memory_order_release);
+        const size_t prod = pc[q].prod;
+        if (atomic_fetch_add_explicit(&j->shrink_done[prod], pc[q].units,
+                                      memory_order_acq_rel) + pc[q].units !=
+            j->shrink_want[prod])
+            continue;
+        const size_t tiles = (j->g[prod].w->rows + MM_TILE - 1) / MM_TILE;
+        for (size_t t = 0; t < tiles; t++)
+            if (tile_arrive(j, prod, t))
+                expand_tile(j, prod, t, true);
     }
 }
 
@@ -342,20 +361,14 @@ static inline void run_base(struct job *j, const struct task *tk)
         if (MM_PREFETCH)
             prefetch_tile(j, tk->prod, tk->a);
         matmul__rows(pr, &j->A.a[ai], mid, r1);
-        wait_at_least(&j->shrink_done[tk->prod], j->shrink_total[tk->prod]);
-        expand_tile(j, tk->prod, tk->a, false);
+        /* the last shrink may still be running: then its task expands the tile */
+        if (tile_arrive(j, tk->prod, tk->a))
+            expand_tile(j, tk->prod, tk->a, false);
     } else {
         matmul__rows(pr, &j->A.a[ai], r0, r1);
-        atomic_store_explicit(&j->tile_done[j->tile0[tk->prod] + tk->a], 1,
-                              memory_order_release);
+        if (j->shrink_want[tk->prod] && tile_arrive(j, tk->prod, tk->a))
+            expand_tile(j, tk->prod, tk->a, true);
     }
-}
-
-static inline void run_expand(struct job *j, const struct task *tk)
-{
-    wait_at_least(&j->shrink_done[tk->prod], j->shrink_total[tk->prod]);
-    wait_flag(&j->tile_done[j->tile0[tk->prod] + tk->a]);
-    expand_tile(j, tk->prod, tk->a, true);
 }
 
 static void run_task(void *ctx, size_t task, int thread)
@@ -373,9 +386,6 @@ static void run_task(void *ctx, size_t task, int thread)
     case TK_BASE:
         run_base(j, tk);
         break;
-    case TK_EXPAND:
-        run_expand(j, tk);
-        break;
     default:
         CHECK(0);
     }
@@ -384,15 +394,14 @@ static void run_task(void *ctx, size_t task, int thread)
 /* ---- building the task list -------------------------------------------------------------- */
 
 struct counts {
-    size_t prep, shrink, tiles, expand; /* tasks of each kind (shrink: units, so at most;
-                                         * expand: at most) */
+    size_t prep, shrink, tiles; /* tasks of each kind (shrink: units, so at most) */
 };
 
 /* Counts the tasks; fills j->tile0. */
 static struct counts count_tasks(struct job *j, size_t k, size_t n)
 {
     const struct lora_plan *p = j->p;
-    struct counts c = {0, 0, 0, 0};
+    struct counts c = {0, 0, 0};
     for (size_t a = 0; a < j->A.n; a++)
         c.prep += j->A.bytes[a] ? (n + MM_PREP_TOK - 1) / MM_PREP_TOK : 0;
     for (size_t i = 0; i < k; i++) {
@@ -406,7 +415,6 @@ static struct counts count_tasks(struct job *j, size_t k, size_t n)
                     (p->segs[si].ad->cfg.rank + lora__shrink_kb(p->segs[si].ad) - 1) /
                     lora__shrink_kb(p->segs[si].ad);
         c.shrink += j->shrink_want[i];
-        c.expand += j->shrink_want[i] ? tiles : 0; /* no segment adapts it: no expand */
     }
     return c;
 }
@@ -420,7 +428,6 @@ struct cursor {
     size_t sh_s, sh_u;          /* next shrink: segment, unit (shrink_unit) */
     size_t sh_p;                /* ... and product (MM_SHRINK_BY_PROJECTION only) */
     double sh_target;           /* the current segment's bytes per SHRINK task */
-    size_t ex_p, ex_t;          /* next expand: product, tile */
     size_t n_shrink;            /* shrink units written */
 };
 
@@ -444,7 +451,6 @@ static void push_base(struct job *j, struct task *tasks, struct cursor *cu)
     const struct matmul_mat *w = j->g[cu->base_p].w;
     const size_t want = j->shrink_want[cu->base_p];
     const uint8_t merged = want && j->shrink_total[cu->base_p] == want;
-    j->merged[cu->bi] = merged; /* bi: the tile's index over every product */
     tasks[cu->nt++] =
         (struct task){TK_BASE, (uint32_t)cu->base_p, (uint32_t)cu->base_t, merged, 0};
     cu->base_done += (double)MM_TILE * (double)w->cols;
@@ -553,49 +559,11 @@ static void push_shrink(struct job *j, struct task *tasks, struct cursor *cu, si
     }
 }
 
-/* The next expand task, if its base tile is MM_LAG base tasks back (or every base task is
- * out); tiles whose base task does the expand (merged) and products that no segment adapts
- * are passed over. false: none can be written now (or none is left). */
-static bool push_expand(struct job *j, struct task *tasks, struct cursor *cu, size_t k,
-                        size_t n_tiles)
-{
-    const struct lora_plan *p = j->p;
-    for (;;) {
-        if (cu->ex_p == k)
-            return false;
-        size_t tile = j->tile0[cu->ex_p] + cu->ex_t;
-        bool skip = !j->shrink_want[cu->ex_p];
-        if (!skip) {
-            if (cu->bi <= tile) /* its base task is not written yet */
-                return false;
-            skip = j->merged[tile];
-        }
-        if (!skip) {
-            if (cu->bi < n_tiles && cu->bi < tile + MM_LAG)
-                return false;
-            tasks[cu->nt++] = (struct task){TK_EXPAND, (uint32_t)cu->ex_p, (uint32_t)cu->ex_t, 0, 0};
-            for (size_t si = 0; si < p->n_segs; si++) {
-                const struct lora_adapter *ad = p->segs[si].ad;
-                if (lora_weights(ad, j->layer, j->g[cu->ex_p].t))
-                    cu->upd_done += (double)MM_TILE * ad->cfg.rank * lora__fast_elem_bytes(ad);
-            }
-        }
-        if (skip && j->shrink_want[cu->ex_p] == 0) {
-            cu->ex_p++;
-            cu->ex_t = 0;
-        } else if (++cu->ex_t * MM_TILE >= j->g[cu->ex_p].w->rows) {
-            cu->ex_p++;
-            cu->ex_t = 0;
-        }
-        if (!skip)
-            return true;
-    }
-}
-
 /*
- * Base tiles with the update's tasks between them: after each base task, update tasks while
- * the update is behind the base in proportion to their costs (every shrink, then every
- * expand).
+ * Base tiles with the shrinks between them: after each base task, shrinks while the update
+ * is behind the base in proportion to their costs. The update's cost counts its expands too
+ * (they run with the tiles), so the shrinks end where the update's shrink share of the job
+ * does, and the tiles after that are merged.
  */
 static void push_interleaved(struct job *j, struct task *tasks, struct cursor *cu, size_t k,
                              const struct counts *c)
@@ -613,21 +581,20 @@ static void push_interleaved(struct job *j, struct task *tasks, struct cursor *c
         }
     }
     /* rank <= MM_SHRINK_FIRST_RANK: the shrinks are a few KB each; all of them first makes
-     * every base tile merged (no expand task, and by the time a tile is done its shrinks are
-     * too: no spin), where pacing left the first tiles' expands as tasks waiting on flags */
+     * every base tile merged, its expand on the rows still in its core's cache */
     if (p->max_rank <= MM_SHRINK_FIRST_RANK)
         while (cu->n_shrink < c->shrink)
             push_shrink(j, tasks, cu, k);
-    while (cu->bi < c->tiles || cu->n_shrink < c->shrink || cu->ex_p < k) {
+    /* the PREP tasks' participant runs alone until they are done and the base tiles wait for
+     * them; the shrinks read x as it is, so the other participant runs those meanwhile */
+    while (c->prep && cu->n_shrink < c->shrink && cu->upd_done < MM_PREP_COVER * c->prep)
+        push_shrink(j, tasks, cu, k);
+    while (cu->bi < c->tiles || cu->n_shrink < c->shrink) {
         if (cu->bi < c->tiles)
             push_base(j, tasks, cu);
-        while ((cu->n_shrink < c->shrink || cu->ex_p < k) &&
-               (cu->bi == c->tiles || cu->upd_done * base_cost <= cu->base_done * upd_cost)) {
-            if (cu->n_shrink < c->shrink)
-                push_shrink(j, tasks, cu, k);
-            else if (!push_expand(j, tasks, cu, k, c->tiles))
-                break;
-        }
+        while (cu->n_shrink < c->shrink &&
+               (cu->bi == c->tiles || cu->upd_done * base_cost <= cu->base_done * upd_cost))
+            push_shrink(j, tasks, cu, k);
     }
 }
 
@@ -648,16 +615,14 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.tmp = tmp;
     matmul__acts_plan(&j.A, g, k);
     const struct counts c = count_tasks(&j, k, n);
-    const size_t n_tasks = c.prep + c.shrink + c.tiles + c.expand; /* at most */
+    const size_t n_tasks = c.prep + c.shrink + c.tiles; /* at most */
     const size_t flag_off = (n_tasks * sizeof(struct task) + 63) / 64 * 64;
-    const size_t merged_off = flag_off + c.tiles * sizeof(atomic_uint);
     if (!matmul__grow(&mc->act_, &mc->act_cap_, j.A.total ? j.A.total : 64) ||
-        !matmul__grow(&mc->tasks_, &mc->tasks_cap_, merged_off + c.tiles))
+        !matmul__grow(&mc->tasks_, &mc->tasks_cap_, flag_off + c.tiles * sizeof(atomic_uint)))
         return -ENOMEM;
     struct task *tasks = mc->tasks_;
     j.tasks = tasks;
     j.tile_done = (atomic_uint *)((unsigned char *)mc->tasks_ + flag_off);
-    j.merged = (uint8_t *)mc->tasks_ + merged_off;
     for (size_t i = 0; i < c.tiles; i++)
         atomic_init(&j.tile_done[i], 0);
     matmul__acts_init(&j.A, g, mc->act_);
@@ -672,7 +637,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     memset(&cu, 0, sizeof cu);
     push_preps(&j, tasks, &cu, n);
     push_interleaved(&j, tasks, &cu, k, &c);
-    CHECK(cu.nt <= n_tasks && cu.ex_p == k);
+    CHECK(cu.nt <= n_tasks);
     j.n_tasks = cu.nt;
     if (MM_PREFETCH)
         for (size_t i = 0; i < MM_LOOKAHEAD; i++)
