@@ -90,11 +90,6 @@ static void attend(const struct kv_seq *s, uint32_t layer, uint32_t g, const flo
         if (first[r] < start)
             start = first[r];
     }
-    /* the first block's rows of head g: later blocks are requested one block ahead in the
-     * walk, this one would otherwise arrive by demand misses, 16 lines at a time, inside
-     * the tile (at 8 decode streams and short contexts most blocks are a first block) */
-    prefetch_head(p, kv__layer_k(p, s->table[start / p->B], layer) + g * p->head_bytes,
-                  end - start / p->B * p->B);
     if (sk)
         kern_attn_begin_sinks(o, m, l, sk, nr, hd);
     else
