@@ -246,3 +246,55 @@ void kern_lora_shrink_i8q(const void *a, size_t in, size_t rank, const int8_t *q
     CHECK(k0 <= k1 && k1 <= rank && in <= KERN_LORA_I8_IN_MAX);
     lora_shrink_i8q[kern__ops.isa](a, in, rank, qx, xs, xsum, n, t, k0, k1);
 }
+
+/* ---- bf16 shrink on x rounded once (kern.h kern_lora_bf16_x) ---- */
+
+void kern_lora_bf16_x_ref(const float *x, size_t in, size_t n, uint16_t *xb)
+{
+    const size_t ldx = KERN_LORA_BF16_LDX(in);
+    for (size_t i = 0; i < n; i++) {
+        for (size_t c = 0; c < in; c++)
+            xb[i * ldx + c] = half_f32_to_bf16(x[i * in + c]);
+        for (size_t c = in; c < ldx; c++)
+            xb[i * ldx + c] = 0;
+    }
+}
+
+/* kern_lora_shrink_bf16_bf16_ref's sums in its order on the rounded x: the same bits */
+void kern_lora_shrink_bf16x_ref(const void *a_, size_t in, size_t rank, const uint16_t *xb,
+                                size_t n, float *t, size_t k0, size_t k1)
+{
+    const uint16_t *a = a_;
+    const size_t ldx = KERN_LORA_BF16_LDX(in);
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = k0; k < k1; k++) {
+            float acc = 0.0f;
+            for (size_t c = 0; c < in; c++)
+                acc += half_bf16_to_f32(xb[i * ldx + c]) * half_bf16_to_f32(a[k * in + c]);
+            t[i * rank + k] = acc;
+        }
+}
+
+int kern_lora_shrink_rounds_x(enum dtype wt, size_t rank)
+{
+    CHECK((unsigned)wt < DT_COUNT_);
+    return wt == DT_BF16 && kern__ops.type[wt].lora_shrink_lowrank != NULL &&
+           rank <= KERN_LORA_RANK_MAX;
+}
+
+/* _avx512 where kern_lora_shrink takes the _bf16_bf16 kernels (AVX512-BF16), else _ref */
+static int bf16x_fast(void) { return kern__ops.type[DT_BF16].lora_shrink_lowrank != NULL; }
+
+void kern_lora_bf16_x(const float *x, size_t in, size_t n, uint16_t *xb)
+{
+    CHECK(in <= KERN_LORA_BF16_IN_MAX && ((uintptr_t)xb & 63) == 0);
+    (bf16x_fast() ? kern_lora_bf16_x_avx512 : kern_lora_bf16_x_ref)(x, in, n, xb);
+}
+
+void kern_lora_shrink_bf16x(const void *a, size_t in, size_t rank, const uint16_t *xb,
+                            size_t n, float *t, size_t k0, size_t k1)
+{
+    CHECK(k0 <= k1 && k1 <= rank && in <= KERN_LORA_BF16_IN_MAX && ((uintptr_t)xb & 63) == 0);
+    (bf16x_fast() ? kern_lora_shrink_bf16x_avx512 : kern_lora_shrink_bf16x_ref)(a, in, rank, xb,
+                                                                                n, t, k0, k1);
+}

@@ -284,6 +284,24 @@ void kern_lora_i8_quant_x(const float *x, size_t in, size_t n, int8_t *qx, float
 void kern_lora_shrink_i8q(const void *a, size_t in, size_t rank, const int8_t *qx,
                           const float *xs, const int32_t *xsum, size_t n, float *t, size_t k0,
                           size_t k1);
+/*
+ * The bf16 shrink on x already rounded (session 15): where kern_lora_shrink rounds x to bf16
+ * (kern_lora_shrink_rounds_x: the _bf16_bf16 variant, AVX512-BF16 and rank <= KERN_LORA_RANK_MAX)
+ * it did so for every adapter and product; the caller rounds a segment's tokens once per
+ * job's task instead (worker/model/matmul_lora.c), as the int8 path quantizes them.
+ *   kern_lora_bf16_x: x [n][in] f32 -> xb [n][KERN_LORA_BF16_LDX(in)] bf16, round to nearest
+ *     even (the _bf16_bf16 rule), zeros past in; xb 64-byte aligned; in <= KERN_LORA_BF16_IN_MAX.
+ *   kern_lora_shrink_bf16x: t as kern_lora_shrink(DT_BF16, ...) computes it from x when
+ *     kern_lora_shrink_rounds_x(DT_BF16, rank) (the same bits), a: [rank][in] bf16.
+ * Both run the active ISA's variant: _avx512 on AVX512-BF16, else _ref (the AVX2 column is
+ * the scalar twin too: there kern_lora_shrink keeps x in f32 and the caller does not round).
+ */
+#define KERN_LORA_BF16_LDX(in) (((size_t)(in) + 31) / 32 * 32)
+#define KERN_LORA_BF16_IN_MAX 8192u
+int kern_lora_shrink_rounds_x(enum dtype wt, size_t rank);
+void kern_lora_bf16_x(const float *x, size_t in, size_t n, uint16_t *xb);
+void kern_lora_shrink_bf16x(const void *a, size_t in, size_t rank, const uint16_t *xb,
+                            size_t n, float *t, size_t k0, size_t k1);
 
 /* ---- block-sparse (BSR) GEMV (kernels/sparse.c; the file format is worker/formats/bsr.h) --------- */
 

@@ -130,6 +130,12 @@ kern_lora_quant_x_fn kern_lora_i8_quant_x_ref, kern_lora_i8_quant_x_avx2,
     kern_lora_i8_quant_x_avx512;
 kern_lora_shrink_i8q_fn kern_lora_shrink_i8q_ref, kern_lora_shrink_i8q_avx2,
     kern_lora_shrink_i8q_avx512;
+/* x rounded to bf16 once, then the bf16 shrink on it (kern.h kern_lora_bf16_x) */
+typedef void kern_lora_bf16_x_fn(const float *x, size_t in, size_t n, uint16_t *xb);
+typedef void kern_lora_shrink_bf16x_fn(const void *a, size_t in, size_t rank, const uint16_t *xb,
+                                       size_t n, float *t, size_t k0, size_t k1);
+kern_lora_bf16_x_fn kern_lora_bf16_x_ref, kern_lora_bf16_x_avx512;
+kern_lora_shrink_bf16x_fn kern_lora_shrink_bf16x_ref, kern_lora_shrink_bf16x_avx512;
 
 /* ---- block-sparse GEMV (kern.h, kern_bsr_gemv) -------------------------------------------- */
 

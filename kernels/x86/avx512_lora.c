@@ -104,6 +104,19 @@ TGT void shrink_tokens(const uint16_t *a, size_t in, size_t rank, const float *x
     }
 }
 
+/* nt <= 4 tokens: the token count a constant in each instance */
+static void shrink_group(const uint16_t *a, size_t in, size_t rank, const float *x,
+                         const uint16_t *xb, size_t ldx, float *t, size_t k0, size_t k1,
+                         size_t nt)
+{
+    switch (nt) {
+    case 4: shrink_tokens(a, in, rank, x, xb, ldx, t, k0, k1, 4); break;
+    case 3: shrink_tokens(a, in, rank, x, xb, ldx, t, k0, k1, 3); break;
+    case 2: shrink_tokens(a, in, rank, x, xb, ldx, t, k0, k1, 2); break;
+    default: shrink_tokens(a, in, rank, x, xb, ldx, t, k0, k1, 1); break;
+    }
+}
+
 /* x's columns converted to bf16 once per call, for in up to this (stack: 4 tokens x 8192 x
  * 2 bytes = 64 KB, as the int8 shrink's codes); wider inputs convert per block of 4 rank
  * rows. Converting per block redid the conversion rank / 4 times per token (perf, session 13,
@@ -122,15 +135,28 @@ void kern_lora_shrink_bf16_bf16_avx512(const void *a_, size_t in, size_t rank,
         float *ti = t + i0 * rank;
         const size_t nt = n - i0 < 4 ? n - i0 : 4;
         if (xb) /* the same rounding as x32's, once */
-            for (size_t i = 0; i < nt; i++)
-                for (size_t c = 0; c < in; c += 32)
-                    _mm512_store_si512(xbuf + i * ldx + c, (__m512i)x32(xi + i * in, c, in));
-        switch (nt) {
-        case 4: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 4); break;
-        case 3: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 3); break;
-        case 2: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 2); break;
-        default: shrink_tokens(a, in, rank, xi, xb, ldx, ti, k0, k1, 1); break;
-        }
+            kern_lora_bf16_x_avx512(xi, in, nt, xbuf);
+        shrink_group(a, in, rank, xi, xb, ldx, ti, k0, k1, nt);
+    }
+}
+
+void kern_lora_bf16_x_avx512(const float *x, size_t in, size_t n, uint16_t *xb)
+{
+    const size_t ldx = (in + 31) / 32 * 32;
+    for (size_t i = 0; i < n; i++)
+        for (size_t c = 0; c < in; c += 32)
+            _mm512_store_si512(xb + i * ldx + c, (__m512i)x32(x + i * in, c, in));
+}
+
+/* kern_lora_shrink_bf16_bf16_avx512 on x rounded by kern_lora_bf16_x_avx512: the same
+ * instructions on the same bf16 lanes, so the same bits */
+void kern_lora_shrink_bf16x_avx512(const void *a_, size_t in, size_t rank, const uint16_t *xb,
+                                   size_t n, float *t, size_t k0, size_t k1)
+{
+    const size_t ldx = (in + 31) / 32 * 32;
+    for (size_t i0 = 0; i0 < n; i0 += 4) {
+        const size_t nt = n - i0 < 4 ? n - i0 : 4;
+        shrink_group(a_, in, rank, NULL, xb + i0 * ldx, ldx, t + i0 * rank, k0, k1, nt);
     }
 }
 

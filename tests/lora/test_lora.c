@@ -1124,6 +1124,42 @@ static void test_kernels_bf16_dot(void **state)
                     fail_msg("twin expand wrote y[%zu][%zu] outside its range", i, j);
             }
         }
+        /* x rounded once (kern_lora_bf16_x): zeros past in, and the shrink on it gives
+         * the twin's bits */
+        {
+            const size_t ldx = KERN_LORA_BF16_LDX(in);
+            uint16_t *xb = aligned_alloc(64, n * ldx * 2);
+            float *tb = malloc(n * r * 4);
+            memset(xb, 0xff, n * ldx * 2);
+            kern_lora_bf16_x_ref(x, in, n, xb);
+            for (size_t i = 0; i < n; i++)
+                for (size_t q = 0; q < ldx; q++)
+                    assert_int_equal(xb[i * ldx + q],
+                                     q < in ? half_f32_to_bf16(x[i * in + q]) : 0);
+            kern_lora_shrink_bf16x_ref(a, in, r, xb, n, tb, 0, r);
+            assert_memory_equal(tb, t, n * r * 4);
+            if (simd) { /* the AVX-512 twins: the same codes, the same bits as today's shrink */
+                uint16_t *xb2 = aligned_alloc(64, n * ldx * 2);
+                float *ts = malloc(n * r * 4), *tb2 = malloc(n * r * 4);
+                memset(xb2, 0xff, n * ldx * 2);
+                kern_lora_bf16_x_avx512(x, in, n, xb2);
+                assert_memory_equal(xb2, xb, n * ldx * 2);
+                size_t kk = r > 3 ? 2 : 0;
+                kern_lora_shrink_bf16_bf16_avx512(a, in, r, x, n, ts, 0, r);
+                kern_lora_shrink_bf16x_avx512(a, in, r, xb2, n, tb2, kk, r);
+                kern_lora_shrink_bf16x_avx512(a, in, r, xb2, n, tb2, 0, kk);
+                assert_memory_equal(tb2, ts, n * r * 4);
+                /* the entries pick the active ISA's pair (the test's ISA is set) */
+                if (kern_lora_shrink_rounds_x(DT_BF16, r)) {
+                    kern_lora_bf16_x(x, in, n, xb2);
+                    kern_lora_shrink_bf16x(a, in, r, xb2, n, tb2, 0, r);
+                    kern_lora_shrink(DT_BF16, a, in, r, x, n, ts, 0, r);
+                    assert_memory_equal(tb2, ts, n * r * 4);
+                }
+                free(xb2); free(ts); free(tb2);
+            }
+            free(xb); free(tb);
+        }
         if (!simd)
             goto next;
         /* SIMD against the twin, a sub-range of ranks first */
