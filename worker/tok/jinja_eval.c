@@ -2255,6 +2255,8 @@ static int call(struct ev *e, struct frame *f, const struct jn *n, struct jv *ou
                 ns->keys[ns->n] = a.kw[i];
                 ns->vals[ns->n++] = jv_copy(&a.v[i]);
             }
+            if (e->rc)
+                jv_drop(out); /* a refused namespace() must not leave its object behind */
         } else if (callee.fn == FN_DICT) {
             json_t *d = json_object();
             for (size_t i = 0; d && i < a.n && !e->rc; i++) {
