@@ -1,27 +1,24 @@
 /*
- * mxp_bench — is a row-interleaved MXFP4 layout worth a converter change? (issue 13, session 16)
+ * mxp_bench — gpt-oss's expert products on mxfp4 panels against the stored rows (issue 13,
+ * session 16; kernels/include/quant.h "mxfp4 panels", x86/avx512_mxfp4.c).
  *
  * The stored MXFP4 rows (17-byte blocks: E8M0 byte, 16 bytes of split-half nibbles) make the
- * AVX-512 gemv (kernels/x86/avx512_mxfp4.c) rearrange every 16-block group (5 loads, 6
- * vpermt2b, a 4x4 dword transpose), pack each block sum with its exponent, and transpose the
- * packed sums of 16 rows x 16 blocks back to lane = row for the fold: ~23 cycles per 272-byte
- * group from L2, ~40 GB/s a core, about one core's share of the DRAM rate, so the decode's
- * expert jobs read ~35 GB/s where the probe reads 70-86 (docs/PERFORMANCE.md, session 15).
- *
- * The prototype here reads a layout in which that rearrangement was done once, offline: per
- * 16-row panel and block b, 272 bytes = the 16 rows' E8M0 bytes, then for k = 0..3 the 16
- * rows' qs dwords k (dword lane = row). Then the vpdpbusd lanes are rows from the start: 8
- * vpdpbusd with broadcast activation dwords give the 16 rows' block sums in the fold's lane
- * order, with no transposes, no packing and no scratch buffer, in the same integers and the
- * same float steps (fma in block order per 1024-column chunk, the chunks added in order), so
- * the bits equal the stored-layout gemv's (checked here, every call shape).
+ * AVX-512 gemv rearrange every 16-block group (5 loads, 6 vpermt2b, a 4x4 dword transpose),
+ * pack each block sum with its exponent, and transpose the packed sums of 16 rows x 16 blocks
+ * back to lane = row for the fold: ~23 cycles per 272-byte group from L2, about one core's
+ * share of the DRAM rate, so the decode's expert jobs read ~35 GB/s where the probe reads
+ * 70-86 (docs/PERFORMANCE.md, session 15). The panels (repacked at load) have the vpdpbusd
+ * lanes = rows from the start. This bench checks that the panel GEMM gives the stored gemv's
+ * bits (n = 1..4, every product of a job) and times both:
  *
  *   usage: mxp_bench [ring MiB (default 768)] [rounds (default 5)]
- * Prints per round, interleaved: the read probe (bench_bandwidth), then the stored-layout gemv
- * and the prototype on jobs of 8 products of 2880 x 2880 (one decode gate+up job: 4 experts,
- * gate and up; the experts picked at random from a ring larger than L3, so from DRAM) at
- * n = 1, 2, 4 tokens, 2 threads and 1, GB/s of weights; and the same from L2 (one product).
- * Bench-only: no kernel of the engine reads this layout.
+ * Per round, interleaved: the read probe (bench_bandwidth, 2 threads), then the stored-row
+ * product (kern_matmul_act) and the panel GEMM (kern_matmul_act_panels), each best of 2, on
+ * jobs of 8 products of 2880 x 2880 (one decode gate+up job: 4 experts, gate and up) picked at
+ * random from a ring larger than L3 (so from DRAM), at n = 1, 2, 4 tokens, with 2 threads and
+ * 1 (pool_run: the 8 products claimed by the threads as the engine's job does), GB/s of
+ * weights; and the same on one product again and again ("hot": L2/L3). Then the repack's rate
+ * (kern_panels_pack, 1 thread). Bench-only; the engine's loader repacks the experts itself.
  */
 #include "bench_util.h"
 #include "kern.h"
@@ -42,9 +39,9 @@
 /* ---- jobs ------------------------------------------------------------------------------------ */
 
 struct job {
-    uint8_t *stored, *inter; /* the two rings, same products */
+    uint8_t *stored, *inter; /* the two rings, same products: stored rows, panels */
     size_t pick[JOB];        /* products of this job */
-    int variant;             /* 0 stored gemv, 1 interleaved prototype */
+    int variant;             /* 0 stored rows, 1 panels */
     const struct kern_act *a;
     float *y;                /* [n][JOB * ROWS] */
 };
@@ -143,11 +140,11 @@ int main(int argc, char **argv)
                 break;
             }
         if (memcmp(y0, y1, n * JOB * ROWS * sizeof(float)) != 0) {
-            fprintf(stderr, "mxp_bench: n = %zu: the prototype's bits differ\n", n);
+            fprintf(stderr, "mxp_bench: n = %zu: the panels' bits differ\n", n);
             return 1;
         }
     }
-    printf("bits: prototype == stored gemv for n = 1..4 (%d products each)\n", JOB);
+    printf("bits: panels == stored rows for n = 1..4 (%d products each)\n", JOB);
     printf("ring %zu products of %d x %d (%.0f MiB per layout), jobs of %d products\n\n", nmat,
            ROWS, COLS, (double)nmat * MAT / 1048576.0, JOB);
 
@@ -155,8 +152,8 @@ int main(int argc, char **argv)
     if (pool_create(2, POOL_PIN_COMPACT, &p2) != 0 || pool_create(1, POOL_PIN_NONE, &p1) != 0)
         return 1;
     static const size_t ns[] = {1, 2, 4};
-    printf("| round | probe 2T | n | DRAM 2T stored / proto | DRAM 1T stored / proto | L2 1T "
-           "stored / proto | load |\n|---|---|---|---|---|---|---|\n");
+    printf("| round | probe 2T | n | DRAM 2T stored / panels | DRAM 1T stored / panels | hot 1T "
+           "stored / panels | other CPU |\n|---|---|---|---|---|---|---|\n");
     for (int r = 0; r < rounds; r++)
         for (size_t ni = 0; ni < 3; ni++) {
             size_t n = ns[ni];
@@ -168,7 +165,7 @@ int main(int argc, char **argv)
             kern_act_prepare(&a, 0, n);
             struct job j = {st, in, {0}, 0, &a, y0};
             double g[3][2];
-            for (int v = 0; v < 2; v++) { /* stored, proto, stored, proto: best of 2 */
+            for (int v = 0; v < 2; v++) { /* stored, panels, then again: best of 2 */
                 j.variant = v;
                 g[0][v] = run(p2, &j, nmat, 0, 0.25);
                 g[1][v] = run(p1, &j, nmat, 0, 0.25);
@@ -188,6 +185,15 @@ int main(int argc, char **argv)
                    100 * bench_load_end(&ld));
             fflush(stdout);
         }
+    {
+        double t = bench_now();
+        size_t done = 0;
+        for (size_t m = 0; m < nmat && bench_now() - t < 2.0; m++, done++)
+            kern_panels_pack(DT_MXFP4, st + m * MAT, COLS, in + m * MAT, ROWS, 0, ROWS / 16);
+        t = bench_now() - t;
+        printf("\nrepack (kern_panels_pack, 1 thread, from DRAM): %.2f GB/s\n",
+               (double)done * MAT / t / 1e9);
+    }
     pool_destroy(p2);
     pool_destroy(p1);
     return 0;

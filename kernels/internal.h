@@ -148,6 +148,7 @@ kern_mm_fn kern__panels_via_rows;
  * bytes). */
 kern__pack_fn kern__panels_pack_q4_0_ref, kern__panels_pack_q8_0_ref, kern__panels_pack_mxfp4_ref;
 kern__pack_fn kern__q4p_pack_avx512, kern__q8p_pack_avx512; /* x86/avx512_q.c */
+kern__pack_fn kern__mxp_pack_avx512;                         /* x86/avx512_mxfp4.c */
 /* k-quant panels (quant.h "q4_K panels", "q6_K panels"): the repack every ISA runs (panels.c;
  * byte moves, no ISA has its own). */
 kern__pack_fn kern__panels_pack_q4_k, kern__panels_pack_q6_k;

@@ -125,7 +125,7 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                           {MM_(mxfp4, q8_0, avx2, 4), .panel_gemm = kern__panels_via_rows,
                            .panel_pack = kern__panels_pack_mxfp4_ref},
                           {MM_(mxfp4, q8_0, avx512, 8), .panel_gemm = kern_gemm_mxfp4p_q8_0_avx512,
-                           .panel_pack = kern__panels_pack_mxfp4_ref}}},
+                           .panel_pack = kern__mxp_pack_avx512}}},
     /* GGUF k-quants (ref_kq.c, x86/avx*_kq.c): q8_0 activations, ns32 giving the block sums
      * (q4_K/q5_K mins) and ns4 the q6_K -32 correction; the gemm reuses an unpacked
      * super-block over 4 tokens, so it wins from 2 tokens on: bench/kern_bench --only

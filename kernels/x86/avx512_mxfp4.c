@@ -534,6 +534,44 @@ static void mxp_gemm(int vbmi, const void *wp, const struct kern_act *a, float *
     }
 }
 
+/*
+ * The load-time repack (kern_panels_pack; the same bytes as panels.c's scalar pack_ref, tested):
+ * per block, the 16 rows' 16 quant bytes as 4 vectors (vector v, 128-bit lane m = row 4m + v),
+ * one 4x4 dword transpose, so vector g holds dword g of rows 0..15 in order; the E8M0 bytes one
+ * by one. gpt-oss-20b's experts are ~10 GB of it at every start.
+ */
+void kern__mxp_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                           size_t p1)
+{
+    const size_t nb = cols / 32, rb = kern__row_bytes(DT_MXFP4, cols);
+    for (size_t p = p0; p < p1; p++) {
+        const size_t r = p * QUANT_MXP_ROWS, nr = rows - r < QUANT_MXP_ROWS ? rows - r : QUANT_MXP_ROWS;
+        const uint8_t *src = (const uint8_t *)w + r * rb;
+        uint8_t *pp = (uint8_t *)dst + r * rb;
+        for (size_t b = 0; b < nb; b++) {
+            __m512i q[4], x[4];
+            uint8_t *o = pp + quant_mxp_soff(b, nb);
+            for (size_t v = 0; v < 4; v++) {
+                __m512i z = _mm512_setzero_si512();
+                for (size_t m = 0; m < 4; m++) {
+                    const size_t i = 4 * m + v;
+                    if (i < nr)
+                        z = _mm512_mask_broadcast_i32x4(
+                            z, (__mmask16)(0xfu << (4 * m)),
+                            _mm_loadu_si128((const __m128i *)(const void *)(src + i * rb +
+                                                                             b * MX_BB + 1)));
+                }
+                q[v] = z;
+            }
+            mx_transpose(q, x);
+            for (size_t i = 0; i < QUANT_MXP_ROWS; i++)
+                o[i] = i < nr ? src[i * rb + b * MX_BB] : 0;
+            for (size_t g = 0; g < 4; g++)
+                _mm512_storeu_si512((void *)(pp + quant_mxp_qoff(b, nb) + 64 * g), x[g]);
+        }
+    }
+}
+
 /* CPUID.(7,0):ECX bit 1, read once (CPUID traps to the hypervisor in a VM) */
 static int mx_has_vbmi(void)
 {
