@@ -69,11 +69,12 @@ typedef void kern__matmul_fn(enum dtype wt, const void *w, size_t cols, const fl
 /*
  * A panel layout (bytes: kernels/include/quant.h): panels of `rows` rows, block_bytes bytes
  * per row and block (the stored block's, or more where the panel decodes something at load).
- * q4_0/q8_0 (qoff != NULL): block b of a panel keeps the 4-byte groups of its rows' quants
- * interleaved at qoff(b, nb) (group g of row i at + g*64 + i*4, each byte XORed with
- * xor_mask) and the rows' f16 scales at soff(b, nb) + i*2; the stored block is an f16 scale
- * then block_bytes - 2 quant bytes. qoff == NULL: a k-quant layout (quant.h "q4_K panels"),
- * which panels.c packs and unpacks by its dtype.
+ * q4_0/q8_0/mxfp4 (qoff != NULL): block b of a panel keeps the 4-byte groups of its rows'
+ * quants interleaved at qoff(b, nb) (group g of row i at + g*64 + i*4, each byte XORed with
+ * xor_mask) and the rows' scales (hdr bytes each: an f16, or mxfp4's E8M0 byte) at
+ * soff(b, nb) + i*hdr; the stored block is the scale then block_bytes - hdr quant bytes.
+ * qoff == NULL: a k-quant layout (quant.h "q4_K panels"), which panels.c packs and unpacks
+ * by its dtype.
  */
 struct kern__panel_layout {
     size_t rows;
@@ -81,6 +82,7 @@ struct kern__panel_layout {
     uint8_t xor_mask;
     size_t (*qoff)(size_t b, size_t nb);
     size_t (*soff)(size_t b, size_t nb);
+    size_t hdr; /* scale bytes at the head of a stored block (qoff != NULL) */
 };
 
 /* What one ISA runs for one weight type; NULL where the type has no such product. */
@@ -144,8 +146,9 @@ kern_mm_fn kern__matmul_act_f32;
 kern_mm_fn kern__panels_via_rows;
 /* The scalar repack of each panel kind (panels.c), and their AVX-512 versions (the same
  * bytes). */
-kern__pack_fn kern__panels_pack_q4_0_ref, kern__panels_pack_q8_0_ref;
+kern__pack_fn kern__panels_pack_q4_0_ref, kern__panels_pack_q8_0_ref, kern__panels_pack_mxfp4_ref;
 kern__pack_fn kern__q4p_pack_avx512, kern__q8p_pack_avx512; /* x86/avx512_q.c */
+kern__pack_fn kern__mxp_pack_avx512;                         /* x86/avx512_mxfp4.c */
 /* k-quant panels (quant.h "q4_K panels", "q6_K panels"): the repack every ISA runs (panels.c;
  * byte moves, no ISA has its own). */
 kern__pack_fn kern__panels_pack_q4_k, kern__panels_pack_q6_k;

@@ -1,12 +1,13 @@
 /*
  * panels.c — quantized matrices repacked at load time into panels of rows (kern.h,
- * kern_panels_*; layouts: quant.h "q4_0 panels" / "q8_0 panels" / "q4_K panels" / "q6_K
- * panels"; the why: ADR 0004, "load-time q4_0 panels" and addenda "q8_0 panels", "k-quant
- * panels"): the repacking, the way back to stored rows, the
+ * kern_panels_*; layouts: quant.h "q4_0 panels" / "q8_0 panels" / "mxfp4 panels" / "q4_K
+ * panels" / "q6_K panels"; the why: ADR 0004, "load-time q4_0 panels" and addenda "q8_0
+ * panels", "k-quant panels", "mxfp4 panels"): the repacking, the way back to stored rows, the
  * products' entry points and the fallback of ISAs without a panel kernel, for every type whose
  * traits have a panel layout (kern__traits[wt].panels).
  *
- * The AVX-512 GEMMs (x86/avx512_q.c, x86/avx512_kqp.c) read panels directly. Every other ISA
+ * The AVX-512 GEMMs (x86/avx512_q.c, x86/avx512_kqp.c, x86/avx512_mxfp4.c) read panels
+ * directly. Every other ISA
  * has no panel kernel: its variant unpacks one panel's rows back into the stored layout
  * (exactly the bytes of the file) and runs that ISA's stored-row kernel on them, so a
  * repacked model computes there what the stored one did.
@@ -182,7 +183,8 @@ static void pack_ref(enum dtype wt, const void *w, size_t cols, void *dst, size_
                      size_t p0, size_t p1)
 {
     const struct kern__panel_layout *pl = layout(wt);
-    const size_t pr = pl->rows, bb = kern__traits[wt].block_bytes, groups = (bb - 2) / 4;
+    const size_t pr = pl->rows, bb = kern__traits[wt].block_bytes, hdr = pl->hdr;
+    const size_t groups = (bb - hdr) / 4;
     const size_t nb = cols / kern__traits[wt].block, rb = kern__row_bytes(wt, cols);
     for (size_t p = p0; p < p1; p++) {
         uint8_t *pp = (uint8_t *)dst + p * pr * rb; /* the panel (quant.h) */
@@ -194,14 +196,14 @@ static void pack_ref(enum dtype wt, const void *w, size_t cols, void *dst, size_
                 if (!row) { /* rows past the matrix: zero bytes (never XORed) and scales */
                     for (size_t g = 0; g < groups; g++)
                         memset(q + g * 64 + i * 4, 0, 4);
-                    memset(sc + i * 2, 0, 2);
+                    memset(sc + i * hdr, 0, hdr);
                     continue;
                 }
-                const uint8_t *blk = row + b * bb, *qs = blk + 2; /* f16 scale, then quants */
+                const uint8_t *blk = row + b * bb, *qs = blk + hdr; /* scale, then quants */
                 for (size_t g = 0; g < groups; g++)
                     for (size_t j = 0; j < 4; j++)
                         q[g * 64 + i * 4 + j] = qs[4 * g + j] ^ pl->xor_mask;
-                memcpy(sc + i * 2, blk, 2);
+                memcpy(sc + i * hdr, blk, hdr);
             }
         }
     }
@@ -217,6 +219,12 @@ void kern__panels_pack_q8_0_ref(const void *w, size_t cols, void *dst, size_t ro
                                 size_t p1)
 {
     pack_ref(DT_Q8_0, w, cols, dst, rows, p0, p1);
+}
+
+void kern__panels_pack_mxfp4_ref(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                                 size_t p1)
+{
+    pack_ref(DT_MXFP4, w, cols, dst, rows, p0, p1);
 }
 
 void kern_panels_pack(enum dtype wt, const void *w, size_t cols, void *dst, size_t rows,
@@ -240,19 +248,20 @@ void kern_panels_rows(enum dtype wt, const void *wp, size_t cols, size_t r0, siz
         }
         return;
     }
-    const size_t pr = pl->rows, bb = kern__traits[wt].block_bytes, groups = (bb - 2) / 4;
+    const size_t pr = pl->rows, bb = kern__traits[wt].block_bytes, hdr = pl->hdr;
+    const size_t groups = (bb - hdr) / 4;
     const size_t nb = cols / kern__traits[wt].block, rb = kern__row_bytes(wt, cols);
     for (size_t r = r0; r < r1; r++) {
         const uint8_t *pp = (const uint8_t *)wp + r / pr * pr * rb;
         size_t i = r % pr;
         uint8_t *row = (uint8_t *)out + (r - r0) * rb;
         for (size_t b = 0; b < nb; b++) {
-            uint8_t *blk = row + b * bb, *qs = blk + 2;
+            uint8_t *blk = row + b * bb, *qs = blk + hdr;
             const uint8_t *q = pp + pl->qoff(b, nb);
             for (size_t g = 0; g < groups; g++)
                 for (size_t j = 0; j < 4; j++)
                     qs[4 * g + j] = q[g * 64 + i * 4 + j] ^ pl->xor_mask;
-            memcpy(blk, pp + pl->soff(b, nb) + i * 2, 2);
+            memcpy(blk, pp + pl->soff(b, nb) + i * hdr, hdr);
         }
     }
 }
@@ -303,6 +312,8 @@ VIA_ROWS_(q4_k, DT_Q4_K, ref)
 VIA_ROWS_(q4_k, DT_Q4_K, avx2)
 VIA_ROWS_(q6_k, DT_Q6_K, ref)
 VIA_ROWS_(q6_k, DT_Q6_K, avx2)
+VIA_ROWS_(mxfp4, DT_MXFP4, ref)
+VIA_ROWS_(mxfp4, DT_MXFP4, avx2)
 #undef VIA_ROWS_
 
 void kern_matmul_act_panels(enum dtype wt, const void *wp, const struct kern_act *a, float *y,

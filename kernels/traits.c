@@ -18,15 +18,18 @@
 #include "quant.h"
 
 static const struct kern__panel_layout q4_0_panels = {
-    QUANT_Q4P_ROWS, sizeof(struct quant_q4_0), 0x00, quant_q4p_qoff, quant_q4p_soff};
+    QUANT_Q4P_ROWS, sizeof(struct quant_q4_0), 0x00, quant_q4p_qoff, quant_q4p_soff, 2};
 /* q8_0 quants are stored offset by +128 (unsigned bytes for vpdpbusd; quant.h) */
 static const struct kern__panel_layout q8_0_panels = {
-    QUANT_Q8P_ROWS, sizeof(struct quant_q8_0), 0x80, quant_q8p_qoff, quant_q8p_soff};
+    QUANT_Q8P_ROWS, sizeof(struct quant_q8_0), 0x80, quant_q8p_qoff, quant_q8p_soff, 2};
+/* mxfp4: nibbles as stored, the E8M0 bytes of a block together (quant.h "mxfp4 panels") */
+static const struct kern__panel_layout mxfp4_panels = {
+    QUANT_MXP_ROWS, sizeof(struct quant_mxfp4), 0x00, quant_mxp_qoff, quant_mxp_soff, 1};
 /* q4_K: scales and mins decoded to bytes at load (quant.h "q4_K panels"); q6_K: bytes moved */
 static const struct kern__panel_layout q4_k_panels = {QUANT_Q4KP_ROWS, QUANT_Q4KP_ROW_BYTES,
-                                                      0x00, NULL, NULL};
+                                                      0x00, NULL, NULL, 0};
 static const struct kern__panel_layout q6_k_panels = {QUANT_Q6KP_ROWS, QUANT_Q6KP_ROW_BYTES,
-                                                      0x00, NULL, NULL};
+                                                      0x00, NULL, NULL, 0};
 
 /* The scalar ISA's column, the same for every type: the f32 specification. */
 #define REF_MM_ .gemv = kern__matmul_act_f32, .gemm = kern__matmul_act_f32, .gemm_min_n = 1
@@ -116,9 +119,13 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                   .to_f32 = kern__row_mxfp4,
                   .act = KERN__ACT_Q8,
                   .act_offset = 128,
-                  .isa = {{REF_MM_},
-                          {MM_(mxfp4, q8_0, avx2, 4)},
-                          {MM_(mxfp4, q8_0, avx512, 8)}}},
+                  .panels = &mxfp4_panels,
+                  .isa = {{REF_MM_, .panel_gemm = kern__panels_via_rows,
+                           .panel_pack = kern__panels_pack_mxfp4_ref},
+                          {MM_(mxfp4, q8_0, avx2, 4), .panel_gemm = kern__panels_via_rows,
+                           .panel_pack = kern__panels_pack_mxfp4_ref},
+                          {MM_(mxfp4, q8_0, avx512, 8), .panel_gemm = kern_gemm_mxfp4p_q8_0_avx512,
+                           .panel_pack = kern__mxp_pack_avx512}}},
     /* GGUF k-quants (ref_kq.c, x86/avx*_kq.c): q8_0 activations, ns32 giving the block sums
      * (q4_K/q5_K mins) and ns4 the q6_K -32 correction; the gemm reuses an unpacked
      * super-block over 4 tokens, so it wins from 2 tokens on: bench/kern_bench --only

@@ -118,10 +118,10 @@ void kern_matmul_act(const void *w, const struct kern_act *a, float *y, size_t l
                      size_t r1);
 
 /*
- * Quantized matrices repacked at load time into panels of rows (q4_0, q8_0, q4_K and q6_K: 16-row
- * panels, layouts in kernels/include/quant.h "q4_0 panels" / "q8_0 panels" / "q4_K panels" /
- * "q6_K panels"; why: ADR 0004, "load-time q4_0 panels" and addenda "q8_0 panels", "k-quant
- * panels"), by the matrix's stored dtype wt. `wp` points to a
+ * Quantized matrices repacked at load time into panels of rows (q4_0, q8_0, mxfp4, q4_K and
+ * q6_K: 16-row panels, layouts in kernels/include/quant.h "q4_0 panels" / "q8_0 panels" /
+ * "mxfp4 panels" / "q4_K panels" / "q6_K panels"; why: ADR 0004, "load-time q4_0 panels" and
+ * addenda "q8_0 panels", "k-quant panels", "mxfp4 panels"), by the matrix's stored dtype wt. `wp` points to a
  * repacked matrix, never to stored rows, and row ranges start on a panel (r0 % 16 == 0; r1
  * may be the matrix's last row). Same contract as kern_matmul / kern_matmul_act otherwise,
  * with activations prepared for wt (a->wt == wt). A wt without panels aborts.

@@ -60,6 +60,11 @@ kern_mm_fn kern_gemv_mxfp4_q8_0_avx512_plain;
  */
 kern_mm_fn kern_gemm_q4_0p_q8_0_ref, kern_gemm_q4_0p_q8_0_avx2, kern_gemm_q4_0p_q8_0_avx512;
 kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_q8_0_avx512;
+/* mxfp4 panels (quant.h "mxfp4 panels"; x86/avx512_mxfp4.c): _avx512 gives the stored-row
+ * kern_gemm_mxfp4_q8_0_avx512's bits (and so its gemv's) for every n; it uses AVX512-VBMI when
+ * the CPU has it, _avx512_plain never (tests on CPUs that have it). */
+kern_mm_fn kern_gemm_mxfp4p_q8_0_ref, kern_gemm_mxfp4p_q8_0_avx2, kern_gemm_mxfp4p_q8_0_avx512;
+kern_mm_fn kern_gemm_mxfp4p_q8_0_avx512_plain;
 /*
  * q4_K and q6_K panels (quant.h "q4_K panels", "q6_K panels"): _avx512 (x86/avx512_kqp.c) is
  * its own arithmetic, not the stored-row kernel's (its lanes are 4-element groups, here rows),

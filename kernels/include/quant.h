@@ -169,6 +169,36 @@ static_assert(QUANT_Q8P_ROWS * sizeof(struct quant_q8_0) ==
               "a q8_0 panel block holds exactly its 16 stored blocks' bytes");
 
 /*
+ * mxfp4 panels (kern_panels_*, ADR 0004 addendum "mxfp4 panels"; gpt-oss's experts): an mxfp4
+ * matrix [rows][cols] repacked at load so that a 64-byte vector of quants holds the same 4
+ * bytes of 16 rows (lane = row), as q4_0's panels, and the rows' E8M0 bytes of a block lie
+ * together: the stored-row gemv rearranged every 16-block group and transposed its sums back
+ * to lane = row each step (x86/avx512_mxfp4.c; docs/PERFORMANCE.md "gpt-oss decode, session
+ * 16"). With nb = cols / 32 and rb = nb * 17, panel p holds rows 16p..16p+15 (rows past the
+ * matrix are zero bytes) in [p * 16 * rb, (p + 1) * 16 * rb), block b at b * 272:
+ *   the E8M0 bytes: [16]: [i] = e of row i;
+ *   the quants: [4][16][4]: [g][i][j] = qs[4g + j] of row i (unchanged: low nibble element
+ *          4g + j, high nibble 16 + 4g + j).
+ * quant_mxp_qoff / quant_mxp_soff give block b's offsets inside its panel.
+ */
+#define QUANT_MXP_ROWS 16
+#define QUANT_MXP_BLOCK_BYTES 272 /* one block of a panel: 16 E8M0 bytes, 16 rows x 16 quants */
+
+static inline size_t quant_mxp_qoff(size_t b, size_t nb)
+{
+    (void)nb;
+    return b * QUANT_MXP_BLOCK_BYTES + QUANT_MXP_ROWS;
+}
+
+static inline size_t quant_mxp_soff(size_t b, size_t nb)
+{
+    (void)nb;
+    return b * QUANT_MXP_BLOCK_BYTES;
+}
+static_assert(QUANT_MXP_ROWS * sizeof(struct quant_mxfp4) == QUANT_MXP_BLOCK_BYTES,
+              "an mxfp4 panel block holds exactly its 16 stored blocks' bytes");
+
+/*
  * GGUF k-quants (common/dtype.h DT_Q4_K, DT_Q5_K, DT_Q6_K): super-blocks of 256 elements
  * (QUANT_K), byte for byte ggml's block_q4_K / block_q5_K / block_q6_K.
  *  q4_K: 8 sub-blocks of 32, each with a 6-bit scale sc_j and a 6-bit min m_j packed in

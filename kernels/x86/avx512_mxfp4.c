@@ -33,6 +33,7 @@
 #include "quant.h"
 
 #include "avx512_common.h"
+#include "check.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -402,6 +403,175 @@ static void mx_gemv(int vbmi, const void *w, const struct kern_act *a, float *y,
     }
 }
 
+/* ---- on mxfp4 panels (quant.h "mxfp4 panels") -------------------------------------------- */
+
+/*
+ * The panel layout puts row i's qs dword g of block b in dword lane i of the vector at
+ * qoff(b) + 64g, so the vpdpbusd lanes are rows from the start: per block, 8 vpdpbusd with the
+ * token's activation dwords broadcast give the 16 rows' block sums (the same exact integers as
+ * above, from ns32) in the fold's lane order, and the fold is one fma per block and token with
+ * the rows' E8M0 bytes zero-extended from one 16-byte load: no transposes, no packing, no
+ * scratch. Same float steps as the gemm (facc = fma(float(sum), 2^(e-128) * dx, facc) from 0
+ * in block order per KC chunk, the chunks added in order), so the same bits for every n.
+ * Measured against the stored-row gemv: docs/PERFORMANCE.md "gpt-oss decode, session 16".
+ */
+#define MXP_PB QUANT_MXP_BLOCK_BYTES /* bytes per (panel, block) */
+
+/* The 8 unsigned weight vectors of block bw (quant.h: doubled E2M1 + 128): w[g] from the low
+ * nibbles of quant vector g (elements 4g..4g+3 of each row), w[4 + g] from the high ones. */
+INLINE MX_VBMI void mxp_weights_vbmi(const uint8_t *bw, __m512i tab, __m512i w[8])
+{
+    UNROLL for (int g = 0; g < 4; g++)
+    {
+        __m512i l = _mm512_loadu_si512((const void *)(bw + QUANT_MXP_ROWS + 64 * g));
+        w[g] = _mm512_permutexvar_epi8(l, tab);
+        w[4 + g] = _mm512_permutexvar_epi8(_mm512_srli_epi16(l, 4), tab);
+    }
+}
+
+INLINE void mxp_weights_plain(const uint8_t *bw, __m512i tab, __m512i w[8])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    UNROLL for (int g = 0; g < 4; g++)
+    {
+        __m512i l = _mm512_loadu_si512((const void *)(bw + QUANT_MXP_ROWS + 64 * g));
+        w[g] = _mm512_shuffle_epi8(tab, _mm512_and_si512(l, m4));
+        w[4 + g] = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(l, 4), m4));
+    }
+}
+
+/*
+ * Panel pp (nb blocks) for tokens t..t+NT-1 of a: y[t+j][r..r+nr) = the sum over KC chunks in
+ * order of the chunks' fma chains. Two vpdpbusd chains per token and block (low and high
+ * nibbles) keep the dependent run at 4; blocks are independent until their fma.
+ */
+#define MXP_PANEL_FN_(flavour, T, ATTR)                                                      \
+    static ATTR void mxp_panel_##flavour##_##T(const uint8_t *pp, size_t nb,                 \
+                                               const struct kern_act *a, size_t t, float *y, \
+                                               size_t ldy, size_t r, __mmask16 rm)           \
+    {                                                                                        \
+        const __m512i tab = _mm512_load_si512(mx_ukv);                                       \
+        const int8_t *q[T];                                                                  \
+        const int32_t *ns[T];                                                                \
+        const float *d[T];                                                                   \
+        __m512 acc[T];                                                                       \
+        for (int j = 0; j < (T); j++) {                                                      \
+            q[j] = a->q + (t + (size_t)j) * a->ld;                                           \
+            ns[j] = a->ns32 + (t + (size_t)j) * a->cp / 32;                                  \
+            d[j] = a->d + (t + (size_t)j) * a->cp / 32;                                      \
+            acc[j] = _mm512_setzero_ps();                                                    \
+        }                                                                                    \
+        for (size_t c0 = 0; c0 < nb; c0 += MX_KC / 32) {                                     \
+            const size_t c1 = nb - c0 < MX_KC / 32 ? nb : c0 + MX_KC / 32;                   \
+            __m512 f[T];                                                                     \
+            for (int j = 0; j < (T); j++)                                                    \
+                f[j] = _mm512_setzero_ps();                                                  \
+            for (size_t b = c0; b < c1; b++) {                                               \
+                const uint8_t *bw = pp + b * MXP_PB;                                         \
+                UNROLL for (size_t l = 0; l < MXP_PB; l += 64) _mm_prefetch(                 \
+                    (const char *)bw + MX_PF + l, _MM_HINT_T0);                              \
+                __m512i w[8];                                                                \
+                mxp_weights_##flavour(bw, tab, w);                                           \
+                /* 2^23 + e as a float, minus 2^23 + 128: e - 128 exactly */                 \
+                const __m512 em = _mm512_sub_ps(                                             \
+                    _mm512_castsi512_ps(_mm512_or_si512(                                     \
+                        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bw)),          \
+                        _mm512_set1_epi32(MX_F2P23))),                                       \
+                    _mm512_set1_ps(8388608.0f + 128.0f));                                    \
+                UNROLL for (int j = 0; j < (T); j++)                                         \
+                {                                                                            \
+                    const int8_t *qb = q[j] + b * 32;                                        \
+                    int32_t qd[8];                                                           \
+                    memcpy(qd, qb, sizeof qd);                                               \
+                    __m512i s0 = _mm512_set1_epi32(ns[j][b]), s1 = _mm512_setzero_si512();   \
+                    UNROLL for (int g = 0; g < 4; g++)                                       \
+                    {                                                                        \
+                        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(qd[g]));        \
+                        s1 = _mm512_dpbusd_epi32(s1, w[4 + g], _mm512_set1_epi32(qd[4 + g])); \
+                    }                                                                        \
+                    f[j] = _mm512_fmadd_ps(                                                  \
+                        _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),                        \
+                        _mm512_scalef_ps(_mm512_set1_ps(d[j][b]), em), f[j]);                \
+                }                                                                            \
+            }                                                                                \
+            for (int j = 0; j < (T); j++)                                                    \
+                acc[j] = c0 == 0 ? f[j] : _mm512_add_ps(f[j], acc[j]);                       \
+        }                                                                                    \
+        for (int j = 0; j < (T); j++)                                                        \
+            _mm512_mask_storeu_ps(y + (t + (size_t)j) * ldy + r, rm, acc[j]);                \
+    }
+MXP_PANEL_FN_(vbmi, 1, MX_VBMI)
+MXP_PANEL_FN_(vbmi, 2, MX_VBMI)
+MXP_PANEL_FN_(vbmi, 3, MX_VBMI)
+MXP_PANEL_FN_(vbmi, 4, MX_VBMI)
+MXP_PANEL_FN_(plain, 1, )
+MXP_PANEL_FN_(plain, 2, )
+MXP_PANEL_FN_(plain, 3, )
+MXP_PANEL_FN_(plain, 4, )
+#undef MXP_PANEL_FN_
+
+typedef void mxp_panel_fn(const uint8_t *pp, size_t nb, const struct kern_act *a, size_t t,
+                          float *y, size_t ldy, size_t r, __mmask16 rm);
+static mxp_panel_fn *const mxp_panel_fns[2][MX_NT] = {
+    {mxp_panel_plain_1, mxp_panel_plain_2, mxp_panel_plain_3, mxp_panel_plain_4},
+    {mxp_panel_vbmi_1, mxp_panel_vbmi_2, mxp_panel_vbmi_3, mxp_panel_vbmi_4}};
+
+/* Rows [r0, r1) (r0 on a panel) of the panels wp, every token: per panel, tokens by 4 (the
+ * panel's 16 x cols weights, 24 KB at gpt-oss's 2880 columns, stay in L1/L2 between tiles). */
+static void mxp_gemm(int vbmi, const void *wp, const struct kern_act *a, float *y, size_t ldy,
+                     size_t r0, size_t r1)
+{
+    CHECK(r0 % QUANT_MXP_ROWS == 0);
+    const size_t nb = a->cols / 32, pbytes = QUANT_MXP_ROWS * kern__row_bytes(DT_MXFP4, a->cols);
+    for (size_t r = r0; r < r1; r += QUANT_MXP_ROWS) {
+        const size_t nr = r1 - r < QUANT_MXP_ROWS ? r1 - r : QUANT_MXP_ROWS;
+        const __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        const uint8_t *pp = (const uint8_t *)wp + r / QUANT_MXP_ROWS * pbytes;
+        for (size_t t = 0; t < a->n; t += MX_NT) {
+            size_t nt = a->n - t < MX_NT ? a->n - t : MX_NT;
+            mxp_panel_fns[vbmi][nt - 1](pp, nb, a, t, y, ldy, r, rm);
+        }
+    }
+}
+
+/*
+ * The load-time repack (kern_panels_pack; the same bytes as panels.c's scalar pack_ref, tested):
+ * per block, the 16 rows' 16 quant bytes as 4 vectors (vector v, 128-bit lane m = row 4m + v),
+ * one 4x4 dword transpose, so vector g holds dword g of rows 0..15 in order; the E8M0 bytes one
+ * by one. gpt-oss-20b's experts are ~10 GB of it at every start.
+ */
+void kern__mxp_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, size_t p0,
+                           size_t p1)
+{
+    const size_t nb = cols / 32, rb = kern__row_bytes(DT_MXFP4, cols);
+    for (size_t p = p0; p < p1; p++) {
+        const size_t r = p * QUANT_MXP_ROWS, nr = rows - r < QUANT_MXP_ROWS ? rows - r : QUANT_MXP_ROWS;
+        const uint8_t *src = (const uint8_t *)w + r * rb;
+        uint8_t *pp = (uint8_t *)dst + r * rb;
+        for (size_t b = 0; b < nb; b++) {
+            __m512i q[4], x[4];
+            uint8_t *o = pp + quant_mxp_soff(b, nb);
+            for (size_t v = 0; v < 4; v++) {
+                __m512i z = _mm512_setzero_si512();
+                for (size_t m = 0; m < 4; m++) {
+                    const size_t i = 4 * m + v;
+                    if (i < nr)
+                        z = _mm512_mask_broadcast_i32x4(
+                            z, (__mmask16)(0xfu << (4 * m)),
+                            _mm_loadu_si128((const __m128i *)(const void *)(src + i * rb +
+                                                                             b * MX_BB + 1)));
+                }
+                q[v] = z;
+            }
+            mx_transpose(q, x);
+            for (size_t i = 0; i < QUANT_MXP_ROWS; i++)
+                o[i] = i < nr ? src[i * rb + b * MX_BB] : 0;
+            for (size_t g = 0; g < 4; g++)
+                _mm512_storeu_si512((void *)(pp + quant_mxp_qoff(b, nb) + 64 * g), x[g]);
+        }
+    }
+}
+
 /* CPUID.(7,0):ECX bit 1, read once (CPUID traps to the hypervisor in a VM) */
 static int mx_has_vbmi(void)
 {
@@ -425,4 +595,16 @@ void kern_gemv_mxfp4_q8_0_avx512_plain(const void *w, const struct kern_act *a, 
                                        size_t ldy, size_t r0, size_t r1)
 {
     mx_gemv(0, w, a, y, ldy, r0, r1);
+}
+
+void kern_gemm_mxfp4p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y, size_t ldy,
+                                  size_t r0, size_t r1)
+{
+    mxp_gemm(mx_has_vbmi(), wp, a, y, ldy, r0, r1);
+}
+
+void kern_gemm_mxfp4p_q8_0_avx512_plain(const void *wp, const struct kern_act *a, float *y,
+                                        size_t ldy, size_t r0, size_t r1)
+{
+    mxp_gemm(0, wp, a, y, ldy, r0, r1);
 }

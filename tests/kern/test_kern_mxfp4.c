@@ -15,9 +15,14 @@
  *    on a 64-byte aligned copy, on every ISA;
  *  - the AVX-512 gemv (x86/avx512_mxfp4.c, with and without VBMI) gives the bits of the
  *    AVX-512 gemm on every case above, extreme exponents included;
+ *  - mxfp4 panels (quant.h "mxfp4 panels", the loader's repack of the experts): the packed
+ *    bytes where the layout says, the stored rows back byte for byte, zeros past the matrix;
+ *    each panel variant (kern_gemm_mxfp4p_q8_0_*) gives its ISA's stored-row gemm's bits on
+ *    every case above (AVX-512 with and without VBMI), the panel entries kern_matmul_act's;
  *  - batch invariance: every token's row, for n = 1..33 tokens drawn at random, equals its
- *    n = 1 bits through kern_matmul, kern_matmul_act and each gemv and gemm variant, on every
- *    ISA (a MoE expert's token count depends on the rest of the batch).
+ *    n = 1 bits through kern_matmul, kern_matmul_act, kern_matmul_act_panels and each gemv
+ *    and gemm variant, on every ISA (a MoE expert's token count depends on the rest of the
+ *    batch).
  *
  * Stated bounds (S = sum |w*x| of each output, w the dequantized weights):
  *  - variant vs its twin (same int8 activations, exact integer products |w'| <= 12 times
@@ -250,6 +255,93 @@ static void check_gemv_gemm_bits(const struct kern_act *a, const uint8_t *w, siz
 
 static const struct isa_case *g_case;
 
+/* Panels of the case's weights (kern_panels_pack in two ranges, as threads may), checked
+ * byte for byte: the stored rows come back, rows past the matrix are zero bytes, and each block
+ * is where quant.h "mxfp4 panels" says. Returns the aligned buffer. */
+static uint8_t *make_panels(const struct mcase *c)
+{
+    const size_t rows = c->rows, cols = c->cols, nb = cols / 32, np = (rows + 15) / 16;
+    const size_t bytes = kern_panels_bytes(DT_MXFP4, rows, cols);
+    assert_true(kern_panels_supported(DT_MXFP4));
+    assert_int_equal(bytes, np * 16 * c->rb);
+    uint8_t *wp = aligned_alloc(64, round64(bytes)), *back = malloc(rows * c->rb);
+    assert_non_null(wp);
+    assert_non_null(back);
+    memset(wp, 0xa5, bytes); /* rows past the matrix must be written (as zeros) */
+    kern_panels_pack(DT_MXFP4, c->w, cols, wp, rows, 0, np / 2);
+    kern_panels_pack(DT_MXFP4, c->w, cols, wp, rows, np / 2, np);
+    kern_panels_rows(DT_MXFP4, wp, cols, 0, rows, back);
+    assert_memory_equal(back, c->w, rows * c->rb);
+    for (size_t r = 0; r < np * 16; r++)
+        for (size_t b = 0; b < nb; b++) {
+            const uint8_t *pp = wp + r / 16 * 16 * c->rb, *blk = c->w + r * c->rb + b * BB;
+            const size_t i = r % 16;
+            assert_int_equal(pp[quant_mxp_soff(b, nb) + i], r < rows ? blk[0] : 0);
+            for (size_t g = 0; g < 4; g++)
+                for (size_t j = 0; j < 4; j++)
+                    assert_int_equal(pp[quant_mxp_qoff(b, nb) + g * 64 + i * 4 + j],
+                                     r < rows ? blk[1 + 4 * g + j] : 0);
+        }
+    free(back);
+    return wp;
+}
+
+/* The panel products on rows [r0, r1) (r0 rounded down to its panel): each panel variant of
+ * the test's ISA gives its stored-row gemm's bits (the AVX-512 one with and without VBMI: the
+ * arithmetic of x86/avx512_mxfp4.c's gemv and x86/avx512_q.c's gemm), and the entries
+ * kern_matmul_act_panels / kern_matmul_panels give kern_matmul_act's bits on the stored rows;
+ * nothing is written outside the rows. */
+static void check_panels(const struct mcase *c, const struct kern_act *a, size_t ldy, size_t r0,
+                         size_t r1)
+{
+    static const struct {
+        const char *name;
+        enum kern_isa isa;
+        kern_mm_fn *fn, *rows_fn;
+    } pv[] = {
+        {"kern_gemm_mxfp4p_q8_0_ref", KERN_ISA_REF, kern_gemm_mxfp4p_q8_0_ref,
+         kern_gemm_mxfp4_q8_0_ref},
+        {"kern_gemm_mxfp4p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_mxfp4p_q8_0_avx2,
+         kern_gemm_mxfp4_q8_0_avx2},
+        {"kern_gemm_mxfp4p_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_mxfp4p_q8_0_avx512,
+         kern_gemm_mxfp4_q8_0_avx512},
+        {"kern_gemm_mxfp4p_q8_0_avx512_plain", KERN_ISA_AVX512,
+         kern_gemm_mxfp4p_q8_0_avx512_plain, kern_gemm_mxfp4_q8_0_avx512},
+    };
+    r0 = r0 / 16 * 16;
+    uint8_t *wp = make_panels(c);
+    const size_t count = a->n * ldy;
+    float *want = filled(count), *y = filled(count);
+    for (size_t v = 0; v < sizeof pv / sizeof pv[0] + 2; v++) {
+        const char *name = v < sizeof pv / sizeof pv[0] ? pv[v].name
+                           : v == sizeof pv / sizeof pv[0] ? "kern_matmul_act_panels"
+                                                           : "kern_matmul_panels";
+        if (v < sizeof pv / sizeof pv[0] && pv[v].isa != g_case->isa)
+            continue;
+        for (size_t i = 0; i < count; i++)
+            y[i] = want[i] = SENTINEL;
+        if (v < sizeof pv / sizeof pv[0]) {
+            pv[v].rows_fn(c->w, a, want, ldy, r0, r1);
+            pv[v].fn(wp, a, y, ldy, r0, r1);
+        } else {
+            kern_matmul_act(c->w, a, want, ldy, r0, r1);
+            if (v == sizeof pv / sizeof pv[0])
+                kern_matmul_act_panels(DT_MXFP4, wp, a, y, ldy, r0, r1);
+            else
+                kern_matmul_panels(DT_MXFP4, wp, c->cols, a->x, a->n, y, ldy, r0, r1);
+        }
+        for (size_t i = 0; i < count; i++)
+            if (memcmp(&y[i], &want[i], sizeof y[i]) != 0)
+                fail_msg("%s (%s): rows %zu cols %zu n %zu rows [%zu,%zu): y[%zu][%zu] = %.9g, "
+                         "the stored rows give %.9g",
+                         name, g_case->name, c->rows, c->cols, a->n, r0, r1, i / ldy, i % ldy,
+                         y[i], want[i]);
+    }
+    free(y);
+    free(want);
+    free(wp);
+}
+
 /*
  * One case on the test's ISA: its variants against their twins and the spec, and the
  * dispatched kern_matmul / kern_matmul_act against the spec.
@@ -319,6 +411,7 @@ static void run_case(size_t rows, size_t cols, size_t n, int extreme)
 
     if (g_case->isa == KERN_ISA_AVX512)
         check_gemv_gemm_bits(&a, c.w, rows, ldy, r0, r1);
+    check_panels(&c, &a, ldy, r0, r1);
 
     /* the entries of the test's ISA (the scalar one is the spec: bit for bit) */
     for (size_t i = 0; i < n * ldy; i++)
@@ -460,6 +553,7 @@ static void test_batch_invariance(void **state)
         assert_non_null(buf);
         for (size_t t = 0; t < POOL; t++)
             kern_matmul(DT_MXFP4, c.w, cols, c.x + t * cols, 1, alone + t * rows, rows, 0, rows);
+        uint8_t *wp = make_panels(&c);
         size_t pick[POOL];
         for (size_t n = 1; n <= POOL; n++) {
             /* a random n-subset in random order: a partial Fisher-Yates shuffle */
@@ -475,10 +569,14 @@ static void test_batch_invariance(void **state)
             struct kern_act a;
             kern_act_init(&a, DT_MXFP4, x, cols, n, buf);
             kern_act_prepare(&a, 0, n);
-            /* 0: kern_matmul, 1: kern_matmul_act, 2..: the variants of this ISA */
-            for (size_t e = 0; e < 2 + sizeof variants / sizeof variants[0]; e++) {
-                const char *name = e == 0 ? "kern_matmul" : e == 1 ? "kern_matmul_act" : variants[e - 2].name;
-                if (e >= 2 && variants[e - 2].isa != g_case->isa)
+            /* 0: kern_matmul, 1: kern_matmul_act, 2: kern_matmul_act_panels, 3..: the
+             * variants of this ISA */
+            for (size_t e = 0; e < 3 + sizeof variants / sizeof variants[0]; e++) {
+                const char *name = e == 0   ? "kern_matmul"
+                                   : e == 1 ? "kern_matmul_act"
+                                   : e == 2 ? "kern_matmul_act_panels"
+                                            : variants[e - 3].name;
+                if (e >= 3 && variants[e - 3].isa != g_case->isa)
                     continue;
                 for (size_t i = 0; i < n * rows; i++)
                     y[i] = SENTINEL;
@@ -486,8 +584,10 @@ static void test_batch_invariance(void **state)
                     kern_matmul(DT_MXFP4, c.w, cols, x, n, y, rows, 0, rows);
                 else if (e == 1)
                     kern_matmul_act(c.w, &a, y, rows, 0, rows);
+                else if (e == 2)
+                    kern_matmul_act_panels(DT_MXFP4, wp, &a, y, rows, 0, rows);
                 else
-                    variants[e - 2].fn(c.w, &a, y, rows, 0, rows);
+                    variants[e - 3].fn(c.w, &a, y, rows, 0, rows);
                 for (size_t i = 0; i < n; i++)
                     for (size_t r = 0; r < rows; r++) {
                         float got = y[i * rows + r], want = alone[pick[i] * rows + r];
@@ -498,6 +598,7 @@ static void test_batch_invariance(void **state)
                     }
             }
         }
+        free(wp);
         free(buf);
         free(y);
         free(x);

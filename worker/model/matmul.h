@@ -57,7 +57,7 @@ struct pool;
 
 /*
  * A stored weight matrix W [rows][cols], row-major, each row packed per dtype (row_bytes
- * bytes). panels: for a dtype with a panel layout (kern_panels_supported: q4_0, q8_0), the
+ * bytes). panels: for a dtype with a panel layout (kern_panels_supported: q4_0, q8_0, mxfp4, the k-quants), the
  * same matrix repacked at load into 16-row panels for the AVX-512 GEMM (kernels/include/quant.h), or
  * NULL. The products read the panels when they are there; `data` stays valid for every other
  * reader (embedding rows, tools).

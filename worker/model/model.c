@@ -91,16 +91,18 @@ static int knob_on(const char *name)
 }
 
 /* Which stored dtypes get panels: q4_0 unless CLOCHER_Q4_PANELS=0, q8_0 unless
- * CLOCHER_Q8_PANELS=0, q4_K and q6_K unless CLOCHER_KQ_PANELS=0 (one knob per kind so that each
- * can be measured against its stored rows). */
+ * CLOCHER_Q8_PANELS=0, q4_K and q6_K unless CLOCHER_KQ_PANELS=0, mxfp4 (gpt-oss's experts)
+ * unless CLOCHER_MX_PANELS=0 (one knob per kind so that each can be measured against its
+ * stored rows). */
 struct panel_kinds {
-    int q4, q8, kq;
+    int q4, q8, kq, mx;
 };
 
 static int want_panels(const struct panel_kinds *k, const struct matmul_mat *w)
 {
     int kind = (w->dtype == DT_Q4_0 && k->q4) || (w->dtype == DT_Q8_0 && k->q8) ||
-               ((w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) && k->kq);
+               ((w->dtype == DT_Q4_K || w->dtype == DT_Q6_K) && k->kq) ||
+               (w->dtype == DT_MXFP4 && k->mx);
     return kind && kern_panels_supported(w->dtype) && w->cols % 32 == 0 && w->rows > 0;
 }
 
@@ -135,8 +137,9 @@ static int drop_pages(const struct iebin_model *im, uint64_t a, uint64_t b)
 }
 
 /*
- * Repacks every q4_0, q8_0, q4_K and q6_K product matrix into panels (ADR 0004, "load-time
- * q4_0 panels" and the addenda "q8_0 panels", "k-quant panels"): one anonymous mapping
+ * Repacks every q4_0, q8_0, q4_K, q6_K and mxfp4 product matrix into panels (ADR 0004,
+ * "load-time q4_0 panels" and the addenda "q8_0 panels", "k-quant panels", "mxfp4 panels";
+ * gpt-oss's experts are mxfp4 views, one matrix each): one anonymous mapping
  * (transparent huge pages asked for: the products stream it), each matrix's panels 64-byte
  * aligned. With tied embeddings the
  * classifier's panels are a repacked copy of tok_embd, whose stored rows still serve the
@@ -150,8 +153,8 @@ static int drop_pages(const struct iebin_model *im, uint64_t a, uint64_t b)
 static int repack_panels(struct model *m)
 {
     const struct panel_kinds kinds = {knob_on("CLOCHER_Q4_PANELS"), knob_on("CLOCHER_Q8_PANELS"),
-                                      knob_on("CLOCHER_KQ_PANELS")};
-    if (kern_isa() != KERN_ISA_AVX512 || (!kinds.q4 && !kinds.q8 && !kinds.kq))
+                                      knob_on("CLOCHER_KQ_PANELS"), knob_on("CLOCHER_MX_PANELS")};
+    if (kern_isa() != KERN_ISA_AVX512 || (!kinds.q4 && !kinds.q8 && !kinds.kq && !kinds.mx))
         return 0;
     size_t n = product_mats(m, NULL);
     struct matmul_mat **mats = calloc(n, sizeof *mats);

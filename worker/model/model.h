@@ -85,10 +85,11 @@ struct model {
  * validated it)
  * into *m; m->im
  * borrows im. When the kernels run AVX-512 (kern_isa(), so kern_init() first) every q4_0,
- * q8_0, q4_K and q6_K matrix the products read (layers, and the classifier) is also repacked
- * into panels (matmul_mat.panels): as many bytes again as those matrices (q4_K: +2.8%),
- * anonymous memory, written once here; CLOCHER_Q4_PANELS=0 in the environment turns it off
- * for q4_0 matrices, CLOCHER_Q8_PANELS=0 for q8_0 ones, CLOCHER_KQ_PANELS=0 for the k-quants.
+ * q8_0, q4_K, q6_K and mxfp4 matrix the products read (layers, gpt-oss's experts, and the
+ * classifier) is also repacked into panels (matmul_mat.panels): as many bytes again as those
+ * matrices (q4_K: +2.8%), anonymous memory, written once here; CLOCHER_Q4_PANELS=0 in the
+ * environment turns it off for q4_0 matrices, CLOCHER_Q8_PANELS=0 for q8_0 ones,
+ * CLOCHER_KQ_PANELS=0 for the k-quants, CLOCHER_MX_PANELS=0 for mxfp4.
  * The repacked matrices' stored rows are then dropped from this process's view of the file
  * mapping (model_release_stored_rows; matrix by matrix, so the resident size never holds both
  * copies of the weights): `data` stays valid, a read of it faults the file's bytes back in.
