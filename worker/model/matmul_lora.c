@@ -86,11 +86,6 @@
 #endif
 #define MM_SHRINK_PF_ROWS 4u /* a shrink task's first rank rows requested ahead (the kernels
                               * request each block's next rows themselves) */
-#ifndef MM_PIECE
-#define MM_PIECE 64u /* a base task whose product's shrinks are done runs its rows this many at
-                      * a time, each piece's update right after it (0: after the whole tile);
-                      * a multiple of 32: whole GEMM panels and B^T panels */
-#endif
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
@@ -368,11 +363,16 @@ static void prefetch_tile(const struct job *j, size_t prod, size_t tile)
     }
 }
 
-/* y[:, c0:c1) += the update of product `prod`, for every segment (shrinks done). */
-static void expand_cols(struct job *j, size_t prod, size_t c0, size_t c1)
+/* y += the update on tile `tile` of product `prod`, for every segment (shrinks done); fetch:
+ * its panels are not requested yet. */
+static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
 {
     const struct lora_plan *p = j->p;
     const struct matmul_prod *pr = &j->g[prod];
+    size_t c0 = tile * MM_TILE, out = pr->w->rows;
+    size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
+    if (MM_PREFETCH && fetch)
+        prefetch_tile(j, prod, tile);
     for (size_t si = 0; si < p->n_segs; si++) {
         const struct lora_seg *s = &p->segs[si];
         const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
@@ -383,17 +383,6 @@ static void expand_cols(struct job *j, size_t prod, size_t c0, size_t c1)
     }
 }
 
-/* y += the update on tile `tile` of product `prod`, for every segment (shrinks done); fetch:
- * its panels are not requested yet. */
-static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
-{
-    size_t c0 = tile * MM_TILE, out = j->g[prod].w->rows;
-    size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
-    if (MM_PREFETCH && fetch)
-        prefetch_tile(j, prod, tile);
-    expand_cols(j, prod, c0, c1);
-}
-
 static inline void run_base(struct job *j, const struct task *tk)
 {
     size_t ai = j->A.of[tk->prod];
@@ -401,28 +390,7 @@ static inline void run_base(struct job *j, const struct task *tk)
     const struct matmul_prod *pr = &j->g[tk->prod];
     size_t r0 = (size_t)tk->a * MM_TILE, rows = pr->w->rows;
     size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
-    const size_t want = j->shrink_want[tk->prod];
     /* MM_TILE rows are whole panels: tiles start on one */
-    if (MM_PIECE && want &&
-        atomic_load_explicit(&j->shrink_done[tk->prod], memory_order_acquire) == want) {
-        /* the product's T rows are all written (the acquire sees every shrinker's release):
-         * the update follows the base rows MM_PIECE at a time, while those rows of y are
-         * still in this core's L1/L2 (session 16; a whole tile's y, 8 tokens x 512 columns,
-         * had left them behind 1 MB of weights when its expand ran after the tile). The same
-         * kernels on the same columns: the same bits. */
-        if (MM_PREFETCH)
-            prefetch_tile(j, tk->prod, tk->a);
-        for (size_t q0 = r0; q0 < r1; q0 += MM_PIECE) {
-            const size_t q1 = q0 + MM_PIECE < r1 ? q0 + MM_PIECE : r1;
-            matmul__rows(pr, &j->A.a[ai], q0, q1);
-            expand_cols(j, tk->prod, q0, q1);
-        }
-        /* both events at once: the last shrinker's tile_arrive then reads 2 or more and
-         * leaves the tile alone */
-        atomic_fetch_add_explicit(&j->tile_done[j->tile0[tk->prod] + tk->a], 2,
-                                  memory_order_acq_rel);
-        return;
-    }
     if (tk->b) { /* merged: the product's shrinks precede this task */
         /* the expand's panels are requested MM_TAIL rows before the base product ends, so
          * that they arrive while it computes: requested at the expand, each tile waited for
@@ -442,7 +410,7 @@ static inline void run_base(struct job *j, const struct task *tk)
             expand_tile(j, tk->prod, tk->a, false);
     } else {
         matmul__rows(pr, &j->A.a[ai], r0, r1);
-        if (want && tile_arrive(j, tk->prod, tk->a))
+        if (j->shrink_want[tk->prod] && tile_arrive(j, tk->prod, tk->a))
             expand_tile(j, tk->prod, tk->a, true);
     }
 }
