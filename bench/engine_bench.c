@@ -7,10 +7,17 @@
  *            engine steps are timed; the stream counts are interleaved within each of --reps
  *            repetitions and the median is reported, with the ratio to the first count, and
  *            the best repetition (wall_tps_best: on a loaded machine, the least disturbed).
- *   lora     the same N-stream decode batch base-only and with adapter sets (--set
- *            LABEL=a,b,c,d: stream i uses adapter i mod 4), interleaved within each
- *            repetition (rotating the order); the median over repetitions of the per-repetition
- *            ratio set/base is reported.
+ *   lora     the N-stream decode batch of each adapter set (--set LABEL=a,b,c,d: stream i
+ *            uses adapter i mod 4), its steps in pairs (session 16): one step of the batch
+ *            base-only (engine__set_lora_bypass: the same requests, KV and positions, no
+ *            adapter) and one adapted, the order alternating pair by pair (A B, B A, ...),
+ *            --steps pairs per run, the sets' runs rotating within each of --reps
+ *            repetitions. The overhead is the median over every pair of the pair's ratio
+ *            adapted / base, in process CPU time and (apart) in wall time, with the spread:
+ *            the pairs' p25-p75 and the range of the repetitions' own medians. A pair is two
+ *            steps ~0.1 s apart, so the load a neighbour puts on the memory bus is nearly
+ *            the same for both (until session 15 base and adapted were separate runs of 16
+ *            steps, seconds apart, and the table moved by several points between runs).
  *   prefill  --prefill-prompts prompts of --prefill-len tokens submitted at once (max_new 1):
  *            time until all have their first token, and each one's ttft.
  *
@@ -21,6 +28,7 @@
  */
 #include "bench_util.h"
 #include "engine.h"
+#include "engine_internal.h"
 #include "err.h"
 #include "hotrepl.h"
 #include "log.h"
@@ -118,7 +126,8 @@ static double median(const double *v, size_t n) { return quantile(v, n, 0.5); }
 struct sample {
     double wall, cpu, other; /* seconds, seconds, neighbours' share of the machine */
     uint64_t tokens;
-    double step_cpu[MAX_STEPS]; /* CPU seconds of each timed step */
+    double step_cpu[MAX_STEPS];  /* CPU seconds of each timed step */
+    double step_wall[MAX_STEPS]; /* wall seconds of each timed step */
 };
 
 /* Steps until no request is active (after cancelling them all). */
@@ -137,11 +146,14 @@ static int drain(struct engine *e, const uint64_t *ids, size_t n)
 
 /*
  * One decode measurement: n streams, stream i with adapter names[i % n_names] (n_names 0 =
- * base), brought into decode, `warm` steps, then `steps` timed steps.
+ * base), brought into decode, `warm` steps, then `steps` timed steps. paired: the timed
+ * steps alternate base-only and adapted in pairs (lora mode): pair k is steps 2k and 2k + 1,
+ * the base-only one first when (k + seed) is even; step_cpu/step_wall[2k] is then the base
+ * step's, [2k + 1] the adapted one's, whichever ran first.
  */
 static int decode_run(struct engine *e, struct counter *c, size_t n, const char *const *names,
                       size_t n_names, uint32_t warm, uint32_t steps, uint32_t seed,
-                      struct sample *out)
+                      bool paired, struct sample *out)
 {
     int32_t prompts[MAX_STREAMS][8];
     uint64_t ids[MAX_STREAMS];
@@ -181,11 +193,23 @@ static int decode_run(struct engine *e, struct counter *c, size_t n, const char 
     bench_load_begin(&ld);
     double w0 = bench_now(), c0 = cpu_seconds();
     for (uint32_t s = 0; s < steps; s++) {
-        double cs = cpu_seconds();
-        if ((rc = engine_step(e, &active)))
-            return rc;
-        out->step_cpu[s] = cpu_seconds() - cs;
+        /* paired: within pair k = s / 2, the base-only step first when (k + seed) is even */
+        const bool first = s % 2 == 0, base_first = (s / 2 + seed) % 2 == 0;
+        const bool base = paired && first == base_first;
+        const uint32_t slot = !paired ? s : base ? s / 2 * 2 : s / 2 * 2 + 1;
+        if (paired)
+            engine__set_lora_bypass(e, base);
+        double cs = cpu_seconds(), ws = bench_now();
+        rc = engine_step(e, &active);
+        out->step_wall[slot] = bench_now() - ws;
+        out->step_cpu[slot] = cpu_seconds() - cs;
+        if (rc)
+            break;
     }
+    if (paired)
+        engine__set_lora_bypass(e, false);
+    if (rc)
+        return rc;
     out->cpu = cpu_seconds() - c0;
     out->wall = bench_now() - w0;
     out->other = bench_load_end(&ld);
@@ -216,7 +240,7 @@ static int mode_scale(struct engine *e, struct counter *c, const struct opts *o)
             /* rotate the order so no count always runs first after a pause */
             size_t j = (k + r) % o->n_counts;
             int rc = decode_run(e, c, o->counts[j], NULL, 0, o->warm, o->steps,
-                                r * 97 + (uint32_t)j, &smp[j][r]);
+                                r * 97 + (uint32_t)j, false, &smp[j][r]);
             if (rc)
                 return rc;
         }
@@ -251,58 +275,59 @@ static int mode_scale(struct engine *e, struct counter *c, const struct opts *o)
 
 static int mode_lora(struct engine *e, struct counter *c, const struct opts *o)
 {
-    static struct sample smp[MAX_SETS + 1][MAX_REPS]; /* [0] = base */
-    size_t n_cfg = o->n_sets + 1;
+    static struct sample smp[MAX_SETS][MAX_REPS];
+    const uint32_t steps = 2 * o->steps; /* pairs of steps */
     for (uint32_t r = 0; r < o->reps; r++)
-        for (size_t k = 0; k < n_cfg; k++) {
-            size_t j = (k + r) % n_cfg;
-            const char *const *names = j ? o->set_names[j - 1] : NULL;
-            int rc = decode_run(e, c, o->streams, names, j ? 4 : 0, o->warm, o->steps,
-                                r * 97 + (uint32_t)j, &smp[j][r]);
+        for (size_t k = 0; k < o->n_sets; k++) {
+            size_t j = (k + r) % o->n_sets; /* rotate the sets' order */
+            int rc = decode_run(e, c, o->streams, o->set_names[j], 4, o->warm, steps,
+                                r * 97 + (uint32_t)j, true, &smp[j][r]);
             if (rc)
                 return rc;
         }
-    /* every timed step of a configuration, over all repetitions: the ratio of their medians
-     * is robust to bursts of a neighbour that hit a few steps */
-    static double steps_all[MAX_SETS + 1][MAX_REPS * MAX_STEPS];
-    size_t n_all = (size_t)o->reps * o->steps;
-    for (size_t j = 0; j < n_cfg; j++)
-        for (uint32_t r = 0; r < o->reps; r++)
-            memcpy(&steps_all[j][(size_t)r * o->steps], smp[j][r].step_cpu,
-                   o->steps * sizeof(double));
-    double base_step = median(steps_all[0], n_all);
-    for (size_t j = 0; j < n_cfg; j++) {
-        double cpu_tps[MAX_REPS], wall_tps[MAX_REPS], rc_[MAX_REPS], rw[MAX_REPS];
-        double other[MAX_REPS];
+    const size_t n_pairs = (size_t)o->reps * o->steps;
+    static double rc_[MAX_REPS * MAX_STEPS / 2], rw[MAX_REPS * MAX_STEPS / 2];
+    static double base_cpu[MAX_REPS * MAX_STEPS / 2], set_cpu[MAX_REPS * MAX_STEPS / 2];
+    for (size_t j = 0; j < o->n_sets; j++) {
+        double rep_med[MAX_REPS], other[MAX_REPS], cpu_tps[MAX_REPS];
         for (uint32_t r = 0; r < o->reps; r++) {
-            cpu_tps[r] = (double)smp[j][r].tokens / (smp[j][r].cpu / o->threads);
-            wall_tps[r] = (double)smp[j][r].tokens / smp[j][r].wall;
-            /* slowdown: time per token with the set over base, same repetition */
-            rc_[r] = smp[j][r].cpu / smp[0][r].cpu;
-            rw[r] = smp[j][r].wall / smp[0][r].wall;
-            other[r] = smp[j][r].other;
+            const struct sample *sm = &smp[j][r];
+            for (uint32_t k = 0; k < o->steps; k++) {
+                size_t i = (size_t)r * o->steps + k;
+                base_cpu[i] = sm->step_cpu[2 * k];
+                set_cpu[i] = sm->step_cpu[2 * k + 1];
+                rc_[i] = set_cpu[i] / base_cpu[i];
+                rw[i] = sm->step_wall[2 * k + 1] / sm->step_wall[2 * k];
+            }
+            rep_med[r] = median(rc_ + (size_t)r * o->steps, o->steps);
+            other[r] = sm->other;
+            cpu_tps[r] = (double)sm->tokens / (sm->cpu / o->threads);
         }
-        const char *label = j ? o->set_label[j - 1] : "base";
-        double mrc = median(rc_, o->reps), mrw = median(rw, o->reps);
-        /* the spread of the per-repetition ratios: the machine is shared, say how noisy */
-        double step_ratio = median(steps_all[j], n_all) / base_step;
-        json_t *js = json_pack("{s:s, s:s, s:I, s:i, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, "
-                               "s:f, s:f, s:f}",
-                               "mode", "lora", "set", label, "streams",
-                               (json_int_t)o->streams, "threads", o->threads, "steps",
-                               (json_int_t)o->steps, "reps", (json_int_t)o->reps, "wall_tps",
-                               median(wall_tps, o->reps), "cpu_tps", median(cpu_tps, o->reps),
-                               "step_cpu_ms", 1e3 * median(steps_all[j], n_all),
-                               "slowdown_cpu_steps", step_ratio, "slowdown_cpu", mrc,
-                               "slowdown_cpu_p25",
-                               quantile(rc_, o->reps, 0.25), "slowdown_cpu_p75",
-                               quantile(rc_, o->reps, 0.75), "slowdown_wall", mrw,
-                               "neighbour_load", median(other, o->reps));
+        double lo = rep_med[0], hi = rep_med[0];
+        for (uint32_t r = 1; r < o->reps; r++) {
+            lo = rep_med[r] < lo ? rep_med[r] : lo;
+            hi = rep_med[r] > hi ? rep_med[r] : hi;
+        }
+        const double mrc = median(rc_, n_pairs), mrw = median(rw, n_pairs);
+        const double mb = median(base_cpu, n_pairs), ms = median(set_cpu, n_pairs);
+        json_t *js = json_pack(
+            "{s:s, s:s, s:I, s:i, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+            "s:f, s:f, s:f, s:f}",
+            "mode", "lora", "set", o->set_label[j], "streams", (json_int_t)o->streams,
+            "threads", o->threads, "pairs", (json_int_t)o->steps, "reps", (json_int_t)o->reps,
+            "pairs_total", (json_int_t)n_pairs, "cpu_tps_mixed", median(cpu_tps, o->reps),
+            "base_step_cpu_ms", 1e3 * mb, "step_cpu_ms", 1e3 * ms, "slowdown_cpu_steps",
+            ms / mb, "slowdown_cpu", mrc, "slowdown_cpu_p25", quantile(rc_, n_pairs, 0.25),
+            "slowdown_cpu_p75", quantile(rc_, n_pairs, 0.75), "slowdown_cpu_rep_min", lo,
+            "slowdown_cpu_rep_max", hi, "slowdown_wall", mrw, "slowdown_wall_p25",
+            quantile(rw, n_pairs, 0.25), "slowdown_wall_p75", quantile(rw, n_pairs, 0.75),
+            "neighbour_load", median(other, o->reps));
         emit(js);
-        fprintf(stderr, "%-8s: %7.2f tok/s cpu, %7.2f wall; time vs base: %+.1f%% cpu, %+.1f%% "
-                "wall, %+.1f%% median step cpu\n", label, median(cpu_tps, o->reps),
-                median(wall_tps, o->reps), 100 * (mrc - 1), 100 * (mrw - 1),
-                100 * (step_ratio - 1));
+        fprintf(stderr, "%-8s: %zu pairs; adapted / base step: %+.1f%% cpu (p25-p75 %+.1f..%+.1f, "
+                "repetitions %+.1f..%+.1f), %+.1f%% wall; median steps %.2f / %.2f ms cpu\n",
+                o->set_label[j], n_pairs, 100 * (mrc - 1),
+                100 * (quantile(rc_, n_pairs, 0.25) - 1), 100 * (quantile(rc_, n_pairs, 0.75) - 1),
+                100 * (lo - 1), 100 * (hi - 1), 100 * (mrw - 1), 1e3 * ms, 1e3 * mb);
     }
     return 0;
 }
@@ -377,7 +402,8 @@ static void usage(FILE *f)
 "usage: engine_bench --model-dir DIR --mode scale|lora|prefill [options]\n"
 "  --threads N          compute threads (default 2)\n"
 "  --reps N             repetitions, interleaved; medians reported (default 5)\n"
-"  --steps N            timed decode steps per measurement (default 16)\n"
+"  --steps N            timed decode steps per measurement (default 16; lora: pairs of\n"
+"                       steps, one base-only and one adapted)\n"
 "  --warm N             untimed decode steps first (default 2)\n"
 "  --streams LIST       scale: stream counts, e.g. 1,2,4,8,16; lora: one count (default 8)\n"
 "  --adapter NAME=DIR   load an adapter (repeatable)\n"
@@ -492,6 +518,11 @@ int main(int argc, char **argv)
         o.steps < 1 || o.steps > MAX_STEPS || o.prefill_prompts < 1 || o.prefill_prompts > MAX_STREAMS ||
         o.prefill_len < 2 || o.step_tokens < 16 || o.kv_mib < 1) {
         usage(stderr);
+        return 2;
+    }
+    if (!strcmp(o.mode, "lora") && (o.steps > MAX_STEPS / 2 || o.n_sets == 0)) {
+        fprintf(stderr, "engine_bench: lora mode wants one --set at least and --steps <= %d "
+                "(pairs)\n", MAX_STEPS / 2);
         return 2;
     }
     size_t max_n = 0;

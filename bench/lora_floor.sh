@@ -13,22 +13,29 @@
 #                   per-rank-row f32 scales, rank padded to a multiple of 4 in B (int8,
 #                   --lora-weights int8; docs/LORA.md). Every adapter is read once per step per
 #                   projection (the engine makes each adapter's rows one segment).
-# The overhead is engine_bench's median over repetitions of the per-repetition CPU-time ratio
-# (adapted / base) - 1, checked against the target (≤ 1.15 × floor + 1 point); beside it the
-# ratio of the median step over every step (steadier when a neighbour bursts). The machine is
-# shared, so only ratios within one run mean anything.
+# The overhead is measured in pairs of steps of one batch (engine_bench --mode lora, session
+# 16): the same 8 requests step once base-only (their adapters bypassed) and once adapted,
+# the order alternating pair by pair, REPS runs of STEPS pairs per set; overhead = median over
+# every pair of (adapted step / base step) - 1, in process CPU time, beside its spread (the
+# pairs' p25-p75 and the range of the REPS runs' own medians) and the wall-time figure, kept
+# apart. Until session 15 base and adapted were separate runs seconds apart and rows moved by
+# several points between runs. The machine is shared, so only ratios within one run mean
+# anything.
 #
 # Env (defaults keep the run short: the machine is shared; the full table is
 #   DTYPES="int4 int8" TARGETS="qv qkvo all" RANKS="8 16 32" WEIGHTS="bf16 int8" REPS=9):
-#   BUILD_DIR (build/release), MODELS (/work/models), SCRATCH (/work/scratch/lora: adapters
+#   BUILD_DIR (build/release), MODELS (/work/models), BASE_DIR (printf pattern of a base's
+#   directory from its dtype; default $MODELS/tinyllama-1.1b-%s), SCRATCH (/work/scratch/lora: adapters
 #   that are not in MODELS are synthesized there), DTYPES (int4), TARGETS (qv), RANKS (8),
-#   WEIGHTS (bf16: the serving copy, --lora-weights), REPS (3), STEPS (8), THREADS (2),
+#   WEIGHTS (bf16: the serving copy, --lora-weights), REPS (3: runs per set), STEPS (8:
+#   pairs of steps per run; REPS x STEPS pairs in all, >= 5 per run asked), THREADS (2),
 #   RANK1 (0: 1 adds a rank-1 all-projection set, the update's fixed cost).
 # Prints markdown: one table per base dtype.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build/release}
 models=${MODELS:-/work/models}
+base_pat=${BASE_DIR:-$models/tinyllama-1.1b-%s}
 scratch=${SCRATCH:-/work/scratch/lora}
 dtypes=${DTYPES:-int4}
 targets=${TARGETS:-qv}
@@ -87,14 +94,15 @@ base_bytes() {
 }
 
 echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs (shared with other jobs: ratios within one run only), load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "Commit $(git rev-parse --short HEAD), $threads threads, 8 streams, 4 distinct adapters, $reps interleaved repetitions of $steps steps"
+echo "Commit $(git rev-parse --short HEAD), $threads threads, 8 streams, 4 distinct adapters; per set $reps runs of $steps pairs of steps (base-only, adapted; order alternating)"
 echo
 for dt in $dtypes; do
-  base=$models/tinyllama-1.1b-$dt
+  # shellcheck disable=SC2059
+  base=$(printf "$base_pat" "$dt")
   bb=$(base_bytes "$base")
   echo "### $dt base ($bb bytes read per step)"
   echo
-  echo "| targets | rank | adapter weights | floor | overhead (CPU) | p25–p75 | by median step (CPU) | overhead (wall) | ≤ 1.15 × floor + 1 pt |"
+  echo "| targets | rank | adapter weights | floor | overhead (CPU, median of pairs) | pairs p25–p75 | runs' medians | overhead (wall) | ≤ 1.15 × floor + 1 pt |"
   echo "|---|---|---|---|---|---|---|---|---|"
   for w in $weights; do
     for tg in $targets; do
@@ -116,13 +124,13 @@ for dt in $dtypes; do
       done
       "$eb" --model-dir "$base" --threads "$threads" --mode lora --streams 8 --reps "$reps" \
           --steps "$steps" --lora-weights "$w" "${args[@]}" "${sets[@]}" 2>/dev/null |
-        jq -r 'select(.set != "base") | "\(.set) \((.slowdown_cpu-1)*100) \((.slowdown_cpu_p25-1)*100) \((.slowdown_cpu_p75-1)*100) \((.slowdown_wall-1)*100) \((.slowdown_cpu_steps-1)*100)"' |
-        while read -r set o p25 p75 ow os; do
+        jq -r '"\(.set) \((.slowdown_cpu-1)*100) \((.slowdown_cpu_p25-1)*100) \((.slowdown_cpu_p75-1)*100) \((.slowdown_wall-1)*100) \((.slowdown_cpu_rep_min-1)*100) \((.slowdown_cpu_rep_max-1)*100)"' |
+        while read -r set o p25 p75 ow rlo rhi; do
           f=${floor[$set]}
-          awk -v set="$set" -v w="$w" -v f="$f" -v o="$o" -v p25="$p25" -v p75="$p75" -v ow="$ow" -v os="$os" 'BEGIN {
+          awk -v set="$set" -v w="$w" -v f="$f" -v o="$o" -v p25="$p25" -v p75="$p75" -v ow="$ow" -v rlo="$rlo" -v rhi="$rhi" 'BEGIN {
             split(set, s, "-r"); ok = o <= 1.15 * f + 1 ? "yes" : "no"
-            printf "| %s | %s | %s | %.2f%% | %+.1f%% | %+.1f%% – %+.1f%% | %+.1f%% | %+.1f%% | %s (%.1f%%) |\n",
-                   s[1], s[2], w, f, o, p25, p75, os, ow, ok, 1.15 * f + 1 }'
+            printf "| %s | %s | %s | %.2f%% | %+.1f%% | %+.1f%% – %+.1f%% | %+.1f%% – %+.1f%% | %+.1f%% | %s (%.1f%%) |\n",
+                   s[1], s[2], w, f, o, p25, p75, rlo, rhi, ow, ok, 1.15 * f + 1 }'
         done
       unset floor
     done

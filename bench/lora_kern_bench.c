@@ -6,7 +6,8 @@
  * each of 7 repetitions and are timed in thread CPU time (the machine is shared: wall time
  * measures the neighbours). The weights are synthetic (their values do not change the work)
  * and 4 x 22 x 7 blocks of them, 25-200 MB, far larger than the caches, as in a step.
- * Prints one line: bytes per step, best and mean ms of each, the int8 / bf16 time ratios.
+ * Prints one line: bytes per step, best and mean ms of each, the int8 / bf16 time ratios
+ * (and a second for bf16x, below).
  *
  * `lora_kern_bench RANK streams` (session 14) times the shrinks alone, two ways alternating
  * within each repetition, in one packing (bf16, then int8):
@@ -17,6 +18,16 @@
  *            layout), per job adapter-major, one call per projection over the whole rank
  *            (int8: x quantized once per job, kern_lora_shrink_i8q).
  * Same kernels, same bytes: the difference is the streams' length and the call pattern.
+ *
+ * The bf16 shrink on x rounded once (kern_lora_bf16_x + kern_lora_shrink_bf16x, session 15;
+ * what the fused job runs where kern_lora_shrink_rounds_x(DT_BF16, R)) is timed beside the
+ * others (session 16), as a third variant in both modes:
+ *   default: bf16x: per (layer, job, adapter) x rounded once, then each projection's shrink
+ *            on it and its expand (the engine's order: q, k and v share the rounding);
+ *   streams: bf16 streams-x: the streams' layout and order with x rounded once per (adapter,
+ *            job) (the int8 streams quantize x once per job the same way).
+ * On a CPU without AVX512-BF16 these run the scalar twins (the engine does not take them
+ * there): the line says "(not the engine's path here)".
  */
 #include "half.h"
 #include "kern.h"
@@ -89,14 +100,17 @@ static int bench_streams(size_t R)
         x[i] = (float)((i * 2654435761u) >> 16) * 3e-5f - 1.0f;
     float t[2 * KERN_LORA_RANK_MAX];
     static int8_t qx[2 * KERN_LORA_I8_LDX(5632)];
+    static _Alignas(64) uint16_t xb[2 * KERN_LORA_BF16_LDX(5632)];
     float xs[2];
     int32_t xsum[2];
+    const int engine_x = kern_lora_shrink_rounds_x(DT_BF16, R);
     for (int w8 = 0; w8 < 2; w8++) {
         const size_t kb = w8 ? 32 : 8;
-        double best[2] = {1e30, 1e30}, sum[2] = {0, 0};
+        const int nv = w8 ? 2 : 3; /* bf16: blocks, streams, streams-x */
+        double best[3] = {1e30, 1e30, 1e30}, sum[3] = {0, 0, 0};
         for (int r = 0; r < REPS; r++)
-            for (int v = 0; v < 2; v++) {
-                const int st = (v + r) % 2; /* alternate which goes first */
+            for (int v = 0; v < nv; v++) {
+                const int st = (v + r) % nv; /* rotate which goes first */
                 double t0 = cpu_now();
                 for (int l = 0; l < NL; l++)
                     for (int j = 0, p0 = 0; j < 4; p0 = job_end[j++]) {
@@ -117,10 +131,14 @@ static int bench_streams(size_t R)
                         for (int a = 0; a < NA; a++) {
                             if (w8) /* the job's projections share x */
                                 kern_lora_i8_quant_x(x, ins[p0], 2, qx, xs, xsum);
+                            else if (st == 2)
+                                kern_lora_bf16_x(x, ins[p0], 2, xb);
                             for (int p = p0; p < job_end[j]; p++) {
                                 const void *ap = str[w8][a][l] + off[w8][p];
                                 if (w8)
                                     kern_lora_shrink_i8q(ap, ins[p], R, qx, xs, xsum, 2, t, 0, R);
+                                else if (st == 2)
+                                    kern_lora_shrink_bf16x(ap, ins[p], R, xb, 2, t, 0, R);
                                 else
                                     kern_lora_shrink(DT_BF16, ap, ins[p], R, x, 2, t, 0, R);
                             }
@@ -137,6 +155,12 @@ static int bench_streams(size_t R)
                best[0] * 1e3, (double)bytes[w8] / best[0] / 1e9, sum[0] / REPS * 1e3,
                best[1] * 1e3, (double)bytes[w8] / best[1] / 1e9, sum[1] / REPS * 1e3,
                best[1] / best[0], sum[1] / sum[0]);
+        if (!w8)
+            printf("rank %zu bf16 shrinks, x rounded once per job%s: streams-x best %.2f ms "
+                   "(%.1f GB/s), mean %.2f | streams-x / streams: best %.2f, mean %.2f\n",
+                   R, engine_x ? "" : " (not the engine's path here)", best[2] * 1e3,
+                   (double)bytes[0] / best[2] / 1e9, sum[2] / REPS * 1e3, best[2] / best[1],
+                   sum[2] / sum[1]);
     }
     return 0;
 }
@@ -185,11 +209,29 @@ int main(int argc, char **argv)
         return 1;
     for (int i = 0; i < 2 * 5632; i++, seed = seed * 1664525u + 1013904223u)
         x[i] = (float)(seed >> 16) * 3e-5f - 1.0f;
-    double best[2] = {1e30, 1e30}, sum[2] = {0, 0};
+    static _Alignas(64) uint16_t xb[2 * KERN_LORA_BF16_LDX(5632)];
+    const int engine_x = kern_lora_shrink_rounds_x(DT_BF16, R);
+    double best[3] = {1e30, 1e30, 1e30}, sum[3] = {0, 0, 0};
     for (int r = 0; r < REPS; r++)
-        for (int v = 0; v < 2; v++) {
-            const int w8 = (v + r) % 2; /* alternate which goes first */
+        for (int v = 0; v < 3; v++) {
+            const int w8 = (v + r) % 3; /* rotate which goes first; 2: bf16x */
             double t0 = cpu_now();
+            if (w8 == 2) { /* per (layer, job, adapter): x rounded once for the job */
+                for (int l = 0; l < NL; l++)
+                    for (int j = 0, p0 = 0; j < 4; p0 = job_end[j++])
+                        for (int a = 0; a < NA; a++) {
+                            kern_lora_bf16_x(x, ins[p0], 2, xb);
+                            for (int p = p0; p < job_end[j]; p++) {
+                                kern_lora_shrink_bf16x(a16[a][l][p], ins[p], R, xb, 2, t, 0, R);
+                                kern_lora_expand(DT_BF16, b16[a][l][p], R, t, 2, sc, 0.0f, y,
+                                                 outs[p], 0, outs[p]);
+                            }
+                        }
+                double d = cpu_now() - t0;
+                sum[2] += d;
+                best[2] = d < best[2] ? d : best[2];
+                continue;
+            }
             for (int l = 0; l < NL; l++)
                 for (int p = 0; p < NP; p++)
                     for (int a = 0; a < NA; a++) {
@@ -214,5 +256,9 @@ int main(int argc, char **argv)
            (double)by16 / best[0] / 1e9, sum[0] / REPS * 1e3, (double)by8 / 1e6, best[1] * 1e3,
            (double)by8 / best[1] / 1e9, sum[1] / REPS * 1e3, best[1] / best[0],
            sum[1] / sum[0]);
+    printf("rank %zu bf16x (x rounded once per job%s): best %.2f ms (%.1f GB/s), mean %.2f ms | "
+           "bf16x / bf16 time: best %.2f, mean %.2f\n",
+           R, engine_x ? "" : "; not the engine's path here", best[2] * 1e3,
+           (double)by16 / best[2] / 1e9, sum[2] / REPS * 1e3, best[2] / best[0], sum[2] / sum[0]);
     return 0;
 }

@@ -819,6 +819,57 @@ static void test_mixed_adapters(void **state)
     free(text);
 }
 
+/* engine__set_lora_bypass (engine_bench's paired LoRA steps): while it is on, a request with
+ * an adapter steps as the base model does; off again, the adapter applies. */
+static void test_lora_bypass(void **state)
+{
+    (void)state;
+    char *tmp = tu_mkdtemp();
+    char *dir_a = strdup(tu_path(tmp, "a"));
+    const uint32_t all = (1u << LORA_TARGET_COUNT) - 1;
+    struct peft_adapter *pa = peft_adapter_random(&g_model->hp, 4, 8.0, all, 11, 0.3f, 0.3f);
+    peft_adapter_write(pa, dir_a, SAFETENSORS_F32, "");
+    struct lora_adapter *ad_a;
+    assert_int_equal(lora_open(dir_a, &g_model->hp, &ad_a), 0);
+    size_t n_long;
+    int32_t *text = long_text(&n_long);
+    const uint32_t max_new = 12;
+    struct ref base, adapted;
+    ref_run(text, 30, max_new, &base);
+    ref_run_lora(text, 30, max_new, ad_a, 1.0f, &adapted);
+    /* the adapter changes the output (the test would be vacuous otherwise) */
+    assert_memory_not_equal(base.logits, adapted.logits, g_model->hp.vocab_size * sizeof(float));
+    static struct capture cap;
+    for (int off = 1; off >= 0; off--) {
+        memset(&cap, 0, sizeof cap);
+        cap.n = 1;
+        struct engine *e = make_engine(64, 8, 16, 0, false, NULL);
+        engine__set_logits_tap(e, on_logits, &cap);
+        assert_int_equal(engine_load_adapter(e, "a", dir_a), 0);
+        engine__set_lora_bypass(e, off);
+        cap.got[0].ref = off ? &base : &adapted;
+        struct engine_request r = greedy_req(text, 30, max_new, 1, &cap.got[0]);
+        r.adapter = "a";
+        r.adapter_scale = 1.0f;
+        assert_int_equal(engine_submit(e, &r, &cap.got[0].id), 0);
+        run_until_idle(e, 200);
+        assert_true(cap.got[0].finished);
+        assert_follows(&cap.got[0], cap.got[0].ref, max_new, off ? "bypassed" : "adapted");
+        if (cap.got[0].logits_checked == 0 || !(cap.got[0].max_diff <= 1e-3f))
+            fail_msg("%s: max relative logit difference %g", off ? "bypassed" : "adapted",
+                     (double)cap.got[0].max_diff);
+        engine_destroy(e);
+    }
+    ref_free(&base);
+    ref_free(&adapted);
+    lora_close(ad_a);
+    peft_adapter_free(pa);
+    tu_rmtree(tmp);
+    free(tmp);
+    free(dir_a);
+    free(text);
+}
+
 /* ---- 5. snapshots -------------------------------------------------------------------------- */
 
 /*
@@ -1051,6 +1102,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_tenant_fair_prefill),
         cmocka_unit_test(test_mixed_adapters),
+        cmocka_unit_test(test_lora_bypass),
         cmocka_unit_test(test_snapshot),
         cmocka_unit_test(test_nan_weights),
         cmocka_unit_test(test_model_stop_ids),

@@ -147,6 +147,7 @@ struct engine {
     double ttft[STATS_RING], tpot[STATS_RING], e2e[STATS_RING];
     engine__logits_fn *tap;
     void *tap_ud;
+    bool lora_bypass;          /* engine__set_lora_bypass: steps run every request base-only */
     size_t n_stats;            /* total recorded; ring index = n % STATS_RING */
 };
 
@@ -1115,7 +1116,7 @@ static size_t fill_batch(struct engine *e, size_t n_seq)
         b->pos0 = r->n_done;
         b->t0 = n_tok;
         b->logits = r->n_done + b->n == r->n_tok;
-        b->ad = r->ad;
+        b->ad = e->lora_bypass ? NULL : r->ad;
         b->scale = r->r.adapter_scale;
         b->invariant = r->r.batch_invariant;
         memcpy(e->btok + n_tok, r->tokens + r->n_done, b->n * sizeof *e->btok);
@@ -1272,6 +1273,8 @@ void engine__set_logits_tap(struct engine *e, engine__logits_fn *fn, void *ud)
 }
 
 struct kv_pool *engine__kv(struct engine *e) { return e->kv; }
+
+void engine__set_lora_bypass(struct engine *e, bool off) { e->lora_bypass = off; }
 
 /* ---- single shot --------------------------------------------------------------------------- */
 

@@ -67,5 +67,11 @@ typedef void engine__logits_fn(void *ud, uint64_t id, uint32_t n_gen, const floa
 void engine__set_logits_tap(struct engine *e, engine__logits_fn *fn, void *ud);
 /* The engine's KV pool (kv_pool_validate, metrics). */
 struct kv_pool *engine__kv(struct engine *e);
+/* off: the following steps run every request's tokens through the base model alone (its
+ * adapter is ignored: no LoRA plan), until called again with false. For engine_bench's
+ * step-paired LoRA overhead (the same batch, base and adapted steps alternating). The KV rows
+ * written meanwhile are the base model's under the request's adapter: a benchmark's switch,
+ * not for serving (with the prefix cache on, those blocks would be reused as adapted). */
+void engine__set_lora_bypass(struct engine *e, bool off);
 
 #endif
