@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kern_bench_ab.sh — one AVX-512 kernel file at two git revisions, A/B in one process:
-# kernels/x86/avx512_q.c of REV_A and of REV_B are each compiled with the tree's flags, their
+# kernels/x86/avx512_q.c (and avx512_mxfp4.c) of REV_A and of REV_B are each compiled with the tree's flags, their
 # symbols renamed by objcopy (only the products compared stay global), and linked with
 # bench/kern_bench_ab.c, which times them alternately (thread CPU time, best of ROUNDS
 # alternations: the machine is shared) and counts outputs whose bits differ.
@@ -21,9 +21,14 @@ cflags=(-O2 -g -DNDEBUG -D_GNU_SOURCE -std=c11 -Ikernels/include -Ikernels -Iker
         -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c)
 for side in a b; do
   rev=$rev_a; [ $side = b ] && rev=$rev_b
-  if [ "$rev" = . ]; then cp kernels/x86/avx512_q.c "$tmp/$side.c" # the working tree's file
-  else git show "$rev:kernels/x86/avx512_q.c" > "$tmp/$side.c"; fi
-  cc "${cflags[@]}" -c "$tmp/$side.c" -o "$tmp/$side.o"
+  # the q4_0 products live in avx512_q.c, the MXFP4 gemv in avx512_mxfp4.c: both files of
+  # the revision, joined into one object so that only the compared products stay global
+  for f in q mxfp4; do
+    if [ "$rev" = . ]; then cp kernels/x86/avx512_$f.c "$tmp/${side}_$f.c" # the working tree's file
+    else git show "$rev:kernels/x86/avx512_$f.c" > "$tmp/${side}_$f.c"; fi
+    cc "${cflags[@]}" -c "$tmp/${side}_$f.c" -o "$tmp/${side}_$f.o"
+  done
+  ld -r "$tmp/${side}_q.o" "$tmp/${side}_mxfp4.o" -o "$tmp/$side.o"
   objcopy --redefine-sym kern_gemm_q4_0p_q8_0_avx512=ab_${side}_q4p \
           --redefine-sym kern_gemm_q4_0_q8_0_avx512=ab_${side}_q4rows \
           --redefine-sym kern_gemv_mxfp4_q8_0_avx512=ab_${side}_mxv \
