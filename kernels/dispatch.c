@@ -19,6 +19,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 static const char *const isa_names[] = {"ref", "avx2", "avx512"};
 
@@ -35,11 +37,12 @@ const char *kern_isa_name(enum kern_isa isa)
  */
 struct cpu_feats {
     int avx2, avx512, avx512bf16;
+    int amx_bf16; /* AMX-TILE + AMX-BF16 in the CPU and XCR0 (the OS grant is amx_granted) */
 };
 
 static struct cpu_feats read_cpu_feats(void)
 {
-    struct cpu_feats f = {0, 0, 0};
+    struct cpu_feats f = {0, 0, 0, 0};
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return f;
@@ -50,14 +53,19 @@ static struct cpu_feats read_cpu_feats(void)
     __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
     (void)xhi;
     int os_avx = (xlo & 0x6) == 0x6, os_avx512 = os_avx && (xlo & 0xe0) == 0xe0;
+    /* XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA): the OS manages the tile state */
+    int os_amx = (xlo & 0x60000u) == 0x60000u;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
         return f;
     int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1,
         avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
     f.avx2 = os_avx && avx2 && fma && f16c;
     f.avx512 = f.avx2 && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl && vnni;
+    /* CPUID 7.0 EDX bit 24: AMX-TILE, bit 22: AMX-BF16 (bit 25, AMX-INT8, is not used yet) */
+    int amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1;
     if (f.avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
         f.avx512bf16 = (a >> 5) & 1;
+    f.amx_bf16 = f.avx512bf16 && os_amx && amx_tile && amx_bf16;
     return f;
 }
 
@@ -67,10 +75,46 @@ static struct cpu_feats g_feats;
 static pthread_once_t g_feats_once = PTHREAD_ONCE_INIT;
 static void feats_init(void) { g_feats = read_cpu_feats(); }
 
+
 static struct cpu_feats cpu_feats(void)
 {
     pthread_once(&g_feats_once, feats_init);
     return g_feats;
+}
+
+
+/*
+ * Linux hands out the 8 KiB of tile data per process on request (ARCH_REQ_XCOMP_PERM with
+ * XFEATURE_XTILEDATA = 18, kernel >= 5.16); a tile instruction before the grant is a SIGILL.
+ * Asked once, before kern_init fills a table that uses tiles (so before worker threads run
+ * them); the grant covers every thread of the process. A refusal means no AMX, not an error.
+ */
+#define ARCH_REQ_XCOMP_PERM_ 0x1023
+#define XFEATURE_XTILEDATA_ 18
+static int g_amx_granted;
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
+static void amx_grant(void)
+{
+    if (!cpu_feats().amx_bf16)
+        return;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, XFEATURE_XTILEDATA_) != 0) {
+        LOG_INFO("AMX: the kernel did not grant tile data (arch_prctl): AMX not used");
+        return;
+    }
+    g_amx_granted = 1;
+}
+
+int kern_has_amx_bf16(void)
+{
+    pthread_once(&g_amx_once, amx_grant);
+    return g_amx_granted;
+}
+
+/* CLOCHER_AMX=0 keeps the tiles off (the way to run the AVX-512 GEMM on an AMX machine). */
+static int amx_wanted(void)
+{
+    const char *s = getenv("CLOCHER_AMX");
+    return !(s && strcmp(s, "0") == 0);
 }
 
 int kern_isa_supported(enum kern_isa isa)
@@ -143,6 +187,7 @@ static void fill_table(enum kern_isa isa)
 {
     struct kern_ops ops = isa_ops[isa];
     const int bf16 = isa == KERN_ISA_AVX512 && kern_has_avx512bf16();
+    const int amx = bf16 && amx_wanted() && kern_has_amx_bf16();
     for (int dt = 0; dt < DT_COUNT_; dt++) {
         const struct kern_type_traits *tt = &kern__traits[dt];
         const struct dtype_info *di = dtype_info((enum dtype)dt);
@@ -151,7 +196,10 @@ static void fill_table(enum kern_isa isa)
         ops.type[dt] = tt->isa[isa];
         if (bf16)
             overlay(&ops.type[dt], &tt->bf16);
+        if (amx)
+            overlay(&ops.type[dt], &tt->amx);
     }
+    ops.amx = amx;
     kern__ops = ops;
 }
 
@@ -194,6 +242,8 @@ int kern_init(void)
 }
 
 enum kern_isa kern_isa(void) { return kern__ops.isa; }
+
+int kern_amx_active(void) { return kern__ops.amx; }
 
 /* ---- per-thread scratch ------------------------------------------------------------------ */
 

@@ -109,6 +109,8 @@ struct kern_type_traits {
     struct kern__type_ops isa[KERN__ISA_COUNT]; /* by enum kern_isa */
     struct kern__type_ops bf16;    /* on AVX-512 with AVX512-BF16: non-NULL fields replace the
                                       avx512 column's */
+    struct kern__type_ops amx;     /* then with AMX-BF16 (kern_has_amx_bf16, not CLOCHER_AMX=0):
+                                      non-NULL fields replace those */
 };
 
 /* Indexed by enum dtype; every dtype has an entry (traits.c). */
@@ -118,7 +120,8 @@ extern const struct kern_type_traits kern__traits[DT_COUNT_];
 
 struct kern_ops {
     enum kern_isa isa;
-    struct kern__type_ops type[DT_COUNT_]; /* kern__traits[dt].isa[isa] (+ bf16) */
+    int amx;                               /* the amx overlay is applied */
+    struct kern__type_ops type[DT_COUNT_]; /* kern__traits[dt].isa[isa] (+ bf16, + amx) */
     kern__matmul_fn *matmul;               /* kern_matmul */
     kern__act_prepare_fn *act_prepare;
     kern_bsr_fn *bsr_gemv;

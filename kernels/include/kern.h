@@ -12,7 +12,12 @@
  *  - f32/f16 weights: exact f32 products, f32 accumulation (order differs from _ref).
  *  - bf16 weights: the decode GEMV widens to f32 exactly; the prefill GEMM on AVX-512-BF16
  *    rounds activations to bf16 and uses vdpbf16ps (relative error <= 2^-8 per product, see
- *    tests/kern for the bound asserted).
+ *    tests/kern for the bound asserted). On AMX-BF16 (kern_has_amx_bf16) the prefill GEMM is
+ *    tdpbf16ps on the same bf16 operands: exact products, f32 sums, but each output sums its
+ *    column pairs in 32-column steps inside the tile unit (whose internal order and rounding
+ *    Intel leaves unspecified; denormal inputs read as zero, like vdpbf16ps) rather than in
+ *    vdpbf16ps' per-lane chains, so its bits differ from the AVX-512 GEMM's within the same
+ *    bound (tests/kern test_amx_bf16_gemm; ADR 0006 addendum "AMX").
  *  - q8_0/q4_0/mxfp4/q4_k/q5_k/q6_k weights: the SIMD paths quantize activations per block of 32 to int8 with
  *    an f32 scale (kernels/include/quant.h states the resulting error bound) and use integer dot
  *    products (mxfp4: the doubled E2M1 values, |w| <= 12, exact; its block scale 2^(e-128)
@@ -54,6 +59,14 @@ int kern_force_isa(enum kern_isa isa);
 int kern_isa_supported(enum kern_isa isa);
 /* true when the CPU has AVX512-BF16 (vdpbf16ps), used by the bf16 GEMM when present. */
 int kern_has_avx512bf16(void);
+/* true when AMX-TILE + AMX-BF16 can run here: the CPU has them (CPUID 7.0 EDX bits 24, 22),
+ * the OS saves tile state (XCR0 bits 17, 18) and Linux granted this process the tile data
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, asked once; a refusal is logged at info level), and the
+ * CPU also has the AVX-512 ISA with AVX512-BF16. Then the AVX-512 table's bf16 GEMM is the
+ * AMX one (kern_gemm_bf16_bf16_amx) unless CLOCHER_AMX=0 (read at kern_init/kern_force_isa).
+ * kern_amx_active: whether the active table uses it. */
+int kern_has_amx_bf16(void);
+int kern_amx_active(void);
 
 /*
  * Matrix multiply against a stored weight matrix, for output rows [r0, r1) only:

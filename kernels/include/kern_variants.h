@@ -6,7 +6,7 @@
  * `_ref` twin that specifies it. The X-macro lists below enumerate them once, so the tests
  * and kernels/traits.c can walk every (op, type, ISA) without spelling the names out. A
  * variant may only run when kern_isa_supported() says so for its ISA (and
- * kern_has_avx512bf16() for the _bf16_bf16_avx512 ones).
+ * kern_has_avx512bf16() for the _bf16_bf16_avx512 ones, kern_has_amx_bf16() for _amx).
  */
 #ifndef CLOCHER_KERNELS_KERN_VARIANTS_H
 #define CLOCHER_KERNELS_KERN_VARIANTS_H
@@ -46,6 +46,9 @@ KERN_VARIANTS_(KERN_DECLARE_, avx2)
 KERN_VARIANTS_(KERN_DECLARE_, avx512)
 kern_mm_fn kern_gemv_bf16_bf16_ref, kern_gemm_bf16_bf16_ref;
 kern_mm_fn kern_gemv_bf16_bf16_avx512, kern_gemm_bf16_bf16_avx512;
+/* AMX-BF16 tiles (x86/amx_bf16.c): may only run when kern_has_amx_bf16(); its twin is
+ * kern_gemm_bf16_bf16_ref (kern.h "bf16 weights" for how its order of sums differs). */
+kern_mm_fn kern_gemm_bf16_bf16_amx;
 #undef KERN_DECLARE_
 /* kern_gemv_mxfp4_q8_0_avx512 (x86/avx512_mxfp4.c) uses AVX512-VBMI when the CPU has it;
  * _plain is the same kernel never using it (the path of AVX-512 CPUs without VBMI), for

@@ -9,6 +9,8 @@
  *   ISA_CASE_TESTS(test_x)   -> test_x/ref, test_x/avx2, test_x/avx512 in the CMUnitTest list
  *   ISA_CASE_SIMD(test_x)    -> test_x/avx2, test_x/avx512 (tests comparing SIMD against ref)
  *   ISA_CASE_TEST(test_x, isa_case_avx512bf16) -> one entry (the AVX512-BF16 variants)
+ *   ISA_CASE_TEST(test_x, isa_case_amxbf16)    -> one entry (the AMX-BF16 variant; skips where
+ *                                                 the CPU or the OS gives no AMX)
  */
 #ifndef CLOCHER_TESTS_KERN_ISA_CASE_H
 #define CLOCHER_TESTS_KERN_ISA_CASE_H
@@ -21,18 +23,21 @@ struct isa_case {
     const char *name;
     enum kern_isa isa;
     int bf16; /* also needs AVX512-BF16 (kern_has_avx512bf16) */
+    int amx;  /* also needs AMX-BF16 enabled for this process (kern_has_amx_bf16) */
 };
 
-static const struct isa_case isa_case_ref = {"ref", KERN_ISA_REF, 0};
-static const struct isa_case isa_case_avx2 = {"avx2", KERN_ISA_AVX2, 0};
-static const struct isa_case isa_case_avx512 = {"avx512", KERN_ISA_AVX512, 0};
-static const struct isa_case isa_case_avx512bf16 = {"avx512bf16", KERN_ISA_AVX512, 1};
+static const struct isa_case isa_case_ref = {"ref", KERN_ISA_REF, 0, 0};
+static const struct isa_case isa_case_avx2 = {"avx2", KERN_ISA_AVX2, 0, 0};
+static const struct isa_case isa_case_avx512 = {"avx512", KERN_ISA_AVX512, 0, 0};
+static const struct isa_case isa_case_avx512bf16 = {"avx512bf16", KERN_ISA_AVX512, 1, 0};
+static const struct isa_case isa_case_amxbf16 = {"amxbf16", KERN_ISA_AVX512, 1, 1};
 
 /* The state's ISA, made the active one; skips the test when this CPU cannot run it. */
 static inline const struct isa_case *isa_case_begin(void **state)
 {
     const struct isa_case *c = *state;
-    if (!kern_isa_supported(c->isa) || (c->bf16 && !kern_has_avx512bf16())) {
+    if (!kern_isa_supported(c->isa) || (c->bf16 && !kern_has_avx512bf16()) ||
+        (c->amx && !kern_has_amx_bf16())) {
         print_message("[  SKIP    ] this CPU has no %s\n", c->name);
         skip();
     }

@@ -696,6 +696,101 @@ static void test_bf16_gemm_tiles(void **state)
             }
 }
 
+/*
+ * The AMX-BF16 GEMM (x86/amx_bf16.c) against its twin kern_gemm_bf16_bf16_ref within the bf16
+ * GEMM's tolerance (1e-5 of the sum of |products|, as for the AVX-512 GEMM above): row counts
+ * with a partial last tile, r0 anywhere (not a multiple of 16), ldy > rows, token counts from
+ * 1 to 70 (ragged 16- and 32-token blocks), columns a multiple of 32 spanning many K steps and
+ * ragged ones (which the kernel hands to the AVX-512 GEMM). Rows outside [r0, r1) untouched.
+ * Skips where the CPU or the OS gives no AMX.
+ */
+static void test_amx_bf16_gemm(void **state)
+{
+    g_case = isa_case_begin(state);
+    static const size_t rowss[] = {5, 16, 33, 64, 100};
+    static const size_t colss[] = {32, 96, 1024, 33, 1030};
+    static const size_t nss[] = {1, 3, 15, 16, 17, 31, 32, 33, 48, 50, 64, 70};
+    for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++)
+        for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++)
+            for (size_t ni = 0; ni < sizeof nss / sizeof nss[0]; ni++) {
+                const size_t rows = rowss[ri], cols = colss[ci], n = nss[ni];
+                const size_t r0 = (ri + ni) % 3 == 0 ? 0 : rndz(0, rows - 1);
+                const size_t r1 = (ri + ci + ni) % 2 ? rows : rndz(r0 + 1, rows);
+                const size_t ldy = rows + 7;
+                void *w = make_weights(DT_BF16, rows, cols);
+                float *x = make_x(n, cols);
+                size_t bytes;
+                assert_int_equal(kern_act_bytes(DT_BF16, cols, n, &bytes), 0);
+                void *buf = aligned_alloc(64, bytes);
+                assert_non_null(buf);
+                struct kern_act a;
+                kern_act_init(&a, DT_BF16, x, cols, n, buf);
+                kern_act_prepare(&a, 0, n);
+                float *y = filled(n * ldy), *twin = filled(n * ldy), *tol = filled(n * ldy);
+                kern_gemm_bf16_bf16_amx(w, &a, y, ldy, r0, r1);
+                kern_gemm_bf16_bf16_ref(w, &a, twin, ldy, r0, r1);
+                for (size_t t = 0; t < n; t++)
+                    for (size_t r = r0; r < r1; r++) {
+                        double s = 0;
+                        for (size_t c = 0; c < cols; c++)
+                            s += fabs((double)half_bf16_to_f32(((const uint16_t *)w)[r * cols + c]) *
+                                      half_bf16_to_f32(a.xb[t * a.ld + c]));
+                        tol[t * ldy + r] = 1e-5f * (float)s + 1e-30f;
+                    }
+                char what[160];
+                snprintf(what, sizeof what, "kern_gemm_bf16_bf16_amx, %zu rows, vs its twin", rows);
+                check_close(what, y, twin, tol, n, ldy, r0, r1, cols);
+                free(tol);
+                free(twin);
+                free(y);
+                free(buf);
+                free(x);
+                free(w);
+            }
+}
+
+/*
+ * Dispatch: with AMX (and AVX-512) the bf16 gemm entry is the AMX variant: kern_matmul_act
+ * from 16 tokens gives its bits exactly; CLOCHER_AMX=0 (read when the table is filled) and the
+ * AVX2 ISA leave AMX off, the AVX-512 path then giving kern_gemm_bf16_bf16_avx512's bits.
+ */
+static void test_amx_dispatch(void **state)
+{
+    g_case = isa_case_begin(state);
+    assert_true(kern_amx_active());
+    const size_t rows = 48, cols = 256, n = 20, ldy = rows;
+    void *w = make_weights(DT_BF16, rows, cols);
+    float *x = make_x(n, cols);
+    size_t bytes;
+    assert_int_equal(kern_act_bytes(DT_BF16, cols, n, &bytes), 0);
+    void *buf = aligned_alloc(64, bytes);
+    assert_non_null(buf);
+    struct kern_act a;
+    kern_act_init(&a, DT_BF16, x, cols, n, buf);
+    kern_act_prepare(&a, 0, n);
+    float *y = filled(n * ldy), *want = filled(n * ldy);
+    kern_matmul_act(w, &a, y, ldy, 0, rows);
+    kern_gemm_bf16_bf16_amx(w, &a, want, ldy, 0, rows);
+    assert_memory_equal(y, want, n * ldy * sizeof(float));
+
+    assert_int_equal(setenv("CLOCHER_AMX", "0", 1), 0);
+    assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
+    assert_false(kern_amx_active());
+    kern_matmul_act(w, &a, y, ldy, 0, rows);
+    kern_gemm_bf16_bf16_avx512(w, &a, want, ldy, 0, rows);
+    assert_memory_equal(y, want, n * ldy * sizeof(float));
+    assert_int_equal(unsetenv("CLOCHER_AMX"), 0);
+    assert_int_equal(kern_force_isa(KERN_ISA_AVX2), 0);
+    assert_false(kern_amx_active());
+    assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
+    assert_true(kern_amx_active());
+    free(want);
+    free(y);
+    free(buf);
+    free(x);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -715,6 +810,8 @@ int main(void)
         ISA_CASE_TESTS(test_matmul_bf16_decode),
         ISA_CASE_TEST(test_matmul_bf16_decode, isa_case_avx512bf16),
         ISA_CASE_TEST(test_bf16_gemm_tiles, isa_case_avx512bf16),
+        ISA_CASE_TEST(test_amx_bf16_gemm, isa_case_amxbf16),
+        ISA_CASE_TEST(test_amx_dispatch, isa_case_amxbf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
