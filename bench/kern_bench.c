@@ -8,6 +8,7 @@
  *  - batch: n = 1..16 tokens (decode of n streams) at q4_0/q8_0, the cost per token vs n = 1;
  *  - model: all matmuls of a TinyLlama-1.1B decode step / 512-token prefill, as tokens/s;
  *  - q4g (only when asked): the int4 group types against q4_0, interleaved rounds;
+ *  - amx (only when asked): the bf16 GEMM on AMX tiles against AVX512-BF16, interleaved;
  *  - gptoss (only when asked): gpt-oss-20b's decode products (MXFP4 experts: gemv with and
  *    without VBMI and gemm, n = 1..8; bf16 unembedding and attention; the int8 model's q8_0
  *    panels at the same shapes), GB/s against a probe per row.
@@ -17,7 +18,7 @@
  * was measured beside a busy neighbour and understates the kernels.
  *
  *   usage: kern_bench [--threads N] [--quick] [--hot]
- *                     [--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu|gptoss-q8p]
+ *                     [--only gemv|gemm|variants|batch|model|q4g|amx|gptoss|gptoss-cpu|gptoss-q8p]
  *                     [--dtype T]
  * --hot: one copy of each matrix instead of the 256 MiB ring (the kernels' compute rate).
  */
@@ -363,6 +364,60 @@ static void bench_variants(double bw)
                    100 * gbs / bw, 2.0 * rows * cols * ns[i] / sec / 1e9, 100 * bench_load_end(&ld));
         }
         fflush(stdout);
+        free(y);
+        free(x);
+        free_ring(w, copies);
+    }
+}
+
+/*
+ * --only amx: the bf16 prefill GEMM on AMX tiles (kern_gemm_bf16_bf16_amx) against the
+ * AVX512-BF16 one (kern_gemm_bf16_bf16_avx512) at TinyLlama's shapes, interleaved: ROUNDS
+ * alternations A B A B ..., each a time_variant (best of 5 batches); medians per side and the
+ * ratio of medians (the machine is shared, so only a ratio from one run counts).
+ */
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void bench_amx(void)
+{
+    if (!isa_ok(KERN_ISA_AVX512) || !kern_has_avx512bf16() || !kern_has_amx_bf16()) {
+        printf("\n### AMX-BF16: not available here (skipped)\n");
+        return;
+    }
+    static const size_t shapes[][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}, {32000, 2048}};
+    static const size_t ns[] = {4, 8, 16, 64, 512};
+    enum { ROUNDS = 5 };
+    printf("\n### bf16 GEMM, AMX vs AVX512-BF16, %d thread(s), %d interleaved rounds\n\n",
+           g_threads, ROUNDS);
+    printf("| rows x cols | n | avx512 GFLOP/s | amx GFLOP/s | amx speedup | other CPU |\n"
+           "|---|---|---|---|---|---|\n");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const size_t rows = shapes[s][0], cols = shapes[s][1];
+        void **w;
+        int copies = make_ring(DT_BF16, rows, cols, &w);
+        float *x = random_x(512, cols), *y = malloc(512 * rows * sizeof(float));
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            double ta[ROUNDS], tb[ROUNDS];
+            struct bench_load ld;
+            bench_load_begin(&ld);
+            for (int r = 0; r < ROUNDS; r++) {
+                ta[r] = time_variant(kern_gemm_bf16_bf16_avx512, DT_BF16, w, copies, rows, cols,
+                                     x, ns[i], y);
+                tb[r] = time_variant(kern_gemm_bf16_bf16_amx, DT_BF16, w, copies, rows, cols, x,
+                                     ns[i], y);
+            }
+            qsort(ta, ROUNDS, sizeof ta[0], cmp_dbl);
+            qsort(tb, ROUNDS, sizeof tb[0], cmp_dbl);
+            const double fl = 2.0 * (double)rows * (double)cols * (double)ns[i] / 1e9;
+            printf("| %zu x %zu | %zu | %.0f | %.0f | %.2fx | %.0f%% |\n", rows, cols, ns[i],
+                   fl / ta[ROUNDS / 2], fl / tb[ROUNDS / 2], ta[ROUNDS / 2] / tb[ROUNDS / 2],
+                   100 * bench_load_end(&ld));
+            fflush(stdout);
+        }
         free(y);
         free(x);
         free_ring(w, copies);
@@ -795,7 +850,7 @@ int main(int argc, char **argv)
             g_dtype = argv[++i];
         else {
             fprintf(stderr, "usage: kern_bench [--threads N] [--quick] [--hot] "
-                            "[--only gemv|gemm|variants|batch|model|q4g|gptoss|gptoss-cpu|"
+                            "[--only gemv|gemm|variants|batch|model|q4g|amx|gptoss|gptoss-cpu|"
                             "gptoss-q8p] [--dtype NAME]\n");
             return 2;
         }
@@ -817,6 +872,8 @@ int main(int argc, char **argv)
     kern_force_isa(best);
     if (!only || strcmp(only, "batch") == 0)
         bench_batch();
+    if (only && strcmp(only, "amx") == 0)
+        bench_amx(); /* only on request: AMX-BF16 vs AVX512-BF16 interleaved */
     if (only && strcmp(only, "q4g") == 0)
         bench_q4g(); /* only on request: its own comparison, not part of the default run */
     if (only && strcmp(only, "gptoss") == 0)
