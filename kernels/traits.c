@@ -79,7 +79,7 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                  .bf16 = {.gemm = kern_gemm_bf16_bf16_avx512,
                           .lora_shrink_lowrank = kern_lora_shrink_bf16_bf16_avx512,
                           .lora_expand_lowrank = kern_lora_expand_bf16_bf16_avx512},
-                 /* tdpbf16ps tiles on the same bf16 operands (x86/amx_bf16.c, ADR 0006 AMX
+                 /* tdpbf16ps tiles on the same bf16 operands (x86/amx_bf16.c, ADR 0004 session 17
                   * addendum) */
                  .amx = {.gemm = kern_gemm_bf16_bf16_amx}},
     [DT_Q8_0] = {.block = 32, .block_bytes = sizeof(struct quant_q8_0),

@@ -17,7 +17,7 @@
  *    column pairs in 32-column steps inside the tile unit (whose internal order and rounding
  *    Intel leaves unspecified; denormal inputs read as zero, like vdpbf16ps) rather than in
  *    vdpbf16ps' per-lane chains, so its bits differ from the AVX-512 GEMM's within the same
- *    bound (tests/kern test_amx_bf16_gemm; ADR 0006 addendum "AMX").
+ *    bound (tests/kern test_amx_bf16_gemm; ADR 0004, session 17 addendum).
  *  - q8_0/q4_0/mxfp4/q4_k/q5_k/q6_k weights: the SIMD paths quantize activations per block of 32 to int8 with
  *    an f32 scale (kernels/include/quant.h states the resulting error bound) and use integer dot
  *    products (mxfp4: the doubled E2M1 values, |w| <= 12, exact; its block scale 2^(e-128)

@@ -3,9 +3,9 @@
  * AVX-512 and AMX flags (kernels/CMakeLists.txt); dispatch.c routes DT_BF16's gemm here when
  * the CPU and the OS allow AMX (kern_has_amx_bf16) and CLOCHER_AMX is not 0.
  *
- * Same arithmetic as kern_gemm_bf16_bf16_avx512 (ADR 0006 addendum "AMX"): activations rounded
- * to bf16 (kern_act.xb), exact bf16 products, f32 sums; only the order of the sums differs
- * (kern.h). Why tiles: one tdpbf16ps is 16 x 16 x 32 multiply-adds (8192) in about the time
+ * Same arithmetic as kern_gemm_bf16_bf16_avx512 (ADR 0004, session 17 addendum): activations
+ * rounded to bf16 (kern_act.xb), exact bf16 products, f32 sums; only the order of the sums
+ * differs (kern.h). Why tiles: one tdpbf16ps is 16 x 16 x 32 multiply-adds (8192) in about the time
  * of a few vdpbf16ps (32 each), so with no per-block scales in bf16 a full tile is all work.
  *
  * Layout, C = W . X^T:
