@@ -51,6 +51,8 @@
 #define PANEL 16   /* weight rows per panel: the 16 dwords of a B tile row */
 #define KC 1024    /* columns per chunk: the AVX-512 panel kernels' (same sums, same order) */
 #define TT 16      /* tokens per token tile (rows of A and C) */
+#define LAG 2     /* a block's epilogue runs LAG blocks after its multiply (chunk_tile) */
+#define CS_RING 4 /* stored sums in flight: > LAG */
 #define AMX_Q_MIN_N 8 /* from bench/kern_bench --only variants (docs/PERFORMANCE.md) */
 
 /* Palette 1 tile configuration (Intel SDM, LDTILECFG): 64 bytes. */
@@ -119,55 +121,63 @@ static void unpack_chunk(enum qtype qt, const uint8_t *pp, size_t nb, size_t b0,
 
 /*
  * The epilogue of one block's sums: acc[j] = fma((float)sum[j] * d_x(token j), d_w, acc[j]),
- * the VNNI panel kernels' two float steps.
+ * the VNNI panel kernels' two float steps. xd: the block's activation scales, token j at xd[j].
  */
-INLINE void block_epilogue(const int32_t (*cs)[PANEL], const float *xd, size_t xds, __m512 s,
-                           int NT, __m512 acc[TT])
+INLINE void block_epilogue(const int32_t (*cs)[PANEL], const float *xd, __m512 s, int NT,
+                           __m512 acc[TT])
 {
     UNROLL for (int j = 0; j < NT; j++)
     {
         __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)cs[j])),
-                                 _mm512_set1_ps(xd[(size_t)j * xds]));
+                                 _mm512_set1_ps(xd[j]));
         acc[j] = _mm512_fmadd_ps(f, s, acc[j]);
     }
 }
 
+/* Block b's sums into C tile CT (A tile AT, B tile BT), stored to cs: the multiply, then the
+ * tile store, which waits for it. */
+#define BLOCK_SUMS_(CT, AT, BT, b, cs)                                                       \
+    do {                                                                                     \
+        _tile_loadd(AT, xq + (b) * 32, (long)ld);                                            \
+        _tile_loadd(BT, c->q[b], 64);                                                        \
+        _tile_zero(CT);                                                                      \
+        _tile_dpbssd(CT, AT, BT);                                                            \
+        _tile_stored(CT, cs, 64);                                                            \
+    } while (0)
+
 /*
  * y[t+j][r..r+16) (+)= the chunk's products for tokens t..t+NT-1 (rows beyond rm not stored).
- * The tile config must be tiles_config(NT). xq: token t's quants at column k0; xd: token t's
- * block scales from block k0/32, xds floats between tokens.
+ * The tile config must be tiles_config(NT). xq: token t's quants at column k0; xd: the token
+ * tile's activation scales from block k0/32, [block][TT] (scales_gather).
+ * Software-pipelined by one block: block b's multiply and tile store are issued before block
+ * b-1's epilogue, which reads the sums stored one step earlier, so the vector work overlaps the
+ * tile unit's latency (tiles are not renamed: a tile is reused only every other block).
  */
 INLINE void chunk_tile(const struct chunk *c, size_t nblk, const int8_t *xq, size_t ld,
-                       const float *xd, size_t xds, int NT, float *y, size_t ldy, __mmask16 rm,
-                       int add)
+                       const float *xd, int NT, float *y, size_t ldy, __mmask16 rm, int add)
 {
-    int32_t cs[2][TT][PANEL] __attribute__((aligned(64)));
+    int32_t cs[CS_RING][TT][PANEL] __attribute__((aligned(64)));
     __m512 acc[TT];
     UNROLL for (int j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
+#define EPI_(bb) block_epilogue(cs[(bb) % CS_RING], xd + (bb) * TT, _mm512_load_ps(c->s[bb]), NT, acc)
     size_t b = 0;
-    /* two blocks per step: the second multiply runs while the first's sums are scaled */
     for (; b + 2 <= nblk; b += 2) {
-        _tile_loadd(2, xq + b * 32, (long)ld);
-        _tile_loadd(4, c->q[b], 64);
-        _tile_zero(0);
-        _tile_dpbssd(0, 2, 4);
-        _tile_loadd(3, xq + (b + 1) * 32, (long)ld);
-        _tile_loadd(5, c->q[b + 1], 64);
-        _tile_zero(1);
-        _tile_dpbssd(1, 3, 5);
-        _tile_stored(0, cs[0], 64);
-        block_epilogue(cs[0], xd + b, xds, _mm512_load_ps(c->s[b]), NT, acc);
-        _tile_stored(1, cs[1], 64);
-        block_epilogue(cs[1], xd + b + 1, xds, _mm512_load_ps(c->s[b + 1]), NT, acc);
+        BLOCK_SUMS_(0, 2, 4, b, cs[b % CS_RING]);
+        if (b >= LAG)
+            EPI_(b - LAG);
+        BLOCK_SUMS_(1, 3, 5, b + 1, cs[(b + 1) % CS_RING]);
+        if (b + 1 >= LAG)
+            EPI_(b + 1 - LAG);
     }
     if (b < nblk) {
-        _tile_loadd(2, xq + b * 32, (long)ld);
-        _tile_loadd(4, c->q[b], 64);
-        _tile_zero(0);
-        _tile_dpbssd(0, 2, 4);
-        _tile_stored(0, cs[0], 64);
-        block_epilogue(cs[0], xd + b, xds, _mm512_load_ps(c->s[b]), NT, acc);
+        BLOCK_SUMS_(0, 2, 4, b, cs[b % CS_RING]);
+        if (b >= LAG)
+            EPI_(b - LAG);
+        b++;
     }
+    for (size_t e = b > LAG ? b - LAG : 0; e < b; e++)
+        EPI_(e);
+#undef EPI_
     UNROLL for (int j = 0; j < NT; j++)
     {
         float *yo = y + (size_t)j * ldy;
@@ -177,13 +187,29 @@ INLINE void chunk_tile(const struct chunk *c, size_t nblk, const int8_t *xq, siz
     }
 }
 
+/* The activations' block scales per token tile, [tile][block][TT] (tokens past n: 0), so that
+ * the epilogue broadcasts them from fixed offsets of one pointer. */
+static void scales_gather(const struct kern_act *a, size_t nb, float *sc)
+{
+    const size_t cpb = a->cp / 32;
+    for (size_t t = 0; t < a->n; t += TT)
+        for (size_t b = 0; b < nb; b++)
+            for (size_t j = 0; j < TT; j++)
+                sc[(t / TT * nb + b) * TT + j] = t + j < a->n ? a->d[(t + j) * cpb + b] : 0.0f;
+}
+
 static void gemm_panels_amx(enum qtype qt, const void *wp, const struct kern_act *a, float *y,
                             size_t ldy, size_t r0, size_t r1)
 {
     const enum dtype dt = qt == Q4 ? DT_Q4_0 : DT_Q8_0;
-    const size_t nb = a->cols / 32, rb = kern__row_bytes(dt, a->cols), cp = a->cp;
+    const size_t nb = a->cols / 32, rb = kern__row_bytes(dt, a->cols);
     const size_t pstride = PANEL * rb; /* bytes of one panel */
     struct chunk ch __attribute__((aligned(64)));
+    /* slot 1 is free under a panel product (as for the AVX-512 panel kernels); kernels have no
+     * error path, so failing to get ceil(n/16) x nb x 64 bytes aborts */
+    float *sc = kern__scratch_slot(1, (a->n + TT - 1) / TT * nb * TT * sizeof *sc);
+    CHECK(sc != NULL);
+    scales_gather(a, nb, sc);
     int configured = 0; /* the token count the tiles are configured for (0: none yet) */
     for (size_t r = r0; r < r1; r += PANEL) {
         size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
@@ -199,12 +225,12 @@ static void gemm_panels_amx(enum qtype qt, const void *wp, const struct kern_act
                     configured = nt;
                 }
                 const int8_t *xq = a->q + t * a->ld + k0;
-                const float *xd = a->d + (t * cp + k0) / 32;
+                const float *xd = sc + (t / TT * nb + k0 / 32) * TT;
                 float *yo = y + t * ldy + r;
                 switch (nt) {
 #define CASE_(T)                                                                             \
     case T:                                                                                  \
-        chunk_tile(&ch, nblk, xq, a->ld, xd, cp / 32, T, yo, ldy, rm, k0 > 0);               \
+        chunk_tile(&ch, nblk, xq, a->ld, xd, T, yo, ldy, rm, k0 > 0);                        \
         break;
                     CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
                     CASE_(9) CASE_(10) CASE_(11) CASE_(12) CASE_(13) CASE_(14) CASE_(15)
