@@ -53,7 +53,8 @@
 #define TT 16      /* tokens per token tile (rows of A and C) */
 #define LAG 2     /* a block's epilogue runs LAG blocks after its multiply (chunk_tile) */
 #define CS_RING 4 /* stored sums in flight: > LAG */
-#define AMX_Q_MIN_N 8 /* from bench/kern_bench --only variants (docs/PERFORMANCE.md) */
+#define AMX_Q_MIN_N 24 /* 2048x2048, thread CPU time under load: n = 8 0.53-0.71x the AVX-512 panel
+                         * kernel, n = 16 0.99-1.05x, n = 32 1.17-1.23x, n = 64 1.34-1.41x */
 
 /* Palette 1 tile configuration (Intel SDM, LDTILECFG): 64 bytes. */
 struct tile_cfg {
