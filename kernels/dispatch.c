@@ -61,11 +61,13 @@ static struct cpu_feats read_cpu_feats(void)
         avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
     f.avx2 = os_avx && avx2 && fma && f16c;
     f.avx512 = f.avx2 && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl && vnni;
-    /* CPUID 7.0 EDX bit 24: AMX-TILE, bit 22: AMX-BF16 (bit 25, AMX-INT8, is not used yet) */
-    int amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1;
+    /* CPUID 7.0 EDX bit 24: AMX-TILE, bit 22: AMX-BF16, bit 25: AMX-INT8. Both kinds of tile
+     * multiply are asked for (every AMX CPU so far has both): the amx overlay holds bf16 and
+     * int8 kernels (x86/amx_bf16.c, x86/amx_q.c). */
+    int amx_tile = (d >> 24) & 1, amx_bf16 = (d >> 22) & 1, amx_int8 = (d >> 25) & 1;
     if (f.avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
         f.avx512bf16 = (a >> 5) & 1;
-    f.amx_bf16 = f.avx512bf16 && os_amx && amx_tile && amx_bf16;
+    f.amx_bf16 = f.avx512bf16 && os_amx && amx_tile && amx_bf16 && amx_int8;
     return f;
 }
 

@@ -92,7 +92,9 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                          {MM_(q8_0, q8_0, avx2, 5), .panel_gemm = kern__panels_via_rows,
                           .panel_pack = kern__panels_pack_q8_0_ref},
                          {MM_(q8_0, q8_0, avx512, 6), .panel_gemm = kern_gemm_q8_0p_q8_0_avx512,
-                          .panel_pack = kern__q8p_pack_avx512}}},
+                          .panel_pack = kern__q8p_pack_avx512}},
+                 /* tdpbssd tiles on the same panels, the same bits (x86/amx_q.c) */
+                 .amx = {.panel_gemm = kern_gemm_q8_0p_q8_0_amx}},
     [DT_Q4_0] = {.block = 32, .block_bytes = sizeof(struct quant_q4_0),
  .to_f32 = kern__row_q4_0,
                  .act = KERN__ACT_Q8,
@@ -103,7 +105,9 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                          {MM_(q4_0, q8_0, avx2, 8), .panel_gemm = kern__panels_via_rows,
                           .panel_pack = kern__panels_pack_q4_0_ref},
                          {MM_(q4_0, q8_0, avx512, 4), .panel_gemm = kern_gemm_q4_0p_q8_0_avx512,
-                          .panel_pack = kern__q4p_pack_avx512}}},
+                          .panel_pack = kern__q4p_pack_avx512}},
+                 /* tdpbssd tiles on the same panels, the same bits (x86/amx_q.c) */
+                 .amx = {.panel_gemm = kern_gemm_q4_0p_q8_0_amx}},
     Q4G_(q4_g64, DT_Q4_G64, 64),
     Q4G_(q4_g128, DT_Q4_G128, 128),
     Q4G_(q4z_g32, DT_Q4Z_G32, 32),

@@ -63,6 +63,9 @@ kern_mm_fn kern_gemv_mxfp4_q8_0_avx512_plain;
  */
 kern_mm_fn kern_gemm_q4_0p_q8_0_ref, kern_gemm_q4_0p_q8_0_avx2, kern_gemm_q4_0p_q8_0_avx512;
 kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_q8_0_avx512;
+/* AMX-INT8 tiles on the same panels (x86/amx_q.c): only when kern_has_amx_bf16(); the same bits
+ * as the _avx512 panel kernels above (their twins through them) */
+kern_mm_fn kern_gemm_q4_0p_q8_0_amx, kern_gemm_q8_0p_q8_0_amx;
 /* mxfp4 panels (quant.h "mxfp4 panels"; x86/avx512_mxfp4.c): _avx512 gives the stored-row
  * kern_gemm_mxfp4_q8_0_avx512's bits (and so its gemv's) for every n; it uses AVX512-VBMI when
  * the CPU has it, _avx512_plain never (tests on CPUs that have it). */

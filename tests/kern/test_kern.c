@@ -209,26 +209,31 @@ struct panel_kind {
         const char *name;
         enum kern_isa isa;
         kern_mm_fn *fn, *rows_fn;
-    } pv[3];
+        int amx; /* runs only where kern_has_amx_bf16() (the AMX-INT8 tiles, x86/amx_q.c) */
+    } pv[4];
 };
 
 static const struct panel_kind q4p_kind = {
     DT_Q4_0, 18, 16, quant_q4p_qoff, quant_q4p_soff,
     {{"kern_gemm_q4_0p_q8_0_ref", KERN_ISA_REF, kern_gemm_q4_0p_q8_0_ref,
-      kern_gemm_q4_0_q8_0_ref},
+      kern_gemm_q4_0_q8_0_ref, 0},
      {"kern_gemm_q4_0p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_q4_0p_q8_0_avx2,
-      kern_gemm_q4_0_q8_0_avx2},
+      kern_gemm_q4_0_q8_0_avx2, 0},
      {"kern_gemm_q4_0p_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_avx512,
-      kern_gemm_q4_0_q8_0_avx512}}};
+      kern_gemm_q4_0_q8_0_avx512, 0},
+     {"kern_gemm_q4_0p_q8_0_amx", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_amx,
+      kern_gemm_q4_0_q8_0_avx512, 1}}};
 
 static const struct panel_kind q8p_kind = {
     DT_Q8_0, 34, 32, quant_q8p_qoff, quant_q8p_soff,
     {{"kern_gemm_q8_0p_q8_0_ref", KERN_ISA_REF, kern_gemm_q8_0p_q8_0_ref,
-      kern_gemm_q8_0_q8_0_ref},
+      kern_gemm_q8_0_q8_0_ref, 0},
      {"kern_gemm_q8_0p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_q8_0p_q8_0_avx2,
-      kern_gemm_q8_0_q8_0_avx2},
+      kern_gemm_q8_0_q8_0_avx2, 0},
      {"kern_gemm_q8_0p_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_q8_0p_q8_0_avx512,
-      kern_gemm_q8_0_q8_0_avx512}}};
+      kern_gemm_q8_0_q8_0_avx512, 0},
+     {"kern_gemm_q8_0p_q8_0_amx", KERN_ISA_AVX512, kern_gemm_q8_0p_q8_0_amx,
+      kern_gemm_q8_0_q8_0_avx512, 1}}};
 
 static void check_panels(const struct panel_kind *k, const void *w, size_t rows, size_t cols,
                          const float *x, size_t n, const struct kern_act *a, size_t ldy,
@@ -279,7 +284,7 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
     kern_matmul_ref(k->wt, w, cols, x, n, want, ldy, r0, r1);
     char what[160];
     for (size_t v = 0; v < sizeof k->pv / sizeof k->pv[0]; v++) {
-        if (k->pv[v].isa != g_case->isa)
+        if (k->pv[v].isa != g_case->isa || (k->pv[v].amx && !kern_has_amx_bf16()))
             continue;
         for (size_t i = 0; i < n * ldy; i++)
             y[i] = z[i] = SENTINEL;
@@ -451,12 +456,14 @@ static void test_matmul_q4_0(void **state)
  * q8_0 panels at every token count 1..17 (the panel GEMM's tiles of 1..8 tokens, the split
  * accumulators at 1..2, and a second tile): ragged rows (run_case: 1..40), odd block counts
  * and more than one KC chunk; run_case checks the panels for every q8_0 case (check_panels).
+ * Up to 35 for the AMX panel GEMM (x86/amx_q.c: two 16-token tiles and a ragged third, one
+ * tile configuration per token count).
  */
 static void test_q8p_every_n(void **state)
 {
     g_case = isa_case_begin(state);
     static const size_t cols[] = {32, 96, 1056, 2080};
-    for (size_t n = 1; n <= 17; n++)
+    for (size_t n = 1; n <= 35; n++)
         run_case(DT_Q8_0, cols[n % 4], n);
 }
 
@@ -464,13 +471,13 @@ static void test_q8p_every_n(void **state)
  * q4_0 panels at every token count 1..19 (the one-panel tiles of 1..8 tokens, the two-panel
  * wide tiles of 1..8 tokens with an odd last panel, and two and three token tiles): ragged rows,
  * odd block counts and more than one KC chunk; run_case checks that the panel GEMM's bits equal
- * the stored-row GEMM's for every case (check_panels).
+ * the stored-row GEMM's for every case (check_panels); up to 35 for the AMX tiles as above.
  */
 static void test_q4p_every_n(void **state)
 {
     g_case = isa_case_begin(state);
     static const size_t cols[] = {32, 96, 1056, 2080};
-    for (size_t n = 1; n <= 19; n++)
+    for (size_t n = 1; n <= 35; n++)
         run_case(DT_Q4_0, cols[n % 4], n);
 }
 
