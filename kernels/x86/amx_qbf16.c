@@ -43,7 +43,12 @@
 
 #define TT 16               /* tokens per tile */
 #define PANEL 16            /* rows per panel / per B tile column */
-#define W_CHUNK_BYTES (768u << 10) /* bf16 weights of one row chunk: fits L2 with the A */
+#ifndef KC
+#define KC 512 /* columns per K chunk: a panel pair's bf16 B tiles (2 x KC/32 KiB) stay in L1 */
+#endif
+#ifndef RC
+#define RC 256 /* rows per row chunk (multiple of 32): its C sums (n x RC f32) stay in L2 */
+#endif
 
 struct tile_cfg {
     uint8_t palette, start_row;
@@ -84,15 +89,16 @@ INLINE __m512 byte_f32(__m512i v, int j)
 }
 
 /*
- * One panel's blocks [0, nb) dequantized to bf16 pair rows: dst [nb][16 pairs][16 rows]
- * dwords, block b's B tile at dst + b * 256.
+ * One panel's blocks [b0, b0 + nblk) dequantized to bf16 pair rows: dst [nblk][16 pairs][16
+ * rows] dwords, block b's B tile at dst + (b - b0) * 256.
  */
-static void dequant_panel(enum qtype qt, const uint8_t *pp, size_t nb, uint32_t *dst)
+static void dequant_panel(enum qtype qt, const uint8_t *pp, size_t nb, size_t b0, size_t nblk,
+                          uint32_t *dst)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8),
                   x80 = _mm512_set1_epi8((char)0x80);
-    for (size_t b = 0; b < nb; b++) {
-        uint32_t *o = dst + b * 256;
+    for (size_t b = b0; b < b0 + nblk; b++) {
+        uint32_t *o = dst + (b - b0) * 256;
         if (qt == Q4) {
             const uint8_t *qb = pp + quant_q4p_qoff(b, nb);
             __m512 d = _mm512_cvtph_ps(
@@ -132,16 +138,25 @@ static void dequant_panel(enum qtype qt, const uint8_t *pp, size_t nb, uint32_t 
 
 /* a->x rounded to bf16 like act.c's xb (half_f32_to_bf16: NaN quieted, no denormal flush):
  * xa [npad][lda] bf16, tokens >= n and columns >= cols zero. */
-static void round_acts(const struct kern_act *a, uint16_t *xa, size_t lda, size_t npad)
+static void scatter_row(const uint16_t *o, uint16_t *xa, size_t t, size_t cols)
+{
+    const size_t nb = cols / 32;
+    for (size_t b = 0; b < nb; b++)
+        memcpy(xa + ((t / 16 * nb + b) * 16 + t % 16) * 32, o + b * 32, 64);
+}
+
+static void round_acts(const struct kern_act *a, uint16_t *xa, uint16_t *row_buf, size_t npad)
 {
     const size_t cols = a->cols;
     const __m512i one = _mm512_set1_epi32(1), r7 = _mm512_set1_epi32(0x7fff),
                   abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
                   q = _mm512_set1_epi32(0x40);
     for (size_t t = 0; t < npad; t++) {
-        uint16_t *o = xa + t * lda;
+        /* token t's 32 columns of block b at xa + ((t / 16 * nb + b) * 16 + t % 16) * 32 */
+        uint16_t *o = row_buf;
         if (t >= a->n) {
-            memset(o, 0, lda * 2);
+            memset(o, 0, cols * 2);
+            scatter_row(o, xa, t, cols);
             continue;
         }
         const float *x = a->x + t * cols;
@@ -156,60 +171,43 @@ static void round_acts(const struct kern_act *a, uint16_t *xa, size_t lda, size_
         }
         for (; c < cols; c++)
             o[c] = half_f32_to_bf16(x[c]);
-        for (; c < lda; c++)
-            o[c] = 0;
+        scatter_row(o, xa, t, cols);
     }
-}
-
-/* C tile (16 tokens x 16 rows, buffer c) -> y for tokens < nt, rows < nr */
-INLINE void store_part(const float *c, float *y, size_t ldy, size_t nt, size_t nr)
-{
-    const __mmask16 rm = (__mmask16)((1u << nr) - 1u);
-    for (size_t j = 0; j < nt; j++)
-        _mm512_mask_storeu_ps(y + j * ldy, rm, _mm512_load_ps(c + j * 16));
-}
-
-INLINE void store_tile(int tile, float *y, size_t ldy, size_t nt, size_t nr)
-{
-    if (nt == TT && nr == PANEL) {
-        switch (tile) {
-        case 0: _tile_stored(0, y, (long)(ldy * 4)); break;
-        case 1: _tile_stored(1, y, (long)(ldy * 4)); break;
-        case 2: _tile_stored(2, y, (long)(ldy * 4)); break;
-        default: _tile_stored(3, y, (long)(ldy * 4)); break;
-        }
-        return;
-    }
-    float c[TT * PANEL] __attribute__((aligned(64)));
-    switch (tile) {
-    case 0: _tile_stored(0, c, 64); break;
-    case 1: _tile_stored(1, c, 64); break;
-    case 2: _tile_stored(2, c, 64); break;
-    default: _tile_stored(3, c, 64); break;
-    }
-    store_part(c, y, ldy, nt, nr);
 }
 
 /*
- * NT (1, 2) token tiles x MR (1, 2) panels over all nb blocks. xa: the first token's bf16 row
- * (stride lda bytes); w0: the first panel's pair rows (the second at w0 + wstride bytes);
- * y at (first token, first row); nt1 / nr1: valid tokens / rows of the last token tile /
- * panel. Tiles: C[token tile i][panel j] = tile 2i + j.
+ * NT (1, 2) token tiles x MR (1, 2) panels over ks K steps, C accumulated in the buffer c
+ * (stride ldc bytes; tile (i, j) at c + i * 16 rows + j * 16 floats), zeroed first when
+ * first. xa: the first token's bf16 row at the chunk's first column (stride lda bytes); w0:
+ * the first panel's pair rows of the chunk (the second at w0 + wstride bytes).
+ * Tiles: C[token tile i][panel j] = tile 2i + j.
  */
 INLINE void block(int NT, int MR, const uint8_t *xa, size_t lda, const uint8_t *w0,
-                  size_t wstride, size_t nb, float *y, size_t ldy, size_t nt1, size_t nr1)
+                  size_t wstride, size_t ks, float *c, size_t ldc, int first)
 {
-    _tile_zero(0);
-    if (MR == 2)
-        _tile_zero(1);
-    if (NT == 2) {
-        _tile_zero(2);
+    uint8_t *c8 = (uint8_t *)c;
+    if (first) {
+        _tile_zero(0);
         if (MR == 2)
-            _tile_zero(3);
+            _tile_zero(1);
+        if (NT == 2) {
+            _tile_zero(2);
+            if (MR == 2)
+                _tile_zero(3);
+        }
+    } else {
+        _tile_loadd(0, c8, (long)ldc);
+        if (MR == 2)
+            _tile_loadd(1, c8 + 64, (long)ldc);
+        if (NT == 2) {
+            _tile_loadd(2, c8 + TT * ldc, (long)ldc);
+            if (MR == 2)
+                _tile_loadd(3, c8 + TT * ldc + 64, (long)ldc);
+        }
     }
-    const uint8_t *xa1 = xa + TT * lda, *w1 = w0 + wstride;
-    for (size_t s = 0; s < nb; s++) {
-        _tile_loadd(4, xa + s * 64, (long)lda);
+    const uint8_t *xa1 = xa + lda, *w1 = w0 + wstride;
+    for (size_t s = 0; s < ks; s++) {
+        _tile_loadd(4, xa + s * 1024, 64);
         _tile_loadd(6, w0 + s * 1024, 64);
         _tile_dpbf16ps(0, 4, 6);
         if (MR == 2) {
@@ -217,35 +215,20 @@ INLINE void block(int NT, int MR, const uint8_t *xa, size_t lda, const uint8_t *
             _tile_dpbf16ps(1, 4, 7);
         }
         if (NT == 2) {
-            _tile_loadd(5, xa1 + s * 64, (long)lda);
+            _tile_loadd(5, xa1 + s * 1024, 64);
             _tile_dpbf16ps(2, 5, 6);
             if (MR == 2)
                 _tile_dpbf16ps(3, 5, 7);
         }
     }
-    const size_t nt0 = NT == 2 ? TT : nt1, nr0 = MR == 2 ? PANEL : nr1;
-    store_tile(0, y, ldy, nt0, nr0);
+    _tile_stored(0, c8, (long)ldc);
     if (MR == 2)
-        store_tile(1, y + PANEL, ldy, nt0, nr1);
+        _tile_stored(1, c8 + 64, (long)ldc);
     if (NT == 2) {
-        store_tile(2, y + TT * ldy, ldy, nt1, nr0);
+        _tile_stored(2, c8 + TT * ldc, (long)ldc);
         if (MR == 2)
-            store_tile(3, y + TT * ldy + PANEL, ldy, nt1, nr1);
+            _tile_stored(3, c8 + TT * ldc + 64, (long)ldc);
     }
-}
-
-/* Every token against panels [w0, w0 + np panels) (np 1 or 2), nr1 valid rows in the last. */
-INLINE void panel_pair(int MR, const uint16_t *xa, size_t lda, const uint8_t *w0,
-                       size_t wstride, size_t nb, size_t n, float *y, size_t ldy, size_t nr1)
-{
-    const uint8_t *x8 = (const uint8_t *)xa;
-    size_t t = 0;
-    for (; t + 2 * TT <= n; t += 2 * TT)
-        block(2, MR, x8 + t * lda, lda, w0, wstride, nb, y + t * ldy, ldy, TT, nr1);
-    if (n - t > TT)
-        block(2, MR, x8 + t * lda, lda, w0, wstride, nb, y + t * ldy, ldy, n - t - TT, nr1);
-    else if (n > t)
-        block(1, MR, x8 + t * lda, lda, w0, wstride, nb, y + t * ldy, ldy, n - t, nr1);
 }
 
 static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act *a, float *y,
@@ -253,13 +236,13 @@ static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act 
 {
     const enum dtype dt = qt == Q4 ? DT_Q4_0 : DT_Q8_0;
     const size_t cols = a->cols, nb = cols / 32, n = a->n, npad = kern__round_up(n, TT);
-    const size_t lda_el = cols + 32, pstride = PANEL * kern__row_bytes(dt, cols);
-    const size_t wpanel = nb * 1024; /* bytes of one dequantized panel */
-    size_t rc = W_CHUNK_BYTES / wpanel / 2 * 2;  /* panels per chunk, even */
-    if (rc < 2)
-        rc = 2;
-    const size_t abytes = npad * lda_el * 2;
-    uint8_t *scratch = kern__scratch_slot(1, abytes + rc * wpanel);
+    const size_t pstride = PANEL * kern__row_bytes(dt, cols);
+    const size_t kcb = KC / 32 < nb ? KC / 32 : nb; /* blocks per K chunk */
+    const size_t wpanel = kcb * 1024;                /* bytes of one dequantized panel chunk */
+    const size_t ldc_el = RC + 16;                   /* C buffer stride (floats): not 2^k */
+    const size_t abytes = npad * cols * 2 + cols * 2, wbytes = RC / PANEL * wpanel,
+                 cbytes = npad * ldc_el * 4;
+    uint8_t *scratch = kern__scratch_slot(1, abytes + wbytes + cbytes);
     if (!scratch) {
         if (qt == Q4)
             kern_gemm_q4_0p_q8_0_avx512(wp, a, y, ldy, r0, r1);
@@ -269,25 +252,44 @@ static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act 
     }
     uint16_t *xa = (uint16_t *)(void *)scratch;
     uint8_t *wb = scratch + abytes;
-    round_acts(a, xa, lda_el, npad);
+    float *cb = (float *)(void *)(wb + wbytes);
+    round_acts(a, xa, xa + npad * cols, npad);
     tiles_config();
-    const size_t p0 = r0 / PANEL, p1 = (r1 + PANEL - 1) / PANEL;
-    for (size_t pc = p0; pc < p1; pc += rc) {
-        size_t np = p1 - pc < rc ? p1 - pc : rc;
-        for (size_t p = 0; p < np; p++)
-            dequant_panel(qt, (const uint8_t *)wp + (pc + p) * pstride, nb,
-                          (uint32_t *)(void *)(wb + p * wpanel));
-        size_t p = 0;
-        for (; p + 2 <= np; p += 2) {
-            size_t rlast = (pc + p + 1) * PANEL, nr1 = r1 - rlast < PANEL ? r1 - rlast : PANEL;
-            panel_pair(2, xa, lda_el * 2, wb + p * wpanel, wpanel, nb, n,
-                       y + (pc + p) * PANEL, ldy, nr1);
+    const size_t ldc = ldc_el * 4;
+    for (size_t rc = r0; rc < r1; rc += RC) {
+        const size_t nr = r1 - rc < RC ? r1 - rc : RC, np = (nr + PANEL - 1) / PANEL;
+        const uint8_t *pp = (const uint8_t *)wp + rc / PANEL * pstride;
+        for (size_t b0 = 0; b0 < nb; b0 += kcb) {
+            const size_t ks = nb - b0 < kcb ? nb - b0 : kcb;
+            for (size_t p = 0; p < np; p++)
+                dequant_panel(qt, pp + p * pstride, nb, b0, ks,
+                              (uint32_t *)(void *)(wb + p * wpanel));
+            /* token tile i's step s at xk + (i * nb + s) * 1024 bytes */
+            const uint8_t *xk = (const uint8_t *)(xa + b0 * 512);
+            const size_t lda = nb * 1024; /* bytes between token tiles */
+            size_t p = 0;
+            for (; p + 2 <= np; p += 2) {
+                size_t t = 0;
+                for (; t + 2 * TT <= npad; t += 2 * TT)
+                    block(2, 2, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
+                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
+                if (t < npad)
+                    block(1, 2, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
+                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
+            }
+            if (p < np) {
+                size_t t = 0;
+                for (; t + 2 * TT <= npad; t += 2 * TT)
+                    block(2, 1, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
+                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
+                if (t < npad)
+                    block(1, 1, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
+                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
+            }
         }
-        if (p < np) {
-            size_t rlast = (pc + p) * PANEL, nr1 = r1 - rlast < PANEL ? r1 - rlast : PANEL;
-            panel_pair(1, xa, lda_el * 2, wb + p * wpanel, wpanel, nb, n,
-                       y + (pc + p) * PANEL, ldy, nr1);
-        }
+        /* the chunk's sums out to y: rows [rc, rc + nr), tokens [0, n) */
+        for (size_t t = 0; t < n; t++)
+            memcpy(y + t * ldy + rc, cb + t * ldc_el, nr * sizeof(float));
     }
     _tile_release();
 }
