@@ -13,9 +13,10 @@
  * (ref_qbf16.c) compute the same rounded operands with scalar f32 sums.
  *
  * Layout, C[token][row] = X . W^T:
- *   A tiles: 16 tokens x 32 bf16 of the activations, a copy of a->x rounded like act.c's xb
- *     (half_f32_to_bf16), tokens padded with zeros to a multiple of 16, row stride cols + 32
- *     elements (no 2^k-byte stride).
+ *   A tiles: 16 tokens x 32 bf16 of the activations, a per-call copy of a->x rounded like
+ *     act.c's xb (half_f32_to_bf16), tokens padded with zeros to a multiple of 16, stored
+ *     tile-contiguous: token tile i's block b is the 1 KiB at ((i * nb + b) * 16) * 32 elements
+ *     (loads of stride 64: measured faster than the row layout, docs/PERFORMANCE.md).
  *   B tiles: 16 column pairs x 16 rows x 2 bf16 (tdpbf16ps' pair layout: dword i of pair row p
  *     = row i's columns 2p, 2p+1). The panels already hold lane = row (quant.h "q4_0 panels",
  *     "q8_0 panels"), so one 64-byte vector of a block gives 4 columns of the 16 rows: each
@@ -24,10 +25,11 @@
  *     q * d are never denormal (|q| >= 1, d an f16), so the instruction's denormal flush
  *     never applies and its rounding equals half_f32_to_bf16's.
  *   C tiles: 16 tokens x 16 rows f32, 2 x 2 in flight (32 tokens x 32 rows: 2 A + 2 B loads
- *     per 4 tdpbf16ps), stored straight into y when whole (a C row is 16 consecutive floats
- *     of y), through a buffer with masks on ragged edges.
- * Blocking: the thread's rows in chunks of RC rows whose bf16 weights (RC x cols x 2 bytes)
- * stay in L2 while every token pair of the call runs over them.
+ *     per 4 tdpbf16ps), loaded from and stored to a C buffer [npad][RC + 16] f32 per K chunk,
+ *     copied to y once per row chunk (so ragged rows and tokens need no masks in the loop).
+ * Blocking: the thread's rows in chunks of RC rows; per chunk, K in chunks of KC columns: the
+ * chunk's panels are dequantized (RC x KC bf16, L2), then every token pair of the call runs
+ * over each panel pair (2 x KC/32 KiB of B tiles, L1) with C in the buffer (n x RC f32, L2).
  */
 #include "internal.h"
 
@@ -136,8 +138,9 @@ static void dequant_panel(enum qtype qt, const uint8_t *pp, size_t nb, size_t b0
     }
 }
 
-/* a->x rounded to bf16 like act.c's xb (half_f32_to_bf16: NaN quieted, no denormal flush):
- * xa [npad][lda] bf16, tokens >= n and columns >= cols zero. */
+/* a->x rounded to bf16 like act.c's xb (half_f32_to_bf16: NaN quieted, no denormal flush)
+ * into the tile-contiguous xa [npad/16][nb][16][32] bf16 (tokens >= n zero), one token at a
+ * time through row_buf [cols]. */
 static void scatter_row(const uint16_t *o, uint16_t *xa, size_t t, size_t cols)
 {
     const size_t nb = cols / 32;
@@ -178,8 +181,9 @@ static void round_acts(const struct kern_act *a, uint16_t *xa, uint16_t *row_buf
 /*
  * NT (1, 2) token tiles x MR (1, 2) panels over ks K steps, C accumulated in the buffer c
  * (stride ldc bytes; tile (i, j) at c + i * 16 rows + j * 16 floats), zeroed first when
- * first. xa: the first token's bf16 row at the chunk's first column (stride lda bytes); w0:
- * the first panel's pair rows of the chunk (the second at w0 + wstride bytes).
+ * first. xa: the first token tile's A tile at the chunk's first block (its K steps 1 KiB
+ * apart, the second token tile lda bytes further); w0: the first panel's pair rows of the
+ * chunk (the second at w0 + wstride bytes).
  * Tiles: C[token tile i][panel j] = tile 2i + j.
  */
 INLINE void block(int NT, int MR, const uint8_t *xa, size_t lda, const uint8_t *w0,
