@@ -66,6 +66,12 @@ kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_
 /* AMX-INT8 tiles on the same panels (x86/amx_q.c): only when kern_has_amx_bf16(); the same bits
  * as the _avx512 panel kernels above (their twins through them) */
 kern_mm_fn kern_gemm_q4_0p_q8_0_amx, kern_gemm_q8_0p_q8_0_amx;
+/* Design (b), a numerics change not in the dispatch table (x86/amx_qbf16.c): the panels'
+ * weights dequantized to bf16, activations rounded to bf16 (a->x), tdpbf16ps; the _ref twins
+ * (ref_qbf16.c) use the same operands with column-order f32 sums. _amx only when
+ * kern_has_amx_bf16(). */
+kern_mm_fn kern_gemm_q4_0p_bf16_amx, kern_gemm_q8_0p_bf16_amx;
+kern_mm_fn kern_gemm_q4_0p_bf16_ref, kern_gemm_q8_0p_bf16_ref;
 /* mxfp4 panels (quant.h "mxfp4 panels"; x86/avx512_mxfp4.c): _avx512 gives the stored-row
  * kern_gemm_mxfp4_q8_0_avx512's bits (and so its gemv's) for every n; it uses AVX512-VBMI when
  * the CPU has it, _avx512_plain never (tests on CPUs that have it). */

@@ -757,6 +757,78 @@ static void test_amx_bf16_gemm(void **state)
 }
 
 /*
+ * Design (b) of the q4_0 / q8_0 AMX prefill (x86/amx_qbf16.c, not dispatched): weights
+ * dequantized to bf16, activations rounded to bf16, tdpbf16ps; against its twins
+ * kern_gemm_q{4,8}_0p_bf16_ref (the same rounded operands, column-order f32 sums) within
+ * 1e-5 of a bound on the sum of |products| (sum |bf16(x)| times the largest |q * d| of the
+ * matrix). Row counts with a partial last panel and more than one 256-row chunk, row ranges
+ * starting on panels, columns over one and several 512-column K chunks (ragged last chunk),
+ * ragged 16/32-token tiles, ldy > rows; rows outside [r0, r1) untouched. Skips without AMX.
+ */
+static void test_amx_qbf16_gemm(void **state)
+{
+    g_case = isa_case_begin(state);
+    static const size_t rowss[] = {5, 16, 33, 100, 290};
+    static const size_t colss[] = {32, 96, 1024, 1056};
+    static const size_t nss[] = {1, 15, 16, 17, 33, 50};
+    for (int q8 = 0; q8 < 2; q8++)
+        for (size_t ri = 0; ri < sizeof rowss / sizeof rowss[0]; ri++)
+            for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++)
+                for (size_t ni = 0; ni < sizeof nss / sizeof nss[0]; ni++) {
+                    const enum dtype wt = q8 ? DT_Q8_0 : DT_Q4_0;
+                    const size_t rows = rowss[ri], cols = colss[ci], n = nss[ni];
+                    const size_t np = (rows + 15) / 16;
+                    const size_t r0 = (ri + ni) % 2 ? 0 : 16 * rndz(0, np - 1);
+                    const size_t rp = 16 * rndz(r0 / 16 + 1, np); /* a panel end */
+                    const size_t r1 = (ri + ci + ni) % 2 || rp > rows ? rows : rp;
+                    const size_t ldy = rows + 7;
+                    void *w = make_weights(wt, rows, cols);
+                    void *wp = aligned_alloc(64, (kern_panels_bytes(wt, rows, cols) + 127) / 64 * 64);
+                    assert_non_null(wp);
+                    kern_panels_pack(wt, w, cols, wp, rows, 0, np);
+                    /* the largest |q * d|: q4_0 |q| <= 8, q8_0 |q| <= 128 */
+                    const size_t bb = q8 ? 34 : 18;
+                    float wmax = 0;
+                    for (size_t b = 0; b < rows * cols / 32; b++) {
+                        const uint8_t *blk = (const uint8_t *)w + b * bb;
+                        float d = fabsf(half_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)));
+                        wmax = fmaxf(wmax, d * (q8 ? 128.0f : 8.0f));
+                    }
+                    float *x = make_x(n, cols);
+                    size_t bytes;
+                    assert_int_equal(kern_act_bytes(wt, cols, n, &bytes), 0);
+                    void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+                    assert_non_null(buf);
+                    struct kern_act a;
+                    kern_act_init(&a, wt, x, cols, n, buf);
+                    kern_act_prepare(&a, 0, n);
+                    float *y = filled(n * ldy), *twin = filled(n * ldy), *tol = filled(n * ldy);
+                    (q8 ? kern_gemm_q8_0p_bf16_amx : kern_gemm_q4_0p_bf16_amx)(wp, &a, y, ldy, r0,
+                                                                             r1);
+                    (q8 ? kern_gemm_q8_0p_bf16_ref : kern_gemm_q4_0p_bf16_ref)(wp, &a, twin, ldy,
+                                                                             r0, r1);
+                    for (size_t t = 0; t < n; t++) {
+                        double s = 0;
+                        for (size_t c = 0; c < cols; c++)
+                            s += fabs((double)half_bf16_to_f32(half_f32_to_bf16(x[t * cols + c])));
+                        for (size_t r = r0; r < r1; r++)
+                            tol[t * ldy + r] = 1e-5f * (float)(s * wmax) + 1e-30f;
+                    }
+                    char what[160];
+                    snprintf(what, sizeof what, "kern_gemm_%s_bf16_amx, %zu rows, vs its twin",
+                             q8 ? "q8_0p" : "q4_0p", rows);
+                    check_close(what, y, twin, tol, n, ldy, r0, r1, cols);
+                    free(tol);
+                    free(twin);
+                    free(y);
+                    free(buf);
+                    free(x);
+                    free(wp);
+                    free(w);
+                }
+}
+
+/*
  * Dispatch: with AMX (and AVX-512) the bf16 gemm entry is the AMX variant: kern_matmul_act
  * from 16 tokens gives its bits exactly; CLOCHER_AMX=0 (read when the table is filled) and the
  * AVX2 ISA leave AMX off, the AVX-512 path then giving kern_gemm_bf16_bf16_avx512's bits.
@@ -819,6 +891,7 @@ int main(void)
         ISA_CASE_TEST(test_bf16_gemm_tiles, isa_case_avx512bf16),
         ISA_CASE_TEST(test_amx_bf16_gemm, isa_case_amxbf16),
         ISA_CASE_TEST(test_amx_dispatch, isa_case_amxbf16),
+        ISA_CASE_TEST(test_amx_qbf16_gemm, isa_case_amxbf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,184 @@
+/*
+ * amxq_bench.c — the q4_0 / q8_0 panel GEMMs side by side (session 17, task amxq): the
+ * AVX-512 VNNI panel kernel (kern_gemm_<t>p_q8_0_avx512), the AMX-INT8 one (same bits,
+ * x86/amx_q.c) and the AMX-BF16 dequantizing one (design (b), x86/amx_qbf16.c), on the same
+ * random weights and activations, THREADS threads splitting the rows on panel boundaries as
+ * worker/model/matmul.c does. Rounds interleave the kernels (V I B V I B ...); each entry is
+ * the median over rounds of the slowest thread's CPU time per call (thread CPU time: this
+ * machine is shared), so the ratios come from one run under one load.
+ * Prints one markdown row: GFLOP/s of each and the ratios to VNNI, plus the largest error of
+ * the bf16 kernel relative to the VNNI output's scale (max |y_b - y_v| / max |y_v|) and the
+ * count of AMX-INT8 outputs whose bits differ from VNNI's (must be 0).
+ *   usage: amxq_bench q4|q8 ROWS COLS N THREADS ROUNDS
+ */
+#include "dtype.h"
+#include "kern.h"
+#include "kern_variants.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static uint64_t g_rng = 88172645463325252ull;
+static uint32_t rnd(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 11);
+}
+
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "amxq_bench: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+struct job {
+    kern_mm_fn *f;
+    const void *w;
+    const struct kern_act *a;
+    float *y;
+    size_t rows, r0, r1;
+    pthread_barrier_t *start, *done;
+    int iters;
+    double cpu; /* thread CPU seconds of the last batch */
+    volatile int quit;
+};
+
+static void *worker(void *p)
+{
+    struct job *j = p;
+    for (;;) {
+        pthread_barrier_wait(j->start);
+        if (j->quit)
+            return NULL;
+        double t0 = cpu_now();
+        for (int i = 0; i < j->iters; i++)
+            j->f(j->w, j->a, j->y, j->rows, j->r0, j->r1);
+        j->cpu = cpu_now() - t0;
+        pthread_barrier_wait(j->done);
+    }
+}
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 7) {
+        fprintf(stderr, "usage: amxq_bench q4|q8 ROWS COLS N THREADS ROUNDS\n");
+        return 2;
+    }
+    const int q8 = strcmp(argv[1], "q8") == 0;
+    const size_t rows = strtoul(argv[2], NULL, 10), cols = strtoul(argv[3], NULL, 10),
+                 n = strtoul(argv[4], NULL, 10);
+    const int nth = atoi(argv[5]), rounds = atoi(argv[6]);
+    if (kern_init() != 0 || !kern_has_amx_bf16()) {
+        fprintf(stderr, "amxq_bench: needs AMX\n");
+        return 2;
+    }
+    const enum dtype dt = q8 ? DT_Q8_0 : DT_Q4_0;
+    const size_t bb = q8 ? 34 : 18, nb = cols / 32, wbytes = rows * nb * bb;
+    uint8_t *w = xmalloc(wbytes);
+    for (size_t i = 0; i < wbytes; i++)
+        w[i] = (uint8_t)rnd();
+    for (size_t b = 0; b < rows * nb; b++) {
+        uint16_t d = (uint16_t)(0x2000 + (rnd() & 0x3ff));
+        memcpy(w + b * bb, &d, 2);
+    }
+    void *wp = xmalloc(kern_panels_bytes(dt, rows, cols));
+    kern_panels_pack(dt, w, cols, wp, rows, 0, (rows + 15) / 16);
+    float *x = xmalloc(n * cols * sizeof *x);
+    for (size_t i = 0; i < n * cols; i++)
+        x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+    size_t abytes;
+    if (kern_act_bytes(dt, cols, n, &abytes) != 0)
+        return 2;
+    struct kern_act a;
+    kern_act_init(&a, dt, x, cols, n, xmalloc(abytes + 64));
+    kern_act_prepare(&a, 0, n);
+    kern_mm_fn *fs[3] = {q8 ? kern_gemm_q8_0p_q8_0_avx512 : kern_gemm_q4_0p_q8_0_avx512,
+                         q8 ? kern_gemm_q8_0p_q8_0_amx : kern_gemm_q4_0p_q8_0_amx,
+                         q8 ? kern_gemm_q8_0p_bf16_amx : kern_gemm_q4_0p_bf16_amx};
+    float *ys[3];
+    for (int k = 0; k < 3; k++)
+        ys[k] = xmalloc(n * rows * sizeof(float));
+    pthread_barrier_t start, done;
+    pthread_barrier_init(&start, NULL, (unsigned)nth + 1);
+    pthread_barrier_init(&done, NULL, (unsigned)nth + 1);
+    struct job *jobs = calloc((size_t)nth, sizeof *jobs);
+    pthread_t *th = calloc((size_t)nth, sizeof *th);
+    const size_t np = (rows + 15) / 16;
+    for (int i = 0; i < nth; i++) {
+        size_t p0 = np * (size_t)i / (size_t)nth, p1 = np * (size_t)(i + 1) / (size_t)nth;
+        jobs[i] = (struct job){.w = wp, .a = &a, .rows = rows, .r0 = p0 * 16,
+                               .r1 = p1 * 16 < rows ? p1 * 16 : rows, .start = &start,
+                               .done = &done};
+        pthread_create(&th[i], NULL, worker, &jobs[i]);
+    }
+    /* iterations per timed call batch: ~30 ms of VNNI work at ~100 GFLOP/s per thread */
+    const double ops = 2.0 * (double)rows * (double)cols * (double)n;
+    int iters = (int)(0.03 / (ops / (100e9 * nth)));
+    if (iters < 1)
+        iters = 1;
+    double *t[3];
+    for (int k = 0; k < 3; k++)
+        t[k] = calloc((size_t)rounds, sizeof(double));
+    for (int r = -1; r < rounds; r++)
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < nth; i++) {
+                jobs[i].f = fs[k];
+                jobs[i].y = ys[k];
+                jobs[i].iters = r < 0 ? 1 : iters;
+            }
+            pthread_barrier_wait(&start);
+            pthread_barrier_wait(&done);
+            /* the slowest thread's CPU time: the wall time on an idle machine, without the
+             * time the scheduler gives other processes on this shared one */
+            double m = 0;
+            for (int i = 0; i < nth; i++)
+                m = jobs[i].cpu > m ? jobs[i].cpu : m;
+            if (r >= 0)
+                t[k][r] = m / iters;
+        }
+    for (int i = 0; i < nth; i++)
+        jobs[i].quit = 1;
+    pthread_barrier_wait(&start);
+    for (int i = 0; i < nth; i++)
+        pthread_join(th[i], NULL);
+    size_t diff = 0;
+    double maxv = 0, maxe = 0;
+    for (size_t i = 0; i < n * rows; i++) {
+        diff += memcmp(&ys[0][i], &ys[1][i], sizeof(float)) != 0;
+        maxv = fmax(maxv, fabs(ys[0][i]));
+        maxe = fmax(maxe, fabs((double)ys[2][i] - ys[0][i]));
+    }
+    double med[3];
+    for (int k = 0; k < 3; k++) {
+        qsort(t[k], (size_t)rounds, sizeof(double), cmpd);
+        med[k] = t[k][rounds / 2];
+    }
+    printf("| %s | %zu x %zu | %zu | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %zu | %.1e |\n",
+           argv[1], rows, cols, n, nth, ops / med[0] / 1e9, ops / med[1] / 1e9,
+           ops / med[2] / 1e9, med[0] / med[1], med[0] / med[2], diff, maxe / maxv);
+    return 0;
+}

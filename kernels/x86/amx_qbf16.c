@@ -1,0 +1,313 @@
+/*
+ * amx_qbf16.c — design (b) of the q4_0 / q8_0 prefill on AMX (session 17, task amxq): the
+ * panels' weights dequantized to bf16 once per call and row chunk, then multiplied with
+ * tdpbf16ps against the activations rounded to bf16, C accumulated in tiles over all columns
+ * (no per-block epilogue, unlike the AMX-INT8 kernels of amx_q.c). Compiled with the AVX-512
+ * and AMX flags (kernels/CMakeLists.txt).
+ *
+ * A NUMERICS CHANGE against the int8 panel GEMMs (so not in the dispatch table yet; see
+ * docs/PERFORMANCE.md "session 17, s17-amxq"): y[t][r] = sum_k bf16(x[t][k]) * bf16(q[r][k] *
+ * d[r][k/32]), exact products, f32 sums in tdpbf16ps' order. The weights lose up to 2^-9
+ * relative (q * d needs 4 + 11 / 8 + 11 bits; bf16 keeps 8), the activations are bf16 instead
+ * of int8 per block of 32 (which is coarser: relative ~2^-8 of the block max). The ref twins
+ * (ref_qbf16.c) compute the same rounded operands with scalar f32 sums.
+ *
+ * Layout, C[token][row] = X . W^T:
+ *   A tiles: 16 tokens x 32 bf16 of the activations, a per-call copy of a->x rounded like
+ *     act.c's xb (half_f32_to_bf16), tokens padded with zeros to a multiple of 16, stored
+ *     tile-contiguous: token tile i's block b is the 1 KiB at ((i * nb + b) * 16) * 32 elements
+ *     (loads of stride 64: measured faster than the row layout, docs/PERFORMANCE.md).
+ *   B tiles: 16 column pairs x 16 rows x 2 bf16 (tdpbf16ps' pair layout: dword i of pair row p
+ *     = row i's columns 2p, 2p+1). The panels already hold lane = row (quant.h "q4_0 panels",
+ *     "q8_0 panels"), so one 64-byte vector of a block gives 4 columns of the 16 rows: each
+ *     byte is widened to f32, scaled by its row's d (lane = row), and two columns at a time
+ *     are rounded and interleaved into a pair row (vcvtne2ps2bf16 + vpermw). The products
+ *     q * d are never denormal (|q| >= 1, d an f16), so the instruction's denormal flush
+ *     never applies and its rounding equals half_f32_to_bf16's.
+ *   C tiles: 16 tokens x 16 rows f32, 2 x 2 in flight (32 tokens x 32 rows: 2 A + 2 B loads
+ *     per 4 tdpbf16ps), loaded from and stored to a C buffer [npad][RC + 16] f32 per K chunk,
+ *     copied to y once per row chunk (so ragged rows and tokens need no masks in the loop).
+ * Blocking: the thread's rows in chunks of RC rows; per chunk, K in chunks of KC columns: the
+ * chunk's panels are dequantized (RC x KC bf16, L2), then every token pair of the call runs
+ * over each panel pair (2 x KC/32 KiB of B tiles, L1) with C in the buffer (n x RC f32, L2).
+ */
+#include "internal.h"
+
+#include "check.h"
+#include "half.h"
+#include "quant.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+
+#define TT 16               /* tokens per tile */
+#define PANEL 16            /* rows per panel / per B tile column */
+#ifndef KC
+#define KC 512 /* columns per K chunk: a panel pair's bf16 B tiles (2 x KC/32 KiB) stay in L1 */
+#endif
+#ifndef RC
+#define RC 256 /* rows per row chunk (multiple of 32): its C sums (n x RC f32) stay in L2 */
+#endif
+
+struct tile_cfg {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* Tiles 0-3: C, 4-5: A, 6-7: B; every tile 16 rows x 64 bytes. */
+static void tiles_config(void)
+{
+    struct tile_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = 16;
+    }
+    /* a memory operand: GCC 12 drops the stores of a struct passed to _tile_loadconfig */
+    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+enum qtype { Q4, Q8 };
+
+/* Two columns (f32, lane = row) -> one pair row: dword i = bf16(c0[i]) | bf16(c1[i]) << 16. */
+INLINE __m512i pair_row(__m512 c0, __m512 c1)
+{
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    return _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(c1, c0));
+}
+
+/* byte j of every dword of v as a signed int32 (v already holds signed values) */
+INLINE __m512 byte_f32(__m512i v, int j)
+{
+    return _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24));
+}
+
+/*
+ * One panel's blocks [b0, b0 + nblk) dequantized to bf16 pair rows: dst [nblk][16 pairs][16
+ * rows] dwords, block b's B tile at dst + (b - b0) * 256.
+ */
+static void dequant_panel(enum qtype qt, const uint8_t *pp, size_t nb, size_t b0, size_t nblk,
+                          uint32_t *dst)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8),
+                  x80 = _mm512_set1_epi8((char)0x80);
+    for (size_t b = b0; b < b0 + nblk; b++) {
+        uint32_t *o = dst + (b - b0) * 256;
+        if (qt == Q4) {
+            const uint8_t *qb = pp + quant_q4p_qoff(b, nb);
+            __m512 d = _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)(pp + quant_q4p_soff(b, nb))));
+            UNROLL for (int g = 0; g < 4; g++)
+            {
+                __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
+                /* low nibbles: columns 4g..4g+3; high: 16 + 4g..; both minus 8 */
+                __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, m4), eight);
+                __m512i hi =
+                    _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), eight);
+                __m512 l0 = _mm512_mul_ps(byte_f32(lo, 0), d), l1 = _mm512_mul_ps(byte_f32(lo, 1), d);
+                __m512 l2 = _mm512_mul_ps(byte_f32(lo, 2), d), l3 = _mm512_mul_ps(byte_f32(lo, 3), d);
+                __m512 h0 = _mm512_mul_ps(byte_f32(hi, 0), d), h1 = _mm512_mul_ps(byte_f32(hi, 1), d);
+                __m512 h2 = _mm512_mul_ps(byte_f32(hi, 2), d), h3 = _mm512_mul_ps(byte_f32(hi, 3), d);
+                _mm512_store_si512((void *)(o + (2 * g) * 16), pair_row(l0, l1));
+                _mm512_store_si512((void *)(o + (2 * g + 1) * 16), pair_row(l2, l3));
+                _mm512_store_si512((void *)(o + (8 + 2 * g) * 16), pair_row(h0, h1));
+                _mm512_store_si512((void *)(o + (8 + 2 * g + 1) * 16), pair_row(h2, h3));
+            }
+        } else {
+            const uint8_t *qb = pp + quant_q8p_qoff(b, nb);
+            __m512 d = _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)(pp + quant_q8p_soff(b, nb))));
+            UNROLL for (int g = 0; g < 8; g++)
+            {
+                /* stored as q + 128: back to signed bytes */
+                __m512i v = _mm512_xor_si512(_mm512_loadu_si512((const void *)(qb + 64 * g)), x80);
+                __m512 c0 = _mm512_mul_ps(byte_f32(v, 0), d), c1 = _mm512_mul_ps(byte_f32(v, 1), d);
+                __m512 c2 = _mm512_mul_ps(byte_f32(v, 2), d), c3 = _mm512_mul_ps(byte_f32(v, 3), d);
+                _mm512_store_si512((void *)(o + (2 * g) * 16), pair_row(c0, c1));
+                _mm512_store_si512((void *)(o + (2 * g + 1) * 16), pair_row(c2, c3));
+            }
+        }
+    }
+}
+
+/* a->x rounded to bf16 like act.c's xb (half_f32_to_bf16: NaN quieted, no denormal flush)
+ * into the tile-contiguous xa [npad/16][nb][16][32] bf16 (tokens >= n zero), one token at a
+ * time through row_buf [cols]. */
+static void scatter_row(const uint16_t *o, uint16_t *xa, size_t t, size_t cols)
+{
+    const size_t nb = cols / 32;
+    for (size_t b = 0; b < nb; b++)
+        memcpy(xa + ((t / 16 * nb + b) * 16 + t % 16) * 32, o + b * 32, 64);
+}
+
+static void round_acts(const struct kern_act *a, uint16_t *xa, uint16_t *row_buf, size_t npad)
+{
+    const size_t cols = a->cols;
+    const __m512i one = _mm512_set1_epi32(1), r7 = _mm512_set1_epi32(0x7fff),
+                  abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                  q = _mm512_set1_epi32(0x40);
+    for (size_t t = 0; t < npad; t++) {
+        /* token t's 32 columns of block b at xa + ((t / 16 * nb + b) * 16 + t % 16) * 32 */
+        uint16_t *o = row_buf;
+        if (t >= a->n) {
+            memset(o, 0, cols * 2);
+            scatter_row(o, xa, t, cols);
+            continue;
+        }
+        const float *x = a->x + t * cols;
+        size_t c = 0;
+        for (; c + 16 <= cols; c += 16) {
+            __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + c));
+            __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+            __m512i r = _mm512_add_epi32(
+                u, _mm512_add_epi32(r7, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+            r = _mm512_mask_or_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_srli_epi32(u, 16), q);
+            _mm256_storeu_si256((__m256i *)(o + c), _mm512_cvtepi32_epi16(r));
+        }
+        for (; c < cols; c++)
+            o[c] = half_f32_to_bf16(x[c]);
+        scatter_row(o, xa, t, cols);
+    }
+}
+
+/*
+ * NT (1, 2) token tiles x MR (1, 2) panels over ks K steps, C accumulated in the buffer c
+ * (stride ldc bytes; tile (i, j) at c + i * 16 rows + j * 16 floats), zeroed first when
+ * first. xa: the first token tile's A tile at the chunk's first block (its K steps 1 KiB
+ * apart, the second token tile lda bytes further); w0: the first panel's pair rows of the
+ * chunk (the second at w0 + wstride bytes).
+ * Tiles: C[token tile i][panel j] = tile 2i + j.
+ */
+INLINE void block(int NT, int MR, const uint8_t *xa, size_t lda, const uint8_t *w0,
+                  size_t wstride, size_t ks, float *c, size_t ldc, int first)
+{
+    uint8_t *c8 = (uint8_t *)c;
+    if (first) {
+        _tile_zero(0);
+        if (MR == 2)
+            _tile_zero(1);
+        if (NT == 2) {
+            _tile_zero(2);
+            if (MR == 2)
+                _tile_zero(3);
+        }
+    } else {
+        _tile_loadd(0, c8, (long)ldc);
+        if (MR == 2)
+            _tile_loadd(1, c8 + 64, (long)ldc);
+        if (NT == 2) {
+            _tile_loadd(2, c8 + TT * ldc, (long)ldc);
+            if (MR == 2)
+                _tile_loadd(3, c8 + TT * ldc + 64, (long)ldc);
+        }
+    }
+    const uint8_t *xa1 = xa + lda, *w1 = w0 + wstride;
+    for (size_t s = 0; s < ks; s++) {
+        _tile_loadd(4, xa + s * 1024, 64);
+        _tile_loadd(6, w0 + s * 1024, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (MR == 2) {
+            _tile_loadd(7, w1 + s * 1024, 64);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+        if (NT == 2) {
+            _tile_loadd(5, xa1 + s * 1024, 64);
+            _tile_dpbf16ps(2, 5, 6);
+            if (MR == 2)
+                _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c8, (long)ldc);
+    if (MR == 2)
+        _tile_stored(1, c8 + 64, (long)ldc);
+    if (NT == 2) {
+        _tile_stored(2, c8 + TT * ldc, (long)ldc);
+        if (MR == 2)
+            _tile_stored(3, c8 + TT * ldc + 64, (long)ldc);
+    }
+}
+
+static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act *a, float *y,
+                           size_t ldy, size_t r0, size_t r1)
+{
+    const enum dtype dt = qt == Q4 ? DT_Q4_0 : DT_Q8_0;
+    const size_t cols = a->cols, nb = cols / 32, n = a->n, npad = kern__round_up(n, TT);
+    const size_t pstride = PANEL * kern__row_bytes(dt, cols);
+    const size_t kcb = KC / 32 < nb ? KC / 32 : nb; /* blocks per K chunk */
+    const size_t wpanel = kcb * 1024;                /* bytes of one dequantized panel chunk */
+    const size_t ldc_el = RC + 16;                   /* C buffer stride (floats): not 2^k */
+    const size_t abytes = npad * cols * 2 + cols * 2, wbytes = RC / PANEL * wpanel,
+                 cbytes = npad * ldc_el * 4;
+    uint8_t *scratch = kern__scratch_slot(1, abytes + wbytes + cbytes);
+    if (!scratch) {
+        if (qt == Q4)
+            kern_gemm_q4_0p_q8_0_avx512(wp, a, y, ldy, r0, r1);
+        else
+            kern_gemm_q8_0p_q8_0_avx512(wp, a, y, ldy, r0, r1);
+        return;
+    }
+    uint16_t *xa = (uint16_t *)(void *)scratch;
+    uint8_t *wb = scratch + abytes;
+    float *cb = (float *)(void *)(wb + wbytes);
+    round_acts(a, xa, xa + npad * cols, npad);
+    tiles_config();
+    const size_t ldc = ldc_el * 4;
+    for (size_t rc = r0; rc < r1; rc += RC) {
+        const size_t nr = r1 - rc < RC ? r1 - rc : RC, np = (nr + PANEL - 1) / PANEL;
+        const uint8_t *pp = (const uint8_t *)wp + rc / PANEL * pstride;
+        for (size_t b0 = 0; b0 < nb; b0 += kcb) {
+            const size_t ks = nb - b0 < kcb ? nb - b0 : kcb;
+            for (size_t p = 0; p < np; p++)
+                dequant_panel(qt, pp + p * pstride, nb, b0, ks,
+                              (uint32_t *)(void *)(wb + p * wpanel));
+            /* token tile i's step s at xk + (i * nb + s) * 1024 bytes */
+            const uint8_t *xk = (const uint8_t *)(xa + b0 * 512);
+            const size_t lda = nb * 1024; /* bytes between token tiles */
+            size_t p = 0;
+            for (; p + 2 <= np; p += 2) {
+                size_t t = 0;
+                for (; t + 2 * TT <= npad; t += 2 * TT)
+                    block(2, 2, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
+                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
+                if (t < npad)
+                    block(1, 2, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
+                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
+            }
+            if (p < np) {
+                size_t t = 0;
+                for (; t + 2 * TT <= npad; t += 2 * TT)
+                    block(2, 1, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
+                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
+                if (t < npad)
+                    block(1, 1, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
+                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
+            }
+        }
+        /* the chunk's sums out to y: rows [rc, rc + nr), tokens [0, n) */
+        for (size_t t = 0; t < n; t++)
+            memcpy(y + t * ldy + rc, cb + t * ldc_el, nr * sizeof(float));
+    }
+    _tile_release();
+}
+
+void kern_gemm_q4_0p_bf16_amx(const void *wp, const struct kern_act *a, float *y, size_t ldy,
+                              size_t r0, size_t r1)
+{
+    CHECK(a->wt == DT_Q4_0 && a->x);
+    gemm_qbf16_amx(Q4, wp, a, y, ldy, r0, r1);
+}
+
+void kern_gemm_q8_0p_bf16_amx(const void *wp, const struct kern_act *a, float *y, size_t ldy,
+                              size_t r0, size_t r1)
+{
+    CHECK(a->wt == DT_Q8_0 && a->x);
+    gemm_qbf16_amx(Q8, wp, a, y, ldy, r0, r1);
+}
