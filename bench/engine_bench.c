@@ -67,6 +67,8 @@ struct opts {
     uint64_t kv_mib;
     bool one_tenant;                      /* prefill: all prompts from one tenant */
     enum lora_pack lora_weights;          /* --lora-weights */
+    int lora_only;                        /* --lora-only: 0 pairs, 1 every step base-only,
+                                           * 2 every step adapted (for perf record) */
 };
 
 /* Counts the TOKEN events of each stream (user = stream index + 1). */
@@ -153,7 +155,7 @@ static int drain(struct engine *e, const uint64_t *ids, size_t n)
  */
 static int decode_run(struct engine *e, struct counter *c, size_t n, const char *const *names,
                       size_t n_names, uint32_t warm, uint32_t steps, uint32_t seed,
-                      bool paired, struct sample *out)
+                      bool paired, int only, struct sample *out)
 {
     int32_t prompts[MAX_STREAMS][8];
     uint64_t ids[MAX_STREAMS];
@@ -195,8 +197,9 @@ static int decode_run(struct engine *e, struct counter *c, size_t n, const char 
     for (uint32_t s = 0; s < steps; s++) {
         /* paired: within pair k = s / 2, the base-only step first when (k + seed) is even */
         const bool first = s % 2 == 0, base_first = (s / 2 + seed) % 2 == 0;
-        const bool base = paired && first == base_first;
-        const uint32_t slot = !paired ? s : base ? s / 2 * 2 : s / 2 * 2 + 1;
+        const bool base_turn = first == base_first; /* the step's place in its pair */
+        const bool base = paired && (only ? only == 1 : base_turn);
+        const uint32_t slot = !paired ? s : base_turn ? s / 2 * 2 : s / 2 * 2 + 1;
         if (paired)
             engine__set_lora_bypass(e, base);
         double cs = cpu_seconds(), ws = bench_now();
@@ -240,7 +243,7 @@ static int mode_scale(struct engine *e, struct counter *c, const struct opts *o)
             /* rotate the order so no count always runs first after a pause */
             size_t j = (k + r) % o->n_counts;
             int rc = decode_run(e, c, o->counts[j], NULL, 0, o->warm, o->steps,
-                                r * 97 + (uint32_t)j, false, &smp[j][r]);
+                                r * 97 + (uint32_t)j, false, 0, &smp[j][r]);
             if (rc)
                 return rc;
         }
@@ -281,7 +284,7 @@ static int mode_lora(struct engine *e, struct counter *c, const struct opts *o)
         for (size_t k = 0; k < o->n_sets; k++) {
             size_t j = (k + r) % o->n_sets; /* rotate the sets' order */
             int rc = decode_run(e, c, o->streams, o->set_names[j], 4, o->warm, steps,
-                                r * 97 + (uint32_t)j, true, &smp[j][r]);
+                                r * 97 + (uint32_t)j, true, o->lora_only, &smp[j][r]);
             if (rc)
                 return rc;
         }
@@ -414,7 +417,9 @@ static void usage(FILE *f)
 "  --one-tenant         prefill: every prompt from one tenant (default: one tenant each,\n"
 "                       so the engine shares each step's prefill budget between them)\n"
 "  --kv-mib N           KV pool (default 512)\n"
-"  --lora-weights auto|bf16|int8  how adapters' weights are packed (default auto)\n");
+"  --lora-weights auto|bf16|int8  how adapters' weights are packed (default auto)\n"
+"  --lora-only base|adapted  lora: every timed step of that kind, not pairs (to profile one\n"
+"                       kind with perf record; the ratios printed are then ~1)\n");
 }
 
 static int parse_counts(const char *s, struct opts *o)
@@ -466,7 +471,7 @@ int main(int argc, char **argv)
         {"streams", 1, 0, 'n'},   {"adapter", 1, 0, 'a'},  {"set", 1, 0, 'S'},
         {"prefill", 1, 0, 'p'},   {"prefill-len", 1, 0, 'l'}, {"step-tokens", 1, 0, 'T'},
         {"kv-mib", 1, 0, 'k'},    {"help", 0, 0, 'h'},     {"one-tenant", 0, 0, 'o'},
-        {"lora-weights", 1, 0, 'L'},
+        {"lora-weights", 1, 0, 'L'}, {"lora-only", 1, 0, 'O'},
         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -509,6 +514,13 @@ int main(int argc, char **argv)
         case 'L':
             if (lora_pack_parse(optarg, &o.lora_weights))
                 return 2;
+            break;
+        case 'O':
+            if (strcmp(optarg, "base") && strcmp(optarg, "adapted")) {
+                fprintf(stderr, "engine_bench: bad --lora-only '%s' (base, adapted)\n", optarg);
+                return 2;
+            }
+            o.lora_only = strcmp(optarg, "base") ? 2 : 1;
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -257,11 +257,14 @@ void kern_lora_expand_bf16_bf16_avx512(const void *bt_, size_t rank, const float
 /* ---- int8 weights: vpdpbusd ---------------------------------------------------------------- */
 
 /*
- * kern_lora_i8_quant's rule on n floats of v into q [round_up(n, 64)] (zeros past n), with
- * the sum of the codes in *sum: the same max, the same 127 / max, the same product rounded by
- * vcvtps2dq (to nearest even), so the same codes.
+ * kern_lora_i8_quant's rule on n floats of v into q [round_up(n, pad)] (zeros past n; pad a
+ * multiple of 16), with the sum of the codes in *sum: the same max, the same 127 / max, the
+ * same product rounded by vcvtps2dq (to nearest even), so the same codes. The shrink's x wants
+ * pad 64 (its loads are 64 codes wide); the expand's u only its groups of 4 codes, and pad 16
+ * spares it three of four passes at rank <= 16 (session 17: it quantizes u per tile, and the
+ * padded passes were most of quant_x512's samples at rank 1-8).
  */
-static float quant_x512(const float *v, size_t n, int8_t *q, int32_t *sum)
+TGT float quant_x512(const float *v, size_t n, const size_t pad, int8_t *q, int32_t *sum)
 {
     __m512 mx = _mm512_setzero_ps();
     for (size_t c = 0; c < n; c += 16) {
@@ -271,7 +274,7 @@ static float quant_x512(const float *v, size_t n, int8_t *q, int32_t *sum)
     const float amax = _mm512_reduce_max_ps(mx);
     const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     __m512i s = _mm512_setzero_si512();
-    const size_t np = (n + 63) / 64 * 64;
+    const size_t np = (n + pad - 1) / pad * pad;
     for (size_t c = 0; c < np; c += 16) {
         __mmask16 m = (__mmask16)(c >= n ? 0u : n - c >= 16 ? 0xffffu : (1u << (n - c)) - 1u);
         __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, v + c), id));
@@ -333,7 +336,7 @@ void kern_lora_i8_quant_x_avx512(const float *x, size_t in, size_t n, int8_t *qx
 {
     const size_t ldx = KERN_LORA_I8_LDX(in);
     for (size_t i = 0; i < n; i++)
-        xs[i] = quant_x512(x + i * in, in, qx + i * ldx, &xsum[i]);
+        xs[i] = quant_x512(x + i * in, in, 64, qx + i * ldx, &xsum[i]);
 }
 
 void kern_lora_shrink_i8q_avx512(const void *a, size_t in, size_t rank, const int8_t *qx,
@@ -441,13 +444,14 @@ void kern_lora_expand_i8_avx512(const void *bt, size_t rank, const float *t, siz
             /* u = t * sb and its codes in SIMD: called per tile of 512 columns, the scalar
              * rule (nearbyintf per rank row) was a fifth of the expand's time at rank 16
              * (perf, session 13); quant_x512 gives the same codes, zeros past rank up to a
-             * multiple of 64 (<= ldq * 4 = KERN_LORA_RANK_MAX bytes) */
+             * multiple of 16 (<= ldq * 4 = KERN_LORA_RANK_MAX bytes; the panels read the
+             * first 4 * g_n) */
             for (size_t k = 0; k < rank; k += 16) {
                 __mmask16 m = (__mmask16)(rank - k >= 16 ? 0xffffu : (1u << (rank - k)) - 1u);
                 _mm512_store_ps(u + k, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, ti + k),
                                                      _mm512_maskz_loadu_ps(m, sb + k)));
             }
-            us[i] = quant_x512(u, rank, (int8_t *)(tq + i * ldq), &usum[i]);
+            us[i] = quant_x512(u, rank, 16, (int8_t *)(tq + i * ldq), &usum[i]);
         }
         float *yi = y + i0 * ldy;
         switch (nt) {
