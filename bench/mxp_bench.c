@@ -19,6 +19,12 @@
  * 1 (pool_run: the 8 products claimed by the threads as the engine's job does), GB/s of
  * weights; and the same on one product again and again ("hot": L2/L3). Then the repack's rate
  * (kern_panels_pack, 1 thread). Bench-only; the engine's loader repacks the experts itself.
+ *
+ *   mxp_bench [ring MiB] [rounds] streams   (session 17)
+ * instead compares one and two DRAM streams per thread (kern_set_panel_streams) at n = 1 on one
+ * thread, mxfp4 panels and q8_0 panels (one random 2880 x 2880 product at a time from a ring of
+ * each), in the order 1 2 2 1 per round, GB of weights per second of the thread's CPU time
+ * (robust to neighbours taking the CPU: a loaded 2-vCPU machine) and per wall second.
  */
 #include "bench_util.h"
 #include "kern.h"
@@ -28,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #define ROWS 2880
 #define COLS 2880
@@ -145,6 +152,51 @@ int main(int argc, char **argv)
         }
     }
     printf("bits: panels == stored rows for n = 1..4 (%d products each)\n", JOB);
+    if (argc > 3 && strcmp(argv[3], "streams") == 0) { /* see the head of this file */
+        const size_t QRB = (size_t)NB * 34, QMAT = (size_t)ROWS * QRB, nq = nmat * MAT / QMAT;
+        uint8_t *qs = huge_alloc(QMAT), *qp = huge_alloc(nq * QMAT);
+        for (size_t i = 0; i < QMAT; i++)
+            qs[i] = (uint8_t)next();
+        for (size_t i = 0; i < (size_t)ROWS * NB; i++) { qs[i * 34] = 0x00; qs[i * 34 + 1] = 0x20; }
+        for (size_t m = 0; m < nq; m++)
+            kern_panels_pack(DT_Q8_0, qs, COLS, qp + m * QMAT, ROWS, 0, ROWS / 16);
+        size_t qab;
+        kern_act_bytes(DT_Q8_0, COLS, 1, &qab);
+        void *qabuf = aligned_alloc(64, (qab + 63) / 64 * 64);
+        struct kern_act a, qa;
+        kern_act_init(&a, DT_MXFP4, x, COLS, 1, abuf);
+        kern_act_prepare(&a, 0, 1);
+        kern_act_init(&qa, DT_Q8_0, x, COLS, 1, qabuf);
+        kern_act_prepare(&qa, 0, 1);
+        static const int seq[] = {0, 1, 1, 0};
+        printf("| round | panels | streams per thread | GB per CPU-s | GB per wall-s |\n|---|---|---|---|---|\n");
+        for (int r = 0; r < rounds; r++)
+            for (int ty = 0; ty < 2; ty++)
+                for (int k = 0; k < 4; k++) {
+                    kern_set_panel_streams(seq[k] ? 2 : 1);
+                    struct timespec c0, c1;
+                    double w0 = bench_now();
+                    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+                    size_t done = 0;
+                    while (bench_now() - w0 < 0.5) {
+                        if (ty == 0)
+                            kern_matmul_act_panels(DT_MXFP4, in + next() % nmat * MAT, &a, y0,
+                                                   ROWS, 0, ROWS);
+                        else
+                            kern_matmul_act_panels(DT_Q8_0, qp + next() % nq * QMAT, &qa, y0,
+                                                   ROWS, 0, ROWS);
+                        done++;
+                    }
+                    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+                    double w = bench_now() - w0,
+                           c = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+                    double gb = (double)done * (ty ? QMAT : MAT) / 1e9;
+                    printf("| %d | %s | %d | %.2f | %.2f |\n", r, ty ? "q8_0" : "mxfp4", seq[k] + 1,
+                           gb / c, gb / w);
+                    fflush(stdout);
+                }
+        return 0;
+    }
     printf("ring %zu products of %d x %d (%.0f MiB per layout), jobs of %d products\n\n", nmat,
            ROWS, COLS, (double)nmat * MAT / 1048576.0, JOB);
 

@@ -225,10 +225,18 @@ int kern_force_isa(enum kern_isa isa)
     return 0;
 }
 
+/* kern.h kern_set_panel_streams: read by the n = 1 panel kernels (x86/avx512_q.c, _mxfp4.c) */
+int kern__panel_streams = 2;
+
+void kern_set_panel_streams(int streams) { kern__panel_streams = streams == 1 ? 1 : 2; }
+
 int kern_init(void)
 {
     if (g_inited)
         return 0;
+    const char *ps = getenv("CLOCHER_PANEL_STREAMS");
+    if (ps && *ps)
+        kern_set_panel_streams(atoi(ps));
     const char *s = getenv("CLOCHER_ISA");
     if (s && *s) {
         for (int i = 0; i < 3; i++)

@@ -136,6 +136,8 @@ struct kern_ops {
 /* Written by kern_init()/kern_force_isa() only (dispatch.c), read-only afterwards. Before
  * kern_init() it holds the scalar ISA's table, so a missed kern_init is slow, not a crash. */
 extern struct kern_ops kern__ops;
+/* kern_set_panel_streams' value: 1 or 2 */
+extern int kern__panel_streams;
 
 /* ---- pieces the traits point at ---------------------------------------------------------- */
 

@@ -510,6 +510,63 @@ MXP_PANEL_FN_(plain, 3, )
 MXP_PANEL_FN_(plain, 4, )
 #undef MXP_PANEL_FN_
 
+/*
+ * Two panels at once for one token (kern.h kern_set_panel_streams, default): panels pa and pb,
+ * half the thread's row range apart, block by block, so the thread keeps two sequential DRAM
+ * streams in flight instead of one (the probe's 2-thread best is 2-4 streams per thread; one
+ * stream per thread left the n = 1 products at ~half the probe: docs/PERFORMANCE.md "gpt-oss
+ * decode, session 17"). Each panel's steps are mxp_panel_*_1's, in its order: the same bits.
+ */
+#define MXP_PANEL2_FN_(flavour, ATTR)                                                        \
+    static ATTR void mxp_panel2_##flavour(const uint8_t *pa, const uint8_t *pb, size_t nb,   \
+                                          const struct kern_act *a, float *y, size_t ra,      \
+                                          size_t rb, __mmask16 rma, __mmask16 rmb)       \
+    {                                                                                        \
+        const __m512i tab = _mm512_load_si512(mx_ukv);                                       \
+        const int8_t *q = a->q;                                                              \
+        const int32_t *ns = a->ns32;                                                         \
+        const float *d = a->d;                                                               \
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};                          \
+        const uint8_t *pp[2] = {pa, pb};                                                     \
+        for (size_t c0 = 0; c0 < nb; c0 += MX_KC / 32) {                                     \
+            const size_t c1 = nb - c0 < MX_KC / 32 ? nb : c0 + MX_KC / 32;                   \
+            __m512 f[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};                        \
+            for (size_t b = c0; b < c1; b++) {                                               \
+                int32_t qd[8];                                                               \
+                memcpy(qd, q + b * 32, sizeof qd);                                           \
+                const __m512 sd = _mm512_set1_ps(d[b]);                                      \
+                UNROLL for (int k = 0; k < 2; k++)                                           \
+                {                                                                            \
+                    const uint8_t *bw = pp[k] + b * MXP_PB;                                  \
+                    UNROLL for (size_t l = 0; l < MXP_PB; l += 64) _mm_prefetch(             \
+                        (const char *)bw + MX_PF + l, _MM_HINT_T0);                          \
+                    __m512i w[8];                                                            \
+                    mxp_weights_##flavour(bw, tab, w);                                       \
+                    const __m512 em = _mm512_sub_ps(                                         \
+                        _mm512_castsi512_ps(_mm512_or_si512(                                 \
+                            _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bw)),      \
+                            _mm512_set1_epi32(MX_F2P23))),                                   \
+                        _mm512_set1_ps(8388608.0f + 128.0f));                                \
+                    __m512i s0 = _mm512_set1_epi32(ns[b]), s1 = _mm512_setzero_si512();      \
+                    UNROLL for (int g = 0; g < 4; g++)                                       \
+                    {                                                                        \
+                        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(qd[g]));        \
+                        s1 = _mm512_dpbusd_epi32(s1, w[4 + g], _mm512_set1_epi32(qd[4 + g])); \
+                    }                                                                        \
+                    f[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),     \
+                                           _mm512_scalef_ps(sd, em), f[k]);                  \
+                }                                                                            \
+            }                                                                                \
+            for (int k = 0; k < 2; k++)                                                      \
+                acc[k] = c0 == 0 ? f[k] : _mm512_add_ps(f[k], acc[k]);                       \
+        }                                                                                    \
+        _mm512_mask_storeu_ps(y + ra, rma, acc[0]);                                          \
+        _mm512_mask_storeu_ps(y + rb, rmb, acc[1]);                                          \
+    }
+MXP_PANEL2_FN_(vbmi, MX_VBMI)
+MXP_PANEL2_FN_(plain, )
+#undef MXP_PANEL2_FN_
+
 typedef void mxp_panel_fn(const uint8_t *pp, size_t nb, const struct kern_act *a, size_t t,
                           float *y, size_t ldy, size_t r, __mmask16 rm);
 static mxp_panel_fn *const mxp_panel_fns[2][MX_NT] = {
@@ -523,6 +580,24 @@ static void mxp_gemm(int vbmi, const void *wp, const struct kern_act *a, float *
 {
     CHECK(r0 % QUANT_MXP_ROWS == 0);
     const size_t nb = a->cols / 32, pbytes = QUANT_MXP_ROWS * kern__row_bytes(DT_MXFP4, a->cols);
+    if (a->n == 1 && kern__panel_streams == 2 && r1 - r0 > QUANT_MXP_ROWS) {
+        /* the range's panels [0, np): panel i with panel h + i; with np odd, h - 1 alone */
+        const size_t np = (r1 - r0 + QUANT_MXP_ROWS - 1) / QUANT_MXP_ROWS, h = (np + 1) / 2;
+        for (size_t i = 0; i < h; i++) {
+            const size_t ra = r0 + i * QUANT_MXP_ROWS, rb = r0 + (h + i) * QUANT_MXP_ROWS;
+            const uint8_t *pa = (const uint8_t *)wp + ra / QUANT_MXP_ROWS * pbytes;
+            if (h + i >= np) { /* ra's panel is full: a partial one is the range's last */
+                mxp_panel_fns[vbmi][0](pa, nb, a, 0, y, ldy, ra, (__mmask16)0xffff);
+                continue;
+            }
+            const size_t nrb = r1 - rb < QUANT_MXP_ROWS ? r1 - rb : QUANT_MXP_ROWS;
+            const uint8_t *pb = (const uint8_t *)wp + rb / QUANT_MXP_ROWS * pbytes;
+            (vbmi ? mxp_panel2_vbmi : mxp_panel2_plain)(pa, pb, nb, a, y, ra, rb,
+                                                        (__mmask16)0xffff,
+                                                        (__mmask16)((1u << nrb) - 1u));
+        }
+        return;
+    }
     for (size_t r = r0; r < r1; r += QUANT_MXP_ROWS) {
         const size_t nr = r1 - r < QUANT_MXP_ROWS ? r1 - r : QUANT_MXP_ROWS;
         const __mmask16 rm = (__mmask16)((1u << nr) - 1u);

@@ -900,10 +900,75 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struc
     }
 }
 
+/*
+ * gemm_q8p_tile at one token on two panels pa, pb (half the thread's row range apart) block by
+ * block (kern.h kern_set_panel_streams, default): the thread keeps two sequential DRAM streams
+ * in flight instead of one (docs/PERFORMANCE.md "gpt-oss decode, session 17"). Each panel's
+ * steps are gemm_q8p_tile's at NT = 1 (split accumulators), in its order: the same bits.
+ */
+INLINE void gemm_q8p_tile2(const uint8_t *pa, const uint8_t *pb, size_t nb, size_t nblk,
+                           const struct kern_act *a, size_t k0, float *y, size_t ra, size_t rb,
+                           __mmask16 rma, __mmask16 rmb, int add)
+{
+    const uint8_t *pp[2] = {pa, pb};
+    __m512 facc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    const int8_t *xq = a->q + k0;
+    const float *xd = a->d + k0 / 32;
+    const int32_t *xs = a->ns32 + k0 / 32;
+    for (size_t b = 0; b < nblk; b++) {
+        const __m512 xdb = _mm512_set1_ps(xd[b]);
+        UNROLL for (int k = 0; k < 2; k++)
+        {
+            const uint8_t *qb = pp[k] + quant_q8p_qoff(k0 / 32 + b, nb);
+            __m512i iacc = _mm512_set1_epi32(xs[b]), iacc2 = _mm512_setzero_si512();
+            UNROLL for (int g = 0; g < 8; g++)
+            {
+                __m512i wv = _mm512_loadu_si512((const void *)(qb + 64 * g));
+                __m512i xv = _mm512_set1_epi32(load_i32(xq + b * 32 + (size_t)g * 4));
+                if (g & 1)
+                    iacc2 = _mm512_dpbusd_epi32(iacc2, wv, xv);
+                else
+                    iacc = _mm512_dpbusd_epi32(iacc, wv, xv);
+            }
+            __m512 sc = _mm512_cvtph_ps(
+                _mm256_loadu_si256((const __m256i *)(pp[k] + quant_q8p_soff(k0 / 32 + b, nb))));
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(iacc, iacc2)), xdb);
+            facc[k] = _mm512_fmadd_ps(f, sc, facc[k]);
+        }
+    }
+    float *yo[2] = {y + ra, y + rb};
+    const __mmask16 rm[2] = {rma, rmb};
+    UNROLL for (int k = 0; k < 2; k++)
+    {
+        if (add)
+            facc[k] = _mm512_add_ps(facc[k], _mm512_maskz_loadu_ps(rm[k], yo[k]));
+        _mm512_mask_storeu_ps(yo[k], rm[k], facc[k]);
+    }
+}
+
 void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
                                  size_t ldy, size_t r0, size_t r1)
 {
     const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q8_0, a->cols);
+    if (a->n == 1 && r1 - r0 > PANEL && kern__panel_streams == 2) {
+        /* the range's panels [0, np): panel i with panel h + i; with np odd, h - 1 alone */
+        const size_t np = (r1 - r0 + PANEL - 1) / PANEL, h = (np + 1) / 2;
+        for (size_t i = 0; i + h < np; i++) {
+            const size_t ra = r0 + i * PANEL, rbb = r0 + (h + i) * PANEL;
+            const size_t nrb = r1 - rbb < PANEL ? r1 - rbb : PANEL;
+            const uint8_t *pa = (const uint8_t *)wp + ra / PANEL * PANEL * rb;
+            const uint8_t *pb = (const uint8_t *)wp + rbb / PANEL * PANEL * rb;
+            for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+                size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+                gemm_q8p_tile2(pa, pb, nb, kc / 32, a, k0, y, ra, rbb, (__mmask16)0xffff,
+                               (__mmask16)((1u << nrb) - 1u), k0 > 0);
+            }
+        }
+        if (np % 2) /* the middle panel h - 1 alone */
+            kern_gemm_q8_0p_q8_0_avx512(wp, a, y, ldy, r0 + (h - 1) * PANEL,
+                                        r0 + h * PANEL < r1 ? r0 + h * PANEL : r1);
+        return;
+    }
     for (size_t r = r0; r < r1; r += PANEL) {
         size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
         __mmask16 rm = (__mmask16)((1u << nr) - 1u);

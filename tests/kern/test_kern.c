@@ -283,18 +283,22 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
     float *tol = filled(n * ldy);
     kern_matmul_ref(k->wt, w, cols, x, n, want, ldy, r0, r1);
     char what[160];
-    for (size_t v = 0; v < sizeof k->pv / sizeof k->pv[0]; v++) {
-        if (k->pv[v].isa != g_case->isa || (k->pv[v].amx && !kern_has_amx_bf16()))
-            continue;
-        for (size_t i = 0; i < n * ldy; i++)
-            y[i] = z[i] = SENTINEL;
-        k->pv[v].fn(wp, a, y, ldy, r0, r1);
-        k->pv[v].rows_fn(w, a, z, ldy, r0, r1);
-        for (size_t i = 0; i < n * ldy; i++)
-            if (memcmp(&y[i], &z[i], sizeof y[i]) != 0)
-                fail_msg("%s: cols %zu n %zu rows [%zu,%zu): y[%zu] = %.9g, the stored-row "
-                         "GEMM gives %.9g",
-                         k->pv[v].name, cols, n, r0, r1, i, y[i], z[i]);
+    /* one and two DRAM streams per thread (kern_set_panel_streams: n = 1, more than one panel) */
+    for (int st = 1; st <= 2; st++) {
+        kern_set_panel_streams(st);
+        for (size_t v = 0; v < sizeof k->pv / sizeof k->pv[0]; v++) {
+            if (k->pv[v].isa != g_case->isa || (k->pv[v].amx && !kern_has_amx_bf16()))
+                continue;
+            for (size_t i = 0; i < n * ldy; i++)
+                y[i] = z[i] = SENTINEL;
+            k->pv[v].fn(wp, a, y, ldy, r0, r1);
+            k->pv[v].rows_fn(w, a, z, ldy, r0, r1);
+            for (size_t i = 0; i < n * ldy; i++)
+                if (memcmp(&y[i], &z[i], sizeof y[i]) != 0)
+                    fail_msg("%s (%d streams): cols %zu n %zu rows [%zu,%zu): y[%zu] = %.9g, "
+                             "the stored-row GEMM gives %.9g",
+                             k->pv[v].name, st, cols, n, r0, r1, i, y[i], z[i]);
+        }
     }
     {
         const enum kern_isa isa = g_case->isa;

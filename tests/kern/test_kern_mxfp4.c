@@ -312,7 +312,10 @@ static void check_panels(const struct mcase *c, const struct kern_act *a, size_t
     uint8_t *wp = make_panels(c);
     const size_t count = a->n * ldy;
     float *want = filled(count), *y = filled(count);
-    for (size_t v = 0; v < sizeof pv / sizeof pv[0] + 2; v++) {
+    /* one and two DRAM streams per thread (kern_set_panel_streams: n = 1, more than one panel) */
+    for (size_t sv = 0; sv < 2 * (sizeof pv / sizeof pv[0] + 2); sv++) {
+        const size_t v = sv % (sizeof pv / sizeof pv[0] + 2);
+        kern_set_panel_streams(sv < sizeof pv / sizeof pv[0] + 2 ? 1 : 2);
         const char *name = v < sizeof pv / sizeof pv[0] ? pv[v].name
                            : v == sizeof pv / sizeof pv[0] ? "kern_matmul_act_panels"
                                                            : "kern_matmul_panels";
@@ -456,6 +459,9 @@ static void test_matmul_mxfp4(void **state)
     /* full and partial 16-row panels, two KC chunks, many tokens */
     run_case(48, 2048 + 96, 33, 0);
     run_case(33, 2880, 12, 0);
+    /* one token over an even and an odd number of panels, the last one partial (two streams) */
+    run_case(16 * 5 + 7, 2880, 1, 0);
+    run_case(16 * 4 + 3, 2048 + 96, 1, 0);
 }
 
 /* Exponents 0 and 254 (and their neighbours) with activations scaled to keep products finite. */
