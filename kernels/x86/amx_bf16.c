@@ -33,6 +33,8 @@
 
 #include "check.h"
 
+#include "amx_common.h"
+
 #include <immintrin.h>
 #include <string.h>
 
@@ -43,27 +45,8 @@
 #define TK 32 /* bf16 columns of one A tile (64 bytes) */
 #define TN 16 /* tokens of a B / C tile */
 
-/* Palette 1 tile configuration (Intel SDM, LDTILECFG): 64 bytes. */
-struct tile_cfg {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 /* Tiles 0-3: C (C[i][j] = tile 2i+j), 4-5: A, 6-7: B; every tile 16 rows x 64 bytes. */
-static void tiles_config(void)
-{
-    struct tile_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.colsb[i] = 64;
-        cfg.rows[i] = 16;
-    }
-    /* a memory operand, not _tile_loadconfig(&cfg): see NOTES */
-    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
-}
+static void tiles_config(void) { amx_cfg_load_full(); }
 
 /*
  * 16 x 16 dwords transposed in registers: v[i] lane j -> v[j] lane i (unpack 32, unpack 64,

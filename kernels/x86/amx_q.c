@@ -42,6 +42,8 @@
 #include "check.h"
 #include "quant.h"
 
+#include "amx_common.h"
+
 #include <immintrin.h>
 #include <string.h>
 
@@ -56,20 +58,11 @@
 #define AMX_Q_MIN_N 24 /* 2048x2048, thread CPU time under load: n = 8 0.53-0.71x the AVX-512 panel
                          * kernel, n = 16 0.99-1.05x, n = 32 1.17-1.23x, n = 64 1.34-1.41x */
 
-/* Palette 1 tile configuration (Intel SDM, LDTILECFG): 64 bytes. */
-struct tile_cfg {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 /* Tiles 0-1: C (nt x 16 int32), 2-3: A (nt x 32 bytes), 4-5: B (8 x 64 bytes). */
 static void tiles_config(int nt)
 {
-    struct tile_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
+    struct amx_tile_cfg cfg;
+    amx_cfg_init(&cfg);
     for (int i = 0; i < 2; i++) {
         cfg.rows[i] = (uint8_t)nt;
         cfg.colsb[i] = 64;
@@ -78,8 +71,7 @@ static void tiles_config(int nt)
         cfg.rows[4 + i] = 8;
         cfg.colsb[4 + i] = 64;
     }
-    /* a memory operand, not _tile_loadconfig(&cfg): see NOTES */
-    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+    amx_cfg_load(&cfg);
 }
 
 /* One chunk of one panel, unpacked: [block][8 rows][64] signed bytes, and the weight scales

@@ -37,6 +37,8 @@
 #include "half.h"
 #include "quant.h"
 
+#include "amx_common.h"
+
 #include <immintrin.h>
 #include <string.h>
 
@@ -52,26 +54,8 @@
 #define RC 256 /* rows per row chunk (multiple of 32): its C sums (n x RC f32) stay in L2 */
 #endif
 
-struct tile_cfg {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 /* Tiles 0-3: C, 4-5: A, 6-7: B; every tile 16 rows x 64 bytes. */
-static void tiles_config(void)
-{
-    struct tile_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) {
-        cfg.colsb[i] = 64;
-        cfg.rows[i] = 16;
-    }
-    /* a memory operand: GCC 12 drops the stores of a struct passed to _tile_loadconfig */
-    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
-}
+static void tiles_config(void) { amx_cfg_load_full(); }
 
 enum qtype { Q4, Q8 };
 
