@@ -440,6 +440,18 @@ INLINE void mxp_weights_plain(const uint8_t *bw, __m512i tab, __m512i w[8])
     }
 }
 
+/* Activation dword p broadcast to every lane: one 4-byte load each, so the compiler makes it a
+ * load-port vpbroadcastd (or an embedded {1to16} operand). Copying a block's 32 quant bytes into
+ * an int32_t[8] first made GCC 12 load them as 4 quadwords into general registers and split
+ * them with shifts, then broadcast from a general register: a port-5 uop each, the port the
+ * 8 vpermb of the weight lookup need too. */
+INLINE __m512i mxp_bcast(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
 /*
  * Panel pp (nb blocks) for tokens t..t+NT-1 of a: y[t+j][r..r+nr) = the sum over KC chunks in
  * order of the chunks' fma chains. Two vpdpbusd chains per token and block (low and high
@@ -481,13 +493,11 @@ INLINE void mxp_weights_plain(const uint8_t *bw, __m512i tab, __m512i w[8])
                 UNROLL for (int j = 0; j < (T); j++)                                         \
                 {                                                                            \
                     const int8_t *qb = q[j] + b * 32;                                        \
-                    int32_t qd[8];                                                           \
-                    memcpy(qd, qb, sizeof qd);                                               \
                     __m512i s0 = _mm512_set1_epi32(ns[j][b]), s1 = _mm512_setzero_si512();   \
                     UNROLL for (int g = 0; g < 4; g++)                                       \
                     {                                                                        \
-                        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(qd[g]));        \
-                        s1 = _mm512_dpbusd_epi32(s1, w[4 + g], _mm512_set1_epi32(qd[4 + g])); \
+                        s0 = _mm512_dpbusd_epi32(s0, w[g], mxp_bcast(qb + 4 * g));           \
+                        s1 = _mm512_dpbusd_epi32(s1, w[4 + g], mxp_bcast(qb + 16 + 4 * g));  \
                     }                                                                        \
                     f[j] = _mm512_fmadd_ps(                                                  \
                         _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),                        \
@@ -556,14 +566,12 @@ MXP_PANEL_FN_(plain, 4, )
                         _mm512_set1_ps(8388608.0f + 128.0f));                                \
                     UNROLL for (int j = 0; j < (T); j++)                                     \
                     {                                                                        \
-                        int32_t qd[8];                                                       \
-                        memcpy(qd, q[j] + b * 32, sizeof qd);                                \
+                        const int8_t *qb = q[j] + b * 32;                                    \
                         __m512i s0 = _mm512_set1_epi32(ns[j][b]), s1 = _mm512_setzero_si512(); \
                         UNROLL for (int g = 0; g < 4; g++)                                   \
                         {                                                                    \
-                            s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(qd[g]));    \
-                            s1 = _mm512_dpbusd_epi32(s1, w[4 + g],                           \
-                                                     _mm512_set1_epi32(qd[4 + g]));          \
+                            s0 = _mm512_dpbusd_epi32(s0, w[g], mxp_bcast(qb + 4 * g));       \
+                            s1 = _mm512_dpbusd_epi32(s1, w[4 + g], mxp_bcast(qb + 16 + 4 * g)); \
                         }                                                                    \
                         f[k][j] = _mm512_fmadd_ps(                                           \
                             _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),                    \
