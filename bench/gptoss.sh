@@ -10,7 +10,10 @@
 #   - decode tok/s after a short prompt (8 tokens, DECODE_TOKENS new);
 #   - prefill tok/s (PREFILL_TOKENS prompt tokens, nothing generated);
 #   - aggregate decode of STREAMS concurrent requests through the serving engine, each with its
-#     own prompt (so their tokens route to different experts, as independent users' do);
+#     own prompt (so their tokens route to different experts, as independent users' do): as
+#     generated tokens / wall time (prefill included, the column of sessions up to 17) and
+#     decode only, STREAMS / the median time per output token (what decode tok/s is for one
+#     stream: first token to last; session 18);
 # and once per dtype when LONG=1: decode after a LONG_TOKENS prompt (slow: prefill first).
 # Bytes read per decoded token are computed from the manifest (bytes_per_token below): every
 # non-expert matrix, bias and norm, n_experts_used/n_experts of the expert tensors, one
@@ -137,11 +140,15 @@ for dt in $dtypes; do # dtype outermost: two 13 GB models do not both stay in th
       --greedy --threads "$threads" --quiet | json decode_tps)
     pre_tps=$("$ie" --model-dir "$d" --prompt-ids "$prefill" --max-new 0 --threads "$threads" \
       --quiet | json prefill_tps)
-    agg=$("$ie" --model-dir "$d" "${stream_args[@]}" --max-new "$dec" --ignore-eos --greedy \
-      --threads "$threads" --concurrency "$streams" --quiet | json tps)
+    aggj=$("$ie" --model-dir "$d" "${stream_args[@]}" --max-new "$dec" --ignore-eos --greedy \
+      --threads "$threads" --concurrency "$streams" --quiet)
+    agg=$(echo "$aggj" | json tps)
+    # decode only, as decode_tps is: the streams' tokens per step time (tpot p50, first token
+    # to last), without the prefill that `tps` (generated / wall) also counts
+    aggd=$(echo "$aggj" | python3 -c "import json,sys; d=json.loads(sys.stdin.readline()); print('%.3f' % ($streams * 1000 / d['p50_ms']))")
     rss=$(/usr/bin/time -f '%M' "$ie" --model-dir "$d" --prompt-ids "$short" --max-new 4 \
       --threads "$threads" --quiet 2>&1 >/dev/null | tail -1)
-    echo "$r $dt $bw $dec_tps $pre_tps $agg $rss" | tee -a "$out"
+    echo "$r $dt $bw $dec_tps $pre_tps $agg $rss $aggd" | tee -a "$out"
   done
 done
 if [ "$long" = 1 ]; then
@@ -156,8 +163,8 @@ if [ "$long" = 1 ]; then
   done
 fi
 echo
-echo "| dtype (non-expert) | bytes/token | probe GB/s | decode tok/s | roofline fraction | prefill$pre tok/s | $streams streams tok/s (x one) | peak RSS GB |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| dtype (non-expert) | bytes/token | probe GB/s | decode tok/s | roofline fraction | prefill$pre tok/s | $streams streams tok/s (x one) | $streams streams decode only (x one) | peak RSS GB |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for dt in $dtypes; do
   bpt=$(bytes_per_token "$models/gpt-oss-20b-$dt")
   python3 - "$out" "$dt" "$bpt" <<'PY'
@@ -170,7 +177,9 @@ frac = [bpt * float(r[3]) / (float(r[2]) * 1e9) for r in rows]
 agg = [float(r[5]) / float(r[3]) for r in rows]
 print(f"| {sys.argv[2]} | {bpt / 1e9:.3f} GB | {med(bw):.1f} | {med(dec):.2f} | "
       f"{med(frac):.2f} ({min(frac):.2f}-{max(frac):.2f}) | {med([float(r[4]) for r in rows]):.1f} | "
-      f"{med([float(r[5]) for r in rows]):.2f} ({med(agg):.2f}x) | {max(float(r[6]) for r in rows) / 1048576:.2f} |")
+      f"{med([float(r[5]) for r in rows]):.2f} ({med(agg):.2f}x) | "
+      f"{med([float(r[7]) for r in rows]):.2f} ({med([float(r[7]) / float(r[3]) for r in rows]):.2f}x) | "
+      f"{max(float(r[6]) for r in rows) / 1048576:.2f} |")
 PY
 done
 if [ "$long" = 1 ]; then

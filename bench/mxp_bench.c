@@ -20,11 +20,14 @@
  * weights; and the same on one product again and again ("hot": L2/L3). Then the repack's rate
  * (kern_panels_pack, 1 thread). Bench-only; the engine's loader repacks the experts itself.
  *
- *   mxp_bench [ring MiB] [rounds] streams   (session 17)
- * instead compares one and two DRAM streams per thread (kern_set_panel_streams) at n = 1 on one
- * thread, mxfp4 panels and q8_0 panels (one random 2880 x 2880 product at a time from a ring of
- * each), in the order 1 2 2 1 per round, GB of weights per second of the thread's CPU time
- * (robust to neighbours taking the CPU: a loaded 2-vCPU machine) and per wall second.
+ *   mxp_bench [ring MiB] [rounds] streams [n list, default 1]   (sessions 17, 18)
+ * instead compares one and two DRAM streams per thread (kern_set_panel_streams) on one thread,
+ * at each token count of the list (e.g. 1,2,3,4,8: mxfp4 panels up to 4 tokens, where two
+ * streams apply; q8_0 panels at every n, two streams only at n = 1), one random 2880 x 2880
+ * product at a time from a ring of each, in the order 1 2 2 1 per round, then the first
+ * HOT_ROWS rows of one product again and again ("hot", from L2: the compute rate), GB of weights per second of the
+ * thread's CPU time (robust to neighbours taking the CPU: a loaded 2-vCPU machine) and per
+ * wall second.
  */
 #include "bench_util.h"
 #include "kern.h"
@@ -42,6 +45,7 @@
 #define RB (NB * 17)         /* stored row bytes */
 #define MAT (ROWS * RB)      /* bytes of one product, either layout */
 #define JOB 8                /* products per job */
+#define HOT_ROWS 256         /* the streams mode's "hot" cell: 0.39 MB mxfp4, 0.74 MB q8_0 (L2) */
 
 /* ---- jobs ------------------------------------------------------------------------------------ */
 
@@ -160,40 +164,63 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < (size_t)ROWS * NB; i++) { qs[i * 34] = 0x00; qs[i * 34 + 1] = 0x20; }
         for (size_t m = 0; m < nq; m++)
             kern_panels_pack(DT_Q8_0, qs, COLS, qp + m * QMAT, ROWS, 0, ROWS / 16);
-        size_t qab;
-        kern_act_bytes(DT_Q8_0, COLS, 1, &qab);
-        void *qabuf = aligned_alloc(64, (qab + 63) / 64 * 64);
-        struct kern_act a, qa;
-        kern_act_init(&a, DT_MXFP4, x, COLS, 1, abuf);
-        kern_act_prepare(&a, 0, 1);
-        kern_act_init(&qa, DT_Q8_0, x, COLS, 1, qabuf);
-        kern_act_prepare(&qa, 0, 1);
+        /* token counts: argv[4], e.g. "1,2,3,4" (default 1); mxfp4 up to 4, q8_0 up to 8 */
+        size_t tok[8], ntok = 0;
+        for (const char *c = argc > 4 ? argv[4] : "1"; *c && ntok < 8;) {
+            long v = strtol(c, (char **)&c, 10);
+            if (v >= 1 && v <= 8)
+                tok[ntok++] = (size_t)v;
+            while (*c == ',')
+                c++;
+        }
+        float *x8 = malloc(8 * COLS * sizeof(float)), *yb = malloc(8 * ROWS * sizeof(float));
+        for (size_t i = 0; i < 8 * COLS; i++)
+            x8[i] = (float)((double)(next() % 20001) / 10000.0 - 1.0);
+        size_t mab, qab;
+        kern_act_bytes(DT_MXFP4, COLS, 8, &mab);
+        kern_act_bytes(DT_Q8_0, COLS, 8, &qab);
+        void *mabuf = aligned_alloc(64, (mab + 63) / 64 * 64),
+             *qabuf = aligned_alloc(64, (qab + 63) / 64 * 64);
         static const int seq[] = {0, 1, 1, 0};
-        printf("| round | panels | streams per thread | GB per CPU-s | GB per wall-s |\n|---|---|---|---|---|\n");
+        printf("| round | panels | n | streams per thread | GB per CPU-s | GB per wall-s |\n"
+               "|---|---|---|---|---|---|\n");
         for (int r = 0; r < rounds; r++)
-            for (int ty = 0; ty < 2; ty++)
-                for (int k = 0; k < 4; k++) {
-                    kern_set_panel_streams(seq[k] ? 2 : 1);
-                    struct timespec c0, c1;
-                    double w0 = bench_now();
-                    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-                    size_t done = 0;
-                    while (bench_now() - w0 < 0.5) {
-                        if (ty == 0)
-                            kern_matmul_act_panels(DT_MXFP4, in + next() % nmat * MAT, &a, y0,
-                                                   ROWS, 0, ROWS);
-                        else
-                            kern_matmul_act_panels(DT_Q8_0, qp + next() % nq * QMAT, &qa, y0,
-                                                   ROWS, 0, ROWS);
-                        done++;
+            for (size_t ti = 0; ti < ntok; ti++)
+                for (int ty = 0; ty < 2; ty++) {
+                    const size_t n = tok[ti];
+                    if (ty == 0 && n > 4)
+                        continue;
+                    struct kern_act a;
+                    kern_act_init(&a, ty ? DT_Q8_0 : DT_MXFP4, x8, COLS, n, ty ? qabuf : mabuf);
+                    kern_act_prepare(&a, 0, n);
+                    /* 1 2 2 1 streams from DRAM, then one "hot" cell: product 0 again and
+                     * again (L2/L3), the compute rate */
+                    for (int k = 0; k < 5; k++) {
+                        kern_set_panel_streams(k == 4 || seq[k] ? 2 : 1);
+                        struct timespec c0, c1;
+                        double w0 = bench_now();
+                        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+                        size_t done = 0;
+                        const size_t rows = k == 4 ? HOT_ROWS : ROWS;
+                        while (bench_now() - w0 < 0.5) {
+                            size_t m = k == 4 ? 0 : next();
+                            if (ty == 0)
+                                kern_matmul_act_panels(DT_MXFP4, in + m % nmat * MAT, &a, yb,
+                                                       ROWS, 0, rows);
+                            else
+                                kern_matmul_act_panels(DT_Q8_0, qp + m % nq * QMAT, &a, yb,
+                                                       ROWS, 0, rows);
+                            done++;
+                        }
+                        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+                        double w = bench_now() - w0,
+                               c = (double)(c1.tv_sec - c0.tv_sec) +
+                                   1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+                        double gb = (double)done * (ty ? QMAT : MAT) / ROWS * rows / 1e9;
+                        printf("| %d | %s | %zu | %s | %.2f | %.2f |\n", r, ty ? "q8_0" : "mxfp4",
+                               n, k == 4 ? "2, hot" : seq[k] ? "2" : "1", gb / c, gb / w);
+                        fflush(stdout);
                     }
-                    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-                    double w = bench_now() - w0,
-                           c = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
-                    double gb = (double)done * (ty ? QMAT : MAT) / 1e9;
-                    printf("| %d | %s | %d | %.2f | %.2f |\n", r, ty ? "q8_0" : "mxfp4", seq[k] + 1,
-                           gb / c, gb / w);
-                    fflush(stdout);
                 }
         return 0;
     }

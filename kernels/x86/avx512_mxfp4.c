@@ -440,6 +440,18 @@ INLINE void mxp_weights_plain(const uint8_t *bw, __m512i tab, __m512i w[8])
     }
 }
 
+/* Activation dword p broadcast to every lane: one 4-byte load each, so the compiler makes it a
+ * load-port vpbroadcastd (or an embedded {1to16} operand). Copying a block's 32 quant bytes into
+ * an int32_t[8] first made GCC 12 load them as 4 quadwords into general registers and split
+ * them with shifts, then broadcast from a general register: a port-5 uop each, the port the
+ * 8 vpermb of the weight lookup need too. */
+INLINE __m512i mxp_bcast(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi32(v);
+}
+
 /*
  * Panel pp (nb blocks) for tokens t..t+NT-1 of a: y[t+j][r..r+nr) = the sum over KC chunks in
  * order of the chunks' fma chains. Two vpdpbusd chains per token and block (low and high
@@ -481,13 +493,11 @@ INLINE void mxp_weights_plain(const uint8_t *bw, __m512i tab, __m512i w[8])
                 UNROLL for (int j = 0; j < (T); j++)                                         \
                 {                                                                            \
                     const int8_t *qb = q[j] + b * 32;                                        \
-                    int32_t qd[8];                                                           \
-                    memcpy(qd, qb, sizeof qd);                                               \
                     __m512i s0 = _mm512_set1_epi32(ns[j][b]), s1 = _mm512_setzero_si512();   \
                     UNROLL for (int g = 0; g < 4; g++)                                       \
                     {                                                                        \
-                        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(qd[g]));        \
-                        s1 = _mm512_dpbusd_epi32(s1, w[4 + g], _mm512_set1_epi32(qd[4 + g])); \
+                        s0 = _mm512_dpbusd_epi32(s0, w[g], mxp_bcast(qb + 4 * g));           \
+                        s1 = _mm512_dpbusd_epi32(s1, w[4 + g], mxp_bcast(qb + 16 + 4 * g));  \
                     }                                                                        \
                     f[j] = _mm512_fmadd_ps(                                                  \
                         _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),                        \
@@ -511,30 +521,37 @@ MXP_PANEL_FN_(plain, 4, )
 #undef MXP_PANEL_FN_
 
 /*
- * Two panels at once for one token (kern.h kern_set_panel_streams, default): panels pa and pb,
- * half the thread's row range apart, block by block, so the thread keeps two sequential DRAM
- * streams in flight instead of one (the probe's 2-thread best is 2-4 streams per thread; one
- * stream per thread left the n = 1 products at ~half the probe: docs/PERFORMANCE.md "gpt-oss
- * decode, session 17"). Each panel's steps are mxp_panel_*_1's, in its order: the same bits.
+ * Two panels at once for tokens t..t+T-1 (T <= MX_NT; kern.h kern_set_panel_streams, default):
+ * panels pa and pb, half the thread's row range apart, block by block, so the thread keeps two
+ * sequential DRAM streams in flight instead of one (the probe's 2-thread best is 2-4 streams
+ * per thread; one stream per thread left the n = 1 products at ~half the probe:
+ * docs/PERFORMANCE.md "gpt-oss decode, session 17"; at 8 decode streams most experts get 2-4
+ * tokens: "gpt-oss 8-stream decode, session 18"). Each panel's steps for each token are
+ * mxp_panel_*_T's, in its order: the same bits.
  */
-#define MXP_PANEL2_FN_(flavour, ATTR)                                                        \
-    static ATTR void mxp_panel2_##flavour(const uint8_t *pa, const uint8_t *pb, size_t nb,   \
-                                          const struct kern_act *a, float *y, size_t ra,      \
-                                          size_t rb, __mmask16 rma, __mmask16 rmb)       \
+#define MXP_PANEL2_FN_(flavour, T, ATTR)                                                     \
+    static ATTR void mxp_panel2_##flavour##_##T(                                             \
+        const uint8_t *pa, const uint8_t *pb, size_t nb, const struct kern_act *a, size_t t, \
+        float *y, size_t ldy, size_t ra, size_t rb, __mmask16 rma, __mmask16 rmb)            \
     {                                                                                        \
         const __m512i tab = _mm512_load_si512(mx_ukv);                                       \
-        const int8_t *q = a->q;                                                              \
-        const int32_t *ns = a->ns32;                                                         \
-        const float *d = a->d;                                                               \
-        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};                          \
+        const int8_t *q[T];                                                                  \
+        const int32_t *ns[T];                                                                \
+        const float *d[T];                                                                   \
+        __m512 acc[2][T];                                                                    \
+        for (int j = 0; j < (T); j++) {                                                      \
+            q[j] = a->q + (t + (size_t)j) * a->ld;                                           \
+            ns[j] = a->ns32 + (t + (size_t)j) * a->cp / 32;                                  \
+            d[j] = a->d + (t + (size_t)j) * a->cp / 32;                                      \
+            acc[0][j] = acc[1][j] = _mm512_setzero_ps();                                     \
+        }                                                                                    \
         const uint8_t *pp[2] = {pa, pb};                                                     \
         for (size_t c0 = 0; c0 < nb; c0 += MX_KC / 32) {                                     \
             const size_t c1 = nb - c0 < MX_KC / 32 ? nb : c0 + MX_KC / 32;                   \
-            __m512 f[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};                        \
+            __m512 f[2][T];                                                                  \
+            for (int j = 0; j < (T); j++)                                                    \
+                f[0][j] = f[1][j] = _mm512_setzero_ps();                                     \
             for (size_t b = c0; b < c1; b++) {                                               \
-                int32_t qd[8];                                                               \
-                memcpy(qd, q + b * 32, sizeof qd);                                           \
-                const __m512 sd = _mm512_set1_ps(d[b]);                                      \
                 UNROLL for (int k = 0; k < 2; k++)                                           \
                 {                                                                            \
                     const uint8_t *bw = pp[k] + b * MXP_PB;                                  \
@@ -547,24 +564,38 @@ MXP_PANEL_FN_(plain, 4, )
                             _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)bw)),      \
                             _mm512_set1_epi32(MX_F2P23))),                                   \
                         _mm512_set1_ps(8388608.0f + 128.0f));                                \
-                    __m512i s0 = _mm512_set1_epi32(ns[b]), s1 = _mm512_setzero_si512();      \
-                    UNROLL for (int g = 0; g < 4; g++)                                       \
+                    UNROLL for (int j = 0; j < (T); j++)                                     \
                     {                                                                        \
-                        s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(qd[g]));        \
-                        s1 = _mm512_dpbusd_epi32(s1, w[4 + g], _mm512_set1_epi32(qd[4 + g])); \
+                        const int8_t *qb = q[j] + b * 32;                                    \
+                        __m512i s0 = _mm512_set1_epi32(ns[j][b]), s1 = _mm512_setzero_si512(); \
+                        UNROLL for (int g = 0; g < 4; g++)                                   \
+                        {                                                                    \
+                            s0 = _mm512_dpbusd_epi32(s0, w[g], mxp_bcast(qb + 4 * g));       \
+                            s1 = _mm512_dpbusd_epi32(s1, w[4 + g], mxp_bcast(qb + 16 + 4 * g)); \
+                        }                                                                    \
+                        f[k][j] = _mm512_fmadd_ps(                                           \
+                            _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),                    \
+                            _mm512_scalef_ps(_mm512_set1_ps(d[j][b]), em), f[k][j]);         \
                     }                                                                        \
-                    f[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),     \
-                                           _mm512_scalef_ps(sd, em), f[k]);                  \
                 }                                                                            \
             }                                                                                \
             for (int k = 0; k < 2; k++)                                                      \
-                acc[k] = c0 == 0 ? f[k] : _mm512_add_ps(f[k], acc[k]);                       \
+                for (int j = 0; j < (T); j++)                                                \
+                    acc[k][j] = c0 == 0 ? f[k][j] : _mm512_add_ps(f[k][j], acc[k][j]);       \
         }                                                                                    \
-        _mm512_mask_storeu_ps(y + ra, rma, acc[0]);                                          \
-        _mm512_mask_storeu_ps(y + rb, rmb, acc[1]);                                          \
+        for (int j = 0; j < (T); j++) {                                                      \
+            _mm512_mask_storeu_ps(y + (t + (size_t)j) * ldy + ra, rma, acc[0][j]);           \
+            _mm512_mask_storeu_ps(y + (t + (size_t)j) * ldy + rb, rmb, acc[1][j]);           \
+        }                                                                                    \
     }
-MXP_PANEL2_FN_(vbmi, MX_VBMI)
-MXP_PANEL2_FN_(plain, )
+MXP_PANEL2_FN_(vbmi, 1, MX_VBMI)
+MXP_PANEL2_FN_(vbmi, 2, MX_VBMI)
+MXP_PANEL2_FN_(vbmi, 3, MX_VBMI)
+MXP_PANEL2_FN_(vbmi, 4, MX_VBMI)
+MXP_PANEL2_FN_(plain, 1, )
+MXP_PANEL2_FN_(plain, 2, )
+MXP_PANEL2_FN_(plain, 3, )
+MXP_PANEL2_FN_(plain, 4, )
 #undef MXP_PANEL2_FN_
 
 typedef void mxp_panel_fn(const uint8_t *pp, size_t nb, const struct kern_act *a, size_t t,
@@ -572,29 +603,35 @@ typedef void mxp_panel_fn(const uint8_t *pp, size_t nb, const struct kern_act *a
 static mxp_panel_fn *const mxp_panel_fns[2][MX_NT] = {
     {mxp_panel_plain_1, mxp_panel_plain_2, mxp_panel_plain_3, mxp_panel_plain_4},
     {mxp_panel_vbmi_1, mxp_panel_vbmi_2, mxp_panel_vbmi_3, mxp_panel_vbmi_4}};
+typedef void mxp_panel2_fn(const uint8_t *pa, const uint8_t *pb, size_t nb,
+                           const struct kern_act *a, size_t t, float *y, size_t ldy, size_t ra,
+                           size_t rb, __mmask16 rma, __mmask16 rmb);
+static mxp_panel2_fn *const mxp_panel2_fns[2][MX_NT] = {
+    {mxp_panel2_plain_1, mxp_panel2_plain_2, mxp_panel2_plain_3, mxp_panel2_plain_4},
+    {mxp_panel2_vbmi_1, mxp_panel2_vbmi_2, mxp_panel2_vbmi_3, mxp_panel2_vbmi_4}};
 
 /* Rows [r0, r1) (r0 on a panel) of the panels wp, every token: per panel, tokens by 4 (the
- * panel's 16 x cols weights, 24 KB at gpt-oss's 2880 columns, stay in L1/L2 between tiles). */
+ * panel's 16 x cols weights, 24 KB at gpt-oss's 2880 columns, stay in L1/L2 between tiles).
+ * With two streams (the default) and at most MX_NT tokens, two panels at a time. */
 static void mxp_gemm(int vbmi, const void *wp, const struct kern_act *a, float *y, size_t ldy,
                      size_t r0, size_t r1)
 {
     CHECK(r0 % QUANT_MXP_ROWS == 0);
     const size_t nb = a->cols / 32, pbytes = QUANT_MXP_ROWS * kern__row_bytes(DT_MXFP4, a->cols);
-    if (a->n == 1 && kern__panel_streams == 2 && r1 - r0 > QUANT_MXP_ROWS) {
+    if (a->n <= MX_NT && kern__panel_streams == 2 && r1 - r0 > QUANT_MXP_ROWS) {
         /* the range's panels [0, np): panel i with panel h + i; with np odd, h - 1 alone */
         const size_t np = (r1 - r0 + QUANT_MXP_ROWS - 1) / QUANT_MXP_ROWS, h = (np + 1) / 2;
         for (size_t i = 0; i < h; i++) {
             const size_t ra = r0 + i * QUANT_MXP_ROWS, rb = r0 + (h + i) * QUANT_MXP_ROWS;
             const uint8_t *pa = (const uint8_t *)wp + ra / QUANT_MXP_ROWS * pbytes;
             if (h + i >= np) { /* ra's panel is full: a partial one is the range's last */
-                mxp_panel_fns[vbmi][0](pa, nb, a, 0, y, ldy, ra, (__mmask16)0xffff);
+                mxp_panel_fns[vbmi][a->n - 1](pa, nb, a, 0, y, ldy, ra, (__mmask16)0xffff);
                 continue;
             }
             const size_t nrb = r1 - rb < QUANT_MXP_ROWS ? r1 - rb : QUANT_MXP_ROWS;
             const uint8_t *pb = (const uint8_t *)wp + rb / QUANT_MXP_ROWS * pbytes;
-            (vbmi ? mxp_panel2_vbmi : mxp_panel2_plain)(pa, pb, nb, a, y, ra, rb,
-                                                        (__mmask16)0xffff,
-                                                        (__mmask16)((1u << nrb) - 1u));
+            mxp_panel2_fns[vbmi][a->n - 1](pa, pb, nb, a, 0, y, ldy, ra, rb, (__mmask16)0xffff,
+                                           (__mmask16)((1u << nrb) - 1u));
         }
         return;
     }

@@ -312,7 +312,7 @@ static void check_panels(const struct mcase *c, const struct kern_act *a, size_t
     uint8_t *wp = make_panels(c);
     const size_t count = a->n * ldy;
     float *want = filled(count), *y = filled(count);
-    /* one and two DRAM streams per thread (kern_set_panel_streams: n = 1, more than one panel) */
+    /* one and two DRAM streams per thread (kern_set_panel_streams: n <= 4, more than one panel) */
     for (size_t sv = 0; sv < 2 * (sizeof pv / sizeof pv[0] + 2); sv++) {
         const size_t v = sv % (sizeof pv / sizeof pv[0] + 2);
         kern_set_panel_streams(sv < sizeof pv / sizeof pv[0] + 2 ? 1 : 2);
@@ -459,9 +459,12 @@ static void test_matmul_mxfp4(void **state)
     /* full and partial 16-row panels, two KC chunks, many tokens */
     run_case(48, 2048 + 96, 33, 0);
     run_case(33, 2880, 12, 0);
-    /* one token over an even and an odd number of panels, the last one partial (two streams) */
-    run_case(16 * 5 + 7, 2880, 1, 0);
-    run_case(16 * 4 + 3, 2048 + 96, 1, 0);
+    /* 1-4 tokens over an even and an odd number of panels, the last one partial (two streams:
+     * panels i and h + i together) */
+    for (size_t n = 1; n <= 4; n++) {
+        run_case(16 * 5 + 7, 2880, n, 0);
+        run_case(16 * 4 + 3, 2048 + 96, n, 0);
+    }
 }
 
 /* Exponents 0 and 254 (and their neighbours) with activations scaled to keep products finite. */
