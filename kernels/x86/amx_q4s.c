@@ -65,6 +65,9 @@
 #define AMXS_MIN_N 2
 #define AMXS_MAX_N TT
 
+#include <stdlib.h>
+static int g_exp = -1;
+static size_t g_d = 3;
 /* Tiles 0-3: C (n x 16 int32), 4-5: A (n x 32 bytes), 6-7: B (8 x 64 bytes). */
 static void tiles_config(int nt)
 {
@@ -120,17 +123,27 @@ INLINE void unpack_b(const uint8_t *pp, size_t nb, size_t b, uint8_t (*bb)[64])
     }
 }
 
-/* Block P's multiply into C tile CT (A tile AT, B tile BT), sums stored to cs: unpack, load
- * A and B, zero C, tdpbsud, tile store (which waits for the multiply). */
-#define PRODUCE_(CT, AT, BT, P, bb, cs)                                                       \
+/* Block P's multiply into C tile CT (A tile AT, B tile BT): unpack, load A and B, zero C,
+ * tdpbsud. Its tile store is issued D blocks later (STORE_). */
+#define PRODUCE_(CT, AT, BT, P, bb)                                                          \
     do {                                                                                     \
-        unpack_b((P).pp, nb, (P).b, bb);                                                         \
+        unpack_b((P).pp, nb, (P).b, bb);                                                     \
         _tile_loadd(AT, a->q + (P).b * 32, (long)a->ld);                                     \
         _tile_loadd(BT, bb, 64);                                                             \
         _tile_zero(CT);                                                                      \
         _tile_dpbsud(CT, AT, BT);                                                            \
-        _tile_stored(CT, cs, 64);                                                            \
     } while (0)
+
+/* Block k's sums (C tile k % 4) to the ring. */
+INLINE void store_c(size_t k, int32_t (*cs)[PANEL])
+{
+    switch (k % 4) {
+    case 0: _tile_stored(0, cs, 64); break;
+    case 1: _tile_stored(1, cs, 64); break;
+    case 2: _tile_stored(2, cs, 64); break;
+    default: _tile_stored(3, cs, 64); break;
+    }
+}
 
 /*
  * The epilogue of one block: acc[j] = fma((float)(sum[j] + ns) * d_x, d_w, acc[j]) for each
@@ -179,11 +192,16 @@ INLINE void run_tiles(const void *wp, const struct kern_act *a, const struct sc 
     __m512 acc[TT];
     UNROLL for (int j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
     struct pos pr = {(const uint8_t *)wp + r0 / PANEL * pstride, r0, 0}, co = pr;
-    size_t i = 0, e = 0; /* blocks produced, consumed */
-#define STEP_(CT, AT, BT)                                                                    \
+    size_t i = 0, e = 0; /* blocks multiplied, consumed */
+    const size_t D = g_d; /* a block's tile store is issued after the multiply D blocks on */
+#define STEP_(CT, AT, BT, ST)                                                                \
     if (i < total) {                                                                         \
-        PRODUCE_(CT, AT, BT, pr, bb[i % BB_RING], cs[i % CS_RING]);                          \
+        PRODUCE_(CT, AT, BT, pr, bb[i % BB_RING]);                                           \
         pos_next(&pr, nb, pstride);                                                          \
+        if (i >= D) {                                                                        \
+            if (D == 3) _tile_stored(ST, cs[(i - 3) % CS_RING], 64);                         \
+            else store_c(i - D, cs[(i - D) % CS_RING]);                                      \
+        }                                                                                    \
         i++;                                                                                 \
         if (i > LAG) {                                                                       \
             consume(cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);                      \
@@ -192,12 +210,14 @@ INLINE void run_tiles(const void *wp, const struct kern_act *a, const struct sc 
         }                                                                                    \
     }
     while (i < total) {
-        STEP_(0, 4, 6)
-        STEP_(1, 5, 7)
-        STEP_(2, 4, 6)
-        STEP_(3, 5, 7)
+        STEP_(0, 4, 6, 1)
+        STEP_(1, 5, 7, 2)
+        STEP_(2, 4, 6, 3)
+        STEP_(3, 5, 7, 0)
     }
 #undef STEP_
+    for (size_t k = total > D ? total - D : 0; k < total; k++)
+        store_c(k, cs[k % CS_RING]);
     for (; e < total; e++) {
         consume(cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);
         pos_next(&co, nb, pstride);
@@ -224,6 +244,8 @@ void kern_gemm_q4_0p_q8_0_amxs(const void *wp, const struct kern_act *a, float *
             size_t o = j * a->cp / 32 + b;
             sc[b * n + j] = (struct sc){a->d[o], a->ns32[o]};
         }
+    if (g_exp < 0) { g_exp = getenv("AMXS_EXP") ? atoi(getenv("AMXS_EXP")) : 0;
+      g_d = getenv("AMXS_D") ? (size_t)atoi(getenv("AMXS_D")) : 3; }
     tiles_config((int)n);
     switch (n) {
 #define CASE_(T)                                                                             \
