@@ -23,6 +23,8 @@
 #include <string.h>
 #include <time.h>
 
+extern int kern__q4p_exp, kern__q4p_np2;
+static int g_expa, g_expb, g_np2a, g_np2b;
 static uint64_t g_rng = 88172645463325252ull;
 static uint32_t rnd(void)
 {
@@ -121,6 +123,11 @@ int main(int argc, char **argv)
     kern_act_init(&a, dt, x, cols, n, xmalloc(abytes + 64));
     kern_act_prepare(&a, 0, n);
     kern_mm_fn *fs[2] = {kern_gemm_q4_0p_q8_0_avx512, kern_gemm_q4_0p_q8_0_amxs};
+    if (getenv("VB")) { /* A/B of two settings of the VNNI kernel: VA=exp,np2 VB=exp,np2 */
+        fs[1] = fs[0];
+        sscanf(getenv("VA") ? getenv("VA") : "0,0", "%d,%d", &g_expa, &g_np2a);
+        sscanf(getenv("VB"), "%d,%d", &g_expb, &g_np2b);
+    }
     float *ys[2]; /* [n][rows] */
     for (int k = 0; k < 2; k++)
         ys[k] = xmalloc(n * rows * sizeof(float));
@@ -147,6 +154,8 @@ int main(int argc, char **argv)
         t[k] = calloc((size_t)rounds, sizeof(double));
     for (int r = -1; r < rounds; r++)
         for (int k = 0; k < 2; k++) {
+            kern__q4p_exp = k ? g_expb : g_expa;
+            kern__q4p_np2 = k ? g_np2b : g_np2a;
             for (int i = 0; i < nth; i++) {
                 jobs[i].f = fs[k];
                 jobs[i].y = ys[k];

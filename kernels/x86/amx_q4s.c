@@ -98,13 +98,23 @@ struct pos {
     size_t r, b;
 };
 
-INLINE void pos_next(struct pos *q, size_t nb, size_t pstride)
+INLINE void pos_next(struct pos *q, size_t nb, size_t pstride, int pstep)
 {
     if (++q->b == nb) {
         q->b = 0;
-        q->pp += pstride;
-        q->r += PANEL;
+        q->pp += pstride * (size_t)pstep;
+        q->r += PANEL * (size_t)pstep;
     }
+}
+
+/* acc + w . (x[0..3] in every lane): vpdpbusd with an embedded {1to16} broadcast operand (as
+ * x86/avx512_q.c's dpbusd_bcast). */
+INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *x)
+{
+    __asm__("vpdpbusd %[m]%{1to16%}, %[w], %[acc]"
+            : [acc] "+v"(acc)
+            : [w] "v"(w), [m] "m"(*(const int32_t *)(const void *)x));
+    return acc;
 }
 
 /* The B operand of block b of panel pp: the nibbles, 8 rows of 64 bytes, into bb; and a
@@ -145,6 +155,63 @@ INLINE void store_c(size_t k, int32_t (*cs)[PANEL])
     }
 }
 
+/* At the end of a chunk of KC columns (or of the panel): y (+)= acc, acc restarts from 0, as
+ * the VNNI kernel's tiles do per chunk. */
+INLINE void flush(const struct pos *q, size_t nb, int NT, __m512 acc[TT], float *y, size_t ldy,
+                  size_t r1)
+{
+    if ((q->b + 1) % (KC / 32) == 0 || q->b + 1 == nb) {
+        size_t nr = r1 - q->r < PANEL ? r1 - q->r : PANEL;
+        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
+        int add = q->b >= KC / 32;
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            float *yo = y + (size_t)j * ldy + q->r;
+            __m512 o = acc[j];
+            if (add)
+                o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(rm, yo));
+            _mm512_mask_storeu_ps(yo, rm, o);
+            acc[j] = _mm512_setzero_ps();
+        }
+    }
+}
+
+/*
+ * One block of one panel on the VNNI units, kern_gemm_q4_0p_q8_0_avx512's arithmetic (its one
+ * panel tile): the accumulator starts at ns32, 8 vpdpbusd per token, then the same float steps.
+ */
+INLINE void vnni_block(const struct pos *q, size_t nb, const struct kern_act *a,
+                       const struct sc *sc, int NT, __m512 acc[TT], float *y, size_t ldy,
+                       size_t r1)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const struct sc *sb = sc + q->b * (size_t)NT;
+    const uint8_t *qb = q->pp + quant_q4p_qoff(q->b, nb);
+    UNROLL for (int l = 0; l < 5; l++)
+        _mm_prefetch((const char *)qb + PF + 64 * l, _MM_HINT_T0);
+    __m512i ia[TT];
+    UNROLL for (int j = 0; j < NT; j++) ia[j] = _mm512_set1_epi32(sb[j].ns);
+    UNROLL for (int g = 0; g < 4; g++)
+    {
+        __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
+        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            const int8_t *x = a->q + (size_t)j * a->ld + q->b * 32 + (size_t)g * 4;
+            ia[j] = dpbusd_bcast(ia[j], lo, x);
+            ia[j] = dpbusd_bcast(ia[j], hi, x + 16);
+        }
+    }
+    __m512 s = _mm512_cvtph_ps(
+        _mm256_loadu_si256((const __m256i *)(const void *)(q->pp + quant_q4p_soff(q->b, nb))));
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[j]), _mm512_set1_ps(sb[j].d));
+        acc[j] = _mm512_fmadd_ps(f, s, acc[j]);
+    }
+    flush(q, nb, NT, acc, y, ldy, r1);
+}
+
 /*
  * The epilogue of one block: acc[j] = fma((float)(sum[j] + ns) * d_x, d_w, acc[j]) for each
  * token j, the VNNI kernel's float steps; at the end of a chunk of KC columns (or of the
@@ -164,48 +231,47 @@ INLINE void consume(const int32_t (*cs)[PANEL], const struct pos *q, size_t nb,
         __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(sb[j].d));
         acc[j] = _mm512_fmadd_ps(f, s, acc[j]);
     }
-    if ((q->b + 1) % (KC / 32) == 0 || q->b + 1 == nb) {
-        size_t nr = r1 - q->r < PANEL ? r1 - q->r : PANEL;
-        __mmask16 rm = (__mmask16)((1u << nr) - 1u);
-        int add = q->b >= KC / 32;
-        UNROLL for (int j = 0; j < NT; j++)
-        {
-            float *yo = y + (size_t)j * ldy + q->r;
-            __m512 o = acc[j];
-            if (add)
-                o = _mm512_add_ps(o, _mm512_maskz_loadu_ps(rm, yo));
-            _mm512_mask_storeu_ps(yo, rm, o);
-            acc[j] = _mm512_setzero_ps();
-        }
-    }
+    flush(q, nb, NT, acc, y, ldy, r1);
 }
 
 /* All blocks of panels [r0, r1) for the NT tokens (tiles configured for NT). */
 INLINE void run_tiles(const void *wp, const struct kern_act *a, const struct sc *sc, int NT,
-                      float *y, size_t ldy, size_t r0, size_t r1)
+                      float *y, size_t ldy, size_t r0, size_t r1, int HYB)
 {
     const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
     const size_t pstride = PANEL * rb;
-    const size_t total = (r1 - r0 + PANEL - 1) / PANEL * nb; /* blocks of the call */
+    const int pst = HYB ? 2 : 1; /* hybrid: panel pairs, VNNI on the first, tiles on the second */
+    const size_t total = (r1 - r0 + PANEL - 1) / PANEL / (size_t)pst * nb; /* tile blocks */
     int32_t cs[CS_RING][TT][PANEL] __attribute__((aligned(64)));
     uint8_t bb[BB_RING][8][64] __attribute__((aligned(64)));
     __m512 acc[TT];
     UNROLL for (int j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
-    struct pos pr = {(const uint8_t *)wp + r0 / PANEL * pstride, r0, 0}, co = pr;
+    struct pos pr = {(const uint8_t *)wp + r0 / PANEL * pstride, r0, 0}, co, vq = pr;
+    __m512 vacc[TT];
+    UNROLL for (int j = 0; j < NT; j++) vacc[j] = _mm512_setzero_ps();
+    if (HYB) {
+        pr.pp += pstride;
+        pr.r += PANEL;
+    }
+    co = pr;
     size_t i = 0, e = 0; /* blocks multiplied, consumed */
     const size_t D = g_d; /* a block's tile store is issued after the multiply D blocks on */
 #define STEP_(CT, AT, BT, ST)                                                                \
     if (i < total) {                                                                         \
         PRODUCE_(CT, AT, BT, pr, bb[i % BB_RING]);                                           \
-        pos_next(&pr, nb, pstride);                                                          \
+        pos_next(&pr, nb, pstride, pst);                                                          \
         if (i >= D) {                                                                        \
             if (D == 3) _tile_stored(ST, cs[(i - 3) % CS_RING], 64);                         \
             else store_c(i - D, cs[(i - D) % CS_RING]);                                      \
         }                                                                                    \
+        if (HYB) {                                                                           \
+            vnni_block(&vq, nb, a, sc, NT, vacc, y, ldy, r1);                                \
+            pos_next(&vq, nb, pstride, 2);                                                   \
+        }                                                                                    \
         i++;                                                                                 \
         if (i > LAG) {                                                                       \
             consume(cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);                      \
-            pos_next(&co, nb, pstride);                                                      \
+            pos_next(&co, nb, pstride, pst);                                                      \
             e++;                                                                             \
         }                                                                                    \
     }
@@ -220,7 +286,7 @@ INLINE void run_tiles(const void *wp, const struct kern_act *a, const struct sc 
         store_c(k, cs[k % CS_RING]);
     for (; e < total; e++) {
         consume(cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);
-        pos_next(&co, nb, pstride);
+        pos_next(&co, nb, pstride, pst);
     }
 }
 
@@ -246,15 +312,24 @@ void kern_gemm_q4_0p_q8_0_amxs(const void *wp, const struct kern_act *a, float *
         }
     if (g_exp < 0) { g_exp = getenv("AMXS_EXP") ? atoi(getenv("AMXS_EXP")) : 0;
       g_d = getenv("AMXS_D") ? (size_t)atoi(getenv("AMXS_D")) : 3; }
+    /* hybrid: pairs of panels up to rh, an odd last panel on the VNNI kernel */
+    const int hyb = (g_exp & 64) != 0;
+    const size_t npan = (r1 - r0 + PANEL - 1) / PANEL;
+    const size_t rh = npan % 2 ? r0 + (npan - 1) * PANEL : r1;
     tiles_config((int)n);
     switch (n) {
 #define CASE_(T)                                                                             \
     case T:                                                                                  \
-        run_tiles(wp, a, sc, T, y, ldy, r0, r1);                                             \
+        if (hyb)                                                                             \
+            run_tiles(wp, a, sc, T, y, ldy, r0, rh, 1);                                      \
+        else                                                                                 \
+            run_tiles(wp, a, sc, T, y, ldy, r0, r1, 0);                                      \
         break;
         CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8) CASE_(9) CASE_(10)
         CASE_(11) CASE_(12) CASE_(13) CASE_(14) CASE_(15) CASE_(16)
 #undef CASE_
     }
     _tile_release();
+    if (hyb && rh < r1) /* (this reuses scratch slot 1: sc is dead) */
+        kern_gemm_q4_0p_q8_0_avx512(wp, a, y, ldy, rh, r1);
 }
