@@ -1,15 +1,16 @@
 /*
- * amxs_bench.c — the q4_0 panel GEMM for a few tokens (session 18, task dec8): the AVX-512 VNNI
- * panel kernel (kern_gemm_q4_0p_q8_0_avx512) against the AMX-INT8 one for 2..16 tokens
- * (kern_gemm_q4_0p_q8_0_amxs, x86/amx_q4s.c, same bits), on the same random weights and
- * activations, THREADS threads splitting the rows on panel boundaries as worker/model/matmul.c
- * does. COPIES copies of the weights are used in turn (one per call) so that they come from DRAM
- * as in decode when COPIES x ROWS x COLS x 18/32 bytes exceed the caches. Rounds interleave the
- * kernels (V A V A ...); each entry is the median over rounds of the slowest thread's CPU time
- * per call (thread CPU time: this machine is shared), so the ratio comes from one run under one
- * load. Prints one markdown row: GFLOP/s of each, the ratio AMX / VNNI, and the count of outputs
- * whose bits differ (must be 0).
- *   usage: amxs_bench ROWS COLS N THREADS ROUNDS COPIES
+ * amxs_bench.c — the q4_0 panel GEMM for a few tokens (session 18, task dec8):
+ * the AVX-512 VNNI panel kernel (kern_gemm_q4_0p_q8_0_avx512) against the
+ * AMX-INT8 one for 2..16 tokens (kern_gemm_q4_0p_q8_0_amxs, x86/amx_q4s.c, same
+ * bits), on the same random weights and activations, THREADS threads splitting
+ * the rows on panel boundaries as worker/model/matmul.c does. COPIES copies of
+ * the weights are used in turn (one per call) so that they come from DRAM as in
+ * decode when COPIES x ROWS x COLS x 18/32 bytes exceed the caches. Rounds
+ * interleave the kernels (V A V A ...); each entry is the median over rounds of
+ * the slowest thread's CPU time per call (thread CPU time: this machine is
+ * shared), so the ratio comes from one run under one load. Prints one markdown
+ * row: GFLOP/s of each, the ratio AMX / VNNI, and the count of outputs whose
+ * bits differ (must be 0). usage: amxs_bench ROWS COLS N THREADS ROUNDS COPIES
  */
 #include "dtype.h"
 #include "kern.h"
@@ -23,8 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-extern int kern__q4p_exp, kern__q4p_np2;
-static int g_expa, g_expb, g_np2a, g_np2b;
 static uint64_t g_rng = 88172645463325252ull;
 static uint32_t rnd(void)
 {
@@ -74,8 +73,8 @@ static void *worker(void *p)
             return NULL;
         double t0 = cpu_now();
         for (int i = 0; i < j->iters; i++)
-            j->f((const uint8_t *)j->w + (size_t)(i % j->copies) * j->pbytes, j->a, j->y,
-                 j->rows, j->r0, j->r1);
+            j->f((const uint8_t *)j->w + (size_t)(i % j->copies) * j->pbytes, j->a, j->y, j->rows,
+                 j->r0, j->r1);
         j->cpu = cpu_now() - t0;
         pthread_barrier_wait(j->done);
     }
@@ -123,11 +122,6 @@ int main(int argc, char **argv)
     kern_act_init(&a, dt, x, cols, n, xmalloc(abytes + 64));
     kern_act_prepare(&a, 0, n);
     kern_mm_fn *fs[2] = {kern_gemm_q4_0p_q8_0_avx512, kern_gemm_q4_0p_q8_0_amxs};
-    if (getenv("VB")) { /* A/B of two settings of the VNNI kernel: VA=exp,np2 VB=exp,np2 */
-        fs[1] = fs[0];
-        sscanf(getenv("VA") ? getenv("VA") : "0,0", "%d,%d", &g_expa, &g_np2a);
-        sscanf(getenv("VB"), "%d,%d", &g_expb, &g_np2b);
-    }
     float *ys[2]; /* [n][rows] */
     for (int k = 0; k < 2; k++)
         ys[k] = xmalloc(n * rows * sizeof(float));
@@ -139,9 +133,15 @@ int main(int argc, char **argv)
     const size_t np = (rows + 15) / 16;
     for (int i = 0; i < nth; i++) {
         size_t p0 = np * (size_t)i / (size_t)nth, p1 = np * (size_t)(i + 1) / (size_t)nth;
-        jobs[i] = (struct job){.w = wp, .a = &a, .rows = rows, .r0 = p0 * 16,
-                               .r1 = p1 * 16 < rows ? p1 * 16 : rows, .start = &start,
-                               .done = &done, .copies = copies, .pbytes = pbytes};
+        jobs[i] = (struct job){.w = wp,
+                               .a = &a,
+                               .rows = rows,
+                               .r0 = p0 * 16,
+                               .r1 = p1 * 16 < rows ? p1 * 16 : rows,
+                               .start = &start,
+                               .done = &done,
+                               .copies = copies,
+                               .pbytes = pbytes};
         pthread_create(&th[i], NULL, worker, &jobs[i]);
     }
     /* calls per timed batch: ~30 ms of VNNI work at ~40 GFLOP/s per thread */
@@ -154,8 +154,6 @@ int main(int argc, char **argv)
         t[k] = calloc((size_t)rounds, sizeof(double));
     for (int r = -1; r < rounds; r++)
         for (int k = 0; k < 2; k++) {
-            kern__q4p_exp = k ? g_expb : g_expa;
-            kern__q4p_np2 = k ? g_np2b : g_np2a;
             for (int i = 0; i < nth; i++) {
                 jobs[i].f = fs[k];
                 jobs[i].y = ys[k];
@@ -183,7 +181,7 @@ int main(int argc, char **argv)
         qsort(t[k], (size_t)rounds, sizeof(double), cmpd);
         med[k] = t[k][rounds / 2];
     }
-    printf("| %zu x %zu | %zu | %d | %d | %.0f | %.0f | %.2f | %zu |\n", rows, cols, n, nth,
-           copies, ops / med[0] / 1e9, ops / med[1] / 1e9, med[0] / med[1], diff);
+    printf("| %zu x %zu | %zu | %d | %d | %.0f | %.0f | %.2f | %zu |\n", rows, cols, n, nth, copies,
+           ops / med[0] / 1e9, ops / med[1] / 1e9, med[0] / med[1], diff);
     return 0;
 }

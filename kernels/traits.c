@@ -106,9 +106,8 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                           .panel_pack = kern__panels_pack_q4_0_ref},
                          {MM_(q4_0, q8_0, avx512, 4), .panel_gemm = kern_gemm_q4_0p_q8_0_avx512,
                           .panel_pack = kern__q4p_pack_avx512}},
-                 /* tdpbsud tiles for 2..16 tokens (x86/amx_q4s.c), tdpbssd ones from 24
-                  * (x86/amx_q.c), on the same panels, the same bits */
-                 .amx = {.panel_gemm = kern_gemm_q4_0p_q8_0_amxs}},
+                 /* tdpbssd tiles on the same panels, the same bits (x86/amx_q.c) */
+                 .amx = {.panel_gemm = kern_gemm_q4_0p_q8_0_amx}},
     Q4G_(q4_g64, DT_Q4_G64, 64),
     Q4G_(q4_g128, DT_Q4_G128, 128),
     Q4G_(q4z_g32, DT_Q4Z_G32, 32),

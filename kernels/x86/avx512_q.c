@@ -613,7 +613,6 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
  * token tile's copy (q4p_gather).
  */
 #define Q4P_PF 8192
-int kern__q4p_exp, kern__q4p_np2;
 #define Q4P_NP 2 /* panels per register tile: each activation broadcast feeds NP vpdpbusd */
 #define Q4P_NT 8 /* tokens per register tile: NP x NT int accumulators */
 /* A token's block scale and offset correction (kern_act.d, .ns32). */
@@ -663,26 +662,8 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
              * the next panel, which this tile is already reading */
             size_t o = quant_q4p_qoff(k0 / 32 + b, nb) + Q4P_PF;
             o += o >= pstride ? (size_t)(NP - 1) * pstride : 0;
-            if (kern__q4p_exp == 0) {
             UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++)
                 _mm_prefetch((const char *)pp + (size_t)p * pstride + o + 64 * l, _MM_HINT_T0);
-            } else if (kern__q4p_exp == 1) {
-            UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++)
-                _mm_prefetch((const char *)pp + (size_t)p * pstride + o + 64 * l, _MM_HINT_T1);
-            } else if (kern__q4p_exp == 2) {
-            UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++)
-                _mm_prefetch((const char *)pp + (size_t)p * pstride + o + 8192 + 64 * l, _MM_HINT_T1);
-            } else if (kern__q4p_exp == 3) {
-            UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++) {
-                _mm_prefetch((const char *)pp + (size_t)p * pstride + o + 8192 + 64 * l, _MM_HINT_T1);
-                _mm_prefetch((const char *)pp + (size_t)p * pstride + o - 8192 + 1024 + 64 * l, _MM_HINT_T0); }
-            } else if (kern__q4p_exp == 4) {
-            UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++)
-                _mm_prefetch((const char *)pp + (size_t)p * pstride + o + 24576 + 64 * l, _MM_HINT_T1);
-            } else if (kern__q4p_exp == 5) {
-            UNROLL for (int p = 0; p < NP; p++) UNROLL for (int l = 0; l < 5; l++)
-                _mm_prefetch((const char *)pp + (size_t)p * pstride + o + 8192 + 64 * l, _MM_HINT_T2);
-            }
         }
         __m512i iacc[Q4P_NP][Q4P_NT], iacc2[Q4P_NP][Q4P_NT];
         UNROLL for (int j = 0; j < NT; j++)
@@ -786,7 +767,7 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
      * faster at n = 8 with the weights in cache (1.03-1.10x) but slower in engine_bench's
      * 8-stream decode (0.75-1.07x, 7 alternations under load; session 10 saw 0.8-0.9x from
      * DRAM at n = 8, 9): docs/PERFORMANCE.md "int4 wide tile, session 11" */
-    const int np_max = a->n >= 16 || kern__q4p_np2 ? Q4P_NP : 1;
+    const int np_max = a->n >= 16 ? Q4P_NP : 1;
     const size_t ntiles = (a->n + Q4P_NT - 1) / Q4P_NT;
     for (size_t r = r0; r < r1; r += (size_t)np_max * PANEL) {
         __mmask16 rm[Q4P_NP] = {0};
