@@ -1,54 +1,55 @@
 /*
- * amx_q4s.c — the q4_0 panel GEMM for a few tokens (decode of 2..16 streams) on
- * AMX-INT8 tiles (tdpbsud), compiled with the AVX-512 and AMX flags
- * (kernels/CMakeLists.txt). MEASURED AND NOT DISPATCHED (session 18,
- * docs/PERFORMANCE.md "int4 8-stream decode vs AMX tiles, session 18"): on this
- * Emerald Rapids VM it runs 0.28x (n = 2) to 0.50-0.65x (n = 8) to ~1.0x (n =
- * 16) the VNNI panel kernel with the weights in cache and 0.65-0.90x from DRAM
- * at n = 8, so DT_Q4_0's panel_gemm stays kern_gemm_q4_0p_q8_0_avx512 below 24
- * tokens. Kept, with its test and bench/amxs_bench, to re-measure on other AMX
- * parts (where tile instructions may cost less). Only call it where
- * kern_has_amx_bf16(); n outside [AMXS_MIN_N, AMXS_MAX_N] goes to
- * kern_gemm_q4_0p_q8_0_amx (x86/amx_q.c).
+ * amx_q4s.c — the q4_0 panel GEMM for a few tokens (decode of 2..16 streams) on AMX-INT8 tiles
+ * (tdpbsud), compiled with the AVX-512 and AMX flags (kernels/CMakeLists.txt).
+ * MEASURED AND NOT DISPATCHED (session 18, docs/PERFORMANCE.md "int4 8-stream decode against
+ * AMX tiles, session 18"): on this Emerald Rapids VM (bench/amxs_bench, thread CPU time, loaded
+ * machine) it runs 0.45-0.64x (n = 2..4), 0.71-0.89x (n = 8), ~1.0x (n = 16) the VNNI panel
+ * kernel with the weights in cache and 0.70-0.80x from DRAM at n = 8, so DT_Q4_0's panel_gemm
+ * stays kern_gemm_q4_0p_q8_0_avx512 below 24 tokens. Kept, with its test and bench/amxs_bench,
+ * to re-measure on other AMX parts (where tile instructions may cost less). Only call it where
+ * kern_has_amx_bf16(); n outside [AMXS_MIN_N, AMXS_MAX_N] goes to kern_gemm_q4_0p_q8_0_amx
+ * (x86/amx_q.c).
  *
- * Same bits as kern_gemm_q4_0p_q8_0_avx512 (so as the stored-row GEMM, and
- * batch invariant like it): per block of 32 columns a tile multiply gives each
- * (token, row) the exact int32 sum of (nibble 0..15) x (signed activation
- * quant); adding the activation's ns32 (-8 x the sum of its quants) gives the
- * integer the VNNI kernel reaches (it starts its accumulator at ns32), and the
- * float steps after it are the VNNI kernel's, in its order: f = (float)sum *
- * d_x; acc = fma(f, d_w, acc) block by block over the same chunks of KC
- * columns, then y (+)= acc. tests/kern asserts equality bit for bit.
+ * Same bits as kern_gemm_q4_0p_q8_0_avx512 (so as the stored-row GEMM, and batch invariant like
+ * it): per block of 32 columns a tile multiply gives each (token, row) the exact int32 sum of
+ * (nibble 0..15) x (signed activation quant); adding the activation's ns32 (-8 x the sum of its
+ * quants) gives the integer the VNNI kernel reaches (it starts its accumulator at ns32), and the
+ * float steps after it are the VNNI kernel's, in its order: f = (float)sum * d_x;
+ * acc = fma(f, d_w, acc) block by block over the same chunks of KC columns, then y (+)= acc.
+ * tests/kern asserts equality bit for bit.
  *
- * Why it loses at small n: q4_0 scales every 32 columns, so each block needs
- * its own multiply (K = 32, M = n tokens, N = 16 rows) and its own tile store
- * of the sums before the float epilogue, whatever n is. That sequence (2 tile
- * loads, zero, tdpbsud, tile store) costs ~20 ns per block here, against ~23-27
- * ns for the whole VNNI block at n = 8 (64 vpdpbusd, which issue two per cycle
- * on this CPU). Interleaving VNNI panels with tile panels in one instruction
- * stream (a hybrid) measured no better (0.63x): the tile instructions hold up
- * the vector work around them. What is here:
- *   - 4 C tiles, 2 A and 2 B tiles; a block's tile store is issued after the
- * next two blocks' multiplies (the tile unit runs in order); its epilogue LAG
- * blocks after its multiply, reading the sums from a ring in L1;
- *   - tdpbsud (signed activations in A, unsigned weights in B): the nibbles go
- * to B as they are (0..15); the offset is the activation's ns32, added in the
- * epilogue;
- *   - the B operand of each block is unpacked from the panel (4 loads, and /
- * shift+and) into a small ring in L1;
- *   - the pipeline runs over all blocks of all panels of the call (no drain per
- * chunk or panel).
+ * Why it loses at small n: q4_0 scales every 32 columns, so each block's sums must leave the
+ * tiles (a tile store, then vector loads) before its float epilogue, whatever n is, and its B
+ * operand must be unpacked from nibbles through memory. One block per multiply (K = 32, M = n,
+ * N = 16 rows: 2 tile loads, zero, tdpbsud, tile store) cost ~20 ns of tile work per block here
+ * against ~23-27 ns for the whole VNNI block at n = 8 (64 vpdpbusd, which issue two per cycle on
+ * this CPU): 0.50-0.66x. Two blocks per multiply for n <= 8 (run_pairs: A's rows
+ * [x block b | 0] then [0 | x block b+1], K = 64, M = 2n) halve the tile instructions:
+ * 0.71-0.89x. Per block there remain 8 stores of the unpacked B and 8 rows of tile store, where
+ * the VNNI kernel stores nothing. Interleaving VNNI panels with tile panels in one instruction
+ * stream (a hybrid, one block per multiply) measured no better (0.63x).
+ * What is here:
+ *   - 4 C tiles, 2 A and 2 B tiles; a block's (pair's) tile store is issued after later
+ *     multiplies (the tile unit runs in order: a store right after its multiply stalls it), its
+ *     epilogue later still, reading the sums from a ring in L1;
+ *   - tdpbsud (signed activations in A, unsigned weights in B): the nibbles go to B as they are
+ *     (0..15); the offset is the activation's ns32, added in the epilogue;
+ *   - the B operand of each block is unpacked from the panel (4 loads, and / shift+and) into a
+ *     small ring in L1;
+ *   - the pipeline runs over all blocks of all panels of the call (no drain per chunk or panel).
  *
  * Layout, C = X . W^T per block, C[token][row]:
- *   A tiles: n tokens x 32 int8 activation bytes (kern_act.q), loaded straight
- * from the prepared activations (stride kern_act.ld). B tiles: 8 rows of 64
- * bytes, row g holding columns 4g..4g+3 (g < 4: low nibbles, columns 4g+j; g >=
- * 4: high nibbles, columns 16+4(g-4)+j) of the panel's 16 rows, dword i = row i
- *     (quant.h "q4_0 panels": the panel's 4 vectors of nibble pairs are lane =
- * row already). C tiles: n tokens x 16 rows int32.
+ *   A tiles: n tokens x 32 int8 activation bytes (kern_act.q), loaded straight from the
+ *     prepared activations (stride kern_act.ld); for n <= 8, 2n rows x 64 bytes from a copy
+ *     (run_pairs).
+ *   B tiles: 8 rows of 64 bytes per block, row g holding columns 4g..4g+3 (g < 4: low nibbles,
+ *     columns 4g+j; g >= 4: high nibbles, columns 16+4(g-4)+j) of the panel's 16 rows,
+ *     dword i = row i (quant.h "q4_0 panels": the panel's 4 vectors of nibble pairs are
+ *     lane = row already).
+ *   C tiles: n tokens (n <= 8: 2n, two blocks) x 16 rows int32.
  *
- * NOTES: the tile config is loaded with inline asm taking the struct as a
- * memory operand (amx_common.h); every call ends with tilerelease.
+ * NOTES: the tile config is loaded with inline asm taking the struct as a memory operand
+ * (amx_common.h); every call ends with tilerelease.
  */
 #include "internal.h"
 
@@ -251,6 +252,108 @@ INLINE void run_tiles(const void *wp, const struct kern_act *a, const struct sc 
     }
 }
 
+/*
+ * n <= 8: two blocks per multiply. A holds 2n rows of 64 bytes, [x_t block b | 0] for the n
+ * tokens then [0 | x_t block b+1] (built once per call, a2), B the two blocks' 16 rows, so
+ * C's first n rows are block b's sums and its last n rows block b+1's, each exact (the zero
+ * halves add nothing): one multiply, one tile store, one pair of tile loads for two blocks.
+ */
+INLINE void unpack_pair(const uint8_t *pp, size_t nb, size_t b, uint8_t (*bb)[64])
+{
+    unpack_b(pp, nb, b, bb);
+    if (b + 1 < nb)
+        unpack_b(pp, nb, b + 1, bb + 8);
+    else /* an odd last block: block b+1's rows of B are zero (A's are too) */
+        UNROLL for (int g = 0; g < 8; g++) _mm512_store_si512((void *)bb[8 + g],
+                                                              _mm512_setzero_si512());
+}
+
+#define PRODUCE2_(CT, AT, BT, P, bb, a2)                                                          \
+    do {                                                                                           \
+        unpack_pair((P).pp, nb, (P).b, bb);                                                        \
+        _tile_loadd(AT, a2 + (P).b / 2 * (size_t)TT * 64, 64);                                     \
+        _tile_loadd(BT, bb, 64);                                                                   \
+        _tile_zero(CT);                                                                            \
+        _tile_dpbsud(CT, AT, BT);                                                                  \
+    } while (0)
+
+INLINE void pos_next2(struct pos *q, size_t nb, size_t pstride)
+{
+    q->b += 2;
+    if (q->b >= nb) {
+        q->b = 0;
+        q->pp += pstride;
+        q->r += PANEL;
+    }
+}
+
+/* The epilogues of a pair: block b from the first NT rows, block b+1 (if any) from the next. */
+INLINE void consume2(const int32_t (*cs)[PANEL], const struct pos *q, size_t nb,
+                     const struct sc *sc, int NT, __m512 acc[TT], float *y, size_t ldy, size_t r1)
+{
+    consume(cs, q, nb, sc, NT, acc, y, ldy, r1);
+    if (q->b + 1 < nb) {
+        struct pos q1 = *q;
+        q1.b++;
+        consume(cs + NT, &q1, nb, sc, NT, acc, y, ldy, r1);
+    }
+}
+
+INLINE void run_pairs(const void *wp, const struct kern_act *a, const struct sc *sc,
+                      const int8_t *a2, int NT, float *y, size_t ldy, size_t r0, size_t r1)
+{
+    const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
+    const size_t pstride = PANEL * rb;
+    const size_t total = (r1 - r0 + PANEL - 1) / PANEL * ((nb + 1) / 2); /* pairs of the call */
+    int32_t cs[CS_RING][TT][PANEL] __attribute__((aligned(64)));
+    uint8_t bb[BB_RING][16][64] __attribute__((aligned(64)));
+    __m512 acc[TT];
+    UNROLL for (int j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
+    struct pos pr = {(const uint8_t *)wp + r0 / PANEL * pstride, r0, 0}, co = pr;
+    size_t i = 0, e = 0; /* pairs multiplied, consumed */
+    /* stores 3 pairs after their multiply, epilogues 6 after (n = 8, weights in cache, one
+     * run: D, L = 1, 2 0.75x VNNI; 2, 3 0.76x; 3, 4 0.79x; 3, 6 0.81x) */
+    const size_t D = 3, L = 6;
+#define STEP_(CT, AT, BT)                                                                          \
+    if (i < total) {                                                                               \
+        PRODUCE2_(CT, AT, BT, pr, bb[i % BB_RING], a2);                                            \
+        pos_next2(&pr, nb, pstride);                                                               \
+        if (i >= D)                                                                                \
+            store_c(i - D, cs[(i - D) % CS_RING]);                                                 \
+        i++;                                                                                       \
+        if (i > L) {                                                                               \
+            consume2(cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);                           \
+            pos_next2(&co, nb, pstride);                                                           \
+            e++;                                                                                   \
+        }                                                                                          \
+    }
+    while (i < total) {
+        STEP_(0, 4, 6)
+        STEP_(1, 5, 7)
+        STEP_(2, 4, 6)
+        STEP_(3, 5, 7)
+    }
+#undef STEP_
+    for (size_t k = total > D ? total - D : 0; k < total; k++)
+        store_c(k, cs[k % CS_RING]);
+    for (; e < total; e++) {
+        consume2(cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);
+        pos_next2(&co, nb, pstride);
+    }
+}
+
+/* Tiles for pairs: 0-3 C (2n x 16 int32), 4-5 A (2n x 64 bytes), 6-7 B (16 x 64 bytes). */
+static void tiles_config2(int nt)
+{
+    struct amx_tile_cfg cfg;
+    amx_cfg_init(&cfg);
+    for (int i = 0; i < 8; i++) {
+        cfg.rows[i] = (uint8_t)(i < 6 ? 2 * nt : 16);
+        cfg.colsb[i] = 64;
+    }
+    amx_cfg_load(&cfg);
+}
+
 void kern_gemm_q4_0p_q8_0_amxs(const void *wp, const struct kern_act *a, float *y, size_t ldy,
                                size_t r0, size_t r1)
 {
@@ -262,15 +365,39 @@ void kern_gemm_q4_0p_q8_0_amxs(const void *wp, const struct kern_act *a, float *
     if (r0 >= r1)
         return;
     const size_t nb = a->cols / 32, n = a->n;
-    /* slot 1 is free under a panel product (as for the other panel kernels);
-     * kernels have no error path, so failing to get nb x n x 8 bytes aborts */
-    struct sc *sc = kern__scratch_slot(1, nb * n * sizeof *sc);
-    CHECK(sc != NULL);
+    /* slot 1 is free under a panel product (as for the other panel kernels); kernels have no
+     * error path, so failing to get it aborts. It holds sc, [nb][n] pairs of 8 bytes, then for
+     * n <= 8 a2, [(nb + 1) / 2][TT rows][64] bytes (run_pairs). */
+    const int two = n <= 8;
+    const size_t scb = (nb * n * sizeof(struct sc) + 63) / 64 * 64;
+    const size_t a2b = two ? (nb + 1) / 2 * TT * 64 : 0;
+    uint8_t *scr = kern__scratch_slot(1, scb + a2b + 64);
+    CHECK(scr != NULL);
+    struct sc *sc = (struct sc *)(void *)scr;
+    int8_t *a2 = (int8_t *)(void *)(((uintptr_t)scr + scb + 63) / 64 * 64);
     for (size_t b = 0; b < nb; b++)
         for (size_t j = 0; j < n; j++) {
             size_t o = j * a->cp / 32 + b;
             sc[b * n + j] = (struct sc){a->d[o], a->ns32[o]};
         }
+    if (two) {
+        memset(a2, 0, a2b);
+        for (size_t b = 0; b < nb; b++)
+            for (size_t j = 0; j < n; j++)
+                memcpy(a2 + (b / 2 * TT + b % 2 * n + j) * 64 + b % 2 * 32,
+                       a->q + j * a->ld + b * 32, 32);
+        tiles_config2((int)n);
+        switch (n) {
+#define CASE_(T)                                                                                   \
+    case T:                                                                                        \
+        run_pairs(wp, a, sc, a2, T, y, ldy, r0, r1);                                               \
+        break;
+            CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+        }
+        _tile_release();
+        return;
+    }
     tiles_config((int)n);
     switch (n) {
 #define CASE_(T)                                                                                   \
