@@ -3,8 +3,8 @@
  * (tdpbsud), compiled with the AVX-512 and AMX flags (kernels/CMakeLists.txt).
  * MEASURED AND NOT DISPATCHED (session 18, docs/PERFORMANCE.md "int4 8-stream decode against
  * AMX tiles, session 18"): on this Emerald Rapids VM (bench/amxs_bench, thread CPU time, loaded
- * machine) it runs 0.45-0.64x (n = 2..4), 0.71-0.89x (n = 8), ~1.0x (n = 16) the VNNI panel
- * kernel with the weights in cache and 0.70-0.80x from DRAM at n = 8, so DT_Q4_0's panel_gemm
+ * machine) it runs 0.29-0.64x (n = 2..4), 0.69-0.89x (n = 8), ~0.95x (n = 16) the VNNI panel
+ * kernel with the weights in cache and 0.70-0.92x from DRAM at n = 8, so DT_Q4_0's panel_gemm
  * stays kern_gemm_q4_0p_q8_0_avx512 below 24 tokens. Kept, with its test and bench/amxs_bench,
  * to re-measure on other AMX parts (where tile instructions may cost less). Only call it where
  * kern_has_amx_bf16(); n outside [AMXS_MIN_N, AMXS_MAX_N] goes to kern_gemm_q4_0p_q8_0_amx
@@ -21,11 +21,11 @@
  * Why it loses at small n: q4_0 scales every 32 columns, so each block's sums must leave the
  * tiles (a tile store, then vector loads) before its float epilogue, whatever n is, and its B
  * operand must be unpacked from nibbles through memory. One block per multiply (K = 32, M = n,
- * N = 16 rows: 2 tile loads, zero, tdpbsud, tile store) cost ~20 ns of tile work per block here
- * against ~23-27 ns for the whole VNNI block at n = 8 (64 vpdpbusd, which issue two per cycle on
- * this CPU): 0.50-0.66x. Two blocks per multiply for n <= 8 (run_pairs: A's rows
+ * N = 16 rows: 2 tile loads, zero, tdpbsud, tile store) ran ~35-57 ns per block here against
+ * ~23-27 ns for the whole VNNI block at n = 8 (64 vpdpbusd, which issue two per cycle on this
+ * CPU): 0.50-0.66x. Two blocks per multiply for n <= 8 (run_pairs: A's rows
  * [x block b | 0] then [0 | x block b+1], K = 64, M = 2n) halve the tile instructions:
- * 0.71-0.89x. Per block there remain 8 stores of the unpacked B and 8 rows of tile store, where
+ * 0.69-0.89x. Per block there remain 8 stores of the unpacked B and 8 rows of tile store, where
  * the VNNI kernel stores nothing. Interleaving VNNI panels with tile panels in one instruction
  * stream (a hybrid, one block per multiply) measured no better (0.63x).
  * What is here:
