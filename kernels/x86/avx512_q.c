@@ -876,8 +876,9 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struc
             UNROLL for (int j = 0; j < NT; j++)
             {
                 /* the activation dword as vpdpbusd's {1to16} memory operand (dpbusd_bcast):
-                 * GCC emits set1(load) as a GPR load and a port-5 vpbroadcastd per
-                 * vpdpbusd, which at n = 8 took the tile to half the q4_0 one's rate */
+                 * GCC emitted set1(load) as a GPR load and a port-5 vpbroadcastd per
+                 * vpdpbusd; at n = 8 folded ran 1.03-1.32x (docs/PERFORMANCE.md "int4
+                 * 8-stream decode against AMX tiles, session 18") */
                 const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
                 if (split && (g & 1))
                     iacc2[j] = dpbusd_bcast(iacc2[j], wv, x);
