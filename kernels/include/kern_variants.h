@@ -66,6 +66,10 @@ kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_
 /* AMX-INT8 tiles on the same panels (x86/amx_q.c): only when kern_has_amx_bf16(); the same bits
  * as the _avx512 panel kernels above (their twins through them) */
 kern_mm_fn kern_gemm_q4_0p_q8_0_amx, kern_gemm_q8_0p_q8_0_amx;
+/* AMX-INT8 tiles for 2..16 tokens on q4_0 panels (x86/amx_q4s.c), measured slower than the
+ * VNNI panel kernel here and not in the dispatch table: only when kern_has_amx_bf16(); the same
+ * bits as kern_gemm_q4_0p_q8_0_avx512; other n go to kern_gemm_q4_0p_q8_0_amx. */
+kern_mm_fn kern_gemm_q4_0p_q8_0_amxs;
 /* Design (b), a numerics change not in the dispatch table (x86/amx_qbf16.c): the panels'
  * weights dequantized to bf16, activations rounded to bf16 (a->x), tdpbf16ps; the _ref twins
  * (ref_qbf16.c) use the same operands with column-order f32 sums. _amx only when

@@ -875,11 +875,15 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struc
             __m512i wv = _mm512_loadu_si512((const void *)(qb + 64 * g));
             UNROLL for (int j = 0; j < NT; j++)
             {
-                __m512i xv = _mm512_set1_epi32(load_i32(xq[j] + b * 32 + (size_t)g * 4));
+                /* the activation dword as vpdpbusd's {1to16} memory operand (dpbusd_bcast):
+                 * GCC emitted set1(load) as a GPR load and a port-5 vpbroadcastd per
+                 * vpdpbusd; at n = 8 folded ran 1.03-1.32x (docs/PERFORMANCE.md "int4
+                 * 8-stream decode against AMX tiles, session 18") */
+                const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
                 if (split && (g & 1))
-                    iacc2[j] = _mm512_dpbusd_epi32(iacc2[j], wv, xv);
+                    iacc2[j] = dpbusd_bcast(iacc2[j], wv, x);
                 else
-                    iacc[j] = _mm512_dpbusd_epi32(iacc[j], wv, xv);
+                    iacc[j] = dpbusd_bcast(iacc[j], wv, x);
             }
         }
         __m512 s = _mm512_cvtph_ps(

@@ -209,8 +209,8 @@ struct panel_kind {
         const char *name;
         enum kern_isa isa;
         kern_mm_fn *fn, *rows_fn;
-        int amx; /* runs only where kern_has_amx_bf16() (the AMX-INT8 tiles, x86/amx_q.c) */
-    } pv[4];
+        int amx; /* runs only where kern_has_amx_bf16() (the AMX-INT8 tiles, x86/amx_q*.c) */
+    } pv[5];
 };
 
 static const struct panel_kind q4p_kind = {
@@ -222,6 +222,8 @@ static const struct panel_kind q4p_kind = {
      {"kern_gemm_q4_0p_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_avx512,
       kern_gemm_q4_0_q8_0_avx512, 0},
      {"kern_gemm_q4_0p_q8_0_amx", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_amx,
+      kern_gemm_q4_0_q8_0_avx512, 1},
+     {"kern_gemm_q4_0p_q8_0_amxs", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_amxs,
       kern_gemm_q4_0_q8_0_avx512, 1}}};
 
 static const struct panel_kind q8p_kind = {
@@ -287,7 +289,8 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
     for (int st = 1; st <= 2; st++) {
         kern_set_panel_streams(st);
         for (size_t v = 0; v < sizeof k->pv / sizeof k->pv[0]; v++) {
-            if (k->pv[v].isa != g_case->isa || (k->pv[v].amx && !kern_has_amx_bf16()))
+            if (!k->pv[v].fn || k->pv[v].isa != g_case->isa ||
+                (k->pv[v].amx && !kern_has_amx_bf16()))
                 continue;
             for (size_t i = 0; i < n * ldy; i++)
                 y[i] = z[i] = SENTINEL;
