@@ -452,7 +452,7 @@ static void test_i8_repack(void **state)
     struct iebin_hparams wide = peft_small_hparams();
     wide.n_layers = 1;
     wide.ffn_dim = KERN_LORA_I8_IN_MAX + 8;
-    pa = peft_adapter_random(&wide, 1, 1.0, 1u << LORA_DOWN, 9, 0.3f, 0.3f);
+    pa = peft_adapter_random(&wide, 2, 1.0, 1u << LORA_DOWN, 9, 0.3f, 0.3f);
     d = subdir("i8wide");
     peft_adapter_write(pa, d, SAFETENSORS_F32, "");
     peft_adapter_free(pa);
@@ -464,6 +464,30 @@ static void test_i8_repack(void **state)
     assert_int_equal(aw->fast_dt, DT_F32);
     lora_close(aw);
     free(d);
+
+    /* rank 1 (below LORA_I8_MIN_RANK): int8 packing serves the bf16 copy, with bf16's digest;
+     * rank 2 is int8 */
+    for (size_t r = 1; r <= 2; r++) {
+        pa = peft_adapter_random(&hp, r, 2.0, (1u << LORA_TARGET_COUNT) - 1, 11, 0.3f, 0.3f);
+        d = subdir(r == 1 ? "i8r1" : "i8r2");
+        peft_adapter_write(pa, d, SAFETENSORS_F32, "");
+        peft_adapter_free(pa);
+        struct lora_adapter *ai, *ab;
+        assert_int_equal(lora_open(d, &hp, &ai), 0);
+        assert_int_equal(lora_open(d, &hp, &ab), 0);
+        assert_int_equal(lora_repack(ai, LORA_PACK_INT8), 0);
+        assert_int_equal(lora_repack(ab, LORA_PACK_BF16), 0);
+        assert_int_equal(ai->fast_dt, r == 1 ? DT_BF16 : LORA_DT_I8);
+        if (r == 1) {
+            assert_true(ai->digest == ab->digest);
+            assert_int_equal(ai->fast_bytes, ab->fast_bytes);
+        } else {
+            assert_true(ai->digest != ab->digest);
+        }
+        lora_close(ai);
+        lora_close(ab);
+        free(d);
+    }
 }
 
 static int setup(void **state)
