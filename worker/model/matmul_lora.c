@@ -11,9 +11,7 @@
  *           gate, up): one long stream per (adapter, job), split only into tasks of about
  *           MM_SHRINK_BYTES (session 14);
  *   BASE    tile a (MM_TILE rows) of a product's base rows, once its input is prepared
- *           (b = 1, "merged": every shrink of its product is earlier in the list);
- *   HELP    after every other task, one per adapted product: its share of the product's
- *           expands once the product's shrinks are done (pools of 2 threads or more).
+ *           (b = 1, "merged": every shrink of its product is earlier in the list).
  * The expand, y += s_t T B^T on a tile's columns for every segment, is no task of its own
  * (session 15): it needs two events, the tile's base rows written and its product's shrinks
  * all done, and the participant that completes the second runs it, at once: the base task
@@ -39,12 +37,9 @@
  * its first lines (perf: 30-80 % of the expand's and the shrink's samples on their first
  * weight loads).
  *
- * At the job's end a HELP task per adapted product (session 18) lets the participant that ran
- * out of tasks share the expands the product's last shrinker would otherwise run alone:
- * both claim its tiles' shrink events in turn (deliver_shrunk).
- * NOTES: a task waits (spins, yielding now and then) only for the PREP tasks and (HELP) for
- * a product's last shrink, which precede it in the list and which running participants are
- * finishing, so claiming in order cannot deadlock. A PREP's release publishes its activations to the BASE tasks that acquire
+ * NOTES: a task waits (spins, yielding now and then) only for the PREP tasks, which precede
+ * it in the list and which running participants are finishing, so claiming in order cannot
+ * deadlock. A PREP's release publishes its activations to the BASE tasks that acquire
  * prep_done. A tile's counter (tile_done) takes one acq_rel increment per event: the base
  * task's publishes its rows, the last shrinker's the T rows of every shrink of the product
  * (it acquired them all through the product's shrink counter, whose increments are acq_rel
@@ -91,19 +86,16 @@
 #endif
 #define MM_SHRINK_PF_ROWS 4u /* a shrink task's first rank rows requested ahead (the kernels
                               * request each block's next rows themselves) */
-#ifndef MM_HELP
-#define MM_HELP 1 /* a HELP task per adapted product at the job's end (deliver_shrunk) */
-#endif
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
 
-enum { TK_PREP, TK_SHRINK, TK_BASE, TK_HELP };
+enum { TK_PREP, TK_SHRINK, TK_BASE };
 
 struct task {
     uint32_t kind, prod; /* prod: the input's index for TK_PREP (SHRINK: unused) */
     uint32_t a, b, c;    /* PREP: tokens [a, b); SHRINK: segment a, units [b, c);
-                          * BASE: tile a, merged b; HELP: product prod */
+                          * BASE: tile a, merged b */
 };
 
 struct job {
@@ -121,10 +113,6 @@ struct job {
                                       * far (while building) */
     size_t shrink_want[MM_MAX];      /* product -> its shrink units in all (0: not adapted) */
     atomic_size_t prep_done[MM_MAX], shrink_done[MM_MAX]; /* PREP tasks; shrink units */
-    /* product -> 1 once its shrinks are done and its u codes made (release); the next of its
-     * tiles whose shrink event is still to be delivered (claimed by the last shrinker and by
-     * the product's HELP task) */
-    atomic_size_t ready[MM_MAX], arrive_next[MM_MAX];
     atomic_uint *tile_done;          /* [every product's tiles] events of its expand (0-2) */
     /* int8 adapters' u codes (kern_lora_i8_quant_u), made once per product when its shrinks
      * are done and read by each of its tiles' expands (NULL: no int8 segment): token i of
@@ -347,22 +335,6 @@ static void quant_u(struct job *j, size_t prod)
     }
 }
 
-/* The shrink event of product prod (its shrinks done, codes made) to each of its tiles that no
- * participant has claimed yet, expanding those whose base rows are written. Session 17 saw
- * the last shrinker of a product expand every written tile alone while the other participant,
- * out of tasks at the job's end, waited; the product's HELP task claims tiles here too. */
-static void deliver_shrunk(struct job *j, size_t prod)
-{
-    const size_t tiles = (j->g[prod].w->rows + MM_TILE - 1) / MM_TILE;
-    for (;;) {
-        size_t t = atomic_fetch_add_explicit(&j->arrive_next[prod], 1, memory_order_relaxed);
-        if (t >= tiles)
-            return;
-        if (tile_arrive(j, prod, t))
-            expand_tile(j, prod, t, true);
-    }
-}
-
 /* Units [b, c) of segment a: one kernel call per product (its rows of the stretch), each
  * product's counter raised once its rows are done; the task that completes a product's
  * shrinks expands every tile of it whose base rows are written. */
@@ -396,18 +368,11 @@ static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
             continue;
         if (j->uq)
             quant_u(j, prod);
-        atomic_store_explicit(&j->ready[prod], 1, memory_order_release);
-        deliver_shrunk(j, prod);
+        const size_t tiles = (j->g[prod].w->rows + MM_TILE - 1) / MM_TILE;
+        for (size_t t = 0; t < tiles; t++)
+            if (tile_arrive(j, prod, t))
+                expand_tile(j, prod, t, true);
     }
-}
-
-/* A product's HELP task (the job's last tasks): once its shrinks are done (the last one is
- * earlier in the list, so a running participant is finishing it), deliver the shrink event
- * to its tiles beside the last shrinker, taking turns through arrive_next. */
-static void run_help(struct job *j, const struct task *tk)
-{
-    wait_at_least(&j->ready[tk->prod], 1);
-    deliver_shrunk(j, tk->prod);
 }
 
 /* Requests the B^T panels of tile `tile` of product `prod`, every segment's. */
@@ -499,9 +464,6 @@ static void run_task(void *ctx, size_t task, int thread)
         break;
     case TK_BASE:
         run_base(j, tk);
-        break;
-    case TK_HELP:
-        run_help(j, tk);
         break;
     default:
         CHECK(0);
@@ -732,7 +694,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.tmp = tmp;
     matmul__acts_plan(&j.A, g, k);
     const struct counts c = count_tasks(&j, k, n);
-    const size_t n_tasks = c.prep + c.shrink + c.tiles + k; /* at most (k: HELP) */
+    const size_t n_tasks = c.prep + c.shrink + c.tiles; /* at most */
     const size_t flag_off = (n_tasks * sizeof(struct task) + 63) / 64 * 64;
     /* the int8 segments' u codes after the tile counters: [k][n][ldu] codes, [k][n] us, usum */
     bool any_i8 = false;
@@ -764,18 +726,12 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     for (size_t i = 0; i < k; i++) {
         j.shrink_total[i] = 0;
         atomic_init(&j.shrink_done[i], 0);
-        atomic_init(&j.ready[i], 0);
-        atomic_init(&j.arrive_next[i], 0);
     }
 
     struct cursor cu;
     memset(&cu, 0, sizeof cu);
     push_preps(&j, tasks, &cu, n);
     push_interleaved(&j, tasks, &cu, k, &c);
-    if (MM_HELP && mc->pool && pool_threads(mc->pool) > 1)
-        for (size_t i = 0; i < k; i++)
-            if (j.shrink_want[i])
-                tasks[cu.nt++] = (struct task){TK_HELP, (uint32_t)i, 0, 0, 0};
     CHECK(cu.nt <= n_tasks);
     j.n_tasks = cu.nt;
     if (MM_PREFETCH)
