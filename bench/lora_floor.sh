@@ -78,14 +78,16 @@ st_shapes() {
     jq -r 'to_entries[] | select(.key != "__metadata__") | "\(.key) \(.value.shape[0]) \(.value.shape[1])"'
 }
 
-# Bytes the update reads of one adapter's serving copy in packing $2 (bf16 | int8).
+# Bytes the update reads of one adapter's serving copy in packing $2 (bf16 | int8). Rank 1
+# asked for int8 is served in bf16 (worker/model/lora.h LORA_I8_MIN_RANK, session 18).
 adapter_bytes() {
   st_shapes "$1/adapter_model.safetensors" | awk -v w="$2" '
-    { rows = $2; cols = $3; a = ($1 ~ /lora_A/) }
-    w == "bf16" { b += 2 * rows * cols }
+    { rows = $2; cols = $3; a = ($1 ~ /lora_A/); r = a ? rows : cols # A [r][in], B [out][r]
+      p = w == "int8" && r < 2 ? "bf16" : w }
+    p == "bf16" { b += 2 * rows * cols }
     # int8: A [r][in] codes + r f32 scales; B^T [ceil(out/32)*32][ceil(r/4)*4] codes + r scales
-    w == "int8" && a { b += rows * cols + 4 * rows }
-    w == "int8" && !a { b += int((rows + 31) / 32) * 32 * int((cols + 3) / 4) * 4 + 4 * cols }
+    p == "int8" && a { b += rows * cols + 4 * rows }
+    p == "int8" && !a { b += int((rows + 31) / 32) * 32 * int((cols + 3) / 4) * 4 + 4 * cols }
     END { printf "%d\n", b }'
 }
 

@@ -225,12 +225,75 @@ void kern_lora_expand_i8_ref(const void *bt_, size_t rank, const float *t, size_
     }
 }
 
+void kern_lora_i8_quant_u_ref(const void *bt, size_t rank, const float *t, size_t n,
+                              int8_t *qu, float *us, int32_t *usum)
+{
+    CHECK(rank <= KERN_LORA_RANK_MAX);
+    const float *sb = bt;
+    const size_t ldu = KERN_LORA_I8_LDU(rank);
+    float u[KERN_LORA_RANK_MAX];
+    for (size_t i = 0; i < n; i++) {
+        int8_t *q = qu + i * ldu;
+        for (size_t k = 0; k < rank; k++)
+            u[k] = t[i * rank + k] * sb[k];
+        us[i] = kern_lora_i8_quant(u, rank, q);
+        int32_t sum = 0;
+        for (size_t k = 0; k < rank; k++)
+            sum += q[k];
+        for (size_t k = rank; k < ldu; k++)
+            q[k] = 0;
+        usum[i] = sum;
+    }
+}
+
+/* kern_lora_expand_i8_ref's loop on codes made by kern_lora_i8_quant_u_ref: the same bits */
+void kern_lora_expand_i8q_ref(const void *bt_, size_t rank, const int8_t *qu, const float *us,
+                              const int32_t *usum, size_t n, const float *scale, float s,
+                              float *y, size_t ldy, size_t j0, size_t j1)
+{
+    (void)usum;
+    const uint8_t *q = (const uint8_t *)bt_ + KERN_LORA_I8_HDR(rank);
+    const size_t ldu = KERN_LORA_I8_LDU(rank);
+    for (size_t i = 0; i < n; i++) {
+        float si = scale ? scale[i] : s;
+        if (si == 0.0f)
+            continue;
+        for (size_t j = j0; j < j1; j++) {
+            int32_t acc = 0;
+            for (size_t k = 0; k < rank; k++)
+                acc += ((int32_t)q[KERN_LORA_I8_BT_INDEX(rank, k, j)] - 128) * qu[i * ldu + k];
+            y[i * ldy + j] += si * (us[i] * (float)acc);
+        }
+    }
+}
+
 /* The pre-quantized int8 shrink's entries (kern.h kern_lora_i8_quant_x): the active ISA's
  * variant, indexed by enum kern_isa like kern_lora_shrink_i8's table in dispatch.c. */
 static kern_lora_quant_x_fn *const lora_quant_x[KERN__ISA_COUNT] = {
     kern_lora_i8_quant_x_ref, kern_lora_i8_quant_x_avx2, kern_lora_i8_quant_x_avx512};
 static kern_lora_shrink_i8q_fn *const lora_shrink_i8q[KERN__ISA_COUNT] = {
     kern_lora_shrink_i8q_ref, kern_lora_shrink_i8q_avx2, kern_lora_shrink_i8q_avx512};
+
+/* quant_u's AVX2 column is the scalar twin (its codes are the same on every ISA) */
+static kern_lora_quant_u_fn *const lora_quant_u[KERN__ISA_COUNT] = {
+    kern_lora_i8_quant_u_ref, kern_lora_i8_quant_u_ref, kern_lora_i8_quant_u_avx512};
+static kern_lora_expand_i8q_fn *const lora_expand_i8q[KERN__ISA_COUNT] = {
+    kern_lora_expand_i8q_ref, kern_lora_expand_i8q_avx2, kern_lora_expand_i8q_avx512};
+
+void kern_lora_i8_quant_u(const void *bt, size_t rank, const float *t, size_t n, int8_t *qu,
+                          float *us, int32_t *usum)
+{
+    CHECK(rank <= KERN_LORA_RANK_MAX && ((uintptr_t)qu & 3) == 0);
+    lora_quant_u[kern__ops.isa](bt, rank, t, n, qu, us, usum);
+}
+
+void kern_lora_expand_i8q(const void *bt, size_t rank, const int8_t *qu, const float *us,
+                          const int32_t *usum, size_t n, const float *scale, float s, float *y,
+                          size_t ldy, size_t j0, size_t j1)
+{
+    CHECK(rank <= KERN_LORA_RANK_MAX && j0 <= j1 && ((uintptr_t)qu & 3) == 0);
+    lora_expand_i8q[kern__ops.isa](bt, rank, qu, us, usum, n, scale, s, y, ldy, j0, j1);
+}
 
 void kern_lora_i8_quant_x(const float *x, size_t in, size_t n, int8_t *qx, float *xs,
                           int32_t *xsum)

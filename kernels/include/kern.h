@@ -305,6 +305,25 @@ void kern_lora_shrink_i8q(const void *a, size_t in, size_t rank, const int8_t *q
                           const float *xs, const int32_t *xsum, size_t n, float *t, size_t k0,
                           size_t k1);
 /*
+ * The int8 expand on u already quantized (session 18): u = t * sb and its codes depend only on
+ * t, but kern_lora_expand_i8 recomputed them on every call, and the fused job calls it per
+ * tile of 512 columns (36 tiles of 7 projections a layer on TinyLlama); the caller quantizes
+ * each (product, adapter) once when its shrinks are done (worker/model/matmul_lora.c).
+ *   kern_lora_i8_quant_u: bt's scales (the header of kern_lora_expand_i8's bt) and t [n][rank]
+ *     -> qu [n][KERN_LORA_I8_LDU(rank)] codes of u (zeros past rank), us[n] scales and usum[n]
+ *     sums of each token's codes, by kern_lora_i8_quant's rule (the same codes); qu 4-byte
+ *     aligned.
+ *   kern_lora_expand_i8q: y as kern_lora_expand_i8 computes it from those (the same bits).
+ * Both run the active ISA's variant (_ref, _avx2, _avx512; kernels/lora_kern.c; quant_u's
+ * AVX2 column is its scalar twin).
+ */
+#define KERN_LORA_I8_LDU(rank) (((size_t)(rank) + 15) / 16 * 16)
+void kern_lora_i8_quant_u(const void *bt, size_t rank, const float *t, size_t n, int8_t *qu,
+                          float *us, int32_t *usum);
+void kern_lora_expand_i8q(const void *bt, size_t rank, const int8_t *qu, const float *us,
+                          const int32_t *usum, size_t n, const float *scale, float s, float *y,
+                          size_t ldy, size_t j0, size_t j1);
+/*
  * The bf16 shrink on x already rounded (session 15): where kern_lora_shrink rounds x to bf16
  * (kern_lora_shrink_rounds_x: the _bf16_bf16 variant, AVX512-BF16 and rank <= KERN_LORA_RANK_MAX)
  * it did so for every adapter and product; the caller rounds a segment's tokens once per

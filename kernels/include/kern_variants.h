@@ -151,6 +151,16 @@ kern_lora_quant_x_fn kern_lora_i8_quant_x_ref, kern_lora_i8_quant_x_avx2,
     kern_lora_i8_quant_x_avx512;
 kern_lora_shrink_i8q_fn kern_lora_shrink_i8q_ref, kern_lora_shrink_i8q_avx2,
     kern_lora_shrink_i8q_avx512;
+/* u quantized once, then the int8 expand on the codes (kern.h kern_lora_i8_quant_u) */
+typedef void kern_lora_quant_u_fn(const void *bt, size_t rank, const float *t, size_t n,
+                                  int8_t *qu, float *us, int32_t *usum);
+typedef void kern_lora_expand_i8q_fn(const void *bt, size_t rank, const int8_t *qu,
+                                     const float *us, const int32_t *usum, size_t n,
+                                     const float *scale, float s, float *y, size_t ldy,
+                                     size_t j0, size_t j1);
+kern_lora_quant_u_fn kern_lora_i8_quant_u_ref, kern_lora_i8_quant_u_avx512;
+kern_lora_expand_i8q_fn kern_lora_expand_i8q_ref, kern_lora_expand_i8q_avx2,
+    kern_lora_expand_i8q_avx512;
 /* x rounded to bf16 once, then the bf16 shrink on it (kern.h kern_lora_bf16_x) */
 typedef void kern_lora_bf16_x_fn(const float *x, size_t in, size_t n, uint16_t *xb);
 typedef void kern_lora_shrink_bf16x_fn(const void *a, size_t in, size_t rank, const uint16_t *xb,

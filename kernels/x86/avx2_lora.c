@@ -360,24 +360,21 @@ void kern_lora_shrink_i8_avx2(const void *a, size_t in, size_t rank, const float
     }
 }
 
-void kern_lora_expand_i8_avx2(const void *bt, size_t rank, const float *t, size_t n,
-                              const float *scale, float s, float *y, size_t ldy, size_t j0,
-                              size_t j1)
+/* y += on codes of u made by kern_lora_i8_quant_u (kern.h): qu [n][KERN_LORA_I8_LDU(rank)] */
+void kern_lora_expand_i8q_avx2(const void *bt, size_t rank, const int8_t *qu, const float *us,
+                               const int32_t *usum, size_t n, const float *scale, float s,
+                               float *y, size_t ldy, size_t j0, size_t j1)
 {
-    CHECK(rank <= KERN_LORA_RANK_MAX);
-    const float *sb = bt;
+    (void)usum; /* vpmaddubsw takes the codes' signs, not a +128 correction */
     const uint8_t *q = (const uint8_t *)bt + KERN_LORA_I8_HDR(rank);
     const size_t g_n = (rank + 3) / 4, P = KERN_LORA_PANEL, pbytes = g_n * 128;
-    float u[KERN_LORA_RANK_MAX];
-    _Alignas(32) int8_t qu[KERN_LORA_RANK_MAX + 32];
+    const size_t ldu = KERN_LORA_I8_LDU(rank);
     for (size_t i = 0; i < n; i++) {
         const float si = scale ? scale[i] : s;
         if (si == 0.0f)
             continue;
-        for (size_t k = 0; k < rank; k++)
-            u[k] = t[i * rank + k] * sb[k];
-        memset(qu, 0, g_n * 4);
-        const float su = kern_lora_i8_quant(u, rank, qu);
+        const int8_t *qi = qu + i * ldu; /* zeros past rank: the padding groups add nothing */
+        const float su = us[i];
         const __m256 sv = _mm256_set1_ps(si), uv = _mm256_set1_ps(su);
         float *yr = y + i * ldy;
         for (size_t pj = j0 / P * P; pj < j1; pj += P) {
@@ -387,7 +384,7 @@ void kern_lora_expand_i8_avx2(const void *bt, size_t rank, const float *t, size_
                 acc[m] = _mm256_setzero_si256();
             for (size_t g = 0; g < g_n; g++) {
                 int32_t t4;
-                memcpy(&t4, qu + 4 * g, 4);
+                memcpy(&t4, qi + 4 * g, 4);
                 const __m256i tv = _mm256_set1_epi32(t4);
                 UNROLL4 for (int m = 0; m < 4; m++)
                     acc[m] = dot32(acc[m], _mm256_loadu_si256((const __m256i *)(pw + g * 128 + 32 * m)), tv);
@@ -406,5 +403,24 @@ void kern_lora_expand_i8_avx2(const void *bt, size_t rank, const float *t, size_
                     yr[pj + j] += si * (su * (float)v[j]);
             }
         }
+    }
+}
+
+/* a token's codes (the scalar rule), then its expand */
+void kern_lora_expand_i8_avx2(const void *bt, size_t rank, const float *t, size_t n,
+                              const float *scale, float s, float *y, size_t ldy, size_t j0,
+                              size_t j1)
+{
+    CHECK(rank <= KERN_LORA_RANK_MAX);
+    _Alignas(32) int8_t qu[KERN_LORA_I8_LDU(KERN_LORA_RANK_MAX)];
+    float us;
+    int32_t usum;
+    for (size_t i = 0; i < n; i++) {
+        const float si = scale ? scale[i] : s;
+        if (si == 0.0f)
+            continue;
+        kern_lora_i8_quant_u_ref(bt, rank, t + i * rank, 1, qu, &us, &usum);
+        kern_lora_expand_i8q_avx2(bt, rank, qu, &us, &usum, 1, NULL, si, y + i * ldy, ldy, j0,
+                                  j1);
     }
 }

@@ -27,6 +27,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define TGT __attribute__((always_inline)) static inline
 /* The shrinks request the rank rows this far ahead (the next block of 4) as they read a
@@ -374,7 +375,7 @@ void kern_lora_shrink_i8_avx512(const void *a, size_t in, size_t rank, const flo
 }
 
 /* y_i[a, e) of one panel (G groups of 4 rank rows) += s_i * su_i * its columns, NT tokens */
-TGT void expand8_panel(const uint8_t *pw, size_t g_n, const uint32_t *tq, size_t ldq,
+TGT void expand8_panel(const uint8_t *pw, size_t g_n, const int8_t *tq, size_t ldq,
                        const int32_t *usum, const float *us, const float *si, float *y,
                        size_t ldy, size_t a, size_t e, const size_t nt)
 {
@@ -386,7 +387,9 @@ TGT void expand8_panel(const uint8_t *pw, size_t g_n, const uint32_t *tq, size_t
     for (size_t g = 0; g < g_n; g++) {
         __m512i w0 = _mm512_loadu_si512(pw + g * 128), w1 = _mm512_loadu_si512(pw + g * 128 + 64);
         UNROLL for (size_t i = 0; i < nt; i++) {
-            __m512i tv = _mm512_set1_epi32((int)tq[i * ldq + g]);
+            int32_t t4; /* 4 codes of u (memcpy: qu is bytes) */
+            memcpy(&t4, tq + i * ldq + 4 * g, 4);
+            __m512i tv = _mm512_set1_epi32(t4);
             lo[i] = _mm512_dpbusd_epi32(lo[i], w0, tv);
             hi[i] = _mm512_dpbusd_epi32(hi[i], w1, tv);
         }
@@ -409,7 +412,7 @@ TGT void expand8_panel(const uint8_t *pw, size_t g_n, const uint32_t *tq, size_t
     }
 }
 
-TGT void expand8_tokens(const uint8_t *q, size_t g_n, const uint32_t *tq, size_t ldq,
+TGT void expand8_tokens(const uint8_t *q, size_t g_n, const int8_t *tq, size_t ldq,
                         const int32_t *usum, const float *us, const float *si, float *y,
                         size_t ldy, size_t j0, size_t j1, const size_t nt)
 {
@@ -424,41 +427,65 @@ TGT void expand8_tokens(const uint8_t *q, size_t g_n, const uint32_t *tq, size_t
     }
 }
 
+/* u = t * sb and its codes for n tokens: qu [n][KERN_LORA_I8_LDU(rank)] (kern.h) */
+void kern_lora_i8_quant_u_avx512(const void *bt, size_t rank, const float *t, size_t n,
+                                 int8_t *qu, float *us, int32_t *usum)
+{
+    CHECK(rank <= KERN_LORA_RANK_MAX);
+    const float *sb = bt;
+    const size_t ldu = KERN_LORA_I8_LDU(rank);
+    _Alignas(64) float u[KERN_LORA_RANK_MAX];
+    for (size_t i = 0; i < n; i++) {
+        const float *ti = t + i * rank;
+        /* u = t * sb and its codes in SIMD (the scalar rule, nearbyintf per rank row, was a
+         * fifth of the expand's time at rank 16 when it ran per tile, perf, session 13);
+         * quant_x512 gives kern_lora_i8_quant's codes, zeros past rank up to ldu */
+        for (size_t k = 0; k < rank; k += 16) {
+            __mmask16 m = (__mmask16)(rank - k >= 16 ? 0xffffu : (1u << (rank - k)) - 1u);
+            _mm512_store_ps(u + k, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, ti + k),
+                                                 _mm512_maskz_loadu_ps(m, sb + k)));
+        }
+        us[i] = quant_x512(u, rank, 16, qu + i * ldu, &usum[i]);
+    }
+}
+
+void kern_lora_expand_i8q_avx512(const void *bt, size_t rank, const int8_t *qu, const float *us,
+                                 const int32_t *usum, size_t n, const float *scale, float s,
+                                 float *y, size_t ldy, size_t j0, size_t j1)
+{
+    const uint8_t *q = (const uint8_t *)bt + KERN_LORA_I8_HDR(rank);
+    const size_t g_n = (rank + 3) / 4, ldu = KERN_LORA_I8_LDU(rank);
+    float si[4];
+    for (size_t i0 = 0; i0 < n; i0 += 4) {
+        size_t nt = n - i0 < 4 ? n - i0 : 4;
+        for (size_t i = 0; i < nt; i++)
+            si[i] = scale ? scale[i0 + i] : s;
+        const int8_t *tq = qu + i0 * ldu;
+        const int32_t *su = usum + i0;
+        const float *ui = us + i0;
+        float *yi = y + i0 * ldy;
+        switch (nt) {
+        case 4: expand8_tokens(q, g_n, tq, ldu, su, ui, si, yi, ldy, j0, j1, 4); break;
+        case 3: expand8_tokens(q, g_n, tq, ldu, su, ui, si, yi, ldy, j0, j1, 3); break;
+        case 2: expand8_tokens(q, g_n, tq, ldu, su, ui, si, yi, ldy, j0, j1, 2); break;
+        default: expand8_tokens(q, g_n, tq, ldu, su, ui, si, yi, ldy, j0, j1, 1); break;
+        }
+    }
+}
+
+/* the codes of 4 tokens at a time, then their expand (one call: the codes are its own) */
 void kern_lora_expand_i8_avx512(const void *bt, size_t rank, const float *t, size_t n,
                                 const float *scale, float s, float *y, size_t ldy, size_t j0,
                                 size_t j1)
 {
     CHECK(rank <= KERN_LORA_RANK_MAX);
-    const float *sb = bt;
-    const uint8_t *q = (const uint8_t *)bt + KERN_LORA_I8_HDR(rank);
-    const size_t g_n = (rank + 3) / 4, ldq = KERN_LORA_RANK_MAX / 4;
-    uint32_t tq[4 * (KERN_LORA_RANK_MAX / 4)]; /* [4 tokens][g_n]: 4 codes of u each */
+    _Alignas(64) int8_t qu[4 * KERN_LORA_I8_LDU(KERN_LORA_RANK_MAX)];
     int32_t usum[4];
-    float us[4], si[4];
-    _Alignas(64) float u[KERN_LORA_RANK_MAX];
+    float us[4];
     for (size_t i0 = 0; i0 < n; i0 += 4) {
         size_t nt = n - i0 < 4 ? n - i0 : 4;
-        for (size_t i = 0; i < nt; i++) {
-            si[i] = scale ? scale[i0 + i] : s;
-            const float *ti = t + (i0 + i) * rank;
-            /* u = t * sb and its codes in SIMD: called per tile of 512 columns, the scalar
-             * rule (nearbyintf per rank row) was a fifth of the expand's time at rank 16
-             * (perf, session 13); quant_x512 gives the same codes, zeros past rank up to a
-             * multiple of 16 (<= ldq * 4 = KERN_LORA_RANK_MAX bytes; the panels read the
-             * first 4 * g_n) */
-            for (size_t k = 0; k < rank; k += 16) {
-                __mmask16 m = (__mmask16)(rank - k >= 16 ? 0xffffu : (1u << (rank - k)) - 1u);
-                _mm512_store_ps(u + k, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, ti + k),
-                                                     _mm512_maskz_loadu_ps(m, sb + k)));
-            }
-            us[i] = quant_x512(u, rank, 16, (int8_t *)(tq + i * ldq), &usum[i]);
-        }
-        float *yi = y + i0 * ldy;
-        switch (nt) {
-        case 4: expand8_tokens(q, g_n, tq, ldq, usum, us, si, yi, ldy, j0, j1, 4); break;
-        case 3: expand8_tokens(q, g_n, tq, ldq, usum, us, si, yi, ldy, j0, j1, 3); break;
-        case 2: expand8_tokens(q, g_n, tq, ldq, usum, us, si, yi, ldy, j0, j1, 2); break;
-        default: expand8_tokens(q, g_n, tq, ldq, usum, us, si, yi, ldy, j0, j1, 1); break;
-        }
+        kern_lora_i8_quant_u_avx512(bt, rank, t + i0 * rank, nt, qu, us, usum);
+        kern_lora_expand_i8q_avx512(bt, rank, qu, us, usum, nt, scale ? scale + i0 : NULL, s,
+                                    y + i0 * ldy, ldy, j0, j1);
     }
 }

@@ -1398,8 +1398,9 @@ static void test_apply_fused(void **state)
  * tokens (several activation-preparing tasks), f32 and bf16 base weights, an f32 adapter and
  * a BF16 one of ranks 5 (one short shrink block) and 17 (two blocks and a ragged one), an
  * int8-packed one of rank 40 (int8 shrink blocks of 32: one whole, one ragged) on the last two
- * tokens of the larger batches, a rank-2 one alone in a batch of 6 (every shrink first, every
- * tile's expand merged into its base task), base tokens and zero scales mixed in; and a batch
+ * tokens of the larger batches and one of rank 3 before them (u codes at rank 40's stride),
+ * a rank-2 one alone in a batch of 6 (every shrink first, every tile's expand merged into its
+ * base task), base tokens and zero scales mixed in; and a batch
  * without adapters (the base products alone).
  */
 static void test_matmul_fused(void **state)
@@ -1437,6 +1438,17 @@ static void test_matmul_fused(void **state)
     peft_adapter_write(p4, d4, SAFETENSORS_BF16, "");
     peft_adapter_free(p4);
     assert_int_equal(lora_open(d4, &hp, &a4), 0);
+    /* int8 of rank 3 beside rank 40's: the job's u codes are laid out at the plan's largest
+     * rank, each segment's at its own (kern_lora_i8_quant_u, session 18) */
+    struct lora_adapter *a5;
+    struct peft_adapter *p5 = peft_adapter_random(&hp, 3, 6.0, ALL_MASK & ~(1u << LORA_V), 35,
+                                                  0.3f, 0.3f);
+    char *d5 = subdir("mf5");
+    peft_adapter_write(p5, d5, SAFETENSORS_F32, "");
+    peft_adapter_free(p5);
+    assert_int_equal(lora_open(d5, &hp, &a5), 0);
+    assert_int_equal(lora_repack(a5, LORA_PACK_INT8), 0);
+    assert_int_equal(a5->fast_dt, LORA_DT_I8);
 
     struct pool *pools[3] = {NULL};
     assert_int_equal(pool_create(2, POOL_PIN_NONE, &pools[1]), 0);
@@ -1459,6 +1471,8 @@ static void test_matmul_fused(void **state)
             who[i] = N == 9 ? NULL : N == 1 ? a2 : i < N / 4 ? a1 : i < N / 3 ? NULL : i < N - 3 ? a2 : a1;
             if (N > 9 && i >= N - 2)
                 who[i] = a3;
+            if (N > 9 && i == N - 3)
+                who[i] = a5;
             if (N == 6)
                 who[i] = i == 3 ? NULL : a4;
             scale[i] = i == 5 ? 0.0f : 0.5f + 0.25f * (float)(i % 4);
@@ -1542,10 +1556,12 @@ static void test_matmul_fused(void **state)
     lora_close(a2);
     lora_close(a3);
     lora_close(a4);
+    lora_close(a5);
     free(d1);
     free(d2);
     free(d3);
     free(d4);
+    free(d5);
 }
 
 int main(void)

@@ -87,13 +87,13 @@ static void test_i8_kernels(void **state)
                                                           : kern_lora_shrink_i8_avx512;
     kern_lora_expand_fn *expand = c->isa == KERN_ISA_AVX2 ? kern_lora_expand_i8_avx2
                                                           : kern_lora_expand_i8_avx512;
-    const size_t ins[] = {1, 31, 32, 33, 172, 2048, 5632};
-    const size_t outs[] = {1, 31, 32, 33, 100, 260, 2048};
-    const size_t ranks[] = {1, 2, 5, 16, 32, 70, 8};
-    const size_t ns[] = {1, 2, 3, 4, 5, 9, 2};
-    for (int cs = 0; cs < 7; cs++) {
-        size_t in = ins[cs], out = outs[(cs + 2) % 7], r = ranks[(cs + 1) % 7],
-               n = ns[(cs * 5) % 7], ldy = out + 3;
+    const size_t ins[] = {1, 31, 32, 33, 172, 2048, 5632, 64};
+    const size_t outs[] = {1, 31, 32, 33, 100, 260, 2048, 96};
+    const size_t ranks[] = {1, 2, 5, 16, 32, 70, 8, 3};
+    const size_t ns[] = {1, 2, 3, 4, 5, 9, 2, 8};
+    for (int cs = 0; cs < 8; cs++) {
+        size_t in = ins[cs], out = outs[(cs + 2) % 8], r = ranks[(cs + 1) % 8],
+               n = ns[(cs * 5) % 8], ldy = out + 3;
         float *a = malloc(r * in * 4), *b = malloc(out * r * 4), *x = malloc(n * in * 4);
         float *t = malloc(n * r * 4), *t2 = malloc(n * r * 4), *t1 = malloc(r * 4);
         float *y0 = malloc(n * ldy * 4), *y = malloc(n * ldy * 4), *y2 = malloc(n * ldy * 4);
@@ -160,6 +160,47 @@ static void test_i8_kernels(void **state)
                          r, row, j, (double)y2[i], (double)y[i]);
             if ((j < j0 || j >= j1 || sc[row] == 0.0f) && y2[i] != y0[i])
                 fail_msg("%s expand wrote y[%zu][%zu] outside its range", c->name, row, j);
+        }
+        /* u quantized once (kern_lora_i8_quant_u, as matmul_group_lora does per product), then
+         * the expand on the codes, its columns in two calls (two tiles): the twin's bits */
+        {
+            kern_lora_quant_u_fn *quant = c->isa == KERN_ISA_AVX2 ? kern_lora_i8_quant_u_ref
+                                                                  : kern_lora_i8_quant_u_avx512;
+            kern_lora_expand_i8q_fn *expandq = c->isa == KERN_ISA_AVX2
+                                                   ? kern_lora_expand_i8q_avx2
+                                                   : kern_lora_expand_i8q_avx512;
+            const size_t ldu = KERN_LORA_I8_LDU(r), jm = j0 + (j1 - j0) / 2 / 32 * 32;
+            int8_t *qr = aligned_alloc(64, (n * ldu + 63) / 64 * 64);
+            int8_t *qs = aligned_alloc(64, (n * ldu + 63) / 64 * 64);
+            float ur[16], uq[16];
+            int32_t sr[16], sq[16];
+            assert_true(n <= 16 && qr && qs);
+            memset(qs, 0x55, n * ldu); /* the padding must be written */
+            kern_lora_i8_quant_u_ref(p.bt, r, t, n, qr, ur, sr);
+            quant(p.bt, r, t, n, qs, uq, sq);
+            if (memcmp(qr, qs, n * ldu) != 0)
+                fail_msg("%s quant_u r %zu n %zu: codes differ from the twin", c->name, r, n);
+            assert_memory_equal(ur, uq, n * 4);
+            assert_memory_equal(sr, sq, n * 4);
+            float *y3 = malloc(n * ldy * 4);
+            memcpy(y3, y0, n * ldy * 4);
+            kern_lora_expand_i8q_ref(p.bt, r, qr, ur, sr, n, sc, 0.0f, y3, ldy, j0, jm);
+            kern_lora_expand_i8q_ref(p.bt, r, qr, ur, sr, n, sc, 0.0f, y3, ldy, jm, j1);
+            assert_memory_equal(y, y3, n * ldy * 4);
+            memcpy(y3, y0, n * ldy * 4);
+            expandq(p.bt, r, qs, uq, sq, n, sc, 0.0f, y3, ldy, j0, jm);
+            expandq(p.bt, r, qs, uq, sq, n, sc, 0.0f, y3, ldy, jm, j1);
+            if (memcmp(y, y3, n * ldy * 4) != 0)
+                fail_msg("%s expand_i8q out %zu r %zu n %zu: bits differ from the twin",
+                         c->name, out, r, n);
+            /* and through the dispatching entries (the active ISA's variant) */
+            memcpy(y3, y0, n * ldy * 4);
+            kern_lora_i8_quant_u(p.bt, r, t, n, qs, uq, sq);
+            kern_lora_expand_i8q(p.bt, r, qs, uq, sq, n, sc, 0.0f, y3, ldy, j0, j1);
+            assert_memory_equal(y, y3, n * ldy * 4);
+            free(y3);
+            free(qr);
+            free(qs);
         }
         /* batched = alone: the last token by itself */
         size_t l = n - 1;
@@ -411,7 +452,7 @@ static void test_i8_repack(void **state)
     struct iebin_hparams wide = peft_small_hparams();
     wide.n_layers = 1;
     wide.ffn_dim = KERN_LORA_I8_IN_MAX + 8;
-    pa = peft_adapter_random(&wide, 1, 1.0, 1u << LORA_DOWN, 9, 0.3f, 0.3f);
+    pa = peft_adapter_random(&wide, 2, 1.0, 1u << LORA_DOWN, 9, 0.3f, 0.3f);
     d = subdir("i8wide");
     peft_adapter_write(pa, d, SAFETENSORS_F32, "");
     peft_adapter_free(pa);
@@ -423,6 +464,30 @@ static void test_i8_repack(void **state)
     assert_int_equal(aw->fast_dt, DT_F32);
     lora_close(aw);
     free(d);
+
+    /* rank 1 (below LORA_I8_MIN_RANK): int8 packing serves the bf16 copy, with bf16's digest;
+     * rank 2 is int8 */
+    for (size_t r = 1; r <= 2; r++) {
+        pa = peft_adapter_random(&hp, r, 2.0, (1u << LORA_TARGET_COUNT) - 1, 11, 0.3f, 0.3f);
+        d = subdir(r == 1 ? "i8r1" : "i8r2");
+        peft_adapter_write(pa, d, SAFETENSORS_F32, "");
+        peft_adapter_free(pa);
+        struct lora_adapter *ai, *ab;
+        assert_int_equal(lora_open(d, &hp, &ai), 0);
+        assert_int_equal(lora_open(d, &hp, &ab), 0);
+        assert_int_equal(lora_repack(ai, LORA_PACK_INT8), 0);
+        assert_int_equal(lora_repack(ab, LORA_PACK_BF16), 0);
+        assert_int_equal(ai->fast_dt, r == 1 ? DT_BF16 : LORA_DT_I8);
+        if (r == 1) {
+            assert_true(ai->digest == ab->digest);
+            assert_int_equal(ai->fast_bytes, ab->fast_bytes);
+        } else {
+            assert_true(ai->digest != ab->digest);
+        }
+        lora_close(ai);
+        lora_close(ab);
+        free(d);
+    }
 }
 
 static int setup(void **state)

@@ -158,9 +158,12 @@ enum lora_pack { LORA_PACK_AUTO = 0, LORA_PACK_BF16, LORA_PACK_INT8 };
  *         bytes, half of bf16's), activations quantized per token inside the kernels
  *         (kern.h "LoRA shrink and expand on int8 adapter weights"; the error bound is in
  *         docs/LORA.md "8-bit adapter weights"). Lossy: changes the digest like bf16.
- * The int8 copy's fast_dt is LORA_DT_I8.
+ * The int8 copy's fast_dt is LORA_DT_I8 (rank 1: DT_BF16, LORA_I8_MIN_RANK).
  */
 #define LORA_DT_I8 DT_KV_I8 /* the int8 serving copy (not a model dtype: never in a file) */
+/* int8 packing of an adapter of smaller rank gives the bf16 copy (fast_dt DT_BF16): at rank 1
+ * the int8 B^T, padded to groups of 4 rank rows, reads more bytes than bf16 (lora_repack) */
+#define LORA_I8_MIN_RANK 2u
 /* "auto" | "bf16" | "int8"; ERR_FORMAT (logged, naming the value) otherwise. */
 int lora_pack_parse(const char *s, enum lora_pack *out);
 /* Repacks a freshly opened adapter (one reference, not yet shared). 0, -ENOMEM, or ERR_RANGE

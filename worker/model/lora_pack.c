@@ -308,6 +308,16 @@ int lora_repack(struct lora_adapter *ad, enum lora_pack pack)
     enum dtype dt = pack == LORA_PACK_BF16   ? DT_BF16
                     : pack == LORA_PACK_INT8 ? LORA_DT_I8
                                              : ad->fast_dt;
+    /* rank 1 in int8 reads more bytes than in bf16 (B^T's panels hold rank groups of 4:
+     * in + 4 out codes against 2 in + 2 out bf16 per projection, 8.0 against 6.3 MB a step
+     * for 4 adapters on TinyLlama's 7 projections) and its kernels took 1.5-2x bf16's time
+     * (lora_kern_bench 1, session 17): it is served in bf16, which is also the nearer copy.
+     * From rank 2 on int8 reads fewer bytes (2 in + 4 out against 4 in + 4 out). */
+    if (dt == LORA_DT_I8 && ad->cfg.rank < LORA_I8_MIN_RANK) {
+        dt = DT_BF16;
+        LOG_INFO("%s: rank %u adapter served with bf16 weights, not int8 (fewer bytes at this "
+                 "rank)", ad->dir, (unsigned)ad->cfg.rank);
+    }
     if (dt == ad->fast_dt)
         return 0;
     void *old = ad->fast_store;

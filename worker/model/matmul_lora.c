@@ -114,6 +114,14 @@ struct job {
     size_t shrink_want[MM_MAX];      /* product -> its shrink units in all (0: not adapted) */
     atomic_size_t prep_done[MM_MAX], shrink_done[MM_MAX]; /* PREP tasks; shrink units */
     atomic_uint *tile_done;          /* [every product's tiles] events of its expand (0-2) */
+    /* int8 adapters' u codes (kern_lora_i8_quant_u), made once per product when its shrinks
+     * are done and read by each of its tiles' expands (NULL: no int8 segment): token i of
+     * product p at uq + (p * n + i) * ldu (a segment's n tokens of LDU(its rank) bytes from
+     * its t0), us / usum [p * n + i] */
+    int8_t *uq;
+    float *us;
+    int32_t *usum;
+    size_t ldu, n_tok;
 };
 
 /* ---- running a task ---------------------------------------------------------------------- */
@@ -309,6 +317,24 @@ static bool seg_bf16x(const struct job *j, const struct lora_seg *s)
     return true;
 }
 
+/* The u codes of every int8 segment of product prod (its shrinks done): once per product, not
+ * once per tile's expand (kern.h kern_lora_i8_quant_u; session 17 counted the per-tile
+ * quantization at ~288 calls a layer, the largest part of quant_x512's ~1.1 % of an adapted
+ * step's samples). Published to the tiles' expands by the tile counters' acq_rel. */
+static void quant_u(struct job *j, size_t prod)
+{
+    const struct lora_plan *p = j->p;
+    for (size_t si = 0; si < p->n_segs; si++) {
+        const struct lora_seg *s = &p->segs[si];
+        const struct lora_weights *w = lora_weights(s->ad, j->layer, j->g[prod].t);
+        if (!w || s->ad->fast_dt != LORA_DT_I8)
+            continue;
+        const size_t at = prod * j->n_tok + s->t0;
+        kern_lora_i8_quant_u(w->fbt, s->ad->cfg.rank, j->tmp + prod * p->tmp_floats + s->tmp0,
+                             s->n, j->uq + at * j->ldu, j->us + at, j->usum + at);
+    }
+}
+
 /* Units [b, c) of segment a: one kernel call per product (its rows of the stretch), each
  * product's counter raised once its rows are done; the task that completes a product's
  * shrinks expands every tile of it whose base rows are written. */
@@ -340,6 +366,8 @@ static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
                                       memory_order_acq_rel) + pc[q].units !=
             j->shrink_want[prod])
             continue;
+        if (j->uq)
+            quant_u(j, prod);
         const size_t tiles = (j->g[prod].w->rows + MM_TILE - 1) / MM_TILE;
         for (size_t t = 0; t < tiles; t++)
             if (tile_arrive(j, prod, t))
@@ -378,6 +406,13 @@ static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
         const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
         if (!w)
             continue;
+        if (j->uq && s->ad->fast_dt == LORA_DT_I8) { /* on the product's codes (quant_u) */
+            const size_t at = prod * j->n_tok + s->t0;
+            kern_lora_expand_i8q(w->fbt, s->ad->cfg.rank, j->uq + at * j->ldu, j->us + at,
+                                 j->usum + at, s->n, p->scale + s->t0, 0.0f,
+                                 pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
+            continue;
+        }
         lora__expand(s->ad, w->fbt, j->tmp + prod * p->tmp_floats + s->tmp0, s->n,
                      p->scale + s->t0, pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
     }
@@ -661,9 +696,25 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     const struct counts c = count_tasks(&j, k, n);
     const size_t n_tasks = c.prep + c.shrink + c.tiles; /* at most */
     const size_t flag_off = (n_tasks * sizeof(struct task) + 63) / 64 * 64;
+    /* the int8 segments' u codes after the tile counters: [k][n][ldu] codes, [k][n] us, usum */
+    bool any_i8 = false;
+    for (size_t si = 0; si < p->n_segs; si++)
+        any_i8 |= p->segs[si].ad->fast_dt == LORA_DT_I8;
+    j.n_tok = n;
+    j.ldu = KERN_LORA_I8_LDU(p->max_rank);
+    const size_t uq_off = (flag_off + c.tiles * sizeof(atomic_uint) + 63) / 64 * 64;
+    const size_t uq_bytes = any_i8 ? k * n * (j.ldu + sizeof(float) + sizeof(int32_t)) : 0;
     if (!matmul__grow(&mc->act_, &mc->act_cap_, j.A.total ? j.A.total : 64) ||
-        !matmul__grow(&mc->tasks_, &mc->tasks_cap_, flag_off + c.tiles * sizeof(atomic_uint)))
+        !matmul__grow(&mc->tasks_, &mc->tasks_cap_, uq_off + uq_bytes))
         return -ENOMEM;
+    j.uq = NULL;
+    j.us = NULL;
+    j.usum = NULL;
+    if (any_i8) {
+        j.uq = (int8_t *)((unsigned char *)mc->tasks_ + uq_off);
+        j.us = (float *)(j.uq + k * n * j.ldu); /* ldu a multiple of 16: aligned */
+        j.usum = (int32_t *)(j.us + k * n);
+    }
     struct task *tasks = mc->tasks_;
     j.tasks = tasks;
     j.tile_done = (atomic_uint *)((unsigned char *)mc->tasks_ + flag_off);
