@@ -27,7 +27,12 @@
  *    token count depends on the rest of the batch (tests/kern/test_kern_mxfp4.c).
  *    The k-quants are too (kern_variants.h), and q8_0/q4_0 where their panel GEMM exists
  *    (AVX-512; with AMX from 24 tokens the panel GEMM runs on AMX-INT8 tiles, x86/amx_q.c,
- *    which give the same int32 block sums and take the same float steps: the same bits). f32/f16/bf16 on SIMD ISAs and q8_0/q4_0 on AVX2 are not: gemv and gemm add
+ *    which give the same int32 block sums and take the same float steps: the same bits),
+ *    EXCEPT on activations prepared with KERN_ACT_BF16_TILES (below): with AMX, from 128
+ *    tokens, q8_0/q4_0 panels then multiply as bf16(q * d) x bf16(x) on tdpbf16ps (x86/
+ *    amx_qbf16.c; no int8 activations, f32 sums in the tiles' order; KLD vs f32 no worse
+ *    than the int8 product's, ADR 0004 session 18 addendum), which is not batch invariant.
+ *    f32/f16/bf16 on SIMD ISAs and q8_0/q4_0 on AVX2 are not: gemv and gemm add
  *    in different orders, so a token's bits depend on how many share the call. The batch-
  *    invariant mode (worker/model/matmul.c, matmul_ctx.invariant) runs those products one
  *    token at a time through the gemv (docs/DAEMON.md "Batch invariance").

@@ -5,18 +5,21 @@
  * (no per-block epilogue, unlike the AMX-INT8 kernels of amx_q.c). Compiled with the AVX-512
  * and AMX flags (kernels/CMakeLists.txt).
  *
- * A NUMERICS CHANGE against the int8 panel GEMMs (so not in the dispatch table yet; see
- * docs/PERFORMANCE.md "session 17, s17-amxq"): y[t][r] = sum_k bf16(x[t][k]) * bf16(q[r][k] *
+ * A NUMERICS CHANGE against the int8 panel GEMMs, so only dispatched on activations prepared
+ * with KERN_ACT_BF16_TILES (kern.h: from 128 tokens, never under the batch-invariant switch;
+ * amx_q.c's entries pass them here; ADR 0004 session 18 addendum, docs/PERFORMANCE.md
+ * "session 17, s17-amxq" and "session 18, s18-amxb"): y[t][r] = sum_k bf16(x[t][k]) * bf16(q[r][k] *
  * d[r][k/32]), exact products, f32 sums in tdpbf16ps' order. The weights lose up to 2^-9
  * relative (q * d needs 4 + 11 / 8 + 11 bits; bf16 keeps 8), the activations are bf16 instead
  * of int8 per block of 32 (which is coarser: relative ~2^-8 of the block max). The ref twins
  * (ref_qbf16.c) compute the same rounded operands with scalar f32 sums.
  *
  * Layout, C[token][row] = X . W^T:
- *   A tiles: 16 tokens x 32 bf16 of the activations, a per-call copy of a->x rounded like
- *     act.c's xb (half_f32_to_bf16), tokens padded with zeros to a multiple of 16, stored
- *     tile-contiguous: token tile i's block b is the 1 KiB at ((i * nb + b) * 16) * 32 elements
- *     (loads of stride 64: measured faster than the row layout, docs/PERFORMANCE.md).
+ *   A tiles: 16 tokens x 32 bf16 of the activations, a->xt (kern.h: made once per product by
+ *     kern_act_prepare over the pool, kern__act_tiles_amx below) or, without it, a per-call
+ *     copy rounded the same way (half_f32_to_bf16), tokens padded with zeros to a multiple of
+ *     16, stored tile-contiguous: token tile i's block b is the 1 KiB at ((i * nb + b) * 16) *
+ *     32 elements (loads of stride 64: measured faster than the row layout, docs/PERFORMANCE.md).
  *   B tiles: 16 column pairs x 16 rows x 2 bf16 (tdpbf16ps' pair layout: dword i of pair row p
  *     = row i's columns 2p, 2p+1). The panels already hold lane = row (quant.h "q4_0 panels",
  *     "q8_0 panels"), so one 64-byte vector of a block gives 4 columns of the 16 rows: each

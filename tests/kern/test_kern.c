@@ -761,7 +761,7 @@ static void test_amx_bf16_gemm(void **state)
 }
 
 /*
- * Design (b) of the q4_0 / q8_0 AMX prefill (x86/amx_qbf16.c, not dispatched): weights
+ * Design (b) of the q4_0 / q8_0 AMX prefill (x86/amx_qbf16.c, called directly): weights
  * dequantized to bf16, activations rounded to bf16, tdpbf16ps; against its twins
  * kern_gemm_q{4,8}_0p_bf16_ref (the same rounded operands, column-order f32 sums) within
  * 1e-5 of a bound on the sum of |products| (sum |bf16(x)| times the largest |q * d| of the
