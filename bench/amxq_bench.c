@@ -1,12 +1,15 @@
 /*
  * amxq_bench.c — the q4_0 / q8_0 panel GEMMs side by side (session 17, task amxq): the
  * AVX-512 VNNI panel kernel (kern_gemm_<t>p_q8_0_avx512), the AMX-INT8 one (same bits,
- * x86/amx_q.c) and the AMX-BF16 dequantizing one (design (b), x86/amx_qbf16.c), on the same
- * random weights and activations, THREADS threads splitting the rows on panel boundaries as
- * worker/model/matmul.c does. Rounds interleave the kernels (V I B V I B ...); each entry is
+ * x86/amx_q.c) and the AMX-BF16 dequantizing one (design (b), x86/amx_qbf16.c) twice: rounding
+ * the activations to bf16 tiles in every call (B) and reading the tiles kern_act_prepare made
+ * once per product (S: activations prepared with KERN_ACT_BF16_TILES, as worker/model/matmul.c
+ * does; from the tile threshold, 128 tokens, else S = B), on the same random weights and
+ * activations, THREADS threads splitting the rows on panel boundaries as
+ * worker/model/matmul.c does. Rounds interleave the kernels (V I B S V I B S ...); each entry is
  * the median over rounds of the slowest thread's CPU time per call (thread CPU time: this
  * machine is shared), so the ratios come from one run under one load.
- * Prints one markdown row: GFLOP/s of each and the ratios to VNNI, plus the largest error of
+ * Prints one markdown row: GFLOP/s of each, the ratios to VNNI and S / I, plus the largest error of
  * the bf16 kernel relative to the VNNI output's scale (max |y_b - y_v| / max |y_v|) and the
  * count of AMX-INT8 outputs whose bits differ from VNNI's (must be 0).
  *   usage: amxq_bench q4|q8 ROWS COLS N THREADS ROUNDS
@@ -116,11 +119,20 @@ int main(int argc, char **argv)
     struct kern_act a;
     kern_act_init(&a, dt, x, cols, n, xmalloc(abytes + 64));
     kern_act_prepare(&a, 0, n);
-    kern_mm_fn *fs[3] = {q8 ? kern_gemm_q8_0p_q8_0_avx512 : kern_gemm_q4_0p_q8_0_avx512,
-                         q8 ? kern_gemm_q8_0p_q8_0_amx : kern_gemm_q4_0p_q8_0_amx,
-                         q8 ? kern_gemm_q8_0p_bf16_amx : kern_gemm_q4_0p_bf16_amx};
-    float *ys[3];
-    for (int k = 0; k < 3; k++)
+    size_t tbytes;
+    if (kern_act_bytes_ex(dt, cols, n, KERN_ACT_BF16_TILES, &tbytes) != 0)
+        return 2;
+    struct kern_act at; /* with the bf16 tiles (xt) from the threshold on */
+    kern_act_init_ex(&at, dt, x, cols, n, KERN_ACT_BF16_TILES, xmalloc(tbytes + 64));
+    kern_act_prepare(&at, 0, n);
+    enum { NK = 4 };
+    kern_mm_fn *fs[NK] = {q8 ? kern_gemm_q8_0p_q8_0_avx512 : kern_gemm_q4_0p_q8_0_avx512,
+                          q8 ? kern_gemm_q8_0p_q8_0_amx : kern_gemm_q4_0p_q8_0_amx,
+                          q8 ? kern_gemm_q8_0p_bf16_amx : kern_gemm_q4_0p_bf16_amx,
+                          q8 ? kern_gemm_q8_0p_bf16_amx : kern_gemm_q4_0p_bf16_amx};
+    const struct kern_act *as[NK] = {&a, &a, &a, &at};
+    float *ys[NK];
+    for (int k = 0; k < NK; k++)
         ys[k] = xmalloc(n * rows * sizeof(float));
     pthread_barrier_t start, done;
     pthread_barrier_init(&start, NULL, (unsigned)nth + 1);
@@ -140,13 +152,14 @@ int main(int argc, char **argv)
     int iters = (int)(0.03 / (ops / (100e9 * nth)));
     if (iters < 1)
         iters = 1;
-    double *t[3];
-    for (int k = 0; k < 3; k++)
+    double *t[NK];
+    for (int k = 0; k < NK; k++)
         t[k] = calloc((size_t)rounds, sizeof(double));
     for (int r = -1; r < rounds; r++)
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < NK; k++) {
             for (int i = 0; i < nth; i++) {
                 jobs[i].f = fs[k];
+                jobs[i].a = as[k];
                 jobs[i].y = ys[k];
                 jobs[i].iters = r < 0 ? 1 : iters;
             }
@@ -169,16 +182,21 @@ int main(int argc, char **argv)
     double maxv = 0, maxe = 0;
     for (size_t i = 0; i < n * rows; i++) {
         diff += memcmp(&ys[0][i], &ys[1][i], sizeof(float)) != 0;
+        /* S reads the same rounded operands as B, in the same order: the same bits */
+        diff += memcmp(&ys[2][i], &ys[3][i], sizeof(float)) != 0;
         maxv = fmax(maxv, fabs(ys[0][i]));
         maxe = fmax(maxe, fabs((double)ys[2][i] - ys[0][i]));
     }
-    double med[3];
-    for (int k = 0; k < 3; k++) {
+    double med[NK];
+    for (int k = 0; k < NK; k++) {
         qsort(t[k], (size_t)rounds, sizeof(double), cmpd);
         med[k] = t[k][rounds / 2];
     }
-    printf("| %s | %zu x %zu | %zu | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %zu | %.1e |\n",
+    /* | type | rows x cols | n | threads | GFLOP/s V I B S | I/V B/V S/V | S/I | bits | b err | */
+    printf("| %s | %zu x %zu | %zu | %d | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f "
+           "| %zu | %.1e |\n",
            argv[1], rows, cols, n, nth, ops / med[0] / 1e9, ops / med[1] / 1e9,
-           ops / med[2] / 1e9, med[0] / med[1], med[0] / med[2], diff, maxe / maxv);
+           ops / med[2] / 1e9, ops / med[3] / 1e9, med[0] / med[1], med[0] / med[2],
+           med[0] / med[3], med[1] / med[3], diff, maxe / maxv);
     return 0;
 }

@@ -23,10 +23,12 @@ static int needs_q8(enum dtype wt) { return kern__traits[wt].act == KERN__ACT_Q8
 
 /* Byte offsets of each array inside the buffer; each starts on a 64-byte boundary. */
 struct act_layout {
-    size_t q, d, ns4, ns32, d4, xb, xf, total;
+    size_t q, d, ns4, ns32, d4, xb, xf, xt, total;
+    int has_xt;
 };
 
-static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l)
+static int act_layout(enum dtype wt, size_t cols, size_t n, unsigned flags,
+                      struct act_layout *l)
 {
     CHECK((unsigned)wt < DT_COUNT_);
     if (cols % kern__traits[wt].block != 0)
@@ -49,6 +51,14 @@ static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l
         off += elems / 4 * sizeof(int32_t);
         l->d4 = off;
         off += elems / 4 * sizeof(float);
+        /* the AMX-BF16 panel product's A tiles (kern.h, xt): npad x cols bf16, cols a
+         * multiple of 32 here (q8 types have blocks of 32 or more) */
+        const size_t tmin = kern__ops.type[wt].tiles_min_n;
+        if ((flags & KERN_ACT_BF16_TILES) && tmin && n >= tmin && cols % 32 == 0) {
+            l->has_xt = 1;
+            l->xt = off;
+            off += kern__round_up(n, 16) * cols * sizeof(uint16_t);
+        }
     } else {
         l->xf = off;
         off += elems * sizeof(float);
@@ -61,20 +71,25 @@ static int act_layout(enum dtype wt, size_t cols, size_t n, struct act_layout *l
     return 0;
 }
 
-int kern_act_bytes(enum dtype wt, size_t cols, size_t n, size_t *out)
+int kern_act_bytes_ex(enum dtype wt, size_t cols, size_t n, unsigned flags, size_t *out)
 {
     struct act_layout l;
-    int rc = act_layout(wt, cols, n, &l);
+    int rc = act_layout(wt, cols, n, flags, &l);
     if (rc == 0)
         *out = l.total;
     return rc;
 }
 
-void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t cols, size_t n,
-                   void *buf)
+int kern_act_bytes(enum dtype wt, size_t cols, size_t n, size_t *out)
+{
+    return kern_act_bytes_ex(wt, cols, n, 0, out);
+}
+
+void kern_act_init_ex(struct kern_act *a, enum dtype wt, const float *x, size_t cols, size_t n,
+                      unsigned flags, void *buf)
 {
     struct act_layout l;
-    CHECK(act_layout(wt, cols, n, &l) == 0);
+    CHECK(act_layout(wt, cols, n, flags, &l) == 0);
     CHECK(l.total == 0 || ((uintptr_t)buf & 63) == 0);
     uint8_t *b = buf;
     memset(a, 0, sizeof *a);
@@ -90,11 +105,19 @@ void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t col
         a->ns32 = (int32_t *)(void *)(b + l.ns32);
         a->ns4 = (int32_t *)(void *)(b + l.ns4);
         a->d4 = (float *)(void *)(b + l.d4);
+        if (l.has_xt)
+            a->xt = (uint16_t *)(void *)(b + l.xt);
     } else {
         a->xf = (float *)(void *)(b + l.xf);
         if (kern__traits[wt].act == KERN__ACT_BF16)
             a->xb = (uint16_t *)(void *)(b + l.xb);
     }
+}
+
+void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t cols, size_t n,
+                   void *buf)
+{
+    kern_act_init_ex(a, wt, x, cols, n, 0, buf);
 }
 
 /* One block of 32 activations (block types only, so never a ragged block). */
@@ -127,6 +150,8 @@ void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1)
     }
     if (a->q || a->xb)
         kern__ops.act_prepare(a, t0, t1);
+    if (a->xt) /* only laid out where the type's act_tiles exists (act_layout) */
+        kern__ops.type[a->wt].act_tiles(a, t0, t1);
 }
 
 void kern__act_prepare_ref(const struct kern_act *a, size_t t0, size_t t1)

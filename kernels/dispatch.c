@@ -180,6 +180,8 @@ static void overlay(struct kern__type_ops *t, const struct kern__type_ops *o)
     OVER_(lora_shrink_lowrank);
     OVER_(lora_expand_lowrank);
     OVER_(attn);
+    OVER_(tiles_min_n);
+    OVER_(act_tiles);
 #undef OVER_
     if (o->gemm_min_n)
         t->gemm_min_n = o->gemm_min_n;

@@ -96,6 +96,9 @@ struct kern__type_ops {
     kern_lora_shrink_fn *lora_shrink_lowrank; /* instead, when rank <= KERN_LORA_RANK_MAX */
     kern_lora_expand_fn *lora_expand_lowrank;
     kern_attn_fn *attn;        /* attention tiles over K/V caches of this type */
+    size_t tiles_min_n;        /* from this many tokens, activations prepared with
+                                  KERN_ACT_BF16_TILES get their xt copy (0: never) ... */
+    kern__act_prepare_fn *act_tiles; /* ... which this fills (tokens [t0, t1)) */
 };
 
 enum { KERN__ISA_COUNT = 3 };
@@ -143,6 +146,8 @@ extern int kern__panel_streams;
 
 /* kern_act_prepare per ISA: the scalar specification and two bit-identical SIMD versions. */
 kern__act_prepare_fn kern__act_prepare_ref, kern__act_prepare_avx2, kern__act_prepare_avx512;
+/* kern_act_prepare's xt (the AMX-BF16 q4_0/q8_0 panel product's A tiles; x86/amx_qbf16.c). */
+kern__act_prepare_fn kern__act_tiles_amx;
 
 /* The scalar ISA's product: kern_matmul_ref on a->x (f32, unquantized), whatever a's form. */
 kern_mm_fn kern__matmul_act_f32;

@@ -32,6 +32,11 @@ static const struct kern__panel_layout q6_k_panels = {QUANT_Q6KP_ROWS, QUANT_Q6K
                                                       0x00, NULL, NULL, 0};
 
 /* The scalar ISA's column, the same for every type: the f32 specification. */
+/* Tokens from which q4_0/q8_0 panel products on AMX take the bf16 tiles (x86/amx_qbf16.c)
+ * when their activations allow it (kern.h KERN_ACT_BF16_TILES); below, the AMX-INT8 kernel
+ * (x86/amx_q.c, itself the AVX-512 VNNI one below 24 tokens). docs/PERFORMANCE.md, session 18
+ * (s18-amxb): where (b) overtakes (a) in bench/amxq_bench. */
+#define AMX_QBF16_MIN_N 128
 #define REF_MM_ .gemv = kern__matmul_act_f32, .gemm = kern__matmul_act_f32, .gemm_min_n = 1
 /* gemv/gemm of one type on one ISA */
 #define MM_(wty, aty, isa, min_n)                                                            \
@@ -93,8 +98,11 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                           .panel_pack = kern__panels_pack_q8_0_ref},
                          {MM_(q8_0, q8_0, avx512, 6), .panel_gemm = kern_gemm_q8_0p_q8_0_avx512,
                           .panel_pack = kern__q8p_pack_avx512}},
-                 /* tdpbssd tiles on the same panels, the same bits (x86/amx_q.c) */
-                 .amx = {.panel_gemm = kern_gemm_q8_0p_q8_0_amx}},
+                 /* tdpbssd tiles on the same panels, the same bits (x86/amx_q.c); from
+                  * AMX_QBF16_MIN_N tokens on activations prepared with KERN_ACT_BF16_TILES,
+                  * tdpbf16ps on bf16-dequantized panels (x86/amx_qbf16.c, a numerics change) */
+                 .amx = {.panel_gemm = kern_gemm_q8_0p_q8_0_amx, .tiles_min_n = AMX_QBF16_MIN_N,
+                         .act_tiles = kern__act_tiles_amx}},
     [DT_Q4_0] = {.block = 32, .block_bytes = sizeof(struct quant_q4_0),
  .to_f32 = kern__row_q4_0,
                  .act = KERN__ACT_Q8,
@@ -106,8 +114,11 @@ const struct kern_type_traits kern__traits[DT_COUNT_] = {
                           .panel_pack = kern__panels_pack_q4_0_ref},
                          {MM_(q4_0, q8_0, avx512, 4), .panel_gemm = kern_gemm_q4_0p_q8_0_avx512,
                           .panel_pack = kern__q4p_pack_avx512}},
-                 /* tdpbssd tiles on the same panels, the same bits (x86/amx_q.c) */
-                 .amx = {.panel_gemm = kern_gemm_q4_0p_q8_0_amx}},
+                 /* tdpbssd tiles on the same panels, the same bits (x86/amx_q.c); from
+                  * AMX_QBF16_MIN_N tokens on activations prepared with KERN_ACT_BF16_TILES,
+                  * tdpbf16ps on bf16-dequantized panels (x86/amx_qbf16.c, a numerics change) */
+                 .amx = {.panel_gemm = kern_gemm_q4_0p_q8_0_amx, .tiles_min_n = AMX_QBF16_MIN_N,
+                         .act_tiles = kern__act_tiles_amx}},
     Q4G_(q4_g64, DT_Q4_G64, 64),
     Q4G_(q4_g128, DT_Q4_G128, 128),
     Q4G_(q4z_g32, DT_Q4Z_G32, 32),

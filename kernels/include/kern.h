@@ -27,7 +27,12 @@
  *    token count depends on the rest of the batch (tests/kern/test_kern_mxfp4.c).
  *    The k-quants are too (kern_variants.h), and q8_0/q4_0 where their panel GEMM exists
  *    (AVX-512; with AMX from 24 tokens the panel GEMM runs on AMX-INT8 tiles, x86/amx_q.c,
- *    which give the same int32 block sums and take the same float steps: the same bits). f32/f16/bf16 on SIMD ISAs and q8_0/q4_0 on AVX2 are not: gemv and gemm add
+ *    which give the same int32 block sums and take the same float steps: the same bits),
+ *    EXCEPT on activations prepared with KERN_ACT_BF16_TILES (below): with AMX, from 128
+ *    tokens, q8_0/q4_0 panels then multiply as bf16(q * d) x bf16(x) on tdpbf16ps (x86/
+ *    amx_qbf16.c; no int8 activations, f32 sums in the tiles' order; KLD vs f32 no worse
+ *    than the int8 product's, ADR 0004 session 18 addendum), which is not batch invariant.
+ *    f32/f16/bf16 on SIMD ISAs and q8_0/q4_0 on AVX2 are not: gemv and gemm add
  *    in different orders, so a token's bits depend on how many share the call. The batch-
  *    invariant mode (worker/model/matmul.c, matmul_ctx.invariant) runs those products one
  *    token at a time through the gemv (docs/DAEMON.md "Batch invariance").
@@ -121,7 +126,23 @@ struct kern_act {
     float *d4;       /* [n][cp/4] the block scale of each group of 4 (lane-wise scales) */
     uint16_t *xb;    /* [n][ld] x rounded to bf16, for bf16 weights (NULL if unused) */
     float *xf;       /* [n][ld] a copy of x, for f32/f16/bf16 weights (NULL if unused) */
+    uint16_t *xt;    /* [npad/16][cols/32][16][32] x rounded to bf16 (act.c's rounding), tokens
+                        n..npad (npad = n rounded up to 16) zero, 1 KiB per 16 x 32 tile: the
+                        AMX-BF16 q4_0/q8_0 panel product's A tiles. Only with
+                        KERN_ACT_BF16_TILES and from the type's tile threshold (NULL if unused) */
 };
+
+/*
+ * kern_act_bytes_ex / kern_act_init_ex flags.
+ * KERN_ACT_BF16_TILES: the products on these activations may take the AMX-BF16 q4_0/q8_0 panel
+ * product (x86/amx_qbf16.c, from 128 tokens, only with AMX): weights bf16(q * d), activations
+ * bf16 instead of int8 per block of 32, f32 sums in the tiles' order. That is a numerics change
+ * (docs/adr/0004, session 18 addendum: KLD no worse than the int8 product's) and NOT batch
+ * invariant: a token's outputs then depend on how many tokens share the call. Callers that
+ * promise batch invariance (worker/model/matmul.c with its invariant switch) leave it unset.
+ * Without it (kern_act_bytes / kern_act_init) every quantized product keeps its int8 bits.
+ */
+enum { KERN_ACT_BF16_TILES = 1u };
 
 /* *out = buffer bytes for kern_act_init(wt, cols, n).
  * ERR_FORMAT when cols is not a whole number of wt's blocks, ERR_OVERFLOW on size overflow. */
@@ -129,6 +150,10 @@ int kern_act_bytes(enum dtype wt, size_t cols, size_t n, size_t *out);
 /* Lays out *a over buf (kern_act_bytes() bytes, 64-byte aligned); nothing is computed yet. */
 void kern_act_init(struct kern_act *a, enum dtype wt, const float *x, size_t cols, size_t n,
                    void *buf);
+/* The same with flags (KERN_ACT_*); flags 0 is kern_act_bytes / kern_act_init. */
+int kern_act_bytes_ex(enum dtype wt, size_t cols, size_t n, unsigned flags, size_t *out);
+void kern_act_init_ex(struct kern_act *a, enum dtype wt, const float *x, size_t cols, size_t n,
+                      unsigned flags, void *buf);
 /* Fills tokens [t0, t1). */
 void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1);
 /* kern_matmul on prepared activations: y rows [r0, r1) for all a->n tokens. w needs no

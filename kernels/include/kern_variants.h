@@ -64,16 +64,18 @@ kern_mm_fn kern_gemv_mxfp4_q8_0_avx512_plain;
 kern_mm_fn kern_gemm_q4_0p_q8_0_ref, kern_gemm_q4_0p_q8_0_avx2, kern_gemm_q4_0p_q8_0_avx512;
 kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_q8_0_avx512;
 /* AMX-INT8 tiles on the same panels (x86/amx_q.c): only when kern_has_amx_bf16(); the same bits
- * as the _avx512 panel kernels above (their twins through them) */
+ * as the _avx512 panel kernels above (their twins through them) on activations without xt;
+ * with xt (kern.h KERN_ACT_BF16_TILES) they run the _bf16_amx kernels below instead */
 kern_mm_fn kern_gemm_q4_0p_q8_0_amx, kern_gemm_q8_0p_q8_0_amx;
 /* AMX-INT8 tiles for 2..16 tokens on q4_0 panels (x86/amx_q4s.c), measured slower than the
  * VNNI panel kernel here and not in the dispatch table: only when kern_has_amx_bf16(); the same
  * bits as kern_gemm_q4_0p_q8_0_avx512; other n go to kern_gemm_q4_0p_q8_0_amx. */
 kern_mm_fn kern_gemm_q4_0p_q8_0_amxs;
-/* Design (b), a numerics change not in the dispatch table (x86/amx_qbf16.c): the panels'
- * weights dequantized to bf16, activations rounded to bf16 (a->x), tdpbf16ps; the _ref twins
- * (ref_qbf16.c) use the same operands with column-order f32 sums. _amx only when
- * kern_has_amx_bf16(). */
+/* Design (b), a numerics change (x86/amx_qbf16.c): the panels' weights dequantized to bf16,
+ * activations rounded to bf16 (a->xt when prepared, else a->x rounded per call), tdpbf16ps;
+ * the _ref twins (ref_qbf16.c) use the same operands with column-order f32 sums. _amx only
+ * when kern_has_amx_bf16(). Dispatched by the _q8_0_amx entries above when a->xt exists
+ * (kern.h KERN_ACT_BF16_TILES, from 128 tokens): then not the same bits as _avx512. */
 kern_mm_fn kern_gemm_q4_0p_bf16_amx, kern_gemm_q8_0p_bf16_amx;
 kern_mm_fn kern_gemm_q4_0p_bf16_ref, kern_gemm_q8_0p_bf16_ref;
 /* mxfp4 panels (quant.h "mxfp4 panels"; x86/avx512_mxfp4.c): _avx512 gives the stored-row

@@ -241,6 +241,10 @@ void kern_gemm_q4_0p_q8_0_amx(const void *wp, const struct kern_act *a, float *y
                               size_t r0, size_t r1)
 {
     CHECK(a->wt == DT_Q4_0);
+    if (a->xt) { /* prepared with KERN_ACT_BF16_TILES, n >= the tile threshold (kern.h) */
+        kern_gemm_q4_0p_bf16_amx(wp, a, y, ldy, r0, r1);
+        return;
+    }
     if (a->n < AMX_Q_MIN_N) {
         kern_gemm_q4_0p_q8_0_avx512(wp, a, y, ldy, r0, r1);
         return;
@@ -252,6 +256,10 @@ void kern_gemm_q8_0p_q8_0_amx(const void *wp, const struct kern_act *a, float *y
                               size_t r0, size_t r1)
 {
     CHECK(a->wt == DT_Q8_0);
+    if (a->xt) { /* prepared with KERN_ACT_BF16_TILES, n >= the tile threshold (kern.h) */
+        kern_gemm_q8_0p_bf16_amx(wp, a, y, ldy, r0, r1);
+        return;
+    }
     if (a->n < AMX_Q_MIN_N) {
         kern_gemm_q8_0p_q8_0_avx512(wp, a, y, ldy, r0, r1);
         return;

@@ -5,18 +5,21 @@
  * (no per-block epilogue, unlike the AMX-INT8 kernels of amx_q.c). Compiled with the AVX-512
  * and AMX flags (kernels/CMakeLists.txt).
  *
- * A NUMERICS CHANGE against the int8 panel GEMMs (so not in the dispatch table yet; see
- * docs/PERFORMANCE.md "session 17, s17-amxq"): y[t][r] = sum_k bf16(x[t][k]) * bf16(q[r][k] *
+ * A NUMERICS CHANGE against the int8 panel GEMMs, so only dispatched on activations prepared
+ * with KERN_ACT_BF16_TILES (kern.h: from 128 tokens, never under the batch-invariant switch;
+ * amx_q.c's entries pass them here; ADR 0004 session 18 addendum, docs/PERFORMANCE.md
+ * "session 17, s17-amxq" and "session 18, s18-amxb"): y[t][r] = sum_k bf16(x[t][k]) * bf16(q[r][k] *
  * d[r][k/32]), exact products, f32 sums in tdpbf16ps' order. The weights lose up to 2^-9
  * relative (q * d needs 4 + 11 / 8 + 11 bits; bf16 keeps 8), the activations are bf16 instead
  * of int8 per block of 32 (which is coarser: relative ~2^-8 of the block max). The ref twins
  * (ref_qbf16.c) compute the same rounded operands with scalar f32 sums.
  *
  * Layout, C[token][row] = X . W^T:
- *   A tiles: 16 tokens x 32 bf16 of the activations, a per-call copy of a->x rounded like
- *     act.c's xb (half_f32_to_bf16), tokens padded with zeros to a multiple of 16, stored
- *     tile-contiguous: token tile i's block b is the 1 KiB at ((i * nb + b) * 16) * 32 elements
- *     (loads of stride 64: measured faster than the row layout, docs/PERFORMANCE.md).
+ *   A tiles: 16 tokens x 32 bf16 of the activations, a->xt (kern.h: made once per product by
+ *     kern_act_prepare over the pool, kern__act_tiles_amx below) or, without it, a per-call
+ *     copy rounded the same way (half_f32_to_bf16), tokens padded with zeros to a multiple of
+ *     16, stored tile-contiguous: token tile i's block b is the 1 KiB at ((i * nb + b) * 16) *
+ *     32 elements (loads of stride 64: measured faster than the row layout, docs/PERFORMANCE.md).
  *   B tiles: 16 column pairs x 16 rows x 2 bf16 (tdpbf16ps' pair layout: dword i of pair row p
  *     = row i's columns 2p, 2p+1). The panels already hold lane = row (quant.h "q4_0 panels",
  *     "q8_0 panels"), so one 64-byte vector of a block gives 4 columns of the 16 rows: each
@@ -122,44 +125,43 @@ static void dequant_panel(enum qtype qt, const uint8_t *pp, size_t nb, size_t b0
     }
 }
 
-/* a->x rounded to bf16 like act.c's xb (half_f32_to_bf16: NaN quieted, no denormal flush)
- * into the tile-contiguous xa [npad/16][nb][16][32] bf16 (tokens >= n zero), one token at a
- * time through row_buf [cols]. */
-static void scatter_row(const uint16_t *o, uint16_t *xa, size_t t, size_t cols)
+/* 16 f32 -> 16 bf16 rounded like half_f32_to_bf16 (round to nearest even, NaN quieted, no
+ * denormal flush: vcvtneps2bf16 would flush, so the rounding is done on the integers). */
+INLINE __m256i round16(const float *x)
 {
-    const size_t nb = cols / 32;
-    for (size_t b = 0; b < nb; b++)
-        memcpy(xa + ((t / 16 * nb + b) * 16 + t % 16) * 32, o + b * 32, 64);
-}
-
-static void round_acts(const struct kern_act *a, uint16_t *xa, uint16_t *row_buf, size_t npad)
-{
-    const size_t cols = a->cols;
     const __m512i one = _mm512_set1_epi32(1), r7 = _mm512_set1_epi32(0x7fff),
                   abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
                   q = _mm512_set1_epi32(0x40);
-    for (size_t t = 0; t < npad; t++) {
-        /* token t's 32 columns of block b at xa + ((t / 16 * nb + b) * 16 + t % 16) * 32 */
-        uint16_t *o = row_buf;
-        if (t >= a->n) {
-            memset(o, 0, cols * 2);
-            scatter_row(o, xa, t, cols);
-            continue;
+    __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+    __m512i r =
+        _mm512_add_epi32(u, _mm512_add_epi32(r7, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+    r = _mm512_mask_or_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_srli_epi32(u, 16), q);
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/*
+ * kern_act_prepare's xt (kern.h) for tokens [t0, t1): token t's columns 32b..32b+31 at
+ * xt + ((t / 16 * nb + b) * 16 + t % 16) * 32; the call that ends at n also zeroes the
+ * padding tokens n..npad, so ranges prepared by different threads cover the whole array.
+ */
+void kern__act_tiles_amx(const struct kern_act *a, size_t t0, size_t t1)
+{
+    const size_t cols = a->cols, nb = cols / 32, npad = kern__round_up(a->n, TT);
+    for (size_t t = t0; t < t1; t++) {
+        const float *x = a->x + t * cols; /* [cols] */
+        uint16_t *o = a->xt + (t / TT * nb * TT + t % TT) * 32;
+        for (size_t b = 0; b < nb; b++, o += TT * 32) {
+            _mm256_storeu_si256((__m256i *)(void *)o, round16(x + 32 * b));
+            _mm256_storeu_si256((__m256i *)(void *)(o + 16), round16(x + 32 * b + 16));
         }
-        const float *x = a->x + t * cols;
-        size_t c = 0;
-        for (; c + 16 <= cols; c += 16) {
-            __m512i u = _mm512_castps_si512(_mm512_loadu_ps(x + c));
-            __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
-            __m512i r = _mm512_add_epi32(
-                u, _mm512_add_epi32(r7, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
-            r = _mm512_mask_or_epi32(_mm512_srli_epi32(r, 16), nan, _mm512_srli_epi32(u, 16), q);
-            _mm256_storeu_si256((__m256i *)(o + c), _mm512_cvtepi32_epi16(r));
-        }
-        for (; c < cols; c++)
-            o[c] = half_f32_to_bf16(x[c]);
-        scatter_row(o, xa, t, cols);
     }
+    if (t1 == a->n)
+        for (size_t t = a->n; t < npad; t++) {
+            uint16_t *o = a->xt + (t / TT * nb * TT + t % TT) * 32;
+            for (size_t b = 0; b < nb; b++, o += TT * 32)
+                memset(o, 0, 64);
+        }
 }
 
 /*
@@ -228,7 +230,8 @@ static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act 
     const size_t kcb = KC / 32 < nb ? KC / 32 : nb; /* blocks per K chunk */
     const size_t wpanel = kcb * 1024;                /* bytes of one dequantized panel chunk */
     const size_t ldc_el = RC + 16;                   /* C buffer stride (floats): not 2^k */
-    const size_t abytes = npad * cols * 2 + cols * 2, wbytes = RC / PANEL * wpanel,
+    /* the A tiles: the prepared xt, else rounded here (tests, bench/amxq_bench: per call) */
+    const size_t abytes = a->xt ? 0 : npad * cols * 2, wbytes = RC / PANEL * wpanel,
                  cbytes = npad * ldc_el * 4;
     uint8_t *scratch = kern__scratch_slot(1, abytes + wbytes + cbytes);
     if (!scratch) {
@@ -238,10 +241,15 @@ static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act 
             kern_gemm_q8_0p_q8_0_avx512(wp, a, y, ldy, r0, r1);
         return;
     }
-    uint16_t *xa = (uint16_t *)(void *)scratch;
+    const uint16_t *xa = a->xt;
+    if (!xa) {
+        struct kern_act own = *a;
+        own.xt = (uint16_t *)(void *)scratch;
+        kern__act_tiles_amx(&own, 0, n);
+        xa = own.xt;
+    }
     uint8_t *wb = scratch + abytes;
     float *cb = (float *)(void *)(wb + wbytes);
-    round_acts(a, xa, xa + npad * cols, npad);
     tiles_config();
     const size_t ldc = ldc_el * 4;
     for (size_t rc = r0; rc < r1; rc += RC) {

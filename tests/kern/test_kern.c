@@ -764,7 +764,7 @@ static void test_amx_bf16_gemm(void **state)
 }
 
 /*
- * Design (b) of the q4_0 / q8_0 AMX prefill (x86/amx_qbf16.c, not dispatched): weights
+ * Design (b) of the q4_0 / q8_0 AMX prefill (x86/amx_qbf16.c, called directly): weights
  * dequantized to bf16, activations rounded to bf16, tdpbf16ps; against its twins
  * kern_gemm_q{4,8}_0p_bf16_ref (the same rounded operands, column-order f32 sums) within
  * 1e-5 of a bound on the sum of |products| (sum |bf16(x)| times the largest |q * d| of the
@@ -836,6 +836,106 @@ static void test_amx_qbf16_gemm(void **state)
 }
 
 /*
+ * Design (b) dispatched (kern.h KERN_ACT_BF16_TILES, traits.c AMX_QBF16_MIN_N = 128): with the
+ * flag, activations of n >= 128 tokens get the bf16 tiles (xt) and the q4_0/q8_0 panel product
+ * reads them: the same bits as kern_gemm_q*_0p_bf16_amx rounding them itself (same operands,
+ * same order), within the summation bound of the ref twin. xt prepared in two token ranges
+ * (two threads' shards) over a buffer of garbage, so the padding tokens must be zeroed by the
+ * range that ends at n. Below 128 tokens, or without the flag (the invariant switch), no xt
+ * and the int8 product's bits (the AVX-512 VNNI panel kernel's). CLOCHER_AMX=0: no xt either.
+ */
+static void test_amx_qbf16_dispatch(void **state)
+{
+    g_case = isa_case_begin(state);
+    assert_true(kern_amx_active());
+    static const size_t nss[] = {127, 128, 130, 160};
+    static const size_t colss[] = {96, 1056};
+    for (int q8 = 0; q8 < 2; q8++)
+        for (size_t ci = 0; ci < 2; ci++)
+            for (size_t ni = 0; ni < sizeof nss / sizeof nss[0]; ni++) {
+                const enum dtype wt = q8 ? DT_Q8_0 : DT_Q4_0;
+                const size_t rows = 48, cols = colss[ci], n = nss[ni], ldy = rows + 3;
+                void *w = make_weights(wt, rows, cols);
+                void *wp = aligned_alloc(64, (kern_panels_bytes(wt, rows, cols) + 127) / 64 * 64);
+                assert_non_null(wp);
+                kern_panels_pack(wt, w, cols, wp, rows, 0, rows / 16);
+                float *x = make_x(n, cols);
+                size_t bytes, tbytes;
+                assert_int_equal(kern_act_bytes(wt, cols, n, &bytes), 0);
+                assert_int_equal(kern_act_bytes_ex(wt, cols, n, KERN_ACT_BF16_TILES, &tbytes), 0);
+                void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+                void *tbuf = aligned_alloc(64, (tbytes + 63) / 64 * 64);
+                assert_non_null(buf);
+                assert_non_null(tbuf);
+                memset(tbuf, 0xa5, tbytes);
+                struct kern_act a, at;
+                kern_act_init(&a, wt, x, cols, n, buf);
+                kern_act_init_ex(&at, wt, x, cols, n, KERN_ACT_BF16_TILES, tbuf);
+                kern_act_prepare(&a, 0, n);
+                kern_act_prepare(&at, 0, n / 2);
+                kern_act_prepare(&at, n / 2, n);
+                assert_null(a.xt);
+                assert_true((at.xt != NULL) == (n >= 128));
+                float *y = filled(n * ldy), *want = filled(n * ldy);
+                kern_matmul_act_panels(wt, wp, &at, y, ldy, 0, rows);
+                if (n >= 128)
+                    (q8 ? kern_gemm_q8_0p_bf16_amx : kern_gemm_q4_0p_bf16_amx)(wp, &a, want, ldy,
+                                                                             0, rows);
+                else
+                    (q8 ? kern_gemm_q8_0p_q8_0_avx512 : kern_gemm_q4_0p_q8_0_avx512)(
+                        wp, &a, want, ldy, 0, rows);
+                assert_memory_equal(y, want, n * ldy * sizeof(float));
+                /* without the flag: the int8 bits whatever n */
+                kern_matmul_act_panels(wt, wp, &a, y, ldy, 0, rows);
+                (q8 ? kern_gemm_q8_0p_q8_0_avx512 : kern_gemm_q4_0p_q8_0_avx512)(wp, &a, want,
+                                                                                 ldy, 0, rows);
+                assert_memory_equal(y, want, n * ldy * sizeof(float));
+                if (n >= 128) { /* and (b) close to its twin (test_amx_qbf16_gemm's bound) */
+                    float *twin = filled(n * ldy), *tol = filled(n * ldy);
+                    kern_matmul_act_panels(wt, wp, &at, y, ldy, 0, rows);
+                    (q8 ? kern_gemm_q8_0p_bf16_ref : kern_gemm_q4_0p_bf16_ref)(wp, &a, twin, ldy,
+                                                                             0, rows);
+                    float wmax = 0;
+                    const size_t bb = q8 ? 34 : 18;
+                    for (size_t b = 0; b < rows * cols / 32; b++) {
+                        const uint8_t *blk = (const uint8_t *)w + b * bb;
+                        float d = fabsf(half_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8)));
+                        wmax = fmaxf(wmax, d * (q8 ? 128.0f : 8.0f));
+                    }
+                    for (size_t t = 0; t < n; t++) {
+                        double sx = 0;
+                        for (size_t c = 0; c < cols; c++)
+                            sx += fabs(
+                                (double)half_bf16_to_f32(half_f32_to_bf16(x[t * cols + c])));
+                        for (size_t r = 0; r < rows; r++)
+                            tol[t * ldy + r] = 1e-5f * (float)(sx * wmax) + 1e-30f;
+                    }
+                    check_close("dispatched bf16 tiles vs the twin", y, twin, tol, n, ldy, 0,
+                                rows, cols);
+                    free(tol);
+                    free(twin);
+                }
+                if (n == 160 && ci == 0) { /* CLOCHER_AMX=0: no tile threshold, no xt */
+                    assert_int_equal(setenv("CLOCHER_AMX", "0", 1), 0);
+                    assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
+                    size_t b0;
+                    assert_int_equal(kern_act_bytes_ex(wt, cols, n, KERN_ACT_BF16_TILES, &b0), 0);
+                    assert_int_equal(b0, bytes);
+                    assert_int_equal(unsetenv("CLOCHER_AMX"), 0);
+                    assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
+                    assert_true(kern_amx_active());
+                }
+                free(want);
+                free(y);
+                free(tbuf);
+                free(buf);
+                free(x);
+                free(wp);
+                free(w);
+            }
+}
+
+/*
  * Dispatch: with AMX (and AVX-512) the bf16 gemm entry is the AMX variant: kern_matmul_act
  * from 16 tokens gives its bits exactly; CLOCHER_AMX=0 (read when the table is filled) and the
  * AVX2 ISA leave AMX off, the AVX-512 path then giving kern_gemm_bf16_bf16_avx512's bits.
@@ -899,6 +999,7 @@ int main(void)
         ISA_CASE_TEST(test_amx_bf16_gemm, isa_case_amxbf16),
         ISA_CASE_TEST(test_amx_dispatch, isa_case_amxbf16),
         ISA_CASE_TEST(test_amx_qbf16_gemm, isa_case_amxbf16),
+        ISA_CASE_TEST(test_amx_qbf16_dispatch, isa_case_amxbf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -60,11 +60,13 @@ bool matmul__grow(void **buf, size_t *cap, size_t bytes)
     return true;
 }
 
-void matmul__acts_plan(struct matmul__acts *A, const struct matmul_prod *g, size_t k)
+void matmul__acts_plan(struct matmul__acts *A, const struct matmul_prod *g, size_t k,
+                       unsigned flags)
 {
     CHECK(k <= MATMUL_GROUP_MAX);
     A->n = 0;
     A->total = 0;
+    A->flags = flags;
     for (size_t i = 0; i < k; i++) {
         if (g[i].n == 0)
             continue;
@@ -79,7 +81,7 @@ void matmul__acts_plan(struct matmul__acts *A, const struct matmul_prod *g, size
         if (a < A->n)
             continue;
         size_t bytes;
-        CHECK(kern_act_bytes(g[i].w->dtype, g[i].w->cols, g[i].n, &bytes) == 0);
+        CHECK(kern_act_bytes_ex(g[i].w->dtype, g[i].w->cols, g[i].n, flags, &bytes) == 0);
         A->first[a] = i;
         A->off[a] = A->total;
         A->bytes[a] = bytes;
@@ -92,8 +94,8 @@ void matmul__acts_init(struct matmul__acts *A, const struct matmul_prod *g, void
 {
     for (size_t a = 0; a < A->n; a++) {
         const struct matmul_prod *p = &g[A->first[a]];
-        kern_act_init(&A->a[a], p->w->dtype, p->x, p->w->cols, p->n,
-                      (unsigned char *)buf + A->off[a]);
+        kern_act_init_ex(&A->a[a], p->w->dtype, p->x, p->w->cols, p->n, A->flags,
+                         (unsigned char *)buf + A->off[a]);
     }
 }
 
@@ -152,6 +154,7 @@ static void rows_invariant(const struct matmul_prod *p, const struct kern_act *a
             struct kern_act one = *a;
             one.n = 1;
             one.x = a->x + t * a->cols;
+            one.xt = NULL; /* tiles of many tokens (never laid out under the switch anyway) */
             if (a->xf)
                 one.xf = a->xf + t * a->ld;
             if (a->xb)
@@ -222,6 +225,13 @@ static void prepare(struct matmul_ctx *c, const struct matmul__acts *A)
             kern_act_prepare(&A->a[a], 0, A->a[a].n);
 }
 
+/* The activations' freedom (kern.h KERN_ACT_*): the bf16 tile product of q4_0/q8_0 on AMX is
+ * not batch invariant, so it is only allowed when the invariant switch is off. */
+static unsigned act_flags(const struct matmul_ctx *c)
+{
+    return c->invariant ? 0u : (unsigned)KERN_ACT_BF16_TILES;
+}
+
 /*
  * Rows [r0, r1) of the line of products g[0..k) (product i at off[i]): on the calling thread
  * without a pool; else inputs prepared once (or by the caller: prepared, from
@@ -240,7 +250,7 @@ static void run(struct matmul_ctx *c, const struct matmul_prod *g, size_t k, con
         return;
     }
     struct matmul__acts A;
-    matmul__acts_plan(&A, g, k);
+    matmul__acts_plan(&A, g, k, act_flags(c));
     if (matmul__grow(&c->act_, &c->act_cap_, A.total ? A.total : 64)) {
         matmul__acts_init(&A, g, c->act_);
         prepare(c, &A);
@@ -302,7 +312,7 @@ const struct matmul_prep *matmul_group_begin(struct matmul_ctx *c, const struct 
     if (!c->prep_ && !(c->prep_ = malloc(sizeof(struct matmul_prep))))
         return NULL; /* the caller runs matmul_group, which logs if it too finds no memory */
     struct matmul_prep *h = c->prep_;
-    matmul__acts_plan(&h->A, g, k);
+    matmul__acts_plan(&h->A, g, k, act_flags(c));
     if (!matmul__grow(&c->act_, &c->act_cap_, h->A.total ? h->A.total : 64))
         return NULL;
     matmul__acts_init(&h->A, g, c->act_);

@@ -37,7 +37,9 @@
  * results do not depend on the pool's size nor on how products are grouped (tests/pool,
  * tests/lora test_matmul_fused). They may depend on the number of tokens n (a gemv below a
  * type's crossover, a gemm above, summing in other orders) unless c->invariant is set or the
- * weight type's kernels are batch invariant (the quantized ones: kern.h).
+ * weight type's kernels are batch invariant (the quantized ones: kern.h; but with AMX, q4_0 and
+ * q8_0 products of 128 tokens or more take the bf16 tiles, kern.h KERN_ACT_BF16_TILES, unless
+ * c->invariant is set: then their activations are prepared without them).
  *
  * NOTES: a struct matmul_ctx belongs to one thread, the one dispatching on its pool (pool.h:
  * one dispatching thread per pool); its scratch (prepared activations, the fused job's task
@@ -91,7 +93,9 @@ struct matmul_ctx {
                          * token's outputs are the bits it gets as a product of one token, so
                          * they do not depend on how many tokens share the call. Products
                          * not invariant on the ISA (f32/f16/bf16 on AVX2 and AVX-512, every
-                         * type on AVX2; the AVX-512 quantized kernels are, kern.h) then run
+                         * type on AVX2; the AVX-512 quantized kernels are, kern.h, and
+                         * the switch also prepares q4_0/q8_0 inputs without the AMX bf16
+                         * tiles, KERN_ACT_BF16_TILES, so they keep the int8 bits) then run
                          * the one-token gemv per token over blocks of MATMUL_INV_ROWS rows
                          * (the block stays in cache across the tokens): slower than the gemm
                          * for many tokens. matmul_group_lora ignores it: a caller that wants

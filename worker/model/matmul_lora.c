@@ -692,7 +692,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.g = g;
     j.n_prod = k;
     j.tmp = tmp;
-    matmul__acts_plan(&j.A, g, k);
+    matmul__acts_plan(&j.A, g, k, 0); /* the fused LoRA job keeps the int8 products */
     const struct counts c = count_tasks(&j, k, n);
     const size_t n_tasks = c.prep + c.shrink + c.tiles; /* at most */
     const size_t flag_off = (n_tasks * sizeof(struct task) + 63) / 64 * 64;

@@ -39,11 +39,15 @@ struct matmul__acts {
     size_t off[MATMUL_GROUP_MAX];         /* input -> its byte offset in the scratch */
     size_t bytes[MATMUL_GROUP_MAX];       /* input -> kern_act_bytes (0: nothing to prepare) */
     size_t total;                         /* scratch bytes: the inputs, each 64-byte aligned */
+    unsigned flags;                       /* kern_act_bytes_ex / init_ex flags (plan's) */
     struct kern_act a[MATMUL_GROUP_MAX];  /* input -> its layout, once matmul__acts_init ran */
 };
 
-/* Fills A's table for products g[0..k) (k <= MATMUL_GROUP_MAX); nothing is laid out yet. */
-void matmul__acts_plan(struct matmul__acts *A, const struct matmul_prod *g, size_t k);
+/* Fills A's table for products g[0..k) (k <= MATMUL_GROUP_MAX) with kern_act flags (KERN_ACT_*:
+ * 0 keeps every quantized product's int8 bits, required under the invariant switch); nothing is
+ * laid out yet. */
+void matmul__acts_plan(struct matmul__acts *A, const struct matmul_prod *g, size_t k,
+                       unsigned flags);
 /* Lays the inputs out over buf (A->total bytes, 64-byte aligned); nothing is computed yet. */
 void matmul__acts_init(struct matmul__acts *A, const struct matmul_prod *g, void *buf);
 
