@@ -11,8 +11,10 @@
  *    elements) once for all rows; then 8 rows' scores over those 16 positions are 8 vectors,
  *    one broadcast-q FMA per element (two chains per row: even and odd d), so the scores
  *    need no horizontal sums and the softmax works on 16 scores per vector;
- *  - softmax per row: the tile maximum, exp16 (avx512_exp.h, the scalar fm_expf's
- *    algorithm), weights 0 outside the row's [lo, vis);
+ *  - softmax 16 rows at a time, a row per lane (session 19, softmax16): the scores' 16x16
+ *    blocks transposed, the tile maxima, corr and the weights' sums as vertical operations,
+ *    exp16 (avx512_exp.h, the scalar fm_expf's algorithm), weights 0 outside a row's
+ *    [lo, vis), left transposed (a position's weights of the rows side by side) for o += w v;
  *  - o = o*corr + sum_j w_j v_j: 4 rows x 64 lanes of o in 16 registers per V row loaded;
  *    rows past the last group of 4 one at a time (pv_row1: a decode without GQA has one row,
  *    which used to pay for 3 zero-weight padding rows).
@@ -25,7 +27,7 @@
  * the widened values, and every result, are those of the session-12 kernel.
  *
  * NOTES: reentrant; at most ATTN_BUF floats (32 KiB) of stack in the widening driver,
- * and 36 KiB in the tile (the transposed K, the scores of 64 rows).
+ * and 48 KiB in the tile (the transposed K, the scores of 64 rows, their weights transposed).
  */
 #include "avx512_exp.h"
 #include "fastmath.h"
@@ -41,19 +43,6 @@
 static inline __mmask16 lanes(size_t hd, size_t d)
 {
     return hd - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - d)) - 1u);
-}
-
-/* Lanes j .. j+15 that lie in [a, b). */
-static inline __mmask16 span_lanes(size_t j, size_t a, size_t b)
-{
-    if (b <= j || a >= j + 16)
-        return 0;
-    uint32_t mk = 0xffffu;
-    if (b - j < 16)
-        mk &= (1u << (b - j)) - 1u;
-    if (a > j)
-        mk &= ~((1u << (a - j)) - 1u);
-    return (__mmask16)mk;
 }
 
 /*
