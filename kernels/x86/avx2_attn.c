@@ -93,12 +93,14 @@ SCORES_ROWS_(8)
 SCORES_ROWS_(1)
 #undef SCORES_ROWS_
 
-/* o[r] = o[r]*corr[r] + sum_{j in [ja, jb)} w[j*ldw + r] v_j for 4 rows (the weights
- * transposed, as softmax8 leaves them), 16 floats of o per pass (avx512_attn.c's pv_rows with
+/* o[r] = o[r]*corr[r] + sum_{j in [ja, jb)} w[j*ldw + r*ldr] v_j for 4 rows (the weights
+ * transposed as softmax8 leaves them, ldw = ROWS_MAX and ldr = 1, or row-major as softmax_row
+ * does, ldw = 1 and ldr = KERN_ATTN_TILE), 16 floats of o per pass (avx512_attn.c's pv_rows with
  * 8 lanes: one FMA chain per (row, 8 lanes), j in order). */
 #define PV_ROWS 4
 static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr,
-                                              const float *w, size_t ldw, size_t ja, size_t jb,
+                                              const float *w, size_t ldw, size_t ldr, size_t ja,
+                                              size_t jb,
                                               const float *vf, size_t ldf, size_t hd)
 {
     for (size_t d0 = 0; d0 < hd; d0 += 16) {
@@ -115,7 +117,7 @@ static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr
             const __m256 v0 = _mm256_maskload_ps(vp, m0), v1 = _mm256_maskload_ps(vp + 8, m1);
 #define PV_FMA_(r)                                                                           \
     {                                                                                        \
-        const __m256 wr = _mm256_broadcast_ss(wp + r);                                       \
+        const __m256 wr = _mm256_broadcast_ss(wp + (r) * ldr);                               \
         a##r##0 = _mm256_fmadd_ps(wr, v0, a##r##0);                                          \
         a##r##1 = _mm256_fmadd_ps(wr, v1, a##r##1);                                          \
     }
@@ -131,6 +133,62 @@ static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr
 }
 
 #define ROWS_MAX 64
+
+/* Groups of fewer rows than this take softmax_row: softmax8's transposes and 8-lane passes
+ * cost about as much as 4 rows' horizontal sums (a decode without GQA has one row). */
+#define SOFTMAX_LANES_MIN 4
+
+static inline float hsum8(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static inline float hmax8(__m256 v)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/*
+ * The online-softmax step of one row (scores s [KERN_ATTN_TILE] over [jlo, jb), range
+ * [a, b)): the weights e^(s - m') in place (0 outside the range), *corr = e^(m - m'), m and l.
+ * The session-12 loop, with corr as lane 0 of exp8 (fm_expf's bits, no libm ldexpf call);
+ * softmax8 gives every row the same bits.
+ */
+static void softmax_row(float *s, size_t a, size_t b, float *m, float *l, float *corr,
+                        size_t jlo, size_t jb)
+{
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i va1 = _mm256_set1_epi32((int)a - 1), vb = _mm256_set1_epi32((int)b);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmx = ninf;
+    for (size_t j = jlo; j < jb; j += 8) {
+        const __m256i vj = _mm256_add_epi32(_mm256_set1_epi32((int)j), iota);
+        const __m256 mk = _mm256_castsi256_ps(
+            _mm256_and_si256(_mm256_cmpgt_epi32(vj, va1), _mm256_cmpgt_epi32(vb, vj)));
+        vmx = _mm256_max_ps(vmx, _mm256_blendv_ps(ninf, _mm256_load_ps(s + j), mk));
+    }
+    const float mx = hmax8(vmx);
+    const float mn = *m > mx ? *m : mx;
+    *corr = _mm256_cvtss_f32(exp8(_mm256_set1_ps(*m - mn))); /* 0 on the first tile */
+    __m256 vsum = _mm256_setzero_ps();
+    const __m256 vmn = _mm256_set1_ps(mn);
+    for (size_t j = jlo; j < jb; j += 8) {
+        const __m256i vj = _mm256_add_epi32(_mm256_set1_epi32((int)j), iota);
+        const __m256 mk = _mm256_castsi256_ps(
+            _mm256_and_si256(_mm256_cmpgt_epi32(vj, va1), _mm256_cmpgt_epi32(vb, vj)));
+        const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_load_ps(s + j), vmn)), mk);
+        _mm256_store_ps(s + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    *l = *l * *corr + hsum8(vsum);
+    *m = mn;
+}
 
 /*
  * The online-softmax step of active rows i0 .. i0+nr-1 (nr <= 8), one row per lane: as
@@ -248,8 +306,17 @@ static void tile_rows(const float *const *q, float *const *o, float *m, float *l
     /* the softmax, 8 rows at a time with a row per lane (softmax8) */
     float wt[KERN_ATTN_TILE * ROWS_MAX] __attribute__((aligned(32))); /* [n][ROWS_MAX] */
     float corr[ROWS_MAX];
-    for (size_t i0 = 0; i0 < na; i0 += 8)
-        softmax8(s, wt, i0, na - i0 < 8 ? na - i0 : 8, ra, rb, act, m, l, corr, jlo, jb);
+    for (size_t i0 = 0; i0 < na; i0 += 8) {
+        const size_t nr = na - i0 < 8 ? na - i0 : 8;
+        if (nr >= SOFTMAX_LANES_MIN) {
+            softmax8(s, wt, i0, nr, ra, rb, act, m, l, corr, jlo, jb);
+        } else {
+            for (size_t i = i0; i < na; i++)
+                softmax_row(s[i], ra[i], rb[i], &m[act[i]], &l[act[i]], &corr[i], jlo, jb);
+            for (size_t i = na; i < (na + PV_ROWS - 1) / PV_ROWS * PV_ROWS; i++)
+                memset(&s[i][jlo], 0, (jb - jlo) * sizeof(float)); /* the padding's weights */
+        }
+    }
     float dummy[KERN_ATTN_HD_MAX] __attribute__((aligned(32)));
     for (size_t i0 = 0; i0 < na; i0 += PV_ROWS) {
         float *orow[PV_ROWS];
@@ -266,7 +333,10 @@ static void tile_rows(const float *const *q, float *const *o, float *m, float *l
                 c[t] = 0.0f;
             }
         }
-        pv_rows(orow, c, wt + i0, ROWS_MAX, pa, pb, vf, ldf, hd);
+        if (na - i0 / 8 * 8 >= SOFTMAX_LANES_MIN) /* softmax8's group: weights in wt */
+            pv_rows(orow, c, wt + i0, ROWS_MAX, 1, pa, pb, vf, ldf, hd);
+        else
+            pv_rows(orow, c, s[i0], 1, KERN_ATTN_TILE, pa, pb, vf, ldf, hd);
     }
 }
 

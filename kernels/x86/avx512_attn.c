@@ -184,9 +184,10 @@ SCORES_ROWS_(8)
 SCORES_ROWS_(1)
 #undef SCORES_ROWS_
 
-/* o[r] = o[r]*corr[r] + sum_{j in [ja, jb)} w[j*ldw + r] v_j for PV_ROWS rows (the weights
- * transposed, as the softmax leaves them: a position's weights of the rows side by side), 64
- * floats of o (d0 .. d0+63, masked at hd) per pass. One FMA chain per (row, 16 lanes), j in order, so a
+/* o[r] = o[r]*corr[r] + sum_{j in [ja, jb)} w[j*ldw + r*ldr] v_j for PV_ROWS rows (the
+ * weights transposed as softmax16 leaves them, ldw = ROWS_MAX and ldr = 1, or row-major as
+ * softmax_row does, ldw = 1 and ldr = KERN_ATTN_TILE), 64 floats of o (d0 .. d0+63, masked at
+ * hd) per pass. One FMA chain per (row, 16 lanes), j in order, so a
  * row's bits do not depend on the rows beside it; weights outside a row's range are 0 and add
  * exactly nothing (v rows in [ja, jb) are rows some row of the call sees: finite). */
 #define PV_ROWS 4
@@ -209,7 +210,7 @@ SCORES_ROWS_(1)
     __m512 a##r##3 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m3, o[r] + d0 + 48), c##r);
 #define PV_FMA_(r)                                                                            \
     {                                                                                         \
-        const __m512 wr = _mm512_set1_ps(wp[r]);                                              \
+        const __m512 wr = _mm512_set1_ps(wp[(r) * ldr]);                                      \
         a##r##0 = _mm512_fmadd_ps(wr, v0, a##r##0);                                           \
         a##r##1 = _mm512_fmadd_ps(wr, v1, a##r##1);                                           \
         a##r##2 = _mm512_fmadd_ps(wr, v2, a##r##2);                                           \
@@ -224,7 +225,8 @@ SCORES_ROWS_(1)
 #define PV_MASKED_(p, c) _mm512_maskz_loadu_ps(m##c, (p) + 16 * (c))
 /* noinline: inlined into tile_rows, its 16 accumulators were spilled to the stack (GCC 12) */
 static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr,
-                                              const float *w, size_t ldw, size_t ja, size_t jb,
+                                              const float *w, size_t ldw, size_t ldr, size_t ja,
+                                              size_t jb,
                                               const float *vf, size_t ldf, size_t hd)
 {
     size_t d0 = 0;
@@ -255,6 +257,7 @@ static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr
 static void pv_row1(float *const *o, const float *corr, const float *w, size_t ldw, size_t ja,
                     size_t jb, const float *vf, size_t ldf, size_t hd)
 {
+    const size_t ldr = 0; /* one row: PV_FMA_(0) reads wp[0] */
     size_t d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64) {
         const __mmask16 m0 = 0xffff, m1 = 0xffff, m2 = 0xffff, m3 = 0xffff;
@@ -286,6 +289,51 @@ static void pv_row1(float *const *o, const float *corr, const float *w, size_t l
  * row is 16 scores per vector, and o += w v runs 4 rows x 64 lanes per V row loaded.
  */
 #define ROWS_MAX 64 /* query rows of one pass (their scores live on the stack) */
+
+/* Groups of fewer rows than this take softmax_row: softmax16's transposes and 16-lane passes
+ * cost about as much as 6 rows' horizontal sums (a decode without GQA has one row). */
+#define SOFTMAX_LANES_MIN 6
+
+/* Did softmax16 (1: weights transposed in wt) or softmax_row (0: row-major in s) take row i
+ * of na active rows? */
+static inline int lanes_layout(size_t na, size_t i)
+{
+    const size_t i0 = i / 16 * 16;
+    return na - i0 >= SOFTMAX_LANES_MIN;
+}
+
+/*
+ * The online-softmax step of one row (scores s [KERN_ATTN_TILE] over [jlo, jb), range
+ * [a, b)): the weights e^(s - m') in place (0 outside the range), *corr = e^(m - m'), m and l.
+ * The session-12 loop, with corr as lane 0 of exp16 (fm_expf's bits, no libm ldexpf call);
+ * softmax16 gives every row the same bits.
+ */
+static void softmax_row(float *s, size_t a, size_t b, float *m, float *l, float *corr,
+                        size_t jlo, size_t jb)
+{
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i va = _mm512_set1_epi32((int)a), vb = _mm512_set1_epi32((int)b);
+    __m512 vmx = _mm512_set1_ps(-INFINITY);
+    for (size_t j = jlo; j < jb; j += 16) {
+        const __m512i vj = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
+        const __mmask16 mk = _mm512_mask_cmplt_epu32_mask(_mm512_cmple_epu32_mask(va, vj), vj, vb);
+        vmx = _mm512_mask_max_ps(vmx, mk, vmx, _mm512_load_ps(s + j));
+    }
+    const float mx = _mm512_reduce_max_ps(vmx);
+    const float mn = *m > mx ? *m : mx;
+    *corr = _mm512_cvtss_f32(exp16(_mm512_set1_ps(*m - mn))); /* 0 on the first tile */
+    __m512 vsum = _mm512_setzero_ps();
+    const __m512 vmn = _mm512_set1_ps(mn);
+    for (size_t j = jlo; j < jb; j += 16) {
+        const __m512i vj = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
+        const __mmask16 mk = _mm512_mask_cmplt_epu32_mask(_mm512_cmple_epu32_mask(va, vj), vj, vb);
+        const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_load_ps(s + j), vmn)));
+        _mm512_store_ps(s + j, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    *l = *l * *corr + _mm512_reduce_add_ps(vsum);
+    *m = mn;
+}
 
 /*
  * The online-softmax step of active rows i0 .. i0+nr-1 (nr <= 16; row i is query row act[i],
@@ -400,11 +448,18 @@ static void tile_rows(const float *const *q, float *const *o, float *m, float *l
         for (; i < na; i++)
             scores_rows1(qa + i, kt, hd, scale, &s[i][b], KERN_ATTN_TILE);
     }
-    /* the softmax, 16 rows at a time with a row per lane (softmax16) */
+    /* the softmax, 16 rows at a time with a row per lane (softmax16), or a row at a time
+     * (softmax_row) where fewer than SOFTMAX_LANES_MIN rows are left: the same bits */
     float wt[KERN_ATTN_TILE * ROWS_MAX] __attribute__((aligned(64))); /* [n][ROWS_MAX] */
     float corr[ROWS_MAX];
-    for (size_t i0 = 0; i0 < na; i0 += 16)
-        softmax16(s, wt, i0, na - i0 < 16 ? na - i0 : 16, ra, rb, act, m, l, corr, jlo, jb);
+    for (size_t i0 = 0; i0 < na; i0 += 16) {
+        const size_t nr = na - i0 < 16 ? na - i0 : 16;
+        if (nr >= SOFTMAX_LANES_MIN)
+            softmax16(s, wt, i0, nr, ra, rb, act, m, l, corr, jlo, jb);
+        else
+            for (size_t i = i0; i < na; i++)
+                softmax_row(s[i], ra[i], rb[i], &m[act[i]], &l[act[i]], &corr[i], jlo, jb);
+    }
     /* o = o*corr + sum_j w_j v_j, PV_ROWS rows at a time over the rows' union [ja', jb') */
     size_t i0 = 0;
     for (; i0 + PV_ROWS <= na; i0 += PV_ROWS) {
@@ -415,11 +470,17 @@ static void tile_rows(const float *const *q, float *const *o, float *m, float *l
             pa = ra[i0 + t] < pa ? ra[i0 + t] : pa;
             pb = rb[i0 + t] > pb ? rb[i0 + t] : pb;
         }
-        pv_rows(orow, &corr[i0], wt + i0, ROWS_MAX, pa, pb, vf, ldvf, hd);
+        if (lanes_layout(na, i0)) /* a PV group never straddles two softmax groups */
+            pv_rows(orow, &corr[i0], wt + i0, ROWS_MAX, 1, pa, pb, vf, ldvf, hd);
+        else
+            pv_rows(orow, &corr[i0], s[i0], 1, KERN_ATTN_TILE, pa, pb, vf, ldvf, hd);
     }
     for (; i0 < na; i0++) { /* the rest one at a time, each over its own range */
         float *orow = o[act[i0]];
-        pv_row1(&orow, &corr[i0], wt + i0, ROWS_MAX, ra[i0], rb[i0], vf, ldvf, hd);
+        if (lanes_layout(na, i0))
+            pv_row1(&orow, &corr[i0], wt + i0, ROWS_MAX, ra[i0], rb[i0], vf, ldvf, hd);
+        else
+            pv_row1(&orow, &corr[i0], s[i0], 1, ra[i0], rb[i0], vf, ldvf, hd);
     }
 }
 
