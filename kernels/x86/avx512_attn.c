@@ -120,8 +120,13 @@ static inline __attribute__((always_inline)) void transpose_k(float *kt, const u
     for (size_t d = 0; d < hd; d += 16) {
         const __mmask16 mk = lanes(hd, d);
         __m512 r[16];
-        _Pragma("GCC unroll 16") for (size_t i = 0; i < 16; i++)
-            r[i] = i >= i0 && i < nb ? load_k(f, k + i * ldk, d, hd, mk) : _mm512_setzero_ps();
+        if (i0 == 0 && nb == 16) { /* a whole block (the common case): no per-row tests */
+            _Pragma("GCC unroll 16") for (size_t i = 0; i < 16; i++)
+                r[i] = load_k(f, k + i * ldk, d, hd, mk);
+        } else {
+            _Pragma("GCC unroll 16") for (size_t i = 0; i < 16; i++)
+                r[i] = i >= i0 && i < nb ? load_k(f, k + i * ldk, d, hd, mk) : _mm512_setzero_ps();
+        }
         tr16x16(r);
         if (hd - d >= 16) { /* constant indices: r stays in registers (a variable count made
                                GCC spill r and copy it with rep movsq, 6% of the tile) */
