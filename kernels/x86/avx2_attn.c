@@ -36,7 +36,7 @@ static inline __m256i lanes(size_t n, size_t i)
 }
 
 /* One 8x8 transpose: r[i] (row i) -> r[i] (column i). */
-static inline void tr8x8(__m256 r[8])
+static inline __attribute__((always_inline)) void tr8x8(__m256 r[8])
 {
     __m256 t[8];
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i += 2) {
@@ -103,6 +103,8 @@ static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr
                                               size_t jb,
                                               const float *vf, size_t ldf, size_t hd)
 {
+    /* a base per row and one index: the addressing of the row-pointer loop this replaced */
+    const float *w0 = w, *w1 = w + ldr, *w2 = w + 2 * ldr, *w3 = w + 3 * ldr;
     for (size_t d0 = 0; d0 < hd; d0 += 16) {
         const __m256i m0 = lanes(hd, d0);
         const __m256i m1 = d0 + 8 < hd ? lanes(hd, d0 + 8) : _mm256_setzero_si256();
@@ -112,12 +114,12 @@ static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr
     __m256 a##r##1 = _mm256_mul_ps(_mm256_maskload_ps(o[r] + d0 + 8, m1), c##r);
         PV_LOAD_(0) PV_LOAD_(1) PV_LOAD_(2) PV_LOAD_(3)
 #undef PV_LOAD_
-        const float *vp = vf + ja * ldf + d0, *wp = w + ja * ldw;
-        for (size_t j = ja; j < jb; j++, vp += ldf, wp += ldw) {
+        const float *vp = vf + ja * ldf + d0;
+        for (size_t j = ja, k = ja * ldw; j < jb; j++, vp += ldf, k += ldw) {
             const __m256 v0 = _mm256_maskload_ps(vp, m0), v1 = _mm256_maskload_ps(vp + 8, m1);
 #define PV_FMA_(r)                                                                           \
     {                                                                                        \
-        const __m256 wr = _mm256_broadcast_ss(wp + (r) * ldr);                               \
+        const __m256 wr = _mm256_broadcast_ss(w##r + k);                                     \
         a##r##0 = _mm256_fmadd_ps(wr, v0, a##r##0);                                          \
         a##r##1 = _mm256_fmadd_ps(wr, v1, a##r##1);                                          \
     }
@@ -314,7 +316,8 @@ static void tile_rows(const float *const *q, float *const *o, float *m, float *l
             for (size_t i = i0; i < na; i++)
                 softmax_row(s[i], ra[i], rb[i], &m[act[i]], &l[act[i]], &corr[i], jlo, jb);
             for (size_t i = na; i < (na + PV_ROWS - 1) / PV_ROWS * PV_ROWS; i++)
-                memset(&s[i][jlo], 0, (jb - jlo) * sizeof(float)); /* the padding's weights */
+                for (size_t j = jlo; j < jb; j += 8) /* the padding's weights */
+                    _mm256_store_ps(&s[i][j], _mm256_setzero_ps());
         }
     }
     float dummy[KERN_ATTN_HD_MAX] __attribute__((aligned(32)));

@@ -48,7 +48,7 @@ static inline __mmask16 lanes(size_t hd, size_t d)
 /*
  * One 16x16 transpose: r[i] (row i, 16 floats) -> r[i] (column i). 64 shuffles.
  */
-static inline void tr16x16(__m512 r[16])
+static inline __attribute__((always_inline)) void tr16x16(__m512 r[16])
 {
     __m512 t[16];
     _Pragma("GCC unroll 16") for (int i = 0; i < 16; i += 2) {
