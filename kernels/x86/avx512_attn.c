@@ -283,16 +283,6 @@ static void pv_row1(float *const *o, const float *corr, const float *w, size_t l
 #undef PV_FULL_
 #undef PV_MASKED_
 
-/*
- * The online-softmax update of nq rows over n positions: K row j at k + j*ldk bytes, stored
- * as kf (widened to f32 by transpose_k), V row j at vf + j*ldvf (f32). n <= KERN_ATTN_TILE. Row r sees tile positions
- * [lo[r] - j0, vis[r] - j0) clipped to [0, n) (lo/vis are relative to the kernel call, j0 is
- * this tile's offset in it; NULL: unclipped).
- *
- * Register-blocked: K is transposed 16 positions at a time (once for all rows), the scores of
- * 8 rows x 16 positions are 8 vectors (q broadcast, one FMA per element), the softmax of a
- * row is 16 scores per vector, and o += w v runs 4 rows x 64 lanes per V row loaded.
- */
 #define ROWS_MAX 64 /* query rows of one pass (their scores live on the stack) */
 
 /* Groups of fewer rows than this take softmax_row: softmax16's transposes and 16-lane passes
@@ -414,6 +404,17 @@ static void softmax16(float (*s)[KERN_ATTN_TILE], float *wt, size_t i0, size_t n
     }
 }
 
+/*
+ * The online-softmax update of nq rows over n positions: K row j at k + j*ldk bytes, stored
+ * as kf (widened to f32 by transpose_k), V row j at vf + j*ldvf (f32). n <= KERN_ATTN_TILE. Row r sees tile positions
+ * [lo[r] - j0, vis[r] - j0) clipped to [0, n) (lo/vis are relative to the kernel call, j0 is
+ * this tile's offset in it; NULL: unclipped).
+ *
+ * Register-blocked: K is transposed 16 positions at a time (once for all rows), the scores of
+ * 8 rows x 16 positions are 8 vectors (q broadcast, one FMA per element), the softmax runs
+ * 16 rows at a time a row per lane (softmax16), and o += w v runs 4 rows x 64 lanes per V row
+ * loaded.
+ */
 static void tile_rows(const float *const *q, float *const *o, float *m, float *l,
                       const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
                       const void *k, size_t ldk, enum kform kf, const float *vf, size_t ldvf,
