@@ -10,7 +10,11 @@
  *             8-bit KV head rows (int8, fp8: kern_kv8_quant of the same values);
  *   paged1  — paged with one query row per KV head (a model without GQA: the decode
  *             attention's one-row path, docs/PERFORMANCE.md "Decode attention at 8k");
- *   prefill — 512 tokens x 8 heads causal from position 0 (kern_attn_causal).
+ *   prefill — 512 tokens x 8 heads causal from position 0 (kern_attn_causal);
+ *   pprefill — the same prefill as the paged cache runs it (kv_attn.c's kv_attn_prefill, the
+ *             engine's and engine_bench's path): 64 query rows (8 tokens x 8 heads) at a time,
+ *             each batch walking 16-position block spans up to its last token, per-row
+ *             causal limits in the span that holds the diagonal.
  * K/V rows are strided as in a cache row of 4 KV heads. The "inline" column exists for f32
  * only (the inline code read f32 rows). Time per call in microseconds of the thread's own CPU
  * time (CLOCK_THREAD_CPUTIME_ID: time spent descheduled by other processes on a shared
@@ -72,7 +76,7 @@ static void inline_head(const float *q, const float *key, const float *value, si
 struct job {
     enum dtype kvt;
     int use_inline;
-    int paged;         /* kern_attn over SPAN-position spans (decode, nt = 1) */
+    int paged;         /* kern_attn over SPAN-position spans (decode nt = 1, or prefill) */
     size_t rows;       /* paged: query rows per KV head (GROUP, or 1 without GQA) */
     size_t pos0, nt;   /* tokens [pos0, pos0+nt) attend causally */
     const void *k, *v; /* [pos0+nt][NKV][HD] of kvt */
@@ -99,8 +103,49 @@ static void run_paged(const struct job *j)
     kern_attn_end(orow, l, j->rows, HD);
 }
 
+/* A prefill of nt tokens from pos0 as kv_attn.c's kv_attn_prefill walks the paged cache:
+ * query-major batches of QROWS rows (token i, head h), each over SPAN-position spans up to its
+ * last token, vis NULL where every row sees the whole span. */
+#define QROWS 64
+static void run_paged_prefill(const struct job *j)
+{
+    const float *qr[QROWS];
+    float *orow[QROWS], m[QROWS], l[QROWS];
+    uint32_t lim[QROWS], vis[QROWS];
+    const size_t rows = j->nt * GROUP;
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (size_t r0 = 0; r0 < rows; r0 += QROWS) {
+        const size_t nr = rows - r0 < QROWS ? rows - r0 : QROWS;
+        uint32_t end = 0;
+        for (size_t r = 0; r < nr; r++) {
+            const size_t t = (r0 + r) / GROUP, h = (r0 + r) % GROUP;
+            qr[r] = j->q + (t * GROUP + h) * HD;
+            orow[r] = j->o + (t * GROUP + h) * HD;
+            lim[r] = (uint32_t)(j->pos0 + t + 1);
+            end = lim[r] > end ? lim[r] : end;
+        }
+        kern_attn_begin(orow, m, l, nr, HD);
+        for (uint32_t p = 0; p < end; p += SPAN) {
+            const size_t n = end - p < SPAN ? end - p : SPAN;
+            int all = 1;
+            for (size_t r = 0; r < nr; r++) {
+                vis[r] = lim[r] > p ? lim[r] - p : 0;
+                all &= vis[r] >= n;
+            }
+            kern_attn(j->kvt, qr, orow, m, l, all ? NULL : vis, nr,
+                      (const char *)j->k + p * j->ld, (const char *)j->v + p * j->ld, j->ld, n,
+                      HD, scale);
+        }
+        kern_attn_end(orow, l, nr, HD);
+    }
+}
+
 static void run(const struct job *j)
 {
+    if (j->paged && j->nt > 1) {
+        run_paged_prefill(j);
+        return;
+    }
     if (j->paged) {
         run_paged(j);
         return;
@@ -198,10 +243,11 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         size_t pos0, nt;
-        int paged; /* 0, or the query rows per KV head of a paged decode */
+        int paged; /* 0, or the query rows per KV head of a paged decode (per token) */
     } cases[] = {{"decode 512", 511, 1, 0},        {"decode 2048", 2047, 1, 0},
                  {"decode 4096", 4095, 1, 0},      {"paged 4096", 4095, 1, GROUP},
-                 {"paged1 4096", 4095, 1, 1},      {"prefill 512", 0, 512, 0}};
+                 {"paged1 4096", 4095, 1, 1},      {"prefill 512", 0, 512, 0},
+                 {"pprefill 512", 0, 512, GROUP}};
     printf("attention, one KV head: head_dim %d, %d query heads per KV head; us per call\n", HD,
            GROUP);
     printf("%-12s %-4s %9s %9s %9s %9s | %8s %8s | %8s %8s | %6s %6s | %5s\n", "case", "kv",
@@ -211,7 +257,7 @@ int main(int argc, char **argv)
         for (int t = 0; t < 5; t++) {
             static const enum dtype kvts[5] = {DT_F32, DT_F16, DT_BF16, DT_KV_I8, DT_KV_E4M3};
             const enum dtype kvt = kvts[t];
-            if (t >= 3 && !cases[c].paged)
+            if (t >= 3 && (!cases[c].paged || cases[c].nt > 1))
                 continue; /* 8-bit rows: as the paged cache reads them */
             const void *kc = t == 0 ? (const void *)kf : t == 1 ? (const void *)kh
                              : t == 2 ? (const void *)kb : (const void *)k8[t - 3];

@@ -46,8 +46,15 @@ void kern_attn_end(float *const *o, const float *l, size_t nq, size_t hd)
 {
     for (size_t r = 0; r < nq; r++) {
         const float inv = 1.0f / l[r];
-        for (size_t d = 0; d < hd; d++)
-            o[r][d] *= inv;
+        float *x = o[r];
+        size_t d = 0;
+        /* blocks of 8: a fixed count GCC turns into vector multiplies (the plain loop stayed
+         * scalar, 4-5% of a paged prefill's attention); the same products either way */
+        for (; d + 8 <= hd; d += 8)
+            for (size_t i = 0; i < 8; i++)
+                x[d + i] *= inv;
+        for (; d < hd; d++)
+            x[d] *= inv;
     }
 }
 

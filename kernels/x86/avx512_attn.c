@@ -11,8 +11,10 @@
  *    elements) once for all rows; then 8 rows' scores over those 16 positions are 8 vectors,
  *    one broadcast-q FMA per element (two chains per row: even and odd d), so the scores
  *    need no horizontal sums and the softmax works on 16 scores per vector;
- *  - softmax per row: the tile maximum, exp16 (avx512_exp.h, the scalar fm_expf's
- *    algorithm), weights 0 outside the row's [lo, vis);
+ *  - softmax 16 rows at a time, a row per lane (session 19, softmax16): the scores' 16x16
+ *    blocks transposed, the tile maxima, corr and the weights' sums as vertical operations,
+ *    exp16 (avx512_exp.h, the scalar fm_expf's algorithm), weights 0 outside a row's
+ *    [lo, vis), left transposed (a position's weights of the rows side by side) for o += w v;
  *  - o = o*corr + sum_j w_j v_j: 4 rows x 64 lanes of o in 16 registers per V row loaded;
  *    rows past the last group of 4 one at a time (pv_row1: a decode without GQA has one row,
  *    which used to pay for 3 zero-weight padding rows).
@@ -25,7 +27,7 @@
  * the widened values, and every result, are those of the session-12 kernel.
  *
  * NOTES: reentrant; at most ATTN_BUF floats (32 KiB) of stack in the widening driver,
- * and 36 KiB in the tile (the transposed K, the scores of 64 rows).
+ * and 48 KiB in the tile (the transposed K, the scores of 64 rows, their weights transposed).
  */
 #include "avx512_exp.h"
 #include "fastmath.h"
@@ -43,23 +45,10 @@ static inline __mmask16 lanes(size_t hd, size_t d)
     return hd - d >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hd - d)) - 1u);
 }
 
-/* Lanes j .. j+15 that lie in [a, b). */
-static inline __mmask16 span_lanes(size_t j, size_t a, size_t b)
-{
-    if (b <= j || a >= j + 16)
-        return 0;
-    uint32_t mk = 0xffffu;
-    if (b - j < 16)
-        mk &= (1u << (b - j)) - 1u;
-    if (a > j)
-        mk &= ~((1u << (a - j)) - 1u);
-    return (__mmask16)mk;
-}
-
 /*
  * One 16x16 transpose: r[i] (row i, 16 floats) -> r[i] (column i). 64 shuffles.
  */
-static inline void tr16x16(__m512 r[16])
+static inline __attribute__((always_inline)) void tr16x16(__m512 r[16])
 {
     __m512 t[16];
     _Pragma("GCC unroll 16") for (int i = 0; i < 16; i += 2) {
@@ -131,8 +120,13 @@ static inline __attribute__((always_inline)) void transpose_k(float *kt, const u
     for (size_t d = 0; d < hd; d += 16) {
         const __mmask16 mk = lanes(hd, d);
         __m512 r[16];
-        _Pragma("GCC unroll 16") for (size_t i = 0; i < 16; i++)
-            r[i] = i >= i0 && i < nb ? load_k(f, k + i * ldk, d, hd, mk) : _mm512_setzero_ps();
+        if (i0 == 0 && nb == 16) { /* a whole block (the common case): no per-row tests */
+            _Pragma("GCC unroll 16") for (size_t i = 0; i < 16; i++)
+                r[i] = load_k(f, k + i * ldk, d, hd, mk);
+        } else {
+            _Pragma("GCC unroll 16") for (size_t i = 0; i < 16; i++)
+                r[i] = i >= i0 && i < nb ? load_k(f, k + i * ldk, d, hd, mk) : _mm512_setzero_ps();
+        }
         tr16x16(r);
         if (hd - d >= 16) { /* constant indices: r stays in registers (a variable count made
                                GCC spill r and copy it with rep movsq, 6% of the tile) */
@@ -195,8 +189,10 @@ SCORES_ROWS_(8)
 SCORES_ROWS_(1)
 #undef SCORES_ROWS_
 
-/* o[r] = o[r]*corr[r] + sum_{j in [ja, jb)} w[r][j] v_j for PV_ROWS rows, 64 floats of o
- * (d0 .. d0+63, masked at hd) per pass. One FMA chain per (row, 16 lanes), j in order, so a
+/* o[r] = o[r]*corr[r] + sum_{j in [ja, jb)} w[j*ldw + r*ldr] v_j for PV_ROWS rows (the
+ * weights transposed as softmax16 leaves them, ldw = ROWS_MAX and ldr = 1, or row-major as
+ * softmax_row does, ldw = 1 and ldr = KERN_ATTN_TILE), 64 floats of o (d0 .. d0+63, masked at
+ * hd) per pass. One FMA chain per (row, 16 lanes), j in order, so a
  * row's bits do not depend on the rows beside it; weights outside a row's range are 0 and add
  * exactly nothing (v rows in [ja, jb) are rows some row of the call sees: finite). */
 #define PV_ROWS 4
@@ -204,8 +200,8 @@ SCORES_ROWS_(1)
 #define PV_BODY_(LD)                                                                          \
     {                                                                                         \
         PV_LOAD_(0) PV_LOAD_(1) PV_LOAD_(2) PV_LOAD_(3)                                       \
-        const float *vp = vf + ja * ldf + d0;                                                 \
-        for (size_t j = ja; j < jb; j++, vp += ldf) {                                         \
+        const float *vp = vf + ja * ldf + d0, *wp = w + ja * ldw;                             \
+        for (size_t j = ja; j < jb; j++, vp += ldf, wp += ldw) {                              \
             const __m512 v0 = LD(vp, 0), v1 = LD(vp, 1), v2 = LD(vp, 2), v3 = LD(vp, 3);      \
             PV_FMA_(0) PV_FMA_(1) PV_FMA_(2) PV_FMA_(3)                                       \
         }                                                                                     \
@@ -219,7 +215,7 @@ SCORES_ROWS_(1)
     __m512 a##r##3 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m3, o[r] + d0 + 48), c##r);
 #define PV_FMA_(r)                                                                            \
     {                                                                                         \
-        const __m512 wr = _mm512_set1_ps(w##r[j]);                                            \
+        const __m512 wr = _mm512_set1_ps(wp[(r) * ldr]);                                      \
         a##r##0 = _mm512_fmadd_ps(wr, v0, a##r##0);                                           \
         a##r##1 = _mm512_fmadd_ps(wr, v1, a##r##1);                                           \
         a##r##2 = _mm512_fmadd_ps(wr, v2, a##r##2);                                           \
@@ -234,10 +230,10 @@ SCORES_ROWS_(1)
 #define PV_MASKED_(p, c) _mm512_maskz_loadu_ps(m##c, (p) + 16 * (c))
 /* noinline: inlined into tile_rows, its 16 accumulators were spilled to the stack (GCC 12) */
 static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr,
-                                              const float *const *w, size_t ja, size_t jb,
+                                              const float *w, size_t ldw, size_t ldr, size_t ja,
+                                              size_t jb,
                                               const float *vf, size_t ldf, size_t hd)
 {
-    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
     size_t d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64) { /* whole 64-lane slices: plain loads */
         const __mmask16 m0 = 0xffff, m1 = 0xffff, m2 = 0xffff, m3 = 0xffff;
@@ -256,17 +252,17 @@ static __attribute__((noinline)) void pv_rows(float *const *o, const float *corr
 #define PV1_BODY_(LD)                                                                         \
     {                                                                                         \
         PV_LOAD_(0)                                                                           \
-        const float *vp = vf + ja * ldf + d0;                                                 \
-        for (size_t j = ja; j < jb; j++, vp += ldf) {                                         \
+        const float *vp = vf + ja * ldf + d0, *wp = w + ja * ldw;                             \
+        for (size_t j = ja; j < jb; j++, vp += ldf, wp += ldw) {                              \
             const __m512 v0 = LD(vp, 0), v1 = LD(vp, 1), v2 = LD(vp, 2), v3 = LD(vp, 3);      \
             PV_FMA_(0)                                                                        \
         }                                                                                     \
         PV_STORE_(0)                                                                          \
     }
-static void pv_row1(float *const *o, const float *corr, const float *const *w, size_t ja,
+static void pv_row1(float *const *o, const float *corr, const float *w, size_t ldw, size_t ja,
                     size_t jb, const float *vf, size_t ldf, size_t hd)
 {
-    const float *w0 = w[0];
+    const size_t ldr = 0; /* one row: PV_FMA_(0) reads wp[0] */
     size_t d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64) {
         const __mmask16 m0 = 0xffff, m1 = 0xffff, m2 = 0xffff, m3 = 0xffff;
@@ -287,6 +283,127 @@ static void pv_row1(float *const *o, const float *corr, const float *const *w, s
 #undef PV_FULL_
 #undef PV_MASKED_
 
+#define ROWS_MAX 64 /* query rows of one pass (their scores live on the stack) */
+
+/* Groups of fewer rows than this take softmax_row: softmax16's transposes and 16-lane passes
+ * cost about as much as 6 rows' horizontal sums (a decode without GQA has one row). */
+#define SOFTMAX_LANES_MIN 6
+
+/* Did softmax16 (1: weights transposed in wt) or softmax_row (0: row-major in s) take row i
+ * of na active rows? */
+static inline int lanes_layout(size_t na, size_t i)
+{
+    const size_t i0 = i / 16 * 16;
+    return na - i0 >= SOFTMAX_LANES_MIN;
+}
+
+/*
+ * The online-softmax step of one row (scores s [KERN_ATTN_TILE] over [jlo, jb), range
+ * [a, b)): the weights e^(s - m') in place (0 outside the range), *corr = e^(m - m'), m and l.
+ * The session-12 loop, with corr as lane 0 of exp16 (fm_expf's bits, no libm ldexpf call);
+ * softmax16 gives every row the same bits.
+ */
+static void softmax_row(float *s, size_t a, size_t b, float *m, float *l, float *corr,
+                        size_t jlo, size_t jb)
+{
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i va = _mm512_set1_epi32((int)a), vb = _mm512_set1_epi32((int)b);
+    __m512 vmx = _mm512_set1_ps(-INFINITY);
+    for (size_t j = jlo; j < jb; j += 16) {
+        const __m512i vj = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
+        const __mmask16 mk = _mm512_mask_cmplt_epu32_mask(_mm512_cmple_epu32_mask(va, vj), vj, vb);
+        vmx = _mm512_mask_max_ps(vmx, mk, vmx, _mm512_load_ps(s + j));
+    }
+    const float mx = _mm512_reduce_max_ps(vmx);
+    const float mn = *m > mx ? *m : mx;
+    *corr = _mm512_cvtss_f32(exp16(_mm512_set1_ps(*m - mn))); /* 0 on the first tile */
+    __m512 vsum = _mm512_setzero_ps();
+    const __m512 vmn = _mm512_set1_ps(mn);
+    for (size_t j = jlo; j < jb; j += 16) {
+        const __m512i vj = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
+        const __mmask16 mk = _mm512_mask_cmplt_epu32_mask(_mm512_cmple_epu32_mask(va, vj), vj, vb);
+        const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_load_ps(s + j), vmn)));
+        _mm512_store_ps(s + j, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    *l = *l * *corr + _mm512_reduce_add_ps(vsum);
+    *m = mn;
+}
+
+/*
+ * The online-softmax step of active rows i0 .. i0+nr-1 (nr <= 16; row i is query row act[i],
+ * seeing tile positions [ra[i], rb[i])), one row per lane: s [ROWS_MAX][KERN_ATTN_TILE] holds
+ * their scores over [jlo, jb) (row-major, from the score pass); each 16 x 16 block is
+ * transposed so that a position's scores of the 16 rows are one vector. Writes the weights
+ * e^(s - m') (0 outside a row's range) transposed into wt [n][ROWS_MAX] (wt[j*ROWS_MAX + i]),
+ * corr[i] = e^(m - m'), and the rows' m and l.
+ * Same bits as the row-at-a-time loop this replaced (session 19): the maximum is exact in any
+ * order; corr is exp16 of the same m - m' (the scalar fm_expf's bits lane-wise, avx512_exp.h);
+ * the sum of the weights is that loop's: per position lane p the blocks in order from 0
+ * (acc[p] = 0 + e_p + ...), then _mm512_reduce_add_ps's tree (GCC's avx512fintrin.h: lane
+ * p + p+8, then + p+4, then + p+2, then lane 0 + lane 1) on whole vectors; l*corr + sum
+ * rounded twice (no FMA contraction under -std=c11). Why: per row and 16-position span that
+ * loop paid two horizontal reductions and a scalar fm_expf (libm ldexpf), about as many
+ * instructions as the row's 128 multiply-adds (the paged prefill's 16-position spans).
+ */
+static void softmax16(float (*s)[KERN_ATTN_TILE], float *wt, size_t i0, size_t nr,
+                      const size_t *ra, const size_t *rb, const size_t *act, float *m, float *l,
+                      float *corr, size_t jlo, size_t jb)
+{
+    uint32_t a32[16] __attribute__((aligned(64))), b32[16] __attribute__((aligned(64)));
+    float m0[16] __attribute__((aligned(64))), l0[16] __attribute__((aligned(64)));
+    for (size_t r = 0; r < 16; r++) { /* lanes past nr: an empty range, never stored */
+        const int in = r < nr;
+        a32[r] = in ? (uint32_t)ra[i0 + r] : 0;
+        b32[r] = in ? (uint32_t)rb[i0 + r] : 0;
+        m0[r] = in ? m[act[i0 + r]] : 0.0f;
+        l0[r] = in ? l[act[i0 + r]] : 0.0f;
+    }
+    const __m512i va = _mm512_load_si512(a32), vb = _mm512_load_si512(b32);
+    /* pass 1: transposed scores into wt, the rows' maxima over their ranges */
+    __m512 vmx = _mm512_set1_ps(-INFINITY);
+    for (size_t b = jlo; b < jb; b += 16) {
+        __m512 t[16];
+        _Pragma("GCC unroll 16") for (size_t r = 0; r < 16; r++)
+            t[r] = _mm512_load_ps(&s[i0 + r][b]); /* rows past nr: stale, masked below */
+        tr16x16(t);
+        _Pragma("GCC unroll 16") for (size_t p = 0; p < 16; p++) {
+            const __m512i vj = _mm512_set1_epi32((int)(b + p));
+            const __mmask16 mk = _mm512_mask_cmplt_epu32_mask(_mm512_cmple_epu32_mask(va, vj), vj, vb);
+            vmx = _mm512_mask_max_ps(vmx, mk, vmx, t[p]);
+            _mm512_store_ps(wt + (b + p) * ROWS_MAX + i0, t[p]);
+        }
+    }
+    const __m512 vm = _mm512_load_ps(m0);
+    const __m512 mn = _mm512_max_ps(vm, vmx); /* m > mx ? m : mx, as the scalar loop */
+    const __m512 vc = exp16(_mm512_sub_ps(vm, mn)); /* 0 on the first tile (m = -inf) */
+    /* pass 2: weights in place, their per-lane sums over the blocks */
+    __m512 acc[16];
+    _Pragma("GCC unroll 16") for (size_t p = 0; p < 16; p++) acc[p] = _mm512_setzero_ps();
+    for (size_t b = jlo; b < jb; b += 16) {
+        _Pragma("GCC unroll 16") for (size_t p = 0; p < 16; p++) {
+            const __m512i vj = _mm512_set1_epi32((int)(b + p));
+            const __mmask16 mk = _mm512_mask_cmplt_epu32_mask(_mm512_cmple_epu32_mask(va, vj), vj, vb);
+            float *wp = wt + (b + p) * ROWS_MAX + i0;
+            const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_load_ps(wp), mn)));
+            _mm512_store_ps(wp, e);
+            acc[p] = _mm512_add_ps(acc[p], e);
+        }
+    }
+    /* _mm512_reduce_add_ps's tree, a lane per row */
+    _Pragma("GCC unroll 8") for (size_t p = 0; p < 8; p++) acc[p] = _mm512_add_ps(acc[p + 8], acc[p]);
+    _Pragma("GCC unroll 4") for (size_t p = 0; p < 4; p++) acc[p] = _mm512_add_ps(acc[p + 4], acc[p]);
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+    const __m512 vl = _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(l0), vc), sum);
+    _mm512_store_ps(m0, mn);
+    _mm512_store_ps(l0, vl);
+    _mm512_storeu_ps(corr + i0, vc); /* corr has ROWS_MAX entries: lanes past nr unused */
+    for (size_t r = 0; r < nr; r++) {
+        m[act[i0 + r]] = m0[r];
+        l[act[i0 + r]] = l0[r];
+    }
+}
+
 /*
  * The online-softmax update of nq rows over n positions: K row j at k + j*ldk bytes, stored
  * as kf (widened to f32 by transpose_k), V row j at vf + j*ldvf (f32). n <= KERN_ATTN_TILE. Row r sees tile positions
@@ -294,10 +411,10 @@ static void pv_row1(float *const *o, const float *corr, const float *const *w, s
  * this tile's offset in it; NULL: unclipped).
  *
  * Register-blocked: K is transposed 16 positions at a time (once for all rows), the scores of
- * 8 rows x 16 positions are 8 vectors (q broadcast, one FMA per element), the softmax of a
- * row is 16 scores per vector, and o += w v runs 4 rows x 64 lanes per V row loaded.
+ * 8 rows x 16 positions are 8 vectors (q broadcast, one FMA per element), the softmax runs
+ * 16 rows at a time a row per lane (softmax16), and o += w v runs 4 rows x 64 lanes per V row
+ * loaded.
  */
-#define ROWS_MAX 64 /* query rows of one pass (their scores live on the stack) */
 static void tile_rows(const float *const *q, float *const *o, float *m, float *l,
                       const uint32_t *lo, const uint32_t *vis, size_t j0, size_t nq,
                       const void *k, size_t ldk, enum kform kf, const float *vf, size_t ldvf,
@@ -337,49 +454,39 @@ static void tile_rows(const float *const *q, float *const *o, float *m, float *l
         for (; i < na; i++)
             scores_rows1(qa + i, kt, hd, scale, &s[i][b], KERN_ATTN_TILE);
     }
-    /* per row: tile maximum, weights e^(s - m') (0 outside [ra, rb)) and their sum */
+    /* the softmax, 16 rows at a time with a row per lane (softmax16), or a row at a time
+     * (softmax_row) where fewer than SOFTMAX_LANES_MIN rows are left: the same bits */
+    float wt[KERN_ATTN_TILE * ROWS_MAX] __attribute__((aligned(64))); /* [n][ROWS_MAX] */
     float corr[ROWS_MAX];
-    for (size_t i = 0; i < na; i++) {
-        const size_t r = act[i];
-        __m512 vmx = _mm512_set1_ps(-INFINITY);
-        for (size_t j = jlo; j < jb; j += 16) {
-            const __mmask16 mk = span_lanes(j, ra[i], rb[i]);
-            vmx = _mm512_mask_max_ps(vmx, mk, vmx, _mm512_load_ps(&s[i][j]));
-        }
-        const float mx = _mm512_reduce_max_ps(vmx);
-        const float mn = m[r] > mx ? m[r] : mx;
-        corr[i] = fm_expf(m[r] - mn); /* 0 on the first tile (m = -inf) */
-        __m512 vsum = _mm512_setzero_ps();
-        const __m512 vmn = _mm512_set1_ps(mn);
-        for (size_t j = jlo; j < jb; j += 16) {
-            const __mmask16 mk = span_lanes(j, ra[i], rb[i]);
-            const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_load_ps(&s[i][j]), vmn)));
-            _mm512_store_ps(&s[i][j], e);
-            vsum = _mm512_add_ps(vsum, e);
-        }
-        l[r] = l[r] * corr[i] + _mm512_reduce_add_ps(vsum);
-        m[r] = mn;
+    for (size_t i0 = 0; i0 < na; i0 += 16) {
+        const size_t nr = na - i0 < 16 ? na - i0 : 16;
+        if (nr >= SOFTMAX_LANES_MIN)
+            softmax16(s, wt, i0, nr, ra, rb, act, m, l, corr, jlo, jb);
+        else
+            for (size_t i = i0; i < na; i++)
+                softmax_row(s[i], ra[i], rb[i], &m[act[i]], &l[act[i]], &corr[i], jlo, jb);
     }
     /* o = o*corr + sum_j w_j v_j, PV_ROWS rows at a time over the rows' union [ja', jb') */
     size_t i0 = 0;
     for (; i0 + PV_ROWS <= na; i0 += PV_ROWS) {
         float *orow[PV_ROWS];
-        const float *w[PV_ROWS];
-        float c[PV_ROWS];
         size_t pa = n, pb = 0;
         for (size_t t = 0; t < PV_ROWS; t++) {
             orow[t] = o[act[i0 + t]];
-            w[t] = s[i0 + t];
-            c[t] = corr[i0 + t];
             pa = ra[i0 + t] < pa ? ra[i0 + t] : pa;
             pb = rb[i0 + t] > pb ? rb[i0 + t] : pb;
         }
-        pv_rows(orow, c, w, pa, pb, vf, ldvf, hd);
+        if (lanes_layout(na, i0)) /* a PV group never straddles two softmax groups */
+            pv_rows(orow, &corr[i0], wt + i0, ROWS_MAX, 1, pa, pb, vf, ldvf, hd);
+        else
+            pv_rows(orow, &corr[i0], s[i0], 1, KERN_ATTN_TILE, pa, pb, vf, ldvf, hd);
     }
     for (; i0 < na; i0++) { /* the rest one at a time, each over its own range */
         float *orow = o[act[i0]];
-        const float *w = s[i0];
-        pv_row1(&orow, &corr[i0], &w, ra[i0], rb[i0], vf, ldvf, hd);
+        if (lanes_layout(na, i0))
+            pv_row1(&orow, &corr[i0], wt + i0, ROWS_MAX, ra[i0], rb[i0], vf, ldvf, hd);
+        else
+            pv_row1(&orow, &corr[i0], s[i0], 1, ra[i0], rb[i0], vf, ldvf, hd);
     }
 }
 

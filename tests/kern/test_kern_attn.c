@@ -13,7 +13,12 @@
  *    (kern_attn_span and the variants), rows started from sinks that dominate, are negligible
  *    or are of the scores' order (kern_attn_begin_sinks), K/V rows outside every window NaN
  *    (never read), and kern_attn_causal_swa against a double softmax with the sink column and
- *    the window mask (the bound then scales with the weight the positions carry).
+ *    the window mask (the bound then scales with the weight the positions carry);
+ *  - batch invariance bit for bit: each of 64 rows with its own window [lo, vis), fed 16- or
+ *    64-position spans inside one call of 64 rows (the paged prefill's batch), ends with the
+ *    same o, m and l as when it is the only row of its calls, and as inside calls of 23 or 20
+ *    rows (the softmax packs 8 or 16 rows into the lanes of one vector, or takes a few rows
+ *    one at a time: a row must not feel either).
  * The measured maxima are printed.
  */
 #include "testutil.h"
@@ -491,6 +496,76 @@ static void test_causal_swa(void **state)
            kern_isa_name((enum kern_isa)isa), cases, worst);
 }
 
+/*
+ * Batch invariance of the tile kernel, bit for bit: rows with their own windows [lo, vis)
+ * computed 64 to a call (the paged prefill's batch), 23 or 20 to a call, and alone give the same
+ * m, l and o, for 16-position spans (the paged cache's blocks) and 64-position ones.
+ */
+#define INV_ROWS 64
+static void test_tile_rows_invariant(void **state)
+{
+    const size_t isa = isa_case_begin(state)->isa;
+    static const size_t hds[] = {48, 64, 128};
+    static const size_t spans[] = {16, 64};
+    const size_t n = 150;
+    for (size_t t = 0; t < 3; t++)
+        for (size_t ih = 0; ih < sizeof hds / sizeof hds[0]; ih++)
+            for (size_t is = 0; is < 2; is++) {
+                const size_t hd = hds[ih], span = spans[is];
+                struct cache c;
+                cache_init(&c, t, hd, n);
+                float *qb = malloc(INV_ROWS * hd * sizeof(float));
+                float *ob = malloc(4 * INV_ROWS * hd * sizeof(float));
+                assert_non_null(qb);
+                assert_non_null(ob);
+                float m[4][INV_ROWS], l[4][INV_ROWS];
+                uint32_t from[INV_ROWS], lim[INV_ROWS];
+                for (size_t r = 0; r < INV_ROWS; r++) {
+                    for (size_t d = 0; d < hd; d++)
+                        qb[r * hd + d] = frand(-3.0f, 3.0f);
+                    /* a causal limit, some rows with a window start (lo) too */
+                    lim[r] = 1 + (uint32_t)(r * 7 % n);
+                    from[r] = r % 3 == 0 && lim[r] > 20 ? lim[r] - 20 : 0;
+                }
+                /* all 64 rows per call; 23 (16 + 7); 20 (16 + 4: the AVX-512 softmax takes
+                 * groups of 4 a row at a time); one row per call */
+                static const size_t per_call[4] = {INV_ROWS, 23, 20, 1};
+                for (size_t w = 0; w < 4; w++)
+                    for (size_t r0 = 0; r0 < INV_ROWS; r0 += per_call[w]) {
+                        const size_t nr = INV_ROWS - r0 < per_call[w] ? INV_ROWS - r0 : per_call[w];
+                        const float *qr[INV_ROWS];
+                        float *orow[INV_ROWS];
+                        uint32_t lo[INV_ROWS], vis[INV_ROWS];
+                        for (size_t r = 0; r < nr; r++) {
+                            qr[r] = qb + (r0 + r) * hd;
+                            orow[r] = ob + (w * INV_ROWS + r0 + r) * hd;
+                        }
+                        kern_attn_begin(orow, &m[w][r0], &l[w][r0], nr, hd);
+                        for (size_t p = 0; p < n; p += span) {
+                            const size_t len = n - p < span ? n - p : span;
+                            for (size_t r = 0; r < nr; r++) {
+                                const uint32_t b = lim[r0 + r], a = from[r0 + r];
+                                vis[r] = b > p ? (uint32_t)(b - p < len ? b - p : len) : 0;
+                                lo[r] = a > p ? (uint32_t)(a - p) : 0;
+                            }
+                            g_fn[isa][t](qr, orow, &m[w][r0], &l[w][r0], lo, vis, nr,
+                                         at(&c, c.k, p), at(&c, c.v, p), c.ld, len, hd,
+                                         1.0f / sqrtf((float)hd));
+                        }
+                    }
+                for (size_t w = 1; w < 4; w++) {
+                    assert_memory_equal(m[w], m[0], sizeof m[0]);
+                    assert_memory_equal(l[w], l[0], sizeof l[0]);
+                    assert_memory_equal(ob + w * INV_ROWS * hd, ob, INV_ROWS * hd * sizeof(float));
+                }
+                free(qb);
+                free(ob);
+                cache_fini(&c);
+            }
+    printf("attention tile, %-6s: 64 rows with their own windows bit for bit as 23, 20 or 1 per call\n",
+           kern_isa_name((enum kern_isa)isa));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -500,6 +575,7 @@ int main(void)
         ISA_CASE_TESTS(test_tile_window),
         ISA_CASE_TESTS(test_tile_window_unread),
         ISA_CASE_TESTS(test_causal_swa),
+        ISA_CASE_TESTS(test_tile_rows_invariant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
