@@ -837,37 +837,43 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
  * steps are its own, in its order: outputs equal kern_gemm_q8_0_q8_0_avx512's bit for bit.
  * With 1–2 tokens one accumulator would be a chain of 8 dependent vpdpbusd per block, so even
  * and odd groups of 4 columns go to two accumulators (added as integers: still exact).
+ * Each token's block scale and offset correction come from the [block][token] copy the q4_0
+ * tile uses (struct q4p_sc, q4p_gather): one pointer instead of two per token, which beside
+ * the 8 quant pointers overflowed the general registers at 8 tokens.
  * pp: the panel (quant.h: block b's quants at quant_q8p_qoff, scales at quant_q8p_soff);
- * blocks [k0/32, k0/32 + nblk) of its nb.
+ * blocks [k0/32, k0/32 + nblk) of its nb; sc: the token tile's copy (q4p_gather).
  */
+#ifndef Q8P_PF /* bench/kern_bench_ab.sh can set it per side (CFLAGS_A, CFLAGS_B); 0: none */
+#define Q8P_PF 8192 /* software prefetch distance from 2 tokens (bytes of the panel stream) */
+#endif
 INLINE void gemm_q8p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struct kern_act *a,
-                          size_t k0, size_t t, int NT, float *y, size_t ldy, size_t r,
-                          __mmask16 rm, int add)
+                          const struct q4p_sc *sc, size_t k0, size_t t, int NT, float *y,
+                          size_t ldy, size_t r, __mmask16 rm, int add)
 {
-    const size_t cp = a->cp;
     const int split = NT <= 2;
     __m512 facc[GEMM_NT];
     const int8_t *xq[GEMM_NT];
-    const float *xd[GEMM_NT];
-    const int32_t *xs[GEMM_NT];
+    sc += k0 / 32 * (size_t)NT; /* the tile's [block][token] pairs, from block k0/32 */
     UNROLL for (int j = 0; j < NT; j++)
     {
-        size_t tj = t + (size_t)j;
         facc[j] = _mm512_setzero_ps();
-        xq[j] = a->q + tj * a->ld + k0;
-        xd[j] = a->d + (tj * cp + k0) / 32;
-        xs[j] = a->ns32 + (tj * cp + k0) / 32;
+        xq[j] = a->q + (t + (size_t)j) * a->ld + k0;
     }
     for (size_t b = 0; b < nblk; b++) {
-        /* no software prefetch: the panel is one sequential stream, which the hardware
-         * prefetchers follow; 9 prefetches per block 2-16 KiB ahead cost 1.3x the time at
-         * n = 1, on 2 MiB and 4 KiB pages, 1 and 2 threads (docs/PERFORMANCE.md "gpt-oss
-         * decode, session 14") */
         const uint8_t *qb = pp + quant_q8p_qoff(k0 / 32 + b, nb);
+        /* one token: no software prefetch. The panel is one sequential stream, which the
+         * hardware prefetchers follow; 9 prefetches per block 2-16 KiB ahead cost 1.3x the
+         * time at n = 1, on 2 MiB and 4 KiB pages, 1 and 2 threads (docs/PERFORMANCE.md
+         * "gpt-oss decode, session 14"). From 2 tokens the block's compute is long enough for
+         * them to pay (docs/PERFORMANCE.md, "q4_0 and q8_0 panel products at 8 tokens,
+         * session 19"); past the panel's end the stream is the next panel, read next. */
+        if (Q8P_PF && NT >= 2)
+            UNROLL for (int l = 0; l < 9; l++) _mm_prefetch((const char *)qb + Q8P_PF + 64 * l,
+                                                            _MM_HINT_T0);
         __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
         UNROLL for (int j = 0; j < NT; j++)
         {
-            iacc[j] = _mm512_set1_epi32(xs[j][b]);
+            iacc[j] = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
             iacc2[j] = _mm512_setzero_si512();
         }
         UNROLL for (int g = 0; g < 8; g++)
@@ -891,7 +897,8 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struc
         UNROLL for (int j = 0; j < NT; j++)
         {
             __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
-            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd[j][b]));
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
+                                     _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d));
             facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
         }
     }
@@ -973,20 +980,26 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
                                         r0 + h * PANEL < r1 ? r0 + h * PANEL : r1);
         return;
     }
+    /* slot 1 is free under a panel product, as in kern_gemm_q4_0p_q8_0_avx512 */
+    struct q4p_sc *sc = kern__scratch_slot(1, a->n * nb * sizeof *sc);
+    CHECK(sc != NULL);
+    q4p_gather(a, nb, sc);
+    const size_t ntiles = (a->n + GEMM_NT - 1) / GEMM_NT;
     for (size_t r = r0; r < r1; r += PANEL) {
         size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
         __mmask16 rm = (__mmask16)((1u << nr) - 1u);
         const uint8_t *pp = (const uint8_t *)wp + r / PANEL * PANEL * rb;
         /* the same K chunks as gemm_q: the same sums (and the chunk stays in L1 while token
-         * tiles pass over it) */
+         * tiles pass over it); token tiles of near-equal size, q4p_gather's */
         for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
             size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
-            for (size_t t = 0; t < a->n; t += GEMM_NT) {
-                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+            size_t nt;
+            for (size_t t = 0, ti = 0; t < a->n; t += nt, ti++) {
+                nt = q4p_tile_tokens(a->n, t, ti, ntiles);
                 switch (nt) {
 #define CASE_(T)                                                                             \
     case T:                                                                                  \
-        gemm_q8p_tile(pp, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                  \
+        gemm_q8p_tile(pp, nb, kc / 32, a, sc + t * nb, k0, t, T, y, ldy, r, rm, k0 > 0);      \
         break;
                     CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
 #undef CASE_
