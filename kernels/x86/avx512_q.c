@@ -846,68 +846,83 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
 #ifndef Q8P_PF /* bench/kern_bench_ab.sh can set it per side (CFLAGS_A, CFLAGS_B); 0: none */
 #define Q8P_PF 8192 /* software prefetch distance from 2 tokens (bytes of the panel stream) */
 #endif
-INLINE void gemm_q8p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struct kern_act *a,
-                          const struct q4p_sc *sc, size_t k0, size_t t, int NT, float *y,
-                          size_t ldy, size_t r, __mmask16 rm, int add)
+/*
+ * NS = 2: the same tile on two panels at once, pp and pp2 (rows r2, mask rm2), block by block,
+ * so the thread keeps two sequential DRAM streams in flight (kern.h kern_set_panel_streams);
+ * each panel's steps are the NS = 1 tile's, in its order: the same bits. 2 x 8 float
+ * accumulators + 8 int + the weights fit the 32 zmm.
+ */
+INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t nb, size_t nblk,
+                          const struct kern_act *a, const struct q4p_sc *sc, size_t k0, size_t t,
+                          int NT, float *y, size_t ldy, size_t r, __mmask16 rm, size_t r2,
+                          __mmask16 rm2, int add)
 {
     const int split = NT <= 2;
-    __m512 facc[GEMM_NT];
+    const uint8_t *pps[2] = {pp, pp2};
+    __m512 facc[2][GEMM_NT];
     const int8_t *xq[GEMM_NT];
     sc += k0 / 32 * (size_t)NT; /* the tile's [block][token] pairs, from block k0/32 */
     UNROLL for (int j = 0; j < NT; j++)
     {
-        facc[j] = _mm512_setzero_ps();
+        UNROLL for (int u = 0; u < NS; u++) facc[u][j] = _mm512_setzero_ps();
         xq[j] = a->q + (t + (size_t)j) * a->ld + k0;
     }
     for (size_t b = 0; b < nblk; b++) {
-        const uint8_t *qb = pp + quant_q8p_qoff(k0 / 32 + b, nb);
-        /* one token: no software prefetch. The panel is one sequential stream, which the
-         * hardware prefetchers follow; 9 prefetches per block 2-16 KiB ahead cost 1.3x the
-         * time at n = 1, on 2 MiB and 4 KiB pages, 1 and 2 threads (docs/PERFORMANCE.md
-         * "gpt-oss decode, session 14"). From 2 tokens the block's compute is long enough for
-         * them to pay (docs/PERFORMANCE.md, "q4_0 and q8_0 panel products at 8 tokens,
-         * session 19"); past the panel's end the stream is the next panel, read next. */
-        if (Q8P_PF && NT >= 2)
-            UNROLL for (int l = 0; l < 9; l++) _mm_prefetch((const char *)qb + Q8P_PF + 64 * l,
-                                                            _MM_HINT_T0);
-        __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
-        UNROLL for (int j = 0; j < NT; j++)
+        UNROLL for (int u = 0; u < NS; u++)
         {
-            iacc[j] = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
-            iacc2[j] = _mm512_setzero_si512();
-        }
-        UNROLL for (int g = 0; g < 8; g++)
-        {
-            __m512i wv = _mm512_loadu_si512((const void *)(qb + 64 * g));
+            const uint8_t *qb = pps[u] + quant_q8p_qoff(k0 / 32 + b, nb);
+            /* one token: no software prefetch. The panel is one sequential stream, which the
+             * hardware prefetchers follow; 9 prefetches per block 2-16 KiB ahead cost 1.3x
+             * the time at n = 1, on 2 MiB and 4 KiB pages, 1 and 2 threads
+             * (docs/PERFORMANCE.md "gpt-oss decode, session 14"). From 2 tokens the block's
+             * compute is long enough for them to pay (docs/PERFORMANCE.md, "q4_0 and q8_0
+             * panel products at 8 tokens, session 19"); past the panel's end the stream is
+             * the next panel, read next. */
+            if (Q8P_PF && NT >= 2)
+                UNROLL for (int l = 0; l < 9; l++) _mm_prefetch(
+                    (const char *)qb + Q8P_PF + 64 * l, _MM_HINT_T0);
+            __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
             UNROLL for (int j = 0; j < NT; j++)
             {
-                /* the activation dword as vpdpbusd's {1to16} memory operand (dpbusd_bcast):
-                 * GCC emitted set1(load) as a GPR load and a port-5 vpbroadcastd per
-                 * vpdpbusd; at n = 8 folded ran 1.03-1.32x (docs/PERFORMANCE.md "int4
-                 * 8-stream decode against AMX tiles, session 18") */
-                const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
-                if (split && (g & 1))
-                    iacc2[j] = dpbusd_bcast(iacc2[j], wv, x);
-                else
-                    iacc[j] = dpbusd_bcast(iacc[j], wv, x);
+                iacc[j] = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
+                iacc2[j] = _mm512_setzero_si512();
+            }
+            UNROLL for (int g = 0; g < 8; g++)
+            {
+                __m512i wv = _mm512_loadu_si512((const void *)(qb + 64 * g));
+                UNROLL for (int j = 0; j < NT; j++)
+                {
+                    /* the activation dword as vpdpbusd's {1to16} memory operand
+                     * (dpbusd_bcast): GCC emitted set1(load) as a GPR load and a port-5
+                     * vpbroadcastd per vpdpbusd; at n = 8 folded ran 1.03-1.32x
+                     * (docs/PERFORMANCE.md "int4 8-stream decode against AMX tiles, session
+                     * 18") */
+                    const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
+                    if (split && (g & 1))
+                        iacc2[j] = dpbusd_bcast(iacc2[j], wv, x);
+                    else
+                        iacc[j] = dpbusd_bcast(iacc[j], wv, x);
+                }
+            }
+            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
+                (const __m256i *)(pps[u] + quant_q8p_soff(k0 / 32 + b, nb))));
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
+                                         _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d));
+                facc[u][j] = _mm512_fmadd_ps(f, s, facc[u][j]);
             }
         }
-        __m512 s = _mm512_cvtph_ps(
-            _mm256_loadu_si256((const __m256i *)(pp + quant_q8p_soff(k0 / 32 + b, nb))));
-        UNROLL for (int j = 0; j < NT; j++)
-        {
-            __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
-            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
-                                     _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d));
-            facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
-        }
     }
-    UNROLL for (int j = 0; j < NT; j++)
+    const size_t rs[2] = {r, r2};
+    const __mmask16 rms[2] = {rm, rm2};
+    UNROLL for (int u = 0; u < NS; u++) UNROLL for (int j = 0; j < NT; j++)
     {
-        float *yo = y + (t + (size_t)j) * ldy + r;
+        float *yo = y + (t + (size_t)j) * ldy + rs[u];
         if (add)
-            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
-        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+            facc[u][j] = _mm512_add_ps(facc[u][j], _mm512_maskz_loadu_ps(rms[u], yo));
+        _mm512_mask_storeu_ps(yo, rms[u], facc[u][j]);
     }
 }
 
@@ -985,6 +1000,40 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
     CHECK(sc != NULL);
     q4p_gather(a, nb, sc);
     const size_t ntiles = (a->n + GEMM_NT - 1) / GEMM_NT;
+#ifndef Q8P_NS2
+#define Q8P_NS2 1
+#endif
+    if (Q8P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__panel_streams == 2) {
+        /* 2..8 tokens, one token tile: two DRAM streams as at one token, panel i with h + i
+         * (NS = 2); with np odd, h - 1 alone */
+        const size_t np = (r1 - r0 + PANEL - 1) / PANEL, h = (np + 1) / 2;
+        for (size_t i = 0; i < h; i++) {
+            const size_t ra = r0 + i * PANEL, rbb = r0 + (h + i) * PANEL;
+            const int two = i + h < np;
+            const size_t nra = r1 - ra < PANEL ? r1 - ra : PANEL;
+            const size_t nrb = two ? (r1 - rbb < PANEL ? r1 - rbb : PANEL) : 0;
+            const __mmask16 rma = (__mmask16)((1u << nra) - 1u), rmb = (__mmask16)((1u << nrb) - 1u);
+            const uint8_t *pa = (const uint8_t *)wp + ra / PANEL * PANEL * rb;
+            const uint8_t *pb = two ? (const uint8_t *)wp + rbb / PANEL * PANEL * rb : pa;
+            for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+                size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+                switch (a->n * 2 + (size_t)two) {
+#define CASE_(T)                                                                             \
+    case T * 2:                                                                              \
+        gemm_q8p_tile(pa, pa, 1, nb, kc / 32, a, sc, k0, 0, T, y, ldy, ra, rma, 0, 0,        \
+                      k0 > 0);                                                               \
+        break;                                                                               \
+    case T * 2 + 1:                                                                          \
+        gemm_q8p_tile(pa, pb, 2, nb, kc / 32, a, sc, k0, 0, T, y, ldy, ra, rma, rbb, rmb,    \
+                      k0 > 0);                                                               \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+                }
+            }
+        }
+        return;
+    }
     for (size_t r = r0; r < r1; r += PANEL) {
         size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
         __mmask16 rm = (__mmask16)((1u << nr) - 1u);
@@ -999,7 +1048,8 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
                 switch (nt) {
 #define CASE_(T)                                                                             \
     case T:                                                                                  \
-        gemm_q8p_tile(pp, nb, kc / 32, a, sc + t * nb, k0, t, T, y, ldy, r, rm, k0 > 0);      \
+        gemm_q8p_tile(pp, pp, 1, nb, kc / 32, a, sc + t * nb, k0, t, T, y, ldy, r, rm, 0, 0, \
+                      k0 > 0);                                                               \
         break;
                     CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
 #undef CASE_
