@@ -731,6 +731,85 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
     }
 }
 
+/*
+ * gemm_q4p_tile's one-panel tile (NP = 1) on two panels pa, pb far apart (rows ra, rb) block by
+ * block, 1..8 tokens: the thread keeps two sequential DRAM streams in flight (kern.h
+ * kern_set_panel_streams) with the one-panel tile's instructions per panel (its folded
+ * broadcasts, its accumulators), the float sums in registers (2 x NT; with the NT int
+ * accumulators and the nibbles <= 27 zmm). Each panel's steps are the one-panel tile's, in its
+ * order: the same bits. Unlike the two-panel tile (NP = 2, adjacent panels sharing each
+ * broadcast), which measured slower at n = 8 from DRAM (docs/PERFORMANCE.md "int4 wide tile,
+ * session 11").
+ */
+#ifndef Q4P_NS2
+#define Q4P_NS2 1
+#endif
+INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, size_t nblk,
+                            const struct kern_act *a, const struct q4p_sc *sc, size_t k0,
+                            int NT, float *y, size_t ldy, size_t ra, size_t rb, __mmask16 rma,
+                            __mmask16 rmb, int add)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const int split = NT <= 2;
+    const uint8_t *pp[2] = {pa, pb};
+    __m512 facc[2][Q4P_NT];
+    const int8_t *xq[Q4P_NT];
+    sc += k0 / 32 * (size_t)NT;
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        facc[0][j] = facc[1][j] = _mm512_setzero_ps();
+        xq[j] = a->q + (size_t)j * a->ld + k0;
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        UNROLL for (int u = 0; u < 2; u++)
+        {
+            const uint8_t *qb = pp[u] + quant_q4p_qoff(k0 / 32 + b, nb);
+            /* gemm_q4p_tile's prefetch; past a panel's end its stream is the next panel */
+            UNROLL for (int l = 0; l < 5; l++)
+                _mm_prefetch((const char *)qb + Q4P_PF + 64 * l, _MM_HINT_T0);
+            __m512i iacc[Q4P_NT], iacc2[Q4P_NT];
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                iacc[j] = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
+                iacc2[j] = _mm512_setzero_si512();
+            }
+            UNROLL for (int g = 0; g < 4; g++)
+            {
+                __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
+                __m512i lo = _mm512_and_si512(v, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                UNROLL for (int j = 0; j < NT; j++)
+                {
+                    const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
+                    iacc[j] = dpbusd_bcast(iacc[j], lo, x);
+                    if (split)
+                        iacc2[j] = dpbusd_bcast(iacc2[j], hi, x + 16);
+                    else
+                        iacc[j] = dpbusd_bcast(iacc[j], hi, x + 16);
+                }
+            }
+            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
+                (const __m256i *)(pp[u] + quant_q4p_soff(k0 / 32 + b, nb))));
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
+                                         _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d));
+                facc[u][j] = _mm512_fmadd_ps(f, s, facc[u][j]);
+            }
+        }
+    }
+    const size_t rs[2] = {ra, rb};
+    const __mmask16 rms[2] = {rma, rmb};
+    UNROLL for (int u = 0; u < 2; u++) UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (size_t)j * ldy + rs[u];
+        if (add)
+            facc[u][j] = _mm512_add_ps(facc[u][j], _mm512_maskz_loadu_ps(rms[u], yo));
+        _mm512_mask_storeu_ps(yo, rms[u], facc[u][j]);
+    }
+}
+
 /* Token tiles of near-equal size (n = 12: 6 + 6, not 8 + 4): tile ti of ntiles starts at t. */
 INLINE size_t q4p_tile_tokens(size_t n, size_t t, size_t ti, size_t ntiles)
 {
@@ -769,6 +848,37 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
      * DRAM at n = 8, 9): docs/PERFORMANCE.md "int4 wide tile, session 11" */
     const int np_max = a->n >= 16 ? Q4P_NP : 1;
     const size_t ntiles = (a->n + Q4P_NT - 1) / Q4P_NT;
+    if (Q4P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__panel_streams == 2) {
+        /* 1..8 tokens, one token tile: panel i with panel h + i (gemm_q4p_tile2s, two DRAM
+         * streams); with np odd, h - 1 alone (the one-panel tile) */
+        const size_t np = (r1 - r0 + PANEL - 1) / PANEL, h = (np + 1) / 2;
+        for (size_t i = 0; i < h; i++) {
+            const size_t ra = r0 + i * PANEL, rbb = r0 + (h + i) * PANEL;
+            const int two = i + h < np;
+            const size_t nra = r1 - ra < PANEL ? r1 - ra : PANEL;
+            const size_t nrb = two ? (r1 - rbb < PANEL ? r1 - rbb : PANEL) : 0;
+            const __mmask16 rm[Q4P_NP] = {(__mmask16)((1u << nra) - 1u), 0};
+            const __mmask16 rmb = (__mmask16)((1u << nrb) - 1u);
+            const uint8_t *pa = (const uint8_t *)wp + ra / PANEL * pstride;
+            const uint8_t *pb = two ? (const uint8_t *)wp + rbb / PANEL * pstride : pa;
+            for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+                size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+                switch (a->n * 2 + (size_t)two) {
+#define CASE_(T)                                                                             \
+    case T * 2:                                                                              \
+        gemm_q4p_tile(pa, pstride, 1, nb, kc / 32, a, sc, k0, 0, T, y, ldy, ra, rm, k0 > 0); \
+        break;                                                                               \
+    case T * 2 + 1:                                                                          \
+        gemm_q4p_tile2s(pa, pb, nb, kc / 32, a, sc, k0, T, y, ldy, ra, rbb, rm[0], rmb,      \
+                        k0 > 0);                                                             \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+                }
+            }
+        }
+        return;
+    }
     for (size_t r = r0; r < r1; r += (size_t)np_max * PANEL) {
         __mmask16 rm[Q4P_NP] = {0};
         int np = 0;
