@@ -612,7 +612,9 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
  * quant_q4p_qoff, scales at quant_q4p_soff); blocks [k0/32, k0/32 + nblk) of its nb; sc: the
  * token tile's copy (q4p_gather).
  */
+#ifndef Q4P_PF /* bench/kern_bench_ab.sh can set it per side (CFLAGS_A, CFLAGS_B) */
 #define Q4P_PF 8192
+#endif
 #define Q4P_NP 2 /* panels per register tile: each activation broadcast feeds NP vpdpbusd */
 #define Q4P_NT 8 /* tokens per register tile: NP x NT int accumulators */
 /* A token's block scale and offset correction (kern_act.d, .ns32). */
@@ -741,7 +743,7 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
  * broadcast), which measured slower at n = 8 from DRAM (docs/PERFORMANCE.md "int4 wide tile,
  * session 11").
  */
-#ifndef Q4P_NS2
+#ifndef Q4P_NS2 /* 0: the one-stream tiles (bench/kern_bench_ab.sh CFLAGS_A / CFLAGS_B) */
 #define Q4P_NS2 1
 #endif
 INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, size_t nblk,
@@ -845,7 +847,10 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
     /* n < 16 (decode of a few streams, weights from DRAM): one panel per tile. Two measured
      * faster at n = 8 with the weights in cache (1.03-1.10x) but slower in engine_bench's
      * 8-stream decode (0.75-1.07x, 7 alternations under load; session 10 saw 0.8-0.9x from
-     * DRAM at n = 8, 9): docs/PERFORMANCE.md "int4 wide tile, session 11" */
+     * DRAM at n = 8, 9): docs/PERFORMANCE.md "int4 wide tile, session 11". Up to 8 tokens
+     * (one token tile) the one-panel tile runs on two far panels at once instead
+     * (gemm_q4p_tile2s: two DRAM streams, 1.10-1.28x from DRAM at n = 1..8, docs/PERFORMANCE.md
+     * "q4_0 and q8_0 panel products at 8 tokens, session 19") */
     const int np_max = a->n >= 16 ? Q4P_NP : 1;
     const size_t ntiles = (a->n + Q4P_NT - 1) / Q4P_NT;
     if (Q4P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__panel_streams == 2) {
@@ -1110,7 +1115,7 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
     CHECK(sc != NULL);
     q4p_gather(a, nb, sc);
     const size_t ntiles = (a->n + GEMM_NT - 1) / GEMM_NT;
-#ifndef Q8P_NS2
+#ifndef Q8P_NS2 /* 0: one panel at a time from 2 tokens (bench/kern_bench_ab.sh CFLAGS_A / CFLAGS_B) */
 #define Q8P_NS2 1
 #endif
     if (Q8P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__panel_streams == 2) {
