@@ -1115,7 +1115,7 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
     CHECK(sc != NULL);
     q4p_gather(a, nb, sc);
     const size_t ntiles = (a->n + GEMM_NT - 1) / GEMM_NT;
-#ifndef Q8P_NS2 /* 0: one panel at a time from 2 tokens (bench/kern_bench_ab.sh CFLAGS_A / CFLAGS_B) */
+#ifndef Q8P_NS2 /* 0: one panel at a time from 2 tokens (kern_bench_ab.sh CFLAGS_A / _B) */
 #define Q8P_NS2 1
 #endif
     if (Q8P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__panel_streams == 2) {
@@ -1127,7 +1127,8 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
             const int two = i + h < np;
             const size_t nra = r1 - ra < PANEL ? r1 - ra : PANEL;
             const size_t nrb = two ? (r1 - rbb < PANEL ? r1 - rbb : PANEL) : 0;
-            const __mmask16 rma = (__mmask16)((1u << nra) - 1u), rmb = (__mmask16)((1u << nrb) - 1u);
+            const __mmask16 rma = (__mmask16)((1u << nra) - 1u);
+            const __mmask16 rmb = (__mmask16)((1u << nrb) - 1u);
             const uint8_t *pa = (const uint8_t *)wp + ra / PANEL * PANEL * rb;
             const uint8_t *pb = two ? (const uint8_t *)wp + rbb / PANEL * PANEL * rb : pa;
             for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
