@@ -5,7 +5,7 @@
  * bit for bit (a kernel change that keeps the arithmetic must print 0), then the two are timed
  * alternately, ROUNDS times each, and each keeps its best: thread CPU time, so time the
  * scheduler gives other processes on this shared machine is not counted. One markdown row.
- *   usage: kern_bench_ab KIND ROWS COLS N ROUNDS    (KIND: q4p, q4rows, mxv)
+ *   usage: kern_bench_ab KIND ROWS COLS N ROUNDS    (KIND: q4p, q8p, q4rows, mxv)
  * Weights stay in cache for small shapes (the kernels' own speed, not DRAM's) unless
  * KERN_AB_RING_MIB=M is set: then copies of the weights filling >= M MiB are cycled through,
  * so each call streams its weights from DRAM, as decode does.
@@ -21,7 +21,7 @@
 
 typedef void ab_fn(const void *w, const struct kern_act *a, float *y, size_t ldy, size_t r0,
                    size_t r1);
-ab_fn ab_a_q4p, ab_b_q4p, ab_a_q4rows, ab_b_q4rows, ab_a_mxv, ab_b_mxv;
+ab_fn ab_a_q4p, ab_b_q4p, ab_a_q8p, ab_b_q8p, ab_a_q4rows, ab_b_q4rows, ab_a_mxv, ab_b_mxv;
 
 static double cpu_now(void)
 {
@@ -66,17 +66,18 @@ static void *xmalloc(size_t bytes)
 int main(int argc, char **argv)
 {
     if (argc != 6) {
-        fprintf(stderr, "usage: kern_bench_ab q4p|q4rows|mxv ROWS COLS N ROUNDS\n");
+        fprintf(stderr, "usage: kern_bench_ab q4p|q8p|q4rows|mxv ROWS COLS N ROUNDS\n");
         return 2;
     }
     const char *kind = argv[1];
     const size_t rows = strtoul(argv[2], NULL, 10), cols = strtoul(argv[3], NULL, 10),
                  n = strtoul(argv[4], NULL, 10);
     const int rounds = atoi(argv[5]);
-    const int mx = strcmp(kind, "mxv") == 0, panels = strcmp(kind, "q4p") == 0;
+    const int mx = strcmp(kind, "mxv") == 0, q8 = strcmp(kind, "q8p") == 0,
+              panels = q8 || strcmp(kind, "q4p") == 0;
     if ((!mx && !panels && strcmp(kind, "q4rows") != 0) || rows == 0 || n == 0 ||
         cols == 0 || cols % 32 || rounds < 1) {
-        fprintf(stderr, "kern_bench_ab: expected q4p|q4rows|mxv, rows, n, rounds > 0 and "
+        fprintf(stderr, "kern_bench_ab: expected q4p|q8p|q4rows|mxv, rows, n, rounds > 0 and "
                         "cols a multiple of 32\n");
         return 2;
     }
@@ -84,9 +85,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "kern_bench_ab: needs AVX-512 (VNNI)\n");
         return 2;
     }
-    const enum dtype dt = mx ? DT_MXFP4 : DT_Q4_0;
-    /* random blocks: q4_0 an f16 scale in [2^-15, 2^-14), mxfp4 an exponent near 2^-5 */
-    const size_t bb = mx ? 17 : 18, nb = cols / 32, wbytes = rows * nb * bb;
+    const enum dtype dt = mx ? DT_MXFP4 : q8 ? DT_Q8_0 : DT_Q4_0;
+    /* random blocks: q4_0 / q8_0 an f16 scale in [2^-15, 2^-14), mxfp4 an exponent near 2^-5 */
+    const size_t bb = mx ? 17 : q8 ? 34 : 18, nb = cols / 32, wbytes = rows * nb * bb;
     uint8_t *w = xmalloc(wbytes);
     for (size_t i = 0; i < wbytes; i++)
         w[i] = (uint8_t)rnd();
@@ -99,13 +100,13 @@ int main(int argc, char **argv)
         }
     }
     const char *ring = getenv("KERN_AB_RING_MIB");
-    const size_t kbytes = panels ? kern_panels_bytes(DT_Q4_0, rows, cols) : wbytes;
+    const size_t kbytes = panels ? kern_panels_bytes(dt, rows, cols) : wbytes;
     const size_t ncopies = ring ? (strtoul(ring, NULL, 10) << 20) / kbytes + 1 : 1;
     const void **wk = xmalloc(ncopies * sizeof *wk);
     for (size_t c = 0; c < ncopies; c++) {
         void *wc = xmalloc(kbytes);
         if (panels)
-            kern_panels_pack(DT_Q4_0, w, cols, wc, rows, 0, (rows + 15) / 16);
+            kern_panels_pack(dt, w, cols, wc, rows, 0, (rows + 15) / 16);
         else
             memcpy(wc, w, wbytes);
         wk[c] = wc;
@@ -122,8 +123,8 @@ int main(int argc, char **argv)
     struct kern_act a;
     kern_act_init(&a, dt, x, cols, n, xmalloc(abytes + 64));
     kern_act_prepare(&a, 0, n);
-    ab_fn *fa = mx ? ab_a_mxv : panels ? ab_a_q4p : ab_a_q4rows;
-    ab_fn *fb = mx ? ab_b_mxv : panels ? ab_b_q4p : ab_b_q4rows;
+    ab_fn *fa = mx ? ab_a_mxv : q8 ? ab_a_q8p : panels ? ab_a_q4p : ab_a_q4rows;
+    ab_fn *fb = mx ? ab_b_mxv : q8 ? ab_b_q8p : panels ? ab_b_q4p : ab_b_q4rows;
     fa(wk[0], &a, ya, rows, 0, rows);
     fb(wk[0], &a, yb, rows, 0, rows);
     size_t diff = 0;

@@ -6,8 +6,10 @@
 # alternations: the machine is shared) and counts outputs whose bits differ.
 # Usage: bench/kern_bench_ab.sh REV_A REV_B [KIND ROWS COLS N [ROUNDS]]...  (REV "." = the
 #   working tree's file)
-#   KIND: q4p (q4_0 panel GEMM, kern_gemm_q4_0p_q8_0_avx512), q4rows (stored-row q4_0 GEMM),
+#   KIND: q4p (q4_0 panel GEMM, kern_gemm_q4_0p_q8_0_avx512), q8p (q8_0 panel GEMM,
+#         kern_gemm_q8_0p_q8_0_avx512), q4rows (stored-row q4_0 GEMM),
 #         mxv (kern_gemv_mxfp4_q8_0_avx512); with no case given, a default set runs.
+# CFLAGS_A, CFLAGS_B: extra compiler flags for one side (e.g. -DQ8P_PF=0: a knob of the file).
 # Needs a configured build (BUILD_DIR, default build/release) with clocher_kernels built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,20 +28,24 @@ for side in a b; do
   for f in q mxfp4; do
     if [ "$rev" = . ]; then cp kernels/x86/avx512_$f.c "$tmp/${side}_$f.c" # the working tree's file
     else git show "$rev:kernels/x86/avx512_$f.c" > "$tmp/${side}_$f.c"; fi
-    cc "${cflags[@]}" -c "$tmp/${side}_$f.c" -o "$tmp/${side}_$f.o"
+    extra=${CFLAGS_A:-}; [ $side = b ] && extra=${CFLAGS_B:-}
+    # shellcheck disable=SC2086 # the extra flags are words
+    cc "${cflags[@]}" $extra -c "$tmp/${side}_$f.c" -o "$tmp/${side}_$f.o"
   done
   ld -r "$tmp/${side}_q.o" "$tmp/${side}_mxfp4.o" -o "$tmp/$side.o"
   objcopy --redefine-sym kern_gemm_q4_0p_q8_0_avx512=ab_${side}_q4p \
+          --redefine-sym kern_gemm_q8_0p_q8_0_avx512=ab_${side}_q8p \
           --redefine-sym kern_gemm_q4_0_q8_0_avx512=ab_${side}_q4rows \
           --redefine-sym kern_gemv_mxfp4_q8_0_avx512=ab_${side}_mxv \
-          --keep-global-symbol=ab_${side}_q4p --keep-global-symbol=ab_${side}_q4rows \
+          --keep-global-symbol=ab_${side}_q4p --keep-global-symbol=ab_${side}_q8p \
+          --keep-global-symbol=ab_${side}_q4rows \
           --keep-global-symbol=ab_${side}_mxv "$tmp/$side.o"
 done
 cc -O2 -std=c11 -D_GNU_SOURCE -Ikernels/include -Icommon bench/kern_bench_ab.c "$tmp/a.o" "$tmp/b.o" \
    "$build/kernels/libclocher_kernels.a" "$build/common/libclocher_common.a" -lpthread -lm \
    -o "$tmp/ab"
 name() { if [ "$1" = . ]; then echo "working tree"; else git rev-parse --short "$1"; fi; }
-echo "A = $rev_a ($(name "$rev_a")), B = $rev_b ($(name "$rev_b")), 1 thread, thread CPU time; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "A = $rev_a ($(name "$rev_a")) ${CFLAGS_A:-}, B = $rev_b ($(name "$rev_b")) ${CFLAGS_B:-}, 1 thread, thread CPU time; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "| kind | rows x cols | n | A GOP/s | B GOP/s | B / A | outputs whose bits differ |"
 echo "|---|---|---|---|---|---|---|"

@@ -227,8 +227,8 @@ int kern_force_isa(enum kern_isa isa)
     return 0;
 }
 
-/* kern.h kern_set_panel_streams: read by the n = 1 panel kernels (x86/avx512_q.c, _mxfp4.c;
- * the mxfp4 ones up to n = 4) */
+/* kern.h kern_set_panel_streams: read by the few-token panel kernels (x86/avx512_q.c: q8_0 and
+ * q4_0 up to n = 8, one token tile; _mxfp4.c up to n = 4) */
 int kern__panel_streams = 2;
 
 void kern_set_panel_streams(int streams) { kern__panel_streams = streams == 1 ? 1 : 2; }

@@ -55,8 +55,9 @@ enum kern_isa { KERN_ISA_REF = 0, KERN_ISA_AVX2 = 1, KERN_ISA_AVX512 = 2 };
  * Does nothing once the table is filled (by it or kern_force_isa). 0, ERR_UNSUPPORTED when
  * CLOCHER_ISA names a path this CPU lacks, ERR_USAGE when it names none (both logged). */
 int kern_init(void);
-/* DRAM streams per thread of the one-token panel products (q8_0 and mxfp4 panels, AVX-512;
- * mxfp4 panels also at 2-4 tokens, the grouped experts at 8 decode streams):
+/* DRAM streams per thread of the few-token panel products (AVX-512: q8_0 panels at 1-8 tokens,
+ * q4_0 panels at 1-8 tokens, mxfp4 panels at 1-4 tokens, the grouped experts at 8 decode
+ * streams):
  * 2 (default) interleaves two panels half the thread's rows apart, block by block; 1 reads the
  * panels one after another. Same bits either way. kern_init() takes CLOCHER_PANEL_STREAMS=1|2;
  * set it only while no kernel runs (benchmarks and tests compare the two). */

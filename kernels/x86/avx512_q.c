@@ -612,7 +612,9 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
  * quant_q4p_qoff, scales at quant_q4p_soff); blocks [k0/32, k0/32 + nblk) of its nb; sc: the
  * token tile's copy (q4p_gather).
  */
+#ifndef Q4P_PF /* bench/kern_bench_ab.sh can set it per side (CFLAGS_A, CFLAGS_B) */
 #define Q4P_PF 8192
+#endif
 #define Q4P_NP 2 /* panels per register tile: each activation broadcast feeds NP vpdpbusd */
 #define Q4P_NT 8 /* tokens per register tile: NP x NT int accumulators */
 /* A token's block scale and offset correction (kern_act.d, .ns32). */
@@ -731,6 +733,85 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
     }
 }
 
+/*
+ * gemm_q4p_tile's one-panel tile (NP = 1) on two panels pa, pb far apart (rows ra, rb) block by
+ * block, 1..8 tokens: the thread keeps two sequential DRAM streams in flight (kern.h
+ * kern_set_panel_streams) with the one-panel tile's instructions per panel (its folded
+ * broadcasts, its accumulators), the float sums in registers (2 x NT; with the NT int
+ * accumulators and the nibbles <= 27 zmm). Each panel's steps are the one-panel tile's, in its
+ * order: the same bits. Unlike the two-panel tile (NP = 2, adjacent panels sharing each
+ * broadcast), which measured slower at n = 8 from DRAM (docs/PERFORMANCE.md "int4 wide tile,
+ * session 11").
+ */
+#ifndef Q4P_NS2 /* 0: the one-stream tiles (bench/kern_bench_ab.sh CFLAGS_A / CFLAGS_B) */
+#define Q4P_NS2 1
+#endif
+INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, size_t nblk,
+                            const struct kern_act *a, const struct q4p_sc *sc, size_t k0,
+                            int NT, float *y, size_t ldy, size_t ra, size_t rb, __mmask16 rma,
+                            __mmask16 rmb, int add)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const int split = NT <= 2;
+    const uint8_t *pp[2] = {pa, pb};
+    __m512 facc[2][Q4P_NT];
+    const int8_t *xq[Q4P_NT];
+    sc += k0 / 32 * (size_t)NT;
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        facc[0][j] = facc[1][j] = _mm512_setzero_ps();
+        xq[j] = a->q + (size_t)j * a->ld + k0;
+    }
+    for (size_t b = 0; b < nblk; b++) {
+        UNROLL for (int u = 0; u < 2; u++)
+        {
+            const uint8_t *qb = pp[u] + quant_q4p_qoff(k0 / 32 + b, nb);
+            /* gemm_q4p_tile's prefetch; past a panel's end its stream is the next panel */
+            UNROLL for (int l = 0; l < 5; l++)
+                _mm_prefetch((const char *)qb + Q4P_PF + 64 * l, _MM_HINT_T0);
+            __m512i iacc[Q4P_NT], iacc2[Q4P_NT];
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                iacc[j] = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
+                iacc2[j] = _mm512_setzero_si512();
+            }
+            UNROLL for (int g = 0; g < 4; g++)
+            {
+                __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
+                __m512i lo = _mm512_and_si512(v, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                UNROLL for (int j = 0; j < NT; j++)
+                {
+                    const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
+                    iacc[j] = dpbusd_bcast(iacc[j], lo, x);
+                    if (split)
+                        iacc2[j] = dpbusd_bcast(iacc2[j], hi, x + 16);
+                    else
+                        iacc[j] = dpbusd_bcast(iacc[j], hi, x + 16);
+                }
+            }
+            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
+                (const __m256i *)(pp[u] + quant_q4p_soff(k0 / 32 + b, nb))));
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
+                                         _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d));
+                facc[u][j] = _mm512_fmadd_ps(f, s, facc[u][j]);
+            }
+        }
+    }
+    const size_t rs[2] = {ra, rb};
+    const __mmask16 rms[2] = {rma, rmb};
+    UNROLL for (int u = 0; u < 2; u++) UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (size_t)j * ldy + rs[u];
+        if (add)
+            facc[u][j] = _mm512_add_ps(facc[u][j], _mm512_maskz_loadu_ps(rms[u], yo));
+        _mm512_mask_storeu_ps(yo, rms[u], facc[u][j]);
+    }
+}
+
 /* Token tiles of near-equal size (n = 12: 6 + 6, not 8 + 4): tile ti of ntiles starts at t. */
 INLINE size_t q4p_tile_tokens(size_t n, size_t t, size_t ti, size_t ntiles)
 {
@@ -766,9 +847,43 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
     /* n < 16 (decode of a few streams, weights from DRAM): one panel per tile. Two measured
      * faster at n = 8 with the weights in cache (1.03-1.10x) but slower in engine_bench's
      * 8-stream decode (0.75-1.07x, 7 alternations under load; session 10 saw 0.8-0.9x from
-     * DRAM at n = 8, 9): docs/PERFORMANCE.md "int4 wide tile, session 11" */
+     * DRAM at n = 8, 9): docs/PERFORMANCE.md "int4 wide tile, session 11". Up to 8 tokens
+     * (one token tile) the one-panel tile runs on two far panels at once instead
+     * (gemm_q4p_tile2s: two DRAM streams, 1.10-1.28x from DRAM at n = 1..8, docs/PERFORMANCE.md
+     * "q4_0 and q8_0 panel products at 8 tokens, session 19") */
     const int np_max = a->n >= 16 ? Q4P_NP : 1;
     const size_t ntiles = (a->n + Q4P_NT - 1) / Q4P_NT;
+    if (Q4P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__panel_streams == 2) {
+        /* 1..8 tokens, one token tile: panel i with panel h + i (gemm_q4p_tile2s, two DRAM
+         * streams); with np odd, h - 1 alone (the one-panel tile) */
+        const size_t np = (r1 - r0 + PANEL - 1) / PANEL, h = (np + 1) / 2;
+        for (size_t i = 0; i < h; i++) {
+            const size_t ra = r0 + i * PANEL, rbb = r0 + (h + i) * PANEL;
+            const int two = i + h < np;
+            const size_t nra = r1 - ra < PANEL ? r1 - ra : PANEL;
+            const size_t nrb = two ? (r1 - rbb < PANEL ? r1 - rbb : PANEL) : 0;
+            const __mmask16 rm[Q4P_NP] = {(__mmask16)((1u << nra) - 1u), 0};
+            const __mmask16 rmb = (__mmask16)((1u << nrb) - 1u);
+            const uint8_t *pa = (const uint8_t *)wp + ra / PANEL * pstride;
+            const uint8_t *pb = two ? (const uint8_t *)wp + rbb / PANEL * pstride : pa;
+            for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+                size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+                switch (a->n * 2 + (size_t)two) {
+#define CASE_(T)                                                                             \
+    case T * 2:                                                                              \
+        gemm_q4p_tile(pa, pstride, 1, nb, kc / 32, a, sc, k0, 0, T, y, ldy, ra, rm, k0 > 0); \
+        break;                                                                               \
+    case T * 2 + 1:                                                                          \
+        gemm_q4p_tile2s(pa, pb, nb, kc / 32, a, sc, k0, T, y, ldy, ra, rbb, rm[0], rmb,      \
+                        k0 > 0);                                                             \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+                }
+            }
+        }
+        return;
+    }
     for (size_t r = r0; r < r1; r += (size_t)np_max * PANEL) {
         __mmask16 rm[Q4P_NP] = {0};
         int np = 0;
@@ -837,70 +952,92 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
  * steps are its own, in its order: outputs equal kern_gemm_q8_0_q8_0_avx512's bit for bit.
  * With 1–2 tokens one accumulator would be a chain of 8 dependent vpdpbusd per block, so even
  * and odd groups of 4 columns go to two accumulators (added as integers: still exact).
+ * Each token's block scale and offset correction come from the [block][token] copy the q4_0
+ * tile uses (struct q4p_sc, q4p_gather): one pointer instead of two per token, which beside
+ * the 8 quant pointers overflowed the general registers at 8 tokens.
  * pp: the panel (quant.h: block b's quants at quant_q8p_qoff, scales at quant_q8p_soff);
- * blocks [k0/32, k0/32 + nblk) of its nb.
+ * blocks [k0/32, k0/32 + nblk) of its nb; sc: the token tile's copy (q4p_gather).
  */
-INLINE void gemm_q8p_tile(const uint8_t *pp, size_t nb, size_t nblk, const struct kern_act *a,
-                          size_t k0, size_t t, int NT, float *y, size_t ldy, size_t r,
-                          __mmask16 rm, int add)
+#ifndef Q8P_PF /* bench/kern_bench_ab.sh can set it per side (CFLAGS_A, CFLAGS_B); 0: none */
+#define Q8P_PF 8192 /* software prefetch distance from 2 tokens (bytes of the panel stream) */
+#endif
+/*
+ * NS = 2: the same tile on two panels at once, pp and pp2 (rows r2, mask rm2), block by block,
+ * so the thread keeps two sequential DRAM streams in flight (kern.h kern_set_panel_streams);
+ * each panel's steps are the NS = 1 tile's, in its order: the same bits. 2 x 8 float
+ * accumulators + 8 int + the weights fit the 32 zmm.
+ */
+INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t nb, size_t nblk,
+                          const struct kern_act *a, const struct q4p_sc *sc, size_t k0, size_t t,
+                          int NT, float *y, size_t ldy, size_t r, __mmask16 rm, size_t r2,
+                          __mmask16 rm2, int add)
 {
-    const size_t cp = a->cp;
     const int split = NT <= 2;
-    __m512 facc[GEMM_NT];
+    const uint8_t *pps[2] = {pp, pp2};
+    __m512 facc[2][GEMM_NT];
     const int8_t *xq[GEMM_NT];
-    const float *xd[GEMM_NT];
-    const int32_t *xs[GEMM_NT];
+    sc += k0 / 32 * (size_t)NT; /* the tile's [block][token] pairs, from block k0/32 */
     UNROLL for (int j = 0; j < NT; j++)
     {
-        size_t tj = t + (size_t)j;
-        facc[j] = _mm512_setzero_ps();
-        xq[j] = a->q + tj * a->ld + k0;
-        xd[j] = a->d + (tj * cp + k0) / 32;
-        xs[j] = a->ns32 + (tj * cp + k0) / 32;
+        UNROLL for (int u = 0; u < NS; u++) facc[u][j] = _mm512_setzero_ps();
+        xq[j] = a->q + (t + (size_t)j) * a->ld + k0;
     }
     for (size_t b = 0; b < nblk; b++) {
-        /* no software prefetch: the panel is one sequential stream, which the hardware
-         * prefetchers follow; 9 prefetches per block 2-16 KiB ahead cost 1.3x the time at
-         * n = 1, on 2 MiB and 4 KiB pages, 1 and 2 threads (docs/PERFORMANCE.md "gpt-oss
-         * decode, session 14") */
-        const uint8_t *qb = pp + quant_q8p_qoff(k0 / 32 + b, nb);
-        __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
-        UNROLL for (int j = 0; j < NT; j++)
+        UNROLL for (int u = 0; u < NS; u++)
         {
-            iacc[j] = _mm512_set1_epi32(xs[j][b]);
-            iacc2[j] = _mm512_setzero_si512();
-        }
-        UNROLL for (int g = 0; g < 8; g++)
-        {
-            __m512i wv = _mm512_loadu_si512((const void *)(qb + 64 * g));
+            const uint8_t *qb = pps[u] + quant_q8p_qoff(k0 / 32 + b, nb);
+            /* one token: no software prefetch. The panel is one sequential stream, which the
+             * hardware prefetchers follow; 9 prefetches per block 2-16 KiB ahead cost 1.3x
+             * the time at n = 1, on 2 MiB and 4 KiB pages, 1 and 2 threads
+             * (docs/PERFORMANCE.md "gpt-oss decode, session 14"). From 2 tokens the block's
+             * compute is long enough for them to pay (docs/PERFORMANCE.md, "q4_0 and q8_0
+             * panel products at 8 tokens, session 19"); past the panel's end the stream is
+             * the next panel, read next. */
+            if (Q8P_PF && NT >= 2)
+                UNROLL for (int l = 0; l < 9; l++) _mm_prefetch(
+                    (const char *)qb + Q8P_PF + 64 * l, _MM_HINT_T0);
+            __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
             UNROLL for (int j = 0; j < NT; j++)
             {
-                /* the activation dword as vpdpbusd's {1to16} memory operand (dpbusd_bcast):
-                 * GCC emitted set1(load) as a GPR load and a port-5 vpbroadcastd per
-                 * vpdpbusd; at n = 8 folded ran 1.03-1.32x (docs/PERFORMANCE.md "int4
-                 * 8-stream decode against AMX tiles, session 18") */
-                const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
-                if (split && (g & 1))
-                    iacc2[j] = dpbusd_bcast(iacc2[j], wv, x);
-                else
-                    iacc[j] = dpbusd_bcast(iacc[j], wv, x);
+                iacc[j] = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
+                iacc2[j] = _mm512_setzero_si512();
+            }
+            UNROLL for (int g = 0; g < 8; g++)
+            {
+                __m512i wv = _mm512_loadu_si512((const void *)(qb + 64 * g));
+                UNROLL for (int j = 0; j < NT; j++)
+                {
+                    /* the activation dword as vpdpbusd's {1to16} memory operand
+                     * (dpbusd_bcast): GCC emitted set1(load) as a GPR load and a port-5
+                     * vpbroadcastd per vpdpbusd; at n = 8 folded ran 1.03-1.32x
+                     * (docs/PERFORMANCE.md "int4 8-stream decode against AMX tiles, session
+                     * 18") */
+                    const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
+                    if (split && (g & 1))
+                        iacc2[j] = dpbusd_bcast(iacc2[j], wv, x);
+                    else
+                        iacc[j] = dpbusd_bcast(iacc[j], wv, x);
+                }
+            }
+            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
+                (const __m256i *)(pps[u] + quant_q8p_soff(k0 / 32 + b, nb))));
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
+                                         _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d));
+                facc[u][j] = _mm512_fmadd_ps(f, s, facc[u][j]);
             }
         }
-        __m512 s = _mm512_cvtph_ps(
-            _mm256_loadu_si256((const __m256i *)(pp + quant_q8p_soff(k0 / 32 + b, nb))));
-        UNROLL for (int j = 0; j < NT; j++)
-        {
-            __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
-            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(xd[j][b]));
-            facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
-        }
     }
-    UNROLL for (int j = 0; j < NT; j++)
+    const size_t rs[2] = {r, r2};
+    const __mmask16 rms[2] = {rm, rm2};
+    UNROLL for (int u = 0; u < NS; u++) UNROLL for (int j = 0; j < NT; j++)
     {
-        float *yo = y + (t + (size_t)j) * ldy + r;
+        float *yo = y + (t + (size_t)j) * ldy + rs[u];
         if (add)
-            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
-        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+            facc[u][j] = _mm512_add_ps(facc[u][j], _mm512_maskz_loadu_ps(rms[u], yo));
+        _mm512_mask_storeu_ps(yo, rms[u], facc[u][j]);
     }
 }
 
@@ -973,20 +1110,62 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
                                         r0 + h * PANEL < r1 ? r0 + h * PANEL : r1);
         return;
     }
+    /* slot 1 is free under a panel product, as in kern_gemm_q4_0p_q8_0_avx512 */
+    struct q4p_sc *sc = kern__scratch_slot(1, a->n * nb * sizeof *sc);
+    CHECK(sc != NULL);
+    q4p_gather(a, nb, sc);
+    const size_t ntiles = (a->n + GEMM_NT - 1) / GEMM_NT;
+#ifndef Q8P_NS2 /* 0: one panel at a time from 2 tokens (kern_bench_ab.sh CFLAGS_A / _B) */
+#define Q8P_NS2 1
+#endif
+    if (Q8P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__panel_streams == 2) {
+        /* 2..8 tokens, one token tile: two DRAM streams as at one token, panel i with h + i
+         * (NS = 2); with np odd, h - 1 alone */
+        const size_t np = (r1 - r0 + PANEL - 1) / PANEL, h = (np + 1) / 2;
+        for (size_t i = 0; i < h; i++) {
+            const size_t ra = r0 + i * PANEL, rbb = r0 + (h + i) * PANEL;
+            const int two = i + h < np;
+            const size_t nra = r1 - ra < PANEL ? r1 - ra : PANEL;
+            const size_t nrb = two ? (r1 - rbb < PANEL ? r1 - rbb : PANEL) : 0;
+            const __mmask16 rma = (__mmask16)((1u << nra) - 1u);
+            const __mmask16 rmb = (__mmask16)((1u << nrb) - 1u);
+            const uint8_t *pa = (const uint8_t *)wp + ra / PANEL * PANEL * rb;
+            const uint8_t *pb = two ? (const uint8_t *)wp + rbb / PANEL * PANEL * rb : pa;
+            for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
+                size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
+                switch (a->n * 2 + (size_t)two) {
+#define CASE_(T)                                                                             \
+    case T * 2:                                                                              \
+        gemm_q8p_tile(pa, pa, 1, nb, kc / 32, a, sc, k0, 0, T, y, ldy, ra, rma, 0, 0,        \
+                      k0 > 0);                                                               \
+        break;                                                                               \
+    case T * 2 + 1:                                                                          \
+        gemm_q8p_tile(pa, pb, 2, nb, kc / 32, a, sc, k0, 0, T, y, ldy, ra, rma, rbb, rmb,    \
+                      k0 > 0);                                                               \
+        break;
+                    CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
+#undef CASE_
+                }
+            }
+        }
+        return;
+    }
     for (size_t r = r0; r < r1; r += PANEL) {
         size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
         __mmask16 rm = (__mmask16)((1u << nr) - 1u);
         const uint8_t *pp = (const uint8_t *)wp + r / PANEL * PANEL * rb;
         /* the same K chunks as gemm_q: the same sums (and the chunk stays in L1 while token
-         * tiles pass over it) */
+         * tiles pass over it); token tiles of near-equal size, q4p_gather's */
         for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
             size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
-            for (size_t t = 0; t < a->n; t += GEMM_NT) {
-                size_t nt = a->n - t < GEMM_NT ? a->n - t : GEMM_NT;
+            size_t nt;
+            for (size_t t = 0, ti = 0; t < a->n; t += nt, ti++) {
+                nt = q4p_tile_tokens(a->n, t, ti, ntiles);
                 switch (nt) {
 #define CASE_(T)                                                                             \
     case T:                                                                                  \
-        gemm_q8p_tile(pp, nb, kc / 32, a, k0, t, T, y, ldy, r, rm, k0 > 0);                  \
+        gemm_q8p_tile(pp, pp, 1, nb, kc / 32, a, sc + t * nb, k0, t, T, y, ldy, r, rm, 0, 0, \
+                      k0 > 0);                                                               \
         break;
                     CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
 #undef CASE_

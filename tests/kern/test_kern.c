@@ -140,6 +140,15 @@ static const struct variant variants[] = {
 /* The ISA the running test checks (isa_case.h): its variants and its entries. */
 static const struct isa_case *g_case;
 
+/*
+ * The AMX-INT8 panel tiles (panel_kind entries with amx set: x86/amx_q*.c) have their own test
+ * entries (test_q8p_every_n/amxint8, test_q4p_every_n/amxint8): on a CPU or OS without AMX
+ * those skip, counted and printed by the runner, instead of the avx512 entries passing without
+ * having checked them. The AVX-512 ISA with the AMX requirement of isa_case_amxbf16 (the tiles
+ * are enabled together, kern_has_amx_bf16); bf16 = 0, so run_case checks the int8 panels.
+ */
+static const struct isa_case isa_case_amxint8 = {"amxint8", KERN_ISA_AVX512, 0, 1};
+
 /* The running test's variants: its ISA's, the bf16-activation ones in the avx512bf16 test. */
 static int in_case(const struct variant *v)
 {
@@ -289,8 +298,8 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
     for (int st = 1; st <= 2; st++) {
         kern_set_panel_streams(st);
         for (size_t v = 0; v < sizeof k->pv / sizeof k->pv[0]; v++) {
-            if (!k->pv[v].fn || k->pv[v].isa != g_case->isa ||
-                (k->pv[v].amx && !kern_has_amx_bf16()))
+            /* AMX variants in the amxint8 entries only (isa_case_amxint8), the others in theirs */
+            if (!k->pv[v].fn || k->pv[v].isa != g_case->isa || k->pv[v].amx != g_case->amx)
                 continue;
             for (size_t i = 0; i < n * ldy; i++)
                 y[i] = z[i] = SENTINEL;
@@ -369,7 +378,7 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
     char what[160];
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         const struct variant *vr = &variants[v];
-        if (vr->wt != wt || !in_case(vr))
+        if (vr->wt != wt || !in_case(vr) || g_case->amx) /* amxint8: the panel tiles only */
             continue;
         for (size_t i = 0; i < n * ldy; i++) {
             twin[i] = y[i] = SENTINEL;
@@ -388,7 +397,7 @@ static void run_case(enum dtype wt, size_t cols, size_t n)
     }
 
     /* kern_matmul through the dispatcher on the test's ISA; kern_matmul_act on the prepared act */
-    if (!g_case->bf16) {
+    if (!g_case->bf16 && !g_case->amx) {
         const enum kern_isa isa = g_case->isa;
         int bf16_gemm = wt == DT_BF16 && isa == KERN_ISA_AVX512 && kern_has_avx512bf16();
         for (size_t i = 0; i < n * ldy; i++) {
@@ -464,7 +473,8 @@ static void test_matmul_q4_0(void **state)
  * accumulators at 1..2, and a second tile): ragged rows (run_case: 1..40), odd block counts
  * and more than one KC chunk; run_case checks the panels for every q8_0 case (check_panels).
  * Up to 35 for the AMX panel GEMM (x86/amx_q.c: two 16-token tiles and a ragged third, one
- * tile configuration per token count).
+ * tile configuration per token count), which the amxint8 entry checks (a counted skip without
+ * AMX).
  */
 static void test_q8p_every_n(void **state)
 {
@@ -478,7 +488,8 @@ static void test_q8p_every_n(void **state)
  * q4_0 panels at every token count 1..19 (the one-panel tiles of 1..8 tokens, the two-panel
  * wide tiles of 1..8 tokens with an odd last panel, and two and three token tiles): ragged rows,
  * odd block counts and more than one KC chunk; run_case checks that the panel GEMM's bits equal
- * the stored-row GEMM's for every case (check_panels); up to 35 for the AMX tiles as above.
+ * the stored-row GEMM's for every case (check_panels); up to 35 for the AMX tiles as above
+ * (the amxint8 entry).
  */
 static void test_q4p_every_n(void **state)
 {
@@ -990,7 +1001,9 @@ int main(void)
         ISA_CASE_TESTS(test_matmul_q8_0),
         ISA_CASE_TESTS(test_matmul_q4_0),
         ISA_CASE_TESTS(test_q8p_every_n),
+        ISA_CASE_TEST(test_q8p_every_n, isa_case_amxint8),
         ISA_CASE_TESTS(test_q4p_every_n),
+        ISA_CASE_TEST(test_q4p_every_n, isa_case_amxint8),
         ISA_CASE_TESTS(test_matmul_large),
         ISA_CASE_TEST(test_matmul_large, isa_case_avx512bf16),
         ISA_CASE_TESTS(test_matmul_bf16_decode),
