@@ -119,6 +119,15 @@ static int amx_wanted(void)
     return !(s && strcmp(s, "0") == 0);
 }
 
+/* CLOCHER_AMX_QBF16=0 keeps the q4_0/q8_0 bf16 tile product (x86/amx_qbf16.c) off while the
+ * other AMX kernels stay on: tiles_min_n 0, so no activations get the bf16 tiles (kern.h). For
+ * A/B runs of (a) against (b) in one binary (docs/PERFORMANCE.md, session 19, s19-amxb2). */
+static int qbf16_wanted(void)
+{
+    const char *s = getenv("CLOCHER_AMX_QBF16");
+    return !(s && strcmp(s, "0") == 0);
+}
+
 int kern_isa_supported(enum kern_isa isa)
 {
     struct cpu_feats f = cpu_feats();
@@ -200,8 +209,11 @@ static void fill_table(enum kern_isa isa)
         ops.type[dt] = tt->isa[isa];
         if (bf16)
             overlay(&ops.type[dt], &tt->bf16);
-        if (amx)
+        if (amx) {
             overlay(&ops.type[dt], &tt->amx);
+            if (!qbf16_wanted())
+                ops.type[dt].tiles_min_n = 0;
+        }
     }
     ops.amx = amx;
     kern__ops = ops;

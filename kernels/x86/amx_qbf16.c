@@ -28,11 +28,16 @@
  *     q * d are never denormal (|q| >= 1, d an f16), so the instruction's denormal flush
  *     never applies and its rounding equals half_f32_to_bf16's.
  *   C tiles: 16 tokens x 16 rows f32, 2 x 2 in flight (32 tokens x 32 rows: 2 A + 2 B loads
- *     per 4 tdpbf16ps), loaded from and stored to a C buffer [npad][RC + 16] f32 per K chunk,
- *     copied to y once per row chunk (so ragged rows and tokens need no masks in the loop).
+ *     per 4 tdpbf16ps), loaded from and stored to a C buffer [npad][RC + 16] f32 per K chunk;
+ *     on the last K chunk the tiles wholly inside y (whole token tiles, whole panels) are
+ *     stored there, and only the ragged rest goes through the buffer (no masks in the loop).
  * Blocking: the thread's rows in chunks of RC rows; per chunk, K in chunks of KC columns: the
- * chunk's panels are dequantized (RC x KC bf16, L2), then every token pair of the call runs
- * over each panel pair (2 x KC/32 KiB of B tiles, L1) with C in the buffer (n x RC f32, L2).
+ * chunk's panels are dequantized (RC x KC bf16 = 256 KiB, L2), then each token pair's A tiles
+ * (2 x KC/32 KiB, L1) run over every panel pair, whose B tiles stream from L2 in address order.
+ * Session 19 (s19-amxb2, docs/PERFORMANCE.md) measured this order against session 18's
+ * (panel pair outer, token pairs streaming A from L2, KC 512, RC 256; same bits): ~1.15-1.2x
+ * on one thread when the AMX unit is not the limit (tile loads from L2 stall the tile loop:
+ * the loop with A pinned in L1 ran ~1.2x faster, software prefetch of A did not help).
  */
 #include "internal.h"
 
@@ -51,10 +56,10 @@
 #define TT 16               /* tokens per tile */
 #define PANEL 16            /* rows per panel / per B tile column */
 #ifndef KC
-#define KC 512 /* columns per K chunk: a panel pair's bf16 B tiles (2 x KC/32 KiB) stay in L1 */
+#define KC 256 /* columns per K chunk: a token pair's A tiles (2 x KC/32 KiB) stay in L1 */
 #endif
 #ifndef RC
-#define RC 256 /* rows per row chunk (multiple of 32): its C sums (n x RC f32) stay in L2 */
+#define RC 512 /* rows per row chunk (multiple of 32): its bf16 panels (RC x KC) stay in L2 */
 #endif
 
 /* Tiles 0-3: C, 4-5: A, 6-7: B; every tile 16 rows x 64 bytes. */
@@ -173,7 +178,8 @@ void kern__act_tiles_amx(const struct kern_act *a, size_t t0, size_t t1)
  * Tiles: C[token tile i][panel j] = tile 2i + j.
  */
 INLINE void block(int NT, int MR, const uint8_t *xa, size_t lda, const uint8_t *w0,
-                  size_t wstride, size_t ks, float *c, size_t ldc, int first)
+                  size_t wstride, size_t ks, float *c, size_t ldc, int first, float *out,
+                  size_t ldo)
 {
     uint8_t *c8 = (uint8_t *)c;
     if (first) {
@@ -210,6 +216,10 @@ INLINE void block(int NT, int MR, const uint8_t *xa, size_t lda, const uint8_t *
             if (MR == 2)
                 _tile_dpbf16ps(3, 5, 7);
         }
+    }
+    if (out) { /* the last K chunk of tiles wholly inside y: straight there */
+        c8 = (uint8_t *)out;
+        ldc = ldo;
     }
     _tile_stored(0, c8, (long)ldc);
     if (MR == 2)
@@ -251,7 +261,7 @@ static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act 
     uint8_t *wb = scratch + abytes;
     float *cb = (float *)(void *)(wb + wbytes);
     tiles_config();
-    const size_t ldc = ldc_el * 4;
+    const size_t ldc = ldc_el * 4, ldo = ldy * sizeof(float);
     for (size_t rc = r0; rc < r1; rc += RC) {
         const size_t nr = r1 - rc < RC ? r1 - rc : RC, np = (nr + PANEL - 1) / PANEL;
         const uint8_t *pp = (const uint8_t *)wp + rc / PANEL * pstride;
@@ -263,29 +273,42 @@ static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act 
             /* token tile i's step s at xk + (i * nb + s) * 1024 bytes */
             const uint8_t *xk = (const uint8_t *)(xa + b0 * 512);
             const size_t lda = nb * 1024; /* bytes between token tiles */
-            size_t p = 0;
-            for (; p + 2 <= np; p += 2) {
-                size_t t = 0;
-                for (; t + 2 * TT <= npad; t += 2 * TT)
-                    block(2, 2, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
-                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
-                if (t < npad)
-                    block(1, 2, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
-                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
-            }
-            if (p < np) {
-                size_t t = 0;
-                for (; t + 2 * TT <= npad; t += 2 * TT)
-                    block(2, 1, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
-                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
-                if (t < npad)
-                    block(1, 1, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
-                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
+            const int first = b0 == 0, last = b0 + ks == nb;
+            /* a token pair's A tiles (2 x KC/32 KiB) stay in L1 over all the chunk's panels,
+             * which stream from L2 in address order (the panels' bf16 tiles are contiguous) */
+            for (size_t t = 0; t < npad; t += 2 * TT) {
+                const int nt = t + 2 * TT <= npad ? 2 : 1;
+                const uint8_t *xt = xk + t / TT * lda;
+                for (size_t p = 0; p < np; p += 2) {
+                    const int mr = p + 2 <= np ? 2 : 1;
+                    /* the last chunk stores tiles wholly inside y (rows and tokens) there */
+                    float *out = last && (p + (size_t)mr) * PANEL <= nr &&
+                                         t + (size_t)nt * TT <= n
+                                     ? y + t * ldy + rc + p * PANEL
+                                     : NULL;
+                    const uint8_t *w = wb + p * wpanel;
+                    float *c = cb + t * ldc_el + p * PANEL;
+                    if (nt == 2 && mr == 2)
+                        block(2, 2, xt, lda, w, wpanel, ks, c, ldc, first, out, ldo);
+                    else if (nt == 2)
+                        block(2, 1, xt, lda, w, wpanel, ks, c, ldc, first, out, ldo);
+                    else if (mr == 2)
+                        block(1, 2, xt, lda, w, wpanel, ks, c, ldc, first, out, ldo);
+                    else
+                        block(1, 1, xt, lda, w, wpanel, ks, c, ldc, first, out, ldo);
+                }
             }
         }
-        /* the chunk's sums out to y: rows [rc, rc + nr), tokens [0, n) */
-        for (size_t t = 0; t < n; t++)
-            memcpy(y + t * ldy + rc, cb + t * ldc_el, nr * sizeof(float));
+        /* what the last chunk left in the buffer out to y: the rows of the panels past the
+         * last whole one (or pair) for the tokens stored directly, every row for the rest
+         * (the ragged token tile: the same conditions as above, so exactly the complement) */
+        const size_t rd = nr / PANEL / 2 * 2 * PANEL + (np % 2 && nr % PANEL == 0 ? PANEL : 0);
+        const size_t td = n / (2 * TT) * 2 * TT + (npad / TT % 2 && n % TT == 0 ? TT : 0);
+        for (size_t t = 0; t < n; t++) {
+            const size_t c0 = t < td ? rd : 0;
+            if (c0 < nr)
+                memcpy(y + t * ldy + rc + c0, cb + t * ldc_el + c0, (nr - c0) * sizeof(float));
+        }
     }
     _tile_release();
 }
