@@ -314,6 +314,12 @@ void kern_matmul_act(const void *w, const struct kern_act *a, float *y, size_t l
 {
     if (r0 >= r1 || a->n == 0)
         return;
+    if (!a->q && a->xt) {
+        /* rows-stored q4_0/q8_0 weights on activations prepared for the panels' bf16 tiles,
+         * which carry no int8 blocks (act.c act_layout): quantized here, per call */
+        kern__ops.matmul(a->wt, w, a->cols, a->x, a->n, y, ldy, r0, r1);
+        return;
+    }
     const struct kern__type_ops *o = &kern__ops.type[a->wt];
     (a->n >= o->gemm_min_n ? o->gemm : o->gemv)(w, a, y, ldy, r0, r1);
 }

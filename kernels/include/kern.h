@@ -129,7 +129,8 @@ struct kern_act {
     uint16_t *xt;    /* [npad/16][cols/32][16][32] x rounded to bf16 (act.c's rounding), tokens
                         n..npad (npad = n rounded up to 16) zero, 1 KiB per 16 x 32 tile: the
                         AMX-BF16 q4_0/q8_0 panel product's A tiles. Only with
-                        KERN_ACT_BF16_TILES and from the type's tile threshold (NULL if unused) */
+                        KERN_ACT_BF16_TILES and from the type's tile threshold (NULL if unused);
+                        then q, d, ns4, ns32 and d4 are NULL (act.c: nothing reads them) */
 };
 
 /*

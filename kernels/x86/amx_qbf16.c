@@ -244,11 +244,11 @@ static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act 
     const size_t abytes = a->xt ? 0 : npad * cols * 2, wbytes = RC / PANEL * wpanel,
                  cbytes = npad * ldc_el * 4;
     uint8_t *scratch = kern__scratch_slot(1, abytes + wbytes + cbytes);
-    if (!scratch) {
+    if (!scratch) { /* out of memory: the twin needs none (and reads x: xt acts have no q) */
         if (qt == Q4)
-            kern_gemm_q4_0p_q8_0_avx512(wp, a, y, ldy, r0, r1);
+            kern_gemm_q4_0p_bf16_ref(wp, a, y, ldy, r0, r1);
         else
-            kern_gemm_q8_0p_q8_0_avx512(wp, a, y, ldy, r0, r1);
+            kern_gemm_q8_0p_bf16_ref(wp, a, y, ldy, r0, r1);
         return;
     }
     const uint16_t *xa = a->xt;

@@ -843,6 +843,8 @@ static void test_amx_qbf16_gemm(void **state)
  * (two threads' shards) over a buffer of garbage, so the padding tokens must be zeroed by the
  * range that ends at n. Below 128 tokens, or without the flag (the invariant switch), no xt
  * and the int8 product's bits (the AVX-512 VNNI panel kernel's). CLOCHER_AMX=0: no xt either.
+ * With xt the act has no int8 blocks (q == NULL: the quantization is skipped), and the
+ * rows-stored product on it (kern_matmul_act) still gives the int8 rows product's bits.
  */
 static void test_amx_qbf16_dispatch(void **state)
 {
@@ -876,6 +878,9 @@ static void test_amx_qbf16_dispatch(void **state)
                 kern_act_prepare(&at, n / 2, n);
                 assert_null(a.xt);
                 assert_true((at.xt != NULL) == (n >= 128));
+                /* with xt, no int8 blocks: nothing may read them (act.c act_layout) */
+                assert_true((at.q == NULL) == (n >= 128));
+                assert_true(at.q || (!at.d && !at.ns4 && !at.ns32 && !at.d4));
                 float *y = filled(n * ldy), *want = filled(n * ldy);
                 kern_matmul_act_panels(wt, wp, &at, y, ldy, 0, rows);
                 if (n >= 128)
@@ -889,6 +894,11 @@ static void test_amx_qbf16_dispatch(void **state)
                 kern_matmul_act_panels(wt, wp, &a, y, ldy, 0, rows);
                 (q8 ? kern_gemm_q8_0p_q8_0_avx512 : kern_gemm_q4_0p_q8_0_avx512)(wp, &a, want,
                                                                                  ldy, 0, rows);
+                assert_memory_equal(y, want, n * ldy * sizeof(float));
+                /* rows-stored weights (CLOCHER_Q4_PANELS=0) on the flagged act: kern_matmul_act
+                 * quantizes x itself when xt left no int8 blocks; the int8 rows product's bits */
+                kern_matmul_act(w, &at, y, ldy, 0, rows);
+                kern_matmul_act(w, &a, want, ldy, 0, rows);
                 assert_memory_equal(y, want, n * ldy * sizeof(float));
                 if (n >= 128) { /* and (b) close to its twin (test_amx_qbf16_gemm's bound) */
                     float *twin = filled(n * ldy), *tol = filled(n * ldy);
