@@ -120,12 +120,18 @@ static int amx_wanted(void)
 }
 
 /* CLOCHER_AMX_QBF16=0 keeps the q4_0/q8_0 bf16 tile product (x86/amx_qbf16.c) off while the
- * other AMX kernels stay on: tiles_min_n 0, so no activations get the bf16 tiles (kern.h). For
- * A/B runs of (a) against (b) in one binary (docs/PERFORMANCE.md, session 19, s19-amxb2). */
-static int qbf16_wanted(void)
+ * other AMX kernels stay on: tiles_min_n 0, so no activations get the bf16 tiles (kern.h);
+ * CLOCHER_AMX_QBF16=N (N > 0) moves its threshold (traits.c AMX_QBF16_MIN_N) to N tokens.
+ * For A/B runs of (a) against (b) in one binary and for measuring (b) on small products
+ * (docs/PERFORMANCE.md, session 19, s19-amxb2). Returns the threshold to use, or -1 (unset). */
+static long qbf16_min_n(void)
 {
     const char *s = getenv("CLOCHER_AMX_QBF16");
-    return !(s && strcmp(s, "0") == 0);
+    if (!s || !*s)
+        return -1;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return *end == '\0' && v >= 0 ? v : -1;
 }
 
 int kern_isa_supported(enum kern_isa isa)
@@ -211,8 +217,9 @@ static void fill_table(enum kern_isa isa)
             overlay(&ops.type[dt], &tt->bf16);
         if (amx) {
             overlay(&ops.type[dt], &tt->amx);
-            if (!qbf16_wanted())
-                ops.type[dt].tiles_min_n = 0;
+            const long qmin = qbf16_min_n();
+            if (qmin >= 0 && ops.type[dt].tiles_min_n)
+                ops.type[dt].tiles_min_n = (size_t)qmin;
         }
     }
     ops.amx = amx;
