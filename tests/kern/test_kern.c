@@ -842,8 +842,8 @@ static void test_amx_qbf16_gemm(void **state)
  * same order), within the summation bound of the ref twin. xt prepared in two token ranges
  * (two threads' shards) over a buffer of garbage, so the padding tokens must be zeroed by the
  * range that ends at n. Below 128 tokens, or without the flag (the invariant switch), no xt
- * and the int8 product's bits (the AVX-512 VNNI panel kernel's). CLOCHER_AMX=0: no xt either.
- * With xt the act has no int8 blocks (q == NULL: the quantization is skipped), and the
+ * and the int8 product's bits (the AVX-512 VNNI panel kernel's). CLOCHER_AMX=0: no xt either;
+ * CLOCHER_AMX_QBF16=0 neither, CLOCHER_AMX_QBF16=N moves the threshold to N. With xt the act has no int8 blocks (q == NULL: the quantization is skipped), and the
  * rows-stored product on it (kern_matmul_act) still gives the int8 rows product's bits.
  */
 static void test_amx_qbf16_dispatch(void **state)
@@ -932,6 +932,21 @@ static void test_amx_qbf16_dispatch(void **state)
                     assert_int_equal(kern_act_bytes_ex(wt, cols, n, KERN_ACT_BF16_TILES, &b0), 0);
                     assert_int_equal(b0, bytes);
                     assert_int_equal(unsetenv("CLOCHER_AMX"), 0);
+                    /* CLOCHER_AMX_QBF16=0: AMX on, (b) off; =N: (b) from N tokens */
+                    assert_int_equal(setenv("CLOCHER_AMX_QBF16", "0", 1), 0);
+                    assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
+                    assert_true(kern_amx_active());
+                    assert_int_equal(kern_act_bytes_ex(wt, cols, n, KERN_ACT_BF16_TILES, &b0), 0);
+                    assert_int_equal(b0, bytes);
+                    assert_int_equal(setenv("CLOCHER_AMX_QBF16", "161", 1), 0);
+                    assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
+                    assert_int_equal(kern_act_bytes_ex(wt, cols, n, KERN_ACT_BF16_TILES, &b0), 0);
+                    assert_int_equal(b0, bytes); /* 160 < 161 */
+                    assert_int_equal(setenv("CLOCHER_AMX_QBF16", "160", 1), 0);
+                    assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
+                    assert_int_equal(kern_act_bytes_ex(wt, cols, n, KERN_ACT_BF16_TILES, &b0), 0);
+                    assert_int_equal(b0, tbytes);
+                    assert_int_equal(unsetenv("CLOCHER_AMX_QBF16"), 0);
                     assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
                     assert_true(kern_amx_active());
                 }
