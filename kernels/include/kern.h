@@ -142,6 +142,9 @@ struct kern_act {
  * invariant: a token's outputs then depend on how many tokens share the call. Callers that
  * promise batch invariance (worker/model/matmul.c with its invariant switch) leave it unset.
  * Without it (kern_act_bytes / kern_act_init) every quantized product keeps its int8 bits.
+ * The environment, read when the dispatch table is filled (kern_init / kern_force_isa):
+ * CLOCHER_AMX=0 or CLOCHER_AMX_QBF16=0 turn the tiles off (the flag then lays out nothing
+ * more), CLOCHER_AMX_QBF16=N moves the 128-token threshold to N (measurements).
  */
 enum { KERN_ACT_BF16_TILES = 1u };
 
