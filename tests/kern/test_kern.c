@@ -844,7 +844,8 @@ static void test_amx_qbf16_gemm(void **state)
  * range that ends at n. Below 128 tokens, or without the flag (the invariant switch), no xt
  * and the int8 product's bits (the AVX-512 VNNI panel kernel's). CLOCHER_AMX=0: no xt either;
  * CLOCHER_AMX_QBF16=0 neither, CLOCHER_AMX_QBF16=N moves the threshold to N. With xt the act has no int8 blocks (q == NULL: the quantization is skipped), and the
- * rows-stored product on it (kern_matmul_act) still gives the int8 rows product's bits.
+ * rows-stored product on it (kern_matmul_act) still gives the int8 rows product's bits. And
+ * (b) gives a token the same bits whatever else shares its call (only the threshold switches).
  */
 static void test_amx_qbf16_dispatch(void **state)
 {
@@ -922,6 +923,29 @@ static void test_amx_qbf16_dispatch(void **state)
                     }
                     check_close("dispatched bf16 tiles vs the twin", y, twin, tol, n, ldy, 0,
                                 rows, cols);
+                    /* (b) itself gives a token the same bits whatever shares its call (each C
+                     * row sums the same K steps in the same order; padding rows are zero):
+                     * the last k tokens alone, rounded per call, give the rows of the n-token
+                     * product (docs/PERFORMANCE.md session 19, s19-amxb2) */
+                    static const size_t ks[] = {1, 17};
+                    for (size_t ki = 0; ki < 2; ki++) {
+                        const size_t k = ks[ki], t0 = n - k;
+                        size_t sb;
+                        assert_int_equal(kern_act_bytes(wt, cols, k, &sb), 0);
+                        void *sbuf = aligned_alloc(64, (sb + 63) / 64 * 64);
+                        assert_non_null(sbuf);
+                        struct kern_act as;
+                        kern_act_init(&as, wt, x + t0 * cols, cols, k, sbuf);
+                        kern_act_prepare(&as, 0, k);
+                        float *ys = filled(k * ldy);
+                        (q8 ? kern_gemm_q8_0p_bf16_amx : kern_gemm_q4_0p_bf16_amx)(wp, &as, ys,
+                                                                                 ldy, 0, rows);
+                        for (size_t t = 0; t < k; t++)
+                            assert_memory_equal(ys + t * ldy, y + (t0 + t) * ldy,
+                                                rows * sizeof(float));
+                        free(ys);
+                        free(sbuf);
+                    }
                     free(tol);
                     free(twin);
                 }
