@@ -14,6 +14,7 @@
  * count of AMX-INT8 outputs whose bits differ from VNNI's (must be 0).
  *   usage: amxq_bench q4|q8 ROWS COLS N THREADS ROUNDS
  */
+#include "bench_util.h"
 #include "dtype.h"
 #include "kern.h"
 #include "kern_variants.h"
@@ -24,33 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static uint64_t g_rng = 88172645463325252ull;
-static uint32_t rnd(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 11);
-}
-
-static double cpu_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!p) {
-        fprintf(stderr, "amxq_bench: out of memory\n");
-        exit(1);
-    }
-    return p;
-}
+static uint32_t rnd(void) { return bench_xorshift(&g_rng); }
 
 struct job {
     kern_mm_fn *f;
@@ -71,18 +48,12 @@ static void *worker(void *p)
         pthread_barrier_wait(j->start);
         if (j->quit)
             return NULL;
-        double t0 = cpu_now();
+        double t0 = bench_thread_cpu();
         for (int i = 0; i < j->iters; i++)
             j->f(j->w, j->a, j->y, j->rows, j->r0, j->r1);
-        j->cpu = cpu_now() - t0;
+        j->cpu = bench_thread_cpu() - t0;
         pthread_barrier_wait(j->done);
     }
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 int main(int argc, char **argv)
@@ -101,29 +72,29 @@ int main(int argc, char **argv)
     }
     const enum dtype dt = q8 ? DT_Q8_0 : DT_Q4_0;
     const size_t bb = q8 ? 34 : 18, nb = cols / 32, wbytes = rows * nb * bb;
-    uint8_t *w = xmalloc(wbytes);
+    uint8_t *w = bench_xmalloc("amxq_bench", wbytes);
     for (size_t i = 0; i < wbytes; i++)
         w[i] = (uint8_t)rnd();
     for (size_t b = 0; b < rows * nb; b++) {
         uint16_t d = (uint16_t)(0x2000 + (rnd() & 0x3ff));
         memcpy(w + b * bb, &d, 2);
     }
-    void *wp = xmalloc(kern_panels_bytes(dt, rows, cols));
+    void *wp = bench_xmalloc("amxq_bench", kern_panels_bytes(dt, rows, cols));
     kern_panels_pack(dt, w, cols, wp, rows, 0, (rows + 15) / 16);
-    float *x = xmalloc(n * cols * sizeof *x);
+    float *x = bench_xmalloc("amxq_bench", n * cols * sizeof *x);
     for (size_t i = 0; i < n * cols; i++)
         x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
     size_t abytes;
     if (kern_act_bytes(dt, cols, n, &abytes) != 0)
         return 2;
     struct kern_act a;
-    kern_act_init(&a, dt, x, cols, n, xmalloc(abytes + 64));
+    kern_act_init(&a, dt, x, cols, n, bench_xmalloc("amxq_bench", abytes + 64));
     kern_act_prepare(&a, 0, n);
     size_t tbytes;
     if (kern_act_bytes_ex(dt, cols, n, KERN_ACT_BF16_TILES, &tbytes) != 0)
         return 2;
     struct kern_act at; /* with the bf16 tiles (xt) from the threshold on */
-    kern_act_init_ex(&at, dt, x, cols, n, KERN_ACT_BF16_TILES, xmalloc(tbytes + 64));
+    kern_act_init_ex(&at, dt, x, cols, n, KERN_ACT_BF16_TILES, bench_xmalloc("amxq_bench", tbytes + 64));
     kern_act_prepare(&at, 0, n);
     enum { NK = 4 };
     kern_mm_fn *fs[NK] = {q8 ? kern_gemm_q8_0p_q8_0_avx512 : kern_gemm_q4_0p_q8_0_avx512,
@@ -133,7 +104,7 @@ int main(int argc, char **argv)
     const struct kern_act *as[NK] = {&a, &a, &a, &at};
     float *ys[NK];
     for (int k = 0; k < NK; k++)
-        ys[k] = xmalloc(n * rows * sizeof(float));
+        ys[k] = bench_xmalloc("amxq_bench", n * rows * sizeof(float));
     pthread_barrier_t start, done;
     pthread_barrier_init(&start, NULL, (unsigned)nth + 1);
     pthread_barrier_init(&done, NULL, (unsigned)nth + 1);
@@ -189,7 +160,7 @@ int main(int argc, char **argv)
     }
     double med[NK];
     for (int k = 0; k < NK; k++) {
-        qsort(t[k], (size_t)rounds, sizeof(double), cmpd);
+        qsort(t[k], (size_t)rounds, sizeof(double), bench_cmp_double);
         med[k] = t[k][rounds / 2];
     }
     /* | type | rows x cols | n | threads | GFLOP/s V I B S | I/V B/V S/V | S/I | bits | b err | */

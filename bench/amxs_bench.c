@@ -12,6 +12,7 @@
  * row: GFLOP/s of each, the ratio AMX / VNNI, and the count of outputs whose
  * bits differ (must be 0). usage: amxs_bench ROWS COLS N THREADS ROUNDS COPIES
  */
+#include "bench_util.h"
 #include "dtype.h"
 #include "kern.h"
 #include "kern_variants.h"
@@ -22,33 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static uint64_t g_rng = 88172645463325252ull;
-static uint32_t rnd(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 11);
-}
-
-static double cpu_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!p) {
-        fprintf(stderr, "amxq_bench: out of memory\n");
-        exit(1);
-    }
-    return p;
-}
+static uint32_t rnd(void) { return bench_xorshift(&g_rng); }
 
 struct job {
     kern_mm_fn *f;
@@ -71,19 +48,13 @@ static void *worker(void *p)
         pthread_barrier_wait(j->start);
         if (j->quit)
             return NULL;
-        double t0 = cpu_now();
+        double t0 = bench_thread_cpu();
         for (int i = 0; i < j->iters; i++)
             j->f((const uint8_t *)j->w + (size_t)(i % j->copies) * j->pbytes, j->a, j->y, j->rows,
                  j->r0, j->r1);
-        j->cpu = cpu_now() - t0;
+        j->cpu = bench_thread_cpu() - t0;
         pthread_barrier_wait(j->done);
     }
-}
-
-static int cmpd(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 int main(int argc, char **argv)
@@ -101,7 +72,7 @@ int main(int argc, char **argv)
     }
     const enum dtype dt = DT_Q4_0;
     const size_t bb = 18, nb = cols / 32, wbytes = rows * nb * bb;
-    uint8_t *w = xmalloc(wbytes); /* [rows][cols/32] q4_0 blocks */
+    uint8_t *w = bench_xmalloc("amxs_bench", wbytes); /* [rows][cols/32] q4_0 blocks */
     for (size_t i = 0; i < wbytes; i++)
         w[i] = (uint8_t)rnd();
     for (size_t b = 0; b < rows * nb; b++) {
@@ -109,22 +80,22 @@ int main(int argc, char **argv)
         memcpy(w + b * bb, &d, 2);
     }
     const size_t pbytes = kern_panels_bytes(dt, rows, cols);
-    uint8_t *wp = xmalloc(pbytes * (size_t)copies); /* [copies][panels] */
+    uint8_t *wp = bench_xmalloc("amxs_bench", pbytes * (size_t)copies); /* [copies][panels] */
     for (int c = 0; c < copies; c++)
         kern_panels_pack(dt, w, cols, wp + (size_t)c * pbytes, rows, 0, (rows + 15) / 16);
-    float *x = xmalloc(n * cols * sizeof *x); /* [n][cols] */
+    float *x = bench_xmalloc("amxs_bench", n * cols * sizeof *x); /* [n][cols] */
     for (size_t i = 0; i < n * cols; i++)
         x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
     size_t abytes;
     if (kern_act_bytes(dt, cols, n, &abytes) != 0)
         return 2;
     struct kern_act a;
-    kern_act_init(&a, dt, x, cols, n, xmalloc(abytes + 64));
+    kern_act_init(&a, dt, x, cols, n, bench_xmalloc("amxs_bench", abytes + 64));
     kern_act_prepare(&a, 0, n);
     kern_mm_fn *fs[2] = {kern_gemm_q4_0p_q8_0_avx512, kern_gemm_q4_0p_q8_0_amxs};
     float *ys[2]; /* [n][rows] */
     for (int k = 0; k < 2; k++)
-        ys[k] = xmalloc(n * rows * sizeof(float));
+        ys[k] = bench_xmalloc("amxs_bench", n * rows * sizeof(float));
     pthread_barrier_t start, done;
     pthread_barrier_init(&start, NULL, (unsigned)nth + 1);
     pthread_barrier_init(&done, NULL, (unsigned)nth + 1);
@@ -178,7 +149,7 @@ int main(int argc, char **argv)
         diff += memcmp(&ys[0][i], &ys[1][i], sizeof(float)) != 0;
     double med[2];
     for (int k = 0; k < 2; k++) {
-        qsort(t[k], (size_t)rounds, sizeof(double), cmpd);
+        qsort(t[k], (size_t)rounds, sizeof(double), bench_cmp_double);
         med[k] = t[k][rounds / 2];
     }
     printf("| %zu x %zu | %zu | %d | %d | %.0f | %.0f | %.2f | %zu |\n", rows, cols, n, nth, copies,

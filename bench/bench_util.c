@@ -58,6 +58,39 @@ double bench_load_end(const struct bench_load *l)
 
 double bench_now(void) { return mono_sec(); }
 
+uint32_t bench_xorshift(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return (uint32_t)(x >> 11);
+}
+
+double bench_thread_cpu(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+void *bench_xmalloc(const char *who, size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "%s: out of memory\n", who);
+        exit(1);
+    }
+    return p;
+}
+
+int bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 /*
  * Bandwidth probe. A pass streams the whole buffer once; each participant of the pool reads
  * its contiguous share, cut into S equal parts read side by side (S independent sequential

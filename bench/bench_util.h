@@ -44,6 +44,14 @@ struct bench_load {
 void bench_load_begin(struct bench_load *l);
 double bench_load_end(const struct bench_load *l);
 
+/* The kernel A/B benches' helpers (amxq_bench, amxs_bench): xorshift64 numbers from *state
+ * (the top 32 of 53 bits), this thread's CPU seconds, 64-byte aligned memory that exits the
+ * program when there is none (named in the message), and a qsort order for doubles. */
+uint32_t bench_xorshift(uint64_t *state);
+double bench_thread_cpu(void);
+void *bench_xmalloc(const char *who, size_t bytes);
+int bench_cmp_double(const void *a, const void *b);
+
 /* A [rows][cols] matrix of dtype dt with random finite values (scales ~1e-2); NULL on OOM. */
 void *bench_random_matrix(enum dtype dt, size_t rows, size_t cols, uint64_t seed);
 

@@ -40,24 +40,36 @@ static int act_layout(enum dtype wt, size_t cols, size_t n, unsigned flags,
         return ERR_OVERFLOW;
     /* elems counts padded rows (ld = cp + 64): an upper bound for every array below */
     if (needs_q8(wt)) {
-        /* elems <= SIZE_MAX/16 keeps every sum below from overflowing */
-        l->q = off;
-        off += elems;
-        l->d = off;
-        off += kern__round_up(elems / 32 * sizeof(float), 64);
-        l->ns32 = off;
-        off += kern__round_up(elems / 32 * sizeof(int32_t), 64);
-        l->ns4 = off;
-        off += elems / 4 * sizeof(int32_t);
-        l->d4 = off;
-        off += elems / 4 * sizeof(float);
         /* the AMX-BF16 panel product's A tiles (kern.h, xt): npad x cols bf16, cols a
          * multiple of 32 here (q8 types have blocks of 32 or more) */
         const size_t tmin = kern__ops.type[wt].tiles_min_n;
         if ((flags & KERN_ACT_BF16_TILES) && tmin && n >= tmin && cols % 32 == 0) {
+            /* With xt, no int8 blocks (q, d, ns4, ns32, d4 stay NULL): nothing reads them.
+             * xt exists only where the type's amx overlay sets tiles_min_n (q4_0, q8_0 with
+             * AMX allowed), and on such acts (a) kern_matmul_act_panels runs the type's
+             * panel_gemm, kern_gemm_q{4,8}_0p_q8_0_amx (x86/amx_q.c), which takes the bf16
+             * kernel whenever xt is set; that kernel reads x and xt only (out of scratch it
+             * runs the ref twin, which reads x); (b) kern_matmul_act (rows-stored weights,
+             * e.g. CLOCHER_Q4_PANELS=0) sees q == NULL and quantizes x itself
+             * (dispatch.c); (c) the batch-invariant rows and the fused LoRA job never get
+             * the flag (worker/model/matmul*.c pass 0 there), so they always have q.
+             * tests/kern test_amx_qbf16_dispatch checks (a) and (b). Saves the int8
+             * quantization (~2-3% of an int4 prefill, s19-amxb2) and its memory. */
             l->has_xt = 1;
             l->xt = off;
             off += kern__round_up(n, 16) * cols * sizeof(uint16_t);
+        } else {
+            /* elems <= SIZE_MAX/16 keeps every sum below from overflowing */
+            l->q = off;
+            off += elems;
+            l->d = off;
+            off += kern__round_up(elems / 32 * sizeof(float), 64);
+            l->ns32 = off;
+            off += kern__round_up(elems / 32 * sizeof(int32_t), 64);
+            l->ns4 = off;
+            off += elems / 4 * sizeof(int32_t);
+            l->d4 = off;
+            off += elems / 4 * sizeof(float);
         }
     } else {
         l->xf = off;
@@ -100,13 +112,15 @@ void kern_act_init_ex(struct kern_act *a, enum dtype wt, const float *x, size_t 
     a->ld = a->cp + KERN__ACT_PAD;
     a->x = x;
     if (needs_q8(wt)) {
-        a->q = (int8_t *)(b + l.q);
-        a->d = (float *)(void *)(b + l.d);
-        a->ns32 = (int32_t *)(void *)(b + l.ns32);
-        a->ns4 = (int32_t *)(void *)(b + l.ns4);
-        a->d4 = (float *)(void *)(b + l.d4);
-        if (l.has_xt)
+        if (l.has_xt) { /* xt instead of the int8 blocks (act_layout) */
             a->xt = (uint16_t *)(void *)(b + l.xt);
+        } else {
+            a->q = (int8_t *)(b + l.q);
+            a->d = (float *)(void *)(b + l.d);
+            a->ns32 = (int32_t *)(void *)(b + l.ns32);
+            a->ns4 = (int32_t *)(void *)(b + l.ns4);
+            a->d4 = (float *)(void *)(b + l.d4);
+        }
     } else {
         a->xf = (float *)(void *)(b + l.xf);
         if (kern__traits[wt].act == KERN__ACT_BF16)

@@ -119,6 +119,21 @@ static int amx_wanted(void)
     return !(s && strcmp(s, "0") == 0);
 }
 
+/* CLOCHER_AMX_QBF16=0 keeps the q4_0/q8_0 bf16 tile product (x86/amx_qbf16.c) off while the
+ * other AMX kernels stay on: tiles_min_n 0, so no activations get the bf16 tiles (kern.h);
+ * CLOCHER_AMX_QBF16=N (N > 0) moves its threshold (traits.c AMX_QBF16_MIN_N) to N tokens.
+ * For A/B runs of (a) against (b) in one binary and for measuring (b) on small products
+ * (docs/PERFORMANCE.md, session 19, s19-amxb2). Returns the threshold to use, or -1 (unset). */
+static long qbf16_min_n(void)
+{
+    const char *s = getenv("CLOCHER_AMX_QBF16");
+    if (!s || !*s)
+        return -1;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return *end == '\0' && v >= 0 ? v : -1;
+}
+
 int kern_isa_supported(enum kern_isa isa)
 {
     struct cpu_feats f = cpu_feats();
@@ -200,8 +215,12 @@ static void fill_table(enum kern_isa isa)
         ops.type[dt] = tt->isa[isa];
         if (bf16)
             overlay(&ops.type[dt], &tt->bf16);
-        if (amx)
+        if (amx) {
             overlay(&ops.type[dt], &tt->amx);
+            const long qmin = qbf16_min_n();
+            if (qmin >= 0 && ops.type[dt].tiles_min_n)
+                ops.type[dt].tiles_min_n = (size_t)qmin;
+        }
     }
     ops.amx = amx;
     kern__ops = ops;
@@ -302,6 +321,12 @@ void kern_matmul_act(const void *w, const struct kern_act *a, float *y, size_t l
 {
     if (r0 >= r1 || a->n == 0)
         return;
+    if (!a->q && a->xt) {
+        /* rows-stored q4_0/q8_0 weights on activations prepared for the panels' bf16 tiles,
+         * which carry no int8 blocks (act.c act_layout): quantized here, per call */
+        kern__ops.matmul(a->wt, w, a->cols, a->x, a->n, y, ldy, r0, r1);
+        return;
+    }
     const struct kern__type_ops *o = &kern__ops.type[a->wt];
     (a->n >= o->gemm_min_n ? o->gemm : o->gemv)(w, a, y, ldy, r0, r1);
 }

@@ -130,7 +130,8 @@ struct kern_act {
     uint16_t *xt;    /* [npad/16][cols/32][16][32] x rounded to bf16 (act.c's rounding), tokens
                         n..npad (npad = n rounded up to 16) zero, 1 KiB per 16 x 32 tile: the
                         AMX-BF16 q4_0/q8_0 panel product's A tiles. Only with
-                        KERN_ACT_BF16_TILES and from the type's tile threshold (NULL if unused) */
+                        KERN_ACT_BF16_TILES and from the type's tile threshold (NULL if unused);
+                        then q, d, ns4, ns32 and d4 are NULL (act.c: nothing reads them) */
 };
 
 /*
@@ -142,6 +143,9 @@ struct kern_act {
  * invariant: a token's outputs then depend on how many tokens share the call. Callers that
  * promise batch invariance (worker/model/matmul.c with its invariant switch) leave it unset.
  * Without it (kern_act_bytes / kern_act_init) every quantized product keeps its int8 bits.
+ * The environment, read when the dispatch table is filled (kern_init / kern_force_isa):
+ * CLOCHER_AMX=0 or CLOCHER_AMX_QBF16=0 turn the tiles off (the flag then lays out nothing
+ * more), CLOCHER_AMX_QBF16=N moves the 128-token threshold to N (measurements).
  */
 enum { KERN_ACT_BF16_TILES = 1u };
 

@@ -23,7 +23,7 @@
  * operand must be unpacked from nibbles through memory. One block per multiply (K = 32, M = n,
  * N = 16 rows: 2 tile loads, zero, tdpbsud, tile store) ran ~35-57 ns per block here against
  * ~23-27 ns for the whole VNNI block at n = 8 (64 vpdpbusd, which issue two per cycle on this
- * CPU): 0.50-0.66x. Two blocks per multiply for n <= 8 (run_pairs: A's rows
+ * CPU): 0.50-0.66x. Two blocks per multiply for n <= 8 (run(PAIR 1): A's rows
  * [x block b | 0] then [0 | x block b+1], K = 64, M = 2n) halve the tile instructions:
  * 0.69-0.89x. Per block there remain 8 stores of the unpacked B and 8 rows of tile store, where
  * the VNNI kernel stores nothing. Interleaving VNNI panels with tile panels in one instruction
@@ -41,7 +41,7 @@
  * Layout, C = X . W^T per block, C[token][row]:
  *   A tiles: n tokens x 32 int8 activation bytes (kern_act.q), loaded straight from the
  *     prepared activations (stride kern_act.ld); for n <= 8, 2n rows x 64 bytes from a copy
- *     (run_pairs).
+ *     (run, PAIR 1).
  *   B tiles: 8 rows of 64 bytes per block, row g holding columns 4g..4g+3 (g < 4: low nibbles,
  *     columns 4g+j; g >= 4: high nibbles, columns 16+4(g-4)+j) of the panel's 16 rows,
  *     dword i = row i (quant.h "q4_0 panels": the panel's 4 vectors of nibble pairs are
@@ -205,53 +205,6 @@ INLINE void consume(const int32_t (*cs)[PANEL], const struct pos *q, size_t nb, 
     flush(q, nb, NT, acc, y, ldy, r1);
 }
 
-/* All blocks of panels [r0, r1) for the NT tokens (tiles configured for NT). */
-INLINE void run_tiles(const void *wp, const struct kern_act *a, const struct sc *sc, int NT,
-                      float *y, size_t ldy, size_t r0, size_t r1)
-{
-    const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
-    const size_t pstride = PANEL * rb;
-    const size_t total = (r1 - r0 + PANEL - 1) / PANEL * nb; /* blocks of the call */
-    int32_t cs[CS_RING][TT][PANEL] __attribute__((aligned(64)));
-    uint8_t bb[BB_RING][8][64] __attribute__((aligned(64)));
-    __m512 acc[TT];
-    UNROLL for (int j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
-    struct pos pr = {(const uint8_t *)wp + r0 / PANEL * pstride, r0, 0}, co = pr;
-    size_t i = 0, e = 0; /* blocks multiplied, consumed */
-    /* a block's tile store is issued after the next D blocks' multiplies: the
-     * tile unit runs its instructions in order, so a store right after its
-     * multiply stalls the queue for the multiply's latency (n = 8: D = 0 0.47x
-     * VNNI, D = 1 0.62x, D = 2 0.65x, D = 3 0.64x) */
-    const size_t D = 2;
-#define STEP_(CT, AT, BT)                                                                          \
-    if (i < total) {                                                                               \
-        PRODUCE_(CT, AT, BT, pr, bb[i % BB_RING]);                                                 \
-        pos_next(&pr, nb, pstride);                                                                \
-        if (i >= D) {                                                                              \
-            store_c(i - D, cs[(i - D) % CS_RING]);                                                 \
-        }                                                                                          \
-        i++;                                                                                       \
-        if (i > LAG) {                                                                             \
-            consume(cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);                            \
-            pos_next(&co, nb, pstride);                                                            \
-            e++;                                                                                   \
-        }                                                                                          \
-    }
-    while (i < total) {
-        STEP_(0, 4, 6)
-        STEP_(1, 5, 7)
-        STEP_(2, 4, 6)
-        STEP_(3, 5, 7)
-    }
-#undef STEP_
-    for (size_t k = total > D ? total - D : 0; k < total; k++)
-        store_c(k, cs[k % CS_RING]);
-    for (; e < total; e++) {
-        consume(cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);
-        pos_next(&co, nb, pstride);
-    }
-}
-
 /*
  * n <= 8: two blocks per multiply. A holds 2n rows of 64 bytes, [x_t block b | 0] for the n
  * tokens then [0 | x_t block b+1] (built once per call, a2), B the two blocks' 16 rows, so
@@ -299,31 +252,53 @@ INLINE void consume2(const int32_t (*cs)[PANEL], const struct pos *q, size_t nb,
     }
 }
 
-INLINE void run_pairs(const void *wp, const struct kern_act *a, const struct sc *sc,
-                      const int8_t *a2, int NT, float *y, size_t ldy, size_t r0, size_t r1)
+/* One multiply's epilogues: a block's (consume) or a pair's (consume2). */
+INLINE void consume_any(int PAIR, const int32_t (*cs)[PANEL], const struct pos *q, size_t nb,
+                        const struct sc *sc, int NT, __m512 acc[TT], float *y, size_t ldy,
+                        size_t r1)
+{
+    if (PAIR)
+        consume2(cs, q, nb, sc, NT, acc, y, ldy, r1);
+    else
+        consume(cs, q, nb, sc, NT, acc, y, ldy, r1);
+}
+
+/*
+ * All blocks of panels [r0, r1) for the NT tokens, one block per multiply (PAIR 0, tiles_config)
+ * or two (PAIR 1, n <= 8, tiles_config2, A from a2): the same pipeline, D and L apart.
+ */
+INLINE void run(int PAIR, const void *wp, const struct kern_act *a, const struct sc *sc,
+                const int8_t *a2, int NT, float *y, size_t ldy, size_t r0, size_t r1)
 {
     const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
     const size_t pstride = PANEL * rb;
-    const size_t total = (r1 - r0 + PANEL - 1) / PANEL * ((nb + 1) / 2); /* pairs of the call */
+    /* multiplies of the call: blocks, or pairs of blocks */
+    const size_t total = (r1 - r0 + PANEL - 1) / PANEL * (PAIR ? (nb + 1) / 2 : nb);
     int32_t cs[CS_RING][TT][PANEL] __attribute__((aligned(64)));
     uint8_t bb[BB_RING][16][64] __attribute__((aligned(64)));
     __m512 acc[TT];
     UNROLL for (int j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
     struct pos pr = {(const uint8_t *)wp + r0 / PANEL * pstride, r0, 0}, co = pr;
-    size_t i = 0, e = 0; /* pairs multiplied, consumed */
-    /* stores 3 pairs after their multiply, epilogues 6 after (n = 8, weights in cache, one
-     * run: D, L = 1, 2 0.75x VNNI; 2, 3 0.76x; 3, 4 0.79x; 3, 6 0.81x) */
-    const size_t D = 3, L = 6;
+    size_t i = 0, e = 0; /* multiplies issued, consumed */
+    /* A multiply's tile store is issued D multiplies later: the tile unit runs its
+     * instructions in order, so a store right after its multiply stalls the queue for the
+     * multiply's latency (one block, n = 8: D = 0 0.47x VNNI, D = 1 0.62x, D = 2 0.65x, D = 3
+     * 0.64x); its epilogue L later (pairs, n = 8, weights in cache, one run: D, L = 1, 2 0.75x;
+     * 2, 3 0.76x; 3, 4 0.79x; 3, 6 0.81x). */
+    const size_t D = PAIR ? 3 : 2, L = PAIR ? 6 : LAG;
 #define STEP_(CT, AT, BT)                                                                          \
     if (i < total) {                                                                               \
-        PRODUCE2_(CT, AT, BT, pr, bb[i % BB_RING], a2);                                            \
-        pos_next2(&pr, nb, pstride);                                                               \
+        if (PAIR)                                                                                  \
+            PRODUCE2_(CT, AT, BT, pr, bb[i % BB_RING], a2);                                        \
+        else                                                                                       \
+            PRODUCE_(CT, AT, BT, pr, bb[i % BB_RING]);                                             \
+        PAIR ? pos_next2(&pr, nb, pstride) : pos_next(&pr, nb, pstride);                           \
         if (i >= D)                                                                                \
             store_c(i - D, cs[(i - D) % CS_RING]);                                                 \
         i++;                                                                                       \
         if (i > L) {                                                                               \
-            consume2(cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);                           \
-            pos_next2(&co, nb, pstride);                                                           \
+            consume_any(PAIR, cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);                  \
+            PAIR ? pos_next2(&co, nb, pstride) : pos_next(&co, nb, pstride);                       \
             e++;                                                                                   \
         }                                                                                          \
     }
@@ -337,8 +312,8 @@ INLINE void run_pairs(const void *wp, const struct kern_act *a, const struct sc 
     for (size_t k = total > D ? total - D : 0; k < total; k++)
         store_c(k, cs[k % CS_RING]);
     for (; e < total; e++) {
-        consume2(cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);
-        pos_next2(&co, nb, pstride);
+        consume_any(PAIR, cs[e % CS_RING], &co, nb, sc, NT, acc, y, ldy, r1);
+        PAIR ? pos_next2(&co, nb, pstride) : pos_next(&co, nb, pstride);
     }
 }
 
@@ -367,7 +342,7 @@ void kern_gemm_q4_0p_q8_0_amxs(const void *wp, const struct kern_act *a, float *
     const size_t nb = a->cols / 32, n = a->n;
     /* slot 1 is free under a panel product (as for the other panel kernels); kernels have no
      * error path, so failing to get it aborts. It holds sc, [nb][n] pairs of 8 bytes, then for
-     * n <= 8 a2, [(nb + 1) / 2][TT rows][64] bytes (run_pairs). */
+     * n <= 8 a2, [(nb + 1) / 2][TT rows][64] bytes (run, PAIR 1). */
     const int two = n <= 8;
     const size_t scb = (nb * n * sizeof(struct sc) + 63) / 64 * 64;
     const size_t a2b = two ? (nb + 1) / 2 * TT * 64 : 0;
@@ -390,7 +365,7 @@ void kern_gemm_q4_0p_q8_0_amxs(const void *wp, const struct kern_act *a, float *
         switch (n) {
 #define CASE_(T)                                                                                   \
     case T:                                                                                        \
-        run_pairs(wp, a, sc, a2, T, y, ldy, r0, r1);                                               \
+        run(1, wp, a, sc, a2, T, y, ldy, r0, r1);                                               \
         break;
             CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
 #undef CASE_
@@ -402,7 +377,7 @@ void kern_gemm_q4_0p_q8_0_amxs(const void *wp, const struct kern_act *a, float *
     switch (n) {
 #define CASE_(T)                                                                                   \
     case T:                                                                                        \
-        run_tiles(wp, a, sc, T, y, ldy, r0, r1);                                                   \
+        run(0, wp, a, sc, NULL, T, y, ldy, r0, r1);                                                   \
         break;
         CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8) CASE_(9) CASE_(10)
         CASE_(11) CASE_(12) CASE_(13) CASE_(14) CASE_(15) CASE_(16)

@@ -22,17 +22,25 @@
  *     32 elements (loads of stride 64: measured faster than the row layout, docs/PERFORMANCE.md).
  *   B tiles: 16 column pairs x 16 rows x 2 bf16 (tdpbf16ps' pair layout: dword i of pair row p
  *     = row i's columns 2p, 2p+1). The panels already hold lane = row (quant.h "q4_0 panels",
- *     "q8_0 panels"), so one 64-byte vector of a block gives 4 columns of the 16 rows: each
- *     byte is widened to f32, scaled by its row's d (lane = row), and two columns at a time
+ *     "q8_0 panels"), so one 64-byte vector of a block gives 4 (q8_0) or 8 (q4_0) columns of
+ *     the 16 rows: each byte is widened to f32 by shifts (q8_0), each nibble looked up as
+ *     q - 8 in a 16-entry f32 table by vpermps (q4_0: 3 instructions per column instead of
+ *     4 + the nibble split, ~1.07x at 128 tokens, s19), scaled by its row's d (lane = row),
+ *     and two columns at a time
  *     are rounded and interleaved into a pair row (vcvtne2ps2bf16 + vpermw). The products
  *     q * d are never denormal (|q| >= 1, d an f16), so the instruction's denormal flush
  *     never applies and its rounding equals half_f32_to_bf16's.
  *   C tiles: 16 tokens x 16 rows f32, 2 x 2 in flight (32 tokens x 32 rows: 2 A + 2 B loads
- *     per 4 tdpbf16ps), loaded from and stored to a C buffer [npad][RC + 16] f32 per K chunk,
- *     copied to y once per row chunk (so ragged rows and tokens need no masks in the loop).
+ *     per 4 tdpbf16ps), loaded from and stored to a C buffer [npad][RC + 16] f32 per K chunk;
+ *     on the last K chunk the tiles wholly inside y (whole token tiles, whole panels) are
+ *     stored there, and only the ragged rest goes through the buffer (no masks in the loop).
  * Blocking: the thread's rows in chunks of RC rows; per chunk, K in chunks of KC columns: the
- * chunk's panels are dequantized (RC x KC bf16, L2), then every token pair of the call runs
- * over each panel pair (2 x KC/32 KiB of B tiles, L1) with C in the buffer (n x RC f32, L2).
+ * chunk's panels are dequantized (RC x KC bf16 = 256 KiB, L2), then each token pair's A tiles
+ * (2 x KC/32 KiB, L1) run over every panel pair, whose B tiles stream from L2 in address order.
+ * Session 19 (s19-amxb2, docs/PERFORMANCE.md) measured this order against session 18's
+ * (panel pair outer, token pairs streaming A from L2, KC 512, RC 256; same bits): ~1.15-1.2x
+ * on one thread when the AMX unit is not the limit (tile loads from L2 stall the tile loop:
+ * the loop with A pinned in L1 ran ~1.2x faster, software prefetch of A did not help).
  */
 #include "internal.h"
 
@@ -51,10 +59,10 @@
 #define TT 16               /* tokens per tile */
 #define PANEL 16            /* rows per panel / per B tile column */
 #ifndef KC
-#define KC 512 /* columns per K chunk: a panel pair's bf16 B tiles (2 x KC/32 KiB) stay in L1 */
+#define KC 256 /* columns per K chunk: a token pair's A tiles (2 x KC/32 KiB) stay in L1 */
 #endif
 #ifndef RC
-#define RC 256 /* rows per row chunk (multiple of 32): its C sums (n x RC f32) stay in L2 */
+#define RC 512 /* rows per row chunk (multiple of 32): its bf16 panels (RC x KC) stay in L2 */
 #endif
 
 /* Tiles 0-3: C, 4-5: A, 6-7: B; every tile 16 rows x 64 bytes. */
@@ -84,8 +92,8 @@ INLINE __m512 byte_f32(__m512i v, int j)
 static void dequant_panel(enum qtype qt, const uint8_t *pp, size_t nb, size_t b0, size_t nblk,
                           uint32_t *dst)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8),
-                  x80 = _mm512_set1_epi8((char)0x80);
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    const __m512 tbl = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     for (size_t b = b0; b < b0 + nblk; b++) {
         uint32_t *o = dst + (b - b0) * 256;
         if (qt == Q4) {
@@ -95,14 +103,13 @@ static void dequant_panel(enum qtype qt, const uint8_t *pp, size_t nb, size_t b0
             UNROLL for (int g = 0; g < 4; g++)
             {
                 __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
-                /* low nibbles: columns 4g..4g+3; high: 16 + 4g..; both minus 8 */
-                __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, m4), eight);
-                __m512i hi =
-                    _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), eight);
-                __m512 l0 = _mm512_mul_ps(byte_f32(lo, 0), d), l1 = _mm512_mul_ps(byte_f32(lo, 1), d);
-                __m512 l2 = _mm512_mul_ps(byte_f32(lo, 2), d), l3 = _mm512_mul_ps(byte_f32(lo, 3), d);
-                __m512 h0 = _mm512_mul_ps(byte_f32(hi, 0), d), h1 = _mm512_mul_ps(byte_f32(hi, 1), d);
-                __m512 h2 = _mm512_mul_ps(byte_f32(hi, 2), d), h3 = _mm512_mul_ps(byte_f32(hi, 3), d);
+                /* nibble k of every dword (k even: byte k/2's low, odd: its high) picks
+                 * (nibble - 8) from the table by vpermps (which reads an index's low 4 bits):
+                 * low nibbles are columns 4g..4g+3, high ones 16 + 4g.. */
+#define NIB_(k) _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * (k)), tbl), d)
+                __m512 l0 = NIB_(0), l1 = NIB_(2), l2 = NIB_(4), l3 = NIB_(6);
+                __m512 h0 = NIB_(1), h1 = NIB_(3), h2 = NIB_(5), h3 = NIB_(7);
+#undef NIB_
                 _mm512_store_si512((void *)(o + (2 * g) * 16), pair_row(l0, l1));
                 _mm512_store_si512((void *)(o + (2 * g + 1) * 16), pair_row(l2, l3));
                 _mm512_store_si512((void *)(o + (8 + 2 * g) * 16), pair_row(h0, h1));
@@ -173,7 +180,8 @@ void kern__act_tiles_amx(const struct kern_act *a, size_t t0, size_t t1)
  * Tiles: C[token tile i][panel j] = tile 2i + j.
  */
 INLINE void block(int NT, int MR, const uint8_t *xa, size_t lda, const uint8_t *w0,
-                  size_t wstride, size_t ks, float *c, size_t ldc, int first)
+                  size_t wstride, size_t ks, float *c, size_t ldc, int first, float *out,
+                  size_t ldo)
 {
     uint8_t *c8 = (uint8_t *)c;
     if (first) {
@@ -211,6 +219,10 @@ INLINE void block(int NT, int MR, const uint8_t *xa, size_t lda, const uint8_t *
                 _tile_dpbf16ps(3, 5, 7);
         }
     }
+    if (out) { /* the last K chunk of tiles wholly inside y: straight there */
+        c8 = (uint8_t *)out;
+        ldc = ldo;
+    }
     _tile_stored(0, c8, (long)ldc);
     if (MR == 2)
         _tile_stored(1, c8 + 64, (long)ldc);
@@ -234,11 +246,11 @@ static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act 
     const size_t abytes = a->xt ? 0 : npad * cols * 2, wbytes = RC / PANEL * wpanel,
                  cbytes = npad * ldc_el * 4;
     uint8_t *scratch = kern__scratch_slot(1, abytes + wbytes + cbytes);
-    if (!scratch) {
+    if (!scratch) { /* out of memory: the twin needs none (and reads x: xt acts have no q) */
         if (qt == Q4)
-            kern_gemm_q4_0p_q8_0_avx512(wp, a, y, ldy, r0, r1);
+            kern_gemm_q4_0p_bf16_ref(wp, a, y, ldy, r0, r1);
         else
-            kern_gemm_q8_0p_q8_0_avx512(wp, a, y, ldy, r0, r1);
+            kern_gemm_q8_0p_bf16_ref(wp, a, y, ldy, r0, r1);
         return;
     }
     const uint16_t *xa = a->xt;
@@ -251,7 +263,7 @@ static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act 
     uint8_t *wb = scratch + abytes;
     float *cb = (float *)(void *)(wb + wbytes);
     tiles_config();
-    const size_t ldc = ldc_el * 4;
+    const size_t ldc = ldc_el * 4, ldo = ldy * sizeof(float);
     for (size_t rc = r0; rc < r1; rc += RC) {
         const size_t nr = r1 - rc < RC ? r1 - rc : RC, np = (nr + PANEL - 1) / PANEL;
         const uint8_t *pp = (const uint8_t *)wp + rc / PANEL * pstride;
@@ -263,29 +275,42 @@ static void gemm_qbf16_amx(enum qtype qt, const void *wp, const struct kern_act 
             /* token tile i's step s at xk + (i * nb + s) * 1024 bytes */
             const uint8_t *xk = (const uint8_t *)(xa + b0 * 512);
             const size_t lda = nb * 1024; /* bytes between token tiles */
-            size_t p = 0;
-            for (; p + 2 <= np; p += 2) {
-                size_t t = 0;
-                for (; t + 2 * TT <= npad; t += 2 * TT)
-                    block(2, 2, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
-                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
-                if (t < npad)
-                    block(1, 2, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
-                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
-            }
-            if (p < np) {
-                size_t t = 0;
-                for (; t + 2 * TT <= npad; t += 2 * TT)
-                    block(2, 1, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
-                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
-                if (t < npad)
-                    block(1, 1, xk + t / TT * lda, lda, wb + p * wpanel, wpanel, ks,
-                          cb + t * ldc_el + p * PANEL, ldc, b0 == 0);
+            const int first = b0 == 0, last = b0 + ks == nb;
+            /* a token pair's A tiles (2 x KC/32 KiB) stay in L1 over all the chunk's panels,
+             * which stream from L2 in address order (the panels' bf16 tiles are contiguous) */
+            for (size_t t = 0; t < npad; t += 2 * TT) {
+                const int nt = t + 2 * TT <= npad ? 2 : 1;
+                const uint8_t *xt = xk + t / TT * lda;
+                for (size_t p = 0; p < np; p += 2) {
+                    const int mr = p + 2 <= np ? 2 : 1;
+                    /* the last chunk stores tiles wholly inside y (rows and tokens) there */
+                    float *out = last && (p + (size_t)mr) * PANEL <= nr &&
+                                         t + (size_t)nt * TT <= n
+                                     ? y + t * ldy + rc + p * PANEL
+                                     : NULL;
+                    const uint8_t *w = wb + p * wpanel;
+                    float *c = cb + t * ldc_el + p * PANEL;
+                    if (nt == 2 && mr == 2)
+                        block(2, 2, xt, lda, w, wpanel, ks, c, ldc, first, out, ldo);
+                    else if (nt == 2)
+                        block(2, 1, xt, lda, w, wpanel, ks, c, ldc, first, out, ldo);
+                    else if (mr == 2)
+                        block(1, 2, xt, lda, w, wpanel, ks, c, ldc, first, out, ldo);
+                    else
+                        block(1, 1, xt, lda, w, wpanel, ks, c, ldc, first, out, ldo);
+                }
             }
         }
-        /* the chunk's sums out to y: rows [rc, rc + nr), tokens [0, n) */
-        for (size_t t = 0; t < n; t++)
-            memcpy(y + t * ldy + rc, cb + t * ldc_el, nr * sizeof(float));
+        /* what the last chunk left in the buffer out to y: the rows of the panels past the
+         * last whole one (or pair) for the tokens stored directly, every row for the rest
+         * (the ragged token tile: the same conditions as above, so exactly the complement) */
+        const size_t rd = nr / PANEL / 2 * 2 * PANEL + (np % 2 && nr % PANEL == 0 ? PANEL : 0);
+        const size_t td = n / (2 * TT) * 2 * TT + (npad / TT % 2 && n % TT == 0 ? TT : 0);
+        for (size_t t = 0; t < n; t++) {
+            const size_t c0 = t < td ? rd : 0;
+            if (c0 < nr)
+                memcpy(y + t * ldy + rc + c0, cb + t * ldc_el + c0, (nr - c0) * sizeof(float));
+        }
     }
     _tile_release();
 }

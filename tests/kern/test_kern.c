@@ -853,7 +853,10 @@ static void test_amx_qbf16_gemm(void **state)
  * same order), within the summation bound of the ref twin. xt prepared in two token ranges
  * (two threads' shards) over a buffer of garbage, so the padding tokens must be zeroed by the
  * range that ends at n. Below 128 tokens, or without the flag (the invariant switch), no xt
- * and the int8 product's bits (the AVX-512 VNNI panel kernel's). CLOCHER_AMX=0: no xt either.
+ * and the int8 product's bits (the AVX-512 VNNI panel kernel's). CLOCHER_AMX=0: no xt either;
+ * CLOCHER_AMX_QBF16=0 neither, CLOCHER_AMX_QBF16=N moves the threshold to N. With xt the act has no int8 blocks (q == NULL: the quantization is skipped), and the
+ * rows-stored product on it (kern_matmul_act) still gives the int8 rows product's bits. And
+ * (b) gives a token the same bits whatever else shares its call (only the threshold switches).
  */
 static void test_amx_qbf16_dispatch(void **state)
 {
@@ -887,6 +890,9 @@ static void test_amx_qbf16_dispatch(void **state)
                 kern_act_prepare(&at, n / 2, n);
                 assert_null(a.xt);
                 assert_true((at.xt != NULL) == (n >= 128));
+                /* with xt, no int8 blocks: nothing may read them (act.c act_layout) */
+                assert_true((at.q == NULL) == (n >= 128));
+                assert_true(at.q || (!at.d && !at.ns4 && !at.ns32 && !at.d4));
                 float *y = filled(n * ldy), *want = filled(n * ldy);
                 kern_matmul_act_panels(wt, wp, &at, y, ldy, 0, rows);
                 if (n >= 128)
@@ -900,6 +906,11 @@ static void test_amx_qbf16_dispatch(void **state)
                 kern_matmul_act_panels(wt, wp, &a, y, ldy, 0, rows);
                 (q8 ? kern_gemm_q8_0p_q8_0_avx512 : kern_gemm_q4_0p_q8_0_avx512)(wp, &a, want,
                                                                                  ldy, 0, rows);
+                assert_memory_equal(y, want, n * ldy * sizeof(float));
+                /* rows-stored weights (CLOCHER_Q4_PANELS=0) on the flagged act: kern_matmul_act
+                 * quantizes x itself when xt left no int8 blocks; the int8 rows product's bits */
+                kern_matmul_act(w, &at, y, ldy, 0, rows);
+                kern_matmul_act(w, &a, want, ldy, 0, rows);
                 assert_memory_equal(y, want, n * ldy * sizeof(float));
                 if (n >= 128) { /* and (b) close to its twin (test_amx_qbf16_gemm's bound) */
                     float *twin = filled(n * ldy), *tol = filled(n * ldy);
@@ -923,6 +934,29 @@ static void test_amx_qbf16_dispatch(void **state)
                     }
                     check_close("dispatched bf16 tiles vs the twin", y, twin, tol, n, ldy, 0,
                                 rows, cols);
+                    /* (b) itself gives a token the same bits whatever shares its call (each C
+                     * row sums the same K steps in the same order; padding rows are zero):
+                     * the last k tokens alone, rounded per call, give the rows of the n-token
+                     * product (docs/PERFORMANCE.md session 19, s19-amxb2) */
+                    static const size_t ks[] = {1, 17};
+                    for (size_t ki = 0; ki < 2; ki++) {
+                        const size_t k = ks[ki], t0 = n - k;
+                        size_t sb;
+                        assert_int_equal(kern_act_bytes(wt, cols, k, &sb), 0);
+                        void *sbuf = aligned_alloc(64, (sb + 63) / 64 * 64);
+                        assert_non_null(sbuf);
+                        struct kern_act as;
+                        kern_act_init(&as, wt, x + t0 * cols, cols, k, sbuf);
+                        kern_act_prepare(&as, 0, k);
+                        float *ys = filled(k * ldy);
+                        (q8 ? kern_gemm_q8_0p_bf16_amx : kern_gemm_q4_0p_bf16_amx)(wp, &as, ys,
+                                                                                 ldy, 0, rows);
+                        for (size_t t = 0; t < k; t++)
+                            assert_memory_equal(ys + t * ldy, y + (t0 + t) * ldy,
+                                                rows * sizeof(float));
+                        free(ys);
+                        free(sbuf);
+                    }
                     free(tol);
                     free(twin);
                 }
@@ -933,6 +967,21 @@ static void test_amx_qbf16_dispatch(void **state)
                     assert_int_equal(kern_act_bytes_ex(wt, cols, n, KERN_ACT_BF16_TILES, &b0), 0);
                     assert_int_equal(b0, bytes);
                     assert_int_equal(unsetenv("CLOCHER_AMX"), 0);
+                    /* CLOCHER_AMX_QBF16=0: AMX on, (b) off; =N: (b) from N tokens */
+                    assert_int_equal(setenv("CLOCHER_AMX_QBF16", "0", 1), 0);
+                    assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
+                    assert_true(kern_amx_active());
+                    assert_int_equal(kern_act_bytes_ex(wt, cols, n, KERN_ACT_BF16_TILES, &b0), 0);
+                    assert_int_equal(b0, bytes);
+                    assert_int_equal(setenv("CLOCHER_AMX_QBF16", "161", 1), 0);
+                    assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
+                    assert_int_equal(kern_act_bytes_ex(wt, cols, n, KERN_ACT_BF16_TILES, &b0), 0);
+                    assert_int_equal(b0, bytes); /* 160 < 161 */
+                    assert_int_equal(setenv("CLOCHER_AMX_QBF16", "160", 1), 0);
+                    assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
+                    assert_int_equal(kern_act_bytes_ex(wt, cols, n, KERN_ACT_BF16_TILES, &b0), 0);
+                    assert_int_equal(b0, tbytes);
+                    assert_int_equal(unsetenv("CLOCHER_AMX_QBF16"), 0);
                     assert_int_equal(kern_force_isa(KERN_ISA_AVX512), 0);
                     assert_true(kern_amx_active());
                 }
