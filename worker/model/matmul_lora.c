@@ -10,14 +10,8 @@
  *           which lora_pack.c lays out back to back for the products of one job (q, k, v;
  *           gate, up): one long stream per (adapter, job), split only into tasks of about
  *           MM_SHRINK_BYTES (session 14);
- *   BASE    tile a of a product's base rows, once its input is prepared (b = 1, "merged":
- *           every shrink of its product is earlier in the list). Tiles are MM_TILE rows
- *           until the job's base work left falls under 2 x MM_TILE rows a participant, then
- *           shrink with it, guided, down to MM_TILE_MIN (session 19: with equal tiles the
- *           participant that took the last one ran alone for up to a tile, 1/8 of a 2-thread
- *           job's base at 4 tiles a product; perf, rank 1, int4, 8 streams: the pool's
- *           spin_while_equal at 17.8 % of an adapted step's samples against 12.0 % for the
- *           base step's matmul_group, whose pool_for shards shrink the same way).
+ *   BASE    tile a (MM_TILE rows) of a product's base rows, once its input is prepared
+ *           (b = 1, "merged": every shrink of its product is earlier in the list).
  * The expand, y += s_t T B^T on a tile's columns for every segment, is no task of its own
  * (session 15): it needs two events, the tile's base rows written and its product's shrinks
  * all done, and the participant that completes the second runs it, at once: the base task
@@ -72,7 +66,6 @@
 #define MM_TILE 512u    /* base rows (= expand columns) per task: whole 16-row GEMM panels and
                          * 32-column B panels (measured, int4, 8 streams: 256 cost +2-5% at
                          * rank 1 against matmul_group's longer shards, 512 ~0%) */
-#define MM_TILE_MIN 64u /* the guided tiles' least rows (a multiple of 32) */
 #define MM_PREP_TOK 16u /* tokens per activation-preparing task */
 #define MM_MAX MATMUL_LORA_GROUP_MAX
 #define MM_TAIL 128u    /* a merged tile requests its expand's panels this many base rows
@@ -114,11 +107,7 @@ struct job {
     const struct task *tasks;
     size_t n_tasks;
     struct matmul__acts A;           /* the distinct inputs */
-    size_t tile0[MM_MAX + 1];        /* product -> its first tile in tile_done (k + 1: the
-                                      * end of the last product's) */
-    uint32_t *tile_at;               /* [every product's tiles] a tile's first row (tile t of
-                                      * product p at tile0[p] + t; multiples of 32) */
-    size_t threads;                  /* participants (the guided tiles' divisor) */
+    size_t tile0[MM_MAX];            /* product -> its first tile in tile_done */
     size_t prep_total[MM_MAX];       /* input -> its PREP tasks */
     size_t shrink_total[MM_MAX];     /* product -> its shrink units in SHRINK tasks pushed so
                                       * far (while building) */
@@ -165,15 +154,6 @@ static inline bool tile_arrive(struct job *j, size_t prod, size_t tile)
 }
 
 static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch);
-
-/* Rows [*r0, *r1) of tile `tile` of product `prod` (= its expand's columns). */
-static inline void tile_span(const struct job *j, size_t prod, size_t tile, size_t *r0,
-                             size_t *r1)
-{
-    const size_t i = j->tile0[prod] + tile;
-    *r0 = j->tile_at[i];
-    *r1 = i + 1 < j->tile0[prod + 1] ? j->tile_at[i + 1] : j->g[prod].w->rows;
-}
 
 /* Requests [p, p + bytes) into L2 at once. An update task's weights are a few contiguous
  * blocks of 8-90 KB read once: asking for all of them up front keeps many misses in flight,
@@ -388,7 +368,7 @@ static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
             continue;
         if (j->uq)
             quant_u(j, prod);
-        const size_t tiles = j->tile0[prod + 1] - j->tile0[prod];
+        const size_t tiles = (j->g[prod].w->rows + MM_TILE - 1) / MM_TILE;
         for (size_t t = 0; t < tiles; t++)
             if (tile_arrive(j, prod, t))
                 expand_tile(j, prod, t, true);
@@ -400,8 +380,8 @@ static void prefetch_tile(const struct job *j, size_t prod, size_t tile)
 {
     const struct lora_plan *p = j->p;
     const struct matmul_prod *pr = &j->g[prod];
-    size_t c0, c1;
-    tile_span(j, prod, tile, &c0, &c1);
+    size_t c0 = tile * MM_TILE, out = pr->w->rows;
+    size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
     for (size_t si = 0; si < p->n_segs; si++) {
         const struct lora_seg *s = &p->segs[si];
         const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
@@ -417,8 +397,8 @@ static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
 {
     const struct lora_plan *p = j->p;
     const struct matmul_prod *pr = &j->g[prod];
-    size_t c0, c1;
-    tile_span(j, prod, tile, &c0, &c1);
+    size_t c0 = tile * MM_TILE, out = pr->w->rows;
+    size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
     if (MM_PREFETCH && fetch)
         prefetch_tile(j, prod, tile);
     for (size_t si = 0; si < p->n_segs; si++) {
@@ -443,8 +423,9 @@ static inline void run_base(struct job *j, const struct task *tk)
     size_t ai = j->A.of[tk->prod];
     wait_at_least(&j->prep_done[ai], j->prep_total[ai]);
     const struct matmul_prod *pr = &j->g[tk->prod];
-    size_t r0, r1;
-    tile_span(j, tk->prod, tk->a, &r0, &r1); /* tiles start on a panel */
+    size_t r0 = (size_t)tk->a * MM_TILE, rows = pr->w->rows;
+    size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
+    /* MM_TILE rows are whole panels: tiles start on one */
     if (tk->b) { /* merged: the product's shrinks precede this task */
         /* the expand's panels are requested MM_TAIL rows before the base product ends, so
          * that they arrive while it computes: requested at the expand, each tile waited for
@@ -495,48 +476,17 @@ struct counts {
     size_t prep, shrink, tiles; /* tasks of each kind (shrink: units, so at most) */
 };
 
-/*
- * The base tiles of products g[0..k), in job order: j->tile0, and each tile's first row into
- * at (NULL: counted only); returns their count. A tile is MM_TILE rows, or, once the base
- * work left from it (weight elements, this tile's included) is under 2 * threads tiles'
- * worth of its own product's rows, that work / (2 * threads) rows: 32-row multiples down to
- * MM_TILE_MIN (guided; a product's last tile takes what is left of it).
- */
-static size_t lay_tiles(struct job *j, size_t k, uint32_t *at)
-{
-    double left = 0; /* weight elements of the base rows not yet tiled */
-    for (size_t i = 0; i < k; i++)
-        left += (double)j->g[i].w->rows * (double)j->g[i].w->cols;
-    const double div = 2.0 * (double)j->threads;
-    size_t nt = 0;
-    for (size_t i = 0; i < k; i++) {
-        const size_t rows = j->g[i].w->rows, cols = j->g[i].w->cols;
-        j->tile0[i] = nt;
-        for (size_t r0 = 0; r0 < rows;) {
-            double want = left / (div * (double)cols);
-            size_t t = want >= MM_TILE ? MM_TILE : (size_t)want / 32 * 32;
-            t = t < MM_TILE_MIN ? MM_TILE_MIN : t;
-            t = rows - r0 < t ? rows - r0 : t;
-            if (at)
-                at[nt] = (uint32_t)r0;
-            nt++;
-            left -= (double)t * (double)cols;
-            r0 += t;
-        }
-    }
-    j->tile0[k] = nt;
-    return nt;
-}
-
-/* Counts the tasks; fills j->tile0 (lay_tiles). */
+/* Counts the tasks; fills j->tile0. */
 static struct counts count_tasks(struct job *j, size_t k, size_t n)
 {
     const struct lora_plan *p = j->p;
     struct counts c = {0, 0, 0};
     for (size_t a = 0; a < j->A.n; a++)
         c.prep += j->A.bytes[a] ? (n + MM_PREP_TOK - 1) / MM_PREP_TOK : 0;
-    c.tiles = lay_tiles(j, k, NULL);
     for (size_t i = 0; i < k; i++) {
+        size_t tiles = (j->g[i].w->rows + MM_TILE - 1) / MM_TILE;
+        j->tile0[i] = c.tiles;
+        c.tiles += tiles;
         j->shrink_want[i] = 0;
         for (size_t si = 0; si < p->n_segs; si++)
             if (lora_weights(p->segs[si].ad, j->layer, j->g[i].t))
@@ -582,11 +532,9 @@ static void push_base(struct job *j, struct task *tasks, struct cursor *cu)
     const uint8_t merged = want && j->shrink_total[cu->base_p] == want;
     tasks[cu->nt++] =
         (struct task){TK_BASE, (uint32_t)cu->base_p, (uint32_t)cu->base_t, merged, 0};
-    size_t r0, r1;
-    tile_span(j, cu->base_p, cu->base_t, &r0, &r1);
-    cu->base_done += (double)(r1 - r0) * (double)w->cols;
+    cu->base_done += (double)MM_TILE * (double)w->cols;
     cu->bi++;
-    if (j->tile0[cu->base_p] + ++cu->base_t == j->tile0[cu->base_p + 1]) {
+    if (++cu->base_t * MM_TILE >= w->rows) {
         cu->base_p++;
         cu->base_t = 0;
     }
@@ -745,7 +693,6 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.n_prod = k;
     j.tmp = tmp;
     matmul__acts_plan(&j.A, g, k, 0); /* the fused LoRA job keeps the int8 products */
-    j.threads = mc->pool ? (size_t)pool_threads(mc->pool) : 1;
     const struct counts c = count_tasks(&j, k, n);
     const size_t n_tasks = c.prep + c.shrink + c.tiles; /* at most */
     const size_t flag_off = (n_tasks * sizeof(struct task) + 63) / 64 * 64;
@@ -755,9 +702,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
         any_i8 |= p->segs[si].ad->fast_dt == LORA_DT_I8;
     j.n_tok = n;
     j.ldu = KERN_LORA_I8_LDU(p->max_rank);
-    /* the tiles' first rows after their counters */
-    const size_t at_off = (flag_off + c.tiles * sizeof(atomic_uint) + 63) / 64 * 64;
-    const size_t uq_off = (at_off + c.tiles * sizeof(uint32_t) + 63) / 64 * 64;
+    const size_t uq_off = (flag_off + c.tiles * sizeof(atomic_uint) + 63) / 64 * 64;
     const size_t uq_bytes = any_i8 ? k * n * (j.ldu + sizeof(float) + sizeof(int32_t)) : 0;
     if (!matmul__grow(&mc->act_, &mc->act_cap_, j.A.total ? j.A.total : 64) ||
         !matmul__grow(&mc->tasks_, &mc->tasks_cap_, uq_off + uq_bytes))
@@ -773,8 +718,6 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     struct task *tasks = mc->tasks_;
     j.tasks = tasks;
     j.tile_done = (atomic_uint *)((unsigned char *)mc->tasks_ + flag_off);
-    j.tile_at = (uint32_t *)((unsigned char *)mc->tasks_ + at_off);
-    lay_tiles(&j, k, j.tile_at);
     for (size_t i = 0; i < c.tiles; i++)
         atomic_init(&j.tile_done[i], 0);
     matmul__acts_init(&j.A, g, mc->act_);
