@@ -90,9 +90,16 @@
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
 #ifndef MM_PREFETCH_MIN_RANK
-#define MM_PREFETCH_MIN_RANK 2u /* ... in plans of at least this rank (session 19: at rank 1
-                                 * the requests cost more than the latency they hide; the
-                                 * kernels still request their next rows and panels) */
+#define MM_PREFETCH_MIN_RANK 17u /* ... in plans of at least this rank. Session 19, int4 base,
+                                  * 8 streams, 4 adapters on all 7 projections, A/B in one
+                                  * run against the requests at every rank (loaded machine):
+                                  * without them rank 1 bf16 costs ~1.5 points less, rank 8
+                                  * int8 ~1.3, rank 8 bf16 ~3, rank 16 int8 the same: the
+                                  * requests, issued while the base GEMM streams, wait for
+                                  * fill buffers more than the latency they hide (perf: the
+                                  * prefetch loops' samples sit on the prefetch). Rank 32
+                                  * was not measured: it keeps them. The kernels still
+                                  * request their next rows and panels. */
 #endif
 
 enum { TK_PREP, TK_SHRINK, TK_BASE };
