@@ -30,9 +30,10 @@
  * still in its cache (the update's fixed cost at low rank was mostly separate expand tasks:
  * 2-4 % of an 8-stream int4 step at rank 1, perf, session 10). A product that no segment
  * adapts gets no expand at all.
- * The update's weights are requested ahead of use (session 11): a merged tile asks for its
- * expand's panels MM_TAIL rows before its base product ends, a shrink for the rows of the
- * task MM_LOOKAHEAD places on. At low rank the update's kernels are bound by memory latency,
+ * The update's weights are requested ahead of use (session 11), in plans of rank
+ * MM_PREFETCH_MIN_RANK and more (session 19: below it the requests cost more than they hide):
+ * a merged tile asks for its expand's panels MM_TAIL rows before its base product ends, a
+ * shrink for the rows of the task MM_LOOKAHEAD places on. At low rank the update's kernels are bound by memory latency,
  * not bandwidth: blocks of 1-4 KB requested where they are read left each kernel waiting for
  * its first lines (perf: 30-80 % of the expand's and the shrink's samples on their first
  * weight loads).
