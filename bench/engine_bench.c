@@ -37,6 +37,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -123,6 +124,29 @@ static double quantile(const double *v, size_t n, double q)
 }
 
 static double median(const double *v, size_t n) { return quantile(v, n, 0.5); }
+
+/*
+ * A distribution-free 95 % confidence interval of the median of v[0..n) (session 19): the
+ * order statistics of ranks n/2 -+ 1.96 sqrt(n)/2 (the binomial count of samples under the
+ * median, normal approximation), so a figure's resolution is printed beside it: at 8
+ * streams a pair's ratio spreads over +-5 points (p25-p75), and 100 pairs resolve the
+ * median to about +-1.5 points. It covers the pairs' scatter within one run only: runs of
+ * the same binary minutes apart have differed by more (docs/PERFORMANCE.md, session 19).
+ */
+static void median_ci(const double *v, size_t n, double *lo, double *hi)
+{
+    static double s[MAX_REPS * MAX_STEPS];
+    *lo = *hi = 0;
+    if (n == 0 || n > sizeof s / sizeof s[0])
+        return;
+    memcpy(s, v, n * sizeof *v);
+    qsort(s, n, sizeof *s, cmp_double);
+    const double h = 0.98 * sqrt((double)n); /* 1.96 sqrt(n) / 2 */
+    double a = floor((double)n / 2 - h), b = ceil((double)n / 2 + h); /* 1-based ranks */
+    size_t ia = a < 1 ? 0 : (size_t)a - 1, ib = b > (double)n ? n - 1 : (size_t)b - 1;
+    *lo = s[ia];
+    *hi = s[ib];
+}
 
 
 struct sample {
@@ -312,23 +336,27 @@ static int mode_lora(struct engine *e, struct counter *c, const struct opts *o)
             hi = rep_med[r] > hi ? rep_med[r] : hi;
         }
         const double mrc = median(rc_, n_pairs), mrw = median(rw, n_pairs);
+        double ci_lo, ci_hi;
+        median_ci(rc_, n_pairs, &ci_lo, &ci_hi);
         const double mb = median(base_cpu, n_pairs), ms = median(set_cpu, n_pairs);
         json_t *js = json_pack(
             "{s:s, s:s, s:I, s:i, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-            "s:f, s:f, s:f, s:f}",
+            "s:f, s:f, s:f, s:f, s:f, s:f}",
             "mode", "lora", "set", o->set_label[j], "streams", (json_int_t)o->streams,
             "threads", o->threads, "pairs", (json_int_t)o->steps, "reps", (json_int_t)o->reps,
             "pairs_total", (json_int_t)n_pairs, "cpu_tps_mixed", median(cpu_tps, o->reps),
             "base_step_cpu_ms", 1e3 * mb, "step_cpu_ms", 1e3 * ms, "slowdown_cpu_steps",
             ms / mb, "slowdown_cpu", mrc, "slowdown_cpu_p25", quantile(rc_, n_pairs, 0.25),
-            "slowdown_cpu_p75", quantile(rc_, n_pairs, 0.75), "slowdown_cpu_rep_min", lo,
+            "slowdown_cpu_p75", quantile(rc_, n_pairs, 0.75), "slowdown_cpu_ci_lo", ci_lo,
+            "slowdown_cpu_ci_hi", ci_hi, "slowdown_cpu_rep_min", lo,
             "slowdown_cpu_rep_max", hi, "slowdown_wall", mrw, "slowdown_wall_p25",
             quantile(rw, n_pairs, 0.25), "slowdown_wall_p75", quantile(rw, n_pairs, 0.75),
             "neighbour_load", median(other, o->reps));
         emit(js);
-        fprintf(stderr, "%-8s: %zu pairs; adapted / base step: %+.1f%% cpu (p25-p75 %+.1f..%+.1f, "
-                "repetitions %+.1f..%+.1f), %+.1f%% wall; median steps %.2f / %.2f ms cpu\n",
-                o->set_label[j], n_pairs, 100 * (mrc - 1),
+        fprintf(stderr, "%-8s: %zu pairs; adapted / base step: %+.1f%% cpu (median's 95%% CI "
+                "%+.1f..%+.1f; p25-p75 %+.1f..%+.1f, repetitions %+.1f..%+.1f), %+.1f%% wall; "
+                "median steps %.2f / %.2f ms cpu\n",
+                o->set_label[j], n_pairs, 100 * (mrc - 1), 100 * (ci_lo - 1), 100 * (ci_hi - 1),
                 100 * (quantile(rc_, n_pairs, 0.25) - 1), 100 * (quantile(rc_, n_pairs, 0.75) - 1),
                 100 * (lo - 1), 100 * (hi - 1), 100 * (mrw - 1), 1e3 * ms, 1e3 * mb);
     }

@@ -16,8 +16,10 @@
 # The overhead is measured in pairs of steps of one batch (engine_bench --mode lora, session
 # 16): the same 8 requests step once base-only (their adapters bypassed) and once adapted,
 # the order alternating pair by pair, REPS runs of STEPS pairs per set; overhead = median over
-# every pair of (adapted step / base step) - 1, in process CPU time, beside its spread (the
-# pairs' p25-p75 and the range of the REPS runs' own medians) and the wall-time figure, kept
+# every pair of (adapted step / base step) - 1, in process CPU time, with the median's 95 %
+# confidence interval (engine_bench's median_ci: the resolution of that one run; session 19),
+# beside its spread (the pairs' p25-p75 and the range of the REPS runs' own medians) and the
+# wall-time figure, kept
 # apart. Until session 15 base and adapted were separate runs seconds apart and rows moved by
 # several points between runs. The machine is shared, so only ratios within one run mean
 # anything.
@@ -104,7 +106,7 @@ for dt in $dtypes; do
   bb=$(base_bytes "$base")
   echo "### $dt base ($bb bytes read per step)"
   echo
-  echo "| targets | rank | adapter weights | floor | overhead (CPU, median of pairs) | pairs p25–p75 | runs' medians | overhead (wall) | ≤ 1.15 × floor + 1 pt |"
+  echo "| targets | rank | adapter weights | floor | overhead (CPU, median of pairs; its 95 % CI) | pairs p25–p75 | runs' medians | overhead (wall) | ≤ 1.15 × floor + 1 pt |"
   echo "|---|---|---|---|---|---|---|---|---|"
   for w in $weights; do
     for tg in $targets; do
@@ -126,13 +128,13 @@ for dt in $dtypes; do
       done
       "$eb" --model-dir "$base" --threads "$threads" --mode lora --streams 8 --reps "$reps" \
           --steps "$steps" --lora-weights "$w" "${args[@]}" "${sets[@]}" 2>/dev/null |
-        jq -r '"\(.set) \((.slowdown_cpu-1)*100) \((.slowdown_cpu_p25-1)*100) \((.slowdown_cpu_p75-1)*100) \((.slowdown_wall-1)*100) \((.slowdown_cpu_rep_min-1)*100) \((.slowdown_cpu_rep_max-1)*100)"' |
-        while read -r set o p25 p75 ow rlo rhi; do
+        jq -r '"\(.set) \((.slowdown_cpu-1)*100) \((.slowdown_cpu_ci_lo-1)*100) \((.slowdown_cpu_ci_hi-1)*100) \((.slowdown_cpu_p25-1)*100) \((.slowdown_cpu_p75-1)*100) \((.slowdown_wall-1)*100) \((.slowdown_cpu_rep_min-1)*100) \((.slowdown_cpu_rep_max-1)*100)"' |
+        while read -r set o clo chi p25 p75 ow rlo rhi; do
           f=${floor[$set]}
-          awk -v set="$set" -v w="$w" -v f="$f" -v o="$o" -v p25="$p25" -v p75="$p75" -v ow="$ow" -v rlo="$rlo" -v rhi="$rhi" 'BEGIN {
+          awk -v set="$set" -v w="$w" -v f="$f" -v o="$o" -v clo="$clo" -v chi="$chi" -v p25="$p25" -v p75="$p75" -v ow="$ow" -v rlo="$rlo" -v rhi="$rhi" 'BEGIN {
             split(set, s, "-r"); ok = o <= 1.15 * f + 1 ? "yes" : "no"
-            printf "| %s | %s | %s | %.2f%% | %+.1f%% | %+.1f%% – %+.1f%% | %+.1f%% – %+.1f%% | %+.1f%% | %s (%.1f%%) |\n",
-                   s[1], s[2], w, f, o, p25, p75, rlo, rhi, ow, ok, 1.15 * f + 1 }'
+            printf "| %s | %s | %s | %.2f%% | %+.1f%% (%+.1f – %+.1f) | %+.1f%% – %+.1f%% | %+.1f%% – %+.1f%% | %+.1f%% | %s (%.1f%%) |\n",
+                   s[1], s[2], w, f, o, clo, chi, p25, p75, rlo, rhi, ow, ok, 1.15 * f + 1 }'
         done
       unset floor
     done

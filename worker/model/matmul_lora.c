@@ -30,9 +30,10 @@
  * still in its cache (the update's fixed cost at low rank was mostly separate expand tasks:
  * 2-4 % of an 8-stream int4 step at rank 1, perf, session 10). A product that no segment
  * adapts gets no expand at all.
- * The update's weights are requested ahead of use (session 11): a merged tile asks for its
- * expand's panels MM_TAIL rows before its base product ends, a shrink for the rows of the
- * task MM_LOOKAHEAD places on. At low rank the update's kernels are bound by memory latency,
+ * The update's weights are requested ahead of use (session 11), in plans of rank
+ * MM_PREFETCH_MIN_RANK and more (session 19: below it the requests cost more than they hide):
+ * a merged tile asks for its expand's panels MM_TAIL rows before its base product ends, a
+ * shrink for the rows of the task MM_LOOKAHEAD places on. At low rank the update's kernels are bound by memory latency,
  * not bandwidth: blocks of 1-4 KB requested where they are read left each kernel waiting for
  * its first lines (perf: 30-80 % of the expand's and the shrink's samples on their first
  * weight loads).
@@ -89,6 +90,18 @@
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
+#ifndef MM_PREFETCH_MIN_RANK
+#define MM_PREFETCH_MIN_RANK 17u /* ... in plans of at least this rank. Session 19, int4 base,
+                                  * 8 streams, 4 adapters on all 7 projections, A/B in one
+                                  * run against the requests at every rank (loaded machine):
+                                  * without them rank 1 bf16 costs ~1.5 points less, rank 8
+                                  * int8 ~1.3, rank 8 bf16 ~3, rank 16 int8 the same: the
+                                  * requests, issued while the base GEMM streams, wait for
+                                  * fill buffers more than the latency they hide (perf: the
+                                  * prefetch loops' samples sit on the prefetch). Rank 32
+                                  * was not measured: it keeps them. The kernels still
+                                  * request their next rows and panels. */
+#endif
 
 enum { TK_PREP, TK_SHRINK, TK_BASE };
 
@@ -122,6 +135,7 @@ struct job {
     float *us;
     int32_t *usum;
     size_t ldu, n_tok;
+    bool prefetch; /* MM_PREFETCH and the plan's rank >= MM_PREFETCH_MIN_RANK */
 };
 
 /* ---- running a task ---------------------------------------------------------------------- */
@@ -342,7 +356,7 @@ static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
 {
     const struct lora_seg *s = &j->p->segs[tk->a];
     const struct lora_adapter *ad = s->ad;
-    if (MM_PREFETCH) {
+    if (j->prefetch) {
         prefetch_shrink(j, tk);
         prefetch_if_shrink(j, task + MM_LOOKAHEAD);
     }
@@ -399,7 +413,7 @@ static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
     const struct matmul_prod *pr = &j->g[prod];
     size_t c0 = tile * MM_TILE, out = pr->w->rows;
     size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
-    if (MM_PREFETCH && fetch)
+    if (j->prefetch && fetch)
         prefetch_tile(j, prod, tile);
     for (size_t si = 0; si < p->n_segs; si++) {
         const struct lora_seg *s = &p->segs[si];
@@ -433,11 +447,11 @@ static inline void run_base(struct job *j, const struct task *tk)
          * rows are the same whichever calls compute them; mid starts a panel (of a ragged
          * last tile too) */
         size_t mid = r0;
-        if (MM_PREFETCH && r1 - r0 > MM_TAIL)
+        if (j->prefetch && r1 - r0 > MM_TAIL)
             mid += (r1 - r0 - MM_TAIL) / 16 * 16;
         if (mid > r0)
             matmul__rows(pr, &j->A.a[ai], r0, mid);
-        if (MM_PREFETCH)
+        if (j->prefetch)
             prefetch_tile(j, tk->prod, tk->a);
         matmul__rows(pr, &j->A.a[ai], mid, r1);
         /* the last shrink may still be running: then its task expands the tile */
@@ -692,6 +706,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.g = g;
     j.n_prod = k;
     j.tmp = tmp;
+    j.prefetch = MM_PREFETCH && p->max_rank >= MM_PREFETCH_MIN_RANK;
     matmul__acts_plan(&j.A, g, k, 0); /* the fused LoRA job keeps the int8 products */
     const struct counts c = count_tasks(&j, k, n);
     const size_t n_tasks = c.prep + c.shrink + c.tiles; /* at most */
@@ -734,7 +749,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     push_interleaved(&j, tasks, &cu, k, &c);
     CHECK(cu.nt <= n_tasks);
     j.n_tasks = cu.nt;
-    if (MM_PREFETCH)
+    if (j.prefetch)
         for (size_t i = 0; i < MM_LOOKAHEAD; i++)
             prefetch_if_shrink(&j, i);
     if (mc->pool)
