@@ -27,6 +27,8 @@
 # (bench/bw_probe --peak: bf16 dot for bf16, int8 dot for int4/int8) and sets each engine's
 # prefill FLOP/s against it (FLOPs per token: 2 x the matrices' elements from model.ie.json,
 # plus the causal attention of a 512-token prompt): how far the ratio target is from the roof.
+# On an AMX CPU it adds the two-thread tile peaks (bench/amx_probe, AMX-BF16 and AMX-INT8): there
+# both engines' prefill runs on tiles, so the vector-dot share can pass 100% and means little.
 set -euo pipefail
 dtype=${DTYPE:-int4}
 only=${ONLY:-} # ONLY=prefill or ONLY=decode measures that alone (a busy machine's short run)
@@ -107,6 +109,22 @@ for r in $(seq 1 "$rounds"); do
   if [ "${PEAK:-0}" = 1 ]; then
     "$build/bench/bw_probe" --peak | sed -n "s/^peak threads=[0-9]*: /round $r peak /p" |
       tee -a "$out/peaks"
+    # Where the CPU has AMX, both engines' prefill runs on tiles, far above the vector dot's
+    # peak: the tile peak with both threads (bench/amx_probe, register-resident tiles; a
+    # tdpbf16ps is 16x16x32 multiply-adds, a tdpbssd 16x16x64) is the roof that means something.
+    if [ -x "$build/bench/amx_probe" ]; then
+      for op in bf16 int8; do
+        "$build/bench/amx_probe" "$op" 1 | python3 -c '
+import json, sys
+r, op = sys.argv[1], sys.argv[2]
+for line in sys.stdin:
+    j = json.loads(line)
+    if "gtileops_2t" in j:
+        t = sum(j["gtileops_2t"]) / len(j["gtileops_2t"])
+        print("round %s amx %s %.0f" % (r, op, t * (16 * 16 * 32 if op == "bf16" else 16 * 16 * 64) * 2))
+' "$r" "$op" | tee -a "$out/peaks"
+      done
+    fi
   fi
 done
 if [ "${PEAK:-0}" = 1 ] && [ "$only" != decode ]; then
@@ -120,9 +138,13 @@ n = 512  # causal: position i attends to i + 1 keys, QK and PV, 2 FLOPs each
 attn = hp["n_layers"] * hp["n_heads"] * hp["head_dim"] * 2 * 2 * (n + 1) / 2
 flops = 2 * mat + attn
 key = "bf16 dot" if sys.argv[4] == "bf16" else "int8 dot"
-peaks = {}
+peaks, amx = {}, {}
 for line in open(sys.argv[2]):
-    peaks[int(line.split()[1])] = float(re.search(key + r" ([0-9.]+)", line).group(1))
+    f = line.split()
+    if f[2] == "amx":  # "round R amx bf16|int8 GFLOP/s"
+        amx.setdefault(int(f[1]), {})[f[3]] = float(f[4])
+    else:
+        peaks[int(f[1])] = float(re.search(key + r" ([0-9.]+)", line).group(1))
 pre = {}
 for line in open(sys.argv[1]):
     f = line.split()
@@ -141,6 +163,10 @@ for r in sorted(pre):
         cells.append("%s %.0f GFLOP/s = %.0f%%" % (who, g, 100 * g / pk))
     print("round %d peak %.0f: %s; 2x llama = %.0f%% of the peak" %
           (r, pk, ", ".join(cells), 200 * pre[r]["llama"] * flops / 1e9 / pk))
+    for op, g in sorted(amx.get(r, {}).items()):
+        print("round %d AMX %s tile peak %.0f: llama %.0f%%, clocher %.0f%%" %
+              (r, op, g, 100 * pre[r]["llama"] * flops / 1e9 / g,
+               100 * pre[r]["clocher"] * flops / 1e9 / g))
 if fr["llama"]:
     print("median share of the peak: llama %.0f%%, clocher %.0f%%" %
           (100 * statistics.median(fr["llama"]), 100 * statistics.median(fr["clocher"])))
