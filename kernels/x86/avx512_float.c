@@ -16,7 +16,9 @@
  *
  * bf16 x bf16 (vdpbf16ps, 32 products per instruction) is the prefill path when the CPU has
  * AVX512-BF16: activations rounded to bf16 (kern_act.xb), f32 accumulation; the bf16 x f32
- * path widens weights exactly at half the peak (docs/PERFORMANCE.md has both measured).
+ * path widens weights exactly at half the peak (docs/PERFORMANCE.md has both measured). Up
+ * to 8 tokens (multi-stream decode without AMX) it streams rows instead of packing panels
+ * (gemm_bf16_few below).
  */
 #include "internal.h"
 
