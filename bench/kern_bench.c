@@ -18,7 +18,8 @@
  * was measured beside a busy neighbour and understates the kernels.
  *
  *   usage: kern_bench [--threads N] [--quick] [--hot]
- *                     [--only gemv|gemm|variants|batch|model|q4g|amx|gptoss|gptoss-cpu|gptoss-q8p]
+ *                     [--only gemv|gemm|variants|batch|model|q4g|amx|gptoss|gptoss-cpu|gptoss-q8p|
+ *                             gptoss-bf16]
  *                     [--dtype T]
  * --hot: one copy of each matrix instead of the 256 MiB ring (the kernels' compute rate).
  */
@@ -831,6 +832,99 @@ static void bench_gptoss_q8p(void)
     }
 }
 
+/*
+ * --only gptoss-bf16: gpt-oss's bf16 (non-expert) products at decode shapes, weights from
+ * DRAM on 2 MiB pages, over the pool: the unembedding (201088 x 2880, 1.16 GB), q (4096 x
+ * 2880), k or v (512 x 2880) and o (2880 x 4096). n = 1: the one-token gemv (f32 activations);
+ * n = 8 (an 8-stream decode step): the AMX tiles (this CPU's path from 3 tokens), the
+ * AVX512-BF16 gemm (the path without AMX: its few-token row loop up to 8 tokens) and its
+ * panel gemm (the path before session 20, kern_gemm_bf16_bf16_avx512_panels), each named variant
+ * on prepared activations, interleaved in 3 rounds, best of each; GB/s of weight bytes and
+ * the probe taken before the row (issue 13: the 8-token step should read at the one-token
+ * rate).
+ */
+static void bench_gptoss_bf16(void)
+{
+    if (!isa_ok(KERN_ISA_AVX512) || !kern_has_avx512bf16()) {
+        printf("\n### gpt-oss bf16 shapes: skipped (no AVX512-BF16)\n");
+        return;
+    }
+    static const size_t shapes[][2] = {{201088, 2880}, {4096, 2880}, {512, 2880}, {2880, 4096}};
+    struct {
+        const char *name;
+        kern_mm_fn *fn;
+        size_t n;
+        int amx;
+    } vs[] = {
+        {"gemv n=1", kern_gemv_bf16_f32_avx512, 1, 0},
+        {"amx n=8", kern_gemm_bf16_bf16_amx, 8, 1},
+        {"gemm n=8", kern_gemm_bf16_bf16_avx512, 8, 0},
+        {"panels n=8", kern_gemm_bf16_bf16_avx512_panels, 8, 0},
+    };
+    enum { NV = sizeof vs / sizeof vs[0], ROUNDS = 3 };
+    const int amx = kern_has_amx_bf16();
+    printf("\n### gpt-oss bf16 shapes, %d thread(s): GB/s of weights from DRAM (%% of the probe)"
+           "\n\n| rows x cols | probe GB/s |",
+           g_threads);
+    for (size_t v = 0; v < NV; v++)
+        printf(" %s |", vs[v].name);
+    printf(" other CPU |\n|---|---|---|---|---|---|---|\n");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        size_t rows = shapes[s][0], cols = shapes[s][1];
+        void **w;
+        int copies = make_ring(DT_BF16, rows, cols, &w);
+        float *x = random_x(8, cols), *y = malloc(8 * rows * sizeof(float));
+        const double mb = (double)matrix_bytes(DT_BF16, rows, cols);
+        double probe = bench_bandwidth(g_pool, (size_t)256 << 20, 4), best[NV] = {0};
+        struct bench_load ld;
+        bench_load_begin(&ld);
+        for (int r = 0; r < ROUNDS; r++)
+            for (size_t v = 0; v < NV; v++) {
+                if (vs[v].amx && !amx)
+                    continue;
+                double gbs = mb / time_variant(vs[v].fn, DT_BF16, w, copies, rows, cols, x,
+                                               vs[v].n, y) / 1e9;
+                best[v] = gbs > best[v] ? gbs : best[v];
+            }
+        printf("| %zu x %zu | %.1f |", rows, cols, probe);
+        for (size_t v = 0; v < NV; v++)
+            printf(" %.1f (%.0f%%) |", best[v], 100 * best[v] / probe);
+        printf(" %.0f%% |\n", 100 * bench_load_end(&ld));
+        /* the same on this thread alone in thread CPU time (robust to the neighbours'
+         * scheduling, not to their memory traffic): 5 rounds interleaved, best of each */
+        size_t bytes;
+        kern_act_bytes(DT_BF16, cols, 8, &bytes);
+        void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        double cbest[NV] = {0};
+        for (int r = 0; r < 5; r++)
+            for (size_t v = 0; v < NV; v++) {
+                if (vs[v].amx && !amx)
+                    continue;
+                struct kern_act a;
+                kern_act_init(&a, DT_BF16, x, cols, vs[v].n, buf);
+                kern_act_prepare(&a, 0, vs[v].n);
+                int calls = 0;
+                double t0 = thread_cpu_now(), t;
+                do {
+                    vs[v].fn(w[(size_t)calls % (size_t)copies], &a, y, rows, 0, rows);
+                    calls++;
+                    t = thread_cpu_now() - t0;
+                } while (t < g_min_time / 5);
+                double gbs = mb * calls / t / 1e9;
+                cbest[v] = gbs > cbest[v] ? gbs : cbest[v];
+            }
+        free(buf);
+        printf("| %zu x %zu, 1 thread CPU time | - |", rows, cols);
+        for (size_t v = 0; v < NV; v++)
+            printf(" %.1f |", cbest[v]);
+        printf(" - |\n");
+        fflush(stdout);
+        free(y);
+        free(x);
+        free_ring(w, copies);
+    }
+}
+
 int main(int argc, char **argv)
 {
     cpu_set_t set;
@@ -851,7 +945,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: kern_bench [--threads N] [--quick] [--hot] "
                             "[--only gemv|gemm|variants|batch|model|q4g|amx|gptoss|gptoss-cpu|"
-                            "gptoss-q8p] [--dtype NAME]\n");
+                            "gptoss-q8p|gptoss-bf16] [--dtype NAME]\n");
             return 2;
         }
     }
@@ -881,6 +975,8 @@ int main(int argc, char **argv)
     if (only && (strcmp(only, "gptoss") == 0 || strcmp(only, "gptoss-q8p") == 0) &&
         isa_ok(KERN_ISA_AVX512))
         bench_gptoss_q8p(); /* the int8 model's q8_0 panels (gptoss-q8p: that table alone) */
+    if (only && strcmp(only, "gptoss-bf16") == 0)
+        bench_gptoss_bf16(); /* only on request: the bf16 products at 1 and 8 tokens */
     if (only && strcmp(only, "gptoss-cpu") == 0 && isa_ok(KERN_ISA_AVX512))
         gptoss_mxfp4_cpu(kern_gemv_mxfp4_q8_0_avx512,
                          kern_gemv_mxfp4_q8_0_avx512_plain); /* its 1-thread part alone */

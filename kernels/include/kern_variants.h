@@ -46,6 +46,8 @@ KERN_VARIANTS_(KERN_DECLARE_, avx2)
 KERN_VARIANTS_(KERN_DECLARE_, avx512)
 kern_mm_fn kern_gemv_bf16_bf16_ref, kern_gemm_bf16_bf16_ref;
 kern_mm_fn kern_gemv_bf16_bf16_avx512, kern_gemm_bf16_bf16_avx512;
+/* the AVX512-BF16 panel gemm at every n (kern_gemm_bf16_bf16_avx512 streams rows up to 8 tokens) */
+kern_mm_fn kern_gemm_bf16_bf16_avx512_panels;
 /* AMX-BF16 tiles (x86/amx_bf16.c): may only run when kern_has_amx_bf16(); its twin is
  * kern_gemm_bf16_bf16_ref (kern.h "bf16 weights" for how its order of sums differs). */
 kern_mm_fn kern_gemm_bf16_bf16_amx;

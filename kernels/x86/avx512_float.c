@@ -16,7 +16,9 @@
  *
  * bf16 x bf16 (vdpbf16ps, 32 products per instruction) is the prefill path when the CPU has
  * AVX512-BF16: activations rounded to bf16 (kern_act.xb), f32 accumulation; the bf16 x f32
- * path widens weights exactly at half the peak (docs/PERFORMANCE.md has both measured).
+ * path widens weights exactly at half the peak (docs/PERFORMANCE.md has both measured). Up
+ * to 8 tokens (multi-stream decode without AMX) it streams rows instead of packing panels
+ * (gemm_bf16_few below).
  */
 #include "internal.h"
 
@@ -490,8 +492,89 @@ void kern_gemv_bf16_bf16_avx512(const void *w, const struct kern_act *a, float *
     mm_float(WK_BF16, 1, w, a, y, ldy, r0, r1, GEMV_NR, GEMV_NT);
 }
 
+/*
+ * Few tokens (3..FEW_MAX_N: an 8-stream decode step's bf16 products) on AVX512-BF16 without
+ * AMX: the panel gemm above spends its time packing (transposing) the weights, which a few
+ * tokens cannot amortize: bench/kern_bench --only gptoss-bf16 read ~5 GB/s of weights at
+ * n = 8 against ~15 for the one-token gemv. Here each row is read once, sequentially, 32
+ * columns (one zmm) at a time, and dotted with every token's bf16 activations (L1-resident:
+ * 8 x 2880 x 2 bytes) by one vdpbf16ps each, as the gemv streams: two rows from the range's
+ * two halves share a loop (two DRAM streams) with a software prefetch FEW_PFD bytes ahead in
+ * each (gemv1's reasons). Each output is one f32 chain over its row's 32-column chunks,
+ * reduced at the end: the same products as the panel gemm (exact bf16 x bf16, f32 sums), in
+ * another order, so bits differ from it in the last places (kern.h: bf16 x bf16 is not batch
+ * invariant; the invariant mode runs the gemv, worker/model/matmul.c).
+ */
+#define FEW_MAX_N 8
+#define FEW_PFD 4096
+
+INLINE void few_rows(int S, int NT, const uint16_t *const *rw, const uint16_t *xb, size_t ldx,
+                     size_t cols, float *y, size_t ldy, const size_t *ro)
+{
+    __m512 acc[2][FEW_MAX_N];
+    UNROLL for (int s = 0; s < S; s++) UNROLL for (int j = 0; j < NT; j++) acc[s][j] =
+        _mm512_setzero_ps();
+    for (size_t c = 0; c < cols; c += 32) {
+        __m512i wv[2];
+        UNROLL for (int s = 0; s < S; s++)
+        {
+            _mm_prefetch((const char *)(rw[s] + c) + FEW_PFD, _MM_HINT_T0);
+            wv[s] = _mm512_loadu_si512(rw[s] + c);
+        }
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512(xb + (size_t)j * ldx + c);
+            UNROLL for (int s = 0; s < S; s++) acc[s][j] =
+                _mm512_dpbf16_ps(acc[s][j], (__m512bh)wv[s], xv);
+        }
+    }
+    UNROLL for (int s = 0; s < S; s++) UNROLL for (int j = 0; j < NT; j++)
+        y[(size_t)j * ldy + ro[s]] = _mm512_reduce_add_ps(acc[s][j]);
+}
+
+INLINE void gemm_bf16_few_nt(int NT, const uint16_t *rows, const struct kern_act *a, float *y,
+                             size_t ldy, size_t r0, size_t r1)
+{
+    const size_t cols = a->cols, half = (r1 - r0) / 2;
+    for (size_t i = 0; i < half; i++) {
+        const size_t ro[2] = {r0 + i, r0 + half + i};
+        const uint16_t *rw[2] = {rows + ro[0] * cols, rows + ro[1] * cols};
+        few_rows(2, NT, rw, a->xb, a->ld, cols, y, ldy, ro);
+    }
+    if ((r1 - r0) % 2) {
+        const size_t ro[1] = {r1 - 1};
+        const uint16_t *rw[1] = {rows + ro[0] * cols};
+        few_rows(1, NT, rw, a->xb, a->ld, cols, y, ldy, ro);
+    }
+}
+
+static void gemm_bf16_few(const void *w, const struct kern_act *a, float *y, size_t ldy,
+                          size_t r0, size_t r1)
+{
+    switch (a->n) {
+#define CALL_(T)                                                                             \
+    case T:                                                                                  \
+        gemm_bf16_few_nt(T, w, a, y, ldy, r0, r1);                                           \
+        break;
+        CALL_(1) CALL_(2) CALL_(3) CALL_(4) CALL_(5) CALL_(6) CALL_(7) CALL_(8)
+#undef CALL_
+    default:
+        gemm_bf16(w, a, y, ldy, r0, r1);
+    }
+}
+
 void kern_gemm_bf16_bf16_avx512(const void *w, const struct kern_act *a, float *y, size_t ldy,
                                 size_t r0, size_t r1)
+{
+    if (a->n <= FEW_MAX_N && a->cols % 32 == 0)
+        gemm_bf16_few(w, a, y, ldy, r0, r1);
+    else
+        gemm_bf16(w, a, y, ldy, r0, r1);
+}
+
+/* the panel gemm at every n (bench/kern_bench --only gptoss-bf16: old against new) */
+void kern_gemm_bf16_bf16_avx512_panels(const void *w, const struct kern_act *a, float *y,
+                                       size_t ldy, size_t r0, size_t r1)
 {
     gemm_bf16(w, a, y, ldy, r0, r1);
 }
