@@ -638,6 +638,38 @@ INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *x)
     return acc;
 }
 
+/*
+ * The float steps of one panel block for the NT tokens of a tile (gemm_tile's, in its order):
+ * facc[j] += (float(iacc[j] (+ iacc2[j] when split)) * d_j) * s, s the block's 16 row scales
+ * (f16 at sp), d_j token j's block scale (scb[j].d, the [block][token] copy q4p_gather makes).
+ * The q4_0 and q8_0 panel tiles share it: their bits are the same by construction.
+ */
+INLINE void panel_block_fold(const uint8_t *sp, const __m512i *iacc, const __m512i *iacc2,
+                             int split, const struct q4p_sc *scb, int NT, __m512 *facc)
+{
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)sp));
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(scb[j].d));
+        facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
+    }
+}
+
+/* facc[j] (16 rows, mask rm) to y[j * ldy + r ..], added to what is there when add (a later K
+ * chunk). */
+INLINE void panel_store(__m512 *facc, int NT, float *y, size_t ldy, size_t r, __mmask16 rm,
+                        int add)
+{
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (size_t)j * ldy + r;
+        if (add)
+            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
+        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+    }
+}
+
 INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, size_t nblk,
                           const struct kern_act *a, const struct q4p_sc *sc, size_t k0,
                           size_t t, int NT, float *y, size_t ldy, size_t r,
@@ -790,26 +822,12 @@ INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, siz
                         iacc[j] = dpbusd_bcast(iacc[j], hi, x + 16);
                 }
             }
-            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
-                (const __m256i *)(pp[u] + quant_q4p_soff(k0 / 32 + b, nb))));
-            UNROLL for (int j = 0; j < NT; j++)
-            {
-                __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
-                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
-                                         _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d));
-                facc[u][j] = _mm512_fmadd_ps(f, s, facc[u][j]);
-            }
+            panel_block_fold(pp[u] + quant_q4p_soff(k0 / 32 + b, nb), iacc, iacc2, split,
+                             sc + b * (size_t)NT, NT, facc[u]);
         }
     }
-    const size_t rs[2] = {ra, rb};
-    const __mmask16 rms[2] = {rma, rmb};
-    UNROLL for (int u = 0; u < 2; u++) UNROLL for (int j = 0; j < NT; j++)
-    {
-        float *yo = y + (size_t)j * ldy + rs[u];
-        if (add)
-            facc[u][j] = _mm512_add_ps(facc[u][j], _mm512_maskz_loadu_ps(rms[u], yo));
-        _mm512_mask_storeu_ps(yo, rms[u], facc[u][j]);
-    }
+    panel_store(facc[0], NT, y, ldy, ra, rma, add);
+    panel_store(facc[1], NT, y, ldy, rb, rmb, add);
 }
 
 /* Token tiles of near-equal size (n = 12: 6 + 6, not 8 + 4): tile ti of ntiles starts at t. */
@@ -1019,26 +1037,13 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t 
                         iacc[j] = dpbusd_bcast(iacc[j], wv, x);
                 }
             }
-            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
-                (const __m256i *)(pps[u] + quant_q8p_soff(k0 / 32 + b, nb))));
-            UNROLL for (int j = 0; j < NT; j++)
-            {
-                __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
-                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
-                                         _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d));
-                facc[u][j] = _mm512_fmadd_ps(f, s, facc[u][j]);
-            }
+            panel_block_fold(pps[u] + quant_q8p_soff(k0 / 32 + b, nb), iacc, iacc2, split,
+                             sc + b * (size_t)NT, NT, facc[u]);
         }
     }
-    const size_t rs[2] = {r, r2};
-    const __mmask16 rms[2] = {rm, rm2};
-    UNROLL for (int u = 0; u < NS; u++) UNROLL for (int j = 0; j < NT; j++)
-    {
-        float *yo = y + (t + (size_t)j) * ldy + rs[u];
-        if (add)
-            facc[u][j] = _mm512_add_ps(facc[u][j], _mm512_maskz_loadu_ps(rms[u], yo));
-        _mm512_mask_storeu_ps(yo, rms[u], facc[u][j]);
-    }
+    panel_store(facc[0], NT, y + t * ldy, ldy, r, rm, add);
+    if (NS == 2)
+        panel_store(facc[1], NT, y + t * ldy, ldy, r2, rm2, add);
 }
 
 /*
