@@ -638,6 +638,33 @@ INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *x)
     return acc;
 }
 
+#ifndef Q4P_RB
+#define Q4P_RB 1
+#endif
+/*
+ * set1(*p) as its own vpbroadcastd from memory (a load-port uop, no vector ALU op), never
+ * merged with another broadcast of the same word: GCC otherwise broadcasts a token's offset
+ * once for both panels of the two-stream tile, keeps the 8 copies live and moves one into each
+ * accumulator (8 zmm moves per block, and the 8 live registers spilled 3 float sums to the stack).
+ */
+INLINE __m512i bcast_epi32_ld(const int32_t *p)
+{
+    __m512i r;
+    if (!Q4P_RB)
+        return _mm512_set1_epi32(*p);
+    __asm__ volatile("vpbroadcastd %[m], %[r]" : [r] "=v"(r) : [m] "m"(*p));
+    return r;
+}
+
+/* a * set1(*p) with the {1to16} broadcast memory operand (the same product; see bcast_epi32_ld) */
+INLINE __m512 mul_bcast_ps(__m512 a, const float *p)
+{
+    if (!Q4P_RB)
+        return _mm512_mul_ps(a, _mm512_set1_ps(*p));
+    __asm__("vmulps %[m]%{1to16%}, %[a], %[a]" : [a] "+v"(a) : [m] "m"(*p));
+    return a;
+}
+
 /*
  * The float steps of one panel block for the NT tokens of a tile (gemm_tile's, in its order):
  * facc[j] += (float(iacc[j] (+ iacc2[j] when split)) * d_j) * s, s the block's 16 row scales
@@ -651,7 +678,7 @@ INLINE void panel_block_fold(const uint8_t *sp, const __m512i *iacc, const __m51
     UNROLL for (int j = 0; j < NT; j++)
     {
         __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
-        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia), _mm512_set1_ps(scb[j].d));
+        __m512 f = mul_bcast_ps(_mm512_cvtepi32_ps(ia), &scb[j].d);
         facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
     }
 }
@@ -766,6 +793,23 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
 }
 
 /*
+ * (v >> 4) & 15 in every byte with one GF(2) affine op instead of a shift and an and (4 of the
+ * ~100 port-0/5 ops of a 16 x 32 block at 8 tokens): output bit i (i < 4) is input bit i + 4,
+ * so matrix row i (byte 7 - i of the qword) is 1 << (i + 4), rows 4..7 are zero, no constant.
+ * Inline assembly, so this file needs no -mgfni (with it GCC may pick GFNI for code of its own);
+ * run only where the CPU has GFNI (kern__gfni, kernels/dispatch.c).
+ */
+static const uint64_t gfni_hi_nibble = 0x1020408000000000ull;
+INLINE __m512i hi_nibbles_gfni(__m512i v)
+{
+    __m512i r;
+    __asm__("vgf2p8affineqb $0, %[m]%{1to8%}, %[v], %[r]"
+            : [r] "=v"(r)
+            : [v] "v"(v), [m] "m"(gfni_hi_nibble));
+    return r;
+}
+
+/*
  * gemm_q4p_tile's one-panel tile (NP = 1) on two panels pa, pb far apart (rows ra, rb) block by
  * block, 1..8 tokens: the thread keeps two sequential DRAM streams in flight (kern.h
  * kern_set_panel_streams) with the one-panel tile's instructions per panel (its folded
@@ -781,7 +825,7 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
 INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, size_t nblk,
                             const struct kern_act *a, const struct q4p_sc *sc, size_t k0,
                             int NT, float *y, size_t ldy, size_t ra, size_t rb, __mmask16 rma,
-                            __mmask16 rmb, int add)
+                            __mmask16 rmb, int add, int gfni)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const int split = NT <= 2;
@@ -804,14 +848,14 @@ INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, siz
             __m512i iacc[Q4P_NT], iacc2[Q4P_NT];
             UNROLL for (int j = 0; j < NT; j++)
             {
-                iacc[j] = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
+                iacc[j] = bcast_epi32_ld(&sc[b * (size_t)NT + (size_t)j].ns);
                 iacc2[j] = _mm512_setzero_si512();
             }
             UNROLL for (int g = 0; g < 4; g++)
             {
                 __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
                 __m512i lo = _mm512_and_si512(v, m4);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                __m512i hi = gfni ? hi_nibbles_gfni(v) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 UNROLL for (int j = 0; j < NT; j++)
                 {
                     const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
@@ -852,8 +896,10 @@ static void q4p_gather(const struct kern_act *a, size_t nb, struct q4p_sc *sc)
     }
 }
 
-void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
-                                 size_t ldy, size_t r0, size_t r1)
+/* kern_gemm_q4_0p_q8_0_avx512's body; gfni: the two-stream tiles (1..8 tokens) take the high
+ * nibbles with GFNI (hi_nibbles_gfni: the same bytes, so the same bits) */
+INLINE void q4p_gemm(const void *wp, const struct kern_act *a, float *y, size_t ldy, size_t r0,
+                     size_t r1, int gfni)
 {
     const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
     const size_t pstride = PANEL * rb; /* bytes of one panel */
@@ -893,7 +939,7 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
         break;                                                                               \
     case T * 2 + 1:                                                                          \
         gemm_q4p_tile2s(pa, pb, nb, kc / 32, a, sc, k0, T, y, ldy, ra, rbb, rm[0], rmb,      \
-                        k0 > 0);                                                             \
+                        k0 > 0, gfni);                                                       \
         break;
                     CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
 #undef CASE_
@@ -931,6 +977,25 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
             }
         }
     }
+}
+
+void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
+                                 size_t ldy, size_t r0, size_t r1)
+{
+    /* GFNI where the CPU has it (and CLOCHER_GFNI is not 0): 1.02-1.05x at n = 8, docs/PERFORMANCE.md
+     * "int4 decode at 8 streams, session 20" */
+    if (kern__gfni)
+        q4p_gemm(wp, a, y, ldy, r0, r1, 1);
+    else
+        q4p_gemm(wp, a, y, ldy, r0, r1, 0);
+}
+
+/* The GFNI path whatever kern__gfni says (tests/kern runs both paths on a GFNI CPU); only where
+ * the CPU has GFNI (kern_has_gfni). */
+void kern_gemm_q4_0p_q8_0_avx512gfni(const void *wp, const struct kern_act *a, float *y,
+                                     size_t ldy, size_t r0, size_t r1)
+{
+    q4p_gemm(wp, a, y, ldy, r0, r1, 1);
 }
 
 /*
@@ -1017,7 +1082,7 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t 
             __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
             UNROLL for (int j = 0; j < NT; j++)
             {
-                iacc[j] = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
+                iacc[j] = bcast_epi32_ld(&sc[b * (size_t)NT + (size_t)j].ns);
                 iacc2[j] = _mm512_setzero_si512();
             }
             UNROLL for (int g = 0; g < 8; g++)
