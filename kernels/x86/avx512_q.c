@@ -979,24 +979,35 @@ INLINE void q4p_gemm(const void *wp, const struct kern_act *a, float *y, size_t 
     }
 }
 
+/* The GFNI path whatever kern__gfni says (tests/kern runs both paths on a GFNI CPU); only where
+ * the CPU has GFNI (kern_has_gfni). */
+__attribute__((noinline)) void kern_gemm_q4_0p_q8_0_avx512gfni(const void *wp,
+                                                                const struct kern_act *a,
+                                                                float *y, size_t ldy, size_t r0,
+                                                                size_t r1)
+{
+    q4p_gemm(wp, a, y, ldy, r0, r1, 1);
+}
+
+/* q4p_gemm's two instances, each its own function (noinline): inlined both into one, the plain
+ * path ran ~0.8x in kern_bench_ab (n = 8, in cache) */
+__attribute__((noinline)) static void q4p_gemm_plain(const void *wp, const struct kern_act *a,
+                                                     float *y, size_t ldy, size_t r0, size_t r1)
+{
+    q4p_gemm(wp, a, y, ldy, r0, r1, 0);
+}
+
 void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
                                  size_t ldy, size_t r0, size_t r1)
 {
     /* GFNI where the CPU has it (and CLOCHER_GFNI is not 0): 1.02-1.05x at n = 8, docs/PERFORMANCE.md
      * "int4 decode at 8 streams, session 20" */
     if (kern__gfni)
-        q4p_gemm(wp, a, y, ldy, r0, r1, 1);
+        kern_gemm_q4_0p_q8_0_avx512gfni(wp, a, y, ldy, r0, r1);
     else
-        q4p_gemm(wp, a, y, ldy, r0, r1, 0);
+        q4p_gemm_plain(wp, a, y, ldy, r0, r1);
 }
 
-/* The GFNI path whatever kern__gfni says (tests/kern runs both paths on a GFNI CPU); only where
- * the CPU has GFNI (kern_has_gfni). */
-void kern_gemm_q4_0p_q8_0_avx512gfni(const void *wp, const struct kern_act *a, float *y,
-                                     size_t ldy, size_t r0, size_t r1)
-{
-    q4p_gemm(wp, a, y, ldy, r0, r1, 1);
-}
 
 /*
  * kern_panels_pack of q4_0 on AVX-512 (the load-time repack, ~10x the scalar copy):
