@@ -799,13 +799,12 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
  * Inline assembly, so this file needs no -mgfni (with it GCC may pick GFNI for code of its own);
  * run only where the CPU has GFNI (kern__gfni, kernels/dispatch.c).
  */
-static const uint64_t gfni_hi_nibble = 0x1020408000000000ull;
 INLINE __m512i hi_nibbles_gfni(__m512i v)
 {
+    /* the matrix in a register (GCC hoists the constant out of the block loop) */
+    const __m512i m = _mm512_set1_epi64((long long)0x1020408000000000ull);
     __m512i r;
-    __asm__("vgf2p8affineqb $0, %[m]%{1to8%}, %[v], %[r]"
-            : [r] "=v"(r)
-            : [v] "v"(v), [m] "m"(gfni_hi_nibble));
+    __asm__("vgf2p8affineqb $0, %[m], %[v], %[r]" : [r] "=v"(r) : [v] "v"(v), [m] "v"(m));
     return r;
 }
 
