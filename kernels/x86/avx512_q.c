@@ -814,9 +814,9 @@ INLINE __m512i hi_nibbles_gfni(__m512i v)
  * kern_set_panel_streams) with the one-panel tile's instructions per panel (its folded
  * broadcasts, its accumulators), the float sums in registers (2 x NT; with the NT int
  * accumulators and the nibbles <= 27 zmm). Each panel's steps are the one-panel tile's, in its
- * order: the same bits. Unlike the two-panel tile (NP = 2, adjacent panels sharing each
- * broadcast), which measured slower at n = 8 from DRAM (docs/PERFORMANCE.md "int4 wide tile,
- * session 11").
+ * order: the same bits (gfni: the high nibbles by hi_nibbles_gfni, the same bytes). Unlike the
+ * two-panel tile (NP = 2, adjacent panels sharing each broadcast), which measured slower at
+ * n = 8 from DRAM (docs/PERFORMANCE.md "int4 wide tile, session 11").
  */
 #ifndef Q4P_NS2 /* 0: the one-stream tiles (bench/kern_bench_ab.sh CFLAGS_A / CFLAGS_B) */
 #define Q4P_NS2 1
@@ -854,7 +854,8 @@ INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, siz
             {
                 __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
                 __m512i lo = _mm512_and_si512(v, m4);
-                __m512i hi = gfni ? hi_nibbles_gfni(v) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                __m512i hi = gfni ? hi_nibbles_gfni(v)
+                                  : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 UNROLL for (int j = 0; j < NT; j++)
                 {
                     const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
@@ -999,8 +1000,9 @@ __attribute__((noinline)) static void q4p_gemm_plain(const void *wp, const struc
 void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
                                  size_t ldy, size_t r0, size_t r1)
 {
-    /* GFNI where the CPU has it (and CLOCHER_GFNI is not 0): 1.02-1.05x at n = 8, docs/PERFORMANCE.md
-     * "int4 decode at 8 streams, session 20" */
+    /* GFNI where the CPU has it (and CLOCHER_GFNI is not 0): ~1.04x at n = 8 from DRAM with
+     * the broadcast change, not settled under load (docs/PERFORMANCE.md "int4 decode at 8
+     * streams, session 20") */
     if (kern__gfni)
         kern_gemm_q4_0p_q8_0_avx512gfni(wp, a, y, ldy, r0, r1);
     else
