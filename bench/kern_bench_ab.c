@@ -5,7 +5,11 @@
  * bit for bit (a kernel change that keeps the arithmetic must print 0), then the two are timed
  * alternately, ROUNDS times each, and each keeps its best: thread CPU time, so time the
  * scheduler gives other processes on this shared machine is not counted. One markdown row.
- *   usage: kern_bench_ab KIND ROWS COLS N ROUNDS    (KIND: q4p, q8p, q4rows, mxv)
+ *   usage: kern_bench_ab KIND ROWS COLS N ROUNDS    (KIND: q4p, q8p, q4rows, mxv, q4vq8)
+ * q4vq8 answers bytes against ops: A = REV_A's q4_0 panel product on random q4_0 weights, B =
+ * REV_B's q8_0 panel product on the same weights stored as q8_0 (each nibble - 8 an int8, the
+ * same scale): twice the bytes, no nibble unpack. The integer sums are equal, so the outputs
+ * are too (0 differing bits expected).
  * Weights stay in cache for small shapes (the kernels' own speed, not DRAM's) unless
  * KERN_AB_RING_MIB=M is set: then copies of the weights filling >= M MiB are cycled through,
  * so each call streams its weights from DRAM, as decode does.
@@ -74,11 +78,12 @@ int main(int argc, char **argv)
                  n = strtoul(argv[4], NULL, 10);
     const int rounds = atoi(argv[5]);
     const int mx = strcmp(kind, "mxv") == 0, q8 = strcmp(kind, "q8p") == 0,
-              panels = q8 || strcmp(kind, "q4p") == 0;
+              q4v8 = strcmp(kind, "q4vq8") == 0,
+              panels = q8 || q4v8 || strcmp(kind, "q4p") == 0;
     if ((!mx && !panels && strcmp(kind, "q4rows") != 0) || rows == 0 || n == 0 ||
         cols == 0 || cols % 32 || rounds < 1) {
-        fprintf(stderr, "kern_bench_ab: expected q4p|q8p|q4rows|mxv, rows, n, rounds > 0 and "
-                        "cols a multiple of 32\n");
+        fprintf(stderr, "kern_bench_ab: expected q4p|q8p|q4rows|mxv|q4vq8, rows, n, rounds > 0 "
+                        "and cols a multiple of 32\n");
         return 2;
     }
     if (kern_init() != 0 || kern_isa() != KERN_ISA_AVX512) {
@@ -99,42 +104,67 @@ int main(int argc, char **argv)
             memcpy(w + b * bb, &d, 2);
         }
     }
+    /* q4vq8's B side: w as q8_0 blocks [rows][nb][34] (q4_0 byte i: element i low nibble,
+     * element i + 16 high nibble) */
+    uint8_t *w8 = NULL;
+    if (q4v8) {
+        w8 = xmalloc(rows * nb * 34);
+        for (size_t b = 0; b < rows * nb; b++) {
+            const uint8_t *s4 = w + b * 18;
+            uint8_t *s8 = w8 + b * 34;
+            memcpy(s8, s4, 2);
+            for (int i = 0; i < 16; i++) {
+                s8[2 + i] = (uint8_t)(int8_t)((s4[2 + i] & 15) - 8);
+                s8[18 + i] = (uint8_t)(int8_t)((s4[2 + i] >> 4) - 8);
+            }
+        }
+    }
     const char *ring = getenv("KERN_AB_RING_MIB");
-    const size_t kbytes = panels ? kern_panels_bytes(dt, rows, cols) : wbytes;
-    const size_t ncopies = ring ? (strtoul(ring, NULL, 10) << 20) / kbytes + 1 : 1;
-    const void **wk = xmalloc(ncopies * sizeof *wk);
-    for (size_t c = 0; c < ncopies; c++) {
-        void *wc = xmalloc(kbytes);
-        if (panels)
-            kern_panels_pack(dt, w, cols, wc, rows, 0, (rows + 15) / 16);
-        else
-            memcpy(wc, w, wbytes);
-        wk[c] = wc;
+    const void **wk[2];
+    size_t ncopies[2];
+    for (int side = 0; side < 2; side++) {
+        const int as8 = q4v8 && side == 1;
+        const enum dtype dts = as8 ? DT_Q8_0 : dt;
+        const size_t wb = as8 ? rows * nb * 34 : wbytes;
+        const size_t kbytes = panels ? kern_panels_bytes(dts, rows, cols) : wb;
+        ncopies[side] = ring ? (strtoul(ring, NULL, 10) << 20) / kbytes + 1 : 1;
+        wk[side] = xmalloc(ncopies[side] * sizeof *wk[side]);
+        for (size_t c = 0; c < ncopies[side]; c++) {
+            void *wc = xmalloc(kbytes);
+            if (panels)
+                kern_panels_pack(dts, as8 ? w8 : w, cols, wc, rows, 0, (rows + 15) / 16);
+            else
+                memcpy(wc, w, wb);
+            wk[side][c] = wc;
+        }
     }
     float *x = xmalloc(n * cols * sizeof *x), *ya = xmalloc(n * rows * sizeof *ya),
           *yb = xmalloc(n * rows * sizeof *yb);
     for (size_t i = 0; i < n * cols; i++)
         x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
-    size_t abytes;
-    if (kern_act_bytes(dt, cols, n, &abytes) != 0) {
-        fprintf(stderr, "kern_bench_ab: activation size overflows\n");
-        return 2;
+    struct kern_act act[2];
+    for (int side = 0; side < 2; side++) {
+        const enum dtype dts = q4v8 && side == 1 ? DT_Q8_0 : dt;
+        size_t abytes;
+        if (kern_act_bytes(dts, cols, n, &abytes) != 0) {
+            fprintf(stderr, "kern_bench_ab: activation size overflows\n");
+            return 2;
+        }
+        kern_act_init(&act[side], dts, x, cols, n, xmalloc(abytes + 64));
+        kern_act_prepare(&act[side], 0, n);
     }
-    struct kern_act a;
-    kern_act_init(&a, dt, x, cols, n, xmalloc(abytes + 64));
-    kern_act_prepare(&a, 0, n);
     ab_fn *fa = mx ? ab_a_mxv : q8 ? ab_a_q8p : panels ? ab_a_q4p : ab_a_q4rows;
-    ab_fn *fb = mx ? ab_b_mxv : q8 ? ab_b_q8p : panels ? ab_b_q4p : ab_b_q4rows;
-    fa(wk[0], &a, ya, rows, 0, rows);
-    fb(wk[0], &a, yb, rows, 0, rows);
+    ab_fn *fb = mx ? ab_b_mxv : q8 || q4v8 ? ab_b_q8p : panels ? ab_b_q4p : ab_b_q4rows;
+    fa(wk[0][0], &act[0], ya, rows, 0, rows);
+    fb(wk[1][0], &act[1], yb, rows, 0, rows);
     size_t diff = 0;
     for (size_t i = 0; i < n * rows; i++)
         diff += memcmp(&ya[i], &yb[i], sizeof ya[i]) != 0;
     double ta = 1e30, tb = 1e30;
     for (int r = 0; r < rounds; r++) {
-        double t = time_calls(fa, wk, ncopies, &a, ya, rows);
+        double t = time_calls(fa, wk[0], ncopies[0], &act[0], ya, rows);
         ta = t < ta ? t : ta;
-        t = time_calls(fb, wk, ncopies, &a, yb, rows);
+        t = time_calls(fb, wk[1], ncopies[1], &act[1], yb, rows);
         tb = t < tb ? t : tb;
     }
     const double ops = 2.0 * (double)rows * (double)cols * (double)n;

@@ -8,7 +8,8 @@
 #   working tree's file)
 #   KIND: q4p (q4_0 panel GEMM, kern_gemm_q4_0p_q8_0_avx512), q8p (q8_0 panel GEMM,
 #         kern_gemm_q8_0p_q8_0_avx512), q4rows (stored-row q4_0 GEMM),
-#         mxv (kern_gemv_mxfp4_q8_0_avx512); with no case given, a default set runs.
+#         mxv (kern_gemv_mxfp4_q8_0_avx512), q4vq8 (REV_A's q4_0 panels against REV_B's q8_0
+#         panels on the same weights: bytes against ops); with no case given, a default set runs.
 # CFLAGS_A, CFLAGS_B: extra compiler flags for one side (e.g. -DQ8P_PF=0: a knob of the file).
 # Needs a configured build (BUILD_DIR, default build/release) with clocher_kernels built.
 set -euo pipefail

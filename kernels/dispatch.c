@@ -38,11 +38,12 @@ const char *kern_isa_name(enum kern_isa isa)
 struct cpu_feats {
     int avx2, avx512, avx512bf16;
     int amx_bf16; /* AMX-TILE + AMX-BF16 in the CPU and XCR0 (the OS grant is amx_granted) */
+    int gfni;     /* GFNI with the AVX-512 ISA (its 512-bit forms, x86/avx512_q.c) */
 };
 
 static struct cpu_feats read_cpu_feats(void)
 {
-    struct cpu_feats f = {0, 0, 0, 0};
+    struct cpu_feats f = {0, 0, 0, 0, 0};
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return f;
@@ -61,6 +62,7 @@ static struct cpu_feats read_cpu_feats(void)
         avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1, vnni = (c >> 11) & 1;
     f.avx2 = os_avx && avx2 && fma && f16c;
     f.avx512 = f.avx2 && os_avx512 && avx512f && avx512dq && avx512bw && avx512vl && vnni;
+    f.gfni = f.avx512 && ((c >> 8) & 1); /* CPUID 7.0 ECX bit 8 */
     /* CPUID 7.0 EDX bit 24: AMX-TILE, bit 22: AMX-BF16, bit 25: AMX-INT8. Both kinds of tile
      * multiply are asked for (every AMX CPU so far has both): the amx overlay holds bf16 and
      * int8 kernels (x86/amx_bf16.c, x86/amx_q.c). */
@@ -150,6 +152,17 @@ int kern_isa_supported(enum kern_isa isa)
 
 int kern_has_avx512bf16(void) { return cpu_feats().avx512bf16; }
 
+int kern_has_gfni(void) { return cpu_feats().gfni; }
+
+/* internal.h kern__gfni: set with the table (fill_table); CLOCHER_GFNI=0 keeps GFNI off (the
+ * way to run the plain AVX-512 path on a GFNI machine: tests/kern test_kern_nogfni, A/B runs) */
+int kern__gfni;
+static int gfni_wanted(void)
+{
+    const char *s = getenv("CLOCHER_GFNI");
+    return !(s && strcmp(s, "0") == 0);
+}
+
 /* ---- the dispatch table ------------------------------------------------------------------ */
 
 static void matmul_prepared(enum dtype wt, const void *w, size_t cols, const float *x, size_t n,
@@ -223,6 +236,7 @@ static void fill_table(enum kern_isa isa)
         }
     }
     ops.amx = amx;
+    kern__gfni = isa == KERN_ISA_AVX512 && kern_has_gfni() && gfni_wanted();
     kern__ops = ops;
 }
 

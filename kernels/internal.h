@@ -141,6 +141,8 @@ struct kern_ops {
 extern struct kern_ops kern__ops;
 /* kern_set_panel_streams' value: 1 or 2 */
 extern int kern__panel_streams;
+/* 1: the AVX-512 kernels may use GFNI (the CPU has it, CLOCHER_GFNI is not 0; dispatch.c) */
+extern int kern__gfni;
 
 /* ---- pieces the traits point at ---------------------------------------------------------- */
 

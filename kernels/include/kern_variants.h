@@ -65,6 +65,10 @@ kern_mm_fn kern_gemv_mxfp4_q8_0_avx512_plain;
  */
 kern_mm_fn kern_gemm_q4_0p_q8_0_ref, kern_gemm_q4_0p_q8_0_avx2, kern_gemm_q4_0p_q8_0_avx512;
 kern_mm_fn kern_gemm_q8_0p_q8_0_ref, kern_gemm_q8_0p_q8_0_avx2, kern_gemm_q8_0p_q8_0_avx512;
+/* kern_gemm_q4_0p_q8_0_avx512 with its GFNI path forced (_avx512 takes it where the CPU has
+ * GFNI and CLOCHER_GFNI is not 0): only where kern_has_gfni(); the same bits */
+kern_mm_fn kern_gemm_q4_0p_q8_0_avx512gfni;
+int kern_has_gfni(void);
 /* AMX-INT8 tiles on the same panels (x86/amx_q.c): only when kern_has_amx_bf16(); the same bits
  * as the _avx512 panel kernels above (their twins through them) on activations without xt;
  * with xt (kern.h KERN_ACT_BF16_TILES) they run the _bf16_amx kernels below instead */

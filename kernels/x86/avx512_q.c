@@ -638,6 +638,65 @@ INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *x)
     return acc;
 }
 
+#ifndef Q4P_RB
+#define Q4P_RB 1
+#endif
+/*
+ * set1(*p) as its own vpbroadcastd from memory (a load-port uop, no vector ALU op), never
+ * merged with another broadcast of the same word: GCC otherwise broadcasts a token's offset
+ * once for both panels of the two-stream tile, keeps the 8 copies live and moves one into each
+ * accumulator (8 zmm moves per block, and the 8 live registers spilled 3 float sums to the stack).
+ */
+INLINE __m512i bcast_epi32_ld(const int32_t *p)
+{
+    __m512i r;
+    if (!Q4P_RB)
+        return _mm512_set1_epi32(*p);
+    __asm__ volatile("vpbroadcastd %[m], %[r]" : [r] "=v"(r) : [m] "m"(*p));
+    return r;
+}
+
+/* a * set1(*p) with the {1to16} broadcast memory operand (the same product; see bcast_epi32_ld) */
+INLINE __m512 mul_bcast_ps(__m512 a, const float *p)
+{
+    if (!Q4P_RB)
+        return _mm512_mul_ps(a, _mm512_set1_ps(*p));
+    __asm__("vmulps %[m]%{1to16%}, %[a], %[a]" : [a] "+v"(a) : [m] "m"(*p));
+    return a;
+}
+
+/*
+ * The float steps of one panel block for the NT tokens of a tile (gemm_tile's, in its order):
+ * facc[j] += (float(iacc[j] (+ iacc2[j] when split)) * d_j) * s, s the block's 16 row scales
+ * (f16 at sp), d_j token j's block scale (scb[j].d, the [block][token] copy q4p_gather makes).
+ * The q4_0 and q8_0 panel tiles share it: their bits are the same by construction.
+ */
+INLINE void panel_block_fold(const uint8_t *sp, const __m512i *iacc, const __m512i *iacc2,
+                             int split, const struct q4p_sc *scb, int NT, __m512 *facc)
+{
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)sp));
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+        __m512 f = mul_bcast_ps(_mm512_cvtepi32_ps(ia), &scb[j].d);
+        facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
+    }
+}
+
+/* facc[j] (16 rows, mask rm) to y[j * ldy + r ..], added to what is there when add (a later K
+ * chunk). */
+INLINE void panel_store(__m512 *facc, int NT, float *y, size_t ldy, size_t r, __mmask16 rm,
+                        int add)
+{
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        float *yo = y + (size_t)j * ldy + r;
+        if (add)
+            facc[j] = _mm512_add_ps(facc[j], _mm512_maskz_loadu_ps(rm, yo));
+        _mm512_mask_storeu_ps(yo, rm, facc[j]);
+    }
+}
+
 INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, size_t nblk,
                           const struct kern_act *a, const struct q4p_sc *sc, size_t k0,
                           size_t t, int NT, float *y, size_t ldy, size_t r,
@@ -734,14 +793,30 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
 }
 
 /*
+ * (v >> 4) & 15 in every byte with one GF(2) affine op instead of a shift and an and (4 of the
+ * ~100 port-0/5 ops of a 16 x 32 block at 8 tokens): output bit i (i < 4) is input bit i + 4,
+ * so matrix row i (byte 7 - i of the qword) is 1 << (i + 4), rows 4..7 are zero, no constant.
+ * Inline assembly, so this file needs no -mgfni (with it GCC may pick GFNI for code of its own);
+ * run only where the CPU has GFNI (kern__gfni, kernels/dispatch.c).
+ */
+INLINE __m512i hi_nibbles_gfni(__m512i v)
+{
+    /* the matrix in a register (GCC hoists the constant out of the block loop) */
+    const __m512i m = _mm512_set1_epi64((long long)0x1020408000000000ull);
+    __m512i r;
+    __asm__("vgf2p8affineqb $0, %[m], %[v], %[r]" : [r] "=v"(r) : [v] "v"(v), [m] "v"(m));
+    return r;
+}
+
+/*
  * gemm_q4p_tile's one-panel tile (NP = 1) on two panels pa, pb far apart (rows ra, rb) block by
  * block, 1..8 tokens: the thread keeps two sequential DRAM streams in flight (kern.h
  * kern_set_panel_streams) with the one-panel tile's instructions per panel (its folded
  * broadcasts, its accumulators), the float sums in registers (2 x NT; with the NT int
  * accumulators and the nibbles <= 27 zmm). Each panel's steps are the one-panel tile's, in its
- * order: the same bits. Unlike the two-panel tile (NP = 2, adjacent panels sharing each
- * broadcast), which measured slower at n = 8 from DRAM (docs/PERFORMANCE.md "int4 wide tile,
- * session 11").
+ * order: the same bits (gfni: the high nibbles by hi_nibbles_gfni, the same bytes). Unlike the
+ * two-panel tile (NP = 2, adjacent panels sharing each broadcast), which measured slower at
+ * n = 8 from DRAM (docs/PERFORMANCE.md "int4 wide tile, session 11").
  */
 #ifndef Q4P_NS2 /* 0: the one-stream tiles (bench/kern_bench_ab.sh CFLAGS_A / CFLAGS_B) */
 #define Q4P_NS2 1
@@ -749,7 +824,7 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
 INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, size_t nblk,
                             const struct kern_act *a, const struct q4p_sc *sc, size_t k0,
                             int NT, float *y, size_t ldy, size_t ra, size_t rb, __mmask16 rma,
-                            __mmask16 rmb, int add)
+                            __mmask16 rmb, int add, int gfni)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const int split = NT <= 2;
@@ -772,14 +847,15 @@ INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, siz
             __m512i iacc[Q4P_NT], iacc2[Q4P_NT];
             UNROLL for (int j = 0; j < NT; j++)
             {
-                iacc[j] = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
+                iacc[j] = bcast_epi32_ld(&sc[b * (size_t)NT + (size_t)j].ns);
                 iacc2[j] = _mm512_setzero_si512();
             }
             UNROLL for (int g = 0; g < 4; g++)
             {
                 __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
                 __m512i lo = _mm512_and_si512(v, m4);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                __m512i hi = gfni ? hi_nibbles_gfni(v)
+                                  : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 UNROLL for (int j = 0; j < NT; j++)
                 {
                     const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
@@ -790,26 +866,12 @@ INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, siz
                         iacc[j] = dpbusd_bcast(iacc[j], hi, x + 16);
                 }
             }
-            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
-                (const __m256i *)(pp[u] + quant_q4p_soff(k0 / 32 + b, nb))));
-            UNROLL for (int j = 0; j < NT; j++)
-            {
-                __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
-                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
-                                         _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d));
-                facc[u][j] = _mm512_fmadd_ps(f, s, facc[u][j]);
-            }
+            panel_block_fold(pp[u] + quant_q4p_soff(k0 / 32 + b, nb), iacc, iacc2, split,
+                             sc + b * (size_t)NT, NT, facc[u]);
         }
     }
-    const size_t rs[2] = {ra, rb};
-    const __mmask16 rms[2] = {rma, rmb};
-    UNROLL for (int u = 0; u < 2; u++) UNROLL for (int j = 0; j < NT; j++)
-    {
-        float *yo = y + (size_t)j * ldy + rs[u];
-        if (add)
-            facc[u][j] = _mm512_add_ps(facc[u][j], _mm512_maskz_loadu_ps(rms[u], yo));
-        _mm512_mask_storeu_ps(yo, rms[u], facc[u][j]);
-    }
+    panel_store(facc[0], NT, y, ldy, ra, rma, add);
+    panel_store(facc[1], NT, y, ldy, rb, rmb, add);
 }
 
 /* Token tiles of near-equal size (n = 12: 6 + 6, not 8 + 4): tile ti of ntiles starts at t. */
@@ -834,8 +896,10 @@ static void q4p_gather(const struct kern_act *a, size_t nb, struct q4p_sc *sc)
     }
 }
 
-void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
-                                 size_t ldy, size_t r0, size_t r1)
+/* kern_gemm_q4_0p_q8_0_avx512's body; gfni: the two-stream tiles (1..8 tokens) take the high
+ * nibbles with GFNI (hi_nibbles_gfni: the same bytes, so the same bits) */
+INLINE void q4p_gemm(const void *wp, const struct kern_act *a, float *y, size_t ldy, size_t r0,
+                     size_t r1, int gfni)
 {
     const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
     const size_t pstride = PANEL * rb; /* bytes of one panel */
@@ -875,7 +939,7 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
         break;                                                                               \
     case T * 2 + 1:                                                                          \
         gemm_q4p_tile2s(pa, pb, nb, kc / 32, a, sc, k0, T, y, ldy, ra, rbb, rm[0], rmb,      \
-                        k0 > 0);                                                             \
+                        k0 > 0, gfni);                                                       \
         break;
                     CASE_(1) CASE_(2) CASE_(3) CASE_(4) CASE_(5) CASE_(6) CASE_(7) CASE_(8)
 #undef CASE_
@@ -914,6 +978,37 @@ void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
         }
     }
 }
+
+/* The GFNI path whatever kern__gfni says (tests/kern runs both paths on a GFNI CPU); only where
+ * the CPU has GFNI (kern_has_gfni). */
+__attribute__((noinline)) void kern_gemm_q4_0p_q8_0_avx512gfni(const void *wp,
+                                                                const struct kern_act *a,
+                                                                float *y, size_t ldy, size_t r0,
+                                                                size_t r1)
+{
+    q4p_gemm(wp, a, y, ldy, r0, r1, 1);
+}
+
+/* q4p_gemm's two instances, each its own function (noinline): inlined both into one, the plain
+ * path ran ~0.8x in kern_bench_ab (n = 8, in cache) */
+__attribute__((noinline)) static void q4p_gemm_plain(const void *wp, const struct kern_act *a,
+                                                     float *y, size_t ldy, size_t r0, size_t r1)
+{
+    q4p_gemm(wp, a, y, ldy, r0, r1, 0);
+}
+
+void kern_gemm_q4_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float *y,
+                                 size_t ldy, size_t r0, size_t r1)
+{
+    /* GFNI where the CPU has it (and CLOCHER_GFNI is not 0): ~1.04x at n = 8 from DRAM with
+     * the broadcast change, not settled under load (docs/PERFORMANCE.md "int4 decode at 8
+     * streams, session 20") */
+    if (kern__gfni)
+        kern_gemm_q4_0p_q8_0_avx512gfni(wp, a, y, ldy, r0, r1);
+    else
+        q4p_gemm_plain(wp, a, y, ldy, r0, r1);
+}
+
 
 /*
  * kern_panels_pack of q4_0 on AVX-512 (the load-time repack, ~10x the scalar copy):
@@ -999,7 +1094,7 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t 
             __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
             UNROLL for (int j = 0; j < NT; j++)
             {
-                iacc[j] = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
+                iacc[j] = bcast_epi32_ld(&sc[b * (size_t)NT + (size_t)j].ns);
                 iacc2[j] = _mm512_setzero_si512();
             }
             UNROLL for (int g = 0; g < 8; g++)
@@ -1019,26 +1114,13 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t 
                         iacc[j] = dpbusd_bcast(iacc[j], wv, x);
                 }
             }
-            __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(
-                (const __m256i *)(pps[u] + quant_q8p_soff(k0 / 32 + b, nb))));
-            UNROLL for (int j = 0; j < NT; j++)
-            {
-                __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
-                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
-                                         _mm512_set1_ps(sc[b * (size_t)NT + (size_t)j].d));
-                facc[u][j] = _mm512_fmadd_ps(f, s, facc[u][j]);
-            }
+            panel_block_fold(pps[u] + quant_q8p_soff(k0 / 32 + b, nb), iacc, iacc2, split,
+                             sc + b * (size_t)NT, NT, facc[u]);
         }
     }
-    const size_t rs[2] = {r, r2};
-    const __mmask16 rms[2] = {rm, rm2};
-    UNROLL for (int u = 0; u < NS; u++) UNROLL for (int j = 0; j < NT; j++)
-    {
-        float *yo = y + (t + (size_t)j) * ldy + rs[u];
-        if (add)
-            facc[u][j] = _mm512_add_ps(facc[u][j], _mm512_maskz_loadu_ps(rms[u], yo));
-        _mm512_mask_storeu_ps(yo, rms[u], facc[u][j]);
-    }
+    panel_store(facc[0], NT, y + t * ldy, ldy, r, rm, add);
+    if (NS == 2)
+        panel_store(facc[1], NT, y + t * ldy, ldy, r2, rm2, add);
 }
 
 /*

@@ -219,32 +219,35 @@ struct panel_kind {
         enum kern_isa isa;
         kern_mm_fn *fn, *rows_fn;
         int amx; /* runs only where kern_has_amx_bf16() (the AMX-INT8 tiles, x86/amx_q*.c) */
-    } pv[5];
+        int gfni; /* runs only where kern_has_gfni() (the forced GFNI path, x86/avx512_q.c) */
+    } pv[6];
 };
 
 static const struct panel_kind q4p_kind = {
     DT_Q4_0, 18, 16, quant_q4p_qoff, quant_q4p_soff,
     {{"kern_gemm_q4_0p_q8_0_ref", KERN_ISA_REF, kern_gemm_q4_0p_q8_0_ref,
-      kern_gemm_q4_0_q8_0_ref, 0},
+      kern_gemm_q4_0_q8_0_ref, 0, 0},
      {"kern_gemm_q4_0p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_q4_0p_q8_0_avx2,
-      kern_gemm_q4_0_q8_0_avx2, 0},
+      kern_gemm_q4_0_q8_0_avx2, 0, 0},
      {"kern_gemm_q4_0p_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_avx512,
-      kern_gemm_q4_0_q8_0_avx512, 0},
+      kern_gemm_q4_0_q8_0_avx512, 0, 0},
+     {"kern_gemm_q4_0p_q8_0_avx512gfni", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_avx512gfni,
+      kern_gemm_q4_0_q8_0_avx512, 0, 1},
      {"kern_gemm_q4_0p_q8_0_amx", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_amx,
-      kern_gemm_q4_0_q8_0_avx512, 1},
+      kern_gemm_q4_0_q8_0_avx512, 1, 0},
      {"kern_gemm_q4_0p_q8_0_amxs", KERN_ISA_AVX512, kern_gemm_q4_0p_q8_0_amxs,
-      kern_gemm_q4_0_q8_0_avx512, 1}}};
+      kern_gemm_q4_0_q8_0_avx512, 1, 0}}};
 
 static const struct panel_kind q8p_kind = {
     DT_Q8_0, 34, 32, quant_q8p_qoff, quant_q8p_soff,
     {{"kern_gemm_q8_0p_q8_0_ref", KERN_ISA_REF, kern_gemm_q8_0p_q8_0_ref,
-      kern_gemm_q8_0_q8_0_ref, 0},
+      kern_gemm_q8_0_q8_0_ref, 0, 0},
      {"kern_gemm_q8_0p_q8_0_avx2", KERN_ISA_AVX2, kern_gemm_q8_0p_q8_0_avx2,
-      kern_gemm_q8_0_q8_0_avx2, 0},
+      kern_gemm_q8_0_q8_0_avx2, 0, 0},
      {"kern_gemm_q8_0p_q8_0_avx512", KERN_ISA_AVX512, kern_gemm_q8_0p_q8_0_avx512,
-      kern_gemm_q8_0_q8_0_avx512, 0},
+      kern_gemm_q8_0_q8_0_avx512, 0, 0},
      {"kern_gemm_q8_0p_q8_0_amx", KERN_ISA_AVX512, kern_gemm_q8_0p_q8_0_amx,
-      kern_gemm_q8_0_q8_0_avx512, 1}}};
+      kern_gemm_q8_0_q8_0_avx512, 1, 0}}};
 
 static void check_panels(const struct panel_kind *k, const void *w, size_t rows, size_t cols,
                          const float *x, size_t n, const struct kern_act *a, size_t ldy,
@@ -299,7 +302,8 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
         kern_set_panel_streams(st);
         for (size_t v = 0; v < sizeof k->pv / sizeof k->pv[0]; v++) {
             /* AMX variants in the amxint8 entries only (isa_case_amxint8), the others in theirs */
-            if (!k->pv[v].fn || k->pv[v].isa != g_case->isa || k->pv[v].amx != g_case->amx)
+            if (!k->pv[v].fn || k->pv[v].isa != g_case->isa || k->pv[v].amx != g_case->amx ||
+                (k->pv[v].gfni && !kern_has_gfni()))
                 continue;
             for (size_t i = 0; i < n * ldy; i++)
                 y[i] = z[i] = SENTINEL;
@@ -497,6 +501,23 @@ static void test_q4p_every_n(void **state)
     static const size_t cols[] = {32, 96, 1056, 2080};
     for (size_t n = 1; n <= 35; n++)
         run_case(DT_Q4_0, cols[n % 4], n);
+}
+
+/*
+ * The q4_0 panel product's GFNI path (x86/avx512_q.c hi_nibbles_gfni, 1..8 tokens on two
+ * streams) forced, beside the plain one, against the stored-row GEMM bit for bit (check_panels'
+ * avx512gfni entry), on the decode shapes' column counts. Where the CPU has no GFNI this skips,
+ * counted; the test_q4p_every_n entries check the path kern__gfni picks (GFNI where present;
+ * plain in test_kern_nogfni, CLOCHER_GFNI=0).
+ */
+static void test_q4p_gfni(void **state)
+{
+    g_case = isa_case_begin(state);
+    if (!kern_has_gfni())
+        skip();
+    static const size_t cols[] = {64, 1056, 2048};
+    for (size_t n = 1; n <= 9; n++)
+        run_case(DT_Q4_0, cols[n % 3], n);
 }
 
 /* Larger shapes: full 16-row panels, several KC chunks, many tokens. */
@@ -1056,6 +1077,7 @@ int main(void)
         ISA_CASE_TEST(test_q8p_every_n, isa_case_amxint8),
         ISA_CASE_TESTS(test_q4p_every_n),
         ISA_CASE_TEST(test_q4p_every_n, isa_case_amxint8),
+        ISA_CASE_TEST(test_q4p_gfni, isa_case_avx512),
         ISA_CASE_TESTS(test_matmul_large),
         ISA_CASE_TEST(test_matmul_large, isa_case_avx512bf16),
         ISA_CASE_TESTS(test_matmul_bf16_decode),
