@@ -32,6 +32,7 @@
 #include <string.h>
 
 #define ATT_QROWS 64u
+#define ATT_WALK_BLOCKS 64u /* block pointers handed to one kern_attn_blocks call */
 
 static_assert(KV_HEAD_DIM_MAX <= KERN_ATTN_HD_MAX, "the attention kernel bounds head_dim");
 
@@ -94,7 +95,27 @@ static void attend(const struct kv_seq *s, uint32_t layer, uint32_t g, const flo
         kern_attn_begin_sinks(o, m, l, sk, nr, hd);
     else
         kern_attn_begin(o, m, l, nr, hd);
+    /* a decode's rows (one token) share their limit and window start: the blocks from the
+     * first one not cut by the window go to kern_attn_blocks, the same bits as one
+     * kern_attn per block (kern.h) with the walk, its state and its prefetch in the kernel */
+    int uniform = 1;
+    for (uint32_t r = 1; r < nr; r++)
+        uniform &= lim[r] == lim[0] && first[r] == first[0];
+    const uint32_t walk_from = uniform ? (start + p->B - 1) / p->B * p->B : UINT32_MAX;
     for (uint32_t pos = start / p->B * p->B; pos < end;) {
+        if (pos >= walk_from) {
+            const void *kbs[ATT_WALK_BLOCKS]; /* [nb] K rows of head g in each block */
+            const uint32_t nb = (end - pos + p->B - 1) / p->B < ATT_WALK_BLOCKS
+                                    ? (end - pos + p->B - 1) / p->B
+                                    : ATT_WALK_BLOCKS;
+            for (uint32_t b = 0; b < nb; b++)
+                kbs[b] = kv__layer_k(p, s->table[pos / p->B + b], layer) + g * p->head_bytes;
+            const uint32_t n = end - pos < nb * p->B ? end - pos : nb * p->B;
+            kern_attn_blocks(p->cfg.dtype, qr, o, m, l, nr, kbs, (size_t)p->B * p->row_bytes,
+                             p->row_bytes, p->B, n, hd, scale);
+            pos += n;
+            continue;
+        }
         /* one block span: rows [0, n) of block pos / B (pos is a multiple of B here) */
         uint32_t n = p->B < end - pos ? p->B : end - pos;
         int all = 1, cut = 0;
