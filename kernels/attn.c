@@ -192,9 +192,12 @@ void kern_attn_blocks_ref(enum dtype kvt, const float *const *q, float *const *o
     blocks_loop(fn, q, o, m, l, nq, kb, voff, ld, bt, n, hd, scale, 0);
 }
 
+/* The AVX-512 walk's shapes: its lanes hold 8 rows, so from 4 rows on (a GQA group; one or two
+ * rows, a model without GQA, keep the tile kernel, which does not pay for empty lanes: walk1
+ * against paged1 in bench/attn_bench was 0.89-1.07x, session 20). */
 int kern_attn_blocks_fits(enum dtype kvt, size_t nq, size_t bt, size_t hd)
 {
-    return nq >= 1 && nq <= 8 && bt == 16 && hd % 16 == 0 && hd <= KERN_ATTN_HD_MAX &&
+    return nq >= 4 && nq <= 8 && bt == 16 && hd % 16 == 0 && hd <= KERN_ATTN_HD_MAX &&
            (kvt == DT_F32 || kvt == DT_F16 || kvt == DT_BF16 || dtype_is_kv8(kvt));
 }
 

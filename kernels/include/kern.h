@@ -505,7 +505,7 @@ void kern_attn_span(enum dtype kvt, const float *const *q, float *const *o, floa
  * rows at kb[i] + voff bytes, row j of a block j*ld bytes on (kvt as kern_attn). The same bits
  * as kern_attn(kvt, q, o, m, l, NULL, nq, kb[i], kb[i] + voff, ld, positions of block i, hd,
  * scale) for i = 0, 1, ... in turn (that loop is its specification and what it runs where
- * the ISA has no walk of its own; AVX-512: up to 8 rows over 16-position blocks, the rows in
+ * the ISA has no walk of its own; AVX-512: 4 to 8 rows over 16-position blocks, the rows in
  * lanes, the blocks two ahead prefetched). State as kern_attn: begin before, end after.
  */
 void kern_attn_blocks(enum dtype kvt, const float *const *q, float *const *o, float *m,

@@ -753,8 +753,8 @@ static inline __attribute__((always_inline)) void dec_prefetch(const void *k, si
     }
 }
 
-/* kern_attn_blocks (kern.h) where kern_attn_blocks_fits (attn.c) holds: nq <= 8, bt == 16,
- * hd a multiple of 16, kvt f32, f16, bf16 or an 8-bit KV type. */
+/* kern_attn_blocks (kern.h) for nq <= 8 rows, bt == 16, hd a multiple of 16, kvt f32, f16,
+ * bf16 or an 8-bit KV type (attn.c's kern_attn_blocks_fits also asks nq >= 4). */
 void kern_attn_blocks_avx512(enum dtype kvt, const float *const *q, float *const *o, float *m,
                              float *l, size_t nq, const void *const *kb, size_t voff, size_t ld,
                              size_t bt, size_t n, size_t hd, float scale)

@@ -573,8 +573,9 @@ static void test_tile_rows_invariant(void **state)
  * ISA's tile kernel called once per block in turn. Blocks of 16 positions (the AVX-512 walk's
  * case) and 8 or 32 (the loop), in an arena where block i lies after block i+1 (so nothing
  * is contiguous across blocks), each block K rows then V rows of NKV heads (head 1 read);
- * 1..9 rows (9: beyond the walk's 8 lanes), head dims 16..128, lengths that end inside a
- * block, started plain or from sinks; f32, f16, bf16 and the 8-bit KV rows.
+ * 1..9 rows (9: beyond the walk's 8 lanes; the AVX-512 walk also called directly for 1..8),
+ * head dims 16..128, lengths that end inside a block, started plain or from sinks; f32, f16,
+ * bf16 and the 8-bit KV rows.
  */
 static void test_blocks_walk(void **state)
 {
@@ -653,6 +654,15 @@ static void test_blocks_walk(void **state)
                             assert_memory_equal(l[0], l[1], nq * sizeof(float));
                             assert_memory_equal(o[0], o[1], nq * hd * sizeof(float));
                             checked++;
+                            if (isa != KERN_ISA_AVX512 || bt != 16 || hd % 16 || nq > 8)
+                                continue;
+                            /* the AVX-512 walk itself also below the 4 rows it is used from */
+                            kern_attn_begin_sinks(orow[0], m[0], l[0], sk ? sinks : NULL, nq, hd);
+                            kern_attn_blocks_avx512(kvt, qr, orow[0], m[0], l[0], nq, kb, bt * ld,
+                                                    ld, bt, n, hd, scale);
+                            assert_memory_equal(m[0], m[1], nq * sizeof(float));
+                            assert_memory_equal(l[0], l[1], nq * sizeof(float));
+                            assert_memory_equal(o[0], o[1], nq * hd * sizeof(float));
                         }
                 free(row);
                 free(arena);
