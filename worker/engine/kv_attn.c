@@ -13,6 +13,10 @@
  * its own (kern_attn_span's per-row start) and the walk begins at the block holding the
  * earliest one, so blocks wholly older than every row's window are never read; learned sinks
  * start each row's online softmax (kern_attn_begin_sinks).
+ * A decode (rows sharing one limit and window start) hands its blocks from the first one the
+ * window does not cut to kern_attn_blocks, the walk with its state and prefetch inside the
+ * kernel: the same bits as one kern_attn per block (session 20, docs/PERFORMANCE.md: the
+ * attention's share of a gpt-oss decode step after 4k tokens went from 20.4% to 12.6%).
  * 8-bit caches (docs/KV.md "8-bit KV") hold rotated rows: each query row is rotated into a
  * stack copy first and each output row rotated back last; the tile kernel decodes the codes.
  * Stack use is fixed (the state and rotated queries of ATT_QROWS rows here, 64 KiB, the
