@@ -27,7 +27,8 @@
  * the widened values, and every result, are those of the session-12 kernel.
  *
  * NOTES: reentrant; at most ATTN_BUF floats (32 KiB) of stack in the widening driver,
- * and 48 KiB in the tile (the transposed K, the scores of 64 rows, their weights transposed).
+ * and 48 KiB in the tile (the transposed K, the scores of 64 rows, their weights transposed);
+ * the decode walk (kern_attn_blocks_avx512, at the end) ~41 KiB (q, a widened K and V block).
  */
 #include "avx512_exp.h"
 #include "fastmath.h"
