@@ -11,6 +11,10 @@
  *   paged1  — paged with one query row per KV head (a model without GQA: the decode
  *             attention's one-row path, docs/PERFORMANCE.md "Decode attention at 8k");
  *   prefill — 512 tokens x 8 heads causal from position 0 (kern_attn_causal);
+ *   walk    — the paged decode as kv_attn.c runs it since session 20: kern_attn_blocks over
+ *             the blocks of an arena laid out as the paged cache's (per block 16 K rows then
+ *             16 V rows of NKV heads; the same values as "paged"), the walk, its state and
+ *             prefetch inside the kernel; walk1 with one query row;
  *   pprefill — the same prefill as the paged cache runs it (kv_attn.c's kv_attn_prefill, the
  *             engine's and engine_bench's path): 64 query rows (8 tokens x 8 heads) at a time,
  *             each batch walking 16-position block spans up to its last token, per-row
@@ -77,6 +81,7 @@ struct job {
     enum dtype kvt;
     int use_inline;
     int paged;         /* kern_attn over SPAN-position spans (decode nt = 1, or prefill) */
+    const void *arena; /* walk: [blocks][K, V][SPAN][ld] the same rows, or NULL */
     size_t rows;       /* paged: query rows per KV head (GROUP, or 1 without GQA) */
     size_t pos0, nt;   /* tokens [pos0, pos0+nt) attend causally */
     const void *k, *v; /* [pos0+nt][NKV][HD] of kvt */
@@ -140,8 +145,31 @@ static void run_paged_prefill(const struct job *j)
     }
 }
 
+/* The same decode through kern_attn_blocks over the arena's blocks. */
+static void run_walk(const struct job *j)
+{
+    const float *qr[GROUP];
+    float *orow[GROUP], m[GROUP], l[GROUP];
+    const void *kb[4096 / SPAN];
+    for (size_t h = 0; h < GROUP; h++) {
+        qr[h] = j->q + h * HD;
+        orow[h] = j->o + h * HD;
+    }
+    const size_t n = j->pos0 + 1, nb = (n + SPAN - 1) / SPAN;
+    for (size_t b = 0; b < nb; b++)
+        kb[b] = (const char *)j->arena + b * 2 * SPAN * j->ld;
+    kern_attn_begin(orow, m, l, j->rows, HD);
+    kern_attn_blocks(j->kvt, qr, orow, m, l, j->rows, kb, SPAN * j->ld, j->ld, SPAN, n, HD,
+                     1.0f / sqrtf((float)HD));
+    kern_attn_end(orow, l, j->rows, HD);
+}
+
 static void run(const struct job *j)
 {
+    if (j->arena) {
+        run_walk(j);
+        return;
+    }
     if (j->paged && j->nt > 1) {
         run_paged_prefill(j);
         return;
@@ -244,10 +272,12 @@ int main(int argc, char **argv)
         const char *name;
         size_t pos0, nt;
         int paged; /* 0, or the query rows per KV head of a paged decode (per token) */
-    } cases[] = {{"decode 512", 511, 1, 0},        {"decode 2048", 2047, 1, 0},
-                 {"decode 4096", 4095, 1, 0},      {"paged 4096", 4095, 1, GROUP},
-                 {"paged1 4096", 4095, 1, 1},      {"prefill 512", 0, 512, 0},
-                 {"pprefill 512", 0, 512, GROUP}};
+        int walk;  /* the paged decode through kern_attn_blocks */
+    } cases[] = {{"decode 512", 511, 1, 0, 0},        {"decode 2048", 2047, 1, 0, 0},
+                 {"decode 4096", 4095, 1, 0, 0},      {"paged 4096", 4095, 1, GROUP, 0},
+                 {"walk 4096", 4095, 1, GROUP, 1},    {"paged1 4096", 4095, 1, 1, 0},
+                 {"walk1 4096", 4095, 1, 1, 1},       {"prefill 512", 0, 512, 0, 0},
+                 {"pprefill 512", 0, 512, GROUP, 0}};
     printf("attention, one KV head: head_dim %d, %d query heads per KV head; us per call\n", HD,
            GROUP);
     printf("%-12s %-4s %9s %9s %9s %9s | %8s %8s | %8s %8s | %6s %6s | %5s\n", "case", "kv",
@@ -269,7 +299,20 @@ int main(int argc, char **argv)
                      t < 3 ? dtype_info(kvt)->name : dtype_kv_name(kvt));
             if (only && !strstr(label, only))
                 continue;
-            struct job j = {kvt,          0,   cases[c].paged != 0, (size_t)cases[c].paged,
+            unsigned char *arena = NULL; /* walk: the rows in the paged cache's layout */
+            if (cases[c].walk) {
+                arena = malloc(maxpos * 2 * ld);
+                if (!arena) {
+                    fprintf(stderr, "attn_bench: out of memory\n");
+                    return 1;
+                }
+                for (size_t p = 0; p < maxpos; p++) {
+                    const size_t b = p / SPAN, r = p % SPAN;
+                    memcpy(arena + (b * 2 * SPAN + r) * ld, (const char *)kc + p * ld, ld);
+                    memcpy(arena + (b * 2 * SPAN + SPAN + r) * ld, (const char *)vc + p * ld, ld);
+                }
+            }
+            struct job j = {kvt,          0,   cases[c].paged != 0, arena, (size_t)cases[c].paged,
                             cases[c].pos0, cases[c].nt, kc, vc, ld, q, o, score};
             struct bench_load ldg;
             bench_load_begin(&ldg);
@@ -292,6 +335,7 @@ int main(int argc, char **argv)
                    cases[c].name, t < 3 ? dtype_info(kvt)->name : dtype_kv_name(kvt), us[0],
                    us[1], us[2], us[3], us[1] / us[2], us[1] / us[3], us[0] / us[2],
                    us[0] / us[3], mac / us[3] * 1e-3, mac / us[2] * 1e-3, load * 100);
+            free(arena);
         }
     kern_force_isa(best);
     free(kf), free(vf), free(kh), free(vh), free(kb), free(vb), free(q), free(o), free(score);

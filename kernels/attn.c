@@ -161,6 +161,57 @@ void kern_attn_span(enum dtype kvt, const float *const *q, float *const *o, floa
     attn_fn(kvt)(q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
 }
 
+/* The block loop kern_attn_blocks is specified as, over the tile kernel fn; the next block's
+ * head rows (rowb bytes each; 0: none) prefetched while one is computed. */
+static void blocks_loop(kern_attn_fn *fn, const float *const *q, float *const *o, float *m,
+                        float *l, size_t nq, const void *const *kb, size_t voff, size_t ld,
+                        size_t bt, size_t n, size_t hd, float scale, size_t rowb)
+{
+    for (size_t i = 0; i * bt < n; i++) {
+        const size_t nt = n - i * bt < bt ? n - i * bt : bt;
+        if ((i + 1) * bt < n) /* the next block's rows: blocks lie far apart in a paged arena */
+            for (size_t j = 0; j < bt && (i + 1) * bt + j < n; j++)
+                for (size_t off = 0; off < rowb; off += 64) {
+                    __builtin_prefetch((const char *)kb[i + 1] + j * ld + off, 0, 3);
+                    __builtin_prefetch((const char *)kb[i + 1] + voff + j * ld + off, 0, 3);
+                }
+        fn(q, o, m, l, NULL, NULL, nq, kb[i], (const char *)kb[i] + voff, ld, nt, hd, scale);
+    }
+}
+
+void kern_attn_blocks_ref(enum dtype kvt, const float *const *q, float *const *o, float *m,
+                          float *l, size_t nq, const void *const *kb, size_t voff, size_t ld,
+                          size_t bt, size_t n, size_t hd, float scale)
+{
+    kern_attn_fn *fn = kvt == DT_F32    ? kern_attn_f32_f32_ref
+                       : kvt == DT_F16  ? kern_attn_f16_f32_ref
+                       : kvt == DT_BF16 ? kern_attn_bf16_f32_ref
+                       : kvt == DT_KV_I8 ? kern_attn_kvi8_f32_ref
+                                         : kern_attn_kvf8_f32_ref;
+    CHECK(kvt == DT_F32 || kvt == DT_F16 || kvt == DT_BF16 || dtype_is_kv8(kvt));
+    blocks_loop(fn, q, o, m, l, nq, kb, voff, ld, bt, n, hd, scale, 0);
+}
+
+/* The AVX-512 walk's shapes: its lanes hold 8 rows, so from 4 rows on (a GQA group; one or two
+ * rows, a model without GQA, keep the tile kernel, which does not pay for empty lanes: walk1
+ * against paged1 in bench/attn_bench was 0.89-1.07x, session 20). */
+int kern_attn_blocks_fits(enum dtype kvt, size_t nq, size_t bt, size_t hd)
+{
+    return nq >= 4 && nq <= 8 && bt == 16 && hd % 16 == 0 && hd <= KERN_ATTN_HD_MAX &&
+           (kvt == DT_F32 || kvt == DT_F16 || kvt == DT_BF16 || dtype_is_kv8(kvt));
+}
+
+void kern_attn_blocks(enum dtype kvt, const float *const *q, float *const *o, float *m,
+                      float *l, size_t nq, const void *const *kb, size_t voff, size_t ld,
+                      size_t bt, size_t n, size_t hd, float scale)
+{
+    if (kern__ops.isa == KERN_ISA_AVX512 && kern_attn_blocks_fits(kvt, nq, bt, hd))
+        kern_attn_blocks_avx512(kvt, q, o, m, l, nq, kb, voff, ld, bt, n, hd, scale);
+    else
+        blocks_loop(attn_fn(kvt), q, o, m, l, nq, kb, voff, ld, bt, n, hd, scale,
+                    dtype_is_kv8(kvt) ? kern_kv8_head_bytes(hd) : hd * dtype_info(kvt)->block_bytes);
+}
+
 #define CAUSAL_QROWS 64 /* query rows whose state lives on the stack at once */
 
 void kern_attn_causal(enum dtype kvt, size_t nt, size_t group, size_t hd, const float *q,

@@ -500,6 +500,19 @@ void kern_attn_span(enum dtype kvt, const float *const *q, float *const *o, floa
                     const void *v, size_t ld, size_t n, size_t hd, float scale);
 
 /*
+ * The paged decode walk: nq rows that see every one of n positions, stored as blocks of bt
+ * positions; block i (positions [i*bt, min(n, (i+1)*bt))) has its K rows at kb[i] and its V
+ * rows at kb[i] + voff bytes, row j of a block j*ld bytes on (kvt as kern_attn). The same bits
+ * as kern_attn(kvt, q, o, m, l, NULL, nq, kb[i], kb[i] + voff, ld, positions of block i, hd,
+ * scale) for i = 0, 1, ... in turn (that loop is its specification and what it runs where
+ * the ISA has no walk of its own; AVX-512: 4 to 8 rows over 16-position blocks, the rows in
+ * lanes, the blocks two ahead prefetched). State as kern_attn: begin before, end after.
+ */
+void kern_attn_blocks(enum dtype kvt, const float *const *q, float *const *o, float *m,
+                      float *l, size_t nq, const void *const *kb, size_t voff, size_t ld,
+                      size_t bt, size_t n, size_t hd, float scale);
+
+/*
  * Causal attention over a contiguous cache (prefill, and decode as a chunk of one): nt tokens
  * at positions pos0 .. pos0+nt-1, each with `group` query heads that share one KV head.
  * q [nt][ldq] floats: token t's head j at q + t*ldq + j*hd; out [nt][ldo] alike.

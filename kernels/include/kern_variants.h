@@ -217,6 +217,16 @@ KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, avx2)
 KERN_ATTN_VARIANTS_(KERN_ATTN_DECLARE_, avx512)
 #undef KERN_ATTN_DECLARE_
 
+/* kern_attn_blocks' AVX-512 walk (x86/avx512_attn.c): only where attn.c's
+ * kern_attn_blocks_fits holds (4..8 rows, 16-position blocks, hd a multiple of 16);
+ * kern_attn_blocks_ref: the block loop over the _ref tiles. */
+typedef void kern_attn_blocks_fn(enum dtype kvt, const float *const *q, float *const *o,
+                                 float *m, float *l, size_t nq, const void *const *kb,
+                                 size_t voff, size_t ld, size_t bt, size_t n, size_t hd,
+                                 float scale);
+kern_attn_blocks_fn kern_attn_blocks_avx512, kern_attn_blocks_ref;
+int kern_attn_blocks_fits(enum dtype kvt, size_t nq, size_t bt, size_t hd);
+
 /* ---- 8-bit KV attention tiles (kern.h "8-bit KV cache rows"; kernels/kv8.c) ------------------ */
 
 /* kvi8: DT_KV_I8 head rows, kvf8: DT_KV_E4M3 head rows; kern_attn_fn's contract otherwise. */

@@ -27,7 +27,8 @@
  * the widened values, and every result, are those of the session-12 kernel.
  *
  * NOTES: reentrant; at most ATTN_BUF floats (32 KiB) of stack in the widening driver,
- * and 48 KiB in the tile (the transposed K, the scores of 64 rows, their weights transposed).
+ * and 48 KiB in the tile (the transposed K, the scores of 64 rows, their weights transposed);
+ * the decode walk (kern_attn_blocks_avx512, at the end) ~41 KiB (q, a widened K and V block).
  */
 #include "avx512_exp.h"
 #include "fastmath.h"
@@ -634,4 +635,218 @@ void kern_attn_kvf8_f32_avx512(const float *const *q, float *const *o, float *m,
                                const void *v, size_t ld, size_t n, size_t hd, float scale)
 {
     attn_widened_v(widen_kvf8, KF_F8, q, o, m, l, lo, vis, nq, k, v, ld, n, hd, scale);
+}
+
+/* ---- the decode walk (kern_attn_blocks): up to 8 rows over whole 16-position blocks -------
+ *
+ * Session 20 (s20-attn4k). A decode step's rows (the GQA group of one KV head: gpt-oss and
+ * TinyLlama 8) all see every position, and the paged cache hands them over as 16-position
+ * blocks; per block, kern_attn spent as many cycles on the K transpose (256 shuffles), the
+ * per-call setup and a half-empty 16-lane softmax as on its 1024 multiply-add vectors
+ * (docs/PERFORMANCE.md, session 20). Here the rows are the lanes of one 8-lane vector:
+ *  - q is transposed once per call (qt [hd][8]); a position's score of the 8 rows is then
+ *    sum_d qt[d] * K[j][d] with K[j][d] a broadcast from memory: no K transpose, and the
+ *    scores come out with a row per lane, as the softmax wants them;
+ *  - m, l stay in registers from block to block; the weights of positions p and p+8 share
+ *    one 16-lane vector, so a block's softmax is 8 exp16 and 1 for corr;
+ *  - o = o*corr + sum_j w_j v_j is pv_rows / pv_row1 (4 rows x 64 lanes per V row loaded);
+ *  - the K and V rows of the block two ahead are prefetched (they lie far apart in the arena).
+ * Bits: every score, maximum, exp, sum and product is the one tile_rows computes for the
+ * same row over the same block (scores: two FMA chains over even and odd d from 0, added,
+ * times scale; the sum of the weights in softmax16's order; l*corr + sum rounded twice; o as
+ * pv_rows), so a row gets the bits of kern_attn over each block in turn (the contract).
+ */
+#define DEC_ROWS 8  /* rows in lanes: one 8-lane vector */
+#define DEC_SPAN 16 /* positions per block the walk takes (the paged cache's default) */
+#define DEC_AHEAD 2 /* blocks between the one prefetched and the one computed */
+
+/*
+ * Scores of the rows at the 16 positions of a block: z[k] = positions k (lanes 0-7, a row per
+ * lane) and k+8 (lanes 8-15), scale * q[r] . K[p], K[p] at kp + p*ldk floats (rows from nt on
+ * zero). Lanes 2r and 2r+1 of an accumulator are row r's two FMA chains (even d, odd d), as
+ * scores_rows8 keeps them in two vectors: qp [hd/2][16] holds q[r][d], q[r][d+1] at lanes 2r,
+ * 2r+1 and the pair K[p][d], K[p][d+1] is one 64-bit broadcast, so each FMA is 16 useful
+ * lanes with no transpose; the chains are then added (a0 + a1) and scaled, as there.
+ */
+struct dec_pf {
+    const char *k;      /* K rows of the block to prefetch (V at k + voff), or NULL */
+    size_t n, ld, voff; /* its rows, their stride */
+    size_t bytes;       /* bytes of a head row */
+    int tail;           /* rows not whole lines: one more line at the end */
+};
+
+/* The rows of pf's block into the cache, one K or V row per call i (i < 2n): spread over the
+ * score loop, so the prefetches never queue up behind each other as a burst of 128 did. */
+static inline __attribute__((always_inline)) void dec_prefetch_row(const struct dec_pf *pf,
+                                                                   size_t i)
+{
+    if (!pf->k || i >= 2 * pf->n)
+        return;
+    const char *r = pf->k + (i >> 1) * pf->ld + (i & 1) * pf->voff;
+    for (size_t off = 0; off < pf->bytes; off += 64)
+        _mm_prefetch(r + off, _MM_HINT_T0);
+    if (pf->tail)
+        _mm_prefetch(r + pf->bytes - 1, _MM_HINT_T0);
+}
+
+static inline __attribute__((always_inline)) void dec_scores(const float *qp, const float *kp,
+                                                             size_t ldk, size_t hd,
+                                                             __m512 vscale, __m512 *z,
+                                                             const struct dec_pf *pf)
+{
+    __m512 a[DEC_SPAN];
+    _Pragma("GCC unroll 16") for (int p = 0; p < DEC_SPAN; p++) a[p] = _mm512_setzero_ps();
+    for (size_t d = 0; d < hd; d += 2) {
+        dec_prefetch_row(pf, d / 2);
+        const __m512 qv = _mm512_load_ps(qp + d * 8);
+        _Pragma("GCC unroll 16") for (int p = 0; p < DEC_SPAN; p++) {
+            double kk;
+            memcpy(&kk, kp + p * ldk + d, sizeof kk);
+            a[p] = _mm512_fmadd_ps(qv, _mm512_castpd_ps(_mm512_set1_pd(kk)), a[p]);
+        }
+    }
+    /* per 128-bit lane c: u = [p.a0 of rows 2c, 2c+1 | q.a0 of them], v = the a1 chains;
+     * then lanes to rows 0-7 at p | rows 0-7 at q */
+    const __m512i perm = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+        const __m512 u = _mm512_shuffle_ps(a[k], a[k + 8], _MM_SHUFFLE(2, 0, 2, 0));
+        const __m512 v = _mm512_shuffle_ps(a[k], a[k + 8], _MM_SHUFFLE(3, 1, 3, 1));
+        z[k] = _mm512_permutexvar_ps(perm, _mm512_mul_ps(_mm512_add_ps(u, v), vscale));
+    }
+}
+
+/* n rows of hd elements (row j at src + j*ld bytes, stored as kvt) -> dst [n][hd] f32, the
+ * widening the tile applies (exact for f16/bf16; kern_kv8_dequant's bits for 8-bit rows). */
+static void dec_widen(enum dtype kvt, float *dst, const void *src, size_t ld, size_t n,
+                      size_t hd)
+{
+    switch (kvt) {
+    case DT_F16: widen_f16(dst, src, ld, n, hd); break;
+    case DT_BF16: widen_bf16(dst, src, ld, n, hd); break;
+    case DT_KV_I8: widen_kvi8(dst, src, ld, n, hd); break;
+    case DT_KV_E4M3: widen_kvf8(dst, src, ld, n, hd); break;
+    default:
+        for (size_t j = 0; j < n; j++)
+            memcpy(dst + j * hd, (const char *)src + j * ld, hd * sizeof(float));
+        break;
+    }
+}
+
+/* The head rows of one block (K at kp, V at kp + voff; n rows of `bytes` at ld strides) into
+ * the cache: for the block two ahead of the one being computed. */
+static inline __attribute__((always_inline)) void dec_prefetch(const void *k, size_t voff,
+                                                               size_t ld, size_t n, size_t bytes)
+{
+    const char *kp = k;
+    /* a row that does not start on a line or is not whole lines (8-bit rows: hd + 4 bytes)
+     * may end in one more line */
+    const int tail = (((uintptr_t)kp | ld | bytes) & 63) != 0;
+    for (size_t j = 0; j < n; j++) {
+        const char *r = kp + j * ld;
+        for (size_t off = 0; off < bytes; off += 64) {
+            _mm_prefetch(r + off, _MM_HINT_T0);
+            _mm_prefetch(r + voff + off, _MM_HINT_T0);
+        }
+        if (tail) {
+            _mm_prefetch(r + bytes - 1, _MM_HINT_T0);
+            _mm_prefetch(r + voff + bytes - 1, _MM_HINT_T0);
+        }
+    }
+}
+
+/* kern_attn_blocks (kern.h) for nq <= 8 rows, bt == 16, hd a multiple of 16, kvt f32, f16,
+ * bf16 or an 8-bit KV type (attn.c's kern_attn_blocks_fits also asks nq >= 4). */
+void kern_attn_blocks_avx512(enum dtype kvt, const float *const *q, float *const *o, float *m,
+                             float *l, size_t nq, const void *const *kb, size_t voff, size_t ld,
+                             size_t bt, size_t n, size_t hd, float scale)
+{
+    (void)bt;
+    const size_t rowb = kvt == DT_F32                         ? hd * 4 /* one head row's bytes */
+                        : kvt == DT_F16 || kvt == DT_BF16 ? hd * 2
+                                                          : hd + 4;
+    float qp[KERN_ATTN_HD_MAX * DEC_ROWS] __attribute__((aligned(64))); /* [hd/2][8][2] */
+    float kw[DEC_SPAN * KERN_ATTN_HD_MAX] __attribute__((aligned(64))); /* [16][hd] widened K */
+    float vw[DEC_SPAN * KERN_ATTN_HD_MAX] __attribute__((aligned(64))); /* [16][hd] widened V */
+    float wt[DEC_SPAN * DEC_ROWS] __attribute__((aligned(64)));         /* [16][8] weights */
+    float corr[DEC_ROWS] __attribute__((aligned(32)));
+    for (size_t d = 0; d < hd; d++)
+        for (size_t r = 0; r < DEC_ROWS; r++)
+            qp[d / 2 * 16 + r * 2 + d % 2] = r < nq ? q[r][d] : 0.0f;
+    const __mmask8 rows = (__mmask8)((1u << nq) - 1u);
+    __m256 vm = _mm256_mask_loadu_ps(_mm256_setzero_ps(), rows, m);
+    __m256 vl = _mm256_mask_loadu_ps(_mm256_setzero_ps(), rows, l);
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const size_t nblk = (n + DEC_SPAN - 1) / DEC_SPAN;
+    const size_t D = DEC_AHEAD;
+    const int tail = ((ld | rowb | voff) & 63) != 0; /* rows off lines (and a block's start) */
+    for (size_t b = 0; b < D && b < nblk; b++)
+        dec_prefetch(kb[b], voff, ld, n - b * DEC_SPAN < DEC_SPAN ? n - b * DEC_SPAN : DEC_SPAN,
+                     rowb);
+    for (size_t b = 0; b < nblk; b++) {
+        const size_t nt = n - b * DEC_SPAN < DEC_SPAN ? n - b * DEC_SPAN : DEC_SPAN;
+        struct dec_pf pf = {NULL, 0, ld, voff, rowb, tail};
+        if (b + D < nblk) {
+            pf.k = kb[b + D];
+            pf.n = n - (b + D) * DEC_SPAN < DEC_SPAN ? n - (b + D) * DEC_SPAN : DEC_SPAN;
+            pf.tail = tail || ((uintptr_t)pf.k & 63) != 0;
+            if (hd < 4 * DEC_SPAN) { /* fewer score iterations than rows to fetch: at once */
+                dec_prefetch(pf.k, voff, ld, pf.n, rowb);
+                pf.k = NULL;
+            }
+        }
+        const uint8_t *kp = kb[b];
+        const float *kf, *vf; /* [16][ldk] K, [nt][ldv] V as f32 */
+        size_t ldk, ldv;
+        if (kvt == DT_F32 && nt == DEC_SPAN) { /* read in place */
+            kf = (const float *)(const void *)kp;
+            vf = (const float *)(const void *)(kp + voff);
+            ldk = ldv = ld / sizeof(float);
+        } else { /* widened (a partial block: the rows past nt zero, never weighted) */
+            dec_widen(kvt, kw, kp, ld, nt, hd);
+            dec_widen(kvt, vw, kp + voff, ld, nt, hd);
+            if (nt < DEC_SPAN)
+                memset(kw + nt * hd, 0, (DEC_SPAN - nt) * hd * sizeof(float));
+            kf = kw, vf = vw, ldk = ldv = hd;
+        }
+        __m512 z[8]; /* positions k (lanes 0-7) and k+8 (lanes 8-15), a row per lane */
+        dec_scores(qp, kf, ldk, hd, vscale, z, &pf);
+        const __mmask16 valid = (__mmask16)((1u << nt) - 1u); /* bit p: position p < nt */
+        __m512 zmx = _mm512_set1_ps(-INFINITY);
+        _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {
+            const __mmask16 mk = (__mmask16)(((valid >> p) & 1u ? 0x00ffu : 0u) |
+                                              ((valid >> (p + 8)) & 1u ? 0xff00u : 0u));
+            zmx = _mm512_mask_max_ps(zmx, mk, zmx, z[p]);
+        }
+        const __m256 mx = _mm256_max_ps(_mm512_castps512_ps256(zmx),
+                                        _mm512_extractf32x8_ps(zmx, 1));
+        const __m256 mn = _mm256_max_ps(vm, mx); /* m > mx ? m : mx */
+        const __m256 vc = _mm512_castps512_ps256(
+            exp16(_mm512_castps256_ps512(_mm256_sub_ps(vm, mn)))); /* 0 on the first block */
+        const __m512 mn2 = _mm512_insertf32x8(_mm512_castps256_ps512(mn), mn, 1);
+        __m256 acc[8];
+        _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {
+            const __mmask16 mk = (__mmask16)(((valid >> p) & 1u ? 0x00ffu : 0u) |
+                                              ((valid >> (p + 8)) & 1u ? 0xff00u : 0u));
+            const __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(z[p], mn2)));
+            _mm256_store_ps(wt + p * DEC_ROWS, _mm512_castps512_ps256(e));
+            _mm256_store_ps(wt + (p + 8) * DEC_ROWS, _mm512_extractf32x8_ps(e, 1));
+            /* softmax16's tree: acc[p] = e_{p+8} + e_p, then + 4 apart, then (0+2) + (1+3) */
+            acc[p] = _mm256_add_ps(_mm512_extractf32x8_ps(e, 1), _mm512_castps512_ps256(e));
+        }
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) acc[p] =
+            _mm256_add_ps(acc[p + 4], acc[p]);
+        const __m256 sum =
+            _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        vl = _mm256_add_ps(_mm256_mul_ps(vl, vc), sum);
+        vm = mn;
+        _mm256_store_ps(corr, vc);
+        /* o = o*corr + sum_j w_j v_j, 4 rows at a time, then the rest one by one */
+        size_t r0 = 0;
+        for (; r0 + PV_ROWS <= nq; r0 += PV_ROWS)
+            pv_rows(o + r0, corr + r0, wt + r0, DEC_ROWS, 1, 0, nt, vf, ldv, hd);
+        for (; r0 < nq; r0++)
+            pv_row1(o + r0, corr + r0, wt + r0, DEC_ROWS, 0, nt, vf, ldv, hd);
+    }
+    _mm256_mask_storeu_ps(m, rows, vm);
+    _mm256_mask_storeu_ps(l, rows, vl);
 }

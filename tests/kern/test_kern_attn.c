@@ -18,7 +18,8 @@
  *    64-position spans inside one call of 64 rows (the paged prefill's batch), ends with the
  *    same o, m and l as when it is the only row of its calls, and as inside calls of 23 or 20
  *    rows (the softmax packs 8 or 16 rows into the lanes of one vector, or takes a few rows
- *    one at a time: a row must not feel either).
+ *    one at a time: a row must not feel either);
+ *  - kern_attn_blocks, the paged decode walk, bit for bit as the tile kernel once per block.
  * The measured maxima are printed.
  */
 #include "testutil.h"
@@ -566,6 +567,110 @@ static void test_tile_rows_invariant(void **state)
            kern_isa_name((enum kern_isa)isa));
 }
 
+
+/*
+ * kern_attn_blocks (the paged decode walk) against its specification, bit for bit: the
+ * ISA's tile kernel called once per block in turn. Blocks of 16 positions (the AVX-512 walk's
+ * case) and 8 or 32 (the loop), in an arena where block i lies after block i+1 (so nothing
+ * is contiguous across blocks), each block K rows then V rows of NKV heads (head 1 read);
+ * 1..9 rows (9: beyond the walk's 8 lanes; the AVX-512 walk also called directly for 1..8),
+ * head dims 16..128, lengths that end inside a block, started plain or from sinks; f32, f16,
+ * bf16 and the 8-bit KV rows.
+ */
+static void test_blocks_walk(void **state)
+{
+    const size_t isa = isa_case_begin(state)->isa;
+    static const enum dtype kvts[5] = {DT_F32, DT_F16, DT_BF16, DT_KV_I8, DT_KV_E4M3};
+    static kern_attn_fn *const kv8_fn[3][2] = {
+        {kern_attn_kvi8_f32_ref, kern_attn_kvf8_f32_ref},
+        {kern_attn_kvi8_f32_avx2, kern_attn_kvf8_f32_avx2},
+        {kern_attn_kvi8_f32_avx512, kern_attn_kvf8_f32_avx512}};
+    static const size_t hds[] = {16, 48, 64, 128};
+    static const size_t lens[] = {1, 7, 16, 17, 40, 100};
+    static const size_t bts[] = {16, 8, 32};
+    size_t checked = 0;
+    for (size_t t = 0; t < 5; t++)
+        for (size_t ih = 0; ih < sizeof hds / sizeof hds[0]; ih++)
+            for (size_t ib = 0; ib < 3; ib++) {
+                const enum dtype kvt = kvts[t];
+                const size_t hd = hds[ih], bt = bts[ib], nmax = 100;
+                const size_t hb = t < 3 ? hd * g_esize[t] : kern_kv8_head_bytes(hd);
+                const size_t ld = NKV * hb, nblk = (nmax + bt - 1) / bt;
+                const size_t blk_bytes = 2 * bt * ld; /* K rows, then V rows */
+                unsigned char *arena = malloc(nblk * blk_bytes);
+                float *row = malloc(hd * sizeof(float));
+                assert_non_null(arena);
+                assert_non_null(row);
+                const void *kb[16];
+                for (size_t b = 0; b < nblk; b++) {
+                    unsigned char *blk = arena + (nblk - 1 - b) * blk_bytes;
+                    kb[b] = blk + hb; /* head 1 */
+                    for (size_t j = 0; j < 2 * bt * NKV; j++) {
+                        unsigned char *dst = blk + j * hb;
+                        for (size_t d = 0; d < hd; d++)
+                            row[d] = frand(-1.0f, 1.0f);
+                        if (t >= 3) {
+                            kern_kv8_quant(kvt, row, dst, hd);
+                            continue;
+                        }
+                        for (size_t d = 0; d < hd; d++) {
+                            if (t == 0) {
+                                memcpy(dst + d * 4, &row[d], 4);
+                            } else {
+                                uint16_t h = t == 1 ? half_f32_to_f16(row[d])
+                                                    : half_f32_to_bf16(row[d]);
+                                memcpy(dst + d * 2, &h, 2);
+                            }
+                        }
+                    }
+                }
+                kern_attn_fn *fn = t < 3 ? g_fn[isa][t] : kv8_fn[isa][t - 3];
+                for (size_t nq = 1; nq <= 9; nq++)
+                    for (size_t il = 0; il < sizeof lens / sizeof lens[0]; il++)
+                        for (int sk = 0; sk < 2; sk++) {
+                            const size_t n = lens[il];
+                            float q[9 * 128], o[2][9 * 128], m[2][9], l[2][9], sinks[9];
+                            const float *qr[9];
+                            float *orow[2][9];
+                            for (size_t r = 0; r < nq; r++) {
+                                for (size_t d = 0; d < hd; d++)
+                                    q[r * hd + d] = frand(-3.0f, 3.0f);
+                                sinks[r] = frand(-2.0f, 4.0f);
+                                qr[r] = q + r * hd;
+                                orow[0][r] = o[0] + r * hd;
+                                orow[1][r] = o[1] + r * hd;
+                            }
+                            const float scale = 1.0f / sqrtf((float)hd);
+                            for (int w = 0; w < 2; w++)
+                                kern_attn_begin_sinks(orow[w], m[w], l[w], sk ? sinks : NULL,
+                                                      nq, hd);
+                            kern_attn_blocks(kvt, qr, orow[0], m[0], l[0], nq, kb, bt * ld, ld,
+                                             bt, n, hd, scale);
+                            for (size_t b = 0; b * bt < n; b++)
+                                fn(qr, orow[1], m[1], l[1], NULL, NULL, nq, kb[b],
+                                   (const char *)kb[b] + bt * ld, ld, n - b * bt < bt ? n - b * bt : bt,
+                                   hd, scale);
+                            assert_memory_equal(m[0], m[1], nq * sizeof(float));
+                            assert_memory_equal(l[0], l[1], nq * sizeof(float));
+                            assert_memory_equal(o[0], o[1], nq * hd * sizeof(float));
+                            checked++;
+                            if (isa != KERN_ISA_AVX512 || bt != 16 || hd % 16 || nq > 8)
+                                continue;
+                            /* the AVX-512 walk itself also below the 4 rows it is used from */
+                            kern_attn_begin_sinks(orow[0], m[0], l[0], sk ? sinks : NULL, nq, hd);
+                            kern_attn_blocks_avx512(kvt, qr, orow[0], m[0], l[0], nq, kb, bt * ld,
+                                                    ld, bt, n, hd, scale);
+                            assert_memory_equal(m[0], m[1], nq * sizeof(float));
+                            assert_memory_equal(l[0], l[1], nq * sizeof(float));
+                            assert_memory_equal(o[0], o[1], nq * hd * sizeof(float));
+                        }
+                free(row);
+                free(arena);
+            }
+    printf("attention walk, %-6s: %zu block walks bit for bit as the tile once per block\n",
+           kern_isa_name((enum kern_isa)isa), checked);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -576,6 +681,7 @@ int main(void)
         ISA_CASE_TESTS(test_tile_window_unread),
         ISA_CASE_TESTS(test_causal_swa),
         ISA_CASE_TESTS(test_tile_rows_invariant),
+        ISA_CASE_TESTS(test_blocks_walk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,10 @@
  * its own (kern_attn_span's per-row start) and the walk begins at the block holding the
  * earliest one, so blocks wholly older than every row's window are never read; learned sinks
  * start each row's online softmax (kern_attn_begin_sinks).
+ * A decode (rows sharing one limit and window start) hands its blocks from the first one the
+ * window does not cut to kern_attn_blocks, the walk with its state and prefetch inside the
+ * kernel: the same bits as one kern_attn per block (session 20, docs/PERFORMANCE.md: the
+ * attention's share of a gpt-oss decode step after 4k tokens went from 20.4% to 12.6%).
  * 8-bit caches (docs/KV.md "8-bit KV") hold rotated rows: each query row is rotated into a
  * stack copy first and each output row rotated back last; the tile kernel decodes the codes.
  * Stack use is fixed (the state and rotated queries of ATT_QROWS rows here, 64 KiB, the
@@ -32,6 +36,7 @@
 #include <string.h>
 
 #define ATT_QROWS 64u
+#define ATT_WALK_BLOCKS 64u /* block pointers handed to one kern_attn_blocks call */
 
 static_assert(KV_HEAD_DIM_MAX <= KERN_ATTN_HD_MAX, "the attention kernel bounds head_dim");
 
@@ -94,7 +99,27 @@ static void attend(const struct kv_seq *s, uint32_t layer, uint32_t g, const flo
         kern_attn_begin_sinks(o, m, l, sk, nr, hd);
     else
         kern_attn_begin(o, m, l, nr, hd);
+    /* a decode's rows (one token) share their limit and window start: the blocks from the
+     * first one not cut by the window go to kern_attn_blocks, the same bits as one
+     * kern_attn per block (kern.h) with the walk, its state and its prefetch in the kernel */
+    int uniform = 1;
+    for (uint32_t r = 1; r < nr; r++)
+        uniform &= lim[r] == lim[0] && first[r] == first[0];
+    const uint32_t walk_from = uniform ? (start + p->B - 1) / p->B * p->B : UINT32_MAX;
     for (uint32_t pos = start / p->B * p->B; pos < end;) {
+        if (pos >= walk_from) {
+            const void *kbs[ATT_WALK_BLOCKS]; /* [nb] K rows of head g in each block */
+            const uint32_t nb = (end - pos + p->B - 1) / p->B < ATT_WALK_BLOCKS
+                                    ? (end - pos + p->B - 1) / p->B
+                                    : ATT_WALK_BLOCKS;
+            for (uint32_t b = 0; b < nb; b++)
+                kbs[b] = kv__layer_k(p, s->table[pos / p->B + b], layer) + g * p->head_bytes;
+            const uint32_t n = end - pos < nb * p->B ? end - pos : nb * p->B;
+            kern_attn_blocks(p->cfg.dtype, qr, o, m, l, nr, kbs, (size_t)p->B * p->row_bytes,
+                             p->row_bytes, p->B, n, hd, scale);
+            pos += n;
+            continue;
+        }
         /* one block span: rows [0, n) of block pos / B (pos is a multiple of B here) */
         uint32_t n = p->B < end - pos ? p->B : end - pos;
         int all = 1, cut = 0;
