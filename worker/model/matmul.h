@@ -183,4 +183,10 @@ void matmul_group_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t 
 int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
                       const struct lora_plan *p, uint32_t layer, float *tmp);
 
+/* Whether any segment of plan p adapts a product of g[0..k) in this layer (its adapter has
+ * weights for g[i].t there). A group it does not adapt runs as matmul_group, so its caller
+ * may prepare its inputs with matmul_group_begin as in a step without adapters. */
+bool matmul_lora_adapts(const struct lora_plan *p, uint32_t layer, const struct matmul_prod *g,
+                        size_t k);
+
 #endif

@@ -64,9 +64,11 @@
 #include <immintrin.h> /* _mm_pause, _mm_prefetch (SSE, baseline x86-64) */
 #endif
 
+#ifndef MM_TILE
 #define MM_TILE 512u    /* base rows (= expand columns) per task: whole 16-row GEMM panels and
                          * 32-column B panels (measured, int4, 8 streams: 256 cost +2-5% at
                          * rank 1 against matmul_group's longer shards, 512 ~0%) */
+#endif
 #define MM_PREP_TOK 16u /* tokens per activation-preparing task */
 #define MM_MAX MATMUL_LORA_GROUP_MAX
 #define MM_TAIL 128u    /* a merged tile requests its expand's panels this many base rows
@@ -760,11 +762,25 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     return 0;
 }
 
+bool matmul_lora_adapts(const struct lora_plan *p, uint32_t layer, const struct matmul_prod *g,
+                        size_t k)
+{
+    for (size_t si = 0; si < p->n_segs; si++)
+        for (size_t i = 0; i < k; i++)
+            if (lora_weights(p->segs[si].ad, layer, g[i].t))
+                return true;
+    return false;
+}
+
 int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
                       const struct lora_plan *p, uint32_t layer, float *tmp)
 {
     CHECK(k >= 1 && k <= MATMUL_LORA_GROUP_MAX);
-    if (p->n_segs == 0 && !c->base_one_job) {
+    /* a group no segment adapts in this layer (o, gate/up, down under q,v adapters) is the
+     * base products alone: matmul_group's longer shards, not the fused job's 512-row tiles
+     * and PREP tasks (session 21: the fused job on every group of an adapted step was most
+     * of the overhead beyond the floor at q,v) */
+    if (!c->base_one_job && !matmul_lora_adapts(p, layer, g, k)) {
         matmul_group(c, g, k);
         return 0;
     }
