@@ -183,6 +183,16 @@ void matmul_group_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t 
 int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
                       const struct lora_plan *p, uint32_t layer, float *tmp);
 
+/*
+ * matmul_group_lora on inputs the caller prepared (matmul_group_begin(c, g, k), then
+ * matmul_prep_rows over every token): the fused job without its PREP tasks, so an adapted
+ * group keeps the norm job's preparation as a group without adapters does (session 21). Ends
+ * the begin. The base products' numbers are those of matmul_group_end; 0 or -ENOMEM as
+ * matmul_group_lora.
+ */
+int matmul_group_lora_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
+                          const struct lora_plan *p, uint32_t layer, float *tmp);
+
 /* Whether any segment of plan p adapts a product of g[0..k) in this layer (its adapter has
  * weights for g[i].t there). A group it does not adapt runs as matmul_group, so its caller
  * may prepare its inputs with matmul_group_begin as in a step without adapters. */
