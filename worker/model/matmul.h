@@ -175,7 +175,8 @@ void matmul_group_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t 
  * expand task waits (spins) for its base tile and its projection's shrink tasks, which always
  * precede it in the task order, so claiming tasks in order cannot deadlock. The numbers are
  * those of matmul_group followed by lora_apply_fused (same kernels, same blocks).
- * tmp: [k * p->tmp_floats]. A plan without segments runs matmul_group (or, with
+ * tmp: [k * p->tmp_floats]. A group no segment of p adapts in this layer (a plan without
+ * segments, or o/gate/up/down under q,v adapters) runs matmul_group (or, with
  * c->base_one_job, the fused job of the base products alone).
  * 0 when it ran as one job; -ENOMEM when the scratch could not grow: the products were then
  * computed by matmul_group and lora_apply_fused (the same numbers, two more jobs).
