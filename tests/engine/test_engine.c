@@ -819,6 +819,65 @@ static void test_mixed_adapters(void **state)
     free(text);
 }
 
+/* An adapter on q and v alone: in its steps the k/v-sharing qkv group runs the fused LoRA
+ * job while o, gate/up and down, which no segment adapts, run as in a step without adapters
+ * (matmul_group with the inputs prepared by the norm job; session 21). Both kinds of group in
+ * one step, with a base-model request beside the adapted ones, against the reference. */
+static void test_partial_adapter(void **state)
+{
+    (void)state;
+    char *tmp = tu_mkdtemp();
+    char *dir = strdup(tu_path(tmp, "qv"));
+    struct peft_adapter *pa = peft_adapter_random(
+        &g_model->hp, 4, 8.0, (1u << LORA_Q) | (1u << LORA_V), 13, 0.3f, 0.3f);
+    peft_adapter_write(pa, dir, SAFETENSORS_F32, "");
+    struct lora_adapter *ad;
+    assert_int_equal(lora_open(dir, &g_model->hp, &ad), 0);
+
+    size_t n_long;
+    int32_t *text = long_text(&n_long);
+    const struct lora_adapter *ads[4] = {ad, NULL, ad, ad};
+    const float scales[4] = {1.0f, 0, 2.0f, 1.0f};
+    const size_t lens[4] = {30, 30, 12, 60};
+    const uint32_t max_new = 16;
+    struct ref refs[4];
+    static struct capture cap;
+    memset(&cap, 0, sizeof cap);
+    cap.n = 4;
+    struct engine *e = make_engine(64, 8, 16, 0, true, NULL);
+    engine__set_logits_tap(e, on_logits, &cap);
+    assert_int_equal(engine_load_adapter(e, "qv", dir), 0);
+    for (size_t i = 0; i < 4; i++) {
+        ref_run_lora(text, lens[i], max_new, ads[i], scales[i], &refs[i]);
+        cap.got[i].ref = &refs[i];
+        struct engine_request r = greedy_req(text, lens[i], max_new, 1, &cap.got[i]);
+        r.adapter = ads[i] ? "qv" : NULL;
+        r.adapter_scale = scales[i];
+        assert_int_equal(engine_submit(e, &r, &cap.got[i].id), 0);
+    }
+    run_until_idle(e, 500);
+    for (size_t i = 0; i < 4; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "request %zu (%s)", i, ads[i] ? "q,v adapter" : "base");
+        assert_true(cap.got[i].finished);
+        assert_follows(&cap.got[i], &refs[i], max_new, what);
+        if (cap.got[i].logits_checked == 0 || !(cap.got[i].max_diff <= 1e-3f))
+            fail_msg("%s: max relative logit difference %g", what, (double)cap.got[i].max_diff);
+    }
+    /* the adapter changes the output (the test would be vacuous otherwise) */
+    assert_memory_not_equal(refs[0].logits, refs[1].logits,
+                            g_model->hp.vocab_size * sizeof(float));
+    engine_destroy(e);
+    for (size_t i = 0; i < 4; i++)
+        ref_free(&refs[i]);
+    lora_close(ad);
+    peft_adapter_free(pa);
+    tu_rmtree(tmp);
+    free(tmp);
+    free(dir);
+    free(text);
+}
+
 /* engine__set_lora_bypass (engine_bench's paired LoRA steps): while it is on, a request with
  * an adapter steps as the base model does; off again, the adapter applies. */
 static void test_lora_bypass(void **state)
@@ -1102,6 +1161,7 @@ int main(void)
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_tenant_fair_prefill),
         cmocka_unit_test(test_mixed_adapters),
+        cmocka_unit_test(test_partial_adapter),
         cmocka_unit_test(test_lora_bypass),
         cmocka_unit_test(test_snapshot),
         cmocka_unit_test(test_nan_weights),

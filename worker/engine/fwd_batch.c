@@ -285,13 +285,14 @@ static void add_norm(struct engine__fwd *f, size_t n_tok, float *add, const floa
 
 /*
  * A group reading xb, its inputs prepared by the norm job that writes xb (matmul.h,
- * matmul_group_begin): only where project() would run a plain matmul_group (no adapter in the
- * step, no one-job knob; matmul_group_begin declines invariant products). NULL: project().
+ * matmul_group_begin), with or without adapters in the step (a group they adapt runs the fused
+ * LoRA job on those inputs: matmul_group_lora_end). Not under the one-job knob;
+ * matmul_group_begin declines invariant products. NULL: project().
  */
 static const struct matmul_prep *fused_begin(struct engine__fwd *f, const struct matmul_prod *g,
                                              size_t k)
 {
-    if (f->plan.n_segs || f->mm.base_one_job)
+    if (f->mm.base_one_job)
         return NULL;
     return matmul_group_begin(&f->mm, g, k);
 }
@@ -299,10 +300,13 @@ static const struct matmul_prep *fused_begin(struct engine__fwd *f, const struct
 static void project_fused(struct engine__fwd *f, uint32_t layer, const struct matmul_prod *g,
                           size_t k, const struct matmul_prep *prep)
 {
-    if (prep)
-        matmul_group_end(&f->mm, g, k);
-    else
+    if (!prep)
         project(f, layer, g, k);
+    else if (f->plan.n_segs)
+        /* -ENOMEM: it ran as separate jobs instead, with the same numbers (logged) */
+        (void)matmul_group_lora_end(&f->mm, g, k, &f->plan, layer, f->lora_tmp);
+    else
+        matmul_group_end(&f->mm, g, k);
 }
 
 /* Sequence i's new rows: q/k/v biases (qwen2, gpt_oss), RoPE of q and k at each token's

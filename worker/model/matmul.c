@@ -329,11 +329,22 @@ void matmul_prep_rows(const struct matmul_prep *h, size_t t0, size_t t1)
     }
 }
 
-void matmul_group_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t k)
+const struct matmul__acts *matmul__prep_take(struct matmul_ctx *c)
 {
     CHECK(c->prep_open_);
     c->prep_open_ = false;
+    return &((const struct matmul_prep *)c->prep_)->A;
+}
+
+void matmul__group_prepared(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
+                            const struct matmul__acts *A)
+{
     size_t off[MATMUL_GROUP_MAX], end = group_line(g, k, off);
     if (end)
-        run(c, g, k, off, 0, end, &((const struct matmul_prep *)c->prep_)->A);
+        run(c, g, k, off, 0, end, A);
+}
+
+void matmul_group_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t k)
+{
+    matmul__group_prepared(c, g, k, matmul__prep_take(c));
 }

@@ -175,12 +175,29 @@ void matmul_group_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t 
  * expand task waits (spins) for its base tile and its projection's shrink tasks, which always
  * precede it in the task order, so claiming tasks in order cannot deadlock. The numbers are
  * those of matmul_group followed by lora_apply_fused (same kernels, same blocks).
- * tmp: [k * p->tmp_floats]. A plan without segments runs matmul_group (or, with
+ * tmp: [k * p->tmp_floats]. A group no segment of p adapts in this layer (a plan without
+ * segments, or o/gate/up/down under q,v adapters) runs matmul_group (or, with
  * c->base_one_job, the fused job of the base products alone).
  * 0 when it ran as one job; -ENOMEM when the scratch could not grow: the products were then
  * computed by matmul_group and lora_apply_fused (the same numbers, two more jobs).
  */
 int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
                       const struct lora_plan *p, uint32_t layer, float *tmp);
+
+/*
+ * matmul_group_lora on inputs the caller prepared (matmul_group_begin(c, g, k), then
+ * matmul_prep_rows over every token): the fused job without its PREP tasks, so an adapted
+ * group keeps the norm job's preparation as a group without adapters does (session 21). Ends
+ * the begin. The base products' numbers are those of matmul_group_end; 0 or -ENOMEM as
+ * matmul_group_lora.
+ */
+int matmul_group_lora_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
+                          const struct lora_plan *p, uint32_t layer, float *tmp);
+
+/* Whether any segment of plan p adapts a product of g[0..k) in this layer (its adapter has
+ * weights for g[i].t there). A group it does not adapt runs as matmul_group, so its caller
+ * may prepare its inputs with matmul_group_begin as in a step without adapters. */
+bool matmul_lora_adapts(const struct lora_plan *p, uint32_t layer, const struct matmul_prod *g,
+                        size_t k);
 
 #endif

@@ -3,7 +3,9 @@
  * job (matmul_group_lora, matmul.h; docs/LORA.md "With the base product").
  *
  * The job is a list of tasks that the pool's participants claim in order:
- *   PREP    tokens [a, b) of one distinct input (kern_act_prepare);
+ *   PREP    tokens [a, b) of one distinct input (kern_act_prepare); none when the caller
+ *           prepared the inputs (matmul_group_lora_end: the engine's norm job prepares them
+ *           as it writes them, as for a group without adapters; session 21);
  *   SHRINK  units [b, c) of segment a's shrinks, T = X_seg A^T: the segment's units are
  *           blocks of lora__shrink_kb rank rows, for every product its adapter adapts in
  *           product order, so that a task reads one stretch of the adapter's A blocks,
@@ -64,9 +66,11 @@
 #include <immintrin.h> /* _mm_pause, _mm_prefetch (SSE, baseline x86-64) */
 #endif
 
+#ifndef MM_TILE
 #define MM_TILE 512u    /* base rows (= expand columns) per task: whole 16-row GEMM panels and
                          * 32-column B panels (measured, int4, 8 streams: 256 cost +2-5% at
                          * rank 1 against matmul_group's longer shards, 512 ~0%) */
+#endif
 #define MM_PREP_TOK 16u /* tokens per activation-preparing task */
 #define MM_MAX MATMUL_LORA_GROUP_MAX
 #define MM_TAIL 128u    /* a merged tile requests its expand's panels this many base rows
@@ -490,12 +494,12 @@ struct counts {
     size_t prep, shrink, tiles; /* tasks of each kind (shrink: units, so at most) */
 };
 
-/* Counts the tasks; fills j->tile0. */
-static struct counts count_tasks(struct job *j, size_t k, size_t n)
+/* Counts the tasks; fills j->tile0. prepared: the inputs are ready (no PREP task). */
+static struct counts count_tasks(struct job *j, size_t k, size_t n, bool prepared)
 {
     const struct lora_plan *p = j->p;
     struct counts c = {0, 0, 0};
-    for (size_t a = 0; a < j->A.n; a++)
+    for (size_t a = 0; a < j->A.n && !prepared; a++)
         c.prep += j->A.bytes[a] ? (n + MM_PREP_TOK - 1) / MM_PREP_TOK : 0;
     for (size_t i = 0; i < k; i++) {
         size_t tiles = (j->g[i].w->rows + MM_TILE - 1) / MM_TILE;
@@ -691,9 +695,12 @@ static void push_interleaved(struct job *j, struct task *tasks, struct cursor *c
     }
 }
 
-/* The fused job; -ENOMEM (nothing computed) when the scratch cannot grow. */
+/* The fused job; -ENOMEM (nothing computed) when the scratch cannot grow. prepared: the
+ * group's inputs, already prepared in mc's act_ scratch (matmul_group_begin): the job has no
+ * PREP task and leaves act_ alone; NULL: it plans and prepares them itself. */
 static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
-                 const struct lora_plan *p, uint32_t layer, float *tmp)
+                 const struct lora_plan *p, uint32_t layer, float *tmp,
+                 const struct matmul__acts *prepared)
 {
     const size_t n = g[0].n;
     for (size_t i = 0; i < k; i++)
@@ -707,8 +714,11 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.n_prod = k;
     j.tmp = tmp;
     j.prefetch = MM_PREFETCH && p->max_rank >= MM_PREFETCH_MIN_RANK;
-    matmul__acts_plan(&j.A, g, k, 0); /* the fused LoRA job keeps the int8 products */
-    const struct counts c = count_tasks(&j, k, n);
+    if (prepared)
+        j.A = *prepared;
+    else
+        matmul__acts_plan(&j.A, g, k, 0); /* the fused LoRA job keeps the int8 products */
+    const struct counts c = count_tasks(&j, k, n, prepared != NULL);
     const size_t n_tasks = c.prep + c.shrink + c.tiles; /* at most */
     const size_t flag_off = (n_tasks * sizeof(struct task) + 63) / 64 * 64;
     /* the int8 segments' u codes after the tile counters: [k][n][ldu] codes, [k][n] us, usum */
@@ -719,7 +729,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.ldu = KERN_LORA_I8_LDU(p->max_rank);
     const size_t uq_off = (flag_off + c.tiles * sizeof(atomic_uint) + 63) / 64 * 64;
     const size_t uq_bytes = any_i8 ? k * n * (j.ldu + sizeof(float) + sizeof(int32_t)) : 0;
-    if (!matmul__grow(&mc->act_, &mc->act_cap_, j.A.total ? j.A.total : 64) ||
+    if ((!prepared && !matmul__grow(&mc->act_, &mc->act_cap_, j.A.total ? j.A.total : 64)) ||
         !matmul__grow(&mc->tasks_, &mc->tasks_cap_, uq_off + uq_bytes))
         return -ENOMEM;
     j.uq = NULL;
@@ -735,7 +745,8 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.tile_done = (atomic_uint *)((unsigned char *)mc->tasks_ + flag_off);
     for (size_t i = 0; i < c.tiles; i++)
         atomic_init(&j.tile_done[i], 0);
-    matmul__acts_init(&j.A, g, mc->act_);
+    if (!prepared)
+        matmul__acts_init(&j.A, g, mc->act_);
     for (size_t a = 0; a < j.A.n; a++)
         atomic_init(&j.prep_done[a], 0);
     for (size_t i = 0; i < k; i++) {
@@ -745,7 +756,11 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
 
     struct cursor cu;
     memset(&cu, 0, sizeof cu);
-    push_preps(&j, tasks, &cu, n);
+    if (prepared)
+        for (size_t a = 0; a < j.A.n; a++)
+            j.prep_total[a] = 0;
+    else
+        push_preps(&j, tasks, &cu, n);
     push_interleaved(&j, tasks, &cu, k, &c);
     CHECK(cu.nt <= n_tasks);
     j.n_tasks = cu.nt;
@@ -760,15 +775,29 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     return 0;
 }
 
+bool matmul_lora_adapts(const struct lora_plan *p, uint32_t layer, const struct matmul_prod *g,
+                        size_t k)
+{
+    for (size_t si = 0; si < p->n_segs; si++)
+        for (size_t i = 0; i < k; i++)
+            if (lora_weights(p->segs[si].ad, layer, g[i].t))
+                return true;
+    return false;
+}
+
 int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
                       const struct lora_plan *p, uint32_t layer, float *tmp)
 {
     CHECK(k >= 1 && k <= MATMUL_LORA_GROUP_MAX);
-    if (p->n_segs == 0 && !c->base_one_job) {
+    /* a group no segment adapts in this layer (o, gate/up, down under q,v adapters) is the
+     * base products alone: matmul_group's longer shards, not the fused job's 512-row tiles
+     * and PREP tasks (session 21: the fused job on every group of an adapted step was most
+     * of the overhead beyond the floor at q,v) */
+    if (!c->base_one_job && !matmul_lora_adapts(p, layer, g, k)) {
         matmul_group(c, g, k);
         return 0;
     }
-    if (fused(c, g, k, p, layer, tmp) == 0)
+    if (fused(c, g, k, p, layer, tmp, NULL) == 0)
         return 0;
     /* the same numbers from the separate jobs */
     static _Thread_local int warned;
@@ -776,6 +805,29 @@ int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t 
         LOG_WARN("matmul: no memory for the fused LoRA job's scratch: running the base "
                  "products and the update as separate jobs");
     matmul_group(c, g, k);
+    struct lora_proj pr[MATMUL_LORA_GROUP_MAX];
+    for (size_t i = 0; i < k; i++)
+        pr[i] = (struct lora_proj){g[i].t, g[i].x, g[i].y, g[i].ldy};
+    lora_apply_fused(p, c->pool, layer, pr, k, tmp);
+    return -ENOMEM;
+}
+
+int matmul_group_lora_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
+                          const struct lora_plan *p, uint32_t layer, float *tmp)
+{
+    CHECK(k >= 1 && k <= MATMUL_LORA_GROUP_MAX);
+    const struct matmul__acts *A = matmul__prep_take(c);
+    if (!matmul_lora_adapts(p, layer, g, k)) {
+        matmul__group_prepared(c, g, k, A);
+        return 0;
+    }
+    if (fused(c, g, k, p, layer, tmp, A) == 0)
+        return 0;
+    static _Thread_local int warned;
+    if (!warned++)
+        LOG_WARN("matmul: no memory for the fused LoRA job's scratch: running the base "
+                 "products and the update as separate jobs");
+    matmul__group_prepared(c, g, k, A);
     struct lora_proj pr[MATMUL_LORA_GROUP_MAX];
     for (size_t i = 0; i < k; i++)
         pr[i] = (struct lora_proj){g[i].t, g[i].x, g[i].y, g[i].ldy};

@@ -51,6 +51,13 @@ void matmul__acts_plan(struct matmul__acts *A, const struct matmul_prod *g, size
 /* Lays the inputs out over buf (A->total bytes, 64-byte aligned); nothing is computed yet. */
 void matmul__acts_init(struct matmul__acts *A, const struct matmul_prod *g, void *buf);
 
+/* Ends the open matmul_group_begin of c and returns its prepared inputs (still in c's act_
+ * scratch: nothing may grow it until they are used). */
+const struct matmul__acts *matmul__prep_take(struct matmul_ctx *c);
+/* matmul_group's products of g[0..k) on inputs A prepared for exactly that group. */
+void matmul__group_prepared(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
+                            const struct matmul__acts *A);
+
 /* Grows a scratch array to `bytes` (64-byte aligned); false when out of memory. */
 bool matmul__grow(void **buf, size_t *cap, size_t bytes);
 
