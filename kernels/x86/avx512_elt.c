@@ -158,8 +158,10 @@ void kern_swiglu_clamp_f32_f32_avx512(float *g, const float *u, const float *bg,
     const __m512 nalpha = _mm512_set1_ps(-alpha), one = _mm512_set1_ps(1.0f);
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
-        __m512 gv = _mm512_add_ps(_mm512_maskz_loadu_ps(k, g + i), _mm512_maskz_loadu_ps(k, bg + i));
-        __m512 uv = _mm512_add_ps(_mm512_maskz_loadu_ps(k, u + i), _mm512_maskz_loadu_ps(k, bu + i));
+        __m512 gv =
+            _mm512_add_ps(_mm512_maskz_loadu_ps(k, g + i), _mm512_maskz_loadu_ps(k, bg + i));
+        __m512 uv =
+            _mm512_add_ps(_mm512_maskz_loadu_ps(k, u + i), _mm512_maskz_loadu_ps(k, bu + i));
         gv = _mm512_min_ps(gv, lim);
         uv = _mm512_min_ps(_mm512_max_ps(uv, nlim), lim);
         __m512 s = div_1pe(gv, exp16(_mm512_mul_ps(nalpha, gv)));

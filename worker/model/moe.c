@@ -199,7 +199,7 @@ void moe_ffn(struct moe *s, struct matmul_ctx *mm, const struct model_layer *L, 
     run_groups(mm, s->prods, np);
 
     /* biases and the clamped SwiGLU, a [T*k][ffn] into g: over the pool, whose workers are
-     * still spinning from the products (one stream's 4 rows are ~11.5k expf, tens of µs that
+     * still spinning from the products (one stream's 4 rows are ~11.5k exps, tens of µs that
      * the other thread otherwise spends waiting; docs/PERFORMANCE.md "gpt-oss decode, session
      * 14") */
     struct swiglu_job sj = {s, L, ffn, limit, alpha};
