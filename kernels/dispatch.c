@@ -181,7 +181,8 @@ static void matmul_prepared(enum dtype wt, const void *w, size_t cols, const flo
      .softmax = kern_softmax_f32_f32_##I,                                                    \
      .rmsnorm = kern_rmsnorm_f32_f32_##I,                                                    \
      .swiglu = kern_swiglu_f32_f32_##I,                                                      \
-     .rope = kern_rope_f32_f32_##I}
+     .rope = kern_rope_f32_f32_##I,                                                          \
+     .swiglu_clamp = kern_swiglu_clamp_f32_f32_##I}
 #define KERN_ISA_ref KERN_ISA_REF
 #define KERN_ISA_avx2 KERN_ISA_AVX2
 #define KERN_ISA_avx512 KERN_ISA_AVX512

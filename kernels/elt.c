@@ -77,6 +77,19 @@ void kern_swiglu_f32_f32_ref(float *y, const float *gate, const float *up, size_
         y[i] = fm_siluf(gate[i]) * up[i];
 }
 
+void kern_swiglu_clamp_f32_f32_ref(float *g, const float *u, const float *bg, const float *bu,
+                                   size_t n, float alpha, float limit)
+{
+    for (size_t i = 0; i < n; i++) {
+        float gv = g[i] + bg[i], uv = u[i] + bu[i];
+        gv = gv < limit ? gv : limit;
+        uv = uv > -limit ? uv : -limit;
+        uv = uv < limit ? uv : limit;
+        float e = fm_expf(-alpha * gv);
+        g[i] = (e == INFINITY ? -0.0f : gv / (1.0f + e)) * (uv + 1.0f);
+    }
+}
+
 void kern_rope_f32_f32_ref(float *v, size_t n_heads, size_t hd, const float *cs)
 {
     for (size_t h = 0; h < n_heads; h++)
@@ -116,4 +129,9 @@ void kern_swiglu(float *y, const float *gate, const float *up, size_t n)
 void kern_rope(float *v, size_t n_heads, size_t hd, const float *cs)
 {
     kern__ops.rope(v, n_heads, hd, cs);
+}
+void kern_swiglu_clamp(float *g, const float *u, const float *bg, const float *bu, size_t n,
+                       float alpha, float limit)
+{
+    kern__ops.swiglu_clamp(g, u, bg, bu, n, alpha, limit);
 }

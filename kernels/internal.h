@@ -134,6 +134,7 @@ struct kern_ops {
     kern_rmsnorm_fn *rmsnorm;
     kern_swiglu_fn *swiglu;
     kern_rope_fn *rope;
+    kern_swiglu_clamp_fn *swiglu_clamp;
 };
 
 /* Written by kern_init()/kern_force_isa() only (dispatch.c), read-only afterwards. Before

@@ -441,6 +441,15 @@ void kern_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps)
 /* y[i] = silu(gate[i]) * up[i]. */
 void kern_swiglu(float *y, const float *gate, const float *up, size_t n);
 /*
+ * gpt-oss's clamped SwiGLU with the experts' biases, in place on g (i < n):
+ *   gv = min(g[i] + bg[i], limit),  uv = min(max(u[i] + bu[i], -limit), limit),
+ *   g[i] = gv / (1 + e^(-alpha gv)) * (uv + 1),   e^ = fm_expf, e^ = +inf giving -0.
+ * The clamps are comparisons (a NaN sum takes the limit, as fminf/fmaxf do). Per element, so
+ * any split of a row gives the same bits; the SIMD variants are bit-identical to _ref.
+ */
+void kern_swiglu_clamp(float *g, const float *u, const float *bg, const float *bu, size_t n,
+                       float alpha, float limit);
+/*
  * Rotates the interleaved pairs (v[2i], v[2i+1]) of n_heads heads of hd elements each (hd
  * even) by the angles of cs [hd/2][2] = (cos, sin):
  *   v0' = v0 cos - v1 sin,  v1' = v0 sin + v1 cos.

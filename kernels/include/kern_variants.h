@@ -190,11 +190,14 @@ typedef void kern_softmax_fn(float *x, size_t n);
 typedef void kern_rmsnorm_fn(float *y, const float *x, const float *w, size_t n, float eps);
 typedef void kern_swiglu_fn(float *y, const float *gate, const float *up, size_t n);
 typedef void kern_rope_fn(float *v, size_t n_heads, size_t hd, const float *cs);
+typedef void kern_swiglu_clamp_fn(float *g, const float *u, const float *bg, const float *bu,
+                                  size_t n, float alpha, float limit);
 
 #define KERN_ELT_VARIANTS_(X, isa)                                                           \
     X(kern_map_fn, exp, isa) X(kern_map_fn, tanh, isa) X(kern_bias_act_fn, silu, isa)        \
     X(kern_bias_act_fn, gelu, isa) X(kern_softmax_fn, softmax, isa)                          \
-    X(kern_rmsnorm_fn, rmsnorm, isa) X(kern_swiglu_fn, swiglu, isa) X(kern_rope_fn, rope, isa)
+    X(kern_rmsnorm_fn, rmsnorm, isa) X(kern_swiglu_fn, swiglu, isa) X(kern_rope_fn, rope, isa) \
+    X(kern_swiglu_clamp_fn, swiglu_clamp, isa)
 
 #define KERN_ELT_DECLARE_(fn, op, isa) fn kern_##op##_f32_f32_##isa;
 KERN_ELT_VARIANTS_(KERN_ELT_DECLARE_, ref)

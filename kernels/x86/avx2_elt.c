@@ -174,6 +174,23 @@ void kern_swiglu_f32_f32_avx2(float *y, const float *gate, const float *up, size
     }
 }
 
+/* kern_swiglu_clamp: min(a, b) returns b when a is NaN, as the _ref comparisons do. */
+void kern_swiglu_clamp_f32_f32_avx2(float *g, const float *u, const float *bg, const float *bu,
+                                    size_t n, float alpha, float limit)
+{
+    const __m256 lim = _mm256_set1_ps(limit), nlim = _mm256_set1_ps(-limit);
+    const __m256 nalpha = _mm256_set1_ps(-alpha), one = _mm256_set1_ps(1.0f);
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i k = lane_mask(n, i);
+        __m256 gv = _mm256_add_ps(_mm256_maskload_ps(g + i, k), _mm256_maskload_ps(bg + i, k));
+        __m256 uv = _mm256_add_ps(_mm256_maskload_ps(u + i, k), _mm256_maskload_ps(bu + i, k));
+        gv = _mm256_min_ps(gv, lim);
+        uv = _mm256_min_ps(_mm256_max_ps(uv, nlim), lim);
+        __m256 s = div_1pe(gv, exp8(_mm256_mul_ps(nalpha, gv)));
+        _mm256_maskstore_ps(g + i, k, _mm256_mul_ps(s, _mm256_add_ps(uv, one)));
+    }
+}
+
 /*
  * v and cs share a layout (pairs), so one load of each gives (v0, v1) and (c, s) in matching
  * lanes: v' = v * c -/+ swap(v) * s, with fmaddsub subtracting in even lanes and adding in odd.

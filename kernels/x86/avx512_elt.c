@@ -149,6 +149,26 @@ void kern_swiglu_f32_f32_avx512(float *y, const float *gate, const float *up, si
     }
 }
 
+/* kern_swiglu_clamp: min(a, b) returns b when a is NaN, as the _ref comparisons do; -alpha
+ * times gv is the same product as _ref's -alpha * gv. */
+void kern_swiglu_clamp_f32_f32_avx512(float *g, const float *u, const float *bg, const float *bu,
+                                      size_t n, float alpha, float limit)
+{
+    const __m512 lim = _mm512_set1_ps(limit), nlim = _mm512_set1_ps(-limit);
+    const __m512 nalpha = _mm512_set1_ps(-alpha), one = _mm512_set1_ps(1.0f);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        __m512 gv =
+            _mm512_add_ps(_mm512_maskz_loadu_ps(k, g + i), _mm512_maskz_loadu_ps(k, bg + i));
+        __m512 uv =
+            _mm512_add_ps(_mm512_maskz_loadu_ps(k, u + i), _mm512_maskz_loadu_ps(k, bu + i));
+        gv = _mm512_min_ps(gv, lim);
+        uv = _mm512_min_ps(_mm512_max_ps(uv, nlim), lim);
+        __m512 s = div_1pe(gv, exp16(_mm512_mul_ps(nalpha, gv)));
+        _mm512_mask_storeu_ps(g + i, k, _mm512_mul_ps(s, _mm512_add_ps(uv, one)));
+    }
+}
+
 /*
  * v and cs share a layout (pairs), so one load of each gives (v0, v1) and (c, s) in matching
  * lanes: v' = v * c -/+ swap(v) * s, with fmaddsub subtracting in even lanes and adding in odd.

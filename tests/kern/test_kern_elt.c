@@ -11,7 +11,11 @@
  *      exp, tanh, silu, gelu, swiglu: bit-identical (same algorithm, same FMAs);
  *      softmax: |Δ| <= 2e-6 y + 1e-9 and sum = 1 ± 1e-5;  rmsnorm: |Δ| <= 1e-5 |y|;
  *      rope: |Δ| <= 1e-6 (|v0| + |v1|) per pair;
- *  - the public entries run the variant of the forced ISA.
+ *  - the public entries run the variant of the forced ISA;
+ *  - swiglu_clamp (gpt-oss's clamped SwiGLU with biases): every SIMD variant bit-identical to
+ *    _ref (lengths 0..300, unaligned, specials, guard zones, in place on g), and _ref against
+ *    the formula in double from the same f32 sums: relative <= KERN_SILU_MAX_REL_ERR + 3e-7
+ *    + 1.2e-7 |alpha gv|, plus KERN_ACT_ABS_ERR.
  * The measured maxima are printed, so the bounds in kern.h can be checked against them.
  */
 #include "testutil.h"
@@ -554,6 +558,85 @@ static void test_dispatch(void **state)
     }
 }
 
+/* ---- swiglu_clamp ------------------------------------------------------------------------ */
+
+static kern_swiglu_clamp_fn *const g_clamp[3] = {kern_swiglu_clamp_f32_f32_ref,
+                                                 kern_swiglu_clamp_f32_f32_avx2,
+                                                 kern_swiglu_clamp_f32_f32_avx512};
+
+/* gpt-oss's constants, and others to show they are parameters */
+static const float clamp_alpha[] = {1.702f, 1.0f, 0.5f};
+static const float clamp_limit[] = {7.0f, 7.0f, 3.0f};
+
+static void test_swiglu_clamp(void **state)
+{
+    const struct isa_case *c = isa_case_begin(state);
+    kern_swiglu_clamp_fn *ref = g_clamp[KERN_ISA_REF], *set = g_clamp[c->isa];
+    static struct gbuf gg, gr, gu, gbg, gbu;
+    float g[MAXN], u[MAXN], bg[MAXN], bu[MAXN];
+    double worst = 0;
+    for (size_t n = 0; n <= MAXN; n++) {
+        const size_t pc = n % 3;
+        const float alpha = clamp_alpha[pc], lim = clamp_limit[pc];
+        char what[64];
+        snprintf(what, sizeof what, "%s swiglu_clamp n=%zu", c->name, n);
+        fill(g, n, 1);
+        fill(u, n, 1);
+        fill(bg, n, 0);
+        fill(bu, n, 0);
+        gbuf_init(&gg, rnd() % 4, n);
+        gbuf_init(&gr, rnd() % 4, n);
+        gbuf_init(&gu, rnd() % 4, n);
+        gbuf_init(&gbg, rnd() % 4, n);
+        gbuf_init(&gbu, rnd() % 4, n);
+        memcpy(gg.p, g, n * sizeof *g);
+        memcpy(gr.p, g, n * sizeof *g);
+        memcpy(gu.p, u, n * sizeof *u);
+        memcpy(gbg.p, bg, n * sizeof *bg);
+        memcpy(gbu.p, bu, n * sizeof *bu);
+        ref(gr.p, gu.p, gbg.p, gbu.p, n, alpha, lim);
+        set(gg.p, gu.p, gbg.p, gbu.p, n, alpha, lim);
+        for (size_t i = 0; i < n; i++) {
+            if (!same_bits(gg.p[i], gr.p[i]))
+                fail_msg("%s: [%zu] g=%a u=%a: %a, _ref %a", what, i, (double)g[i], (double)u[i],
+                         (double)gg.p[i], (double)gr.p[i]);
+            /* _ref against the formula in double from the same f32 sums and clamps */
+            float gv = g[i] + bg[i], uv = u[i] + bu[i];
+            gv = gv < lim ? gv : lim;
+            uv = uv > -lim ? uv : -lim;
+            uv = uv < lim ? uv : lim;
+            double d = (double)gv / (1.0 + exp(-(double)alpha * gv)) * ((double)uv + 1.0);
+            if (isinf(gv)) /* gv = -inf: -inf / inf in double; the limit, as fm_siluf, is 0 */
+                d = 0.0;
+            /* SiLU's bound, two more roundings (uv + 1, the product), and alpha gv's f32
+             * rounding times the condition number of e^(-alpha gv) */
+            double tol = KERN_ACT_ABS_ERR;
+            if (d != 0.0)
+                tol += (KERN_SILU_MAX_REL_ERR + 3e-7 + 1.2e-7 * fabs((double)alpha * gv)) *
+                       fabs(d);
+            if (!(fabs((double)gr.p[i] - d) <= tol))
+                fail_msg("%s: [%zu] gv=%a uv=%a: %a, double %a", what, i, (double)gv, (double)uv,
+                         (double)gr.p[i], d);
+            worst = fmax(worst, fabs((double)gr.p[i] - d) / tol);
+            assert_false(isnan(gr.p[i])); /* NaN sums take the limit */
+        }
+        gbuf_check_guards(&gg, what);
+        gbuf_check_guards(&gr, what);
+        gbuf_check_guards(&gu, what);
+    }
+    /* the entry runs the forced ISA's variant */
+    fill(g, 77, 1);
+    fill(u, 77, 1);
+    fill(bg, 77, 0);
+    fill(bu, 77, 0);
+    float y[77];
+    memcpy(y, g, sizeof y);
+    kern_swiglu_clamp(y, u, bg, bu, 77, 1.702f, 7.0f);
+    set(g, u, bg, bu, 77, 1.702f, 7.0f);
+    assert_memory_equal(y, g, sizeof y);
+    printf("# %s swiglu_clamp vs double, worst error / bound %.3f\n", c->name, worst);
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -569,6 +652,7 @@ int main(void)
         ISA_CASE_SIMD(test_vs_ref),
         ISA_CASE_TESTS(test_softmax_contract),
         ISA_CASE_TESTS(test_dispatch),
+        ISA_CASE_TESTS(test_swiglu_clamp),
     };
     setvbuf(stdout, NULL, _IOLBF, 0);
     return cmocka_run_group_tests(tests, NULL, teardown);
