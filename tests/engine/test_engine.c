@@ -732,6 +732,40 @@ static void test_tenant_fair_prefill(void **state)
 
 /* ---- LoRA: a batch mixing the base model and two adapters --------------------------------- */
 
+/* Submits n greedy requests of prompt prefixes lens[i] of text, request i with adapter
+ * names[i] (NULL: the base model; ads[i] its handle for the reference) at scales[i], each
+ * with its reference run into refs[i] and its logits checked against it (cap). */
+static void submit_lora_reqs(struct engine *e, struct capture *cap, struct ref *refs,
+                             const int32_t *text, const size_t *lens,
+                             const struct lora_adapter *const *ads, const char *const *names,
+                             const float *scales, size_t n, uint32_t max_new)
+{
+    for (size_t i = 0; i < n; i++) {
+        ref_run_lora(text, lens[i], max_new, ads[i], scales[i], &refs[i]);
+        cap->got[i].ref = &refs[i];
+        struct engine_request r = greedy_req(text, lens[i], max_new, 1, &cap->got[i]);
+        r.adapter = names[i];
+        r.adapter_scale = scales[i];
+        assert_int_equal(engine_submit(e, &r, &cap->got[i].id), 0);
+    }
+}
+
+/* Every request of submit_lora_reqs finished, followed its reference's ids, and its logits
+ * stayed within 1e-3 relative of the reference's: the grouped LoRA update (lora_apply_a/b)
+ * sums in another order than lora_apply_one, and these random adapters move the logits a lot. */
+static void check_lora_reqs(const struct capture *cap, const struct ref *refs,
+                            const char *const *names, size_t n, uint32_t max_new)
+{
+    for (size_t i = 0; i < n; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "request %zu (adapter %s)", i, names[i] ? names[i] : "-");
+        assert_true(cap->got[i].finished);
+        assert_follows(&cap->got[i], &refs[i], max_new, what);
+        if (cap->got[i].logits_checked == 0 || !(cap->got[i].max_diff <= 1e-3f))
+            fail_msg("%s: max relative logit difference %g", what, (double)cap->got[i].max_diff);
+    }
+}
+
 static void test_mixed_adapters(void **state)
 {
     (void)state;
@@ -763,27 +797,11 @@ static void test_mixed_adapters(void **state)
     engine__set_logits_tap(e, on_logits, &cap);
     assert_int_equal(engine_load_adapter(e, "a", dir_a), 0);
     assert_int_equal(engine_load_adapter(e, "b", dir_b), 0);
-    for (size_t i = 0; i < 6; i++) {
-        ref_run_lora(text, lens[i], max_new, ads[i], scales[i], &refs[i]);
-        cap.got[i].ref = &refs[i];
-        struct engine_request r = greedy_req(text, lens[i], max_new, 1, &cap.got[i]);
-        r.adapter = names[i];
-        r.adapter_scale = scales[i];
-        assert_int_equal(engine_submit(e, &r, &cap.got[i].id), 0);
-    }
+    submit_lora_reqs(e, &cap, refs, text, lens, ads, names, scales, 6, max_new);
     /* unloading a name does not take the adapter from the requests that use it */
     assert_int_equal(engine_unload_adapter(e, "b"), 0);
     run_until_idle(e, 500);
-    for (size_t i = 0; i < 6; i++) {
-        char what[48];
-        snprintf(what, sizeof what, "request %zu (adapter %s)", i, names[i] ? names[i] : "-");
-        assert_true(cap.got[i].finished);
-        assert_follows(&cap.got[i], &refs[i], max_new, what);
-        /* the grouped LoRA update (lora_apply_a/b) sums in another order than lora_apply_one,
-         * and these random adapters move the logits a lot: 1e-3 relative */
-        if (cap.got[i].logits_checked == 0 || !(cap.got[i].max_diff <= 1e-3f))
-            fail_msg("%s: max relative logit difference %g", what, (double)cap.got[i].max_diff);
-    }
+    check_lora_reqs(&cap, refs, names, 6, max_new);
     /* the adapters change the output (the test would be vacuous otherwise) */
     assert_memory_not_equal(refs[0].logits, refs[1].logits,
                             g_model->hp.vocab_size * sizeof(float));
@@ -837,6 +855,7 @@ static void test_partial_adapter(void **state)
     size_t n_long;
     int32_t *text = long_text(&n_long);
     const struct lora_adapter *ads[4] = {ad, NULL, ad, ad};
+    const char *names[4] = {"qv", NULL, "qv", "qv"};
     const float scales[4] = {1.0f, 0, 2.0f, 1.0f};
     const size_t lens[4] = {30, 30, 12, 60};
     const uint32_t max_new = 16;
@@ -847,23 +866,9 @@ static void test_partial_adapter(void **state)
     struct engine *e = make_engine(64, 8, 16, 0, true, NULL);
     engine__set_logits_tap(e, on_logits, &cap);
     assert_int_equal(engine_load_adapter(e, "qv", dir), 0);
-    for (size_t i = 0; i < 4; i++) {
-        ref_run_lora(text, lens[i], max_new, ads[i], scales[i], &refs[i]);
-        cap.got[i].ref = &refs[i];
-        struct engine_request r = greedy_req(text, lens[i], max_new, 1, &cap.got[i]);
-        r.adapter = ads[i] ? "qv" : NULL;
-        r.adapter_scale = scales[i];
-        assert_int_equal(engine_submit(e, &r, &cap.got[i].id), 0);
-    }
+    submit_lora_reqs(e, &cap, refs, text, lens, ads, names, scales, 4, max_new);
     run_until_idle(e, 500);
-    for (size_t i = 0; i < 4; i++) {
-        char what[48];
-        snprintf(what, sizeof what, "request %zu (%s)", i, ads[i] ? "q,v adapter" : "base");
-        assert_true(cap.got[i].finished);
-        assert_follows(&cap.got[i], &refs[i], max_new, what);
-        if (cap.got[i].logits_checked == 0 || !(cap.got[i].max_diff <= 1e-3f))
-            fail_msg("%s: max relative logit difference %g", what, (double)cap.got[i].max_diff);
-    }
+    check_lora_reqs(&cap, refs, names, 4, max_new);
     /* the adapter changes the output (the test would be vacuous otherwise) */
     assert_memory_not_equal(refs[0].logits, refs[1].logits,
                             g_model->hp.vocab_size * sizeof(float));

@@ -785,26 +785,32 @@ bool matmul_lora_adapts(const struct lora_plan *p, uint32_t layer, const struct 
     return false;
 }
 
-int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
-                      const struct lora_plan *p, uint32_t layer, float *tmp)
+/* matmul_group_lora (A NULL) and matmul_group_lora_end (A: the inputs the caller prepared). */
+static int group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
+                      const struct lora_plan *p, uint32_t layer, float *tmp,
+                      const struct matmul__acts *A)
 {
     CHECK(k >= 1 && k <= MATMUL_LORA_GROUP_MAX);
     /* a group no segment adapts in this layer (o, gate/up, down under q,v adapters) is the
      * base products alone: matmul_group's longer shards, not the fused job's 512-row tiles
      * and PREP tasks (session 21: the fused job on every group of an adapted step was most
      * of the overhead beyond the floor at q,v) */
-    if (!c->base_one_job && !matmul_lora_adapts(p, layer, g, k)) {
-        matmul_group(c, g, k);
-        return 0;
+    const bool adapted = matmul_lora_adapts(p, layer, g, k);
+    if (adapted || c->base_one_job) {
+        if (fused(c, g, k, p, layer, tmp, A) == 0)
+            return 0;
+        /* the same numbers from the separate jobs */
+        static _Thread_local int warned;
+        if (!warned++)
+            LOG_WARN("matmul: no memory for the fused LoRA job's scratch: running the base "
+                     "products and the update as separate jobs");
     }
-    if (fused(c, g, k, p, layer, tmp, NULL) == 0)
-        return 0;
-    /* the same numbers from the separate jobs */
-    static _Thread_local int warned;
-    if (!warned++)
-        LOG_WARN("matmul: no memory for the fused LoRA job's scratch: running the base "
-                 "products and the update as separate jobs");
-    matmul_group(c, g, k);
+    if (A)
+        matmul__group_prepared(c, g, k, A);
+    else
+        matmul_group(c, g, k);
+    if (!adapted)
+        return c->base_one_job ? -ENOMEM : 0; /* -ENOMEM: the fused job could not run */
     struct lora_proj pr[MATMUL_LORA_GROUP_MAX];
     for (size_t i = 0; i < k; i++)
         pr[i] = (struct lora_proj){g[i].t, g[i].x, g[i].y, g[i].ldy};
@@ -812,25 +818,14 @@ int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t 
     return -ENOMEM;
 }
 
+int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
+                      const struct lora_plan *p, uint32_t layer, float *tmp)
+{
+    return group_lora(c, g, k, p, layer, tmp, NULL);
+}
+
 int matmul_group_lora_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
                           const struct lora_plan *p, uint32_t layer, float *tmp)
 {
-    CHECK(k >= 1 && k <= MATMUL_LORA_GROUP_MAX);
-    const struct matmul__acts *A = matmul__prep_take(c);
-    if (!matmul_lora_adapts(p, layer, g, k)) {
-        matmul__group_prepared(c, g, k, A);
-        return 0;
-    }
-    if (fused(c, g, k, p, layer, tmp, A) == 0)
-        return 0;
-    static _Thread_local int warned;
-    if (!warned++)
-        LOG_WARN("matmul: no memory for the fused LoRA job's scratch: running the base "
-                 "products and the update as separate jobs");
-    matmul__group_prepared(c, g, k, A);
-    struct lora_proj pr[MATMUL_LORA_GROUP_MAX];
-    for (size_t i = 0; i < k; i++)
-        pr[i] = (struct lora_proj){g[i].t, g[i].x, g[i].y, g[i].ldy};
-    lora_apply_fused(p, c->pool, layer, pr, k, tmp);
-    return -ENOMEM;
+    return group_lora(c, g, k, p, layer, tmp, matmul__prep_take(c));
 }
