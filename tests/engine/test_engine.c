@@ -732,6 +732,17 @@ static void test_tenant_fair_prefill(void **state)
 
 /* ---- LoRA: a batch mixing the base model and two adapters --------------------------------- */
 
+/* An engine (64-token steps, 8 running, prefix cache on) whose logits cap checks for n
+ * requests. */
+static struct engine *capture_engine(struct capture *cap, size_t n)
+{
+    memset(cap, 0, sizeof *cap);
+    cap->n = n;
+    struct engine *e = make_engine(64, 8, 16, 0, true, NULL);
+    engine__set_logits_tap(e, on_logits, cap);
+    return e;
+}
+
 /* Submits n greedy requests of prompt prefixes lens[i] of text, request i with adapter
  * names[i] (NULL: the base model; ads[i] its handle for the reference) at scales[i], each
  * with its reference run into refs[i] and its logits checked against it (cap). */
@@ -791,10 +802,7 @@ static void test_mixed_adapters(void **state)
     const uint32_t max_new = 20;
     struct ref refs[6];
     static struct capture cap;
-    memset(&cap, 0, sizeof cap);
-    cap.n = 6;
-    struct engine *e = make_engine(64, 8, 16, 0, true, NULL);
-    engine__set_logits_tap(e, on_logits, &cap);
+    struct engine *e = capture_engine(&cap, 6);
     assert_int_equal(engine_load_adapter(e, "a", dir_a), 0);
     assert_int_equal(engine_load_adapter(e, "b", dir_b), 0);
     submit_lora_reqs(e, &cap, refs, text, lens, ads, names, scales, 6, max_new);
@@ -861,10 +869,7 @@ static void test_partial_adapter(void **state)
     const uint32_t max_new = 16;
     struct ref refs[4];
     static struct capture cap;
-    memset(&cap, 0, sizeof cap);
-    cap.n = 4;
-    struct engine *e = make_engine(64, 8, 16, 0, true, NULL);
-    engine__set_logits_tap(e, on_logits, &cap);
+    struct engine *e = capture_engine(&cap, 4);
     assert_int_equal(engine_load_adapter(e, "qv", dir), 0);
     submit_lora_reqs(e, &cap, refs, text, lens, ads, names, scales, 4, max_new);
     run_until_idle(e, 500);
