@@ -74,7 +74,8 @@ struct sampler_logprob {
 
 /*
  * The log-probabilities of the step sampler_sample just took (call it right after, before
- * anything else uses s): log-softmax, in double precision, of the logits after the
+ * anything else uses s or changes the logits given to it: greedy without a penalty draws
+ * from those directly): log-softmax, in double precision, of the logits after the
  * repetition penalty divided by the temperature, before top-k/top-p/min-p cut anything
  * (OpenAI's convention: the distribution the token was drawn from, untruncated). Greedy
  * (temperature 0) reports the temperature-1 distribution, the model's own, as OpenAI and
