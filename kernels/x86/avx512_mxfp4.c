@@ -521,38 +521,39 @@ MXP_PANEL_FN_(plain, 4, )
 #undef MXP_PANEL_FN_
 
 /*
- * Two panels at once for tokens t..t+T-1 (T <= MX_NT; kern.h kern_set_panel_streams, default):
- * panels pa and pb, half the thread's row range apart, block by block, so the thread keeps two
- * sequential DRAM streams in flight instead of one (the probe's 2-thread best is 2-4 streams
- * per thread; one stream per thread left the n = 1 products at ~half the probe:
- * docs/PERFORMANCE.md "gpt-oss decode, session 17"; at 8 decode streams most experts get 2-4
- * tokens: "gpt-oss 8-stream decode, session 18"). Each panel's steps for each token are
- * mxp_panel_*_T's, in its order: the same bits.
+ * S panels at once (S = 2 or 4) for tokens t..t+T-1 (T <= MX_NT; kern.h kern_set_panel_streams):
+ * panels pp[0..S), a fraction of the thread's row range apart, block by block, so the thread
+ * keeps S sequential DRAM streams in flight instead of one (one stream per thread left the
+ * n = 1 products at ~half the probe: docs/PERFORMANCE.md "gpt-oss decode, session 17"; the
+ * probe's 2-thread best is 2-8 streams per thread; at 8 decode streams most experts get 1-2
+ * tokens: "gpt-oss 8-stream decode, session 18"). Panel k's rows start at r[k], masked by
+ * rm[k]. Each panel's steps for each token are mxp_panel_*_T's, in its order: the same bits.
  */
-#define MXP_PANEL2_FN_(flavour, T, ATTR)                                                     \
-    static ATTR void mxp_panel2_##flavour##_##T(                                             \
-        const uint8_t *pa, const uint8_t *pb, size_t nb, const struct kern_act *a, size_t t, \
-        float *y, size_t ldy, size_t ra, size_t rb, __mmask16 rma, __mmask16 rmb)            \
+#define MXP_PANELS_FN_(flavour, S, T, ATTR)                                                  \
+    static ATTR void mxp_panel##S##_##flavour##_##T(                                         \
+        const uint8_t *const *pp, size_t nb, const struct kern_act *a, size_t t, float *y,   \
+        size_t ldy, const size_t *r, const __mmask16 *rm)                                    \
     {                                                                                        \
         const __m512i tab = _mm512_load_si512(mx_ukv);                                       \
         const int8_t *q[T];                                                                  \
         const int32_t *ns[T];                                                                \
         const float *d[T];                                                                   \
-        __m512 acc[2][T];                                                                    \
+        __m512 acc[S][T];                                                                    \
         for (int j = 0; j < (T); j++) {                                                      \
             q[j] = a->q + (t + (size_t)j) * a->ld;                                           \
             ns[j] = a->ns32 + (t + (size_t)j) * a->cp / 32;                                  \
             d[j] = a->d + (t + (size_t)j) * a->cp / 32;                                      \
-            acc[0][j] = acc[1][j] = _mm512_setzero_ps();                                     \
+            for (int k = 0; k < (S); k++)                                                    \
+                acc[k][j] = _mm512_setzero_ps();                                             \
         }                                                                                    \
-        const uint8_t *pp[2] = {pa, pb};                                                     \
         for (size_t c0 = 0; c0 < nb; c0 += MX_KC / 32) {                                     \
             const size_t c1 = nb - c0 < MX_KC / 32 ? nb : c0 + MX_KC / 32;                   \
-            __m512 f[2][T];                                                                  \
-            for (int j = 0; j < (T); j++)                                                    \
-                f[0][j] = f[1][j] = _mm512_setzero_ps();                                     \
+            __m512 f[S][T];                                                                  \
+            for (int k = 0; k < (S); k++)                                                    \
+                for (int j = 0; j < (T); j++)                                                \
+                    f[k][j] = _mm512_setzero_ps();                                           \
             for (size_t b = c0; b < c1; b++) {                                               \
-                UNROLL for (int k = 0; k < 2; k++)                                           \
+                UNROLL for (int k = 0; k < (S); k++)                                         \
                 {                                                                            \
                     const uint8_t *bw = pp[k] + b * MXP_PB;                                  \
                     UNROLL for (size_t l = 0; l < MXP_PB; l += 64) _mm_prefetch(             \
@@ -579,36 +580,42 @@ MXP_PANEL_FN_(plain, 4, )
                     }                                                                        \
                 }                                                                            \
             }                                                                                \
-            for (int k = 0; k < 2; k++)                                                      \
+            for (int k = 0; k < (S); k++)                                                    \
                 for (int j = 0; j < (T); j++)                                                \
                     acc[k][j] = c0 == 0 ? f[k][j] : _mm512_add_ps(f[k][j], acc[k][j]);       \
         }                                                                                    \
-        for (int j = 0; j < (T); j++) {                                                      \
-            _mm512_mask_storeu_ps(y + (t + (size_t)j) * ldy + ra, rma, acc[0][j]);           \
-            _mm512_mask_storeu_ps(y + (t + (size_t)j) * ldy + rb, rmb, acc[1][j]);           \
-        }                                                                                    \
+        for (int j = 0; j < (T); j++)                                                        \
+            for (int k = 0; k < (S); k++)                                                    \
+                _mm512_mask_storeu_ps(y + (t + (size_t)j) * ldy + r[k], rm[k], acc[k][j]);   \
     }
-MXP_PANEL2_FN_(vbmi, 1, MX_VBMI)
-MXP_PANEL2_FN_(vbmi, 2, MX_VBMI)
-MXP_PANEL2_FN_(vbmi, 3, MX_VBMI)
-MXP_PANEL2_FN_(vbmi, 4, MX_VBMI)
-MXP_PANEL2_FN_(plain, 1, )
-MXP_PANEL2_FN_(plain, 2, )
-MXP_PANEL2_FN_(plain, 3, )
-MXP_PANEL2_FN_(plain, 4, )
-#undef MXP_PANEL2_FN_
+MXP_PANELS_FN_(vbmi, 2, 1, MX_VBMI)
+MXP_PANELS_FN_(vbmi, 2, 2, MX_VBMI)
+MXP_PANELS_FN_(vbmi, 2, 3, MX_VBMI)
+MXP_PANELS_FN_(vbmi, 2, 4, MX_VBMI)
+MXP_PANELS_FN_(plain, 2, 1, )
+MXP_PANELS_FN_(plain, 2, 2, )
+MXP_PANELS_FN_(plain, 2, 3, )
+MXP_PANELS_FN_(plain, 2, 4, )
+/* four streams up to MX_NT4 tokens: acc and f of 4 x T zmm each beside the 8 unpacked weights */
+#define MX_NT4 2
+MXP_PANELS_FN_(vbmi, 4, 1, MX_VBMI)
+MXP_PANELS_FN_(vbmi, 4, 2, MX_VBMI)
+MXP_PANELS_FN_(plain, 4, 1, )
+MXP_PANELS_FN_(plain, 4, 2, )
+#undef MXP_PANELS_FN_
 
 typedef void mxp_panel_fn(const uint8_t *pp, size_t nb, const struct kern_act *a, size_t t,
                           float *y, size_t ldy, size_t r, __mmask16 rm);
 static mxp_panel_fn *const mxp_panel_fns[2][MX_NT] = {
     {mxp_panel_plain_1, mxp_panel_plain_2, mxp_panel_plain_3, mxp_panel_plain_4},
     {mxp_panel_vbmi_1, mxp_panel_vbmi_2, mxp_panel_vbmi_3, mxp_panel_vbmi_4}};
-typedef void mxp_panel2_fn(const uint8_t *pa, const uint8_t *pb, size_t nb,
-                           const struct kern_act *a, size_t t, float *y, size_t ldy, size_t ra,
-                           size_t rb, __mmask16 rma, __mmask16 rmb);
-static mxp_panel2_fn *const mxp_panel2_fns[2][MX_NT] = {
+typedef void mxp_panels_fn(const uint8_t *const *pp, size_t nb, const struct kern_act *a,
+                           size_t t, float *y, size_t ldy, const size_t *r, const __mmask16 *rm);
+static mxp_panels_fn *const mxp_panel2_fns[2][MX_NT] = {
     {mxp_panel2_plain_1, mxp_panel2_plain_2, mxp_panel2_plain_3, mxp_panel2_plain_4},
     {mxp_panel2_vbmi_1, mxp_panel2_vbmi_2, mxp_panel2_vbmi_3, mxp_panel2_vbmi_4}};
+static mxp_panels_fn *const mxp_panel4_fns[2][MX_NT4] = {
+    {mxp_panel4_plain_1, mxp_panel4_plain_2}, {mxp_panel4_vbmi_1, mxp_panel4_vbmi_2}};
 
 /* Rows [r0, r1) (r0 on a panel) of the panels wp, every token: per panel, tokens by 4 (the
  * panel's 16 x cols weights, 24 KB at gpt-oss's 2880 columns, stay in L1/L2 between tiles).
@@ -618,20 +625,36 @@ static void mxp_gemm(int vbmi, const void *wp, const struct kern_act *a, float *
 {
     CHECK(r0 % QUANT_MXP_ROWS == 0);
     const size_t nb = a->cols / 32, pbytes = QUANT_MXP_ROWS * kern__row_bytes(DT_MXFP4, a->cols);
-    if (a->n <= MX_NT && kern__panel_streams == 2 && r1 - r0 > QUANT_MXP_ROWS) {
-        /* the range's panels [0, np): panel i with panel h + i; with np odd, h - 1 alone */
-        const size_t np = (r1 - r0 + QUANT_MXP_ROWS - 1) / QUANT_MXP_ROWS, h = (np + 1) / 2;
+    const size_t np = (r1 - r0 + QUANT_MXP_ROWS - 1) / QUANT_MXP_ROWS;
+    const int streams = kern__panel_streams == 4 && a->n <= MX_NT4 ? 4 : kern__panel_streams;
+    if (a->n <= MX_NT && streams >= 2 && np > 1) {
+        /* the range's panels [0, np) in `streams` lanes h apart: panel i with h + i, 2h + i,
+         * ... (those < np); a group of 4 or 2 takes the S-stream tile, what is left of it (3:
+         * 2 + 1, or 1) the two-stream and the one-panel tiles. Only the range's last panel
+         * can be partial. */
+        const size_t S = (size_t)streams, h = (np + S - 1) / S;
         for (size_t i = 0; i < h; i++) {
-            const size_t ra = r0 + i * QUANT_MXP_ROWS, rb = r0 + (h + i) * QUANT_MXP_ROWS;
-            const uint8_t *pa = (const uint8_t *)wp + ra / QUANT_MXP_ROWS * pbytes;
-            if (h + i >= np) { /* ra's panel is full: a partial one is the range's last */
-                mxp_panel_fns[vbmi][a->n - 1](pa, nb, a, 0, y, ldy, ra, (__mmask16)0xffff);
-                continue;
+            const uint8_t *pp[4];
+            size_t r[4];
+            __mmask16 rm[4];
+            size_t k = 0;
+            for (; k < S && k * h + i < np; k++) {
+                r[k] = r0 + (k * h + i) * QUANT_MXP_ROWS;
+                pp[k] = (const uint8_t *)wp + r[k] / QUANT_MXP_ROWS * pbytes;
+                const size_t nr = r1 - r[k] < QUANT_MXP_ROWS ? r1 - r[k] : QUANT_MXP_ROWS;
+                rm[k] = (__mmask16)((1u << nr) - 1u);
             }
-            const size_t nrb = r1 - rb < QUANT_MXP_ROWS ? r1 - rb : QUANT_MXP_ROWS;
-            const uint8_t *pb = (const uint8_t *)wp + rb / QUANT_MXP_ROWS * pbytes;
-            mxp_panel2_fns[vbmi][a->n - 1](pa, pb, nb, a, 0, y, ldy, ra, rb, (__mmask16)0xffff,
-                                           (__mmask16)((1u << nrb) - 1u));
+            size_t k0 = 0;
+            if (k == 4) {
+                mxp_panel4_fns[vbmi][a->n - 1](pp, nb, a, 0, y, ldy, r, rm);
+                k0 = 4;
+            }
+            if (k - k0 >= 2) {
+                mxp_panel2_fns[vbmi][a->n - 1](pp + k0, nb, a, 0, y, ldy, r + k0, rm + k0);
+                k0 += 2;
+            }
+            if (k0 < k)
+                mxp_panel_fns[vbmi][a->n - 1](pp[k0], nb, a, 0, y, ldy, r[k0], rm[k0]);
         }
         return;
     }

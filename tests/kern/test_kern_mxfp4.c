@@ -312,10 +312,12 @@ static void check_panels(const struct mcase *c, const struct kern_act *a, size_t
     uint8_t *wp = make_panels(c);
     const size_t count = a->n * ldy;
     float *want = filled(count), *y = filled(count);
-    /* one and two DRAM streams per thread (kern_set_panel_streams: n <= 4, more than one panel) */
-    for (size_t sv = 0; sv < 2 * (sizeof pv / sizeof pv[0] + 2); sv++) {
+    /* one, two and four DRAM streams per thread (kern_set_panel_streams: n <= 4, more than one
+     * panel; four at n <= 2) */
+    static const int streams[] = {1, 2, 4};
+    for (size_t sv = 0; sv < 3 * (sizeof pv / sizeof pv[0] + 2); sv++) {
         const size_t v = sv % (sizeof pv / sizeof pv[0] + 2);
-        kern_set_panel_streams(sv < sizeof pv / sizeof pv[0] + 2 ? 1 : 2);
+        kern_set_panel_streams(streams[sv / (sizeof pv / sizeof pv[0] + 2)]);
         const char *name = v < sizeof pv / sizeof pv[0] ? pv[v].name
                            : v == sizeof pv / sizeof pv[0] ? "kern_matmul_act_panels"
                                                            : "kern_matmul_panels";
@@ -340,6 +342,7 @@ static void check_panels(const struct mcase *c, const struct kern_act *a, size_t
                          name, g_case->name, c->rows, c->cols, a->n, r0, r1, i / ldy, i % ldy,
                          y[i], want[i]);
     }
+    kern_set_panel_streams(2); /* the default, for the checks after this one */
     free(y);
     free(want);
     free(wp);
@@ -464,6 +467,8 @@ static void test_matmul_mxfp4(void **state)
     for (size_t n = 1; n <= 4; n++) {
         run_case(16 * 5 + 7, 2880, n, 0);
         run_case(16 * 4 + 3, 2048 + 96, n, 0);
+        /* four streams: 10 panels in lanes of 4, 3, 3 (the tiles of 4, 2 + 1) */
+        run_case(16 * 9 + 5, 2880, n, 0);
     }
 }
 
