@@ -264,7 +264,7 @@ int kern_force_isa(enum kern_isa isa)
 /* kern.h kern_set_panel_streams: read by the few-token panel kernels (x86/avx512_q.c: q8_0 and
  * q4_0 up to n = 8, one token tile, where 4 means 2; _mxfp4.c up to n = 4, 4 streams up to
  * n = 2) */
-int kern__panel_streams = 2;
+int kern__panel_streams = 4;
 
 void kern_set_panel_streams(int streams)
 {

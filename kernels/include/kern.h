@@ -58,9 +58,9 @@ int kern_init(void);
 /* DRAM streams per thread of the few-token panel products (AVX-512: q8_0 panels at 1-8 tokens,
  * q4_0 panels at 1-8 tokens, mxfp4 panels at 1-4 tokens, the grouped experts at 8 decode
  * streams):
- * 2 (default) interleaves two panels half the thread's rows apart, block by block; 1 reads the
- * panels one after another; 4 interleaves four a quarter apart in the mxfp4 panels at 1-2 tokens
- * (2 elsewhere). Same bits every way. kern_init() takes CLOCHER_PANEL_STREAMS=1|2|4; set it
+ * 2 interleaves two panels half the thread's rows apart, block by block; 1 reads the panels
+ * one after another; 4 (the default) interleaves four a quarter apart in the mxfp4 panels at
+ * 1-2 tokens and two everywhere else (docs/PERFORMANCE.md "Four DRAM streams, session 22"). Same bits every way. kern_init() takes CLOCHER_PANEL_STREAMS=1|2|4; set it
  * only while no kernel runs (benchmarks and tests compare them). */
 void kern_set_panel_streams(int streams);
 enum kern_isa kern_isa(void);

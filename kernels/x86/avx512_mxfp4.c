@@ -626,7 +626,8 @@ static void mxp_gemm(int vbmi, const void *wp, const struct kern_act *a, float *
     CHECK(r0 % QUANT_MXP_ROWS == 0);
     const size_t nb = a->cols / 32, pbytes = QUANT_MXP_ROWS * kern__row_bytes(DT_MXFP4, a->cols);
     const size_t np = (r1 - r0 + QUANT_MXP_ROWS - 1) / QUANT_MXP_ROWS;
-    const int streams = kern__panel_streams == 4 && a->n <= MX_NT4 ? 4 : kern__panel_streams;
+    /* 4: four streams up to MX_NT4 tokens, two above */
+    const int streams = kern__panel_streams != 4 ? kern__panel_streams : a->n <= MX_NT4 ? 4 : 2;
     if (a->n <= MX_NT && streams >= 2 && np > 1) {
         /* the range's panels [0, np) in `streams` lanes h apart: panel i with h + i, 2h + i,
          * ... (those < np); a group of 4 or 2 takes the S-stream tile, what is left of it (3:
