@@ -352,11 +352,15 @@ static void check_panels(const struct mcase *c, const struct kern_act *a, size_t
  * One case on the test's ISA: its variants against their twins and the spec, and the
  * dispatched kern_matmul / kern_matmul_act against the spec.
  */
+static int g_full_range; /* run_case: rows [0, rows), not a random range */
+
 static void run_case(size_t rows, size_t cols, size_t n, int extreme)
 {
     struct mcase c;
     make_case(&c, rows, cols, n, extreme);
     size_t r0 = rnd() % 4 == 0 ? 0 : rndz(0, rows - 1), r1 = rndz(r0 + 1, rows);
+    if (g_full_range) /* every panel of the matrix */
+        r0 = 0, r1 = rows;
     size_t ldy = rows + rndz(0, 5);
     float *wf = malloc(rows * cols * sizeof(float));
     assert_non_null(wf);
@@ -470,6 +474,14 @@ static void test_matmul_mxfp4(void **state)
         /* four streams: 10 panels in lanes of 4, 3, 3 (the tiles of 4, 2 + 1) */
         run_case(16 * 9 + 5, 2880, n, 0);
     }
+    /* four streams over whole matrices (a random range seldom has enough panels): 10 panels
+     * (lanes of 4, 3, 3: the tiles of 4, 2 + 1) and 16 (lanes of 4), the last partial */
+    g_full_range = 1;
+    for (size_t n = 1; n <= 2; n++) {
+        run_case(16 * 9 + 5, 2880, n, 0);
+        run_case(16 * 15 + 5, 2880, n, 0);
+    }
+    g_full_range = 0;
 }
 
 /* Exponents 0 and 254 (and their neighbours) with activations scaled to keep products finite. */
