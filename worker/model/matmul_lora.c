@@ -12,8 +12,9 @@
  *           which lora_pack.c lays out back to back for the products of one job (q, k, v;
  *           gate, up): one long stream per (adapter, job), split only into tasks of about
  *           MM_SHRINK_BYTES (session 14);
- *   BASE    tile a (MM_TILE rows) of a product's base rows, once its input is prepared
- *           (b = 1, "merged": every shrink of its product is earlier in the list).
+ *   BASE    tile a of a product's base rows (MM_TILE rows; the job's last two split into
+ *           parts, tail_parts), once its input is prepared (b = 1, "merged": every shrink
+ *           of its product is earlier in the list).
  * The expand, y += s_t T B^T on a tile's columns for every segment, is no task of its own
  * (session 15): it needs two events, the tile's base rows written and its product's shrinks
  * all done, and the participant that completes the second runs it, at once: the base task
@@ -72,6 +73,14 @@
                          * rank 1 against matmul_group's longer shards, 512 ~0%) */
 #endif
 #define MM_PREP_TOK 16u /* tokens per activation-preparing task */
+/* The job's last MM_TAIL_TILES tiles of MM_TILE rows are split into parts of tiles of their
+ * own (rows a multiple of MM_TAIL_GRAIN; tail_parts says how many). With whole 512-row tiles a participant that claimed the last one ran alone for up to a
+ * tile (a down tile: 512 x 5632 weights, ~0.1 ms at 8 tokens) while the other spun in the
+ * pool's join (session 22, all 7 projections at rank 8: the caller spun 2.6 % of an adapted
+ * step's samples against 0.9 % on the base path, whose pool_for shards shrink towards the
+ * end). Each part is a tile: its expand runs on its own columns. */
+#define MM_TAIL_TILES 2u
+#define MM_TAIL_GRAIN 32u /* whole B^T panels (32 columns) and GEMM panels (16 rows) */
 #define MM_MAX MATMUL_LORA_GROUP_MAX
 #define MM_TAIL 128u    /* a merged tile requests its expand's panels this many base rows
                          * before its end (a multiple of 16: whole panels) */
@@ -124,7 +133,10 @@ struct job {
     const struct task *tasks;
     size_t n_tasks;
     struct matmul__acts A;           /* the distinct inputs */
-    size_t tile0[MM_MAX];            /* product -> its first tile in tile_done */
+    size_t tile0[MM_MAX];            /* product -> its first tile in tiles/tile_done */
+    size_t n_tiles[MM_MAX];          /* product -> its tiles */
+    struct tile { uint32_t r0, r1; } *tiles; /* [every product's tiles] base rows [r0, r1)
+                                              * of the tile's product = its expand's columns */
     size_t prep_total[MM_MAX];       /* input -> its PREP tasks */
     size_t shrink_total[MM_MAX];     /* product -> its shrink units in SHRINK tasks pushed so
                                       * far (while building) */
@@ -162,13 +174,12 @@ static void wait_at_least(atomic_size_t *v, size_t want)
     }
 }
 
-/* One of the two events tile `tile` of product `prod` waits for has happened (its base rows
- * are written, or its product's shrinks are all done); true for the second, whose caller
+/* One of the two events tile `tile` (an index into j->tiles) waits for has happened (its base
+ * rows are written, or its product's shrinks are all done); true for the second, whose caller
  * then runs the tile's expand. */
-static inline bool tile_arrive(struct job *j, size_t prod, size_t tile)
+static inline bool tile_arrive(struct job *j, size_t tile)
 {
-    return atomic_fetch_add_explicit(&j->tile_done[j->tile0[prod] + tile], 1,
-                                     memory_order_acq_rel) == 1;
+    return atomic_fetch_add_explicit(&j->tile_done[tile], 1, memory_order_acq_rel) == 1;
 }
 
 static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch);
@@ -386,9 +397,8 @@ static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
             continue;
         if (j->uq)
             quant_u(j, prod);
-        const size_t tiles = (j->g[prod].w->rows + MM_TILE - 1) / MM_TILE;
-        for (size_t t = 0; t < tiles; t++)
-            if (tile_arrive(j, prod, t))
+        for (size_t t = j->tile0[prod]; t < j->tile0[prod] + j->n_tiles[prod]; t++)
+            if (tile_arrive(j, t))
                 expand_tile(j, prod, t, true);
     }
 }
@@ -398,8 +408,7 @@ static void prefetch_tile(const struct job *j, size_t prod, size_t tile)
 {
     const struct lora_plan *p = j->p;
     const struct matmul_prod *pr = &j->g[prod];
-    size_t c0 = tile * MM_TILE, out = pr->w->rows;
-    size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
+    const size_t c0 = j->tiles[tile].r0, c1 = j->tiles[tile].r1;
     for (size_t si = 0; si < p->n_segs; si++) {
         const struct lora_seg *s = &p->segs[si];
         const struct lora_weights *w = lora_weights(s->ad, j->layer, pr->t);
@@ -415,8 +424,7 @@ static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
 {
     const struct lora_plan *p = j->p;
     const struct matmul_prod *pr = &j->g[prod];
-    size_t c0 = tile * MM_TILE, out = pr->w->rows;
-    size_t c1 = c0 + MM_TILE < out ? c0 + MM_TILE : out;
+    const size_t c0 = j->tiles[tile].r0, c1 = j->tiles[tile].r1;
     if (j->prefetch && fetch)
         prefetch_tile(j, prod, tile);
     for (size_t si = 0; si < p->n_segs; si++) {
@@ -441,9 +449,8 @@ static inline void run_base(struct job *j, const struct task *tk)
     size_t ai = j->A.of[tk->prod];
     wait_at_least(&j->prep_done[ai], j->prep_total[ai]);
     const struct matmul_prod *pr = &j->g[tk->prod];
-    size_t r0 = (size_t)tk->a * MM_TILE, rows = pr->w->rows;
-    size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
-    /* MM_TILE rows are whole panels: tiles start on one */
+    const size_t r0 = j->tiles[tk->a].r0, r1 = j->tiles[tk->a].r1;
+    /* tiles are whole panels (MM_TILE, MM_TAIL_GRAIN): they start on one */
     if (tk->b) { /* merged: the product's shrinks precede this task */
         /* the expand's panels are requested MM_TAIL rows before the base product ends, so
          * that they arrive while it computes: requested at the expand, each tile waited for
@@ -459,11 +466,11 @@ static inline void run_base(struct job *j, const struct task *tk)
             prefetch_tile(j, tk->prod, tk->a);
         matmul__rows(pr, &j->A.a[ai], mid, r1);
         /* the last shrink may still be running: then its task expands the tile */
-        if (tile_arrive(j, tk->prod, tk->a))
+        if (tile_arrive(j, tk->a))
             expand_tile(j, tk->prod, tk->a, false);
     } else {
         matmul__rows(pr, &j->A.a[ai], r0, r1);
-        if (j->shrink_want[tk->prod] && tile_arrive(j, tk->prod, tk->a))
+        if (j->shrink_want[tk->prod] && tile_arrive(j, tk->a))
             expand_tile(j, tk->prod, tk->a, true);
     }
 }
@@ -494,17 +501,51 @@ struct counts {
     size_t prep, shrink, tiles; /* tasks of each kind (shrink: units, so at most) */
 };
 
-/* Counts the tasks; fills j->tile0. prepared: the inputs are ready (no PREP task). */
+/* Parts the whole tile `from_end` places before the job's last (0: the last) is split into:
+ * measured at 8 streams, all 7 projections at rank 8 (int4 base; perf cpu-clock, session 23):
+ * the pool's spin was 3.5-3.7 % of the samples with whole tiles, 2.2-2.4 % with 4 and 2
+ * parts, 1.8-2.0 % with 8 and 4 (the base path alone: ~0.9 %). */
+static size_t tail_parts(size_t from_end)
+{
+    static const size_t parts[MM_TAIL_TILES] = {8, 4};
+    return from_end < MM_TAIL_TILES ? parts[from_end] : 1;
+}
+
+/* The job's tiles in task order (product by product, MM_TILE rows each, the last
+ * MM_TAIL_TILES split into parts of whole MM_TAIL_GRAIN panels): fills j->tile0 and
+ * j->n_tiles, and out (when not NULL); returns how many. */
+static size_t lay_tiles(struct job *j, size_t k, struct tile *out)
+{
+    size_t whole = 0, n = 0;
+    for (size_t i = 0; i < k; i++)
+        whole += (j->g[i].w->rows + MM_TILE - 1) / MM_TILE;
+    for (size_t i = 0, w = 0; i < k; i++) {
+        const size_t rows = j->g[i].w->rows;
+        j->tile0[i] = n;
+        for (size_t r0 = 0; r0 < rows; r0 += MM_TILE, w++) {
+            const size_t r1 = r0 + MM_TILE < rows ? r0 + MM_TILE : rows;
+            const size_t parts = tail_parts(whole - 1 - w);
+            size_t step = (r1 - r0 + parts - 1) / parts;
+            step = (step + MM_TAIL_GRAIN - 1) / MM_TAIL_GRAIN * MM_TAIL_GRAIN;
+            for (size_t a = r0; a < r1; a += step, n++)
+                if (out)
+                    out[n] = (struct tile){(uint32_t)a, (uint32_t)(a + step < r1 ? a + step : r1)};
+        }
+        j->n_tiles[i] = n - j->tile0[i];
+    }
+    return n;
+}
+
+/* Counts the tasks; fills j->tile0 and j->n_tiles. prepared: the inputs are ready (no PREP
+ * task). */
 static struct counts count_tasks(struct job *j, size_t k, size_t n, bool prepared)
 {
     const struct lora_plan *p = j->p;
     struct counts c = {0, 0, 0};
     for (size_t a = 0; a < j->A.n && !prepared; a++)
         c.prep += j->A.bytes[a] ? (n + MM_PREP_TOK - 1) / MM_PREP_TOK : 0;
+    c.tiles = lay_tiles(j, k, NULL);
     for (size_t i = 0; i < k; i++) {
-        size_t tiles = (j->g[i].w->rows + MM_TILE - 1) / MM_TILE;
-        j->tile0[i] = c.tiles;
-        c.tiles += tiles;
         j->shrink_want[i] = 0;
         for (size_t si = 0; si < p->n_segs; si++)
             if (lora_weights(p->segs[si].ad, j->layer, j->g[i].t))
@@ -521,7 +562,7 @@ struct cursor {
     size_t nt;                  /* tasks written */
     size_t bi;                  /* base tasks written */
     double base_done, upd_done; /* their cost so far (weight elements; adapter bytes) */
-    size_t base_p, base_t;      /* next base task: product, tile */
+    size_t base_p, base_t;      /* next base task: product, tile (of all, j->tiles) */
     size_t sh_s, sh_u;          /* next shrink: segment, unit (shrink_unit) */
     size_t sh_p;                /* ... and product (MM_SHRINK_BY_PROJECTION only) */
     double sh_target;           /* the current segment's bytes per SHRINK task */
@@ -548,14 +589,13 @@ static void push_base(struct job *j, struct task *tasks, struct cursor *cu)
     const struct matmul_mat *w = j->g[cu->base_p].w;
     const size_t want = j->shrink_want[cu->base_p];
     const uint8_t merged = want && j->shrink_total[cu->base_p] == want;
+    const struct tile *t = &j->tiles[cu->base_t];
     tasks[cu->nt++] =
         (struct task){TK_BASE, (uint32_t)cu->base_p, (uint32_t)cu->base_t, merged, 0};
-    cu->base_done += (double)MM_TILE * (double)w->cols;
+    cu->base_done += (double)(t->r1 - t->r0) * (double)w->cols;
     cu->bi++;
-    if (++cu->base_t * MM_TILE >= w->rows) {
+    if (++cu->base_t == j->tile0[cu->base_p] + j->n_tiles[cu->base_p])
         cu->base_p++;
-        cu->base_t = 0;
-    }
 }
 
 /* Bytes of unit (prod, k0) of an adapter's shrinks. */
@@ -727,7 +767,8 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
         any_i8 |= p->segs[si].ad->fast_dt == LORA_DT_I8;
     j.n_tok = n;
     j.ldu = KERN_LORA_I8_LDU(p->max_rank);
-    const size_t uq_off = (flag_off + c.tiles * sizeof(atomic_uint) + 63) / 64 * 64;
+    const size_t tiles_off = (flag_off + c.tiles * sizeof(atomic_uint) + 63) / 64 * 64;
+    const size_t uq_off = (tiles_off + c.tiles * sizeof(struct tile) + 63) / 64 * 64;
     const size_t uq_bytes = any_i8 ? k * n * (j.ldu + sizeof(float) + sizeof(int32_t)) : 0;
     if ((!prepared && !matmul__grow(&mc->act_, &mc->act_cap_, j.A.total ? j.A.total : 64)) ||
         !matmul__grow(&mc->tasks_, &mc->tasks_cap_, uq_off + uq_bytes))
@@ -745,6 +786,8 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.tile_done = (atomic_uint *)((unsigned char *)mc->tasks_ + flag_off);
     for (size_t i = 0; i < c.tiles; i++)
         atomic_init(&j.tile_done[i], 0);
+    j.tiles = (struct tile *)((unsigned char *)mc->tasks_ + tiles_off);
+    CHECK(lay_tiles(&j, k, j.tiles) == c.tiles);
     if (!prepared)
         matmul__acts_init(&j.A, g, mc->act_);
     for (size_t a = 0; a < j.A.n; a++)
