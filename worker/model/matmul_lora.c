@@ -75,10 +75,11 @@
 #define MM_PREP_TOK 16u /* tokens per activation-preparing task */
 /* The job's last MM_TAIL_TILES tiles of MM_TILE rows are split into parts, tiles of their
  * own (rows a multiple of MM_TAIL_GRAIN; tail_parts says how many). With whole 512-row tiles
- * a participant that claimed the last one ran alone for up to a tile (a down tile: 512 x 5632 weights, ~0.1 ms at 8 tokens) while the other spun in the
- * pool's join (session 22, all 7 projections at rank 8: the caller spun 2.6 % of an adapted
- * step's samples against 0.9 % on the base path, whose pool_for shards shrink towards the
- * end). Each part is a tile: its expand runs on its own columns. */
+ * a participant that claimed the last one ran alone for up to a tile (a down tile: 512 x
+ * 5632 weights, ~0.1 ms at 8 tokens) while the other spun in the pool's join (session 22,
+ * all 7 projections at rank 8: the caller spun 2.6 % of an adapted step's samples against
+ * 0.9 % on the base path, whose pool_for shards shrink towards the end). Each part is a
+ * tile: its expand runs on its own columns. */
 #define MM_TAIL_TILES 2u
 #define MM_TAIL_GRAIN 32u /* whole B^T panels (32 columns) and GEMM panels (16 rows) */
 #define MM_MAX MATMUL_LORA_GROUP_MAX
