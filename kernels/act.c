@@ -16,6 +16,7 @@
 #include "half.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -23,7 +24,7 @@ static int needs_q8(enum dtype wt) { return kern__traits[wt].act == KERN__ACT_Q8
 
 /* Byte offsets of each array inside the buffer; each starts on a 64-byte boundary. */
 struct act_layout {
-    size_t q, d, ns4, ns32, d4, xb, xf, xt, total;
+    size_t q, d, ns4, ns32, d4, sc, sc_left, xb, xf, xt, total;
     int has_xt;
 };
 
@@ -70,6 +71,12 @@ static int act_layout(enum dtype wt, size_t cols, size_t n, unsigned flags,
             off += elems / 4 * sizeof(int32_t);
             l->d4 = off;
             off += elems / 4 * sizeof(float);
+            if (cols % 32 == 0) { /* n x cols/32 pairs: within elems / 32 x 8 bytes */
+                l->sc = off;
+                off += kern__round_up(elems / 32 * sizeof(struct kern_act_sc), 64);
+                l->sc_left = off; /* a line of its own */
+                off += 64;
+            }
         }
     } else {
         l->xf = off;
@@ -120,6 +127,11 @@ void kern_act_init_ex(struct kern_act *a, enum dtype wt, const float *x, size_t 
             a->ns32 = (int32_t *)(void *)(b + l.ns32);
             a->ns4 = (int32_t *)(void *)(b + l.ns4);
             a->d4 = (float *)(void *)(b + l.d4);
+            if (l.sc) {
+                a->sc = (struct kern_act_sc *)(void *)(b + l.sc);
+                a->sc_left = (atomic_size_t *)(void *)(b + l.sc_left);
+                atomic_init(a->sc_left, n);
+            }
         }
     } else {
         a->xf = (float *)(void *)(b + l.xf);
@@ -153,6 +165,23 @@ static void quantize_block(const float *x, int8_t *q, float *d)
     *d = dd;
 }
 
+/* kern_act.sc from d and ns32, every token's: tiles of near-equal size (n = 12: 6 + 6, not
+ * 8 + 4), written in the order the products read them */
+static void act_gather_sc(const struct kern_act *a)
+{
+    const size_t nb = a->cols / 32, cb = a->cp / 32;
+    const size_t ntiles = (a->n + KERN_ACT_SC_NT - 1) / KERN_ACT_SC_NT;
+    size_t nt;
+    for (size_t t = 0, ti = 0; t < a->n; t += nt, ti++) {
+        nt = (a->n - t + (ntiles - ti) - 1) / (ntiles - ti);
+        struct kern_act_sc *s = a->sc + t * nb;
+        for (size_t b = 0; b < nb; b++)
+            for (size_t j = 0; j < nt; j++)
+                s[b * nt + j] = (struct kern_act_sc){a->d[(t + j) * cb + b],
+                                                     a->ns32[(t + j) * cb + b]};
+    }
+}
+
 void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1)
 {
     CHECK(t0 <= t1 && t1 <= a->n);
@@ -164,6 +193,21 @@ void kern_act_prepare(const struct kern_act *a, size_t t0, size_t t1)
     }
     if (a->q || a->xb)
         kern__ops.act_prepare(a, t0, t1);
+    /* the call that prepares the last tokens lays out sc for all (kern.h: each token once
+     * after kern_act_init, but a call over all of them may repeat): a line of sc holds one
+     * block of 8 tokens, so threads that prepared token ranges of one tile and wrote their
+     * own entries shared every line (measured: slower than gathering per product call).
+     * acq_rel: each call's release publishes its d and ns32, the last one acquires them all
+     * (the chain of read-modify-writes); the caller's own synchronisation after preparing
+     * publishes sc with them. */
+    if (a->sc && t0 == 0 && t1 == a->n) { /* all in one call (tests prepare acts again) */
+        act_gather_sc(a);
+    } else if (a->sc && t1 > t0) {
+        const size_t left = atomic_fetch_sub_explicit(a->sc_left, t1 - t0, memory_order_acq_rel);
+        CHECK(left >= t1 - t0); /* each token prepared once after kern_act_init */
+        if (left == t1 - t0)
+            act_gather_sc(a);
+    }
     if (a->xt) /* only laid out where the type's act_tiles exists (act_layout) */
         kern__ops.type[a->wt].act_tiles(a, t0, t1);
 }

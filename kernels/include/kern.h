@@ -46,6 +46,7 @@
 
 #include "dtype.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -111,9 +112,17 @@ void kern_row_to_f32(enum dtype dt, const void *row, float *out, size_t n);
  * the weight type's act form). The same for every ISA. Lives in one caller-provided buffer of
  * kern_act_bytes() bytes, 64-byte aligned. `cp` is cols rounded up to 64; padding elements
  * are zero.
- * NOTES: fill with kern_act_init() then kern_act_prepare() over all tokens (token ranges may
- * be prepared by different threads); afterwards it is read-only and shared by every shard.
+ * NOTES: fill with kern_act_init() then kern_act_prepare() over all tokens, each once (token
+ * ranges may be prepared by different threads); afterwards it is read-only and shared by every
+ * shard.
  */
+/* A token's block scale and offset correction side by side (struct kern_act.sc). */
+struct kern_act_sc {
+    float d;      /* kern_act.d of the block */
+    int32_t ns32; /* kern_act.ns32 of the block */
+};
+#define KERN_ACT_SC_NT 8u /* tokens per tile of kern_act.sc */
+
 struct kern_act {
     enum dtype wt;   /* the weight type it was prepared for */
     size_t cols, n, cp;
@@ -126,6 +135,16 @@ struct kern_act {
                         unsigned weights w + off (off = 8 for q4_0, 128 for q8_0 and mxfp4) */
     int32_t *ns32;   /* [n][cp/32] the same per block of 32 */
     float *d4;       /* [n][cp/4] the block scale of each group of 4 (lane-wise scales) */
+    struct kern_act_sc *sc; /* [n][cols/32] d and ns32 again, in tiles of at most
+                        KERN_ACT_SC_NT near-equal tokens (ceil(n / KERN_ACT_SC_NT) tiles, the
+                        AVX-512 q4_0/q8_0 panel products' register tiles): the tile of tokens
+                        [t, t + nt) at sc + t * (cols/32), its token j's block b at + b * nt + j.
+                        Laid out by kern_act_prepare, once per activation: until session 23 each
+                        product call gathered it (~3% of an int4 8-stream decode step's CPU,
+                        ~5% of a LoRA-adapted one, whose 512-row tiles are more calls). NULL
+                        when q is, or when cols is not a multiple of 32 */
+    atomic_size_t *sc_left; /* tokens not prepared yet: the call that prepares the last lays
+                        out sc (kern_act_prepare) */
     uint16_t *xb;    /* [n][ld] x rounded to bf16, for bf16 weights (NULL if unused) */
     float *xf;       /* [n][ld] a copy of x, for f32/f16/bf16 weights (NULL if unused) */
     uint16_t *xt;    /* [npad/16][cols/32][16][32] x rounded to bf16 (act.c's rounding), tokens

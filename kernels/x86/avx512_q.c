@@ -601,7 +601,7 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
  * peak. 2 panels x 8 tokens of int accumulators take 16 zmm; the float sums of the 16 (panel,
  * token) pairs would take 16 more, so they live in an L1 buffer (one load and one store per
  * pair and block, beside 8 vpdpbusd), and each token's block scale and offset correction are
- * read from a [block][token] copy made once per call (struct q4p_sc: one pointer instead of
+ * read from a [block][token] copy made once per call (struct kern_act_sc: one pointer instead of
  * two per token, which with the 8 quant pointers overflowed the general registers). Against
  * the session-10 tiles (registers only; one panel x 8 tokens below n = 16, two panels x 6 from
  * n = 16), bench/kern_bench_ab.sh: docs/PERFORMANCE.md "int4 wide tile, session 11".
@@ -610,18 +610,15 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
  * go to two accumulators (added as integers: still exact).
  * pp: the tile's first panel, pstride bytes apart (quant.h: block b's quants at
  * quant_q4p_qoff, scales at quant_q4p_soff); blocks [k0/32, k0/32 + nblk) of its nb; sc: the
- * token tile's copy (q4p_gather).
+ * token tile's part of kern_act.sc.
  */
 #ifndef Q4P_PF /* bench/kern_bench_ab.sh can set it per side (CFLAGS_A, CFLAGS_B) */
 #define Q4P_PF 8192
 #endif
 #define Q4P_NP 2 /* panels per register tile: each activation broadcast feeds NP vpdpbusd */
 #define Q4P_NT 8 /* tokens per register tile: NP x NT int accumulators */
-/* A token's block scale and offset correction (kern_act.d, .ns32). */
-struct q4p_sc {
-    float d;
-    int32_t ns;
-};
+/* Tokens are tiled as kern_act.sc is (kern.h): the tiles read it in place. */
+_Static_assert(Q4P_NT == KERN_ACT_SC_NT, "the q4_0 panel tile's tokens are kern_act.sc's");
 /*
  * acc + w . (x[0..3] in every lane): vpdpbusd with an embedded {1to16} broadcast operand. GCC
  * issues _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(load)) as a separate vpbroadcastd, one
@@ -668,11 +665,11 @@ INLINE __m512 mul_bcast_ps(__m512 a, const float *p)
 /*
  * The float steps of one panel block for the NT tokens of a tile (gemm_tile's, in its order):
  * facc[j] += (float(iacc[j] (+ iacc2[j] when split)) * d_j) * s, s the block's 16 row scales
- * (f16 at sp), d_j token j's block scale (scb[j].d, the [block][token] copy q4p_gather makes).
+ * (f16 at sp), d_j token j's block scale (scb[j].d: kern_act.sc, kern.h).
  * The q4_0 and q8_0 panel tiles share it: their bits are the same by construction.
  */
 INLINE void panel_block_fold(const uint8_t *sp, const __m512i *iacc, const __m512i *iacc2,
-                             int split, const struct q4p_sc *scb, int NT, __m512 *facc)
+                             int split, const struct kern_act_sc *scb, int NT, __m512 *facc)
 {
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)sp));
     UNROLL for (int j = 0; j < NT; j++)
@@ -698,7 +695,7 @@ INLINE void panel_store(__m512 *facc, int NT, float *y, size_t ldy, size_t r, __
 }
 
 INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, size_t nblk,
-                          const struct kern_act *a, const struct q4p_sc *sc, size_t k0,
+                          const struct kern_act *a, const struct kern_act_sc *sc, size_t k0,
                           size_t t, int NT, float *y, size_t ldy, size_t r,
                           const __mmask16 rm[Q4P_NP], int add)
 {
@@ -729,7 +726,7 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
         __m512i iacc[Q4P_NP][Q4P_NT], iacc2[Q4P_NP][Q4P_NT];
         UNROLL for (int j = 0; j < NT; j++)
         {
-            __m512i s0 = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns);
+            __m512i s0 = _mm512_set1_epi32(sc[b * (size_t)NT + (size_t)j].ns32);
             UNROLL for (int p = 0; p < NP; p++)
             {
                 iacc[p][j] = s0;
@@ -822,7 +819,7 @@ INLINE __m512i hi_nibbles_gfni(__m512i v)
 #define Q4P_NS2 1
 #endif
 INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, size_t nblk,
-                            const struct kern_act *a, const struct q4p_sc *sc, size_t k0,
+                            const struct kern_act *a, const struct kern_act_sc *sc, size_t k0,
                             int NT, float *y, size_t ldy, size_t ra, size_t rb, __mmask16 rma,
                             __mmask16 rmb, int add, int gfni)
 {
@@ -847,7 +844,7 @@ INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, siz
             __m512i iacc[Q4P_NT], iacc2[Q4P_NT];
             UNROLL for (int j = 0; j < NT; j++)
             {
-                iacc[j] = bcast_epi32_ld(&sc[b * (size_t)NT + (size_t)j].ns);
+                iacc[j] = bcast_epi32_ld(&sc[b * (size_t)NT + (size_t)j].ns32);
                 iacc2[j] = _mm512_setzero_si512();
             }
             UNROLL for (int g = 0; g < 4; g++)
@@ -880,22 +877,6 @@ INLINE size_t q4p_tile_tokens(size_t n, size_t t, size_t ti, size_t ntiles)
     return (n - t + (ntiles - ti) - 1) / (ntiles - ti);
 }
 
-/* The tiles' copy of the scales, [token tile][block][token of the tile]: the tile of tokens
- * [t, t + nt) at sc + t * nb. */
-static void q4p_gather(const struct kern_act *a, size_t nb, struct q4p_sc *sc)
-{
-    const size_t ntiles = (a->n + Q4P_NT - 1) / Q4P_NT;
-    size_t nt;
-    for (size_t t = 0, ti = 0; t < a->n; t += nt, ti++) {
-        nt = q4p_tile_tokens(a->n, t, ti, ntiles);
-        for (size_t b = 0; b < nb; b++)
-            for (size_t j = 0; j < nt; j++) {
-                size_t o = (t + j) * a->cp / 32 + b;
-                sc[t * nb + b * nt + j] = (struct q4p_sc){a->d[o], a->ns32[o]};
-            }
-    }
-}
-
 /* kern_gemm_q4_0p_q8_0_avx512's body; gfni: the two-stream tiles (1..8 tokens) take the high
  * nibbles with GFNI (hi_nibbles_gfni: the same bytes, so the same bits) */
 INLINE void q4p_gemm(const void *wp, const struct kern_act *a, float *y, size_t ldy, size_t r0,
@@ -903,11 +884,9 @@ INLINE void q4p_gemm(const void *wp, const struct kern_act *a, float *y, size_t 
 {
     const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q4_0, a->cols);
     const size_t pstride = PANEL * rb; /* bytes of one panel */
-    /* slot 1 is free under a panel product (panels.c uses it only on ISAs without this
-     * kernel); kernels have no error path, so failing to get n x nb x 8 bytes aborts */
-    struct q4p_sc *sc = kern__scratch_slot(1, a->n * nb * sizeof *sc);
+    /* each token's block scale and offset correction, tiled as below (kern_act.sc) */
+    const struct kern_act_sc *sc = a->sc;
     CHECK(sc != NULL);
-    q4p_gather(a, nb, sc);
     /* n < 16 (decode of a few streams, weights from DRAM): one panel per tile. Two measured
      * faster at n = 8 with the weights in cache (1.03-1.10x) but slower in engine_bench's
      * 8-stream decode (0.75-1.07x, 7 alternations under load; session 10 saw 0.8-0.9x from
@@ -1048,10 +1027,10 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
  * With 1–2 tokens one accumulator would be a chain of 8 dependent vpdpbusd per block, so even
  * and odd groups of 4 columns go to two accumulators (added as integers: still exact).
  * Each token's block scale and offset correction come from the [block][token] copy the q4_0
- * tile uses (struct q4p_sc, q4p_gather): one pointer instead of two per token, which beside
+ * tile uses (kern_act.sc): one pointer instead of two per token, which beside
  * the 8 quant pointers overflowed the general registers at 8 tokens.
  * pp: the panel (quant.h: block b's quants at quant_q8p_qoff, scales at quant_q8p_soff);
- * blocks [k0/32, k0/32 + nblk) of its nb; sc: the token tile's copy (q4p_gather).
+ * blocks [k0/32, k0/32 + nblk) of its nb; sc: the token tile's part of kern_act.sc.
  */
 #ifndef Q8P_PF /* bench/kern_bench_ab.sh can set it per side (CFLAGS_A, CFLAGS_B); 0: none */
 #define Q8P_PF 8192 /* software prefetch distance from 2 tokens (bytes of the panel stream) */
@@ -1063,7 +1042,7 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
  * accumulators + 8 int + the weights fit the 32 zmm.
  */
 INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t nb, size_t nblk,
-                          const struct kern_act *a, const struct q4p_sc *sc, size_t k0, size_t t,
+                          const struct kern_act *a, const struct kern_act_sc *sc, size_t k0, size_t t,
                           int NT, float *y, size_t ldy, size_t r, __mmask16 rm, size_t r2,
                           __mmask16 rm2, int add)
 {
@@ -1094,7 +1073,7 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t 
             __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
             UNROLL for (int j = 0; j < NT; j++)
             {
-                iacc[j] = bcast_epi32_ld(&sc[b * (size_t)NT + (size_t)j].ns);
+                iacc[j] = bcast_epi32_ld(&sc[b * (size_t)NT + (size_t)j].ns32);
                 iacc2[j] = _mm512_setzero_si512();
             }
             UNROLL for (int g = 0; g < 8; g++)
@@ -1192,10 +1171,10 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
                                         r0 + h * PANEL < r1 ? r0 + h * PANEL : r1);
         return;
     }
-    /* slot 1 is free under a panel product, as in kern_gemm_q4_0p_q8_0_avx512 */
-    struct q4p_sc *sc = kern__scratch_slot(1, a->n * nb * sizeof *sc);
+    /* each token's block scale and offset correction, tiled as below (kern_act.sc) */
+    const struct kern_act_sc *sc = a->sc;
     CHECK(sc != NULL);
-    q4p_gather(a, nb, sc);
+    _Static_assert(GEMM_NT == KERN_ACT_SC_NT, "the q8_0 panel tile's tokens are kern_act.sc's");
     const size_t ntiles = (a->n + GEMM_NT - 1) / GEMM_NT;
 #ifndef Q8P_NS2 /* 0: one panel at a time from 2 tokens (kern_bench_ab.sh CFLAGS_A / _B) */
 #define Q8P_NS2 1
@@ -1237,7 +1216,7 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
         __mmask16 rm = (__mmask16)((1u << nr) - 1u);
         const uint8_t *pp = (const uint8_t *)wp + r / PANEL * PANEL * rb;
         /* the same K chunks as gemm_q: the same sums (and the chunk stays in L1 while token
-         * tiles pass over it); token tiles of near-equal size, q4p_gather's */
+         * tiles pass over it); token tiles of near-equal size, kern_act.sc's */
         for (size_t k0 = 0; k0 < a->cols; k0 += KC) {
             size_t kc = a->cols - k0 < KC ? a->cols - k0 : KC;
             size_t nt;
