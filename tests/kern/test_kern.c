@@ -586,6 +586,23 @@ static void test_row_to_f32(void **state)
     free(h);
 }
 
+/* kern_act.sc as kern.h lays it out: ceil(n / 8) near-equal token tiles, the tile of tokens
+ * [t, t + nt) at sc + t * (cols/32), its token j's block b at + b * nt + j. */
+static void check_act_sc(const struct kern_act *a)
+{
+    const size_t nb = a->cols / 32, ntiles = (a->n + 7) / 8;
+    assert_non_null(a->sc);
+    for (size_t t = 0, ti = 0, nt; t < a->n; t += nt, ti++) {
+        nt = a->n / ntiles + (ti < a->n % ntiles); /* near-equal: the first ones larger */
+        for (size_t b = 0; b < nb; b++)
+            for (size_t j = 0; j < nt; j++) {
+                const struct kern_act_sc *e = &a->sc[t * nb + b * nt + j];
+                assert_true(e->d == a->d[(t + j) * a->cp / 32 + b]);
+                assert_int_equal(e->ns32, a->ns32[(t + j) * a->cp / 32 + b]);
+            }
+    }
+}
+
 static void test_act_prepare(void **state)
 {
     (void)state;
@@ -630,6 +647,22 @@ static void test_act_prepare(void **state)
         }
     /* the zeroed block [32, 64) of each token has scale 0 and zero quants */
     assert_true(a.d[1] == 0.0f && a.q[40] == 0);
+    check_act_sc(&a); /* laid out by the call that prepared the last tokens */
+    free(buf);
+    free(x);
+    /* 12 tokens (tiles 6 + 6) prepared in three calls out of order, then all again at once */
+    n = 12;
+    x = make_x(n, cols);
+    assert_int_equal(kern_act_bytes(DT_Q8_0, cols, n, &bytes), 0);
+    buf = aligned_alloc(64, bytes);
+    kern_act_init(&a, DT_Q8_0, x, cols, n, buf);
+    kern_act_prepare(&a, 5, 9);
+    kern_act_prepare(&a, 9, 12);
+    kern_act_prepare(&a, 0, 5);
+    check_act_sc(&a);
+    memset(a.sc, 0, n * (cols / 32) * sizeof *a.sc);
+    kern_act_prepare(&a, 0, n);
+    check_act_sc(&a);
     free(buf);
     free(x);
 }
