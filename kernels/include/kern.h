@@ -140,8 +140,8 @@ struct kern_act {
                         AVX-512 q4_0/q8_0 panel products' register tiles): the tile of tokens
                         [t, t + nt) at sc + t * (cols/32), its token j's block b at + b * nt + j.
                         Laid out by kern_act_prepare, once per activation: until session 23 each
-                        product call gathered it (~3% of an int4 8-stream decode step's CPU,
-                        ~5% of a LoRA-adapted one, whose 512-row tiles are more calls). NULL
+                        product call gathered it (~1.5% of an int4 8-stream decode step's CPU,
+                        ~2.5% of a LoRA-adapted one, whose 512-row tiles are more calls). NULL
                         when q is, or when cols is not a multiple of 32 */
     atomic_size_t *sc_left; /* tokens not prepared yet: the call that prepares the last lays
                         out sc (kern_act_prepare) */

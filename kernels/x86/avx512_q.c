@@ -601,8 +601,9 @@ void kern_gemm_mxfp4_q8_0_avx512(const void *w, const struct kern_act *a, float 
  * peak. 2 panels x 8 tokens of int accumulators take 16 zmm; the float sums of the 16 (panel,
  * token) pairs would take 16 more, so they live in an L1 buffer (one load and one store per
  * pair and block, beside 8 vpdpbusd), and each token's block scale and offset correction are
- * read from a [block][token] copy made once per call (struct kern_act_sc: one pointer instead of
- * two per token, which with the 8 quant pointers overflowed the general registers). Against
+ * read from a [block][token] copy (kern_act.sc, laid out once per activation: one pointer
+ * instead of two per token, which with the 8 quant pointers overflowed the general registers;
+ * until session 23 each call made its own). Against
  * the session-10 tiles (registers only; one panel x 8 tokens below n = 16, two panels x 6 from
  * n = 16), bench/kern_bench_ab.sh: docs/PERFORMANCE.md "int4 wide tile, session 11".
  * With at most 8 (panel, token) pairs one accumulator each would be a chain of 8 dependent
