@@ -1043,9 +1043,9 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
  * accumulators + 8 int + the weights fit the 32 zmm.
  */
 INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t nb, size_t nblk,
-                          const struct kern_act *a, const struct kern_act_sc *sc, size_t k0, size_t t,
-                          int NT, float *y, size_t ldy, size_t r, __mmask16 rm, size_t r2,
-                          __mmask16 rm2, int add)
+                          const struct kern_act *a, const struct kern_act_sc *sc, size_t k0,
+                          size_t t, int NT, float *y, size_t ldy, size_t r, __mmask16 rm,
+                          size_t r2, __mmask16 rm2, int add)
 {
     const int split = NT <= 2;
     const uint8_t *pps[2] = {pp, pp2};
