@@ -1523,16 +1523,39 @@ static void test_matmul_fused(void **state)
                         }
                         assert_int_equal(
                             matmul_group_lora(&mcs[pi], mp, group_n[g], &plan, layer, tmp), 0);
-                        for (size_t k = 0; k < group_n[g]; k++) {
-                            uint32_t in, out;
-                            lora_target_dims(&hp, groups[g][k], &in, &out);
-                            for (size_t i = 0; i < N * out; i++)
-                                if (memcmp(&got[k][i], &want[k][i], 4))
-                                    fail_msg("N %zu wt %d layer %u %s pool %d: y[%zu][%zu] = "
-                                             "%.9g, want %.9g",
-                                             N, (int)wts[wi], layer,
-                                             lora_target_name(groups[g][k]), pi, i / out,
-                                             i % out, (double)got[k][i], (double)want[k][i]);
+                        for (int prepared = 0; prepared < 2; prepared++) {
+                            for (size_t k = 0; k < group_n[g]; k++) {
+                                uint32_t in, out;
+                                lora_target_dims(&hp, groups[g][k], &in, &out);
+                                for (size_t i = 0; i < N * out; i++)
+                                    if (memcmp(&got[k][i], &want[k][i], 4))
+                                        fail_msg("N %zu wt %d layer %u %s pool %d prepared %d: "
+                                                 "y[%zu][%zu] = %.9g, want %.9g",
+                                                 N, (int)wts[wi], layer,
+                                                 lora_target_name(groups[g][k]), pi, prepared,
+                                                 i / out, i % out, (double)got[k][i],
+                                                 (double)want[k][i]);
+                            }
+                            /* again on inputs prepared by the caller with the adapters' forms
+                             * (matmul_group_begin_lora, as the engine's norm job does), in two
+                             * token ranges that split segments */
+                            const struct matmul_prep *h =
+                                prepared ? NULL
+                                         : matmul_group_begin_lora(&mcs[pi], mp, group_n[g],
+                                                                   &plan, layer);
+                            if (!h)
+                                break;
+                            for (size_t k = 0; k < group_n[g]; k++) {
+                                uint32_t in, out;
+                                lora_target_dims(&hp, groups[g][k], &in, &out);
+                                for (size_t i = 0; i < N * out; i++)
+                                    got[k][i] = NAN;
+                            }
+                            matmul_prep_rows(h, N / 3, N);
+                            matmul_prep_rows(h, 0, N / 3);
+                            assert_int_equal(matmul_group_lora_end(&mcs[pi], mp, group_n[g],
+                                                                   &plan, layer, tmp),
+                                             0);
                         }
                     }
                     for (size_t k = 0; k < group_n[g]; k++) {

@@ -289,11 +289,14 @@ static void add_norm(struct engine__fwd *f, size_t n_tok, float *add, const floa
  * LoRA job on those inputs: matmul_group_lora_end). Not under the one-job knob;
  * matmul_group_begin declines invariant products. NULL: project().
  */
-static const struct matmul_prep *fused_begin(struct engine__fwd *f, const struct matmul_prod *g,
-                                             size_t k)
+static const struct matmul_prep *fused_begin(struct engine__fwd *f, uint32_t layer,
+                                             const struct matmul_prod *g, size_t k)
 {
     if (f->mm.base_one_job)
         return NULL;
+    /* with adapters in the step, the adapters' forms of the inputs too (matmul.h) */
+    if (f->plan.n_segs && matmul_lora_adapts(&f->plan, layer, g, k))
+        return matmul_group_begin_lora(&f->mm, g, k, &f->plan, layer);
     return matmul_group_begin(&f->mm, g, k);
 }
 
@@ -455,13 +458,13 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         const struct matmul_prod qkv[] = {{&L->wq, f->xb, n_tok, f->q, qd, LORA_Q},
                                           {&L->wk, f->xb, n_tok, f->k, kvd, LORA_K},
                                           {&L->wv, f->xb, n_tok, f->v, kvd, LORA_V}};
-        const struct matmul_prep *prep = fused_begin(f, qkv, 3);
+        const struct matmul_prep *prep = fused_begin(f, l, qkv, 3);
         add_norm(f, n_tok, pending, NULL, L->attn_norm, prep);
         project_fused(f, l, qkv, 3, prep);
         struct rope_kv_job rj = {f, seqs, l};
         rows_over_pool(f, n_seqs, 1, ROPE_KV_PAR_MIN, rope_kv_seqs, &rj);
         const struct matmul_prod o = {&L->wo, f->att, n_tok, f->proj, dim, LORA_O};
-        prep = n_tok * qd < ATT_PREP_MAX ? fused_begin(f, &o, 1) : NULL;
+        prep = n_tok * qd < ATT_PREP_MAX ? fused_begin(f, l, &o, 1) : NULL;
         for (size_t i = 0; prep && i < n_seqs; i++) /* published by pool_run */
             atomic_store_explicit(&f->heads_left[i], hp->n_kv_heads, memory_order_relaxed);
         struct attn_job aj = {f, seqs, l, prep};
@@ -474,7 +477,7 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         project_fused(f, l, &o, 1, prep);
         const struct matmul_prod gu[] = {{&L->w_gate, f->xb, n_tok, f->gate, ffn, LORA_GATE},
                                          {&L->w_up, f->xb, n_tok, f->up, ffn, LORA_UP}};
-        prep = m->moe ? NULL : fused_begin(f, gu, 2);
+        prep = m->moe ? NULL : fused_begin(f, l, gu, 2);
         add_norm(f, n_tok, f->proj, L->bo, L->ffn_norm, prep);
         pending = f->proj;
         if (m->moe) {
@@ -485,7 +488,7 @@ int engine__fwd_run(struct engine__fwd *f, const int32_t *tokens, size_t n_tok,
         /* silu(gate) * up, in place; by rows with the down product's input prepared in the
          * same job when it can be */
         const struct matmul_prod down = {&L->w_down, f->gate, n_tok, f->proj, dim, LORA_DOWN};
-        prep = ffn % 16 == 0 ? fused_begin(f, &down, 1) : NULL;
+        prep = ffn % 16 == 0 ? fused_begin(f, l, &down, 1) : NULL;
         if (prep) {
             struct swiglu_rows_job sj = {f->gate, f->up, ffn, prep};
             rows_over_pool(f, n_tok, 1, n_tok * ffn >= SWIGLU_PAR_MIN ? 1 : SIZE_MAX,

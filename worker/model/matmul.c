@@ -67,6 +67,10 @@ void matmul__acts_plan(struct matmul__acts *A, const struct matmul_prod *g, size
     A->n = 0;
     A->total = 0;
     A->flags = flags;
+    A->lx_plan = NULL;
+    A->lx_g = NULL;
+    A->lx_k = 0;
+    A->lx_layer = 0;
     for (size_t i = 0; i < k; i++) {
         if (g[i].n == 0)
             continue;
@@ -86,6 +90,7 @@ void matmul__acts_plan(struct matmul__acts *A, const struct matmul_prod *g, size
         A->off[a] = A->total;
         A->bytes[a] = bytes;
         A->total += (bytes + 63) / 64 * 64;
+        A->lx[a] = (struct matmul__lora_x){NULL, NULL, NULL, NULL, SIZE_MAX, SIZE_MAX};
         A->n++;
     }
 }
@@ -96,6 +101,14 @@ void matmul__acts_init(struct matmul__acts *A, const struct matmul_prod *g, void
         const struct matmul_prod *p = &g[A->first[a]];
         kern_act_init_ex(&A->a[a], p->w->dtype, p->x, p->w->cols, p->n, A->flags,
                          (unsigned char *)buf + A->off[a]);
+        struct matmul__lora_x *lx = &A->lx[a];
+        if (lx->off_q != SIZE_MAX) { /* [n][ldx] codes, [n] scales, [n] sums (matmul_lora.c) */
+            lx->q = (int8_t *)((unsigned char *)buf + lx->off_q);
+            lx->xs = (float *)(lx->q + p->n * KERN_LORA_I8_LDX(p->w->cols));
+            lx->xsum = (int32_t *)(lx->xs + p->n);
+        }
+        if (lx->off_b != SIZE_MAX)
+            lx->xb = (uint16_t *)((unsigned char *)buf + lx->off_b);
     }
 }
 
@@ -306,6 +319,13 @@ struct matmul_prep {
 const struct matmul_prep *matmul_group_begin(struct matmul_ctx *c, const struct matmul_prod *g,
                                              size_t k)
 {
+    return matmul_group_begin_lora(c, g, k, NULL, 0);
+}
+
+const struct matmul_prep *matmul_group_begin_lora(struct matmul_ctx *c,
+                                                  const struct matmul_prod *g, size_t k,
+                                                  const struct lora_plan *p, uint32_t layer)
+{
     CHECK(!c->prep_open_);
     if (!c->pool || c->invariant)
         return NULL;
@@ -313,6 +333,8 @@ const struct matmul_prep *matmul_group_begin(struct matmul_ctx *c, const struct 
         return NULL; /* the caller runs matmul_group, which logs if it too finds no memory */
     struct matmul_prep *h = c->prep_;
     matmul__acts_plan(&h->A, g, k, act_flags(c));
+    if (p && p->n_segs)
+        matmul__lora_x_plan(&h->A, g, k, p, layer);
     if (!matmul__grow(&c->act_, &c->act_cap_, h->A.total ? h->A.total : 64))
         return NULL;
     matmul__acts_init(&h->A, g, c->act_);
@@ -327,6 +349,8 @@ void matmul_prep_rows(const struct matmul_prep *h, size_t t0, size_t t1)
         if (h->A.bytes[a] && t0 < e)
             kern_act_prepare(&h->A.a[a], t0, e);
     }
+    if (h->A.lx_plan) /* while the rows are in this core's cache */
+        matmul__lora_x_rows(&h->A, t0, t1);
 }
 
 const struct matmul__acts *matmul__prep_take(struct matmul_ctx *c)

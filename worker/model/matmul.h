@@ -194,6 +194,18 @@ int matmul_group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t 
 int matmul_group_lora_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t k,
                           const struct lora_plan *p, uint32_t layer, float *tmp);
 
+/*
+ * matmul_group_begin for a group that matmul_group_lora_end(c, g, k, p, layer, ...) will end:
+ * matmul_prep_rows then also makes the adapters' forms of each token's input that p's segments
+ * read in this layer (the int8 adapters' codes, the bf16 ones' rounding), on the thread that
+ * wrote the floats, instead of the fused job's shrinks on another core (session 24). The same
+ * kernels on the same floats: the same numbers. p NULL or without segments: matmul_group_begin.
+ * p must stay unchanged until the end.
+ */
+const struct matmul_prep *matmul_group_begin_lora(struct matmul_ctx *c,
+                                                  const struct matmul_prod *g, size_t k,
+                                                  const struct lora_plan *p, uint32_t layer);
+
 /* Whether any segment of plan p adapts a product of g[0..k) in this layer (its adapter has
  * weights for g[i].t there). A group it does not adapt runs as matmul_group, so its caller
  * may prepare its inputs with matmul_group_begin as in a step without adapters. */

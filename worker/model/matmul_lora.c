@@ -279,7 +279,8 @@ static size_t task_pieces(const struct job *j, const struct task *tk, struct pie
 
 /* The int8 pieces of segment s: each block of MM_Q_TOK tokens quantized once per distinct
  * input (q, k and v share theirs: kern_lora_i8_quant_x), then every piece's rows on the
- * codes (kern_lora_shrink_i8q; the same bits as kern_lora_shrink_i8). */
+ * codes (kern_lora_shrink_i8q; the same bits as kern_lora_shrink_i8). An input whose codes
+ * the caller's preparation made (struct matmul__lora_x) is read as made. */
 static void shrink_i8(struct job *j, const struct lora_seg *s, const struct piece *pc,
                       size_t np)
 {
@@ -294,11 +295,20 @@ static void shrink_i8(struct job *j, const struct lora_seg *s, const struct piec
             const struct matmul_prod *pr = &j->g[pc[q].prod];
             const struct lora_weights *w = lora_weights(ad, j->layer, pr->t);
             const size_t in = ad->in[pr->t];
-            if (pr->x != have) {
+            const struct matmul__lora_x *lx = &j->A.lx[j->A.of[pc[q].prod]];
+            const int8_t *cq = qx;
+            const float *cs = xs;
+            const int32_t *csum = xsum;
+            if (lx->q) {
+                const size_t t = s->t0 + i0;
+                cq = lx->q + t * KERN_LORA_I8_LDX(in);
+                cs = lx->xs + t;
+                csum = lx->xsum + t;
+            } else if (pr->x != have) {
                 kern_lora_i8_quant_x(pr->x + (s->t0 + i0) * in, in, nt, qx, xs, xsum);
                 have = pr->x;
             }
-            kern_lora_shrink_i8q(w->fa, in, ad->cfg.rank, qx, xs, xsum, nt,
+            kern_lora_shrink_i8q(w->fa, in, ad->cfg.rank, cq, cs, csum, nt,
                                  j->tmp + pc[q].prod * j->p->tmp_floats + s->tmp0 +
                                      i0 * ad->cfg.rank,
                                  pc[q].k0, pc[q].k1);
@@ -322,11 +332,15 @@ static void shrink_bf16x(struct job *j, const struct lora_seg *s, const struct p
             const struct matmul_prod *pr = &j->g[pc[q].prod];
             const struct lora_weights *w = lora_weights(ad, j->layer, pr->t);
             const size_t in = ad->in[pr->t];
-            if (pr->x != have) {
+            const struct matmul__lora_x *lx = &j->A.lx[j->A.of[pc[q].prod]];
+            const uint16_t *cb = xb;
+            if (lx->xb) /* made by the caller's preparation */
+                cb = lx->xb + (s->t0 + i0) * KERN_LORA_BF16_LDX(in);
+            else if (pr->x != have) {
                 kern_lora_bf16_x(pr->x + (s->t0 + i0) * in, in, nt, xb);
                 have = pr->x;
             }
-            kern_lora_shrink_bf16x(w->fa, in, ad->cfg.rank, xb, nt,
+            kern_lora_shrink_bf16x(w->fa, in, ad->cfg.rank, cb, nt,
                                    j->tmp + pc[q].prod * j->p->tmp_floats + s->tmp0 +
                                        i0 * ad->cfg.rank,
                                    pc[q].k0, pc[q].k1);
@@ -334,17 +348,88 @@ static void shrink_bf16x(struct job *j, const struct lora_seg *s, const struct p
     }
 }
 
-/* True if segment s's shrinks take shrink_bf16x: bf16 weights whose shrink rounds x, every
- * input of the job's products no wider than KERN_LORA_BF16_IN_MAX. */
-static bool seg_bf16x(const struct job *j, const struct lora_seg *s)
+/* True if adapter ad's shrinks on group g[0..k) take shrink_bf16x: bf16 weights whose shrink
+ * rounds x, every input of the group's products no wider than KERN_LORA_BF16_IN_MAX. */
+static bool ad_bf16x(const struct lora_adapter *ad, const struct matmul_prod *g, size_t k)
 {
-    const struct lora_adapter *ad = s->ad;
     if (ad->fast_dt != DT_BF16 || !kern_lora_shrink_rounds_x(DT_BF16, ad->cfg.rank))
         return false;
-    for (size_t p = 0; p < j->n_prod; p++)
-        if (ad->in[j->g[p].t] > KERN_LORA_BF16_IN_MAX)
+    for (size_t p = 0; p < k; p++)
+        if (ad->in[g[p].t] > KERN_LORA_BF16_IN_MAX)
             return false;
     return true;
+}
+
+static bool seg_bf16x(const struct job *j, const struct lora_seg *s)
+{
+    return ad_bf16x(s->ad, j->g, j->n_prod);
+}
+
+/* ---- the adapters' forms of the inputs, made by the caller's preparation ------------------ */
+
+/* Which forms of input a segment s's shrinks read in group A->lx_g (1: codes, 2: rounding). */
+static unsigned seg_forms(const struct matmul__acts *A, const struct lora_seg *s, size_t a)
+{
+    const struct lora_adapter *ad = s->ad;
+    bool reads = false;
+    for (size_t i = 0; i < A->lx_k; i++)
+        reads |= A->lx_g[i].n && A->of[i] == a && lora_weights(ad, A->lx_layer, A->lx_g[i].t);
+    if (!reads)
+        return 0;
+    if (ad->fast_dt == LORA_DT_I8)
+        return 1;
+    return ad_bf16x(ad, A->lx_g, A->lx_k) ? 2 : 0;
+}
+
+void matmul__lora_x_plan(struct matmul__acts *A, const struct matmul_prod *g, size_t k,
+                         const struct lora_plan *p, uint32_t layer)
+{
+    A->lx_plan = p;
+    A->lx_g = g;
+    A->lx_k = k;
+    A->lx_layer = layer;
+    for (size_t a = 0; a < A->n; a++) {
+        unsigned forms = 0;
+        for (size_t si = 0; si < p->n_segs; si++)
+            forms |= seg_forms(A, &p->segs[si], a);
+        const struct matmul_prod *pr = &g[A->first[a]];
+        const size_t n = pr->n, cols = pr->w->cols;
+        if ((forms & 1) && cols <= KERN_LORA_I8_IN_MAX) {
+            A->lx[a].off_q = A->total;
+            A->total += (n * (KERN_LORA_I8_LDX(cols) + sizeof(float) + sizeof(int32_t)) + 63) /
+                        64 * 64;
+        }
+        if (forms & 2) {
+            A->lx[a].off_b = A->total;
+            A->total += (n * KERN_LORA_BF16_LDX(cols) * sizeof(uint16_t) + 63) / 64 * 64;
+        }
+    }
+}
+
+void matmul__lora_x_rows(const struct matmul__acts *A, size_t t0, size_t t1)
+{
+    const struct lora_plan *p = A->lx_plan;
+    for (size_t a = 0; a < A->n; a++) {
+        const struct matmul__lora_x *lx = &A->lx[a];
+        if (!lx->q && !lx->xb)
+            continue;
+        const struct kern_act *act = &A->a[a];
+        const size_t in = act->cols;
+        for (size_t si = 0; si < p->n_segs; si++) {
+            const struct lora_seg *s = &p->segs[si];
+            const size_t b = s->t0 > t0 ? s->t0 : t0;
+            const size_t e = s->t0 + s->n < t1 ? s->t0 + s->n : t1;
+            if (b >= e)
+                continue;
+            const unsigned forms = seg_forms(A, s, a);
+            if ((forms & 1) && lx->q)
+                kern_lora_i8_quant_x(act->x + b * in, in, e - b,
+                                     lx->q + b * KERN_LORA_I8_LDX(in), lx->xs + b,
+                                     lx->xsum + b);
+            if ((forms & 2) && lx->xb)
+                kern_lora_bf16_x(act->x + b * in, in, e - b, lx->xb + b * KERN_LORA_BF16_LDX(in));
+        }
+    }
 }
 
 /* The u codes of every int8 segment of product prod (its shrinks done): once per product, not
@@ -755,8 +840,11 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.n_prod = k;
     j.tmp = tmp;
     j.prefetch = MM_PREFETCH && p->max_rank >= MM_PREFETCH_MIN_RANK;
-    if (prepared)
+    if (prepared) {
         j.A = *prepared;
+        /* the adapters' forms were made for this plan, layer and group (matmul.h) */
+        CHECK(!j.A.lx_plan || (j.A.lx_plan == p && j.A.lx_layer == layer && j.A.lx_k == k));
+    }
     else
         matmul__acts_plan(&j.A, g, k, 0); /* the fused LoRA job keeps the int8 products */
     const struct counts c = count_tasks(&j, k, n, prepared != NULL);
