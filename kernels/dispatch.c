@@ -271,6 +271,26 @@ void kern_set_panel_streams(int streams)
     kern__panel_streams = streams == 1 ? 1 : streams == 4 ? 4 : 2;
 }
 
+_Thread_local struct kern__side_pf kern__side;
+
+void kern_side_prefetch(const void *const *p, const size_t *bytes, size_t n)
+{
+    struct kern__side_pf *s = &kern__side;
+    CHECK(n <= KERN_SIDE_PF_MAX);
+    s->i = s->n = 0;
+    s->lines = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!bytes[i])
+            continue;
+        const char *b = (const char *)((uintptr_t)p[i] & ~(uintptr_t)63);
+        const char *e = (const char *)p[i] + bytes[i];
+        s->p[s->n] = b;
+        s->e[s->n] = e;
+        s->lines += (size_t)(e - b + 63) / 64;
+        s->n++;
+    }
+}
+
 int kern_init(void)
 {
     if (g_inited)

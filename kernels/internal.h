@@ -145,6 +145,48 @@ extern int kern__panel_streams;
 /* 1: the AVX-512 kernels may use GFNI (the CPU has it, CLOCHER_GFNI is not 0; dispatch.c) */
 extern int kern__gfni;
 
+/* The calling thread's side list (kern.h kern_side_prefetch; dispatch.c): lines [p[i], e[i])
+ * of ranges i..n-1 still to request, `lines` of them in all. */
+struct kern__side_pf {
+    const char *p[KERN_SIDE_PF_MAX], *e[KERN_SIDE_PF_MAX];
+    unsigned i, n;
+    size_t lines;
+};
+extern _Thread_local struct kern__side_pf kern__side;
+
+/* One line of the side list, if any: per block of a decode panel tile (a block is ~50-100
+ * cycles of a DRAM-bound stream), the gentlest trickle; in bursts per panel pair the requests
+ * waited for fill buffers beside the tile's own (session 24). */
+static inline void kern__side_one(void)
+{
+    struct kern__side_pf *s = &kern__side;
+    if (!s->lines)
+        return;
+    s->lines--;
+    __builtin_prefetch(s->p[s->i], 0, 2);
+    s->p[s->i] += 64;
+    if (s->p[s->i] >= s->e[s->i])
+        s->i++;
+}
+
+/* One step of a streaming panel loop with `iters` steps left (this one included): requests
+ * its share of the side list's lines, ceil(left / iters), into L2, so that the list is spread
+ * evenly over the loop. A few loads of thread-local state when the list is empty. */
+static inline void kern__side_step(size_t iters)
+{
+    struct kern__side_pf *s = &kern__side;
+    if (!s->lines)
+        return;
+    size_t take = (s->lines + iters - 1) / iters;
+    s->lines -= take;
+    while (take--) {
+        __builtin_prefetch(s->p[s->i], 0, 2); /* prefetcht1: L2 */
+        s->p[s->i] += 64;
+        if (s->p[s->i] >= s->e[s->i])
+            s->i++;
+    }
+}
+
 /* ---- pieces the traits point at ---------------------------------------------------------- */
 
 /* kern_act_prepare per ISA: the scalar specification and two bit-identical SIMD versions. */

@@ -64,6 +64,18 @@ int kern_init(void);
  * 1-2 tokens and two everywhere else (docs/PERFORMANCE.md "Four DRAM streams, session 22"). Same bits every way. kern_init() takes CLOCHER_PANEL_STREAMS=1|2|4; set it
  * only while no kernel runs (benchmarks and tests compare them). */
 void kern_set_panel_streams(int streams);
+/*
+ * Side prefetch (session 24): up to KERN_SIDE_PF_MAX byte ranges that the calling thread's
+ * next streaming panel products (AVX-512 q4_0 and q8_0 panels) request into L2 a few lines at
+ * a time, spread over their panel loop, while their own weights stream from DRAM: the LoRA
+ * update's expand reads its B panels right after the base rows it adds to, and at low rank
+ * it waited a DRAM latency for their first lines (26-37 % of its samples, perf, session 24),
+ * where requesting them all at once waited for fill buffers instead (session 19). What the
+ * products do not request by their end stays on the list for the next; n = 0 clears it. A
+ * hint only: no effect on any result; other kernels ignore it.
+ */
+#define KERN_SIDE_PF_MAX 8
+void kern_side_prefetch(const void *const *p, const size_t *bytes, size_t n);
 enum kern_isa kern_isa(void);
 const char *kern_isa_name(enum kern_isa isa);
 /* Refills the dispatch table for `isa` (tests and benchmarks compare paths with it; no kernel

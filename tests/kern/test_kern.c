@@ -297,9 +297,16 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
     float *tol = filled(n * ldy);
     kern_matmul_ref(k->wt, w, cols, x, n, want, ldy, r0, r1);
     char what[160];
-    /* one and two DRAM streams per thread (kern_set_panel_streams: n = 1, more than one panel) */
-    for (int st = 1; st <= 2; st++) {
-        kern_set_panel_streams(st);
+    /* one and two DRAM streams per thread (kern_set_panel_streams: n = 1, more than one
+     * panel); two again with a side prefetch list (kern_side_prefetch, a hint: the same bits,
+     * whatever it points at, here the stored rows and a range that starts mid-line) */
+    for (int st = 1; st <= 3; st++) {
+        kern_set_panel_streams(st == 1 ? 1 : 2);
+        if (st == 3) {
+            const void *at[2] = {w, (const char *)wp + 3};
+            const size_t len[2] = {rb, 16 * rb - 3}; /* within w and one panel of wp */
+            kern_side_prefetch(at, len, 2);
+        }
         for (size_t v = 0; v < sizeof k->pv / sizeof k->pv[0]; v++) {
             /* AMX variants in the amxint8 entries only (isa_case_amxint8), the others in theirs */
             if (!k->pv[v].fn || k->pv[v].isa != g_case->isa || k->pv[v].amx != g_case->amx ||
@@ -315,6 +322,7 @@ static void check_panels(const struct panel_kind *k, const void *w, size_t rows,
                              "the stored-row GEMM gives %.9g",
                              k->pv[v].name, st, cols, n, r0, r1, i, y[i], z[i]);
         }
+        kern_side_prefetch(NULL, NULL, 0);
     }
     {
         const enum kern_isa isa = g_case->isa;

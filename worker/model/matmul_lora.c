@@ -104,6 +104,9 @@
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
+#ifndef MM_SIDE_PF
+#define MM_SIDE_PF 1 /* run_base: the expand's panels on the side list below MM_PREFETCH_MIN_RANK */
+#endif
 #ifndef MM_PREFETCH_MIN_RANK
 #define MM_PREFETCH_MIN_RANK 17u /* ... in plans of at least this rank. Session 19, int4 base,
                                   * 8 streams, 4 adapters on all 7 projections, A/B in one
@@ -530,12 +533,36 @@ static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
     }
 }
 
+/* Puts tile `tile`'s B^T panels, every segment's, on the thread's side list (kern.h
+ * kern_side_prefetch): the base product of its rows requests them a few lines at a time as it
+ * streams, so that its expand finds them in L2. */
+static void side_tile(const struct job *j, size_t prod, size_t tile)
+{
+    const struct lora_plan *p = j->p;
+    const size_t c0 = j->tiles[tile].r0, c1 = j->tiles[tile].r1;
+    const void *at[KERN_SIDE_PF_MAX];
+    size_t bytes[KERN_SIDE_PF_MAX], n = 0;
+    for (size_t si = 0; si < p->n_segs && n < KERN_SIDE_PF_MAX; si++) {
+        const struct lora_weights *w = lora_weights(p->segs[si].ad, j->layer, j->g[prod].t);
+        if (!w)
+            continue;
+        at[n] = (const char *)w->fbt + lora__fbt_offset(p->segs[si].ad, c0);
+        bytes[n++] = lora__fbt_offset(p->segs[si].ad, c1) - lora__fbt_offset(p->segs[si].ad, c0);
+    }
+    kern_side_prefetch(at, bytes, n);
+}
+
 static inline void run_base(struct job *j, const struct task *tk)
 {
     size_t ai = j->A.of[tk->prod];
     wait_at_least(&j->prep_done[ai], j->prep_total[ai]);
     const struct matmul_prod *pr = &j->g[tk->prod];
     const size_t r0 = j->tiles[tk->a].r0, r1 = j->tiles[tk->a].r1;
+    /* below MM_PREFETCH_MIN_RANK the expand's panels are requested during the base rows, a few
+     * lines at a time (session 24; at and above it, all at once MM_TAIL rows before the end) */
+    const bool side = MM_SIDE_PF && !j->prefetch && j->shrink_want[tk->prod];
+    if (side)
+        side_tile(j, tk->prod, tk->a);
     /* tiles are whole panels (MM_TILE, MM_TAIL_GRAIN): they start on one */
     if (tk->b) { /* merged: the product's shrinks precede this task */
         /* the expand's panels are requested MM_TAIL rows before the base product ends, so
@@ -551,11 +578,15 @@ static inline void run_base(struct job *j, const struct task *tk)
         if (j->prefetch)
             prefetch_tile(j, tk->prod, tk->a);
         matmul__rows(pr, &j->A.a[ai], mid, r1);
+        if (side)
+            kern_side_prefetch(NULL, NULL, 0);
         /* the last shrink may still be running: then its task expands the tile */
         if (tile_arrive(j, tk->a))
             expand_tile(j, tk->prod, tk->a, false);
     } else {
         matmul__rows(pr, &j->A.a[ai], r0, r1);
+        if (side)
+            kern_side_prefetch(NULL, NULL, 0);
         if (j->shrink_want[tk->prod] && tile_arrive(j, tk->a))
             expand_tile(j, tk->prod, tk->a, true);
     }
