@@ -33,13 +33,15 @@
  * still in its cache (the update's fixed cost at low rank was mostly separate expand tasks:
  * 2-4 % of an 8-stream int4 step at rank 1, perf, session 10). A product that no segment
  * adapts gets no expand at all.
- * The update's weights are requested ahead of use (session 11), in plans of rank
- * MM_PREFETCH_MIN_RANK and more (session 19: below it the requests cost more than they hide):
- * a merged tile asks for its expand's panels MM_TAIL rows before its base product ends, a
- * shrink for the rows of the task MM_LOOKAHEAD places on. At low rank the update's kernels are bound by memory latency,
- * not bandwidth: blocks of 1-4 KB requested where they are read left each kernel waiting for
- * its first lines (perf: 30-80 % of the expand's and the shrink's samples on their first
- * weight loads).
+ * The expand's panels are requested during the base rows of its tile (session 24): the base
+ * task puts them on the thread's side list (kern.h kern_side_prefetch) and the panel product
+ * requests one line of it per block as it streams, so the expand finds them in L2. Requested
+ * where they are read, at low rank, they left the expand waiting a DRAM latency for its first
+ * lines (perf: 26-37 % of its samples); requested all at once (session 11: a merged tile asked
+ * for them MM_TAIL rows before its base product ended, a shrink for the rows of the task
+ * MM_LOOKAHEAD places on) they waited for fill buffers beside the base stream, so that from
+ * session 19 only plans of rank MM_PREFETCH_MIN_RANK and more make those requests, since
+ * session 24 only ranks above 32.
  *
  * NOTES: a task waits (spins, yielding now and then) only for the PREP tasks, which precede
  * it in the list and which running participants are finishing, so claiming in order cannot
@@ -108,7 +110,12 @@
 #define MM_SIDE_PF 1 /* run_base: the expand's panels on the side list below MM_PREFETCH_MIN_RANK */
 #endif
 #ifndef MM_PREFETCH_MIN_RANK
-#define MM_PREFETCH_MIN_RANK 17u /* ... in plans of at least this rank. Session 19, int4 base,
+#define MM_PREFETCH_MIN_RANK 33u /* ... in plans of at least this rank; below it the expand's
+                                  * panels go on the side list instead (run_base), which at
+                                  * rank 32 measured 4-7 points under these requests (session
+                                  * 24: int4 base, 8 streams, all 7 projections, three
+                                  * alternations, +31.4/+29.2/+33.7 against +35.2/+36.5/+37.0;
+                                  * ranks above 32 not measured). Session 19, int4 base,
                                   * 8 streams, 4 adapters on all 7 projections, A/B in one
                                   * run against the requests at every rank (loaded machine):
                                   * without them rank 1 bf16 costs ~1.5 points less, rank 8
@@ -116,8 +123,8 @@
                                   * requests, issued while the base GEMM streams, wait for
                                   * fill buffers more than the latency they hide (perf: the
                                   * prefetch loops' samples sit on the prefetch). Rank 32
-                                  * was not measured: it keeps them. The kernels still
-                                  * request their next rows and panels. */
+                                  * was not measured then. The kernels still request their
+                                  * next rows and panels. */
 #endif
 
 enum { TK_PREP, TK_SHRINK, TK_BASE };
