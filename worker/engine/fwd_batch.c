@@ -286,14 +286,14 @@ static void add_norm(struct engine__fwd *f, size_t n_tok, float *add, const floa
 /*
  * A group reading xb, its inputs prepared by the norm job that writes xb (matmul.h,
  * matmul_group_begin), with or without adapters in the step (a group they adapt runs the fused
- * LoRA job on those inputs: matmul_group_lora_end). Not under the one-job knob;
- * matmul_group_begin declines invariant products. NULL: project().
+ * LoRA job on those inputs: matmul_group_lora_end; under the one-job knob a base-only step's
+ * groups too, so that the knob's base steps differ from adapted ones by the update alone:
+ * until session 24 they prepared their inputs in the fused job's PREP tasks, whose waits
+ * were ~1.5 % of the step). matmul_group_begin declines invariant products. NULL: project().
  */
 static const struct matmul_prep *fused_begin(struct engine__fwd *f, uint32_t layer,
                                              const struct matmul_prod *g, size_t k)
 {
-    if (f->mm.base_one_job)
-        return NULL;
     /* with adapters in the step, the adapters' forms of the inputs too (matmul.h) */
     if (f->plan.n_segs && matmul_lora_adapts(&f->plan, layer, g, k))
         return matmul_group_begin_lora(&f->mm, g, k, &f->plan, layer);
@@ -305,7 +305,7 @@ static void project_fused(struct engine__fwd *f, uint32_t layer, const struct ma
 {
     if (!prep)
         project(f, layer, g, k);
-    else if (f->plan.n_segs)
+    else if (f->plan.n_segs || f->mm.base_one_job) /* the knob: base-only steps too */
         /* -ENOMEM: it ran as separate jobs instead, with the same numbers (logged) */
         (void)matmul_group_lora_end(&f->mm, g, k, &f->plan, layer, f->lora_tmp);
     else
