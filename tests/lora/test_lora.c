@@ -1393,8 +1393,10 @@ static void test_apply_fused(void **state)
  * its base task and its projection's last shrink finishes second) against
  * matmul_one followed by lora_apply_fused: the same kernels on the same blocks, so the same
  * bits; and the same bits on the calling thread alone and on pools of 2 and 3. Ragged shapes:
- * ffn 700 (a 512-row tile and a 188-row one, which a merged base task computes in two calls
- * split on a panel: 48 rows, then 140 after requesting the expand's panels), widths not multiples of 8, batches of 1 to 40
+ * ffn 700 (not a multiple of the 32-row tile unit: a ragged last tile, which a merged base
+ * task of a rank-40 plan computes in two calls split on a panel after requesting the expand's
+ * panels), tiles cut at the products' ends and, on a pool, where pool_for cuts its shards,
+ * widths not multiples of 8, batches of 1 to 40
  * tokens (several activation-preparing tasks), f32 and bf16 base weights, an f32 adapter and
  * a BF16 one of ranks 5 (one short shrink block) and 17 (two blocks and a ragged one), an
  * int8-packed one of rank 40 (int8 shrink blocks of 32: one whole, one ragged) on the last two
@@ -1408,7 +1410,7 @@ static void test_matmul_fused(void **state)
     (void)state;
     assert_int_equal(kern_init(), 0);
     struct iebin_hparams hp = peft_small_hparams();
-    hp.ffn_dim = 700; /* a 512-row tile (MM_TILE) and a 188-row one (> MM_TAIL, ragged) */
+    hp.ffn_dim = 700; /* a ragged last tile */
     hp.dim = 40;
     hp.n_heads = 5;
     hp.n_kv_heads = 5;

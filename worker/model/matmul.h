@@ -170,7 +170,8 @@ void matmul_group_end(struct matmul_ctx *c, const struct matmul_prod *g, size_t 
  * k <= MATMUL_LORA_GROUP_MAX products of one layer that are ready together, each on every
  * token of plan p (g[i].n == p->n_tok), plus the plan's LoRA update of their adapted rows
  * (g[i].t names the projection): y = x W^T + s_t (x A^T) B^T as ONE pool job whose tasks are
- * 512-row tiles of the base products, shrink tasks and expand tasks, interleaved so that one
+ * row tiles of the base products (pool_for's shards, cut at the products' ends), shrink tasks
+ * and expand tasks, interleaved so that one
  * participant streams adapter weights while the other runs the compute-bound base GEMM. An
  * expand task waits (spins) for its base tile and its projection's shrink tasks, which always
  * precede it in the task order, so claiming tasks in order cannot deadlock. The numbers are

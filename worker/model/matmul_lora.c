@@ -12,8 +12,9 @@
  *           which lora_pack.c lays out back to back for the products of one job (q, k, v;
  *           gate, up): one long stream per (adapter, job), split only into tasks of about
  *           MM_SHRINK_BYTES (session 14);
- *   BASE    tile a of a product's base rows (MM_TILE rows; the job's last two split into
- *           parts, tail_parts), once its input is prepared (b = 1, "merged": every shrink
+ *   BASE    tile a of a product's base rows (lay_tiles: pool_for's shards, long first and
+ *           short last, cut at the products' ends), once its input is prepared (b = 1,
+ *           "merged": every shrink
  *           of its product is earlier in the list).
  * The expand, y += s_t T B^T on a tile's columns for every segment, is no task of its own
  * (session 15): it needs two events, the tile's base rows written and its product's shrinks
@@ -69,7 +70,7 @@
 #include <immintrin.h> /* _mm_pause, _mm_prefetch (SSE, baseline x86-64) */
 #endif
 
-#ifndef MM_TILE
+#ifndef MM_TILE /* MM_GUIDED 0 only */
 #define MM_TILE 512u    /* base rows (= expand columns) per task: whole 16-row GEMM panels and
                          * 32-column B panels (measured, int4, 8 streams: 256 cost +2-5% at
                          * rank 1 against matmul_group's longer shards, 512 ~0%) */
@@ -105,6 +106,9 @@
                               * request each block's next rows themselves) */
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
+#endif
+#ifndef MM_GUIDED
+#define MM_GUIDED 1 /* lay_tiles_guided; 0: MM_TILE rows and the split tail */
 #endif
 #ifndef MM_SIDE_PF
 #define MM_SIDE_PF 1 /* run_base: the expand's panels on the side list below MM_PREFETCH_MIN_RANK */
@@ -163,6 +167,7 @@ struct job {
     int32_t *usum;
     size_t ldu, n_tok;
     bool prefetch; /* MM_PREFETCH and the plan's rank >= MM_PREFETCH_MIN_RANK */
+    size_t n_part; /* the pool's participants (1 without one) */
 };
 
 /* ---- running a task ---------------------------------------------------------------------- */
@@ -570,7 +575,7 @@ static inline void run_base(struct job *j, const struct task *tk)
     const bool side = MM_SIDE_PF && !j->prefetch && j->shrink_want[tk->prod];
     if (side)
         side_tile(j, tk->prod, tk->a);
-    /* tiles are whole panels (MM_TILE, MM_TAIL_GRAIN): they start on one */
+    /* tiles are whole panels (MM_TAIL_GRAIN rows, MM_TILE): they start on one */
     if (tk->b) { /* merged: the product's shrinks precede this task */
         /* the expand's panels are requested MM_TAIL rows before the base product ends, so
          * that they arrive while it computes: requested at the expand, each tile waited for
@@ -635,11 +640,68 @@ static size_t tail_parts(size_t from_end)
     return from_end < MM_TAIL_TILES ? parts[from_end] : 1;
 }
 
-/* The job's tiles in task order (product by product, MM_TILE rows each, the last
- * MM_TAIL_TILES split into parts of whole MM_TAIL_GRAIN panels): fills j->tile0 and
- * j->n_tiles, and out (when not NULL); returns how many. */
+/*
+ * The guided layout (MM_GUIDED, session 24): the products' rows laid end to end in units of
+ * MM_TAIL_GRAIN, cut where pool_for cuts its shards (pool.c: four rounds of one shard per
+ * participant taking 44, 32, 18 and 6 % of the line) and at every product's end, so that the
+ * base rows run in the calls matmul_group runs them in: long first (a gate/up tile of ~2500
+ * rows), short last. With fixed 512-row tiles the base GEMM alone ran several % slower in
+ * the fused job than in matmul_group at 8 streams (int4, all 7 projections: adapted steps
+ * whose update was skipped still cost +2.3..+7.3 % over base steps, -0.4..+3.1 % when the base
+ * steps ran the fused job too), which was most of the fixed cost at rank 1; guided, in
+ * three alternations, rank 1 +7.2/+6.5/+10.0 -> +4.9/+3.4/+4.9, rank 8 +15.1/+9.9/+13.7 ->
+ * +11.3/+7.0/+8.8 (docs/PERFORMANCE.md "Session 24").
+ */
+static const unsigned guided_w[4] = {22, 16, 9, 3}; /* of 50, pool.c's for_round_w */
+
+static size_t guided_at(size_t units, size_t n, size_t i)
+{
+    size_t kk = i / n, jj = i % n, c = 0;
+    for (size_t r = 0; r < kk && r < 4; r++)
+        c += guided_w[r] * n;
+    if (kk < 4)
+        c += guided_w[kk] * jj;
+    return (size_t)((unsigned __int128)units * c / (50u * n));
+}
+
+static size_t lay_tiles_guided(struct job *j, size_t k, struct tile *out)
+{
+    size_t units = 0, n = 0;
+    for (size_t i = 0; i < k; i++)
+        units += (j->g[i].w->rows + MM_TAIL_GRAIN - 1) / MM_TAIL_GRAIN;
+    const size_t parts = j->n_part;
+    size_t cut = 1; /* the next shard boundary: guided_at(.., cut) */
+    for (size_t i = 0, u0 = 0; i < k; i++) {
+        const size_t rows = j->g[i].w->rows;
+        const size_t pu = (rows + MM_TAIL_GRAIN - 1) / MM_TAIL_GRAIN;
+        j->tile0[i] = n;
+        size_t a = 0; /* the product's next unit */
+        while (a < pu) {
+            while (cut < 4 * parts && guided_at(units, parts, cut) <= u0 + a)
+                cut++;
+            size_t e = cut < 4 * parts ? guided_at(units, parts, cut) - u0 : pu;
+            if (e > pu)
+                e = pu;
+            if (out) {
+                const size_t r1 = e * MM_TAIL_GRAIN < rows ? e * MM_TAIL_GRAIN : rows;
+                out[n] = (struct tile){(uint32_t)(a * MM_TAIL_GRAIN), (uint32_t)r1};
+            }
+            n++;
+            a = e;
+        }
+        j->n_tiles[i] = n - j->tile0[i];
+        u0 += pu;
+    }
+    return n;
+}
+
+/* The job's tiles in task order (product by product): guided (above), or MM_TILE rows each
+ * with the last MM_TAIL_TILES split into parts of whole MM_TAIL_GRAIN panels (until session
+ * 24). Fills j->tile0 and j->n_tiles, and out (when not NULL); returns how many. */
 static size_t lay_tiles(struct job *j, size_t k, struct tile *out)
 {
+    if (MM_GUIDED)
+        return lay_tiles_guided(j, k, out);
     size_t whole = 0, n = 0;
     for (size_t i = 0; i < k; i++)
         whole += (j->g[i].w->rows + MM_TILE - 1) / MM_TILE;
@@ -878,6 +940,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     j.n_prod = k;
     j.tmp = tmp;
     j.prefetch = MM_PREFETCH && p->max_rank >= MM_PREFETCH_MIN_RANK;
+    j.n_part = mc->pool ? (size_t)pool_threads(mc->pool) : 1;
     if (prepared) {
         j.A = *prepared;
         /* the adapters' forms were made for this plan, layer and group (matmul.h) */
@@ -962,7 +1025,7 @@ static int group_lora(struct matmul_ctx *c, const struct matmul_prod *g, size_t 
 {
     CHECK(k >= 1 && k <= MATMUL_LORA_GROUP_MAX);
     /* a group no segment adapts in this layer (o, gate/up, down under q,v adapters) is the
-     * base products alone: matmul_group's longer shards, not the fused job's 512-row tiles
+     * base products alone: matmul_group's shards, not the fused job's tiles
      * and PREP tasks (session 21: the fused job on every group of an adapted step was most
      * of the overhead beyond the floor at q,v) */
     const bool adapted = matmul_lora_adapts(p, layer, g, k);
