@@ -227,10 +227,16 @@ void kern_lora_expand_bf16_f32_avx2(const void *bt, size_t rank, const float *t,
 static float quant_x256(const float *v, size_t n, int8_t *q)
 {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 mx = _mm256_setzero_ps();
+    /* max(|v|, m): a NaN is skipped as in the reference (quant_x512) */
+    __m256 m4[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                    _mm256_setzero_ps()};
     size_t c = 0;
+    for (; c + 32 <= n; c += 32)
+        for (int u = 0; u < 4; u++)
+            m4[u] = _mm256_max_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(v + c + 8 * u)), m4[u]);
     for (; c + 8 <= n; c += 8)
-        mx = _mm256_max_ps(mx, _mm256_and_ps(abs_mask, _mm256_loadu_ps(v + c)));
+        m4[0] = _mm256_max_ps(_mm256_and_ps(abs_mask, _mm256_loadu_ps(v + c)), m4[0]);
+    const __m256 mx = _mm256_max_ps(_mm256_max_ps(m4[0], m4[1]), _mm256_max_ps(m4[2], m4[3]));
     float m8[8], amax = 0.0f;
     _mm256_storeu_ps(m8, mx);
     for (int i = 0; i < 8; i++)

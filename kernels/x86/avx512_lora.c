@@ -267,11 +267,21 @@ void kern_lora_expand_bf16_bf16_avx512(const void *bt_, size_t rank, const float
  */
 TGT float quant_x512(const float *v, size_t n, const size_t pad, int8_t *q, int32_t *sum)
 {
-    __m512 mx = _mm512_setzero_ps();
-    for (size_t c = 0; c < n; c += 16) {
-        __mmask16 m = (__mmask16)(n - c >= 16 ? 0xffffu : (1u << (n - c)) - 1u);
-        mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, v + c)));
+    /* max(|v|, m): vmaxps returns its second operand when either is NaN, so a NaN is skipped
+     * as the reference's `a > amax ? a : amax` skips it (with m first a NaN entered the lane and
+     * was dropped only if a later value followed). Never NaN, the four chains' maxima combine
+     * to the same value, and they run in parallel where one chain waited on each vmaxps. */
+    __m512 m4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                    _mm512_setzero_ps()};
+    size_t c0 = 0;
+    for (; c0 + 64 <= n; c0 += 64)
+        UNROLL for (int u = 0; u < 4; u++)
+            m4[u] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(v + c0 + 16 * u)), m4[u]);
+    for (; c0 < n; c0 += 16) {
+        __mmask16 m = (__mmask16)(n - c0 >= 16 ? 0xffffu : (1u << (n - c0)) - 1u);
+        m4[0] = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(m, v + c0)), m4[0]);
     }
+    const __m512 mx = _mm512_max_ps(_mm512_max_ps(m4[0], m4[1]), _mm512_max_ps(m4[2], m4[3]));
     const float amax = _mm512_reduce_max_ps(mx);
     const __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     __m512i s = _mm512_setzero_si512();
