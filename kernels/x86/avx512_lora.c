@@ -292,7 +292,14 @@ TGT float quant_x512(const float *v, size_t n, const size_t pad, int8_t *q, int3
         s = _mm512_add_epi32(s, qi);
         _mm_storeu_si128((__m128i *)(q + c), _mm512_cvtsepi32_epi8(qi));
     }
-    *sum = _mm512_reduce_add_epi32(s);
+    /* the lanes' sum by vector adds: GCC's _mm512_reduce_add_epi32 adds them as C ints, whose
+     * overflow (a NaN's code is INT_MIN before the saturating store) is undefined behaviour;
+     * for finite input the sum is exact either way (|codes| <= 127 * KERN_LORA_I8_IN_MAX) */
+    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+    __m128i q4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    q4 = _mm_add_epi32(q4, _mm_shuffle_epi32(q4, 0x4e));
+    q4 = _mm_add_epi32(q4, _mm_shuffle_epi32(q4, 0xb1));
+    *sum = _mm_cvtsi128_si32(q4);
     return amax / 127.0f;
 }
 
