@@ -271,7 +271,7 @@ void kern_set_panel_streams(int streams)
     kern__panel_streams = streams == 1 ? 1 : streams == 4 ? 4 : 2;
 }
 
-_Thread_local struct kern__side_pf kern__side;
+_Thread_local struct kern__side_pf kern__side KERN__TLS_IE;
 
 void kern_side_prefetch(const void *const *p, const size_t *bytes, size_t n)
 {

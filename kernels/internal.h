@@ -152,14 +152,23 @@ struct kern__side_pf {
     unsigned i, n;
     size_t lines;
 };
-extern _Thread_local struct kern__side_pf kern__side;
+/* initial-exec: the kernels are position-independent code (a static library that may end up
+ * in a shared object), where a thread-local's default model is general-dynamic: its address
+ * is a __tls_get_addr call to the compiler (the linker relaxes it to a %fs load afterwards,
+ * too late for the register allocator). Read in the decode tiles' block loops, that call made
+ * GCC spill and reload the tile's 16+ live zmm accumulators and run vzeroupper every block
+ * (perf annotate, session 25). Initial-exec is one load of the variable's %fs offset; it
+ * needs the library loaded with the program (not dlopen'd), which is how it is used. */
+#define KERN__TLS_IE __attribute__((tls_model("initial-exec")))
+extern _Thread_local struct kern__side_pf kern__side KERN__TLS_IE;
+/* The calling thread's side list, taken once per tile call before its block loop. */
+static inline struct kern__side_pf *kern__side_list(void) { return &kern__side; }
 
 /* One line of the side list, if any: per block of a decode panel tile (a block is ~50-100
  * cycles of a DRAM-bound stream), the gentlest trickle; in bursts per panel pair the requests
  * waited for fill buffers beside the tile's own (session 24). */
-static inline void kern__side_one(void)
+static inline void kern__side_one(struct kern__side_pf *s)
 {
-    struct kern__side_pf *s = &kern__side;
     if (!s->lines)
         return;
     s->lines--;
@@ -172,9 +181,8 @@ static inline void kern__side_one(void)
 /* One step of a streaming panel loop with `iters` steps left (this one included): requests
  * its share of the side list's lines, ceil(left / iters), into L2, so that the list is spread
  * evenly over the loop. A few loads of thread-local state when the list is empty. */
-static inline void kern__side_step(size_t iters)
+static inline void kern__side_step(struct kern__side_pf *s, size_t iters)
 {
-    struct kern__side_pf *s = &kern__side;
     if (!s->lines)
         return;
     size_t take = (s->lines + iters - 1) / iters;

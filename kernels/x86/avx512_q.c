@@ -835,8 +835,9 @@ INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, siz
         facc[0][j] = facc[1][j] = _mm512_setzero_ps();
         xq[j] = a->q + (size_t)j * a->ld + k0;
     }
+    struct kern__side_pf *const side = kern__side_list(); /* once: internal.h */
     for (size_t b = 0; b < nblk; b++) {
-        kern__side_one(); /* kern.h kern_side_prefetch */
+        kern__side_one(side); /* kern.h kern_side_prefetch */
         UNROLL for (int u = 0; u < 2; u++)
         {
             const uint8_t *qb = pp[u] + quant_q4p_qoff(k0 / 32 + b, nb);
@@ -929,8 +930,9 @@ INLINE void q4p_gemm(const void *wp, const struct kern_act *a, float *y, size_t 
         }
         return;
     }
+    struct kern__side_pf *const side = kern__side_list(); /* once: internal.h */
     for (size_t r = r0; r < r1; r += (size_t)np_max * PANEL) {
-        kern__side_step((r1 - r + (size_t)np_max * PANEL - 1) / ((size_t)np_max * PANEL));
+        kern__side_step(side, (r1 - r + (size_t)np_max * PANEL - 1) / ((size_t)np_max * PANEL));
         __mmask16 rm[Q4P_NP] = {0};
         int np = 0;
         for (; np < np_max && r + (size_t)np * PANEL < r1; np++) {
@@ -1059,8 +1061,9 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t 
         UNROLL for (int u = 0; u < NS; u++) facc[u][j] = _mm512_setzero_ps();
         xq[j] = a->q + (t + (size_t)j) * a->ld + k0;
     }
+    struct kern__side_pf *const side = kern__side_list(); /* once: internal.h */
     for (size_t b = 0; b < nblk; b++) {
-        kern__side_one(); /* kern.h kern_side_prefetch */
+        kern__side_one(side); /* kern.h kern_side_prefetch */
         UNROLL for (int u = 0; u < NS; u++)
         {
             const uint8_t *qb = pps[u] + quant_q8p_qoff(k0 / 32 + b, nb);
@@ -1121,8 +1124,9 @@ INLINE void gemm_q8p_tile2(const uint8_t *pa, const uint8_t *pb, size_t nb, size
     const int8_t *xq = a->q + k0;
     const float *xd = a->d + k0 / 32;
     const int32_t *xs = a->ns32 + k0 / 32;
+    struct kern__side_pf *const side = kern__side_list(); /* once: internal.h */
     for (size_t b = 0; b < nblk; b++) {
-        kern__side_one(); /* kern.h kern_side_prefetch */
+        kern__side_one(side); /* kern.h kern_side_prefetch */
         const __m512 xdb = _mm512_set1_ps(xd[b]);
         UNROLL for (int k = 0; k < 2; k++)
         {
@@ -1216,8 +1220,9 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
         }
         return;
     }
+    struct kern__side_pf *const side = kern__side_list(); /* once: internal.h */
     for (size_t r = r0; r < r1; r += PANEL) {
-        kern__side_step((r1 - r + PANEL - 1) / PANEL);
+        kern__side_step(side, (r1 - r + PANEL - 1) / PANEL);
         size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
         __mmask16 rm = (__mmask16)((1u << nr) - 1u);
         const uint8_t *pp = (const uint8_t *)wp + r / PANEL * PANEL * rb;
