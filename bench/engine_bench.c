@@ -31,6 +31,7 @@
 #include "engine_internal.h"
 #include "err.h"
 #include "hotrepl.h"
+#include "kern.h"
 #include "log.h"
 #include "lora.h"
 
@@ -70,6 +71,7 @@ struct opts {
     enum lora_pack lora_weights;          /* --lora-weights */
     int lora_only;                        /* --lora-only: 0 pairs, 1 every step base-only,
                                            * 2 every step adapted (for perf record) */
+    int ps_pair[2];                       /* --panel-streams-pair A,B (0: not given) */
 };
 
 /* Counts the TOKEN events of each stream (user = stream index + 1). */
@@ -179,7 +181,7 @@ static int drain(struct engine *e, const uint64_t *ids, size_t n)
  */
 static int decode_run(struct engine *e, struct counter *c, size_t n, const char *const *names,
                       size_t n_names, uint32_t warm, uint32_t steps, uint32_t seed,
-                      bool paired, int only, struct sample *out)
+                      bool paired, int only, const int *ps_pair, struct sample *out)
 {
     int32_t prompts[MAX_STREAMS][8];
     uint64_t ids[MAX_STREAMS];
@@ -224,7 +226,9 @@ static int decode_run(struct engine *e, struct counter *c, size_t n, const char 
         const bool base_turn = first == base_first; /* the step's place in its pair */
         const bool base = paired && (only ? only == 1 : base_turn);
         const uint32_t slot = !paired ? s : base_turn ? s / 2 * 2 : s / 2 * 2 + 1;
-        if (paired)
+        if (paired && ps_pair) /* --panel-streams-pair: A in the "base" slot, B in the other */
+            kern_set_panel_streams(ps_pair[base ? 0 : 1]);
+        else if (paired)
             engine__set_lora_bypass(e, base);
         double cs = cpu_seconds(), ws = bench_now();
         rc = engine_step(e, &active);
@@ -235,6 +239,8 @@ static int decode_run(struct engine *e, struct counter *c, size_t n, const char 
     }
     if (paired)
         engine__set_lora_bypass(e, false);
+    if (ps_pair)
+        kern_set_panel_streams(ps_pair[0]);
     if (rc)
         return rc;
     out->cpu = cpu_seconds() - c0;
@@ -267,7 +273,7 @@ static int mode_scale(struct engine *e, struct counter *c, const struct opts *o)
             /* rotate the order so no count always runs first after a pause */
             size_t j = (k + r) % o->n_counts;
             int rc = decode_run(e, c, o->counts[j], NULL, 0, o->warm, o->steps,
-                                r * 97 + (uint32_t)j, false, 0, &smp[j][r]);
+                                r * 97 + (uint32_t)j, false, 0, NULL, &smp[j][r]);
             if (rc)
                 return rc;
         }
@@ -307,8 +313,10 @@ static int mode_lora(struct engine *e, struct counter *c, const struct opts *o)
     for (uint32_t r = 0; r < o->reps; r++)
         for (size_t k = 0; k < o->n_sets; k++) {
             size_t j = (k + r) % o->n_sets; /* rotate the sets' order */
-            int rc = decode_run(e, c, o->streams, o->set_names[j], 4, o->warm, steps,
-                                r * 97 + (uint32_t)j, true, o->lora_only, &smp[j][r]);
+            const bool knob = o->ps_pair[0] != 0; /* no adapters: the knob's pairs */
+            int rc = decode_run(e, c, o->streams, knob ? NULL : o->set_names[j], knob ? 0 : 4,
+                                o->warm, steps, r * 97 + (uint32_t)j, true, o->lora_only,
+                                knob ? o->ps_pair : NULL, &smp[j][r]);
             if (rc)
                 return rc;
         }
@@ -353,10 +361,11 @@ static int mode_lora(struct engine *e, struct counter *c, const struct opts *o)
             quantile(rw, n_pairs, 0.25), "slowdown_wall_p75", quantile(rw, n_pairs, 0.75),
             "neighbour_load", median(other, o->reps));
         emit(js);
-        fprintf(stderr, "%-8s: %zu pairs; adapted / base step: %+.1f%% cpu (median's 95%% CI "
+        fprintf(stderr, "%-8s: %zu pairs; %s step: %+.1f%% cpu (median's 95%% CI "
                 "%+.1f..%+.1f; p25-p75 %+.1f..%+.1f, repetitions %+.1f..%+.1f), %+.1f%% wall; "
                 "median steps %.2f / %.2f ms cpu\n",
-                o->set_label[j], n_pairs, 100 * (mrc - 1), 100 * (ci_lo - 1), 100 * (ci_hi - 1),
+                o->set_label[j], n_pairs, o->ps_pair[0] ? "B / A" : "adapted / base",
+                100 * (mrc - 1), 100 * (ci_lo - 1), 100 * (ci_hi - 1),
                 100 * (quantile(rc_, n_pairs, 0.25) - 1), 100 * (quantile(rc_, n_pairs, 0.75) - 1),
                 100 * (lo - 1), 100 * (hi - 1), 100 * (mrw - 1), 1e3 * ms, 1e3 * mb);
     }
@@ -447,7 +456,11 @@ static void usage(FILE *f)
 "  --kv-mib N           KV pool (default 512)\n"
 "  --lora-weights auto|bf16|int8  how adapters' weights are packed (default auto)\n"
 "  --lora-only base|adapted  lora: every timed step of that kind, not pairs (to profile one\n"
-"                       kind with perf record; the ratios printed are then ~1)\n");
+"                       kind with perf record; the ratios printed are then ~1)\n"
+"  --panel-streams-pair A,B  lora mode without adapters: each pair runs one step with\n"
+"                       kern_set_panel_streams(A) and one with B (1, 2 or 4), the order\n"
+"                       alternating; the ratios are B / A (a kernel variant measured in one\n"
+"                       process: ~+-1 point where separate runs swing by 10-30 %%)\n");
 }
 
 static int parse_counts(const char *s, struct opts *o)
@@ -500,6 +513,7 @@ int main(int argc, char **argv)
         {"prefill", 1, 0, 'p'},   {"prefill-len", 1, 0, 'l'}, {"step-tokens", 1, 0, 'T'},
         {"kv-mib", 1, 0, 'k'},    {"help", 0, 0, 'h'},     {"one-tenant", 0, 0, 'o'},
         {"lora-weights", 1, 0, 'L'}, {"lora-only", 1, 0, 'O'},
+        {"panel-streams-pair", 1, 0, 'P'},
         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -550,6 +564,14 @@ int main(int argc, char **argv)
             }
             o.lora_only = strcmp(optarg, "base") ? 2 : 1;
             break;
+        case 'P':
+            if (sscanf(optarg, "%d,%d", &o.ps_pair[0], &o.ps_pair[1]) != 2 ||
+                o.ps_pair[0] < 1 || o.ps_pair[0] > 4 || o.ps_pair[1] < 1 || o.ps_pair[1] > 4) {
+                fprintf(stderr, "engine_bench: bad --panel-streams-pair '%s' (A,B: 1, 2 or 4)\n",
+                        optarg);
+                return 2;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -559,6 +581,14 @@ int main(int argc, char **argv)
         o.prefill_len < 2 || o.step_tokens < 16 || o.kv_mib < 1) {
         usage(stderr);
         return 2;
+    }
+    if (o.ps_pair[0] && (strcmp(o.mode, "lora") || o.n_sets)) {
+        fprintf(stderr, "engine_bench: --panel-streams-pair runs in lora mode, without --set\n");
+        return 2;
+    }
+    if (o.ps_pair[0]) { /* one set of the knob's pairs, no adapters */
+        o.set_label[0] = "panel-streams";
+        o.n_sets = 1;
     }
     if (!strcmp(o.mode, "lora") && (o.steps > MAX_STEPS / 2 || o.n_sets == 0)) {
         fprintf(stderr, "engine_bench: lora mode wants one --set at least and --steps <= %d "

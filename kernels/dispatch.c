@@ -265,10 +265,27 @@ int kern_force_isa(enum kern_isa isa)
  * q4_0 up to n = 8, one token tile, where 4 means 2; _mxfp4.c up to n = 4, 4 streams up to
  * n = 2) */
 int kern__panel_streams = 4;
+int kern__qpanel_streams = 2;
 
 void kern_set_panel_streams(int streams)
 {
     kern__panel_streams = streams == 1 ? 1 : streams == 4 ? 4 : 2;
+    kern__qpanel_streams = streams == 1 ? 1 : 2;
+}
+
+/* AMD family 1Ah (Zen 5) or later: CPUID 0's vendor and leaf 1's base + extended family. */
+static int amd_zen5_or_later(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u /* "Auth" */ ||
+        d != 0x69746e65u /* "enti" */ || c != 0x444d4163u /* "cAMD" */)
+        return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    unsigned fam = (a >> 8) & 0xf;
+    if (fam == 0xf)
+        fam += (a >> 20) & 0xff;
+    return fam >= 0x1a;
 }
 
 _Thread_local struct kern__side_pf kern__side KERN__TLS_IE;
@@ -298,6 +315,12 @@ int kern_init(void)
     const char *ps = getenv("CLOCHER_PANEL_STREAMS");
     if (ps && *ps)
         kern_set_panel_streams(atoi(ps));
+    else if (amd_zen5_or_later())
+        /* one stream for the q4_0/q8_0 panels: on Zen 5 the two-stream tiles measured slower
+         * in one process (engine_bench --panel-streams-pair 2,1, session 25: int4 8 streams
+         * -2.5 %, 1 stream -2.4 %, int8 8 streams -5.3 % time); the mxfp4 streams stay (not
+         * measured there) */
+        kern__qpanel_streams = 1;
     const char *s = getenv("CLOCHER_ISA");
     if (s && *s) {
         for (int i = 0; i < 3; i++)

@@ -140,8 +140,10 @@ struct kern_ops {
 /* Written by kern_init()/kern_force_isa() only (dispatch.c), read-only afterwards. Before
  * kern_init() it holds the scalar ISA's table, so a missed kern_init is slow, not a crash. */
 extern struct kern_ops kern__ops;
-/* kern_set_panel_streams' value: 1 or 2 */
+/* kern_set_panel_streams' value: 1, 2 or 4 (the mxfp4 panels and experts) */
 extern int kern__panel_streams;
+/* ... 1 or 2 for the q4_0/q8_0 panels (kern_init: 1 on AMD Zen 5 and later) */
+extern int kern__qpanel_streams;
 /* 1: the AVX-512 kernels may use GFNI (the CPU has it, CLOCHER_GFNI is not 0; dispatch.c) */
 extern int kern__gfni;
 

@@ -61,8 +61,11 @@ int kern_init(void);
  * streams):
  * 2 interleaves two panels half the thread's rows apart, block by block; 1 reads the panels
  * one after another; 4 (the default) interleaves four a quarter apart in the mxfp4 panels at
- * 1-2 tokens and two everywhere else (docs/PERFORMANCE.md "Four DRAM streams, session 22"). Same bits every way. kern_init() takes CLOCHER_PANEL_STREAMS=1|2|4; set it
- * only while no kernel runs (benchmarks and tests compare them). */
+ * 1-2 tokens and two everywhere else (docs/PERFORMANCE.md "Four DRAM streams, session 22"),
+ * except that on AMD Zen 5 and later kern_init() leaves the q4_0/q8_0 panels at one stream
+ * (measured faster there: docs/PERFORMANCE.md "Session 25"). Same bits every way. kern_init()
+ * takes CLOCHER_PANEL_STREAMS=1|2|4 (for every kind); set it only while no kernel runs
+ * (benchmarks and tests compare them). */
 void kern_set_panel_streams(int streams);
 /*
  * Side prefetch (session 24): up to KERN_SIDE_PF_MAX byte ranges that the calling thread's

@@ -899,7 +899,7 @@ INLINE void q4p_gemm(const void *wp, const struct kern_act *a, float *y, size_t 
      * "q4_0 and q8_0 panel products at 8 tokens, session 19") */
     const int np_max = a->n >= 16 ? Q4P_NP : 1;
     const size_t ntiles = (a->n + Q4P_NT - 1) / Q4P_NT;
-    if (Q4P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__panel_streams >= 2) {
+    if (Q4P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__qpanel_streams >= 2) {
         /* 1..8 tokens, one token tile: panel i with panel h + i (gemm_q4p_tile2s, two DRAM
          * streams); with np odd, h - 1 alone (the one-panel tile) */
         const size_t np = (r1 - r0 + PANEL - 1) / PANEL, h = (np + 1) / 2;
@@ -1161,7 +1161,7 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
                                  size_t ldy, size_t r0, size_t r1)
 {
     const size_t nb = a->cols / 32, rb = kern__row_bytes(DT_Q8_0, a->cols);
-    if (a->n == 1 && r1 - r0 > PANEL && kern__panel_streams >= 2) {
+    if (a->n == 1 && r1 - r0 > PANEL && kern__qpanel_streams >= 2) {
         /* the range's panels [0, np): panel i with panel h + i; with np odd, h - 1 alone */
         const size_t np = (r1 - r0 + PANEL - 1) / PANEL, h = (np + 1) / 2;
         for (size_t i = 0; i + h < np; i++) {
@@ -1188,7 +1188,7 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
 #ifndef Q8P_NS2 /* 0: one panel at a time from 2 tokens (kern_bench_ab.sh CFLAGS_A / _B) */
 #define Q8P_NS2 1
 #endif
-    if (Q8P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__panel_streams >= 2) {
+    if (Q8P_NS2 && ntiles == 1 && r1 - r0 > PANEL && kern__qpanel_streams >= 2) {
         /* 2..8 tokens, one token tile: two DRAM streams as at one token, panel i with h + i
          * (NS = 2); with np odd, h - 1 alone */
         const size_t np = (r1 - r0 + PANEL - 1) / PANEL, h = (np + 1) / 2;
