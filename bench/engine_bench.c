@@ -313,8 +313,9 @@ static int mode_lora(struct engine *e, struct counter *c, const struct opts *o)
     for (uint32_t r = 0; r < o->reps; r++)
         for (size_t k = 0; k < o->n_sets; k++) {
             size_t j = (k + r) % o->n_sets; /* rotate the sets' order */
-            const bool knob = o->ps_pair[0] != 0; /* no adapters: the knob's pairs */
-            int rc = decode_run(e, c, o->streams, knob ? NULL : o->set_names[j], knob ? 0 : 4,
+            /* the knob's pairs: both steps adapted by the set, or base without one */
+            const bool knob = o->ps_pair[0] != 0, none = knob && !o->set_names[j][0];
+            int rc = decode_run(e, c, o->streams, none ? NULL : o->set_names[j], none ? 0 : 4,
                                 o->warm, steps, r * 97 + (uint32_t)j, true, o->lora_only,
                                 knob ? o->ps_pair : NULL, &smp[j][r]);
             if (rc)
@@ -457,10 +458,11 @@ static void usage(FILE *f)
 "  --lora-weights auto|bf16|int8  how adapters' weights are packed (default auto)\n"
 "  --lora-only base|adapted  lora: every timed step of that kind, not pairs (to profile one\n"
 "                       kind with perf record; the ratios printed are then ~1)\n"
-"  --panel-streams-pair A,B  lora mode without adapters: each pair runs one step with\n"
+"  --panel-streams-pair A,B  lora mode: each pair runs one step with\n"
 "                       kern_set_panel_streams(A) and one with B (1, 2 or 4), the order\n"
-"                       alternating; the ratios are B / A (a kernel variant measured in one\n"
-"                       process: ~+-1 point where separate runs swing by 10-30 %%)\n");
+"                       alternating, both adapted by each --set or, without one, base-only;\n"
+"                       the ratios are B / A (a kernel variant measured in one process:\n"
+"                       ~+-1 point where separate runs swing by 10-30 %%)\n");
 }
 
 static int parse_counts(const char *s, struct opts *o)
@@ -582,11 +584,11 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (o.ps_pair[0] && (strcmp(o.mode, "lora") || o.n_sets)) {
-        fprintf(stderr, "engine_bench: --panel-streams-pair runs in lora mode, without --set\n");
+    if (o.ps_pair[0] && strcmp(o.mode, "lora")) {
+        fprintf(stderr, "engine_bench: --panel-streams-pair runs in lora mode\n");
         return 2;
     }
-    if (o.ps_pair[0]) { /* one set of the knob's pairs, no adapters */
+    if (o.ps_pair[0] && !o.n_sets) { /* one set of the knob's pairs, no adapters */
         o.set_label[0] = "panel-streams";
         o.n_sets = 1;
     }
