@@ -288,7 +288,7 @@ static int amd_zen5_or_later(void)
     return fam >= 0x1a;
 }
 
-_Thread_local struct kern__side_pf kern__side KERN__TLS_IE;
+_Thread_local struct kern__side_pf kern__side;
 
 void kern_side_prefetch(const void *const *p, const size_t *bytes, size_t n)
 {

@@ -154,17 +154,24 @@ struct kern__side_pf {
     unsigned i, n;
     size_t lines;
 };
-/* initial-exec: the kernels are position-independent code (a static library that may end up
- * in a shared object), where a thread-local's default model is general-dynamic: its address
- * is a __tls_get_addr call to the compiler (the linker relaxes it to a %fs load afterwards,
- * too late for the register allocator). Read in the decode tiles' block loops, that call made
+extern _Thread_local struct kern__side_pf kern__side;
+/*
+ * The calling thread's side list, taken once per tile call before its block loop and passed
+ * in. The kernels are position-independent code, where a thread-local's address is a
+ * __tls_get_addr call to the compiler (the linker relaxes it to a %fs load afterwards, too
+ * late for the register allocator): read inside the decode tiles' block loops, that call made
  * GCC spill and reload the tile's 16+ live zmm accumulators and run vzeroupper every block
- * (perf annotate, session 25). Initial-exec is one load of the variable's %fs offset; it
- * needs the library loaded with the program (not dlopen'd), which is how it is used. */
-#define KERN__TLS_IE __attribute__((tls_model("initial-exec")))
-extern _Thread_local struct kern__side_pf kern__side KERN__TLS_IE;
-/* The calling thread's side list, taken once per tile call before its block loop. */
-static inline struct kern__side_pf *kern__side_list(void) { return &kern__side; }
+ * (perf annotate, session 25: the int4 8-stream decode ran ~15 % slower). The empty asm makes
+ * the address an opaque value computed here, which GCC cannot recompute inside the loop (it
+ * did so with a plain local); the initial-exec TLS model did the same but tripped UBSan's null
+ * check (a false "member access within null pointer" on the address GCC formed for it).
+ */
+static inline struct kern__side_pf *kern__side_list(void)
+{
+    struct kern__side_pf *s = &kern__side;
+    __asm__("" : "+r"(s));
+    return s;
+}
 
 /* One line of the side list, if any: per block of a decode panel tile (a block is ~50-100
  * cycles of a DRAM-bound stream), the gentlest trickle; in bursts per panel pair the requests
