@@ -187,23 +187,6 @@ static inline void kern__side_one(struct kern__side_pf *s)
         s->i++;
 }
 
-/* One step of a streaming panel loop with `iters` steps left (this one included): requests
- * its share of the side list's lines, ceil(left / iters), into L2, so that the list is spread
- * evenly over the loop. A few loads of thread-local state when the list is empty. */
-static inline void kern__side_step(struct kern__side_pf *s, size_t iters)
-{
-    if (!s->lines)
-        return;
-    size_t take = (s->lines + iters - 1) / iters;
-    s->lines -= take;
-    while (take--) {
-        __builtin_prefetch(s->p[s->i], 0, 2); /* prefetcht1: L2 */
-        s->p[s->i] += 64;
-        if (s->p[s->i] >= s->e[s->i])
-            s->i++;
-    }
-}
-
 /* ---- pieces the traits point at ---------------------------------------------------------- */
 
 /* kern_act_prepare per ISA: the scalar specification and two bit-identical SIMD versions. */

@@ -69,8 +69,9 @@ int kern_init(void);
 void kern_set_panel_streams(int streams);
 /*
  * Side prefetch (session 24): up to KERN_SIDE_PF_MAX byte ranges that the calling thread's
- * next streaming panel products (AVX-512 q4_0 and q8_0 panels) request into L2 a few lines at
- * a time, spread over their panel loop, while their own weights stream from DRAM: the LoRA
+ * next streaming panel products (AVX-512 q4_0 and q8_0 panels) request into L2 one line per
+ * block of 32 columns they read, while their own weights stream from DRAM (a burst per panel
+ * made the int8 base's adapted steps ~4 % slower, session 25): the LoRA
  * update's expand reads its B panels right after the base rows it adds to, and at low rank
  * it waited a DRAM latency for their first lines (26-37 % of its samples, perf, session 24),
  * where requesting them all at once waited for fill buffers instead (session 19). What the

@@ -712,7 +712,9 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
                                                           _mm512_setzero_ps());
         xq[j] = a->q + (t + (size_t)j) * a->ld + k0;
     }
+    struct kern__side_pf *const side = kern__side_list(); /* once: internal.h */
     for (size_t b = 0; b < nblk; b++) {
+        kern__side_one(side); /* kern.h kern_side_prefetch */
         const uint8_t *qb = pp + quant_q4p_qoff(k0 / 32 + b, nb);
         /* Q4P_PF ahead in each panel's sequential stream (bench/kern_bench --only batch:
          * 4-16 KiB were best, none or 1 KiB ~15-25% slower from DRAM) */
@@ -930,9 +932,7 @@ INLINE void q4p_gemm(const void *wp, const struct kern_act *a, float *y, size_t 
         }
         return;
     }
-    struct kern__side_pf *const side = kern__side_list(); /* once: internal.h */
     for (size_t r = r0; r < r1; r += (size_t)np_max * PANEL) {
-        kern__side_step(side, (r1 - r + (size_t)np_max * PANEL - 1) / ((size_t)np_max * PANEL));
         __mmask16 rm[Q4P_NP] = {0};
         int np = 0;
         for (; np < np_max && r + (size_t)np * PANEL < r1; np++) {
@@ -1220,9 +1220,7 @@ void kern_gemm_q8_0p_q8_0_avx512(const void *wp, const struct kern_act *a, float
         }
         return;
     }
-    struct kern__side_pf *const side = kern__side_list(); /* once: internal.h */
     for (size_t r = r0; r < r1; r += PANEL) {
-        kern__side_step(side, (r1 - r + PANEL - 1) / PANEL);
         size_t nr = r1 - r < PANEL ? r1 - r : PANEL;
         __mmask16 rm = (__mmask16)((1u << nr) - 1u);
         const uint8_t *pp = (const uint8_t *)wp + r / PANEL * PANEL * rb;
