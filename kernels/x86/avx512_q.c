@@ -34,6 +34,7 @@
 #include "check.h"
 
 #include <immintrin.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -695,6 +696,122 @@ INLINE void panel_store(__m512 *facc, int NT, float *y, size_t ldy, size_t r, __
     }
 }
 
+/*
+ * *p as one vector load. Zen 5 issues two vector loads a cycle (a broadcast is one), and the
+ * one-panel tiles are bound by them (gemm_q4p_tile1); GCC folded the nibble vector into both
+ * the and and the shift, two loads of the same 64 bytes (+2-5 % on the one-panel tile alone,
+ * kern_bench_ab, session 26).
+ */
+INLINE __m512i load512_once(const uint8_t *p)
+{
+    __m512i r;
+    __asm__("vmovdqu64 %[m], %[r]" : [r] "=v"(r) : [m] "m"(*(const __m512i *)(const void *)p));
+    return r;
+}
+
+/*
+ * gemm_q4p_tile's one-panel tile (NP = 1, 1..8 tokens: the decode of a few streams on one DRAM
+ * stream) with fewer vector loads (session 26). On Zen 5 a core issues two vector loads a
+ * cycle, a {1to16} operand is one, and at 8 tokens a block of gemm_q4p_tile made ~93 of them
+ * beside 64 vpdpbusd (32 cycles at two a cycle): it ran at the loads' pace, ~68 % of the
+ * vpdpbusd peak in L2, L3 and from DRAM alike (docs/PERFORMANCE.md "Session 26": probes of
+ * vpdpbusd beside extra loads, shuffles and multiplies). Here a block makes ~73: the nibble
+ * vectors one load each (load512_once), each pair of tokens' {d, ns32} one 16-byte load
+ * repeated in the four lanes and picked by vpshufd (a shuffle issued beside the vpdpbusd at no
+ * cost in the probe) instead of two broadcasts per token, and the float sums in registers
+ * instead of an L1 buffer (8 loads and 8 stores a block). The activation words stay {1to16}
+ * operands: from registers (vbroadcasti32x4 + vpshufd per vpdpbusd) the tile ran at 0.88x, the
+ * shuffles' count then bounding it. The same instructions on the same values in gemm_q4p_tile's
+ * order: the same bits (tests/kern compares every tile with the stored-row GEMM).
+ */
+#ifndef Q4P_T1 /* 0: gemm_q4p_tile instead (bench/kern_bench_ab.sh CFLAGS_A / CFLAGS_B) */
+#define Q4P_T1 1
+#endif
+INLINE __m512i hi_nibbles_gfni(__m512i v);
+_Static_assert(offsetof(struct kern_act_sc, d) == 0 && offsetof(struct kern_act_sc, ns32) == 4 &&
+                   sizeof(struct kern_act_sc) == 8,
+               "gemm_q4p_tile1 picks d and ns32 of two tokens from 16 bytes");
+/* dword w (0..3) of every 128-bit lane of v in all 16 lanes: with v two tokens' {d, ns32}
+ * repeated, w = 0 / 1 the first token's d / ns32, 2 / 3 the second's */
+INLINE __m512i lane_word(__m512i v, int w)
+{
+    switch (w) {
+    case 0: return _mm512_shuffle_epi32(v, _MM_PERM_AAAA);
+    case 1: return _mm512_shuffle_epi32(v, _MM_PERM_BBBB);
+    case 2: return _mm512_shuffle_epi32(v, _MM_PERM_CCCC);
+    default: return _mm512_shuffle_epi32(v, _MM_PERM_DDDD);
+    }
+}
+
+INLINE void gemm_q4p_tile1(const uint8_t *pp, size_t nb, size_t nblk, const struct kern_act *a,
+                           const struct kern_act_sc *sc, size_t k0, size_t t, int NT, float *y,
+                           size_t ldy, size_t r, __mmask16 rm, int add, int gfni)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const int split = NT <= 2;
+    __m512 facc[Q4P_NT];
+    const int8_t *xq[Q4P_NT];
+    sc += k0 / 32 * (size_t)NT;
+    UNROLL for (int j = 0; j < NT; j++)
+    {
+        facc[j] = _mm512_setzero_ps();
+        xq[j] = a->q + (t + (size_t)j) * a->ld + k0;
+    }
+    struct kern__side_pf *const side = kern__side_list(); /* once: internal.h */
+    for (size_t b = 0; b < nblk; b++) {
+        kern__side_one(side); /* kern.h kern_side_prefetch */
+        const uint8_t *qb = pp + quant_q4p_qoff(k0 / 32 + b, nb);
+        UNROLL for (int l = 0; l < 5; l++) /* gemm_q4p_tile's prefetch, one panel */
+            _mm_prefetch((const char *)qb + Q4P_PF + 64 * l, _MM_HINT_T0);
+        const struct kern_act_sc *scb = sc + b * (size_t)NT;
+        /* tokens 2i, 2i + 1's {d, ns32} in every 128-bit lane: one load for both (an odd last
+         * token: its own broadcasts, so no load reaches past the tile's entries) */
+        __m512i scv[Q4P_NT / 2];
+        UNROLL for (int i = 0; i < NT / 2; i++)
+            scv[i] = _mm512_broadcast_i32x4(
+                _mm_loadu_si128((const __m128i *)(const void *)(scb + 2 * i)));
+        __m512i iacc[Q4P_NT], iacc2[Q4P_NT];
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            if (j / 2 < NT / 2)
+                iacc[j] = lane_word(scv[j / 2], 2 * (j % 2) + 1);
+            else
+                iacc[j] = bcast_epi32_ld(&scb[j].ns32);
+            iacc2[j] = _mm512_setzero_si512();
+        }
+        UNROLL for (int g = 0; g < 4; g++)
+        {
+            __m512i v = load512_once(qb + 64 * g);
+            __m512i lo = _mm512_and_si512(v, m4);
+            __m512i hi =
+                gfni ? hi_nibbles_gfni(v) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
+                iacc[j] = dpbusd_bcast(iacc[j], lo, x);
+                if (split)
+                    iacc2[j] = dpbusd_bcast(iacc2[j], hi, x + 16);
+                else
+                    iacc[j] = dpbusd_bcast(iacc[j], hi, x + 16);
+            }
+        }
+        const __m512 s = _mm512_cvtph_ps(
+            _mm256_loadu_si256((const __m256i *)(pp + quant_q4p_soff(k0 / 32 + b, nb))));
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+            __m512 f;
+            if (j / 2 < NT / 2)
+                f = _mm512_mul_ps(_mm512_cvtepi32_ps(ia),
+                                  _mm512_castsi512_ps(lane_word(scv[j / 2], 2 * (j % 2))));
+            else
+                f = mul_bcast_ps(_mm512_cvtepi32_ps(ia), &scb[j].d);
+            facc[j] = _mm512_fmadd_ps(f, s, facc[j]);
+        }
+    }
+    panel_store(facc, NT, y + t * ldy, ldy, r, rm, add);
+}
+
 INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, size_t nblk,
                           const struct kern_act *a, const struct kern_act_sc *sc, size_t k0,
                           size_t t, int NT, float *y, size_t ldy, size_t r,
@@ -741,7 +858,7 @@ INLINE void gemm_q4p_tile(const uint8_t *pp, size_t pstride, int NP, size_t nb, 
             __m512i lo[Q4P_NP], hi[Q4P_NP];
             UNROLL for (int p = 0; p < NP; p++)
             {
-                __m512i v = _mm512_loadu_si512((const void *)(qb + (size_t)p * pstride + 64 * g));
+                __m512i v = load512_once(qb + (size_t)p * pstride + 64 * g);
                 lo[p] = _mm512_and_si512(v, m4);
                 hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
@@ -854,7 +971,7 @@ INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, siz
             }
             UNROLL for (int g = 0; g < 4; g++)
             {
-                __m512i v = _mm512_loadu_si512((const void *)(qb + 64 * g));
+                __m512i v = load512_once(qb + 64 * g);
                 __m512i lo = _mm512_and_si512(v, m4);
                 __m512i hi = gfni ? hi_nibbles_gfni(v)
                                   : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
@@ -919,7 +1036,11 @@ INLINE void q4p_gemm(const void *wp, const struct kern_act *a, float *y, size_t 
                 switch (a->n * 2 + (size_t)two) {
 #define CASE_(T)                                                                             \
     case T * 2:                                                                              \
-        gemm_q4p_tile(pa, pstride, 1, nb, kc / 32, a, sc, k0, 0, T, y, ldy, ra, rm, k0 > 0); \
+        if (Q4P_T1)                                                                          \
+            gemm_q4p_tile1(pa, nb, kc / 32, a, sc, k0, 0, T, y, ldy, ra, rm[0], k0 > 0, gfni); \
+        else                                                                                 \
+            gemm_q4p_tile(pa, pstride, 1, nb, kc / 32, a, sc, k0, 0, T, y, ldy, ra, rm,      \
+                          k0 > 0);                                                           \
         break;                                                                               \
     case T * 2 + 1:                                                                          \
         gemm_q4p_tile2s(pa, pb, nb, kc / 32, a, sc, k0, T, y, ldy, ra, rbb, rm[0], rmb,      \
@@ -950,8 +1071,12 @@ INLINE void q4p_gemm(const void *wp, const struct kern_act *a, float *y, size_t 
                 switch ((size_t)np * 16 + nt) {
 #define CASE_(P, T)                                                                          \
     case P * 16 + T:                                                                         \
-        gemm_q4p_tile(pp, pstride, P, nb, kc / 32, a, sc + t * nb, k0, t, T, y, ldy, r, rm,  \
-                      k0 > 0);                                                               \
+        if (P == 1 && Q4P_T1)                                                                \
+            gemm_q4p_tile1(pp, nb, kc / 32, a, sc + t * nb, k0, t, T, y, ldy, r, rm[0],      \
+                           k0 > 0, gfni);                                                    \
+        else                                                                                 \
+            gemm_q4p_tile(pp, pstride, P, nb, kc / 32, a, sc + t * nb, k0, t, T, y, ldy, r,  \
+                          rm, k0 > 0);                                                       \
         break;
                     CASE_(1, 1) CASE_(1, 2) CASE_(1, 3) CASE_(1, 4) CASE_(1, 5) CASE_(1, 6)
                     CASE_(1, 7) CASE_(1, 8) CASE_(2, 1) CASE_(2, 2) CASE_(2, 3) CASE_(2, 4)
@@ -1034,6 +1159,10 @@ void kern__q4p_pack_avx512(const void *w, size_t cols, void *dst, size_t rows, s
  * Each token's block scale and offset correction come from the [block][token] copy the q4_0
  * tile uses (kern_act.sc): one pointer instead of two per token, which beside
  * the 8 quant pointers overflowed the general registers at 8 tokens.
+ * Each pair of tokens' {d, ns32} is one 16-byte load picked by vpshufd (lane_word), as in
+ * gemm_q4p_tile1: Zen 5 issues two vector loads a cycle and a block at 8 tokens made ~89 of
+ * them beside 64 vpdpbusd; with ~77, kern_bench_ab read 1.10x in L2/L3 and 1.23x from DRAM at
+ * 8 tokens, 1.13x at 2 (session 26), the same bits.
  * pp: the panel (quant.h: block b's quants at quant_q8p_qoff, scales at quant_q8p_soff);
  * blocks [k0/32, k0/32 + nblk) of its nb; sc: the token tile's part of kern_act.sc.
  */
@@ -1064,6 +1193,13 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t 
     struct kern__side_pf *const side = kern__side_list(); /* once: internal.h */
     for (size_t b = 0; b < nblk; b++) {
         kern__side_one(side); /* kern.h kern_side_prefetch */
+        /* tokens 2i, 2i + 1's {d, ns32} from one load (gemm_q4p_tile1: vector loads bound
+         * these tiles on Zen 5); an odd last token's from its own broadcasts */
+        const struct kern_act_sc *scb = sc + b * (size_t)NT;
+        __m512i scv[GEMM_NT / 2];
+        UNROLL for (int i = 0; i < NT / 2; i++)
+            scv[i] = _mm512_broadcast_i32x4(
+                _mm_loadu_si128((const __m128i *)(const void *)(scb + 2 * i)));
         UNROLL for (int u = 0; u < NS; u++)
         {
             const uint8_t *qb = pps[u] + quant_q8p_qoff(k0 / 32 + b, nb);
@@ -1080,7 +1216,8 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t 
             __m512i iacc[GEMM_NT], iacc2[GEMM_NT];
             UNROLL for (int j = 0; j < NT; j++)
             {
-                iacc[j] = bcast_epi32_ld(&sc[b * (size_t)NT + (size_t)j].ns32);
+                iacc[j] = j / 2 < NT / 2 ? lane_word(scv[j / 2], 2 * (j % 2) + 1)
+                                         : bcast_epi32_ld(&scb[j].ns32);
                 iacc2[j] = _mm512_setzero_si512();
             }
             UNROLL for (int g = 0; g < 8; g++)
@@ -1100,8 +1237,19 @@ INLINE void gemm_q8p_tile(const uint8_t *pp, const uint8_t *pp2, int NS, size_t 
                         iacc[j] = dpbusd_bcast(iacc[j], wv, x);
                 }
             }
-            panel_block_fold(pps[u] + quant_q8p_soff(k0 / 32 + b, nb), iacc, iacc2, split,
-                             sc + b * (size_t)NT, NT, facc[u]);
+            /* panel_block_fold's steps, each d from scv */
+            const __m512 sw = _mm512_cvtph_ps(_mm256_loadu_si256(
+                (const __m256i *)(const void *)(pps[u] + quant_q8p_soff(k0 / 32 + b, nb))));
+            UNROLL for (int j = 0; j < NT; j++)
+            {
+                __m512i ia = split ? _mm512_add_epi32(iacc[j], iacc2[j]) : iacc[j];
+                const __m512 fi = _mm512_cvtepi32_ps(ia);
+                __m512 f = j / 2 < NT / 2
+                               ? _mm512_mul_ps(fi, _mm512_castsi512_ps(
+                                                       lane_word(scv[j / 2], 2 * (j % 2))))
+                               : mul_bcast_ps(fi, &scb[j].d);
+                facc[u][j] = _mm512_fmadd_ps(f, sw, facc[u][j]);
+            }
         }
     }
     panel_store(facc[0], NT, y + t * ldy, ldy, r, rm, add);
