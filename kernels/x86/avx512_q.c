@@ -743,11 +743,37 @@ INLINE __m512i lane_word(__m512i v, int w)
     }
 }
 
+/*
+ * The integer dots of one panel block (16 rows x 32 columns at qb) with NT tokens' block b:
+ * per group of 4 columns the nibble vector split (gfni: the high nibbles by one affine op,
+ * the same bytes), then each token's low- and high-nibble vpdpbusd with its activation words
+ * as {1to16} operands, into iacc (and iacc2 for the high ones when split).
+ */
+INLINE void q4p_block_dots(const uint8_t *qb, const int8_t *const *xq, size_t b, int NT,
+                           int split, int gfni, __m512i *iacc, __m512i *iacc2)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    UNROLL for (int g = 0; g < 4; g++)
+    {
+        __m512i v = load512_once(qb + 64 * g);
+        __m512i lo = _mm512_and_si512(v, m4);
+        __m512i hi = gfni ? hi_nibbles_gfni(v) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        UNROLL for (int j = 0; j < NT; j++)
+        {
+            const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
+            iacc[j] = dpbusd_bcast(iacc[j], lo, x);
+            if (split)
+                iacc2[j] = dpbusd_bcast(iacc2[j], hi, x + 16);
+            else
+                iacc[j] = dpbusd_bcast(iacc[j], hi, x + 16);
+        }
+    }
+}
+
 INLINE void gemm_q4p_tile1(const uint8_t *pp, size_t nb, size_t nblk, const struct kern_act *a,
                            const struct kern_act_sc *sc, size_t k0, size_t t, int NT, float *y,
                            size_t ldy, size_t r, __mmask16 rm, int add, int gfni)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
     const int split = NT <= 2;
     __m512 facc[Q4P_NT];
     const int8_t *xq[Q4P_NT];
@@ -779,22 +805,7 @@ INLINE void gemm_q4p_tile1(const uint8_t *pp, size_t nb, size_t nblk, const stru
                 iacc[j] = bcast_epi32_ld(&scb[j].ns32);
             iacc2[j] = _mm512_setzero_si512();
         }
-        UNROLL for (int g = 0; g < 4; g++)
-        {
-            __m512i v = load512_once(qb + 64 * g);
-            __m512i lo = _mm512_and_si512(v, m4);
-            __m512i hi =
-                gfni ? hi_nibbles_gfni(v) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            UNROLL for (int j = 0; j < NT; j++)
-            {
-                const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
-                iacc[j] = dpbusd_bcast(iacc[j], lo, x);
-                if (split)
-                    iacc2[j] = dpbusd_bcast(iacc2[j], hi, x + 16);
-                else
-                    iacc[j] = dpbusd_bcast(iacc[j], hi, x + 16);
-            }
-        }
+        q4p_block_dots(qb, xq, b, NT, split, gfni, iacc, iacc2);
         const __m512 s = _mm512_cvtph_ps(
             _mm256_loadu_si256((const __m256i *)(pp + quant_q4p_soff(k0 / 32 + b, nb))));
         UNROLL for (int j = 0; j < NT; j++)
@@ -943,7 +954,6 @@ INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, siz
                             int NT, float *y, size_t ldy, size_t ra, size_t rb, __mmask16 rma,
                             __mmask16 rmb, int add, int gfni)
 {
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
     const int split = NT <= 2;
     const uint8_t *pp[2] = {pa, pb};
     __m512 facc[2][Q4P_NT];
@@ -969,22 +979,7 @@ INLINE void gemm_q4p_tile2s(const uint8_t *pa, const uint8_t *pb, size_t nb, siz
                 iacc[j] = bcast_epi32_ld(&sc[b * (size_t)NT + (size_t)j].ns32);
                 iacc2[j] = _mm512_setzero_si512();
             }
-            UNROLL for (int g = 0; g < 4; g++)
-            {
-                __m512i v = load512_once(qb + 64 * g);
-                __m512i lo = _mm512_and_si512(v, m4);
-                __m512i hi = gfni ? hi_nibbles_gfni(v)
-                                  : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                UNROLL for (int j = 0; j < NT; j++)
-                {
-                    const int8_t *x = xq[j] + b * 32 + (size_t)g * 4;
-                    iacc[j] = dpbusd_bcast(iacc[j], lo, x);
-                    if (split)
-                        iacc2[j] = dpbusd_bcast(iacc2[j], hi, x + 16);
-                    else
-                        iacc[j] = dpbusd_bcast(iacc[j], hi, x + 16);
-                }
-            }
+            q4p_block_dots(qb, xq, b, NT, split, gfni, iacc, iacc2);
             panel_block_fold(pp[u] + quant_q4p_soff(k0 / 32 + b, nb), iacc, iacc2, split,
                              sc + b * (size_t)NT, NT, facc[u]);
         }
