@@ -34,6 +34,7 @@
 #include "kern.h"
 #include "log.h"
 #include "lora.h"
+#include "matmul.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -156,7 +157,14 @@ struct sample {
     uint64_t tokens;
     double step_cpu[MAX_STEPS];  /* CPU seconds of each timed step */
     double step_wall[MAX_STEPS]; /* wall seconds of each timed step */
+    float step_cyc[MAX_STEPS][MM_CYC_N]; /* --lora-cycles: the fused job's counters over each
+                                          * timed step (matmul.h matmul_lora_cycles_read) */
 };
+
+/* --lora-cycles: on, and the counters' clock against bench_now() from the start */
+static bool g_cycles;
+static double g_cyc_t0;
+static uint64_t g_cyc_c0;
 
 /* Steps until no request is active (after cancelling them all). */
 static int drain(struct engine *e, const uint64_t *ids, size_t n)
@@ -230,10 +238,18 @@ static int decode_run(struct engine *e, struct counter *c, size_t n, const char 
             kern_set_panel_streams(ps_pair[base ? 0 : 1]);
         else if (paired)
             engine__set_lora_bypass(e, base);
+        uint64_t cy0[MM_CYC_N], cy1[MM_CYC_N];
+        if (g_cycles)
+            matmul_lora_cycles_read(cy0);
         double cs = cpu_seconds(), ws = bench_now();
         rc = engine_step(e, &active);
         out->step_wall[slot] = bench_now() - ws;
         out->step_cpu[slot] = cpu_seconds() - cs;
+        if (g_cycles) {
+            matmul_lora_cycles_read(cy1);
+            for (int q = 0; q < MM_CYC_N; q++)
+                out->step_cyc[slot][q] = (float)(cy1[q] - cy0[q]);
+        }
         if (rc)
             break;
     }
@@ -306,6 +322,42 @@ static int mode_scale(struct engine *e, struct counter *c, const struct opts *o)
     return 0;
 }
 
+/*
+ * --lora-cycles: the median over pairs of each counter's CPU milliseconds a step, for the step
+ * in the pair's first place ("base": base-only, or knob A) and the other, and their difference.
+ * Counters in the clock of matmul_lora_cycles_now, turned into ms by its rate against
+ * bench_now() over the whole run.
+ */
+static void print_cycles(const struct sample *sm, const struct opts *o)
+{
+    static const char *const names[MM_CYC_N] = {"base rows", "shrink", "expand", "tasks",
+                                                "job x participants"};
+    const double per_ms = (double)(matmul_lora_cycles_now() - g_cyc_c0) /
+                          ((bench_now() - g_cyc_t0) * 1e3);
+    const size_t n_pairs = (size_t)o->reps * o->steps;
+    static double v[2][MAX_REPS * MAX_STEPS / 2];
+    fprintf(stderr, "  fused job, CPU ms a step (median of pairs; clock %.3f GHz):",
+            per_ms / 1e6);
+    for (int q = 0; q < MM_CYC_N; q++) {
+        for (uint32_t r = 0; r < o->reps; r++)
+            for (uint32_t k = 0; k < o->steps; k++)
+                for (int h = 0; h < 2; h++)
+                    v[h][(size_t)r * o->steps + k] = sm[r].step_cyc[2 * k + h][q] / per_ms;
+        const double a = median(v[0], n_pairs), b = median(v[1], n_pairs);
+        fprintf(stderr, "%s %s %.2f / %.2f", q ? "," : "", names[q], b, a);
+    }
+    /* the step's CPU time outside the fused jobs (norms, attention, sampling, other jobs,
+     * the pool between jobs) */
+    for (uint32_t r = 0; r < o->reps; r++)
+        for (uint32_t k = 0; k < o->steps; k++)
+            for (int h = 0; h < 2; h++)
+                v[h][(size_t)r * o->steps + k] =
+                    1e3 * sm[r].step_cpu[2 * k + h] - sm[r].step_cyc[2 * k + h][MM_CYC_JOB] / per_ms;
+    fprintf(stderr, ", rest of the step %.2f / %.2f", median(v[1], n_pairs),
+            median(v[0], n_pairs));
+    fprintf(stderr, " (%s / %s)\n", o->ps_pair[0] ? "B" : "adapted", o->ps_pair[0] ? "A" : "base");
+}
+
 static int mode_lora(struct engine *e, struct counter *c, const struct opts *o)
 {
     static struct sample smp[MAX_SETS][MAX_REPS];
@@ -369,6 +421,8 @@ static int mode_lora(struct engine *e, struct counter *c, const struct opts *o)
                 100 * (mrc - 1), 100 * (ci_lo - 1), 100 * (ci_hi - 1),
                 100 * (quantile(rc_, n_pairs, 0.25) - 1), 100 * (quantile(rc_, n_pairs, 0.75) - 1),
                 100 * (lo - 1), 100 * (hi - 1), 100 * (mrw - 1), 1e3 * ms, 1e3 * mb);
+        if (g_cycles)
+            print_cycles(smp[j], o);
     }
     return 0;
 }
@@ -456,6 +510,10 @@ static void usage(FILE *f)
 "                       so the engine shares each step's prefill budget between them)\n"
 "  --kv-mib N           KV pool (default 512)\n"
 "  --lora-weights auto|bf16|int8  how adapters' weights are packed (default auto)\n"
+"  --lora-cycles        lora: per step, the fused LoRA job's time by kind (base rows,\n"
+"                       shrink, expand, tasks, job; matmul.h matmul_lora_cycles_enable);\n"
+"                       run base steps in the fused job too (CLOCHER_FWD_ONE_JOB=1) to\n"
+"                       compare them\n"
 "  --lora-only base|adapted  lora: every timed step of that kind, not pairs (to profile one\n"
 "                       kind with perf record; the ratios printed are then ~1)\n"
 "  --panel-streams-pair A,B  lora mode: each pair runs one step with\n"
@@ -515,7 +573,7 @@ int main(int argc, char **argv)
         {"prefill", 1, 0, 'p'},   {"prefill-len", 1, 0, 'l'}, {"step-tokens", 1, 0, 'T'},
         {"kv-mib", 1, 0, 'k'},    {"help", 0, 0, 'h'},     {"one-tenant", 0, 0, 'o'},
         {"lora-weights", 1, 0, 'L'}, {"lora-only", 1, 0, 'O'},
-        {"panel-streams-pair", 1, 0, 'P'},
+        {"panel-streams-pair", 1, 0, 'P'}, {"lora-cycles", 0, 0, 'Y'},
         {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -574,6 +632,9 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'Y':
+            g_cycles = true;
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -624,6 +685,11 @@ int main(int argc, char **argv)
     rc = hotrepl_hugify_default_model(o.model_dir, engine_model(e), &huge);
     for (size_t i = 0; i < o.n_ad && !rc; i++)
         rc = engine_load_adapter(e, o.ad_name[i], o.ad_dir[i]);
+    if (!rc && g_cycles) {
+        matmul_lora_cycles_enable(true);
+        g_cyc_t0 = bench_now();
+        g_cyc_c0 = matmul_lora_cycles_now();
+    }
     if (!rc) {
         if (!strcmp(o.mode, "scale"))
             rc = mode_scale(e, cnt, &o);

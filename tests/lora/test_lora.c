@@ -1465,6 +1465,10 @@ static void test_matmul_fused(void **state)
         matmul_ctx_init(&mcs[pi], pools[pi]);
         mcs[pi].base_one_job = true; /* the batch without adapters runs the fused job too */
     }
+    /* the fused job's cycle accounting (matmul.h), checked at the end */
+    uint64_t cyc0[MM_CYC_N], cyc1[MM_CYC_N];
+    matmul_lora_cycles_read(cyc0);
+    matmul_lora_cycles_enable(true);
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
         const size_t N = ns[ni];
         const struct lora_adapter **who = malloc(N * sizeof *who);
@@ -1572,6 +1576,32 @@ static void test_matmul_fused(void **state)
         lora_plan_fini(&plan);
         free(who);
         free(scale);
+    }
+    /* every kind ran; each base, shrink and expand interval lies inside a task's, and every
+     * task inside its job's time on the caller, which is counted once per participant (the
+     * counters are totals: nothing else in this process runs fused jobs meanwhile) */
+    matmul_lora_cycles_enable(false);
+    matmul_lora_cycles_read(cyc1);
+    uint64_t d[MM_CYC_N];
+    for (int q = 0; q < MM_CYC_N; q++) {
+        d[q] = cyc1[q] - cyc0[q];
+        assert_true(d[q] > 0);
+    }
+    assert_true(d[MM_CYC_BASE] + d[MM_CYC_SHRINK] + d[MM_CYC_EXPAND] <= d[MM_CYC_TASKS]);
+    assert_true(d[MM_CYC_TASKS] <= d[MM_CYC_JOB] + d[MM_CYC_JOB] / 100);
+    /* off: nothing more is counted */
+    {
+        const float xs[40] = {0};
+        float ys[700];
+        const struct matmul_prod one = {&(struct matmul_mat){DT_F32, xs, 1, 40, 0, NULL}, xs, 1,
+                                        ys, 1, LORA_Q};
+        struct lora_plan none;
+        lora_plan_init(&none);
+        assert_int_equal(matmul_group_lora(&mcs[1], &one, 1, &none, 0, NULL), 0);
+        lora_plan_fini(&none);
+        matmul_lora_cycles_read(cyc0);
+        for (int q = 0; q < MM_CYC_N; q++)
+            assert_true(cyc0[q] == cyc1[q]);
     }
     for (int pi = 0; pi < 3; pi++)
         matmul_ctx_fini(&mcs[pi]);

@@ -66,8 +66,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #if defined(__x86_64__)
-#include <immintrin.h> /* _mm_pause, _mm_prefetch (SSE, baseline x86-64) */
+#include <immintrin.h>  /* _mm_pause, _mm_prefetch (SSE, baseline x86-64) */
+#include <x86intrin.h> /* __rdtsc */
 #endif
 
 #ifndef MM_TILE /* MM_GUIDED 0 only */
@@ -135,6 +137,45 @@
 #endif
 
 enum { TK_PREP, TK_SHRINK, TK_BASE };
+
+/* ---- cycle accounting (matmul.h matmul_lora_cycles_enable) ------------------------------- */
+
+static atomic_bool g_cyc_on;
+/* totals by enum matmul_cyc; relaxed adds: the reader reads them after the step, whose pool
+ * joins order every participant's adds before its return */
+static _Atomic uint64_t g_cyc[MM_CYC_N];
+
+uint64_t matmul_lora_cycles_now(void)
+{
+#if defined(__x86_64__)
+    return __rdtsc();
+#else
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+#endif
+}
+
+void matmul_lora_cycles_enable(bool on) { atomic_store(&g_cyc_on, on); }
+
+void matmul_lora_cycles_read(uint64_t out[MM_CYC_N])
+{
+    for (int k = 0; k < MM_CYC_N; k++)
+        out[k] = atomic_load_explicit(&g_cyc[k], memory_order_relaxed);
+}
+
+/* The clock now when the accounting is on, else 0 (then cyc_add does nothing). */
+static inline uint64_t cyc_start(void)
+{
+    return atomic_load_explicit(&g_cyc_on, memory_order_relaxed) ? matmul_lora_cycles_now() : 0;
+}
+
+static inline void cyc_add(enum matmul_cyc k, uint64_t t0, uint64_t times)
+{
+    if (t0)
+        atomic_fetch_add_explicit(&g_cyc[k], (matmul_lora_cycles_now() - t0) * times,
+                                  memory_order_relaxed);
+}
 
 struct task {
     uint32_t kind, prod; /* prod: the input's index for TK_PREP (SHRINK: unused) */
@@ -493,17 +534,21 @@ static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
                         lora__fa_offset(ad, t, pc[q].k1) - lora__fa_offset(ad, t, pc[q].k0));
         }
     const bool once = ad->fast_dt == LORA_DT_I8 || seg_bf16x(j, s); /* x prepared once */
+    uint64_t t0 = cyc_start();
     if (ad->fast_dt == LORA_DT_I8)
         shrink_i8(j, s, pc, np);
     else if (once)
         shrink_bf16x(j, s, pc, np);
+    cyc_add(MM_CYC_SHRINK, t0, 1);
     for (size_t q = 0; q < np; q++) {
         const struct matmul_prod *pr = &j->g[pc[q].prod];
         if (!once) {
             const struct lora_weights *w = lora_weights(ad, j->layer, pr->t);
             const size_t in = ad->in[pr->t];
+            t0 = cyc_start();
             lora__shrink(ad, w->fa, in, pr->x + s->t0 * in, s->n,
                          j->tmp + pc[q].prod * j->p->tmp_floats + s->tmp0, pc[q].k0, pc[q].k1);
+            cyc_add(MM_CYC_SHRINK, t0, 1);
         }
         const size_t prod = pc[q].prod;
         if (atomic_fetch_add_explicit(&j->shrink_done[prod], pc[q].units,
@@ -540,6 +585,7 @@ static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
     const struct lora_plan *p = j->p;
     const struct matmul_prod *pr = &j->g[prod];
     const size_t c0 = j->tiles[tile].r0, c1 = j->tiles[tile].r1;
+    const uint64_t t0 = cyc_start();
     if (j->prefetch && fetch)
         prefetch_tile(j, prod, tile);
     for (size_t si = 0; si < p->n_segs; si++) {
@@ -557,6 +603,7 @@ static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
         lora__expand(s->ad, w->fbt, j->tmp + prod * p->tmp_floats + s->tmp0, s->n,
                      p->scale + s->t0, pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
     }
+    cyc_add(MM_CYC_EXPAND, t0, 1);
 }
 
 /* Puts tile `tile`'s B^T panels, every segment's, on the thread's side list (kern.h
@@ -576,6 +623,15 @@ static void side_tile(const struct job *j, size_t prod, size_t tile)
         bytes[n++] = lora__fbt_offset(p->segs[si].ad, c1) - lora__fbt_offset(p->segs[si].ad, c0);
     }
     kern_side_prefetch(at, bytes, n);
+}
+
+/* Base rows [r0, r1) of product pr (matmul__rows), counted as MM_CYC_BASE. */
+static inline void base_rows(const struct matmul_prod *pr, const struct kern_act *a, size_t r0,
+                             size_t r1)
+{
+    const uint64_t t0 = cyc_start();
+    matmul__rows(pr, a, r0, r1);
+    cyc_add(MM_CYC_BASE, t0, 1);
 }
 
 static inline void run_base(struct job *j, const struct task *tk)
@@ -600,17 +656,17 @@ static inline void run_base(struct job *j, const struct task *tk)
         if (j->prefetch && r1 - r0 > MM_TAIL)
             mid += (r1 - r0 - MM_TAIL) / 16 * 16;
         if (mid > r0)
-            matmul__rows(pr, &j->A.a[ai], r0, mid);
+            base_rows(pr, &j->A.a[ai], r0, mid);
         if (j->prefetch)
             prefetch_tile(j, tk->prod, tk->a);
-        matmul__rows(pr, &j->A.a[ai], mid, r1);
+        base_rows(pr, &j->A.a[ai], mid, r1);
         if (side)
             kern_side_prefetch(NULL, NULL, 0);
         /* the last shrink may still be running: then its task expands the tile */
         if (tile_arrive(j, tk->a))
             expand_tile(j, tk->prod, tk->a, false);
     } else {
-        matmul__rows(pr, &j->A.a[ai], r0, r1);
+        base_rows(pr, &j->A.a[ai], r0, r1);
         if (side)
             kern_side_prefetch(NULL, NULL, 0);
         if (j->shrink_want[tk->prod] && tile_arrive(j, tk->a))
@@ -623,6 +679,7 @@ static void run_task(void *ctx, size_t task, int thread)
     (void)thread;
     struct job *j = ctx;
     const struct task *tk = &j->tasks[task];
+    const uint64_t t0 = cyc_start();
     switch (tk->kind) {
     case TK_PREP:
         run_prep(j, tk);
@@ -636,6 +693,7 @@ static void run_task(void *ctx, size_t task, int thread)
     default:
         CHECK(0);
     }
+    cyc_add(MM_CYC_TASKS, t0, 1);
 }
 
 /* ---- building the task list -------------------------------------------------------------- */
@@ -1014,11 +1072,13 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     if (j.prefetch)
         for (size_t i = 0; i < MM_LOOKAHEAD; i++)
             prefetch_if_shrink(&j, i);
+    const uint64_t t0 = cyc_start();
     if (mc->pool)
         pool_run(mc->pool, run_task, &j, cu.nt);
     else
         for (size_t i = 0; i < cu.nt; i++)
             run_task(&j, i, 0);
+    cyc_add(MM_CYC_JOB, t0, j.n_part);
     return 0;
 }
 
