@@ -68,6 +68,7 @@ struct opts {
     size_t n_sets;
     uint32_t prefill_prompts, prefill_len, step_tokens;
     uint64_t kv_mib;
+    enum dtype kv_dtype;                  /* --kv-dtype */
     bool one_tenant;                      /* prefill: all prompts from one tenant */
     enum lora_pack lora_weights;          /* --lora-weights */
     int lora_only;                        /* --lora-only: 0 pairs, 1 every step base-only,
@@ -509,6 +510,7 @@ static void usage(FILE *f)
 "  --one-tenant         prefill: every prompt from one tenant (default: one tenant each,\n"
 "                       so the engine shares each step's prefill budget between them)\n"
 "  --kv-mib N           KV pool (default 512)\n"
+"  --kv-dtype T         KV cache element type: f32 (default), f16, bf16, int8, fp8\n"
 "  --lora-weights auto|bf16|int8  how adapters' weights are packed (default auto)\n"
 "  --lora-cycles        lora: per step, the fused LoRA job's time by kind (base rows,\n"
 "                       shrink, expand, tasks, job; matmul.h matmul_lora_cycles_enable);\n"
@@ -563,7 +565,7 @@ int main(int argc, char **argv)
 {
     struct opts o = {.threads = 2, .steps = 16, .warm = 2, .reps = 5, .streams = 8,
                      .prefill_prompts = 4, .prefill_len = 1024, .step_tokens = 512,
-                     .kv_mib = 512};
+                     .kv_mib = 512, .kv_dtype = DT_F32};
     o.counts[0] = 8;
     o.n_counts = 1;
     static const struct option lo[] = {
@@ -571,7 +573,7 @@ int main(int argc, char **argv)
         {"reps", 1, 0, 'r'},      {"steps", 1, 0, 's'},    {"warm", 1, 0, 'w'},
         {"streams", 1, 0, 'n'},   {"adapter", 1, 0, 'a'},  {"set", 1, 0, 'S'},
         {"prefill", 1, 0, 'p'},   {"prefill-len", 1, 0, 'l'}, {"step-tokens", 1, 0, 'T'},
-        {"kv-mib", 1, 0, 'k'},    {"help", 0, 0, 'h'},     {"one-tenant", 0, 0, 'o'},
+        {"kv-mib", 1, 0, 'k'}, {"kv-dtype", 1, 0, 'D'},    {"help", 0, 0, 'h'},     {"one-tenant", 0, 0, 'o'},
         {"lora-weights", 1, 0, 'L'}, {"lora-only", 1, 0, 'O'},
         {"panel-streams-pair", 1, 0, 'P'}, {"lora-cycles", 0, 0, 'Y'},
         {0, 0, 0, 0}};
@@ -612,6 +614,13 @@ int main(int argc, char **argv)
         case 'l': o.prefill_len = (uint32_t)atoi(optarg); break;
         case 'T': o.step_tokens = (uint32_t)atoi(optarg); break;
         case 'k': o.kv_mib = (uint64_t)atoll(optarg); break;
+        case 'D':
+            if (dtype_kv_from_name(optarg, &o.kv_dtype) != 0) {
+                fprintf(stderr, "engine_bench: bad --kv-dtype '%s' (f32, f16, bf16, int8, fp8)\n",
+                        optarg);
+                return 2;
+            }
+            break;
         case 'o': o.one_tenant = true; break;
         case 'L':
             if (lora_pack_parse(optarg, &o.lora_weights))
@@ -665,7 +674,7 @@ int main(int argc, char **argv)
         max_n = o.prefill_prompts;
     struct counter *cnt = calloc(1, sizeof *cnt);
     struct engine_config cfg = {.model_dir = o.model_dir, .n_threads = o.threads,
-                                .kv_budget_bytes = o.kv_mib << 20, .kv_dtype = DT_F32,
+                                .kv_budget_bytes = o.kv_mib << 20, .kv_dtype = o.kv_dtype,
                                 .max_step_tokens = o.step_tokens,
                                 .max_running = (uint32_t)(max_n > 16 ? max_n : 16),
                                 .prefix_cache = false, .lora_pack = (int)o.lora_weights};
