@@ -754,6 +754,43 @@ static inline __attribute__((always_inline)) void dec_prefetch(const void *k, si
     }
 }
 
+/*
+ * qp [hd/2][8][2] = the rows' (q[r][2p], q[r][2p + 1]) pairs for r < nq, zero pairs for the
+ * rows past nq: as 64-bit elements, an 8 x (hd/2) transpose, done in 8 x 8 blocks by unpacks
+ * and 128-bit lane shuffles (bits moved, never computed on), for hd a multiple of 16. One float at a time it was a
+ * third of this kernel's samples at 8 streams and short contexts (perf, session 27).
+ */
+static void dec_gather_q(float *qp, const float *const *q, size_t nq, size_t hd)
+{
+    /* hd a multiple of 16 (the walk's contract, below): whole 8 x 8 blocks of pairs */
+    double *out = (double *)(void *)qp; /* [hd/2][8] pairs */
+    for (size_t p0 = 0; p0 < hd / 2; p0 += 8) {
+        __m512d v[DEC_ROWS];
+        for (size_t r = 0; r < DEC_ROWS; r++) /* pairs p0..p0+7 of row r */
+            v[r] = r < nq ? _mm512_castps_pd(_mm512_loadu_ps(q[r] + 2 * p0))
+                          : _mm512_setzero_pd();
+        __m512d t[DEC_ROWS], u[DEC_ROWS];
+        for (size_t r = 0; r < DEC_ROWS; r += 2) { /* rows r, r+1: even pairs; odd pairs */
+            t[r] = _mm512_unpacklo_pd(v[r], v[r + 1]);
+            t[r + 1] = _mm512_unpackhi_pd(v[r], v[r + 1]);
+        }
+        for (size_t h = 0; h < 2; h++) { /* rows 0-3, then 4-7 */
+            __m512d *a = t + 4 * h, *b = u + 4 * h;
+            b[0] = _mm512_shuffle_f64x2(a[0], a[2], 0x88); /* pairs 0, 4 */
+            b[1] = _mm512_shuffle_f64x2(a[0], a[2], 0xdd); /* 2, 6 */
+            b[2] = _mm512_shuffle_f64x2(a[1], a[3], 0x88); /* 1, 5 */
+            b[3] = _mm512_shuffle_f64x2(a[1], a[3], 0xdd); /* 3, 7 */
+        }
+        static const int pair_of[4] = {0, 2, 1, 3}; /* u[k] holds pairs pair_of[k], +4 */
+        for (size_t k = 0; k < 4; k++) {
+            _mm512_store_pd(out + (p0 + (size_t)pair_of[k]) * DEC_ROWS,
+                            _mm512_shuffle_f64x2(u[k], u[k + 4], 0x88));
+            _mm512_store_pd(out + (p0 + (size_t)pair_of[k] + 4) * DEC_ROWS,
+                            _mm512_shuffle_f64x2(u[k], u[k + 4], 0xdd));
+        }
+    }
+}
+
 /* kern_attn_blocks (kern.h) for nq <= 8 rows, bt == 16, hd a multiple of 16, kvt f32, f16,
  * bf16 or an 8-bit KV type (attn.c's kern_attn_blocks_fits also asks nq >= 4). */
 void kern_attn_blocks_avx512(enum dtype kvt, const float *const *q, float *const *o, float *m,
@@ -769,9 +806,7 @@ void kern_attn_blocks_avx512(enum dtype kvt, const float *const *q, float *const
     float vw[DEC_SPAN * KERN_ATTN_HD_MAX] __attribute__((aligned(64))); /* [16][hd] widened V */
     float wt[DEC_SPAN * DEC_ROWS] __attribute__((aligned(64)));         /* [16][8] weights */
     float corr[DEC_ROWS] __attribute__((aligned(32)));
-    for (size_t d = 0; d < hd; d++)
-        for (size_t r = 0; r < DEC_ROWS; r++)
-            qp[d / 2 * 16 + r * 2 + d % 2] = r < nq ? q[r][d] : 0.0f;
+    dec_gather_q(qp, q, nq, hd);
     const __mmask8 rows = (__mmask8)((1u << nq) - 1u);
     __m256 vm = _mm256_mask_loadu_ps(_mm256_setzero_ps(), rows, m);
     __m256 vl = _mm256_mask_loadu_ps(_mm256_setzero_ps(), rows, l);
