@@ -158,7 +158,7 @@ struct sample {
     uint64_t tokens;
     double step_cpu[MAX_STEPS];  /* CPU seconds of each timed step */
     double step_wall[MAX_STEPS]; /* wall seconds of each timed step */
-    float step_cyc[MAX_STEPS][MM_CYC_N]; /* --lora-cycles: the fused job's counters over each
+    float step_cyc[MAX_STEPS][MATMUL_CYC_N]; /* --lora-cycles: the fused job's counters over each
                                           * timed step (matmul.h matmul_lora_cycles_read) */
 };
 
@@ -239,7 +239,7 @@ static int decode_run(struct engine *e, struct counter *c, size_t n, const char 
             kern_set_panel_streams(ps_pair[base ? 0 : 1]);
         else if (paired)
             engine__set_lora_bypass(e, base);
-        uint64_t cy0[MM_CYC_N], cy1[MM_CYC_N];
+        uint64_t cy0[MATMUL_CYC_N], cy1[MATMUL_CYC_N];
         if (g_cycles)
             matmul_lora_cycles_read(cy0);
         double cs = cpu_seconds(), ws = bench_now();
@@ -248,7 +248,7 @@ static int decode_run(struct engine *e, struct counter *c, size_t n, const char 
         out->step_cpu[slot] = cpu_seconds() - cs;
         if (g_cycles) {
             matmul_lora_cycles_read(cy1);
-            for (int q = 0; q < MM_CYC_N; q++)
+            for (int q = 0; q < MATMUL_CYC_N; q++)
                 out->step_cyc[slot][q] = (float)(cy1[q] - cy0[q]);
         }
         if (rc)
@@ -331,7 +331,7 @@ static int mode_scale(struct engine *e, struct counter *c, const struct opts *o)
  */
 static void print_cycles(const struct sample *sm, const struct opts *o)
 {
-    static const char *const names[MM_CYC_N] = {"base rows", "shrink", "expand", "tasks",
+    static const char *const names[MATMUL_CYC_N] = {"base rows", "shrink", "expand", "tasks",
                                                 "job x participants"};
     const double per_ms = (double)(matmul_lora_cycles_now() - g_cyc_c0) /
                           ((bench_now() - g_cyc_t0) * 1e3);
@@ -339,7 +339,7 @@ static void print_cycles(const struct sample *sm, const struct opts *o)
     static double v[2][MAX_REPS * MAX_STEPS / 2];
     fprintf(stderr, "  fused job, CPU ms a step (median of pairs; clock %.3f GHz):",
             per_ms / 1e6);
-    for (int q = 0; q < MM_CYC_N; q++) {
+    for (int q = 0; q < MATMUL_CYC_N; q++) {
         for (uint32_t r = 0; r < o->reps; r++)
             for (uint32_t k = 0; k < o->steps; k++)
                 for (int h = 0; h < 2; h++)
@@ -352,8 +352,8 @@ static void print_cycles(const struct sample *sm, const struct opts *o)
     for (uint32_t r = 0; r < o->reps; r++)
         for (uint32_t k = 0; k < o->steps; k++)
             for (int h = 0; h < 2; h++)
-                v[h][(size_t)r * o->steps + k] =
-                    1e3 * sm[r].step_cpu[2 * k + h] - sm[r].step_cyc[2 * k + h][MM_CYC_JOB] / per_ms;
+                v[h][(size_t)r * o->steps + k] = 1e3 * sm[r].step_cpu[2 * k + h] -
+                                                 sm[r].step_cyc[2 * k + h][MATMUL_CYC_JOB] / per_ms;
     fprintf(stderr, ", rest of the step %.2f / %.2f", median(v[1], n_pairs),
             median(v[0], n_pairs));
     fprintf(stderr, " (%s / %s)\n", o->ps_pair[0] ? "B" : "adapted", o->ps_pair[0] ? "A" : "base");

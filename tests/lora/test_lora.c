@@ -1466,7 +1466,7 @@ static void test_matmul_fused(void **state)
         mcs[pi].base_one_job = true; /* the batch without adapters runs the fused job too */
     }
     /* the fused job's cycle accounting (matmul.h), checked at the end */
-    uint64_t cyc0[MM_CYC_N], cyc1[MM_CYC_N];
+    uint64_t cyc0[MATMUL_CYC_N], cyc1[MATMUL_CYC_N];
     matmul_lora_cycles_read(cyc0);
     matmul_lora_cycles_enable(true);
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
@@ -1582,13 +1582,13 @@ static void test_matmul_fused(void **state)
      * counters are totals: nothing else in this process runs fused jobs meanwhile) */
     matmul_lora_cycles_enable(false);
     matmul_lora_cycles_read(cyc1);
-    uint64_t d[MM_CYC_N];
-    for (int q = 0; q < MM_CYC_N; q++) {
+    uint64_t d[MATMUL_CYC_N];
+    for (int q = 0; q < MATMUL_CYC_N; q++) {
         d[q] = cyc1[q] - cyc0[q];
         assert_true(d[q] > 0);
     }
-    assert_true(d[MM_CYC_BASE] + d[MM_CYC_SHRINK] + d[MM_CYC_EXPAND] <= d[MM_CYC_TASKS]);
-    assert_true(d[MM_CYC_TASKS] <= d[MM_CYC_JOB] + d[MM_CYC_JOB] / 100);
+    assert_true(d[MATMUL_CYC_BASE] + d[MATMUL_CYC_SHRINK] + d[MATMUL_CYC_EXPAND] <= d[MATMUL_CYC_TASKS]);
+    assert_true(d[MATMUL_CYC_TASKS] <= d[MATMUL_CYC_JOB] + d[MATMUL_CYC_JOB] / 100);
     /* off: nothing more is counted */
     {
         const float xs[40] = {0};
@@ -1600,7 +1600,7 @@ static void test_matmul_fused(void **state)
         assert_int_equal(matmul_group_lora(&mcs[1], &one, 1, &none, 0, NULL), 0);
         lora_plan_fini(&none);
         matmul_lora_cycles_read(cyc0);
-        for (int q = 0; q < MM_CYC_N; q++)
+        for (int q = 0; q < MATMUL_CYC_N; q++)
             assert_true(cyc0[q] == cyc1[q]);
     }
     for (int pi = 0; pi < 3; pi++)

@@ -218,22 +218,29 @@ bool matmul_lora_adapts(const struct lora_plan *p, uint32_t layer, const struct 
  * "Session 27"): while enabled, every fused job adds the cycles its participants spend in
  * each kind of work to process-wide counters, read as totals since the process started. The
  * clock is the TSC on x86-64 (constant rate on the CPUs this runs on; the reader calibrates it)
- * and CLOCK_MONOTONIC nanoseconds elsewhere. Off (the default) it costs one predictable
- * branch per task.
- *   MM_CYC_BASE    base rows (the panel or row products of the tiles)
- *   MM_CYC_SHRINK  shrink kernels, T = X A^T
- *   MM_CYC_EXPAND  expands, y += s T B^T (whoever runs them)
- *   MM_CYC_TASKS   every task from claim to return: the three above plus bookkeeping and
- *                  waits for PREP tasks
- *   MM_CYC_JOB     the job's time on the calling thread times its participants: TASKS plus
- *                  the pool's claims and joins (the spin at the end of a job)
+ * and CLOCK_MONOTONIC nanoseconds elsewhere. Off (the default) it costs a predictable branch
+ * per counted call.
+ *   MATMUL_CYC_BASE    base rows (the panel or row products of the tiles)
+ *   MATMUL_CYC_SHRINK  shrink kernels, T = X A^T
+ *   MATMUL_CYC_EXPAND  expands, y += s T B^T (whoever runs them)
+ *   MATMUL_CYC_TASKS   every task from claim to return: the three above plus bookkeeping
+ *                      and waits for PREP tasks
+ *   MATMUL_CYC_JOB     the job's time on the calling thread times its participants: TASKS
+ *                      plus the pool's claims and joins (the spin at the end of a job)
  * A group without adapters runs as matmul_group, outside these counters, unless the context's
  * base_one_job is set (CLOCHER_FWD_ONE_JOB=1 in the engine): compare a base step's counters with
  * an adapted one's under it.
  */
-enum matmul_cyc { MM_CYC_BASE, MM_CYC_SHRINK, MM_CYC_EXPAND, MM_CYC_TASKS, MM_CYC_JOB, MM_CYC_N };
+enum matmul_cyc {
+    MATMUL_CYC_BASE,
+    MATMUL_CYC_SHRINK,
+    MATMUL_CYC_EXPAND,
+    MATMUL_CYC_TASKS,
+    MATMUL_CYC_JOB,
+    MATMUL_CYC_N
+};
 void matmul_lora_cycles_enable(bool on);
-void matmul_lora_cycles_read(uint64_t out[MM_CYC_N]);
+void matmul_lora_cycles_read(uint64_t out[MATMUL_CYC_N]);
 /* the counters' clock now (what they count in) */
 uint64_t matmul_lora_cycles_now(void);
 

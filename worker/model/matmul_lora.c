@@ -143,7 +143,7 @@ enum { TK_PREP, TK_SHRINK, TK_BASE };
 static atomic_bool g_cyc_on;
 /* totals by enum matmul_cyc; relaxed adds: the reader reads them after the step, whose pool
  * joins order every participant's adds before its return */
-static _Atomic uint64_t g_cyc[MM_CYC_N];
+static _Atomic uint64_t g_cyc[MATMUL_CYC_N];
 
 uint64_t matmul_lora_cycles_now(void)
 {
@@ -158,9 +158,9 @@ uint64_t matmul_lora_cycles_now(void)
 
 void matmul_lora_cycles_enable(bool on) { atomic_store(&g_cyc_on, on); }
 
-void matmul_lora_cycles_read(uint64_t out[MM_CYC_N])
+void matmul_lora_cycles_read(uint64_t out[MATMUL_CYC_N])
 {
-    for (int k = 0; k < MM_CYC_N; k++)
+    for (int k = 0; k < MATMUL_CYC_N; k++)
         out[k] = atomic_load_explicit(&g_cyc[k], memory_order_relaxed);
 }
 
@@ -539,7 +539,7 @@ static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
         shrink_i8(j, s, pc, np);
     else if (once)
         shrink_bf16x(j, s, pc, np);
-    cyc_add(MM_CYC_SHRINK, t0, 1);
+    cyc_add(MATMUL_CYC_SHRINK, t0, 1);
     for (size_t q = 0; q < np; q++) {
         const struct matmul_prod *pr = &j->g[pc[q].prod];
         if (!once) {
@@ -548,7 +548,7 @@ static inline void run_shrink(struct job *j, const struct task *tk, size_t task)
             t0 = cyc_start();
             lora__shrink(ad, w->fa, in, pr->x + s->t0 * in, s->n,
                          j->tmp + pc[q].prod * j->p->tmp_floats + s->tmp0, pc[q].k0, pc[q].k1);
-            cyc_add(MM_CYC_SHRINK, t0, 1);
+            cyc_add(MATMUL_CYC_SHRINK, t0, 1);
         }
         const size_t prod = pc[q].prod;
         if (atomic_fetch_add_explicit(&j->shrink_done[prod], pc[q].units,
@@ -603,7 +603,7 @@ static void expand_tile(struct job *j, size_t prod, size_t tile, bool fetch)
         lora__expand(s->ad, w->fbt, j->tmp + prod * p->tmp_floats + s->tmp0, s->n,
                      p->scale + s->t0, pr->y + s->t0 * pr->ldy, pr->ldy, c0, c1);
     }
-    cyc_add(MM_CYC_EXPAND, t0, 1);
+    cyc_add(MATMUL_CYC_EXPAND, t0, 1);
 }
 
 /* Puts tile `tile`'s B^T panels, every segment's, on the thread's side list (kern.h
@@ -625,13 +625,13 @@ static void side_tile(const struct job *j, size_t prod, size_t tile)
     kern_side_prefetch(at, bytes, n);
 }
 
-/* Base rows [r0, r1) of product pr (matmul__rows), counted as MM_CYC_BASE. */
+/* Base rows [r0, r1) of product pr (matmul__rows), counted as MATMUL_CYC_BASE. */
 static inline void base_rows(const struct matmul_prod *pr, const struct kern_act *a, size_t r0,
                              size_t r1)
 {
     const uint64_t t0 = cyc_start();
     matmul__rows(pr, a, r0, r1);
-    cyc_add(MM_CYC_BASE, t0, 1);
+    cyc_add(MATMUL_CYC_BASE, t0, 1);
 }
 
 static inline void run_base(struct job *j, const struct task *tk)
@@ -693,7 +693,7 @@ static void run_task(void *ctx, size_t task, int thread)
     default:
         CHECK(0);
     }
-    cyc_add(MM_CYC_TASKS, t0, 1);
+    cyc_add(MATMUL_CYC_TASKS, t0, 1);
 }
 
 /* ---- building the task list -------------------------------------------------------------- */
@@ -1078,7 +1078,7 @@ static int fused(struct matmul_ctx *mc, const struct matmul_prod *g, size_t k,
     else
         for (size_t i = 0; i < cu.nt; i++)
             run_task(&j, i, 0);
-    cyc_add(MM_CYC_JOB, t0, j.n_part);
+    cyc_add(MATMUL_CYC_JOB, t0, j.n_part);
     return 0;
 }
 
