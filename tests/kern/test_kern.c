@@ -680,7 +680,7 @@ static void test_act_prepare(void **state)
 static void test_act_prepare_isas_identical(void **state)
 {
     const struct isa_case *c = isa_case_begin(state);
-    static const size_t colss[] = {32, 96, 160, 1000, 1030};
+    static const size_t colss[] = {32, 96, 160, 544, 1000, 1030, 2048};
     static const enum dtype types[] = {DT_Q8_0, DT_Q4_0, DT_BF16};
     for (size_t ci = 0; ci < sizeof colss / sizeof colss[0]; ci++)
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
