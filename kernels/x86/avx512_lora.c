@@ -9,8 +9,9 @@
  * the update becomes one load and one instruction per token per 32 weights.
  *
  * shrink: rank rows are dot products along `in`, where both A and x are contiguous: x is
- *   rounded to bf16 32 columns at a time (once per block of up to 4 rank rows) and each
- *   (rank row, token) pair keeps one 16-lane accumulator, reduced at the end.
+ *   rounded to bf16 32 columns at a time (once per call, or per block of up to 4 rank rows)
+ *   and each (rank row, token) pair keeps two 16-lane accumulators (even and odd 32-column
+ *   chunks), added and reduced at the end.
  * expand: B^T panels hold 32 columns per rank row; vdpbf16ps wants pairs along the summed
  *   index (rank), so rows k and k+1 are interleaved in registers (vpunpck{l,h}wd: per 128-bit
  *   lane, columns 8L..8L+3 and 8L+4..8L+7) and the two accumulators are put back in column
@@ -30,11 +31,13 @@
 #include <string.h>
 
 #define TGT __attribute__((always_inline)) static inline
-/* The shrinks request the rank rows this far ahead (the next block of 4) as they read a
+/* The int8 shrink requests the rank rows this far ahead (the next block of 4) as it reads a
  * block: past the call's last rows these are the next product's or adapter's first rows
  * (worker/model/lora_pack.c lays a job's A blocks back to back); a prefetch never faults. */
 #define SHRINK_PF 4u
 #define UNROLL _Pragma("GCC unroll 4")
+/* bytes of a shrink block's x (NT tokens as bf16) above which 3-4 tokens take 4-row blocks */
+#define SHRINK_X_L1 (24u << 10)
 
 /* 32 columns of x from c as bf16 (lanes past `in` are 0 and never read) */
 TGT __m512bh x32(const float *x, size_t c, size_t in)
@@ -62,47 +65,88 @@ TGT __m512bh a32(const uint16_t *a, size_t c, size_t in)
 }
 
 /* KR rank rows from k x NT tokens (constants after inlining); xb: x already as bf16, [NT][ldx]
- * (zeros past in), or NULL: convert x here */
+ * (zeros past in), or NULL: convert x here. Each (rank row, token) pair sums the even 32-column
+ * chunks in acc and the odd ones in acc2, added before the final reduction: two dependency
+ * chains per pair, since at one or two tokens a segment (decode) four rows' single chains left
+ * vdpbf16ps waiting on its own latency (scratch probe, session 28: 1.50 -> 1.30 TSC cycles per
+ * 64 bytes of A from L2; in the engine the shrink -10..-17 %). The order does not depend on
+ * KR, NT, xb or the call's row range: a token's sums are the same bits in every call. */
 TGT void shrink_block(const uint16_t *a, size_t in, size_t rank, const float *x,
                       const uint16_t *xb, size_t ldx, float *t, size_t k, const size_t kr,
                       const size_t nt)
 {
-    __m512 acc[4][4];
+    __m512 acc[4][4], acc2[4][4];
     UNROLL for (size_t q = 0; q < kr; q++)
-        UNROLL for (size_t i = 0; i < nt; i++)
+        UNROLL for (size_t i = 0; i < nt; i++) {
             acc[q][i] = _mm512_setzero_ps();
-    for (size_t c = 0; c < in; c += 32) {
-        __m512bh xv[4];
-        UNROLL for (size_t i = 0; i < nt; i++)
+            acc2[q][i] = _mm512_setzero_ps();
+        }
+    /* No software prefetch: A's rows are one sequential stream per block (lora_pack.c), which
+     * the hardware prefetchers follow; the next block's prefetches cost load slots and were
+     * no faster with the two chains (session 28, engine knob pairs). */
+    size_t c = 0;
+    for (; c + 64 <= in; c += 64) {
+        __m512bh xv[4], xw[4];
+        UNROLL for (size_t i = 0; i < nt; i++) {
             xv[i] = xb ? (__m512bh)_mm512_load_si512(xb + i * ldx + c) : x32(x + i * in, c, in);
-        /* the next block's rows, the same columns: a shrink's rows are a long stream
-         * (lora_pack.c), which the hardware prefetchers lose at each row's (4 KB) page */
-        UNROLL for (size_t q = 0; q < kr; q++)
-            _mm_prefetch((const char *)(a + (k + SHRINK_PF + q) * in + c), _MM_HINT_T0);
+            xw[i] = xb ? (__m512bh)_mm512_load_si512(xb + i * ldx + c + 32)
+                       : x32(x + i * in, c + 32, in);
+        }
+        UNROLL for (size_t q = 0; q < kr; q++) {
+            __m512bh av = (__m512bh)_mm512_loadu_si512(a + (k + q) * in + c);
+            __m512bh aw = (__m512bh)_mm512_loadu_si512(a + (k + q) * in + c + 32);
+            UNROLL for (size_t i = 0; i < nt; i++) {
+                acc[q][i] = _mm512_dpbf16_ps(acc[q][i], av, xv[i]);
+                acc2[q][i] = _mm512_dpbf16_ps(acc2[q][i], aw, xw[i]);
+            }
+        }
+    }
+    if (c < in) { /* the last 1..63 columns: an even chunk, and an odd one past 32 */
         UNROLL for (size_t q = 0; q < kr; q++) {
             __m512bh av = a32(a + (k + q) * in, c, in);
-            UNROLL for (size_t i = 0; i < nt; i++)
-                acc[q][i] = _mm512_dpbf16_ps(acc[q][i], av, xv[i]);
+            UNROLL for (size_t i = 0; i < nt; i++) {
+                __m512bh xv = xb ? (__m512bh)_mm512_load_si512(xb + i * ldx + c)
+                                 : x32(x + i * in, c, in);
+                acc[q][i] = _mm512_dpbf16_ps(acc[q][i], av, xv);
+            }
         }
+        if (c + 32 < in)
+            UNROLL for (size_t q = 0; q < kr; q++) {
+                __m512bh aw = a32(a + (k + q) * in, c + 32, in);
+                UNROLL for (size_t i = 0; i < nt; i++) {
+                    __m512bh xw = xb ? (__m512bh)_mm512_load_si512(xb + i * ldx + c + 32)
+                                     : x32(x + i * in, c + 32, in);
+                    acc2[q][i] = _mm512_dpbf16_ps(acc2[q][i], aw, xw);
+                }
+            }
     }
     UNROLL for (size_t q = 0; q < kr; q++)
         UNROLL for (size_t i = 0; i < nt; i++)
-            t[i * rank + k + q] = _mm512_reduce_add_ps(acc[q][i]);
+            t[i * rank + k + q] = _mm512_reduce_add_ps(_mm512_add_ps(acc[q][i], acc2[q][i]));
 }
 
+/* Rows k0..k1 for NT tokens, in blocks of 4 rows at up to 2 tokens; at 3-4 tokens 4 rows x NT
+ * x 2 chains leave too few of the 32 vector registers, so blocks of 2 rows, unless x (read
+ * once per block) is too wide to stay in L1 beside A's stream (hot probe, session 28: 4 rows
+ * -12 % at 4 tokens of 5632 columns, 2 rows -15 % at 4 tokens of 2048). A token's bits do not
+ * depend on the block. */
 TGT void shrink_tokens(const uint16_t *a, size_t in, size_t rank, const float *x,
                        const uint16_t *xb, size_t ldx, float *t, size_t k0, size_t k1,
                        const size_t nt)
 {
     size_t k = k0;
-    for (; k + 4 <= k1; k += 4)
-        shrink_block(a, in, rank, x, xb, ldx, t, k, 4, nt);
-    switch (k1 - k) {
-    case 3: shrink_block(a, in, rank, x, xb, ldx, t, k, 3, nt); break;
-    case 2: shrink_block(a, in, rank, x, xb, ldx, t, k, 2, nt); break;
-    case 1: shrink_block(a, in, rank, x, xb, ldx, t, k, 1, nt); break;
-    default: break;
+    if (nt <= 2 || nt * ldx * 2 > SHRINK_X_L1) {
+        for (; k + 4 <= k1; k += 4)
+            shrink_block(a, in, rank, x, xb, ldx, t, k, 4, nt);
+        if (k1 - k == 3) {
+            shrink_block(a, in, rank, x, xb, ldx, t, k, 3, nt);
+            return;
+        }
     }
+    for (; k + 2 <= k1; k += 2)
+        shrink_block(a, in, rank, x, xb, ldx, t, k, 2, nt);
+    if (k < k1)
+        shrink_block(a, in, rank, x, xb, ldx, t, k, 1, nt);
 }
 
 /* nt <= 4 tokens: the token count a constant in each instance */
