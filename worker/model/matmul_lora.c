@@ -104,8 +104,9 @@
 #ifndef MM_SHRINK_BY_PROJECTION
 #define MM_SHRINK_BY_PROJECTION 0 /* 1: shrink tasks projection-major (push_shrink) */
 #endif
-#define MM_SHRINK_PF_ROWS 4u /* a shrink task's first rank rows requested ahead (the kernels
-                              * request each block's next rows themselves) */
+#define MM_SHRINK_PF_ROWS 4u /* a shrink task's first rank rows requested ahead (the int8
+                              * kernels request each block's next rows themselves, the bf16
+                              * ones leave them to the hardware prefetchers) */
 #ifndef MM_PREFETCH
 #define MM_PREFETCH 1   /* update tasks request their whole weight blocks first */
 #endif
@@ -286,9 +287,9 @@ static bool shrink_unit(const struct job *j, size_t k, size_t seg, size_t u, siz
     return false;
 }
 
-/* Requests the first MM_SHRINK_PF_ROWS rank rows a SHRINK task reads: the kernels request
- * each block's next rows as they go (kernels/x86/avx512_lora.c), so only a task's start
- * would wait a memory latency. */
+/* Requests the first MM_SHRINK_PF_ROWS rank rows a SHRINK task reads: the rest of its stream
+ * is requested by the int8 kernels as they go, or followed by the hardware prefetchers
+ * (kernels/x86/avx512_lora.c), so only a task's start would wait a memory latency. */
 static void prefetch_shrink(const struct job *j, const struct task *tk)
 {
     size_t prod, k0;
